@@ -1,0 +1,28 @@
+// Validation of names that come from outside the daemon (RPCs, manifests read
+// back from disk). Each returns InvalidArgument with a message that says what
+// is wrong, so the caller can pass it straight back to the user.
+#ifndef ZCC_COMMON_VALIDATE_H_
+#define ZCC_COMMON_VALIDATE_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace zcc {
+
+inline constexpr size_t kMaxJobIdBytes = 128;
+inline constexpr size_t kMaxTensorNameBytes = 512;
+
+// Job ids become directory and shared-memory names: 1..128 characters from
+// [A-Za-z0-9_.-], not "." or "..", not starting with '.' or '-'.
+absl::Status ValidateJobId(absl::string_view job_id);
+
+// Tensor names are checkpoint keys: 1..512 bytes, no NUL or other control
+// characters (bytes < 0x20 and 0x7f), not a JSON-hostile '"' or '\\'. '/' and
+// '.' are legitimate ("model.layers.0.attn/q") and round-trip unchanged.
+absl::Status ValidateTensorName(absl::string_view name);
+
+}  // namespace zcc
+
+#endif  // ZCC_COMMON_VALIDATE_H_

@@ -1,0 +1,3 @@
+#!/bin/sh
+# Coverage collection is not used by this project.
+exit 0

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything zcc needs to build and test on a fresh Debian 12 machine.
+# Idempotent: packages already present are not reinstalled, and apt's index is
+# refreshed only when something is missing. apt-get and pip only.
+set -euo pipefail
+
+APT_PACKAGES=(
+  bazel-bootstrap            # Bazel 4.2.3
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev
+  catch2
+  libboost-dev
+  liburing-dev
+  libxxhash-dev
+  libsystemd-dev
+  nlohmann-json3-dev
+  pkg-config
+)
+PIP_PACKAGES=(safetensors numpy)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+need_pip=()
+for p in "${PIP_PACKAGES[@]}"; do
+  "$PY" -c "import $p" 2>/dev/null || need_pip+=("$p")
+done
+if ((${#need_pip[@]})); then
+  echo "setup: pip installing ${need_pip[*]}"
+  "$PY" -m pip install -q "${need_pip[@]}"
+fi
