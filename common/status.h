@@ -11,6 +11,8 @@
 
 namespace zcc {
 
+// Call it qualified (zcc::ErrnoToStatus) where an argument is an absl type, or
+// ADL also finds absl::ErrnoToStatus.
 // Maps an errno value to the closest absl code, with `context` and strerror in
 // the message: ENOENT -> NotFound, ENOSPC -> ResourceExhausted, EACCES -> PermissionDenied, ...
 absl::Status ErrnoToStatus(int err, absl::string_view context);

@@ -1,0 +1,61 @@
+// A staging segment: one Boost.Interprocess shared-memory object per registered
+// rank, holding the control block and the staging slots. Move-only RAII handle:
+// the mapping is unmapped on destruction, and the segment name is removed only
+// by the handle that created it (the daemon). Boost.Interprocess exceptions are
+// converted to absl::Status here and nowhere else.
+#ifndef ZCC_SHM_SEGMENT_H_
+#define ZCC_SHM_SEGMENT_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shm/control_block.h"
+
+namespace zcc::shm {
+
+class Segment {
+ public:
+  // Creates `name` exclusively with mode 0600, sizes it to `bytes` and maps it.
+  // When `owner_uid` is not -1 the object is chowned to it (the daemon runs as
+  // root and the trainer as a user). The new memory is zero.
+  static absl::StatusOr<Segment> Create(const std::string& name, uint64_t bytes,
+                                        uid_t owner_uid = static_cast<uid_t>(-1));
+
+  // Maps an existing segment read-write; fails unless its size is exactly
+  // `expected_bytes`. Never removes the name.
+  static absl::StatusOr<Segment> Open(const std::string& name, uint64_t expected_bytes);
+
+  // Removes the shared-memory object `name` if present (stale segments after a
+  // daemon crash). OK when it does not exist.
+  static absl::Status Remove(const std::string& name);
+
+  // Names of existing shared-memory objects that start with `prefix` (from /dev/shm).
+  static std::vector<std::string> ListWithPrefix(const std::string& prefix);
+
+  Segment(Segment&&) noexcept;
+  Segment& operator=(Segment&&) noexcept;
+  ~Segment();
+
+  const std::string& name() const;
+  uint8_t* base() const;
+  uint64_t size() const;
+  ControlBlock* control() const { return reinterpret_cast<ControlBlock*>(base()); }
+  // Start of slot `i` given the slot size the caller trusts (never read from shm).
+  uint8_t* slot(uint32_t i, uint64_t slot_bytes) const {
+    return base() + ControlBlockBytes() + uint64_t{i} * slot_bytes;
+  }
+
+ private:
+  struct Impl;
+  explicit Segment(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zcc::shm
+
+#endif  // ZCC_SHM_SEGMENT_H_
