@@ -1,6 +1,7 @@
 #include "shm/segment.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -83,6 +84,11 @@ absl::StatusOr<Segment> Segment::Create(const std::string& name, uint64_t bytes,
       return ErrnoToStatus(errno, absl::StrCat("chown shm ", name, " to uid ", owner_uid));
     }
     impl->object.truncate(static_cast<bip::offset_t>(bytes));
+    // Reserve the memory now: on a full /dev/shm registration fails here with
+    // a clear error instead of the trainer taking SIGBUS on its first copy.
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+      return zcc::ErrnoToStatus(err, absl::StrCat("reserve ", bytes, " bytes of shared memory for ", name));
+    }
     impl->region = bip::mapped_region(impl->object, bip::read_write, 0, bytes);
   } catch (const bip::interprocess_exception& e) {
     return FromInterprocessError(e, absl::StrCat("create shared memory ", name));

@@ -1,0 +1,118 @@
+#include "checkpoint/committer.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "format/checksum.h"
+#include "format/manifest.h"
+
+namespace zcc::checkpoint {
+namespace {
+
+absl::Status CheckFileSize(const std::string& path, uint64_t expected) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+  if (static_cast<uint64_t>(st.st_size) != expected) {
+    return absl::DataLossError(absl::StrCat(path, " is ", st.st_size, " bytes; its manifest says ",
+                                            expected));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RenameOrError(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", from, " to ", to));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
+                                       int64_t step, uint32_t world_size) {
+  const std::string partial = JoinPath(job_dir, format::PartialStepDirName(step));
+  CommitResult result;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    if (PathExists(JoinPath(partial, format::ManifestFileName(r)))) ++result.manifests_present;
+  }
+  if (result.manifests_present < world_size) return result;
+
+  std::map<std::string, std::string> model_map;
+  std::map<std::string, std::string> ema_map;
+  std::set<std::string> seen_keys;
+  format::Xxh3Stream combined;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    const std::string path = JoinPath(partial, format::ManifestFileName(r));
+    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+    auto decoded = format::DecodeRankManifest(text);
+    if (!decoded.ok()) return Annotate(decoded.status(), path);
+    const format::RankManifest& m = *decoded;
+    if (m.job_id != job_id || m.step != step || m.rank != r || m.world_size != world_size) {
+      return absl::DataLossError(absl::StrCat(
+          path, " belongs to job '", m.job_id, "' step ", m.step, " rank ", m.rank, " of ",
+          m.world_size, "; expected job '", job_id, "' step ", step, " rank ", r, " of ",
+          world_size));
+    }
+    for (const format::ManifestFile& f : m.files) {
+      ZCC_RETURN_IF_ERROR(CheckFileSize(JoinPath(partial, f.name), f.bytes));
+      result.total_bytes += f.bytes;
+    }
+    for (const format::ManifestTensor& t : m.tensors) {
+      if (!seen_keys.insert(absl::StrCat(t.kind, "/", t.name)).second) {
+        return absl::DataLossError(absl::StrCat("tensor '", t.name, "' (", t.kind,
+                                                ") is written by more than one rank"));
+      }
+      if (t.kind == "param") model_map[t.name] = t.file;
+      if (t.kind == "ema") ema_map[t.name] = t.file;
+    }
+    combined.Update(text.data(), text.size());
+  }
+
+  ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kModelIndexFileName),
+                                      format::EncodeWeightMapIndex(model_map, result.total_bytes)));
+  if (!ema_map.empty()) {
+    ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kEmaIndexFileName),
+                                        format::EncodeWeightMapIndex(ema_map, result.total_bytes)));
+  }
+  format::CommitRecord record;
+  record.job_id = job_id;
+  record.step = step;
+  record.world_size = world_size;
+  record.manifest_hash = combined.Digest();
+  record.total_bytes = result.total_bytes;
+  record.committed_at = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  // WriteFileAtomic fsyncs the file and the partial directory.
+  ZCC_RETURN_IF_ERROR(
+      WriteFileAtomic(JoinPath(partial, format::kCommittedFileName), format::EncodeCommitRecord(record)));
+
+  const std::string final_dir = JoinPath(job_dir, format::StepDirName(step));
+  if (PathExists(final_dir)) {
+    // The same step number from an earlier run (training resumed from an older
+    // step): the new one replaces it. Until the rename below, the old one stays
+    // complete and committed.
+    const std::string superseded = absl::StrCat(final_dir, ".superseded");
+    ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
+    ZCC_RETURN_IF_ERROR(RenameOrError(final_dir, superseded));
+    ZCC_RETURN_IF_ERROR(RenameOrError(partial, final_dir));
+    ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+    ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
+  } else {
+    ZCC_RETURN_IF_ERROR(RenameOrError(partial, final_dir));
+    ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+  }
+  ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(job_dir, format::kLatestFileName),
+                                      absl::StrCat(format::StepDirName(step), "\n")));
+  result.outcome = CommitOutcome::kCommitted;
+  return result;
+}
+
+}  // namespace zcc::checkpoint

@@ -1,0 +1,40 @@
+// Turns a complete step-N.partial/ into the committed step-N/. Run by the
+// daemon that serves global rank 0 of a job.
+//
+// A step is complete when every rank's manifest (r00000 .. r<world-1>) is
+// present; manifests are written last by each rank, so their presence means
+// the shard files are durable. Commit then: validates every manifest (same
+// job, step and world size; files present with the announced sizes; no tensor
+// key written twice), writes the index files and COMMITTED, fsyncs, renames the
+// directory to step-N/, fsyncs the job directory and swaps `latest` atomically.
+// A crash at any point leaves either the old state or the new one visible:
+// restore only ever picks directories named step-N that contain COMMITTED.
+//
+// Thread-safety: stateless; callers serialise commits of the same job.
+#ifndef ZCC_CHECKPOINT_COMMITTER_H_
+#define ZCC_CHECKPOINT_COMMITTER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace zcc::checkpoint {
+
+enum class CommitOutcome {
+  kCommitted,
+  kWaiting,  // some rank's manifest is not there yet
+};
+
+struct CommitResult {
+  CommitOutcome outcome = CommitOutcome::kWaiting;
+  uint32_t manifests_present = 0;
+  uint64_t total_bytes = 0;  // all shard files of the step
+};
+
+absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
+                                       int64_t step, uint32_t world_size);
+
+}  // namespace zcc::checkpoint
+
+#endif  // ZCC_CHECKPOINT_COMMITTER_H_

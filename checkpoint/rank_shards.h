@@ -1,0 +1,41 @@
+// What one rank contributes to a checkpoint step: its tensors, where they lie in
+// a staging slot, and the shard files they are written to.
+#ifndef ZCC_CHECKPOINT_RANK_SHARDS_H_
+#define ZCC_CHECKPOINT_RANK_SHARDS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "format/dtype.h"
+#include "shm/slot_layout.h"
+
+namespace zcc::checkpoint {
+
+struct RankTensor {
+  std::string name;
+  format::DType dtype = format::DType::kU8;
+  std::vector<int64_t> shape;
+  shm::FileGroup group = shm::FileGroup::kModel;
+  uint64_t slot_offset = 0;  // from the slot start
+  uint64_t nbytes = 0;
+};
+
+// Immutable after registration; shared by the writer and the reader.
+struct RankShards {
+  std::string job_id;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t manifest_hash = 0;
+  std::vector<RankTensor> tensors;  // registration order
+  shm::SlotLayout layout;
+};
+
+// "param", "optim" or "extra": the manifest's kind for a file group.
+const char* KindForGroup(shm::FileGroup group);
+// The shard file name a group of `rank` is written to.
+std::string FileForGroup(shm::FileGroup group, uint32_t rank);
+
+}  // namespace zcc::checkpoint
+
+#endif  // ZCC_CHECKPOINT_RANK_SHARDS_H_

@@ -1,0 +1,77 @@
+// Reading committed checkpoints back: listing, verification and restore reads.
+// Everything read from disk is treated as untrusted: manifests and safetensors
+// headers are validated, sizes checked before use, and every tensor's bytes
+// checked against its manifest checksum.
+//
+// Thread-safety: stateless functions; safe to call concurrently.
+#ifndef ZCC_CHECKPOINT_READER_H_
+#define ZCC_CHECKPOINT_READER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "format/dtype.h"
+#include "format/manifest.h"
+
+namespace zcc::checkpoint {
+
+// Steps with a step-N/ directory that holds a COMMITTED file, ascending.
+absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_dir);
+
+// The step named by <job_dir>/latest. NotFound when there is no such file,
+// DataLoss when it does not name a step directory.
+absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir);
+
+// Reads and validates COMMITTED of a step directory.
+absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir);
+
+struct VerifyReport {
+  uint32_t ranks = 0;
+  uint64_t tensors = 0;
+  uint64_t bytes_checked = 0;
+};
+
+// Full verification of a committed step: COMMITTED matches the step and the
+// manifests, every manifest is valid, every shard file has the right size and
+// a safetensors header that agrees with the manifest, and every tensor's bytes
+// match their checksum. The first problem is returned as DataLoss (or the I/O
+// error) with the file and tensor named.
+absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir);
+
+// One tensor a restoring rank wants back.
+struct ReadTarget {
+  std::string name;
+  std::string kind;  // "param", "optim", "extra", "ema"
+  format::DType dtype = format::DType::kU8;
+  std::vector<int64_t> shape;
+  uint8_t* dst = nullptr;
+  uint64_t nbytes = 0;
+};
+
+// Reads `targets` from rank `rank`'s shards of a committed step and verifies
+// each checksum. A target missing from the checkpoint, or with another dtype
+// or shape, is a FailedPrecondition naming the tensor.
+absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
+                             const std::vector<ReadTarget>& targets);
+
+struct RestoreChoice {
+  int64_t step = -1;
+  std::vector<std::string> rejected;  // newer candidates, each "step-N: reason"
+};
+
+// Picks the step to restore. `requested` >= 0: that step, if it verifies.
+// `requested` < 0: the step named by `latest` if it verifies, else the newest
+// committed step below it that does (all committed steps when `latest` is
+// missing or garbage). `verify` is called for each candidate (VerifyStep, or a
+// cached equivalent). NotFound when nothing qualifies.
+template <typename VerifyFn>
+absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int64_t requested,
+                                                VerifyFn verify);
+
+}  // namespace zcc::checkpoint
+
+#include "checkpoint/reader_inl.h"
+
+#endif  // ZCC_CHECKPOINT_READER_H_

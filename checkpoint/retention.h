@@ -1,0 +1,41 @@
+// Retention of committed steps and garbage collection of abandoned partial
+// directories in one job directory.
+//
+// Thread-safety: stateless; callers serialise runs on the same job directory
+// (the committer's daemon does retention for its jobs).
+#ifndef ZCC_CHECKPOINT_RETENTION_H_
+#define ZCC_CHECKPOINT_RETENTION_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace zcc::checkpoint {
+
+struct RetentionPolicy {
+  uint32_t keep_last = 3;    // newest committed steps kept (>= 1)
+  uint32_t keep_every = 0;   // also keep steps divisible by this; 0 = off
+};
+
+struct RetentionResult {
+  std::vector<int64_t> removed_steps;
+  std::vector<std::string> removed_partials;
+};
+
+// Removes committed steps outside the policy. Never removes the step named by
+// `latest`, the newest committed step, or any step in `protected_steps` (steps
+// being restored). Partial directories (step-N.partial, *.superseded) whose last
+// modification is older than `partial_max_age` are removed too: a commit that
+// did not complete in that time is abandoned.
+absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
+                                               const RetentionPolicy& policy,
+                                               const std::set<int64_t>& protected_steps,
+                                               absl::Duration partial_max_age);
+
+}  // namespace zcc::checkpoint
+
+#endif  // ZCC_CHECKPOINT_RETENTION_H_

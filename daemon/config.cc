@@ -1,0 +1,78 @@
+#include "daemon/config.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shm/control_block.h"
+
+namespace zcc::daemon {
+
+std::string DefaultSocketPath() {
+  if (::geteuid() == 0) return "/run/zcc/zccd.sock";
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
+    return absl::StrCat(xdg, "/zcc/zccd.sock");
+  }
+  return absl::StrCat("/tmp/zcc-", ::geteuid(), "/zccd.sock");
+}
+
+std::string DefaultCheckpointRoot() {
+  if (::geteuid() == 0) return "/var/lib/zcc/checkpoints";
+  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && xdg[0] == '/') {
+    return absl::StrCat(xdg, "/zcc/checkpoints");
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && home[0] == '/') {
+    return absl::StrCat(home, "/.local/share/zcc/checkpoints");
+  }
+  return absl::StrCat("/tmp/zcc-", ::geteuid(), "/checkpoints");
+}
+
+DaemonConfig WithDefaults(DaemonConfig config) {
+  if (config.socket_path.empty()) config.socket_path = DefaultSocketPath();
+  if (config.default_root.empty()) config.default_root = DefaultCheckpointRoot();
+  if (config.allowed_roots.empty()) config.allowed_roots = {config.default_root};
+  return config;
+}
+
+absl::Status ValidateConfig(const DaemonConfig& c) {
+  std::vector<std::string> errors;
+  if (c.socket_path.empty() || c.socket_path[0] != '/') {
+    errors.push_back("socket_path must be an absolute path");
+  } else if (c.socket_path.size() >= 108) {
+    errors.push_back("socket_path must be shorter than 108 bytes (sun_path limit)");
+  }
+  if (c.socket_mode > 0777) errors.push_back("socket_mode must be a permission mode (<= 0777)");
+  if (c.default_root.empty() || c.default_root[0] != '/') {
+    errors.push_back("default_root must be an absolute path");
+  }
+  for (const std::string& root : c.allowed_roots) {
+    if (root.empty() || root[0] != '/') {
+      errors.push_back(absl::StrCat("allowed root '", root, "' must be an absolute path"));
+    }
+  }
+  if (c.shm_prefix.empty() || c.shm_prefix.size() > 32 ||
+      c.shm_prefix.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
+    errors.push_back("shm_prefix must be 1..32 characters from [A-Za-z0-9_-]");
+  }
+  if (c.default_num_slots < shm::kMinSlots || c.default_num_slots > shm::kMaxSlots) {
+    errors.push_back(absl::StrCat("default_num_slots must be in [", shm::kMinSlots, ", ",
+                                  shm::kMaxSlots, "]"));
+  }
+  if (c.max_slot_bytes < shm::kPageBytes) errors.push_back("max_slot_bytes must be at least 4096");
+  if (c.max_tensors_per_rank == 0) errors.push_back("max_tensors_per_rank must be positive");
+  if (c.keep_last == 0) errors.push_back("keep_last must be at least 1");
+  if (c.commit_timeout <= absl::ZeroDuration()) errors.push_back("commit_timeout must be positive");
+  if (c.client_timeout <= c.heartbeat_interval) {
+    errors.push_back("client_timeout must be longer than heartbeat_interval");
+  }
+  if (c.heartbeat_interval <= absl::ZeroDuration()) {
+    errors.push_back("heartbeat_interval must be positive");
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("bad configuration: ", absl::StrJoin(errors, "; ")));
+}
+
+}  // namespace zcc::daemon

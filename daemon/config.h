@@ -1,0 +1,59 @@
+// zccd's configuration: defaults, validation and the paths derived from the
+// environment. main() fills it from flags.
+#ifndef ZCC_DAEMON_CONFIG_H_
+#define ZCC_DAEMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace zcc::daemon {
+
+struct DaemonConfig {
+  // Unix-domain socket for the control and status services.
+  std::string socket_path;
+  uint32_t socket_mode = 0666;
+  // Checkpoint root used when a job names none; created if missing.
+  std::string default_root;
+  // Roots a job may name. Empty = only default_root.
+  std::vector<std::string> allowed_roots;
+  // Shared-memory object names start with "<shm_prefix>."; stale objects with
+  // this prefix are removed at start, so two daemons on one machine need
+  // different prefixes.
+  std::string shm_prefix = "zcc";
+  uint32_t default_num_slots = 2;
+  // Upper bound on one slot (all of a rank's registered tensors).
+  uint64_t max_slot_bytes = 256ull << 30;
+  // Upper bound on all staging memory of this daemon together; 0 = no limit.
+  uint64_t staging_budget_bytes = 0;
+  uint32_t max_tensors_per_rank = 1 << 20;
+  uint32_t keep_last = 3;
+  uint32_t keep_every = 0;
+  // A started commit whose manifests are not all in after this long is
+  // reported as failed, and its partial directory is removed.
+  absl::Duration commit_timeout = absl::Minutes(10);
+  // A rank whose trainer has not sent a heartbeat for this long is dropped.
+  absl::Duration client_timeout = absl::Seconds(30);
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+};
+
+// /run/zcc/zccd.sock for root; $XDG_RUNTIME_DIR/zcc/zccd.sock or
+// /tmp/zcc-<uid>/zccd.sock otherwise.
+std::string DefaultSocketPath();
+
+// /var/lib/zcc/checkpoints for root; $XDG_DATA_HOME/zcc/checkpoints or
+// ~/.local/share/zcc/checkpoints otherwise.
+std::string DefaultCheckpointRoot();
+
+// Fills empty paths with the defaults above.
+DaemonConfig WithDefaults(DaemonConfig config);
+
+// Every bad field is reported in one InvalidArgument message.
+absl::Status ValidateConfig(const DaemonConfig& config);
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_CONFIG_H_

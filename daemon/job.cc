@@ -1,0 +1,194 @@
+#include "daemon/job.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "checkpoint/committer.h"
+#include "checkpoint/reader.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "format/manifest.h"
+
+namespace zcc::daemon {
+
+Job::Job(JobOptions options) : options_(std::move(options)) {
+  auto latest = checkpoint::ReadLatest(options_.job_dir);
+  absl::MutexLock lock(&mu_);
+  if (latest.ok()) last_committed_step_ = *latest;
+}
+
+Job::~Job() {
+  // Sessions call back into this object from their ingest threads: stop them
+  // before the members go.
+  for (const auto& session : Ranks()) session->Stop();
+}
+
+std::shared_ptr<RankSession> Job::FindRank(uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = ranks_[session->shards().rank];
+  std::swap(slot, session);
+  return session;
+}
+
+std::shared_ptr<RankSession> Job::RemoveRank(uint32_t rank, uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second->options().generation != generation) return nullptr;
+  auto session = std::move(it->second);
+  ranks_.erase(it);
+  return session;
+}
+
+std::vector<std::shared_ptr<RankSession>> Job::Ranks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<RankSession>> out;
+  for (const auto& [rank, session] : ranks_) out.push_back(session);
+  return out;
+}
+
+bool Job::empty() const {
+  absl::MutexLock lock(&mu_);
+  return ranks_.empty();
+}
+
+bool Job::IsCommitter() const { return ranks_.count(0) > 0; }
+
+void Job::OnPersisted(const PersistEvent& event) {
+  absl::MutexLock lock(&mu_);
+  if (!event.status.ok()) {
+    SetError(absl::StrCat("rank ", event.rank, " could not write step ", event.step, ": ",
+                          event.status.message()));
+    return;
+  }
+  ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
+                 << event.step << ": " << event.stats.bytes << " bytes";
+  auto& written = written_[event.step];
+  written.bytes += event.stats.bytes;
+  written.seconds = std::max(written.seconds, event.stats.seconds);
+  if (!IsCommitter()) {
+    // Another daemon commits; this one only reports what it wrote.
+    last_checkpoint_ = written;
+    written_.erase(event.step);
+    return;
+  }
+  pending_.emplace(event.step, absl::Now());
+  TryCommitLocked(event.step);
+}
+
+void Job::TryCommitLocked(int64_t step) {
+  if (recently_committed_.count(step) > 0) {
+    pending_.erase(step);
+    return;
+  }
+  const absl::Time commit_start = absl::Now();
+  auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size);
+  if (!result.ok()) {
+    SetError(absl::StrCat("commit of step ", step, " failed: ", result.status().message()));
+    pending_.erase(step);
+    written_.erase(step);
+    return;
+  }
+  if (result->outcome != checkpoint::CommitOutcome::kCommitted) return;
+
+  const checkpoint::WriteStats written = written_[step];
+  const absl::Duration commit_time = absl::Now() - commit_start;
+  pending_.erase(step);
+  written_.erase(step);
+  recently_committed_.insert(step);
+  while (recently_committed_.size() > 64) recently_committed_.erase(recently_committed_.begin());
+  last_committed_step_ = step;
+  last_checkpoint_ = written;
+  const double gbps = written.seconds > 0 ? written.bytes / written.seconds / 1e9 : 0;
+  ZCC_LOG(INFO) << absl::StrFormat(
+      "checkpoint job=%s step=%d bytes=%d write_s=%.3f GB/s=%.2f commit_ms=%.1f total_bytes=%d",
+      options_.job_id, step, written.bytes, written.seconds, gbps,
+      absl::ToDoubleMilliseconds(commit_time), result->total_bytes);
+
+  std::set<int64_t> keep;
+  for (const auto& [rank_slot, restoring] : restoring_) keep.insert(restoring);
+  auto retained = checkpoint::ApplyRetention(options_.job_dir, options_.retention, keep,
+                                             options_.commit_timeout);
+  if (!retained.ok()) {
+    SetError(absl::StrCat("retention failed: ", retained.status().message()));
+  } else if (!retained->removed_steps.empty() || !retained->removed_partials.empty()) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": retention removed "
+                  << retained->removed_steps.size() << " step(s) and "
+                  << retained->removed_partials.size() << " abandoned partial(s)";
+  }
+}
+
+void Job::Tick() {
+  absl::MutexLock lock(&mu_);
+  if (pending_.empty()) return;
+  const absl::Time now = absl::Now();
+  std::vector<int64_t> steps;
+  for (const auto& [step, since] : pending_) steps.push_back(step);
+  for (int64_t step : steps) {
+    auto it = pending_.find(step);
+    if (it == pending_.end()) continue;
+    if (now - it->second > options_.commit_timeout) {
+      SetError(absl::StrCat("commit of step ", step, " timed out after ",
+                            absl::FormatDuration(options_.commit_timeout),
+                            " waiting for other ranks' manifests; it will be removed"));
+      pending_.erase(it);
+      written_.erase(step);
+      const absl::Status removed =
+          RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
+      if (!removed.ok()) ZCC_LOG(WARNING) << removed;
+      continue;
+    }
+    TryCommitLocked(step);
+  }
+}
+
+void Job::BeginRestore(uint32_t rank, uint32_t slot, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  restoring_[{rank, slot}] = step;
+}
+
+void Job::EndRestore(uint32_t rank, uint32_t slot) {
+  absl::MutexLock lock(&mu_);
+  restoring_.erase({rank, slot});
+}
+
+void Job::SetError(std::string error) {
+  ZCC_LOG(ERROR) << "job " << options_.job_id << ": " << error;
+  last_error_ = std::move(error);
+}
+
+void Job::FillStatus(v1::JobStatus* out) const {
+  absl::MutexLock lock(&mu_);
+  out->set_job_id(options_.job_id);
+  out->set_world_size(options_.world_size);
+  out->set_checkpoint_dir(options_.job_dir);
+  out->set_last_committed_step(last_committed_step_);
+  out->set_last_checkpoint_bytes(last_checkpoint_.bytes);
+  out->set_last_checkpoint_seconds(last_checkpoint_.seconds);
+  out->set_last_checkpoint_gbps(
+      last_checkpoint_.seconds > 0 ? last_checkpoint_.bytes / last_checkpoint_.seconds / 1e9 : 0);
+  for (const auto& [step, since] : pending_) out->add_pending_commits(format::StepDirName(step));
+  out->set_last_error(last_error_);
+  for (const auto& [rank, session] : ranks_) {
+    const RankCounters c = session->counters();
+    v1::RankStatus* r = out->add_ranks();
+    r->set_rank(rank);
+    r->set_pid(session->options().pid);
+    r->set_client_alive(!session->ClientProcessGone());
+    r->set_last_snapshot_step(c.last_snapshot_step);
+    r->set_last_persisted_step(c.last_persisted_step);
+    r->set_snapshots_ingested(c.snapshots_ingested);
+    r->set_snapshots_skipped(c.snapshots_skipped);
+    r->set_persist_failures(c.persist_failures);
+    r->set_bytes_per_snapshot(session->shards().layout.slot_bytes);
+    r->set_slots_in_use(c.slots_in_use);
+    r->set_last_error(c.last_error);
+  }
+}
+
+}  // namespace zcc::daemon

@@ -1,0 +1,85 @@
+// One training job as this daemon sees it: the ranks registered here, and,
+// when global rank 0 is one of them, the commit of every step the job's ranks
+// persist (DESIGN.md section 5).
+//
+// Thread-safety: all methods may be called concurrently (ingest threads report
+// persists, RPC handlers add and remove ranks, the housekeeper ticks).
+#ifndef ZCC_DAEMON_JOB_H_
+#define ZCC_DAEMON_JOB_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "checkpoint/retention.h"
+#include "daemon/rank_session.h"
+#include "proto/zcc.pb.h"
+
+namespace zcc::daemon {
+
+struct JobOptions {
+  std::string job_id;
+  uint32_t world_size = 1;
+  std::string job_dir;
+  checkpoint::RetentionPolicy retention;
+  absl::Duration commit_timeout = absl::Minutes(10);
+};
+
+class Job {
+ public:
+  explicit Job(JobOptions options);
+  ~Job();
+
+  const JobOptions& options() const { return options_; }
+
+  std::shared_ptr<RankSession> FindRank(uint32_t rank) const;
+  // Installs `session` for its rank, returning the one it replaces (if any).
+  std::shared_ptr<RankSession> PutRank(std::shared_ptr<RankSession> session);
+  // Removes the rank if its generation matches; returns the removed session.
+  std::shared_ptr<RankSession> RemoveRank(uint32_t rank, uint64_t generation);
+  std::vector<std::shared_ptr<RankSession>> Ranks() const;
+  bool empty() const;
+
+  // From a rank's ingest thread after each persist attempt.
+  void OnPersisted(const PersistEvent& event);
+  // Periodic: retries commits waiting for other daemons' ranks, and expires
+  // those older than the commit timeout.
+  void Tick();
+
+  // A step being restored into a rank's slot is never removed by retention,
+  // from BeginRestore until EndRestore for the same rank and slot.
+  void BeginRestore(uint32_t rank, uint32_t slot, int64_t step);
+  void EndRestore(uint32_t rank, uint32_t slot);
+
+  void FillStatus(v1::JobStatus* out) const;
+
+ private:
+  bool IsCommitter() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TryCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetError(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const JobOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::map<uint32_t, std::shared_ptr<RankSession>> ranks_ ABSL_GUARDED_BY(mu_);
+  // Steps some local rank persisted and that are not committed yet, with the
+  // time the first local rank finished.
+  std::map<int64_t, absl::Time> pending_ ABSL_GUARDED_BY(mu_);
+  // Bytes and seconds this daemon spent writing each pending step.
+  std::map<int64_t, checkpoint::WriteStats> written_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> recently_committed_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint32_t, uint32_t>, int64_t> restoring_ ABSL_GUARDED_BY(mu_);
+  int64_t last_committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_JOB_H_

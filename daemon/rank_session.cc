@@ -1,0 +1,191 @@
+#include "daemon/rank_session.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/futex.h"
+#include "common/log.h"
+
+namespace zcc::daemon {
+
+using shm::ControlBlock;
+using shm::SlotState;
+
+namespace {
+constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
+}  // namespace
+
+RankSession::RankSession(checkpoint::RankShards shards, shm::Segment segment,
+                         RankSessionOptions options, PersistCallback on_persisted)
+    : shards_(std::move(shards)),
+      segment_(std::move(segment)),
+      options_(std::move(options)),
+      on_persisted_(std::move(on_persisted)),
+      registered_ns_(shm::MonotonicNanos()),
+      pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)) {}
+
+RankSession::~RankSession() { Stop(); }
+
+void RankSession::Start() { thread_ = std::thread([this] { IngestLoop(); }); }
+
+void RankSession::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stopping_.store(true);
+  ControlBlock* cb = segment_.control();
+  cb->doorbell.fetch_add(1);
+  FutexWakeAll(&cb->doorbell);
+  if (thread_.joinable()) thread_.join();
+  cb->closed.store(1);
+  FutexWakeAll(&cb->closed);
+  cb->free_bell.fetch_add(1);
+  FutexWakeAll(&cb->free_bell);
+}
+
+void RankSession::Heartbeat() {
+  segment_.control()->daemon_heartbeat_ns.store(shm::MonotonicNanos(), std::memory_order_relaxed);
+}
+
+bool RankSession::ClientAlive(absl::Duration timeout) const {
+  uint64_t last = segment_.control()->client_heartbeat_ns.load(std::memory_order_relaxed);
+  const uint64_t now = shm::MonotonicNanos();
+  // No heartbeat yet, or one from the future (garbage): count from registration.
+  if (last < registered_ns_ || last > now) last = registered_ns_;
+  return absl::Nanoseconds(now - last) < timeout;
+}
+
+bool RankSession::ClientProcessGone() const {
+  return pid_visible_ && ::kill(options_.pid, 0) != 0 && errno == ESRCH;
+}
+
+void RankSession::IngestLoop() {
+  ControlBlock* cb = segment_.control();
+  while (true) {
+    const uint32_t bell = cb->doorbell.load(std::memory_order_acquire);
+    const bool worked = IngestReadySlots();
+    if (stopping_.load()) {
+      // Drain what the client published before the stop, then leave.
+      while (IngestReadySlots()) {
+      }
+      return;
+    }
+    if (!worked) FutexWait(&cb->doorbell, bell, absl::Seconds(1));
+  }
+}
+
+bool RankSession::IngestReadySlots() {
+  ControlBlock* cb = segment_.control();
+  std::vector<shm::ReadySlot> ready;
+  for (uint32_t i = 0; i < options_.num_slots; ++i) {
+    shm::ReadySlot slot;
+    const absl::Status st = shm::ReadReadySlot(*cb, i, &slot);
+    if (st.ok()) {
+      ready.push_back(slot);
+    } else if (st.code() == absl::StatusCode::kDataLoss) {
+      SetError(absl::StrCat("bad control block from the trainer: ", st.message()));
+    }
+  }
+  std::sort(ready.begin(), ready.end(),
+            [](const auto& a, const auto& b) { return a.seq < b.seq; });
+  bool worked = false;
+  for (const shm::ReadySlot& slot : ready) {
+    uint32_t expected = S(SlotState::kReady);
+    if (!cb->slots[slot.index].state.compare_exchange_strong(expected, S(SlotState::kIngesting))) {
+      continue;
+    }
+    Process(slot);
+    cb->slots[slot.index].state.store(S(SlotState::kFree), std::memory_order_release);
+    cb->free_bell.fetch_add(1, std::memory_order_release);
+    FutexWakeAll(&cb->free_bell);
+    worked = true;
+  }
+  return worked;
+}
+
+void RankSession::Process(const shm::ReadySlot& slot) {
+  snapshots_ingested_.fetch_add(1);
+  last_snapshot_step_.store(slot.step);
+  if (slot.kind != shm::SnapshotKind::kFull) return;
+  const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
+  if (!due && !save_requested_.exchange(false)) return;
+  if (due) save_requested_.store(false);
+
+  PersistEvent event;
+  event.rank = shards_.rank;
+  event.step = slot.step;
+  auto stats = checkpoint::WriteRankShards(options_.job_dir, slot.step, shards_,
+                                           slot_data(slot.index));
+  if (stats.ok()) {
+    event.stats = *stats;
+    last_persisted_step_.store(slot.step);
+  } else {
+    event.status = stats.status();
+    persist_failures_.fetch_add(1);
+    SetError(absl::StrCat("persist of step ", slot.step, " failed: ", stats.status().message()));
+  }
+  on_persisted_(event);
+}
+
+void RankSession::SetError(std::string error) {
+  ZCC_LOG(ERROR) << "job " << shards_.job_id << " rank " << shards_.rank << ": " << error;
+  absl::MutexLock lock(&mu_);
+  last_error_ = std::move(error);
+}
+
+absl::StatusOr<uint32_t> RankSession::AcquireSlotForRestore() {
+  ControlBlock* cb = segment_.control();
+  for (uint32_t i = 0; i < options_.num_slots; ++i) {
+    uint32_t expected = S(SlotState::kFree);
+    if (cb->slots[i].state.compare_exchange_strong(expected, S(SlotState::kIngesting))) return i;
+  }
+  return absl::UnavailableError(
+      "every staging slot is busy; call Restore before taking snapshots, or retry");
+}
+
+void RankSession::PublishRestored(uint32_t slot, int64_t step) {
+  ControlBlock* cb = segment_.control();
+  cb->slots[slot].step.store(step, std::memory_order_relaxed);
+  cb->slots[slot].state.store(S(SlotState::kRestoreReady), std::memory_order_release);
+}
+
+absl::Status RankSession::ReleaseRestoreSlot(uint32_t slot) {
+  if (slot >= options_.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " does not exist"));
+  }
+  ControlBlock* cb = segment_.control();
+  uint32_t state = cb->slots[slot].state.load();
+  if (state != S(SlotState::kRestoreReady) && state != S(SlotState::kIngesting)) {
+    return absl::FailedPreconditionError(absl::StrCat("slot ", slot, " holds no restore"));
+  }
+  if (!cb->slots[slot].state.compare_exchange_strong(state, S(SlotState::kFree))) {
+    return absl::FailedPreconditionError(absl::StrCat("slot ", slot, " changed state"));
+  }
+  cb->free_bell.fetch_add(1);
+  FutexWakeAll(&cb->free_bell);
+  return absl::OkStatus();
+}
+
+RankCounters RankSession::counters() const {
+  RankCounters c;
+  const ControlBlock* cb = segment_.control();
+  c.last_snapshot_step = last_snapshot_step_.load();
+  c.last_persisted_step = last_persisted_step_.load();
+  c.snapshots_ingested = snapshots_ingested_.load();
+  c.snapshots_skipped = cb->snapshots_skipped.load(std::memory_order_relaxed);
+  c.persist_failures = persist_failures_.load();
+  for (uint32_t i = 0; i < options_.num_slots; ++i) {
+    if (cb->slots[i].state.load(std::memory_order_relaxed) != S(SlotState::kFree)) ++c.slots_in_use;
+  }
+  absl::MutexLock lock(&mu_);
+  c.last_error = last_error_;
+  return c;
+}
+
+}  // namespace zcc::daemon

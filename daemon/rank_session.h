@@ -1,0 +1,128 @@
+// One registered trainer rank: its staging segment, what it checkpoints, and
+// the ingest thread that turns READY slots into persisted shards.
+//
+// Ingest: a dedicated thread sleeps on the segment's doorbell futex, takes
+// READY slots in publication order (kReady -> kIngesting), persists them when
+// the step is due (every `save_every` steps or after RequestSave), and frees
+// them (-> kFree, free bell). One slow disk therefore only holds up its own
+// rank. Every word read from shared memory is validated.
+//
+// Thread-safety: all public methods may be called from any thread.
+// Ownership: owns the segment (removed when the session is destroyed).
+#ifndef ZCC_DAEMON_RANK_SESSION_H_
+#define ZCC_DAEMON_RANK_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "checkpoint/rank_shards.h"
+#include "checkpoint/shard_writer.h"
+#include "shm/segment.h"
+
+namespace zcc::daemon {
+
+struct RankSessionOptions {
+  std::string job_dir;
+  uint32_t num_slots = 2;
+  uint32_t save_every = 0;  // 0 = persist only on request
+  int32_t pid = 0;
+  uint64_t generation = 0;
+};
+
+// Reported after every persist attempt, from the ingest thread.
+struct PersistEvent {
+  uint32_t rank = 0;
+  int64_t step = 0;
+  absl::Status status;
+  checkpoint::WriteStats stats;
+};
+using PersistCallback = std::function<void(const PersistEvent&)>;
+
+struct RankCounters {
+  int64_t last_snapshot_step = -1;
+  int64_t last_persisted_step = -1;
+  uint64_t snapshots_ingested = 0;
+  uint64_t snapshots_skipped = 0;   // as counted by the client
+  uint64_t persist_failures = 0;
+  uint32_t slots_in_use = 0;
+  bool client_alive = true;
+  std::string last_error;
+};
+
+class RankSession {
+ public:
+  RankSession(checkpoint::RankShards shards, shm::Segment segment, RankSessionOptions options,
+              PersistCallback on_persisted);
+  ~RankSession();
+  RankSession(const RankSession&) = delete;
+  RankSession& operator=(const RankSession&) = delete;
+
+  void Start();
+  // Ingests what is already READY, finishes in-flight writes, stops the thread
+  // and tells the client the registration is closed. Idempotent.
+  void Stop();
+
+  // Persist the next FULL snapshot regardless of save_every.
+  void RequestSave() { save_requested_.store(true); }
+
+  // Daemon heartbeat into the control block; called periodically.
+  void Heartbeat();
+  // False once the trainer's heartbeat is older than `timeout` (measured from
+  // registration until the first heartbeat).
+  bool ClientAlive(absl::Duration timeout) const;
+  // True when the registering process is known to be gone. Only answers true
+  // when the pid was visible to the daemon at registration (same pid
+  // namespace); otherwise liveness rests on heartbeats alone.
+  bool ClientProcessGone() const;
+
+  // Restore: takes a free slot for the daemon (kFree -> kIngesting).
+  absl::StatusOr<uint32_t> AcquireSlotForRestore();
+  uint8_t* slot_data(uint32_t slot) const { return segment_.slot(slot, shards_.layout.slot_bytes); }
+  // kIngesting -> kRestoreReady after the restored bytes are in.
+  void PublishRestored(uint32_t slot, int64_t step);
+  // Gives a slot taken by AcquireSlotForRestore back (after RestoreDone or a failed read).
+  absl::Status ReleaseRestoreSlot(uint32_t slot);
+
+  const checkpoint::RankShards& shards() const { return shards_; }
+  const RankSessionOptions& options() const { return options_; }
+  const std::string& shm_name() const { return segment_.name(); }
+  uint64_t segment_bytes() const { return segment_.size(); }
+  RankCounters counters() const;
+
+ private:
+  void IngestLoop();
+  // Returns true if it processed at least one slot.
+  bool IngestReadySlots();
+  void Process(const shm::ReadySlot& slot);
+  void SetError(std::string error);
+
+  const checkpoint::RankShards shards_;
+  shm::Segment segment_;
+  const RankSessionOptions options_;
+  const PersistCallback on_persisted_;
+  const uint64_t registered_ns_;
+  const bool pid_visible_;
+
+  std::atomic<bool> save_requested_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> last_snapshot_step_{-1};
+  std::atomic<int64_t> last_persisted_step_{-1};
+  std::atomic<uint64_t> snapshots_ingested_{0};
+  std::atomic<uint64_t> persist_failures_{0};
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_RANK_SESSION_H_

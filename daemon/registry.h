@@ -1,0 +1,82 @@
+// The daemon's table of jobs and the operations of the control and status
+// services on it: registration (creating the staging segment), restore,
+// save-now, status and listing. A housekeeping thread writes daemon heartbeats,
+// drops ranks whose trainer is gone, and retries or expires pending commits.
+//
+// Every request field is validated here; errors carry a message meant for the
+// user. Nothing committed on disk is modified by a failed request.
+//
+// Thread-safety: all public methods may be called concurrently.
+#ifndef ZCC_DAEMON_REGISTRY_H_
+#define ZCC_DAEMON_REGISTRY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/config.h"
+#include "daemon/job.h"
+#include "proto/zcc.pb.h"
+
+namespace zcc::daemon {
+
+class Registry {
+ public:
+  // `config` must have passed ValidateConfig.
+  explicit Registry(DaemonConfig config);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Removes stale segments of a previous instance (same shm prefix), creates
+  // the default root, starts housekeeping.
+  absl::Status Start();
+  // Stops every rank (draining READY slots and finishing in-flight writes),
+  // attempts the commits that became possible, removes all segments.
+  void Shutdown();
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  absl::Status Unregister(const v1::UnregisterRequest& request);
+  absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request);
+  absl::Status RestoreDone(const v1::RestoreDoneRequest& request);
+  absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request);
+  v1::StatusResponse GetStatus(const v1::StatusRequest& request) const;
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
+      const v1::ListCheckpointsRequest& request) const;
+
+  const DaemonConfig& config() const { return config_; }
+
+ private:
+  // <root>/<job_id> after checking the root against the allowed roots.
+  absl::StatusOr<std::string> ResolveJobDir(const std::string& requested_root,
+                                            const std::string& job_id, bool create) const;
+  absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> FindSession(
+      const std::string& job_id, uint32_t rank, uint64_t generation) const;
+  // VerifyStep with a cache keyed by directory and commit hash, so that N ranks
+  // restoring the same step verify it once.
+  absl::Status VerifyCached(const std::string& step_dir);
+  void HousekeepingLoop();
+  uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DaemonConfig config_;
+  const absl::Time started_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex verify_mu_;
+  std::map<std::pair<std::string, uint64_t>, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
+
+  std::thread housekeeper_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_REGISTRY_H_

@@ -1,0 +1,187 @@
+#include "daemon/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/fd.h"
+#include "common/file_util.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "daemon/registry.h"
+#include "proto/zcc.grpc.pb.h"
+
+namespace zcc::daemon {
+namespace {
+
+constexpr int kMaxMessageBytes = 256 << 20;
+
+template <typename T>
+grpc::Status Reply(const absl::StatusOr<T>& result, T* out) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *out = *result;
+  return grpc::Status::OK;
+}
+
+class ControlService final : public v1::Control::Service {
+ public:
+  explicit ControlService(Registry* registry) : registry_(registry) {}
+
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                        v1::RegisterResponse* resp) override {
+    return Reply(registry_->Register(*req), resp);
+  }
+  grpc::Status Unregister(grpc::ServerContext*, const v1::UnregisterRequest* req,
+                          v1::UnregisterResponse*) override {
+    return ToGrpcStatus(registry_->Unregister(*req));
+  }
+  grpc::Status Restore(grpc::ServerContext*, const v1::RestoreRequest* req,
+                       v1::RestoreResponse* resp) override {
+    return Reply(registry_->Restore(*req), resp);
+  }
+  grpc::Status RestoreDone(grpc::ServerContext*, const v1::RestoreDoneRequest* req,
+                           v1::RestoreDoneResponse*) override {
+    return ToGrpcStatus(registry_->RestoreDone(*req));
+  }
+  grpc::Status SaveNow(grpc::ServerContext*, const v1::SaveNowRequest* req,
+                       v1::SaveNowResponse* resp) override {
+    return Reply(registry_->SaveNow(*req), resp);
+  }
+
+ private:
+  Registry* registry_;
+};
+
+class StatusService final : public v1::Status::Service {
+ public:
+  explicit StatusService(Registry* registry) : registry_(registry) {}
+
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::StatusRequest* req,
+                         v1::StatusResponse* resp) override {
+    *resp = registry_->GetStatus(*req);
+    return grpc::Status::OK;
+  }
+  grpc::Status ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest* req,
+                               v1::ListCheckpointsResponse* resp) override {
+    return Reply(registry_->ListCheckpoints(*req), resp);
+  }
+
+ private:
+  Registry* registry_;
+};
+
+// True when something accepts connections on the unix socket `path`.
+bool SocketIsLive(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return false;
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  return ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
+std::string ParentDir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+struct Server::Impl {
+  DaemonConfig config;
+  std::unique_ptr<Registry> registry;
+  std::unique_ptr<ControlService> control;
+  std::unique_ptr<StatusService> status;
+  std::unique_ptr<grpc::Server> grpc_server;
+
+  absl::Mutex mu;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+
+  ~Impl() { Stop(); }
+
+  // Idempotent; a second caller waits until the first has finished.
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu);
+      if (stopping) {
+        mu.Await(absl::Condition(&stopped));
+        return;
+      }
+      stopping = true;
+    }
+    if (grpc_server != nullptr) {
+      ZCC_LOG(INFO) << "shutting down: finishing in-flight requests and writes";
+      grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      grpc_server->Wait();
+      grpc_server.reset();
+    }
+    if (registry != nullptr) registry->Shutdown();
+    ::unlink(config.socket_path.c_str());
+    absl::MutexLock lock(&mu);
+    stopped = true;
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::Server(Server&&) noexcept = default;
+Server& Server::operator=(Server&&) noexcept = default;
+Server::~Server() = default;
+
+const DaemonConfig& Server::config() const { return impl_->config; }
+
+absl::StatusOr<Server> Server::Start(DaemonConfig config) {
+  config = WithDefaults(std::move(config));
+  ZCC_RETURN_IF_ERROR(ValidateConfig(config));
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+
+  ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(ParentDir(config.socket_path)), "socket directory"));
+  if (SocketIsLive(config.socket_path)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("another zccd is serving ", config.socket_path));
+  }
+  if (::unlink(config.socket_path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", config.socket_path));
+  }
+
+  impl->registry = std::make_unique<Registry>(config);
+  ZCC_RETURN_IF_ERROR(impl->registry->Start());
+  impl->control = std::make_unique<ControlService>(impl->registry.get());
+  impl->status = std::make_unique<StatusService>(impl->registry.get());
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + config.socket_path, grpc::InsecureServerCredentials());
+  builder.RegisterService(impl->control.get());
+  builder.RegisterService(impl->status.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  impl->grpc_server = builder.BuildAndStart();
+  if (impl->grpc_server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on unix:", config.socket_path));
+  }
+  if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("chmod ", config.socket_path));
+  }
+  ZCC_LOG(INFO) << "zccd serving on unix:" << config.socket_path << ", default root "
+                << config.default_root;
+  return Server(std::move(impl));
+}
+
+void Server::Wait() {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->mu.Await(absl::Condition(&impl_->stopped));
+}
+
+void Server::Shutdown() { impl_->Stop(); }
+
+}  // namespace zcc::daemon
