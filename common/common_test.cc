@@ -36,6 +36,11 @@ TEST_CASE("tensor names allow '/' and '.' but not control characters") {
   CHECK_FALSE(ValidateTensorName("quote\"").ok());
   CHECK_FALSE(ValidateTensorName(std::string(kMaxTensorNameBytes + 1, 'x')).ok());
   CHECK_OK(ValidateTensorName(std::string(kMaxTensorNameBytes, 'x')));
+  CHECK_OK(ValidateTensorName("gewicht.\xc3\xa4.\xe6\x9d\x83\xe9\x87\x8d"));
+  CHECK_FALSE(ValidateTensorName("bad\xff").ok());
+  CHECK_FALSE(ValidateTensorName("trunc\xc3").ok());
+  CHECK_FALSE(ValidateTensorName("overlong\xc0\xaf").ok());
+  CHECK_FALSE(ValidateTensorName("surrogate\xed\xa0\x80").ok());
 }
 
 TEST_CASE("errno maps to a status code with context") {

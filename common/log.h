@@ -38,9 +38,13 @@ class LogLine {
 #define ZCC_LOG_LEVEL_WARNING ::zcc::LogLevel::kWarning
 #define ZCC_LOG_LEVEL_ERROR ::zcc::LogLevel::kError
 
+// The switch makes the macro safe inside an unbraced if/else.
 #define ZCC_LOG(level)                                  \
-  if (!::zcc::LogEnabled(ZCC_LOG_LEVEL_##level)) {      \
-  } else                                                \
-    ::zcc::LogLine(ZCC_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+  switch (0)                                            \
+  case 0:                                               \
+  default:                                              \
+    if (!::zcc::LogEnabled(ZCC_LOG_LEVEL_##level)) {    \
+    } else                                              \
+      ::zcc::LogLine(ZCC_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
 
 #endif  // ZCC_COMMON_LOG_H_

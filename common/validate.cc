@@ -28,6 +28,39 @@ absl::Status ValidateJobId(absl::string_view job_id) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence starting at s[i], or 0.
+size_t Utf8SequenceLength(absl::string_view s, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  size_t len;
+  uint32_t cp;
+  if (c < 0x80) return 1;
+  if ((c & 0xe0) == 0xc0) {
+    len = 2;
+    cp = c & 0x1f;
+  } else if ((c & 0xf0) == 0xe0) {
+    len = 3;
+    cp = c & 0x0f;
+  } else if ((c & 0xf8) == 0xf0) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+    if ((cc & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return len;
+}
+
+}  // namespace
+
 absl::Status ValidateTensorName(absl::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("tensor name is empty");
   if (name.size() > kMaxTensorNameBytes) {
@@ -43,6 +76,14 @@ absl::Status ValidateTensorName(absl::string_view name) {
           "(control characters, '\"' and '\\' are not allowed)",
           absl::CHexEscape(name.substr(0, 64)), c, i));
     }
+  }
+  for (size_t i = 0; i < name.size();) {
+    const size_t len = Utf8SequenceLength(name, i);
+    if (len == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensor name '%s' is not valid UTF-8 at byte %d", absl::CHexEscape(name.substr(0, 64)), i));
+    }
+    i += len;
   }
   return absl::OkStatus();
 }

@@ -18,7 +18,7 @@ inline constexpr size_t kMaxTensorNameBytes = 512;
 // [A-Za-z0-9_.-], not "." or "..", not starting with '.' or '-'.
 absl::Status ValidateJobId(absl::string_view job_id);
 
-// Tensor names are checkpoint keys: 1..512 bytes, no NUL or other control
+// Tensor names are checkpoint keys: 1..512 bytes of valid UTF-8, no NUL or other control
 // characters (bytes < 0x20 and 0x7f), not a JSON-hostile '"' or '\\'. '/' and
 // '.' are legitimate ("model.layers.0.attn/q") and round-trip unchanged.
 absl::Status ValidateTensorName(absl::string_view name);

@@ -33,11 +33,11 @@ absl::Status ToStatus(const absl::StatusOr<T>& s) {
     CHECK(zcc_st_.ok());                                              \
   } while (0)
 
-#define REQUIRE_STATUS_CODE(expr, code)                               \
+#define REQUIRE_STATUS_CODE(expr, expected_code)                      \
   do {                                                                \
     const ::absl::Status zcc_st_ = ::zcc::testing::ToStatus(expr);    \
     INFO("status: " << zcc_st_.ToString());                           \
-    REQUIRE(zcc_st_.code() == (code));                                \
+    REQUIRE(zcc_st_.code() == (expected_code));                       \
   } while (0)
 
 #endif  // ZCC_COMMON_TESTING_STATUS_MATCHERS_H_

@@ -1,0 +1,571 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <set>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/futex.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "copy/host_copier.h"
+#include "proto/zcc.grpc.pb.h"
+#include "shm/control_block.h"
+#include "shm/segment.h"
+
+namespace zcc {
+namespace {
+
+using shm::SlotState;
+constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
+
+v1::DType ToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return v1::F32;
+    case DType::kF16: return v1::F16;
+    case DType::kBF16: return v1::BF16;
+    case DType::kF64: return v1::F64;
+    case DType::kI64: return v1::I64;
+    case DType::kI32: return v1::I32;
+    case DType::kI16: return v1::I16;
+    case DType::kI8: return v1::I8;
+    case DType::kU8: return v1::U8;
+    case DType::kBool: return v1::BOOL;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+v1::TensorKind ToProto(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kParam: return v1::PARAM;
+    case TensorKind::kOptim: return v1::OPTIM;
+    case TensorKind::kExtra: return v1::EXTRA;
+  }
+  return v1::TENSOR_KIND_UNSPECIFIED;
+}
+
+std::string DefaultSocketPath() {
+  if (::geteuid() == 0) return "/run/zcc/zccd.sock";
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
+    return absl::StrCat(xdg, "/zcc/zccd.sock");
+  }
+  return absl::StrCat("/tmp/zcc-", ::geteuid(), "/zccd.sock");
+}
+
+bool IsTransient(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kUnavailable ||
+         st.code() == absl::StatusCode::kDeadlineExceeded ||
+         st.code() == absl::StatusCode::kAlreadyExists;  // the daemon has not yet dropped our old registration
+}
+
+// One live registration with zccd: the mapped staging segment and the copy
+// regions for every slot, computed once so that Snapshot does no per-tensor work
+// beyond handing them to the copier.
+struct Session {
+  v1::RegisterResponse resp;
+  shm::Segment segment;
+  std::shared_ptr<DeviceCopier> copier;
+  std::vector<std::vector<CopyRegion>> full_regions;  // per slot
+  std::vector<std::vector<CopyRegion>> ema_regions;   // per slot
+  std::atomic<bool> dead{false};
+
+  Session(v1::RegisterResponse r, shm::Segment s, std::shared_ptr<DeviceCopier> c)
+      : resp(std::move(r)), segment(std::move(s)), copier(std::move(c)) {}
+  ~Session() {
+    const absl::Status st = copier->UnregisterHostMemory(segment.base());
+    if (!st.ok()) ZCC_LOG(WARNING) << "unregister staging memory: " << st;
+  }
+  shm::ControlBlock* cb() const { return segment.control(); }
+  uint32_t num_slots() const { return resp.num_slots(); }
+  uint8_t* slot(uint32_t i) const { return segment.slot(i, resp.slot_bytes()); }
+};
+
+struct PendingCopy {
+  std::shared_ptr<Session> session;
+  uint32_t slot = 0;
+  int64_t step = 0;
+  SnapshotKind kind = SnapshotKind::kFull;
+  CopyTicket ticket = 0;
+};
+
+}  // namespace
+
+struct Client::Impl {
+  ClientOptions options;
+  std::shared_ptr<DeviceCopier> copier;
+  std::unique_ptr<v1::Control::Stub> control;
+  std::unique_ptr<v1::Status::Stub> status;
+
+  mutable absl::Mutex mu;
+  std::vector<TensorRef> tensors ABSL_GUARDED_BY(mu);
+  bool tensors_registered ABSL_GUARDED_BY(mu) = false;
+  std::shared_ptr<Session> session ABSL_GUARDED_BY(mu);
+  std::deque<PendingCopy> queue ABSL_GUARDED_BY(mu);
+  uint64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::string last_error ABSL_GUARDED_BY(mu);
+
+  std::atomic<uint64_t> enqueued{0};
+  std::atomic<uint64_t> published{0};
+  std::atomic<uint64_t> skipped_no_slot{0};
+  std::atomic<uint64_t> skipped_disconnected{0};
+  std::atomic<uint64_t> registrations{0};
+  std::atomic<int64_t> last_published_step{-1};
+
+  std::thread notifier;
+  std::thread monitor;
+
+  std::shared_ptr<Session> CurrentSession() const {
+    absl::MutexLock lock(&mu);
+    return session;
+  }
+
+  void SetError(const std::string& error) {
+    absl::MutexLock lock(&mu);
+    last_error = error;
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      absl::ToChronoMilliseconds(options.rpc_timeout));
+    return ctx;
+  }
+
+  absl::StatusOr<std::shared_ptr<Session>> RegisterOnce(const std::vector<TensorRef>& refs);
+  void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
+  void NotifierLoop();
+  void MonitorLoop();
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  ZCC_RETURN_IF_ERROR(ValidateJobId(options.job_id));
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank,
+                                                   " must be below world_size ",
+                                                   options.world_size));
+  }
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.daemon_timeout <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError("daemon_timeout must exceed a positive heartbeat_interval");
+  }
+  if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
+  auto impl = std::make_unique<Impl>();
+  if (options.copier == nullptr) {
+    ZCC_ASSIGN_OR_RETURN(auto host, HostCopier::Create(HostCopierOptions{}));
+    options.copier = std::move(host);
+  }
+  impl->copier = options.copier;
+  impl->options = std::move(options);
+
+  grpc::ChannelArguments args;
+  // Reconnect quickly once zccd is back, rather than after gRPC's default
+  // backoff of up to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  auto channel = grpc::CreateCustomChannel("unix:" + impl->options.socket_path,
+                                           grpc::InsecureChannelCredentials(), args);
+  impl->control = v1::Control::NewStub(channel);
+  impl->status = v1::Status::NewStub(channel);
+
+  Impl* raw = impl.get();
+  impl->notifier = std::thread([raw] { raw->NotifierLoop(); });
+  impl->monitor = std::thread([raw] { raw->MonitorLoop(); });
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::~Client() {
+  const absl::Status flushed = Flush(absl::Seconds(60));
+  if (!flushed.ok()) ZCC_LOG(WARNING) << "zcc client: " << flushed;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->notifier.join();
+  impl_->monitor.join();
+  std::shared_ptr<Session> s = impl_->CurrentSession();
+  if (s != nullptr && !s->dead.load()) {
+    v1::UnregisterRequest req;
+    req.set_job_id(impl_->options.job_id);
+    req.set_rank(impl_->options.rank);
+    req.set_generation(s->resp.generation());
+    v1::UnregisterResponse resp;
+    auto ctx = impl_->Context();
+    const grpc::Status st = impl_->control->Unregister(ctx.get(), req, &resp);
+    if (!st.ok()) ZCC_LOG(WARNING) << "zcc client: unregister: " << st.error_message();
+  }
+  absl::MutexLock lock(&impl_->mu);
+  impl_->session.reset();
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
+    const std::vector<TensorRef>& refs) {
+  v1::RegisterRequest req;
+  req.set_job_id(options.job_id);
+  req.set_rank(options.rank);
+  req.set_world_size(options.world_size);
+  req.set_num_slots(options.num_slots);
+  req.set_save_every(options.save_every);
+  req.set_keep_last(options.keep_last);
+  req.set_checkpoint_root(options.checkpoint_root);
+  req.set_pid(::getpid());
+  for (const TensorRef& t : refs) {
+    v1::TensorSpec* spec = req.add_tensors();
+    spec->set_name(t.name);
+    spec->set_dtype(ToProto(t.dtype));
+    for (int64_t d : t.shape) spec->add_shape(d);
+    spec->set_kind(ToProto(t.kind));
+    spec->set_ema_eligible(t.ema_eligible);
+  }
+  v1::RegisterResponse resp;
+  auto ctx = Context();
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(control->Register(ctx.get(), req, &resp)));
+
+  // The reply comes from another process: check it before trusting offsets.
+  const uint32_t n = resp.num_slots();
+  if (n < shm::kMinSlots || n > shm::kMaxSlots || resp.slot_bytes() % shm::kPageBytes != 0 ||
+      resp.slots_offset() != shm::ControlBlockBytes() ||
+      resp.segment_bytes() != shm::SegmentBytes(n, resp.slot_bytes()) ||
+      static_cast<size_t>(resp.placements_size()) != refs.size()) {
+    return absl::DataLossError("zccd's registration reply has an inconsistent geometry");
+  }
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const v1::TensorPlacement& p = resp.placements(i);
+    const uint64_t nbytes = *format::TensorBytes(refs[i].dtype, refs[i].shape);
+    if (p.name() != refs[i].name || p.nbytes() != nbytes || p.offset() > resp.slot_bytes() ||
+        p.nbytes() > resp.slot_bytes() - p.offset()) {
+      return absl::DataLossError(
+          absl::StrCat("zccd's placement of tensor '", refs[i].name, "' is inconsistent"));
+    }
+  }
+  ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
+                       shm::Segment::Open(resp.shm_name(), resp.segment_bytes()));
+  ZCC_RETURN_IF_ERROR(
+      shm::ValidateGeometry(*segment.control(), n, resp.slot_bytes(), resp.generation()));
+  ZCC_RETURN_IF_ERROR(copier->RegisterHostMemory(segment.base(), segment.size()));
+  auto s = std::make_shared<Session>(std::move(resp), std::move(segment), copier);
+  s->full_regions.resize(n);
+  s->ema_regions.resize(n);
+  for (uint32_t slot = 0; slot < n; ++slot) {
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const v1::TensorPlacement& p = s->resp.placements(i);
+      CopyRegion region{refs[i].data, s->slot(slot) + p.offset(), p.nbytes()};
+      s->full_regions[slot].push_back(region);
+      if (refs[i].ema_eligible) s->ema_regions[slot].push_back(region);
+    }
+  }
+  return s;
+}
+
+absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
+  std::set<std::string> names;
+  for (const TensorRef& t : tensors) {
+    ZCC_RETURN_IF_ERROR(ValidateTensorName(t.name));
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is registered twice"));
+    }
+    auto nbytes = format::TensorBytes(t.dtype, t.shape);
+    if (!nbytes.ok()) return Annotate(nbytes.status(), absl::StrCat("tensor '", t.name, "'"));
+    if (*nbytes > 0 && t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no data pointer"));
+    }
+  }
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (impl_->tensors_registered) {
+      return absl::FailedPreconditionError("tensors are already registered with this client");
+    }
+  }
+  auto session = impl_->RegisterOnce(tensors);
+  if (!session.ok() && !IsTransient(session.status())) return session.status();
+  absl::MutexLock lock(&impl_->mu);
+  impl_->tensors = std::move(tensors);
+  impl_->tensors_registered = true;
+  if (session.ok()) {
+    impl_->session = *session;
+    impl_->registrations.fetch_add(1);
+  } else {
+    impl_->last_error = std::string(session.status().message());
+    ZCC_LOG(WARNING) << "zcc client: zccd is not reachable (" << session.status().message()
+                     << "); training continues without snapshots until it is";
+  }
+  return absl::OkStatus();
+}
+
+SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
+  Impl& im = *impl_;
+  std::shared_ptr<Session> s = im.CurrentSession();
+  if (s == nullptr || s->dead.load(std::memory_order_relaxed)) {
+    im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
+    return SnapshotResult::kSkippedDisconnected;
+  }
+  shm::ControlBlock* cb = s->cb();
+  int slot = -1;
+  while (true) {
+    for (uint32_t i = 0; i < s->num_slots(); ++i) {
+      uint32_t expected = S(SlotState::kFree);
+      if (cb->slots[i].state.compare_exchange_strong(expected, S(SlotState::kFilling),
+                                                     std::memory_order_acq_rel)) {
+        slot = static_cast<int>(i);
+        break;
+      }
+    }
+    if (slot >= 0) break;
+    if (im.options.backpressure == Backpressure::kSkip) {
+      cb->snapshots_skipped.fetch_add(1, std::memory_order_relaxed);
+      im.skipped_no_slot.fetch_add(1, std::memory_order_relaxed);
+      return SnapshotResult::kSkippedNoSlot;
+    }
+    // kBlock: sleep until zccd frees a slot; a daemon that went away is noticed
+    // by the monitor within daemon_timeout, which ends the wait.
+    const uint32_t bell = cb->free_bell.load(std::memory_order_acquire);
+    bool any_free = false;
+    for (uint32_t i = 0; i < s->num_slots(); ++i) {
+      any_free |= cb->slots[i].state.load() == S(SlotState::kFree);
+    }
+    if (any_free) continue;
+    if (s->dead.load() || cb->closed.load()) {
+      im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
+      return SnapshotResult::kSkippedDisconnected;
+    }
+    FutexWait(&cb->free_bell, bell, im.options.heartbeat_interval);
+  }
+  const auto& regions = kind == SnapshotKind::kFull ? s->full_regions[slot] : s->ema_regions[slot];
+  auto ticket = im.copier->Enqueue(regions, stream);
+  if (!ticket.ok()) {
+    cb->slots[slot].state.store(S(SlotState::kFree), std::memory_order_release);
+    im.SetError(absl::StrCat("enqueue copy: ", ticket.status().message()));
+    im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
+    return SnapshotResult::kSkippedDisconnected;
+  }
+  {
+    absl::MutexLock lock(&im.mu);
+    im.queue.push_back(PendingCopy{std::move(s), static_cast<uint32_t>(slot), step, kind, *ticket});
+  }
+  im.enqueued.fetch_add(1, std::memory_order_relaxed);
+  return SnapshotResult::kEnqueued;
+}
+
+absl::Status Client::FenceBeforeUpdate(void* stream) {
+  return impl_->copier->FenceBeforeUpdate(stream);
+}
+
+void Client::Impl::NotifierLoop() {
+  while (true) {
+    PendingCopy p;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(
+          +[](Impl* im) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !im->queue.empty() || im->stopping; },
+          this));
+      if (queue.empty()) return;
+      p = std::move(queue.front());
+      queue.pop_front();
+      ++in_flight;
+    }
+    const absl::Status copied = copier->Wait(p.ticket);
+    shm::ControlBlock* cb = p.session->cb();
+    shm::SlotHeader& slot = cb->slots[p.slot];
+    if (!copied.ok()) {
+      slot.state.store(S(SlotState::kFree), std::memory_order_release);
+      SetError(absl::StrCat("snapshot copy of step ", p.step, " failed: ", copied.message()));
+      ZCC_LOG(ERROR) << "zcc client: snapshot copy of step " << p.step << " failed: " << copied;
+    } else {
+      slot.step.store(p.step, std::memory_order_relaxed);
+      slot.kind.store(static_cast<uint32_t>(p.kind == SnapshotKind::kFull ? shm::SnapshotKind::kFull
+                                                                          : shm::SnapshotKind::kEmaOnly),
+                      std::memory_order_relaxed);
+      slot.seq.store(cb->next_seq.fetch_add(1, std::memory_order_relaxed),
+                     std::memory_order_relaxed);
+      slot.state.store(S(SlotState::kReady), std::memory_order_release);
+      cb->snapshots_published.fetch_add(1, std::memory_order_relaxed);
+      cb->doorbell.fetch_add(1, std::memory_order_release);
+      FutexWakeAll(&cb->doorbell);
+      published.fetch_add(1, std::memory_order_relaxed);
+      last_published_step.store(p.step, std::memory_order_relaxed);
+    }
+    p.session.reset();
+    absl::MutexLock lock(&mu);
+    --in_flight;
+  }
+}
+
+void Client::Impl::DropSession(const std::shared_ptr<Session>& s, const std::string& why) {
+  s->dead.store(true);
+  absl::MutexLock lock(&mu);
+  if (session == s) session.reset();
+  last_error = why;
+  ZCC_LOG(WARNING) << "zcc client: " << why << "; snapshots are skipped until zccd is back";
+}
+
+void Client::Impl::MonitorLoop() {
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    std::shared_ptr<Session> s;
+    std::vector<TensorRef> refs;
+    bool need_register = false;
+    {
+      absl::MutexLock lock(&mu);
+      if (stopping) return;
+      s = session;
+      need_register = tensors_registered && s == nullptr;
+      if (need_register) refs = tensors;
+    }
+    absl::Duration wait = options.heartbeat_interval;
+    if (need_register) {
+      auto fresh = RegisterOnce(refs);
+      if (fresh.ok()) {
+        absl::MutexLock lock(&mu);
+        session = *fresh;
+        registrations.fetch_add(1);
+        backoff = absl::Milliseconds(100);
+        ZCC_LOG(INFO) << "zcc client: registered with zccd again (job " << options.job_id
+                      << " rank " << options.rank << ")";
+        continue;
+      }
+      SetError(std::string(fresh.status().message()));
+      wait = backoff;
+      backoff = std::min(backoff * 2, options.reconnect_max_backoff);
+    } else if (s != nullptr) {
+      shm::ControlBlock* cb = s->cb();
+      const uint64_t now = shm::MonotonicNanos();
+      cb->client_heartbeat_ns.store(now, std::memory_order_relaxed);
+      const uint64_t daemon_beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
+      if (cb->closed.load() != 0) {
+        DropSession(s, "zccd closed this registration");
+      } else if (daemon_beat < now &&
+                 absl::Nanoseconds(now - daemon_beat) > options.daemon_timeout) {
+        DropSession(s, absl::StrCat("zccd has not answered for ",
+                                    absl::FormatDuration(absl::Nanoseconds(now - daemon_beat))));
+      }
+    }
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&stopping), wait);
+  }
+}
+
+absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
+  Impl& im = *impl_;
+  std::shared_ptr<Session> s = im.CurrentSession();
+  if (s == nullptr) {
+    absl::MutexLock lock(&im.mu);
+    return absl::UnavailableError(absl::StrCat("not registered with zccd: ",
+                                               im.last_error.empty() ? "call RegisterTensors first"
+                                                                     : im.last_error));
+  }
+  std::vector<TensorRef> refs;
+  {
+    absl::MutexLock lock(&im.mu);
+    refs = im.tensors;
+  }
+  v1::RestoreRequest req;
+  req.set_job_id(im.options.job_id);
+  req.set_rank(im.options.rank);
+  req.set_generation(s->resp.generation());
+  req.set_step(step);
+  v1::RestoreResponse resp;
+  auto ctx = im.Context();
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(im.control->Restore(ctx.get(), req, &resp)));
+  for (const std::string& why : resp.skipped_steps()) {
+    ZCC_LOG(WARNING) << "zcc client: restore skipped " << why;
+  }
+  const uint32_t slot = resp.slot();
+  absl::Status copied;
+  if (slot >= s->num_slots() ||
+      s->cb()->slots[slot].state.load(std::memory_order_acquire) != S(SlotState::kRestoreReady)) {
+    copied = absl::DataLossError("zccd named a slot that holds no restored checkpoint");
+  } else {
+    std::vector<CopyRegion> regions;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const v1::TensorPlacement& p = s->resp.placements(i);
+      regions.push_back(CopyRegion{s->slot(slot) + p.offset(), refs[i].data, p.nbytes()});
+    }
+    copied = im.copier->CopyToDevice(regions, stream);
+  }
+  v1::RestoreDoneRequest done;
+  done.set_job_id(im.options.job_id);
+  done.set_rank(im.options.rank);
+  done.set_generation(s->resp.generation());
+  done.set_slot(slot);
+  v1::RestoreDoneResponse done_resp;
+  auto done_ctx = im.Context();
+  const absl::Status released = FromGrpcStatus(im.control->RestoreDone(done_ctx.get(), done, &done_resp));
+  ZCC_RETURN_IF_ERROR(copied);
+  ZCC_RETURN_IF_ERROR(released);
+  return resp.step();
+}
+
+absl::Status Client::SaveNow() {
+  v1::SaveNowRequest req;
+  req.set_job_id(impl_->options.job_id);
+  v1::SaveNowResponse resp;
+  auto ctx = impl_->Context();
+  return FromGrpcStatus(impl_->control->SaveNow(ctx.get(), req, &resp));
+}
+
+absl::Status Client::Flush(absl::Duration timeout) {
+  absl::MutexLock lock(&impl_->mu);
+  auto idle = [](Impl* im) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return im->queue.empty() && im->in_flight == 0;
+  };
+  if (!impl_->mu.AwaitWithTimeout(absl::Condition(+idle, impl_.get()), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "snapshots still in flight after ", absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+ClientStats Client::Stats() const {
+  const Impl& im = *impl_;
+  ClientStats stats;
+  stats.snapshots_enqueued = im.enqueued.load();
+  stats.snapshots_published = im.published.load();
+  stats.skipped_no_slot = im.skipped_no_slot.load();
+  stats.skipped_disconnected = im.skipped_disconnected.load();
+  stats.registrations = im.registrations.load();
+  stats.last_published_step = im.last_published_step.load();
+  absl::MutexLock lock(&im.mu);
+  stats.connected = im.session != nullptr && !im.session->dead.load();
+  stats.last_error = im.last_error;
+  return stats;
+}
+
+}  // namespace zcc
+
+namespace zcc {
+
+absl::StatusOr<CheckpointStatus> Client::QueryCheckpointStatus() const {
+  v1::StatusRequest req;
+  req.set_job_id(impl_->options.job_id);
+  v1::StatusResponse resp;
+  auto ctx = impl_->Context();
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(impl_->status->GetStatus(ctx.get(), req, &resp)));
+  if (resp.jobs_size() == 0) {
+    return absl::NotFoundError(absl::StrCat("zccd has no job '", impl_->options.job_id, "'"));
+  }
+  const v1::JobStatus& job = resp.jobs(0);
+  CheckpointStatus out;
+  out.last_committed_step = job.last_committed_step();
+  out.last_checkpoint_bytes = job.last_checkpoint_bytes();
+  out.last_checkpoint_seconds = job.last_checkpoint_seconds();
+  out.last_checkpoint_gbps = job.last_checkpoint_gbps();
+  out.pending_commits.assign(job.pending_commits().begin(), job.pending_commits().end());
+  out.last_error = job.last_error();
+  return out;
+}
+
+}  // namespace zcc

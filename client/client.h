@@ -1,0 +1,157 @@
+// The zcc trainer client: the only header a C++ trainer needs.
+//
+//   zcc::ClientOptions opts;
+//   opts.job_id = "llama-8b"; opts.rank = rank; opts.world_size = world;
+//   opts.save_every = 100;
+//   auto client = zcc::Client::Connect(opts).value();
+//   client->RegisterTensors(tensors);            // name, dtype, shape, pointer, kind
+//   int64_t step = client->Restore().value_or(0);  // or start fresh
+//   for (...) {
+//     client->FenceBeforeUpdate(stream);         // before optimizer.step()
+//     optimizer_step();
+//     client->Snapshot(step, zcc::SnapshotKind::kFull, stream);  // microseconds
+//   }
+//
+// Snapshot() only enqueues the device-to-host copies into a free staging slot
+// and returns; a notifier thread waits for the copies and publishes the slot
+// to zccd. It never copies bytes or makes an RPC on the caller's thread, and
+// never blocks unless Backpressure::kBlock was chosen. When zccd is absent or
+// dies, snapshots are skipped (and counted), and the client re-registers in the
+// background with backoff; training never waits for the daemon.
+//
+// Thread-safety: Snapshot, FenceBeforeUpdate, Restore and RegisterTensors are
+// meant for the one training thread; Stats() and DaemonStatus() may be called
+// from any thread.
+#ifndef ZCC_CLIENT_CLIENT_H_
+#define ZCC_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "copy/device_copier.h"
+#include "format/dtype.h"
+
+namespace zcc {
+
+using format::DType;
+
+enum class TensorKind { kParam, kOptim, kExtra };
+enum class SnapshotKind { kEmaOnly, kFull };
+enum class Backpressure {
+  kSkip,   // no free slot: drop the snapshot and count it (default)
+  kBlock,  // no free slot: wait for one
+};
+
+inline constexpr int64_t kLatestStep = -1;
+
+struct TensorRef {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  // The tensor's memory (host, or device for a device copier). It must stay at
+  // this address, with this size, for as long as the client lives.
+  void* data = nullptr;
+  TensorKind kind = TensorKind::kParam;
+  bool ema_eligible = false;
+};
+
+struct ClientOptions {
+  std::string socket_path;      // empty: zccd's default for this user
+  std::string job_id;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t num_slots = 0;       // staging slots; 0 = daemon default (2)
+  uint32_t save_every = 0;      // persist every N-th step; 0 = only on SaveNow
+  uint32_t keep_last = 0;       // committed steps kept; 0 = daemon default
+  std::string checkpoint_root;  // empty: the daemon's default root
+  Backpressure backpressure = Backpressure::kSkip;
+  // Copy backend; null = a HostCopier (memcpy on a copy thread).
+  std::shared_ptr<DeviceCopier> copier;
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  absl::Duration heartbeat_interval = absl::Milliseconds(250);
+  // No daemon heartbeat for this long: the daemon is considered gone.
+  absl::Duration daemon_timeout = absl::Seconds(3);
+  absl::Duration reconnect_max_backoff = absl::Seconds(5);
+};
+
+enum class SnapshotResult {
+  kEnqueued,
+  kSkippedNoSlot,        // every slot still busy (daemon slower than the step)
+  kSkippedDisconnected,  // no live registration with zccd
+};
+
+struct ClientStats {
+  bool connected = false;
+  uint64_t snapshots_enqueued = 0;
+  uint64_t snapshots_published = 0;
+  uint64_t skipped_no_slot = 0;
+  uint64_t skipped_disconnected = 0;
+  uint64_t registrations = 0;   // successful registrations (1 + reconnects)
+  int64_t last_published_step = -1;
+  std::string last_error;
+};
+
+// The job's checkpoint state as zccd on this node reports it.
+struct CheckpointStatus {
+  int64_t last_committed_step = -1;
+  uint64_t last_checkpoint_bytes = 0;  // written by this node for that step
+  double last_checkpoint_seconds = 0;
+  double last_checkpoint_gbps = 0;
+  std::vector<std::string> pending_commits;
+  std::string last_error;
+};
+
+class Client {
+ public:
+  // Validates the options and opens the channel. Does not need zccd to be up.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  // Publishes snapshots still in flight, unregisters, stops the threads.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Registers the tensors with zccd (once per client). Invalid tensors, or a
+  // registration zccd refuses, are errors. When zccd cannot be reached the
+  // call still succeeds: the client keeps trying in the background, and
+  // Stats().connected says when it is registered.
+  absl::Status RegisterTensors(std::vector<TensorRef> tensors);
+
+  // Enqueues a snapshot of `step` after the work already issued on `stream`
+  // (device backends; nullptr = default stream) and returns.
+  SnapshotResult Snapshot(int64_t step, SnapshotKind kind = SnapshotKind::kFull,
+                          void* stream = nullptr);
+
+  // Makes the next update of the tensors (on `stream`) wait until the copies
+  // of every enqueued snapshot have read them.
+  absl::Status FenceBeforeUpdate(void* stream = nullptr);
+
+  // Fills the registered tensors from a committed checkpoint (kLatestStep =
+  // the newest that verifies) and returns its step. NotFound when there is
+  // nothing to restore; Unavailable when zccd is not reachable.
+  absl::StatusOr<int64_t> Restore(int64_t step = kLatestStep, void* stream = nullptr);
+
+  // Asks zccd to persist the next full snapshot of every rank of the job on this node.
+  absl::Status SaveNow();
+
+  // Blocks until every snapshot enqueued so far has been handed to zccd (or
+  // dropped because the daemon went away), at most `timeout`.
+  absl::Status Flush(absl::Duration timeout = absl::Seconds(60));
+
+  ClientStats Stats() const;
+
+  // Asks zccd (an RPC; not for the training thread's hot path).
+  absl::StatusOr<CheckpointStatus> QueryCheckpointStatus() const;
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zcc
+
+#endif  // ZCC_CLIENT_CLIENT_H_

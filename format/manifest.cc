@@ -1,0 +1,456 @@
+#include "format/manifest.h"
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "format/strict_json.h"
+
+namespace zcc::format {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+// Deepest legitimate nesting: root > "tensors" array > tensor > "shape".
+constexpr int kMaxManifestDepth = 4;
+constexpr size_t kMaxFileNameBytes = 255;  // NAME_MAX
+constexpr int kMinStepDigits = 8;
+
+// Names written by this build never hold invalid UTF-8 (they were validated
+// when registered), but the encoders return a plain string, so rather than
+// throw they replace such bytes with U+FFFD; decoding then sees a different
+// name and the mismatch surfaces there.
+constexpr auto kDumpErrors = ordered_json::error_handler_t::replace;
+
+std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
+
+// Exactly 16 lowercase hex digits, as Hex64 writes them.
+bool ParseHex64(absl::string_view text, uint64_t* value) {
+  if (text.size() != 16) return false;
+  uint64_t v = 0;
+  for (char c : text) {
+    int digit;
+    if (c >= '0' && c <= '9') {
+      digit = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      digit = c - 'a' + 10;
+    } else {
+      return false;
+    }
+    v = (v << 4) | static_cast<uint64_t>(digit);
+  }
+  *value = v;
+  return true;
+}
+
+// Shard files are opened inside the step directory by these names, so a name
+// must stay a single path component.
+absl::Status ValidatePlainFileName(absl::string_view name) {
+  if (name.empty()) return absl::InvalidArgumentError("file name is empty");
+  if (name.size() > kMaxFileNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("file name '", internal::PrintableForError(name),
+                                                   "' is ", name.size(), " bytes; the limit is ",
+                                                   kMaxFileNameBytes));
+  }
+  if (name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("file name '", name, "' is not a plain name"));
+  }
+  for (char ch : name) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '/' || c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat("file name '",
+                                                     internal::PrintableForError(name),
+                                                     "' contains '/' or a control character"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Typed access to the fields of one JSON object read from disk. Every failure
+// is DataLoss and names the object (`where`) and the field.
+class FieldReader {
+ public:
+  FieldReader(const json& object, std::string where) : object_(object), where_(std::move(where)) {}
+
+  absl::Status Error(absl::string_view field, absl::string_view message) const {
+    return absl::DataLossError(absl::StrCat(where_, ": \"", field, "\" ", message));
+  }
+  absl::Status Wrap(absl::string_view field, const absl::Status& status) const {
+    if (status.ok()) return status;
+    return Error(field, status.message());
+  }
+
+  absl::StatusOr<const json*> Get(const char* field) const {
+    const auto it = object_.find(field);
+    if (it == object_.end()) return Error(field, "is missing");
+    return &*it;
+  }
+
+  absl::StatusOr<std::string> String(const char* field) const {
+    ZCC_ASSIGN_OR_RETURN(const json* v, Get(field));
+    if (!v->is_string()) return TypeError(field, "a string", *v);
+    return v->get<std::string>();
+  }
+
+  absl::StatusOr<uint64_t> Unsigned(const char* field, uint64_t max = UINT64_MAX) const {
+    ZCC_ASSIGN_OR_RETURN(const json* v, Get(field));
+    if (!v->is_number_unsigned()) return TypeError(field, "a non-negative integer", *v);
+    const uint64_t u = v->get<uint64_t>();
+    if (u > max) return Error(field, absl::StrCat("is ", u, "; the maximum is ", max));
+    return u;
+  }
+
+  absl::StatusOr<uint64_t> Hex(const char* field) const {
+    ZCC_ASSIGN_OR_RETURN(std::string text, String(field));
+    uint64_t value = 0;
+    if (!ParseHex64(text, &value)) {
+      return Error(field, absl::StrCat("is '", internal::PrintableForError(text),
+                                       "', not 16 lowercase hex digits"));
+    }
+    return value;
+  }
+
+  absl::StatusOr<const json*> Array(const char* field) const {
+    ZCC_ASSIGN_OR_RETURN(const json* v, Get(field));
+    if (!v->is_array()) return TypeError(field, "an array", *v);
+    return v;
+  }
+
+  absl::StatusOr<const json*> Object(const char* field) const {
+    ZCC_ASSIGN_OR_RETURN(const json* v, Get(field));
+    if (!v->is_object()) return TypeError(field, "an object", *v);
+    return v;
+  }
+
+  absl::StatusOr<std::vector<int64_t>> Shape(const char* field) const {
+    ZCC_ASSIGN_OR_RETURN(const json* v, Array(field));
+    std::vector<int64_t> shape;
+    shape.reserve(v->size());  // bounded by the document size
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& d = (*v)[i];
+      if (d.is_number_integer() && !d.is_number_unsigned()) {
+        return Error(
+            field, absl::StrCat("has the negative dimension ", d.get<int64_t>(), " at index ", i));
+      }
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return Error(field, absl::StrCat("[", i, "] must be a non-negative 64-bit integer, not ",
+                                         internal::JsonTypeName(d)));
+      }
+      shape.push_back(d.get<int64_t>());
+    }
+    return shape;
+  }
+
+  absl::Status FormatVersion() const {
+    ZCC_ASSIGN_OR_RETURN(uint64_t version, Unsigned("format_version"));
+    if (version != static_cast<uint64_t>(kFormatVersion)) {
+      return Error("format_version",
+                   absl::StrCat("is ", version, "; this build reads version ", kFormatVersion));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> JobId() const {
+    ZCC_ASSIGN_OR_RETURN(std::string job_id, String("job_id"));
+    ZCC_RETURN_IF_ERROR(Wrap("job_id", ValidateJobId(job_id)));
+    return job_id;
+  }
+
+ private:
+  absl::Status TypeError(absl::string_view field, absl::string_view expected,
+                         const json& got) const {
+    return Error(field, absl::StrCat("must be ", expected, ", not ", internal::JsonTypeName(got)));
+  }
+
+  const json& object_;
+  std::string where_;
+};
+
+// Parses `text` as a JSON object no larger than kMaxManifestBytes.
+absl::StatusOr<json> ParseDocument(absl::string_view text, absl::string_view what) {
+  if (text.size() > kMaxManifestBytes) {
+    return absl::DataLossError(
+        absl::StrCat(what, " is ", text.size(), " bytes; the limit is ", kMaxManifestBytes));
+  }
+  ZCC_ASSIGN_OR_RETURN(json root, internal::ParseStrictJson(text, kMaxManifestDepth, what));
+  if (!root.is_object()) {
+    return absl::DataLossError(
+        absl::StrCat(what, " must be a JSON object, not ", internal::JsonTypeName(root)));
+  }
+  return root;
+}
+
+bool IsTensorKind(absl::string_view kind) {
+  return kind == "param" || kind == "optim" || kind == "extra" || kind == "ema";
+}
+
+absl::StatusOr<RankManifest> DecodeRankManifestJson(absl::string_view text) {
+  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, "manifest"));
+  const FieldReader top(root, "manifest");
+  RankManifest m;
+  ZCC_RETURN_IF_ERROR(top.FormatVersion());
+  ZCC_ASSIGN_OR_RETURN(m.job_id, top.JobId());
+  ZCC_ASSIGN_OR_RETURN(const uint64_t step, top.Unsigned("step", INT64_MAX));
+  m.step = static_cast<int64_t>(step);
+  ZCC_ASSIGN_OR_RETURN(m.world_size, top.Unsigned("world_size", UINT32_MAX));
+  if (m.world_size == 0) return top.Error("world_size", "is 0");
+  ZCC_ASSIGN_OR_RETURN(m.rank, top.Unsigned("rank", UINT32_MAX));
+  if (m.rank >= m.world_size) {
+    return top.Error("rank", absl::StrCat("is ", m.rank, " but world_size is ", m.world_size));
+  }
+  ZCC_ASSIGN_OR_RETURN(m.manifest_hash, top.Hex("manifest_hash"));
+
+  ZCC_ASSIGN_OR_RETURN(const json* files, top.Array("files"));
+  std::map<std::string, uint64_t> file_bytes;
+  for (size_t i = 0; i < files->size(); ++i) {
+    const json& entry = (*files)[i];
+    const std::string where = absl::StrCat("manifest files[", i, "]");
+    if (!entry.is_object()) {
+      return absl::DataLossError(
+          absl::StrCat(where, " must be an object, not ", internal::JsonTypeName(entry)));
+    }
+    const FieldReader f(entry, where);
+    ManifestFile file;
+    ZCC_ASSIGN_OR_RETURN(file.name, f.String("name"));
+    ZCC_RETURN_IF_ERROR(f.Wrap("name", ValidatePlainFileName(file.name)));
+    ZCC_ASSIGN_OR_RETURN(file.bytes, f.Unsigned("bytes"));
+    if (!file_bytes.emplace(file.name, file.bytes).second) {
+      return f.Error("name", absl::StrCat("'", file.name, "' is listed twice"));
+    }
+    m.files.push_back(std::move(file));
+  }
+
+  ZCC_ASSIGN_OR_RETURN(const json* tensors, top.Array("tensors"));
+  std::set<std::pair<std::string, std::string>> seen;  // (kind, name)
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    const json& entry = (*tensors)[i];
+    std::string where = absl::StrCat("manifest tensors[", i, "]");
+    if (!entry.is_object()) {
+      return absl::DataLossError(
+          absl::StrCat(where, " must be an object, not ", internal::JsonTypeName(entry)));
+    }
+    ManifestTensor t;
+    {
+      const FieldReader f(entry, where);
+      ZCC_ASSIGN_OR_RETURN(t.name, f.String("name"));
+      ZCC_RETURN_IF_ERROR(f.Wrap("name", ValidateTensorName(t.name)));
+    }
+    // The name is valid now; quote it in every later message.
+    absl::StrAppend(&where, " ('", t.name, "')");
+    const FieldReader f(entry, where);
+    ZCC_ASSIGN_OR_RETURN(const std::string dtype, f.String("dtype"));
+    absl::StatusOr<DType> parsed = ParseDTypeName(dtype);
+    if (!parsed.ok()) return f.Wrap("dtype", parsed.status());
+    t.dtype = *parsed;
+    ZCC_ASSIGN_OR_RETURN(t.shape, f.Shape("shape"));
+    ZCC_ASSIGN_OR_RETURN(t.kind, f.String("kind"));
+    if (!IsTensorKind(t.kind)) {
+      return f.Error("kind", absl::StrCat("is '", internal::PrintableForError(t.kind),
+                                          "'; expected param, optim, extra or ema"));
+    }
+    if (!seen.emplace(t.kind, t.name).second) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": a ", t.kind, " tensor of this name is listed twice"));
+    }
+    ZCC_ASSIGN_OR_RETURN(t.file, f.String("file"));
+    const auto file = file_bytes.find(t.file);
+    if (file == file_bytes.end()) {
+      return f.Error("file", absl::StrCat("'", internal::PrintableForError(t.file),
+                                          "' is not in the manifest's \"files\""));
+    }
+    ZCC_ASSIGN_OR_RETURN(t.offset, f.Unsigned("offset"));
+    ZCC_ASSIGN_OR_RETURN(t.nbytes, f.Unsigned("nbytes"));
+    absl::StatusOr<uint64_t> expected = TensorBytes(t.dtype, t.shape);
+    if (!expected.ok()) return f.Wrap("shape", expected.status());
+    if (*expected != t.nbytes) {
+      return f.Error("nbytes",
+                     absl::StrCat("is ", t.nbytes, " but ", dtype, " x [",
+                                  absl::StrJoin(t.shape, ","), "] is ", *expected, " bytes"));
+    }
+    // offset + nbytes <= file size, written so that it cannot overflow.
+    if (t.offset > file->second || t.nbytes > file->second - t.offset) {
+      return f.Error("offset", absl::StrCat("[", t.offset, ", +", t.nbytes, ") lies outside '",
+                                            t.file, "', which is ", file->second, " bytes"));
+    }
+    ZCC_ASSIGN_OR_RETURN(t.xxh3, f.Hex("xxh3"));
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+absl::StatusOr<CommitRecord> DecodeCommitRecordJson(absl::string_view text) {
+  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, "commit record"));
+  const FieldReader f(root, "commit record");
+  CommitRecord r;
+  ZCC_RETURN_IF_ERROR(f.FormatVersion());
+  ZCC_ASSIGN_OR_RETURN(r.job_id, f.JobId());
+  ZCC_ASSIGN_OR_RETURN(const uint64_t step, f.Unsigned("step", INT64_MAX));
+  r.step = static_cast<int64_t>(step);
+  ZCC_ASSIGN_OR_RETURN(r.world_size, f.Unsigned("world_size", UINT32_MAX));
+  if (r.world_size == 0) return f.Error("world_size", "is 0");
+  ZCC_ASSIGN_OR_RETURN(r.manifest_hash, f.Hex("manifest_hash"));
+  ZCC_ASSIGN_OR_RETURN(r.total_bytes, f.Unsigned("total_bytes"));
+  ZCC_ASSIGN_OR_RETURN(r.committed_at, f.String("committed_at"));
+  absl::Time parsed;
+  std::string err;
+  if (!absl::ParseTime(absl::RFC3339_full, r.committed_at, &parsed, &err)) {
+    return f.Error("committed_at", absl::StrCat("is '", internal::PrintableForError(r.committed_at),
+                                                "', not an RFC 3339 time: ", err));
+  }
+  return r;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> DecodeWeightMapIndexJson(
+    absl::string_view text) {
+  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, "weight map index"));
+  const FieldReader top(root, "weight map index");
+  // transformers always writes "metadata"; only "weight_map" is needed to load.
+  if (root.contains("metadata")) {
+    ZCC_ASSIGN_OR_RETURN(const json* metadata, top.Object("metadata"));
+    if (metadata->contains("total_size")) {
+      ZCC_RETURN_IF_ERROR(
+          FieldReader(*metadata, "weight map index metadata").Unsigned("total_size").status());
+    }
+  }
+  ZCC_ASSIGN_OR_RETURN(const json* map, top.Object("weight_map"));
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [name, file] : map->items()) {
+    ZCC_RETURN_IF_ERROR(top.Wrap("weight_map", ValidateTensorName(name)));
+    if (!file.is_string()) {
+      return top.Error("weight_map", absl::StrCat("entry '", name, "' must be a string, not ",
+                                                  internal::JsonTypeName(file)));
+    }
+    const std::string& file_name = file.get_ref<const std::string&>();
+    ZCC_RETURN_IF_ERROR(top.Wrap("weight_map", Annotate(ValidatePlainFileName(file_name),
+                                                        absl::StrCat("entry '", name, "'"))));
+    weight_map.emplace(name, file_name);
+  }
+  return weight_map;
+}
+
+// Runs a decoder with a net under it: the decoders check every type before
+// reading a value, so this only turns a missed check into an error instead of
+// an exception escaping the module.
+template <typename Decode>
+auto DecodeWithoutExceptions(Decode decode, absl::string_view text, absl::string_view what)
+    -> decltype(decode(text)) {
+  try {
+    return decode(text);
+  } catch (const json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": ", internal::PrintableForError(e.what(), 256)));
+  }
+}
+
+}  // namespace
+
+std::string EncodeRankManifest(const RankManifest& manifest) {
+  ordered_json root = ordered_json::object();
+  root["format_version"] = manifest.format_version;
+  root["job_id"] = manifest.job_id;
+  root["step"] = manifest.step;
+  root["rank"] = manifest.rank;
+  root["world_size"] = manifest.world_size;
+  root["manifest_hash"] = Hex64(manifest.manifest_hash);
+  ordered_json files = ordered_json::array();
+  for (const ManifestFile& file : manifest.files) {
+    ordered_json entry = ordered_json::object();
+    entry["name"] = file.name;
+    entry["bytes"] = file.bytes;
+    files.push_back(std::move(entry));
+  }
+  root["files"] = std::move(files);
+  ordered_json tensors = ordered_json::array();
+  for (const ManifestTensor& t : manifest.tensors) {
+    ordered_json entry = ordered_json::object();
+    entry["name"] = t.name;
+    entry["dtype"] = std::string(DTypeName(t.dtype));
+    entry["shape"] = t.shape;
+    entry["kind"] = t.kind;
+    entry["file"] = t.file;
+    entry["offset"] = t.offset;
+    entry["nbytes"] = t.nbytes;
+    entry["xxh3"] = Hex64(t.xxh3);
+    tensors.push_back(std::move(entry));
+  }
+  root["tensors"] = std::move(tensors);
+  return root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
+}
+
+absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json) {
+  return DecodeWithoutExceptions(DecodeRankManifestJson, json, "manifest");
+}
+
+std::string EncodeCommitRecord(const CommitRecord& record) {
+  ordered_json root = ordered_json::object();
+  root["format_version"] = record.format_version;
+  root["job_id"] = record.job_id;
+  root["step"] = record.step;
+  root["world_size"] = record.world_size;
+  root["manifest_hash"] = Hex64(record.manifest_hash);
+  root["total_bytes"] = record.total_bytes;
+  root["committed_at"] = record.committed_at;
+  return root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
+}
+
+absl::StatusOr<CommitRecord> DecodeCommitRecord(absl::string_view json) {
+  return DecodeWithoutExceptions(DecodeCommitRecordJson, json, "commit record");
+}
+
+std::string EncodeWeightMapIndex(const std::map<std::string, std::string>& weight_map,
+                                 uint64_t total_size) {
+  ordered_json root = ordered_json::object();
+  root["metadata"] = ordered_json::object({{"total_size", total_size}});
+  ordered_json map = ordered_json::object();
+  for (const auto& [name, file] : weight_map) map[name] = file;
+  root["weight_map"] = std::move(map);
+  return root.dump(2, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
+}
+
+absl::StatusOr<std::map<std::string, std::string>> DecodeWeightMapIndex(absl::string_view json) {
+  return DecodeWithoutExceptions(DecodeWeightMapIndexJson, json, "weight map index");
+}
+
+std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+std::string PartialStepDirName(int64_t step) { return StepDirName(step) + ".partial"; }
+
+absl::StatusOr<int64_t> ParseStepDirName(absl::string_view name) {
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("'", internal::PrintableForError(name),
+                                                   "' is not a step directory name: ", why));
+  };
+  constexpr absl::string_view kPrefix = "step-";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return bad("it does not start with 'step-'");
+  const absl::string_view digits = name.substr(kPrefix.size());
+  if (digits.size() < kMinStepDigits) return bad("fewer than 8 digits follow 'step-'");
+  for (char c : digits) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) {
+      return bad("only decimal digits may follow 'step-'");
+    }
+  }
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(digits, &step)) return bad("the step does not fit in 64 bits");
+  // "step-000001000" would alias "step-00001000"; only StepDirName's spelling counts.
+  if (StepDirName(step) != name) return bad("the step has extra leading zeros");
+  return step;
+}
+
+std::string ShardFileName(absl::string_view prefix, uint32_t rank) {
+  return absl::StrFormat("%s-r%05u.safetensors", prefix, rank);
+}
+
+std::string ExtraFileName(uint32_t rank) { return absl::StrFormat("extra-r%05u.bin", rank); }
+
+std::string ManifestFileName(uint32_t rank) { return absl::StrFormat("r%05u.manifest.json", rank); }
+
+}  // namespace zcc::format

@@ -1,0 +1,96 @@
+// Per-rank manifest (rNNNNN.manifest.json), commit record (COMMITTED) and the
+// Hugging Face style index files of a checkpoint step directory. All JSON.
+#ifndef ZCC_FORMAT_MANIFEST_H_
+#define ZCC_FORMAT_MANIFEST_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "format/dtype.h"
+
+namespace zcc::format {
+
+inline constexpr int kFormatVersion = 1;
+// Manifests and commit records larger than this are refused when read back.
+inline constexpr uint64_t kMaxManifestBytes = 256ull << 20;
+
+// One tensor as written by one rank.
+struct ManifestTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  std::string kind;      // "param", "optim", "extra" or "ema"
+  std::string file;      // shard file name inside the step directory (no '/')
+  uint64_t offset = 0;   // absolute byte offset of the tensor in `file`
+  uint64_t nbytes = 0;   // == TensorBytes(dtype, shape)
+  uint64_t xxh3 = 0;     // XXH3-64 of the tensor's bytes
+};
+
+struct ManifestFile {
+  std::string name;      // e.g. "model-r00003.safetensors"
+  uint64_t bytes = 0;    // whole file size
+};
+
+struct RankManifest {
+  int format_version = kFormatVersion;
+  std::string job_id;
+  int64_t step = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t manifest_hash = 0;  // hash of the registration this rank wrote from
+  std::vector<ManifestFile> files;
+  std::vector<ManifestTensor> tensors;
+};
+
+// Encodes as pretty-printed JSON ("xxh3" and "manifest_hash" as 16-digit hex
+// strings so that JSON readers without 64-bit integers keep them exact).
+std::string EncodeRankManifest(const RankManifest& manifest);
+
+// Parses and validates: version, job id (ValidateJobId), step >= 0,
+// rank < world_size, file names are plain names of known files, each tensor
+// refers to a listed file, lies inside it, has nbytes == dtype x shape, names
+// pass ValidateTensorName and are unique per kind. Errors are DataLoss or
+// InvalidArgument with a message naming the offending field.
+absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json);
+
+// Contents of COMMITTED.
+struct CommitRecord {
+  int format_version = kFormatVersion;
+  std::string job_id;
+  int64_t step = 0;
+  uint32_t world_size = 1;
+  uint64_t manifest_hash = 0;  // hash over every rank's manifest file bytes
+  uint64_t total_bytes = 0;    // sum of all shard files
+  std::string committed_at;    // RFC 3339 UTC
+};
+
+std::string EncodeCommitRecord(const CommitRecord& record);
+absl::StatusOr<CommitRecord> DecodeCommitRecord(absl::string_view json);
+
+// {"metadata": {"total_size": N}, "weight_map": {name: file, ...}}, the layout
+// transformers uses for model.safetensors.index.json.
+std::string EncodeWeightMapIndex(const std::map<std::string, std::string>& weight_map,
+                                 uint64_t total_size);
+absl::StatusOr<std::map<std::string, std::string>> DecodeWeightMapIndex(absl::string_view json);
+
+// Names inside a step directory.
+std::string StepDirName(int64_t step);              // "step-00001000" (8 digits, more if needed)
+std::string PartialStepDirName(int64_t step);       // "step-00001000.partial"
+// Parses "step-NNNNNNNN" (exactly; not the .partial form); InvalidArgument otherwise.
+absl::StatusOr<int64_t> ParseStepDirName(absl::string_view name);
+// prefix is "model", "optim" or "ema": "model-r00003.safetensors".
+std::string ShardFileName(absl::string_view prefix, uint32_t rank);
+std::string ExtraFileName(uint32_t rank);           // "extra-r00003.bin" (safetensors of U8 blobs)
+std::string ManifestFileName(uint32_t rank);        // "r00003.manifest.json"
+inline constexpr char kCommittedFileName[] = "COMMITTED";
+inline constexpr char kLatestFileName[] = "latest";
+inline constexpr char kModelIndexFileName[] = "model.safetensors.index.json";
+inline constexpr char kEmaIndexFileName[] = "ema.safetensors.index.json";
+
+}  // namespace zcc::format
+
+#endif  // ZCC_FORMAT_MANIFEST_H_
