@@ -38,13 +38,10 @@ class LogLine {
 #define ZCC_LOG_LEVEL_WARNING ::zcc::LogLevel::kWarning
 #define ZCC_LOG_LEVEL_ERROR ::zcc::LogLevel::kError
 
-// The switch makes the macro safe inside an unbraced if/else.
-#define ZCC_LOG(level)                                  \
-  switch (0)                                            \
-  case 0:                                               \
-  default:                                              \
-    if (!::zcc::LogEnabled(ZCC_LOG_LEVEL_##level)) {    \
-    } else                                              \
-      ::zcc::LogLine(ZCC_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+// A loop rather than if/else, so the macro is safe inside an unbraced if/else.
+#define ZCC_LOG(level)                                                        \
+  for (bool zcc_log_once_ = ::zcc::LogEnabled(ZCC_LOG_LEVEL_##level); zcc_log_once_; \
+       zcc_log_once_ = false)                                                 \
+  ::zcc::LogLine(ZCC_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
 
 #endif  // ZCC_COMMON_LOG_H_
