@@ -1,0 +1,69 @@
+// The device-copy backend interface: moves tensor bytes between the trainer's
+// tensors (GPU or host memory) and the pinned staging slots in shared memory.
+// Implementations: HostCopier (memcpy on a copy thread; copy/host_copier.h)
+// and the CUDA copier (side stream + events; cuda/cuda_copier.h).
+//
+// Thread-safety: Enqueue() and FenceBeforeUpdate() are called from the trainer
+// thread, Wait() from the client's notifier thread, CopyToDevice() from the
+// trainer thread during restore. Implementations make these safe together.
+#ifndef ZCC_COPY_DEVICE_COPIER_H_
+#define ZCC_COPY_DEVICE_COPIER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace zcc {
+
+// One contiguous copy. For a snapshot `src` is the trainer's tensor and `dst`
+// lies in a staging slot; for a restore the other way round.
+struct CopyRegion {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  size_t nbytes = 0;
+};
+
+// Identifies one enqueued snapshot copy; tickets increase by one per Enqueue.
+using CopyTicket = uint64_t;
+
+class DeviceCopier {
+ public:
+  virtual ~DeviceCopier() = default;
+
+  // A short name for logs and status ("host", "cuda").
+  virtual std::string name() const = 0;
+
+  // Makes `bytes` at `base` (a staging mapping) usable as a fast copy target,
+  // e.g. by pinning it. Called once per mapping before any Enqueue into it;
+  // UnregisterHostMemory before it is unmapped.
+  virtual absl::Status RegisterHostMemory(void* base, size_t bytes) = 0;
+  virtual absl::Status UnregisterHostMemory(void* base) = 0;
+
+  // Enqueues the copies after the work the trainer has already issued (on the
+  // given stream for device backends; nullptr = the default stream) and
+  // returns at once, without waiting for bytes to move. `regions` must stay
+  // valid until Wait() for the returned ticket has returned.
+  virtual absl::StatusOr<CopyTicket> Enqueue(absl::Span<const CopyRegion> regions,
+                                             void* stream) = 0;
+
+  // Blocks until the copies of `ticket` are complete (no busy spin). Returns the
+  // first error the copy met.
+  virtual absl::Status Wait(CopyTicket ticket) = 0;
+
+  // Makes the trainer's subsequent updates (on `stream`) wait for every copy
+  // enqueued so far, so that optimizer.step() cannot overwrite a tensor still
+  // being read. Device backends do this on the device without blocking the
+  // host; the host backend has to block until the copies finished.
+  virtual absl::Status FenceBeforeUpdate(void* stream) = 0;
+
+  // Synchronous copies into the trainer's tensors (restore path).
+  virtual absl::Status CopyToDevice(absl::Span<const CopyRegion> regions, void* stream) = 0;
+};
+
+}  // namespace zcc
+
+#endif  // ZCC_COPY_DEVICE_COPIER_H_

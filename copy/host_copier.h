@@ -1,0 +1,94 @@
+// HostCopier: the DeviceCopier backend for machines without a GPU (and the
+// fake every GPU-free test uses). "Device" memory is ordinary host memory; the
+// copies run with memcpy on one copy thread owned by the copier, so Enqueue()
+// returns before the bytes move, exactly as with the CUDA backend.
+//
+// Thread-safety: every method may be called from any thread, concurrently.
+// Ownership: the copier owns its copy thread; the destructor finishes every
+// queued copy, then joins the thread. The caller owns all copied memory and
+// keeps it valid until Wait() for the ticket returns (or the copier is gone).
+#ifndef ZCC_COPY_HOST_COPIER_H_
+#define ZCC_COPY_HOST_COPIER_H_
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "copy/device_copier.h"
+
+namespace zcc {
+
+struct HostCopierOptions {
+  // Copies are split into chunks of at most this many bytes (as the CUDA
+  // backend does), so a simulated slow device delays each chunk.
+  size_t chunk_bytes = size_t{64} << 20;
+  // Sleeps this long before each chunk, to simulate a slow device in tests.
+  absl::Duration per_chunk_delay = absl::ZeroDuration();
+};
+
+class HostCopier final : public DeviceCopier {
+ public:
+  // Starts the copy thread. InvalidArgument if chunk_bytes is 0 or the delay
+  // is negative.
+  static absl::StatusOr<std::unique_ptr<HostCopier>> Create(const HostCopierOptions& options);
+
+  // Finishes every queued copy, then stops and joins the copy thread.
+  ~HostCopier() override;
+
+  HostCopier(const HostCopier&) = delete;
+  HostCopier& operator=(const HostCopier&) = delete;
+
+  std::string name() const override { return "host"; }
+
+  // Nothing to pin in host memory; the registrations are still tracked so that
+  // misuse the CUDA backend would reject (double registration, unregistering an
+  // unknown base) fails here too, on machines without a GPU.
+  absl::Status RegisterHostMemory(void* base, size_t bytes) override;
+  absl::Status UnregisterHostMemory(void* base) override;
+
+  // `stream` is ignored. The regions are copied into the queue, so the span
+  // itself need not outlive the call (the memory it points to must).
+  absl::StatusOr<CopyTicket> Enqueue(absl::Span<const CopyRegion> regions, void* stream) override;
+  absl::Status Wait(CopyTicket ticket) override;
+  // Blocks until every copy enqueued before the call has finished.
+  absl::Status FenceBeforeUpdate(void* stream) override;
+  // memcpy on the calling thread.
+  absl::Status CopyToDevice(absl::Span<const CopyRegion> regions, void* stream) override;
+
+ private:
+  struct Job {
+    CopyTicket ticket = 0;
+    std::vector<CopyRegion> regions;
+  };
+
+  explicit HostCopier(const HostCopierOptions& options);
+  void CopyLoop();
+  // Blocks (sleeping on mu_) until every ticket up to `ticket` has completed.
+  void AwaitCompleted(CopyTicket ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CopyRegionInChunks(const CopyRegion& region) const;
+
+  const HostCopierOptions options_;
+
+  absl::Mutex mu_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  CopyTicket last_issued_ ABSL_GUARDED_BY(mu_) = 0;
+  CopyTicket last_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<void*, size_t> registered_ ABSL_GUARDED_BY(mu_);
+
+  std::thread copy_thread_;  // Started by Create(), joined by the destructor.
+};
+
+}  // namespace zcc
+
+#endif  // ZCC_COPY_HOST_COPIER_H_

@@ -1,0 +1,82 @@
+#include "copy/host_copier.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/testing/status_matchers.h"
+#include "copy/copier_conformance.h"
+
+namespace zcc {
+namespace {
+
+// common/testing's REQUIRE_STATUS_CODE cannot be used: its macro parameter
+// `code` also replaces the `.code()` call in its body.
+template <typename T>
+absl::StatusCode StatusCodeOf(const T& status_or) {
+  return ::zcc::testing::ToStatus(status_or).code();
+}
+
+std::unique_ptr<DeviceCopier> MakeHostCopier(const HostCopierOptions& options) {
+  auto copier = HostCopier::Create(options);
+  REQUIRE_OK(copier);
+  return *std::move(copier);
+}
+
+TEST_CASE("HostCopier meets the DeviceCopier contract") {
+  // A small chunk so that chunk boundaries fall inside most regions.
+  const size_t chunk = GENERATE(size_t{4096}, size_t{64} << 10);
+  INFO("chunk_bytes " << chunk);
+  HostCopierOptions options;
+  options.chunk_bytes = chunk;
+  testing::RunCopierConformance(
+      testing::HostMemoryConformanceEnv([options] { return MakeHostCopier(options); }, chunk));
+}
+
+TEST_CASE("HostCopier rejects bad options") {
+  HostCopierOptions options;
+  options.chunk_bytes = 0;
+  REQUIRE(StatusCodeOf(HostCopier::Create(options)) == absl::StatusCode::kInvalidArgument);
+  options = HostCopierOptions();
+  options.per_chunk_delay = absl::Milliseconds(-1);
+  REQUIRE(StatusCodeOf(HostCopier::Create(options)) == absl::StatusCode::kInvalidArgument);
+  auto copier = HostCopier::Create(HostCopierOptions());
+  REQUIRE_OK(copier);
+  CHECK((*copier)->name() == "host");
+}
+
+TEST_CASE("HostCopier::Enqueue returns before a slow copy has moved the bytes") {
+  constexpr size_t kChunk = 4096;
+  constexpr size_t kBytes = 4 * kChunk;
+  HostCopierOptions options;
+  options.chunk_bytes = kChunk;
+  // Each chunk lands only after its delay, so right after Enqueue returns the
+  // destination cannot be complete unless Enqueue itself copied.
+  options.per_chunk_delay = absl::Milliseconds(200);
+  auto copier = HostCopier::Create(options);
+  REQUIRE_OK(copier);
+  const std::vector<unsigned char> src(kBytes, 0xAB);
+  std::vector<unsigned char> dst(kBytes, 0);
+  const CopyRegion region{src.data(), dst.data(), kBytes};
+
+  auto ticket = (*copier)->Enqueue({&region, 1}, nullptr);
+  REQUIRE_OK(ticket);
+  CHECK(dst[kBytes - 1] == 0);  // The last chunk lands after 4 delays.
+  REQUIRE_OK((*copier)->Wait(*ticket));
+  CHECK(std::memcmp(dst.data(), src.data(), kBytes) == 0);
+
+  // FenceBeforeUpdate has to block on the host backend until the copy is done.
+  std::vector<unsigned char> dst2(kBytes, 0);
+  const CopyRegion region2{src.data(), dst2.data(), kBytes};
+  auto ticket2 = (*copier)->Enqueue({&region2, 1}, nullptr);
+  REQUIRE_OK(ticket2);
+  CHECK(dst2[kBytes - 1] == 0);
+  REQUIRE_OK((*copier)->FenceBeforeUpdate(nullptr));
+  CHECK(std::memcmp(dst2.data(), src.data(), kBytes) == 0);
+  REQUIRE_OK((*copier)->Wait(*ticket2));
+}
+
+}  // namespace
+}  // namespace zcc

@@ -1,0 +1,410 @@
+// Integration tests: a real zccd and real trainer processes (tests/test_trainer)
+// talking over the unix socket and shared memory, checkpoints on a real disk.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "checkpoint/reader.h"
+#include "common/file_util.h"
+#include "common/futex.h"
+#include "common/testing/status_matchers.h"
+#include "proto/zcc.grpc.pb.h"
+#include "shm/control_block.h"
+#include "shm/segment.h"
+#include "tests/process_harness.h"
+
+namespace zcc::testing {
+namespace {
+
+using checkpoint::ListCommittedSteps;
+using checkpoint::ReadLatest;
+
+std::string JobDir(const Daemon& d, const std::string& job = "itest") { return d.root() + "/" + job; }
+
+// Runs zccctl and returns (exit code, output).
+std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
+                                   std::vector<std::string> args) {
+  static int n = 0;
+  std::vector<std::string> argv = {Runfile("tools/zccctl"), "--socket", d.socket()};
+  for (auto& a : args) argv.push_back(a);
+  Subprocess p(argv, absl::StrCat(dir, "/zccctl.", n++, ".log"));
+  auto code = p.Wait(absl::Seconds(60));
+  return {code.value_or(-1), p.Output()};
+}
+
+bool WaitForPath(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (PathExists(path)) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM cleans up") {
+  const std::string dir = MakeTempDir("it-two");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto r0 = StartTrainer(daemon, dir, "train0", {"--rank=0", "--world=2", "--steps=12"});
+  auto r1 = StartTrainer(daemon, dir, "train1", {"--rank=1", "--world=2", "--steps=12"});
+  REQUIRE(r1->Wait(absl::Seconds(60)) == 0);
+  REQUIRE(r0->Wait(absl::Seconds(60)) == 0);
+  INFO(r0->Output() << daemon.Log());
+  CHECK(r0->Values()["committed"] == "10");
+  CHECK(std::stoi(r0->Values()["published"]) + std::stoi(r0->Values()["skipped_no_slot"]) == 12);
+
+  const std::string job_dir = JobDir(daemon);
+  REQUIRE(*ListCommittedSteps(job_dir) == std::vector<int64_t>{5, 10});
+  REQUIRE(*ReadLatest(job_dir) == 10);
+  const std::string step_dir = job_dir + "/step-00000010";
+  auto report = checkpoint::VerifyStep(step_dir);
+  REQUIRE_OK(report);
+  CHECK(report->ranks == 2);
+  CHECK(report->tensors == 2 * 13);
+  auto index = ReadFileToString(step_dir + "/model.safetensors.index.json", 1 << 20);
+  REQUIRE_OK(index);
+  auto map = nlohmann::json::parse(*index)["weight_map"];
+  CHECK(map.size() == 12);
+  CHECK(map["rank1.layers.3.weight"] == "model-r00001.safetensors");
+
+  auto q0 = StartTrainer(daemon, dir, "restore0", {"--mode=restore", "--rank=0", "--world=2",
+                                                    "--expect_step=10"});
+  auto q1 = StartTrainer(daemon, dir, "restore1", {"--mode=restore", "--rank=1", "--world=2",
+                                                    "--expect_step=10"});
+  CHECK(q0->Wait(absl::Seconds(60)) == 0);
+  CHECK(q1->Wait(absl::Seconds(60)) == 0);
+  CHECK(q0->Values()["mismatched_tensors"] == "0");
+  CHECK(q1->Values()["restored_step"] == "10");
+
+  REQUIRE(daemon.Stop() == 0);
+  CHECK(ShmSegments(daemon.shm_prefix()).empty());
+  CHECK_FALSE(PathExists(daemon.socket()));
+  CHECK(absl::StrContains(daemon.Log(), "checkpoint job=itest step=10"));
+}
+
+TEST_CASE("a step that not every rank wrote is never committed nor restored") {
+  const std::string dir = MakeTempDir("it-partial");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  // Rank 1 stops after step 10; rank 0 goes on to write step 15 alone.
+  auto r0 = StartTrainer(daemon, dir, "train0",
+                         {"--rank=0", "--world=2", "--steps=15", "--wait_commit=false"});
+  auto r1 = StartTrainer(daemon, dir, "train1",
+                         {"--rank=1", "--world=2", "--steps=10", "--wait_commit=false"});
+  REQUIRE(r0->Wait(absl::Seconds(60)) == 0);
+  REQUIRE(r1->Wait(absl::Seconds(60)) == 0);
+  const std::string job_dir = JobDir(daemon);
+  REQUIRE(WaitForPath(job_dir + "/step-00000010/COMMITTED", absl::Seconds(30)));
+  REQUIRE(WaitForPath(job_dir + "/step-00000015.partial/r00000.manifest.json", absl::Seconds(30)));
+  CHECK_FALSE(PathExists(job_dir + "/step-00000015.partial/r00001.manifest.json"));
+  CHECK_FALSE(PathExists(job_dir + "/step-00000015"));
+  CHECK(*ListCommittedSteps(job_dir) == std::vector<int64_t>{5, 10});
+  CHECK(*ReadLatest(job_dir) == 10);
+
+  auto q0 = StartTrainer(daemon, dir, "restore0", {"--mode=restore", "--rank=0", "--world=2",
+                                                    "--expect_step=10"});
+  REQUIRE(q0->Wait(absl::Seconds(60)) == 0);
+  CHECK(q0->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("snapshots are skipped and counted while the daemon cannot keep up") {
+  const std::string dir = MakeTempDir("it-skip");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=8", "--save_every=0", "--pause_at=1", "--daemon_timeout_s=30",
+                         "--linger_ms=3000", "--step_ms=5"});
+  REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
+  daemon.process()->Signal(SIGSTOP);  // the daemon stops ingesting
+  t->Signal(SIGUSR1);
+  REQUIRE(t->WaitForOutput("step=8 ", absl::Seconds(30)));
+  daemon.process()->Signal(SIGCONT);
+  REQUIRE(t->WaitForOutput("published=", absl::Seconds(30)));
+  auto v = t->Values();
+  INFO(t->Output());
+  // Two slots: steps 2 and 3 take them, steps 4..8 find none.
+  CHECK(std::stoi(v["skipped_no_slot"]) >= 5);
+  CHECK(std::stoi(v["published"]) + std::stoi(v["skipped_no_slot"]) == 8);
+  CHECK(v["skipped_disconnected"] == "0");
+
+  auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+  REQUIRE(code == 0);
+  auto status = nlohmann::json::parse(out);
+  CHECK(std::stoi(status["jobs"][0]["ranks"][0]["snapshots_skipped"].get<std::string>()) ==
+        std::stoi(v["skipped_no_slot"]));
+  REQUIRE(t->Wait(absl::Seconds(30)) == 0);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("with Backpressure::kBlock the trainer waits for a slot instead of skipping") {
+  const std::string dir = MakeTempDir("it-block");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=8", "--save_every=0", "--pause_at=1", "--daemon_timeout_s=30",
+                         "--block", "--step_ms=5"});
+  REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
+  daemon.process()->Signal(SIGSTOP);
+  t->Signal(SIGUSR1);
+  REQUIRE(t->WaitForOutput("step=3 ", absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(500));
+  CHECK_FALSE(absl::StrContains(t->Output(), "step=5 "));  // blocked for a slot
+  daemon.process()->Signal(SIGCONT);
+  REQUIRE(t->Wait(absl::Seconds(30)) == 0);
+  auto v = t->Values();
+  CHECK(v["published"] == "8");
+  CHECK(v["skipped_no_slot"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("the trainer survives zccd being killed and re-registers with a new one") {
+  const std::string dir = MakeTempDir("it-kill");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=60", "--save_every=5", "--step_ms=40", "--daemon_timeout_s=1"});
+  REQUIRE(t->WaitForOutput("step=10 ", absl::Seconds(30)));
+  daemon.Kill();
+  CHECK_FALSE(ShmSegments(daemon.shm_prefix()).empty());  // a crash leaves its segment behind
+  REQUIRE(t->WaitForOutput("step=30 ", absl::Seconds(30)));
+  CHECK(t->running());
+  REQUIRE(daemon.Start());  // the restarted daemon removes the stale segment
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  auto v = t->Values();
+  INFO(t->Output() << daemon.Log());
+  CHECK(v["registrations"] == "2");
+  CHECK(std::stoi(v["skipped_disconnected"]) > 0);
+  CHECK(v["committed"] == "60");
+  CHECK(absl::StrContains(daemon.Log(), "stale staging segment"));
+  CHECK(*ReadLatest(JobDir(daemon)) == 60);
+  REQUIRE(daemon.Stop() == 0);
+  CHECK(ShmSegments(daemon.shm_prefix()).empty());
+}
+
+TEST_CASE("zccctl status, list and verify against a live daemon") {
+  const std::string dir = MakeTempDir("it-ctl");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train", {"--steps=10", "--linger_ms=5000"});
+  REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
+
+  auto [code, out] = Zccctl(dir, daemon, {"--json", "status"});
+  REQUIRE(code == 0);
+  auto status = nlohmann::json::parse(out);
+  REQUIRE(status["jobs"].size() == 1);
+  CHECK(status["jobs"][0]["job_id"] == "itest");
+  CHECK(status["jobs"][0]["last_committed_step"] == "10");
+  CHECK(status["jobs"][0]["ranks"][0]["last_persisted_step"] == "10");
+  std::tie(code, out) = Zccctl(dir, daemon, {"status"});
+  CHECK(code == 0);
+  CHECK(absl::StrContains(out, "job itest"));
+
+  std::tie(code, out) = Zccctl(dir, daemon, {"--json", "list", "itest"});
+  REQUIRE(code == 0);
+  auto list = nlohmann::json::parse(out);
+  REQUIRE(list["checkpoints"].size() == 2);
+  CHECK(list["checkpoints"][1]["step"] == "10");
+  CHECK(list["checkpoints"][1]["is_latest"] == true);
+  std::tie(code, out) = Zccctl(dir, daemon, {"list", "itest"});
+  CHECK(absl::StrContains(out, "(latest)"));
+  std::tie(code, out) = Zccctl(dir, daemon, {"list", "no-such-job"});
+  CHECK(code == 1);
+
+  std::tie(code, out) = Zccctl(dir, daemon, {"save", "itest"});
+  CHECK(code == 0);
+  CHECK(absl::StrContains(out, "1 rank(s)"));
+
+  const std::string step_dir = JobDir(daemon) + "/step-00000005";
+  std::tie(code, out) = Zccctl(dir, daemon, {"verify", step_dir});
+  CHECK(code == 0);
+  {
+    std::fstream f(step_dir + "/model-r00000.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 1000);
+    f.put('\x7f');
+  }
+  std::tie(code, out) = Zccctl(dir, daemon, {"verify", step_dir});
+  CHECK(code == 1);
+  CHECK(absl::StrContains(out, "checksum mismatch"));
+
+  REQUIRE(t->Wait(absl::Seconds(30)) == 0);
+  REQUIRE(daemon.Stop() == 0);
+  std::tie(code, out) = Zccctl(dir, daemon, {"status"});
+  CHECK(code == 3);
+  std::tie(code, out) = Zccctl(dir, daemon, {"frobnicate"});
+  CHECK(code == 2);
+}
+
+// Direct gRPC access for malformed requests.
+struct Rpc {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Control::Stub> control;
+  std::unique_ptr<v1::Status::Stub> status;
+  explicit Rpc(const Daemon& d)
+      : channel(grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials())),
+        control(v1::Control::NewStub(channel)),
+        status(v1::Status::NewStub(channel)) {}
+
+  grpc::Status Register(const v1::RegisterRequest& req, v1::RegisterResponse* resp = nullptr) {
+    v1::RegisterResponse unused;
+    grpc::ClientContext ctx;
+    return control->Register(&ctx, req, resp ? resp : &unused);
+  }
+};
+
+v1::RegisterRequest GoodRequest(const std::string& job) {
+  v1::RegisterRequest req;
+  req.set_job_id(job);
+  req.set_rank(0);
+  req.set_world_size(1);
+  req.set_pid(getpid());
+  auto* t = req.add_tensors();
+  t->set_name("model.layers.0/attn.q_proj.weight");
+  t->set_dtype(v1::BF16);
+  t->add_shape(16);
+  t->add_shape(16);
+  t->set_kind(v1::PARAM);
+  return req;
+}
+
+TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
+  const std::string dir = MakeTempDir("it-bad");
+  Daemon daemon(dir, {{"--staging_budget_mb=64"}});
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train", {"--steps=5"});
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  const std::string step_dir = JobDir(daemon) + "/step-00000005";
+  REQUIRE_OK(checkpoint::VerifyStep(step_dir));
+
+  Rpc rpc(daemon);
+  struct Case {
+    std::string what;
+    std::function<void(v1::RegisterRequest&)> mutate;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"job id ..", [](auto& r) { r.set_job_id(".."); }, grpc::INVALID_ARGUMENT, "job id"},
+      {"job id with /", [](auto& r) { r.set_job_id("a/../../b"); }, grpc::INVALID_ARGUMENT, "job id"},
+      {"job id with NUL", [](auto& r) { r.set_job_id(std::string("a\0b", 3)); }, grpc::INVALID_ARGUMENT, "job id"},
+      {"empty job id", [](auto& r) { r.set_job_id(""); }, grpc::INVALID_ARGUMENT, "empty"},
+      {"rank >= world", [](auto& r) { r.set_rank(3); }, grpc::INVALID_ARGUMENT, "world_size"},
+      {"zero world", [](auto& r) { r.set_world_size(0); }, grpc::INVALID_ARGUMENT, "world_size"},
+      {"one slot", [](auto& r) { r.set_num_slots(1); }, grpc::INVALID_ARGUMENT, "num_slots"},
+      {"empty name", [](auto& r) { r.mutable_tensors(0)->set_name(""); }, grpc::INVALID_ARGUMENT, "empty"},
+      {"NUL in name", [](auto& r) { r.mutable_tensors(0)->set_name(std::string("w\0x", 3)); },
+       grpc::INVALID_ARGUMENT, "forbidden byte"},
+      {"control char", [](auto& r) { r.mutable_tensors(0)->set_name("w\x01x"); }, grpc::INVALID_ARGUMENT,
+       "forbidden byte"},
+      {"over-long name", [](auto& r) { r.mutable_tensors(0)->set_name(std::string(600, 'n')); },
+       grpc::INVALID_ARGUMENT, "limit"},
+      {"duplicate name", [](auto& r) { *r.add_tensors() = r.tensors(0); }, grpc::INVALID_ARGUMENT,
+       "registered twice"},
+      {"negative dim", [](auto& r) { r.mutable_tensors(0)->set_shape(0, -4); }, grpc::INVALID_ARGUMENT,
+       "negative"},
+      {"no dtype", [](auto& r) { r.mutable_tensors(0)->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       grpc::INVALID_ARGUMENT, "dtype"},
+      {"no kind", [](auto& r) { r.mutable_tensors(0)->set_kind(v1::TENSOR_KIND_UNSPECIFIED); },
+       grpc::INVALID_ARGUMENT, "kind"},
+      {"absurd shape",
+       [](auto& r) {
+         r.mutable_tensors(0)->set_shape(0, int64_t{1} << 40);
+         r.mutable_tensors(0)->set_shape(1, int64_t{1} << 40);
+       },
+       grpc::INVALID_ARGUMENT, ""},
+      {"over the staging budget", [](auto& r) { r.mutable_tensors(0)->set_shape(0, 40 << 20); },
+       grpc::RESOURCE_EXHAUSTED, "budget"},
+      {"root outside allowed", [](auto& r) { r.set_checkpoint_root("/etc"); }, grpc::PERMISSION_DENIED,
+       "allowed root"},
+      {"relative root", [](auto& r) { r.set_checkpoint_root("ckpt"); }, grpc::INVALID_ARGUMENT,
+       "absolute"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    v1::RegisterRequest req = GoodRequest("bad-input");
+    c.mutate(req);
+    const grpc::Status st = rpc.Register(req);
+    CHECK(st.error_code() == c.code);
+    CHECK(absl::StrContains(st.error_message(), c.message));
+  }
+
+  // A job directory planted as a symlink out of the root.
+  REQUIRE(symlink("/tmp", (daemon.root() + "/escape").c_str()) == 0);
+  CHECK(rpc.Register(GoodRequest("escape")).error_code() == grpc::PERMISSION_DENIED);
+
+  // Duplicate registration while the first registrant (this process) lives.
+  v1::RegisterResponse first;
+  REQUIRE(rpc.Register(GoodRequest("dup"), &first).ok());
+  const grpc::Status dup = rpc.Register(GoodRequest("dup"));
+  CHECK(dup.error_code() == grpc::ALREADY_EXISTS);
+  CHECK(absl::StrContains(dup.error_message(), "already registered"));
+  // Same id, different world size: two jobs cannot share an id.
+  v1::RegisterRequest other = GoodRequest("dup");
+  other.set_world_size(2);
+  other.set_rank(1);
+  CHECK(rpc.Register(other).error_code() == grpc::FAILED_PRECONDITION);
+
+  // Restore for unknown jobs, ranks and stale generations.
+  v1::RestoreRequest rreq;
+  v1::RestoreResponse rresp;
+  rreq.set_job_id("nobody");
+  {
+    grpc::ClientContext ctx;
+    CHECK(rpc.control->Restore(&ctx, rreq, &rresp).error_code() == grpc::NOT_FOUND);
+  }
+  rreq.set_job_id("dup");
+  rreq.set_generation(first.generation() + 1000);
+  {
+    grpc::ClientContext ctx;
+    CHECK(rpc.control->Restore(&ctx, rreq, &rresp).error_code() == grpc::FAILED_PRECONDITION);
+  }
+  rreq.set_generation(first.generation());
+  {
+    grpc::ClientContext ctx;  // registered, but nothing committed for this job
+    CHECK(rpc.control->Restore(&ctx, rreq, &rresp).error_code() == grpc::NOT_FOUND);
+  }
+
+  // Garbage in the shared-memory control block: reported, not fatal.
+  auto segment = shm::Segment::Open(first.shm_name(), first.segment_bytes());
+  REQUIRE_OK(segment);
+  shm::ControlBlock* cb = segment->control();
+  cb->slots[0].state.store(77);
+  cb->doorbell.fetch_add(1);
+  FutexWakeAll(&cb->doorbell);
+  std::string last_error;
+  for (int i = 0; i < 200 && last_error.empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    v1::StatusRequest sreq;
+    sreq.set_job_id("dup");
+    v1::StatusResponse sresp;
+    grpc::ClientContext ctx;
+    REQUIRE(rpc.status->GetStatus(&ctx, sreq, &sresp).ok());
+    last_error = sresp.jobs(0).ranks(0).last_error();
+  }
+  CHECK(absl::StrContains(last_error, "out of range"));
+  cb->slots[0].state.store(static_cast<uint32_t>(shm::SlotState::kReady));
+  cb->slots[0].step.store(-7);
+  cb->doorbell.fetch_add(1);
+  FutexWakeAll(&cb->doorbell);
+
+  // The daemon still serves, and the committed checkpoint is untouched.
+  v1::RegisterResponse fine;
+  REQUIRE(rpc.Register(GoodRequest("still-serving"), &fine).ok());
+  CHECK(fine.placements(0).name() == "model.layers.0/attn.q_proj.weight");
+  CHECK_OK(checkpoint::VerifyStep(step_dir));
+  CHECK(*ReadLatest(JobDir(daemon)) == 5);
+  REQUIRE(daemon.Stop() == 0);
+  CHECK(ShmSegments(daemon.shm_prefix()).empty());
+}
+
+}  // namespace
+}  // namespace zcc::testing

@@ -1,0 +1,188 @@
+#include "tests/process_harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace zcc::testing {
+
+std::string Runfile(const std::string& workspace_relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  if (srcdir != nullptr) return absl::StrCat(srcdir, "/zcc/", workspace_relative);
+  return workspace_relative;
+}
+
+std::string MakeTempDir(const std::string& tag) {
+  std::string tmpl = absl::StrCat("/tmp/zcc-", tag, ".XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+  return tmpl;
+}
+
+Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path)
+    : log_path_(std::move(log_path)) {
+  pid_ = fork();
+  if (pid_ == 0) {
+    const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0 && !exit_code_.has_value()) {
+    kill(pid_, SIGKILL);
+    Wait(absl::Seconds(10));
+  }
+}
+
+std::optional<int> Subprocess::Wait(absl::Duration timeout) {
+  if (exit_code_.has_value()) return exit_code_;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (absl::Now() > deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+void Subprocess::Signal(int sig) {
+  if (pid_ > 0 && !exit_code_.has_value()) kill(pid_, sig);
+}
+
+bool Subprocess::running() { return !Wait(absl::ZeroDuration()).has_value(); }
+
+std::string Subprocess::Output() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Subprocess::WaitForOutput(const std::string& text, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(Output(), text)) return true;
+    if (!running()) return absl::StrContains(Output(), text);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+std::map<std::string, std::string> Subprocess::Values() const {
+  std::map<std::string, std::string> values;
+  for (absl::string_view line : absl::StrSplit(Output(), '\n')) {
+    for (absl::string_view word : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      const size_t eq = word.find('=');
+      if (eq == absl::string_view::npos || eq == 0) continue;
+      values[std::string(word.substr(0, eq))] = std::string(word.substr(eq + 1));
+    }
+  }
+  return values;
+}
+
+Daemon::Daemon(const std::string& dir, DaemonOptions options)
+    : dir_(dir),
+      socket_(dir + "/zccd.sock"),
+      root_(dir + "/ckpt"),
+      shm_prefix_(absl::StrCat("zccit", getpid(), "x", reinterpret_cast<uintptr_t>(this) % 100000)),
+      options_(std::move(options)) {}
+
+Daemon::~Daemon() {
+  if (process_ != nullptr && process_->running()) Kill();
+}
+
+bool Daemon::Start() {
+  std::vector<std::string> argv = {Runfile("daemon/zccd"),
+                                   "--socket=" + socket_,
+                                   "--root=" + root_,
+                                   "--shm_prefix=" + shm_prefix_,
+                                   "--client_timeout_s=5",
+                                   "--commit_timeout_s=60"};
+  for (const auto& f : options_.extra_flags) argv.push_back(f);
+  process_ = std::make_unique<Subprocess>(argv, absl::StrCat(dir_, "/zccd.", starts_++, ".log"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    if (!process_->running()) return false;
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr;
+    std::memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
+    const bool ok = ::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (ok) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+std::optional<int> Daemon::Stop(absl::Duration timeout) {
+  process_->Signal(SIGTERM);
+  return process_->Wait(timeout);
+}
+
+void Daemon::Kill() {
+  process_->Signal(SIGKILL);
+  process_->Wait(absl::Seconds(10));
+}
+
+std::string Daemon::Log() const {
+  std::string all;
+  for (int i = 0; i < starts_; ++i) {
+    std::ifstream in(absl::StrCat(dir_, "/zccd.", i, ".log"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    all += ss.str();
+  }
+  return all;
+}
+
+std::unique_ptr<Subprocess> StartTrainer(const Daemon& daemon, const std::string& log_dir,
+                                         const std::string& tag, std::vector<std::string> flags) {
+  std::vector<std::string> argv = {Runfile("tests/test_trainer"), "--socket=" + daemon.socket(),
+                                   "--root=" + daemon.root()};
+  for (auto& f : flags) argv.push_back(std::move(f));
+  return std::make_unique<Subprocess>(argv, absl::StrCat(log_dir, "/", tag, ".log"));
+}
+
+std::vector<std::string> ShmSegments(const std::string& prefix) {
+  std::vector<std::string> names;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return names;
+  while (struct dirent* e = readdir(dir)) {
+    if (absl::StartsWith(e->d_name, prefix)) names.emplace_back(e->d_name);
+  }
+  closedir(dir);
+  return names;
+}
+
+}  // namespace zcc::testing

@@ -1,0 +1,92 @@
+// Test harness for integration tests that run the real zccd and real trainer
+// processes: child processes with captured output, a zccd on a private socket,
+// shm prefix and checkpoint root, and helpers to find the built binaries.
+#ifndef ZCC_TESTS_PROCESS_HARNESS_H_
+#define ZCC_TESTS_PROCESS_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace zcc::testing {
+
+// Path of a binary built by this workspace (a data dependency of the test).
+std::string Runfile(const std::string& workspace_relative);
+
+// A fresh private directory under /tmp (short enough for unix socket paths).
+std::string MakeTempDir(const std::string& tag);
+
+// A child process with stdout and stderr captured to a file. Killed (SIGKILL)
+// and reaped on destruction if still running.
+class Subprocess {
+ public:
+  Subprocess(std::vector<std::string> argv, std::string log_path);
+  ~Subprocess();
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Exit code, or 128+signal; nullopt on timeout.
+  std::optional<int> Wait(absl::Duration timeout);
+  void Signal(int sig);
+  bool running();
+  std::string Output() const;
+  // Waits until the output contains `text` (or the process exits / time runs out).
+  bool WaitForOutput(const std::string& text, absl::Duration timeout);
+  // "key=value" pairs from the last lines that contain them.
+  std::map<std::string, std::string> Values() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  std::optional<int> exit_code_;
+};
+
+struct DaemonOptions {
+  std::vector<std::string> extra_flags;
+};
+
+// A zccd with its own socket, shm prefix and checkpoint root.
+class Daemon {
+ public:
+  explicit Daemon(const std::string& dir, DaemonOptions options = {});
+  ~Daemon();
+
+  // Starts zccd and waits until its socket accepts connections.
+  bool Start();
+  // SIGTERM and wait; returns the exit code.
+  std::optional<int> Stop(absl::Duration timeout = absl::Seconds(30));
+  void Kill();  // SIGKILL, no cleanup (a crash)
+
+  const std::string& socket() const { return socket_; }
+  const std::string& root() const { return root_; }
+  const std::string& shm_prefix() const { return shm_prefix_; }
+  std::string Log() const;
+  Subprocess* process() { return process_.get(); }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  std::string root_;
+  std::string shm_prefix_;
+  DaemonOptions options_;
+  std::unique_ptr<Subprocess> process_;
+  int starts_ = 0;
+};
+
+// Runs the test trainer; flags are "--name=value" strings.
+std::unique_ptr<Subprocess> StartTrainer(const Daemon& daemon, const std::string& log_dir,
+                                         const std::string& tag, std::vector<std::string> flags);
+
+// Names under /dev/shm that start with `prefix`.
+std::vector<std::string> ShmSegments(const std::string& prefix);
+
+}  // namespace zcc::testing
+
+#endif  // ZCC_TESTS_PROCESS_HARNESS_H_

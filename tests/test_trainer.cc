@@ -1,0 +1,178 @@
+// A trainer process for integration tests: registers a deterministic set of
+// tensors whose bytes are a pure function of (rank, tensor, step), so any
+// process can check a restore without having seen the run.
+//
+//   test_trainer --mode=train   --steps=N [--start=S] ...  snapshot after every step
+//   test_trainer --mode=restore [--expect_step=S]          restore and verify bytes
+//
+// Prints "key=value" result lines on stdout for the test to parse.
+#include <unistd.h>
+
+#include <cinttypes>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, mode, "train", "train or restore");
+ABSL_FLAG(std::string, socket, "", "zccd socket");
+ABSL_FLAG(std::string, job, "itest", "job id");
+ABSL_FLAG(std::string, root, "", "checkpoint root");
+ABSL_FLAG(int, rank, 0, "global rank");
+ABSL_FLAG(int, world, 1, "world size");
+ABSL_FLAG(int, steps, 10, "steps to train");
+ABSL_FLAG(int, start, 1, "first step");
+ABSL_FLAG(int, save_every, 5, "checkpoint every N steps");
+ABSL_FLAG(int, tensors, 6, "parameters (each also gets an optimizer tensor)");
+ABSL_FLAG(int, kib, 256, "KiB per parameter tensor");
+ABSL_FLAG(int, step_ms, 20, "time per step");
+ABSL_FLAG(bool, block, false, "Backpressure::kBlock instead of kSkip");
+ABSL_FLAG(int, slots, 0, "staging slots (0 = daemon default)");
+ABSL_FLAG(double, daemon_timeout_s, 3, "client's daemon liveness timeout");
+ABSL_FLAG(int, expect_step, -1, "restore: the step that must come back (-1: any)");
+ABSL_FLAG(bool, wait_commit, true, "train: wait until the last due step is committed");
+ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after this step");
+ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
+
+namespace {
+
+struct Tensor {
+  std::string name;
+  zcc::DType dtype;
+  std::vector<int64_t> shape;
+  zcc::TensorKind kind;
+  std::vector<uint8_t> bytes;
+};
+
+void Fill(std::vector<uint8_t>& bytes, uint64_t seed) {
+  uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    bytes[i] = static_cast<uint8_t>(x >> 24);
+  }
+}
+
+uint64_t Seed(int rank, size_t tensor, int64_t step) {
+  return (uint64_t(rank) << 48) ^ (uint64_t(tensor) << 32) ^ uint64_t(step);
+}
+
+std::vector<Tensor> Model(int rank) {
+  std::vector<Tensor> model;
+  const int64_t elems = int64_t(absl::GetFlag(FLAGS_kib)) * 1024 / 4;
+  for (int i = 0; i < absl::GetFlag(FLAGS_tensors); ++i) {
+    const std::string name = absl::StrCat("rank", rank, ".layers.", i, ".weight");
+    model.push_back({name, zcc::DType::kF32, {elems / 64, 64}, zcc::TensorKind::kParam,
+                     std::vector<uint8_t>(elems / 64 * 64 * 4)});
+    model.push_back({"optim/" + name + ".exp_avg", zcc::DType::kBF16, {elems}, zcc::TensorKind::kOptim,
+                     std::vector<uint8_t>(elems * 2)});
+  }
+  model.push_back({absl::StrCat("rank", rank, ".rng"), zcc::DType::kU8, {33}, zcc::TensorKind::kExtra,
+                   std::vector<uint8_t>(33)});
+  return model;
+}
+
+void SetStep(std::vector<Tensor>& model, int rank, int64_t step) {
+  for (size_t i = 0; i < model.size(); ++i) Fill(model[i].bytes, Seed(rank, i, step));
+}
+
+std::vector<zcc::TensorRef> Refs(std::vector<Tensor>& model) {
+  std::vector<zcc::TensorRef> refs;
+  for (Tensor& t : model) {
+    refs.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.kind, t.kind == zcc::TensorKind::kParam});
+  }
+  return refs;
+}
+
+volatile sig_atomic_t g_resume = 0;
+void OnUsr1(int) { g_resume = 1; }
+
+int Fail(const char* what, const absl::Status& st) {
+  std::printf("error=%s: %s\n", what, st.ToString().c_str());
+  std::fflush(stdout);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const int rank = absl::GetFlag(FLAGS_rank);
+  zcc::ClientOptions o;
+  o.socket_path = absl::GetFlag(FLAGS_socket);
+  o.job_id = absl::GetFlag(FLAGS_job);
+  o.checkpoint_root = absl::GetFlag(FLAGS_root);
+  o.rank = rank;
+  o.world_size = absl::GetFlag(FLAGS_world);
+  o.save_every = absl::GetFlag(FLAGS_save_every);
+  o.num_slots = absl::GetFlag(FLAGS_slots);
+  o.backpressure = absl::GetFlag(FLAGS_block) ? zcc::Backpressure::kBlock : zcc::Backpressure::kSkip;
+  o.daemon_timeout = absl::Seconds(absl::GetFlag(FLAGS_daemon_timeout_s));
+  o.heartbeat_interval = absl::Milliseconds(100);
+  o.reconnect_max_backoff = absl::Milliseconds(500);
+  auto client = zcc::Client::Connect(o);
+  if (!client.ok()) return Fail("connect", client.status());
+  std::vector<Tensor> model = Model(rank);
+  if (absl::Status st = (*client)->RegisterTensors(Refs(model)); !st.ok()) return Fail("register", st);
+  std::printf("registered=%d\n", (*client)->Stats().connected ? 1 : 0);
+
+  if (absl::GetFlag(FLAGS_mode) == "restore") {
+    auto step = (*client)->Restore();
+    if (!step.ok()) return Fail("restore", step.status());
+    std::printf("restored_step=%" PRId64 "\n", *step);
+    std::vector<Tensor> expected = Model(rank);
+    SetStep(expected, rank, *step);
+    int bad = 0;
+    for (size_t i = 0; i < model.size(); ++i) bad += model[i].bytes != expected[i].bytes;
+    std::printf("mismatched_tensors=%d\n", bad);
+    const int want = absl::GetFlag(FLAGS_expect_step);
+    return bad == 0 && (want < 0 || want == *step) ? 0 : 1;
+  }
+
+  std::signal(SIGUSR1, OnUsr1);
+  const int start = absl::GetFlag(FLAGS_start);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  for (int64_t step = start; step < start + steps; ++step) {
+    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_step_ms)));
+    if (absl::Status st = (*client)->FenceBeforeUpdate(); !st.ok()) return Fail("fence", st);
+    SetStep(model, rank, step);
+    const zcc::SnapshotResult r = (*client)->Snapshot(step);
+    std::printf("step=%" PRId64 " result=%d\n", step, static_cast<int>(r));
+    if (step == absl::GetFlag(FLAGS_pause_at)) {
+      std::printf("paused\n");
+      while (!g_resume) pause();
+    }
+  }
+  if (absl::Status st = (*client)->Flush(); !st.ok()) return Fail("flush", st);
+  const int save_every = absl::GetFlag(FLAGS_save_every);
+  const int64_t last_due = save_every > 0 ? (start + steps - 1) / save_every * save_every : -1;
+  if (absl::GetFlag(FLAGS_wait_commit) && rank == 0 && last_due >= start) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (true) {
+      auto st = (*client)->QueryCheckpointStatus();
+      if (st.ok() && st->last_committed_step >= last_due) break;
+      if (absl::Now() > deadline) {
+        return Fail("wait_commit", absl::DeadlineExceededError(
+                                       st.ok() ? st->last_error : std::string(st.status().message())));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    std::printf("committed=%" PRId64 "\n", last_due);
+  }
+  const zcc::ClientStats s = (*client)->Stats();
+  std::printf("published=%" PRIu64 " skipped_no_slot=%" PRIu64 " skipped_disconnected=%" PRIu64
+              " registrations=%" PRIu64 " connected=%d\n",
+              s.snapshots_published, s.skipped_no_slot, s.skipped_disconnected, s.registrations,
+              s.connected ? 1 : 0);
+  absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
+  return 0;
+}
