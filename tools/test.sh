@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets up the machine (tools/setup.sh) and runs the whole test suite: unit
+# tests of every module, the Python safetensors interop test, and integration
+# tests that start real zccd and trainer processes. Ends with one line
+# "N passed, M failed" counting test cases; exits non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+source tools/bazel_flags.sh
+
+start=$(date +%s)
+bazel test "${ZCC_BAZEL_FLAGS[@]}" --keep_going //... 2>&1 | tee /tmp/zcc-test.$$.log
+bazel_rc=${PIPESTATUS[0]}
+
+# Count test cases from each test's log: Catch2 prints its own totals; any
+# other test (shell) counts as one case, passed or failed by its status.
+passed=0
+failed=0
+testlogs=$(bazel info "${ZCC_BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)
+for target in $(bazel query 'tests(//...)' 2>/dev/null); do
+  rel=${target#//}
+  rel=${rel/://}
+  log="$testlogs/$rel/test.log"
+  if ! grep -q "^$target .*PASSED" /tmp/zcc-test.$$.log && ! grep -q "^$target .*FAILED" /tmp/zcc-test.$$.log; then
+    # Not run (failed to build, or no status): one failed case.
+    failed=$((failed + 1))
+    continue
+  fi
+  if [[ -f $log ]] && line=$(grep -E "All tests passed \(.* in [0-9]+ test cases?\)" "$log" | tail -1); then
+    n=$(sed -E 's/.* in ([0-9]+) test cases?\)/\1/' <<<"$line")
+    passed=$((passed + n))
+  elif [[ -f $log ]] && line=$(grep -E "^test cases: +[0-9]+ \|" "$log" | tail -1); then
+    p=$(sed -E 's/.*\| +([0-9]+) passed.*/\1/' <<<"$line")
+    f=$(sed -E 's/.*\| +([0-9]+) failed.*/\1/' <<<"$line")
+    [[ $p =~ ^[0-9]+$ ]] || p=0
+    [[ $f =~ ^[0-9]+$ ]] || f=1
+    passed=$((passed + p))
+    failed=$((failed + f))
+  elif grep -q "^$target .*PASSED" /tmp/zcc-test.$$.log; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+  fi
+done
+rm -f /tmp/zcc-test.$$.log
+if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
+echo "test wall time: $(( $(date +%s) - start ))s"
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
