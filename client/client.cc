@@ -99,13 +99,34 @@ struct PendingCopy {
 
 }  // namespace
 
-struct Client::Impl {
-  ClientOptions options;
-  std::shared_ptr<DeviceCopier> copier;
+// A channel to zccd and its stubs. Replaced as a whole when the client
+// re-registers, so that a channel stuck in gRPC's reconnect backoff after a
+// daemon restart is never reused.
+struct Stubs {
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Control::Stub> control;
   std::unique_ptr<v1::Status::Stub> status;
 
+  explicit Stubs(const std::string& socket_path) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetMaxReceiveMessageSize(256 << 20);
+    args.SetMaxSendMessageSize(256 << 20);
+    channel = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(),
+                                        args);
+    control = v1::Control::NewStub(channel);
+    status = v1::Status::NewStub(channel);
+  }
+};
+
+struct Client::Impl {
+  ClientOptions options;
+  std::shared_ptr<DeviceCopier> copier;
+
   mutable absl::Mutex mu;
+  std::shared_ptr<const Stubs> stubs ABSL_GUARDED_BY(mu);
   std::vector<TensorRef> tensors ABSL_GUARDED_BY(mu);
   bool tensors_registered ABSL_GUARDED_BY(mu) = false;
   std::shared_ptr<Session> session ABSL_GUARDED_BY(mu);
@@ -124,6 +145,11 @@ struct Client::Impl {
   std::thread notifier;
   std::thread monitor;
 
+  std::shared_ptr<const Stubs> GetStubs() const {
+    absl::MutexLock lock(&mu);
+    return stubs;
+  }
+
   std::shared_ptr<Session> CurrentSession() const {
     absl::MutexLock lock(&mu);
     return session;
@@ -141,7 +167,8 @@ struct Client::Impl {
     return ctx;
   }
 
-  absl::StatusOr<std::shared_ptr<Session>> RegisterOnce(const std::vector<TensorRef>& refs);
+  absl::StatusOr<std::shared_ptr<Session>> RegisterOnce(const std::vector<TensorRef>& refs,
+                                                       const Stubs& via);
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
   void NotifierLoop();
   void MonitorLoop();
@@ -169,18 +196,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   impl->copier = options.copier;
   impl->options = std::move(options);
 
-  grpc::ChannelArguments args;
-  // Reconnect quickly once zccd is back, rather than after gRPC's default
-  // backoff of up to two minutes.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
-  auto channel = grpc::CreateCustomChannel("unix:" + impl->options.socket_path,
-                                           grpc::InsecureChannelCredentials(), args);
-  impl->control = v1::Control::NewStub(channel);
-  impl->status = v1::Status::NewStub(channel);
+  {
+    absl::MutexLock lock(&impl->mu);
+    impl->stubs = std::make_shared<const Stubs>(impl->options.socket_path);
+  }
 
   Impl* raw = impl.get();
   impl->notifier = std::thread([raw] { raw->NotifierLoop(); });
@@ -205,7 +224,7 @@ Client::~Client() {
     req.set_generation(s->resp.generation());
     v1::UnregisterResponse resp;
     auto ctx = impl_->Context();
-    const grpc::Status st = impl_->control->Unregister(ctx.get(), req, &resp);
+    const grpc::Status st = impl_->GetStubs()->control->Unregister(ctx.get(), req, &resp);
     if (!st.ok()) ZCC_LOG(WARNING) << "zcc client: unregister: " << st.error_message();
   }
   absl::MutexLock lock(&impl_->mu);
@@ -213,7 +232,7 @@ Client::~Client() {
 }
 
 absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
-    const std::vector<TensorRef>& refs) {
+    const std::vector<TensorRef>& refs, const Stubs& via) {
   v1::RegisterRequest req;
   req.set_job_id(options.job_id);
   req.set_rank(options.rank);
@@ -233,7 +252,7 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
   }
   v1::RegisterResponse resp;
   auto ctx = Context();
-  ZCC_RETURN_IF_ERROR(FromGrpcStatus(control->Register(ctx.get(), req, &resp)));
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(via.control->Register(ctx.get(), req, &resp)));
 
   // The reply comes from another process: check it before trusting offsets.
   const uint32_t n = resp.num_slots();
@@ -290,7 +309,7 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
       return absl::FailedPreconditionError("tensors are already registered with this client");
     }
   }
-  auto session = impl_->RegisterOnce(tensors);
+  auto session = impl_->RegisterOnce(tensors, *impl_->GetStubs());
   if (!session.ok() && !IsTransient(session.status())) return session.status();
   absl::MutexLock lock(&impl_->mu);
   impl_->tensors = std::move(tensors);
@@ -314,17 +333,33 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     return SnapshotResult::kSkippedDisconnected;
   }
   shm::ControlBlock* cb = s->cb();
+  // A step due for a checkpoint may take any free slot. Other snapshots leave
+  // the last free slot to the next due step: otherwise a burst of ordinary
+  // snapshots while a checkpoint is being written could make this rank skip
+  // the next checkpoint step, and no rank's copy of that step could commit.
+  const uint32_t save_every = im.options.save_every;
+  const bool due = save_every > 0 && step % save_every == 0;
+  const uint32_t reserve = (save_every > 0 && !due) ? 1 : 0;
   int slot = -1;
   while (true) {
+    uint32_t free_slots = 0;
+    int first_free = -1;
     for (uint32_t i = 0; i < s->num_slots(); ++i) {
-      uint32_t expected = S(SlotState::kFree);
-      if (cb->slots[i].state.compare_exchange_strong(expected, S(SlotState::kFilling),
-                                                     std::memory_order_acq_rel)) {
-        slot = static_cast<int>(i);
-        break;
+      if (cb->slots[i].state.load(std::memory_order_acquire) == S(SlotState::kFree)) {
+        if (first_free < 0) first_free = static_cast<int>(i);
+        ++free_slots;
       }
     }
-    if (slot >= 0) break;
+    if (free_slots > reserve) {
+      uint32_t expected = S(SlotState::kFree);
+      // Only this thread claims slots (the daemon takes one only during Restore).
+      if (cb->slots[first_free].state.compare_exchange_strong(expected, S(SlotState::kFilling),
+                                                              std::memory_order_acq_rel)) {
+        slot = first_free;
+        break;
+      }
+      continue;
+    }
     if (im.options.backpressure == Backpressure::kSkip) {
       cb->snapshots_skipped.fetch_add(1, std::memory_order_relaxed);
       im.skipped_no_slot.fetch_add(1, std::memory_order_relaxed);
@@ -333,11 +368,11 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     // kBlock: sleep until zccd frees a slot; a daemon that went away is noticed
     // by the monitor within daemon_timeout, which ends the wait.
     const uint32_t bell = cb->free_bell.load(std::memory_order_acquire);
-    bool any_free = false;
+    uint32_t now_free = 0;
     for (uint32_t i = 0; i < s->num_slots(); ++i) {
-      any_free |= cb->slots[i].state.load() == S(SlotState::kFree);
+      now_free += cb->slots[i].state.load() == S(SlotState::kFree);
     }
-    if (any_free) continue;
+    if (now_free > reserve) continue;
     if (s->dead.load() || cb->closed.load()) {
       im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
       return SnapshotResult::kSkippedDisconnected;
@@ -427,10 +462,12 @@ void Client::Impl::MonitorLoop() {
     }
     absl::Duration wait = options.heartbeat_interval;
     if (need_register) {
-      auto fresh = RegisterOnce(refs);
+      auto via = std::make_shared<const Stubs>(options.socket_path);
+      auto fresh = RegisterOnce(refs, *via);
       if (fresh.ok()) {
         absl::MutexLock lock(&mu);
         session = *fresh;
+        stubs = std::move(via);
         registrations.fetch_add(1);
         backoff = absl::Milliseconds(100);
         ZCC_LOG(INFO) << "zcc client: registered with zccd again (job " << options.job_id
@@ -479,7 +516,8 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
   req.set_step(step);
   v1::RestoreResponse resp;
   auto ctx = im.Context();
-  ZCC_RETURN_IF_ERROR(FromGrpcStatus(im.control->Restore(ctx.get(), req, &resp)));
+  const std::shared_ptr<const Stubs> stubs = im.GetStubs();
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(stubs->control->Restore(ctx.get(), req, &resp)));
   for (const std::string& why : resp.skipped_steps()) {
     ZCC_LOG(WARNING) << "zcc client: restore skipped " << why;
   }
@@ -503,7 +541,8 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
   done.set_slot(slot);
   v1::RestoreDoneResponse done_resp;
   auto done_ctx = im.Context();
-  const absl::Status released = FromGrpcStatus(im.control->RestoreDone(done_ctx.get(), done, &done_resp));
+  const absl::Status released =
+      FromGrpcStatus(stubs->control->RestoreDone(done_ctx.get(), done, &done_resp));
   ZCC_RETURN_IF_ERROR(copied);
   ZCC_RETURN_IF_ERROR(released);
   return resp.step();
@@ -514,7 +553,7 @@ absl::Status Client::SaveNow() {
   req.set_job_id(impl_->options.job_id);
   v1::SaveNowResponse resp;
   auto ctx = impl_->Context();
-  return FromGrpcStatus(impl_->control->SaveNow(ctx.get(), req, &resp));
+  return FromGrpcStatus(impl_->GetStubs()->control->SaveNow(ctx.get(), req, &resp));
 }
 
 absl::Status Client::Flush(absl::Duration timeout) {
@@ -553,7 +592,7 @@ absl::StatusOr<CheckpointStatus> Client::QueryCheckpointStatus() const {
   req.set_job_id(impl_->options.job_id);
   v1::StatusResponse resp;
   auto ctx = impl_->Context();
-  ZCC_RETURN_IF_ERROR(FromGrpcStatus(impl_->status->GetStatus(ctx.get(), req, &resp)));
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(impl_->GetStubs()->status->GetStatus(ctx.get(), req, &resp)));
   if (resp.jobs_size() == 0) {
     return absl::NotFoundError(absl::StrCat("zccd has no job '", impl_->options.job_id, "'"));
   }

@@ -41,6 +41,10 @@ using format::DType;
 
 enum class TensorKind { kParam, kOptim, kExtra };
 enum class SnapshotKind { kEmaOnly, kFull };
+// What Snapshot does when no staging slot is free. With save_every > 0, the
+// last free slot is kept for the next checkpoint step: other snapshots treat it
+// as taken, so a checkpoint step is only missed when the disk cannot keep up
+// with the checkpoint interval itself.
 enum class Backpressure {
   kSkip,   // no free slot: drop the snapshot and count it (default)
   kBlock,  // no free slot: wait for one

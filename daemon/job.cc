@@ -7,6 +7,7 @@
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "format/manifest.h"
 
 namespace zcc::daemon {
@@ -31,6 +32,7 @@ std::shared_ptr<RankSession> Job::FindRank(uint32_t rank) const {
 
 std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
   absl::MutexLock lock(&mu_);
+  if (session->shards().rank == 0) committer_ = true;
   auto& slot = ranks_[session->shards().rank];
   std::swap(slot, session);
   return session;
@@ -52,12 +54,10 @@ std::vector<std::shared_ptr<RankSession>> Job::Ranks() const {
   return out;
 }
 
-bool Job::empty() const {
+bool Job::idle() const {
   absl::MutexLock lock(&mu_);
-  return ranks_.empty();
+  return ranks_.empty() && pending_.empty();
 }
-
-bool Job::IsCommitter() const { return ranks_.count(0) > 0; }
 
 void Job::OnPersisted(const PersistEvent& event) {
   absl::MutexLock lock(&mu_);
@@ -71,7 +71,7 @@ void Job::OnPersisted(const PersistEvent& event) {
   auto& written = written_[event.step];
   written.bytes += event.stats.bytes;
   written.seconds = std::max(written.seconds, event.stats.seconds);
-  if (!IsCommitter()) {
+  if (!committer_) {
     // Another daemon commits; this one only reports what it wrote.
     last_checkpoint_ = written;
     written_.erase(event.step);
@@ -110,21 +110,37 @@ void Job::TryCommitLocked(int64_t step) {
       options_.job_id, step, written.bytes, written.seconds, gbps,
       absl::ToDoubleMilliseconds(commit_time), result->total_bytes);
 
+  auto retained = ApplyRetentionLocked();
+  if (!retained.ok()) SetError(absl::StrCat("retention failed: ", retained.status().message()));
+}
+
+absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetentionLocked() {
   std::set<int64_t> keep;
   for (const auto& [rank_slot, restoring] : restoring_) keep.insert(restoring);
-  auto retained = checkpoint::ApplyRetention(options_.job_dir, options_.retention, keep,
-                                             options_.commit_timeout);
-  if (!retained.ok()) {
-    SetError(absl::StrCat("retention failed: ", retained.status().message()));
-  } else if (!retained->removed_steps.empty() || !retained->removed_partials.empty()) {
+  ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
+                       checkpoint::ApplyRetention(options_.job_dir, options_.retention, keep,
+                                                  options_.commit_timeout));
+  if (!result.removed_steps.empty() || !result.removed_partials.empty()) {
     ZCC_LOG(INFO) << "job " << options_.job_id << ": retention removed "
-                  << retained->removed_steps.size() << " step(s) and "
-                  << retained->removed_partials.size() << " abandoned partial(s)";
+                  << result.removed_steps.size() << " step(s) and "
+                  << result.removed_partials.size() << " abandoned partial(s)";
   }
+  return result;
+}
+
+absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
+  absl::MutexLock lock(&mu_);
+  return ApplyRetentionLocked();
 }
 
 void Job::Tick() {
   absl::MutexLock lock(&mu_);
+  if (!committer_) {
+    // Another daemon commits this job; follow its progress through `latest`.
+    auto latest = checkpoint::ReadLatest(options_.job_dir);
+    if (latest.ok()) last_committed_step_ = *latest;
+    return;
+  }
   if (pending_.empty()) return;
   const absl::Time now = absl::Now();
   std::vector<int64_t> steps;

@@ -44,7 +44,8 @@ class Job {
   // Removes the rank if its generation matches; returns the removed session.
   std::shared_ptr<RankSession> RemoveRank(uint32_t rank, uint64_t generation);
   std::vector<std::shared_ptr<RankSession>> Ranks() const;
-  bool empty() const;
+  // No ranks registered and no commit pending: the job can be dropped.
+  bool idle() const;
 
   // From a rank's ingest thread after each persist attempt.
   void OnPersisted(const PersistEvent& event);
@@ -59,15 +60,22 @@ class Job {
 
   void FillStatus(v1::JobStatus* out) const;
 
+  // Applies the retention policy now (zccctl gc); also runs after every commit.
+  absl::StatusOr<checkpoint::RetentionResult> CollectGarbage();
+
  private:
-  bool IsCommitter() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TryCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetError(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<checkpoint::RetentionResult> ApplyRetentionLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobOptions options_;
 
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::shared_ptr<RankSession>> ranks_ ABSL_GUARDED_BY(mu_);
+  // Set once global rank 0 registers here: this daemon then commits the job's
+  // steps, including those still pending after rank 0 unregistered.
+  bool committer_ ABSL_GUARDED_BY(mu_) = false;
   // Steps some local rank persisted and that are not committed yet, with the
   // time the first local rank finished.
   std::map<int64_t, absl::Time> pending_ ABSL_GUARDED_BY(mu_);

@@ -100,21 +100,22 @@ bool RankSession::IngestReadySlots() {
     if (!cb->slots[slot.index].state.compare_exchange_strong(expected, S(SlotState::kIngesting))) {
       continue;
     }
-    Process(slot);
+    std::optional<PersistEvent> event = Process(slot);
     cb->slots[slot.index].state.store(S(SlotState::kFree), std::memory_order_release);
     cb->free_bell.fetch_add(1, std::memory_order_release);
     FutexWakeAll(&cb->free_bell);
+    if (event.has_value()) on_persisted_(*event);
     worked = true;
   }
   return worked;
 }
 
-void RankSession::Process(const shm::ReadySlot& slot) {
+std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
   last_snapshot_step_.store(slot.step);
-  if (slot.kind != shm::SnapshotKind::kFull) return;
+  if (slot.kind != shm::SnapshotKind::kFull) return std::nullopt;
   const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
-  if (!due && !save_requested_.exchange(false)) return;
+  if (!due && !save_requested_.exchange(false)) return std::nullopt;
   if (due) save_requested_.store(false);
 
   PersistEvent event;
@@ -130,7 +131,7 @@ void RankSession::Process(const shm::ReadySlot& slot) {
     persist_failures_.fetch_add(1);
     SetError(absl::StrCat("persist of step ", slot.step, " failed: ", stats.status().message()));
   }
-  on_persisted_(event);
+  return event;
 }
 
 void RankSession::SetError(std::string error) {

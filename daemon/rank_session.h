@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -100,7 +101,9 @@ class RankSession {
   void IngestLoop();
   // Returns true if it processed at least one slot.
   bool IngestReadySlots();
-  void Process(const shm::ReadySlot& slot);
+  // Persists the slot if its step is due; returns the event to report once
+  // the slot has been given back (commit and retention do not need the slot).
+  std::optional<PersistEvent> Process(const shm::ReadySlot& slot);
   void SetError(std::string error);
 
   const checkpoint::RankShards shards_;

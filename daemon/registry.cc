@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/retention.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -331,13 +332,15 @@ absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> Re
 absl::Status Registry::Unregister(const v1::UnregisterRequest& req) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation()));
   auto& [job, session] = found;
+  // Drain first: snapshots already published are persisted and reported to
+  // the job while the rank still belongs to it.
+  session->Stop();
   if (job->RemoveRank(req.rank(), req.generation()) == nullptr) {
     return absl::NotFoundError("registration already removed");
   }
-  session->Stop();
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(req.job_id());
-  if (it != jobs_.end() && it->second == job && job->empty()) jobs_.erase(it);
+  if (it != jobs_.end() && it->second == job && job->idle()) jobs_.erase(it);
   ZCC_LOG(INFO) << "unregistered job " << req.job_id() << " rank " << req.rank();
   return absl::OkStatus();
 }
@@ -432,6 +435,38 @@ absl::StatusOr<v1::SaveNowResponse> Registry::SaveNow(const v1::SaveNowRequest& 
   return resp;
 }
 
+absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
+    const v1::CollectGarbageRequest& req) {
+  ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id()));
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job_id());
+    if (it != jobs_.end()) job = it->second;
+  }
+  std::string job_dir;
+  checkpoint::RetentionResult result;
+  if (job != nullptr && req.checkpoint_root().empty()) {
+    job_dir = job->options().job_dir;
+    ZCC_ASSIGN_OR_RETURN(result, job->CollectGarbage());
+  } else {
+    ZCC_ASSIGN_OR_RETURN(job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), false));
+    checkpoint::RetentionPolicy policy;
+    policy.keep_last = config_.keep_last;
+    policy.keep_every = config_.keep_every;
+    ZCC_ASSIGN_OR_RETURN(result,
+                         checkpoint::ApplyRetention(job_dir, policy, {}, config_.commit_timeout));
+  }
+  v1::CollectGarbageResponse resp;
+  for (int64_t step : result.removed_steps) resp.add_removed_steps(step);
+  for (const std::string& p : result.removed_partials) resp.add_removed_partials(p);
+  auto kept = checkpoint::ListCommittedSteps(job_dir);
+  if (kept.ok()) {
+    for (int64_t step : *kept) resp.add_kept_steps(step);
+  }
+  return resp;
+}
+
 v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req) const {
   v1::StatusResponse resp;
   resp.set_version(kVersion);
@@ -489,7 +524,8 @@ void Registry::HousekeepingLoop() {
                            << session->options().pid
                            << (gone ? " exited" : " stopped sending heartbeats")
                            << "; dropping its registration";
-          if (job->RemoveRank(rank, session->options().generation) != nullptr) session->Stop();
+          session->Stop();
+          job->RemoveRank(rank, session->options().generation);
         }
       }
       job->Tick();
@@ -497,7 +533,7 @@ void Registry::HousekeepingLoop() {
 
     mu_.Lock();
     for (auto it = jobs_.begin(); it != jobs_.end();) {
-      it = it->second->empty() ? jobs_.erase(it) : std::next(it);
+      it = it->second->idle() ? jobs_.erase(it) : std::next(it);
     }
   }
   mu_.Unlock();

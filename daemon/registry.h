@@ -45,6 +45,8 @@ class Registry {
   absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request);
   absl::Status RestoreDone(const v1::RestoreDoneRequest& request);
   absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request);
+  absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage(
+      const v1::CollectGarbageRequest& request);
   v1::StatusResponse GetStatus(const v1::StatusRequest& request) const;
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
       const v1::ListCheckpointsRequest& request) const;

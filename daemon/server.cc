@@ -55,6 +55,10 @@ class ControlService final : public v1::Control::Service {
                        v1::SaveNowResponse* resp) override {
     return Reply(registry_->SaveNow(*req), resp);
   }
+  grpc::Status CollectGarbage(grpc::ServerContext*, const v1::CollectGarbageRequest* req,
+                              v1::CollectGarbageResponse* resp) override {
+    return Reply(registry_->CollectGarbage(*req), resp);
+  }
 
  private:
   Registry* registry_;

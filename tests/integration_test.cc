@@ -54,8 +54,8 @@ TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM clea
   const std::string dir = MakeTempDir("it-two");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
-  auto r0 = StartTrainer(daemon, dir, "train0", {"--rank=0", "--world=2", "--steps=12"});
-  auto r1 = StartTrainer(daemon, dir, "train1", {"--rank=1", "--world=2", "--steps=12"});
+  auto r0 = StartTrainer(daemon, dir, "train0", {"--rank=0", "--world=2", "--steps=12", "--block"});
+  auto r1 = StartTrainer(daemon, dir, "train1", {"--rank=1", "--world=2", "--steps=12", "--block"});
   REQUIRE(r1->Wait(absl::Seconds(60)) == 0);
   REQUIRE(r0->Wait(absl::Seconds(60)) == 0);
   INFO(r0->Output() << daemon.Log());
@@ -97,9 +97,9 @@ TEST_CASE("a step that not every rank wrote is never committed nor restored") {
   REQUIRE(daemon.Start());
   // Rank 1 stops after step 10; rank 0 goes on to write step 15 alone.
   auto r0 = StartTrainer(daemon, dir, "train0",
-                         {"--rank=0", "--world=2", "--steps=15", "--wait_commit=false"});
+                         {"--rank=0", "--world=2", "--steps=15", "--wait_commit=false", "--block"});
   auto r1 = StartTrainer(daemon, dir, "train1",
-                         {"--rank=1", "--world=2", "--steps=10", "--wait_commit=false"});
+                         {"--rank=1", "--world=2", "--steps=10", "--wait_commit=false", "--block"});
   REQUIRE(r0->Wait(absl::Seconds(60)) == 0);
   REQUIRE(r1->Wait(absl::Seconds(60)) == 0);
   const std::string job_dir = JobDir(daemon);
@@ -114,6 +114,42 @@ TEST_CASE("a step that not every rank wrote is never committed nor restored") {
                                                     "--expect_step=10"});
   REQUIRE(q0->Wait(absl::Seconds(60)) == 0);
   CHECK(q0->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
+
+bool WaitIngested(const std::string& dir, const Daemon& daemon, int step) {
+  for (int i = 0; i < 300; ++i) {
+    auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+    if (code == 0 && absl::StrContains(out, absl::StrCat("\"last_snapshot_step\": \"", step, "\""))) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+TEST_CASE("ordinary snapshots leave the last free slot to the next checkpoint step") {
+  const std::string dir = MakeTempDir("it-reserve");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=6", "--save_every=5", "--pause_at=1", "--daemon_timeout_s=30",
+                         "--step_ms=5", "--wait_commit=false"});
+  REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
+  REQUIRE(WaitIngested(dir, daemon, 1));
+  daemon.process()->Signal(SIGSTOP);
+  t->Signal(SIGUSR1);
+  REQUIRE(t->WaitForOutput("step=6 ", absl::Seconds(30)));
+  daemon.process()->Signal(SIGCONT);
+  REQUIRE(t->Wait(absl::Seconds(30)) == 0);
+  const std::string out = t->Output();
+  INFO(out);
+  CHECK(absl::StrContains(out, "step=2 result=0"));  // takes one of two free slots
+  CHECK(absl::StrContains(out, "step=3 result=1"));  // would take the last one: skipped
+  CHECK(absl::StrContains(out, "step=4 result=1"));
+  CHECK(absl::StrContains(out, "step=5 result=0"));  // the checkpoint step gets it
+  CHECK(absl::StrContains(out, "step=6 result=1"));
+  REQUIRE(WaitForPath(JobDir(daemon) + "/step-00000005/COMMITTED", absl::Seconds(30)));
   REQUIRE(daemon.Stop() == 0);
 }
 
@@ -154,11 +190,13 @@ TEST_CASE("with Backpressure::kBlock the trainer waits for a slot instead of ski
                         {"--steps=8", "--save_every=0", "--pause_at=1", "--daemon_timeout_s=30",
                          "--block", "--step_ms=5"});
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
+  // Let the daemon take step 1 first, so both slots are free when it stops.
+  REQUIRE(WaitIngested(dir, daemon, 1));
   daemon.process()->Signal(SIGSTOP);
   t->Signal(SIGUSR1);
   REQUIRE(t->WaitForOutput("step=3 ", absl::Seconds(30)));
   absl::SleepFor(absl::Milliseconds(500));
-  CHECK_FALSE(absl::StrContains(t->Output(), "step=5 "));  // blocked for a slot
+  CHECK_FALSE(absl::StrContains(t->Output(), "step=4 "));  // blocked for a slot
   daemon.process()->Signal(SIGCONT);
   REQUIRE(t->Wait(absl::Seconds(30)) == 0);
   auto v = t->Values();
@@ -172,7 +210,7 @@ TEST_CASE("the trainer survives zccd being killed and re-registers with a new on
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
-                        {"--steps=60", "--save_every=5", "--step_ms=40", "--daemon_timeout_s=1"});
+                        {"--steps=100", "--save_every=5", "--step_ms=40", "--daemon_timeout_s=1"});
   REQUIRE(t->WaitForOutput("step=10 ", absl::Seconds(30)));
   daemon.Kill();
   CHECK_FALSE(ShmSegments(daemon.shm_prefix()).empty());  // a crash leaves its segment behind
@@ -184,9 +222,9 @@ TEST_CASE("the trainer survives zccd being killed and re-registers with a new on
   INFO(t->Output() << daemon.Log());
   CHECK(v["registrations"] == "2");
   CHECK(std::stoi(v["skipped_disconnected"]) > 0);
-  CHECK(v["committed"] == "60");
+  CHECK(v["committed"] == "100");
   CHECK(absl::StrContains(daemon.Log(), "stale staging segment"));
-  CHECK(*ReadLatest(JobDir(daemon)) == 60);
+  CHECK(*ReadLatest(JobDir(daemon)) == 100);
   REQUIRE(daemon.Stop() == 0);
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
 }
@@ -404,6 +442,101 @@ TEST_CASE("bad requests get clear errors and committed checkpoints stay intact")
   CHECK(*ReadLatest(JobDir(daemon)) == 5);
   REQUIRE(daemon.Stop() == 0);
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
+}
+
+}  // namespace
+}  // namespace zcc::testing
+
+namespace zcc::testing {
+namespace {
+
+TEST_CASE("multi-node: two daemons, four ranks, one shared root commit and restore together") {
+  const std::string dir = MakeTempDir("it-multi");
+  const std::string shared = dir + "/shared-root";
+  REQUIRE(mkdir(shared.c_str(), 0755) == 0);
+  Daemon a(dir, {{}, shared, "node-a"});
+  Daemon b(dir, {{}, shared, "node-b"});
+  REQUIRE(a.Start());
+  REQUIRE(b.Start());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int rank = 0; rank < 4; ++rank) {
+    trainers.push_back(StartTrainer(rank < 2 ? a : b, dir, absl::StrCat("train", rank),
+                                    {absl::StrCat("--rank=", rank), "--world=4", "--steps=10",
+                                     "--tensors=3", "--kib=128"}));
+  }
+  for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  INFO(a.Log() << b.Log());
+  const std::string job_dir = shared + "/itest";
+  CHECK(*ListCommittedSteps(job_dir) == std::vector<int64_t>{5, 10});
+  auto report = checkpoint::VerifyStep(job_dir + "/step-00000010");
+  REQUIRE_OK(report);
+  CHECK(report->ranks == 4);
+  // Only the daemon serving rank 0 commits.
+  CHECK(absl::StrContains(a.Log(), "checkpoint job=itest step=10"));
+  CHECK_FALSE(absl::StrContains(b.Log(), "checkpoint job=itest step=10"));
+
+  std::vector<std::unique_ptr<Subprocess>> restorers;
+  for (int rank = 0; rank < 4; ++rank) {
+    restorers.push_back(StartTrainer(rank < 2 ? a : b, dir, absl::StrCat("restore", rank),
+                                     {"--mode=restore", absl::StrCat("--rank=", rank), "--world=4",
+                                      "--expect_step=10", "--tensors=3", "--kib=128"}));
+  }
+  for (auto& r : restorers) {
+    CHECK(r->Wait(absl::Seconds(60)) == 0);
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+  }
+  REQUIRE(a.Stop() == 0);
+  REQUIRE(b.Stop() == 0);
+}
+
+TEST_CASE("a commit that times out is reported and its partial directory removed") {
+  const std::string dir = MakeTempDir("it-timeout");
+  Daemon daemon(dir, {{"--commit_timeout_s=1"}});
+  REQUIRE(daemon.Start());
+  // World of 2, but rank 1 never comes: step 5 waits for its manifest.
+  auto t = StartTrainer(daemon, dir, "train0",
+                        {"--rank=0", "--world=2", "--steps=5", "--wait_commit=false", "--linger_ms=4000"});
+  REQUIRE(t->WaitForOutput("published=", absl::Seconds(30)));
+  const std::string partial = JobDir(daemon) + "/step-00000005.partial";
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::string last_error;
+  while (absl::Now() < deadline) {
+    auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+    if (code == 0) {
+      auto status = nlohmann::json::parse(out);
+      if (!status["jobs"].empty()) last_error = status["jobs"][0]["last_error"].get<std::string>();
+    }
+    if (absl::StrContains(last_error, "timed out") && !PathExists(partial)) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  CHECK(absl::StrContains(last_error, "commit of step 5 timed out"));
+  CHECK_FALSE(PathExists(partial));
+  CHECK(ListCommittedSteps(JobDir(daemon))->empty());
+  REQUIRE(t->Wait(absl::Seconds(30)) == 0);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("zccctl gc applies retention and removes abandoned partials") {
+  const std::string dir = MakeTempDir("it-gc");
+  Daemon daemon(dir, {{"--keep_last=2", "--commit_timeout_s=1"}});
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=20", "--save_every=2", "--tensors=2", "--kib=16", "--block"});
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  const std::string job_dir = JobDir(daemon);
+  // Retention ran after every commit: only the newest two remain.
+  CHECK(*ListCommittedSteps(job_dir) == std::vector<int64_t>{18, 20});
+  // An abandoned partial from a crashed run, older than the commit timeout.
+  REQUIRE(MakeDirs(job_dir + "/step-00000022.partial").ok());
+  absl::SleepFor(absl::Milliseconds(2100));
+  auto [code, out] = Zccctl(dir, daemon, {"--json", "gc", "itest"});
+  REQUIRE(code == 0);
+  auto gc = nlohmann::json::parse(out);
+  CHECK(gc["removed_partials"][0] == "step-00000022.partial");
+  CHECK(gc["kept_steps"].size() == 2);
+  CHECK_FALSE(PathExists(job_dir + "/step-00000022.partial"));
+  CHECK(*ListCommittedSteps(job_dir) == std::vector<int64_t>{18, 20});
+  REQUIRE(daemon.Stop() == 0);
 }
 
 }  // namespace

@@ -111,8 +111,8 @@ std::map<std::string, std::string> Subprocess::Values() const {
 
 Daemon::Daemon(const std::string& dir, DaemonOptions options)
     : dir_(dir),
-      socket_(dir + "/zccd.sock"),
-      root_(dir + "/ckpt"),
+      socket_(dir + "/" + options.name + ".sock"),
+      root_(options.root.empty() ? dir + "/ckpt" : options.root),
       shm_prefix_(absl::StrCat("zccit", getpid(), "x", reinterpret_cast<uintptr_t>(this) % 100000)),
       options_(std::move(options)) {}
 
@@ -128,7 +128,7 @@ bool Daemon::Start() {
                                    "--client_timeout_s=5",
                                    "--commit_timeout_s=60"};
   for (const auto& f : options_.extra_flags) argv.push_back(f);
-  process_ = std::make_unique<Subprocess>(argv, absl::StrCat(dir_, "/zccd.", starts_++, ".log"));
+  process_ = std::make_unique<Subprocess>(argv, absl::StrCat(dir_, "/", options_.name, ".", starts_++, ".log"));
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     if (!process_->running()) return false;
@@ -158,7 +158,7 @@ void Daemon::Kill() {
 std::string Daemon::Log() const {
   std::string all;
   for (int i = 0; i < starts_; ++i) {
-    std::ifstream in(absl::StrCat(dir_, "/zccd.", i, ".log"));
+    std::ifstream in(absl::StrCat(dir_, "/", options_.name, ".", i, ".log"));
     std::stringstream ss;
     ss << in.rdbuf();
     all += ss.str();

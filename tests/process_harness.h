@@ -50,6 +50,8 @@ class Subprocess {
 
 struct DaemonOptions {
   std::vector<std::string> extra_flags;
+  std::string root;  // checkpoint root; empty = <dir>/ckpt
+  std::string name = "zccd";  // socket and log file names inside the directory
 };
 
 // A zccd with its own socket, shm prefix and checkpoint root.

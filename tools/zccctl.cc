@@ -3,6 +3,7 @@
 //   zccctl [--socket PATH] [--json] status [JOB]
 //   zccctl [--socket PATH] [--json] list JOB [--root ROOT]
 //   zccctl [--socket PATH] save JOB
+//   zccctl [--socket PATH] [--json] gc JOB [--root ROOT]
 //   zccctl verify STEP_DIR            (offline: reads the files, no daemon)
 //
 // Exit codes: 0 success, 1 the daemon or the check reported an error,
@@ -34,6 +35,7 @@ const char kUsage[] =
     "  status [JOB]          daemon and job status\n"
     "  list JOB [--root R]   committed checkpoints of JOB\n"
     "  save JOB              persist the next snapshot of every local rank of JOB\n"
+    "  gc JOB [--root R]     apply the retention policy now, remove abandoned partials\n"
     "  verify STEP_DIR       check a checkpoint's manifests and checksums offline\n"
     "exit codes: 0 ok, 1 error reported, 2 usage, 3 zccd not reachable\n";
 
@@ -223,6 +225,31 @@ int main(int argc, char** argv) {
     } else {
       std::printf("%u rank(s) will persist their next snapshot\n", resp.ranks_flagged());
     }
+    return kExitOk;
+  }
+  if (cmd == "gc") {
+    if (args.size() != 2) {
+      std::fprintf(stderr, "zccctl: gc takes a job id\n");
+      return kExitUsage;
+    }
+    auto stub = zcc::v1::Control::NewStub(channel);
+    zcc::v1::CollectGarbageRequest req;
+    req.set_job_id(args[1]);
+    req.set_checkpoint_root(root);
+    zcc::v1::CollectGarbageResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    const grpc::Status st = stub->CollectGarbage(&ctx, req, &resp);
+    if (!st.ok()) return Fail(st);
+    if (json) {
+      PrintJson(resp);
+      return kExitOk;
+    }
+    std::printf("removed %d step(s)", resp.removed_steps_size());
+    for (int64_t s : resp.removed_steps()) std::printf(" %lld", static_cast<long long>(s));
+    std::printf(", %d abandoned partial(s); kept", resp.removed_partials_size());
+    for (int64_t s : resp.kept_steps()) std::printf(" %lld", static_cast<long long>(s));
+    std::printf("\n");
     return kExitOk;
   }
   std::fprintf(stderr, "zccctl: unknown command '%s'\n%s", cmd.c_str(), kUsage);
