@@ -44,6 +44,15 @@ v1::DType ToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+v1::ReplicaGroup::Kind ToProto(ReplicaGroup::Kind kind) {
+  switch (kind) {
+    case ReplicaGroup::Kind::kNone: return v1::ReplicaGroup::NONE;
+    case ReplicaGroup::Kind::kDataParallel: return v1::ReplicaGroup::DATA_PARALLEL;
+    case ReplicaGroup::Kind::kExpertDataParallel: return v1::ReplicaGroup::EXPERT_DATA_PARALLEL;
+  }
+  return v1::ReplicaGroup::NONE;
+}
+
 v1::TensorKind ToProto(TensorKind kind) {
   switch (kind) {
     case TensorKind::kParam: return v1::PARAM;
@@ -242,6 +251,8 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
   req.set_keep_last(options.keep_last);
   req.set_checkpoint_root(options.checkpoint_root);
   req.set_pid(::getpid());
+  req.set_ema_decay(options.ema_decay);
+  req.set_ema_interval(options.ema_interval);
   for (const TensorRef& t : refs) {
     v1::TensorSpec* spec = req.add_tensors();
     spec->set_name(t.name);
@@ -249,6 +260,11 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
     for (int64_t d : t.shape) spec->add_shape(d);
     spec->set_kind(ToProto(t.kind));
     spec->set_ema_eligible(t.ema_eligible);
+    v1::ReplicaGroup* replica = spec->mutable_replica();
+    replica->set_kind(ToProto(t.replica.kind));
+    replica->set_group_size(t.replica.group_size);
+    replica->set_rank_in_group(t.replica.rank_in_group);
+    replica->set_expert_id(t.replica.expert_id);
   }
   v1::RegisterResponse resp;
   auto ctx = Context();
@@ -265,8 +281,8 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
   for (size_t i = 0; i < refs.size(); ++i) {
     const v1::TensorPlacement& p = resp.placements(i);
     const uint64_t nbytes = *format::TensorBytes(refs[i].dtype, refs[i].shape);
-    if (p.name() != refs[i].name || p.nbytes() != nbytes || p.offset() > resp.slot_bytes() ||
-        p.nbytes() > resp.slot_bytes() - p.offset()) {
+    if (p.name() != refs[i].name || p.nbytes() != nbytes ||
+        (p.staged() && (p.offset() > resp.slot_bytes() || p.nbytes() > resp.slot_bytes() - p.offset()))) {
       return absl::DataLossError(
           absl::StrCat("zccd's placement of tensor '", refs[i].name, "' is inconsistent"));
     }
@@ -282,6 +298,7 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
   for (uint32_t slot = 0; slot < n; ++slot) {
     for (size_t i = 0; i < refs.size(); ++i) {
       const v1::TensorPlacement& p = s->resp.placements(i);
+      if (!p.staged()) continue;  // another replica writes it
       CopyRegion region{refs[i].data, s->slot(slot) + p.offset(), p.nbytes()};
       s->full_regions[slot].push_back(region);
       if (refs[i].ema_eligible) s->ema_regions[slot].push_back(region);
@@ -521,24 +538,46 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
   for (const std::string& why : resp.skipped_steps()) {
     ZCC_LOG(WARNING) << "zcc client: restore skipped " << why;
   }
-  const uint32_t slot = resp.slot();
+  // The restored bytes arrive in a buffer of their own, holding every
+  // registered tensor (replicated ones too), validated before use.
   absl::Status copied;
-  if (slot >= s->num_slots() ||
-      s->cb()->slots[slot].state.load(std::memory_order_acquire) != S(SlotState::kRestoreReady)) {
-    copied = absl::DataLossError("zccd named a slot that holds no restored checkpoint");
-  } else {
-    std::vector<CopyRegion> regions;
-    for (size_t i = 0; i < refs.size(); ++i) {
-      const v1::TensorPlacement& p = s->resp.placements(i);
-      regions.push_back(CopyRegion{s->slot(slot) + p.offset(), refs[i].data, p.nbytes()});
+  if (static_cast<size_t>(resp.placements_size()) != refs.size() ||
+      resp.data_offset() > resp.segment_bytes()) {
+    copied = absl::DataLossError("zccd's restore reply does not match the registration");
+  }
+  for (size_t i = 0; copied.ok() && i < refs.size(); ++i) {
+    const v1::TensorPlacement& p = resp.placements(i);
+    const uint64_t room = resp.segment_bytes() - resp.data_offset();
+    if (p.name() != refs[i].name || p.nbytes() != *format::TensorBytes(refs[i].dtype, refs[i].shape) ||
+        p.offset() > room || p.nbytes() > room - p.offset()) {
+      copied = absl::DataLossError(
+          absl::StrCat("zccd's restore placement of '", refs[i].name, "' is inconsistent"));
     }
-    copied = im.copier->CopyToDevice(regions, stream);
+  }
+  if (copied.ok()) {
+    auto buffer = shm::Segment::Open(resp.shm_name(), resp.segment_bytes());
+    if (!buffer.ok()) {
+      copied = buffer.status();
+    } else {
+      const uint8_t* base = buffer->base() + resp.data_offset();
+      std::vector<CopyRegion> regions;
+      for (size_t i = 0; i < refs.size(); ++i) {
+        regions.push_back(
+            CopyRegion{base + resp.placements(i).offset(), refs[i].data, resp.placements(i).nbytes()});
+      }
+      copied = im.copier->RegisterHostMemory(buffer->base(), buffer->size());
+      if (copied.ok()) {
+        copied = im.copier->CopyToDevice(regions, stream);
+        const absl::Status unpinned = im.copier->UnregisterHostMemory(buffer->base());
+        if (copied.ok()) copied = unpinned;
+      }
+    }
   }
   v1::RestoreDoneRequest done;
   done.set_job_id(im.options.job_id);
   done.set_rank(im.options.rank);
   done.set_generation(s->resp.generation());
-  done.set_slot(slot);
+  done.set_restore_id(resp.restore_id());
   v1::RestoreDoneResponse done_resp;
   auto done_ctx = im.Context();
   const absl::Status released =

@@ -52,6 +52,21 @@ enum class Backpressure {
 
 inline constexpr int64_t kLatestStep = -1;
 
+// Which replicas hold identical copies of a tensor (DESIGN.md section 4). The
+// checkpoint writes a replicated tensor once: every member computes the same
+// byte-balanced assignment from the identical registration and only the chosen
+// member stages and writes it, so PCIe traffic, staging memory and disk writes
+// fall with the replica count. Tensors with group_size <= 1 belong to their rank.
+struct ReplicaGroup {
+  enum class Kind { kNone, kDataParallel, kExpertDataParallel };
+  Kind kind = Kind::kNone;
+  uint32_t group_size = 1;
+  uint32_t rank_in_group = 0;
+  // Global expert id for kExpertDataParallel (its checkpoint name should not
+  // depend on which rank holds the expert); -1 otherwise.
+  int64_t expert_id = -1;
+};
+
 struct TensorRef {
   std::string name;
   DType dtype = DType::kF32;
@@ -61,6 +76,7 @@ struct TensorRef {
   void* data = nullptr;
   TensorKind kind = TensorKind::kParam;
   bool ema_eligible = false;
+  ReplicaGroup replica;
 };
 
 struct ClientOptions {
@@ -73,6 +89,11 @@ struct ClientOptions {
   uint32_t keep_last = 0;       // committed steps kept; 0 = daemon default
   std::string checkpoint_root;  // empty: the daemon's default root
   Backpressure backpressure = Backpressure::kSkip;
+  // zccd keeps an fp32 EMA of the EMA-eligible parameters this rank writes:
+  // ema = decay * ema + (1 - decay) * param, every ema_interval-th snapshot.
+  // 0 = no EMA.
+  float ema_decay = 0;
+  uint32_t ema_interval = 1;
   // Copy backend; null = a HostCopier (memcpy on a copy thread).
   std::shared_ptr<DeviceCopier> copier;
   absl::Duration rpc_timeout = absl::Seconds(30);

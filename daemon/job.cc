@@ -116,7 +116,7 @@ void Job::TryCommitLocked(int64_t step) {
 
 absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetentionLocked() {
   std::set<int64_t> keep;
-  for (const auto& [rank_slot, restoring] : restoring_) keep.insert(restoring);
+  for (const auto& [rank, restoring] : restoring_) keep.insert(restoring);
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
                        checkpoint::ApplyRetention(options_.job_dir, options_.retention, keep,
                                                   options_.commit_timeout));
@@ -163,14 +163,15 @@ void Job::Tick() {
   }
 }
 
-void Job::BeginRestore(uint32_t rank, uint32_t slot, int64_t step) {
+void Job::BeginRestore(uint32_t rank, int64_t step) {
   absl::MutexLock lock(&mu_);
-  restoring_[{rank, slot}] = step;
+  restoring_.insert({rank, step});
 }
 
-void Job::EndRestore(uint32_t rank, uint32_t slot) {
+void Job::EndRestore(uint32_t rank, int64_t step) {
   absl::MutexLock lock(&mu_);
-  restoring_.erase({rank, slot});
+  auto it = restoring_.find({rank, step});
+  if (it != restoring_.end()) restoring_.erase(it);
 }
 
 void Job::SetError(std::string error) {

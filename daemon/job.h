@@ -53,10 +53,10 @@ class Job {
   // those older than the commit timeout.
   void Tick();
 
-  // A step being restored into a rank's slot is never removed by retention,
-  // from BeginRestore until EndRestore for the same rank and slot.
-  void BeginRestore(uint32_t rank, uint32_t slot, int64_t step);
-  void EndRestore(uint32_t rank, uint32_t slot);
+  // A step being restored is never removed by retention, from BeginRestore
+  // until the matching EndRestore.
+  void BeginRestore(uint32_t rank, int64_t step);
+  void EndRestore(uint32_t rank, int64_t step);
 
   void FillStatus(v1::JobStatus* out) const;
 
@@ -82,7 +82,7 @@ class Job {
   // Bytes and seconds this daemon spent writing each pending step.
   std::map<int64_t, checkpoint::WriteStats> written_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> recently_committed_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<uint32_t, uint32_t>, int64_t> restoring_ ABSL_GUARDED_BY(mu_);
+  std::multiset<std::pair<uint32_t, int64_t>> restoring_ ABSL_GUARDED_BY(mu_);  // (rank, step)
   int64_t last_committed_step_ ABSL_GUARDED_BY(mu_) = -1;
   checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);

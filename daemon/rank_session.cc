@@ -19,9 +19,11 @@ namespace {
 constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
 }  // namespace
 
-RankSession::RankSession(checkpoint::RankShards shards, shm::Segment segment,
-                         RankSessionOptions options, PersistCallback on_persisted)
+RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
+                         shm::Segment segment, RankSessionOptions options,
+                         PersistCallback on_persisted)
     : shards_(std::move(shards)),
+      registered_(std::move(registered)),
       segment_(std::move(segment)),
       options_(std::move(options)),
       on_persisted_(std::move(on_persisted)),
@@ -45,6 +47,10 @@ void RankSession::Stop() {
   if (thread_.joinable()) thread_.join();
   cb->closed.store(1);
   FutexWakeAll(&cb->closed);
+  {
+    absl::MutexLock lock(&mu_);
+    restores_.clear();
+  }
   cb->free_bell.fetch_add(1);
   FutexWakeAll(&cb->free_bell);
 }
@@ -140,37 +146,22 @@ void RankSession::SetError(std::string error) {
   last_error_ = std::move(error);
 }
 
-absl::StatusOr<uint32_t> RankSession::AcquireSlotForRestore() {
-  ControlBlock* cb = segment_.control();
-  for (uint32_t i = 0; i < options_.num_slots; ++i) {
-    uint32_t expected = S(SlotState::kFree);
-    if (cb->slots[i].state.compare_exchange_strong(expected, S(SlotState::kIngesting))) return i;
-  }
-  return absl::UnavailableError(
-      "every staging slot is busy; call Restore before taking snapshots, or retry");
+uint64_t RankSession::AddRestoreBuffer(shm::Segment buffer, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_restore_id_++;
+  restores_.emplace(id, std::make_pair(std::move(buffer), step));
+  return id;
 }
 
-void RankSession::PublishRestored(uint32_t slot, int64_t step) {
-  ControlBlock* cb = segment_.control();
-  cb->slots[slot].step.store(step, std::memory_order_relaxed);
-  cb->slots[slot].state.store(S(SlotState::kRestoreReady), std::memory_order_release);
-}
-
-absl::Status RankSession::ReleaseRestoreSlot(uint32_t slot) {
-  if (slot >= options_.num_slots) {
-    return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " does not exist"));
+absl::StatusOr<int64_t> RankSession::RemoveRestoreBuffer(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = restores_.find(id);
+  if (it == restores_.end()) {
+    return absl::NotFoundError(absl::StrCat("no restore buffer ", id, " for this rank"));
   }
-  ControlBlock* cb = segment_.control();
-  uint32_t state = cb->slots[slot].state.load();
-  if (state != S(SlotState::kRestoreReady) && state != S(SlotState::kIngesting)) {
-    return absl::FailedPreconditionError(absl::StrCat("slot ", slot, " holds no restore"));
-  }
-  if (!cb->slots[slot].state.compare_exchange_strong(state, S(SlotState::kFree))) {
-    return absl::FailedPreconditionError(absl::StrCat("slot ", slot, " changed state"));
-  }
-  cb->free_bell.fetch_add(1);
-  FutexWakeAll(&cb->free_bell);
-  return absl::OkStatus();
+  const int64_t step = it->second.second;
+  restores_.erase(it);  // unmaps and removes the segment
+  return step;
 }
 
 RankCounters RankSession::counters() const {

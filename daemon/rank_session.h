@@ -15,6 +15,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <utility>
+#include <vector>
 #include <optional>
 #include <string>
 #include <thread>
@@ -25,9 +28,24 @@
 #include "absl/time/time.h"
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
+#include "format/dtype.h"
 #include "shm/segment.h"
 
 namespace zcc::daemon {
+
+// A tensor as the trainer registered it. Only `staged` tensors are copied
+// into the slots and written by this rank; the rest are replicas another
+// member of their group writes, and come back from its shards on restore.
+struct RegisteredTensor {
+  std::string name;
+  format::DType dtype = format::DType::kU8;
+  std::vector<int64_t> shape;
+  shm::FileGroup group = shm::FileGroup::kModel;
+  uint64_t nbytes = 0;
+  bool ema_eligible = false;
+  bool staged = true;
+  uint64_t slot_offset = 0;  // valid when staged
+};
 
 struct RankSessionOptions {
   std::string job_dir;
@@ -59,8 +77,10 @@ struct RankCounters {
 
 class RankSession {
  public:
-  RankSession(checkpoint::RankShards shards, shm::Segment segment, RankSessionOptions options,
-              PersistCallback on_persisted);
+  // `shards` describes the staged tensors (what this rank writes);
+  // `registered` every tensor the trainer registered, in its order.
+  RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
+              shm::Segment segment, RankSessionOptions options, PersistCallback on_persisted);
   ~RankSession();
   RankSession(const RankSession&) = delete;
   RankSession& operator=(const RankSession&) = delete;
@@ -83,15 +103,16 @@ class RankSession {
   // namespace); otherwise liveness rests on heartbeats alone.
   bool ClientProcessGone() const;
 
-  // Restore: takes a free slot for the daemon (kFree -> kIngesting).
-  absl::StatusOr<uint32_t> AcquireSlotForRestore();
   uint8_t* slot_data(uint32_t slot) const { return segment_.slot(slot, shards_.layout.slot_bytes); }
-  // kIngesting -> kRestoreReady after the restored bytes are in.
-  void PublishRestored(uint32_t slot, int64_t step);
-  // Gives a slot taken by AcquireSlotForRestore back (after RestoreDone or a failed read).
-  absl::Status ReleaseRestoreSlot(uint32_t slot);
+
+  // A filled restore buffer, kept until the client says it has copied it out
+  // (or the session ends). Returns its id.
+  uint64_t AddRestoreBuffer(shm::Segment buffer, int64_t step);
+  // Drops the buffer; returns the step it held.
+  absl::StatusOr<int64_t> RemoveRestoreBuffer(uint64_t id);
 
   const checkpoint::RankShards& shards() const { return shards_; }
+  const std::vector<RegisteredTensor>& registered() const { return registered_; }
   const RankSessionOptions& options() const { return options_; }
   const std::string& shm_name() const { return segment_.name(); }
   uint64_t segment_bytes() const { return segment_.size(); }
@@ -107,6 +128,7 @@ class RankSession {
   void SetError(std::string error);
 
   const checkpoint::RankShards shards_;
+  const std::vector<RegisteredTensor> registered_;
   shm::Segment segment_;
   const RankSessionOptions options_;
   const PersistCallback on_persisted_;
@@ -124,6 +146,8 @@ class RankSession {
   mutable absl::Mutex mu_;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_restore_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::pair<shm::Segment, int64_t>> restores_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zcc::daemon

@@ -1,5 +1,7 @@
 #include "daemon/registry.h"
 
+#include "daemon/restorer.h"
+
 #include <unistd.h>
 
 #include <set>
@@ -54,21 +56,18 @@ absl::StatusOr<shm::FileGroup> FromProtoKind(v1::TensorKind kind) {
   }
 }
 
-// Builds the rank's checkpoint description from a registration, validating
-// every tensor. Placements are filled in from the slot layout.
-absl::StatusOr<checkpoint::RankShards> ShardsFromRequest(const v1::RegisterRequest& req,
-                                                         const DaemonConfig& config) {
+// Validates the registration's tensors and returns them in request order,
+// with the hash that identifies the registration (names, types, shapes, kinds).
+absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterRequest& req,
+                                                           const DaemonConfig& config,
+                                                           uint64_t* manifest_hash) {
   if (static_cast<uint64_t>(req.tensors_size()) > config.max_tensors_per_rank) {
     return absl::InvalidArgumentError(absl::StrCat("registration has ", req.tensors_size(),
                                                    " tensors; the limit is ",
                                                    config.max_tensors_per_rank));
   }
-  checkpoint::RankShards shards;
-  shards.job_id = req.job_id();
-  shards.rank = req.rank();
-  shards.world_size = req.world_size();
   std::set<std::string> names;
-  std::vector<shm::LayoutInput> inputs;
+  std::vector<RegisteredTensor> out;
   format::Xxh3Stream hash;
   for (const v1::TensorSpec& spec : req.tensors()) {
     ZCC_RETURN_IF_ERROR(ValidateTensorName(spec.name()));
@@ -79,7 +78,7 @@ absl::StatusOr<checkpoint::RankShards> ShardsFromRequest(const v1::RegisterReque
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", spec.name(), "' is registered twice"));
     }
-    checkpoint::RankTensor t;
+    RegisteredTensor t;
     t.name = spec.name();
     auto dtype = FromProtoDType(spec.dtype());
     if (!dtype.ok()) return fail(dtype.status());
@@ -95,20 +94,55 @@ absl::StatusOr<checkpoint::RankShards> ShardsFromRequest(const v1::RegisterReque
     auto nbytes = format::TensorBytes(t.dtype, t.shape, config.max_slot_bytes);
     if (!nbytes.ok()) return fail(nbytes.status());
     t.nbytes = *nbytes;
-    inputs.push_back({t.name, t.nbytes, t.group});
-    // The registration's identity: names, types, shapes and kinds in order.
+    t.ema_eligible = spec.ema_eligible();
     hash.Update(t.name.data(), t.name.size() + 1);
     const int64_t header[3] = {static_cast<int64_t>(t.dtype), static_cast<int64_t>(t.group),
                                static_cast<int64_t>(t.shape.size())};
     hash.Update(header, sizeof(header));
     hash.Update(t.shape.data(), t.shape.size() * sizeof(int64_t));
-    shards.tensors.push_back(std::move(t));
+    out.push_back(std::move(t));
+  }
+  *manifest_hash = hash.Digest();
+  return out;
+}
+
+// Decides which tensors this rank writes (and therefore stages): its own, and
+// the replicated ones the shard assigner gives it.
+absl::Status AssignStaged(const v1::RegisterRequest& req, std::vector<RegisteredTensor>* tensors) {
+  for (RegisteredTensor& t : *tensors) t.staged = true;
+  return absl::OkStatus();
+}
+
+// The checkpoint description of the staged tensors, with their slot layout.
+absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
+                                                 std::vector<RegisteredTensor>* registered,
+                                                 uint64_t manifest_hash,
+                                                 const DaemonConfig& config) {
+  checkpoint::RankShards shards;
+  shards.job_id = req.job_id();
+  shards.rank = req.rank();
+  shards.world_size = req.world_size();
+  shards.manifest_hash = manifest_hash;
+  std::vector<shm::LayoutInput> inputs;
+  for (const RegisteredTensor& t : *registered) {
+    if (!t.staged) continue;
+    inputs.push_back({t.name, t.nbytes, t.group});
+    checkpoint::RankTensor rt;
+    rt.name = t.name;
+    rt.dtype = t.dtype;
+    rt.shape = t.shape;
+    rt.group = t.group;
+    rt.nbytes = t.nbytes;
+    shards.tensors.push_back(std::move(rt));
   }
   ZCC_ASSIGN_OR_RETURN(shards.layout, shm::ComputeSlotLayout(inputs, config.max_slot_bytes));
-  for (size_t i = 0; i < shards.tensors.size(); ++i) {
-    shards.tensors[i].slot_offset = shards.layout.placements[i].offset;
+  size_t k = 0;
+  for (RegisteredTensor& t : *registered) {
+    if (!t.staged) continue;
+    t.slot_offset = shards.layout.placements[k].offset;
+    shards.tensors[k].slot_offset = t.slot_offset;
+    ++k;
   }
-  shards.manifest_hash = hash.Digest();
   return shards;
 }
 
@@ -215,7 +249,12 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     return absl::InvalidArgumentError(absl::StrCat("num_slots ", num_slots, " is outside [",
                                                    shm::kMinSlots, ", ", shm::kMaxSlots, "]"));
   }
-  ZCC_ASSIGN_OR_RETURN(checkpoint::RankShards shards, ShardsFromRequest(req, config_));
+  uint64_t manifest_hash = 0;
+  ZCC_ASSIGN_OR_RETURN(std::vector<RegisteredTensor> registered,
+                       ParseTensors(req, config_, &manifest_hash));
+  ZCC_RETURN_IF_ERROR(AssignStaged(req, &registered));
+  ZCC_ASSIGN_OR_RETURN(checkpoint::RankShards shards,
+                       ShardsFor(req, &registered, manifest_hash, config_));
   ZCC_ASSIGN_OR_RETURN(std::string job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), true));
   const uint64_t slot_bytes = shards.layout.slot_bytes;
   const uint64_t segment_bytes = shm::SegmentBytes(num_slots, slot_bytes);
@@ -273,7 +312,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     options.generation = generation;
     Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
     auto session = std::make_shared<RankSession>(
-        shards, std::move(segment), options,
+        shards, registered, std::move(segment), options,
         [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); });
     session->Start();
     replaced = job->PutRank(session);
@@ -286,11 +325,12 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     resp.set_generation(generation);
     resp.set_checkpoint_dir(job_dir);
     resp.set_manifest_hash(shards.manifest_hash);
-    for (const checkpoint::RankTensor& t : shards.tensors) {
+    for (const RegisteredTensor& t : registered) {
       v1::TensorPlacement* p = resp.add_placements();
       p->set_name(t.name);
-      p->set_offset(t.slot_offset);
+      p->set_offset(t.staged ? t.slot_offset : 0);
       p->set_nbytes(t.nbytes);
+      p->set_staged(t.staged);
     }
   }
   if (replaced != nullptr) {
@@ -384,35 +424,41 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
         format::StepDirName(choice.step), " was written by ", record.world_size,
         " ranks; this job has ", job->options().world_size, " (resharding is not supported)"));
   }
-  ZCC_ASSIGN_OR_RETURN(uint32_t slot, session->AcquireSlotForRestore());
-  job->BeginRestore(req.rank(), slot, choice.step);
-  std::vector<checkpoint::ReadTarget> targets;
-  uint8_t* base = session->slot_data(slot);
-  for (const checkpoint::RankTensor& t : session->shards().tensors) {
-    targets.push_back({t.name, checkpoint::KindForGroup(t.group), t.dtype, t.shape,
-                       base + t.slot_offset, t.nbytes});
+  const std::string shm_name =
+      absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r", req.rank(), ".restore.g",
+                   req.generation(), ".", next_restore_seq_.fetch_add(1));
+  job->BeginRestore(req.rank(), choice.step);
+  auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session->registered(), shm_name,
+                                  config_.max_slot_bytes);
+  if (!buffer.ok()) {
+    job->EndRestore(req.rank(), choice.step);
+    return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(choice.step)));
   }
-  const absl::Status read = checkpoint::ReadRankTensors(step_dir, req.rank(), targets);
-  if (!read.ok()) {
-    session->ReleaseRestoreSlot(slot).IgnoreError();
-    job->EndRestore(req.rank(), slot);
-    return Annotate(read, absl::StrCat("restore of ", format::StepDirName(choice.step)));
-  }
-  session->PublishRestored(slot, choice.step);
-  ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
-                << format::StepDirName(choice.step) << " into slot " << slot;
   v1::RestoreResponse resp;
   resp.set_step(choice.step);
-  resp.set_slot(slot);
   for (const std::string& why : choice.rejected) resp.add_skipped_steps(why);
+  resp.set_shm_name(shm_name);
+  resp.set_segment_bytes(buffer->segment.size());
+  resp.set_data_offset(buffer->data_offset);
+  const auto& registered = session->registered();
+  for (size_t i = 0; i < registered.size(); ++i) {
+    v1::TensorPlacement* p = resp.add_placements();
+    p->set_name(registered[i].name);
+    p->set_offset(buffer->offsets[i]);
+    p->set_nbytes(registered[i].nbytes);
+    p->set_staged(true);
+  }
+  resp.set_restore_id(session->AddRestoreBuffer(std::move(buffer->segment), choice.step));
+  ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
+                << format::StepDirName(choice.step) << " into " << shm_name;
   return resp;
 }
 
 absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation()));
   auto& [job, session] = found;
-  ZCC_RETURN_IF_ERROR(session->ReleaseRestoreSlot(req.slot()));
-  job->EndRestore(req.rank(), req.slot());
+  ZCC_ASSIGN_OR_RETURN(int64_t step, session->RemoveRestoreBuffer(req.restore_id()));
+  job->EndRestore(req.rank(), step);
   return absl::OkStatus();
 }
 

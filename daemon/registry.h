@@ -10,6 +10,7 @@
 #ifndef ZCC_DAEMON_REGISTRY_H_
 #define ZCC_DAEMON_REGISTRY_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -71,6 +72,7 @@ class Registry {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_restore_seq_{1};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Mutex verify_mu_;

@@ -11,7 +11,7 @@
 // Slot state machine (one owner at a time):
 //   client:  kFree -> kFilling (CAS) -> kReady (release store, doorbell)
 //   daemon:  kReady -> kIngesting (CAS) -> kFree (release store, free bell)
-//   restore: kFree -> kIngesting (daemon) -> kRestoreReady -> kFree (RestoreDone)
+//   (kRestoreReady is reserved; restores use a buffer of their own)
 #ifndef ZCC_SHM_CONTROL_BLOCK_H_
 #define ZCC_SHM_CONTROL_BLOCK_H_
 

@@ -1,0 +1,37 @@
+// Reads a rank's tensors back from a committed step into a fresh shared-memory
+// restore buffer. Every registered tensor is looked up by (kind, name) across
+// all ranks' manifests, since a replicated tensor was written by whichever
+// member of its group the shard assigner picked, not necessarily this rank.
+//
+// Thread-safety: stateless.
+#ifndef ZCC_DAEMON_RESTORER_H_
+#define ZCC_DAEMON_RESTORER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/rank_session.h"
+#include "shm/segment.h"
+
+namespace zcc::daemon {
+
+struct RestoreBuffer {
+  shm::Segment segment;
+  uint64_t data_offset = 0;           // from the segment start
+  std::vector<uint64_t> offsets;      // per registered tensor, from data_offset
+};
+
+// Creates segment `shm_name` (mode 0600), sized for all of `registered`, and
+// fills it from `step_dir` (a verified committed step of `world_size` ranks),
+// checking each tensor's checksum. FailedPrecondition names a tensor that the
+// checkpoint lacks or holds with another dtype or shape.
+absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
+                                                const std::vector<RegisteredTensor>& registered,
+                                                const std::string& shm_name,
+                                                uint64_t max_bytes);
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_RESTORER_H_
