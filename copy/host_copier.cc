@@ -106,7 +106,7 @@ absl::Status HostCopier::UnregisterHostMemory(void* base) {
 absl::StatusOr<CopyTicket> HostCopier::Enqueue(absl::Span<const CopyRegion> regions,
                                                void* /*stream*/) {
   if (absl::Status st = ValidateRegions(regions); !st.ok()) return st;
-  Job job{0, std::vector<CopyRegion>(regions.begin(), regions.end())};
+  Job job{0, regions};
   absl::MutexLock lock(&mu_);
   job.ticket = ++last_issued_;
   const CopyTicket ticket = job.ticket;

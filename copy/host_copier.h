@@ -56,8 +56,10 @@ class HostCopier final : public DeviceCopier {
   absl::Status RegisterHostMemory(void* base, size_t bytes) override;
   absl::Status UnregisterHostMemory(void* base) override;
 
-  // `stream` is ignored. The regions are copied into the queue, so the span
-  // itself need not outlive the call (the memory it points to must).
+  // `stream` is ignored. As the interface says, `regions` must stay valid until
+  // Wait() for the ticket returns: the queue holds the span, not a copy, so the
+  // trainer-thread cost does not grow with the number of tensors beyond the
+  // argument check.
   absl::StatusOr<CopyTicket> Enqueue(absl::Span<const CopyRegion> regions, void* stream) override;
   absl::Status Wait(CopyTicket ticket) override;
   // Blocks until every copy enqueued before the call has finished.
@@ -68,7 +70,7 @@ class HostCopier final : public DeviceCopier {
  private:
   struct Job {
     CopyTicket ticket = 0;
-    std::vector<CopyRegion> regions;
+    absl::Span<const CopyRegion> regions;
   };
 
   explicit HostCopier(const HostCopierOptions& options);
