@@ -24,6 +24,12 @@ Job::~Job() {
   for (const auto& session : Ranks()) session->Stop();
 }
 
+absl::Status Job::Authorize(uid_t uid) const {
+  if (uid == 0 || uid == options_.owner_uid) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("job '", options_.job_id,
+                                                  "' belongs to another user"));
+}
+
 std::shared_ptr<RankSession> Job::FindRank(uint32_t rank) const {
   absl::MutexLock lock(&mu_);
   auto it = ranks_.find(rank);

@@ -7,6 +7,8 @@
 #ifndef ZCC_DAEMON_JOB_H_
 #define ZCC_DAEMON_JOB_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,6 +31,7 @@ struct JobOptions {
   std::string job_dir;
   checkpoint::RetentionPolicy retention;
   absl::Duration commit_timeout = absl::Minutes(10);
+  uid_t owner_uid = 0;  // the uid that registered the job
 };
 
 class Job {
@@ -37,6 +40,8 @@ class Job {
   ~Job();
 
   const JobOptions& options() const { return options_; }
+  // OK when `uid` may act on this job: its owner, or root.
+  absl::Status Authorize(uid_t uid) const;
 
   std::shared_ptr<RankSession> FindRank(uint32_t rank) const;
   // Installs `session` for its rank, returning the one it replaces (if any).

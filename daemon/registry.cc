@@ -1,8 +1,12 @@
 #include "daemon/registry.h"
 
+#include "daemon/registration.h"
 #include "daemon/restorer.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <set>
 
@@ -25,126 +29,7 @@ namespace zcc::daemon {
 namespace {
 
 constexpr uint32_t kMaxWorldSize = 1 << 20;
-constexpr int kMaxDims = 16;
 constexpr char kVersion[] = "zccd 0.1.0";
-
-absl::StatusOr<format::DType> FromProtoDType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::F32: return format::DType::kF32;
-    case v1::F16: return format::DType::kF16;
-    case v1::BF16: return format::DType::kBF16;
-    case v1::F64: return format::DType::kF64;
-    case v1::I64: return format::DType::kI64;
-    case v1::I32: return format::DType::kI32;
-    case v1::I16: return format::DType::kI16;
-    case v1::I8: return format::DType::kI8;
-    case v1::U8: return format::DType::kU8;
-    case v1::BOOL: return format::DType::kBool;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
-  }
-}
-
-absl::StatusOr<shm::FileGroup> FromProtoKind(v1::TensorKind kind) {
-  switch (kind) {
-    case v1::PARAM: return shm::FileGroup::kModel;
-    case v1::OPTIM: return shm::FileGroup::kOptim;
-    case v1::EXTRA: return shm::FileGroup::kExtra;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor kind ", static_cast<int>(kind), " is not PARAM, OPTIM or EXTRA"));
-  }
-}
-
-// Validates the registration's tensors and returns them in request order,
-// with the hash that identifies the registration (names, types, shapes, kinds).
-absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterRequest& req,
-                                                           const DaemonConfig& config,
-                                                           uint64_t* manifest_hash) {
-  if (static_cast<uint64_t>(req.tensors_size()) > config.max_tensors_per_rank) {
-    return absl::InvalidArgumentError(absl::StrCat("registration has ", req.tensors_size(),
-                                                   " tensors; the limit is ",
-                                                   config.max_tensors_per_rank));
-  }
-  std::set<std::string> names;
-  std::vector<RegisteredTensor> out;
-  format::Xxh3Stream hash;
-  for (const v1::TensorSpec& spec : req.tensors()) {
-    ZCC_RETURN_IF_ERROR(ValidateTensorName(spec.name()));
-    auto fail = [&](const absl::Status& st) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "': ", st.message()));
-    };
-    if (!names.insert(spec.name()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", spec.name(), "' is registered twice"));
-    }
-    RegisteredTensor t;
-    t.name = spec.name();
-    auto dtype = FromProtoDType(spec.dtype());
-    if (!dtype.ok()) return fail(dtype.status());
-    t.dtype = *dtype;
-    auto group = FromProtoKind(spec.kind());
-    if (!group.ok()) return fail(group.status());
-    t.group = *group;
-    if (spec.shape_size() > kMaxDims) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(spec.shape_size(), " dimensions; at most ",
-                                                          kMaxDims)));
-    }
-    t.shape.assign(spec.shape().begin(), spec.shape().end());
-    auto nbytes = format::TensorBytes(t.dtype, t.shape, config.max_slot_bytes);
-    if (!nbytes.ok()) return fail(nbytes.status());
-    t.nbytes = *nbytes;
-    t.ema_eligible = spec.ema_eligible();
-    hash.Update(t.name.data(), t.name.size() + 1);
-    const int64_t header[3] = {static_cast<int64_t>(t.dtype), static_cast<int64_t>(t.group),
-                               static_cast<int64_t>(t.shape.size())};
-    hash.Update(header, sizeof(header));
-    hash.Update(t.shape.data(), t.shape.size() * sizeof(int64_t));
-    out.push_back(std::move(t));
-  }
-  *manifest_hash = hash.Digest();
-  return out;
-}
-
-// Decides which tensors this rank writes (and therefore stages): its own, and
-// the replicated ones the shard assigner gives it.
-absl::Status AssignStaged(const v1::RegisterRequest& req, std::vector<RegisteredTensor>* tensors) {
-  for (RegisteredTensor& t : *tensors) t.staged = true;
-  return absl::OkStatus();
-}
-
-// The checkpoint description of the staged tensors, with their slot layout.
-absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
-                                                 std::vector<RegisteredTensor>* registered,
-                                                 uint64_t manifest_hash,
-                                                 const DaemonConfig& config) {
-  checkpoint::RankShards shards;
-  shards.job_id = req.job_id();
-  shards.rank = req.rank();
-  shards.world_size = req.world_size();
-  shards.manifest_hash = manifest_hash;
-  std::vector<shm::LayoutInput> inputs;
-  for (const RegisteredTensor& t : *registered) {
-    if (!t.staged) continue;
-    inputs.push_back({t.name, t.nbytes, t.group});
-    checkpoint::RankTensor rt;
-    rt.name = t.name;
-    rt.dtype = t.dtype;
-    rt.shape = t.shape;
-    rt.group = t.group;
-    rt.nbytes = t.nbytes;
-    shards.tensors.push_back(std::move(rt));
-  }
-  ZCC_ASSIGN_OR_RETURN(shards.layout, shm::ComputeSlotLayout(inputs, config.max_slot_bytes));
-  size_t k = 0;
-  for (RegisteredTensor& t : *registered) {
-    if (!t.staged) continue;
-    t.slot_offset = shards.layout.placements[k].offset;
-    shards.tensors[k].slot_offset = t.slot_offset;
-    ++k;
-  }
-  return shards;
-}
 
 }  // namespace
 
@@ -234,8 +119,15 @@ uint64_t Registry::StagingBytesLocked() const {
   return total;
 }
 
-absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req) {
+absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req,
+                                                        const Caller& caller) {
   ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id()));
+  const uid_t self = ::geteuid();
+  if (self != 0 && caller.uid != self) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "zccd runs as uid ", self, " and serves only that user (uid ", caller.uid,
+        " asked); run it as root to serve several users"));
+  }
   if (req.world_size() == 0 || req.world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size ", req.world_size(), " is outside [1, ", kMaxWorldSize, "]"));
@@ -255,7 +147,20 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   ZCC_RETURN_IF_ERROR(AssignStaged(req, &registered));
   ZCC_ASSIGN_OR_RETURN(checkpoint::RankShards shards,
                        ShardsFor(req, &registered, manifest_hash, config_));
+  auto existing_dir = ResolveJobDir(req.checkpoint_root(), req.job_id(), false);
+  const bool created = existing_dir.status().code() == absl::StatusCode::kNotFound;
+  if (!existing_dir.ok() && !created) return existing_dir.status();
   ZCC_ASSIGN_OR_RETURN(std::string job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), true));
+  if (created) {
+    // A new job directory belongs to the job's user, and only to them.
+    if ((self == 0 && caller.uid != 0 &&
+         ::chown(job_dir.c_str(), caller.uid, static_cast<gid_t>(-1)) != 0) ||
+        ::chmod(job_dir.c_str(), 0750) != 0) {
+      return zcc::ErrnoToStatus(errno, absl::StrCat("hand ", job_dir, " to uid ", caller.uid));
+    }
+  }
+  // Checkpoints of this job id under this root belong to whoever made them.
+  ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
   const uint64_t slot_bytes = shards.layout.slot_bytes;
   const uint64_t segment_bytes = shm::SegmentBytes(num_slots, slot_bytes);
   if (slot_bytes > (~uint64_t{0}) / shm::kMaxSlots) {
@@ -276,7 +181,10 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       options.retention.keep_last = req.keep_last() > 0 ? req.keep_last() : config_.keep_last;
       options.retention.keep_every = config_.keep_every;
       options.commit_timeout = config_.commit_timeout;
+      options.owner_uid = caller.uid;
       job = std::make_shared<Job>(std::move(options));
+    } else if (absl::Status st = job->Authorize(caller.uid); !st.ok()) {
+      return st;
     } else if (job->options().world_size != req.world_size() ||
                job->options().job_dir != job_dir) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -300,7 +208,11 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     const uint64_t generation = next_generation_++;
     const std::string shm_name = absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r",
                                               req.rank(), ".g", generation);
-    ZCC_ASSIGN_OR_RETURN(shm::Segment segment, shm::Segment::Create(shm_name, segment_bytes));
+    // Owned by the trainer's uid, mode 0600: no other user can map it.
+    ZCC_ASSIGN_OR_RETURN(
+        shm::Segment segment,
+        shm::Segment::Create(shm_name, segment_bytes,
+                             self == 0 ? caller.uid : static_cast<uid_t>(-1)));
     shm::InitControlBlock(segment.control(), num_slots, slot_bytes, generation,
                           shards.manifest_hash);
 
@@ -308,7 +220,8 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     options.job_dir = job_dir;
     options.num_slots = num_slots;
     options.save_every = req.save_every();
-    options.pid = req.pid();
+    // The kernel's word for the pid (in zccd's pid namespace), not the request's.
+    options.pid = caller.pid;
     options.generation = generation;
     Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
     auto session = std::make_shared<RankSession>(
@@ -340,23 +253,39 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     replaced->Stop();
   }
   ZCC_LOG(INFO) << "registered job " << req.job_id() << " rank " << req.rank() << "/"
-                << req.world_size() << " pid " << req.pid() << ": " << req.tensors_size()
+                << req.world_size() << " uid " << caller.uid << " pid " << caller.pid << ": "
+                << req.tensors_size()
                 << " tensors, " << num_slots << " slots of " << slot_bytes << " bytes";
   return resp;
 }
 
-absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> Registry::FindSession(
-    const std::string& job_id, uint32_t rank, uint64_t generation) const {
+absl::StatusOr<std::shared_ptr<Job>> Registry::FindJob(const std::string& job_id,
+                                                       const Caller& caller) const {
   ZCC_RETURN_IF_ERROR(ValidateJobId(job_id));
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not registered"));
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not registered here"));
     }
     job = it->second;
   }
+  ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
+  return job;
+}
+
+absl::Status Registry::AuthorizeDir(const std::string& job_dir, const Caller& caller) const {
+  if (caller.uid == 0) return absl::OkStatus();
+  struct stat st;
+  if (::stat(job_dir.c_str(), &st) != 0) return zcc::ErrnoToStatus(errno, job_dir);
+  if (st.st_uid == caller.uid) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(job_dir, " belongs to another user"));
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> Registry::FindSession(
+    const std::string& job_id, uint32_t rank, uint64_t generation, const Caller& caller) const {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id, caller));
   std::shared_ptr<RankSession> session = job->FindRank(rank);
   if (session == nullptr) {
     return absl::NotFoundError(absl::StrCat("rank ", rank, " of job '", job_id,
@@ -369,8 +298,8 @@ absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> Re
   return std::make_pair(job, session);
 }
 
-absl::Status Registry::Unregister(const v1::UnregisterRequest& req) {
-  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation()));
+absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   // Drain first: snapshots already published are persisted and reported to
   // the job while the rank still belongs to it.
@@ -405,8 +334,9 @@ absl::Status Registry::VerifyCached(const std::string& step_dir) {
   return status;
 }
 
-absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req) {
-  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation()));
+absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
+                                                      const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   const std::string& job_dir = job->options().job_dir;
   ZCC_ASSIGN_OR_RETURN(
@@ -454,25 +384,17 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   return resp;
 }
 
-absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req) {
-  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation()));
+absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_ASSIGN_OR_RETURN(int64_t step, session->RemoveRestoreBuffer(req.restore_id()));
   job->EndRestore(req.rank(), step);
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::SaveNowResponse> Registry::SaveNow(const v1::SaveNowRequest& req) {
-  ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id()));
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job_id());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job '", req.job_id(), "' is not registered here"));
-    }
-    job = it->second;
-  }
+absl::StatusOr<v1::SaveNowResponse> Registry::SaveNow(const v1::SaveNowRequest& req,
+                                                      const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(req.job_id(), caller));
   v1::SaveNowResponse resp;
   for (auto& session : job->Ranks()) {
     session->RequestSave();
@@ -482,14 +404,13 @@ absl::StatusOr<v1::SaveNowResponse> Registry::SaveNow(const v1::SaveNowRequest& 
 }
 
 absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
-    const v1::CollectGarbageRequest& req) {
+    const v1::CollectGarbageRequest& req, const Caller& caller) {
   ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id()));
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job_id());
-    if (it != jobs_.end()) job = it->second;
+  auto registered = FindJob(req.job_id(), caller);
+  if (!registered.ok() && registered.status().code() != absl::StatusCode::kNotFound) {
+    return registered.status();
   }
+  std::shared_ptr<Job> job = registered.ok() ? *registered : nullptr;
   std::string job_dir;
   checkpoint::RetentionResult result;
   if (job != nullptr && req.checkpoint_root().empty()) {
@@ -497,6 +418,7 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
     ZCC_ASSIGN_OR_RETURN(result, job->CollectGarbage());
   } else {
     ZCC_ASSIGN_OR_RETURN(job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), false));
+    ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
     checkpoint::RetentionPolicy policy;
     policy.keep_last = config_.keep_last;
     policy.keep_every = config_.keep_every;
@@ -513,7 +435,7 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
   return resp;
 }
 
-v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req) const {
+v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Caller& caller) const {
   v1::StatusResponse resp;
   resp.set_version(kVersion);
   resp.set_pid(::getpid());
@@ -522,7 +444,10 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req) const {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, job] : jobs_) {
-      if (req.job_id().empty() || req.job_id() == id) jobs.push_back(job);
+      // Other users' jobs are private: not even their ids are shown.
+      if ((req.job_id().empty() || req.job_id() == id) && job->Authorize(caller.uid).ok()) {
+        jobs.push_back(job);
+      }
     }
   }
   for (const auto& job : jobs) job->FillStatus(resp.add_jobs());
@@ -530,8 +455,16 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req) const {
 }
 
 absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
-    const v1::ListCheckpointsRequest& req) const {
+    const v1::ListCheckpointsRequest& req, const Caller& caller) const {
   ZCC_ASSIGN_OR_RETURN(std::string job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), false));
+  ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job_id());
+    if (it != jobs_.end() && it->second->options().job_dir == job_dir) {
+      ZCC_RETURN_IF_ERROR(it->second->Authorize(caller.uid));
+    }
+  }
   ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, checkpoint::ListCommittedSteps(job_dir));
   auto latest = checkpoint::ReadLatest(job_dir);
   v1::ListCheckpointsResponse resp;

@@ -11,6 +11,8 @@
 #define ZCC_DAEMON_REGISTRY_H_
 
 #include <atomic>
+#include <sys/types.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +28,18 @@
 
 namespace zcc::daemon {
 
+// Who is calling: the connection's SO_PEERCRED, as the kernel reported it.
+struct Caller {
+  uid_t uid = 0;
+  pid_t pid = 0;
+};
+
+// Trust (DESIGN.md section 7): a job belongs to the uid that registered it.
+// Only that uid (or root) may register more of its ranks, unregister, restore,
+// save, collect garbage, list its checkpoints or see it in the status. zccd
+// running as root creates each staging segment owned by the job's uid (mode
+// 0600) and hands the job's checkpoint directory to that uid (mode 0750); zccd
+// running as an ordinary user serves only that user.
 class Registry {
  public:
   // `config` must have passed ValidateConfig.
@@ -41,16 +55,16 @@ class Registry {
   // attempts the commits that became possible, removes all segments.
   void Shutdown();
 
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
-  absl::Status Unregister(const v1::UnregisterRequest& request);
-  absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request);
-  absl::Status RestoreDone(const v1::RestoreDoneRequest& request);
-  absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request);
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request, const Caller& caller);
+  absl::Status Unregister(const v1::UnregisterRequest& request, const Caller& caller);
+  absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request, const Caller& caller);
+  absl::Status RestoreDone(const v1::RestoreDoneRequest& request, const Caller& caller);
+  absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request, const Caller& caller);
   absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage(
-      const v1::CollectGarbageRequest& request);
-  v1::StatusResponse GetStatus(const v1::StatusRequest& request) const;
+      const v1::CollectGarbageRequest& request, const Caller& caller);
+  v1::StatusResponse GetStatus(const v1::StatusRequest& request, const Caller& caller) const;
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
-      const v1::ListCheckpointsRequest& request) const;
+      const v1::ListCheckpointsRequest& request, const Caller& caller) const;
 
   const DaemonConfig& config() const { return config_; }
 
@@ -59,7 +73,12 @@ class Registry {
   absl::StatusOr<std::string> ResolveJobDir(const std::string& requested_root,
                                             const std::string& job_id, bool create) const;
   absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> FindSession(
-      const std::string& job_id, uint32_t rank, uint64_t generation) const;
+      const std::string& job_id, uint32_t rank, uint64_t generation, const Caller& caller) const;
+  // The registered job, if `caller` may act on it.
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id,
+                                               const Caller& caller) const;
+  // OK when `caller` may act on checkpoints in `job_dir` (owner or root).
+  absl::Status AuthorizeDir(const std::string& job_dir, const Caller& caller) const;
   // VerifyStep with a cache keyed by directory and commit hash, so that N ranks
   // restoring the same step verify it once.
   absl::Status VerifyCached(const std::string& step_dir);

@@ -17,12 +17,29 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "daemon/registry.h"
+#include "daemon/unix_listener.h"
 #include "proto/zcc.grpc.pb.h"
 
 namespace zcc::daemon {
 namespace {
 
 constexpr int kMaxMessageBytes = 256 << 20;
+
+// The caller of an RPC, from the credentials zccd recorded when it accepted
+// the connection. Unknown peers (which cannot happen on the unix socket) are
+// refused rather than trusted.
+absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* ctx, const PeerTable* peers) {
+  auto creds = peers->Lookup(ctx->peer());
+  if (!creds.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat("unknown peer ", ctx->peer()));
+  }
+  return Caller{creds->uid, creds->pid};
+}
+
+#define ZCC_CALLER_OR_DENY(ctx)                                        \
+  auto caller_or = CallerOf(ctx, peers_);                              \
+  if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());        \
+  const Caller& caller = *caller_or
 
 template <typename T>
 grpc::Status Reply(const absl::StatusOr<T>& result, T* out) {
@@ -33,53 +50,63 @@ grpc::Status Reply(const absl::StatusOr<T>& result, T* out) {
 
 class ControlService final : public v1::Control::Service {
  public:
-  explicit ControlService(Registry* registry) : registry_(registry) {}
+  ControlService(Registry* registry, const PeerTable* peers) : registry_(registry), peers_(peers) {}
 
-  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override {
-    return Reply(registry_->Register(*req), resp);
+    ZCC_CALLER_OR_DENY(ctx);
+    return Reply(registry_->Register(*req, caller), resp);
   }
-  grpc::Status Unregister(grpc::ServerContext*, const v1::UnregisterRequest* req,
+  grpc::Status Unregister(grpc::ServerContext* ctx, const v1::UnregisterRequest* req,
                           v1::UnregisterResponse*) override {
-    return ToGrpcStatus(registry_->Unregister(*req));
+    ZCC_CALLER_OR_DENY(ctx);
+    return ToGrpcStatus(registry_->Unregister(*req, caller));
   }
-  grpc::Status Restore(grpc::ServerContext*, const v1::RestoreRequest* req,
+  grpc::Status Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
                        v1::RestoreResponse* resp) override {
-    return Reply(registry_->Restore(*req), resp);
+    ZCC_CALLER_OR_DENY(ctx);
+    return Reply(registry_->Restore(*req, caller), resp);
   }
-  grpc::Status RestoreDone(grpc::ServerContext*, const v1::RestoreDoneRequest* req,
+  grpc::Status RestoreDone(grpc::ServerContext* ctx, const v1::RestoreDoneRequest* req,
                            v1::RestoreDoneResponse*) override {
-    return ToGrpcStatus(registry_->RestoreDone(*req));
+    ZCC_CALLER_OR_DENY(ctx);
+    return ToGrpcStatus(registry_->RestoreDone(*req, caller));
   }
-  grpc::Status SaveNow(grpc::ServerContext*, const v1::SaveNowRequest* req,
+  grpc::Status SaveNow(grpc::ServerContext* ctx, const v1::SaveNowRequest* req,
                        v1::SaveNowResponse* resp) override {
-    return Reply(registry_->SaveNow(*req), resp);
+    ZCC_CALLER_OR_DENY(ctx);
+    return Reply(registry_->SaveNow(*req, caller), resp);
   }
-  grpc::Status CollectGarbage(grpc::ServerContext*, const v1::CollectGarbageRequest* req,
+  grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::CollectGarbageRequest* req,
                               v1::CollectGarbageResponse* resp) override {
-    return Reply(registry_->CollectGarbage(*req), resp);
+    ZCC_CALLER_OR_DENY(ctx);
+    return Reply(registry_->CollectGarbage(*req, caller), resp);
   }
 
  private:
   Registry* registry_;
+  const PeerTable* peers_;
 };
 
 class StatusService final : public v1::Status::Service {
  public:
-  explicit StatusService(Registry* registry) : registry_(registry) {}
+  StatusService(Registry* registry, const PeerTable* peers) : registry_(registry), peers_(peers) {}
 
-  grpc::Status GetStatus(grpc::ServerContext*, const v1::StatusRequest* req,
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest* req,
                          v1::StatusResponse* resp) override {
-    *resp = registry_->GetStatus(*req);
+    ZCC_CALLER_OR_DENY(ctx);
+    *resp = registry_->GetStatus(*req, caller);
     return grpc::Status::OK;
   }
-  grpc::Status ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest* req,
+  grpc::Status ListCheckpoints(grpc::ServerContext* ctx, const v1::ListCheckpointsRequest* req,
                                v1::ListCheckpointsResponse* resp) override {
-    return Reply(registry_->ListCheckpoints(*req), resp);
+    ZCC_CALLER_OR_DENY(ctx);
+    return Reply(registry_->ListCheckpoints(*req, caller), resp);
   }
 
  private:
   Registry* registry_;
+  const PeerTable* peers_;
 };
 
 // True when something accepts connections on the unix socket `path`.
@@ -102,6 +129,8 @@ std::string ParentDir(const std::string& path) {
 
 struct Server::Impl {
   DaemonConfig config;
+  PeerTable peers;
+  std::unique_ptr<UnixListener> listener;
   std::unique_ptr<Registry> registry;
   std::unique_ptr<ControlService> control;
   std::unique_ptr<StatusService> status;
@@ -123,6 +152,7 @@ struct Server::Impl {
       }
       stopping = true;
     }
+    if (listener != nullptr) listener->Stop();  // no new connections
     if (grpc_server != nullptr) {
       ZCC_LOG(INFO) << "shutting down: finishing in-flight requests and writes";
       grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -160,11 +190,12 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config) {
 
   impl->registry = std::make_unique<Registry>(config);
   ZCC_RETURN_IF_ERROR(impl->registry->Start());
-  impl->control = std::make_unique<ControlService>(impl->registry.get());
-  impl->status = std::make_unique<StatusService>(impl->registry.get());
+  impl->control = std::make_unique<ControlService>(impl->registry.get(), &impl->peers);
+  impl->status = std::make_unique<StatusService>(impl->registry.get(), &impl->peers);
 
+  // zccd accepts on the unix socket itself (UnixListener) to learn each
+  // connection's credentials; gRPC serves the accepted connections.
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + config.socket_path, grpc::InsecureServerCredentials());
   builder.RegisterService(impl->control.get());
   builder.RegisterService(impl->status.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -173,9 +204,8 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config) {
   if (impl->grpc_server == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve on unix:", config.socket_path));
   }
-  if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("chmod ", config.socket_path));
-  }
+  ZCC_ASSIGN_OR_RETURN(impl->listener, UnixListener::Bind(config.socket_path, config.socket_mode));
+  impl->listener->Start(impl->grpc_server.get(), &impl->peers);
   ZCC_LOG(INFO) << "zccd serving on unix:" << config.socket_path << ", default root "
                 << config.default_root;
   return Server(std::move(impl));

@@ -1,9 +1,14 @@
 // Integration tests: a real zccd and real trainer processes (tests/test_trainer)
 // talking over the unix socket and shared memory, checkpoints on a real disk.
 #include <grpcpp/grpcpp.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -27,28 +32,6 @@ namespace {
 
 using checkpoint::ListCommittedSteps;
 using checkpoint::ReadLatest;
-
-std::string JobDir(const Daemon& d, const std::string& job = "itest") { return d.root() + "/" + job; }
-
-// Runs zccctl and returns (exit code, output).
-std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
-                                   std::vector<std::string> args) {
-  static int n = 0;
-  std::vector<std::string> argv = {Runfile("tools/zccctl"), "--socket", d.socket()};
-  for (auto& a : args) argv.push_back(a);
-  Subprocess p(argv, absl::StrCat(dir, "/zccctl.", n++, ".log"));
-  auto code = p.Wait(absl::Seconds(60));
-  return {code.value_or(-1), p.Output()};
-}
-
-bool WaitForPath(const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (PathExists(path)) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return false;
-}
 
 TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM cleans up") {
   const std::string dir = MakeTempDir("it-two");
@@ -541,3 +524,4 @@ TEST_CASE("zccctl gc applies retention and removes abandoned partials") {
 
 }  // namespace
 }  // namespace zcc::testing
+

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -33,7 +35,7 @@ std::string MakeTempDir(const std::string& tag) {
   return tmpl;
 }
 
-Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path)
+Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path, int uid)
     : log_path_(std::move(log_path)) {
   pid_ = fork();
   if (pid_ == 0) {
@@ -42,6 +44,10 @@ Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path)
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
       close(fd);
+    }
+    if (uid >= 0 && (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0)) {
+      std::fprintf(stderr, "cannot become uid %d: %s\n", uid, std::strerror(errno));
+      _exit(126);
     }
     std::vector<char*> args;
     for (std::string& a : argv) args.push_back(a.data());
@@ -183,6 +189,29 @@ std::vector<std::string> ShmSegments(const std::string& prefix) {
   }
   closedir(dir);
   return names;
+}
+
+std::string JobDir(const Daemon& d, const std::string& job) { return d.root() + "/" + job; }
+
+std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
+                                   std::vector<std::string> args, int uid,
+                                   const std::string& binary) {
+  static std::atomic<int> n{0};
+  std::vector<std::string> argv = {binary.empty() ? Runfile("tools/zccctl") : binary, "--socket",
+                                   d.socket()};
+  for (auto& a : args) argv.push_back(a);
+  Subprocess p(argv, absl::StrCat(dir, "/zccctl.", n++, ".log"), uid);
+  auto code = p.Wait(absl::Seconds(60));
+  return {code.value_or(-1), p.Output()};
+}
+
+bool WaitForPath(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (access(path.c_str(), F_OK) == 0) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
 }
 
 }  // namespace zcc::testing

@@ -26,7 +26,8 @@ std::string MakeTempDir(const std::string& tag);
 // and reaped on destruction if still running.
 class Subprocess {
  public:
-  Subprocess(std::vector<std::string> argv, std::string log_path);
+  // `uid` >= 0 runs the child as that uid and gid (the test runs as root).
+  Subprocess(std::vector<std::string> argv, std::string log_path, int uid = -1);
   ~Subprocess();
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
@@ -88,6 +89,16 @@ std::unique_ptr<Subprocess> StartTrainer(const Daemon& daemon, const std::string
 
 // Names under /dev/shm that start with `prefix`.
 std::vector<std::string> ShmSegments(const std::string& prefix);
+
+// <root>/<job> of a daemon.
+std::string JobDir(const Daemon& d, const std::string& job = "itest");
+
+// Runs zccctl against `d` (as `uid` when >= 0); returns (exit code, output).
+std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
+                                   std::vector<std::string> args, int uid = -1,
+                                   const std::string& binary = "");
+
+bool WaitForPath(const std::string& path, absl::Duration timeout);
 
 }  // namespace zcc::testing
 

@@ -1,0 +1,134 @@
+#include "daemon/registration.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "format/checksum.h"
+
+namespace zcc::daemon {
+namespace {
+
+
+absl::StatusOr<format::DType> FromProtoDType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::F32: return format::DType::kF32;
+    case v1::F16: return format::DType::kF16;
+    case v1::BF16: return format::DType::kBF16;
+    case v1::F64: return format::DType::kF64;
+    case v1::I64: return format::DType::kI64;
+    case v1::I32: return format::DType::kI32;
+    case v1::I16: return format::DType::kI16;
+    case v1::I8: return format::DType::kI8;
+    case v1::U8: return format::DType::kU8;
+    case v1::BOOL: return format::DType::kBool;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+  }
+}
+
+absl::StatusOr<shm::FileGroup> FromProtoKind(v1::TensorKind kind) {
+  switch (kind) {
+    case v1::PARAM: return shm::FileGroup::kModel;
+    case v1::OPTIM: return shm::FileGroup::kOptim;
+    case v1::EXTRA: return shm::FileGroup::kExtra;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor kind ", static_cast<int>(kind), " is not PARAM, OPTIM or EXTRA"));
+  }
+}
+
+}  // namespace
+
+// Validates the registration's tensors and returns them in request order,
+// with the hash that identifies the registration (names, types, shapes, kinds).
+absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterRequest& req,
+                                                           const DaemonConfig& config,
+                                                           uint64_t* manifest_hash) {
+  if (static_cast<uint64_t>(req.tensors_size()) > config.max_tensors_per_rank) {
+    return absl::InvalidArgumentError(absl::StrCat("registration has ", req.tensors_size(),
+                                                   " tensors; the limit is ",
+                                                   config.max_tensors_per_rank));
+  }
+  std::set<std::string> names;
+  std::vector<RegisteredTensor> out;
+  format::Xxh3Stream hash;
+  for (const v1::TensorSpec& spec : req.tensors()) {
+    ZCC_RETURN_IF_ERROR(ValidateTensorName(spec.name()));
+    auto fail = [&](const absl::Status& st) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "': ", st.message()));
+    };
+    if (!names.insert(spec.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", spec.name(), "' is registered twice"));
+    }
+    RegisteredTensor t;
+    t.name = spec.name();
+    auto dtype = FromProtoDType(spec.dtype());
+    if (!dtype.ok()) return fail(dtype.status());
+    t.dtype = *dtype;
+    auto group = FromProtoKind(spec.kind());
+    if (!group.ok()) return fail(group.status());
+    t.group = *group;
+    if (spec.shape_size() > kMaxDims) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(spec.shape_size(), " dimensions; at most ",
+                                                          kMaxDims)));
+    }
+    t.shape.assign(spec.shape().begin(), spec.shape().end());
+    auto nbytes = format::TensorBytes(t.dtype, t.shape, config.max_slot_bytes);
+    if (!nbytes.ok()) return fail(nbytes.status());
+    t.nbytes = *nbytes;
+    t.ema_eligible = spec.ema_eligible();
+    hash.Update(t.name.data(), t.name.size() + 1);
+    const int64_t header[3] = {static_cast<int64_t>(t.dtype), static_cast<int64_t>(t.group),
+                               static_cast<int64_t>(t.shape.size())};
+    hash.Update(header, sizeof(header));
+    hash.Update(t.shape.data(), t.shape.size() * sizeof(int64_t));
+    out.push_back(std::move(t));
+  }
+  *manifest_hash = hash.Digest();
+  return out;
+}
+
+// Decides which tensors this rank writes (and therefore stages): its own, and
+// the replicated ones the shard assigner gives it.
+absl::Status AssignStaged(const v1::RegisterRequest& req, std::vector<RegisteredTensor>* tensors) {
+  for (RegisteredTensor& t : *tensors) t.staged = true;
+  return absl::OkStatus();
+}
+
+// The checkpoint description of the staged tensors, with their slot layout.
+absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
+                                                 std::vector<RegisteredTensor>* registered,
+                                                 uint64_t manifest_hash,
+                                                 const DaemonConfig& config) {
+  checkpoint::RankShards shards;
+  shards.job_id = req.job_id();
+  shards.rank = req.rank();
+  shards.world_size = req.world_size();
+  shards.manifest_hash = manifest_hash;
+  std::vector<shm::LayoutInput> inputs;
+  for (const RegisteredTensor& t : *registered) {
+    if (!t.staged) continue;
+    inputs.push_back({t.name, t.nbytes, t.group});
+    checkpoint::RankTensor rt;
+    rt.name = t.name;
+    rt.dtype = t.dtype;
+    rt.shape = t.shape;
+    rt.group = t.group;
+    rt.nbytes = t.nbytes;
+    shards.tensors.push_back(std::move(rt));
+  }
+  ZCC_ASSIGN_OR_RETURN(shards.layout, shm::ComputeSlotLayout(inputs, config.max_slot_bytes));
+  size_t k = 0;
+  for (RegisteredTensor& t : *registered) {
+    if (!t.staged) continue;
+    t.slot_offset = shards.layout.placements[k].offset;
+    shards.tensors[k].slot_offset = t.slot_offset;
+    ++k;
+  }
+  return shards;
+}
+
+}  // namespace zcc::daemon
