@@ -12,18 +12,31 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 
-def trainer_bytes(rank, tensor_index, step, n):
-    """The test trainer's Fill(): xorshift64 over a seed, one byte per step."""
-    mask = (1 << 64) - 1
-    seed = ((rank << 48) ^ (tensor_index << 32) ^ step) & mask
-    x = (seed * 0x9E3779B97F4A7C15 + 1) & mask
-    out = bytearray(n)
-    for i in range(n):
-        x ^= (x << 13) & mask
+MASK = (1 << 64) - 1
+
+
+def fnv1a(name):
+    h = 1469598103934665603
+    for c in name.encode():
+        h ^= c
+        h = (h * 1099511628211) & MASK
+    return h
+
+
+def tensor_bytes(name, kind, dtype, step, n):
+    """tests/test_model.cc's FillTensor: xorshift64 seeded by (name, step)."""
+    x = (fnv1a(name) ^ ((step * 0x9E3779B97F4A7C15) & MASK)) | 1
+    def nxt():
+        nonlocal x
+        x ^= (x << 13) & MASK
         x ^= x >> 7
-        x ^= (x << 17) & mask
-        out[i] = (x >> 24) & 0xFF
-    return bytes(out)
+        x ^= (x << 17) & MASK
+        return x
+    if dtype == "F32" and kind == "param":
+        vals = np.array([np.float32(nxt() >> 40) * np.float32(1.0 / 8388608.0) - np.float32(1.0)
+                         for _ in range(n // 4)], dtype=np.float32)
+        return vals.tobytes()
+    return bytes((nxt() >> 24) & 0xFF for _ in range(n))
 
 
 def main():
@@ -36,24 +49,12 @@ def main():
     for rank in range(world):
         with open(os.path.join(step_dir, "r%05d.manifest.json" % rank)) as f:
             manifest = json.load(f)
-        # The trainer registers, per rank: (weight i, optimizer state i) pairs, then the RNG blob.
-        order = [t["name"] for t in manifest["tensors"]]
-        registered = []
-        for t in manifest["tensors"]:
-            if t["kind"] == "param":
-                i = int(t["name"].split(".")[2])
-                registered.append((t["name"], 2 * i))
-            elif t["kind"] == "optim":
-                i = int(t["name"].split(".")[2])
-                registered.append((t["name"], 2 * i + 1))
-            else:
-                registered.append((t["name"], len(order) - 1))
         model_file = "model-r%05d.safetensors" % rank
         # Parameters are F32: the numpy loader reads the whole shard.
         params = load_file(os.path.join(step_dir, model_file))
-        for name, idx in registered:
-            t = next(m for m in manifest["tensors"] if m["name"] == name)
-            expected = trainer_bytes(rank, idx, step, t["nbytes"])
+        for t in manifest["tensors"]:
+            name = t["name"]
+            expected = tensor_bytes(name, t["kind"], t["dtype"], step, t["nbytes"])
             if t["kind"] == "param":
                 assert weight_map[name] == model_file, (name, weight_map.get(name))
                 arr = params[name]

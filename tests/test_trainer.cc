@@ -1,6 +1,6 @@
-// A trainer process for integration tests: registers a deterministic set of
-// tensors whose bytes are a pure function of (rank, tensor, step), so any
-// process can check a restore without having seen the run.
+// A trainer process for integration tests: registers one of the synthetic
+// models of tests/test_model.h, whose bytes are a pure function of (tensor
+// name, step), so any process can check a restore without having seen the run.
 //
 //   test_trainer --mode=train   --steps=N [--start=S] ...  snapshot after every step
 //   test_trainer --mode=restore [--expect_step=S]          restore and verify bytes
@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "tests/test_model.h"
 
 ABSL_FLAG(std::string, mode, "train", "train or restore");
 ABSL_FLAG(std::string, socket, "", "zccd socket");
@@ -39,55 +40,40 @@ ABSL_FLAG(double, daemon_timeout_s, 3, "client's daemon liveness timeout");
 ABSL_FLAG(int, expect_step, -1, "restore: the step that must come back (-1: any)");
 ABSL_FLAG(bool, wait_commit, true, "train: wait until the last due step is committed");
 ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after this step");
+ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
+ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
 
 namespace {
 
+using zcc::testing::ModelTensor;
+
 struct Tensor {
-  std::string name;
-  zcc::DType dtype;
-  std::vector<int64_t> shape;
-  zcc::TensorKind kind;
+  ModelTensor spec;
   std::vector<uint8_t> bytes;
 };
 
-void Fill(std::vector<uint8_t>& bytes, uint64_t seed) {
-  uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    bytes[i] = static_cast<uint8_t>(x >> 24);
-  }
-}
-
-uint64_t Seed(int rank, size_t tensor, int64_t step) {
-  return (uint64_t(rank) << 48) ^ (uint64_t(tensor) << 32) ^ uint64_t(step);
-}
-
 std::vector<Tensor> Model(int rank) {
   std::vector<Tensor> model;
-  const int64_t elems = int64_t(absl::GetFlag(FLAGS_kib)) * 1024 / 4;
-  for (int i = 0; i < absl::GetFlag(FLAGS_tensors); ++i) {
-    const std::string name = absl::StrCat("rank", rank, ".layers.", i, ".weight");
-    model.push_back({name, zcc::DType::kF32, {elems / 64, 64}, zcc::TensorKind::kParam,
-                     std::vector<uint8_t>(elems / 64 * 64 * 4)});
-    model.push_back({"optim/" + name + ".exp_avg", zcc::DType::kBF16, {elems}, zcc::TensorKind::kOptim,
-                     std::vector<uint8_t>(elems * 2)});
+  for (ModelTensor& t : zcc::testing::BuildModel(absl::GetFlag(FLAGS_topology), rank,
+                                                 absl::GetFlag(FLAGS_world),
+                                                 absl::GetFlag(FLAGS_tensors),
+                                                 absl::GetFlag(FLAGS_kib))) {
+    const uint64_t n = t.nbytes;
+    model.push_back({std::move(t), std::vector<uint8_t>(n)});
   }
-  model.push_back({absl::StrCat("rank", rank, ".rng"), zcc::DType::kU8, {33}, zcc::TensorKind::kExtra,
-                   std::vector<uint8_t>(33)});
   return model;
 }
 
-void SetStep(std::vector<Tensor>& model, int rank, int64_t step) {
-  for (size_t i = 0; i < model.size(); ++i) Fill(model[i].bytes, Seed(rank, i, step));
+void SetStep(std::vector<Tensor>& model, int64_t step) {
+  for (Tensor& t : model) zcc::testing::FillTensor(t.spec, step, t.bytes.data());
 }
 
 std::vector<zcc::TensorRef> Refs(std::vector<Tensor>& model) {
   std::vector<zcc::TensorRef> refs;
   for (Tensor& t : model) {
-    refs.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.kind, t.kind == zcc::TensorKind::kParam});
+    refs.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes.data(), t.spec.kind,
+                    t.spec.ema_eligible, t.spec.replica});
   }
   return refs;
 }
@@ -117,6 +103,7 @@ int main(int argc, char** argv) {
   o.num_slots = absl::GetFlag(FLAGS_slots);
   o.backpressure = absl::GetFlag(FLAGS_block) ? zcc::Backpressure::kBlock : zcc::Backpressure::kSkip;
   o.daemon_timeout = absl::Seconds(absl::GetFlag(FLAGS_daemon_timeout_s));
+  o.ema_decay = static_cast<float>(absl::GetFlag(FLAGS_ema_decay));
   o.heartbeat_interval = absl::Milliseconds(100);
   o.reconnect_max_backoff = absl::Milliseconds(500);
   auto client = zcc::Client::Connect(o);
@@ -130,7 +117,7 @@ int main(int argc, char** argv) {
     if (!step.ok()) return Fail("restore", step.status());
     std::printf("restored_step=%" PRId64 "\n", *step);
     std::vector<Tensor> expected = Model(rank);
-    SetStep(expected, rank, *step);
+    SetStep(expected, *step);
     int bad = 0;
     for (size_t i = 0; i < model.size(); ++i) bad += model[i].bytes != expected[i].bytes;
     std::printf("mismatched_tensors=%d\n", bad);
@@ -144,7 +131,7 @@ int main(int argc, char** argv) {
   for (int64_t step = start; step < start + steps; ++step) {
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_step_ms)));
     if (absl::Status st = (*client)->FenceBeforeUpdate(); !st.ok()) return Fail("fence", st);
-    SetStep(model, rank, step);
+    SetStep(model, step);
     const zcc::SnapshotResult r = (*client)->Snapshot(step);
     std::printf("step=%" PRId64 " result=%d\n", step, static_cast<int>(r));
     if (step == absl::GetFlag(FLAGS_pause_at)) {
