@@ -253,6 +253,7 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
   req.set_pid(::getpid());
   req.set_ema_decay(options.ema_decay);
   req.set_ema_interval(options.ema_interval);
+  req.set_persist_on_failure(options.persist_on_failure);
   for (const TensorRef& t : refs) {
     v1::TensorSpec* spec = req.add_tensors();
     spec->set_name(t.name);

@@ -94,6 +94,10 @@ struct ClientOptions {
   // 0 = no EMA.
   float ema_decay = 0;
   uint32_t ema_interval = 1;
+  // If this process dies, zccd persists its newest complete snapshot (when it
+  // is newer than the last checkpoint), so a crash loses at most the steps
+  // since the last snapshot rather than since the last checkpoint.
+  bool persist_on_failure = false;
   // Copy backend; null = a HostCopier (memcpy on a copy thread).
   std::shared_ptr<DeviceCopier> copier;
   absl::Duration rpc_timeout = absl::Seconds(30);

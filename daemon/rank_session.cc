@@ -120,6 +120,8 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
   last_snapshot_step_.store(slot.step);
   if (slot.kind != shm::SnapshotKind::kFull) return std::nullopt;
+  last_full_slot_.store(slot.index);
+  last_full_step_.store(slot.step);
   const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
   if (!due && !save_requested_.exchange(false)) return std::nullopt;
   if (due) save_requested_.store(false);
@@ -144,6 +146,43 @@ void RankSession::SetError(std::string error) {
   ZCC_LOG(ERROR) << "job " << shards_.job_id << " rank " << shards_.rank << ": " << error;
   absl::MutexLock lock(&mu_);
   last_error_ = std::move(error);
+}
+
+std::optional<int64_t> RankSession::PersistNewestOnFailure() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return std::nullopt;
+  }
+  // The ingest thread may be mid-way through a slot; it is stopped below, and
+  // draining here under its own CAS discipline is safe alongside it.
+  while (IngestReadySlots()) {
+  }
+  const int64_t step = last_full_step_.load();
+  if (step < 0 || step <= last_persisted_step_.load()) return std::nullopt;
+  const uint32_t index = last_full_slot_.load();
+  shm::SlotHeader& header = segment_.control()->slots[index];
+  uint32_t expected = S(SlotState::kFree);
+  // Claim the slot so nothing can change it while it is written; a slot the
+  // trainer had taken again holds a torn copy and is left alone.
+  if (header.step.load() != step ||
+      !header.state.compare_exchange_strong(expected, S(SlotState::kIngesting))) {
+    return std::nullopt;
+  }
+  PersistEvent event;
+  event.rank = shards_.rank;
+  event.step = step;
+  auto stats = checkpoint::WriteRankShards(options_.job_dir, step, shards_, slot_data(index));
+  header.state.store(S(SlotState::kFree));
+  if (stats.ok()) {
+    event.stats = *stats;
+    last_persisted_step_.store(step);
+  } else {
+    event.status = stats.status();
+    persist_failures_.fetch_add(1);
+    SetError(absl::StrCat("persist-on-failure of step ", step, " failed: ", stats.status().message()));
+  }
+  on_persisted_(event);
+  return event.status.ok() ? std::optional<int64_t>(step) : std::nullopt;
 }
 
 uint64_t RankSession::AddRestoreBuffer(shm::Segment buffer, int64_t step) {

@@ -51,6 +51,7 @@ struct RankSessionOptions {
   std::string job_dir;
   uint32_t num_slots = 2;
   uint32_t save_every = 0;  // 0 = persist only on request
+  bool persist_on_failure = false;
   int32_t pid = 0;
   uint64_t generation = 0;
 };
@@ -92,6 +93,12 @@ class RankSession {
 
   // Persist the next FULL snapshot regardless of save_every.
   void RequestSave() { save_requested_.store(true); }
+
+  // The trainer is gone: ingests what it published, then persists its newest
+  // complete FULL snapshot if that is newer than the last persisted step and
+  // its slot was not taken again (a slot the trainer was filling when it died
+  // is never used). Call before Stop(); returns the step persisted, if any.
+  std::optional<int64_t> PersistNewestOnFailure();
 
   // Daemon heartbeat into the control block; called periodically.
   void Heartbeat();
@@ -139,6 +146,9 @@ class RankSession {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> last_snapshot_step_{-1};
   std::atomic<int64_t> last_persisted_step_{-1};
+  // The newest FULL snapshot ingested and the slot that held it.
+  std::atomic<int64_t> last_full_step_{-1};
+  std::atomic<uint32_t> last_full_slot_{0};
   std::atomic<uint64_t> snapshots_ingested_{0};
   std::atomic<uint64_t> persist_failures_{0};
   std::thread thread_;

@@ -220,6 +220,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     options.job_dir = job_dir;
     options.num_slots = num_slots;
     options.save_every = req.save_every();
+    options.persist_on_failure = req.persist_on_failure();
     // The kernel's word for the pid (in zccd's pid namespace), not the request's.
     options.pid = caller.pid;
     options.generation = generation;
@@ -503,6 +504,13 @@ void Registry::HousekeepingLoop() {
                            << session->options().pid
                            << (gone ? " exited" : " stopped sending heartbeats")
                            << "; dropping its registration";
+          if (session->options().persist_on_failure) {
+            if (auto step = session->PersistNewestOnFailure(); step.has_value()) {
+              ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank " << rank
+                               << ": persisted its newest snapshot, step " << *step
+                               << " (checkpoint-on-failure)";
+            }
+          }
           session->Stop();
           job->RemoveRank(rank, session->options().generation);
         }

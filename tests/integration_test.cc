@@ -525,3 +525,47 @@ TEST_CASE("zccctl gc applies retention and removes abandoned partials") {
 }  // namespace
 }  // namespace zcc::testing
 
+
+namespace zcc::testing {
+namespace {
+
+TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persisted and committed") {
+  const std::string dir = MakeTempDir("it-onfail");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  // Checkpoints every 5 steps; the trainer dies after step 7.
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=20", "--save_every=5", "--pause_at=7", "--block",
+                         "--persist_on_failure"});
+  REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+  REQUIRE(WaitIngested(dir, daemon, 7));
+  t->Signal(SIGKILL);
+  REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  const std::string job_dir = JobDir(daemon);
+  REQUIRE(WaitForPath(job_dir + "/step-00000007/COMMITTED", absl::Seconds(30)));
+  bool logged = false;
+  for (int i = 0; i < 500 && !logged; ++i) {
+    logged = absl::StrContains(daemon.Log(), "(checkpoint-on-failure)");
+    if (!logged) absl::SleepFor(absl::Milliseconds(20));
+  }
+  INFO(daemon.Log());
+  CHECK(logged);
+  CHECK(*ReadLatest(job_dir) == 7);
+  auto r = StartTrainer(daemon, dir, "restore", {"--mode=restore", "--expect_step=7"});
+  CHECK(r->Wait(absl::Seconds(60)) == 0);
+  CHECK(r->Values()["mismatched_tensors"] == "0");
+
+  // Without the option, the same death loses the snapshot (step 5 stays newest).
+  auto u = StartTrainer(daemon, dir, "train2",
+                        {"--job=nofail", "--steps=20", "--save_every=5", "--pause_at=7", "--block"});
+  REQUIRE(u->WaitForOutput("paused", absl::Seconds(60)));
+  REQUIRE(WaitForPath(JobDir(daemon, "nofail") + "/step-00000005/COMMITTED", absl::Seconds(30)));
+  u->Signal(SIGKILL);
+  REQUIRE(u->Wait(absl::Seconds(10)).has_value());
+  absl::SleepFor(absl::Seconds(2));  // well past the daemon's pid check
+  CHECK(*ReadLatest(JobDir(daemon, "nofail")) == 5);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace zcc::testing

@@ -42,6 +42,7 @@ ABSL_FLAG(bool, wait_commit, true, "train: wait until the last due step is commi
 ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after this step");
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
 ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
+ABSL_FLAG(bool, persist_on_failure, false, "ask zccd to persist the newest snapshot if this process dies");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
 
 namespace {
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
   o.backpressure = absl::GetFlag(FLAGS_block) ? zcc::Backpressure::kBlock : zcc::Backpressure::kSkip;
   o.daemon_timeout = absl::Seconds(absl::GetFlag(FLAGS_daemon_timeout_s));
   o.ema_decay = static_cast<float>(absl::GetFlag(FLAGS_ema_decay));
+  o.persist_on_failure = absl::GetFlag(FLAGS_persist_on_failure);
   o.heartbeat_interval = absl::Milliseconds(100);
   o.reconnect_max_backoff = absl::Milliseconds(500);
   auto client = zcc::Client::Connect(o);
