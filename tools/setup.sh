@@ -13,6 +13,8 @@ APT_PACKAGES=(
   liburing-dev
   libxxhash-dev
   libsystemd-dev
+  systemd                    # systemd-analyze verifies deploy/zccd.service
+  python3-yaml               # the Kubernetes manifest check
   nlohmann-json3-dev
   pkg-config
 )

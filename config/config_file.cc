@@ -1,0 +1,565 @@
+#include "config/config_file.h"
+
+#include <arpa/inet.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "common/status.h"
+#include "config/zccd_config.pb.h"
+#include "shm/control_block.h"
+
+namespace zcc::config {
+namespace {
+
+using ::zcc::v1::DaemonConfigProto;
+
+constexpr uint64_t kMaxConfigFileBytes = 1 << 20;
+constexpr uint32_t kMaxThreads = 256;
+constexpr double kMaxCommitTimeoutS = 7 * 24 * 3600;
+constexpr double kMaxClientTimeoutS = 24 * 3600;
+constexpr double kMinTextfileIntervalS = 1;
+constexpr double kMaxTextfileIntervalS = 3600;
+constexpr size_t kSunPathBytes = 108;
+
+// Records the parser's first error (0-based position, as the tokenizer counts).
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (has_error_) return;
+    has_error_ = true;
+    line_ = line;
+    column_ = column;
+    message_ = message;
+  }
+  bool has_error() const { return has_error_; }
+  int line() const { return line_; }
+  int column() const { return column_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  bool has_error_ = false;
+  int line_ = -1;
+  int column_ = 0;
+  std::string message_;
+};
+
+// The tokenizer's column of byte `offset` within its line: tabs advance to the
+// next multiple of 8.
+int ColumnOf(absl::string_view line_text, size_t offset) {
+  int column = 0;
+  for (size_t i = 0; i < offset && i < line_text.size(); ++i) {
+    column = line_text[i] == '\t' ? column + 8 - column % 8 : column + 1;
+  }
+  return column;
+}
+
+// The parser reports an unknown field, an unknown enum value or a repeated
+// scalar at the token after the offending name (often the next line). Moves
+// the position back to that name when it is on the same or an earlier line.
+void PointAtName(absl::string_view text, const std::string& message, int* line, int* column) {
+  std::string name;
+  for (absl::string_view marker : {"has no field named \"", "Unknown enumeration value of \"",
+                                   "Non-repeated field \""}) {
+    const size_t at = message.find(std::string(marker));
+    if (at == std::string::npos) continue;
+    const size_t begin = at + marker.size();
+    const size_t end = message.find('"', begin);
+    if (end != std::string::npos) name = message.substr(begin, end - begin);
+    break;
+  }
+  if (name.empty() || *line < 0) return;
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  auto is_word = [](char c) { return absl::ascii_isalnum(c) || c == '_'; };
+  for (int l = std::min<int>(*line, static_cast<int>(lines.size()) - 1); l >= 0; --l) {
+    const absl::string_view t = lines[l];
+    // On the reported line, only text before the reported column counts.
+    size_t limit = t.size();
+    if (l == *line) {
+      limit = 0;
+      while (limit < t.size() && ColumnOf(t, limit) < *column) ++limit;
+    }
+    const absl::string_view comment_free = t.substr(0, std::min(limit, t.find('#')));
+    for (size_t pos = comment_free.rfind(name); pos != absl::string_view::npos;
+         pos = pos == 0 ? absl::string_view::npos : comment_free.rfind(name, pos - 1)) {
+      const size_t end = pos + name.size();
+      if ((pos == 0 || !is_word(t[pos - 1])) && (end >= t.size() || !is_word(t[end]))) {
+        *line = l;
+        *column = ColumnOf(t, pos);
+        return;
+      }
+    }
+  }
+}
+
+// Where a field's value came from. `prefix` starts its messages:
+// "zccd.conf:7:1: " for a field written in the file, "zccd.conf: " for a value
+// from the base, "" when there is no file. `line` orders the messages (-1:
+// not in the file). Index -1 for non-repeated fields.
+struct Location {
+  int line = -1;
+  std::string prefix;
+};
+using Locator = std::function<Location(absl::string_view field, int index)>;
+
+// Collects one message per bad field; reports them in file order, values not
+// from the file last.
+class Problems {
+ public:
+  explicit Problems(Locator locate) : locate_(std::move(locate)) {}
+
+  void Add(absl::string_view field, int index, absl::string_view message) {
+    const std::string name = index < 0 ? std::string(field) : absl::StrCat(field, "[", index, "]");
+    Location loc = locate_(field, index);
+    list_.push_back({loc.line < 0 ? INT_MAX : loc.line, absl::StrCat(loc.prefix, name, ": ", message)});
+  }
+  void Add(absl::string_view field, absl::string_view message) { Add(field, -1, message); }
+  absl::Status ToStatus() {
+    if (list_.empty()) return absl::OkStatus();
+    std::stable_sort(list_.begin(), list_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::string> lines;
+    for (auto& [line, text] : list_) lines.push_back(std::move(text));
+    return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+  }
+
+ private:
+  Locator locate_;
+  std::vector<std::pair<int, std::string>> list_;
+};
+
+// `v` as an integer when it is one, else the shortest of %.6g, %.15g and
+// %.17g that reads back as exactly `v`.
+std::string FormatDouble(double v) {
+  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);
+  std::string s;
+  for (int precision : {6, 15, 17}) {
+    s = absl::StrFormat("%.*g", precision, v);
+    if (std::strtod(s.c_str(), nullptr) == v) break;
+  }
+  return s;
+}
+
+std::string Quote(absl::string_view s) { return absl::StrCat("\"", absl::Utf8SafeCEscape(s), "\""); }
+
+bool IsAbsolute(const std::string& path) { return !path.empty() && path[0] == '/'; }
+
+bool IsIpv4Literal(const std::string& host) {
+  struct in_addr addr;
+  return ::inet_pton(AF_INET, host.c_str(), &addr) == 1;
+}
+
+bool IsDnsName(absl::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  size_t label = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    const char c = host[i];
+    if (c == '.') {
+      if (label == 0) return false;
+      label = 0;
+      continue;
+    }
+    if (!absl::ascii_isalnum(c) && c != '-') return false;
+    if (c == '-' && (label == 0 || i + 1 == host.size() || host[i + 1] == '.')) return false;
+    if (++label > 63) return false;
+  }
+  return label > 0;
+}
+
+bool IsWildcard(const HostPort& hp) { return hp.host == "0.0.0.0" || hp.host == "::"; }
+
+// Field checks shared by the file loader and ValidateFullConfig.
+void CheckFields(const FullConfig& c, Problems& p) {
+  const daemon::DaemonConfig& d = c.daemon;
+  const OpsConfig& o = c.ops;
+  if (!d.socket_path.empty()) {
+    if (!IsAbsolute(d.socket_path)) {
+      p.Add("socket_path", absl::StrCat("must be an absolute path, got ", Quote(d.socket_path)));
+    } else if (d.socket_path.size() >= kSunPathBytes) {
+      p.Add("socket_path", absl::StrCat("must be shorter than ", kSunPathBytes,
+                                        " bytes (the unix socket path limit), got ",
+                                        d.socket_path.size()));
+    }
+  }
+  if (d.socket_mode > 0777) {
+    p.Add("socket_mode", absl::StrFormat("must be permission bits (at most 0777), got 0%o",
+                                         d.socket_mode));
+  }
+  if (!d.default_root.empty() && !IsAbsolute(d.default_root)) {
+    p.Add("default_root", absl::StrCat("must be an absolute path, got ", Quote(d.default_root)));
+  }
+  for (size_t i = 0; i < d.allowed_roots.size(); ++i) {
+    if (!IsAbsolute(d.allowed_roots[i])) {
+      p.Add("allowed_roots", static_cast<int>(i),
+            absl::StrCat("must be an absolute path, got ", Quote(d.allowed_roots[i])));
+    }
+  }
+  if (d.shm_prefix.empty() || d.shm_prefix.size() > 32 ||
+      d.shm_prefix.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
+    p.Add("shm_prefix", absl::StrCat("must be 1..32 characters from [A-Za-z0-9_-], got ",
+                                     Quote(d.shm_prefix)));
+  }
+  if (d.default_num_slots < shm::kMinSlots || d.default_num_slots > shm::kMaxSlots) {
+    p.Add("default_num_slots", absl::StrCat("must be in [", shm::kMinSlots, ", ", shm::kMaxSlots,
+                                            "], got ", d.default_num_slots));
+  }
+  if (d.max_slot_bytes < shm::kPageBytes) {
+    p.Add("max_slot_bytes",
+          absl::StrCat("must be at least ", shm::kPageBytes, ", got ", d.max_slot_bytes));
+  }
+  if (d.max_tensors_per_rank == 0) p.Add("max_tensors_per_rank", "must be at least 1, got 0");
+  if (d.keep_last == 0) p.Add("keep_last", "must be at least 1, got 0");
+
+  auto check_duration = [&p](absl::string_view field, absl::Duration value, absl::Duration max) {
+    if (value <= absl::ZeroDuration()) {
+      p.Add(field, absl::StrCat("must be positive, got ", FormatDouble(absl::ToDoubleSeconds(value))));
+    } else if (value > max) {
+      p.Add(field, absl::StrCat("must be at most ", FormatDouble(absl::ToDoubleSeconds(max)),
+                                ", got ", FormatDouble(absl::ToDoubleSeconds(value))));
+    }
+  };
+  check_duration("commit_timeout_s", d.commit_timeout, absl::Seconds(kMaxCommitTimeoutS));
+  check_duration("client_timeout_s", d.client_timeout, absl::Seconds(kMaxClientTimeoutS));
+  if (d.heartbeat_interval < absl::Milliseconds(1)) {
+    p.Add("heartbeat_interval_ms", "must be at least 1");
+  } else if (d.client_timeout > absl::ZeroDuration() && d.client_timeout <= d.heartbeat_interval) {
+    p.Add("client_timeout_s",
+          absl::StrCat("must be longer than heartbeat_interval_ms (",
+                       absl::ToInt64Milliseconds(d.heartbeat_interval), " ms), got ",
+                       FormatDouble(absl::ToDoubleSeconds(d.client_timeout)), " s"));
+  }
+
+  absl::StatusOr<HostPort> status_addr = absl::NotFoundError("off");
+  absl::StatusOr<HostPort> metrics_addr = absl::NotFoundError("off");
+  if (!o.status_tcp_listen.empty()) {
+    status_addr = ParseHostPort(o.status_tcp_listen);
+    if (!status_addr.ok()) p.Add("status_tcp_listen", status_addr.status().message());
+  }
+  if (!o.metrics_http_listen.empty()) {
+    metrics_addr = ParseHostPort(o.metrics_http_listen);
+    if (!metrics_addr.ok()) {
+      p.Add("metrics_http_listen", metrics_addr.status().message());
+    } else if (!IsIpv4Literal(metrics_addr->host)) {
+      p.Add("metrics_http_listen",
+            absl::StrCat("host must be an IPv4 address (127.0.0.1, or 0.0.0.0 for all "
+                         "interfaces), got ", Quote(metrics_addr->host)));
+    }
+  }
+  if (status_addr.ok() && metrics_addr.ok() && status_addr->port != 0 &&
+      status_addr->port == metrics_addr->port &&
+      (status_addr->host == metrics_addr->host || IsWildcard(*status_addr) ||
+       IsWildcard(*metrics_addr))) {
+    p.Add("metrics_http_listen", absl::StrCat("must not use the port of status_tcp_listen (",
+                                              Quote(o.status_tcp_listen), ")"));
+  }
+  if (!o.metrics_textfile_dir.empty() && !IsAbsolute(o.metrics_textfile_dir)) {
+    p.Add("metrics_textfile_dir",
+          absl::StrCat("must be an absolute path, got ", Quote(o.metrics_textfile_dir)));
+  }
+  if (o.metrics_textfile_interval < absl::Seconds(kMinTextfileIntervalS) ||
+      o.metrics_textfile_interval > absl::Seconds(kMaxTextfileIntervalS)) {
+    p.Add("metrics_textfile_interval_s",
+          absl::StrCat("must be in [", FormatDouble(kMinTextfileIntervalS), ", ",
+                       FormatDouble(kMaxTextfileIntervalS), "], got ",
+                       FormatDouble(absl::ToDoubleSeconds(o.metrics_textfile_interval))));
+  }
+  if (!ParseLogLevel(o.log_level).ok()) {
+    p.Add("log_level",
+          absl::StrCat("must be DEBUG, INFO, WARNING or ERROR, got ", Quote(o.log_level)));
+  }
+  for (const auto& [field, value] :
+       {std::pair<absl::string_view, uint32_t>{"io_threads", o.io_threads},
+        std::pair<absl::string_view, uint32_t>{"ema_threads", o.ema_threads}}) {
+    if (value < 1 || value > kMaxThreads) {
+      p.Add(field, absl::StrCat("must be in [1, ", kMaxThreads, "], got ", value));
+    }
+  }
+}
+
+// Seconds from the file as a Duration; a value absl cannot represent (NaN,
+// infinities) is reported and the base value kept.
+void MergeSeconds(absl::string_view field, double seconds, absl::Duration* out, Problems& p) {
+  if (!std::isfinite(seconds)) {
+    p.Add(field, absl::StrCat("must be a finite number of seconds, got ", FormatDouble(seconds)));
+    return;
+  }
+  *out = absl::Seconds(seconds);
+}
+
+// Applies the fields present in `proto` over `config`.
+void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
+  daemon::DaemonConfig& d = config.daemon;
+  OpsConfig& o = config.ops;
+  if (proto.has_socket_path()) d.socket_path = proto.socket_path();
+  if (proto.has_socket_mode()) d.socket_mode = proto.socket_mode();
+  if (proto.has_default_root()) d.default_root = proto.default_root();
+  if (proto.allowed_roots_size() > 0) {
+    d.allowed_roots.assign(proto.allowed_roots().begin(), proto.allowed_roots().end());
+  }
+  if (proto.has_shm_prefix()) d.shm_prefix = proto.shm_prefix();
+  if (proto.has_default_num_slots()) d.default_num_slots = proto.default_num_slots();
+  if (proto.has_max_slot_bytes()) d.max_slot_bytes = proto.max_slot_bytes();
+  if (proto.has_staging_budget_bytes()) d.staging_budget_bytes = proto.staging_budget_bytes();
+  if (proto.has_max_tensors_per_rank()) d.max_tensors_per_rank = proto.max_tensors_per_rank();
+  if (proto.has_keep_last()) d.keep_last = proto.keep_last();
+  if (proto.has_keep_every()) d.keep_every = proto.keep_every();
+  if (proto.has_commit_timeout_s()) {
+    MergeSeconds("commit_timeout_s", proto.commit_timeout_s(), &d.commit_timeout, p);
+  }
+  if (proto.has_client_timeout_s()) {
+    MergeSeconds("client_timeout_s", proto.client_timeout_s(), &d.client_timeout, p);
+  }
+  if (proto.has_heartbeat_interval_ms()) {
+    d.heartbeat_interval = absl::Milliseconds(proto.heartbeat_interval_ms());
+  }
+  if (proto.has_default_backpressure()) {
+    switch (proto.default_backpressure()) {
+      case DaemonConfigProto::BACKPRESSURE_UNSPECIFIED:
+        break;
+      case DaemonConfigProto::SKIP:
+        o.default_backpressure = BackpressureHint::kSkip;
+        break;
+      case DaemonConfigProto::BLOCK:
+        o.default_backpressure = BackpressureHint::kBlock;
+        break;
+      default:
+        p.Add("default_backpressure",
+              absl::StrCat("must be SKIP or BLOCK, got ", proto.default_backpressure()));
+    }
+  }
+  if (proto.has_status_tcp_listen()) o.status_tcp_listen = proto.status_tcp_listen();
+  if (proto.has_metrics_http_listen()) o.metrics_http_listen = proto.metrics_http_listen();
+  if (proto.has_metrics_textfile_dir()) o.metrics_textfile_dir = proto.metrics_textfile_dir();
+  if (proto.has_metrics_textfile_interval_s()) {
+    MergeSeconds("metrics_textfile_interval_s", proto.metrics_textfile_interval_s(),
+                 &o.metrics_textfile_interval, p);
+  }
+  if (proto.has_log_level()) {
+    o.log_level = proto.log_level();
+    if (ParseLogLevel(o.log_level).ok()) o.log_level = absl::AsciiStrToUpper(o.log_level);
+  }
+  if (proto.has_io_threads()) o.io_threads = proto.io_threads();
+  if (proto.has_ema_threads()) o.ema_threads = proto.ema_threads();
+}
+
+}  // namespace
+
+absl::StatusOr<zcc::LogLevel> ParseLogLevel(absl::string_view name) {
+  const std::string upper = absl::AsciiStrToUpper(name);
+  if (upper == "DEBUG") return LogLevel::kDebug;
+  if (upper == "INFO") return LogLevel::kInfo;
+  if (upper == "WARNING") return LogLevel::kWarning;
+  if (upper == "ERROR") return LogLevel::kError;
+  return absl::InvalidArgumentError(
+      absl::StrCat("log level must be DEBUG, INFO, WARNING or ERROR, got ", Quote(name)));
+}
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
+  HostPort out;
+  absl::string_view port_text;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find("]:");
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "must be host:port, e.g. [::1]:7070 for IPv6, got ", Quote(address)));
+    }
+    out.host = std::string(address.substr(1, close - 1));
+    out.ipv6 = true;
+    struct in6_addr addr6;
+    if (::inet_pton(AF_INET6, out.host.c_str(), &addr6) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad IPv6 address ", Quote(out.host), " in ", Quote(address)));
+    }
+    port_text = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "must be host:port, e.g. 127.0.0.1:9464, got ", Quote(address), " (no port)"));
+    }
+    out.host = std::string(address.substr(0, colon));
+    port_text = address.substr(colon + 1);
+    if (out.host.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "must be host:port with a host (0.0.0.0 for all interfaces), got ", Quote(address)));
+    }
+    if (out.host.find(':') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "IPv6 addresses need brackets ([::1]:7070), got ", Quote(address)));
+    }
+    const bool numeric = out.host.find_first_not_of("0123456789.") == std::string::npos;
+    if (numeric ? !IsIpv4Literal(out.host) : !IsDnsName(out.host)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad host ", Quote(out.host), " in ", Quote(address)));
+    }
+  }
+  uint32_t port = 0;
+  if (port_text.empty() || port_text.size() > 5 ||
+      port_text.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(port_text, &port) || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port must be a number in [0, 65535], got ", Quote(port_text), " in ",
+                     Quote(address)));
+  }
+  out.port = static_cast<uint16_t>(port);
+  return out;
+}
+
+absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_view source_name,
+                                           const FullConfig& base) {
+  DaemonConfigProto proto;
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors;
+  google::protobuf::TextFormat::ParseInfoTree locations;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(&locations);
+  if (!parser.ParseFromString(std::string(text), &proto)) {
+    if (!errors.has_error()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": parse error"));
+    int line = errors.line();
+    int column = errors.column();
+    PointAtName(text, errors.message(), &line, &column);
+    if (line < 0) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", errors.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ":", line + 1, ":", column + 1, ": ", errors.message()));
+  }
+
+  const std::string source(source_name);
+  Problems problems([&](absl::string_view field, int index) -> Location {
+    const google::protobuf::FieldDescriptor* fd =
+        DaemonConfigProto::descriptor()->FindFieldByName(std::string(field));
+    if (fd != nullptr) {
+      const int i = fd->is_repeated() ? index : -1;
+      const int count = fd->is_repeated() ? proto.GetReflection()->FieldSize(proto, fd) : 1;
+      if (!fd->is_repeated() || (i >= 0 && i < count)) {
+        const auto loc = locations.GetLocation(fd, i);
+        if (loc.line >= 0) {
+          return {loc.line, absl::StrCat(source, ":", loc.line + 1, ":", loc.column + 1, ": ")};
+        }
+      }
+    }
+    return {-1, absl::StrCat(source, ": ")};
+  });
+
+  FullConfig config = base;
+  Merge(proto, config, problems);
+  CheckFields(config, problems);
+  ZCC_RETURN_IF_ERROR(problems.ToStatus());
+  // daemon::ValidateConfig stays the authority on the daemon's own fields.
+  ZCC_RETURN_IF_ERROR(
+      Annotate(daemon::ValidateConfig(daemon::WithDefaults(config.daemon)), source));
+  return config;
+}
+
+absl::StatusOr<FullConfig> LoadConfigFile(const std::string& path, const FullConfig& base) {
+  absl::StatusOr<std::string> text = ReadFileToString(path, kMaxConfigFileBytes);
+  if (!text.ok()) return Annotate(text.status(), absl::StrCat("config file ", path));
+  return ParseConfigText(*text, path, base);
+}
+
+absl::Status ValidateFullConfig(const FullConfig& config) {
+  Problems problems([](absl::string_view, int) { return Location(); });
+  CheckFields(config, problems);
+  ZCC_RETURN_IF_ERROR(problems.ToStatus());
+  return daemon::ValidateConfig(daemon::WithDefaults(config.daemon));
+}
+
+std::string DefaultConfigText(const FullConfig& config) {
+  const daemon::DaemonConfig& d = config.daemon;
+  const OpsConfig& o = config.ops;
+  std::string out;
+  // A field line, or a commented-out example when the value is empty.
+  auto string_field = [&out](absl::string_view name, const std::string& value,
+                             absl::string_view example) {
+    if (value.empty()) {
+      absl::StrAppend(&out, "# ", name, ": ", Quote(example), "\n");
+    } else {
+      absl::StrAppend(&out, name, ": ", Quote(value), "\n");
+    }
+  };
+
+  absl::StrAppend(&out,
+                  "# zccd configuration: Protobuf text format of zcc.v1.DaemonConfigProto\n"
+                  "# (config/zccd_config.proto). Every field is optional; flags given on the\n"
+                  "# command line override this file.\n\n");
+
+  absl::StrAppend(&out, "# Control and status socket (empty: /run/zcc/zccd.sock as root).\n");
+  string_field("socket_path", d.socket_path, daemon::DefaultSocketPath());
+  absl::StrAppend(&out, "# Permission bits of the socket, octal.\n",
+                  absl::StrFormat("socket_mode: 0%o\n\n", d.socket_mode));
+
+  absl::StrAppend(&out, "# Checkpoint root for jobs that name none (empty: the default).\n");
+  string_field("default_root", d.default_root, daemon::DefaultCheckpointRoot());
+  absl::StrAppend(&out, "# Roots jobs may checkpoint under, one line each (none: default_root).\n");
+  if (d.allowed_roots.empty()) {
+    absl::StrAppend(&out, "# allowed_roots: ", Quote("/mnt/checkpoints"), "\n");
+  }
+  for (const std::string& root : d.allowed_roots) {
+    absl::StrAppend(&out, "allowed_roots: ", Quote(root), "\n");
+  }
+  absl::StrAppend(&out, "\n");
+
+  absl::StrAppend(
+      &out, "# Shared-memory name prefix; two daemons on one machine need different ones.\n",
+      "shm_prefix: ", Quote(d.shm_prefix), "\n",
+      "# Staging slots per rank when the trainer asks for none (2..8).\n",
+      "default_num_slots: ", d.default_num_slots, "\n",
+      "# Largest slot (all of one rank's tensors), bytes.\n",
+      "max_slot_bytes: ", d.max_slot_bytes, "\n",
+      "# All staging memory of this daemon together, bytes; 0 = no limit.\n",
+      "staging_budget_bytes: ", d.staging_budget_bytes, "\n",
+      "max_tensors_per_rank: ", d.max_tensors_per_rank, "\n\n");
+
+  absl::StrAppend(&out, "# Retention: the newest keep_last steps, and every keep_every-th (0 = off).\n",
+                  "keep_last: ", d.keep_last, "\n", "keep_every: ", d.keep_every, "\n\n");
+
+  absl::StrAppend(
+      &out, "# Seconds a commit may wait for all ranks' manifests.\n",
+      "commit_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.commit_timeout)), "\n",
+      "# Seconds without a trainer heartbeat before its registration is dropped.\n",
+      "client_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.client_timeout)), "\n",
+      "heartbeat_interval_ms: ", absl::ToInt64Milliseconds(d.heartbeat_interval), "\n",
+      "# What trainers that do not choose do when no slot is free: SKIP or BLOCK.\n",
+      "default_backpressure: ",
+      o.default_backpressure == BackpressureHint::kBlock ? "BLOCK" : "SKIP", "\n\n");
+
+  absl::StrAppend(&out, "# Read-only gRPC status and health service on TCP (empty: off).\n");
+  string_field("status_tcp_listen", o.status_tcp_listen, "127.0.0.1:7070");
+  absl::StrAppend(&out, "# Prometheus endpoint GET /metrics, IPv4 (empty: off).\n");
+  string_field("metrics_http_listen", o.metrics_http_listen, "127.0.0.1:9464");
+  absl::StrAppend(&out, "# node_exporter textfile collector directory (empty: off).\n");
+  string_field("metrics_textfile_dir", o.metrics_textfile_dir,
+               "/var/lib/prometheus/node-exporter");
+  absl::StrAppend(&out, "metrics_textfile_interval_s: ",
+                  FormatDouble(absl::ToDoubleSeconds(o.metrics_textfile_interval)), "\n\n");
+
+  absl::StrAppend(&out, "# DEBUG, INFO, WARNING or ERROR.\n", "log_level: ", Quote(o.log_level),
+                  "\n", "# Disk writer and EMA threads (1..256).\n", "io_threads: ", o.io_threads,
+                  "\n", "ema_threads: ", o.ema_threads, "\n");
+  return out;
+}
+
+std::string DefaultConfigText(const daemon::DaemonConfig& config) {
+  FullConfig full;
+  full.daemon = config;
+  return DefaultConfigText(full);
+}
+
+}  // namespace zcc::config

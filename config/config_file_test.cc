@@ -1,0 +1,436 @@
+#include "config/config_file.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "common/testing/status_matchers.h"
+
+namespace zcc::config {
+namespace {
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/zcc_config_test.XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return srcdir != nullptr ? absl::StrCat(srcdir, "/zcc/", path) : path;
+}
+
+// The error message of parsing `text` as "zccd.conf"; fails the test if it parses.
+std::string ParseError(const std::string& text) {
+  absl::StatusOr<FullConfig> c = ParseConfigText(text, "zccd.conf");
+  INFO(text);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(c.status().message());
+}
+
+void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
+  const daemon::DaemonConfig& x = a.daemon;
+  const daemon::DaemonConfig& y = b.daemon;
+  CHECK(x.socket_path == y.socket_path);
+  CHECK(x.socket_mode == y.socket_mode);
+  CHECK(x.default_root == y.default_root);
+  CHECK(x.allowed_roots == y.allowed_roots);
+  CHECK(x.shm_prefix == y.shm_prefix);
+  CHECK(x.default_num_slots == y.default_num_slots);
+  CHECK(x.max_slot_bytes == y.max_slot_bytes);
+  CHECK(x.staging_budget_bytes == y.staging_budget_bytes);
+  CHECK(x.max_tensors_per_rank == y.max_tensors_per_rank);
+  CHECK(x.keep_last == y.keep_last);
+  CHECK(x.keep_every == y.keep_every);
+  CHECK(x.commit_timeout == y.commit_timeout);
+  CHECK(x.client_timeout == y.client_timeout);
+  CHECK(x.heartbeat_interval == y.heartbeat_interval);
+  CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
+  CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);
+  CHECK(a.ops.metrics_textfile_dir == b.ops.metrics_textfile_dir);
+  CHECK(a.ops.metrics_textfile_interval == b.ops.metrics_textfile_interval);
+  CHECK(a.ops.log_level == b.ops.log_level);
+  CHECK(a.ops.io_threads == b.ops.io_threads);
+  CHECK(a.ops.ema_threads == b.ops.ema_threads);
+  CHECK(a.ops.default_backpressure == b.ops.default_backpressure);
+}
+
+TEST_CASE("an empty file, or one of comments only, yields the base configuration") {
+  const FullConfig defaults;
+  for (const char* text : {"", "\n\n", "# nothing set\n  # still nothing\n"}) {
+    absl::StatusOr<FullConfig> c = ParseConfigText(text, "zccd.conf");
+    REQUIRE_OK(c);
+    RequireSameConfig(*c, defaults);
+  }
+
+  FullConfig base;
+  base.daemon.keep_last = 9;
+  base.daemon.allowed_roots = {"/a", "/b"};
+  base.ops.io_threads = 7;
+  absl::StatusOr<FullConfig> c = ParseConfigText("", "zccd.conf", base);
+  REQUIRE_OK(c);
+  RequireSameConfig(*c, base);
+}
+
+TEST_CASE("a file setting every field is applied over the base") {
+  const std::string text = R"(
+    # a comment
+    socket_path: "/run/zcc/test.sock"
+    socket_mode: 0660            # octal, as in chmod
+    default_root: "/mnt/ckpt"
+    allowed_roots: "/mnt/ckpt"
+    allowed_roots: "/scratch/ckpt"
+    shm_prefix: "zcc-test_1"
+    default_num_slots: 3
+    max_slot_bytes: 1073741824
+    staging_budget_bytes: 68719476736
+    max_tensors_per_rank: 5000
+    keep_last: 5
+    keep_every: 1000
+    commit_timeout_s: 120.5
+    client_timeout_s: 45
+    heartbeat_interval_ms: 250
+    default_backpressure: BLOCK
+    status_tcp_listen: "[::1]:7070"
+    metrics_http_listen: "0.0.0.0:9464"
+    metrics_textfile_dir: "/var/lib/node_exporter/textfile"
+    metrics_textfile_interval_s: 30
+    log_level: "debug"
+    io_threads: 16
+    ema_threads: 3
+  )";
+  FullConfig base;
+  base.daemon.allowed_roots = {"/replaced"};
+  absl::StatusOr<FullConfig> c = ParseConfigText(text, "zccd.conf", base);
+  REQUIRE_OK(c);
+  const daemon::DaemonConfig& d = c->daemon;
+  CHECK(d.socket_path == "/run/zcc/test.sock");
+  CHECK(d.socket_mode == 0660);
+  CHECK(d.default_root == "/mnt/ckpt");
+  CHECK(d.allowed_roots == std::vector<std::string>{"/mnt/ckpt", "/scratch/ckpt"});
+  CHECK(d.shm_prefix == "zcc-test_1");
+  CHECK(d.default_num_slots == 3);
+  CHECK(d.max_slot_bytes == (1ull << 30));
+  CHECK(d.staging_budget_bytes == (64ull << 30));
+  CHECK(d.max_tensors_per_rank == 5000);
+  CHECK(d.keep_last == 5);
+  CHECK(d.keep_every == 1000);
+  CHECK(d.commit_timeout == absl::Milliseconds(120500));
+  CHECK(d.client_timeout == absl::Seconds(45));
+  CHECK(d.heartbeat_interval == absl::Milliseconds(250));
+  CHECK(c->ops.default_backpressure == BackpressureHint::kBlock);
+  CHECK(c->ops.status_tcp_listen == "[::1]:7070");
+  CHECK(c->ops.metrics_http_listen == "0.0.0.0:9464");
+  CHECK(c->ops.metrics_textfile_dir == "/var/lib/node_exporter/textfile");
+  CHECK(c->ops.metrics_textfile_interval == absl::Seconds(30));
+  CHECK(c->ops.log_level == "DEBUG");
+  CHECK(c->ops.io_threads == 16);
+  CHECK(c->ops.ema_threads == 3);
+}
+
+TEST_CASE("fields left out keep the base value") {
+  FullConfig base;
+  base.daemon.socket_path = "/tmp/base.sock";
+  base.daemon.keep_every = 17;
+  base.ops.metrics_http_listen = "127.0.0.1:1234";
+  absl::StatusOr<FullConfig> c = ParseConfigText("keep_last: 4\n", "zccd.conf", base);
+  REQUIRE_OK(c);
+  CHECK(c->daemon.keep_last == 4);
+  CHECK(c->daemon.socket_path == "/tmp/base.sock");
+  CHECK(c->daemon.keep_every == 17);
+  CHECK(c->ops.metrics_http_listen == "127.0.0.1:1234");
+}
+
+TEST_CASE("an unknown field is reported with file, line and column") {
+  const std::string msg = ParseError("keep_last: 2\n\n    keep_lst: 3\n");
+  CHECK(absl::StartsWith(msg, "zccd.conf:3:5: "));
+  CHECK_THAT(msg, Catch::Contains(
+                      "Message type \"zcc.v1.DaemonConfigProto\" has no field named \"keep_lst\""));
+}
+
+TEST_CASE("values of the wrong type are syntax errors with a position") {
+  struct Case {
+    const char* text;
+    const char* expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"keep_last: \"three\"\n", "zccd.conf:1:12: "},
+           {"keep_last: -1\n", "zccd.conf:1:12: "},
+           {"keep_last: 1.5\n", "zccd.conf:1:12: "},
+           {"keep_last: 4294967296\n", "zccd.conf:1:12: "},
+           {"socket_path: 42\n", "zccd.conf:1:14: "},
+           {"commit_timeout_s: \"ten\"\n", "zccd.conf:1:19: "},
+           {"default_backpressure: SOMETIMES\n", "zccd.conf:1:23: "},
+           {"allowed_roots: [\"/a\", 3]\n", "zccd.conf:1:23: "},
+           {"keep_last 3 3\n", "zccd.conf:1:"},
+           {"keep_last: 3\nkeep_last: 4\n", "zccd.conf:2:1: "},  // non-repeated field twice
+           {"socket_path: \"/unterminated\n", "zccd.conf:1:"},
+       }) {
+    const std::string msg = ParseError(c.text);
+    INFO(msg);
+    CHECK(absl::StartsWith(msg, c.expect));
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+  CHECK_THAT(ParseError("keep_last: \"three\"\n"), Catch::Contains("integer"));
+  // The parser notices these at the next token; the position is moved back to the name.
+  CHECK_THAT(ParseError("keep_last: 3\n\tdefault_backpressure: SOMETIMES  # c\n\nkeep_last: 3\n"),
+             Catch::Equals("zccd.conf:2:31: Unknown enumeration value of \"SOMETIMES\" for field "
+                           "\"default_backpressure\"."));
+  CHECK_THAT(ParseError("keep_last: 3 keep_lst: 4"), Catch::StartsWith("zccd.conf:1:14: "));
+  CHECK_THAT(ParseError("keep_last: 3\nkeep_last: 4\n"),
+             Catch::Contains("specified multiple times"));
+}
+
+TEST_CASE("every out-of-range field is reported, one line each, with its position") {
+  const std::string text =
+      "default_num_slots: 9\n"           // 1
+      "keep_last: 0\n"                   // 2
+      "socket_mode: 01000\n"             // 3
+      "max_slot_bytes: 100\n"            // 4
+      "io_threads: 0\n"                  // 5
+      "ema_threads: 300\n"               // 6
+      "metrics_textfile_interval_s: 0.5\n"  // 7
+      "log_level: \"verbose\"\n"         // 8
+      "shm_prefix: \"a/b\"\n"            // 9
+      "max_tensors_per_rank: 0\n"        // 10
+      "  heartbeat_interval_ms: 0\n"     // 11
+      "commit_timeout_s: 1e9\n"          // 12
+      "default_backpressure: 7\n";       // 13
+  const std::string msg = ParseError(text);
+  INFO(msg);
+  const std::vector<std::string> lines = absl::StrSplit(msg, '\n');
+  REQUIRE(lines.size() == 13);
+  CHECK(absl::StartsWith(lines.front(), "zccd.conf:1:1: "));  // in file order
+  CHECK(absl::StartsWith(lines.back(), "zccd.conf:13:1: "));
+  for (const char* expected : {
+           "zccd.conf:1:1: default_num_slots: must be in [2, 8], got 9",
+           "zccd.conf:2:1: keep_last: must be at least 1, got 0",
+           "zccd.conf:3:1: socket_mode: must be permission bits (at most 0777), got 01000",
+           "zccd.conf:4:1: max_slot_bytes: must be at least 4096, got 100",
+           "zccd.conf:5:1: io_threads: must be in [1, 256], got 0",
+           "zccd.conf:6:1: ema_threads: must be in [1, 256], got 300",
+           "zccd.conf:7:1: metrics_textfile_interval_s: must be in [1, 3600], got 0.5",
+           "zccd.conf:8:1: log_level: must be DEBUG, INFO, WARNING or ERROR, got \"verbose\"",
+           "zccd.conf:9:1: shm_prefix: must be 1..32 characters from [A-Za-z0-9_-], got \"a/b\"",
+           "zccd.conf:10:1: max_tensors_per_rank: must be at least 1, got 0",
+           "zccd.conf:11:3: heartbeat_interval_ms: must be at least 1",
+           "zccd.conf:12:1: commit_timeout_s: must be at most 604800, got 1000000000",
+           "zccd.conf:13:1: default_backpressure: must be SKIP or BLOCK, got 7",
+       }) {
+    CHECK(std::find(lines.begin(), lines.end(), expected) != lines.end());
+  }
+}
+
+TEST_CASE("negative, zero and non-finite durations are refused") {
+  CHECK_THAT(ParseError("commit_timeout_s: -5\n"),
+             Catch::Equals("zccd.conf:1:1: commit_timeout_s: must be positive, got -5"));
+  CHECK_THAT(ParseError("client_timeout_s: 0\n"),
+             Catch::Equals("zccd.conf:1:1: client_timeout_s: must be positive, got 0"));
+  CHECK_THAT(ParseError("metrics_textfile_interval_s: -15\n"),
+             Catch::Contains("metrics_textfile_interval_s: must be in [1, 3600], got -15"));
+  CHECK_THAT(ParseError("commit_timeout_s: nan\n"),
+             Catch::Equals("zccd.conf:1:1: commit_timeout_s: must be a finite number of seconds, got nan"));
+  CHECK_THAT(ParseError("client_timeout_s: inf\n"),
+             Catch::Contains("client_timeout_s: must be a finite number of seconds, got inf"));
+  CHECK_THAT(ParseError("client_timeout_s: 0.4\nheartbeat_interval_ms: 500\n"),
+             Catch::Equals("zccd.conf:1:1: client_timeout_s: must be longer than "
+                           "heartbeat_interval_ms (500 ms), got 0.4 s"));
+}
+
+TEST_CASE("relative paths are refused, each with its own message") {
+  const std::string msg = ParseError(
+      "socket_path: \"run/zccd.sock\"\n"
+      "default_root: \"ckpt\"\n"
+      "allowed_roots: \"/ok\"\n"
+      "allowed_roots: \"rel\"\n"
+      "metrics_textfile_dir: \"textfile\"\n");
+  INFO(msg);
+  CHECK_THAT(msg, Catch::Contains(
+                      "zccd.conf:1:1: socket_path: must be an absolute path, got \"run/zccd.sock\""));
+  CHECK_THAT(msg, Catch::Contains("zccd.conf:2:1: default_root: must be an absolute path"));
+  CHECK_THAT(msg, Catch::Contains("zccd.conf:4:1: allowed_roots[1]: must be an absolute path, got \"rel\""));
+  CHECK_THAT(msg, Catch::Contains("zccd.conf:5:1: metrics_textfile_dir: must be an absolute path"));
+  CHECK_FALSE(absl::StrContains(msg, "allowed_roots[0]"));
+  CHECK_THAT(ParseError(absl::StrCat("socket_path: \"/", std::string(120, 's'), "\"\n")),
+             Catch::Contains("must be shorter than 108 bytes"));
+}
+
+TEST_CASE("listen addresses must be host:port with a valid port") {
+  for (const char* good : {"127.0.0.1:7070", "0.0.0.0:9464", "localhost:1", "zccd.example.com:65535",
+                           "[::1]:7070", "[::]:0", "10.1.2.3:0"}) {
+    INFO(good);
+    CHECK_OK(ParseHostPort(good));
+  }
+  for (const char* bad : {"", "7070", ":7070", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536",
+                          "127.0.0.1:-1", "127.0.0.1:70a", "127.0.0.1:123456", "256.1.1.1:80",
+                          "1.2.3:80", "::1:7070", "[::1]7070", "[nope]:80", "bad host:80",
+                          "under_score:80", "-lead.example:80", "a..b:80"}) {
+    INFO(bad);
+    CHECK(ParseHostPort(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  absl::StatusOr<HostPort> hp = ParseHostPort("[fe80::1]:9000");
+  REQUIRE_OK(hp);
+  CHECK(hp->host == "fe80::1");
+  CHECK(hp->port == 9000);
+  CHECK(hp->ipv6);
+
+  CHECK_THAT(ParseError("status_tcp_listen: \"localhost\"\n"),
+             Catch::Contains("zccd.conf:1:1: status_tcp_listen: must be host:port"));
+  CHECK_THAT(ParseError("metrics_http_listen: \"127.0.0.1:99999\"\n"),
+             Catch::Contains("zccd.conf:1:1: metrics_http_listen: port must be a number in [0, 65535]"));
+  // The exporter binds IPv4 only.
+  CHECK_THAT(ParseError("metrics_http_listen: \"localhost:9464\"\n"),
+             Catch::Contains("metrics_http_listen: host must be an IPv4 address"));
+  CHECK_THAT(ParseError("metrics_http_listen: \"[::1]:9464\"\n"),
+             Catch::Contains("metrics_http_listen: host must be an IPv4 address"));
+  CHECK_THAT(ParseError("status_tcp_listen: \"0.0.0.0:7070\"\nmetrics_http_listen: \"127.0.0.1:7070\"\n"),
+             Catch::Contains("zccd.conf:2:1: metrics_http_listen: must not use the port of status_tcp_listen"));
+  CHECK_OK(ParseConfigText("status_tcp_listen: \"127.0.0.1:7070\"\n"
+                           "metrics_http_listen: \"127.0.0.1:9464\"\n",
+                           "zccd.conf"));
+}
+
+TEST_CASE("a bad value from the base is reported without a line") {
+  FullConfig base;
+  base.ops.io_threads = 0;
+  absl::StatusOr<FullConfig> c = ParseConfigText("keep_last: 2\n", "zccd.conf", base);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().message() == "zccd.conf: io_threads: must be in [1, 256], got 0");
+
+  CHECK(ValidateFullConfig(base).message() == "io_threads: must be in [1, 256], got 0");
+  CHECK_OK(ValidateFullConfig(FullConfig{}));
+}
+
+TEST_CASE("DefaultConfigText round-trips through the loader") {
+  SECTION("built-in defaults with the paths filled in") {
+    FullConfig config;
+    config.daemon = daemon::WithDefaults(config.daemon);
+    const std::string text = DefaultConfigText(config);
+    absl::StatusOr<FullConfig> back = ParseConfigText(text, "default.conf");
+    REQUIRE_OK(back);
+    RequireSameConfig(*back, config);
+  }
+  SECTION("built-in defaults with empty paths: the paths stay commented out") {
+    const std::string text = DefaultConfigText(daemon::DaemonConfig{});
+    CHECK_THAT(text, Catch::Contains("# socket_path: "));
+    CHECK_THAT(text, Catch::Contains("# status_tcp_listen: \"127.0.0.1:7070\""));
+    absl::StatusOr<FullConfig> back = ParseConfigText(text, "default.conf");
+    REQUIRE_OK(back);
+    RequireSameConfig(*back, FullConfig{});
+  }
+  SECTION("every field changed, with strings that need escaping") {
+    FullConfig config;
+    daemon::DaemonConfig& d = config.daemon;
+    d.socket_path = "/run/zcc \"quoted\"\\x.sock";
+    d.socket_mode = 0640;
+    d.default_root = "/mnt/ckpt";
+    d.allowed_roots = {"/mnt/ckpt", "/scratch/\xc3\xa4"};
+    d.shm_prefix = "node-7";
+    d.default_num_slots = 8;
+    d.max_slot_bytes = 123456789;
+    d.staging_budget_bytes = 1ull << 40;
+    d.max_tensors_per_rank = 77;
+    d.keep_last = 11;
+    d.keep_every = 500;
+    d.commit_timeout = absl::Milliseconds(1500);
+    d.client_timeout = absl::Seconds(0.1);
+    d.heartbeat_interval = absl::Milliseconds(20);
+    config.ops.status_tcp_listen = "[::]:7070";
+    config.ops.metrics_http_listen = "127.0.0.1:9464";
+    config.ops.metrics_textfile_dir = "/var/lib/node_exporter";
+    config.ops.metrics_textfile_interval = absl::Seconds(60);
+    config.ops.log_level = "WARNING";
+    config.ops.io_threads = 256;
+    config.ops.ema_threads = 1;
+    config.ops.default_backpressure = BackpressureHint::kBlock;
+    REQUIRE_OK(ValidateFullConfig(config));
+    const std::string text = DefaultConfigText(config);
+    absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");
+    INFO(text);
+    REQUIRE_OK(back);
+    RequireSameConfig(*back, config);
+  }
+}
+
+TEST_CASE("files: loaded from disk; missing, unreadable or huge files give clear errors") {
+  const std::string dir = TempDir();
+  const std::string path = JoinPath(dir, "zccd.conf");
+  REQUIRE_OK(WriteFileAtomic(path, "keep_last: 6\nlog_level: \"ERROR\"\n"));
+  absl::StatusOr<FullConfig> c = LoadConfigFile(path);
+  REQUIRE_OK(c);
+  CHECK(c->daemon.keep_last == 6);
+  CHECK(c->ops.log_level == "ERROR");
+
+  REQUIRE_OK(WriteFileAtomic(path, "keep_last: 0\n"));
+  CHECK(LoadConfigFile(path).status().message() ==
+        absl::StrCat(path, ":1:1: keep_last: must be at least 1, got 0"));
+
+  const std::string missing = JoinPath(dir, "missing.conf");
+  absl::StatusOr<FullConfig> m = LoadConfigFile(missing);
+  CHECK(m.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(m.status().message()), Catch::Contains("config file " + missing));
+  CHECK_THAT(std::string(m.status().message()), Catch::Contains("No such file or directory"));
+
+  absl::StatusOr<FullConfig> d = LoadConfigFile(dir);  // a directory
+  CHECK_FALSE(d.ok());
+  CHECK_THAT(std::string(d.status().message()), Catch::Contains("config file " + dir));
+
+  REQUIRE_OK(WriteFileAtomic(path, std::string(2 << 20, '#')));
+  absl::StatusOr<FullConfig> big = LoadConfigFile(path);
+  CHECK_FALSE(big.ok());
+  CHECK_THAT(std::string(big.status().message()), Catch::Contains("at most 1048576"));
+
+  if (::geteuid() != 0) {  // root reads mode-000 files anyway
+    REQUIRE_OK(WriteFileAtomic(path, "keep_last: 6\n"));
+    REQUIRE(::chmod(path.c_str(), 0) == 0);
+    CHECK(LoadConfigFile(path).status().code() == absl::StatusCode::kPermissionDenied);
+  }
+  REQUIRE_OK(RemoveTree(dir));
+}
+
+TEST_CASE("deploy/zccd.conf.example loads and sets what it says") {
+  absl::StatusOr<FullConfig> c = LoadConfigFile(Runfile("deploy/zccd.conf.example"));
+  REQUIRE_OK(c);
+  CHECK(c->daemon.socket_path == "/run/zcc/zccd.sock");
+  CHECK(c->daemon.default_root == "/var/lib/zcc/checkpoints");
+  CHECK(c->ops.status_tcp_listen == "127.0.0.1:7070");
+  CHECK(c->ops.metrics_http_listen == "127.0.0.1:9464");
+  CHECK(c->daemon.keep_last >= 1);
+}
+
+TEST_CASE("the zccd.conf of the Kubernetes ConfigMap loads") {
+  absl::StatusOr<std::string> yaml =
+      ReadFileToString(Runfile("deploy/k8s/zccd-daemonset.yaml"), 1 << 20);
+  REQUIRE_OK(yaml);
+  // The block scalar under "zccd.conf: |", indented by 4 spaces.
+  std::string conf;
+  bool in_block = false;
+  for (absl::string_view line : absl::StrSplit(*yaml, '\n')) {
+    if (in_block) {
+      if (!line.empty() && !absl::StartsWith(line, "    ")) break;
+      absl::StrAppend(&conf, line.substr(std::min<size_t>(4, line.size())), "\n");
+    } else if (line == "  zccd.conf: |") {
+      in_block = true;
+    }
+  }
+  REQUIRE_FALSE(conf.empty());
+  absl::StatusOr<FullConfig> c = ParseConfigText(conf, "zccd-daemonset.yaml:zccd.conf");
+  REQUIRE_OK(c);
+  CHECK(c->daemon.socket_path == "/run/zcc/zccd.sock");
+  CHECK(c->ops.status_tcp_listen == "0.0.0.0:7070");
+  CHECK(c->ops.metrics_http_listen == "0.0.0.0:9464");
+}
+
+}  // namespace
+}  // namespace zcc::config
