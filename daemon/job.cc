@@ -67,10 +67,16 @@ bool Job::idle() const {
 
 void Job::OnPersisted(const PersistEvent& event) {
   absl::MutexLock lock(&mu_);
+  metrics::ZccMetrics* m = options_.metrics;
   if (!event.status.ok()) {
+    if (m != nullptr) m->errors(metrics::ErrorKind::kWrite).Increment();
     SetError(absl::StrCat("rank ", event.rank, " could not write step ", event.step, ": ",
                           event.status.message()));
     return;
+  }
+  if (m != nullptr) {
+    m->bytes_written().Increment(event.stats.bytes);
+    m->checkpoint_seconds().Observe(event.stats.seconds);
   }
   ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
                  << event.step << ": " << event.stats.bytes << " bytes";
@@ -95,6 +101,7 @@ void Job::TryCommitLocked(int64_t step) {
   const absl::Time commit_start = absl::Now();
   auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size);
   if (!result.ok()) {
+    if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kCommit).Increment();
     SetError(absl::StrCat("commit of step ", step, " failed: ", result.status().message()));
     pending_.erase(step);
     written_.erase(step);
@@ -104,6 +111,9 @@ void Job::TryCommitLocked(int64_t step) {
 
   const checkpoint::WriteStats written = written_[step];
   const absl::Duration commit_time = absl::Now() - commit_start;
+  if (options_.metrics != nullptr) {
+    options_.metrics->commit_latency_seconds().ObserveDuration(commit_time);
+  }
   pending_.erase(step);
   written_.erase(step);
   recently_committed_.insert(step);
@@ -155,6 +165,9 @@ void Job::Tick() {
     auto it = pending_.find(step);
     if (it == pending_.end()) continue;
     if (now - it->second > options_.commit_timeout) {
+      if (options_.metrics != nullptr) {
+        options_.metrics->errors(metrics::ErrorKind::kCommitTimeout).Increment();
+      }
       SetError(absl::StrCat("commit of step ", step, " timed out after ",
                             absl::FormatDuration(options_.commit_timeout),
                             " waiting for other ranks' manifests; it will be removed"));

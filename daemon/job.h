@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/retention.h"
 #include "daemon/rank_session.h"
+#include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 
 namespace zcc::daemon {
@@ -32,6 +33,7 @@ struct JobOptions {
   checkpoint::RetentionPolicy retention;
   absl::Duration commit_timeout = absl::Minutes(10);
   uid_t owner_uid = 0;  // the uid that registered the job
+  metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the job
 };
 
 class Job {

@@ -1,8 +1,10 @@
-// zccd: the per-node zcc daemon. Parses flags, starts the server, and shuts it
+// zccd: the per-node zcc daemon. Reads the config file (--config), applies
+// the flags given on the command line over it, starts the server, and shuts
 // down cleanly on SIGTERM or SIGINT.
 #include <signal.h>
 
 #include <cstdio>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,9 +14,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
+#include "config/config_file.h"
 #include "daemon/config.h"
 #include "daemon/server.h"
 
+ABSL_FLAG(std::string, config, "", "text-format config file (schema: config/zccd_config.proto); "
+                                   "flags given on the command line override it");
+ABSL_FLAG(bool, print_default_config, false, "print a commented default config file and exit");
 ABSL_FLAG(std::string, socket, "", "unix socket path (default: /run/zcc/zccd.sock as root, "
                                    "else $XDG_RUNTIME_DIR/zcc/zccd.sock or /tmp/zcc-<uid>/zccd.sock)");
 ABSL_FLAG(std::string, root, "", "default checkpoint root (default: /var/lib/zcc/checkpoints "
@@ -29,31 +35,93 @@ ABSL_FLAG(uint64_t, staging_budget_mb, 0, "staging memory limit for all ranks (0
 ABSL_FLAG(double, commit_timeout_s, 600, "seconds a commit may wait for all ranks");
 ABSL_FLAG(double, client_timeout_s, 30, "seconds without a trainer heartbeat before its "
                                          "registration is dropped");
+ABSL_FLAG(std::string, status_listen, "", "host:port of a read-only TCP status + gRPC health "
+                                          "listener (empty = off)");
+ABSL_FLAG(std::string, metrics_listen, "", "host:port serving Prometheus metrics at /metrics "
+                                           "(empty = off)");
+ABSL_FLAG(std::string, metrics_textfile_dir, "", "node_exporter textfile collector directory "
+                                                 "(empty = off)");
 ABSL_FLAG(std::string, log_level, "INFO", "DEBUG, INFO, WARNING or ERROR");
 
+namespace {
+
+// Names of the flags given on the command line (this Abseil does not expose
+// that), from "--name", "--name=value", "-name" and "--noname" arguments.
+std::set<std::string>& GivenFlags() {
+  static std::set<std::string> given;
+  return given;
+}
+
+void RecordGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-') continue;
+    a.remove_prefix(a[1] == '-' ? 2 : 1);
+    a = a.substr(0, a.find('='));
+    GivenFlags().emplace(a);
+    if (a.size() > 2 && a.substr(0, 2) == "no") GivenFlags().emplace(a.substr(2));
+  }
+}
+
+bool Given(const char* name) { return GivenFlags().count(name) > 0; }
+
+// Flags given on the command line, over `c` (the config file's values).
+void ApplyFlags(zcc::config::FullConfig& c) {
+  zcc::daemon::DaemonConfig& d = c.daemon;
+  if (Given("socket")) d.socket_path = absl::GetFlag(FLAGS_socket);
+  if (Given("root")) d.default_root = absl::GetFlag(FLAGS_root);
+  if (Given("allowed_roots")) {
+    d.allowed_roots.clear();
+    for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_allowed_roots), ',', absl::SkipEmpty())) {
+      d.allowed_roots.emplace_back(r);
+    }
+  }
+  if (Given("shm_prefix")) d.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
+  if (Given("slots")) d.default_num_slots = absl::GetFlag(FLAGS_slots);
+  if (Given("keep_last")) d.keep_last = absl::GetFlag(FLAGS_keep_last);
+  if (Given("keep_every")) d.keep_every = absl::GetFlag(FLAGS_keep_every);
+  if (Given("staging_budget_mb")) d.staging_budget_bytes = absl::GetFlag(FLAGS_staging_budget_mb) << 20;
+  if (Given("commit_timeout_s")) d.commit_timeout = absl::Seconds(absl::GetFlag(FLAGS_commit_timeout_s));
+  if (Given("client_timeout_s")) d.client_timeout = absl::Seconds(absl::GetFlag(FLAGS_client_timeout_s));
+  if (Given("status_listen")) c.ops.status_tcp_listen = absl::GetFlag(FLAGS_status_listen);
+  if (Given("metrics_listen")) c.ops.metrics_http_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (Given("metrics_textfile_dir")) c.ops.metrics_textfile_dir = absl::GetFlag(FLAGS_metrics_textfile_dir);
+  if (Given("log_level")) c.ops.log_level = absl::GetFlag(FLAGS_log_level);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("zccd: zero-cost checkpointing daemon (one per node)");
+  absl::SetProgramUsageMessage(
+      "zccd: zero-cost checkpointing daemon (one per node)\n"
+      "  zccd [--config FILE] [flags]    flags override the file\n"
+      "  zccd --print_default_config     a commented config file to start from");
+  RecordGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
 
-  const std::string level = absl::GetFlag(FLAGS_log_level);
-  zcc::SetLogLevel(level == "DEBUG"     ? zcc::LogLevel::kDebug
-                   : level == "WARNING" ? zcc::LogLevel::kWarning
-                   : level == "ERROR"   ? zcc::LogLevel::kError
-                                        : zcc::LogLevel::kInfo);
-
-  zcc::daemon::DaemonConfig config;
-  config.socket_path = absl::GetFlag(FLAGS_socket);
-  config.default_root = absl::GetFlag(FLAGS_root);
-  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_allowed_roots), ',', absl::SkipEmpty())) {
-    config.allowed_roots.emplace_back(r);
+  zcc::config::FullConfig config;
+  if (absl::GetFlag(FLAGS_print_default_config)) {
+    std::printf("%s", zcc::config::DefaultConfigText(config).c_str());
+    return 0;
   }
-  config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
-  config.default_num_slots = absl::GetFlag(FLAGS_slots);
-  config.keep_last = absl::GetFlag(FLAGS_keep_last);
-  config.keep_every = absl::GetFlag(FLAGS_keep_every);
-  config.staging_budget_bytes = absl::GetFlag(FLAGS_staging_budget_mb) << 20;
-  config.commit_timeout = absl::Seconds(absl::GetFlag(FLAGS_commit_timeout_s));
-  config.client_timeout = absl::Seconds(absl::GetFlag(FLAGS_client_timeout_s));
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    auto loaded = zcc::config::LoadConfigFile(absl::GetFlag(FLAGS_config), config);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "zccd: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    config = *std::move(loaded);
+  }
+  ApplyFlags(config);
+  config.daemon = zcc::daemon::WithDefaults(config.daemon);
+  if (absl::Status st = zcc::config::ValidateFullConfig(config); !st.ok()) {
+    std::fprintf(stderr, "zccd: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (auto level = zcc::config::ParseLogLevel(config.ops.log_level); level.ok()) {
+    zcc::SetLogLevel(*level);
+  }
 
   // Signals are taken by one thread with sigwait; every other thread inherits the mask.
   sigset_t signals;
@@ -63,7 +131,12 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto server = zcc::daemon::Server::Start(config);
+  zcc::daemon::ServerOptions options;
+  options.status_tcp_listen = config.ops.status_tcp_listen;
+  options.metrics_http_listen = config.ops.metrics_http_listen;
+  options.metrics_textfile_dir = config.ops.metrics_textfile_dir;
+  options.metrics_textfile_interval = config.ops.metrics_textfile_interval;
+  auto server = zcc::daemon::Server::Start(config.daemon, options);
   if (!server.ok()) {
     std::fprintf(stderr, "zccd: %s\n", std::string(server.status().message()).c_str());
     return 1;

@@ -119,6 +119,7 @@ bool RankSession::IngestReadySlots() {
 std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
   last_snapshot_step_.store(slot.step);
+  if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
   if (slot.kind != shm::SnapshotKind::kFull) return std::nullopt;
   last_full_slot_.store(slot.index);
   last_full_step_.store(slot.step);

@@ -29,6 +29,7 @@
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
 #include "format/dtype.h"
+#include "metrics/metrics.h"
 #include "shm/segment.h"
 
 namespace zcc::daemon {
@@ -53,6 +54,7 @@ struct RankSessionOptions {
   uint32_t save_every = 0;  // 0 = persist only on request
   bool persist_on_failure = false;
   int32_t pid = 0;
+  metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the session
   uint64_t generation = 0;
 };
 

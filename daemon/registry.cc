@@ -182,6 +182,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       options.retention.keep_every = config_.keep_every;
       options.commit_timeout = config_.commit_timeout;
       options.owner_uid = caller.uid;
+      options.metrics = &metrics_;
       job = std::make_shared<Job>(std::move(options));
     } else if (absl::Status st = job->Authorize(caller.uid); !st.ok()) {
       return st;
@@ -224,6 +225,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     // The kernel's word for the pid (in zccd's pid namespace), not the request's.
     options.pid = caller.pid;
     options.generation = generation;
+    options.metrics = &metrics_;
     Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
     auto session = std::make_shared<RankSession>(
         shards, registered, std::move(segment), options,
@@ -328,6 +330,7 @@ absl::Status Registry::VerifyCached(const std::string& step_dir) {
     ZCC_LOG(INFO) << "verified " << step_dir << " in "
                   << absl::FormatDuration(absl::Now() - start);
   } else {
+    metrics_.errors(metrics::ErrorKind::kVerify).Increment();
     ZCC_LOG(ERROR) << "checkpoint " << step_dir << " failed verification: " << status.message();
   }
   if (verified_.size() > 256) verified_.clear();
@@ -359,9 +362,12 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
       absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r", req.rank(), ".restore.g",
                    req.generation(), ".", next_restore_seq_.fetch_add(1));
   job->BeginRestore(req.rank(), choice.step);
+  const absl::Time read_start = absl::Now();
   auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session->registered(), shm_name,
                                   config_.max_slot_bytes);
+  metrics_.restore_seconds().ObserveDuration(absl::Now() - read_start);
   if (!buffer.ok()) {
+    metrics_.errors(metrics::ErrorKind::kRestore).Increment();
     job->EndRestore(req.rank(), choice.step);
     return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(choice.step)));
   }
@@ -485,6 +491,14 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
   return resp;
 }
 
+bool Registry::Healthy() const {
+  const int64_t last = last_housekeeping_ns_.load();
+  const absl::Duration since = absl::Now() - absl::FromUnixNanos(last);
+  // Generous: a round may include a commit and retention on a slow file
+  // system; only a thread stuck for minutes is unhealthy.
+  return since < absl::Minutes(2) || absl::Now() - started_ < absl::Minutes(2);
+}
+
 void Registry::HousekeepingLoop() {
   mu_.Lock();
   while (!stopping_) {
@@ -492,14 +506,24 @@ void Registry::HousekeepingLoop() {
     if (stopping_) break;
     std::vector<std::shared_ptr<Job>> jobs;
     for (const auto& [id, job] : jobs_) jobs.push_back(job);
+    metrics_.staging_bytes().Set(static_cast<double>(StagingBytesLocked()));
     mu_.Unlock();
+    size_t ranks = 0;
 
     for (const auto& job : jobs) {
       for (const auto& session : job->Ranks()) {
+        ++ranks;
         session->Heartbeat();
+        // Skips are counted by the trainer in shared memory; export the growth.
+        const uint64_t skipped = session->counters().snapshots_skipped;
+        uint64_t& seen = skipped_seen_[session.get()];
+        if (skipped > seen) metrics_.snapshots_skipped().Increment(skipped - seen);
+        seen = skipped;
         const bool gone = session->ClientProcessGone();
         if (gone || !session->ClientAlive(config_.client_timeout)) {
           const uint32_t rank = session->shards().rank;
+          metrics_.errors(metrics::ErrorKind::kClientTimeout).Increment();
+          skipped_seen_.erase(session.get());
           ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank " << rank << ": trainer pid "
                            << session->options().pid
                            << (gone ? " exited" : " stopped sending heartbeats")
@@ -517,6 +541,8 @@ void Registry::HousekeepingLoop() {
       }
       job->Tick();
     }
+    metrics_.registered_ranks().Set(static_cast<double>(ranks));
+    last_housekeeping_ns_.store(absl::GetCurrentTimeNanos());
 
     mu_.Lock();
     for (auto it = jobs_.begin(); it != jobs_.end();) {

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/job.h"
+#include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 
 namespace zcc::daemon {
@@ -67,6 +68,10 @@ class Registry {
       const v1::ListCheckpointsRequest& request, const Caller& caller) const;
 
   const DaemonConfig& config() const { return config_; }
+  metrics::ZccMetrics& metrics() { return metrics_; }
+  // False when the housekeeping thread has not completed a round recently
+  // (the systemd watchdog stops being fed, and systemd restarts zccd).
+  bool Healthy() const;
 
  private:
   // <root>/<job_id> after checking the root against the allowed roots.
@@ -87,6 +92,8 @@ class Registry {
 
   const DaemonConfig config_;
   const absl::Time started_;
+  metrics::ZccMetrics metrics_;
+  std::atomic<int64_t> last_housekeeping_ns_{0};
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
@@ -97,6 +104,8 @@ class Registry {
   absl::Mutex verify_mu_;
   std::map<std::pair<std::string, uint64_t>, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
 
+  // Last client-side skip count seen per session (housekeeping thread only).
+  std::map<const RankSession*, uint64_t> skipped_seen_;
   std::thread housekeeper_;
 };
 

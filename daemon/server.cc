@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -18,6 +19,10 @@
 #include "common/status.h"
 #include "daemon/registry.h"
 #include "daemon/unix_listener.h"
+#include "config/config_file.h"
+#include "metrics/http_exporter.h"
+#include "metrics/textfile_writer.h"
+#include "systemd/notify.h"
 #include "proto/zcc.grpc.pb.h"
 
 namespace zcc::daemon {
@@ -41,11 +46,22 @@ absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* ctx, const PeerTable*
   if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());        \
   const Caller& caller = *caller_or
 
+#define ZCC_STATUS_CALLER(ctx)                                                         \
+  auto caller_or = peers_ == nullptr ? absl::StatusOr<Caller>(Caller{0, 0}) : CallerOf(ctx, peers_); \
+  if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());                        \
+  const Caller& caller = *caller_or
+
 template <typename T>
 grpc::Status Reply(const absl::StatusOr<T>& result, T* out) {
   if (!result.ok()) return ToGrpcStatus(result.status());
   *out = *result;
   return grpc::Status::OK;
+}
+
+// Counts refused control requests in zcc_errors_total{kind="rpc"}.
+grpc::Status Counted(Registry* registry, grpc::Status status) {
+  if (!status.ok()) registry->metrics().errors(metrics::ErrorKind::kRpc).Increment();
+  return status;
 }
 
 class ControlService final : public v1::Control::Service {
@@ -55,32 +71,32 @@ class ControlService final : public v1::Control::Service {
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);
-    return Reply(registry_->Register(*req, caller), resp);
+    return Counted(registry_, Reply(registry_->Register(*req, caller), resp));
   }
   grpc::Status Unregister(grpc::ServerContext* ctx, const v1::UnregisterRequest* req,
                           v1::UnregisterResponse*) override {
     ZCC_CALLER_OR_DENY(ctx);
-    return ToGrpcStatus(registry_->Unregister(*req, caller));
+    return Counted(registry_, ToGrpcStatus(registry_->Unregister(*req, caller)));
   }
   grpc::Status Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
                        v1::RestoreResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);
-    return Reply(registry_->Restore(*req, caller), resp);
+    return Counted(registry_, Reply(registry_->Restore(*req, caller), resp));
   }
   grpc::Status RestoreDone(grpc::ServerContext* ctx, const v1::RestoreDoneRequest* req,
                            v1::RestoreDoneResponse*) override {
     ZCC_CALLER_OR_DENY(ctx);
-    return ToGrpcStatus(registry_->RestoreDone(*req, caller));
+    return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(*req, caller)));
   }
   grpc::Status SaveNow(grpc::ServerContext* ctx, const v1::SaveNowRequest* req,
                        v1::SaveNowResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);
-    return Reply(registry_->SaveNow(*req, caller), resp);
+    return Counted(registry_, Reply(registry_->SaveNow(*req, caller), resp));
   }
   grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::CollectGarbageRequest* req,
                               v1::CollectGarbageResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);
-    return Reply(registry_->CollectGarbage(*req, caller), resp);
+    return Counted(registry_, Reply(registry_->CollectGarbage(*req, caller), resp));
   }
 
  private:
@@ -90,17 +106,18 @@ class ControlService final : public v1::Control::Service {
 
 class StatusService final : public v1::Status::Service {
  public:
+  // peers == nullptr: the read-only TCP listener, whose callers act as root.
   StatusService(Registry* registry, const PeerTable* peers) : registry_(registry), peers_(peers) {}
 
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest* req,
                          v1::StatusResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
+    ZCC_STATUS_CALLER(ctx);
     *resp = registry_->GetStatus(*req, caller);
     return grpc::Status::OK;
   }
   grpc::Status ListCheckpoints(grpc::ServerContext* ctx, const v1::ListCheckpointsRequest* req,
                                v1::ListCheckpointsResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
+    ZCC_STATUS_CALLER(ctx);
     return Reply(registry_->ListCheckpoints(*req, caller), resp);
   }
 
@@ -134,7 +151,13 @@ struct Server::Impl {
   std::unique_ptr<Registry> registry;
   std::unique_ptr<ControlService> control;
   std::unique_ptr<StatusService> status;
+  std::unique_ptr<StatusService> tcp_status;
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<grpc::Server> tcp_server;
+  int tcp_port = 0;
+  std::optional<metrics::HttpExporter> http_exporter;
+  std::optional<metrics::TextfileWriter> textfile_writer;
+  std::optional<systemd::Watchdog> watchdog;
 
   absl::Mutex mu;
   bool stopping ABSL_GUARDED_BY(mu) = false;
@@ -152,7 +175,13 @@ struct Server::Impl {
       }
       stopping = true;
     }
+    (void)systemd::NotifyStopping();
+    if (watchdog.has_value()) watchdog->Stop();
     if (listener != nullptr) listener->Stop();  // no new connections
+    if (tcp_server != nullptr) {
+      tcp_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      tcp_server.reset();
+    }
     if (grpc_server != nullptr) {
       ZCC_LOG(INFO) << "shutting down: finishing in-flight requests and writes";
       grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -160,6 +189,9 @@ struct Server::Impl {
       grpc_server.reset();
     }
     if (registry != nullptr) registry->Shutdown();
+    // Exporters last: the final rendering includes the shutdown's writes.
+    if (http_exporter.has_value()) http_exporter->Stop();
+    if (textfile_writer.has_value()) textfile_writer->Stop();
     ::unlink(config.socket_path.c_str());
     absl::MutexLock lock(&mu);
     stopped = true;
@@ -173,7 +205,12 @@ Server::~Server() = default;
 
 const DaemonConfig& Server::config() const { return impl_->config; }
 
-absl::StatusOr<Server> Server::Start(DaemonConfig config) {
+int Server::status_tcp_port() const { return impl_->tcp_port; }
+int Server::metrics_http_port() const {
+  return impl_->http_exporter.has_value() ? impl_->http_exporter->port() : 0;
+}
+
+absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options) {
   config = WithDefaults(std::move(config));
   ZCC_RETURN_IF_ERROR(ValidateConfig(config));
   auto impl = std::make_unique<Impl>();
@@ -193,6 +230,8 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config) {
   impl->control = std::make_unique<ControlService>(impl->registry.get(), &impl->peers);
   impl->status = std::make_unique<StatusService>(impl->registry.get(), &impl->peers);
 
+  // The standard grpc.health.v1 service on every server built from here on.
+  grpc::EnableDefaultHealthCheckService(true);
   // zccd accepts on the unix socket itself (UnixListener) to learn each
   // connection's credentials; gRPC serves the accepted connections.
   grpc::ServerBuilder builder;
@@ -206,6 +245,44 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config) {
   }
   ZCC_ASSIGN_OR_RETURN(impl->listener, UnixListener::Bind(config.socket_path, config.socket_mode));
   impl->listener->Start(impl->grpc_server.get(), &impl->peers);
+
+  if (!options.status_tcp_listen.empty()) {
+    impl->tcp_status = std::make_unique<StatusService>(impl->registry.get(), nullptr);
+    grpc::ServerBuilder tcp;
+    tcp.AddListeningPort(options.status_tcp_listen, grpc::InsecureServerCredentials(),
+                         &impl->tcp_port);
+    tcp.RegisterService(impl->tcp_status.get());
+    impl->tcp_server = tcp.BuildAndStart();
+    if (impl->tcp_server == nullptr || impl->tcp_port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve status on ", options.status_tcp_listen));
+    }
+    ZCC_LOG(INFO) << "read-only status and health on " << options.status_tcp_listen
+                  << " (port " << impl->tcp_port << ")";
+  }
+  Registry* registry = impl->registry.get();
+  auto render = [registry] { return registry->metrics().RenderPrometheusText(); };
+  if (!options.metrics_http_listen.empty()) {
+    ZCC_ASSIGN_OR_RETURN(config::HostPort hp, config::ParseHostPort(options.metrics_http_listen));
+    metrics::HttpExporterOptions http;
+    http.host = hp.host;
+    http.port = hp.port;
+    ZCC_ASSIGN_OR_RETURN(auto exporter, metrics::HttpExporter::Start(http, render));
+    impl->http_exporter.emplace(std::move(exporter));
+    ZCC_LOG(INFO) << "metrics on http://" << hp.host << ":" << impl->http_exporter->port()
+                  << "/metrics";
+  }
+  if (!options.metrics_textfile_dir.empty()) {
+    metrics::TextfileWriterOptions textfile;
+    textfile.dir = options.metrics_textfile_dir;
+    textfile.interval = options.metrics_textfile_interval;
+    ZCC_ASSIGN_OR_RETURN(auto writer, metrics::TextfileWriter::Start(textfile, render));
+    impl->textfile_writer.emplace(std::move(writer));
+  }
+  ZCC_ASSIGN_OR_RETURN(auto watchdog,
+                       systemd::Watchdog::Start([registry] { return registry->Healthy(); }));
+  impl->watchdog.emplace(std::move(watchdog));
+  (void)systemd::NotifyReady();
   ZCC_LOG(INFO) << "zccd serving on unix:" << config.socket_path << ", default root "
                 << config.default_root;
   return Server(std::move(impl));

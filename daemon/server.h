@@ -8,15 +8,35 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/config.h"
 
 namespace zcc::daemon {
 
+// Optional listeners and exporters besides the unix socket.
+struct ServerOptions {
+  // host:port for a read-only TCP listener serving the Status service and the
+  // standard gRPC health service (for probes); empty = off. Its callers see
+  // every job, as root would: bind it to a trusted address.
+  std::string status_tcp_listen;
+  // host:port for Prometheus scraping (GET /metrics); empty = off.
+  std::string metrics_http_listen;
+  // node_exporter textfile-collector directory; empty = off.
+  std::string metrics_textfile_dir;
+  absl::Duration metrics_textfile_interval = absl::Seconds(15);
+};
+
 class Server {
  public:
   // Validates `config`, refuses to start when another zccd answers on the
-  // socket, replaces a stale socket file, and starts serving.
-  static absl::StatusOr<Server> Start(DaemonConfig config);
+  // socket, replaces a stale socket file, and starts serving. Tells systemd
+  // READY=1 (when run under it) and feeds its watchdog while healthy.
+  static absl::StatusOr<Server> Start(DaemonConfig config, ServerOptions options = {});
+
+  // The TCP status listener's port (0 when off); useful with port 0.
+  int status_tcp_port() const;
+  // The metrics HTTP port (0 when off).
+  int metrics_http_port() const;
 
   Server(Server&&) noexcept;
   Server& operator=(Server&&) noexcept;

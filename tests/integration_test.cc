@@ -241,6 +241,10 @@ TEST_CASE("zccctl status, list and verify against a live daemon") {
   std::tie(code, out) = Zccctl(dir, daemon, {"list", "no-such-job"});
   CHECK(code == 1);
 
+  std::tie(code, out) = Zccctl(dir, daemon, {"watch", "itest", "--interval", "0.1", "--count", "3"});
+  CHECK(code == 0);
+  CHECK(absl::StrContains(out, "job itest"));
+
   std::tie(code, out) = Zccctl(dir, daemon, {"save", "itest"});
   CHECK(code == 0);
   CHECK(absl::StrContains(out, "1 rank(s)"));

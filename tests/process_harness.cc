@@ -35,7 +35,8 @@ std::string MakeTempDir(const std::string& tag) {
   return tmpl;
 }
 
-Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path, int uid)
+Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path, int uid,
+                       std::vector<std::string> env)
     : log_path_(std::move(log_path)) {
   pid_ = fork();
   if (pid_ == 0) {
@@ -49,6 +50,7 @@ Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path, int 
       std::fprintf(stderr, "cannot become uid %d: %s\n", uid, std::strerror(errno));
       _exit(126);
     }
+    for (std::string& e : env) putenv(e.data());
     std::vector<char*> args;
     for (std::string& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
@@ -134,7 +136,8 @@ bool Daemon::Start() {
                                    "--client_timeout_s=5",
                                    "--commit_timeout_s=60"};
   for (const auto& f : options_.extra_flags) argv.push_back(f);
-  process_ = std::make_unique<Subprocess>(argv, absl::StrCat(dir_, "/", options_.name, ".", starts_++, ".log"));
+  process_ = std::make_unique<Subprocess>(
+      argv, absl::StrCat(dir_, "/", options_.name, ".", starts_++, ".log"), -1, options_.env);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     if (!process_->running()) return false;

@@ -27,7 +27,8 @@ std::string MakeTempDir(const std::string& tag);
 class Subprocess {
  public:
   // `uid` >= 0 runs the child as that uid and gid (the test runs as root).
-  Subprocess(std::vector<std::string> argv, std::string log_path, int uid = -1);
+  Subprocess(std::vector<std::string> argv, std::string log_path, int uid = -1,
+             std::vector<std::string> env = {});
   ~Subprocess();
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
@@ -53,6 +54,7 @@ struct DaemonOptions {
   std::vector<std::string> extra_flags;
   std::string root;  // checkpoint root; empty = <dir>/ckpt
   std::string name = "zccd";  // socket and log file names inside the directory
+  std::vector<std::string> env;  // extra "NAME=value" environment entries
 };
 
 // A zccd with its own socket, shm prefix and checkpoint root.

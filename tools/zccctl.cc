@@ -4,6 +4,7 @@
 //   zccctl [--socket PATH] [--json] list JOB [--root ROOT]
 //   zccctl [--socket PATH] save JOB
 //   zccctl [--socket PATH] [--json] gc JOB [--root ROOT]
+//   zccctl [--socket PATH] watch [JOB] [--interval S] [--count N]
 //   zccctl verify STEP_DIR            (offline: reads the files, no daemon)
 //
 // Exit codes: 0 success, 1 the daemon or the check reported an error,
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,8 @@ const char kUsage[] =
     "  list JOB [--root R]   committed checkpoints of JOB\n"
     "  save JOB              persist the next snapshot of every local rank of JOB\n"
     "  gc JOB [--root R]     apply the retention policy now, remove abandoned partials\n"
+    "  watch [JOB]           live status, refreshed every --interval seconds (default 2)\n"
+    "                        until interrupted, or --count times\n"
     "  verify STEP_DIR       check a checkpoint's manifests and checksums offline\n"
     "exit codes: 0 ok, 1 error reported, 2 usage, 3 zccd not reachable\n";
 
@@ -128,6 +132,8 @@ int main(int argc, char** argv) {
   std::string socket = DefaultSocketPath();
   std::string root;
   bool json = false;
+  double interval_s = 2;
+  long count = -1;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -137,6 +143,10 @@ int main(int argc, char** argv) {
       socket = argv[++i];
     } else if (a == "--root" && i + 1 < argc) {
       root = argv[++i];
+    } else if (a == "--interval" && i + 1 < argc) {
+      interval_s = std::atof(argv[++i]);
+    } else if (a == "--count" && i + 1 < argc) {
+      count = std::atol(argv[++i]);
     } else if (a == "-h" || a == "--help") {
       std::printf("%s", kUsage);
       return kExitOk;
@@ -164,6 +174,28 @@ int main(int argc, char** argv) {
   auto deadline = [] {
     return std::chrono::system_clock::now() + std::chrono::seconds(10);
   };
+  if (cmd == "watch") {
+    if (args.size() > 2 || interval_s <= 0) return kExitUsage;
+    auto stub = zcc::v1::Status::NewStub(channel);
+    for (long i = 0; count < 0 || i < count; ++i) {
+      zcc::v1::StatusRequest req;
+      if (args.size() == 2) req.set_job_id(args[1]);
+      zcc::v1::StatusResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      const grpc::Status st = stub->GetStatus(&ctx, req, &resp);
+      if (!st.ok()) return Fail(st);
+      if (json) {
+        PrintJson(resp);
+      } else {
+        if (isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");  // clear the screen
+        PrintStatus(resp);
+      }
+      std::fflush(stdout);
+      if (count < 0 || i + 1 < count) usleep(static_cast<useconds_t>(interval_s * 1e6));
+    }
+    return kExitOk;
+  }
   if (cmd == "status") {
     if (args.size() > 2) return kExitUsage;
     auto stub = zcc::v1::Status::NewStub(channel);
