@@ -41,11 +41,13 @@ rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
 for t in "${targets[@]}"; do
   name=${t##*:}
+  path=${t#//}
+  path=${path/://}
   if [[ -n $only ]] && ! grep -qE "$only" <<<"$name" && ! grep -qE "$only" <<<"$name:"; then
     continue
   fi
   echo "== $name" >&2
-  ZCC_BENCH_DIR="$dir" ZCC_ZCCD="$bin/daemon/zccd" "$bin/bench/$name" $quick --only="$only" \
+  ZCC_BENCH_DIR="$dir" ZCC_ZCCD="$bin/daemon/zccd" "$bin/$path" $quick --only="$only" \
     | tee /dev/stderr | sed -n 's/^BENCH_ROW //p' >>"$rows" || echo "bench: $name failed" >&2
 done
 rm -rf "$dir"/zcc-bench-data 2>/dev/null || true

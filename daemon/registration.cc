@@ -1,11 +1,13 @@
 #include "daemon/registration.h"
 
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/validate.h"
 #include "format/checksum.h"
+#include "sharding/shard_assigner.h"
 
 namespace zcc::daemon {
 namespace {
@@ -94,7 +96,44 @@ absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterReq
 // Decides which tensors this rank writes (and therefore stages): its own, and
 // the replicated ones the shard assigner gives it.
 absl::Status AssignStaged(const v1::RegisterRequest& req, std::vector<RegisteredTensor>* tensors) {
-  for (RegisteredTensor& t : *tensors) t.staged = true;
+  if (static_cast<size_t>(req.tensors_size()) != tensors->size()) {
+    return absl::InternalError("AssignStaged: tensors do not match the request");
+  }
+  std::vector<sharding::ShardTensor> specs;
+  specs.reserve(tensors->size());
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    const v1::ReplicaGroup& r = req.tensors(static_cast<int>(i)).replica();
+    sharding::ShardTensor s;
+    s.name = (*tensors)[i].name;
+    s.nbytes = (*tensors)[i].nbytes;
+    switch (r.kind()) {
+      case v1::ReplicaGroup::NONE:
+        s.group.kind = sharding::ReplicaKind::kNone;
+        break;
+      case v1::ReplicaGroup::DATA_PARALLEL:
+        s.group.kind = sharding::ReplicaKind::kDataParallel;
+        break;
+      case v1::ReplicaGroup::EXPERT_DATA_PARALLEL:
+        s.group.kind = sharding::ReplicaKind::kExpertDataParallel;
+        if (r.expert_id() < 0 || r.expert_id() > std::numeric_limits<uint32_t>::max()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor '", s.name, "': expert_id ", r.expert_id(), " is not a global expert id"));
+        }
+        s.group.expert_id = static_cast<uint32_t>(r.expert_id());
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", s.name, "': unknown replica kind ", static_cast<int>(r.kind())));
+    }
+    if (s.group.kind != sharding::ReplicaKind::kNone) {
+      s.group.group_size = r.group_size();
+      s.group.rank_in_group = r.rank_in_group();
+    }
+    specs.push_back(std::move(s));
+  }
+  auto plan = sharding::PlanRankWrites(specs);
+  if (!plan.ok()) return absl::InvalidArgumentError(plan.status().message());
+  for (size_t i = 0; i < tensors->size(); ++i) (*tensors)[i].staged = plan->writes[i];
   return absl::OkStatus();
 }
 

@@ -1,0 +1,61 @@
+// Internal to //ema: a fixed set of persistent threads that run one function
+// together, so that a parallel EMA step costs a wake-up and not a thread start.
+//
+// RunOnAll(fn) calls fn(i) once for every i in [0, size()): i = 0 on the
+// calling thread, the others on the group's worker threads, and returns when
+// all calls have returned. Whatever fn(i) wrote is visible to the caller then.
+//
+// Thread-safety: RunOnAll may be called by one thread at a time (it is not
+// reentrant); size() from any thread. Ownership: the group owns its
+// size() - 1 worker threads; the destructor stops and joins them (it must not
+// run concurrently with RunOnAll).
+#ifndef ZCC_EMA_WORKER_GROUP_H_
+#define ZCC_EMA_WORKER_GROUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace zcc::ema::internal {
+
+class WorkerGroup {
+ public:
+  // Starts `size` - 1 worker threads. InvalidArgument unless 1 <= size <= 1024;
+  // ResourceExhausted (or the errno's code) when a thread cannot be started.
+  static absl::StatusOr<std::unique_ptr<WorkerGroup>> Create(int size);
+
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  int size() const { return size_; }
+
+  void RunOnAll(absl::FunctionRef<void(int)> fn);
+
+ private:
+  explicit WorkerGroup(int size) : size_(size) {}
+  void WorkerLoop(int index);
+
+  const int size_;
+
+  absl::Mutex mu_;
+  // Bumped by RunOnAll to hand out a new function; workers remember the last
+  // generation they ran.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The function of the current generation; valid while RunOnAll waits.
+  const absl::FunctionRef<void(int)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // workers still inside fn_
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::vector<std::thread> workers_;  // started by Create, joined by the destructor
+};
+
+}  // namespace zcc::ema::internal
+
+#endif  // ZCC_EMA_WORKER_GROUP_H_
