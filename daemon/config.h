@@ -38,6 +38,8 @@ struct DaemonConfig {
   // A rank whose trainer has not sent a heartbeat for this long is dropped.
   absl::Duration client_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // Threads per rank for EMA updates.
+  uint32_t ema_threads = 2;
 };
 
 // /run/zcc/zccd.sock for root; $XDG_RUNTIME_DIR/zcc/zccd.sock or

@@ -224,6 +224,9 @@ void Job::FillStatus(v1::JobStatus* out) const {
     r->set_bytes_per_snapshot(session->shards().layout.slot_bytes);
     r->set_slots_in_use(c.slots_in_use);
     r->set_last_error(c.last_error);
+    r->set_last_ema_step(c.last_ema_step);
+    r->set_ema_skipped_nonfinite(c.ema_skipped_nonfinite);
+    r->set_ema_tensors(c.ema_tensors);
   }
 }
 

@@ -114,6 +114,7 @@ int main(int argc, char** argv) {
     config = *std::move(loaded);
   }
   ApplyFlags(config);
+  config.daemon.ema_threads = config.ops.ema_threads;
   config.daemon = zcc::daemon::WithDefaults(config.daemon);
   if (absl::Status st = zcc::config::ValidateFullConfig(config); !st.ok()) {
     std::fprintf(stderr, "zccd: %s\n", std::string(st.message()).c_str());

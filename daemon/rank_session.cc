@@ -3,12 +3,18 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 #include <cerrno>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/futex.h"
+#include "checkpoint/reader.h"
+#include "common/file_util.h"
 #include "common/log.h"
+#include "common/status.h"
+#include "format/manifest.h"
 
 namespace zcc::daemon {
 
@@ -21,14 +27,19 @@ constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
 
 RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
                          shm::Segment segment, RankSessionOptions options,
-                         PersistCallback on_persisted)
+                         PersistCallback on_persisted, std::unique_ptr<ema::EmaUpdater> ema,
+                         std::vector<size_t> ema_index)
     : shards_(std::move(shards)),
       registered_(std::move(registered)),
       segment_(std::move(segment)),
       options_(std::move(options)),
       on_persisted_(std::move(on_persisted)),
       registered_ns_(shm::MonotonicNanos()),
-      pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)) {}
+      pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)),
+      ema_(std::move(ema)),
+      ema_index_(std::move(ema_index)) {
+  for (size_t i : ema_index_) ema_offsets_.push_back(registered_[i].slot_offset);
+}
 
 RankSession::~RankSession() { Stop(); }
 
@@ -120,6 +131,10 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
   last_snapshot_step_.store(slot.step);
   if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
+  {
+    absl::MutexLock lock(&ema_mu_);
+    if (ema_ != nullptr) UpdateEma(slot);
+  }
   if (slot.kind != shm::SnapshotKind::kFull) return std::nullopt;
   last_full_slot_.store(slot.index);
   last_full_step_.store(slot.step);
@@ -141,6 +156,67 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
     SetError(absl::StrCat("persist of step ", slot.step, " failed: ", stats.status().message()));
   }
   return event;
+}
+
+void RankSession::UpdateEma(const shm::ReadySlot& slot) {
+  const uint32_t interval = std::max<uint32_t>(1, options_.ema_interval);
+  if (slot.step % interval != 0 || slot.step <= ema_->last_step()) return;
+  const absl::Time start = absl::Now();
+  auto result = ema_->Update(slot_data(slot.index), shards_.layout.slot_bytes, ema_offsets_, slot.step);
+  metrics::ZccMetrics* m = options_.metrics;
+  if (!result.ok()) {
+    if (m != nullptr) m->errors(metrics::ErrorKind::kEma).Increment();
+    SetError(absl::StrCat("EMA update at step ", slot.step, " failed: ", result.status().message()));
+    return;
+  }
+  if (!result->applied) {
+    SetError(absl::StrCat("EMA update at step ", slot.step, " skipped: tensor '",
+                          result->nonfinite_tensor, "' holds NaN or Inf"));
+    return;
+  }
+  if (m != nullptr) {
+    m->ema_seconds().ObserveDuration(absl::Now() - start);
+    uint64_t source_bytes = 0;
+    for (size_t i : ema_index_) source_bytes += registered_[i].nbytes;
+    m->ema_bytes().Increment(source_bytes + 2 * ema_->state_bytes());
+  }
+}
+
+absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world_size,
+                                     int64_t step) {
+  absl::MutexLock lock(&ema_mu_);
+  if (ema_ == nullptr) return absl::OkStatus();
+  // Which rank's shards hold each EMA tensor.
+  std::map<std::string, uint32_t> source;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    const std::string path = JoinPath(step_dir, format::ManifestFileName(r));
+    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+    ZCC_ASSIGN_OR_RETURN(format::RankManifest manifest, format::DecodeRankManifest(text));
+    for (const format::ManifestTensor& t : manifest.tensors) {
+      if (t.kind == "ema") source.emplace(t.name, r);
+    }
+  }
+  std::vector<std::vector<float>> data(ema_->num_tensors());
+  std::map<uint32_t, std::vector<checkpoint::ReadTarget>> by_rank;
+  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+    const RegisteredTensor& t = registered_[ema_index_[i]];
+    auto it = source.find(t.name);
+    if (it == source.end()) {
+      ZCC_LOG(WARNING) << "job " << shards_.job_id << " rank " << shards_.rank << ": "
+                       << step_dir << " holds no EMA of '" << t.name
+                       << "'; the EMA starts afresh from the next snapshot";
+      return absl::OkStatus();
+    }
+    data[i].resize(ema_->tensor(i).elements);
+    by_rank[it->second].push_back({t.name, "ema", format::DType::kF32, t.shape,
+                                   reinterpret_cast<uint8_t*>(data[i].data()),
+                                   data[i].size() * sizeof(float)});
+  }
+  for (const auto& [rank, targets] : by_rank) {
+    ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, rank, targets));
+  }
+  std::vector<absl::Span<const float>> spans(data.begin(), data.end());
+  return ema_->Load(spans, step);
 }
 
 void RankSession::SetError(std::string error) {
@@ -212,6 +288,14 @@ RankCounters RankSession::counters() const {
   c.snapshots_ingested = snapshots_ingested_.load();
   c.snapshots_skipped = cb->snapshots_skipped.load(std::memory_order_relaxed);
   c.persist_failures = persist_failures_.load();
+  {
+    absl::MutexLock lock(&ema_mu_);
+    if (ema_ != nullptr) {
+      c.last_ema_step = ema_->last_step();
+      c.ema_skipped_nonfinite = ema_->counters().skipped_nonfinite;
+      c.ema_tensors = ema_->num_tensors();
+    }
+  }
   for (uint32_t i = 0; i < options_.num_slots; ++i) {
     if (cb->slots[i].state.load(std::memory_order_relaxed) != S(SlotState::kFree)) ++c.slots_in_use;
   }

@@ -29,6 +29,7 @@
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
 #include "format/dtype.h"
+#include "ema/ema_updater.h"
 #include "metrics/metrics.h"
 #include "shm/segment.h"
 
@@ -55,6 +56,7 @@ struct RankSessionOptions {
   bool persist_on_failure = false;
   int32_t pid = 0;
   metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the session
+  uint32_t ema_interval = 1;  // EMA every N-th snapshotted step (0 = every step)
   uint64_t generation = 0;
 };
 
@@ -70,6 +72,9 @@ using PersistCallback = std::function<void(const PersistEvent&)>;
 struct RankCounters {
   int64_t last_snapshot_step = -1;
   int64_t last_persisted_step = -1;
+  int64_t last_ema_step = -1;
+  uint64_t ema_skipped_nonfinite = 0;
+  uint64_t ema_tensors = 0;
   uint64_t snapshots_ingested = 0;
   uint64_t snapshots_skipped = 0;   // as counted by the client
   uint64_t persist_failures = 0;
@@ -82,8 +87,11 @@ class RankSession {
  public:
   // `shards` describes the staged tensors (what this rank writes);
   // `registered` every tensor the trainer registered, in its order.
+  // `ema` (may be null) keeps the EMA of the tensors `registered[ema_index[i]]`
+  // (staged parameters).
   RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
-              shm::Segment segment, RankSessionOptions options, PersistCallback on_persisted);
+              shm::Segment segment, RankSessionOptions options, PersistCallback on_persisted,
+              std::unique_ptr<ema::EmaUpdater> ema = nullptr, std::vector<size_t> ema_index = {});
   ~RankSession();
   RankSession(const RankSession&) = delete;
   RankSession& operator=(const RankSession&) = delete;
@@ -122,6 +130,11 @@ class RankSession {
 
   const checkpoint::RankShards& shards() const { return shards_; }
   const std::vector<RegisteredTensor>& registered() const { return registered_; }
+
+  // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
+  // shards). OK and a no-op without an EMA; a checkpoint without EMA tensors
+  // leaves the EMA to start afresh (logged).
+  absl::Status RestoreEma(const std::string& step_dir, uint32_t world_size, int64_t step);
   const RankSessionOptions& options() const { return options_; }
   const std::string& shm_name() const { return segment_.name(); }
   uint64_t segment_bytes() const { return segment_.size(); }
@@ -135,6 +148,7 @@ class RankSession {
   // the slot has been given back (commit and retention do not need the slot).
   std::optional<PersistEvent> Process(const shm::ReadySlot& slot);
   void SetError(std::string error);
+  void UpdateEma(const shm::ReadySlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ema_mu_);
 
   const checkpoint::RankShards shards_;
   const std::vector<RegisteredTensor> registered_;
@@ -143,6 +157,11 @@ class RankSession {
   const PersistCallback on_persisted_;
   const uint64_t registered_ns_;
   const bool pid_visible_;
+  // The EMA is touched by the ingest thread (update, persist) and by restores.
+  mutable absl::Mutex ema_mu_;
+  std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(ema_mu_);
+  const std::vector<size_t> ema_index_;
+  std::vector<uint64_t> ema_offsets_;  // slot offsets of the EMA tensors
 
   std::atomic<bool> save_requested_{false};
   std::atomic<bool> stopping_{false};

@@ -161,6 +161,32 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   }
   // Checkpoints of this job id under this root belong to whoever made them.
   ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
+  // The EMA of the staged parameters the trainer marked eligible.
+  std::unique_ptr<ema::EmaUpdater> ema;
+  std::vector<size_t> ema_index;
+  if (req.ema_decay() != 0) {
+    if (!(req.ema_decay() > 0 && req.ema_decay() < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ema_decay ", req.ema_decay(), " is outside (0, 1)"));
+    }
+    std::vector<ema::EmaTensorSpec> specs;
+    for (size_t i = 0; i < registered.size(); ++i) {
+      const RegisteredTensor& t = registered[i];
+      if (!t.staged || !t.ema_eligible || t.group != shm::FileGroup::kModel) continue;
+      if (t.dtype != format::DType::kF32 && t.dtype != format::DType::kBF16 &&
+          t.dtype != format::DType::kF16) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name, "' is EMA-eligible but ", format::DTypeName(t.dtype),
+            "; an EMA needs F32, BF16 or F16 parameters"));
+      }
+      specs.push_back({t.name, t.dtype, t.nbytes / format::DTypeSize(t.dtype)});
+      ema_index.push_back(i);
+    }
+    ema::EmaOptions ema_options;
+    ema_options.decay = req.ema_decay();
+    ema_options.threads = static_cast<int>(config_.ema_threads);
+    ZCC_ASSIGN_OR_RETURN(ema, ema::EmaUpdater::Create(std::move(specs), ema_options));
+  }
   const uint64_t slot_bytes = shards.layout.slot_bytes;
   const uint64_t segment_bytes = shm::SegmentBytes(num_slots, slot_bytes);
   if (slot_bytes > (~uint64_t{0}) / shm::kMaxSlots) {
@@ -226,10 +252,12 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     options.pid = caller.pid;
     options.generation = generation;
     options.metrics = &metrics_;
+    options.ema_interval = req.ema_interval();
     Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
     auto session = std::make_shared<RankSession>(
         shards, registered, std::move(segment), options,
-        [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); });
+        [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); }, std::move(ema),
+        std::move(ema_index));
     session->Start();
     replaced = job->PutRank(session);
 
@@ -370,6 +398,11 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
     metrics_.errors(metrics::ErrorKind::kRestore).Increment();
     job->EndRestore(req.rank(), choice.step);
     return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(choice.step)));
+  }
+  if (absl::Status st = session->RestoreEma(step_dir, record.world_size, choice.step); !st.ok()) {
+    metrics_.errors(metrics::ErrorKind::kRestore).Increment();
+    job->EndRestore(req.rank(), choice.step);
+    return Annotate(st, absl::StrCat("restore of the EMA from ", format::StepDirName(choice.step)));
   }
   v1::RestoreResponse resp;
   resp.set_step(choice.step);

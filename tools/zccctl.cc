@@ -90,12 +90,12 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
       std::printf("\n");
     }
     if (!job.last_error().empty()) std::printf("  last error: %s\n", job.last_error().c_str());
-    std::printf("  %-5s %-8s %-6s %-10s %-10s %-9s %-8s %-6s %s\n", "rank", "pid", "alive",
-                "snapshot", "persisted", "ingested", "skipped", "slots", "error");
+    std::printf("  %-5s %-8s %-6s %-10s %-10s %-10s %-9s %-8s %-6s %s\n", "rank", "pid", "alive",
+                "snapshot", "ema", "persisted", "ingested", "skipped", "slots", "error");
     for (const auto& r : job.ranks()) {
-      std::printf("  %-5u %-8d %-6s %-10s %-10s %-9llu %-8llu %-6u %s\n", r.rank(), r.pid(),
+      std::printf("  %-5u %-8d %-6s %-10s %-10s %-10s %-9llu %-8llu %-6u %s\n", r.rank(), r.pid(),
                   r.client_alive() ? "yes" : "no", Step(r.last_snapshot_step()).c_str(),
-                  Step(r.last_persisted_step()).c_str(),
+                  Step(r.last_ema_step()).c_str(), Step(r.last_persisted_step()).c_str(),
                   static_cast<unsigned long long>(r.snapshots_ingested()),
                   static_cast<unsigned long long>(r.snapshots_skipped()), r.slots_in_use(),
                   r.last_error().c_str());
