@@ -90,13 +90,38 @@ void Job::OnPersisted(const PersistEvent& event) {
     return;
   }
   pending_.emplace(event.step, absl::Now());
-  TryCommitLocked(event.step);
+  CommitPendingLocked(event.step);
 }
 
-void Job::TryCommitLocked(int64_t step) {
+void Job::CommitPendingLocked(int64_t up_to) {
+  std::vector<int64_t> steps;
+  for (const auto& [step, since] : pending_) {
+    if (step <= up_to) steps.push_back(step);
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!TryCommitLocked(steps[i])) continue;
+    for (size_t j = 0; j < i; ++j) {
+      if (pending_.count(steps[j]) > 0) {
+        DropPendingLocked(steps[j], absl::StrCat("superseded by the commit of step ", steps[i],
+                                                 " before every rank wrote it"));
+      }
+    }
+  }
+}
+
+void Job::DropPendingLocked(int64_t step, const std::string& why) {
+  ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " " << why;
+  pending_.erase(step);
+  written_.erase(step);
+  const absl::Status removed =
+      RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
+  if (!removed.ok()) ZCC_LOG(WARNING) << removed;
+}
+
+bool Job::TryCommitLocked(int64_t step) {
   if (recently_committed_.count(step) > 0) {
     pending_.erase(step);
-    return;
+    return false;
   }
   const absl::Time commit_start = absl::Now();
   auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size);
@@ -105,9 +130,9 @@ void Job::TryCommitLocked(int64_t step) {
     SetError(absl::StrCat("commit of step ", step, " failed: ", result.status().message()));
     pending_.erase(step);
     written_.erase(step);
-    return;
+    return false;
   }
-  if (result->outcome != checkpoint::CommitOutcome::kCommitted) return;
+  if (result->outcome != checkpoint::CommitOutcome::kCommitted) return false;
 
   const checkpoint::WriteStats written = written_[step];
   const absl::Duration commit_time = absl::Now() - commit_start;
@@ -128,6 +153,7 @@ void Job::TryCommitLocked(int64_t step) {
 
   auto retained = ApplyRetentionLocked();
   if (!retained.ok()) SetError(absl::StrCat("retention failed: ", retained.status().message()));
+  return true;
 }
 
 absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetentionLocked() {
@@ -159,27 +185,20 @@ void Job::Tick() {
   }
   if (pending_.empty()) return;
   const absl::Time now = absl::Now();
-  std::vector<int64_t> steps;
-  for (const auto& [step, since] : pending_) steps.push_back(step);
-  for (int64_t step : steps) {
-    auto it = pending_.find(step);
-    if (it == pending_.end()) continue;
-    if (now - it->second > options_.commit_timeout) {
-      if (options_.metrics != nullptr) {
-        options_.metrics->errors(metrics::ErrorKind::kCommitTimeout).Increment();
-      }
-      SetError(absl::StrCat("commit of step ", step, " timed out after ",
-                            absl::FormatDuration(options_.commit_timeout),
-                            " waiting for other ranks' manifests; it will be removed"));
-      pending_.erase(it);
-      written_.erase(step);
-      const absl::Status removed =
-          RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
-      if (!removed.ok()) ZCC_LOG(WARNING) << removed;
-      continue;
-    }
-    TryCommitLocked(step);
+  std::vector<int64_t> expired;
+  for (const auto& [step, since] : pending_) {
+    if (now - since > options_.commit_timeout) expired.push_back(step);
   }
+  for (int64_t step : expired) {
+    if (options_.metrics != nullptr) {
+      options_.metrics->errors(metrics::ErrorKind::kCommitTimeout).Increment();
+    }
+    SetError(absl::StrCat("commit of step ", step, " timed out after ",
+                          absl::FormatDuration(options_.commit_timeout),
+                          " waiting for other ranks' manifests; it will be removed"));
+    DropPendingLocked(step, "abandoned: commit timed out");
+  }
+  if (!pending_.empty()) CommitPendingLocked(pending_.rbegin()->first);
 }
 
 void Job::BeginRestore(uint32_t rank, int64_t step) {

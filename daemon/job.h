@@ -71,7 +71,13 @@ class Job {
   absl::StatusOr<checkpoint::RetentionResult> CollectGarbage();
 
  private:
-  void TryCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tries the pending steps up to and including `up_to`, oldest first, so that
+  // `latest` only moves forward. Once a step commits, older pending steps
+  // that still miss a rank are superseded: dropped and their partials removed.
+  void CommitPendingLocked(int64_t up_to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when `step` committed.
+  bool TryCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropPendingLocked(int64_t step, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetError(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<checkpoint::RetentionResult> ApplyRetentionLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

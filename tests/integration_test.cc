@@ -193,7 +193,8 @@ TEST_CASE("the trainer survives zccd being killed and re-registers with a new on
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
-                        {"--steps=100", "--save_every=5", "--step_ms=40", "--daemon_timeout_s=1"});
+                        {"--steps=100", "--save_every=5", "--step_ms=40", "--daemon_timeout_s=1",
+                         "--block"});
   REQUIRE(t->WaitForOutput("step=10 ", absl::Seconds(30)));
   daemon.Kill();
   CHECK_FALSE(ShmSegments(daemon.shm_prefix()).empty());  // a crash leaves its segment behind
