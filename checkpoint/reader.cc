@@ -1,41 +1,26 @@
 #include "checkpoint/reader.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "common/fd.h"
+#include "checkpoint/shard_file_reader.h"
 #include "common/file_util.h"
 #include "common/status.h"
 #include "format/checksum.h"
 #include "format/safetensors.h"
+#include "storage/aligned_buffer.h"
+#include "storage/io_pipeline.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::checkpoint {
 namespace {
 
-constexpr size_t kReadChunk = 8 << 20;
-
-absl::Status PreadAll(int fd, uint8_t* dst, uint64_t n, uint64_t offset, const std::string& path) {
-  while (n > 0) {
-    const size_t len = n < kReadChunk ? static_cast<size_t>(n) : kReadChunk;
-    const ssize_t r = ::pread(fd, dst, len, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("read ", path));
-    }
-    if (r == 0) return absl::DataLossError(absl::StrCat(path, " ends early at byte ", offset));
-    dst += r;
-    offset += static_cast<uint64_t>(r);
-    n -= static_cast<uint64_t>(r);
-  }
-  return absl::OkStatus();
+storage::Storage& StorageOf(const IoOptions& options) {
+  return options.storage != nullptr ? *options.storage : *storage::DefaultStorage();
 }
 
 absl::StatusOr<format::RankManifest> ReadManifest(const std::string& step_dir, uint32_t rank) {
@@ -49,78 +34,67 @@ absl::StatusOr<format::RankManifest> ReadManifest(const std::string& step_dir, u
   return m;
 }
 
+// The first `n` bytes of a file (fewer if it is shorter), read through an
+// aligned buffer so that direct files work too.
+absl::StatusOr<std::string> ReadHead(storage::File& file, uint64_t n) {
+  const uint64_t align = file.direct() ? storage::kDirectIoAlignment : 1;
+  auto buf = storage::AlignedBuffer::Uninitialized(storage::AlignUp(n, align));
+  ZCC_ASSIGN_OR_RETURN(size_t got, storage::ReadAt(file, 0, buf.data(), buf.size()));
+  return std::string(reinterpret_cast<const char*>(buf.data()), std::min<uint64_t>(got, n));
+}
+
 // An open shard file whose safetensors header has been checked against the
 // manifest entries that point into it.
 struct OpenShard {
-  UniqueFd fd;
-  std::string path;
+  std::unique_ptr<storage::File> file;
+  uint64_t size = 0;
 };
 
-absl::StatusOr<OpenShard> OpenAndCheckShard(const std::string& step_dir,
-                                            const format::ManifestFile& file,
-                                            const std::vector<const format::ManifestTensor*>& in_file) {
+absl::StatusOr<OpenShard> OpenAndCheckShard(
+    const std::string& step_dir, const format::ManifestFile& file,
+    const std::vector<const format::ManifestTensor*>& in_file, const IoOptions& options) {
+  const std::string path = JoinPath(step_dir, file.name);
+  storage::OpenOptions open;
+  open.direct = options.direct_io;
+  open.queue_depth = std::max<uint32_t>(options.queue_depth, 1);
   OpenShard shard;
-  shard.path = JoinPath(step_dir, file.name);
-  shard.fd = UniqueFd(::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!shard.fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", shard.path));
-  struct stat st;
-  if (::fstat(shard.fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", shard.path));
-  if (static_cast<uint64_t>(st.st_size) != file.bytes) {
-    return absl::DataLossError(absl::StrCat(shard.path, " is ", st.st_size,
+  ZCC_ASSIGN_OR_RETURN(shard.file, StorageOf(options).OpenForRead(path, open));
+  ZCC_ASSIGN_OR_RETURN(shard.size, shard.file->Size());
+  if (shard.size != file.bytes) {
+    return absl::DataLossError(absl::StrCat(path, " is ", shard.size,
                                             " bytes; the manifest says ", file.bytes));
   }
-  std::string first8(8, '\0');
-  ZCC_RETURN_IF_ERROR(PreadAll(shard.fd.get(), reinterpret_cast<uint8_t*>(first8.data()), 8, 0,
-                               shard.path));
-  auto need = format::HeaderBytesNeeded(first8, file.bytes);
-  if (!need.ok()) return absl::DataLossError(absl::StrCat(shard.path, ": ", need.status().message()));
-  std::string header(*need, '\0');
-  ZCC_RETURN_IF_ERROR(
-      PreadAll(shard.fd.get(), reinterpret_cast<uint8_t*>(header.data()), *need, 0, shard.path));
-  auto decoded = format::DecodeSafetensorsHeader(header, file.bytes);
+  // One read covers the header of any file zcc writes; bigger ones take two.
+  ZCC_ASSIGN_OR_RETURN(std::string prefix,
+                       ReadHead(*shard.file, std::min<uint64_t>(shard.size, 64 << 10)));
+  auto need = format::HeaderBytesNeeded(prefix, file.bytes);
+  if (!need.ok()) return absl::DataLossError(absl::StrCat(path, ": ", need.status().message()));
+  if (*need > prefix.size()) {
+    ZCC_ASSIGN_OR_RETURN(prefix, ReadHead(*shard.file, *need));
+    if (prefix.size() < *need) {
+      return absl::DataLossError(absl::StrCat(path, " ends early at byte ", prefix.size()));
+    }
+  }
+  prefix.resize(*need);
+  auto decoded = format::DecodeSafetensorsHeader(prefix, file.bytes);
   if (!decoded.ok()) {
-    return absl::DataLossError(absl::StrCat(shard.path, ": ", decoded.status().message()));
+    return absl::DataLossError(absl::StrCat(path, ": ", decoded.status().message()));
   }
   std::map<std::string, const format::SafetensorsTensor*> by_name;
   for (const auto& t : decoded->tensors) by_name[t.name] = &t;
   if (by_name.size() != in_file.size()) {
-    return absl::DataLossError(absl::StrCat(shard.path, " holds ", by_name.size(),
+    return absl::DataLossError(absl::StrCat(path, " holds ", by_name.size(),
                                             " tensors; the manifest lists ", in_file.size()));
   }
   for (const format::ManifestTensor* mt : in_file) {
     auto it = by_name.find(mt->name);
     if (it == by_name.end() || it->second->dtype != mt->dtype || it->second->shape != mt->shape ||
         decoded->data_start + it->second->begin != mt->offset) {
-      return absl::DataLossError(absl::StrCat(shard.path, ": header and manifest disagree on '",
+      return absl::DataLossError(absl::StrCat(path, ": header and manifest disagree on '",
                                               mt->name, "'"));
     }
   }
   return shard;
-}
-
-// Reads one tensor into `dst` (or a scratch buffer when null) and checks it.
-absl::Status ReadAndCheckTensor(const OpenShard& shard, const format::ManifestTensor& t,
-                                uint8_t* dst, std::vector<uint8_t>* scratch) {
-  format::Xxh3Stream hash;
-  uint64_t done = 0;
-  while (done < t.nbytes) {
-    const uint64_t len = std::min<uint64_t>(kReadChunk, t.nbytes - done);
-    uint8_t* target;
-    if (dst != nullptr) {
-      target = dst + done;
-    } else {
-      scratch->resize(len);
-      target = scratch->data();
-    }
-    ZCC_RETURN_IF_ERROR(PreadAll(shard.fd.get(), target, len, t.offset + done, shard.path));
-    hash.Update(target, len);
-    done += len;
-  }
-  if (hash.Digest() != t.xxh3) {
-    return absl::DataLossError(absl::StrCat("checksum mismatch for tensor '", t.name, "' in ",
-                                            shard.path));
-  }
-  return absl::OkStatus();
 }
 
 std::map<std::string, std::vector<const format::ManifestTensor*>> TensorsByFile(
@@ -167,11 +141,15 @@ absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_di
 }
 
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir) {
+  return VerifyStep(step_dir, IoOptions());
+}
+
+absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir));
   VerifyReport report;
   format::Xxh3Stream combined;
   uint64_t total_bytes = 0;
-  std::vector<uint8_t> scratch;
+  std::vector<storage::AlignedBuffer> bounce;
   for (uint32_t r = 0; r < record.world_size; ++r) {
     const std::string mpath = JoinPath(step_dir, format::ManifestFileName(r));
     ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, format::kMaxManifestBytes));
@@ -183,13 +161,16 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir) {
     for (const auto& [file, tensors] : TensorsByFile(m)) {
       auto it = std::find_if(m.files.begin(), m.files.end(),
                              [&](const format::ManifestFile& f) { return f.name == file; });
-      ZCC_ASSIGN_OR_RETURN(OpenShard shard, OpenAndCheckShard(step_dir, *it, tensors));
+      ZCC_ASSIGN_OR_RETURN(OpenShard shard, OpenAndCheckShard(step_dir, *it, tensors, options));
       total_bytes += it->bytes;
+      std::vector<TensorReadRequest> requests;
       for (const format::ManifestTensor* t : tensors) {
-        ZCC_RETURN_IF_ERROR(ReadAndCheckTensor(shard, *t, nullptr, &scratch));
+        requests.push_back({t, nullptr});
         report.bytes_checked += t->nbytes;
         ++report.tensors;
       }
+      ZCC_RETURN_IF_ERROR(
+          ReadShardTensors(*shard.file, shard.size, std::move(requests), options, &bounce));
     }
     ++report.ranks;
   }
@@ -205,12 +186,17 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir) {
 
 absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets) {
+  return ReadRankTensors(step_dir, rank, targets, IoOptions());
+}
+
+absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
+                             const std::vector<ReadTarget>& targets, const IoOptions& options) {
   ZCC_ASSIGN_OR_RETURN(format::RankManifest m, ReadManifest(step_dir, rank));
   std::map<std::string, const format::ManifestTensor*> by_key;
   for (const auto& t : m.tensors) by_key[absl::StrCat(t.kind, "/", t.name)] = &t;
   // Check every target before reading anything, so a mismatch leaves the
   // destination untouched.
-  std::vector<const format::ManifestTensor*> found;
+  std::map<std::string, std::vector<TensorReadRequest>> requests_by_file;
   for (const ReadTarget& target : targets) {
     auto it = by_key.find(absl::StrCat(target.kind, "/", target.name));
     if (it == by_key.end()) {
@@ -225,20 +211,17 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
           format::DTypeName(target.dtype), " with ", target.shape.size(), " dims and ",
           target.nbytes, " bytes"));
     }
-    found.push_back(&t);
+    requests_by_file[t.file].push_back({&t, target.dst});
   }
-  std::map<std::string, std::unique_ptr<OpenShard>> open;
   const auto by_file = TensorsByFile(m);
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const format::ManifestTensor& t = *found[i];
-    auto& shard = open[t.file];
-    if (!shard) {
-      auto fit = std::find_if(m.files.begin(), m.files.end(),
-                              [&](const format::ManifestFile& f) { return f.name == t.file; });
-      ZCC_ASSIGN_OR_RETURN(OpenShard s, OpenAndCheckShard(step_dir, *fit, by_file.at(t.file)));
-      shard = std::make_unique<OpenShard>(std::move(s));
-    }
-    ZCC_RETURN_IF_ERROR(ReadAndCheckTensor(*shard, t, targets[i].dst, nullptr));
+  std::vector<storage::AlignedBuffer> bounce;
+  for (auto& [file, requests] : requests_by_file) {
+    auto fit = std::find_if(m.files.begin(), m.files.end(),
+                            [&](const format::ManifestFile& f) { return f.name == file; });
+    ZCC_ASSIGN_OR_RETURN(OpenShard shard,
+                         OpenAndCheckShard(step_dir, *fit, by_file.at(file), options));
+    ZCC_RETURN_IF_ERROR(
+        ReadShardTensors(*shard.file, shard.size, std::move(requests), options, &bounce));
   }
   return absl::OkStatus();
 }

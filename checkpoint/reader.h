@@ -1,7 +1,9 @@
 // Reading committed checkpoints back: listing, verification and restore reads.
 // Everything read from disk is treated as untrusted: manifests and safetensors
 // headers are validated, sizes checked before use, and every tensor's bytes
-// checked against its manifest checksum.
+// checked against its manifest checksum. Shard files are read with direct I/O
+// and several requests in flight where the file system allows it
+// (shard_file_reader.h), buffered otherwise.
 //
 // Thread-safety: stateless functions; safe to call concurrently.
 #ifndef ZCC_CHECKPOINT_READER_H_
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/io_options.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
 
@@ -39,6 +42,7 @@ struct VerifyReport {
 // match their checksum. The first problem is returned as DataLoss (or the I/O
 // error) with the file and tensor named.
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir);
+absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options);
 
 // One tensor a restoring rank wants back.
 struct ReadTarget {
@@ -52,9 +56,13 @@ struct ReadTarget {
 
 // Reads `targets` from rank `rank`'s shards of a committed step and verifies
 // each checksum. A target missing from the checkpoint, or with another dtype
-// or shape, is a FailedPrecondition naming the tensor.
+// or shape, is a FailedPrecondition naming the tensor. Targets laid out in
+// memory as in the file (a page-aligned staging slot) are read into place
+// without a copy; a null `dst` only checks the tensor.
 absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets);
+absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
+                             const std::vector<ReadTarget>& targets, const IoOptions& options);
 
 struct RestoreChoice {
   int64_t step = -1;

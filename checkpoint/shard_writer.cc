@@ -1,50 +1,37 @@
 #include "checkpoint/shard_writer.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
-#include "common/fd.h"
+#include "checkpoint/shard_file_writer.h"
 #include "common/file_util.h"
 #include "common/status.h"
-#include "format/checksum.h"
 #include "format/manifest.h"
 #include "format/safetensors.h"
+#include "storage/io_pipeline.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::checkpoint {
 namespace {
 
-constexpr uint64_t kHeaderAlign = 4096;
-constexpr size_t kWriteChunk = 8 << 20;
-
-absl::Status PwriteAll(int fd, const uint8_t* data, size_t n, uint64_t offset,
-                       const std::string& path) {
-  while (n > 0) {
-    const size_t len = n < kWriteChunk ? n : kWriteChunk;
-    const ssize_t w = ::pwrite(fd, data, len, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("write ", path));
-    }
-    if (w == 0) return absl::InternalError(absl::StrCat("write ", path, ": no progress"));
-    data += w;
-    offset += static_cast<uint64_t>(w);
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
+constexpr uint64_t kHeaderAlign = storage::kDirectIoAlignment;
 
 // Writes one group's safetensors file; appends its tensors to `manifest`.
-absl::StatusOr<uint64_t> WriteGroupFile(const std::string& dir, shm::FileGroup group,
-                                        const RankShards& shards, const uint8_t* slot,
-                                        format::RankManifest* manifest) {
+// Returns the file's size (0 when the group has no tensors and no file).
+absl::StatusOr<uint64_t> WriteGroupFile(storage::Storage& storage, const std::string& dir,
+                                        shm::FileGroup group, const RankShards& shards,
+                                        const uint8_t* slot, const IoOptions& options,
+                                        format::RankManifest* manifest, bool* direct) {
   const shm::GroupRange range = shards.layout.groups[static_cast<uint32_t>(group)];
   std::vector<format::SafetensorsTensor> entries;
   std::vector<const RankTensor*> members;
+  ShardFileSource source;
   for (const RankTensor& t : shards.tensors) {
     if (t.group != group) continue;
     format::SafetensorsTensor e;
@@ -55,54 +42,78 @@ absl::StatusOr<uint64_t> WriteGroupFile(const std::string& dir, shm::FileGroup g
     e.end = e.begin + t.nbytes;
     entries.push_back(std::move(e));
     members.push_back(&t);
+    source.tensor_bytes.push_back(t.nbytes);
   }
   if (members.empty()) return uint64_t{0};
 
   const std::string file = FileForGroup(group, shards.rank);
-  const std::string path = JoinPath(dir, file);
   std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"zcc.job", shards.job_id},
       {"zcc.step", absl::StrCat(manifest->step)},
       {"zcc.rank", absl::StrCat(shards.rank)},
   };
+  // Validates the layout too: the tensors must tile the group's range.
   ZCC_ASSIGN_OR_RETURN(std::string header,
                        format::EncodeSafetensorsHeader(entries, metadata, kHeaderAlign));
+  source.path = JoinPath(dir, file);
+  source.header = header;
+  source.data = slot + range.begin;
+  source.data_bytes = range.end - range.begin;
 
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("create ", path));
-  ZCC_RETURN_IF_ERROR(PwriteAll(fd.get(), reinterpret_cast<const uint8_t*>(header.data()),
-                                header.size(), 0, path));
-  // Tensor by tensor, so each checksum is taken from the bytes just handed to
-  // the kernel while they are still in cache.
-  uint64_t file_offset = header.size();
-  for (const RankTensor* t : members) {
-    const uint8_t* src = slot + t->slot_offset;
-    ZCC_RETURN_IF_ERROR(PwriteAll(fd.get(), src, t->nbytes, file_offset, path));
+  ZCC_ASSIGN_OR_RETURN(ShardFileWritten written, WriteShardFile(storage, source, options));
+  *direct = *direct && written.direct;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const RankTensor& t = *members[i];
     format::ManifestTensor mt;
-    mt.name = t->name;
-    mt.dtype = t->dtype;
-    mt.shape = t->shape;
+    mt.name = t.name;
+    mt.dtype = t.dtype;
+    mt.shape = t.shape;
     mt.kind = KindForGroup(group);
     mt.file = file;
-    mt.offset = file_offset;
-    mt.nbytes = t->nbytes;
-    mt.xxh3 = format::Xxh3(src, t->nbytes);
+    mt.offset = header.size() + entries[i].begin;
+    mt.nbytes = t.nbytes;
+    mt.xxh3 = written.xxh3[i];
     manifest->tensors.push_back(std::move(mt));
-    file_offset += t->nbytes;
   }
-  if (::fdatasync(fd.get()) != 0) return ErrnoToStatus(errno, absl::StrCat("fdatasync ", path));
-  manifest->files.push_back(format::ManifestFile{file, file_offset});
-  return file_offset;
+  manifest->files.push_back(format::ManifestFile{file, written.file_bytes});
+  return written.file_bytes;
 }
 
-}  // namespace
+// The manifest through a temporary name: fsync'ed, renamed into place and the
+// directory fsync'ed, so it is either absent or complete and durable.
+absl::Status WriteManifest(storage::Storage& storage, const std::string& dir,
+                           const std::string& path, absl::string_view text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  absl::Status st = [&]() -> absl::Status {
+    ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file,
+                         storage.OpenForWrite(tmp, storage::OpenOptions{}));
+    ZCC_RETURN_IF_ERROR(storage::WriteAt(*file, 0, text.data(), text.size()));
+    ZCC_RETURN_IF_ERROR(file->Sync());
+    ZCC_RETURN_IF_ERROR(file->Close());
+    return storage.Rename(tmp, path);
+  }();
+  if (!st.ok()) {
+    storage.Remove(tmp).IgnoreError();
+    return st;
+  }
+  return storage.SyncDir(dir);
+}
 
-absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
-                                           const RankShards& shards, const uint8_t* slot) {
+absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::string& dir,
+                                          int64_t step, const RankShards& shards,
+                                          const uint8_t* slot, const IoOptions& options) {
   const absl::Time start = absl::Now();
-  const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
-  ZCC_RETURN_IF_ERROR(MakeDirs(dir));
+  ZCC_RETURN_IF_ERROR(storage.MakeDirs(dir));
+  // A manifest left by an earlier attempt at this step would vouch for the
+  // files about to be overwritten: it goes first, durably.
+  const std::string manifest_path = JoinPath(dir, format::ManifestFileName(shards.rank));
+  const absl::Status removed = storage.Remove(manifest_path);
+  if (removed.ok()) {
+    ZCC_RETURN_IF_ERROR(storage.SyncDir(dir));
+  } else if (removed.code() != absl::StatusCode::kNotFound) {
+    return removed;
+  }
 
   format::RankManifest manifest;
   manifest.job_id = shards.job_id;
@@ -112,18 +123,50 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
   manifest.manifest_hash = shards.manifest_hash;
 
   WriteStats stats;
+  bool direct = true;
   for (uint32_t g = 0; g < shm::kNumFileGroups; ++g) {
-    ZCC_ASSIGN_OR_RETURN(uint64_t bytes, WriteGroupFile(dir, static_cast<shm::FileGroup>(g),
-                                                        shards, slot, &manifest));
+    ZCC_ASSIGN_OR_RETURN(uint64_t bytes,
+                         WriteGroupFile(storage, dir, static_cast<shm::FileGroup>(g), shards, slot,
+                                        options, &manifest, &direct));
     stats.bytes += bytes;
   }
+  stats.direct_io = direct && !manifest.files.empty();
   // The shard files' directory entries must be durable before the manifest
   // announces them.
-  ZCC_RETURN_IF_ERROR(FsyncDir(dir));
+  ZCC_RETURN_IF_ERROR(storage.SyncDir(dir));
   const std::string text = format::EncodeRankManifest(manifest);
-  ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(dir, format::ManifestFileName(shards.rank)), text));
+  ZCC_RETURN_IF_ERROR(WriteManifest(storage, dir, manifest_path, text));
   stats.bytes += text.size();
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return stats;
+}
+
+}  // namespace
+
+absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
+                                           const RankShards& shards, const uint8_t* slot) {
+  return WriteRankShards(job_dir, step, shards, slot, IoOptions());
+}
+
+absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
+                                           const RankShards& shards, const uint8_t* slot,
+                                           const IoOptions& options) {
+  storage::Storage& storage =
+      options.storage != nullptr ? *options.storage : *storage::DefaultStorage();
+  const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
+  absl::StatusOr<WriteStats> stats = WriteRankFiles(storage, dir, step, shards, slot, options);
+  if (!stats.ok()) {
+    // No manifest may stay behind (a failed directory fsync comes after the
+    // rename). Then give the space back (a full disk is the likeliest cause):
+    // without the manifest the step cannot commit, so none of the rank's
+    // files in it, from this attempt or an earlier one, is of use.
+    storage.Remove(JoinPath(dir, format::ManifestFileName(shards.rank))).IgnoreError();
+    for (uint32_t g = 0; g < shm::kNumFileGroups; ++g) {
+      storage.Remove(JoinPath(dir, FileForGroup(static_cast<shm::FileGroup>(g), shards.rank)))
+          .IgnoreError();
+    }
+    return Annotate(stats.status(), absl::StrCat("writing step ", step, " of rank ", shards.rank));
+  }
   return stats;
 }
 

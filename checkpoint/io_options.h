@@ -1,0 +1,29 @@
+// How the checkpoint writer and reader do their file I/O. The defaults are
+// what the daemon uses; tests pass a fault-injecting storage.
+#ifndef ZCC_CHECKPOINT_IO_OPTIONS_H_
+#define ZCC_CHECKPOINT_IO_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "storage/storage.h"
+
+namespace zcc::checkpoint {
+
+struct IoOptions {
+  // Where files are written and read; null means storage::DefaultStorage().
+  // Borrowed: must outlive the call.
+  storage::Storage* storage = nullptr;
+  // O_DIRECT where the file system allows it (buffered otherwise).
+  bool direct_io = true;
+  // Requests in flight per file, each of `chunk_bytes` (a multiple of
+  // storage::kDirectIoAlignment). Reads that cannot land in the caller's
+  // memory directly use up to 2 x queue_depth x chunk_bytes of bounce
+  // buffers (128 MiB with the defaults) while they run.
+  uint32_t queue_depth = 8;
+  size_t chunk_bytes = size_t{8} << 20;
+};
+
+}  // namespace zcc::checkpoint
+
+#endif  // ZCC_CHECKPOINT_IO_OPTIONS_H_

@@ -1,0 +1,238 @@
+#include "storage/fault_storage.h"
+
+#include <cerrno>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "storage/aligned_buffer.h"
+
+namespace zcc::storage {
+
+// Passes requests to the base file unless the storage's plan says otherwise;
+// failed requests complete with their error on the next wait.
+class FaultInjectingFile final : public File {
+ public:
+  FaultInjectingFile(std::unique_ptr<File> base, FaultInjectingStorage* owner, bool covered)
+      : base_(std::move(base)), owner_(owner), covered_(covered) {}
+
+  const std::string& path() const override { return base_->path(); }
+  bool direct() const override { return base_->direct(); }
+  uint32_t queue_depth() const override { return base_->queue_depth(); }
+  uint32_t in_flight() const override {
+    return base_->in_flight() + static_cast<uint32_t>(failed_.size());
+  }
+
+  absl::Status SubmitWrite(uint64_t offset, const void* src, size_t n, uint64_t tag) override {
+    ZCC_RETURN_IF_ERROR(CheckRoom());
+    if (!covered_) return base_->SubmitWrite(offset, src, n, tag);
+    Sleep();
+    const FaultInjectingStorage::Decision d = owner_->DecideWrite(n, direct());
+    if (d.fail_errno != 0) return Fail(d.fail_errno, "write", offset, tag);
+    return base_->SubmitWrite(offset, src, d.bytes, tag);
+  }
+
+  absl::Status SubmitRead(uint64_t offset, void* dst, size_t n, uint64_t tag) override {
+    ZCC_RETURN_IF_ERROR(CheckRoom());
+    if (!covered_) return base_->SubmitRead(offset, dst, n, tag);
+    Sleep();
+    const FaultInjectingStorage::Decision d = owner_->DecideRead(n, direct());
+    if (d.fail_errno != 0) return Fail(d.fail_errno, "read", offset, tag);
+    return base_->SubmitRead(offset, dst, d.bytes, tag);
+  }
+
+  absl::StatusOr<IoCompletion> WaitForCompletion() override {
+    if (!failed_.empty()) {
+      IoCompletion c = std::move(failed_.front());
+      failed_.pop_front();
+      return c;
+    }
+    return base_->WaitForCompletion();
+  }
+
+  bool HasCompletion() const override { return !failed_.empty() || base_->HasCompletion(); }
+
+  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
+  absl::Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+
+  absl::Status Sync() override {
+    if (covered_) {
+      Sleep();
+      if (owner_->SyncFails()) {
+        return zcc::ErrnoToStatus(EIO, absl::StrCat("fdatasync ", path(), " (injected fault)"));
+      }
+    }
+    return base_->Sync();
+  }
+
+  absl::Status Close() override {
+    failed_.clear();
+    return base_->Close();
+  }
+
+ private:
+  absl::Status CheckRoom() const {
+    if (in_flight() >= queue_depth()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path(), ": ", queue_depth(), " requests in flight already"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Fail(int err, const char* op, uint64_t offset, uint64_t tag) {
+    IoCompletion c;
+    c.tag = tag;
+    c.status = zcc::ErrnoToStatus(
+        err, absl::StrCat(op, " ", path(), " at offset ", offset, " (injected fault)"));
+    failed_.push_back(std::move(c));
+    return absl::OkStatus();
+  }
+
+  void Sleep() const {
+    const absl::Duration d = owner_->Delay();
+    if (d > absl::ZeroDuration()) absl::SleepFor(d);
+  }
+
+  std::unique_ptr<File> base_;
+  FaultInjectingStorage* const owner_;
+  const bool covered_;
+  std::deque<IoCompletion> failed_;
+};
+
+FaultInjectingStorage::FaultInjectingStorage(Storage* base, FaultPlan plan)
+    : base_(base), plan_(std::move(plan)) {}
+
+void FaultInjectingStorage::SetPlan(FaultPlan plan) {
+  absl::MutexLock lock(&mu_);
+  plan_ = std::move(plan);
+  bytes_written_ = writes_ = reads_ = faults_ = 0;
+}
+
+uint64_t FaultInjectingStorage::bytes_written() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_written_;
+}
+uint64_t FaultInjectingStorage::write_requests() const {
+  absl::MutexLock lock(&mu_);
+  return writes_;
+}
+uint64_t FaultInjectingStorage::read_requests() const {
+  absl::MutexLock lock(&mu_);
+  return reads_;
+}
+uint64_t FaultInjectingStorage::faults_injected() const {
+  absl::MutexLock lock(&mu_);
+  return faults_;
+}
+
+bool FaultInjectingStorage::Covers(const std::string& path) const {
+  absl::MutexLock lock(&mu_);
+  return plan_.path_filter.empty() || path.find(plan_.path_filter) != std::string::npos;
+}
+
+absl::Duration FaultInjectingStorage::Delay() const {
+  absl::MutexLock lock(&mu_);
+  return plan_.op_delay;
+}
+
+// Limits `n` to `cap` bytes; on direct files to whole blocks, at least one.
+static size_t Shorten(size_t n, size_t cap, bool direct) {
+  if (cap == 0 || n <= cap) return n;
+  if (!direct) return cap;
+  const size_t aligned = AlignDown(cap, kDirectIoAlignment);
+  return aligned == 0 ? kDirectIoAlignment : aligned;
+}
+
+FaultInjectingStorage::Decision FaultInjectingStorage::DecideWrite(size_t n, bool direct) {
+  absl::MutexLock lock(&mu_);
+  ++writes_;
+  Decision d;
+  if (plan_.eio_on_write != 0 && writes_ == plan_.eio_on_write) {
+    ++faults_;
+    d.fail_errno = EIO;
+    return d;
+  }
+  d.bytes = Shorten(n, plan_.max_write_bytes, direct);
+  if (plan_.enospc_after_bytes.has_value()) {
+    const uint64_t room =
+        *plan_.enospc_after_bytes > bytes_written_ ? *plan_.enospc_after_bytes - bytes_written_ : 0;
+    if (d.bytes > room) {
+      // The device takes what fits; on a direct file only whole blocks.
+      d.bytes = direct ? AlignDown(room, kDirectIoAlignment) : room;
+      if (d.bytes == 0) {
+        ++faults_;
+        d.fail_errno = ENOSPC;
+        return d;
+      }
+    }
+  }
+  bytes_written_ += d.bytes;
+  return d;
+}
+
+FaultInjectingStorage::Decision FaultInjectingStorage::DecideRead(size_t n, bool direct) {
+  absl::MutexLock lock(&mu_);
+  ++reads_;
+  Decision d;
+  if (plan_.eio_on_read != 0 && reads_ == plan_.eio_on_read) {
+    ++faults_;
+    d.fail_errno = EIO;
+    return d;
+  }
+  d.bytes = Shorten(n, plan_.max_read_bytes, direct);
+  return d;
+}
+
+bool FaultInjectingStorage::SyncFails() {
+  absl::MutexLock lock(&mu_);
+  if (!plan_.fail_sync) return false;
+  ++faults_;
+  return true;
+}
+
+OpenOptions FaultInjectingStorage::AdjustOpen(const std::string& path, const OpenOptions& options) {
+  OpenOptions adjusted = options;
+  if (!options.direct) return adjusted;
+  absl::MutexLock lock(&mu_);
+  const bool covered =
+      plan_.path_filter.empty() || path.find(plan_.path_filter) != std::string::npos;
+  if (!covered || !plan_.refuse_direct_io) return adjusted;
+  adjusted.direct = false;
+  if (!warned_direct_refused_) {
+    warned_direct_refused_ = true;
+    ZCC_LOG(WARNING)
+        << "the file system of " << path
+        << " refuses O_DIRECT (injected fault); falling back to buffered I/O + fdatasync";
+  }
+  return adjusted;
+}
+
+absl::StatusOr<std::unique_ptr<File>> FaultInjectingStorage::OpenForWrite(
+    const std::string& path, const OpenOptions& options) {
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> base,
+                       base_->OpenForWrite(path, AdjustOpen(path, options)));
+  return std::unique_ptr<File>(new FaultInjectingFile(std::move(base), this, Covers(path)));
+}
+
+absl::StatusOr<std::unique_ptr<File>> FaultInjectingStorage::OpenForRead(
+    const std::string& path, const OpenOptions& options) {
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> base,
+                       base_->OpenForRead(path, AdjustOpen(path, options)));
+  return std::unique_ptr<File>(new FaultInjectingFile(std::move(base), this, Covers(path)));
+}
+
+absl::Status FaultInjectingStorage::MakeDirs(const std::string& path) {
+  return base_->MakeDirs(path);
+}
+absl::Status FaultInjectingStorage::SyncDir(const std::string& path) {
+  return base_->SyncDir(path);
+}
+absl::Status FaultInjectingStorage::Rename(const std::string& from, const std::string& to) {
+  return base_->Rename(from, to);
+}
+absl::Status FaultInjectingStorage::Remove(const std::string& path) { return base_->Remove(path); }
+
+}  // namespace zcc::storage

@@ -1,0 +1,345 @@
+#include "storage/storage.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/file_util.h"
+#include "common/status.h"
+#include "common/testing/status_matchers.h"
+#include "storage/aligned_buffer.h"
+#include "storage/fault_storage.h"
+#include "storage/io_pipeline.h"
+#include "storage/posix_storage.h"
+#include "storage/testing/stderr_capture.h"
+#include "storage/testing/temp_dir.h"
+
+namespace zcc::storage {
+namespace {
+
+constexpr size_t kA = kDirectIoAlignment;
+
+using ::zcc::testing::StderrCapture;
+using ::zcc::testing::TempDir;
+using ::zcc::testing::TempDirUnder;
+
+AlignedBuffer Pattern(size_t n, uint32_t seed) {
+  AlignedBuffer b(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    b.data()[i] = static_cast<uint8_t>(x >> 24);
+  }
+  return b;
+}
+
+OpenOptions Direct(uint32_t queue_depth) {
+  OpenOptions o;
+  o.direct = true;
+  o.queue_depth = queue_depth;
+  return o;
+}
+
+std::string AsString(const uint8_t* p, size_t n) {
+  return std::string(reinterpret_cast<const char*>(p), n);
+}
+
+size_t CountLines(const std::string& text, const std::string& needle) {
+  return StderrCapture::Count(text, needle);
+}
+
+// The contract every Storage keeps; run against each backend below.
+void CheckStorageConformance(Storage& storage, const std::string& dir) {
+  const std::string sub = JoinPath(dir, "a/b");
+  REQUIRE_OK(storage.MakeDirs(sub));
+  REQUIRE_OK(storage.MakeDirs(sub));  // exists already: fine
+
+  // Queued writes from aligned memory, then a cut to an unaligned size.
+  const std::string path = JoinPath(sub, "f.bin");
+  const size_t chunk = 64 << 10;
+  const size_t size = 5 * chunk + 1000;
+  AlignedBuffer data = Pattern(AlignUp(size, kA), 1);
+  {
+    auto file = storage.OpenForWrite(path, Direct(4));
+    REQUIRE_OK(file);
+    File& f = **file;
+    CHECK(f.path() == path);
+    CHECK(f.queue_depth() >= 1);
+    IoPipeline pipe(&f);
+    for (size_t off = 0; off < data.size(); off += chunk) {
+      if (pipe.full()) REQUIRE_OK(pipe.RetireOldest());
+      const size_t len = std::min(chunk, data.size() - off);
+      REQUIRE_OK(pipe.SubmitWrite(off, data.data() + off, len));
+    }
+    REQUIRE_OK(pipe.Finish());
+    REQUIRE_OK(f.Truncate(size));
+    REQUIRE_OK(f.Sync());
+    auto sz = f.Size();
+    REQUIRE_OK(sz);
+    CHECK(*sz == size);
+    REQUIRE_OK(f.Close());
+  }
+  auto back = ReadFileToString(path, 1 << 30);
+  REQUIRE_OK(back);
+  CHECK(*back == AsString(data.data(), size));
+
+  // Queued reads, the last one running past the end of the file.
+  {
+    auto file = storage.OpenForRead(path, Direct(4));
+    REQUIRE_OK(file);
+    File& f = **file;
+    CHECK(*f.Size() == size);
+    AlignedBuffer in(AlignUp(size, kA));
+    IoPipeline pipe(&f);
+    std::vector<size_t> got;
+    for (size_t off = 0; off < in.size(); off += chunk) {
+      if (pipe.full()) {
+        auto n = pipe.RetireOldest();
+        REQUIRE_OK(n);
+        got.push_back(*n);
+      }
+      REQUIRE_OK(pipe.SubmitRead(off, in.data() + off, std::min(chunk, in.size() - off)));
+    }
+    while (pipe.pending() > 0) {
+      auto n = pipe.RetireOldest();
+      REQUIRE_OK(n);
+      got.push_back(*n);
+    }
+    REQUIRE(got.size() == 6);
+    CHECK(got.back() == 1000);
+    CHECK(std::memcmp(in.data(), data.data(), size) == 0);
+    // At and past the end: nothing.
+    auto at_end = ReadAt(f, AlignUp(size, kA), in.data(), kA);
+    REQUIRE_OK(at_end);
+    CHECK(*at_end == 0);
+    if (f.direct()) {
+      CHECK(f.SubmitRead(1, in.data(), kA, 0).code() == absl::StatusCode::kInvalidArgument);
+      CHECK(f.SubmitRead(0, in.data() + 1, kA, 0).code() == absl::StatusCode::kInvalidArgument);
+      CHECK(f.SubmitRead(0, in.data(), 100, 0).code() == absl::StatusCode::kInvalidArgument);
+    }
+    CHECK(f.WaitForCompletion().status().code() == absl::StatusCode::kFailedPrecondition);
+  }
+
+  // Buffered files take any offset, length and address.
+  const std::string odd = JoinPath(sub, "odd.bin");
+  {
+    auto file = storage.OpenForWrite(odd, {});
+    REQUIRE_OK(file);
+    CHECK_FALSE((*file)->direct());
+    CHECK((*file)->queue_depth() == 1);
+    REQUIRE_OK(WriteAt(**file, 3, data.data() + 7, 10));
+    REQUIRE_OK(WriteAt(**file, 0, data.data(), 3));
+    CHECK((*file)->SubmitWrite(0, data.data(), 1, 1).ok());
+    CHECK((*file)->SubmitWrite(0, data.data(), 1, 2).code() ==
+          absl::StatusCode::kFailedPrecondition);
+    auto c = (*file)->WaitForCompletion();
+    REQUIRE_OK(c);
+    CHECK(c->tag == 1);
+    REQUIRE_OK((*file)->Close());
+  }
+  {
+    auto file = storage.OpenForRead(odd, {});
+    REQUIRE_OK(file);
+    char buf[32] = {};
+    auto n = ReadAt(**file, 1, buf, sizeof(buf));
+    REQUIRE_OK(n);
+    CHECK(*n == 12);
+    CHECK(std::memcmp(buf, data.data() + 1, 2) == 0);
+    CHECK(std::memcmp(buf + 2, data.data() + 7, 10) == 0);
+  }
+
+  // Names.
+  const std::string moved = JoinPath(dir, "moved.bin");
+  REQUIRE_OK(storage.Rename(path, moved));
+  REQUIRE_OK(storage.SyncDir(dir));
+  CHECK(storage.OpenForRead(path, {}).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_OK(storage.Remove(moved));
+  CHECK(storage.Remove(moved).code() == absl::StatusCode::kNotFound);
+  CHECK(storage.SyncDir(JoinPath(dir, "missing")).code() == absl::StatusCode::kNotFound);
+  CHECK(storage.OpenForWrite(JoinPath(dir, "missing/x"), {}).status().code() ==
+        absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("storage conformance: POSIX with io_uring on the work disk") {
+  PosixStorage storage;
+  CheckStorageConformance(storage, TempDir());
+}
+
+TEST_CASE("storage conformance: POSIX without io_uring") {
+  PosixStorageOptions options;
+  options.use_io_uring = false;
+  PosixStorage storage(options);
+  CheckStorageConformance(storage, TempDir());
+  auto f = storage.OpenForWrite(JoinPath(TempDir(), "x"), Direct(8));
+  REQUIRE_OK(f);
+  CHECK((*f)->queue_depth() == 1);
+}
+
+TEST_CASE("storage conformance: POSIX on tmpfs (/dev/shm)") {
+  if (!PathExists("/dev/shm")) {
+    WARN("no /dev/shm here; skipped");
+    return;
+  }
+  PosixStorage storage;
+  const std::string dir = TempDirUnder("/dev/shm");
+  CheckStorageConformance(storage, dir);
+  REQUIRE_OK(RemoveTree(dir));
+}
+
+TEST_CASE("storage conformance: fault wrapper with no faults planned") {
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  CheckStorageConformance(storage, TempDir());
+  CHECK(storage.faults_injected() == 0);
+  CHECK(storage.write_requests() > 0);
+  CHECK(storage.read_requests() > 0);
+}
+
+TEST_CASE("a file system that refuses O_DIRECT gets buffered I/O and one warning") {
+  PosixStorage storage;
+  StderrCapture capture;
+  std::string first;
+  for (int i = 0; i < 3; ++i) {
+    // procfs refuses O_DIRECT with EINVAL, like ramfs or an old tmpfs.
+    auto f = storage.OpenForRead("/proc/self/status", Direct(4));
+    REQUIRE_OK(f);
+    CHECK_FALSE((*f)->direct());
+    char buf[256] = {};
+    auto n = ReadAt(**f, 0, buf, sizeof(buf) - 1);
+    REQUIRE_OK(n);
+    CHECK(std::string(buf).rfind("Name:", 0) == 0);
+  }
+  const std::string log = capture.Text();
+  CHECK(CountLines(log, "refuses O_DIRECT") == 1);
+}
+
+// A direct file written through `storage` with `chunk`-sized requests.
+absl::Status WriteChunks(Storage& storage, const std::string& path, const AlignedBuffer& data,
+                         size_t chunk) {
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> f, storage.OpenForWrite(path, Direct(4)));
+  IoPipeline pipe(f.get());
+  for (size_t off = 0; off < data.size(); off += chunk) {
+    if (pipe.full()) ZCC_RETURN_IF_ERROR(pipe.RetireOldest().status());
+    ZCC_RETURN_IF_ERROR(
+        pipe.SubmitWrite(off, data.data() + off, std::min(chunk, data.size() - off)));
+  }
+  ZCC_RETURN_IF_ERROR(pipe.Finish());
+  ZCC_RETURN_IF_ERROR(f->Sync());
+  return f->Close();
+}
+
+TEST_CASE("fault wrapper: no space left after N bytes") {
+  PosixStorage posix;
+  const std::string dir = TempDir();
+  FaultPlan plan;
+  plan.enospc_after_bytes = 100 << 10;
+  FaultInjectingStorage storage(&posix, plan);
+  AlignedBuffer data = Pattern(256 << 10, 2);
+  const absl::Status st = WriteChunks(storage, JoinPath(dir, "full.bin"), data, 64 << 10);
+  CHECK(st.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(st.message().find("No space left on device") != absl::string_view::npos);
+  CHECK(st.message().find("full.bin") != absl::string_view::npos);
+  // What fit went to disk: 100 KiB rounded down to whole blocks.
+  CHECK(storage.bytes_written() == 100 << 10);
+  CHECK(storage.faults_injected() >= 1);
+}
+
+TEST_CASE("fault wrapper: EIO on the k-th write and read") {
+  PosixStorage posix;
+  const std::string dir = TempDir();
+  FaultPlan plan;
+  plan.eio_on_write = 2;
+  FaultInjectingStorage storage(&posix, plan);
+  AlignedBuffer data = Pattern(256 << 10, 3);
+  const absl::Status st = WriteChunks(storage, JoinPath(dir, "eio.bin"), data, 64 << 10);
+  CHECK(st.code() == absl::StatusCode::kInternal);
+  CHECK(st.message().find("Input/output error") != absl::string_view::npos);
+  CHECK(st.message().find("injected") != absl::string_view::npos);
+
+  storage.SetPlan({});
+  REQUIRE_OK(WriteChunks(storage, JoinPath(dir, "ok.bin"), data, 64 << 10));
+  FaultPlan read_plan;
+  read_plan.eio_on_read = 1;
+  storage.SetPlan(read_plan);
+  auto f = storage.OpenForRead(JoinPath(dir, "ok.bin"), Direct(2));
+  REQUIRE_OK(f);
+  AlignedBuffer in(64 << 10);
+  CHECK(ReadAt(**f, 0, in.data(), in.size()).status().code() == absl::StatusCode::kInternal);
+  auto second = ReadAt(**f, 0, in.data(), in.size());
+  REQUIRE_OK(second);
+  CHECK(*second == in.size());
+}
+
+TEST_CASE("fault wrapper: short writes and reads are continued by IoPipeline") {
+  PosixStorage posix;
+  const std::string dir = TempDir();
+  FaultPlan plan;
+  plan.max_write_bytes = 5000;  // 4096 on a direct file
+  plan.max_read_bytes = 3 * 4096 + 17;
+  FaultInjectingStorage storage(&posix, plan);
+  AlignedBuffer data = Pattern(96 << 10, 4);
+  const std::string path = JoinPath(dir, "short.bin");
+  REQUIRE_OK(WriteChunks(storage, path, data, 32 << 10));
+  CHECK(storage.write_requests() >= 3);
+  CHECK(*ReadFileToString(path, 1 << 20) == AsString(data.data(), data.size()));
+
+  auto f = storage.OpenForRead(path, Direct(2));
+  REQUIRE_OK(f);
+  AlignedBuffer in(data.size());
+  auto n = ReadAt(**f, 0, in.data(), in.size());
+  REQUIRE_OK(n);
+  CHECK(*n == data.size());
+  CHECK(std::memcmp(in.data(), data.data(), data.size()) == 0);
+  CHECK(storage.read_requests() > 1);
+}
+
+TEST_CASE("fault wrapper: fdatasync failure, refused O_DIRECT, slow disk, path filter") {
+  PosixStorage posix;
+  const std::string dir = TempDir();
+  AlignedBuffer data = Pattern(16 << 10, 5);
+
+  FaultPlan sync_plan;
+  sync_plan.fail_sync = true;
+  FaultInjectingStorage storage(&posix, sync_plan);
+  const absl::Status st = WriteChunks(storage, JoinPath(dir, "sync.bin"), data, 8 << 10);
+  CHECK(st.code() == absl::StatusCode::kInternal);
+  CHECK(st.message().find("fdatasync") != absl::string_view::npos);
+
+  FaultPlan refuse;
+  refuse.refuse_direct_io = true;
+  storage.SetPlan(refuse);
+  {
+    StderrCapture capture;
+    for (int i = 0; i < 2; ++i) {
+      auto f = storage.OpenForWrite(JoinPath(dir, "buffered.bin"), Direct(4));
+      REQUIRE_OK(f);
+      CHECK_FALSE((*f)->direct());
+    }
+    CHECK(CountLines(capture.Text(), "refuses O_DIRECT") == 1);
+  }
+
+  FaultPlan slow;
+  slow.op_delay = absl::Milliseconds(20);
+  slow.path_filter = "slow";
+  storage.SetPlan(slow);
+  absl::Time start = absl::Now();
+  REQUIRE_OK(WriteChunks(storage, JoinPath(dir, "fast.bin"), data, 4 << 10));
+  CHECK(absl::Now() - start < absl::Milliseconds(60));
+  CHECK(storage.write_requests() == 0);  // not covered by the filter
+  start = absl::Now();
+  REQUIRE_OK(WriteChunks(storage, JoinPath(dir, "slow.bin"), data, 4 << 10));
+  CHECK(absl::Now() - start >= absl::Milliseconds(4 * 20 + 20));  // 4 writes and a sync
+  CHECK(storage.write_requests() == 4);
+}
+
+}  // namespace
+}  // namespace zcc::storage
