@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <map>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "common/status.h"
 #include "format/manifest.h"
 #include "format/safetensors.h"
+#include "storage/aligned_buffer.h"
 #include "storage/io_pipeline.h"
 #include "storage/posix_storage.h"
 
@@ -80,6 +82,63 @@ absl::StatusOr<uint64_t> WriteGroupFile(storage::Storage& storage, const std::st
   return written.file_bytes;
 }
 
+// Writes one extra shard, packed contiguously into an aligned buffer.
+absl::StatusOr<uint64_t> WriteExtraFile(storage::Storage& storage, const std::string& dir,
+                                        const ExtraShard& shard, const RankShards& shards,
+                                        const IoOptions& options, format::RankManifest* manifest,
+                                        bool* direct) {
+  if (shard.tensors.empty()) return uint64_t{0};
+  std::vector<format::SafetensorsTensor> entries;
+  ShardFileSource source;
+  uint64_t total = 0;
+  for (const ExtraTensor& t : shard.tensors) {
+    format::SafetensorsTensor e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.shape = t.shape;
+    e.begin = total;
+    e.end = total + t.nbytes;
+    total += t.nbytes;
+    entries.push_back(std::move(e));
+    source.tensor_bytes.push_back(t.nbytes);
+  }
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"zcc.job", shards.job_id},
+      {"zcc.step", absl::StrCat(manifest->step)},
+      {"zcc.rank", absl::StrCat(shards.rank)},
+      {"zcc.kind", shard.kind},
+  };
+  ZCC_ASSIGN_OR_RETURN(std::string header,
+                       format::EncodeSafetensorsHeader(entries, metadata, kHeaderAlign));
+  storage::AlignedBuffer packed = storage::AlignedBuffer::Uninitialized(std::max<uint64_t>(total, 1));
+  for (size_t i = 0; i < shard.tensors.size(); ++i) {
+    if (shard.tensors[i].nbytes > 0) {
+      std::memcpy(packed.data() + entries[i].begin, shard.tensors[i].data, shard.tensors[i].nbytes);
+    }
+  }
+  source.path = JoinPath(dir, shard.file);
+  source.header = header;
+  source.data = packed.data();
+  source.data_bytes = total;
+  ZCC_ASSIGN_OR_RETURN(ShardFileWritten written, WriteShardFile(storage, source, options));
+  *direct = *direct && written.direct;
+  for (size_t i = 0; i < shard.tensors.size(); ++i) {
+    format::ManifestTensor mt;
+    mt.name = shard.tensors[i].name;
+    mt.dtype = shard.tensors[i].dtype;
+    mt.shape = shard.tensors[i].shape;
+    mt.kind = shard.kind;
+    mt.file = shard.file;
+    mt.offset = header.size() + entries[i].begin;
+    mt.nbytes = shard.tensors[i].nbytes;
+    mt.xxh3 = written.xxh3[i];
+    manifest->tensors.push_back(std::move(mt));
+  }
+  manifest->files.push_back(format::ManifestFile{shard.file, written.file_bytes});
+  return written.file_bytes;
+}
+
 // The manifest through a temporary name: fsync'ed, renamed into place and the
 // directory fsync'ed, so it is either absent or complete and durable.
 absl::Status WriteManifest(storage::Storage& storage, const std::string& dir,
@@ -102,7 +161,8 @@ absl::Status WriteManifest(storage::Storage& storage, const std::string& dir,
 
 absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::string& dir,
                                           int64_t step, const RankShards& shards,
-                                          const uint8_t* slot, const IoOptions& options) {
+                                          const uint8_t* slot, const IoOptions& options,
+                                          const std::vector<ExtraShard>& extra) {
   const absl::Time start = absl::Now();
   ZCC_RETURN_IF_ERROR(storage.MakeDirs(dir));
   // A manifest left by an earlier attempt at this step would vouch for the
@@ -130,6 +190,11 @@ absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::
                                         options, &manifest, &direct));
     stats.bytes += bytes;
   }
+  for (const ExtraShard& shard : extra) {
+    ZCC_ASSIGN_OR_RETURN(uint64_t bytes,
+                         WriteExtraFile(storage, dir, shard, shards, options, &manifest, &direct));
+    stats.bytes += bytes;
+  }
   stats.direct_io = direct && !manifest.files.empty();
   // The shard files' directory entries must be durable before the manifest
   // announces them.
@@ -151,10 +216,18 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
 absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
                                            const RankShards& shards, const uint8_t* slot,
                                            const IoOptions& options) {
+  return WriteRankShards(job_dir, step, shards, slot, options, {});
+}
+
+absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
+                                           const RankShards& shards, const uint8_t* slot,
+                                           const IoOptions& options,
+                                           const std::vector<ExtraShard>& extra) {
   storage::Storage& storage =
       options.storage != nullptr ? *options.storage : *storage::DefaultStorage();
   const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
-  absl::StatusOr<WriteStats> stats = WriteRankFiles(storage, dir, step, shards, slot, options);
+  absl::StatusOr<WriteStats> stats =
+      WriteRankFiles(storage, dir, step, shards, slot, options, extra);
   if (!stats.ok()) {
     // No manifest may stay behind (a failed directory fsync comes after the
     // rename). Then give the space back (a full disk is the likeliest cause):
@@ -165,6 +238,7 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
       storage.Remove(JoinPath(dir, FileForGroup(static_cast<shm::FileGroup>(g), shards.rank)))
           .IgnoreError();
     }
+    for (const ExtraShard& shard : extra) storage.Remove(JoinPath(dir, shard.file)).IgnoreError();
     return Annotate(stats.status(), absl::StrCat("writing step ", step, " of rank ", shards.rank));
   }
   return stats;

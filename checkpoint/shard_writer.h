@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "checkpoint/io_options.h"
+#include "format/dtype.h"
 #include "checkpoint/rank_shards.h"
 
 namespace zcc::checkpoint {
@@ -35,6 +37,30 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
 absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
                                            const RankShards& shards, const uint8_t* slot,
                                            const IoOptions& options);
+
+// A tensor of a shard written from memory outside the slot.
+struct ExtraTensor {
+  std::string name;
+  format::DType dtype = format::DType::kF32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // nbytes bytes, unchanged until the call returns
+  uint64_t nbytes = 0;
+};
+
+// One more shard file of the rank, e.g. its EMA ("ema", "ema-r00003.safetensors").
+struct ExtraShard {
+  std::string kind;  // the manifest's kind for its tensors
+  std::string file;  // a plain file name
+  std::vector<ExtraTensor> tensors;
+};
+
+// As above, also writing `extra` shard files (before the manifest, which lists
+// their tensors under their kinds). The tensors are packed into an aligned
+// buffer first, since they need not be contiguous in memory.
+absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
+                                           const RankShards& shards, const uint8_t* slot,
+                                           const IoOptions& options,
+                                           const std::vector<ExtraShard>& extra);
 
 }  // namespace zcc::checkpoint
 

@@ -145,8 +145,7 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
   PersistEvent event;
   event.rank = shards_.rank;
   event.step = slot.step;
-  auto stats = checkpoint::WriteRankShards(options_.job_dir, slot.step, shards_,
-                                           slot_data(slot.index));
+  auto stats = WriteStep(slot.step, slot.index);
   if (stats.ok()) {
     event.stats = *stats;
     last_persisted_step_.store(slot.step);
@@ -156,6 +155,24 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
     SetError(absl::StrCat("persist of step ", slot.step, " failed: ", stats.status().message()));
   }
   return event;
+}
+
+absl::StatusOr<checkpoint::WriteStats> RankSession::WriteStep(int64_t step, uint32_t index) {
+  absl::MutexLock lock(&ema_mu_);
+  std::vector<checkpoint::ExtraShard> extra;
+  if (ema_ != nullptr && ema_->initialized()) {
+    checkpoint::ExtraShard shard{"ema", format::ShardFileName("ema", shards_.rank), {}};
+    for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+      const absl::Span<const float> data = ema_->ema(i);
+      shard.tensors.push_back({ema_->tensor(i).name, format::DType::kF32,
+                               registered_[ema_index_[i]].shape,
+                               reinterpret_cast<const uint8_t*>(data.data()),
+                               data.size() * sizeof(float)});
+    }
+    extra.push_back(std::move(shard));
+  }
+  return checkpoint::WriteRankShards(options_.job_dir, step, shards_, slot_data(index),
+                                     checkpoint::IoOptions(), extra);
 }
 
 void RankSession::UpdateEma(const shm::ReadySlot& slot) {
@@ -248,7 +265,7 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   PersistEvent event;
   event.rank = shards_.rank;
   event.step = step;
-  auto stats = checkpoint::WriteRankShards(options_.job_dir, step, shards_, slot_data(index));
+  auto stats = WriteStep(step, index);
   header.state.store(S(SlotState::kFree));
   if (stats.ok()) {
     event.stats = *stats;

@@ -149,6 +149,8 @@ class RankSession {
   std::optional<PersistEvent> Process(const shm::ReadySlot& slot);
   void SetError(std::string error);
   void UpdateEma(const shm::ReadySlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ema_mu_);
+  // Writes the rank's shards of `step` from slot `index`, with its EMA.
+  absl::StatusOr<checkpoint::WriteStats> WriteStep(int64_t step, uint32_t index);
 
   const checkpoint::RankShards shards_;
   const std::vector<RegisteredTensor> registered_;

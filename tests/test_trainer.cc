@@ -22,7 +22,7 @@
 #include "client/client.h"
 #include "tests/test_model.h"
 
-ABSL_FLAG(std::string, mode, "train", "train or restore");
+ABSL_FLAG(std::string, mode, "train", "train, restore, or resume (restore, then train from the next step)");
 ABSL_FLAG(std::string, socket, "", "zccd socket");
 ABSL_FLAG(std::string, job, "itest", "job id");
 ABSL_FLAG(std::string, root, "", "checkpoint root");
@@ -128,7 +128,13 @@ int main(int argc, char** argv) {
   }
 
   std::signal(SIGUSR1, OnUsr1);
-  const int start = absl::GetFlag(FLAGS_start);
+  int start = absl::GetFlag(FLAGS_start);
+  if (absl::GetFlag(FLAGS_mode) == "resume") {
+    auto step = (*client)->Restore();
+    if (!step.ok()) return Fail("restore", step.status());
+    std::printf("restored_step=%" PRId64 "\n", *step);
+    start = static_cast<int>(*step) + 1;
+  }
   const int steps = absl::GetFlag(FLAGS_steps);
   for (int64_t step = start; step < start + steps; ++step) {
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_step_ms)));
