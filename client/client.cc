@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <deque>
 #include <set>
@@ -571,6 +572,61 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
         copied = im.copier->CopyToDevice(regions, stream);
         const absl::Status unpinned = im.copier->UnregisterHostMemory(buffer->base());
         if (copied.ok()) copied = unpinned;
+      }
+    }
+  }
+  v1::RestoreDoneRequest done;
+  done.set_job_id(im.options.job_id);
+  done.set_rank(im.options.rank);
+  done.set_generation(s->resp.generation());
+  done.set_restore_id(resp.restore_id());
+  v1::RestoreDoneResponse done_resp;
+  auto done_ctx = im.Context();
+  const absl::Status released =
+      FromGrpcStatus(stubs->control->RestoreDone(done_ctx.get(), done, &done_resp));
+  ZCC_RETURN_IF_ERROR(copied);
+  ZCC_RETURN_IF_ERROR(released);
+  return resp.step();
+}
+
+absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs) {
+  Impl& im = *impl_;
+  std::shared_ptr<Session> s = im.CurrentSession();
+  if (s == nullptr) return absl::UnavailableError("not registered with zccd");
+  v1::ReadEmaRequest req;
+  req.set_job_id(im.options.job_id);
+  req.set_rank(im.options.rank);
+  req.set_generation(s->resp.generation());
+  v1::ReadEmaResponse resp;
+  auto ctx = im.Context();
+  const std::shared_ptr<const Stubs> stubs = im.GetStubs();
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(stubs->control->ReadEma(ctx.get(), req, &resp)));
+  absl::Status copied;
+  {
+    auto buffer = shm::Segment::Open(resp.shm_name(), resp.segment_bytes());
+    if (!buffer.ok()) {
+      copied = buffer.status();
+    } else if (resp.data_offset() > buffer->size()) {
+      copied = absl::DataLossError("zccd's EMA buffer is inconsistent");
+    } else {
+      const uint64_t room = buffer->size() - resp.data_offset();
+      const uint8_t* base = buffer->base() + resp.data_offset();
+      for (const EmaOutput& out : outputs) {
+        auto it = std::find_if(resp.placements().begin(), resp.placements().end(),
+                               [&](const v1::TensorPlacement& p) { return p.name() == out.name; });
+        if (it == resp.placements().end()) {
+          copied = absl::NotFoundError(absl::StrCat(
+              "zccd keeps no EMA of '", out.name, "' for this rank (another replica writes it, or "
+              "it is not an EMA-eligible parameter)"));
+          break;
+        }
+        if (it->nbytes() != out.elements * sizeof(float) || it->offset() > room ||
+            it->nbytes() > room - it->offset()) {
+          copied = absl::InvalidArgumentError(absl::StrCat(
+              "EMA of '", out.name, "' has ", it->nbytes() / 4, " elements; ", out.elements, " given"));
+          break;
+        }
+        if (resp.step() >= 0) std::memcpy(out.data, base + it->offset(), it->nbytes());
       }
     }
   }

@@ -163,6 +163,20 @@ class Client {
   // nothing to restore; Unavailable when zccd is not reachable.
   absl::StatusOr<int64_t> Restore(int64_t step = kLatestStep, void* stream = nullptr);
 
+  // Where ReadEma puts one tensor's EMA: `elements` fp32 values.
+  struct EmaOutput {
+    std::string name;
+    float* data = nullptr;
+    uint64_t elements = 0;
+  };
+
+  // Copies zccd's current fp32 EMA of the named parameters (for evaluation)
+  // and returns the last step folded into it (-1 before the first update,
+  // when nothing is copied). zccd keeps the EMA of the parameters this rank
+  // writes; NotFound names a tensor whose EMA another replica keeps, and
+  // FailedPrecondition means the client was registered without ema_decay.
+  absl::StatusOr<int64_t> ReadEma(const std::vector<EmaOutput>& outputs);
+
   // Asks zccd to persist the next full snapshot of every rank of the job on this node.
   absl::Status SaveNow();
 

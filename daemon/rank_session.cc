@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <cerrno>
 #include <vector>
@@ -197,6 +198,40 @@ void RankSession::UpdateEma(const shm::ReadySlot& slot) {
     for (size_t i : ema_index_) source_bytes += registered_[i].nbytes;
     m->ema_bytes().Increment(source_bytes + 2 * ema_->state_bytes());
   }
+}
+
+absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name) {
+  absl::ReleasableMutexLock lock(&ema_mu_);
+  if (ema_ == nullptr) {
+    return absl::FailedPreconditionError("this rank keeps no EMA (register with an ema_decay)");
+  }
+  std::vector<shm::LayoutInput> inputs;
+  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+    inputs.push_back({ema_->tensor(i).name, ema_->tensor(i).elements * sizeof(float),
+                      shm::FileGroup::kModel});
+  }
+  ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, ~uint64_t{0} >> 1));
+  ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
+                       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes)));
+  v1::ReadEmaResponse resp;
+  resp.set_step(ema_->initialized() ? ema_->last_step() : -1);
+  resp.set_shm_name(shm_name);
+  resp.set_segment_bytes(segment.size());
+  resp.set_data_offset(shm::ControlBlockBytes());
+  uint8_t* base = segment.base() + shm::ControlBlockBytes();
+  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+    const absl::Span<const float> data = ema_->ema(i);
+    if (!data.empty()) std::memcpy(base + layout.placements[i].offset, data.data(), data.size() * 4);
+    v1::TensorPlacement* p = resp.add_placements();
+    p->set_name(ema_->tensor(i).name);
+    p->set_offset(layout.placements[i].offset);
+    p->set_nbytes(ema_->tensor(i).elements * sizeof(float));
+    p->set_staged(!data.empty());
+  }
+  const int64_t step = resp.step();
+  lock.Release();
+  resp.set_restore_id(AddRestoreBuffer(std::move(segment), step));
+  return resp;
 }
 
 absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world_size,

@@ -31,6 +31,7 @@
 #include "format/dtype.h"
 #include "ema/ema_updater.h"
 #include "metrics/metrics.h"
+#include "proto/zcc.pb.h"
 #include "shm/segment.h"
 
 namespace zcc::daemon {
@@ -130,6 +131,10 @@ class RankSession {
 
   const checkpoint::RankShards& shards() const { return shards_; }
   const std::vector<RegisteredTensor>& registered() const { return registered_; }
+
+  // Copies the current EMA into a new segment `shm_name` (kept as a restore
+  // buffer until RemoveRestoreBuffer). FailedPrecondition without an EMA.
+  absl::StatusOr<v1::ReadEmaResponse> CopyEma(const std::string& shm_name);
 
   // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
   // shards). OK and a no-op without an EMA; a checkpoint without EMA tensors

@@ -424,6 +424,16 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   return resp;
 }
 
+absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& req,
+                                                      const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  auto& [job, session] = found;
+  const std::string shm_name =
+      absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r", req.rank(), ".ema.g",
+                   req.generation(), ".", next_restore_seq_.fetch_add(1));
+  return session->CopyEma(shm_name);
+}
+
 absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;

@@ -60,6 +60,8 @@ class Registry {
   absl::Status Unregister(const v1::UnregisterRequest& request, const Caller& caller);
   absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request, const Caller& caller);
   absl::Status RestoreDone(const v1::RestoreDoneRequest& request, const Caller& caller);
+  absl::StatusOr<v1::ReadEmaResponse> ReadEma(const v1::ReadEmaRequest& request,
+                                              const Caller& caller);
   absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request, const Caller& caller);
   absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage(
       const v1::CollectGarbageRequest& request, const Caller& caller);

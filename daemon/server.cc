@@ -88,6 +88,11 @@ class ControlService final : public v1::Control::Service {
     ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(*req, caller)));
   }
+  grpc::Status ReadEma(grpc::ServerContext* ctx, const v1::ReadEmaRequest* req,
+                       v1::ReadEmaResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->ReadEma(*req, caller), resp));
+  }
   grpc::Status SaveNow(grpc::ServerContext* ctx, const v1::SaveNowRequest* req,
                        v1::SaveNowResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);

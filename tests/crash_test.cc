@@ -449,11 +449,11 @@ TEST_CASE("a trainer killed mid-snapshot loses its registration; a new one resto
   for (int i = 0; i < trials; ++i) {
     std::mt19937_64 rng(base + i);
     const int kill_after_ms = std::uniform_int_distribution<int>(0, 300)(rng);
-    const int save_every = std::uniform_int_distribution<int>(1, 2)(rng);
+    const int save_every = std::uniform_int_distribution<int>(1, 3)(rng);
     Problems p{absl::StrCat("trainer-kill (snapshot) trial seed=", base + i,
                             " kill_after_ms=", kill_after_ms, " save_every=", save_every),
                {}};
-    const std::vector<std::string> model = ModelFlags(3, 256);
+    const std::vector<std::string> model = ModelFlags(3, 1024);
     auto trainer = StartTrainer(
         daemon, dir, absl::StrCat("snap", i),
         Concat({absl::StrCat("--start=", next_step), "--steps=100000", "--step_ms=2",

@@ -137,10 +137,14 @@ TEST_CASE("the EMA resumes from a checkpoint: after a restart it equals the unin
   auto second = common;
   second.push_back("--mode=resume");
   second.push_back("--steps=6");
+  second.push_back("--check_ema");
   auto u = StartTrainer(daemon, dir, "second", second);
   REQUIRE(u->Wait(absl::Seconds(60)) == 0);
   INFO(u->Output() << daemon.Log());
   CHECK(u->Values()["restored_step"] == "6");
+  // The live EMA, read back from the daemon, matches too.
+  CHECK(u->Values()["ema_step"] == "12");
+  CHECK(u->Values()["ema_mismatches"] == "0");
   const std::string step_dir = JobDir(daemon) + "/step-00000012";
   REQUIRE_OK(checkpoint::VerifyStep(step_dir));
   for (const ModelTensor& t : BuildModel("plain", 0, 1, 3, 64)) {

@@ -43,6 +43,8 @@ ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after t
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
 ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
 ABSL_FLAG(bool, persist_on_failure, false, "ask zccd to persist the newest snapshot if this process dies");
+ABSL_FLAG(bool, check_ema, false, "train: read zccd's live EMA after the last step and compare it "
+                                   "with the reference EMA (needs --ema_decay)");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
 
 namespace {
@@ -162,6 +164,35 @@ int main(int argc, char** argv) {
       absl::SleepFor(absl::Milliseconds(20));
     }
     std::printf("committed=%" PRId64 "\n", last_due);
+  }
+  if (absl::GetFlag(FLAGS_check_ema)) {
+    const int64_t last = start + steps - 1;
+    std::vector<std::vector<float>> got;
+    std::vector<zcc::Client::EmaOutput> outputs;
+    std::vector<const ModelTensor*> specs;
+    for (Tensor& t : model) {
+      if (!t.spec.ema_eligible) continue;
+      got.emplace_back(t.spec.nbytes / 4);
+      specs.push_back(&t.spec);
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      outputs.push_back({specs[i]->name, got[i].data(), got[i].size()});
+    }
+    int64_t ema_step = -1;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (ema_step < last && absl::Now() < deadline) {  // the daemon ingests asynchronously
+      auto read = (*client)->ReadEma(outputs);
+      if (!read.ok()) return Fail("read_ema", read.status());
+      ema_step = *read;
+      if (ema_step < last) absl::SleepFor(absl::Milliseconds(20));
+    }
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const std::vector<float> want = zcc::testing::ReferenceEma(
+          *specs[i], ema_step, static_cast<float>(absl::GetFlag(FLAGS_ema_decay)));
+      bad += std::memcmp(want.data(), got[i].data(), specs[i]->nbytes) != 0;
+    }
+    std::printf("ema_step=%" PRId64 " ema_mismatches=%d\n", ema_step, bad);
   }
   const zcc::ClientStats s = (*client)->Stats();
   std::printf("published=%" PRIu64 " skipped_no_slot=%" PRIu64 " skipped_disconnected=%" PRIu64
