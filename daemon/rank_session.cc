@@ -201,6 +201,7 @@ void RankSession::UpdateEma(const shm::ReadySlot& slot) {
 }
 
 absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name) {
+  ZCC_RETURN_IF_ERROR(CheckRestoreBufferRoom());
   absl::ReleasableMutexLock lock(&ema_mu_);
   if (ema_ == nullptr) {
     return absl::FailedPreconditionError("this rank keeps no EMA (register with an ema_decay)");
@@ -312,6 +313,16 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   }
   on_persisted_(event);
   return event.status.ok() ? std::optional<int64_t>(step) : std::nullopt;
+}
+
+absl::Status RankSession::CheckRestoreBufferRoom() const {
+  absl::MutexLock lock(&mu_);
+  if (restores_.size() >= kMaxRestoreBuffers) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this rank already holds ", restores_.size(),
+        " restore buffers; release them with RestoreDone before asking for more"));
+  }
+  return absl::OkStatus();
 }
 
 uint64_t RankSession::AddRestoreBuffer(shm::Segment buffer, int64_t step) {

@@ -126,6 +126,10 @@ class RankSession {
   // A filled restore buffer, kept until the client says it has copied it out
   // (or the session ends). Returns its id.
   uint64_t AddRestoreBuffer(shm::Segment buffer, int64_t step);
+  // A client holds at most this many restore/EMA buffers; more is refused.
+  static constexpr size_t kMaxRestoreBuffers = 4;
+  // ResourceExhausted when the client already holds kMaxRestoreBuffers.
+  absl::Status CheckRestoreBufferRoom() const;
   // Drops the buffer; returns the step it held.
   absl::StatusOr<int64_t> RemoveRestoreBuffer(uint64_t id);
 

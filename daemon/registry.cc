@@ -8,6 +8,7 @@
 
 #include <cerrno>
 
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,7 @@ absl::Status Registry::Start() {
                      << " stale staging segment(s) left by a previous zccd instance";
   }
   ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(config_.default_root), "default checkpoint root"));
+  SweepAbandonedPartials();
   housekeeper_ = std::thread([this] { HousekeepingLoop(); });
   return absl::OkStatus();
 }
@@ -370,6 +372,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
                                                       const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
+  ZCC_RETURN_IF_ERROR(session->CheckRestoreBufferRoom());
   const std::string& job_dir = job->options().job_dir;
   ZCC_ASSIGN_OR_RETURN(
       checkpoint::RestoreChoice choice,
@@ -532,6 +535,35 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
     }
   }
   return resp;
+}
+
+void Registry::SweepAbandonedPartials() {
+  // Partial steps older than the commit timeout were abandoned by a previous
+  // instance (or a crashed node); younger ones may be another daemon's work in
+  // progress in a shared root and are left alone. Committed steps are not
+  // touched here (no retention without the job's policy).
+  checkpoint::RetentionPolicy keep_all;
+  keep_all.keep_last = std::numeric_limits<uint32_t>::max();
+  size_t removed = 0;
+  std::set<std::string> roots(config_.allowed_roots.begin(), config_.allowed_roots.end());
+  roots.insert(config_.default_root);
+  for (const std::string& root : roots) {
+    auto jobs = ListDir(root);
+    if (!jobs.ok()) continue;
+    for (const std::string& job : *jobs) {
+      if (!ValidateJobId(job).ok()) continue;
+      const std::string job_dir = JoinPath(root, job);
+      auto result = checkpoint::ApplyRetention(job_dir, keep_all, {}, config_.commit_timeout);
+      if (!result.ok()) continue;  // not a job directory, or unreadable
+      for (const std::string& name : result->removed_partials) {
+        ZCC_LOG(WARNING) << "removed abandoned partial checkpoint " << JoinPath(job_dir, name);
+        ++removed;
+      }
+    }
+  }
+  if (removed > 0) {
+    ZCC_LOG(WARNING) << "removed " << removed << " abandoned partial checkpoint(s) at start";
+  }
 }
 
 bool Registry::Healthy() const {

@@ -90,6 +90,8 @@ class Registry {
   // restoring the same step verify it once.
   absl::Status VerifyCached(const std::string& step_dir);
   void HousekeepingLoop();
+  // At start: removes partial steps under the roots older than the commit timeout.
+  void SweepAbandonedPartials();
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;

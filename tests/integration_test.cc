@@ -304,7 +304,12 @@ v1::RegisterRequest GoodRequest(const std::string& job) {
 
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
   const std::string dir = MakeTempDir("it-bad");
-  Daemon daemon(dir, {{"--staging_budget_mb=64"}});
+  Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});
+  {
+    std::FILE* f = std::fopen((dir + "/limits.conf").c_str(), "w");
+    std::fputs("max_tensors_per_rank: 1000\n", f);
+    std::fclose(f);
+  }
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train", {"--steps=5"});
   REQUIRE(t->Wait(absl::Seconds(60)) == 0);
@@ -347,6 +352,11 @@ TEST_CASE("bad requests get clear errors and committed checkpoints stay intact")
          r.mutable_tensors(0)->set_shape(1, int64_t{1} << 40);
        },
        grpc::INVALID_ARGUMENT, ""},
+      {"too many tensors",
+       [](auto& r) {
+         for (int i = 0; i < 5000; ++i) *r.add_tensors() = r.tensors(0);
+       },
+       grpc::INVALID_ARGUMENT, "limit is 1000"},
       {"over the staging budget", [](auto& r) { r.mutable_tensors(0)->set_shape(0, 40 << 20); },
        grpc::RESOURCE_EXHAUSTED, "budget"},
       {"root outside allowed", [](auto& r) { r.set_checkpoint_root("/etc"); }, grpc::PERMISSION_DENIED,
@@ -421,6 +431,28 @@ TEST_CASE("bad requests get clear errors and committed checkpoints stay intact")
   cb->slots[0].step.store(-7);
   cb->doorbell.fetch_add(1);
   FutexWakeAll(&cb->doorbell);
+
+  // A client that never releases its buffers is cut off after a few.
+  v1::RegisterRequest cap = GoodRequest("cap");
+  cap.set_ema_decay(0.9f);
+  cap.mutable_tensors(0)->set_ema_eligible(true);
+  v1::RegisterResponse capped;
+  REQUIRE(rpc.Register(cap, &capped).ok());
+  v1::ReadEmaRequest ema_req;
+  ema_req.set_job_id("cap");
+  ema_req.set_generation(capped.generation());
+  for (int i = 0; i < 4; ++i) {
+    v1::ReadEmaResponse ema_resp;
+    grpc::ClientContext ctx;
+    REQUIRE(rpc.control->ReadEma(&ctx, ema_req, &ema_resp).ok());
+  }
+  {
+    v1::ReadEmaResponse ema_resp;
+    grpc::ClientContext ctx;
+    const grpc::Status refused = rpc.control->ReadEma(&ctx, ema_req, &ema_resp);
+    CHECK(refused.error_code() == grpc::RESOURCE_EXHAUSTED);
+    CHECK(absl::StrContains(refused.error_message(), "RestoreDone"));
+  }
 
   // The daemon still serves, and the committed checkpoint is untouched.
   v1::RegisterResponse fine;
@@ -569,6 +601,34 @@ TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persiste
   REQUIRE(u->Wait(absl::Seconds(10)).has_value());
   absl::SleepFor(absl::Seconds(2));  // well past the daemon's pid check
   CHECK(*ReadLatest(JobDir(daemon, "nofail")) == 5);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace zcc::testing
+
+namespace zcc::testing {
+namespace {
+
+TEST_CASE("a restarted daemon removes abandoned partial steps, and leaves fresh ones and commits") {
+  const std::string dir = MakeTempDir("it-sweep");
+  Daemon daemon(dir, {{"--commit_timeout_s=60"}});
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train", {"--steps=5", "--block"});
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  daemon.Kill();
+  const std::string job_dir = JobDir(daemon);
+  REQUIRE(MakeDirs(job_dir + "/step-00000007.partial").ok());
+  REQUIRE(MakeDirs(job_dir + "/step-00000008.partial").ok());
+  // Step 7's partial is two hours old: abandoned. Step 8's is fresh.
+  const std::string old_dir = job_dir + "/step-00000007.partial";
+  struct timespec times[2] = {{time(nullptr) - 7200, 0}, {time(nullptr) - 7200, 0}};
+  REQUIRE(utimensat(AT_FDCWD, old_dir.c_str(), times, 0) == 0);
+  REQUIRE(daemon.Start());
+  CHECK_FALSE(PathExists(old_dir));
+  CHECK(PathExists(job_dir + "/step-00000008.partial"));
+  CHECK(*ListCommittedSteps(job_dir) == std::vector<int64_t>{5});
+  CHECK(absl::StrContains(daemon.Log(), "abandoned partial checkpoint"));
   REQUIRE(daemon.Stop() == 0);
 }
 

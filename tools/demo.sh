@@ -12,6 +12,7 @@ root=""
 save_every=10
 step_ms=300
 tensors=150
+ema_decay=0.999
 
 usage() {
   cat <<USAGE
@@ -24,6 +25,7 @@ usage: tools/demo.sh [--steps N] [--size-mb MB] [--root DIR] [--save-every K] [-
   --save-every K   checkpoint every K steps (default $save_every)
   --step-ms MS     simulated accelerator time per step (default $step_ms)
   --tensors N      number of tensors (default $tensors)
+  --ema-decay D    EMA decay zccd keeps for the parameters (default $ema_decay; 0 = off)
   --help           this text
 USAGE
 }
@@ -36,6 +38,7 @@ while [[ $# -gt 0 ]]; do
     --save-every) save_every=$2; shift 2 ;;
     --step-ms) step_ms=$2; shift 2 ;;
     --tensors) tensors=$2; shift 2 ;;
+    --ema-decay) ema_decay=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "demo: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -77,7 +80,8 @@ done
 
 echo "== training"
 "$work/demo_trainer" --socket="$socket" --root="$root" --job=demo --steps="$steps" \
-  --save_every="$save_every" --size_mb="$size_mb" --step_ms="$step_ms" --tensors="$tensors"
+  --save_every="$save_every" --size_mb="$size_mb" --step_ms="$step_ms" --tensors="$tensors" \
+  --ema_decay="$ema_decay"
 
 echo "== zccctl list demo"
 "$work/zccctl" --socket "$socket" list demo --root "$root"

@@ -32,6 +32,7 @@ ABSL_FLAG(int, steps, 30, "training steps");
 ABSL_FLAG(int, save_every, 10, "checkpoint every N steps");
 ABSL_FLAG(int, size_mb, 1024, "model + optimizer state in MiB");
 ABSL_FLAG(int, tensors, 150, "number of tensors (about 4 per parameter)");
+ABSL_FLAG(double, ema_decay, 0.999, "EMA decay kept by zccd (0 = no EMA)");
 ABSL_FLAG(int, step_ms, 100, "simulated forward/backward time per step on the accelerator");
 
 namespace {
@@ -105,6 +106,7 @@ zcc::ClientOptions Options() {
   o.job_id = absl::GetFlag(FLAGS_job);
   o.checkpoint_root = absl::GetFlag(FLAGS_root);
   o.save_every = static_cast<uint32_t>(absl::GetFlag(FLAGS_save_every));
+  o.ema_decay = static_cast<float>(absl::GetFlag(FLAGS_ema_decay));
   return o;
 }
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Runs the whole test suite under a sanitizer build and summarises what the
+# sanitizers reported:
+#
+#   tools/sanitize.sh asan    # AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer)
+#   tools/sanitize.sh tsan    # ThreadSanitizer (suppressions: tools/tsan.supp)
+#   tools/sanitize.sh asan //format/... //tests:crash_test    # some targets only
+#
+# The build uses `--config=asan|tsan` from .bazelrc with an output base of its
+# own (ZCC_SANITIZE_OUTPUT_BASE, default ~/.cache/zcc/bazel-<config>), so the
+# normal build's cache is not evicted, and --symlink_prefix=/ so the bazel-*
+# links in the workspace keep pointing at the normal build.
+#
+# Every process of a test (the test itself and the zccd, trainer and zccctl
+# processes integration tests start) inherits the sanitizer options, with
+# reports written to one directory (log_path), so reports from child processes
+# are collected too. Timeouts are raised for the slower instrumented code.
+# Ends with a summary: tests passed/failed, and each distinct sanitizer report
+# (first frame in zcc code) with how often it occurred. Exit status: 0 when
+# every test passed and nothing was reported.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+config=${1:-}
+case $config in
+  asan|tsan) shift ;;
+  *) echo "usage: tools/sanitize.sh asan|tsan [TARGETS...]" >&2; exit 2 ;;
+esac
+targets=("$@")
+((${#targets[@]})) || targets=(//...)
+
+bash tools/setup.sh >/dev/null || { echo "setup failed"; exit 1; }
+source tools/bazel_flags.sh
+
+output_base=${ZCC_SANITIZE_OUTPUT_BASE:-${XDG_CACHE_HOME:-$HOME/.cache}/zcc/bazel-$config}
+reports=$(mktemp -d "/tmp/zcc-$config-reports.XXXXXX")
+chmod 0777 "$reports"  # tests may run processes as other users
+
+case $config in
+  asan)
+    env_flags=(
+      "--test_env=ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:log_path=$reports/asan"
+      "--test_env=UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
+      "--test_env=LSAN_OPTIONS=report_objects=0"
+    )
+    ;;
+  tsan)
+    env_flags=(
+      "--test_env=TSAN_OPTIONS=suppressions=$PWD/tools/tsan.supp:halt_on_error=0:second_deadlock_stack=1:history_size=4:log_path=$reports/tsan"
+    )
+    ;;
+esac
+
+bazel=(bazel --output_base="$output_base")
+flags=("${ZCC_BAZEL_FLAGS[@]}" --config="$config" --symlink_prefix=/ --keep_going
+       --test_output=errors --test_timeout=300,900,1800,3600 "${env_flags[@]}")
+
+start=$(date +%s)
+log=$reports/bazel.log
+"${bazel[@]}" test "${flags[@]}" -- "${targets[@]}" 2>&1 | tee "$log"
+bazel_rc=${PIPESTATUS[0]}
+
+echo
+echo "=== tools/sanitize.sh $config summary ($(( $(date +%s) - start ))s, output base $output_base)"
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+failed_lines=$(grep -E '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$log" || true)
+failed=$(grep -c . <<<"$failed_lines")
+[[ -z $failed_lines ]] && failed=0
+echo "tests: $passed passed, $failed not passed"
+[[ -n $failed_lines ]] && sed 's/^/  /' <<<"$failed_lines"
+if grep -q "FAILED: Build did NOT complete" "$log"; then
+  echo "build: FAILED (see $log)"
+fi
+
+# Distinct reports: the report's headline plus its first stack frame inside
+# this workspace (or the first frame at all).
+shopt -s nullglob
+files=("$reports"/asan.* "$reports"/ubsan.* "$reports"/tsan.*)
+if ((${#files[@]} == 0)); then
+  echo "sanitizer reports: none"
+else
+  echo "sanitizer reports: ${#files[@]} file(s) in $reports"
+  for f in "${files[@]}"; do
+    awk -v ws="$PWD" '
+      function flush() { if (head != "") { print head " @ " (frame != "" ? frame : first); } head = ""; frame = ""; first = "" }
+      /(ERROR|WARNING): (Address|Leak|Thread|UndefinedBehavior)Sanitizer|runtime error:/ { flush(); head = $0; sub(/^==[0-9]+==/, "", head); next }
+      head != "" && /^ +#[0-9]+ / {
+        loc = $NF
+        if (first == "") first = loc
+        if (frame == "" && (index(loc, ws) == 1 || loc ~ /^(checkpoint|client|common|copy|daemon|format|shm|storage|ema|sharding|metrics|config|tools|tests|fuzz)\//)) frame = loc
+      }
+      END { flush() }' "$f"
+  done | sed -E 's/ \(pid=[0-9]+\)//; s/0x[0-9a-f]+/0x…/g' | sort | uniq -c | sort -rn | head -40
+fi
+echo "reports directory: $reports"
+
+status=0
+((bazel_rc == 0 && failed == 0 && ${#files[@]} == 0)) || status=1
+exit $status
