@@ -188,8 +188,18 @@ void RankSession::UpdateEma(const shm::ReadySlot& slot) {
     return;
   }
   if (!result->applied) {
-    SetError(absl::StrCat("EMA update at step ", slot.step, " skipped: tensor '",
-                          result->nonfinite_tensor, "' holds NaN or Inf"));
+    // Reported in status every time, logged for the first and then every
+    // 100th, so a diverged run does not flood the log.
+    const uint64_t skipped = ema_->counters().skipped_nonfinite;
+    const std::string error = absl::StrCat("EMA update at step ", slot.step, " skipped: tensor '",
+                                           result->nonfinite_tensor, "' holds NaN or Inf (",
+                                           skipped, " skipped so far)");
+    if (skipped == 1 || skipped % 100 == 0) {
+      SetError(error);
+    } else {
+      absl::MutexLock lock(&mu_);
+      last_error_ = error;
+    }
     return;
   }
   if (m != nullptr) {

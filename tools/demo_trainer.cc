@@ -71,21 +71,69 @@ std::vector<Tensor> BuildModel(uint64_t total_bytes, int num_tensors) {
                    std::vector<uint8_t>(5056)});
   model.push_back({"trainer_state", zcc::DType::kI64, {4}, zcc::TensorKind::kExtra,
                    std::vector<uint8_t>(32)});
+  // Weights and optimizer state are finite floats in [-1, 1), as in a real
+  // model; the blobs are arbitrary bytes.
   std::mt19937_64 rng(42);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (Tensor& t : model) {
-    for (size_t i = 0; i + 8 <= t.bytes.size(); i += 8) {
-      const uint64_t v = rng();
-      std::memcpy(&t.bytes[i], &v, 8);
+    if (t.dtype == zcc::DType::kF32) {
+      for (size_t i = 0; i + 4 <= t.bytes.size(); i += 4) {
+        const float v = uniform(rng);
+        std::memcpy(&t.bytes[i], &v, 4);
+      }
+    } else if (t.dtype == zcc::DType::kBF16) {
+      for (size_t i = 0; i + 2 <= t.bytes.size(); i += 2) {
+        const float v = uniform(rng);
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        const uint16_t bf16 = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(&t.bytes[i], &bf16, 2);
+      }
+    } else {
+      for (uint8_t& b : t.bytes) b = static_cast<uint8_t>(rng());
     }
   }
   return model;
 }
 
-// The "optimizer step": touches every tensor (a strided update plus a
-// step-dependent stamp), so each step's state differs everywhere it matters.
+float LoadFloat(const Tensor& t, size_t element) {
+  if (t.dtype == zcc::DType::kF32) {
+    float v;
+    std::memcpy(&v, &t.bytes[element * 4], 4);
+    return v;
+  }
+  uint16_t bf16;
+  std::memcpy(&bf16, &t.bytes[element * 2], 2);
+  const uint32_t bits = uint32_t{bf16} << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+void StoreFloat(Tensor& t, size_t element, float v) {
+  if (t.dtype == zcc::DType::kF32) {
+    std::memcpy(&t.bytes[element * 4], &v, 4);
+    return;
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  const uint16_t bf16 = static_cast<uint16_t>(bits >> 16);
+  std::memcpy(&t.bytes[element * 2], &bf16, 2);
+}
+
+// The "optimizer step": touches every tensor (a strided update of the
+// weights, which stay finite, and a step stamp in the blobs), so each step's
+// state differs everywhere it matters.
 void OptimizerStep(std::vector<Tensor>& model, int64_t step) {
   for (Tensor& t : model) {
-    for (size_t i = (step * 4096) % 65536; i < t.bytes.size(); i += 65536) t.bytes[i] += 1;
+    if (t.dtype == zcc::DType::kF32 || t.dtype == zcc::DType::kBF16) {
+      const size_t elem = t.dtype == zcc::DType::kF32 ? 4 : 2;
+      const size_t n = t.bytes.size() / elem;
+      for (size_t i = (step * 1024) % 16384; i < n; i += 16384) {
+        StoreFloat(t, i, 0.5f * LoadFloat(t, i) + 0.25f * static_cast<float>(step % 3));
+      }
+      continue;
+    }
     const size_t n = std::min<size_t>(8, t.bytes.size());
     std::memcpy(t.bytes.data(), &step, n);
   }
