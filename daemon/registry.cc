@@ -195,6 +195,26 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     return absl::InvalidArgumentError("registration is too large");
   }
 
+  // A trainer restarted faster than the housekeeping round noticed its
+  // predecessor's death: give the old registration its checkpoint-on-failure
+  // before it is replaced, so a restore right after sees that step.
+  std::shared_ptr<RankSession> predecessor;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job_id());
+    if (it != jobs_.end() && it->second->Authorize(caller.uid).ok()) {
+      predecessor = it->second->FindRank(req.rank());
+    }
+  }
+  if (predecessor != nullptr && predecessor->options().persist_on_failure &&
+      (predecessor->ClientProcessGone() || !predecessor->ClientAlive(config_.client_timeout))) {
+    if (auto step = predecessor->PersistNewestOnFailure(); step.has_value()) {
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
+                       << ": persisted its previous trainer's newest snapshot, step " << *step
+                       << " (checkpoint-on-failure)";
+    }
+  }
+
   std::shared_ptr<RankSession> replaced;
   v1::RegisterResponse resp;
   {

@@ -17,6 +17,9 @@ APT_PACKAGES=(
   python3-yaml               # the Kubernetes manifest check
   nlohmann-json3-dev
   pkg-config
+  pybind11-dev python3-dev   # the zcc Python module (python/zcc), for /usr/bin/python3
+  python3-numpy python3-torch  # zcc.torch, the examples and their tests (CPU PyTorch 1.13)
+  python3-pip                # pip for /usr/bin/python3 (safetensors, below)
 )
 PIP_PACKAGES=(safetensors numpy)
 
@@ -30,6 +33,14 @@ if ((${#missing[@]})); then
   [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Python module's tests and examples run on Debian's /usr/bin/python3
+# (python3-torch comes from apt); safetensors is not packaged, so pip installs
+# it for that interpreter (externally managed, hence --break-system-packages).
+if [[ -x /usr/bin/python3 ]] && ! /usr/bin/python3 -c "import safetensors" 2>/dev/null; then
+  echo "setup: pip installing safetensors for /usr/bin/python3"
+  /usr/bin/python3 -m pip install -q --break-system-packages safetensors
 fi
 
 PY=${PYTHON:-python3}

@@ -1,0 +1,135 @@
+"""Resume exactness of examples/train_mlp.py with a real zccd.
+
+Runs, all to step 40 (save_every=10, EMA decay 0.9, BatchNorm buffers, AdamW +
+OneCycleLR, dropout and data drawn from the torch RNG):
+
+  baseline     without zcc at all
+  full         with zcc, uninterrupted
+  killed       with zcc; SIGKILLed while paused after step 25 (step 20 committed),
+               then restarted: restores step 20, trains 21..40
+  on_failure   as killed, but with persist_on_failure: zccd persists the newest
+               snapshot (step 25) when the trainer dies; the restart restores 25
+
+and checks, bit for bit: zcc does not change the losses (full == baseline);
+every run's per-step losses equal the uninterrupted run's; the final
+parameters and buffers equal; zccd's EMA after resuming equals the
+uninterrupted run's EMA.
+
+Snapshots use Backpressure.BLOCK: zccd folds every *ingested* snapshot into the
+EMA, and with SKIP a slow moment could drop one from one run but not another.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from safetensors.torch import load_file
+
+from zccd_process import Zccd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "train_mlp.py")
+STEPS = 40
+
+
+def parse(output):
+    losses, values = {}, {}
+    for line in output.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "step" in fields and "loss" in fields:
+            losses[int(fields["step"])] = fields["loss"]
+        for k in ("restored", "ema_step", "ema_tensors", "samples_seen"):
+            if k in fields:
+                values[k] = fields[k]
+    return losses, values
+
+
+def run(args, timeout=300):
+    p = subprocess.run([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError("train_mlp.py %s failed (%d):\n%s" % (" ".join(args), p.returncode, p.stdout))
+    return parse(p.stdout) + (p.stdout,)
+
+
+def run_and_kill(args, timeout=120):
+    """Starts a trainer that pauses after a step, SIGKILLs it there, reaps it."""
+    p = subprocess.Popen([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if line.strip() == "paused":
+                break
+        else:
+            raise AssertionError("trainer exited before pausing:\n" + "".join(out))
+    finally:
+        p.kill()  # SIGKILL: no cleanup, no unregister
+        p.wait(timeout)
+    assert p.returncode == -9, p.returncode
+    return parse("".join(out))[0]
+
+
+def tensors_bytes(path):
+    return {k: v.numpy().tobytes() for k, v in load_file(path).items()}
+
+
+def same_tensors(a_path, b_path, what):
+    a, b = tensors_bytes(a_path), tensors_bytes(b_path)
+    assert a.keys() == b.keys(), (what, sorted(a), sorted(b))
+    bad = [k for k in a if a[k] != b[k]]
+    assert not bad, "%s differ bitwise: %s" % (what, bad)
+    return len(a)
+
+
+def main():
+    out = tempfile.mkdtemp(prefix="zccresume.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+    with Zccd("resume") as d:
+        common = ["--socket", d.socket, "--root", d.root, "--steps", str(STEPS),
+                  "--save-every", "10", "--ema-decay", "0.9", "--batchnorm",
+                  "--backpressure", "block"]
+
+        baseline, _, _ = run(common + ["--no-zcc"])
+        full, vals, log = run(common + ["--job", "full", "--dump", os.path.join(out, "full")])
+        assert sorted(full) == list(range(1, STEPS + 1)), log
+        assert vals["restored"] == "None", vals
+        assert full == baseline, "zcc changed the training numerics"
+        assert vals["ema_step"] == str(STEPS), vals
+        print("uninterrupted: %d steps, losses identical to training without zcc" % STEPS)
+
+        for job, extra, expect in (("killed", [], 20),
+                                   ("on_failure", ["--persist-on-failure"], 25)):
+            first = run_and_kill(common + ["--job", job, "--pause-after", "25",
+                                           "--wait-commit", "20"] + extra)
+            assert sorted(first) == list(range(1, 26)), sorted(first)
+            assert all(first[s] == full[s] for s in first), "%s: losses before the kill differ" % job
+            # The restart must find the step zccd is expected to have (for
+            # on_failure: persisted when zccd noticed the trainer's death).
+            d.wait_latest(job, expect)
+            dump = os.path.join(out, job)
+            second, vals, log = run(common + ["--job", job, "--dump", dump] + extra)
+            assert vals["restored"] == str(expect), (vals, log, d.log())
+            assert sorted(second) == list(range(expect + 1, STEPS + 1)), log
+            diff = [s for s in second if second[s] != full[s]]
+            assert not diff, "%s: losses after resuming differ at steps %s" % (job, diff)
+            assert vals["samples_seen"] == full_samples(STEPS), vals
+            assert vals["ema_step"] == str(STEPS), vals
+            n = same_tensors(os.path.join(out, "full", "final.safetensors"),
+                             os.path.join(dump, "final.safetensors"), job + " final parameters")
+            m = same_tensors(os.path.join(out, "full", "ema.safetensors"),
+                             os.path.join(dump, "ema.safetensors"), job + " EMA")
+            print("%s: SIGKILL after step 25, restored step %d, losses %d..%d, %d final tensors "
+                  "and %d EMA tensors bit-identical to the uninterrupted run"
+                  % (job, expect, expect + 1, STEPS, n, m))
+        assert d.stop() == 0, d.log()
+    print("resume_test: OK")
+
+
+def full_samples(steps):
+    return str(steps * 32)
+
+
+if __name__ == "__main__":
+    main()

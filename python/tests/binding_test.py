@@ -1,0 +1,400 @@
+"""Tests of the zcc Python binding and the zcc.torch helper.
+
+Plain Python: every test_* function runs in order; the run fails at the first
+failing test (after printing which). Tests that need zccd start their own.
+"""
+
+import gc
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+import torch
+
+import zcc
+from zcc.torch import Checkpointer, _Blob
+from zccd_process import Zccd
+
+NO_DAEMON = "/tmp/zcc-no-such-dir/zccd.sock"
+
+
+def raises(exc, fn, *args, match=None, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc as e:
+        if match is not None:
+            assert match in str(e), "%r does not mention %r" % (str(e), match)
+        return e
+    raise AssertionError("%s did not raise %s" % (getattr(fn, "__name__", fn), exc.__name__))
+
+
+class FakeCudaArray:
+    """Device memory as CuPy/Numba describe it (the pointer is never read)."""
+
+    def __init__(self, shape=(4,), typestr="<f4"):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
+                                         "data": (0x7F0000000000, False), "version": 3,
+                                         "strides": None}
+
+
+class FakeArray:
+    def __init__(self, iface):
+        self.__array_interface__ = iface
+
+
+# ------------------------------------------------------------ tensor protocols
+
+def test_describe_numpy_dtypes():
+    for dtype, name in [(np.float32, "F32"), (np.float16, "F16"), (np.float64, "F64"),
+                        (np.int64, "I64"), (np.int32, "I32"), (np.int16, "I16"),
+                        (np.int8, "I8"), (np.uint8, "U8"), (np.bool_, "BOOL")]:
+        a = np.zeros((2, 3), dtype)
+        d = zcc.describe_tensor(a)
+        assert d["dtype"] == name and d["shape"] == (2, 3), d
+        assert d["data"] == a.ctypes.data and d["nbytes"] == a.nbytes, d
+        assert d["memory"] == "host" and d["protocol"] == "__array_interface__", d
+
+
+def test_describe_torch_through_dlpack():
+    for dtype, name in [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16"),
+                        (torch.int64, "I64"), (torch.uint8, "U8")]:
+        t = torch.zeros(5, 2, dtype=dtype)
+        d = zcc.describe_tensor(t)
+        assert d["dtype"] == name and d["shape"] == (5, 2), d
+        assert d["data"] == t.data_ptr() and d["protocol"] == "__dlpack__", d
+    scalar = zcc.describe_tensor(torch.tensor(1.5))
+    assert scalar["shape"] == () and scalar["nbytes"] == 4, scalar
+    # A view with an offset into its storage.
+    base = torch.zeros(10)
+    assert zcc.describe_tensor(base[3:])["data"] == base[3:].data_ptr()
+
+
+def test_describe_device_memory():
+    d = zcc.describe_tensor(FakeCudaArray((2, 2), "<f2"))
+    assert d["memory"] == "device" and d["dtype"] == "F16", d
+    assert d["protocol"] == "__cuda_array_interface__", d
+
+
+def test_non_contiguous_is_value_error():
+    e = raises(ValueError, zcc.describe_tensor, np.zeros((4, 4), np.float32)[:, ::2],
+               match="not C-contiguous")
+    assert isinstance(e, zcc.InvalidArgumentError) and e.code == "INVALID_ARGUMENT"
+    raises(ValueError, zcc.describe_tensor, torch.zeros(3, 4).t(), match="not C-contiguous")
+    raises(ValueError, zcc.describe_tensor, np.zeros((4, 4), np.float32).T, match="not C-contiguous")
+    # Size-1 dimensions may have any stride; empty tensors are fine.
+    zcc.describe_tensor(torch.zeros(4, 1).t())
+    zcc.describe_tensor(np.zeros((0, 3), np.float32))
+
+
+def test_unsupported_dtypes_are_value_errors():
+    for a in [np.zeros(3, np.complex64), np.zeros(3, np.uint16), np.zeros(3, np.uint64),
+              np.zeros(3, np.dtype(">f4")), np.array(["a"]), np.zeros(2, object)]:
+        raises(ValueError, zcc.describe_tensor, a)
+    raises(ValueError, zcc.describe_tensor, torch.zeros(3, dtype=torch.complex64))
+    raises(ValueError, zcc.describe_tensor, torch.zeros(3, dtype=torch.int16).numpy().astype(np.uint32))
+
+
+def test_other_bad_inputs():
+    ro = np.zeros(4, np.float32)
+    ro.flags.writeable = False
+    raises(ValueError, zcc.describe_tensor, ro, match="read-only")
+    raises(ValueError, zcc.describe_tensor, [1.0, 2.0], match="exposes no")
+    raises(ValueError, zcc.describe_tensor, torch.zeros(3, requires_grad=True), match="detach")
+    raises(ValueError, zcc.describe_tensor, FakeArray({"shape": (2,)}), match="needs")
+    raises(ValueError, zcc.describe_tensor, FakeArray("nope"), match="not a dict")
+    raises(ValueError, zcc.describe_tensor,
+           FakeArray({"shape": (2,), "typestr": "<f4", "data": (1, False), "mask": object()}),
+           match="masked")
+
+
+# -------------------------------------------------------------- registration
+
+def test_connect_validates_options():
+    raises(ValueError, zcc.connect, "bad/job", socket_path=NO_DAEMON)
+    raises(ValueError, zcc.connect, "j", socket_path=NO_DAEMON, rank=2, world_size=2)
+    raises(ValueError, zcc.connect, "j", socket_path=NO_DAEMON, rank=-1)
+    raises(ValueError, zcc.connect, "j", socket_path=NO_DAEMON, backpressure="sometimes",
+           match="not one of")
+    raises(ValueError, zcc.connect, "j", socket_path=NO_DAEMON, ema_decay=1.5)
+    raises(ValueError, zcc.connect, "j", socket_path=NO_DAEMON, copier="gpu")
+    with zcc.connect("j", socket_path=NO_DAEMON, backpressure=zcc.Backpressure.BLOCK) as c:
+        assert c.copier == "host"
+
+
+def test_bad_registrations():
+    with zcc.connect("j", socket_path=NO_DAEMON) as c:
+        a, b = np.zeros(4, np.float32), np.zeros(4, np.float32)
+        raises(ValueError, c.register_tensors,
+               [zcc.TensorSpec("w", a), zcc.TensorSpec("w", b)], match="registered twice")
+        raises(ValueError, c.register_tensors, [zcc.TensorSpec('bad"name', a)])
+        raises(ValueError, c.register_tensors, [zcc.TensorSpec("nc", np.zeros((4, 4), np.float32)[::2])],
+               match="tensor 'nc'")
+        raises(ValueError, c.register_tensors, [zcc.TensorSpec("c", np.zeros(2, np.complex128))])
+        raises(ValueError, c.register_tensors, [zcc.TensorSpec("dev", FakeCudaArray())],
+               match="device memory")
+        raises(ValueError, zcc.TensorSpec, "w", a, kind="weights", match="not one of")
+        raises(TypeError, c.register_tensors, [("w", a)])
+        # Nothing was registered by the failures: a good registration works once.
+        c.register_tensors([zcc.TensorSpec("w", a, kind="param", ema_eligible=True),
+                            zcc.TensorSpec("m", b, kind=zcc.TensorKind.OPTIM)])
+        e = raises(zcc.FailedPreconditionError, c.register_tensors, [zcc.TensorSpec("x", a)])
+        assert isinstance(e, RuntimeError)
+    raises(zcc.FailedPreconditionError, c.snapshot, 1, match="closed")
+
+
+def test_daemon_absent_never_hangs():
+    start = time.monotonic()
+    c = zcc.connect("absent", socket_path=NO_DAEMON, rpc_timeout=2.0)
+    a = np.zeros(1024, np.float32)
+    c.register_tensors([zcc.TensorSpec("w", a)])
+    for step in range(1, 6):
+        c.fence()
+        assert c.snapshot(step) == "skipped_disconnected"
+    s = c.stats()
+    assert not s["connected"] and s["skipped_disconnected"] == 5 and s["last_error"], s
+    e = raises(zcc.UnavailableError, c.restore)
+    assert isinstance(e, ConnectionError)
+    raises(ConnectionError, c.checkpoint_status)
+    st = c.status()
+    assert st["checkpoint"] is None and "UNAVAILABLE" in st["checkpoint_error"], st
+    raises(ConnectionError, c.read_ema)
+    c.flush(1.0)
+    c.close()
+    assert c.closed
+    elapsed = time.monotonic() - start
+    assert elapsed < 10, "daemon-absent calls took %.1f s" % elapsed
+
+
+def test_checkpointer_without_daemon():
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = time.monotonic()
+    with Checkpointer(model, opt, job_id="absent", socket=NO_DAEMON, connect_timeout=0.3) as ck:
+        loss = model(torch.randn(3, 4)).sum()
+        loss.backward()
+        opt.step()
+        assert ck.step(1) == "skipped_disconnected"
+        raises(zcc.UnavailableError, ck.restore)
+    assert time.monotonic() - start < 10
+
+
+# ------------------------------------------------------------- with a zccd
+
+def test_round_trip_with_daemon():
+    with Zccd("bind") as d:
+        c = zcc.connect("rt", socket_path=d.socket, checkpoint_root=d.root, save_every=2,
+                        ema_decay=0.5, backpressure="block")
+        w = np.arange(6, dtype=np.float32).reshape(2, 3)
+        m = np.zeros(6, np.float32)
+        t = torch.zeros(3, dtype=torch.bfloat16)
+        blob = np.zeros(16, np.uint8)
+        c.register_tensors([zcc.TensorSpec("w", w, ema_eligible=True),
+                            zcc.TensorSpec("m", m, kind="optim"),
+                            zcc.TensorSpec("t", t, kind="param"),
+                            zcc.TensorSpec("blob", blob, kind="extra")])
+        t_ptr = t.data_ptr()
+        del t  # the client keeps the tensor's memory alive through DLPack
+        gc.collect()
+        assert c.stats()["connected"]
+        e = raises(zcc.NotFoundError, c.restore)
+        assert isinstance(e, LookupError) and "no committed checkpoint" in str(e), e
+        for step in (1, 2):
+            c.fence()
+            w += 1
+            m[:] = step
+            blob[:] = step
+            assert c.snapshot(step) == "enqueued"
+        c.flush()
+        d.wait_latest("rt", 2)
+        st = c.checkpoint_status()
+        assert st["last_committed_step"] == 2, st
+        # EMA: into new arrays, into given buffers; bad requests.
+        deadline = time.monotonic() + 10
+        while c.read_ema()[0] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        step, ema = c.read_ema()
+        assert step == 2 and list(ema) == ["w"] and ema["w"].shape == (2, 3), ema
+        first = np.arange(6, dtype=np.float32).reshape(2, 3) + 1
+        assert np.array_equal(ema["w"], 0.5 * first + 0.5 * (first + 1)), ema["w"]
+        out = np.zeros((2, 3), np.float32)
+        assert c.read_ema(out={"w": out})[0] == 2 and np.array_equal(out, ema["w"])
+        raises(ValueError, c.read_ema, out={"w": np.zeros(5, np.float32)}, match="elements")
+        raises(ValueError, c.read_ema, out={"w": np.zeros(6, np.float64)}, match="float32")
+        raises(LookupError, c.read_ema, ["nope"])
+        raises(LookupError, c.read_ema, ["m"])  # not EMA-eligible
+        c.save_now()
+        c.close()
+
+        # A new client restores into fresh buffers.
+        c = zcc.connect("rt", socket_path=d.socket, checkpoint_root=d.root, save_every=2,
+                        ema_decay=0.5)
+        w2, m2, blob2 = np.zeros((2, 3), np.float32), np.zeros(6, np.float32), np.zeros(16, np.uint8)
+        t2 = torch.ones(3, dtype=torch.bfloat16)
+        c.register_tensors([zcc.TensorSpec("w", w2, ema_eligible=True),
+                            zcc.TensorSpec("m", m2, kind="optim"),
+                            zcc.TensorSpec("t", t2, kind="param"),
+                            zcc.TensorSpec("blob", blob2, kind="extra")])
+        assert c.restore() == 2
+        assert np.array_equal(w2, w) and np.all(m2 == 2) and np.all(blob2 == 2)
+        assert torch.equal(t2, torch.zeros(3, dtype=torch.bfloat16))
+        assert t_ptr != 0
+        assert c.read_ema()[0] == 2  # zccd restored its EMA with the checkpoint
+        c.close()
+
+        # A registration that does not match the checkpoint is refused cleanly.
+        c = zcc.connect("rt", socket_path=d.socket, checkpoint_root=d.root)
+        c.register_tensors([zcc.TensorSpec("other", np.zeros(3, np.float32))])
+        e = raises(zcc.Error, c.restore)
+        assert e.code in ("FAILED_PRECONDITION", "NOT_FOUND"), e.code
+        raises(zcc.FailedPreconditionError, c.read_ema, [])  # registered without ema_decay
+        c.close()
+        assert d.stop() == 0, d.log()
+
+
+def test_gil_released_while_waiting():
+    """A query to a stopped zccd waits for its RPC deadline without the GIL."""
+    with Zccd("gil") as d:
+        c = zcc.connect("gil", socket_path=d.socket, checkpoint_root=d.root, rpc_timeout=1.5,
+                        daemon_timeout=30.0)
+        c.register_tensors([zcc.TensorSpec("w", np.zeros(4, np.float32))])
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            result = {}
+
+            def query():
+                try:
+                    c.checkpoint_status()
+                except zcc.Error as e:
+                    result["error"] = e
+
+            th = threading.Thread(target=query)
+            th.start()
+            ticks = 0
+            t0 = time.monotonic()
+            while th.is_alive():
+                ticks += 1
+                if ticks % 1000 == 0:
+                    time.sleep(0)
+            waited = time.monotonic() - t0
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        assert isinstance(result.get("error"), TimeoutError), result
+        assert waited >= 1.0, waited
+        assert ticks > 100000, "the main thread barely ran (%d ticks in %.1f s)" % (ticks, waited)
+        c.close()
+
+
+# ------------------------------------------------------------- zcc.torch
+
+def train(model, opt, steps, ckpt=None, sched=None):
+    torch.manual_seed(7)
+    for step in range(1, steps + 1):
+        x = torch.randn(8, 6)
+        loss = (model(x) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        if ckpt is not None:
+            ckpt.step(step)
+
+
+def make(opt_factory, seed=3):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    return model, opt_factory(model.parameters())
+
+
+def test_materialising_optimizer_state_keeps_numerics():
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    factories = {
+        "sgd_momentum_dampening": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.3,
+                                                            weight_decay=0.01),
+        "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+        "adam_amsgrad": lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True),
+        "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+        "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True),
+        "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.05),
+    }
+    for name, factory in factories.items():
+        model, opt = make(factory)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        ref_model2, ref_opt2 = make(factory)
+        ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt2, step_size=2, gamma=0.5)
+        train(ref_model2, ref_opt2, 6, sched=ref_sched)
+        with Checkpointer(model, opt, job_id="numerics", socket=NO_DAEMON, scheduler=sched) as ck:
+            assert all(len(s) == 0 for s in opt.state.values()) or name == "adagrad", \
+                "%s: the probe step left optimizer state behind" % name
+            train(model, opt, 6, ckpt=ck, sched=sched)
+            for i, p in enumerate(ck._opt_params):
+                for key, buf in ck._opt_bufs[i].items():
+                    assert opt.state[p][key] is buf, "%s: state %s is not the registered buffer" % (name, key)
+        for (n, a), b in zip(model.state_dict().items(), ref_model2.state_dict().values()):
+            assert a.numpy().tobytes() == b.numpy().tobytes(), "%s: %s differs" % (name, n)
+
+
+def test_scheduler_created_after_checkpointer():
+    model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
+    with Checkpointer(model, opt, job_id="order", socket=NO_DAEMON) as ck:
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=10)
+        ck.scheduler = sched
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()"
+            train(model, opt, 3, ckpt=ck, sched=sched)
+    assert opt._step_count == 3  # the scheduler's counter still wraps the fenced step
+    opt.step()  # after close: no fence, still steps
+
+
+def test_user_state_must_be_plain_and_fit():
+    model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+    user = {"ok": [1, 2.5, "x", None, (True, b"\x00")]}
+    with Checkpointer(model, opt, job_id="user", socket=NO_DAEMON, user_state=user,
+                      extra_bytes=16 << 10) as ck:
+        ck.step(1)
+        user["bad"] = object()
+        raises(TypeError, ck.step, 2, match="plain data")
+        del user["bad"]
+        user["big"] = "x" * 20000
+        raises(ValueError, ck.step, 3, match="extra_bytes")
+
+
+def test_state_loader_refuses_code():
+    blob = _Blob("test", 1024)
+    blob.write({"a": [1, 2]})
+    assert blob.read() == {"a": [1, 2]}
+    payload = pickle.dumps(torch.nn.Linear)  # needs a class lookup
+    blob._view[:8] = list(len(payload).to_bytes(8, "little"))
+    blob._view[8:8 + len(payload)] = np.frombuffer(payload, np.uint8)
+    raises(pickle.UnpicklingError, blob.read, match="refusing")
+
+
+def main():
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    only = sys.argv[1:]
+    passed = 0
+    for name, fn in tests:
+        if only and name not in only:
+            continue
+        t0 = time.monotonic()
+        try:
+            fn()
+        except BaseException:
+            traceback.print_exc()
+            print("FAILED %s" % name, flush=True)
+            print("%d passed, 1 failed" % passed)
+            sys.exit(1)
+        passed += 1
+        print("ok %s (%.2f s)" % (name, time.monotonic() - t0), flush=True)
+    print("%d passed, 0 failed" % passed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs a Python test (first argument: its workspace-relative path) with the
+# interpreter zcc's Python module is built for, Debian's /usr/bin/python3,
+# which has python3-torch and python3-numpy from apt and safetensors from pip
+# (tools/setup.sh installs them). The built package comes from the runfiles:
+# PYTHONPATH gets python/ (zcc/ with _zcc.so), python/tests/ (zccd_process)
+# and examples/; $ZCCD is the built //daemon:zccd.
+set -euo pipefail
+runfiles="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-zcc}"
+python="${ZCC_TORCH_PYTHON:-/usr/bin/python3}"
+
+if ! "$python" -c "import torch, numpy, safetensors" >/dev/null 2>&1; then
+  echo "FAIL: $python cannot import torch, numpy and safetensors (run tools/setup.sh)" >&2
+  exit 1
+fi
+
+# A sanitizer build (.bazelrc --config=asan/tsan) instruments _zcc.so but not
+# the interpreter: the runtime must be loaded first, and CPython's own
+# allocations are not leaks to report.
+if ldd "$runfiles/python/zcc/_zcc.so" 2>/dev/null | grep -q libasan; then
+  export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  export ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}"
+elif ldd "$runfiles/python/zcc/_zcc.so" 2>/dev/null | grep -q libtsan; then
+  export LD_PRELOAD="$(gcc -print-file-name=libtsan.so)"
+fi
+
+export PYTHONPATH="$runfiles/python:$runfiles/python/tests:$runfiles/examples"
+export ZCCD="$runfiles/daemon/zccd"
+export PYTHONDONTWRITEBYTECODE=1
+echo "using $python ($("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'))"
+script="$runfiles/$1"
+shift
+exec "$python" -u "$script" "$@"

@@ -1,0 +1,118 @@
+"""zcc: zero-cost checkpointing for training jobs (Python binding of the C++ client).
+
+    import zcc
+    client = zcc.connect(job_id="mlp", socket_path="/tmp/zcc/zccd.sock", save_every=100,
+                         ema_decay=0.999)
+    client.register_tensors([
+        zcc.TensorSpec("fc.weight", w, kind="param", ema_eligible=True),
+        zcc.TensorSpec("fc.weight.exp_avg", m, kind="optim"),
+    ])
+    try:
+        start = client.restore() + 1          # zcc.NotFoundError: nothing to restore
+    except zcc.NotFoundError:
+        start = 1
+    for step in range(start, steps + 1):
+        ...forward/backward...
+        client.fence()                       # the update must not race the copies
+        optimizer_step()
+        client.snapshot(step)                # "enqueued" | "skipped_no_slot" | "skipped_disconnected"
+    client.close()
+
+Tensors are any objects exposing ``__array_interface__`` (NumPy),
+``__cuda_array_interface__`` or DLPack ``__dlpack__`` (PyTorch, JAX, CuPy); no
+framework is linked. They must be C-contiguous and writable and must keep their
+memory while registered: the client holds a reference to each until it is
+closed. For PyTorch training loops use :mod:`zcc.torch`.
+
+Client methods (each raises a :class:`zcc.Error` subclass; see :mod:`zcc.errors`):
+
+``register_tensors(specs)``
+    Once per client. Validation errors raise ``InvalidArgumentError`` (a
+    ``ValueError``). When zccd is unreachable it still succeeds; the client
+    registers in the background and ``stats()["connected"]`` says when.
+``snapshot(step, kind="full", stream=0) -> str``
+    Enqueues the copies and returns ``"enqueued"``, ``"skipped_no_slot"`` or
+    ``"skipped_disconnected"``. Never raises for daemon trouble.
+``fence(stream=0)``
+    Before updating registered tensors: waits (host copier) until enqueued
+    copies have read them.
+``restore(step=zcc.LATEST, stream=0) -> int``
+    Fills the registered tensors from a committed checkpoint (and zccd's EMA)
+    and returns its step. ``NotFoundError`` when there is none,
+    ``UnavailableError`` when not registered with zccd.
+``read_ema(names=None, out=None) -> (step, {name: array})``
+    zccd's fp32 EMA of EMA-eligible parameters, into new NumPy arrays or the
+    given float32 buffers. ``step`` is -1 before the first EMA update.
+``save_now()``, ``flush(timeout=60.0)``, ``stats() -> dict``,
+``checkpoint_status() -> dict``, ``status() -> dict`` (stats plus
+checkpoint status), ``close()`` (also ``with client:``).
+
+The GIL is released whenever the C++ client may wait. A client is meant for
+one thread (the trainer's); ``stats()`` may be called from any thread.
+"""
+
+from . import errors
+from ._zcc import (  # noqa: F401  (re-exported API)
+    LATEST,
+    Backpressure,
+    Client,
+    ReplicaGroup,
+    ReplicaKind,
+    SnapshotKind,
+    TensorKind,
+    TensorSpec,
+    describe_tensor,
+)
+from ._zcc import _connect
+from .errors import (  # noqa: F401
+    AbortedError,
+    AlreadyExistsError,
+    CancelledError,
+    DataLossError,
+    DeadlineExceededError,
+    Error,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnavailableError,
+    UnimplementedError,
+)
+
+__all__ = [
+    "LATEST", "Backpressure", "Client", "ReplicaGroup", "ReplicaKind", "SnapshotKind",
+    "TensorKind", "TensorSpec", "connect", "describe_tensor", "errors", "Error",
+    "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
+    "DeadlineExceededError", "FailedPreconditionError", "InvalidArgumentError",
+    "NotFoundError", "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError",
+    "UnavailableError", "UnimplementedError",
+]
+
+
+def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_every=0,
+            keep_last=0, checkpoint_root="", backpressure="skip", ema_decay=0.0,
+            ema_interval=1, persist_on_failure=False, copier=None, rpc_timeout=30.0,
+            heartbeat_interval=0.25, daemon_timeout=3.0, reconnect_max_backoff=5.0):
+    """Creates a :class:`Client`; zccd need not be running.
+
+    The keyword arguments are ``zcc::ClientOptions``'s fields (client/client.h)
+    with durations in seconds: ``socket_path`` (empty: zccd's default),
+    ``rank``/``world_size``, ``num_slots`` (0: daemon default), ``save_every``
+    (persist every N-th step; 0: only on save_now), ``keep_last``,
+    ``checkpoint_root`` (empty: the daemon's), ``backpressure`` ("skip" or
+    "block", or a :class:`Backpressure`), ``ema_decay`` (0: no EMA),
+    ``ema_interval``, ``persist_on_failure``, ``rpc_timeout``,
+    ``heartbeat_interval``, ``daemon_timeout``, ``reconnect_max_backoff``.
+
+    ``copier`` chooses the copy backend: None or "host" for the host copier
+    (memcpy on a copy thread; host tensors only), or a capsule named
+    ``"zcc.DeviceCopier"`` holding a ``std::shared_ptr<zcc::DeviceCopier>*``
+    made by another extension built from this tree (e.g. one linking
+    //cuda:cuda_copier), through which device tensors can be registered.
+    """
+    return _connect(job_id, socket_path, rank, world_size, num_slots, save_every, keep_last,
+                    checkpoint_root, backpressure, ema_decay, ema_interval, persist_on_failure,
+                    copier, rpc_timeout, heartbeat_interval, daemon_timeout,
+                    reconnect_max_backoff)

@@ -1,0 +1,636 @@
+"""zcc.torch: checkpoint a PyTorch training loop with zcc.
+
+    from zcc.torch import Checkpointer
+
+    ckpt = Checkpointer(model, optimizer, job_id="mlp", save_every=100, ema_decay=0.999,
+                        scheduler=scheduler, user_state={"epoch": 0})
+    start = (ckpt.restore() or 0) + 1          # None: nothing to restore, start fresh
+    for step in range(start, steps + 1):
+        loss = model(batch()).loss
+        loss.backward()
+        optimizer.step()                       # zcc fences first (see below)
+        optimizer.zero_grad()
+        scheduler.step()
+        ckpt.step(step)                        # enqueue the snapshot; microseconds
+    eval_model.load_state_dict(ckpt.ema_state_dict())
+    ckpt.close()
+
+What is registered (once, in the constructor; names are checkpoint keys):
+
+* every parameter (``model.named_parameters()``), kind PARAM, EMA-eligible when
+  F32/F16/BF16, registered in place: zcc copies straight from the parameter's
+  memory. Persistent buffers (BatchNorm statistics...) are PARAM too, staged
+  through a shadow copy refreshed at ``step()``, because the forward pass
+  updates them in place where no fence can protect them. The checkpoint's
+  ``model.safetensors.index.json`` therefore maps the model's state-dict keys
+  (tied parameters appear once, under their first name).
+* the optimizer state, kind OPTIM, as ``optimizer.state.<param name>.<key>``.
+  PyTorch creates it lazily at the first ``optimizer.step()``, so the
+  constructor materialises it once with a probe step (gradients set to zero,
+  every group's ``lr`` set to 0) and then puts back everything the probe could
+  have changed: parameter values, gradients, learning rates, the optimizer's
+  state and step counter and the torch RNG. The probe's state tensors become
+  zcc's registered buffers, and the optimizer is left with no state for those
+  parameters, exactly as before: its first real step initialises the state as
+  it always would, and ``step()`` then copies those values into the registered
+  buffers and makes them the optimizer's state tensors (an exact copy), which
+  optimizers such as Adam, AdamW, SGD and RMSprop update in place from then
+  on. ``restore()`` installs the restored buffers as the state directly. An
+  optimizer that replaces a state tensor instead of updating it is handled the
+  same way at every ``step()`` (copy, then rebind), only slower. Training
+  numerics are therefore unchanged; the resume test checks this bit for bit.
+* small per-rank state, kind EXTRA, in fixed-size byte buffers
+  ``zcc.rNNNNN.<what>`` registered once and rewritten at every ``step()``:
+  ``torch_rng`` (``torch.get_rng_state()``), ``trainer_state`` (step, the
+  optimizer's param_groups without their params, non-tensor optimizer state,
+  Python/NumPy/CUDA RNG states), ``scheduler`` (``scheduler.state_dict()``)
+  and ``user_state`` (the ``user_state`` dict). These are pickled plain data
+  (None, bool, int, float, str, bytes, and lists, tuples, dicts and sets of
+  them) and unpickled by a loader that refuses everything else, so restoring
+  never runs code from the checkpoint. Callables in a scheduler's state dict
+  (OneCycleLR's ``anneal_func`` in PyTorch 1.13) are left out: the scheduler
+  constructed on resume has its own. ``extra_bytes`` bounds each blob.
+
+Fencing: zcc copies the registered tensors after ``step()`` returns, while the
+trainer goes on. The next ``optimizer.step()`` must not overwrite them before
+the copies have read them, so the constructor wraps ``optimizer.step`` with a
+fence (``fence_optimizer_step=True``). Code that updates parameters or
+optimizer state outside ``optimizer.step()`` must call ``ckpt.fence()`` first.
+Forward and backward only read the parameters, and buffers go through shadows.
+
+Replicas: with ``world_size > 1`` the parameters, buffers and optimizer state
+are registered as DATA_PARALLEL replicas (DDP keeps them identical), so each
+is written once per group; pass ``replica="none"`` for sharded models, whose
+ranks own distinct tensors (and then give them distinct names). The EXTRA
+blobs are per rank.
+
+Devices: the default host copier reads host (CPU) tensors only. CUDA tensors
+need a device copier (``copier=`` a ``zcc.DeviceCopier`` capsule, see
+``zcc.connect``); snapshots, fences and restores are then ordered on
+``torch.cuda.current_stream()``. That path is untested here (no GPU); the
+host-side buffers (shadows and EXTRA blobs) are still written by the CPU at
+``step()``.
+
+Thread-safety: a Checkpointer belongs to the training thread.
+"""
+
+import collections
+import io
+import os
+import pickle
+import random
+import sys
+import time
+import warnings
+import weakref
+
+import numpy
+import torch
+
+import zcc
+
+__all__ = ["Checkpointer"]
+
+_PLAIN_SCALARS = (type(None), bool, int, float, str, bytes)
+_LEN_BYTES = 8
+
+
+def _check_plain(value, where):
+    """Raises TypeError unless `value` is plain data the safe loader accepts."""
+    if isinstance(value, _PLAIN_SCALARS):
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for i, v in enumerate(value):
+            _check_plain(v, "%s[%d]" % (where, i))
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_plain(k, "%s key" % where)
+            _check_plain(v, "%s[%r]" % (where, k))
+        return
+    raise TypeError("%s is a %s; zcc stores only plain data (None, bool, int, float, str, bytes "
+                    "and lists/tuples/dicts/sets of them)" % (where, type(value).__name__))
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads plain data only: no class or function is ever looked up."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError("zcc state holds only plain data; refusing %s.%s" % (module, name))
+
+
+class _Blob:
+    """A fixed-size uint8 tensor registered as EXTRA: 8-byte length + pickle."""
+
+    def __init__(self, name, capacity):
+        self.name = name
+        self.tensor = torch.zeros(capacity, dtype=torch.uint8)
+        self._view = self.tensor.numpy()  # shares memory
+
+    def write(self, value):
+        _check_plain(value, self.name)
+        payload = pickle.dumps(value, protocol=4)
+        need = len(payload) + _LEN_BYTES
+        if need > len(self._view):
+            raise ValueError("zcc state '%s' needs %d bytes; its buffer holds %d (raise "
+                             "Checkpointer(extra_bytes=...))" % (self.name, need, len(self._view)))
+        self._view[:_LEN_BYTES] = list(len(payload).to_bytes(_LEN_BYTES, "little"))
+        self._view[_LEN_BYTES:need] = numpy.frombuffer(payload, dtype=numpy.uint8)
+
+    def read(self):
+        n = int.from_bytes(self._view[:_LEN_BYTES].tobytes(), "little")
+        if n == 0:
+            return None
+        if n > len(self._view) - _LEN_BYTES:
+            raise zcc.DataLossError("zcc state '%s' holds a bad length %d" % (self.name, n))
+        return _PlainUnpickler(io.BytesIO(self._view[_LEN_BYTES:_LEN_BYTES + n].tobytes())).load()
+
+
+def _env_int(names, default):
+    for n in names:
+        if os.environ.get(n, "") != "":
+            return int(os.environ[n])
+    return default
+
+
+def _numpy_rng_state():
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return (name, keys.tobytes(), int(pos), int(has_gauss), float(cached))
+
+
+def _set_numpy_rng_state(state):
+    np = sys.modules.get("numpy")
+    if np is None or state is None:
+        return
+    name, keys, pos, has_gauss, cached = state
+    np.random.set_state((name, np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached))
+
+
+class Checkpointer:
+    """Registers a model, its optimizer and small trainer state with zcc.
+
+    Args:
+      model: the ``torch.nn.Module`` (a DistributedDataParallel wrapper is
+        unwrapped for names).
+      optimizer: a ``torch.optim.Optimizer`` over the model's parameters, or None.
+      job_id: the zcc job (checkpoints go to ``<root>/<job_id>/``).
+      save_every: persist every N-th step (0: only on ``save_now()``).
+      ema_decay: zccd's EMA of the parameters (0: none); ``ema_interval``.
+      rank, world_size: default ``$RANK``/``$WORLD_SIZE`` (torchrun), else 0/1.
+      socket: zccd's socket (default ``$ZCC_SOCKET``, else zccd's default).
+      root: checkpoint root (default ``$ZCC_ROOT``, else the daemon's).
+      scheduler: an LR scheduler whose state is checkpointed, or None.
+      user_state: a dict of plain data checkpointed with every step; restore()
+        updates this same dict in place.
+      replica: "data_parallel" (default when world_size > 1), "none", or a
+        ``zcc.ReplicaGroup`` for the model and optimizer tensors.
+      extra_bytes: capacity of each EXTRA blob.
+      fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
+      connect_timeout: how long ``restore()`` waits for the registration.
+      backpressure, keep_last, num_slots, persist_on_failure, copier, and any
+        other ``zcc.connect`` keyword: passed through.
+    """
+
+    def __init__(self, model, optimizer=None, *, job_id, save_every=0, ema_decay=0.0,
+                 ema_interval=1, rank=None, world_size=None, socket=None, root=None,
+                 scheduler=None, user_state=None, replica=None, extra_bytes=64 << 10,
+                 fence_optimizer_step=True, connect_timeout=30.0, **connect_kwargs):
+        if rank is None:
+            rank = _env_int(["RANK"], 0)
+        if world_size is None:
+            world_size = _env_int(["WORLD_SIZE"], 1)
+        if socket is None:
+            socket = os.environ.get("ZCC_SOCKET", "")
+        if root is None:
+            root = os.environ.get("ZCC_ROOT", "")
+        self.rank = rank
+        self.world_size = world_size
+        self.model = model.module if hasattr(model, "module") and isinstance(
+            model, torch.nn.parallel.DistributedDataParallel) else model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.user_state = user_state if user_state is not None else {}
+        self.ema_decay = ema_decay
+        self.ema_interval = max(1, ema_interval)
+        self.connect_timeout = connect_timeout
+        self._replica = self._replica_group(replica)
+        self._stream_device = None
+        self._last_step = None
+        self._ema_kept = None  # names whose EMA this rank's zccd keeps (replicas)
+
+        specs = []
+        self._params = collections.OrderedDict(self.model.named_parameters())
+        self._param_names = {id(p): name for name, p in self._params.items()}
+        self.ema_step = None  # the step of the EMA ema_state_dict() returned last
+        for name, p in self._params.items():
+            if not p.is_contiguous():
+                raise ValueError("parameter '%s' is not contiguous; zcc copies tensors as one "
+                                 "byte range" % name)
+            if p.device.type != "cpu":
+                self._stream_device = p.device
+            eligible = ema_decay > 0 and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            specs.append(zcc.TensorSpec(name, p.detach(), kind="param", ema_eligible=eligible,
+                                        replica=self._replica))
+        state_keys = set(self.model.state_dict().keys())
+        self._buffers = []  # (module buffer, shadow)
+        for name, b in self.model.named_buffers():
+            if name not in state_keys:
+                continue  # non-persistent: not part of the model's state
+            shadow = b.detach().clone(memory_format=torch.contiguous_format)
+            self._buffers.append((b, shadow))
+            specs.append(zcc.TensorSpec(name, shadow, kind="param", replica=self._replica))
+
+        self._opt_params = []      # optimizer params, in param_groups order
+        self._opt_bufs = []        # per param: {key: registered tensor}
+        self._bound = []           # per param: the optimizer's state uses our buffers
+        if optimizer is not None:
+            specs += self._materialise_optimizer_state()
+
+        prefix = "zcc.r%05d." % rank
+        self._rng = torch.get_rng_state().clone()
+        specs.append(zcc.TensorSpec(prefix + "torch_rng", self._rng, kind="extra"))
+        self._blobs = {}
+        for what in ("trainer_state", "scheduler", "user_state"):
+            self._blobs[what] = _Blob(prefix + what, extra_bytes)
+            specs.append(zcc.TensorSpec(prefix + what, self._blobs[what].tensor, kind="extra"))
+
+        self.client = zcc.connect(job_id, socket_path=socket, rank=rank, world_size=world_size,
+                                  save_every=save_every, checkpoint_root=root,
+                                  ema_decay=ema_decay, ema_interval=self.ema_interval,
+                                  **connect_kwargs)
+        try:
+            self.client.register_tensors(specs)
+        except BaseException:
+            self.client.close()
+            raise
+        self._ema_names = [s.name for s in specs if s.ema_eligible]
+        self._wrapped_step = None
+        if optimizer is not None and fence_optimizer_step:
+            self._wrap_optimizer_step()
+
+    # ----------------------------------------------------------------- setup
+
+    def _replica_group(self, replica):
+        if isinstance(replica, zcc.ReplicaGroup):
+            return replica
+        if replica is None:
+            replica = "data_parallel" if self.world_size > 1 else "none"
+        if replica == "data_parallel":
+            return zcc.ReplicaGroup("data_parallel", self.world_size, self.rank)
+        if replica == "none":
+            return zcc.ReplicaGroup()
+        raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
+
+    def _param_name(self, p, index):
+        return self._param_names.get(id(p), "param%d" % index)
+
+    @torch.no_grad()
+    def _materialise_optimizer_state(self):
+        opt = self.optimizer
+        params = [p for g in opt.param_groups for p in g["params"]]
+        self._opt_params = params
+        # Everything the probe step can touch, to put back afterwards.
+        saved_values = [p.detach().clone() for p in params]
+        saved_grads = [p.grad for p in params]
+        saved_lrs = [g["lr"] for g in opt.param_groups]
+        saved_state = {}
+        for p in params:
+            if p in opt.state and len(opt.state[p]) > 0:
+                objs = dict(opt.state[p])
+                clones = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in objs.items()}
+                saved_state[p] = (objs, clones)
+        saved_count = getattr(opt, "_step_count", None)
+        saved_rng = torch.get_rng_state()
+        try:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            for g in opt.param_groups:
+                g["lr"] = 0.0
+            try:
+                type(opt).step(opt)  # the class's step: no instance wrappers (schedulers)
+            except Exception as e:
+                raise RuntimeError(
+                    "zcc could not materialise the state of %s with a zero-gradient, zero-lr "
+                    "probe step (%s); create the Checkpointer after the first optimizer.step()"
+                    % (type(opt).__name__, e)) from e
+            probed = [dict(opt.state.get(p, {})) for p in params]
+        finally:
+            for p, v, grad in zip(params, saved_values, saved_grads):
+                p.copy_(v)
+                p.grad = grad
+            for g, lr in zip(opt.param_groups, saved_lrs):
+                g["lr"] = lr
+            for p in params:
+                if p in saved_state:
+                    objs, clones = saved_state[p]
+                    for k, v in objs.items():
+                        if torch.is_tensor(v):
+                            v.copy_(clones[k])
+                    opt.state[p] = objs
+                else:
+                    opt.state.pop(p, None)
+            if saved_count is not None:
+                opt._step_count = saved_count
+            torch.set_rng_state(saved_rng)
+
+        specs = []
+        for i, (p, state) in enumerate(zip(params, probed)):
+            bufs = {}
+            if p in saved_state:
+                state = saved_state[p][0]
+            for key, value in state.items():
+                if not torch.is_tensor(value):
+                    continue
+                if not isinstance(key, str):
+                    raise TypeError("optimizer state key %r is not a string" % (key,))
+                existing = p in saved_state and value.is_contiguous()
+                buf = value if existing else torch.zeros_like(value, memory_format=torch.contiguous_format)
+                bufs[key] = buf
+                if buf.device.type != "cpu":
+                    self._stream_device = buf.device
+                specs.append(zcc.TensorSpec("optimizer.state.%s.%s" % (self._param_name(p, i), key),
+                                            buf, kind="optim", replica=self._replica))
+            self._opt_bufs.append(bufs)
+            self._bound.append(False)
+        # State that existed before the Checkpointer: bind it now (copy if the
+        # optimizer's tensor could not be registered as is).
+        self._bind_optimizer_state()
+        return specs
+
+    def _wrap_optimizer_step(self):
+        opt = self.optimizer
+        previous = opt.step  # bound method, or a scheduler's counting wrapper
+        self._previous_step_attr = opt.__dict__.get("step")
+        ref = weakref.ref(self)
+
+        def step(_opt, *args, **kwargs):
+            ckpt = ref()
+            if ckpt is not None and not ckpt.client.closed:
+                ckpt.fence()
+            return previous(*args, **kwargs)
+
+        # When ours calls a scheduler's counting wrapper, say so: the
+        # scheduler warns about an overridden optimizer.step otherwise.
+        if getattr(previous, "_with_counter", False):
+            step._with_counter = True
+        # A bound method, so that an LR scheduler created afterwards can wrap
+        # it again (PyTorch 1.13's scheduler reads step.__self__/__func__).
+        self._wrapped_step = step.__get__(opt, type(opt))
+        opt.step = self._wrapped_step
+
+    # -------------------------------------------------------------- training
+
+    def _stream(self):
+        if self._stream_device is None or self.client.copier == "host":
+            return 0
+        return torch.cuda.current_stream(self._stream_device).cuda_stream
+
+    def fence(self):
+        """Waits until enqueued copies have read the tensors (before updating them)."""
+        self.client.fence(self._stream())
+
+    @torch.no_grad()
+    def _bind_optimizer_state(self):
+        if self.optimizer is None:
+            return
+        state = self.optimizer.state
+        for i, p in enumerate(self._opt_params):
+            current = state.get(p)
+            if not current:
+                if self._bound[i]:
+                    raise RuntimeError("the optimizer dropped its state for parameter '%s'; "
+                                       "zcc cannot follow" % self._param_name(p, i))
+                continue
+            bufs = self._opt_bufs[i]
+            for key, value in current.items():
+                if torch.is_tensor(value) and key not in bufs:
+                    raise RuntimeError("optimizer state '%s' of parameter '%s' appeared after "
+                                       "registration; zcc cannot checkpoint it"
+                                       % (key, self._param_name(p, i)))
+            for key, buf in bufs.items():
+                value = current.get(key)
+                if value is buf:
+                    continue
+                if not torch.is_tensor(value) or value.shape != buf.shape or value.dtype != buf.dtype:
+                    raise RuntimeError("optimizer state '%s' of parameter '%s' does not match the "
+                                       "registered %s %s" % (key, self._param_name(p, i),
+                                                            buf.dtype, tuple(buf.shape)))
+                buf.copy_(value)
+                current[key] = buf
+            self._bound[i] = True
+
+    def _trainer_state(self, step):
+        opt = self.optimizer
+        state = {"format": 1, "step": int(step), "python_random": random.getstate(),
+                 "numpy_random": _numpy_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda_rng"] = [bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+        if opt is not None:
+            state["param_groups"] = [{k: v for k, v in g.items() if k != "params"}
+                                     for g in opt.param_groups]
+            state["optimizer_step_count"] = getattr(opt, "_step_count", None)
+            state["bound"] = [i for i, b in enumerate(self._bound) if b]
+            state["nontensor_state"] = {
+                i: {k: v for k, v in opt.state[p].items() if not torch.is_tensor(v)}
+                for i, p in enumerate(self._opt_params) if self._bound[i] and p in opt.state}
+        return state
+
+    def _scheduler_state(self):
+        if self.scheduler is None:
+            return None
+        return {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
+
+    @torch.no_grad()
+    def step(self, step, kind="full"):
+        """Snapshots `step` (after optimizer.step()): returns "enqueued",
+        "skipped_no_slot" or "skipped_disconnected". Costs a fence (usually
+        already passed), shadow copies of the buffers and a few small pickles."""
+        self.fence()
+        self._bind_optimizer_state()
+        for b, shadow in self._buffers:
+            shadow.copy_(b)
+        self._rng.copy_(torch.get_rng_state())
+        self._blobs["trainer_state"].write(self._trainer_state(step))
+        self._blobs["scheduler"].write(self._scheduler_state())
+        self._blobs["user_state"].write(dict(self.user_state))
+        self._last_step = step
+        return self.client.snapshot(step, kind, self._stream())
+
+    # --------------------------------------------------------------- restore
+
+    def wait_connected(self, timeout=None):
+        """Waits until the client is registered with zccd; False on timeout.
+        (The C++ client has no wake-up for this, so it polls its stats.)"""
+        deadline = time.monotonic() + (self.connect_timeout if timeout is None else timeout)
+        while not self.client.stats()["connected"]:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    @torch.no_grad()
+    def restore(self, step=None):
+        """Restores the newest committed checkpoint (or `step`) into the model,
+        optimizer, scheduler, RNG states and user_state, and zccd's EMA.
+        Returns the step, or None when the job has no checkpoint yet. Raises
+        zcc.UnavailableError when zccd cannot be reached within connect_timeout."""
+        if not self.wait_connected():
+            raise zcc.UnavailableError("not registered with zccd after %.1f s: %s"
+                                       % (self.connect_timeout, self.client.stats()["last_error"]))
+        self.fence()
+        got = self._restore_tensors(zcc.LATEST if step is None else step)
+        if step is None:
+            got = self._agree_across_ranks(got)
+        if got is None:
+            return None
+        for b, shadow in self._buffers:
+            b.copy_(shadow)
+        trainer = self._blobs["trainer_state"].read() or {}
+        opt = self.optimizer
+        if opt is not None:
+            bound = set(trainer.get("bound", []))
+            nontensor = trainer.get("nontensor_state", {})
+            for i, p in enumerate(self._opt_params):
+                if i in bound:
+                    state = dict(nontensor.get(i, {}))
+                    state.update(self._opt_bufs[i])
+                    opt.state[p] = state
+                else:
+                    opt.state.pop(p, None)
+                self._bound[i] = i in bound
+            groups = trainer.get("param_groups")
+            if groups is not None:
+                if len(groups) != len(opt.param_groups):
+                    raise zcc.FailedPreconditionError(
+                        "the checkpoint has %d optimizer param groups; the optimizer has %d"
+                        % (len(groups), len(opt.param_groups)))
+                for g, saved in zip(opt.param_groups, groups):
+                    g.update(saved)
+            if trainer.get("optimizer_step_count") is not None:
+                opt._step_count = trainer["optimizer_step_count"]
+        sched = self._blobs["scheduler"].read()
+        if self.scheduler is not None and sched is not None:
+            self.scheduler.load_state_dict(sched)
+        torch.set_rng_state(self._rng.clone())
+        if "python_random" in trainer:
+            random.setstate(trainer["python_random"])
+        _set_numpy_rng_state(trainer.get("numpy_random"))
+        if trainer.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
+                                          for s in trainer["cuda_rng"]])
+        user = self._blobs["user_state"].read()
+        if user is not None:
+            self.user_state.clear()
+            self.user_state.update(user)
+        self._last_step = got
+        return got
+
+    def _restore_tensors(self, step):
+        try:
+            return self.client.restore(step, self._stream())
+        except zcc.NotFoundError:
+            return None
+
+    def _agree_across_ranks(self, got):
+        """Ranks restoring "the latest" must restore the same step: a commit
+        landing between two ranks' restores would otherwise split them."""
+        dist = torch.distributed
+        if self.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+            return got
+        mine = torch.tensor([-1 if got is None else got], dtype=torch.int64)
+        low, high = mine.clone(), mine.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if low.item() == high.item():
+            return got
+        if low.item() < 0:
+            raise zcc.FailedPreconditionError("some ranks found a checkpoint and others none")
+        return self._restore_tensors(int(low.item()))
+
+    # ------------------------------------------------------------------- EMA
+
+    def _kept_ema_names(self):
+        if self._ema_kept is not None:
+            return self._ema_kept
+        try:
+            self.client.read_ema(self._ema_names)
+            self._ema_kept = list(self._ema_names)
+        except zcc.NotFoundError:
+            # Replicated parameters: zccd keeps the EMA of those this rank writes.
+            kept = []
+            for name in self._ema_names:
+                try:
+                    self.client.read_ema([name])
+                    kept.append(name)
+                except zcc.NotFoundError:
+                    pass
+            self._ema_kept = kept
+        return self._ema_kept
+
+    def ema_state_dict(self, timeout=30.0, include_buffers=True):
+        """zccd's fp32 EMA of the parameters, as {name: float32 tensor}, once it
+        includes the last snapshot this client published (waits up to `timeout`;
+        warns and returns the EMA as it is after that). With replicas, only the
+        parameters whose EMA this rank's zccd keeps. include_buffers adds the
+        model's current buffers so that the result loads with load_state_dict."""
+        if self.ema_decay <= 0:
+            raise zcc.FailedPreconditionError("the Checkpointer was created without ema_decay")
+        self.client.flush()
+        last = self.client.stats()["last_published_step"]
+        target = last - last % self.ema_interval if last >= 0 else -1
+        names = self._kept_ema_names()
+        deadline = time.monotonic() + timeout
+        while True:
+            ema_step, arrays = self.client.read_ema(names)
+            if ema_step >= target:
+                break
+            if time.monotonic() >= deadline:
+                warnings.warn("zcc EMA is at step %d; the last published snapshot is step %d"
+                              % (ema_step, last))
+                break
+            time.sleep(0.01)  # zccd folds snapshots in asynchronously; no wake-up exists
+        out = collections.OrderedDict((n, torch.from_numpy(arrays[n])) for n in names)
+        if include_buffers:
+            state_keys = set(self.model.state_dict().keys())
+            for name, b in self.model.named_buffers():
+                if name in state_keys:
+                    out[name] = b.detach().clone()
+        self.ema_step = ema_step
+        return out
+
+    # ----------------------------------------------------------------- other
+
+    def save_now(self):
+        """Asks zccd to persist the next full snapshot of every rank."""
+        self.client.save_now()
+
+    def status(self):
+        """The client's counters and the daemon's checkpoint status (a dict)."""
+        return self.client.status()
+
+    def flush(self, timeout=60.0):
+        self.client.flush(timeout)
+
+    def close(self):
+        """Publishes snapshots in flight, unregisters and releases the tensors."""
+        opt = self.optimizer
+        if self._wrapped_step is not None and opt is not None and \
+                opt.__dict__.get("step") is self._wrapped_step:
+            if self._previous_step_attr is None:
+                del opt.step
+            else:
+                opt.step = self._previous_step_attr
+        # (A wrapper installed on top of ours, e.g. by a later LR scheduler,
+        # keeps calling ours, which stops fencing once the client is closed.)
+        self._wrapped_step = None
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
