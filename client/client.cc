@@ -177,6 +177,18 @@ struct Client::Impl {
     return ctx;
   }
 
+  // Tells zccd the client is done with a restore or EMA buffer.
+  absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
+    v1::RestoreDoneRequest done;
+    done.set_job_id(options.job_id);
+    done.set_rank(options.rank);
+    done.set_generation(s.resp.generation());
+    done.set_restore_id(id);
+    v1::RestoreDoneResponse done_resp;
+    auto ctx = Context();
+    return FromGrpcStatus(via.control->RestoreDone(ctx.get(), done, &done_resp));
+  }
+
   absl::StatusOr<std::shared_ptr<Session>> RegisterOnce(const std::vector<TensorRef>& refs,
                                                        const Stubs& via);
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
@@ -575,15 +587,7 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
       }
     }
   }
-  v1::RestoreDoneRequest done;
-  done.set_job_id(im.options.job_id);
-  done.set_rank(im.options.rank);
-  done.set_generation(s->resp.generation());
-  done.set_restore_id(resp.restore_id());
-  v1::RestoreDoneResponse done_resp;
-  auto done_ctx = im.Context();
-  const absl::Status released =
-      FromGrpcStatus(stubs->control->RestoreDone(done_ctx.get(), done, &done_resp));
+  const absl::Status released = im.ReleaseBuffer(*stubs, *s, resp.restore_id());
   ZCC_RETURN_IF_ERROR(copied);
   ZCC_RETURN_IF_ERROR(released);
   return resp.step();
@@ -630,15 +634,7 @@ absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs) {
       }
     }
   }
-  v1::RestoreDoneRequest done;
-  done.set_job_id(im.options.job_id);
-  done.set_rank(im.options.rank);
-  done.set_generation(s->resp.generation());
-  done.set_restore_id(resp.restore_id());
-  v1::RestoreDoneResponse done_resp;
-  auto done_ctx = im.Context();
-  const absl::Status released =
-      FromGrpcStatus(stubs->control->RestoreDone(done_ctx.get(), done, &done_resp));
+  const absl::Status released = im.ReleaseBuffer(*stubs, *s, resp.restore_id());
   ZCC_RETURN_IF_ERROR(copied);
   ZCC_RETURN_IF_ERROR(released);
   return resp.step();
