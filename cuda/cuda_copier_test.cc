@@ -217,5 +217,55 @@ TEST_CASE("CUDA copier: Enqueue and FenceBeforeUpdate return without waiting for
   CHECK_OK(cuda_testing::DeviceFree(*source));
 }
 
+TEST_CASE("CUDA copier: a mapping the driver will not pin is copied through the bounce buffer") {
+  if (!CudaDeviceAvailable()) {
+    WARN("bounce-buffer fallback check " << kNoDevice);
+    return;
+  }
+  constexpr size_t kBytes = (size_t{8} << 20) + 4099;  // Pieces of kChunk, and a remainder.
+  TestStream stream;
+  auto copier = NewCudaCopier([] {
+    CudaCopierOptions options;
+    options.chunk_bytes = kChunk;
+    return options;
+  }());
+  REQUIRE_OK(copier);
+  auto source = cuda_testing::DeviceAlloc(kBytes);
+  REQUIRE_OK(source);
+  auto uploads = cuda_testing::PinnedUploads::Create(2 * kBytes + 4096);
+  REQUIRE_OK(uploads);
+  std::vector<unsigned char> before(kBytes), after(kBytes, 0xA5);
+  for (size_t i = 0; i < kBytes; ++i) before[i] = static_cast<unsigned char>(i * 7 + 3);
+  REQUIRE_OK((*uploads)->UploadAsync(*source, before.data(), kBytes, stream.get()));
+
+  const size_t mapped = (kBytes + 4095) / 4096 * 4096;
+  void* staging = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(staging != MAP_FAILED);
+  std::memset(staging, 0, mapped);
+  // Pinned by "someone else": the copier's cudaHostRegister is refused and it
+  // falls back to its bounce buffer.
+  REQUIRE_OK(cuda_testing::HostRegister(staging, mapped));
+  REQUIRE_OK((*copier)->RegisterHostMemory(staging, mapped));
+
+  REQUIRE_OK(cuda_testing::StallStream(stream.get(), 300));
+  const CopyRegion region{*source, staging, kBytes};
+  auto ticket = (*copier)->Enqueue({&region, 1}, stream.get());
+  REQUIRE_OK(ticket);
+  REQUIRE_OK((*copier)->FenceBeforeUpdate(stream.get()));
+  CHECK(static_cast<unsigned char*>(staging)[0] == 0);  // Still behind the stall.
+  REQUIRE_OK((*uploads)->UploadAsync(*source, after.data(), kBytes, stream.get()));
+  REQUIRE_OK((*copier)->Wait(*ticket));
+  CHECK(std::memcmp(staging, before.data(), kBytes) == 0);
+  std::vector<unsigned char> now(kBytes);
+  REQUIRE_OK(cuda_testing::Download(now.data(), *source, kBytes, stream.get()));
+  CHECK(now == after);
+
+  REQUIRE_OK((*copier)->UnregisterHostMemory(staging));
+  copier->reset();
+  REQUIRE_OK(cuda_testing::HostUnregister(staging));
+  munmap(staging, mapped);
+  CHECK_OK(cuda_testing::DeviceFree(*source));
+}
+
 }  // namespace
 }  // namespace zcc

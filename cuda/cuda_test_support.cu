@@ -69,6 +69,14 @@ absl::Status SynchronizeStream(void* stream) {
   return Check(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
 }
 
+absl::Status HostRegister(void* base, size_t bytes) {
+  return Check(cudaHostRegister(base, bytes, cudaHostRegisterPortable), "cudaHostRegister");
+}
+
+absl::Status HostUnregister(void* base) {
+  return Check(cudaHostUnregister(base), "cudaHostUnregister");
+}
+
 absl::StatusOr<std::unique_ptr<PinnedUploads>> PinnedUploads::Create(size_t capacity) {
   void* arena = nullptr;
   if (absl::Status st = Check(cudaMallocHost(&arena, capacity), "cudaMallocHost"); !st.ok()) {

@@ -30,6 +30,11 @@ absl::Status StallStream(void* stream, int milliseconds);
 // Blocks until the work issued on `stream` so far has finished.
 absl::Status SynchronizeStream(void* stream);
 
+// cudaHostRegister / cudaHostUnregister, as another library in the trainer's
+// process might pin memory behind the copier's back.
+absl::Status HostRegister(void* base, size_t bytes);
+absl::Status HostUnregister(void* base);
+
 // Uploads host bytes to device memory as work on a stream, like a trainer
 // kernel would write them: the call returns at once even when the stream is
 // stalled, because the bytes are staged in a pinned arena allocated up front

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# GPU checks of the CUDA copy backend, in two halves, because a GPU node has
+# CUDA but neither Bazel nor the gRPC/Abseil development packages, and no
+# internet (../shared/BUILDING.md, "GPU nodes"):
+#
+#   tools/gpu/run_gpu_checks.sh bundle
+#       On a build machine (Bazel, nvcc): builds //cuda:cuda_copier_test (the
+#       DeviceCopier conformance suite and the CUDA checks against the real
+#       copier on a real device) and //cuda:gpu_bench with --config=opt, and
+#       copies them into tools/gpu/bundle/ (gitignored) with every shared
+#       library they load, except the CUDA driver (libcuda, which belongs to
+#       the node's driver) and glibc / libstdc++ / libgcc_s (on every node).
+#       Bazel flags: ZCC_BAZEL_OUTPUT_BASE=<dir> builds in that output base.
+#
+#   tools/gpu/run_gpu_checks.sh run [gpu_bench flags...]
+#       On the GPU node, from the repository root, with tools/gpu/bundle/
+#       carried there: runs the test and the benchmark against the bundled
+#       libraries and prints their results. Without a GPU both still run and
+#       say "no CUDA device" (the test's cases skip, the benchmark exits 0).
+#       gpu_bench flags (defaults): --ranks (one per device) --copy_mib=2048
+#       --tensor_mib=64 --chunk_mib=64 --iters=5 --param_mib=1024
+#       --params_per_tensor_mib=32 --matmul_n=4096 --matmuls=4 --steps=20.
+#
+# Exit status: 0 when every step passed (or skipped for lack of a device).
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+readonly BUNDLE=tools/gpu/bundle
+readonly BINARIES=(cuda_copier_test gpu_bench)
+# Libraries the node provides and the bundle must not shadow: the CUDA driver
+# (its version must match the kernel module) and the C and C++ runtimes.
+readonly SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libnvidia-)'
+
+usage() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+  exit 2
+}
+
+bundle() {
+  local startup=()
+  if [[ -n ${ZCC_BAZEL_OUTPUT_BASE:-} ]]; then
+    startup+=("--output_base=$ZCC_BAZEL_OUTPUT_BASE")
+  fi
+  # --symlink_prefix=/: leave the workspace's bazel-* links alone.
+  # --dynamic_mode=off: tests link the workspace's libraries statically, not
+  # as _solib_ shared objects that live only in Bazel's runfiles.
+  local flags=(--config=opt --dynamic_mode=off --symlink_prefix=/)
+  bazel "${startup[@]}" build "${flags[@]}" //cuda:cuda_copier_test //cuda:gpu_bench
+  local bin
+  bin=$(bazel "${startup[@]}" info "${flags[@]}" bazel-bin 2>/dev/null)
+
+  rm -rf "$BUNDLE"
+  mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
+  local name lib path
+  for name in "${BINARIES[@]}"; do
+    cp "$bin/cuda/$name" "$BUNDLE/bin/$name"
+    chmod u+w,a+x "$BUNDLE/bin/$name"
+    # "libfoo.so.1 => /path/libfoo.so.1 (0x...)"
+    while read -r lib _ path _; do
+      if [[ $path == "not" ]]; then
+        echo "bundle: $name needs $lib, which is not found here" >&2
+        exit 1
+      fi
+      [[ $lib =~ $SYSTEM_LIBS ]] && continue
+      [[ -e $BUNDLE/lib/$lib ]] || cp -L "$path" "$BUNDLE/lib/$lib"
+    done < <(ldd "$BUNDLE/bin/$name" | grep '=>')
+  done
+  {
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "nvcc: $(/usr/local/cuda/bin/nvcc --version | grep -o 'release [0-9.]*')"
+    echo "glibc: $(ldd --version | head -1)"
+    # The newest symbol versions the bundle uses: the node's glibc and
+    # libstdc++ must provide them (run checks with ldd).
+    echo "needs on the node: $( (cd "$BUNDLE" && for f in bin/* lib/*; do objdump -T "$f"; done) |
+      grep -oE '(GLIBC|GLIBCXX|CXXABI)_[0-9.]+' | sort -u -V |
+      awk -F_ '{ newest[$1] = $0 } END { for (k in newest) printf "%s ", newest[k] }')"
+    echo "files:"
+    (cd "$BUNDLE" && find bin lib -type f -printf '  %p %s\n' | sort)
+  } >"$BUNDLE/MANIFEST"
+  cat "$BUNDLE/MANIFEST"
+  echo "bundle: $BUNDLE, $(du -sh "$BUNDLE" | cut -f1); carry it to the GPU node, then run:"
+  echo "  tools/gpu/run_gpu_checks.sh run"
+}
+
+run() {
+  if [[ ! -x $BUNDLE/bin/cuda_copier_test || ! -x $BUNDLE/bin/gpu_bench ]]; then
+    echo "run: no bundle in $BUNDLE; build it with 'tools/gpu/run_gpu_checks.sh bundle' on a" \
+      "machine with Bazel and carry $BUNDLE here" >&2
+    exit 1
+  fi
+  export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "== bundle"
+  cat "$BUNDLE/MANIFEST"
+  echo "== node"
+  uname -srm
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader ||
+      echo "nvidia-smi failed"
+  else
+    echo "nvidia-smi: not installed (no NVIDIA driver here?)"
+  fi
+  local name missing=0
+  for name in "${BINARIES[@]}"; do
+    if ldd "$BUNDLE/bin/$name" | grep -q 'not found'; then
+      echo "$name: unresolved libraries:" >&2
+      ldd "$BUNDLE/bin/$name" | grep 'not found' >&2
+      missing=1
+    fi
+  done
+  [[ $missing -eq 0 ]] || exit 1
+
+  local log test_rc=0 bench_rc=0
+  log=$(mktemp -d)
+  echo "== cuda_copier_test (conformance suite + CUDA checks on the real device)"
+  "$BUNDLE/bin/cuda_copier_test" --durations yes 2>&1 | tee "$log/test" || test_rc=${PIPESTATUS[0]}
+  echo "== gpu_bench $*"
+  "$BUNDLE/bin/gpu_bench" "$@" 2>&1 | tee "$log/bench" || bench_rc=${PIPESTATUS[0]}
+  echo "== summary"
+  local skipped=""
+  if grep -q "skipped: no CUDA device" "$log/test"; then
+    skipped=" (the device cases SKIPPED: no CUDA device)"
+  fi
+  echo "cuda_copier_test: $([[ $test_rc -eq 0 ]] && echo PASSED || echo "FAILED (exit $test_rc)")$skipped"
+  if [[ $bench_rc -ne 0 ]]; then
+    echo "gpu_bench: FAILED (exit $bench_rc)"
+  elif grep -q "skipped: no CUDA device" "$log/bench"; then
+    echo "gpu_bench: SKIPPED (no CUDA device)"
+  else
+    echo "gpu_bench: OK (figures above)"
+  fi
+  rm -rf "$log"
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 ]]
+}
+
+case "${1:-}" in
+  bundle) shift; bundle "$@" ;;
+  run) shift; run "$@" ;;
+  *) usage ;;
+esac
