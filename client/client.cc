@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/validate.h"
 #include "copy/host_copier.h"
+#include "cuda/copier_select.h"
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
@@ -212,8 +213,20 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
   auto impl = std::make_unique<Impl>();
   if (options.copier == nullptr) {
-    ZCC_ASSIGN_OR_RETURN(auto host, HostCopier::Create(HostCopierOptions{}));
-    options.copier = std::move(host);
+    CopierSelection selection;
+    selection.device = options.cuda_device;
+    switch (options.copy_backend) {
+      case ClientOptions::CopyBackend::kHost:
+        selection.backend = CopierSelection::Backend::kHost;
+        break;
+      case ClientOptions::CopyBackend::kCuda:
+        selection.backend = CopierSelection::Backend::kCuda;
+        break;
+      case ClientOptions::CopyBackend::kAuto:
+        selection.backend = CopierSelection::Backend::kAuto;
+        break;
+    }
+    ZCC_ASSIGN_OR_RETURN(options.copier, SelectDeviceCopier(selection));
   }
   impl->copier = options.copier;
   impl->options = std::move(options);

@@ -98,8 +98,15 @@ struct ClientOptions {
   // is newer than the last checkpoint), so a crash loses at most the steps
   // since the last snapshot rather than since the last checkpoint.
   bool persist_on_failure = false;
-  // Copy backend; null = a HostCopier (memcpy on a copy thread).
+  // Copy backend. When null, one is chosen by `copy_backend`: kHost (the
+  // default: memcpy on a copy thread, for host tensors), kCuda (the CUDA
+  // copier on `cuda_device`, for GPU tensors; Connect fails if it cannot be
+  // used) or kAuto (CUDA when a usable device exists, else host with one log
+  // line: only for host tensors, since a host copier cannot read GPU memory).
   std::shared_ptr<DeviceCopier> copier;
+  enum class CopyBackend { kHost, kCuda, kAuto };
+  CopyBackend copy_backend = CopyBackend::kHost;
+  int cuda_device = 0;
   absl::Duration rpc_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Milliseconds(250);
   // No daemon heartbeat for this long: the daemon is considered gone.
