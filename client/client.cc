@@ -17,6 +17,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 #include "common/validate.h"
 #include "copy/host_copier.h"
 #include "cuda/copier_select.h"
@@ -444,6 +445,7 @@ absl::Status Client::FenceBeforeUpdate(void* stream) {
 }
 
 void Client::Impl::NotifierLoop() {
+  MakeThisThreadBackground();
   while (true) {
     PendingCopy p;
     {
@@ -492,6 +494,7 @@ void Client::Impl::DropSession(const std::shared_ptr<Session>& s, const std::str
 }
 
 void Client::Impl::MonitorLoop() {
+  MakeThisThreadBackground();
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
     std::shared_ptr<Session> s;

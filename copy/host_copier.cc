@@ -1,5 +1,7 @@
 #include "copy/host_copier.h"
 
+#include "common/thread_priority.h"
+
 #include <algorithm>
 #include <cstring>
 #include <system_error>
@@ -52,6 +54,7 @@ HostCopier::~HostCopier() {
 }
 
 void HostCopier::CopyLoop() {
+  MakeThisThreadBackground();
   for (;;) {
     Job job;
     {
