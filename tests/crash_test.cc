@@ -98,11 +98,11 @@ void Report(const Problems& p, const Daemon* daemon) {
 }
 
 template <typename Pred>
-bool WaitUntil(Pred pred, absl::Duration timeout) {
+bool WaitUntil(Pred pred, absl::Duration timeout, absl::Duration poll = absl::Milliseconds(10)) {
   const absl::Time deadline = absl::Now() + timeout;
   while (!pred()) {
     if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(poll);
   }
   return true;
 }
@@ -155,11 +155,12 @@ DirState Inspect(const std::string& job_dir, uint32_t world) {
 }
 
 // Where in the checkpoint pipeline the daemon was, judged from what it left.
-std::string Phase(const DirState& s, uint32_t keep_last, bool segments) {
+std::string Phase(const DirState& s, uint32_t keep_last, bool segments, bool training) {
   if (!s.complete_partials.empty()) return "commit (all manifests in, not renamed)";
   if (!s.uncommitted.empty() || !s.superseded.empty()) return "retention (removal cut short)";
   if (s.committed.size() > keep_last) return "retention (not yet run after a commit)";
   if (!s.partials.empty()) return "write (rank shards or manifests missing)";
+  if (!training) return "idle (trainers finished)";
   if (s.committed.empty()) return segments ? "ingest (registered, nothing persisted)"
                                            : "startup (before registration)";
   return "ingest (between checkpoints)";
@@ -257,8 +258,8 @@ DaemonKillTrial MakeDaemonKillTrial(uint64_t seed) {
   t.step_ms = uniform(5, 12);
   t.tensors = uniform(1, 3);
   t.kib = 16 << uniform(0, 3);  // 16..128 KiB per parameter
-  // From before the trainers register to after they finish.
-  t.kill_after_ms = uniform(0, t.steps * t.step_ms + 250);
+  // From before the trainers register to just after they finish.
+  t.kill_after_ms = uniform(0, t.steps * t.step_ms + 100);
   t.restart_after_ms = uniform(0, 300);
   return t;
 }
@@ -287,11 +288,13 @@ void RunDaemonKillTrial(const DaemonKillTrial& t, Tally* tally) {
   }
   absl::SleepFor(absl::Milliseconds(t.kill_after_ms));
   daemon.Kill();
+  bool training = false;
+  for (auto& tr : trainers) training |= tr->running();
 
   // The state the crash left, before anything else touches it.
   const std::vector<std::string> stale = ShmSegments(daemon.shm_prefix() + ".");
   const DirState at_kill = Inspect(job_dir, t.world);
-  const std::string phase = Phase(at_kill, t.keep_last, !stale.empty());
+  const std::string phase = Phase(at_kill, t.keep_last, !stale.empty(), training);
   ++(*tally)["zccd SIGKILL, phase: " + phase];
   CheckCommittedState(job_dir, at_kill, &p);
 
@@ -524,14 +527,22 @@ TEST_CASE("a trainer killed mid-restore leaks no restore buffer; the next restor
     std::mt19937_64 rng(base + i);
     const int kill_after_ms = std::uniform_int_distribution<int>(0, 60)(rng);
     Problems p{absl::StrCat("trainer-kill (restore) trial seed=", base + i,
-                            " kill_after_ms=", kill_after_ms, " (after registering)"),
+                            i % 2 == 0 ? absl::StrCat(" kill ", kill_after_ms, " ms after registering")
+                                       : std::string(" kill once the restore buffer exists")),
                {}};
     auto restorer = StartTrainer(daemon, dir, absl::StrCat("rest", i),
                                  Concat({"--mode=restore", "--expect_step=2"}, model));
-    // From the registration (the Restore RPC follows at once) on.
-    WaitUntil([&] { return !SegmentsOfRank(daemon, 0).empty() || !restorer->running(); },
-              absl::Seconds(30));
-    absl::SleepFor(absl::Milliseconds(kill_after_ms));
+    // Even trials: a random delay from the registration (the Restore RPC
+    // follows at once). Odd trials: as soon as the restore buffer exists.
+    auto has_segment = [&](bool restore_buffer) {
+      for (const std::string& name : SegmentsOfRank(daemon, 0)) {
+        if (!restore_buffer || absl::StrContains(name, ".restore.")) return true;
+      }
+      return false;
+    };
+    WaitUntil([&] { return has_segment(i % 2 == 1) || !restorer->running(); }, absl::Seconds(30),
+              absl::Milliseconds(1));
+    if (i % 2 == 0) absl::SleepFor(absl::Milliseconds(kill_after_ms));
     bool buffer_live = false;
     for (const std::string& name : SegmentsOfRank(daemon, 0)) {
       buffer_live |= absl::StrContains(name, ".restore.");

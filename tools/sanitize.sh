@@ -18,6 +18,13 @@
 # Ends with a summary: tests passed/failed, and each distinct sanitizer report
 # (first frame in zcc code) with how often it occurred. Exit status: 0 when
 # every test passed and nothing was reported.
+#
+# TSan caveat: Debian's Abseil is not built with -fsanitize=thread, so TSan
+# cannot see absl::Mutex; every access guarded by one is reported as a race
+# (and the process then exits 66, failing the test). Expect many reports whose
+# two stacks both hold the same absl::Mutex: those are false positives. They
+# cannot be suppressed without naming zcc's own code, which tools/tsan.supp
+# never does; a clean TSan run needs an instrumented Abseil.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +34,17 @@ case $config in
   *) echo "usage: tools/sanitize.sh asan|tsan [TARGETS...]" >&2; exit 2 ;;
 esac
 targets=("$@")
-((${#targets[@]})) || targets=(//...)
+if ((${#targets[@]} == 0)); then
+  # Everything: //... spelled out per top-level folder, because with
+  # --symlink_prefix=/ Bazel no longer recognises the normal build's bazel-*
+  # links as its own and would descend into them.
+  targets=(//:all)
+  for d in */; do
+    d=${d%/}
+    [[ -L $d ]] && continue
+    [[ -n $(find "$d" \( -name BUILD -o -name BUILD.bazel \) -print -quit) ]] && targets+=("//$d/...")
+  done
+fi
 
 bash tools/setup.sh >/dev/null || { echo "setup failed"; exit 1; }
 source tools/bazel_flags.sh
@@ -38,15 +55,19 @@ chmod 0777 "$reports"  # tests may run processes as other users
 
 case $config in
   asan)
+    # As in .bazelrc (see there), plus log_path.
     env_flags=(
-      "--test_env=ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:log_path=$reports/asan"
+      "--test_env=ASAN_OPTIONS=abort_on_error=1:check_initialization_order=1:strict_init_order=1:log_path=$reports/asan"
       "--test_env=UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
       "--test_env=LSAN_OPTIONS=report_objects=0"
     )
     ;;
   tsan)
+    # The crash matrix runs 5-15x slower under TSan: fewer trials keep it
+    # inside its timeout.
     env_flags=(
       "--test_env=TSAN_OPTIONS=suppressions=$PWD/tools/tsan.supp:halt_on_error=0:second_deadlock_stack=1:history_size=4:log_path=$reports/tsan"
+      --test_env=ZCC_CRASH_TRIALS=8 --test_env=ZCC_CRASH_TRAINER_TRIALS=2
     )
     ;;
 esac
@@ -85,7 +106,9 @@ else
       function flush() { if (head != "") { print head " @ " (frame != "" ? frame : first); } head = ""; frame = ""; first = "" }
       /(ERROR|WARNING): (Address|Leak|Thread|UndefinedBehavior)Sanitizer|runtime error:/ { flush(); head = $0; sub(/^==[0-9]+==/, "", head); next }
       head != "" && /^ +#[0-9]+ / {
+        # ASan: "#1 0x... in fn file:line"; TSan: "#1 fn file:line (module+0x...)".
         loc = $NF
+        for (i = 2; i <= NF; ++i) if ($i ~ /\.(cc|cpp|h|hpp|c):[0-9]+(:[0-9]+)?$/) { loc = $i; break }
         if (first == "") first = loc
         if (frame == "" && (index(loc, ws) == 1 || loc ~ /^(checkpoint|client|common|copy|daemon|format|shm|storage|ema|sharding|metrics|config|tools|tests|fuzz)\//)) frame = loc
       }

@@ -20,6 +20,7 @@ APT_PACKAGES=(
   pybind11-dev python3-dev   # the zcc Python module (python/zcc), for /usr/bin/python3
   python3-numpy python3-torch  # zcc.torch, the examples and their tests (CPU PyTorch 1.13)
   python3-pip                # pip for /usr/bin/python3 (safetensors, below)
+  clang libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for fuzz/
 )
 PIP_PACKAGES=(safetensors numpy)
 
