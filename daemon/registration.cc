@@ -131,6 +131,28 @@ absl::Status AssignStaged(const v1::RegisterRequest& req, std::vector<Registered
     }
     specs.push_back(std::move(s));
   }
+  // Bound what the assigner allocates (per group, one load per declared
+  // member): a group cannot be larger than the job, and the members declared
+  // over all groups are capped, so a small request cannot ask for gigabytes.
+  constexpr uint64_t kMaxDeclaredMembers = uint64_t{1} << 22;
+  std::set<std::pair<int, uint32_t>> groups;
+  uint64_t declared = 0;
+  for (const sharding::ShardTensor& t : specs) {
+    if (t.group.kind == sharding::ReplicaKind::kNone) continue;
+    if (t.group.group_size > req.world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': replica group of ", t.group.group_size,
+          " members in a job of world_size ", req.world_size()));
+    }
+    if (groups.emplace(static_cast<int>(t.group.kind), t.group.expert_id).second) {
+      declared += t.group.group_size;
+      if (declared > kMaxDeclaredMembers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the registration's replica groups declare more than ", kMaxDeclaredMembers,
+            " members in total"));
+      }
+    }
+  }
   auto plan = sharding::PlanRankWrites(specs);
   if (!plan.ok()) return absl::InvalidArgumentError(plan.status().message());
   for (size_t i = 0; i < tensors->size(); ++i) (*tensors)[i].staged = plan->writes[i];
