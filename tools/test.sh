@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up the machine (tools/setup.sh) and runs the whole test suite: unit
-# tests of every module, the Python safetensors interop test, and integration
-# tests that start real zccd and trainer processes. Ends with one line
+# tests of every module, Python tests, integration, scenario, isolation, ops
+# and crash tests that start real zccd and trainer processes, and a short
+# fuzz run. Ends with one line
 # "N passed, M failed" counting test cases; exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,15 @@ for target in $(bazel query 'tests(//...)' 2>/dev/null); do
 done
 rm -f /tmp/zcc-test.$$.log
 if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
+
+# A short fuzz run (10 s per libFuzzer target, built with clang outside
+# Bazel) over the committed corpora: one case, failed on any crash.
+if bash fuzz/run.sh --ci 2>&1 | tail -12; then
+  passed=$((passed + 1))
+else
+  echo "fuzz: a target crashed (see fuzz/out/crashes/)"
+  failed=$((failed + 1))
+fi
 echo "test wall time: $(( $(date +%s) - start ))s"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
