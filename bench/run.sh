@@ -11,9 +11,9 @@
 # (snapshot_bench, e2e_bench, ...) those run whole; otherwise every binary runs
 # with --only=PATTERN (e2e_bench, scale_bench and ema_bench then skip the work
 # of unwanted rows; the others run whole) and only the rows whose "binary:row"
-# matches are kept; --dir is the directory the disk benchmarks write to (default: a
-# temporary directory under the repository's parent, i.e. on the same disk as
-# the work tree, removed afterwards).
+# matches are kept; --dir is the directory the disk benchmarks write to
+# (default: a temporary directory under the repository's parent, i.e. on the
+# same disk as the work tree, removed afterwards).
 #
 # Environment: ZCC_BAZEL_OUTPUT_BASE runs Bazel with that --output_base (default:
 # Bazel's own); the repository's bazel-* symlinks are never touched.
@@ -33,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     --json=*) json=${1#--json=}; shift ;;
     --dir) dir=$2; shift 2 ;;
     --dir=*) dir=${1#--dir=}; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
