@@ -80,15 +80,17 @@ void Job::OnPersisted(const PersistEvent& event) {
   }
   ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
                  << event.step << ": " << event.stats.bytes << " bytes";
-  auto& written = written_[event.step];
-  written.bytes += event.stats.bytes;
-  written.seconds = std::max(written.seconds, event.stats.seconds);
   if (!committer_) {
     // Another daemon commits; this one only reports what it wrote.
-    last_checkpoint_ = written;
-    written_.erase(event.step);
+    last_checkpoint_ = event.stats;
     return;
   }
+  // A rank whose persist report arrives after another rank's report already
+  // committed the step has nothing left to do.
+  if (recently_committed_.count(event.step) > 0) return;
+  const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
+  auto [it, inserted] = write_start_.emplace(event.step, started);
+  if (!inserted && started < it->second) it->second = started;
   pending_.emplace(event.step, absl::Now());
   CommitPendingLocked(event.step);
 }
@@ -112,7 +114,7 @@ void Job::CommitPendingLocked(int64_t up_to) {
 void Job::DropPendingLocked(int64_t step, const std::string& why) {
   ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " " << why;
   pending_.erase(step);
-  written_.erase(step);
+  write_start_.erase(step);
   const absl::Status removed =
       RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
   if (!removed.ok()) ZCC_LOG(WARNING) << removed;
@@ -129,27 +131,31 @@ bool Job::TryCommitLocked(int64_t step) {
     if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kCommit).Increment();
     SetError(absl::StrCat("commit of step ", step, " failed: ", result.status().message()));
     pending_.erase(step);
-    written_.erase(step);
+    write_start_.erase(step);
     return false;
   }
   if (result->outcome != checkpoint::CommitOutcome::kCommitted) return false;
 
-  const checkpoint::WriteStats written = written_[step];
-  const absl::Duration commit_time = absl::Now() - commit_start;
+  const absl::Time now = absl::Now();
+  const absl::Duration commit_time = now - commit_start;
+  auto started = write_start_.find(step);
+  checkpoint::WriteStats written;
+  written.bytes = result->total_bytes;
+  written.seconds =
+      absl::ToDoubleSeconds(now - (started != write_start_.end() ? started->second : commit_start));
   if (options_.metrics != nullptr) {
     options_.metrics->commit_latency_seconds().ObserveDuration(commit_time);
   }
   pending_.erase(step);
-  written_.erase(step);
+  write_start_.erase(step);
   recently_committed_.insert(step);
   while (recently_committed_.size() > 64) recently_committed_.erase(recently_committed_.begin());
   last_committed_step_ = step;
   last_checkpoint_ = written;
   const double gbps = written.seconds > 0 ? written.bytes / written.seconds / 1e9 : 0;
   ZCC_LOG(INFO) << absl::StrFormat(
-      "checkpoint job=%s step=%d bytes=%d write_s=%.3f GB/s=%.2f commit_ms=%.1f total_bytes=%d",
-      options_.job_id, step, written.bytes, written.seconds, gbps,
-      absl::ToDoubleMilliseconds(commit_time), result->total_bytes);
+      "checkpoint job=%s step=%d bytes=%d seconds=%.3f GB/s=%.2f commit_ms=%.1f", options_.job_id,
+      step, written.bytes, written.seconds, gbps, absl::ToDoubleMilliseconds(commit_time));
 
   auto retained = ApplyRetentionLocked();
   if (!retained.ok()) SetError(absl::StrCat("retention failed: ", retained.status().message()));

@@ -92,11 +92,14 @@ class Job {
   // Steps some local rank persisted and that are not committed yet, with the
   // time the first local rank finished.
   std::map<int64_t, absl::Time> pending_ ABSL_GUARDED_BY(mu_);
-  // Bytes and seconds this daemon spent writing each pending step.
-  std::map<int64_t, checkpoint::WriteStats> written_ ABSL_GUARDED_BY(mu_);
+  // When this daemon's first rank began writing each pending step.
+  std::map<int64_t, absl::Time> write_start_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> recently_committed_ ABSL_GUARDED_BY(mu_);
   std::multiset<std::pair<uint32_t, int64_t>> restoring_ ABSL_GUARDED_BY(mu_);  // (rank, step)
   int64_t last_committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The last committed step as a whole: all its shard bytes, and the time from
+  // the first rank's write start here to the commit (for a non-committing
+  // daemon: what its own ranks wrote and how long the slowest took).
   checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
 };

@@ -79,7 +79,7 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
                 job.checkpoint_dir().c_str());
     std::printf("  last committed step %s", Step(job.last_committed_step()).c_str());
     if (job.last_checkpoint_bytes() > 0) {
-      std::printf("  (this node wrote %.2f GB in %.2fs, %.2f GB/s)",
+      std::printf("  (%.2f GB in %.2fs from first write to commit, %.2f GB/s)",
                   job.last_checkpoint_bytes() / 1e9, job.last_checkpoint_seconds(),
                   job.last_checkpoint_gbps());
     }
