@@ -1,6 +1,7 @@
 #include "fuzz/fuzz_targets.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -17,18 +18,26 @@ using internal::AsView;
 
 namespace {
 
-// One job directory per process for the `latest` file.
+const std::string* g_latest_dir = nullptr;
+
+void RemoveLatestJobDir() {
+  ::unlink((*g_latest_dir + "/" + format::kLatestFileName).c_str());
+  ::rmdir(g_latest_dir->c_str());
+}
+
+// One job directory per process for the `latest` file, removed at exit.
 const std::string& LatestJobDir() {
-  static const std::string* dir = [] {
+  if (g_latest_dir == nullptr) {
     const char* base = std::getenv("TEST_TMPDIR");
     std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/zcc-fuzz-latest.XXXXXX");
     if (mkdtemp(tmpl.data()) == nullptr) {
       std::perror("mkdtemp");
       std::abort();
     }
-    return new std::string(tmpl);
-  }();
-  return *dir;
+    g_latest_dir = new std::string(tmpl);
+    std::atexit(RemoveLatestJobDir);
+  }
+  return *g_latest_dir;
 }
 
 void WriteOrDie(const std::string& path, absl::string_view bytes) {

@@ -448,6 +448,7 @@ TEST_CASE("a trainer killed mid-snapshot loses its registration; a new one resto
   REQUIRE(daemon.Start());
   const std::string job_dir = JoinPath(daemon.root(), kJob);
   Tally tally;
+  bool all_ok = true;
   int64_t next_step = 1;
   for (int i = 0; i < trials; ++i) {
     std::mt19937_64 rng(base + i);
@@ -502,10 +503,12 @@ TEST_CASE("a trainer killed mid-snapshot loses its registration; a new one resto
     p.Expect(ChooseStep(job_dir) > step, "no newer checkpoint after resuming");
     next_step = ChooseStep(job_dir) + 1;
     Report(p, &daemon);
+    all_ok &= p.list.empty();
   }
   REQUIRE(daemon.Stop() == 0);
   CHECK(ShmSegments(daemon.shm_prefix() + ".").empty());
   PrintTally(absl::StrCat("trainer-kill (mid-snapshot) trials: ", trials), tally);
+  if (all_ok) RemoveTree(dir).IgnoreError();
 }
 
 TEST_CASE("a trainer killed mid-restore leaks no restore buffer; the next restore works") {
@@ -523,6 +526,7 @@ TEST_CASE("a trainer killed mid-restore leaks no restore buffer; the next restor
   REQUIRE(ChooseStep(job_dir) == 2);
 
   Tally tally;
+  bool all_ok = true;
   for (int i = 0; i < trials; ++i) {
     std::mt19937_64 rng(base + i);
     const int kill_after_ms = std::uniform_int_distribution<int>(0, 60)(rng);
@@ -567,10 +571,12 @@ TEST_CASE("a trainer killed mid-restore leaks no restore buffer; the next restor
       p.Expect(clean_again, "segments left after a completed restore");
     }
     Report(p, &daemon);
+    all_ok &= p.list.empty();
   }
   REQUIRE(daemon.Stop() == 0);
   CHECK(ShmSegments(daemon.shm_prefix() + ".").empty());
   PrintTally(absl::StrCat("trainer-kill (mid-restore) trials: ", trials), tally);
+  if (all_ok) RemoveTree(dir).IgnoreError();
 }
 
 }  // namespace
