@@ -1,6 +1,10 @@
 #include "checkpoint/committer.h"
 
+#include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <map>
@@ -97,14 +101,27 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   const std::string final_dir = JoinPath(job_dir, format::StepDirName(step));
   if (PathExists(final_dir)) {
     // The same step number from an earlier run (training resumed from an older
-    // step): the new one replaces it. Until the rename below, the old one stays
-    // complete and committed.
-    const std::string superseded = absl::StrCat(final_dir, ".superseded");
-    ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
-    ZCC_RETURN_IF_ERROR(RenameOrError(final_dir, superseded));
-    ZCC_RETURN_IF_ERROR(RenameOrError(partial, final_dir));
-    ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
-    ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
+    // step): the new one replaces it in one atomic exchange, so step-N always
+    // exists and is committed, old or new, whatever happens. The old contents
+    // end up under the partial name and are removed.
+    if (::syscall(SYS_renameat2, AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(),
+                  RENAME_EXCHANGE) == 0) {
+      ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+      ZCC_RETURN_IF_ERROR(RemoveTree(partial));
+    } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+      // File systems without the exchange (NFS): two renames, with a short
+      // window in which step-N is absent and restore falls back to older steps.
+      ZCC_LOG(WARNING) << "atomic exchange unsupported under " << job_dir
+                       << "; replacing " << final_dir << " with two renames";
+      const std::string superseded = absl::StrCat(final_dir, ".superseded");
+      ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
+      ZCC_RETURN_IF_ERROR(RenameOrError(final_dir, superseded));
+      ZCC_RETURN_IF_ERROR(RenameOrError(partial, final_dir));
+      ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+      ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
+    } else {
+      return ErrnoToStatus(errno, absl::StrCat("exchange ", partial, " and ", final_dir));
+    }
   } else {
     ZCC_RETURN_IF_ERROR(RenameOrError(partial, final_dir));
     ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
