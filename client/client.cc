@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/default_paths.h"
 #include "absl/synchronization/mutex.h"
 #include "common/futex.h"
 #include "common/grpc_status.h"
@@ -63,14 +64,6 @@ v1::TensorKind ToProto(TensorKind kind) {
     case TensorKind::kExtra: return v1::EXTRA;
   }
   return v1::TENSOR_KIND_UNSPECIFIED;
-}
-
-std::string DefaultSocketPath() {
-  if (::geteuid() == 0) return "/run/zcc/zccd.sock";
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
-    return absl::StrCat(xdg, "/zcc/zccd.sock");
-  }
-  return absl::StrCat("/tmp/zcc-", ::geteuid(), "/zccd.sock");
 }
 
 bool IsTransient(const absl::Status& st) {

@@ -1,5 +1,7 @@
 #include "daemon/config.h"
 
+#include "common/default_paths.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -10,13 +12,7 @@
 
 namespace zcc::daemon {
 
-std::string DefaultSocketPath() {
-  if (::geteuid() == 0) return "/run/zcc/zccd.sock";
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
-    return absl::StrCat(xdg, "/zcc/zccd.sock");
-  }
-  return absl::StrCat("/tmp/zcc-", ::geteuid(), "/zccd.sock");
-}
+std::string DefaultSocketPath() { return zcc::DefaultSocketPath(); }
 
 std::string DefaultCheckpointRoot() {
   if (::geteuid() == 0) return "/var/lib/zcc/checkpoints";

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/default_paths.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/reader.h"
@@ -42,14 +43,6 @@ const char kUsage[] =
     "                        until interrupted, or --count times\n"
     "  verify STEP_DIR       check a checkpoint's manifests and checksums offline\n"
     "exit codes: 0 ok, 1 error reported, 2 usage, 3 zccd not reachable\n";
-
-std::string DefaultSocketPath() {
-  if (::geteuid() == 0) return "/run/zcc/zccd.sock";
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
-    return absl::StrCat(xdg, "/zcc/zccd.sock");
-  }
-  return absl::StrCat("/tmp/zcc-", ::geteuid(), "/zccd.sock");
-}
 
 int Fail(const grpc::Status& st) {
   std::fprintf(stderr, "zccctl: %s\n", st.error_message().c_str());
@@ -129,7 +122,7 @@ int Verify(const std::string& dir, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket = DefaultSocketPath();
+  std::string socket = zcc::DefaultSocketPath();
   std::string root;
   bool json = false;
   double interval_s = 2;
