@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/default_paths.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/futex.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -130,7 +130,7 @@ struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<DeviceCopier> copier;
 
-  mutable absl::Mutex mu;
+  mutable zcc::Mutex mu;
   std::shared_ptr<const Stubs> stubs ABSL_GUARDED_BY(mu);
   std::vector<TensorRef> tensors ABSL_GUARDED_BY(mu);
   bool tensors_registered ABSL_GUARDED_BY(mu) = false;
@@ -151,17 +151,17 @@ struct Client::Impl {
   std::thread monitor;
 
   std::shared_ptr<const Stubs> GetStubs() const {
-    absl::MutexLock lock(&mu);
+    zcc::MutexLock lock(&mu);
     return stubs;
   }
 
   std::shared_ptr<Session> CurrentSession() const {
-    absl::MutexLock lock(&mu);
+    zcc::MutexLock lock(&mu);
     return session;
   }
 
   void SetError(const std::string& error) {
-    absl::MutexLock lock(&mu);
+    zcc::MutexLock lock(&mu);
     last_error = error;
   }
 
@@ -226,7 +226,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   impl->options = std::move(options);
 
   {
-    absl::MutexLock lock(&impl->mu);
+    zcc::MutexLock lock(&impl->mu);
     impl->stubs = std::make_shared<const Stubs>(impl->options.socket_path);
   }
 
@@ -240,7 +240,7 @@ Client::~Client() {
   const absl::Status flushed = Flush(absl::Seconds(60));
   if (!flushed.ok()) ZCC_LOG(WARNING) << "zcc client: " << flushed;
   {
-    absl::MutexLock lock(&impl_->mu);
+    zcc::MutexLock lock(&impl_->mu);
     impl_->stopping = true;
   }
   impl_->notifier.join();
@@ -256,7 +256,7 @@ Client::~Client() {
     const grpc::Status st = impl_->GetStubs()->control->Unregister(ctx.get(), req, &resp);
     if (!st.ok()) ZCC_LOG(WARNING) << "zcc client: unregister: " << st.error_message();
   }
-  absl::MutexLock lock(&impl_->mu);
+  zcc::MutexLock lock(&impl_->mu);
   impl_->session.reset();
 }
 
@@ -342,14 +342,14 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
     }
   }
   {
-    absl::MutexLock lock(&impl_->mu);
+    zcc::MutexLock lock(&impl_->mu);
     if (impl_->tensors_registered) {
       return absl::FailedPreconditionError("tensors are already registered with this client");
     }
   }
   auto session = impl_->RegisterOnce(tensors, *impl_->GetStubs());
   if (!session.ok() && !IsTransient(session.status())) return session.status();
-  absl::MutexLock lock(&impl_->mu);
+  zcc::MutexLock lock(&impl_->mu);
   impl_->tensors = std::move(tensors);
   impl_->tensors_registered = true;
   if (session.ok()) {
@@ -426,7 +426,7 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     return SnapshotResult::kSkippedDisconnected;
   }
   {
-    absl::MutexLock lock(&im.mu);
+    zcc::MutexLock lock(&im.mu);
     im.queue.push_back(PendingCopy{std::move(s), static_cast<uint32_t>(slot), step, kind, *ticket});
   }
   im.enqueued.fetch_add(1, std::memory_order_relaxed);
@@ -442,7 +442,7 @@ void Client::Impl::NotifierLoop() {
   while (true) {
     PendingCopy p;
     {
-      absl::MutexLock lock(&mu);
+      zcc::MutexLock lock(&mu);
       mu.Await(absl::Condition(
           +[](Impl* im) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !im->queue.empty() || im->stopping; },
           this));
@@ -473,14 +473,14 @@ void Client::Impl::NotifierLoop() {
       last_published_step.store(p.step, std::memory_order_relaxed);
     }
     p.session.reset();
-    absl::MutexLock lock(&mu);
+    zcc::MutexLock lock(&mu);
     --in_flight;
   }
 }
 
 void Client::Impl::DropSession(const std::shared_ptr<Session>& s, const std::string& why) {
   s->dead.store(true);
-  absl::MutexLock lock(&mu);
+  zcc::MutexLock lock(&mu);
   if (session == s) session.reset();
   last_error = why;
   ZCC_LOG(WARNING) << "zcc client: " << why << "; snapshots are skipped until zccd is back";
@@ -494,7 +494,7 @@ void Client::Impl::MonitorLoop() {
     std::vector<TensorRef> refs;
     bool need_register = false;
     {
-      absl::MutexLock lock(&mu);
+      zcc::MutexLock lock(&mu);
       if (stopping) return;
       s = session;
       need_register = tensors_registered && s == nullptr;
@@ -505,7 +505,7 @@ void Client::Impl::MonitorLoop() {
       auto via = std::make_shared<const Stubs>(options.socket_path);
       auto fresh = RegisterOnce(refs, *via);
       if (fresh.ok()) {
-        absl::MutexLock lock(&mu);
+        zcc::MutexLock lock(&mu);
         session = *fresh;
         stubs = std::move(via);
         registrations.fetch_add(1);
@@ -530,7 +530,7 @@ void Client::Impl::MonitorLoop() {
                                     absl::FormatDuration(absl::Nanoseconds(now - daemon_beat))));
       }
     }
-    absl::MutexLock lock(&mu);
+    zcc::MutexLock lock(&mu);
     mu.AwaitWithTimeout(absl::Condition(&stopping), wait);
   }
 }
@@ -539,14 +539,14 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
   Impl& im = *impl_;
   std::shared_ptr<Session> s = im.CurrentSession();
   if (s == nullptr) {
-    absl::MutexLock lock(&im.mu);
+    zcc::MutexLock lock(&im.mu);
     return absl::UnavailableError(absl::StrCat("not registered with zccd: ",
                                                im.last_error.empty() ? "call RegisterTensors first"
                                                                      : im.last_error));
   }
   std::vector<TensorRef> refs;
   {
-    absl::MutexLock lock(&im.mu);
+    zcc::MutexLock lock(&im.mu);
     refs = im.tensors;
   }
   v1::RestoreRequest req;
@@ -658,7 +658,7 @@ absl::Status Client::SaveNow() {
 }
 
 absl::Status Client::Flush(absl::Duration timeout) {
-  absl::MutexLock lock(&impl_->mu);
+  zcc::MutexLock lock(&impl_->mu);
   auto idle = [](Impl* im) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return im->queue.empty() && im->in_flight == 0;
   };
@@ -678,7 +678,7 @@ ClientStats Client::Stats() const {
   stats.skipped_disconnected = im.skipped_disconnected.load();
   stats.registrations = im.registrations.load();
   stats.last_published_step = im.last_published_step.load();
-  absl::MutexLock lock(&im.mu);
+  zcc::MutexLock lock(&im.mu);
   stats.connected = im.session != nullptr && !im.session->dead.load();
   stats.last_error = im.last_error;
   return stats;

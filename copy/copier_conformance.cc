@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/testing/status_matchers.h"
 
 namespace zcc::testing {
@@ -270,14 +270,14 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     PointRegionsAt(plan, staging);
 
-    absl::Mutex mu;
+    zcc::Mutex mu;
     std::vector<CopyTicket> issued;     // Guarded by mu.
     std::vector<std::string> failures;  // Written only by the notifier.
     std::thread notifier([&] {
       for (int i = 0; i < kTickets; ++i) {
         CopyTicket ticket;
         {
-          absl::MutexLock lock(&mu);
+          zcc::MutexLock lock(&mu);
           auto have = [&] { return issued.size() > static_cast<size_t>(i); };
           mu.Await(absl::Condition(&have));
           ticket = issued[i];
@@ -293,7 +293,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
     });
     for (int i = 0; i < kTickets; ++i) {
       auto ticket = copier->Enqueue({&plan.regions[i], 1}, stream);
-      absl::MutexLock lock(&mu);
+      zcc::MutexLock lock(&mu);
       issued.push_back(ticket.ok() ? *ticket : 0);
     }
     notifier.join();

@@ -47,7 +47,7 @@ HostCopier::HostCopier(const HostCopierOptions& options) : options_(options) {}
 
 HostCopier::~HostCopier() {
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (copy_thread_.joinable()) copy_thread_.join();
@@ -58,7 +58,7 @@ void HostCopier::CopyLoop() {
   for (;;) {
     Job job;
     {
-      absl::MutexLock lock(&mu_);
+      zcc::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !queue_.empty() || stopping_;
       };
@@ -69,7 +69,7 @@ void HostCopier::CopyLoop() {
       queue_.pop_front();
     }
     for (const CopyRegion& region : job.regions) CopyRegionInChunks(region);
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     last_completed_ = job.ticket;  // Jobs run in ticket order.
   }
 }
@@ -90,7 +90,7 @@ void HostCopier::CopyRegionInChunks(const CopyRegion& region) const {
 absl::Status HostCopier::RegisterHostMemory(void* base, size_t bytes) {
   if (base == nullptr) return absl::InvalidArgumentError("RegisterHostMemory: null base");
   if (bytes == 0) return absl::InvalidArgumentError("RegisterHostMemory: zero bytes");
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (!registered_.emplace(base, bytes).second) {
     return absl::AlreadyExistsError("RegisterHostMemory: base is already registered");
   }
@@ -99,7 +99,7 @@ absl::Status HostCopier::RegisterHostMemory(void* base, size_t bytes) {
 
 absl::Status HostCopier::UnregisterHostMemory(void* base) {
   if (base == nullptr) return absl::InvalidArgumentError("UnregisterHostMemory: null base");
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (registered_.erase(base) == 0) {
     return absl::NotFoundError("UnregisterHostMemory: base was not registered");
   }
@@ -110,7 +110,7 @@ absl::StatusOr<CopyTicket> HostCopier::Enqueue(absl::Span<const CopyRegion> regi
                                                void* /*stream*/) {
   if (absl::Status st = ValidateRegions(regions); !st.ok()) return st;
   Job job{0, regions};
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   job.ticket = ++last_issued_;
   const CopyTicket ticket = job.ticket;
   queue_.push_back(std::move(job));
@@ -118,7 +118,7 @@ absl::StatusOr<CopyTicket> HostCopier::Enqueue(absl::Span<const CopyRegion> regi
 }
 
 absl::Status HostCopier::Wait(CopyTicket ticket) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (ticket == 0 || ticket > last_issued_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Wait: ticket ", ticket, " was never issued (last issued ", last_issued_, ")"));
@@ -128,7 +128,7 @@ absl::Status HostCopier::Wait(CopyTicket ticket) {
 }
 
 absl::Status HostCopier::FenceBeforeUpdate(void* /*stream*/) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   AwaitCompleted(last_issued_);
   return absl::OkStatus();
 }

@@ -21,7 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "copy/device_copier.h"
@@ -81,7 +81,7 @@ class HostCopier final : public DeviceCopier {
 
   const HostCopierOptions options_;
 
-  absl::Mutex mu_;
+  zcc::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   CopyTicket last_issued_ ABSL_GUARDED_BY(mu_) = 0;
   CopyTicket last_completed_ ABSL_GUARDED_BY(mu_) = 0;

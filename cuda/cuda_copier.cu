@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/types/span.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -223,21 +223,21 @@ class CudaCopier final : public DeviceCopier {
   const size_t bounce_bytes_;
   CudaStream copy_stream_;  // Declared first: destroyed after the events recorded on it.
 
-  absl::Mutex issue_mu_ ABSL_ACQUIRED_BEFORE(mu_, registry_mu_);
+  zcc::Mutex issue_mu_ ABSL_ACQUIRED_BEFORE(mu_, registry_mu_);
   // Re-recorded on the caller's stream by each Enqueue() and CopyToDevice().
   CudaEvent caller_ready_ ABSL_GUARDED_BY(issue_mu_);
   // bounce_bytes_ of pinned memory, allocated at the first refused
   // registration; empty while none was refused or if allocating it failed.
   PinnedAllocation bounce_ ABSL_GUARDED_BY(issue_mu_);
 
-  absl::Mutex mu_;
+  zcc::Mutex mu_;
   CopyTicket last_issued_ ABSL_GUARDED_BY(mu_) = 0;
   // Done events of the tickets not yet waited for, in ticket order.
   std::map<CopyTicket, DoneEvent> in_flight_ ABSL_GUARDED_BY(mu_);
   // After everything issued on the copy stream so far; what a fence waits for.
   DoneEvent latest_done_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex registry_mu_;
+  zcc::Mutex registry_mu_;
   // By base address, so that the mapping holding a pointer can be found.
   std::map<uintptr_t, Registration> registrations_ ABSL_GUARDED_BY(registry_mu_);
   // Registrations without a pin; lets Enqueue skip the lookup when zero.
@@ -300,7 +300,7 @@ CudaCopier::~CudaCopier() {
       !st.ok()) {
     ZCC_LOG(WARNING) << st;
   }
-  absl::MutexLock lock(&registry_mu_);
+  zcc::MutexLock lock(&registry_mu_);
   registrations_.clear();  // Unregisters; errors are logged by the handles.
 }
 
@@ -320,7 +320,7 @@ absl::Status CudaCopier::RegisterHostMemory(void* base, size_t bytes) {
   ZCC_RETURN_IF_ERROR(scoped.status());
   const auto key = reinterpret_cast<uintptr_t>(base);
   {
-    absl::MutexLock lock(&registry_mu_);
+    zcc::MutexLock lock(&registry_mu_);
     Registration pending;
     pending.bytes = bytes;
     if (!registrations_.emplace(key, std::move(pending)).second) {
@@ -333,7 +333,7 @@ absl::Status CudaCopier::RegisterHostMemory(void* base, size_t bytes) {
   const absl::Status pinned = Check(cudaHostRegister(base, bytes, cudaHostRegisterPortable),
                                     absl::StrCat("cudaHostRegister of ", bytes, " bytes"));
   if (!pinned.ok()) FallBackToUnpinned(base, bytes, pinned);
-  absl::MutexLock lock(&registry_mu_);
+  zcc::MutexLock lock(&registry_mu_);
   Registration& registration = registrations_.at(key);
   registration.pending = false;
   if (pinned.ok()) registration.pin = HostRegistration(base);
@@ -342,7 +342,7 @@ absl::Status CudaCopier::RegisterHostMemory(void* base, size_t bytes) {
 
 void CudaCopier::FallBackToUnpinned(void* base, size_t bytes, const absl::Status& why) {
   const absl::Status bounce_status = [&]() -> absl::Status {
-    absl::MutexLock issue_lock(&issue_mu_);
+    zcc::MutexLock issue_lock(&issue_mu_);
     if (bounce_.get() != nullptr) return absl::OkStatus();
     void* buffer = nullptr;
     ZCC_RETURN_IF_ERROR(Check(cudaMallocHost(&buffer, bounce_bytes_),
@@ -351,7 +351,7 @@ void CudaCopier::FallBackToUnpinned(void* base, size_t bytes, const absl::Status
     return absl::OkStatus();
   }();
   unpinned_mappings_.fetch_add(1);
-  absl::MutexLock lock(&registry_mu_);
+  zcc::MutexLock lock(&registry_mu_);
   const bool first = !std::exchange(fallback_logged_, true);
   const std::string what =
       bounce_status.ok()
@@ -373,7 +373,7 @@ void CudaCopier::FallBackToUnpinned(void* base, size_t bytes, const absl::Status
 bool CudaCopier::InUnpinnedMapping(const void* p) {
   if (unpinned_mappings_.load(std::memory_order_relaxed) == 0) return false;
   const auto addr = reinterpret_cast<uintptr_t>(p);
-  absl::MutexLock lock(&registry_mu_);
+  zcc::MutexLock lock(&registry_mu_);
   auto it = registrations_.upper_bound(addr);
   if (it == registrations_.begin()) return false;
   --it;
@@ -387,7 +387,7 @@ absl::Status CudaCopier::UnregisterHostMemory(void* base) {
   ZCC_RETURN_IF_ERROR(scoped.status());
   const auto key = reinterpret_cast<uintptr_t>(base);
   {
-    absl::MutexLock lock(&registry_mu_);
+    zcc::MutexLock lock(&registry_mu_);
     auto it = registrations_.find(key);
     if (it == registrations_.end() || it->second.pending) {
       return absl::NotFoundError("UnregisterHostMemory: base was not registered");
@@ -397,7 +397,7 @@ absl::Status CudaCopier::UnregisterHostMemory(void* base) {
   // Copies into the mapping may still be in flight; unpin only after them.
   DoneEvent latest;
   {
-    absl::MutexLock state_lock(&mu_);
+    zcc::MutexLock state_lock(&mu_);
     latest = latest_done_;
   }
   const absl::Status drained =
@@ -405,7 +405,7 @@ absl::Status CudaCopier::UnregisterHostMemory(void* base) {
                         : Synchronize(latest, "waiting for copies before cudaHostUnregister");
   Registration registration;
   {
-    absl::MutexLock lock(&registry_mu_);
+    zcc::MutexLock lock(&registry_mu_);
     auto it = registrations_.find(key);
     if (!drained.ok()) {
       // Still registered (and pinned): unpinning now could pull the pages
@@ -471,9 +471,9 @@ absl::StatusOr<CopyTicket> CudaCopier::Enqueue(absl::Span<const CopyRegion> regi
   // Created before anything is issued, so that failing to create it leaves
   // no copies behind that no event covers.
   ZCC_ASSIGN_OR_RETURN(DoneEvent done, NewDoneEvent());
-  absl::MutexLock issue_lock(&issue_mu_);
+  zcc::MutexLock issue_lock(&issue_mu_);
   const absl::Status issued = IssueCopies(regions, CallerStream(stream), *done);
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (!issued.ok()) {
     // Some chunks may be queued already; a later fence must still cover them.
     if (cudaEventRecord(done->get(), copy_stream_.get()) == cudaSuccess) latest_done_ = done;
@@ -488,7 +488,7 @@ absl::StatusOr<CopyTicket> CudaCopier::Enqueue(absl::Span<const CopyRegion> regi
 absl::Status CudaCopier::Wait(CopyTicket ticket) {
   DoneEvent done;
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     if (ticket == 0 || ticket > last_issued_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Wait: ticket ", ticket, " was never issued (last issued ", last_issued_, ")"));
@@ -499,7 +499,7 @@ absl::Status CudaCopier::Wait(CopyTicket ticket) {
     done = it->second;
   }
   ZCC_RETURN_IF_ERROR(Synchronize(done, absl::StrCat("waiting for copy ticket ", ticket)));
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   // One copy stream runs the tickets in order, so the earlier ones are done too.
   in_flight_.erase(in_flight_.begin(), in_flight_.upper_bound(ticket));
   return absl::OkStatus();
@@ -508,7 +508,7 @@ absl::Status CudaCopier::Wait(CopyTicket ticket) {
 absl::Status CudaCopier::FenceBeforeUpdate(void* stream) {
   DoneEvent latest;
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     latest = latest_done_;
   }
   if (latest == nullptr) return absl::OkStatus();
@@ -527,7 +527,7 @@ absl::Status CudaCopier::CopyToDevice(absl::Span<const CopyRegion> regions, void
   // copies (and those queued before them) are done.
   ZCC_ASSIGN_OR_RETURN(DoneEvent done, NewDoneEvent());
   {
-    absl::MutexLock issue_lock(&issue_mu_);
+    zcc::MutexLock issue_lock(&issue_mu_);
     const absl::Status issued = IssueCopies(regions, CallerStream(stream), *done);
     if (!issued.ok()) {
       // Do not return while chunks already queued may still write the tensors.

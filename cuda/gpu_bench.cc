@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/types/span.h"
 #include "common/status.h"
 #include "copy/device_copier.h"
@@ -106,7 +106,7 @@ class Barrier {
  public:
   explicit Barrier(int n) : n_(n) {}
   void Arrive() {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     const int generation = generation_;
     if (++arrived_ == n_) {
       arrived_ = 0;
@@ -118,7 +118,7 @@ class Barrier {
   }
 
  private:
-  absl::Mutex mu_;
+  zcc::Mutex mu_;
   const int n_;
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
@@ -200,7 +200,7 @@ class Notifier {
   explicit Notifier(DeviceCopier* copier) : copier_(copier), thread_([this] { Run(); }) {}
   ~Notifier() {
     {
-      absl::MutexLock lock(&mu_);
+      zcc::MutexLock lock(&mu_);
       stopping_ = true;
     }
     thread_.join();
@@ -208,7 +208,7 @@ class Notifier {
 
   // A free slot (0 or 1), or -1.
   int TakeSlot() {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     for (int s = 0; s < 2; ++s) {
       if (!busy_[s]) {
         busy_[s] = true;
@@ -218,22 +218,22 @@ class Notifier {
     return -1;
   }
   void Submit(int slot, CopyTicket ticket) {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     queue_.push_back({slot, ticket, Clock::now()});
   }
   void Drain() {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return queue_.empty() && !busy_[0] && !busy_[1];
     };
     mu_.Await(absl::Condition(&idle));
   }
   absl::Status status() {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     return status_;
   }
   double MeanCopyMs() {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     return copies_ == 0 ? 0 : copy_seconds_ * 1e3 / copies_;
   }
 
@@ -248,7 +248,7 @@ class Notifier {
     for (;;) {
       Pending p;
       {
-        absl::MutexLock lock(&mu_);
+        zcc::MutexLock lock(&mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return !queue_.empty() || stopping_;
         };
@@ -259,7 +259,7 @@ class Notifier {
       }
       const absl::Status st = copier_->Wait(p.ticket);
       const double seconds = SecondsSince(p.enqueued);
-      absl::MutexLock lock(&mu_);
+      zcc::MutexLock lock(&mu_);
       if (!st.ok() && status_.ok()) status_ = st;
       copy_seconds_ += seconds;
       ++copies_;
@@ -268,7 +268,7 @@ class Notifier {
   }
 
   DeviceCopier* const copier_;
-  absl::Mutex mu_;
+  zcc::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool busy_[2] ABSL_GUARDED_BY(mu_) = {false, false};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

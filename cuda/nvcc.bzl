@@ -27,6 +27,18 @@ NVCC_FLAGS = [
     "-I$(GENDIR)",
 ]
 
+# Host-code instrumentation matching .bazelrc's --config=asan / --config=tsan
+# (each sets --define=sanitizer=...), so nvcc-compiled host code is checked
+# as the rest is; under TSan this also makes zcc::Mutex's annotations
+# (common/mutex.h) reach the CUDA copier.
+SANITIZER_NVCC_FLAGS = select({
+    # -Xcompiler splits its argument at commas: one flag each.
+    "//cuda:sanitizer_asan": " -Xcompiler -fsanitize=address -Xcompiler -fsanitize=undefined" +
+                             " -Xcompiler -fno-sanitize-recover=undefined -Xcompiler -fno-omit-frame-pointer",
+    "//cuda:sanitizer_tsan": " -Xcompiler -fsanitize=thread",
+    "//conditions:default": "",
+})
+
 # What a cc_library linking nvcc objects needs.
 CUDART_LINKOPTS = [
     "-L/usr/local/cuda/lib64",
@@ -49,7 +61,8 @@ def nvcc_object(name, src, hdrs = [], testonly = False):
         name = name,
         srcs = [src] + hdrs,
         outs = [name + ".o"],
-        cmd = " ".join([NVCC] + NVCC_FLAGS + ["-c", "$(location %s)" % src, "-o", "$@"]),
+        cmd = " ".join([NVCC] + NVCC_FLAGS + ["-c", "$(location %s)" % src, "-o", "$@"]) +
+              SANITIZER_NVCC_FLAGS,
         message = "Compiling %s with nvcc" % src,
         tags = ["manual"],
         testonly = testonly,

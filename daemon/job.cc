@@ -14,7 +14,7 @@ namespace zcc::daemon {
 
 Job::Job(JobOptions options) : options_(std::move(options)) {
   auto latest = checkpoint::ReadLatest(options_.job_dir);
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (latest.ok()) last_committed_step_ = *latest;
 }
 
@@ -31,13 +31,13 @@ absl::Status Job::Authorize(uid_t uid) const {
 }
 
 std::shared_ptr<RankSession> Job::FindRank(uint32_t rank) const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   auto it = ranks_.find(rank);
   return it == ranks_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (session->shards().rank == 0) committer_ = true;
   auto& slot = ranks_[session->shards().rank];
   std::swap(slot, session);
@@ -45,7 +45,7 @@ std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) 
 }
 
 std::shared_ptr<RankSession> Job::RemoveRank(uint32_t rank, uint64_t generation) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second->options().generation != generation) return nullptr;
   auto session = std::move(it->second);
@@ -54,19 +54,19 @@ std::shared_ptr<RankSession> Job::RemoveRank(uint32_t rank, uint64_t generation)
 }
 
 std::vector<std::shared_ptr<RankSession>> Job::Ranks() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<RankSession>> out;
   for (const auto& [rank, session] : ranks_) out.push_back(session);
   return out;
 }
 
 bool Job::idle() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return ranks_.empty() && pending_.empty();
 }
 
 void Job::OnPersisted(const PersistEvent& event) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   metrics::ZccMetrics* m = options_.metrics;
   if (!event.status.ok()) {
     if (m != nullptr) m->errors(metrics::ErrorKind::kWrite).Increment();
@@ -177,12 +177,12 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetentionLocked() {
 }
 
 absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return ApplyRetentionLocked();
 }
 
 void Job::Tick() {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (!committer_) {
     // Another daemon commits this job; follow its progress through `latest`.
     auto latest = checkpoint::ReadLatest(options_.job_dir);
@@ -208,12 +208,12 @@ void Job::Tick() {
 }
 
 void Job::BeginRestore(uint32_t rank, int64_t step) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   restoring_.insert({rank, step});
 }
 
 void Job::EndRestore(uint32_t rank, int64_t step) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   auto it = restoring_.find({rank, step});
   if (it != restoring_.end()) restoring_.erase(it);
 }
@@ -224,7 +224,7 @@ void Job::SetError(std::string error) {
 }
 
 void Job::FillStatus(v1::JobStatus* out) const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   out->set_job_id(options_.job_id);
   out->set_world_size(options_.world_size);
   out->set_checkpoint_dir(options_.job_dir);

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "checkpoint/retention.h"
 #include "daemon/rank_session.h"
@@ -84,7 +84,7 @@ class Job {
 
   const JobOptions options_;
 
-  mutable absl::Mutex mu_;
+  mutable zcc::Mutex mu_;
   std::map<uint32_t, std::shared_ptr<RankSession>> ranks_ ABSL_GUARDED_BY(mu_);
   // Set once global rank 0 registers here: this daemon then commits the job's
   // steps, including those still pending after rank 0 unregistered.

@@ -48,7 +48,7 @@ void RankSession::Start() { thread_ = std::thread([this] { IngestLoop(); }); }
 
 void RankSession::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
   }
@@ -60,7 +60,7 @@ void RankSession::Stop() {
   cb->closed.store(1);
   FutexWakeAll(&cb->closed);
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     restores_.clear();
   }
   cb->free_bell.fetch_add(1);
@@ -133,7 +133,7 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
   last_snapshot_step_.store(slot.step);
   if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
   {
-    absl::MutexLock lock(&ema_mu_);
+    zcc::MutexLock lock(&ema_mu_);
     if (ema_ != nullptr) UpdateEma(slot);
   }
   if (slot.kind != shm::SnapshotKind::kFull) return std::nullopt;
@@ -159,7 +159,7 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
 }
 
 absl::StatusOr<checkpoint::WriteStats> RankSession::WriteStep(int64_t step, uint32_t index) {
-  absl::MutexLock lock(&ema_mu_);
+  zcc::MutexLock lock(&ema_mu_);
   std::vector<checkpoint::ExtraShard> extra;
   if (ema_ != nullptr && ema_->initialized()) {
     checkpoint::ExtraShard shard{"ema", format::ShardFileName("ema", shards_.rank), {}};
@@ -197,7 +197,7 @@ void RankSession::UpdateEma(const shm::ReadySlot& slot) {
     if (skipped == 1 || skipped % 100 == 0) {
       SetError(error);
     } else {
-      absl::MutexLock lock(&mu_);
+      zcc::MutexLock lock(&mu_);
       last_error_ = error;
     }
     return;
@@ -212,7 +212,7 @@ void RankSession::UpdateEma(const shm::ReadySlot& slot) {
 
 absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name) {
   ZCC_RETURN_IF_ERROR(CheckRestoreBufferRoom());
-  absl::ReleasableMutexLock lock(&ema_mu_);
+  zcc::ReleasableMutexLock lock(&ema_mu_);
   if (ema_ == nullptr) {
     return absl::FailedPreconditionError("this rank keeps no EMA (register with an ema_decay)");
   }
@@ -247,7 +247,7 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
 
 absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world_size,
                                      int64_t step) {
-  absl::MutexLock lock(&ema_mu_);
+  zcc::MutexLock lock(&ema_mu_);
   if (ema_ == nullptr) return absl::OkStatus();
   // Which rank's shards hold each EMA tensor.
   std::map<std::string, uint32_t> source;
@@ -284,13 +284,13 @@ absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world
 
 void RankSession::SetError(std::string error) {
   ZCC_LOG(ERROR) << "job " << shards_.job_id << " rank " << shards_.rank << ": " << error;
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   last_error_ = std::move(error);
 }
 
 std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     if (stopped_) return std::nullopt;
   }
   // The ingest thread may be mid-way through a slot; it is stopped below, and
@@ -326,7 +326,7 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
 }
 
 absl::Status RankSession::CheckRestoreBufferRoom() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (restores_.size() >= kMaxRestoreBuffers) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this rank already holds ", restores_.size(),
@@ -336,14 +336,14 @@ absl::Status RankSession::CheckRestoreBufferRoom() const {
 }
 
 uint64_t RankSession::AddRestoreBuffer(shm::Segment buffer, int64_t step) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   const uint64_t id = next_restore_id_++;
   restores_.emplace(id, std::make_pair(std::move(buffer), step));
   return id;
 }
 
 absl::StatusOr<int64_t> RankSession::RemoveRestoreBuffer(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   auto it = restores_.find(id);
   if (it == restores_.end()) {
     return absl::NotFoundError(absl::StrCat("no restore buffer ", id, " for this rank"));
@@ -362,7 +362,7 @@ RankCounters RankSession::counters() const {
   c.snapshots_skipped = cb->snapshots_skipped.load(std::memory_order_relaxed);
   c.persist_failures = persist_failures_.load();
   {
-    absl::MutexLock lock(&ema_mu_);
+    zcc::MutexLock lock(&ema_mu_);
     if (ema_ != nullptr) {
       c.last_ema_step = ema_->last_step();
       c.ema_skipped_nonfinite = ema_->counters().skipped_nonfinite;
@@ -372,7 +372,7 @@ RankCounters RankSession::counters() const {
   for (uint32_t i = 0; i < options_.num_slots; ++i) {
     if (cb->slots[i].state.load(std::memory_order_relaxed) != S(SlotState::kFree)) ++c.slots_in_use;
   }
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   c.last_error = last_error_;
   return c;
 }

@@ -24,7 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
@@ -169,7 +169,7 @@ class RankSession {
   const uint64_t registered_ns_;
   const bool pid_visible_;
   // The EMA is touched by the ingest thread (update, persist) and by restores.
-  mutable absl::Mutex ema_mu_;
+  mutable zcc::Mutex ema_mu_;
   std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(ema_mu_);
   const std::vector<size_t> ema_index_;
   std::vector<uint64_t> ema_offsets_;  // slot offsets of the EMA tensors
@@ -185,7 +185,7 @@ class RankSession {
   std::atomic<uint64_t> persist_failures_{0};
   std::thread thread_;
 
-  mutable absl::Mutex mu_;
+  mutable zcc::Mutex mu_;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_restore_id_ ABSL_GUARDED_BY(mu_) = 1;

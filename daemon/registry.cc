@@ -36,7 +36,7 @@ constexpr char kVersion[] = "zccd 0.1.0";
 
 Registry::Registry(DaemonConfig config)
     : config_(std::move(config)), started_(absl::Now()) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   // Generations are unique across daemon restarts, so a client holding an old
   // one can never address a new registration by accident.
   next_generation_ = (static_cast<uint64_t>(absl::ToUnixMicros(started_)) << 8) | 1;
@@ -59,14 +59,14 @@ absl::Status Registry::Start() {
 
 void Registry::Shutdown() {
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }
   if (housekeeper_.joinable()) housekeeper_.join();
   std::map<std::string, std::shared_ptr<Job>> jobs;
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     jobs.swap(jobs_);
   }
   for (auto& [id, job] : jobs) {
@@ -200,7 +200,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   // before it is replaced, so a restore right after sees that step.
   std::shared_ptr<RankSession> predecessor;
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job_id());
     if (it != jobs_.end() && it->second->Authorize(caller.uid).ok()) {
       predecessor = it->second->FindRank(req.rank());
@@ -218,7 +218,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   std::shared_ptr<RankSession> replaced;
   v1::RegisterResponse resp;
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("zccd is shutting down");
     std::shared_ptr<Job>& job = jobs_[req.job_id()];
     if (job == nullptr) {
@@ -317,7 +317,7 @@ absl::StatusOr<std::shared_ptr<Job>> Registry::FindJob(const std::string& job_id
   ZCC_RETURN_IF_ERROR(ValidateJobId(job_id));
   std::shared_ptr<Job> job;
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) {
       return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not registered here"));
@@ -360,7 +360,7 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
   if (job->RemoveRank(req.rank(), req.generation()) == nullptr) {
     return absl::NotFoundError("registration already removed");
   }
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   auto it = jobs_.find(req.job_id());
   if (it != jobs_.end() && it->second == job && job->idle()) jobs_.erase(it);
   ZCC_LOG(INFO) << "unregistered job " << req.job_id() << " rank " << req.rank();
@@ -370,7 +370,7 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
 absl::Status Registry::VerifyCached(const std::string& step_dir) {
   auto record = checkpoint::ReadCommitRecord(step_dir);
   if (!record.ok()) return record.status();
-  absl::MutexLock lock(&verify_mu_);
+  zcc::MutexLock lock(&verify_mu_);
   const auto key = std::make_pair(step_dir, record->manifest_hash);
   auto it = verified_.find(key);
   if (it != verified_.end()) return it->second;
@@ -515,7 +515,7 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
   resp.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
   std::vector<std::shared_ptr<Job>> jobs;
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     for (const auto& [id, job] : jobs_) {
       // Other users' jobs are private: not even their ids are shown.
       if ((req.job_id().empty() || req.job_id() == id) && job->Authorize(caller.uid).ok()) {
@@ -532,7 +532,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
   ZCC_ASSIGN_OR_RETURN(std::string job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), false));
   ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job_id());
     if (it != jobs_.end() && it->second->options().job_dir == job_dir) {
       ZCC_RETURN_IF_ERROR(it->second->Authorize(caller.uid));

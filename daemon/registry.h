@@ -21,7 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "daemon/config.h"
 #include "daemon/job.h"
 #include "metrics/metrics.h"
@@ -99,13 +99,13 @@ class Registry {
   metrics::ZccMetrics metrics_;
   std::atomic<int64_t> last_housekeeping_ns_{0};
 
-  mutable absl::Mutex mu_;
+  mutable zcc::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_restore_seq_{1};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
-  absl::Mutex verify_mu_;
+  zcc::Mutex verify_mu_;
   std::map<std::pair<std::string, uint64_t>, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
 
   // Last client-side skip count seen per session (housekeeping thread only).

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/fd.h"
 #include "common/file_util.h"
 #include "common/grpc_status.h"
@@ -164,7 +164,7 @@ struct Server::Impl {
   std::optional<metrics::TextfileWriter> textfile_writer;
   std::optional<systemd::Watchdog> watchdog;
 
-  absl::Mutex mu;
+  zcc::Mutex mu;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool stopped ABSL_GUARDED_BY(mu) = false;
 
@@ -173,7 +173,7 @@ struct Server::Impl {
   // Idempotent; a second caller waits until the first has finished.
   void Stop() {
     {
-      absl::MutexLock lock(&mu);
+      zcc::MutexLock lock(&mu);
       if (stopping) {
         mu.Await(absl::Condition(&stopped));
         return;
@@ -198,7 +198,7 @@ struct Server::Impl {
     if (http_exporter.has_value()) http_exporter->Stop();
     if (textfile_writer.has_value()) textfile_writer->Stop();
     ::unlink(config.socket_path.c_str());
-    absl::MutexLock lock(&mu);
+    zcc::MutexLock lock(&mu);
     stopped = true;
   }
 };
@@ -294,7 +294,7 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
 }
 
 void Server::Wait() {
-  absl::MutexLock lock(&impl_->mu);
+  zcc::MutexLock lock(&impl_->mu);
   impl_->mu.Await(absl::Condition(&impl_->stopped));
 }
 

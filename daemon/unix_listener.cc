@@ -22,7 +22,7 @@
 namespace zcc::daemon {
 
 void PeerTable::Set(int fd, PeerCredentials creds) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   by_fd_[fd] = creds;  // fd numbers are reused: the newest connection wins
 }
 
@@ -30,7 +30,7 @@ std::optional<PeerCredentials> PeerTable::Lookup(const std::string& peer) const 
   if (!absl::StartsWith(peer, "fd:")) return std::nullopt;
   int fd = -1;
   if (!absl::SimpleAtoi(absl::string_view(peer).substr(3), &fd)) return std::nullopt;
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   auto it = by_fd_.find(fd);
   if (it == by_fd_.end()) return std::nullopt;
   return it->second;

@@ -20,7 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/fd.h"
 
 namespace grpc {
@@ -42,7 +42,7 @@ class PeerTable {
   std::optional<PeerCredentials> Lookup(const std::string& peer) const;
 
  private:
-  mutable absl::Mutex mu_;
+  mutable zcc::Mutex mu_;
   std::map<int, PeerCredentials> by_fd_ ABSL_GUARDED_BY(mu_);
 };
 

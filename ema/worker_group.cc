@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(int size) {
 
 WorkerGroup::~WorkerGroup() {
   {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     stopping_ = true;
   }
   for (std::thread& t : workers_) t.join();
@@ -36,14 +36,14 @@ WorkerGroup::~WorkerGroup() {
 
 void WorkerGroup::RunOnAll(absl::FunctionRef<void(int)> fn) {
   if (size_ > 1) {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     fn_ = &fn;
     running_ = size_ - 1;
     ++generation_;
   }
   fn(0);
   if (size_ > 1) {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; };
     mu_.Await(absl::Condition(&all_done));
     fn_ = nullptr;
@@ -55,7 +55,7 @@ void WorkerGroup::WorkerLoop(int index) {
   for (;;) {
     const absl::FunctionRef<void(int)>* fn;
     {
-      absl::MutexLock lock(&mu_);
+      zcc::MutexLock lock(&mu_);
       auto has_work = [this, &seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || generation_ != seen;
       };
@@ -65,7 +65,7 @@ void WorkerGroup::WorkerLoop(int index) {
       fn = fn_;
     }
     (*fn)(index);
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     --running_;
   }
 }

@@ -20,7 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace zcc::ema::internal {
 
@@ -44,7 +44,7 @@ class WorkerGroup {
 
   const int size_;
 
-  absl::Mutex mu_;
+  zcc::Mutex mu_;
   // Bumped by RunOnAll to hand out a new function; workers remember the last
   // generation they ran.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
 #include "common/log.h"
@@ -63,13 +63,13 @@ struct HttpExporter::Impl {
   UniqueFd wake;  // eventfd: Stop writes it to end the poll loop
   uint16_t port = 0;
 
-  absl::Mutex stop_mu;  // serializes Stop callers
+  zcc::Mutex stop_mu;  // serializes Stop callers
   std::thread thread ABSL_GUARDED_BY(stop_mu);
 
   ~Impl() { Stop(); }
 
   void Stop() {
-    absl::MutexLock lock(&stop_mu);
+    zcc::MutexLock lock(&stop_mu);
     if (!thread.joinable()) return;
     const uint64_t one = 1;
     while (::write(wake.get(), &one, sizeof(one)) < 0 && errno == EINTR) {
@@ -245,7 +245,7 @@ absl::StatusOr<HttpExporter> HttpExporter::Start(HttpExporterOptions options, Re
   impl->render = std::move(render);
   Impl* raw = impl.get();
   {
-    absl::MutexLock lock(&raw->stop_mu);
+    zcc::MutexLock lock(&raw->stop_mu);
     raw->thread = std::thread([raw] { raw->Run(); });
   }
   return HttpExporter(std::move(impl));

@@ -172,7 +172,7 @@ Registry::Series& Registry::FindOrAdd(absl::string_view name, absl::string_view 
     }
   }
 
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   Family* family = nullptr;
   if (auto it = by_name_.find(name); it != by_name_.end()) {
     family = it->second;
@@ -234,7 +234,7 @@ Histogram& Registry::AddHistogram(absl::string_view name, absl::string_view help
 }
 
 std::string Registry::RenderPrometheusText() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   std::string out;
   for (const auto& family : families_) {
     absl::StrAppend(&out, "# HELP ", family->name, " ", EscapeHelp(family->help), "\n");

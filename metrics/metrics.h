@@ -20,7 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 
 namespace zcc::metrics {
@@ -137,7 +137,7 @@ class Registry {
   Series& FindOrAdd(absl::string_view name, absl::string_view help, Type type,
                     const std::vector<double>& bounds, Labels labels);
 
-  mutable absl::Mutex mu_;
+  mutable zcc::Mutex mu_;
   std::vector<std::unique_ptr<Family>> families_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Family*, std::less<>> by_name_ ABSL_GUARDED_BY(mu_);
 };

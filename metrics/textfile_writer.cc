@@ -10,7 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -26,9 +26,9 @@ struct TextfileWriter::Impl {
   // Only the writer thread (or Stop, after joining it) writes; no lock needed.
   bool failing = false;
 
-  absl::Mutex mu;
+  zcc::Mutex mu;
   bool stop ABSL_GUARDED_BY(mu) = false;
-  absl::Mutex stop_mu;  // serializes Stop callers
+  zcc::Mutex stop_mu;  // serializes Stop callers
   std::thread thread ABSL_GUARDED_BY(stop_mu);
 
   ~Impl() { Stop(); }
@@ -51,7 +51,7 @@ struct TextfileWriter::Impl {
     absl::Time next = absl::Now() + options.interval;
     for (;;) {
       {
-        absl::MutexLock lock(&mu);
+        zcc::MutexLock lock(&mu);
         if (mu.AwaitWithDeadline(absl::Condition(&stop), next)) return;
       }
       WriteAndLog();
@@ -62,10 +62,10 @@ struct TextfileWriter::Impl {
   }
 
   void Stop() {
-    absl::MutexLock stop_lock(&stop_mu);
+    zcc::MutexLock stop_lock(&stop_mu);
     if (!thread.joinable()) return;
     {
-      absl::MutexLock lock(&mu);
+      zcc::MutexLock lock(&mu);
       stop = true;
     }
     thread.join();
@@ -106,7 +106,7 @@ absl::StatusOr<TextfileWriter> TextfileWriter::Start(TextfileWriterOptions optio
   ZCC_RETURN_IF_ERROR(Annotate(impl->Write(), "metrics textfile"));
   Impl* raw = impl.get();
   {
-    absl::MutexLock lock(&raw->stop_mu);
+    zcc::MutexLock lock(&raw->stop_mu);
     raw->thread = std::thread([raw] { raw->Run(); });
   }
   return TextfileWriter(std::move(impl));

@@ -106,35 +106,35 @@ FaultInjectingStorage::FaultInjectingStorage(Storage* base, FaultPlan plan)
     : base_(base), plan_(std::move(plan)) {}
 
 void FaultInjectingStorage::SetPlan(FaultPlan plan) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   plan_ = std::move(plan);
   bytes_written_ = writes_ = reads_ = faults_ = 0;
 }
 
 uint64_t FaultInjectingStorage::bytes_written() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return bytes_written_;
 }
 uint64_t FaultInjectingStorage::write_requests() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return writes_;
 }
 uint64_t FaultInjectingStorage::read_requests() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return reads_;
 }
 uint64_t FaultInjectingStorage::faults_injected() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return faults_;
 }
 
 bool FaultInjectingStorage::Covers(const std::string& path) const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return plan_.path_filter.empty() || path.find(plan_.path_filter) != std::string::npos;
 }
 
 absl::Duration FaultInjectingStorage::Delay() const {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   return plan_.op_delay;
 }
 
@@ -147,7 +147,7 @@ static size_t Shorten(size_t n, size_t cap, bool direct) {
 }
 
 FaultInjectingStorage::Decision FaultInjectingStorage::DecideWrite(size_t n, bool direct) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   ++writes_;
   Decision d;
   if (plan_.eio_on_write != 0 && writes_ == plan_.eio_on_write) {
@@ -174,7 +174,7 @@ FaultInjectingStorage::Decision FaultInjectingStorage::DecideWrite(size_t n, boo
 }
 
 FaultInjectingStorage::Decision FaultInjectingStorage::DecideRead(size_t n, bool direct) {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   ++reads_;
   Decision d;
   if (plan_.eio_on_read != 0 && reads_ == plan_.eio_on_read) {
@@ -187,7 +187,7 @@ FaultInjectingStorage::Decision FaultInjectingStorage::DecideRead(size_t n, bool
 }
 
 bool FaultInjectingStorage::SyncFails() {
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   if (!plan_.fail_sync) return false;
   ++faults_;
   return true;
@@ -196,7 +196,7 @@ bool FaultInjectingStorage::SyncFails() {
 OpenOptions FaultInjectingStorage::AdjustOpen(const std::string& path, const OpenOptions& options) {
   OpenOptions adjusted = options;
   if (!options.direct) return adjusted;
-  absl::MutexLock lock(&mu_);
+  zcc::MutexLock lock(&mu_);
   const bool covered =
       plan_.path_filter.empty() || path.find(plan_.path_filter) != std::string::npos;
   if (!covered || !plan_.refuse_direct_io) return adjusted;

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "storage/storage.h"
 
@@ -86,7 +86,7 @@ class FaultInjectingStorage final : public Storage {
   OpenOptions AdjustOpen(const std::string& path, const OpenOptions& options);
 
   Storage* const base_;
-  mutable absl::Mutex mu_;
+  mutable zcc::Mutex mu_;
   FaultPlan plan_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;

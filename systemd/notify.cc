@@ -9,7 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -38,9 +38,9 @@ struct Watchdog::Impl {
   HealthCheck healthy;
   absl::Duration interval;
 
-  absl::Mutex mu;
+  zcc::Mutex mu;
   bool stop ABSL_GUARDED_BY(mu) = false;
-  absl::Mutex stop_mu;  // serializes Stop callers
+  zcc::Mutex stop_mu;  // serializes Stop callers
   std::thread thread ABSL_GUARDED_BY(stop_mu);
 
   ~Impl() { Stop(); }
@@ -50,7 +50,7 @@ struct Watchdog::Impl {
     absl::Time next = absl::Now();
     for (;;) {
       {
-        absl::MutexLock lock(&mu);
+        zcc::MutexLock lock(&mu);
         if (mu.AwaitWithDeadline(absl::Condition(&stop), next)) return;
       }
       const bool ok = healthy();
@@ -74,10 +74,10 @@ struct Watchdog::Impl {
   }
 
   void Stop() {
-    absl::MutexLock stop_lock(&stop_mu);
+    zcc::MutexLock stop_lock(&stop_mu);
     if (!thread.joinable()) return;
     {
-      absl::MutexLock lock(&mu);
+      zcc::MutexLock lock(&mu);
       stop = true;
     }
     thread.join();
@@ -95,7 +95,7 @@ absl::StatusOr<Watchdog> Watchdog::Start(HealthCheck healthy) {
   impl->interval = absl::Microseconds(usec) / 2;
   Impl* raw = impl.get();
   {
-    absl::MutexLock lock(&raw->stop_mu);
+    zcc::MutexLock lock(&raw->stop_mu);
     raw->thread = std::thread([raw] { raw->Run(); });
   }
   ZCC_LOG(INFO) << "watchdog: pinging systemd every " << absl::FormatDuration(raw->interval);

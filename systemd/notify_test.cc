@@ -14,7 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
 #include "common/testing/status_matchers.h"
@@ -74,28 +74,28 @@ class NotifyListener {
 class Health {
  public:
   bool Check() {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     ++calls_;
     if (!healthy_) ++unhealthy_calls_;
     return healthy_;
   }
   void Set(bool healthy) {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     healthy_ = healthy;
   }
   // Waits until Check has returned false `n` times in all.
   bool WaitUnhealthyCalls(int n) {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return unhealthy_calls_ >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
   }
   int calls() {
-    absl::MutexLock lock(&mu_);
+    zcc::MutexLock lock(&mu_);
     return calls_;
   }
 
  private:
-  absl::Mutex mu_;
+  zcc::Mutex mu_;
   bool healthy_ ABSL_GUARDED_BY(mu_) = true;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int unhealthy_calls_ ABSL_GUARDED_BY(mu_) = 0;

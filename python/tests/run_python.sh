@@ -17,11 +17,14 @@ fi
 # A sanitizer build (.bazelrc --config=asan/tsan) instruments _zcc.so but not
 # the interpreter: the runtime must be loaded first, and CPython's own
 # allocations are not leaks to report.
+# libstdc++ is preloaded with it: the runtime's interceptors for C++ (operator
+# new, __cxa_throw) must resolve to a libstdc++ that is already there, not one
+# torch dlopens later.
 if ldd "$runfiles/python/zcc/_zcc.so" 2>/dev/null | grep -q libasan; then
-  export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+  export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
   export ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}"
 elif ldd "$runfiles/python/zcc/_zcc.so" 2>/dev/null | grep -q libtsan; then
-  export LD_PRELOAD="$(gcc -print-file-name=libtsan.so)"
+  export LD_PRELOAD="$(gcc -print-file-name=libtsan.so) $(gcc -print-file-name=libstdc++.so)"
 fi
 
 export PYTHONPATH="$runfiles/python:$runfiles/python/tests:$runfiles/examples"
