@@ -15,6 +15,7 @@
 #include "checkpoint/shard_writer.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "format/manifest.h"
 
 namespace zcc::checkpoint {
@@ -22,11 +23,7 @@ namespace {
 
 using format::DType;
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/zcc_ckpt_test.XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+using ::zcc::testing::TempDir;
 
 // A rank's registration and a slot full of deterministic bytes for a step.
 struct FakeRank {
@@ -211,6 +208,43 @@ TEST_CASE("a partial step is never chosen, and steps past latest are ignored") {
   choice = ChooseRestoreStep(root, -1, Verify);
   REQUIRE_OK(choice);
   CHECK(choice->step == 7);
+}
+
+TEST_CASE("a latest lost in the first commit is repaired; a latest naming a step is kept") {
+  const std::string root = TempDir();
+  std::vector<FakeRank> ranks = {FakeRank(0, 1)};
+  // Nothing committed: nothing to repair.
+  REQUIRE_OK(MakeDirs(root));
+  auto repaired = RepairLatest(root);
+  REQUIRE_OK(repaired);
+  CHECK_FALSE(repaired->has_value());
+
+  // A crash between the first step's rename and the write of latest.
+  WriteAndCommit(root, ranks, 2);
+  WriteAndCommit(root, ranks, 4);
+  REQUIRE(unlink(JoinPath(root, "latest").c_str()) == 0);
+  repaired = RepairLatest(root);
+  REQUIRE_OK(repaired);
+  CHECK(*repaired == std::optional<int64_t>(4));
+  CHECK(*ReadLatest(root) == 4);
+
+  // latest naming a step, with a newer step above it (an abandoned timeline,
+  // or a commit cut short before its swap): unchanged.
+  WriteAndCommit(root, ranks, 6);
+  REQUIRE_OK(WriteFileAtomic(JoinPath(root, "latest"), "step-00000004\n"));
+  repaired = RepairLatest(root);
+  REQUIRE_OK(repaired);
+  CHECK_FALSE(repaired->has_value());
+  CHECK(*ReadLatest(root) == 4);
+
+  // Garbage in latest, and a newest step whose COMMITTED is unreadable: the
+  // newest step with a readable COMMITTED is named.
+  REQUIRE_OK(WriteFileAtomic(JoinPath(root, "latest"), "../../etc/passwd"));
+  REQUIRE_OK(WriteFileAtomic(JoinPath(JoinPath(root, "step-00000006"), "COMMITTED"), "{"));
+  repaired = RepairLatest(root);
+  REQUIRE_OK(repaired);
+  CHECK(*repaired == std::optional<int64_t>(4));
+  CHECK(*ReadLatest(root) == 4);
 }
 
 TEST_CASE("recommitting an existing step replaces it") {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "checkpoint/reader.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -130,6 +131,23 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                                       absl::StrCat(format::StepDirName(step), "\n")));
   result.outcome = CommitOutcome::kCommitted;
   return result;
+}
+
+absl::StatusOr<std::optional<int64_t>> RepairLatest(const std::string& job_dir) {
+  const absl::StatusOr<int64_t> latest = ReadLatest(job_dir);
+  if (latest.ok()) return std::nullopt;
+  if (!absl::IsNotFound(latest.status()) && !absl::IsDataLoss(latest.status())) {
+    return latest.status();
+  }
+  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir));
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string step_dir = JoinPath(job_dir, format::StepDirName(*it));
+    if (!ReadCommitRecord(step_dir).ok()) continue;
+    ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(job_dir, format::kLatestFileName),
+                                        absl::StrCat(format::StepDirName(*it), "\n")));
+    return *it;
+  }
+  return std::nullopt;
 }
 
 }  // namespace zcc::checkpoint

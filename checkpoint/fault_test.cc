@@ -23,11 +23,11 @@
 #include "checkpoint/testing/synthetic_rank.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "format/checksum.h"
 #include "format/manifest.h"
 #include "storage/fault_storage.h"
 #include "storage/posix_storage.h"
-#include "storage/testing/temp_dir.h"
 
 namespace zcc::checkpoint {
 namespace {

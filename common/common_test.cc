@@ -11,6 +11,7 @@
 #include "common/futex.h"
 #include "common/status.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "common/validate.h"
 
 namespace zcc {
@@ -52,9 +53,7 @@ TEST_CASE("errno maps to a status code with context") {
 }
 
 TEST_CASE("atomic file write, listing and root containment") {
-  char tmpl[] = "/tmp/zcc_common_test.XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = testing::TempDir();
   REQUIRE_OK(MakeDirs(JoinPath(dir, "a/b/c")));
   const std::string file = JoinPath(dir, "a/f.txt");
   REQUIRE_OK(WriteFileAtomic(file, "first"));

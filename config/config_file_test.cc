@@ -15,15 +15,12 @@
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 
 namespace zcc::config {
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/zcc_config_test.XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+using ::zcc::testing::TempDir;
 
 std::string Runfile(const std::string& path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "checkpoint/retention.h"
+#include "common/mutex.h"
 #include "daemon/rank_session.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/futex.h"
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
+#include "common/futex.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "format/manifest.h"

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "common/file_util.h"
@@ -52,7 +53,7 @@ absl::Status Registry::Start() {
                      << " stale staging segment(s) left by a previous zccd instance";
   }
   ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(config_.default_root), "default checkpoint root"));
-  SweepAbandonedPartials();
+  RecoverJobDirectories();
   housekeeper_ = std::thread([this] { HousekeepingLoop(); });
   return absl::OkStatus();
 }
@@ -557,7 +558,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
   return resp;
 }
 
-void Registry::SweepAbandonedPartials() {
+void Registry::RecoverJobDirectories() {
   // Partial steps older than the commit timeout were abandoned by a previous
   // instance (or a crashed node); younger ones may be another daemon's work in
   // progress in a shared root and are left alone. Committed steps are not
@@ -578,6 +579,15 @@ void Registry::SweepAbandonedPartials() {
       for (const std::string& name : result->removed_partials) {
         ZCC_LOG(WARNING) << "removed abandoned partial checkpoint " << JoinPath(job_dir, name);
         ++removed;
+      }
+      auto repaired = checkpoint::RepairLatest(job_dir);
+      if (!repaired.ok()) {
+        ZCC_LOG(WARNING) << "cannot repair " << JoinPath(job_dir, format::kLatestFileName) << ": "
+                         << repaired.status();
+      } else if (repaired->has_value()) {
+        ZCC_LOG(WARNING) << "pointed " << JoinPath(job_dir, format::kLatestFileName) << " at "
+                         << format::StepDirName(**repaired)
+                         << " (a commit was cut short before writing it)";
       }
     }
   }

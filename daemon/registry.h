@@ -90,8 +90,10 @@ class Registry {
   // restoring the same step verify it once.
   absl::Status VerifyCached(const std::string& step_dir);
   void HousekeepingLoop();
-  // At start: removes partial steps under the roots older than the commit timeout.
-  void SweepAbandonedPartials();
+  // At start, for every job directory under the roots: removes partial steps
+  // older than the commit timeout, and writes a missing `latest` left by a
+  // crash inside a job's first commit (checkpoint::RepairLatest).
+  void RecoverJobDirectories();
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;

@@ -11,19 +11,19 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/mutex.h"
 #include "common/fd.h"
 #include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "config/config_file.h"
 #include "daemon/registry.h"
 #include "daemon/unix_listener.h"
-#include "config/config_file.h"
 #include "metrics/http_exporter.h"
 #include "metrics/textfile_writer.h"
-#include "systemd/notify.h"
 #include "proto/zcc.grpc.pb.h"
+#include "systemd/notify.h"
 
 namespace zcc::daemon {
 namespace {

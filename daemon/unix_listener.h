@@ -20,8 +20,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "common/fd.h"
+#include "common/mutex.h"
 
 namespace grpc {
 class Server;

@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace zcc::metrics {

@@ -10,10 +10,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace zcc::metrics {

@@ -15,17 +15,14 @@
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "metrics/metrics.h"
 #include "metrics/testing/exposition_parser.h"
 
 namespace zcc::metrics {
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/zcc_textfile_test.XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+using ::zcc::testing::TempDir;
 
 // Polls `done` (a test-side wait for a background thread's progress).
 template <typename F>

@@ -16,8 +16,8 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "storage/storage.h"
 
 namespace zcc::storage {

@@ -16,12 +16,12 @@
 #include "common/file_util.h"
 #include "common/status.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "storage/aligned_buffer.h"
 #include "storage/fault_storage.h"
 #include "storage/io_pipeline.h"
 #include "storage/posix_storage.h"
 #include "storage/testing/stderr_capture.h"
-#include "storage/testing/temp_dir.h"
 
 namespace zcc::storage {
 namespace {

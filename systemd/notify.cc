@@ -9,9 +9,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace zcc::systemd {

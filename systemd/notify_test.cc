@@ -14,10 +14,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
+#include "common/mutex.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 
 namespace zcc::systemd {
 namespace {
@@ -26,9 +27,7 @@ namespace {
 class NotifyListener {
  public:
   NotifyListener() {
-    char tmpl[] = "/tmp/zcc_notify_test.XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir_ = tmpl;
+    dir_ = testing::ShortTempDir("notify_test");
     path_ = dir_ + "/notify.sock";
     fd_ = UniqueFd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     REQUIRE(fd_.valid());

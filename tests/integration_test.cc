@@ -22,6 +22,7 @@
 #include "common/file_util.h"
 #include "common/futex.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
@@ -34,7 +35,7 @@ using checkpoint::ListCommittedSteps;
 using checkpoint::ReadLatest;
 
 TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM cleans up") {
-  const std::string dir = MakeTempDir("it-two");
+  const std::string dir = ShortTempDir("it-two");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto r0 = StartTrainer(daemon, dir, "train0", {"--rank=0", "--world=2", "--steps=12", "--block"});
@@ -75,7 +76,7 @@ TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM clea
 }
 
 TEST_CASE("a step that not every rank wrote is never committed nor restored") {
-  const std::string dir = MakeTempDir("it-partial");
+  const std::string dir = ShortTempDir("it-partial");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   // Rank 1 stops after step 10; rank 0 goes on to write step 15 alone.
@@ -112,7 +113,7 @@ bool WaitIngested(const std::string& dir, const Daemon& daemon, int step) {
 }
 
 TEST_CASE("ordinary snapshots leave the last free slot to the next checkpoint step") {
-  const std::string dir = MakeTempDir("it-reserve");
+  const std::string dir = ShortTempDir("it-reserve");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
@@ -137,7 +138,7 @@ TEST_CASE("ordinary snapshots leave the last free slot to the next checkpoint st
 }
 
 TEST_CASE("snapshots are skipped and counted while the daemon cannot keep up") {
-  const std::string dir = MakeTempDir("it-skip");
+  const std::string dir = ShortTempDir("it-skip");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
@@ -166,7 +167,7 @@ TEST_CASE("snapshots are skipped and counted while the daemon cannot keep up") {
 }
 
 TEST_CASE("with Backpressure::kBlock the trainer waits for a slot instead of skipping") {
-  const std::string dir = MakeTempDir("it-block");
+  const std::string dir = ShortTempDir("it-block");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
@@ -189,7 +190,7 @@ TEST_CASE("with Backpressure::kBlock the trainer waits for a slot instead of ski
 }
 
 TEST_CASE("the trainer survives zccd being killed and re-registers with a new one") {
-  const std::string dir = MakeTempDir("it-kill");
+  const std::string dir = ShortTempDir("it-kill");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
@@ -214,7 +215,7 @@ TEST_CASE("the trainer survives zccd being killed and re-registers with a new on
 }
 
 TEST_CASE("zccctl status, list and verify against a live daemon") {
-  const std::string dir = MakeTempDir("it-ctl");
+  const std::string dir = ShortTempDir("it-ctl");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train", {"--steps=10", "--linger_ms=5000"});
@@ -303,7 +304,7 @@ v1::RegisterRequest GoodRequest(const std::string& job) {
 }
 
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
-  const std::string dir = MakeTempDir("it-bad");
+  const std::string dir = ShortTempDir("it-bad");
   Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});
   {
     std::FILE* f = std::fopen((dir + "/limits.conf").c_str(), "w");
@@ -471,7 +472,7 @@ namespace zcc::testing {
 namespace {
 
 TEST_CASE("multi-node: two daemons, four ranks, one shared root commit and restore together") {
-  const std::string dir = MakeTempDir("it-multi");
+  const std::string dir = ShortTempDir("it-multi");
   const std::string shared = dir + "/shared-root";
   REQUIRE(mkdir(shared.c_str(), 0755) == 0);
   Daemon a(dir, {{}, shared, "node-a"});
@@ -510,7 +511,7 @@ TEST_CASE("multi-node: two daemons, four ranks, one shared root commit and resto
 }
 
 TEST_CASE("a commit that times out is reported and its partial directory removed") {
-  const std::string dir = MakeTempDir("it-timeout");
+  const std::string dir = ShortTempDir("it-timeout");
   Daemon daemon(dir, {{"--commit_timeout_s=1"}});
   REQUIRE(daemon.Start());
   // World of 2, but rank 1 never comes: step 5 waits for its manifest.
@@ -537,7 +538,7 @@ TEST_CASE("a commit that times out is reported and its partial directory removed
 }
 
 TEST_CASE("zccctl gc applies retention and removes abandoned partials") {
-  const std::string dir = MakeTempDir("it-gc");
+  const std::string dir = ShortTempDir("it-gc");
   Daemon daemon(dir, {{"--keep_last=2", "--commit_timeout_s=1"}});
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
@@ -567,7 +568,7 @@ namespace zcc::testing {
 namespace {
 
 TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persisted and committed") {
-  const std::string dir = MakeTempDir("it-onfail");
+  const std::string dir = ShortTempDir("it-onfail");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   // Checkpoints every 5 steps; the trainer dies after step 7.
@@ -610,8 +611,9 @@ TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persiste
 namespace zcc::testing {
 namespace {
 
-TEST_CASE("a restarted daemon removes abandoned partial steps, and leaves fresh ones and commits") {
-  const std::string dir = MakeTempDir("it-sweep");
+TEST_CASE("a restarted daemon removes abandoned partial steps, leaves fresh ones and commits, "
+          "and restores a latest lost in the first commit") {
+  const std::string dir = ShortTempDir("it-sweep");
   Daemon daemon(dir, {{"--commit_timeout_s=60"}});
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train", {"--steps=5", "--block"});
@@ -624,11 +626,15 @@ TEST_CASE("a restarted daemon removes abandoned partial steps, and leaves fresh 
   const std::string old_dir = job_dir + "/step-00000007.partial";
   struct timespec times[2] = {{time(nullptr) - 7200, 0}, {time(nullptr) - 7200, 0}};
   REQUIRE(utimensat(AT_FDCWD, old_dir.c_str(), times, 0) == 0);
+  // As after a SIGKILL between step 5's rename and the write of latest.
+  REQUIRE(unlink((job_dir + "/latest").c_str()) == 0);
   REQUIRE(daemon.Start());
   CHECK_FALSE(PathExists(old_dir));
   CHECK(PathExists(job_dir + "/step-00000008.partial"));
   CHECK(*ListCommittedSteps(job_dir) == std::vector<int64_t>{5});
   CHECK(absl::StrContains(daemon.Log(), "abandoned partial checkpoint"));
+  CHECK(ReadLatest(job_dir).value_or(-1) == 5);
+  CHECK(absl::StrContains(daemon.Log(), "at step-00000005 (a commit was cut short"));
   REQUIRE(daemon.Stop() == 0);
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/temp_dir.h"
 #include "tests/process_harness.h"
 
 namespace zcc::testing {
@@ -61,7 +62,7 @@ TEST_CASE("another user cannot register into, attach to, query, save, list or co
     WARN("skipped: the isolation test needs root to act as a second uid");
     return;
   }
-  const std::string dir = MakeTempDir("it-iso");
+  const std::string dir = ShortTempDir("it-iso");
   REQUIRE(chmod(dir.c_str(), 0755) == 0);
   Daemon daemon(dir);
   REQUIRE(daemon.Start());

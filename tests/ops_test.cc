@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
+#include "common/testing/temp_dir.h"
 #include "metrics/testing/exposition_parser.h"
 #include "proto/zcc.grpc.pb.h"
 #include "tests/process_harness.h"
@@ -88,7 +89,7 @@ std::string HealthCheck(int port) {
 }
 
 TEST_CASE("metrics, TCP status, health and systemd readiness of a live daemon") {
-  const std::string dir = MakeTempDir("it-ops");
+  const std::string dir = ShortTempDir("it-ops");
   // A notify socket standing in for systemd's.
   const std::string notify_path = dir + "/notify.sock";
   const int notify_fd = socket(AF_UNIX, SOCK_DGRAM, 0);
@@ -159,7 +160,7 @@ TEST_CASE("metrics, TCP status, health and systemd readiness of a live daemon") 
 }
 
 TEST_CASE("zccd refuses a bad config file with the line and field, and flags override the file") {
-  const std::string dir = MakeTempDir("it-conf");
+  const std::string dir = ShortTempDir("it-conf");
   {
     std::FILE* f = std::fopen((dir + "/bad.conf").c_str(), "w");
     std::fputs("keep_last: 3\nkeep_lst: 4\n", f);

@@ -29,12 +29,6 @@ std::string Runfile(const std::string& workspace_relative) {
   return workspace_relative;
 }
 
-std::string MakeTempDir(const std::string& tag) {
-  std::string tmpl = absl::StrCat("/tmp/zcc-", tag, ".XXXXXX");
-  if (mkdtemp(tmpl.data()) == nullptr) std::abort();
-  return tmpl;
-}
-
 Subprocess::Subprocess(std::vector<std::string> argv, std::string log_path, int uid,
                        std::vector<std::string> env)
     : log_path_(std::move(log_path)) {

@@ -19,9 +19,6 @@ namespace zcc::testing {
 // Path of a binary built by this workspace (a data dependency of the test).
 std::string Runfile(const std::string& workspace_relative);
 
-// A fresh private directory under /tmp (short enough for unix socket paths).
-std::string MakeTempDir(const std::string& tag);
-
 // A child process with stdout and stderr captured to a file. Killed (SIGKILL)
 // and reaped on destruction if still running.
 class Subprocess {

@@ -13,6 +13,7 @@
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
 #include "format/manifest.h"
 #include "tests/process_harness.h"
 #include "tests/test_model.h"
@@ -25,7 +26,7 @@ constexpr int kSteps = 6;
 constexpr float kDecay = 0.9f;
 
 TEST_CASE("DP=4 x EP=2 over two daemons: each tensor written once, full state restored") {
-  const std::string dir = MakeTempDir("it-moe");
+  const std::string dir = ShortTempDir("it-moe");
   const std::string shared = dir + "/shared-root";
   REQUIRE(MakeDirs(shared).ok());
   Daemon a(dir, {{}, shared, "node-a"});
@@ -124,7 +125,7 @@ TEST_CASE("DP=4 x EP=2 over two daemons: each tensor written once, full state re
 }
 
 TEST_CASE("the EMA resumes from a checkpoint: after a restart it equals the uninterrupted EMA") {
-  const std::string dir = MakeTempDir("it-ema-resume");
+  const std::string dir = ShortTempDir("it-ema-resume");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   const std::vector<std::string> common = {"--tensors=3", "--kib=64", "--ema_decay=0.9",

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "common/file_util.h"
-#include "storage/testing/temp_dir.h"
+#include "common/testing/temp_dir.h"
 
 namespace zcc::testing {
 
