@@ -159,8 +159,10 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOpt
       return absl::DataLossError(absl::StrCat(mpath, " does not belong to this commit"));
     }
     for (const auto& [file, tensors] : TensorsByFile(m)) {
-      auto it = std::find_if(m.files.begin(), m.files.end(),
-                             [&](const format::ManifestFile& f) { return f.name == file; });
+      // (A structured binding is captured through an init-capture: C++17.)
+      auto it = std::find_if(m.files.begin(), m.files.end(), [&name = file](const auto& f) {
+        return f.name == name;
+      });
       ZCC_ASSIGN_OR_RETURN(OpenShard shard, OpenAndCheckShard(step_dir, *it, tensors, options));
       total_bytes += it->bytes;
       std::vector<TensorReadRequest> requests;
@@ -216,8 +218,9 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
   const auto by_file = TensorsByFile(m);
   std::vector<storage::AlignedBuffer> bounce;
   for (auto& [file, requests] : requests_by_file) {
-    auto fit = std::find_if(m.files.begin(), m.files.end(),
-                            [&](const format::ManifestFile& f) { return f.name == file; });
+    auto fit = std::find_if(m.files.begin(), m.files.end(), [&name = file](const auto& f) {
+      return f.name == name;
+    });
     ZCC_ASSIGN_OR_RETURN(OpenShard shard,
                          OpenAndCheckShard(step_dir, *fit, by_file.at(file), options));
     ZCC_RETURN_IF_ERROR(

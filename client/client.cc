@@ -114,9 +114,15 @@ struct Stubs {
 
   explicit Stubs(const std::string& socket_path) {
     grpc::ChannelArguments args;
+    // Retry a refused connection (zccd restarting) quickly ...
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // ... but give an accepted one time to finish its HTTP/2 handshake: gRPC
+    // uses this value as the shortest connection attempt, and a zccd busy
+    // with EMA and writes on a loaded node (or a sanitizer build) can take
+    // longer than a backoff step to send its SETTINGS frame. At 100 ms such
+    // attempts were cut off and the trainer ran unregistered.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10000);
     args.SetMaxReceiveMessageSize(256 << 20);
     args.SetMaxSendMessageSize(256 << 20);
     channel = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(),

@@ -708,12 +708,15 @@ TEST_CASE("fake runtime: a copy failing on the device fails Wait with the sticky
   REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
   const CopyRegion region{source.data(), staging.data(), 3 * kChunk};
   fake::FailCopyExecution(fake::Errors().illegal_address, /*skip=*/1);
+  // The error is asynchronous: it shows up in Wait, or already in Enqueue's
+  // own later calls when the failing chunk ran before Enqueue returned (on a
+  // slow machine, or under a sanitizer). Either way it is reported.
   auto ticket = copier->Enqueue({&region, 1}, trainer.get());
-  REQUIRE_OK(ticket);                             // Asynchronous errors show up later ...
-  const absl::Status st = copier->Wait(*ticket);  // ... here.
+  const absl::Status st = ticket.ok() ? copier->Wait(*ticket) : ticket.status();
   INFO(st.ToString());
   CHECK(st.code() == absl::StatusCode::kInternal);
-  CHECK(absl::StrContains(st.message(), "waiting for copy ticket 1: cudaErrorIllegalAddress"));
+  CHECK(absl::StrContains(st.message(), "cudaErrorIllegalAddress"));
+  if (ticket.ok()) CHECK(absl::StrContains(st.message(), "waiting for copy ticket 1: "));
   // The context is gone; the copier reports it on every call, never hangs.
   CHECK_FALSE(copier->Enqueue({&region, 1}, trainer.get()).ok());
   CHECK_FALSE(copier->UnregisterHostMemory(staging.data()).ok());

@@ -1,5 +1,9 @@
 #include "ema/ema_isa.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -16,8 +20,10 @@ CpuFeatures ProbeCpu() {
   CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+  // F16C through cpuid: clang 14's __builtin_cpu_supports does not know it.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 #endif
   return f;

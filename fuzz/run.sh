@@ -65,8 +65,13 @@ for entry in "${TARGETS[@]}"; do
         -max_len="$max_len" -artifact_prefix="$crashes/" -close_fd_mask=1)
   [[ -n $dict ]] && args+=(-dict="fuzz/dict/$dict")
   log=$OUT/logs/$name.log
-  "$OUT/$name" "${args[@]}" "$work" "fuzz/corpus/$name" "fuzz/regressions/$name" >"$log" 2>&1
+  # Scratch space for targets that write files (step_dir_latest), removed
+  # here once the process is gone.
+  scratch=$(mktemp -d /tmp/zcc-fuzz.XXXXXX)
+  TEST_TMPDIR=$scratch "$OUT/$name" "${args[@]}" "$work" "fuzz/corpus/$name" \
+    "fuzz/regressions/$name" >"$log" 2>&1
   rc=$?
+  rm -rf "$scratch"
   ran=$((ran + 1))
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   per_s=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)

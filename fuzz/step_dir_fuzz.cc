@@ -18,26 +18,22 @@ using internal::AsView;
 
 namespace {
 
-const std::string* g_latest_dir = nullptr;
-
-void RemoveLatestJobDir() {
-  ::unlink((*g_latest_dir + "/" + format::kLatestFileName).c_str());
-  ::rmdir(g_latest_dir->c_str());
-}
-
-// One job directory per process for the `latest` file, removed at exit.
+// One job directory per process for the `latest` file, under $TEST_TMPDIR
+// (which fuzz/run.sh and Bazel create and remove around the process). It is
+// deliberately not removed by the process itself: an atexit cleanup could run
+// while the fuzzing thread was still between writing `latest` and reading it
+// back, and then looked like a vanished file (see fuzz/findings/README.md).
 const std::string& LatestJobDir() {
-  if (g_latest_dir == nullptr) {
+  static const std::string* const dir = [] {
     const char* base = std::getenv("TEST_TMPDIR");
     std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/zcc-fuzz-latest.XXXXXX");
     if (mkdtemp(tmpl.data()) == nullptr) {
       std::perror("mkdtemp");
       std::abort();
     }
-    g_latest_dir = new std::string(tmpl);
-    std::atexit(RemoveLatestJobDir);
-  }
-  return *g_latest_dir;
+    return new std::string(tmpl);
+  }();
+  return *dir;
 }
 
 void WriteOrDie(const std::string& path, absl::string_view bytes) {
