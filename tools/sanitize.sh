@@ -12,19 +12,20 @@
 # links in the workspace keep pointing at the normal build.
 #
 # Every process of a test (the test itself and the zccd, trainer and zccctl
-# processes integration tests start) inherits the sanitizer options, with
-# reports written to one directory (log_path), so reports from child processes
-# are collected too. Timeouts are raised for the slower instrumented code.
+# processes integration tests start) inherits the sanitizer options, so
+# reports from child processes are collected too. Timeouts are raised for the slower instrumented code.
 # Ends with a summary: tests passed/failed, and each distinct sanitizer report
 # (first frame in zcc code) with how often it occurred. Exit status: 0 when
 # every test passed and nothing was reported.
 #
-# TSan caveat: Debian's Abseil is not built with -fsanitize=thread, so TSan
-# cannot see absl::Mutex; every access guarded by one is reported as a race
-# (and the process then exits 66, failing the test). Expect many reports whose
-# two stacks both hold the same absl::Mutex: those are false positives. They
-# cannot be suppressed without naming zcc's own code, which tools/tsan.supp
-# never does; a clean TSan run needs an instrumented Abseil.
+# Reports go to one directory per test target (tools/sanitizer_test_wrapper.sh
+# runs each test), named <tool>.<executable>.<pid>.
+#
+# TSan and uninstrumented libraries: Debian's Abseil, gRPC, protobuf and
+# PyTorch are not built with -fsanitize=thread. zcc's own locks are
+# zcc::Mutex (common/mutex.h), which tells TSan what absl::Mutex does;
+# tools/tsan.supp suppresses reports inside those libraries only, never in
+# zcc's code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,10 +56,10 @@ chmod 0777 "$reports"  # tests may run processes as other users
 
 case $config in
   asan)
-    # As in .bazelrc (see there), plus log_path.
+    # As in .bazelrc (see there); the wrapper adds log_path.
     env_flags=(
-      "--test_env=ASAN_OPTIONS=abort_on_error=1:check_initialization_order=1:strict_init_order=1:log_path=$reports/asan"
-      "--test_env=UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
+      "--test_env=ASAN_OPTIONS=abort_on_error=1:check_initialization_order=1:strict_init_order=1"
+      "--test_env=UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
       "--test_env=LSAN_OPTIONS=report_objects=0"
     )
     ;;
@@ -66,7 +67,7 @@ case $config in
     # The crash matrix runs 5-15x slower under TSan: fewer trials keep it
     # inside its timeout.
     env_flags=(
-      "--test_env=TSAN_OPTIONS=suppressions=$PWD/tools/tsan.supp:halt_on_error=0:second_deadlock_stack=1:history_size=4:log_path=$reports/tsan"
+      "--test_env=TSAN_OPTIONS=suppressions=$PWD/tools/tsan.supp:halt_on_error=0:second_deadlock_stack=1:history_size=4"
       --test_env=ZCC_CRASH_TRIALS=8 --test_env=ZCC_CRASH_TRAINER_TRIALS=2
     )
     ;;
@@ -74,7 +75,8 @@ esac
 
 bazel=(bazel --output_base="$output_base")
 flags=("${ZCC_BAZEL_FLAGS[@]}" --config="$config" --symlink_prefix=/ --keep_going
-       --test_output=errors --test_timeout=300,900,1800,3600 "${env_flags[@]}")
+       --test_output=errors --test_timeout=300,900,1800,3600 "${env_flags[@]}"
+       --run_under="$PWD/tools/sanitizer_test_wrapper.sh" "--test_env=ZCC_SANITIZER_REPORTS=$reports")
 
 start=$(date +%s)
 log=$reports/bazel.log
@@ -95,12 +97,16 @@ fi
 
 # Distinct reports: the report's headline plus its first stack frame inside
 # this workspace (or the first frame at all).
-shopt -s nullglob
-files=("$reports"/asan.* "$reports"/ubsan.* "$reports"/tsan.*)
+mapfile -t files < <(find "$reports" -type f \( -name 'asan.*' -o -name 'ubsan.*' -o -name 'tsan.*' \))
 if ((${#files[@]} == 0)); then
   echo "sanitizer reports: none"
 else
-  echo "sanitizer reports: ${#files[@]} file(s) in $reports"
+  echo "sanitizer reports: ${#files[@]} file(s) in $reports, by test:"
+  for d in "$reports"/*/; do
+    n=$(find "$d" -type f | wc -l)
+    ((n > 0)) && echo "  $(basename "$d"): $n"
+  done
+  echo "distinct reports (headline @ first zcc frame):"
   for f in "${files[@]}"; do
     awk -v ws="$PWD" '
       function flush() { if (head != "") { print head " @ " (frame != "" ? frame : first); } head = ""; frame = ""; first = "" }
