@@ -111,15 +111,27 @@ absl::StatusOr<uint64_t> WriteExtraFile(storage::Storage& storage, const std::st
   };
   ZCC_ASSIGN_OR_RETURN(std::string header,
                        format::EncodeSafetensorsHeader(entries, metadata, kHeaderAlign));
-  storage::AlignedBuffer packed = storage::AlignedBuffer::Uninitialized(std::max<uint64_t>(total, 1));
-  for (size_t i = 0; i < shard.tensors.size(); ++i) {
-    if (shard.tensors[i].nbytes > 0) {
-      std::memcpy(packed.data() + entries[i].begin, shard.tensors[i].data, shard.tensors[i].nbytes);
+  // Tensors already laid out back to back (the daemon's EMA copy) are written
+  // in place; others are packed into one buffer first.
+  const uint8_t* base = shard.tensors.front().data;
+  bool contiguous = base != nullptr;
+  for (size_t i = 0; contiguous && i < shard.tensors.size(); ++i) {
+    contiguous = shard.tensors[i].nbytes == 0 || shard.tensors[i].data == base + entries[i].begin;
+  }
+  storage::AlignedBuffer packed;
+  if (!contiguous) {
+    packed = storage::AlignedBuffer::Uninitialized(std::max<uint64_t>(total, 1));
+    for (size_t i = 0; i < shard.tensors.size(); ++i) {
+      if (shard.tensors[i].nbytes > 0) {
+        std::memcpy(packed.data() + entries[i].begin, shard.tensors[i].data,
+                    shard.tensors[i].nbytes);
+      }
     }
+    base = packed.data();
   }
   source.path = JoinPath(dir, shard.file);
   source.header = header;
-  source.data = packed.data();
+  source.data = base;
   source.data_bytes = total;
   ZCC_ASSIGN_OR_RETURN(ShardFileWritten written, WriteShardFile(storage, source, options));
   *direct = *direct && written.direct;

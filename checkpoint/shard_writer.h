@@ -55,8 +55,9 @@ struct ExtraShard {
 };
 
 // As above, also writing `extra` shard files (before the manifest, which lists
-// their tensors under their kinds). The tensors are packed into an aligned
-// buffer first, since they need not be contiguous in memory.
+// their tensors under their kinds). A shard's tensors laid out back to back in
+// memory, in order, are written from there; otherwise they are packed into an
+// aligned buffer first.
 absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
                                            const RankShards& shards, const uint8_t* slot,
                                            const IoOptions& options,

@@ -44,7 +44,10 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
 
 RankSession::~RankSession() { Stop(); }
 
-void RankSession::Start() { thread_ = std::thread([this] { IngestLoop(); }); }
+void RankSession::Start() {
+  writer_ = std::thread([this] { WriterLoop(); });
+  thread_ = std::thread([this] { IngestLoop(); });
+}
 
 void RankSession::Stop() {
   {
@@ -57,6 +60,12 @@ void RankSession::Stop() {
   cb->doorbell.fetch_add(1);
   FutexWakeAll(&cb->doorbell);
   if (thread_.joinable()) thread_.join();
+  // Ingest has handed over its last write; the writer finishes it and leaves.
+  {
+    zcc::MutexLock lock(&write_mu_);
+    writer_stop_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
   cb->closed.store(1);
   FutexWakeAll(&cb->closed);
   {
@@ -118,17 +127,20 @@ bool RankSession::IngestReadySlots() {
     if (!cb->slots[slot.index].state.compare_exchange_strong(expected, S(SlotState::kIngesting))) {
       continue;
     }
-    std::optional<PersistEvent> event = Process(slot);
-    cb->slots[slot.index].state.store(S(SlotState::kFree), std::memory_order_release);
-    cb->free_bell.fetch_add(1, std::memory_order_release);
-    FutexWakeAll(&cb->free_bell);
-    if (event.has_value()) on_persisted_(*event);
+    if (!Process(slot)) FreeSlot(slot.index);  // else the writer frees it
     worked = true;
   }
   return worked;
 }
 
-std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
+void RankSession::FreeSlot(uint32_t index) {
+  ControlBlock* cb = segment_.control();
+  cb->slots[index].state.store(S(SlotState::kFree), std::memory_order_release);
+  cb->free_bell.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&cb->free_bell);
+}
+
+bool RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
   last_snapshot_step_.store(slot.step);
   if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
@@ -136,44 +148,91 @@ std::optional<PersistEvent> RankSession::Process(const shm::ReadySlot& slot) {
     zcc::MutexLock lock(&ema_mu_);
     if (ema_ != nullptr) UpdateEma(slot);
   }
-  if (slot.kind != shm::SnapshotKind::kFull) return std::nullopt;
+  if (slot.kind != shm::SnapshotKind::kFull) return false;
   last_full_slot_.store(slot.index);
   last_full_step_.store(slot.step);
   const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
-  if (!due && !save_requested_.exchange(false)) return std::nullopt;
+  if (!due && !save_requested_.exchange(false)) return false;
   if (due) save_requested_.store(false);
+  SubmitWrite(WriteJob{slot, /*on_failure=*/false});
+  return true;
+}
 
+void RankSession::SubmitWrite(const WriteJob& job) {
+  zcc::MutexLock lock(&write_mu_);
+  write_mu_.Await(absl::Condition(this, &RankSession::WriterIdle));
+  {
+    zcc::MutexLock ema_lock(&ema_mu_);
+    CopyEmaForWrite();
+  }
+  write_job_ = job;
+}
+
+void RankSession::AwaitWriterIdle() {
+  zcc::MutexLock lock(&write_mu_);
+  write_mu_.Await(absl::Condition(this, &RankSession::WriterIdle));
+}
+
+void RankSession::CopyEmaForWrite() {
+  ema_extra_.clear();
+  if (ema_ == nullptr || !ema_->initialized()) return;
+  uint64_t total = 0;
+  for (size_t i = 0; i < ema_->num_tensors(); ++i) total += ema_->ema(i).size() * sizeof(float);
+  ema_copy_ = storage::AlignedBuffer::Uninitialized(total);
+  checkpoint::ExtraShard shard{"ema", format::ShardFileName("ema", shards_.rank), {}};
+  uint64_t offset = 0;
+  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+    const absl::Span<const float> data = ema_->ema(i);
+    const uint64_t bytes = data.size() * sizeof(float);
+    uint8_t* dst = ema_copy_.data() + offset;
+    if (bytes > 0) std::memcpy(dst, data.data(), bytes);
+    shard.tensors.push_back({ema_->tensor(i).name, format::DType::kF32,
+                             registered_[ema_index_[i]].shape, dst, bytes});
+    offset += bytes;
+  }
+  ema_extra_.push_back(std::move(shard));
+}
+
+void RankSession::WriterLoop() {
+  while (true) {
+    WriteJob job;
+    {
+      zcc::MutexLock lock(&write_mu_);
+      write_mu_.Await(absl::Condition(this, &RankSession::WriteQueuedOrStopping));
+      if (!write_job_.has_value()) return;  // stopping, and nothing queued
+      job = *write_job_;
+      write_job_.reset();
+      writing_ = true;
+    }
+    const PersistEvent event = Write(job);
+    // The EMA copy lives only while a write needs it (zccd's steady-state
+    // memory is the EMA, not twice the EMA).
+    ema_copy_ = storage::AlignedBuffer();
+    ema_extra_.clear();
+    FreeSlot(job.slot.index);
+    // Commit and retention do not need the slot: reported once it is free.
+    on_persisted_(event);
+    zcc::MutexLock lock(&write_mu_);
+    writing_ = false;
+  }
+}
+
+PersistEvent RankSession::Write(const WriteJob& job) {
   PersistEvent event;
   event.rank = shards_.rank;
-  event.step = slot.step;
-  auto stats = WriteStep(slot.step, slot.index);
+  event.step = job.slot.step;
+  auto stats = checkpoint::WriteRankShards(options_.job_dir, job.slot.step, shards_,
+                                           slot_data(job.slot.index), options_.io, ema_extra_);
   if (stats.ok()) {
     event.stats = *stats;
-    last_persisted_step_.store(slot.step);
+    last_persisted_step_.store(job.slot.step);
   } else {
     event.status = stats.status();
     persist_failures_.fetch_add(1);
-    SetError(absl::StrCat("persist of step ", slot.step, " failed: ", stats.status().message()));
+    SetError(absl::StrCat(job.on_failure ? "persist-on-failure" : "persist", " of step ",
+                          job.slot.step, " failed: ", stats.status().message()));
   }
   return event;
-}
-
-absl::StatusOr<checkpoint::WriteStats> RankSession::WriteStep(int64_t step, uint32_t index) {
-  zcc::MutexLock lock(&ema_mu_);
-  std::vector<checkpoint::ExtraShard> extra;
-  if (ema_ != nullptr && ema_->initialized()) {
-    checkpoint::ExtraShard shard{"ema", format::ShardFileName("ema", shards_.rank), {}};
-    for (size_t i = 0; i < ema_->num_tensors(); ++i) {
-      const absl::Span<const float> data = ema_->ema(i);
-      shard.tensors.push_back({ema_->tensor(i).name, format::DType::kF32,
-                               registered_[ema_index_[i]].shape,
-                               reinterpret_cast<const uint8_t*>(data.data()),
-                               data.size() * sizeof(float)});
-    }
-    extra.push_back(std::move(shard));
-  }
-  return checkpoint::WriteRankShards(options_.job_dir, step, shards_, slot_data(index),
-                                     checkpoint::IoOptions(), extra);
 }
 
 void RankSession::UpdateEma(const shm::ReadySlot& slot) {
@@ -297,6 +356,8 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   // draining here under its own CAS discipline is safe alongside it.
   while (IngestReadySlots()) {
   }
+  // A due step ingest handed over is written first.
+  AwaitWriterIdle();
   const int64_t step = last_full_step_.load();
   if (step < 0 || step <= last_persisted_step_.load()) return std::nullopt;
   const uint32_t index = last_full_slot_.load();
@@ -308,21 +369,10 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
       !header.state.compare_exchange_strong(expected, S(SlotState::kIngesting))) {
     return std::nullopt;
   }
-  PersistEvent event;
-  event.rank = shards_.rank;
-  event.step = step;
-  auto stats = WriteStep(step, index);
-  header.state.store(S(SlotState::kFree));
-  if (stats.ok()) {
-    event.stats = *stats;
-    last_persisted_step_.store(step);
-  } else {
-    event.status = stats.status();
-    persist_failures_.fetch_add(1);
-    SetError(absl::StrCat("persist-on-failure of step ", step, " failed: ", stats.status().message()));
-  }
-  on_persisted_(event);
-  return event.status.ok() ? std::optional<int64_t>(step) : std::nullopt;
+  const shm::ReadySlot slot{index, step, shm::SnapshotKind::kFull, 0};
+  SubmitWrite(WriteJob{slot, /*on_failure=*/true});
+  AwaitWriterIdle();
+  return last_persisted_step_.load() == step ? std::optional<int64_t>(step) : std::nullopt;
 }
 
 absl::Status RankSession::CheckRestoreBufferRoom() const {

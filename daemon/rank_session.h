@@ -1,11 +1,16 @@
 // One registered trainer rank: its staging segment, what it checkpoints, and
-// the ingest thread that turns READY slots into persisted shards.
+// the two threads that turn READY slots into EMA updates and persisted shards.
 //
 // Ingest: a dedicated thread sleeps on the segment's doorbell futex, takes
-// READY slots in publication order (kReady -> kIngesting), persists them when
-// the step is due (every `save_every` steps or after RequestSave), and frees
-// them (-> kFree, free bell). One slow disk therefore only holds up its own
-// rank. Every word read from shared memory is validated.
+// READY slots in publication order (kReady -> kIngesting), updates the EMA
+// from them and frees them (-> kFree, free bell). A slot whose step is due
+// (every `save_every` steps, or after RequestSave) goes to the writer thread
+// instead, with a copy of the EMA as of that step, and stays kIngesting until
+// its shards are written. Meanwhile ingest goes on with the other slots, so a
+// checkpoint being written stalls neither the trainer nor the EMA as long as
+// one slot is free; one write runs per rank at a time (a step that falls due
+// while the previous write still runs waits for it). One slow disk therefore
+// only holds up its own rank. Every word read from shared memory is validated.
 //
 // Thread-safety: all public methods may be called from any thread.
 // Ownership: owns the segment (removed when the session is destroyed).
@@ -25,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "checkpoint/io_options.h"
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
 #include "common/mutex.h"
@@ -32,7 +38,9 @@
 #include "format/dtype.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
+#include "shm/control_block.h"
 #include "shm/segment.h"
+#include "storage/aligned_buffer.h"
 
 namespace zcc::daemon {
 
@@ -59,9 +67,11 @@ struct RankSessionOptions {
   metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the session
   uint32_t ema_interval = 1;  // EMA every N-th snapshotted step (0 = every step)
   uint64_t generation = 0;
+  // How shards are written (tests pass a slow or faulty storage).
+  checkpoint::IoOptions io;
 };
 
-// Reported after every persist attempt, from the ingest thread.
+// Reported after every persist attempt, from the writer thread.
 struct PersistEvent {
   uint32_t rank = 0;
   int64_t step = 0;
@@ -98,8 +108,8 @@ class RankSession {
   RankSession& operator=(const RankSession&) = delete;
 
   void Start();
-  // Ingests what is already READY, finishes in-flight writes, stops the thread
-  // and tells the client the registration is closed. Idempotent.
+  // Ingests what is already READY, finishes the write in progress, stops the
+  // threads and tells the client the registration is closed. Idempotent.
   void Stop();
 
   // Persist the next FULL snapshot regardless of save_every.
@@ -153,13 +163,33 @@ class RankSession {
   void IngestLoop();
   // Returns true if it processed at least one slot.
   bool IngestReadySlots();
-  // Persists the slot if its step is due; returns the event to report once
-  // the slot has been given back (commit and retention do not need the slot).
-  std::optional<PersistEvent> Process(const shm::ReadySlot& slot);
+  // Updates the EMA from the slot; returns true when the slot's step is due
+  // and the slot went to the writer (which frees it), false when the caller
+  // frees it.
+  bool Process(const shm::ReadySlot& slot);
+  void FreeSlot(uint32_t index);
   void SetError(std::string error);
   void UpdateEma(const shm::ReadySlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ema_mu_);
-  // Writes the rank's shards of `step` from slot `index`, with its EMA.
-  absl::StatusOr<checkpoint::WriteStats> WriteStep(int64_t step, uint32_t index);
+
+  // The writer stage. SubmitWrite waits until no write is queued or running,
+  // copies the EMA into ema_copy_ and queues `slot` (kIngesting, held until
+  // written); the writer thread writes it and frees it.
+  struct WriteJob {
+    shm::ReadySlot slot;
+    bool on_failure = false;  // PersistNewestOnFailure's write
+  };
+  void SubmitWrite(const WriteJob& job) ABSL_LOCKS_EXCLUDED(write_mu_, ema_mu_);
+  void AwaitWriterIdle() ABSL_LOCKS_EXCLUDED(write_mu_);
+  bool WriterIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
+    return !write_job_.has_value() && !writing_;
+  }
+  bool WriteQueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
+    return write_job_.has_value() || writer_stop_;
+  }
+  void CopyEmaForWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, ema_mu_);
+  void WriterLoop();
+  // Writes the job's shards (with the EMA copy) and reports the outcome.
+  PersistEvent Write(const WriteJob& job);
 
   const checkpoint::RankShards shards_;
   const std::vector<RegisteredTensor> registered_;
@@ -184,6 +214,19 @@ class RankSession {
   std::atomic<uint64_t> snapshots_ingested_{0};
   std::atomic<uint64_t> persist_failures_{0};
   std::thread thread_;
+
+  // Taken before ema_mu_ when both are needed (SubmitWrite).
+  zcc::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(ema_mu_);
+  std::optional<WriteJob> write_job_ ABSL_GUARDED_BY(write_mu_);
+  bool writing_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool writer_stop_ ABSL_GUARDED_BY(write_mu_) = false;
+  // The EMA as of the queued or running write's step, its tensors back to
+  // back, and the shard that describes it (freed after the write). Filled by SubmitWrite (holding
+  // write_mu_ while WriterIdle()), then read by the writer thread without the
+  // lock for the duration of that one job: ownership passes with the job.
+  storage::AlignedBuffer ema_copy_;
+  std::vector<checkpoint::ExtraShard> ema_extra_;
+  std::thread writer_;
 
   mutable zcc::Mutex mu_;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
