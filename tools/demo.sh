@@ -13,10 +13,12 @@ save_every=10
 step_ms=300
 tensors=150
 ema_decay=0.999
+slots=2
 
 usage() {
   cat <<USAGE
-usage: tools/demo.sh [--steps N] [--size-mb MB] [--root DIR] [--save-every K] [--step-ms MS] [--tensors N]
+usage: tools/demo.sh [--steps N] [--size-mb MB] [--root DIR] [--save-every K] [--step-ms MS]
+                     [--tensors N] [--ema-decay D] [--slots N]
 
   --steps N        training steps (default $steps)
   --size-mb MB     model + optimizer state in MiB (default $size_mb: bf16 params,
@@ -26,6 +28,8 @@ usage: tools/demo.sh [--steps N] [--size-mb MB] [--root DIR] [--save-every K] [-
   --step-ms MS     simulated accelerator time per step (default $step_ms)
   --tensors N      number of tensors (default $tensors)
   --ema-decay D    EMA decay zccd keeps for the parameters (default $ema_decay; 0 = off)
+  --slots N        staging slots per rank, 2..8 (default $slots; with 3, snapshots and
+                   the EMA go on while a checkpoint is written)
   --help           this text
 USAGE
 }
@@ -39,11 +43,12 @@ while [[ $# -gt 0 ]]; do
     --step-ms) step_ms=$2; shift 2 ;;
     --tensors) tensors=$2; shift 2 ;;
     --ema-decay) ema_decay=$2; shift 2 ;;
+    --slots) slots=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "demo: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-for v in "$steps" "$size_mb" "$save_every" "$step_ms" "$tensors"; do
+for v in "$steps" "$size_mb" "$save_every" "$step_ms" "$tensors" "$slots"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "demo: numeric options take whole numbers, got '$v'" >&2; exit 2; }
 done
 
@@ -62,7 +67,7 @@ cp "$bin/daemon/zccd" "$bin/tools/demo_trainer" "$bin/tools/zccctl" "$work/"
 
 socket="$work/zccd.sock"
 echo "== starting zccd (socket $socket, checkpoint root $root)"
-"$work/zccd" --socket="$socket" --root="$root" --shm_prefix="zccdemo$$" --keep_last=3 \
+"$work/zccd" --socket="$socket" --root="$root" --shm_prefix="zccdemo$$" --keep_last=3 --slots="$slots" \
   >"$work/zccd.log" 2>&1 &
 zccd_pid=$!
 cleanup() {

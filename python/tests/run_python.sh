@@ -20,10 +20,13 @@ fi
 # libstdc++ is preloaded with it: the runtime's interceptors for C++ (operator
 # new, __cxa_throw) must resolve to a libstdc++ that is already there, not one
 # torch dlopens later.
-if ldd "$runfiles/python/zcc/_zcc.so" 2>/dev/null | grep -q libasan; then
+# (ldd's output is captured first: `ldd | grep -q` under pipefail fails at
+# random when grep exits before ldd has written everything.)
+deps=$(ldd "$runfiles/python/zcc/_zcc.so" 2>/dev/null || true)
+if grep -q libasan <<<"$deps"; then
   export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
   export ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}"
-elif ldd "$runfiles/python/zcc/_zcc.so" 2>/dev/null | grep -q libtsan; then
+elif grep -q libtsan <<<"$deps"; then
   export LD_PRELOAD="$(gcc -print-file-name=libtsan.so) $(gcc -print-file-name=libstdc++.so)"
 fi
 

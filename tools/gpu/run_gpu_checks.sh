@@ -102,9 +102,12 @@ run() {
   fi
   local name missing=0
   for name in "${BINARIES[@]}"; do
-    if ldd "$BUNDLE/bin/$name" | grep -q 'not found'; then
+    # Captured first: `ldd | grep -q` under pipefail can fail when grep exits early.
+    local unresolved
+    unresolved=$(ldd "$BUNDLE/bin/$name" 2>&1 | grep 'not found' || true)
+    if [[ -n $unresolved ]]; then
       echo "$name: unresolved libraries:" >&2
-      ldd "$BUNDLE/bin/$name" | grep 'not found' >&2
+      echo "$unresolved" >&2
       missing=1
     fi
   done
