@@ -9,21 +9,22 @@
 //
 // Exit codes: 0 success, 1 the daemon or the check reported an error,
 // 2 usage error, 3 zccd not reachable.
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "common/default_paths.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_cat.h"
 #include "checkpoint/reader.h"
+#include "common/default_paths.h"
 #include "proto/zcc.grpc.pb.h"
-#include <google/protobuf/util/json_util.h>
 
 namespace {
 
@@ -119,27 +120,157 @@ int Verify(const std::string& dir, bool json) {
   return kExitOk;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   std::string socket = zcc::DefaultSocketPath();
   std::string root;
   bool json = false;
   double interval_s = 2;
   long count = -1;
-  std::vector<std::string> args;
+  std::vector<std::string> args;  // the command and its operands
+  // The operand after the command (a job id), or "" when there is none.
+  const std::string& operand() const {
+    static const std::string none;
+    return args.size() > 1 ? args[1] : none;
+  }
+};
+
+// zccd's two services over its unix socket; every call has a 10 s deadline.
+class Daemon {
+ public:
+  explicit Daemon(const std::string& socket)
+      : channel_(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials())),
+        control_(zcc::v1::Control::NewStub(channel_)),
+        status_(zcc::v1::Status::NewStub(channel_)) {}
+
+  zcc::v1::Control::Stub* control() { return control_.get(); }
+  zcc::v1::Status::Stub* status() { return status_.get(); }
+
+  template <typename Stub, typename Request, typename Response>
+  grpc::Status Call(Stub* stub,
+                    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return (stub->*method)(&ctx, request, response);
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<zcc::v1::Control::Stub> control_;
+  std::unique_ptr<zcc::v1::Status::Stub> status_;
+};
+
+// Prints `response` as JSON with --json, else with `print`.
+template <typename Response, typename Print>
+int Report(const Options& o, const Response& response, Print print) {
+  if (o.json) {
+    PrintJson(response);
+  } else {
+    print(response);
+  }
+  return kExitOk;
+}
+
+int RunStatus(const Options& o, Daemon& d) {
+  zcc::v1::StatusRequest req;
+  req.set_job_id(o.operand());
+  zcc::v1::StatusResponse resp;
+  const grpc::Status st = d.Call(d.status(), &zcc::v1::Status::Stub::GetStatus, req, &resp);
+  if (!st.ok()) return Fail(st);
+  return Report(o, resp, PrintStatus);
+}
+
+int RunWatch(const Options& o, Daemon& d) {
+  zcc::v1::StatusRequest req;
+  req.set_job_id(o.operand());
+  for (long i = 0; o.count < 0 || i < o.count; ++i) {
+    zcc::v1::StatusResponse resp;
+    const grpc::Status st = d.Call(d.status(), &zcc::v1::Status::Stub::GetStatus, req, &resp);
+    if (!st.ok()) return Fail(st);
+    Report(o, resp, [](const zcc::v1::StatusResponse& r) {
+      if (isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");  // clear the screen
+      PrintStatus(r);
+    });
+    std::fflush(stdout);
+    if (o.count < 0 || i + 1 < o.count) usleep(static_cast<useconds_t>(o.interval_s * 1e6));
+  }
+  return kExitOk;
+}
+
+int RunList(const Options& o, Daemon& d) {
+  zcc::v1::ListCheckpointsRequest req;
+  req.set_job_id(o.operand());
+  req.set_checkpoint_root(o.root);
+  zcc::v1::ListCheckpointsResponse resp;
+  const grpc::Status st =
+      d.Call(d.status(), &zcc::v1::Status::Stub::ListCheckpoints, req, &resp);
+  if (!st.ok()) return Fail(st);
+  return Report(o, resp, [](const zcc::v1::ListCheckpointsResponse& r) {
+    std::printf("%-10s %-7s %-12s %-22s %s\n", "step", "ranks", "GB", "committed", "path");
+    for (const auto& c : r.checkpoints()) {
+      std::printf("%-10lld %-7u %-12.3f %-22s %s%s\n", static_cast<long long>(c.step()),
+                  c.world_size(), c.total_bytes() / 1e9, c.committed_at().c_str(),
+                  c.path().c_str(), c.is_latest() ? "  (latest)" : "");
+    }
+  });
+}
+
+int RunSave(const Options& o, Daemon& d) {
+  zcc::v1::SaveNowRequest req;
+  req.set_job_id(o.operand());
+  zcc::v1::SaveNowResponse resp;
+  const grpc::Status st = d.Call(d.control(), &zcc::v1::Control::Stub::SaveNow, req, &resp);
+  if (!st.ok()) return Fail(st);
+  return Report(o, resp, [](const zcc::v1::SaveNowResponse& r) {
+    std::printf("%u rank(s) will persist their next snapshot\n", r.ranks_flagged());
+  });
+}
+
+int RunGc(const Options& o, Daemon& d) {
+  zcc::v1::CollectGarbageRequest req;
+  req.set_job_id(o.operand());
+  req.set_checkpoint_root(o.root);
+  zcc::v1::CollectGarbageResponse resp;
+  const grpc::Status st =
+      d.Call(d.control(), &zcc::v1::Control::Stub::CollectGarbage, req, &resp);
+  if (!st.ok()) return Fail(st);
+  return Report(o, resp, [](const zcc::v1::CollectGarbageResponse& r) {
+    std::printf("removed %d step(s)", r.removed_steps_size());
+    for (int64_t s : r.removed_steps()) std::printf(" %lld", static_cast<long long>(s));
+    std::printf(", %d abandoned partial(s); kept", r.removed_partials_size());
+    for (int64_t s : r.kept_steps()) std::printf(" %lld", static_cast<long long>(s));
+    std::printf("\n");
+  });
+}
+
+struct Command {
+  const char* name;
+  // The command's operand: "a job id", "a step directory", or "" for an
+  // optional job id.
+  const char* operand;
+  int (*run)(const Options&, Daemon&);  // null: offline (verify)
+};
+
+constexpr Command kCommands[] = {
+    {"status", "", RunStatus},        {"watch", "", RunWatch},
+    {"list", "a job id", RunList},    {"save", "a job id", RunSave},
+    {"gc", "a job id", RunGc},        {"verify", "a step directory", nullptr},
+};
+
+// Parses the command line into `o`; returns an exit code to stop with, or -1.
+int ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") {
-      json = true;
+      o->json = true;
     } else if (a == "--socket" && i + 1 < argc) {
-      socket = argv[++i];
+      o->socket = argv[++i];
     } else if (a == "--root" && i + 1 < argc) {
-      root = argv[++i];
+      o->root = argv[++i];
     } else if (a == "--interval" && i + 1 < argc) {
-      interval_s = std::atof(argv[++i]);
+      o->interval_s = std::atof(argv[++i]);
     } else if (a == "--count" && i + 1 < argc) {
-      count = std::atol(argv[++i]);
+      o->count = std::atol(argv[++i]);
     } else if (a == "-h" || a == "--help") {
       std::printf("%s", kUsage);
       return kExitOk;
@@ -147,136 +278,37 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "zccctl: unknown flag %s\n%s", a.c_str(), kUsage);
       return kExitUsage;
     } else {
-      args.push_back(a);
+      o->args.push_back(a);
     }
   }
-  if (args.empty()) {
+  if (o->args.empty()) {
     std::fprintf(stderr, "%s", kUsage);
     return kExitUsage;
   }
-  const std::string& cmd = args[0];
-  if (cmd == "verify") {
-    if (args.size() != 2) {
-      std::fprintf(stderr, "zccctl: verify takes one step directory\n");
-      return kExitUsage;
-    }
-    return Verify(args[1], json);
+  if (!(o->interval_s > 0)) {
+    std::fprintf(stderr, "zccctl: --interval must be a positive number of seconds\n");
+    return kExitUsage;
   }
+  return -1;
+}
 
-  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
-  auto deadline = [] {
-    return std::chrono::system_clock::now() + std::chrono::seconds(10);
-  };
-  if (cmd == "watch") {
-    if (args.size() > 2 || interval_s <= 0) return kExitUsage;
-    auto stub = zcc::v1::Status::NewStub(channel);
-    for (long i = 0; count < 0 || i < count; ++i) {
-      zcc::v1::StatusRequest req;
-      if (args.size() == 2) req.set_job_id(args[1]);
-      zcc::v1::StatusResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(deadline());
-      const grpc::Status st = stub->GetStatus(&ctx, req, &resp);
-      if (!st.ok()) return Fail(st);
-      if (json) {
-        PrintJson(resp);
-      } else {
-        if (isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");  // clear the screen
-        PrintStatus(resp);
-      }
-      std::fflush(stdout);
-      if (count < 0 || i + 1 < count) usleep(static_cast<useconds_t>(interval_s * 1e6));
-    }
-    return kExitOk;
-  }
-  if (cmd == "status") {
-    if (args.size() > 2) return kExitUsage;
-    auto stub = zcc::v1::Status::NewStub(channel);
-    zcc::v1::StatusRequest req;
-    if (args.size() == 2) req.set_job_id(args[1]);
-    zcc::v1::StatusResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    const grpc::Status st = stub->GetStatus(&ctx, req, &resp);
-    if (!st.ok()) return Fail(st);
-    if (json) {
-      PrintJson(resp);
-    } else {
-      PrintStatus(resp);
-    }
-    return kExitOk;
-  }
-  if (cmd == "list") {
-    if (args.size() != 2) {
-      std::fprintf(stderr, "zccctl: list takes a job id\n");
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int code = ParseArgs(argc, argv, &o); code >= 0) return code;
+  for (const Command& c : kCommands) {
+    if (o.args[0] != c.name) continue;
+    const bool required = c.operand[0] != '\0';
+    if (o.args.size() > 2 || (required && o.args.size() != 2)) {
+      std::fprintf(stderr, "zccctl: %s takes %s\n", c.name,
+                   required ? c.operand : "at most one job id");
       return kExitUsage;
     }
-    auto stub = zcc::v1::Status::NewStub(channel);
-    zcc::v1::ListCheckpointsRequest req;
-    req.set_job_id(args[1]);
-    req.set_checkpoint_root(root);
-    zcc::v1::ListCheckpointsResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    const grpc::Status st = stub->ListCheckpoints(&ctx, req, &resp);
-    if (!st.ok()) return Fail(st);
-    if (json) {
-      PrintJson(resp);
-      return kExitOk;
-    }
-    std::printf("%-10s %-7s %-12s %-22s %s\n", "step", "ranks", "GB", "committed", "path");
-    for (const auto& c : resp.checkpoints()) {
-      std::printf("%-10lld %-7u %-12.3f %-22s %s%s\n", static_cast<long long>(c.step()),
-                  c.world_size(), c.total_bytes() / 1e9, c.committed_at().c_str(),
-                  c.path().c_str(), c.is_latest() ? "  (latest)" : "");
-    }
-    return kExitOk;
+    if (c.run == nullptr) return Verify(o.operand(), o.json);
+    Daemon daemon(o.socket);
+    return c.run(o, daemon);
   }
-  if (cmd == "save") {
-    if (args.size() != 2) {
-      std::fprintf(stderr, "zccctl: save takes a job id\n");
-      return kExitUsage;
-    }
-    auto stub = zcc::v1::Control::NewStub(channel);
-    zcc::v1::SaveNowRequest req;
-    req.set_job_id(args[1]);
-    zcc::v1::SaveNowResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    const grpc::Status st = stub->SaveNow(&ctx, req, &resp);
-    if (!st.ok()) return Fail(st);
-    if (json) {
-      PrintJson(resp);
-    } else {
-      std::printf("%u rank(s) will persist their next snapshot\n", resp.ranks_flagged());
-    }
-    return kExitOk;
-  }
-  if (cmd == "gc") {
-    if (args.size() != 2) {
-      std::fprintf(stderr, "zccctl: gc takes a job id\n");
-      return kExitUsage;
-    }
-    auto stub = zcc::v1::Control::NewStub(channel);
-    zcc::v1::CollectGarbageRequest req;
-    req.set_job_id(args[1]);
-    req.set_checkpoint_root(root);
-    zcc::v1::CollectGarbageResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    const grpc::Status st = stub->CollectGarbage(&ctx, req, &resp);
-    if (!st.ok()) return Fail(st);
-    if (json) {
-      PrintJson(resp);
-      return kExitOk;
-    }
-    std::printf("removed %d step(s)", resp.removed_steps_size());
-    for (int64_t s : resp.removed_steps()) std::printf(" %lld", static_cast<long long>(s));
-    std::printf(", %d abandoned partial(s); kept", resp.removed_partials_size());
-    for (int64_t s : resp.kept_steps()) std::printf(" %lld", static_cast<long long>(s));
-    std::printf("\n");
-    return kExitOk;
-  }
-  std::fprintf(stderr, "zccctl: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+  std::fprintf(stderr, "zccctl: unknown command '%s'\n%s", o.args[0].c_str(), kUsage);
   return kExitUsage;
 }
