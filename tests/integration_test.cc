@@ -269,6 +269,20 @@ TEST_CASE("zccctl status, list and verify against a live daemon") {
   CHECK(code == 3);
   std::tie(code, out) = Zccctl(dir, daemon, {"frobnicate"});
   CHECK(code == 2);
+  CHECK(absl::StrContains(out, "unknown command 'frobnicate'"));
+  // Usage errors say what was wrong, before any daemon is contacted.
+  std::tie(code, out) = Zccctl(dir, daemon, {"list"});
+  CHECK(code == 2);
+  CHECK(absl::StrContains(out, "list takes a job id"));
+  std::tie(code, out) = Zccctl(dir, daemon, {"watch", "a", "b"});
+  CHECK(code == 2);
+  CHECK(absl::StrContains(out, "watch takes at most one job id"));
+  std::tie(code, out) = Zccctl(dir, daemon, {"--interval", "0", "watch"});
+  CHECK(code == 2);
+  CHECK(absl::StrContains(out, "--interval must be a positive number"));
+  std::tie(code, out) = Zccctl(dir, daemon, {"verify"});
+  CHECK(code == 2);
+  CHECK(absl::StrContains(out, "verify takes a step directory"));
 }
 
 // Direct gRPC access for malformed requests.
