@@ -53,24 +53,9 @@ TEST_CASE("kAuto picks the CUDA copier where a device works, silently") {
 }
 
 TEST_CASE("kAuto falls back to the host copier with one log line when CUDA is unusable") {
-  const fake::ErrorCodes e = fake::Errors();
-  const struct {
-    const char* what;
-    int device_count;
-    int init_error;
-    const char* reason;
-  } cases[] = {
-      {"no GPU", 0, 0, "cudaErrorNoDevice"},
-      {"driver too old", 1, e.insufficient_driver, "cudaErrorInsufficientDriver"},
-      {"stub libcuda", 1, e.stub_library, "cudaErrorStubLibrary"},
-      {"devices busy", 1, e.devices_unavailable, "cudaErrorDevicesUnavailable"},
-  };
-  for (const auto& c : cases) {
+  for (const fake::UnusableDevice& c : fake::UnusableDevices()) {
     INFO(c.what);
-    fake::Config config;
-    config.device_count = c.device_count;
-    config.init_error = c.init_error;
-    fake::Reset(config);
+    fake::Reset(c.config);
     Selected s = Select(CopierSelection());
     REQUIRE_OK(s.copier);
     CHECK((*s.copier)->name() == "host");
@@ -78,7 +63,7 @@ TEST_CASE("kAuto falls back to the host copier with one log line when CUDA is un
     CHECK(testing::CountLinesWith(s.log, " W ") == 1);
     CHECK(testing::CountLinesWith(s.log, kFallbackLine) == 1);
     CHECK(testing::CountLinesWith(s.log, kFallbackEnd) == 1);
-    CHECK(testing::CountLinesWith(s.log, c.reason) == 1);
+    CHECK(testing::CountLinesWith(s.log, c.error_name) == 1);
     CheckCopiesHostMemory(**s.copier);
     CHECK(fake::PeekLastError() == 0);
   }

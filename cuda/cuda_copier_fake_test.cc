@@ -516,29 +516,16 @@ TEST_CASE("fake runtime: with no pinned memory at all, copies are synchronous bu
 // ---- Errors. ----
 
 TEST_CASE("fake runtime: without a usable device NewCudaCopier fails cleanly") {
-  const fake::ErrorCodes e = fake::Errors();
-  const struct {
-    const char* what;
-    int device_count;
-    int init_error;
-    const char* name;
-  } cases[] = {
-      {"no GPU", 0, 0, "cudaErrorNoDevice"},
-      {"driver older than the runtime", 1, e.insufficient_driver, "cudaErrorInsufficientDriver"},
-      {"stub libcuda", 1, e.stub_library, "cudaErrorStubLibrary"},
-  };
-  for (const auto& c : cases) {
+  for (const fake::UnusableDevice& c : fake::UnusableDevices()) {
     INFO(c.what);
-    fake::Config config;
-    config.device_count = c.device_count;
-    config.init_error = c.init_error;
-    fake::Reset(config);
+    fake::Reset(c.config);
     auto copier = NewCudaCopier(CudaCopierOptions());
     REQUIRE_FALSE(copier.ok());
     INFO(copier.status().ToString());
-    CHECK(copier.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(copier.status().code() == (c.transient ? absl::StatusCode::kUnavailable
+                                                 : absl::StatusCode::kFailedPrecondition));
     CHECK(absl::StrContains(copier.status().message(), "no usable CUDA device"));
-    CHECK(absl::StrContains(copier.status().message(), c.name));
+    CHECK(absl::StrContains(copier.status().message(), c.error_name));
     CHECK_FALSE(CudaDeviceAvailable());
     CHECK(fake::PeekLastError() == 0);
     CheckReleasedEverything();

@@ -545,6 +545,23 @@ const char* ApiName(Api api) {
   return i >= 0 && i < kApiCount ? kApiNames[i] : "(not an API)";
 }
 
+std::vector<UnusableDevice> UnusableDevices() {
+  auto with = [](int device_count, int init_error) {
+    Config c;
+    c.device_count = device_count;
+    c.init_error = init_error;
+    return c;
+  };
+  return {
+      {"no GPU", with(0, 0), "cudaErrorNoDevice", false},
+      {"driver older than the runtime", with(1, cudaErrorInsufficientDriver),
+       "cudaErrorInsufficientDriver", false},
+      {"stub libcuda", with(1, cudaErrorStubLibrary), "cudaErrorStubLibrary", false},
+      {"devices busy", with(1, cudaErrorDevicesUnavailable), "cudaErrorDevicesUnavailable",
+       true},
+  };
+}
+
 ErrorCodes Errors() {
   ErrorCodes e;
   e.success = cudaSuccess;

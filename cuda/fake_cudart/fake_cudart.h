@@ -106,6 +106,18 @@ struct Config {
   std::chrono::microseconds copy_delay{0};
 };
 
+// The machines without a usable CUDA device that tests reproduce: each a
+// Config for Reset and the cudaError_t name the runtime reports there.
+// `transient`: the devices exist but are busy, which may pass (zcc reports
+// it as Unavailable rather than FailedPrecondition).
+struct UnusableDevice {
+  const char* what;
+  Config config;
+  const char* error_name;
+  bool transient;
+};
+std::vector<UnusableDevice> UnusableDevices();
+
 // Drains and joins every stream (destroyed or not), then forgets all state:
 // streams, events, registrations, allocations, faults, counters and the copy
 // log, and applies `config`. The calling thread's current device becomes 0
