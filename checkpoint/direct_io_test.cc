@@ -18,6 +18,7 @@
 #include "checkpoint/testing/synthetic_rank.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/stderr_capture.h"
 #include "common/testing/temp_dir.h"
 #include "format/checksum.h"
 #include "format/manifest.h"
@@ -25,7 +26,6 @@
 #include "storage/aligned_buffer.h"
 #include "storage/fault_storage.h"
 #include "storage/posix_storage.h"
-#include "storage/testing/stderr_capture.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -34,6 +34,7 @@ using format::DType;
 using shm::FileGroup;
 using testing::SyntheticRank;
 using testing::TensorSpec;
+using ::zcc::testing::CountLinesWith;
 using ::zcc::testing::StderrCapture;
 using ::zcc::testing::TempDir;
 using ::zcc::testing::TempDirUnder;
@@ -285,9 +286,9 @@ TEST_CASE(
   storage::FaultInjectingStorage refusing(&posix, plan);
   StderrCapture capture;
   const WriteStats stats = RoundTrip(TempDir(), &refusing);
-  const std::string log = capture.Text();
+  const std::string log = capture.Release();
   CHECK_FALSE(stats.direct_io);
-  CHECK(StderrCapture::Count(log, "falling back to buffered I/O") == 1);
+  CHECK(CountLinesWith(log, "falling back to buffered I/O") == 1);
 }
 
 TEST_CASE("fallback: a checkpoint under /dev/shm (tmpfs)") {
@@ -299,17 +300,17 @@ TEST_CASE("fallback: a checkpoint under /dev/shm (tmpfs)") {
   storage::PosixStorage posix;  // its own, so its one warning is ours to see
   StderrCapture capture;
   const WriteStats stats = RoundTrip(root, &posix);
-  const std::string log = capture.Text();
+  const std::string log = capture.Release();
   if (stats.direct_io) {
     // Linux 6.6 and later accept O_DIRECT on tmpfs (served from the page
     // cache), so nothing falls back there; the injected and ramfs cases
     // cover the fallback.
-    CHECK(StderrCapture::Count(log, "falling back to buffered I/O") == 0);
+    CHECK(CountLinesWith(log, "falling back to buffered I/O") == 0);
     WARN(
         "this kernel's tmpfs accepts O_DIRECT: the checkpoint under /dev/shm was written with "
         "direct I/O, no fallback needed");
   } else {
-    CHECK(StderrCapture::Count(log, "falling back to buffered I/O") == 1);
+    CHECK(CountLinesWith(log, "falling back to buffered I/O") == 1);
   }
   REQUIRE_OK(RemoveTree(root));
 }
@@ -327,11 +328,11 @@ TEST_CASE("fallback: a checkpoint on ramfs, which refuses O_DIRECT") {
   {
     StderrCapture capture;
     stats = RoundTrip(mnt, &posix);
-    log = capture.Text();
+    log = capture.Release();
   }
   ::umount2(mnt.c_str(), MNT_DETACH);
   CHECK_FALSE(stats.direct_io);
-  CHECK(StderrCapture::Count(log, "refuses O_DIRECT (EINVAL); falling back to buffered I/O") == 1);
+  CHECK(CountLinesWith(log, "refuses O_DIRECT (EINVAL); falling back to buffered I/O") == 1);
 }
 
 }  // namespace

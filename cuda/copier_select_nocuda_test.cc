@@ -5,8 +5,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/stderr_capture.h"
 #include "cuda/copier_select.h"
-#include "cuda/stderr_capture.h"
 
 namespace zcc {
 namespace {

@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/stderr_capture.h"
 #include "cuda/fake_cudart/fake_cudart.h"
-#include "cuda/stderr_capture.h"
 
 namespace zcc {
 namespace {

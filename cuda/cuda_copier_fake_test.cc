@@ -18,11 +18,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/stderr_capture.h"
 #include "copy/copier_conformance.h"
 #include "cuda/cuda_copier.h"
 #include "cuda/cuda_status.h"
 #include "cuda/fake_cudart/fake_cudart.h"
-#include "cuda/stderr_capture.h"
 
 namespace zcc {
 namespace {

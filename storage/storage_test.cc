@@ -16,18 +16,19 @@
 #include "common/file_util.h"
 #include "common/status.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/stderr_capture.h"
 #include "common/testing/temp_dir.h"
 #include "storage/aligned_buffer.h"
 #include "storage/fault_storage.h"
 #include "storage/io_pipeline.h"
 #include "storage/posix_storage.h"
-#include "storage/testing/stderr_capture.h"
 
 namespace zcc::storage {
 namespace {
 
 constexpr size_t kA = kDirectIoAlignment;
 
+using ::zcc::testing::CountLinesWith;
 using ::zcc::testing::StderrCapture;
 using ::zcc::testing::TempDir;
 using ::zcc::testing::TempDirUnder;
@@ -53,9 +54,6 @@ std::string AsString(const uint8_t* p, size_t n) {
   return std::string(reinterpret_cast<const char*>(p), n);
 }
 
-size_t CountLines(const std::string& text, const std::string& needle) {
-  return StderrCapture::Count(text, needle);
-}
 
 // The contract every Storage keeps; run against each backend below.
 void CheckStorageConformance(Storage& storage, const std::string& dir) {
@@ -218,8 +216,8 @@ TEST_CASE("a file system that refuses O_DIRECT gets buffered I/O and one warning
     REQUIRE_OK(n);
     CHECK(std::string(buf).rfind("Name:", 0) == 0);
   }
-  const std::string log = capture.Text();
-  CHECK(CountLines(log, "refuses O_DIRECT") == 1);
+  const std::string log = capture.Release();
+  CHECK(CountLinesWith(log, "refuses O_DIRECT") == 1);
 }
 
 // A direct file written through `storage` with `chunk`-sized requests.
@@ -324,7 +322,7 @@ TEST_CASE("fault wrapper: fdatasync failure, refused O_DIRECT, slow disk, path f
       REQUIRE_OK(f);
       CHECK_FALSE((*f)->direct());
     }
-    CHECK(CountLines(capture.Text(), "refuses O_DIRECT") == 1);
+    CHECK(CountLinesWith(capture.Release(), "refuses O_DIRECT") == 1);
   }
 
   FaultPlan slow;

@@ -1,8 +1,8 @@
 // Captures what the process writes to file descriptor 2 (where common/log.h
 // writes its lines) for the lifetime of the object, for tests that check log
 // output. Test-only. Not thread-compatible with other users of fd 2 swapping.
-#ifndef ZCC_CUDA_STDERR_CAPTURE_H_
-#define ZCC_CUDA_STDERR_CAPTURE_H_
+#ifndef ZCC_COMMON_TESTING_STDERR_CAPTURE_H_
+#define ZCC_COMMON_TESTING_STDERR_CAPTURE_H_
 
 #include <unistd.h>
 
@@ -64,4 +64,4 @@ inline int CountLinesWith(const std::string& text, const std::string& needle) {
 
 }  // namespace zcc::testing
 
-#endif  // ZCC_CUDA_STDERR_CAPTURE_H_
+#endif  // ZCC_COMMON_TESTING_STDERR_CAPTURE_H_
