@@ -21,6 +21,7 @@
 #include "common/file_util.h"
 #include "common/futex.h"
 #include "common/mutex.h"
+#include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "daemon/config.h"
@@ -181,12 +182,8 @@ class TestRank {
   }
 
   bool AwaitEmaStep(int64_t step, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (session_->counters().last_ema_step < step) {
-      if (absl::Now() > deadline) return false;
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return true;
+    return testing::Eventually([&] { return session_->counters().last_ema_step >= step; },
+                               timeout, absl::Milliseconds(2));
   }
   bool AwaitPersisted(size_t n, absl::Duration timeout) {
     MutexLock lock(&mu_);

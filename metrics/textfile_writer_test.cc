@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
+#include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "metrics/metrics.h"
@@ -22,18 +23,8 @@
 namespace zcc::metrics {
 namespace {
 
+using ::zcc::testing::Eventually;
 using ::zcc::testing::TempDir;
-
-// Polls `done` (a test-side wait for a background thread's progress).
-template <typename F>
-bool WaitFor(F done, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
 
 TEST_CASE("the textfile is written at start, rewritten every interval and parses") {
   const std::string dir = TempDir();
@@ -53,7 +44,7 @@ TEST_CASE("the textfile is written at start, rewritten every interval and parses
 
   m.snapshots().Increment(5);
   const uint64_t before = w->writes();
-  REQUIRE(WaitFor([&] { return w->writes() >= before + 3; }));
+  REQUIRE(Eventually([&] { return w->writes() >= before + 3; }, absl::Seconds(10)));
   absl::StatusOr<std::string> text = ReadFileToString(w->path(), 1 << 20);
   REQUIRE_OK(text);
   absl::StatusOr<testing::Exposition> e = testing::ParseExposition(*text);

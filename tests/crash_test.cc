@@ -46,6 +46,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
+#include "common/testing/eventually.h"
 #include "common/testing/temp_dir.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
@@ -98,15 +99,6 @@ void Report(const Problems& p, const Daemon* daemon) {
   CHECK(p.list.empty());
 }
 
-template <typename Pred>
-bool WaitUntil(Pred pred, absl::Duration timeout, absl::Duration poll = absl::Milliseconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!pred()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(poll);
-  }
-  return true;
-}
 
 // --------------------------------------------------------- on-disk state
 
@@ -466,7 +458,7 @@ TEST_CASE("a trainer killed mid-snapshot loses its registration; a new one resto
                 absl::StrCat("--save_every=", save_every), "--block", "--wait_commit=false"},
                model));
     // Kill only once a checkpoint exists and snapshots are flowing.
-    const bool flowing = WaitUntil(
+    const bool flowing = Eventually(
         [&] {
           return ChooseStep(job_dir) >= next_step &&
                  absl::StrContains(trainer->Output(), absl::StrCat("step=", next_step + 3, " "));
@@ -482,7 +474,7 @@ TEST_CASE("a trainer killed mid-snapshot loses its registration; a new one resto
 
     // The daemon notices (pid gone, or heartbeats stop) and drops the
     // registration with its segment.
-    const bool dropped = WaitUntil([&] { return SegmentsOfRank(daemon, 0).empty(); },
+    const bool dropped = Eventually([&] { return SegmentsOfRank(daemon, 0).empty(); },
                                    absl::Seconds(10));
     p.Expect(dropped, "the killed trainer's segment was not removed: " +
                           absl::StrJoin(SegmentsOfRank(daemon, 0), " "));
@@ -543,7 +535,7 @@ TEST_CASE("a trainer killed mid-restore leaks no restore buffer; the next restor
       }
       return false;
     };
-    WaitUntil([&] { return has_segment(i % 2 == 1) || !restorer->running(); }, absl::Seconds(30),
+    Eventually([&] { return has_segment(i % 2 == 1) || !restorer->running(); }, absl::Seconds(30),
               absl::Milliseconds(1));
     if (i % 2 == 0) absl::SleepFor(absl::Milliseconds(kill_after_ms));
     bool buffer_live = false;
@@ -559,13 +551,13 @@ TEST_CASE("a trainer killed mid-restore leaks no restore buffer; the next restor
              : registered  ? "trainer SIGKILL registered, restore buffer not yet/no longer live"
                            : "trainer SIGKILL before registering"];
 
-    const bool clean = WaitUntil([&] { return ShmSegments(daemon.shm_prefix() + ".").empty(); },
+    const bool clean = Eventually([&] { return ShmSegments(daemon.shm_prefix() + ".").empty(); },
                                  absl::Seconds(10));
     p.Expect(clean, "segments leaked after the restoring trainer died: " +
                         absl::StrJoin(ShmSegments(daemon.shm_prefix() + "."), " "));
     if (i % 2 == 1 || i == trials - 1) {
       CheckRestore(dir, daemon, 1, model, 2, absl::StrCat("rest", i, ".check"), &p);
-      const bool clean_again = WaitUntil(
+      const bool clean_again = Eventually(
           [&] { return ShmSegments(daemon.shm_prefix() + ".").empty(); }, absl::Seconds(10));
       p.Expect(clean_again, "segments left after a completed restore");
     }

@@ -21,6 +21,7 @@
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
 #include "common/futex.h"
+#include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "proto/zcc.grpc.pb.h"
@@ -102,14 +103,13 @@ TEST_CASE("a step that not every rank wrote is never committed nor restored") {
 }
 
 bool WaitIngested(const std::string& dir, const Daemon& daemon, int step) {
-  for (int i = 0; i < 300; ++i) {
-    auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
-    if (code == 0 && absl::StrContains(out, absl::StrCat("\"last_snapshot_step\": \"", step, "\""))) {
-      return true;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
+  const std::string ingested = absl::StrCat("\"last_snapshot_step\": \"", step, "\"");
+  return Eventually(
+      [&] {
+        auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+        return code == 0 && absl::StrContains(out, ingested);
+      },
+      absl::Seconds(30), absl::Milliseconds(20));
 }
 
 TEST_CASE("ordinary snapshots leave the last free slot to the next checkpoint step") {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/testing/eventually.h"
 
 namespace zcc::testing {
 
@@ -203,12 +204,7 @@ std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
 }
 
 bool WaitForPath(const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (access(path.c_str(), F_OK) == 0) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return false;
+  return Eventually([&] { return access(path.c_str(), F_OK) == 0; }, timeout);
 }
 
 }  // namespace zcc::testing
