@@ -1,0 +1,28 @@
+"""zcc_py_test: a Python test of the zcc package, run by run_python.sh.
+
+The runner picks Debian's /usr/bin/python3 (torch, numpy, safetensors), puts
+the built package and the zccd fixture on PYTHONPATH and points $ZCCD at the
+built daemon; every test gets those as data.
+"""
+
+def zcc_py_test(name, script, data = [], size = "medium"):
+    """A test that runs `script` (a path in the workspace) with run_python.sh.
+
+    Args:
+      name: the test.
+      script: the .py file, as a label in the calling package.
+      data: further files the script reads (other modules it imports).
+      size: the test size.
+    """
+    native.sh_test(
+        name = name,
+        size = size,
+        srcs = ["//python/tests:run_python.sh"],
+        args = ["%s/%s" % (native.package_name(), script)],
+        data = [
+            script,
+            "//daemon:zccd",
+            "//python/tests:zccd_process",
+            "//python/zcc",
+        ] + data,
+    )
