@@ -151,6 +151,10 @@ struct Client::Impl {
   std::atomic<uint64_t> skipped_no_slot{0};
   std::atomic<uint64_t> skipped_disconnected{0};
   std::atomic<uint64_t> registrations{0};
+  // Checkpoint writes zccd reported failed (summed over registrations) and
+  // the step of the newest; the monitor thread reads them from the segment.
+  std::atomic<uint64_t> checkpoint_failures{0};
+  std::atomic<int64_t> last_failed_checkpoint_step{-1};
   std::atomic<int64_t> last_published_step{-1};
 
   std::thread notifier;
@@ -195,6 +199,8 @@ struct Client::Impl {
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
   void NotifierLoop();
   void MonitorLoop();
+  // Reports checkpoint writes zccd failed since the monitor last looked.
+  void ReportCheckpointFailures(Session& s, uint64_t* seen);
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -492,9 +498,39 @@ void Client::Impl::DropSession(const std::shared_ptr<Session>& s, const std::str
   ZCC_LOG(WARNING) << "zcc client: " << why << "; snapshots are skipped until zccd is back";
 }
 
+void Client::Impl::ReportCheckpointFailures(Session& s, uint64_t* seen) {
+  shm::ControlBlock* cb = s.cb();
+  const uint64_t failures = cb->persist_failures.load(std::memory_order_acquire);
+  if (failures <= *seen) return;
+  const int64_t step = cb->last_failed_step.load(std::memory_order_relaxed);
+  checkpoint_failures.fetch_add(failures - *seen);
+  last_failed_checkpoint_step.store(step);
+  *seen = failures;
+  // The reason is in zccd's status; a failure to ask still gets reported.
+  std::string why = "see `zccctl status " + options.job_id + "`";
+  v1::StatusRequest req;
+  req.set_job_id(options.job_id);
+  v1::StatusResponse resp;
+  auto ctx = Context();
+  if (GetStubs()->status->GetStatus(ctx.get(), req, &resp).ok()) {
+    for (const auto& job : resp.jobs()) {
+      for (const auto& r : job.ranks()) {
+        if (r.rank() == options.rank && !r.last_error().empty()) why = r.last_error();
+      }
+    }
+  }
+  const std::string error = absl::StrCat("zccd could not write the checkpoint of step ", step,
+                                         " (", checkpoint_failures.load(),
+                                         " failed so far): ", why);
+  ZCC_LOG(ERROR) << "zcc client: " << error;
+  SetError(error);
+}
+
 void Client::Impl::MonitorLoop() {
   MakeThisThreadBackground();
   absl::Duration backoff = absl::Milliseconds(100);
+  const Session* watched = nullptr;  // the session whose failures `seen` counts
+  uint64_t seen_failures = 0;
   while (true) {
     std::shared_ptr<Session> s;
     std::vector<TensorRef> refs;
@@ -525,6 +561,11 @@ void Client::Impl::MonitorLoop() {
       backoff = std::min(backoff * 2, options.reconnect_max_backoff);
     } else if (s != nullptr) {
       shm::ControlBlock* cb = s->cb();
+      if (watched != s.get()) {
+        watched = s.get();
+        seen_failures = 0;
+      }
+      ReportCheckpointFailures(*s, &seen_failures);
       const uint64_t now = shm::MonotonicNanos();
       cb->client_heartbeat_ns.store(now, std::memory_order_relaxed);
       const uint64_t daemon_beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
@@ -684,6 +725,8 @@ ClientStats Client::Stats() const {
   stats.skipped_disconnected = im.skipped_disconnected.load();
   stats.registrations = im.registrations.load();
   stats.last_published_step = im.last_published_step.load();
+  stats.checkpoint_failures = im.checkpoint_failures.load();
+  stats.last_failed_checkpoint_step = im.last_failed_checkpoint_step.load();
   zcc::MutexLock lock(&im.mu);
   stats.connected = im.session != nullptr && !im.session->dead.load();
   stats.last_error = im.last_error;

@@ -128,6 +128,11 @@ struct ClientStats {
   uint64_t skipped_disconnected = 0;
   uint64_t registrations = 0;   // successful registrations (1 + reconnects)
   int64_t last_published_step = -1;
+  // Checkpoint writes zccd reported failed for this rank (each is also logged
+  // as an error with zccd's reason, which becomes last_error), and the step
+  // of the newest one (-1: none).
+  uint64_t checkpoint_failures = 0;
+  int64_t last_failed_checkpoint_step = -1;
   std::string last_error;
 };
 

@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
+#include "absl/strings/match.h"
 #include "common/validate.h"
 
 namespace zcc {
@@ -26,6 +27,25 @@ TEST_CASE("job ids that could escape the checkpoint root are refused") {
   CHECK_FALSE(ValidateJobId(std::string("a\0b", 3)).ok());
   CHECK_FALSE(ValidateJobId(std::string(kMaxJobIdBytes + 1, 'a')).ok());
   CHECK_OK(ValidateJobId(std::string(kMaxJobIdBytes, 'a')));
+}
+
+TEST_CASE("job ids that name entries of a job directory are reserved") {
+  for (const char* reserved : {"latest", "latest.tmp.12", "step-00000010", "step-5.partial"}) {
+    INFO(reserved);
+    const absl::Status st = ValidateJobId(reserved);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(st.message(), "reserved"));
+  }
+  CHECK_OK(ValidateJobId("latest-run"));
+  CHECK_OK(ValidateJobId("steps"));
+}
+
+TEST_CASE("the safetensors metadata key cannot name a tensor") {
+  const absl::Status st = ValidateTensorName("__metadata__");
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(st.message(), "reserved"));
+  CHECK_OK(ValidateTensorName("__metadata__.x"));
+  CHECK_OK(ValidateTensorName("model.__metadata__"));
 }
 
 TEST_CASE("tensor names allow '/' and '.' but not control characters") {

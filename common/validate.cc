@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 
 namespace zcc {
@@ -15,6 +16,15 @@ absl::Status ValidateJobId(absl::string_view job_id) {
   if (job_id.front() == '.' || job_id.front() == '-') {
     return absl::InvalidArgumentError(
         absl::StrCat("job id '", job_id, "' must not start with '.' or '-'"));
+  }
+  // A job directory holds its steps and `latest` (and, during a commit,
+  // `latest.tmp.*` and `step-*.partial`); a job named like one of those in
+  // a root that is itself a job directory would collide with them.
+  if (job_id == "latest" || absl::StartsWith(job_id, "latest.") ||
+      absl::StartsWith(job_id, "step-")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id '", job_id, "' is reserved: 'latest', 'latest.*' and 'step-*' name entries of a "
+        "checkpoint directory"));
   }
   for (char c : job_id) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -76,6 +86,11 @@ absl::Status ValidateTensorName(absl::string_view name) {
           "(control characters, '\"' and '\\' are not allowed)",
           absl::CHexEscape(name.substr(0, 64)), c, i));
     }
+  }
+  if (name == kReservedTensorName) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor name '", kReservedTensorName,
+        "' is reserved: safetensors files keep their metadata under that key"));
   }
   for (size_t i = 0; i < name.size();) {
     const size_t len = Utf8SequenceLength(name, i);

@@ -14,13 +14,19 @@ namespace zcc {
 inline constexpr size_t kMaxJobIdBytes = 128;
 inline constexpr size_t kMaxTensorNameBytes = 512;
 
+// The safetensors header's metadata key, which no tensor may take.
+inline constexpr char kReservedTensorName[] = "__metadata__";
+
 // Job ids become directory and shared-memory names: 1..128 characters from
-// [A-Za-z0-9_.-], not "." or "..", not starting with '.' or '-'.
+// [A-Za-z0-9_.-], not "." or "..", not starting with '.' or '-', not
+// "latest", "latest.*" or "step-*" (entries of a job directory).
 absl::Status ValidateJobId(absl::string_view job_id);
 
 // Tensor names are checkpoint keys: 1..512 bytes of valid UTF-8, no NUL or other control
-// characters (bytes < 0x20 and 0x7f), not a JSON-hostile '"' or '\\'. '/' and
-// '.' are legitimate ("model.layers.0.attn/q") and round-trip unchanged.
+// characters (bytes < 0x20 and 0x7f), not a JSON-hostile '"' or '\\', not
+// "__metadata__". Every writer and reader of a checkpoint accepts every name
+// this accepts. '/' and '.' are legitimate ("model.layers.0.attn/q") and
+// round-trip unchanged.
 absl::Status ValidateTensorName(absl::string_view name);
 
 }  // namespace zcc

@@ -229,6 +229,10 @@ PersistEvent RankSession::Write(const WriteJob& job) {
   } else {
     event.status = stats.status();
     persist_failures_.fetch_add(1);
+    // The trainer's client reports the failure itself (step first: it reads
+    // the count, then the step).
+    segment_.control()->last_failed_step.store(job.slot.step, std::memory_order_relaxed);
+    segment_.control()->persist_failures.fetch_add(1, std::memory_order_release);
     SetError(absl::StrCat(job.on_failure ? "persist-on-failure" : "persist", " of step ",
                           job.slot.step, " failed: ", stats.status().message()));
   }
@@ -282,7 +286,8 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
   }
   ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, ~uint64_t{0} >> 1));
   ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
-                       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes)));
+                       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes),
+                                            options_.segment_owner));
   v1::ReadEmaResponse resp;
   resp.set_step(ema_->initialized() ? ema_->last_step() : -1);
   resp.set_shm_name(shm_name);

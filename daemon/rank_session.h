@@ -67,6 +67,10 @@ struct RankSessionOptions {
   metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the session
   uint32_t ema_interval = 1;  // EMA every N-th snapshotted step (0 = every step)
   uint64_t generation = 0;
+  // Owner of every segment this rank's client maps (staging, restore and EMA
+  // buffers): the trainer's uid when zccd runs as root, -1 (zccd's own)
+  // otherwise.
+  uid_t segment_owner = static_cast<uid_t>(-1);
   // How shards are written (tests pass a slow or faulty storage).
   checkpoint::IoOptions io;
 };

@@ -258,11 +258,12 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     const uint64_t generation = next_generation_++;
     const std::string shm_name = absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r",
                                               req.rank(), ".g", generation);
-    // Owned by the trainer's uid, mode 0600: no other user can map it.
+    // Owned by the trainer's uid, mode 0600: no other user can map it (nor
+    // its restore and EMA buffers, made for the same owner).
+    const uid_t segment_owner = self == 0 ? caller.uid : static_cast<uid_t>(-1);
     ZCC_ASSIGN_OR_RETURN(
         shm::Segment segment,
-        shm::Segment::Create(shm_name, segment_bytes,
-                             self == 0 ? caller.uid : static_cast<uid_t>(-1)));
+        shm::Segment::Create(shm_name, segment_bytes, segment_owner));
     shm::InitControlBlock(segment.control(), num_slots, slot_bytes, generation,
                           shards.manifest_hash);
 
@@ -276,6 +277,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     options.generation = generation;
     options.metrics = &metrics_;
     options.ema_interval = req.ema_interval();
+    options.segment_owner = segment_owner;
     Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
     auto session = std::make_shared<RankSession>(
         shards, registered, std::move(segment), options,
@@ -389,52 +391,84 @@ absl::Status Registry::VerifyCached(const std::string& step_dir) {
   return status;
 }
 
+void Registry::MarkDamaged(const std::string& step_dir, const absl::Status& why) {
+  auto record = checkpoint::ReadCommitRecord(step_dir);
+  if (!record.ok()) return;  // unreadable now: VerifyCached rejects it anyway
+  metrics_.errors(metrics::ErrorKind::kVerify).Increment();
+  zcc::MutexLock lock(&verify_mu_);
+  verified_[std::make_pair(step_dir, record->manifest_hash)] = why;
+}
+
 absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
                                                       const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->CheckRestoreBufferRoom());
   const std::string& job_dir = job->options().job_dir;
-  ZCC_ASSIGN_OR_RETURN(
-      checkpoint::RestoreChoice choice,
-      checkpoint::ChooseRestoreStep(job_dir, req.step() < 0 ? -1 : req.step(),
-                                    [this](const std::string& dir) { return VerifyCached(dir); }));
-  for (const std::string& why : choice.rejected) {
-    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
-                     << ": restore skipped " << why;
+  std::vector<std::string> skipped;
+  // A step found damaged while it is read (after an earlier verification was
+  // cached, or damaged since) is marked bad and the choice made again, so a
+  // restore of the newest step falls back to the next older one that reads
+  // back intact. Each round rejects one more step, so this ends.
+  for (;;) {
+    ZCC_ASSIGN_OR_RETURN(
+        checkpoint::RestoreChoice choice,
+        checkpoint::ChooseRestoreStep(job_dir, req.step() < 0 ? -1 : req.step(),
+                                      [this](const std::string& dir) { return VerifyCached(dir); }));
+    for (const std::string& why : choice.rejected) {
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
+                       << ": restore skipped " << why;
+    }
+    skipped.insert(skipped.end(), choice.rejected.begin(), choice.rejected.end());
+    const std::string step_dir = JoinPath(job_dir, format::StepDirName(choice.step));
+    auto resp = RestoreStep(*job, *session, req, step_dir, choice.step);
+    if (resp.ok()) {
+      for (const std::string& why : skipped) resp->add_skipped_steps(why);
+      return resp;
+    }
+    const bool damaged = resp.status().code() == absl::StatusCode::kDataLoss ||
+                         resp.status().code() == absl::StatusCode::kNotFound;
+    if (!damaged || req.step() >= 0) return resp.status();
+    MarkDamaged(step_dir, resp.status());
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": "
+                     << resp.status().message() << "; falling back to an older step";
   }
-  const std::string step_dir = JoinPath(job_dir, format::StepDirName(choice.step));
+}
+
+absl::StatusOr<v1::RestoreResponse> Registry::RestoreStep(Job& job, RankSession& session,
+                                                          const v1::RestoreRequest& req,
+                                                          const std::string& step_dir,
+                                                          int64_t step) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
-  if (record.world_size != job->options().world_size) {
+  if (record.world_size != job.options().world_size) {
     return absl::FailedPreconditionError(absl::StrCat(
-        format::StepDirName(choice.step), " was written by ", record.world_size,
-        " ranks; this job has ", job->options().world_size, " (resharding is not supported)"));
+        format::StepDirName(step), " was written by ", record.world_size,
+        " ranks; this job has ", job.options().world_size, " (resharding is not supported)"));
   }
   const std::string shm_name =
       absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r", req.rank(), ".restore.g",
                    req.generation(), ".", next_restore_seq_.fetch_add(1));
-  job->BeginRestore(req.rank(), choice.step);
+  job.BeginRestore(req.rank(), step);
   const absl::Time read_start = absl::Now();
-  auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session->registered(), shm_name,
-                                  config_.max_slot_bytes);
+  auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session.registered(), shm_name,
+                                  config_.max_slot_bytes, session.options().segment_owner);
   metrics_.restore_seconds().ObserveDuration(absl::Now() - read_start);
   if (!buffer.ok()) {
     metrics_.errors(metrics::ErrorKind::kRestore).Increment();
-    job->EndRestore(req.rank(), choice.step);
-    return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(choice.step)));
+    job.EndRestore(req.rank(), step);
+    return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(step)));
   }
-  if (absl::Status st = session->RestoreEma(step_dir, record.world_size, choice.step); !st.ok()) {
+  if (absl::Status st = session.RestoreEma(step_dir, record.world_size, step); !st.ok()) {
     metrics_.errors(metrics::ErrorKind::kRestore).Increment();
-    job->EndRestore(req.rank(), choice.step);
-    return Annotate(st, absl::StrCat("restore of the EMA from ", format::StepDirName(choice.step)));
+    job.EndRestore(req.rank(), step);
+    return Annotate(st, absl::StrCat("restore of the EMA from ", format::StepDirName(step)));
   }
   v1::RestoreResponse resp;
-  resp.set_step(choice.step);
-  for (const std::string& why : choice.rejected) resp.add_skipped_steps(why);
+  resp.set_step(step);
   resp.set_shm_name(shm_name);
   resp.set_segment_bytes(buffer->segment.size());
   resp.set_data_offset(buffer->data_offset);
-  const auto& registered = session->registered();
+  const auto& registered = session.registered();
   for (size_t i = 0; i < registered.size(); ++i) {
     v1::TensorPlacement* p = resp.add_placements();
     p->set_name(registered[i].name);
@@ -442,9 +476,9 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
     p->set_nbytes(registered[i].nbytes);
     p->set_staged(true);
   }
-  resp.set_restore_id(session->AddRestoreBuffer(std::move(buffer->segment), choice.step));
+  resp.set_restore_id(session.AddRestoreBuffer(std::move(buffer->segment), step));
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
-                << format::StepDirName(choice.step) << " into " << shm_name;
+                << format::StepDirName(step) << " into " << shm_name;
   return resp;
 }
 

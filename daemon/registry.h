@@ -32,6 +32,7 @@ namespace zcc::daemon {
 // Who is calling: the connection's SO_PEERCRED, as the kernel reported it.
 struct Caller {
   uid_t uid = 0;
+  gid_t gid = 0;
   pid_t pid = 0;
 };
 
@@ -89,6 +90,14 @@ class Registry {
   // VerifyStep with a cache keyed by directory and commit hash, so that N ranks
   // restoring the same step verify it once.
   absl::Status VerifyCached(const std::string& step_dir);
+  // Records that `step_dir` failed while being read (`why`), whatever an
+  // earlier verification found, so the next choice skips it.
+  void MarkDamaged(const std::string& step_dir, const absl::Status& why);
+  // Reads committed step `step` (already chosen) for the session's rank into
+  // a new restore buffer and restores the rank's EMA from it.
+  absl::StatusOr<v1::RestoreResponse> RestoreStep(Job& job, RankSession& session,
+                                                  const v1::RestoreRequest& req,
+                                                  const std::string& step_dir, int64_t step);
   void HousekeepingLoop();
   // At start, for every job directory under the roots: removes partial steps
   // older than the commit timeout, and writes a missing `latest` left by a

@@ -16,7 +16,7 @@ namespace zcc::daemon {
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
-                                                uint64_t max_bytes) {
+                                                uint64_t max_bytes, uid_t owner) {
   // Which rank's shards hold each tensor.
   std::map<std::string, uint32_t> source;
   for (uint32_t r = 0; r < world_size; ++r) {
@@ -33,7 +33,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
   for (const RegisteredTensor& t : registered) inputs.push_back({t.name, t.nbytes, t.group});
   ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, max_bytes));
   ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
-                       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes)));
+                       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes), owner));
   RestoreBuffer buffer{std::move(segment), shm::ControlBlockBytes(), {}};
   uint8_t* base = buffer.segment.base() + buffer.data_offset;
 

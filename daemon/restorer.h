@@ -7,6 +7,8 @@
 #ifndef ZCC_DAEMON_RESTORER_H_
 #define ZCC_DAEMON_RESTORER_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,14 +25,15 @@ struct RestoreBuffer {
   std::vector<uint64_t> offsets;      // per registered tensor, from data_offset
 };
 
-// Creates segment `shm_name` (mode 0600), sized for all of `registered`, and
+// Creates segment `shm_name` (mode 0600, owned by `owner`: see
+// RankSessionOptions::segment_owner), sized for all of `registered`, and
 // fills it from `step_dir` (a verified committed step of `world_size` ranks),
 // checking each tensor's checksum. FailedPrecondition names a tensor that the
 // checkpoint lacks or holds with another dtype or shape.
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
-                                                uint64_t max_bytes);
+                                                uint64_t max_bytes, uid_t owner);
 
 }  // namespace zcc::daemon
 

@@ -38,7 +38,7 @@ absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* ctx, const PeerTable*
   if (!creds.has_value()) {
     return absl::PermissionDeniedError(absl::StrCat("unknown peer ", ctx->peer()));
   }
-  return Caller{creds->uid, creds->pid};
+  return Caller{creds->uid, creds->gid, creds->pid};
 }
 
 #define ZCC_CALLER_OR_DENY(ctx)                                        \
@@ -47,7 +47,7 @@ absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* ctx, const PeerTable*
   const Caller& caller = *caller_or
 
 #define ZCC_STATUS_CALLER(ctx)                                                         \
-  auto caller_or = peers_ == nullptr ? absl::StatusOr<Caller>(Caller{0, 0}) : CallerOf(ctx, peers_); \
+  auto caller_or = peers_ == nullptr ? absl::StatusOr<Caller>(Caller{}) : CallerOf(ctx, peers_); \
   if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());                        \
   const Caller& caller = *caller_or
 

@@ -24,6 +24,8 @@ void InitControlBlock(ControlBlock* cb, uint32_t num_slots, uint64_t slot_bytes,
   cb->snapshots_published.store(0);
   cb->snapshots_skipped.store(0);
   cb->next_seq.store(0);
+  cb->persist_failures.store(0);
+  cb->last_failed_step.store(-1);
   for (SlotHeader& s : cb->slots) {
     s.state.store(static_cast<uint32_t>(SlotState::kFree));
     s.kind.store(0);

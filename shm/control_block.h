@@ -24,7 +24,7 @@
 namespace zcc::shm {
 
 inline constexpr uint64_t kMagic = 0x316d68735f63637aULL;  // "zcc_shm1" little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr uint32_t kMaxSlots = 8;
 inline constexpr uint32_t kMinSlots = 2;
 inline constexpr uint64_t kPageBytes = 4096;
@@ -73,6 +73,11 @@ struct alignas(64) ControlBlock {
   std::atomic<uint64_t> snapshots_published;  // counted by the client
   std::atomic<uint64_t> snapshots_skipped;    // counted by the client (no free slot)
   std::atomic<uint64_t> next_seq;             // client's publication counter
+  // Daemon -> client: checkpoint writes of this rank that failed, and the
+  // step of the newest failure (-1: none), so the trainer hears of a failing
+  // checkpoint without asking (Client::Stats, and an error in its log).
+  std::atomic<uint64_t> persist_failures;
+  std::atomic<int64_t> last_failed_step;
 
   SlotHeader slots[kMaxSlots];
 };

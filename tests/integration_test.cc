@@ -317,6 +317,34 @@ v1::RegisterRequest GoodRequest(const std::string& job) {
   return req;
 }
 
+TEST_CASE("a checkpoint that cannot be written shows in the trainer's stats and zccctl status") {
+  const std::string dir = ShortTempDir("it-fail");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  // A plain file where step 5's partial directory must go: that write fails,
+  // step 10's succeeds.
+  REQUIRE(MakeDirs(JobDir(daemon)).ok());
+  REQUIRE(std::ofstream(JobDir(daemon) + "/step-00000005.partial").good());
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=10", "--await_checkpoint_failure", "--linger_ms=5000"});
+  REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
+  INFO(t->Output() << daemon.Log());
+  auto values = t->Values();
+  CHECK(values["checkpoint_failures"] == "1");
+  CHECK(values["last_failed_step"] == "5");
+  CHECK(values["committed"] == "10");
+  CHECK(absl::StrContains(t->Output(), "could not write the checkpoint of step 5"));
+  CHECK(absl::StrContains(t->Output(), "step-00000005.partial"));  // zccd's reason
+
+  auto [code, out] = Zccctl(dir, daemon, {"status"});
+  CHECK(code == 0);
+  CHECK(absl::StrContains(out, "CHECKPOINTS FAILING: rank 0, 1 failed write(s)"));
+  std::tie(code, out) = Zccctl(dir, daemon, {"--json", "status"});
+  CHECK(nlohmann::json::parse(out)["jobs"][0]["ranks"][0]["persist_failures"] == "1");
+  CHECK(t->Wait(absl::Seconds(30)) == 0);
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
   const std::string dir = ShortTempDir("it-bad");
   Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});
@@ -347,6 +375,11 @@ TEST_CASE("bad requests get clear errors and committed checkpoints stay intact")
       {"zero world", [](auto& r) { r.set_world_size(0); }, grpc::INVALID_ARGUMENT, "world_size"},
       {"one slot", [](auto& r) { r.set_num_slots(1); }, grpc::INVALID_ARGUMENT, "num_slots"},
       {"empty name", [](auto& r) { r.mutable_tensors(0)->set_name(""); }, grpc::INVALID_ARGUMENT, "empty"},
+      {"metadata key as a name", [](auto& r) { r.mutable_tensors(0)->set_name("__metadata__"); },
+       grpc::INVALID_ARGUMENT, "reserved"},
+      {"job id latest", [](auto& r) { r.set_job_id("latest"); }, grpc::INVALID_ARGUMENT, "reserved"},
+      {"job id step-N", [](auto& r) { r.set_job_id("step-00000010"); }, grpc::INVALID_ARGUMENT,
+       "reserved"},
       {"NUL in name", [](auto& r) { r.mutable_tensors(0)->set_name(std::string("w\0x", 3)); },
        grpc::INVALID_ARGUMENT, "forbidden byte"},
       {"control char", [](auto& r) { r.mutable_tensors(0)->set_name("w\x01x"); }, grpc::INVALID_ARGUMENT,

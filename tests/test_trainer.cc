@@ -45,6 +45,8 @@ ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
 ABSL_FLAG(bool, persist_on_failure, false, "ask zccd to persist the newest snapshot if this process dies");
 ABSL_FLAG(bool, check_ema, false, "train: read zccd's live EMA after the last step and compare it "
                                    "with the reference EMA (needs --ema_decay)");
+ABSL_FLAG(bool, await_checkpoint_failure, false,
+          "train: wait (30 s at most) until the client reports a failed checkpoint write");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
 
 namespace {
@@ -194,7 +196,15 @@ int main(int argc, char** argv) {
     }
     std::printf("ema_step=%" PRId64 " ema_mismatches=%d\n", ema_step, bad);
   }
+  if (absl::GetFlag(FLAGS_await_checkpoint_failure)) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while ((*client)->Stats().checkpoint_failures == 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
   const zcc::ClientStats s = (*client)->Stats();
+  std::printf("checkpoint_failures=%" PRIu64 " last_failed_step=%" PRId64 " last_error=%s\n",
+              s.checkpoint_failures, s.last_failed_checkpoint_step, s.last_error.c_str());
   std::printf("published=%" PRIu64 " skipped_no_slot=%" PRIu64 " skipped_disconnected=%" PRIu64
               " registrations=%" PRIu64 " connected=%d\n",
               s.snapshots_published, s.skipped_no_slot, s.skipped_disconnected, s.registrations,

@@ -83,15 +83,25 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
       for (const auto& p : job.pending_commits()) std::printf(" %s", p.c_str());
       std::printf("\n");
     }
-    if (!job.last_error().empty()) std::printf("  last error: %s\n", job.last_error().c_str());
-    std::printf("  %-5s %-8s %-6s %-10s %-10s %-10s %-9s %-8s %-6s %s\n", "rank", "pid", "alive",
-                "snapshot", "ema", "persisted", "ingested", "skipped", "slots", "error");
+    // Failing checkpoints come first and in capitals: a job that trains on
+    // while none of its checkpoints land must not look healthy at a glance.
     for (const auto& r : job.ranks()) {
-      std::printf("  %-5u %-8d %-6s %-10s %-10s %-10s %-9llu %-8llu %-6u %s\n", r.rank(), r.pid(),
-                  r.client_alive() ? "yes" : "no", Step(r.last_snapshot_step()).c_str(),
+      if (r.persist_failures() == 0) continue;
+      std::printf("  CHECKPOINTS FAILING: rank %u, %llu failed write(s)%s%s\n", r.rank(),
+                  static_cast<unsigned long long>(r.persist_failures()),
+                  r.last_error().empty() ? "" : "; last: ", r.last_error().c_str());
+    }
+    if (!job.last_error().empty()) std::printf("  last error: %s\n", job.last_error().c_str());
+    std::printf("  %-5s %-8s %-6s %-10s %-10s %-10s %-9s %-8s %-7s %-6s %s\n", "rank", "pid",
+                "alive", "snapshot", "ema", "persisted", "ingested", "skipped", "failed", "slots",
+                "error");
+    for (const auto& r : job.ranks()) {
+      std::printf("  %-5u %-8d %-6s %-10s %-10s %-10s %-9llu %-8llu %-7llu %-6u %s\n", r.rank(),
+                  r.pid(), r.client_alive() ? "yes" : "no", Step(r.last_snapshot_step()).c_str(),
                   Step(r.last_ema_step()).c_str(), Step(r.last_persisted_step()).c_str(),
                   static_cast<unsigned long long>(r.snapshots_ingested()),
-                  static_cast<unsigned long long>(r.snapshots_skipped()), r.slots_in_use(),
+                  static_cast<unsigned long long>(r.snapshots_skipped()),
+                  static_cast<unsigned long long>(r.persist_failures()), r.slots_in_use(),
                   r.last_error().c_str());
     }
   }
