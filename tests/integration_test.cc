@@ -345,6 +345,37 @@ TEST_CASE("a checkpoint that cannot be written shows in the trainer's stats and 
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a step damaged after zccd verified it falls back to the next older step") {
+  const std::string dir = ShortTempDir("it-dmg");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train", {"--steps=15"});
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  // The first restore verifies step 15 (and zccd remembers that it did).
+  auto first = StartTrainer(daemon, dir, "restore1", {"--mode=restore", "--expect_step=15"});
+  REQUIRE(first->Wait(absl::Seconds(60)) == 0);
+  // Then one byte of a tensor in step 15 changes on disk.
+  const std::string shard = JobDir(daemon) + "/step-00000015/model-r00000.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    f.seekg(-1, std::ios::end);
+    const char c = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.put(c);
+  }
+  auto second = StartTrainer(daemon, dir, "restore2", {"--mode=restore", "--expect_step=10"});
+  CHECK(second->Wait(absl::Seconds(60)) == 0);
+  INFO(second->Output() << daemon.Log());
+  CHECK(second->Values()["restored_step"] == "10");
+  CHECK(second->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(daemon.Log(), "falling back to an older step"));
+  // And it stays rejected: the next restore does not try step 15 again.
+  auto third = StartTrainer(daemon, dir, "restore3", {"--mode=restore", "--expect_step=10"});
+  CHECK(third->Wait(absl::Seconds(60)) == 0);
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
   const std::string dir = ShortTempDir("it-bad");
   Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});
