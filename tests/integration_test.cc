@@ -214,6 +214,34 @@ TEST_CASE("the trainer survives zccd being killed and re-registers with a new on
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
 }
 
+TEST_CASE("the demo trainer reports a zccd restart and finishes with a verified restore") {
+  const std::string dir = ShortTempDir("it-demo");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  Subprocess demo({Runfile("tools/demo_trainer"), "--socket=" + daemon.socket(),
+                   "--root=" + daemon.root(), "--steps=200", "--save_every=5", "--step_ms=50",
+                   "--size_mb=8", "--tensors=18"},
+                  dir + "/demo.log");
+  // Killed mid-run: the demo goes on and registers with the new zccd.
+  REQUIRE(demo.WaitForOutput("committed step 5", absl::Seconds(60)));
+  daemon.Kill();
+  REQUIRE(demo.WaitForOutput("daemon unavailable", absl::Seconds(30)));
+  REQUIRE(daemon.Start());
+  // Killed again as training ends: the final wait for the last commit sees
+  // no zccd, says so and waits for the next one.
+  REQUIRE(demo.WaitForOutput("step 195 ", absl::Seconds(60)));
+  daemon.Kill();
+  REQUIRE(demo.WaitForOutput("demo: zccd is not answering", absl::Seconds(30)));
+  REQUIRE(daemon.Start());
+  const auto code = demo.Wait(absl::Seconds(120));
+  INFO(demo.Output() << daemon.Log());
+  CHECK(code == 0);
+  CHECK(absl::StrContains(demo.Output(), "demo: zccd restarted; the client registered again"));
+  CHECK(absl::StrContains(demo.Output(), "zccd restarts survived: 2"));
+  CHECK(absl::StrContains(demo.Output(), "restore check: all 18 tensors bit-identical"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("zccctl status, list and verify against a live daemon") {
   const std::string dir = ShortTempDir("it-ctl");
   Daemon daemon(dir);

@@ -4,7 +4,10 @@
 // through the real client and a running zccd. It prints the trainer-side cost
 // of every snapshot and each checkpoint as zccd commits it, then restores the
 // newest checkpoint into fresh buffers with a second client and checks it bit
-// for bit against the state the trainer had at that step.
+// for bit against the state the trainer had at that step (recomputed: the
+// state is a pure function of the step). A zccd that is killed and restarted
+// during the run is reported and survived: the client re-registers, and the
+// check restores whatever step the job's newest checkpoint holds.
 //
 // Exit status: 0 when the restore matches, 1 on any mismatch or error.
 #include <algorithm>
@@ -174,6 +177,7 @@ int Die(const std::string& what, const absl::Status& st) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("demo_trainer: a synthetic training loop checkpointing with zcc");
   absl::ParseCommandLine(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines appear as they happen, also in a file
   const int steps = absl::GetFlag(FLAGS_steps);
   const int save_every = absl::GetFlag(FLAGS_save_every);
   if (steps < 1 || save_every < 1 || absl::GetFlag(FLAGS_size_mb) < 1) {
@@ -204,8 +208,13 @@ int main(int argc, char** argv) {
                                                   (*client)->Stats().last_error));
   }
 
-  std::vector<Tensor> expected;  // the state at the last checkpointed step
   std::vector<double> costs_us;
+  // The newest checkpoint step whose snapshot zccd took, and the client's
+  // registration count then (a later registration means a new zccd, which
+  // never saw that snapshot).
+  int64_t last_enqueued_save = -1;
+  uint64_t registrations_then = 0;
+  uint64_t registrations_seen = (*client)->Stats().registrations;
   int64_t reported = -1;
   const absl::Duration compute = absl::Milliseconds(absl::GetFlag(FLAGS_step_ms));
   std::printf("demo: %d steps, snapshot every step, checkpoint every %d\n", steps, save_every);
@@ -213,12 +222,21 @@ int main(int argc, char** argv) {
     absl::SleepFor(compute);  // forward/backward on the accelerator
     if (absl::Status st = (*client)->FenceBeforeUpdate(); !st.ok()) return Die("fence", st);
     OptimizerStep(model, step);
-    if (step == last_save) expected = model;
 
     const absl::Time t0 = absl::Now();
     const zcc::SnapshotResult result = (*client)->Snapshot(step);
     const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     costs_us.push_back(us);
+    const zcc::ClientStats now = (*client)->Stats();
+    if (now.registrations != registrations_seen) {
+      std::printf("demo: zccd restarted; the client registered again (registration %" PRIu64
+                  ")\n", now.registrations);
+      registrations_seen = now.registrations;
+    }
+    if (result == zcc::SnapshotResult::kEnqueued && step % save_every == 0) {
+      last_enqueued_save = step;
+      registrations_then = now.registrations;
+    }
 
     std::string line = absl::StrCat("step ", step, "  snapshot ", absl::StrFormat("%7.1f", us),
                                     " us");
@@ -241,17 +259,33 @@ int main(int argc, char** argv) {
   }
   if (absl::Status st = (*client)->Flush(); !st.ok()) return Die("flush", st);
 
-  // Wait for the last checkpoint to commit.
+  // Wait for the last checkpoint zccd took to commit. A zccd that is down or
+  // restarting is waited for; one restarted after it took the snapshot lost
+  // it, and the newest committed step is checked instead.
   const absl::Time deadline = absl::Now() + absl::Minutes(5);
   zcc::CheckpointStatus status;
+  bool said_unreachable = false;
   while (true) {
     auto s = (*client)->QueryCheckpointStatus();
-    if (!s.ok()) return Die("status", s.status());
-    status = *s;
-    if (status.last_committed_step >= last_save) break;
+    if (s.ok()) {
+      status = *s;
+      if (status.last_committed_step >= last_enqueued_save) break;
+      if ((*client)->Stats().registrations != registrations_then) {
+        std::printf("demo: step %" PRId64 " was never written: zccd restarted after taking its "
+                    "snapshot (the newest committed step is %" PRId64 ")\n",
+                    last_enqueued_save, status.last_committed_step);
+        break;
+      }
+    } else if (!said_unreachable) {
+      std::printf("demo: zccd is not answering (%s); waiting for it\n",
+                  std::string(s.status().message()).c_str());
+      said_unreachable = true;
+    }
     if (absl::Now() > deadline) {
-      return Die("wait for commit", absl::DeadlineExceededError(absl::StrCat(
-                                        "step ", last_save, " not committed: ", status.last_error)));
+      return Die("wait for commit",
+                 absl::DeadlineExceededError(absl::StrCat(
+                     "step ", last_enqueued_save, " not committed: ",
+                     s.ok() ? status.last_error : std::string(s.status().message()))));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -267,6 +301,15 @@ int main(int argc, char** argv) {
   std::printf("snapshots: %" PRIu64 " published, %" PRIu64 " skipped (no free slot), %" PRIu64
               " skipped (daemon unavailable)\n",
               stats.snapshots_published, stats.skipped_no_slot, stats.skipped_disconnected);
+  if (stats.registrations > 1) {
+    std::printf("zccd restarts survived: %" PRIu64 " (the client registered %" PRIu64
+                " times)\n",
+                stats.registrations - 1, stats.registrations);
+  }
+  if (stats.checkpoint_failures > 0) {
+    std::printf("checkpoint writes that failed: %" PRIu64 " (newest: step %" PRId64 ")\n",
+                stats.checkpoint_failures, stats.last_failed_checkpoint_step);
+  }
   std::printf("last checkpoint: step %" PRId64 ", %.2f GB at %.2f GB/s\n",
               status.last_committed_step, status.last_checkpoint_bytes / 1e9,
               status.last_checkpoint_gbps);
@@ -287,11 +330,15 @@ int main(int argc, char** argv) {
   const double restore_s = absl::ToDoubleSeconds(absl::Now() - r0);
   std::printf("restored step %" PRId64 " in %.2f s (%.2f GB/s, checksums verified)\n", *restored,
               restore_s, total / restore_s / 1e9);
-  if (*restored != last_save) {
-    std::fprintf(stderr, "demo: restored step %" PRId64 ", expected %" PRId64 "\n", *restored,
-                 last_save);
+  if (*restored != status.last_committed_step) {
+    std::fprintf(stderr, "demo: restored step %" PRId64 ", but the newest commit is step %" PRId64
+                 "\n", *restored, status.last_committed_step);
     return 1;
   }
+  // The state the trainer had at that step.
+  std::vector<Tensor> expected =
+      BuildModel(uint64_t(absl::GetFlag(FLAGS_size_mb)) << 20, absl::GetFlag(FLAGS_tensors));
+  for (int64_t step = 1; step <= *restored; ++step) OptimizerStep(expected, step);
   size_t mismatches = 0;
   for (size_t i = 0; i < fresh.size(); ++i) {
     if (fresh[i].bytes != expected[i].bytes) {
@@ -304,6 +351,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("restore check: all %zu tensors bit-identical to the state at step %" PRId64 "\n",
-              fresh.size(), last_save);
+              fresh.size(), *restored);
   return 0;
 }
