@@ -13,6 +13,7 @@
 namespace zcc::daemon {
 
 Job::Job(JobOptions options) : options_(std::move(options)) {
+  ScopedFsIdentity as_owner(options_.owner);
   auto latest = checkpoint::ReadLatest(options_.job_dir);
   zcc::MutexLock lock(&mu_);
   if (latest.ok()) last_committed_step_ = *latest;
@@ -25,7 +26,7 @@ Job::~Job() {
 }
 
 absl::Status Job::Authorize(uid_t uid) const {
-  if (uid == 0 || uid == options_.owner_uid) return absl::OkStatus();
+  if (uid == 0 || uid == options_.owner.uid) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("job '", options_.job_id,
                                                   "' belongs to another user"));
 }
@@ -66,6 +67,7 @@ bool Job::idle() const {
 }
 
 void Job::OnPersisted(const PersistEvent& event) {
+  ScopedFsIdentity as_owner(options_.owner);  // commits and retention write the job's directory
   zcc::MutexLock lock(&mu_);
   metrics::ZccMetrics* m = options_.metrics;
   if (!event.status.ok()) {
@@ -177,11 +179,13 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetentionLocked() {
 }
 
 absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
+  ScopedFsIdentity as_owner(options_.owner);
   zcc::MutexLock lock(&mu_);
   return ApplyRetentionLocked();
 }
 
 void Job::Tick() {
+  ScopedFsIdentity as_owner(options_.owner);
   zcc::MutexLock lock(&mu_);
   if (!committer_) {
     // Another daemon commits this job; follow its progress through `latest`.

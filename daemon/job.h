@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "checkpoint/retention.h"
+#include "common/fs_identity.h"
 #include "common/mutex.h"
 #include "daemon/rank_session.h"
 #include "metrics/metrics.h"
@@ -32,7 +33,9 @@ struct JobOptions {
   std::string job_dir;
   checkpoint::RetentionPolicy retention;
   absl::Duration commit_timeout = absl::Minutes(10);
-  uid_t owner_uid = 0;  // the uid that registered the job
+  // The uid (and primary gid) that registered the job: its checkpoints are
+  // written, committed and removed with that identity (job_directory.h).
+  FsOwner owner;
   metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the job
 };
 

@@ -218,6 +218,7 @@ void RankSession::WriterLoop() {
 }
 
 PersistEvent RankSession::Write(const WriteJob& job) {
+  ScopedFsIdentity as_owner(options_.fs_owner);
   PersistEvent event;
   event.rank = shards_.rank;
   event.step = job.slot.step;

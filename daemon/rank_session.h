@@ -33,6 +33,7 @@
 #include "checkpoint/io_options.h"
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
+#include "common/fs_identity.h"
 #include "common/mutex.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
@@ -71,6 +72,8 @@ struct RankSessionOptions {
   // buffers): the trainer's uid when zccd runs as root, -1 (zccd's own)
   // otherwise.
   uid_t segment_owner = static_cast<uid_t>(-1);
+  // The job's owner, whose file-system identity writes the shards.
+  FsOwner fs_owner;
   // How shards are written (tests pass a slow or faulty storage).
   checkpoint::IoOptions io;
 };

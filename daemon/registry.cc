@@ -1,5 +1,6 @@
 #include "daemon/registry.h"
 
+#include "daemon/job_directory.h"
 #include "daemon/registration.h"
 #include "daemon/restorer.h"
 
@@ -18,6 +19,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "common/file_util.h"
+#include "common/fs_identity.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -53,7 +55,8 @@ absl::Status Registry::Start() {
                      << " stale staging segment(s) left by a previous zccd instance";
   }
   ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(config_.default_root), "default checkpoint root"));
-  RecoverJobDirectories();
+  ZCC_RETURN_IF_ERROR(ScopedFsIdentity::Probe());
+  RecoverJobDirectories(config_);
   housekeeper_ = std::thread([this] { HousekeepingLoop(); });
   return absl::OkStatus();
 }
@@ -78,40 +81,20 @@ void Registry::Shutdown() {
 
 absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested_root,
                                                     const std::string& job_id,
-                                                    bool create) const {
-  ZCC_RETURN_IF_ERROR(ValidateJobId(job_id));
-  const std::string root = requested_root.empty() ? config_.default_root : requested_root;
-  if (root[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint root '", root,
-                                                   "' must be an absolute path"));
-  }
-  auto canonical_root = CanonicalPath(root);
-  if (!canonical_root.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint root ", root, " is not usable: ", canonical_root.status().message()));
-  }
-  bool allowed = false;
-  for (const std::string& allowed_root : config_.allowed_roots) {
-    auto under = IsUnderRoot(*canonical_root, allowed_root);
-    if (under.ok() && *under) allowed = true;
-  }
-  if (!allowed) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "checkpoint root ", root, " is not under an allowed root (",
-        absl::StrJoin(config_.allowed_roots, ", "), "); start zccd with --allowed_roots"));
-  }
-  const std::string job_dir = JoinPath(*canonical_root, job_id);
-  if (create) {
-    ZCC_RETURN_IF_ERROR(MakeDirs(job_dir));
-  } else if (!PathExists(job_dir)) {
-    return absl::NotFoundError(absl::StrCat("no checkpoints for job '", job_id, "' under ", root));
-  }
-  // A job directory planted as a symlink out of the root is refused.
-  auto inside = IsUnderRoot(job_dir, *canonical_root);
-  if (!inside.ok() || !*inside) {
-    return absl::PermissionDeniedError(absl::StrCat(job_dir, " resolves outside ", root));
-  }
-  return job_dir;
+                                                    const Caller& caller, bool create) const {
+  JobDirRequest request;
+  request.root = requested_root;
+  request.job_id = job_id;
+  request.owner = {caller.uid, caller.gid};
+  request.create = create;
+  request.is_registered_job_dir = [this](const std::string& dir) {
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (job->options().job_dir == dir) return true;
+    }
+    return false;
+  };
+  return daemon::ResolveJobDir(config_, request);
 }
 
 uint64_t Registry::StagingBytesLocked() const {
@@ -150,20 +133,10 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   ZCC_RETURN_IF_ERROR(AssignStaged(req, &registered));
   ZCC_ASSIGN_OR_RETURN(checkpoint::RankShards shards,
                        ShardsFor(req, &registered, manifest_hash, config_));
-  auto existing_dir = ResolveJobDir(req.checkpoint_root(), req.job_id(), false);
-  const bool created = existing_dir.status().code() == absl::StatusCode::kNotFound;
-  if (!existing_dir.ok() && !created) return existing_dir.status();
-  ZCC_ASSIGN_OR_RETURN(std::string job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), true));
-  if (created) {
-    // A new job directory belongs to the job's user, and only to them.
-    if ((self == 0 && caller.uid != 0 &&
-         ::chown(job_dir.c_str(), caller.uid, static_cast<gid_t>(-1)) != 0) ||
-        ::chmod(job_dir.c_str(), 0750) != 0) {
-      return zcc::ErrnoToStatus(errno, absl::StrCat("hand ", job_dir, " to uid ", caller.uid));
-    }
-  }
-  // Checkpoints of this job id under this root belong to whoever made them.
-  ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
+  // The job's directory, made for the caller if new; checkpoints of this job
+  // id under this root belong to whoever made them.
+  ZCC_ASSIGN_OR_RETURN(std::string job_dir,
+                       ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, true));
   // The EMA of the staged parameters the trainer marked eligible.
   std::unique_ptr<ema::EmaUpdater> ema;
   std::vector<size_t> ema_index;
@@ -230,7 +203,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       options.retention.keep_last = req.keep_last() > 0 ? req.keep_last() : config_.keep_last;
       options.retention.keep_every = config_.keep_every;
       options.commit_timeout = config_.commit_timeout;
-      options.owner_uid = caller.uid;
+      options.owner = {caller.uid, caller.gid};
       options.metrics = &metrics_;
       job = std::make_shared<Job>(std::move(options));
     } else if (absl::Status st = job->Authorize(caller.uid); !st.ok()) {
@@ -278,6 +251,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     options.metrics = &metrics_;
     options.ema_interval = req.ema_interval();
     options.segment_owner = segment_owner;
+    options.fs_owner = job->options().owner;
     Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
     auto session = std::make_shared<RankSession>(
         shards, registered, std::move(segment), options,
@@ -329,14 +303,6 @@ absl::StatusOr<std::shared_ptr<Job>> Registry::FindJob(const std::string& job_id
   }
   ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
   return job;
-}
-
-absl::Status Registry::AuthorizeDir(const std::string& job_dir, const Caller& caller) const {
-  if (caller.uid == 0) return absl::OkStatus();
-  struct stat st;
-  if (::stat(job_dir.c_str(), &st) != 0) return zcc::ErrnoToStatus(errno, job_dir);
-  if (st.st_uid == caller.uid) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(job_dir, " belongs to another user"));
 }
 
 absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> Registry::FindSession(
@@ -405,6 +371,9 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->CheckRestoreBufferRoom());
   const std::string& job_dir = job->options().job_dir;
+  // Read with the job owner's identity: nothing planted in the directory can
+  // make zccd read what that user could not.
+  ScopedFsIdentity as_owner(job->options().owner);
   std::vector<std::string> skipped;
   // A step found damaged while it is read (after an earlier verification was
   // cached, or damaged since) is marked bad and the choice made again, so a
@@ -525,8 +494,8 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
     job_dir = job->options().job_dir;
     ZCC_ASSIGN_OR_RETURN(result, job->CollectGarbage());
   } else {
-    ZCC_ASSIGN_OR_RETURN(job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), false));
-    ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
+    ZCC_ASSIGN_OR_RETURN(job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, false));
+    ScopedFsIdentity as_owner(DirOwner(job_dir));
     checkpoint::RetentionPolicy policy;
     policy.keep_last = config_.keep_last;
     policy.keep_every = config_.keep_every;
@@ -564,8 +533,9 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
 
 absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
     const v1::ListCheckpointsRequest& req, const Caller& caller) const {
-  ZCC_ASSIGN_OR_RETURN(std::string job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), false));
-  ZCC_RETURN_IF_ERROR(AuthorizeDir(job_dir, caller));
+  ZCC_ASSIGN_OR_RETURN(std::string job_dir,
+                       ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, false));
+  ScopedFsIdentity as_owner(DirOwner(job_dir));
   {
     zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job_id());
@@ -590,44 +560,6 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
     }
   }
   return resp;
-}
-
-void Registry::RecoverJobDirectories() {
-  // Partial steps older than the commit timeout were abandoned by a previous
-  // instance (or a crashed node); younger ones may be another daemon's work in
-  // progress in a shared root and are left alone. Committed steps are not
-  // touched here (no retention without the job's policy).
-  checkpoint::RetentionPolicy keep_all;
-  keep_all.keep_last = std::numeric_limits<uint32_t>::max();
-  size_t removed = 0;
-  std::set<std::string> roots(config_.allowed_roots.begin(), config_.allowed_roots.end());
-  roots.insert(config_.default_root);
-  for (const std::string& root : roots) {
-    auto jobs = ListDir(root);
-    if (!jobs.ok()) continue;
-    for (const std::string& job : *jobs) {
-      if (!ValidateJobId(job).ok()) continue;
-      const std::string job_dir = JoinPath(root, job);
-      auto result = checkpoint::ApplyRetention(job_dir, keep_all, {}, config_.commit_timeout);
-      if (!result.ok()) continue;  // not a job directory, or unreadable
-      for (const std::string& name : result->removed_partials) {
-        ZCC_LOG(WARNING) << "removed abandoned partial checkpoint " << JoinPath(job_dir, name);
-        ++removed;
-      }
-      auto repaired = checkpoint::RepairLatest(job_dir);
-      if (!repaired.ok()) {
-        ZCC_LOG(WARNING) << "cannot repair " << JoinPath(job_dir, format::kLatestFileName) << ": "
-                         << repaired.status();
-      } else if (repaired->has_value()) {
-        ZCC_LOG(WARNING) << "pointed " << JoinPath(job_dir, format::kLatestFileName) << " at "
-                         << format::StepDirName(**repaired)
-                         << " (a commit was cut short before writing it)";
-      }
-    }
-  }
-  if (removed > 0) {
-    ZCC_LOG(WARNING) << "removed " << removed << " abandoned partial checkpoint(s) at start";
-  }
 }
 
 bool Registry::Healthy() const {

@@ -77,16 +77,16 @@ class Registry {
   bool Healthy() const;
 
  private:
-  // <root>/<job_id> after checking the root against the allowed roots.
+  // <root>/<job_id> for `caller` (daemon::ResolveJobDir, knowing the
+  // registered jobs' directories).
   absl::StatusOr<std::string> ResolveJobDir(const std::string& requested_root,
-                                            const std::string& job_id, bool create) const;
+                                            const std::string& job_id, const Caller& caller,
+                                            bool create) const;
   absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> FindSession(
       const std::string& job_id, uint32_t rank, uint64_t generation, const Caller& caller) const;
   // The registered job, if `caller` may act on it.
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id,
                                                const Caller& caller) const;
-  // OK when `caller` may act on checkpoints in `job_dir` (owner or root).
-  absl::Status AuthorizeDir(const std::string& job_dir, const Caller& caller) const;
   // VerifyStep with a cache keyed by directory and commit hash, so that N ranks
   // restoring the same step verify it once.
   absl::Status VerifyCached(const std::string& step_dir);
@@ -99,10 +99,6 @@ class Registry {
                                                   const v1::RestoreRequest& req,
                                                   const std::string& step_dir, int64_t step);
   void HousekeepingLoop();
-  // At start, for every job directory under the roots: removes partial steps
-  // older than the commit timeout, and writes a missing `latest` left by a
-  // crash inside a job's first commit (checkpoint::RepairLatest).
-  void RecoverJobDirectories();
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;
