@@ -68,67 +68,80 @@ bool Job::idle() const {
 
 void Job::OnPersisted(const PersistEvent& event) {
   ScopedFsIdentity as_owner(options_.owner);  // commits and retention write the job's directory
-  zcc::MutexLock lock(&mu_);
-  metrics::ZccMetrics* m = options_.metrics;
-  if (!event.status.ok()) {
-    if (m != nullptr) m->errors(metrics::ErrorKind::kWrite).Increment();
-    SetError(absl::StrCat("rank ", event.rank, " could not write step ", event.step, ": ",
-                          event.status.message()));
-    return;
+  {
+    zcc::MutexLock lock(&mu_);
+    metrics::ZccMetrics* m = options_.metrics;
+    if (!event.status.ok()) {
+      if (m != nullptr) m->errors(metrics::ErrorKind::kWrite).Increment();
+      SetError(absl::StrCat("rank ", event.rank, " could not write step ", event.step, ": ",
+                            event.status.message()));
+      return;
+    }
+    if (m != nullptr) {
+      m->bytes_written().Increment(event.stats.bytes);
+      m->checkpoint_seconds().Observe(event.stats.seconds);
+    }
+    ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
+                   << event.step << ": " << event.stats.bytes << " bytes";
+    if (!committer_) {
+      // Another daemon commits; this one only reports what it wrote.
+      last_checkpoint_ = event.stats;
+      return;
+    }
+    // A rank whose persist report arrives after another rank's report already
+    // committed the step has nothing left to do.
+    if (recently_committed_.count(event.step) > 0) return;
+    const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
+    auto [it, inserted] = write_start_.emplace(event.step, started);
+    if (!inserted && started < it->second) it->second = started;
+    pending_.emplace(event.step, absl::Now());
   }
-  if (m != nullptr) {
-    m->bytes_written().Increment(event.stats.bytes);
-    m->checkpoint_seconds().Observe(event.stats.seconds);
-  }
-  ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
-                 << event.step << ": " << event.stats.bytes << " bytes";
-  if (!committer_) {
-    // Another daemon commits; this one only reports what it wrote.
-    last_checkpoint_ = event.stats;
-    return;
-  }
-  // A rank whose persist report arrives after another rank's report already
-  // committed the step has nothing left to do.
-  if (recently_committed_.count(event.step) > 0) return;
-  const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
-  auto [it, inserted] = write_start_.emplace(event.step, started);
-  if (!inserted && started < it->second) it->second = started;
-  pending_.emplace(event.step, absl::Now());
-  CommitPendingLocked(event.step);
+  zcc::MutexLock commit_lock(&commit_mu_);
+  CommitPending(event.step);
 }
 
-void Job::CommitPendingLocked(int64_t up_to) {
+void Job::CommitPending(int64_t up_to) {
   std::vector<int64_t> steps;
-  for (const auto& [step, since] : pending_) {
-    if (step <= up_to) steps.push_back(step);
+  {
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [step, since] : pending_) {
+      if (step <= up_to) steps.push_back(step);
+    }
   }
   for (size_t i = 0; i < steps.size(); ++i) {
-    if (!TryCommitLocked(steps[i])) continue;
+    if (!TryCommit(steps[i])) continue;
     for (size_t j = 0; j < i; ++j) {
-      if (pending_.count(steps[j]) > 0) {
-        DropPendingLocked(steps[j], absl::StrCat("superseded by the commit of step ", steps[i],
-                                                 " before every rank wrote it"));
-      }
+      DropPending(steps[j], absl::StrCat("superseded by the commit of step ", steps[i],
+                                         " before every rank wrote it"));
     }
   }
 }
 
-void Job::DropPendingLocked(int64_t step, const std::string& why) {
+void Job::DropPending(int64_t step, const std::string& why) {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (pending_.erase(step) == 0) return;
+    write_start_.erase(step);
+  }
   ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " " << why;
-  pending_.erase(step);
-  write_start_.erase(step);
   const absl::Status removed =
       RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
   if (!removed.ok()) ZCC_LOG(WARNING) << removed;
 }
 
-bool Job::TryCommitLocked(int64_t step) {
-  if (recently_committed_.count(step) > 0) {
-    pending_.erase(step);
-    return false;
+bool Job::TryCommit(int64_t step) {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (recently_committed_.count(step) > 0 || pending_.count(step) == 0) {
+      pending_.erase(step);
+      return false;
+    }
   }
+  // The commit's disk work runs without mu_: status, restores and other
+  // ranks' reports go on meanwhile (commit_mu_ keeps commits in order).
   const absl::Time commit_start = absl::Now();
   auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size);
+  zcc::ReleasableMutexLock lock(&mu_);
   if (!result.ok()) {
     if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kCommit).Increment();
     SetError(absl::StrCat("commit of step ", step, " failed: ", result.status().message()));
@@ -158,15 +171,24 @@ bool Job::TryCommitLocked(int64_t step) {
   ZCC_LOG(INFO) << absl::StrFormat(
       "checkpoint job=%s step=%d bytes=%d seconds=%.3f GB/s=%.2f commit_ms=%.1f", options_.job_id,
       step, written.bytes, written.seconds, gbps, absl::ToDoubleMilliseconds(commit_time));
+  lock.Release();
 
-  auto retained = ApplyRetentionLocked();
-  if (!retained.ok()) SetError(absl::StrCat("retention failed: ", retained.status().message()));
+  auto retained = ApplyRetention();
+  if (!retained.ok()) {
+    zcc::MutexLock relock(&mu_);
+    SetError(absl::StrCat("retention failed: ", retained.status().message()));
+  }
   return true;
 }
 
-absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetentionLocked() {
+absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
   std::set<int64_t> keep;
-  for (const auto& [rank, restoring] : restoring_) keep.insert(restoring);
+  {
+    // Steps being restored stay; BeginRestore waits for commit_mu_, so none
+    // is added while this runs.
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [rank, restoring] : restoring_) keep.insert(restoring);
+  }
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
                        checkpoint::ApplyRetention(options_.job_dir, options_.retention, keep,
                                                   options_.commit_timeout));
@@ -180,38 +202,51 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetentionLocked() {
 
 absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
   ScopedFsIdentity as_owner(options_.owner);
-  zcc::MutexLock lock(&mu_);
-  return ApplyRetentionLocked();
+  zcc::MutexLock commit_lock(&commit_mu_);
+  return ApplyRetention();
 }
 
 void Job::Tick() {
   ScopedFsIdentity as_owner(options_.owner);
-  zcc::MutexLock lock(&mu_);
-  if (!committer_) {
+  bool committer;
+  {
+    zcc::MutexLock lock(&mu_);
+    committer = committer_;
+  }
+  if (!committer) {
     // Another daemon commits this job; follow its progress through `latest`.
     auto latest = checkpoint::ReadLatest(options_.job_dir);
+    zcc::MutexLock lock(&mu_);
     if (latest.ok()) last_committed_step_ = *latest;
     return;
   }
-  if (pending_.empty()) return;
-  const absl::Time now = absl::Now();
+  zcc::MutexLock commit_lock(&commit_mu_);
   std::vector<int64_t> expired;
-  for (const auto& [step, since] : pending_) {
-    if (now - since > options_.commit_timeout) expired.push_back(step);
-  }
-  for (int64_t step : expired) {
-    if (options_.metrics != nullptr) {
-      options_.metrics->errors(metrics::ErrorKind::kCommitTimeout).Increment();
+  int64_t newest = -1;
+  {
+    zcc::MutexLock lock(&mu_);
+    if (pending_.empty()) return;
+    const absl::Time now = absl::Now();
+    for (const auto& [step, since] : pending_) {
+      if (now - since > options_.commit_timeout) expired.push_back(step);
     }
-    SetError(absl::StrCat("commit of step ", step, " timed out after ",
-                          absl::FormatDuration(options_.commit_timeout),
-                          " waiting for other ranks' manifests; it will be removed"));
-    DropPendingLocked(step, "abandoned: commit timed out");
+    for (int64_t step : expired) {
+      if (options_.metrics != nullptr) {
+        options_.metrics->errors(metrics::ErrorKind::kCommitTimeout).Increment();
+      }
+      SetError(absl::StrCat("commit of step ", step, " timed out after ",
+                            absl::FormatDuration(options_.commit_timeout),
+                            " waiting for other ranks' manifests; it will be removed"));
+    }
+    newest = pending_.rbegin()->first;
   }
-  if (!pending_.empty()) CommitPendingLocked(pending_.rbegin()->first);
+  for (int64_t step : expired) DropPending(step, "abandoned: commit timed out");
+  CommitPending(newest);
 }
 
 void Job::BeginRestore(uint32_t rank, int64_t step) {
+  // After any retention in progress (which might remove `step`), never during.
+  zcc::MutexLock commit_lock(&commit_mu_);
   zcc::MutexLock lock(&mu_);
   restoring_.insert({rank, step});
 }
@@ -228,7 +263,9 @@ void Job::SetError(std::string error) {
 }
 
 void Job::FillStatus(v1::JobStatus* out) const {
-  zcc::MutexLock lock(&mu_);
+  std::map<uint32_t, std::shared_ptr<RankSession>> ranks;
+  zcc::ReleasableMutexLock lock(&mu_);
+  ranks = ranks_;
   out->set_job_id(options_.job_id);
   out->set_world_size(options_.world_size);
   out->set_checkpoint_dir(options_.job_dir);
@@ -239,7 +276,8 @@ void Job::FillStatus(v1::JobStatus* out) const {
       last_checkpoint_.seconds > 0 ? last_checkpoint_.bytes / last_checkpoint_.seconds / 1e9 : 0);
   for (const auto& [step, since] : pending_) out->add_pending_commits(format::StepDirName(step));
   out->set_last_error(last_error_);
-  for (const auto& [rank, session] : ranks_) {
+  lock.Release();
+  for (const auto& [rank, session] : ranks) {
     const RankCounters c = session->counters();
     v1::RankStatus* r = out->add_ranks();
     r->set_rank(rank);

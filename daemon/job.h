@@ -77,16 +77,22 @@ class Job {
   // Tries the pending steps up to and including `up_to`, oldest first, so that
   // `latest` only moves forward. Once a step commits, older pending steps
   // that still miss a rank are superseded: dropped and their partials removed.
-  void CommitPendingLocked(int64_t up_to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitPending(int64_t up_to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // True when `step` committed.
-  bool TryCommitLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropPendingLocked(int64_t step, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TryCommit(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropPending(int64_t step, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void SetError(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<checkpoint::RetentionResult> ApplyRetentionLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<checkpoint::RetentionResult> ApplyRetention()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   const JobOptions options_;
 
+  // Held across a commit's and retention's disk work, so commits run one at a
+  // time and in order; never needed by status or rank bookkeeping.
+  zcc::Mutex commit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Guards the job's state; never held across disk I/O.
   mutable zcc::Mutex mu_;
   std::map<uint32_t, std::shared_ptr<RankSession>> ranks_ ABSL_GUARDED_BY(mu_);
   // Set once global rank 0 registers here: this daemon then commits the job's

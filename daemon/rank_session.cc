@@ -245,6 +245,7 @@ void RankSession::UpdateEma(const shm::ReadySlot& slot) {
   if (slot.step % interval != 0 || slot.step <= ema_->last_step()) return;
   const absl::Time start = absl::Now();
   auto result = ema_->Update(slot_data(slot.index), shards_.layout.slot_bytes, ema_offsets_, slot.step);
+  PublishEmaCounters();
   metrics::ZccMetrics* m = options_.metrics;
   if (!result.ok()) {
     if (m != nullptr) m->errors(metrics::ErrorKind::kEma).Increment();
@@ -312,8 +313,15 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
 
 absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world_size,
                                      int64_t step) {
-  zcc::MutexLock lock(&ema_mu_);
-  if (ema_ == nullptr) return absl::OkStatus();
+  // The EMA's tensors are fixed at registration; the disk is read without
+  // ema_mu_ (status, ingest and EMA reads go on), and the result installed
+  // under it.
+  std::vector<uint64_t> elements;
+  {
+    zcc::MutexLock lock(&ema_mu_);
+    if (ema_ == nullptr) return absl::OkStatus();
+    for (size_t i = 0; i < ema_->num_tensors(); ++i) elements.push_back(ema_->tensor(i).elements);
+  }
   // Which rank's shards hold each EMA tensor.
   std::map<std::string, uint32_t> source;
   for (uint32_t r = 0; r < world_size; ++r) {
@@ -324,9 +332,9 @@ absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world
       if (t.kind == "ema") source.emplace(t.name, r);
     }
   }
-  std::vector<std::vector<float>> data(ema_->num_tensors());
+  std::vector<std::vector<float>> data(elements.size());
   std::map<uint32_t, std::vector<checkpoint::ReadTarget>> by_rank;
-  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+  for (size_t i = 0; i < elements.size(); ++i) {
     const RegisteredTensor& t = registered_[ema_index_[i]];
     auto it = source.find(t.name);
     if (it == source.end()) {
@@ -335,7 +343,7 @@ absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world
                        << "'; the EMA starts afresh from the next snapshot";
       return absl::OkStatus();
     }
-    data[i].resize(ema_->tensor(i).elements);
+    data[i].resize(elements[i]);
     by_rank[it->second].push_back({t.name, "ema", format::DType::kF32, t.shape,
                                    reinterpret_cast<uint8_t*>(data[i].data()),
                                    data[i].size() * sizeof(float)});
@@ -344,7 +352,15 @@ absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world
     ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, rank, targets));
   }
   std::vector<absl::Span<const float>> spans(data.begin(), data.end());
-  return ema_->Load(spans, step);
+  zcc::MutexLock lock(&ema_mu_);
+  ZCC_RETURN_IF_ERROR(ema_->Load(spans, step));
+  PublishEmaCounters();
+  return absl::OkStatus();
+}
+
+void RankSession::PublishEmaCounters() {
+  ema_last_step_.store(ema_->last_step(), std::memory_order_relaxed);
+  ema_skipped_nonfinite_.store(ema_->counters().skipped_nonfinite, std::memory_order_relaxed);
 }
 
 void RankSession::SetError(std::string error) {
@@ -417,14 +433,11 @@ RankCounters RankSession::counters() const {
   c.snapshots_ingested = snapshots_ingested_.load();
   c.snapshots_skipped = cb->snapshots_skipped.load(std::memory_order_relaxed);
   c.persist_failures = persist_failures_.load();
-  {
-    zcc::MutexLock lock(&ema_mu_);
-    if (ema_ != nullptr) {
-      c.last_ema_step = ema_->last_step();
-      c.ema_skipped_nonfinite = ema_->counters().skipped_nonfinite;
-      c.ema_tensors = ema_->num_tensors();
-    }
-  }
+  // Published by the EMA's users: a status query never waits for an EMA
+  // update, copy or restore.
+  c.last_ema_step = ema_last_step_.load(std::memory_order_relaxed);
+  c.ema_skipped_nonfinite = ema_skipped_nonfinite_.load(std::memory_order_relaxed);
+  c.ema_tensors = ema_index_.size();
   for (uint32_t i = 0; i < options_.num_slots; ++i) {
     if (cb->slots[i].state.load(std::memory_order_relaxed) != S(SlotState::kFree)) ++c.slots_in_use;
   }

@@ -177,6 +177,8 @@ class RankSession {
   void FreeSlot(uint32_t index);
   void SetError(std::string error);
   void UpdateEma(const shm::ReadySlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ema_mu_);
+  // Copies the EMA's step and skip count into the atomics counters() reads.
+  void PublishEmaCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ema_mu_);
 
   // The writer stage. SubmitWrite waits until no write is queued or running,
   // copies the EMA into ema_copy_ and queues `slot` (kIngesting, held until
@@ -210,6 +212,8 @@ class RankSession {
   std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(ema_mu_);
   const std::vector<size_t> ema_index_;
   std::vector<uint64_t> ema_offsets_;  // slot offsets of the EMA tensors
+  std::atomic<int64_t> ema_last_step_{-1};
+  std::atomic<uint64_t> ema_skipped_nonfinite_{0};
 
   std::atomic<bool> save_requested_{false};
   std::atomic<bool> stopping_{false};

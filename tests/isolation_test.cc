@@ -6,14 +6,17 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/testing/temp_dir.h"
 #include "tests/process_harness.h"
 
@@ -21,6 +24,32 @@ namespace zcc::testing {
 namespace {
 
 constexpr int kOtherUid = 54321;
+constexpr int kThirdUid = 54322;
+
+// Every entry under `dir` (the directory included, symlinks not followed)
+// that does not belong to uid:gid, as "path uid:gid".
+std::vector<std::string> NotOwnedBy(const std::string& dir, uid_t uid, gid_t gid) {
+  std::vector<std::string> wrong;
+  std::vector<std::string> todo = {dir};
+  while (!todo.empty()) {
+    const std::string path = todo.back();
+    todo.pop_back();
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) continue;
+    if (st.st_uid != uid || st.st_gid != gid) {
+      wrong.push_back(absl::StrCat(path, " ", st.st_uid, ":", st.st_gid));
+    }
+    if (!S_ISDIR(st.st_mode)) continue;
+    if (DIR* d = opendir(path.c_str())) {
+      while (struct dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") todo.push_back(path + "/" + name);
+      }
+      closedir(d);
+    }
+  }
+  return wrong;
+}
 
 // Copies a built binary where another uid can run it (the runfiles live under
 // root's home).
@@ -123,6 +152,122 @@ TEST_CASE("another user cannot register into, attach to, query, save, list or co
   CHECK(absl::StrContains(out, "beta"));
   CHECK(beta->Wait(absl::Seconds(30)) == 0);
   alpha->Signal(SIGKILL);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("another user cannot place a job inside a user's job directory, by path or symlink") {
+  if (geteuid() != 0) {
+    WARN("skipped: the isolation test needs root to act as other uids");
+    return;
+  }
+  const std::string dir = ShortTempDir("it-nest");
+  REQUIRE(chmod(dir.c_str(), 0755) == 0);
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  const std::string trainer = Exposed(dir, "tests/test_trainer");
+  const std::string root = daemon.root();
+  auto as = [&](int uid, const std::string& tag, std::vector<std::string> flags) {
+    std::vector<std::string> argv = {trainer, "--socket=" + daemon.socket()};
+    for (auto& f : flags) argv.push_back(std::move(f));
+    return std::make_unique<Subprocess>(argv, dir + "/" + tag + ".log", uid);
+  };
+
+  // User A's job, registered and lingering, with nothing committed yet.
+  auto a = as(kOtherUid, "a", {"--root=" + root, "--job=jobA", "--steps=3", "--save_every=100",
+                               "--linger_ms=60000"});
+  REQUIRE(a->WaitForOutput("published=", absl::Seconds(60)));
+  const std::string job_a = root + "/jobA";
+
+  // User B aims at A's directory directly, before and after A's first commit.
+  auto b1 = as(kThirdUid, "b1", {"--root=" + job_a, "--job=latest", "--steps=1"});
+  CHECK(b1->Wait(absl::Seconds(60)) == 1);
+  CHECK(absl::StrContains(b1->Output(), "reserved"));
+  auto b2 = as(kThirdUid, "b2", {"--root=" + job_a, "--job=jobB", "--steps=1"});
+  CHECK(b2->Wait(absl::Seconds(60)) == 1);
+  CHECK(absl::StrContains(b2->Output(), "PERMISSION_DENIED"));
+  CHECK(absl::StrContains(b2->Output(), "inside the checkpoint directory of a job"));
+
+  // Through a symlink in a directory B owns.
+  const std::string b_dir = root + "/b-home";
+  REQUIRE(mkdir(b_dir.c_str(), 0755) == 0);
+  REQUIRE(chown(b_dir.c_str(), kThirdUid, kThirdUid) == 0);
+  REQUIRE(symlink(job_a.c_str(), (b_dir + "/link").c_str()) == 0);
+  REQUIRE(lchown((b_dir + "/link").c_str(), kThirdUid, kThirdUid) == 0);
+  auto b3 = as(kThirdUid, "b3", {"--root=" + b_dir + "/link", "--job=jobB", "--steps=1"});
+  CHECK(b3->Wait(absl::Seconds(60)) == 1);
+  CHECK(absl::StrContains(b3->Output(), "inside the checkpoint directory of a job"));
+
+  // Into a directory of A's that is no job directory: B may not write there.
+  const std::string a_dir = root + "/a-home";
+  REQUIRE(mkdir(a_dir.c_str(), 0755) == 0);
+  REQUIRE(chown(a_dir.c_str(), kOtherUid, kOtherUid) == 0);
+  auto b4 = as(kThirdUid, "b4", {"--root=" + a_dir, "--job=jobB", "--steps=1"});
+  CHECK(b4->Wait(absl::Seconds(60)) == 1);
+  CHECK(absl::StrContains(b4->Output(), "as uid 54322"));
+  CHECK_FALSE(PathExists(a_dir + "/jobB"));
+  // B's own directory works, and what zccd makes there is B's.
+  auto b5 = as(kThirdUid, "b5", {"--root=" + b_dir, "--job=jobB", "--steps=5"});
+  CHECK(b5->Wait(absl::Seconds(60)) == 0);
+  CHECK(NotOwnedBy(b_dir + "/jobB", kThirdUid, kThirdUid).empty());
+
+  // Nothing B did reached A's directory, and A's commits go on.
+  a->Signal(SIGKILL);
+  a->Wait(absl::Seconds(10));
+  auto a2 = as(kOtherUid, "a2", {"--root=" + root, "--job=jobA", "--steps=10"});
+  REQUIRE(a2->Wait(absl::Seconds(60)) == 0);
+  INFO(a2->Output() << daemon.Log());
+  CHECK(a2->Values()["committed"] == "10");
+  CHECK_FALSE(PathExists(job_a + "/jobB"));
+  // Everything under A's job directory is A's (uid and group), the directory 0750.
+  struct stat st;
+  REQUIRE(stat(job_a.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0750);
+  const auto wrong = NotOwnedBy(job_a, kOtherUid, kOtherUid);
+  CHECK(wrong.empty());
+  for (const std::string& w : wrong) WARN(w);
+
+  // A root of A's own inside A's job directory is refused too.
+  auto a3 = as(kOtherUid, "a3", {"--root=" + job_a, "--job=nested", "--steps=1"});
+  CHECK(a3->Wait(absl::Seconds(60)) == 1);
+  CHECK(absl::StrContains(a3->Output(), "inside the checkpoint directory of a job"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("a trainer of another uid snapshots, checkpoints, reads its EMA and restores under a root zccd") {
+  if (geteuid() != 0) {
+    WARN("skipped: the isolation test needs root to act as a second uid");
+    return;
+  }
+  const std::string dir = ShortTempDir("it-uid");
+  REQUIRE(chmod(dir.c_str(), 0755) == 0);
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  const std::string trainer = Exposed(dir, "tests/test_trainer");
+  auto run = [&](const std::string& tag, std::vector<std::string> flags) {
+    std::vector<std::string> argv = {trainer, "--socket=" + daemon.socket(),
+                                     "--root=" + daemon.root(), "--job=gamma",
+                                     "--ema_decay=0.9"};
+    for (auto& f : flags) argv.push_back(std::move(f));
+    auto p = std::make_unique<Subprocess>(argv, dir + "/" + tag + ".log", kOtherUid);
+    const auto code = p->Wait(absl::Seconds(90));
+    INFO(tag << ": " << p->Output() << daemon.Log());
+    CHECK(code == 0);
+    return p->Values();
+  };
+  auto trained = run("train", {"--steps=10", "--check_ema"});
+  CHECK(trained["committed"] == "10");
+  CHECK(trained["ema_step"] == "10");
+  CHECK(trained["ema_mismatches"] == "0");
+  auto restored = run("restore", {"--mode=restore", "--expect_step=10"});
+  CHECK(restored["restored_step"] == "10");
+  CHECK(restored["mismatched_tensors"] == "0");
+  // Resume: restore, train on, and read the EMA (restored from the checkpoint).
+  auto resumed = run("resume", {"--mode=resume", "--steps=5", "--check_ema"});
+  CHECK(resumed["restored_step"] == "10");
+  CHECK(resumed["committed"] == "15");
+  CHECK(resumed["ema_step"] == "15");
+  CHECK(resumed["ema_mismatches"] == "0");
+  CHECK(NotOwnedBy(JobDir(daemon, "gamma"), kOtherUid, kOtherUid).empty());
   REQUIRE(daemon.Stop() == 0);
 }
 
