@@ -238,6 +238,7 @@ void CheckFields(const FullConfig& c, Problems& p) {
   };
   check_duration("commit_timeout_s", d.commit_timeout, absl::Seconds(kMaxCommitTimeoutS));
   check_duration("client_timeout_s", d.client_timeout, absl::Seconds(kMaxClientTimeoutS));
+  check_duration("stop_timeout_s", d.stop_timeout, absl::Seconds(kMaxCommitTimeoutS));
   if (d.heartbeat_interval < absl::Milliseconds(1)) {
     p.Add("heartbeat_interval_ms", "must be at least 1");
   } else if (d.client_timeout > absl::ZeroDuration() && d.client_timeout <= d.heartbeat_interval) {
@@ -323,6 +324,9 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
   if (proto.has_keep_every()) d.keep_every = proto.keep_every();
   if (proto.has_commit_timeout_s()) {
     MergeSeconds("commit_timeout_s", proto.commit_timeout_s(), &d.commit_timeout, p);
+  }
+  if (proto.has_stop_timeout_s()) {
+    MergeSeconds("stop_timeout_s", proto.stop_timeout_s(), &d.stop_timeout, p);
   }
   if (proto.has_client_timeout_s()) {
     MergeSeconds("client_timeout_s", proto.client_timeout_s(), &d.client_timeout, p);
@@ -536,6 +540,8 @@ std::string DefaultConfigText(const FullConfig& config) {
       "# Seconds without a trainer heartbeat before its registration is dropped.\n",
       "client_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.client_timeout)), "\n",
       "heartbeat_interval_ms: ", absl::ToInt64Milliseconds(d.heartbeat_interval), "\n",
+      "# Seconds zccd may take to stop after SIGTERM (below the unit's TimeoutStopSec).\n",
+      "stop_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.stop_timeout)), "\n",
       "# What trainers that do not choose do when no slot is free: SKIP or BLOCK.\n",
       "default_backpressure: ",
       o.default_backpressure == BackpressureHint::kBlock ? "BLOCK" : "SKIP", "\n\n");

@@ -61,6 +61,7 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.max_tensors_per_rank == 0) errors.push_back("max_tensors_per_rank must be positive");
   if (c.keep_last == 0) errors.push_back("keep_last must be at least 1");
   if (c.commit_timeout <= absl::ZeroDuration()) errors.push_back("commit_timeout must be positive");
+  if (c.stop_timeout <= absl::ZeroDuration()) errors.push_back("stop_timeout must be positive");
   if (c.client_timeout <= c.heartbeat_interval) {
     errors.push_back("client_timeout must be longer than heartbeat_interval");
   }

@@ -38,6 +38,9 @@ struct DaemonConfig {
   // A rank whose trainer has not sent a heartbeat for this long is dropped.
   absl::Duration client_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // After SIGTERM, zccd exits within this long even if a request or a disk
+  // write never finishes (below systemd's TimeoutStopSec=120).
+  absl::Duration stop_timeout = absl::Seconds(90);
   // Threads per rank for EMA updates.
   uint32_t ema_threads = 2;
 };

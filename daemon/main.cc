@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <set>
 #include <string>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -13,6 +14,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/log.h"
 #include "config/config_file.h"
 #include "daemon/config.h"
@@ -33,6 +36,8 @@ ABSL_FLAG(uint32_t, keep_last, 3, "committed steps kept per job");
 ABSL_FLAG(uint32_t, keep_every, 0, "also keep every N-th step (0 = off)");
 ABSL_FLAG(uint64_t, staging_budget_mb, 0, "staging memory limit for all ranks (0 = none)");
 ABSL_FLAG(double, commit_timeout_s, 600, "seconds a commit may wait for all ranks");
+ABSL_FLAG(double, stop_timeout_s, 90, "seconds zccd may take to stop after SIGTERM before it "
+          "abandons requests or writes that do not finish (keep below TimeoutStopSec)");
 ABSL_FLAG(double, client_timeout_s, 30, "seconds without a trainer heartbeat before its "
                                          "registration is dropped");
 ABSL_FLAG(std::string, status_listen, "", "host:port of a read-only TCP status + gRPC health "
@@ -83,6 +88,7 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("keep_every")) d.keep_every = absl::GetFlag(FLAGS_keep_every);
   if (Given("staging_budget_mb")) d.staging_budget_bytes = absl::GetFlag(FLAGS_staging_budget_mb) << 20;
   if (Given("commit_timeout_s")) d.commit_timeout = absl::Seconds(absl::GetFlag(FLAGS_commit_timeout_s));
+  if (Given("stop_timeout_s")) d.stop_timeout = absl::Seconds(absl::GetFlag(FLAGS_stop_timeout_s));
   if (Given("client_timeout_s")) d.client_timeout = absl::Seconds(absl::GetFlag(FLAGS_client_timeout_s));
   if (Given("status_listen")) c.ops.status_tcp_listen = absl::GetFlag(FLAGS_status_listen);
   if (Given("metrics_listen")) c.ops.metrics_http_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -146,6 +152,16 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     ZCC_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    // A disk that stops answering must not keep zccd from stopping: what has
+    // not finished by the deadline is abandoned. Committed checkpoints are
+    // intact (commits are atomic); the next start removes stale segments and
+    // abandoned partial steps.
+    std::thread([timeout = config.daemon.stop_timeout] {
+      absl::SleepFor(timeout);
+      ZCC_LOG(ERROR) << "zccd did not stop within " << absl::FormatDuration(timeout)
+                     << " (a request or disk write that does not finish); exiting without it";
+      std::_Exit(1);
+    }).detach();
     server->Shutdown();
   });
   server->Wait();

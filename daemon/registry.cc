@@ -108,6 +108,7 @@ uint64_t Registry::StagingBytesLocked() const {
 absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req,
                                                         const Caller& caller) {
   ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id()));
+  if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
   const uid_t self = ::geteuid();
   if (self != 0 && caller.uid != self) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -380,6 +381,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   // restore of the newest step falls back to the next older one that reads
   // back intact. Each round rejects one more step, so this ends.
   for (;;) {
+    if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
     ZCC_ASSIGN_OR_RETURN(
         checkpoint::RestoreChoice choice,
         checkpoint::ChooseRestoreStep(job_dir, req.step() < 0 ? -1 : req.step(),
@@ -420,7 +422,8 @@ absl::StatusOr<v1::RestoreResponse> Registry::RestoreStep(Job& job, RankSession&
   job.BeginRestore(req.rank(), step);
   const absl::Time read_start = absl::Now();
   auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session.registered(), shm_name,
-                                  config_.max_slot_bytes, session.options().segment_owner);
+                                  config_.max_slot_bytes, session.options().segment_owner,
+                                  &shutting_down_);
   metrics_.restore_seconds().ObserveDuration(absl::Now() - read_start);
   if (!buffer.ok()) {
     metrics_.errors(metrics::ErrorKind::kRestore).Increment();

@@ -53,6 +53,9 @@ class Registry {
   // Removes stale segments of a previous instance (same shm prefix), creates
   // the default root, starts housekeeping.
   absl::Status Start();
+  // New registrations and restores are refused, and restores in progress
+  // stop at their next check (between steps and between shard files).
+  void BeginShutdown() { shutting_down_.store(true); }
   // Stops every rank (draining READY slots and finishing in-flight writes),
   // attempts the commits that became possible, removes all segments.
   void Shutdown();
@@ -110,6 +113,7 @@ class Registry {
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_restore_seq_{1};
+  std::atomic<bool> shutting_down_{false};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   zcc::Mutex verify_mu_;

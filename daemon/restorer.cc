@@ -16,10 +16,18 @@ namespace zcc::daemon {
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
-                                                uint64_t max_bytes, uid_t owner) {
+                                                uint64_t max_bytes, uid_t owner,
+                                                const std::atomic<bool>* cancelled) {
+  auto check_cancelled = [cancelled]() -> absl::Status {
+    if (cancelled != nullptr && cancelled->load()) {
+      return absl::UnavailableError("zccd is shutting down");
+    }
+    return absl::OkStatus();
+  };
   // Which rank's shards hold each tensor.
   std::map<std::string, uint32_t> source;
   for (uint32_t r = 0; r < world_size; ++r) {
+    ZCC_RETURN_IF_ERROR(check_cancelled());
     const std::string path = JoinPath(step_dir, format::ManifestFileName(r));
     ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
     auto manifest = format::DecodeRankManifest(text);
@@ -51,6 +59,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
         {t.name, kind, t.dtype, t.shape, base + layout.placements[i].offset, t.nbytes});
   }
   for (const auto& [rank, targets] : by_rank) {
+    ZCC_RETURN_IF_ERROR(check_cancelled());
     ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, rank, targets));
   }
   return buffer;

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,11 +30,13 @@ struct RestoreBuffer {
 // RankSessionOptions::segment_owner), sized for all of `registered`, and
 // fills it from `step_dir` (a verified committed step of `world_size` ranks),
 // checking each tensor's checksum. FailedPrecondition names a tensor that the
-// checkpoint lacks or holds with another dtype or shape.
+// checkpoint lacks or holds with another dtype or shape. Unavailable once
+// `*cancelled` turns true (checked between shard files).
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
-                                                uint64_t max_bytes, uid_t owner);
+                                                uint64_t max_bytes, uid_t owner,
+                                                const std::atomic<bool>* cancelled = nullptr);
 
 }  // namespace zcc::daemon
 

@@ -187,6 +187,9 @@ struct Server::Impl {
       tcp_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       tcp_server.reset();
     }
+    // Long requests (restores) give up at their next check instead of
+    // holding the shutdown.
+    if (registry != nullptr) registry->BeginShutdown();
     if (grpc_server != nullptr) {
       ZCC_LOG(INFO) << "shutting down: finishing in-flight requests and writes";
       grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

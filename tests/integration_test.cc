@@ -404,6 +404,64 @@ TEST_CASE("a step damaged after zccd verified it falls back to the next older st
   REQUIRE(daemon.Stop() == 0);
 }
 
+// A FIFO stands for a disk that stops answering: opening it for reading
+// blocks until someone opens it for writing, which nobody does.
+void PlantStuckFile(const std::string& path) {
+  ::unlink(path.c_str());
+  REQUIRE(mkfifo(path.c_str(), 0644) == 0);
+}
+
+TEST_CASE("status answers while a commit and a restore hang on the disk; SIGTERM still stops zccd") {
+  const std::string dir = ShortTempDir("it-stuck");
+  Daemon daemon(dir, {{"--stop_timeout_s=10"}});
+  REQUIRE(daemon.Start());
+
+  // A commit stuck reading rank 1's manifest (rank 0 of two is the trainer).
+  const std::string partial = JobDir(daemon, "stuckc") + "/step-00000005.partial";
+  REQUIRE(MakeDirs(partial).ok());
+  PlantStuckFile(partial + "/r00001.manifest.json");
+  auto committer = StartTrainer(daemon, dir, "stuckc",
+                                {"--job=stuckc", "--world=2", "--rank=0", "--steps=5",
+                                 "--wait_commit=false", "--linger_ms=60000"});
+  REQUIRE(committer->WaitForOutput("published=", absl::Seconds(60)));
+  // Rank 0 wrote step 5; its commit now waits on the manifest that never comes.
+  nlohmann::json job;
+  REQUIRE(Eventually([&] {
+    auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "stuckc"});
+    if (code != 0) return false;
+    job = nlohmann::json::parse(out)["jobs"][0];
+    return job["ranks"][0]["last_persisted_step"] == "5";
+  }, absl::Seconds(30)));
+
+  // A restore stuck reading a shard of a committed step.
+  auto trained = StartTrainer(daemon, dir, "stuckr-train", {"--job=stuckr", "--steps=5"});
+  REQUIRE(trained->Wait(absl::Seconds(60)) == 0);
+  PlantStuckFile(JobDir(daemon, "stuckr") + "/step-00000005/model-r00000.safetensors");
+  auto restorer = StartTrainer(daemon, dir, "stuckr-restore", {"--job=stuckr", "--mode=restore"});
+  REQUIRE(restorer->WaitForOutput("registered=1", absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(500));  // the restore request is in zccd by now
+  CHECK(restorer->running());
+
+  // Status, list and a new job's registration all answer meanwhile.
+  for (int i = 0; i < 3; ++i) {
+    auto [code, out] = Zccctl(dir, daemon, {"--json", "status"});
+    INFO(out << daemon.Log());
+    REQUIRE(code == 0);
+    CHECK(absl::StrContains(out, "stuckc"));
+    CHECK(absl::StrContains(out, "step-00000005"));  // pending commit
+  }
+  auto [code, out] = Zccctl(dir, daemon, {"list", "stuckr"});
+  CHECK(code == 0);
+  auto other = StartTrainer(daemon, dir, "other", {"--job=other", "--steps=5"});
+  CHECK(other->Wait(absl::Seconds(60)) == 0);
+
+  // SIGTERM: what hangs is abandoned after the stop timeout, not waited for.
+  const auto stopped = daemon.Stop(absl::Seconds(60));
+  INFO(daemon.Log());
+  REQUIRE(stopped.has_value());  // exited, rather than waiting forever
+  CHECK(absl::StrContains(daemon.Log(), "did not stop within 10s"));
+}
+
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
   const std::string dir = ShortTempDir("it-bad");
   Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});
