@@ -367,7 +367,11 @@ void Registry::MarkDamaged(const std::string& step_dir, const absl::Status& why)
 }
 
 absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
-                                                      const Caller& caller) {
+                                                      const Caller& caller,
+                                                      std::function<bool()> client_gone) {
+  const std::function<bool()> cancelled = [this, &client_gone] {
+    return shutting_down_.load() || (client_gone && client_gone());
+  };
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->CheckRestoreBufferRoom());
@@ -381,7 +385,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   // restore of the newest step falls back to the next older one that reads
   // back intact. Each round rejects one more step, so this ends.
   for (;;) {
-    if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
+    if (cancelled()) return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
     ZCC_ASSIGN_OR_RETURN(
         checkpoint::RestoreChoice choice,
         checkpoint::ChooseRestoreStep(job_dir, req.step() < 0 ? -1 : req.step(),
@@ -392,7 +396,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
     }
     skipped.insert(skipped.end(), choice.rejected.begin(), choice.rejected.end());
     const std::string step_dir = JoinPath(job_dir, format::StepDirName(choice.step));
-    auto resp = RestoreStep(*job, *session, req, step_dir, choice.step);
+    auto resp = RestoreStep(*job, *session, req, step_dir, choice.step, cancelled);
     if (resp.ok()) {
       for (const std::string& why : skipped) resp->add_skipped_steps(why);
       return resp;
@@ -409,7 +413,8 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
 absl::StatusOr<v1::RestoreResponse> Registry::RestoreStep(Job& job, RankSession& session,
                                                           const v1::RestoreRequest& req,
                                                           const std::string& step_dir,
-                                                          int64_t step) {
+                                                          int64_t step,
+                                                          const std::function<bool()>& cancelled) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
   if (record.world_size != job.options().world_size) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -423,7 +428,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::RestoreStep(Job& job, RankSession&
   const absl::Time read_start = absl::Now();
   auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session.registered(), shm_name,
                                   config_.max_slot_bytes, session.options().segment_owner,
-                                  &shutting_down_);
+                                  cancelled);
   metrics_.restore_seconds().ObserveDuration(absl::Now() - read_start);
   if (!buffer.ok()) {
     metrics_.errors(metrics::ErrorKind::kRestore).Increment();

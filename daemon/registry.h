@@ -13,6 +13,7 @@
 #include <atomic>
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,7 +63,10 @@ class Registry {
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request, const Caller& caller);
   absl::Status Unregister(const v1::UnregisterRequest& request, const Caller& caller);
-  absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request, const Caller& caller);
+  // `client_gone` (optional) says when the caller stopped waiting (deadline,
+  // cancellation): the restore then stops at its next check, like at shutdown.
+  absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request, const Caller& caller,
+                                              std::function<bool()> client_gone = nullptr);
   absl::Status RestoreDone(const v1::RestoreDoneRequest& request, const Caller& caller);
   absl::StatusOr<v1::ReadEmaResponse> ReadEma(const v1::ReadEmaRequest& request,
                                               const Caller& caller);
@@ -100,7 +104,8 @@ class Registry {
   // a new restore buffer and restores the rank's EMA from it.
   absl::StatusOr<v1::RestoreResponse> RestoreStep(Job& job, RankSession& session,
                                                   const v1::RestoreRequest& req,
-                                                  const std::string& step_dir, int64_t step);
+                                                  const std::string& step_dir, int64_t step,
+                                                  const std::function<bool()>& cancelled);
   void HousekeepingLoop();
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

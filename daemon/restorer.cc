@@ -17,10 +17,10 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,
-                                                const std::atomic<bool>* cancelled) {
-  auto check_cancelled = [cancelled]() -> absl::Status {
-    if (cancelled != nullptr && cancelled->load()) {
-      return absl::UnavailableError("zccd is shutting down");
+                                                const std::function<bool()>& cancelled) {
+  auto check_cancelled = [&cancelled]() -> absl::Status {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
     }
     return absl::OkStatus();
   };

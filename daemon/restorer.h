@@ -9,7 +9,7 @@
 
 #include <sys/types.h>
 
-#include <atomic>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,13 +30,13 @@ struct RestoreBuffer {
 // RankSessionOptions::segment_owner), sized for all of `registered`, and
 // fills it from `step_dir` (a verified committed step of `world_size` ranks),
 // checking each tensor's checksum. FailedPrecondition names a tensor that the
-// checkpoint lacks or holds with another dtype or shape. Unavailable once
-// `*cancelled` turns true (checked between shard files).
+// checkpoint lacks or holds with another dtype or shape. Cancelled once
+// `cancelled()` turns true (checked between shard files).
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,
-                                                const std::atomic<bool>* cancelled = nullptr);
+                                                const std::function<bool()>& cancelled = nullptr);
 
 }  // namespace zcc::daemon
 

@@ -81,7 +81,7 @@ class ControlService final : public v1::Control::Service {
   grpc::Status Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
                        v1::RestoreResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->Restore(*req, caller), resp));
+    return Counted(registry_, Reply(registry_->Restore(*req, caller, [ctx] { return ctx->IsCancelled(); }), resp));
   }
   grpc::Status RestoreDone(grpc::ServerContext* ctx, const v1::RestoreDoneRequest* req,
                            v1::RestoreDoneResponse*) override {
