@@ -161,6 +161,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     }
     ema::EmaOptions ema_options;
     ema_options.decay = req.ema_decay();
+    ema_options.interval = std::max<uint32_t>(1, req.ema_interval());
     ema_options.threads = static_cast<int>(config_.ema_threads);
     ZCC_ASSIGN_OR_RETURN(ema, ema::EmaUpdater::Create(std::move(specs), ema_options));
   }

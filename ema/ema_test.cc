@@ -384,7 +384,8 @@ TEST_CASE("the EMA follows a float64 reference within the derived error bound") 
           INFO(IsaName(isa) << " " << format::DTypeName(dtype) << " " << GuardName(guard)
                             << " decay " << decay << " threads " << threads);
           std::vector<EmaTensorSpec> specs = RandomSpecs(rng, 10, 2500, {dtype});
-          auto ema = MustCreate(specs, EmaOptions{decay, threads, guard, isa});
+          // An update every 10 steps, as configured: no gap.
+          auto ema = MustCreate(specs, EmaOptions{decay, threads, guard, isa, /*interval=*/10});
           CHECK(ema->isa() == isa);
           Reference ref;
           for (int step = 0; step < 30; ++step) {
@@ -404,6 +405,52 @@ TEST_CASE("the EMA follows a float64 reference within the derived error bound") 
       }
     }
   }
+}
+
+TEST_CASE("after missed steps the next update decays by d^k, k the intervals that passed") {
+  std::mt19937_64 rng(7);
+  for (Isa isa : Levels()) {
+    for (uint32_t interval : {1u, 3u}) {
+      INFO(IsaName(isa) << " interval " << interval);
+      std::vector<EmaTensorSpec> specs =
+          RandomSpecs(rng, 8, 3000, {DType::kF32, DType::kBF16, DType::kF16});
+      auto ema = MustCreate(specs, EmaOptions{0.9, 2, NonFiniteGuard::kDoubleBuffer, isa, interval});
+      Reference ref;
+      int64_t previous = -1;
+      // In intervals: consecutive updates, gaps of 3, 1, 4 and 20 intervals.
+      for (int64_t at : {0, 1, 2, 5, 6, 10, 11, 31, 32}) {
+        const int64_t step = at * interval;
+        Sources src = RandomSources(specs, rng);
+        auto result = ema->Update(src.pointers, step);
+        REQUIRE_OK(result);
+        REQUIRE(result->applied);
+        const double k = previous < 0 ? 1 : static_cast<double>(step - previous) / interval;
+        const float dk =
+            k == 1 ? ema->decay() : static_cast<float>(std::pow(double{ema->decay()}, k));
+        ref.Step(specs, src.tensor, dk);
+        previous = step;
+        const std::string failure = CompareWithReference(*ema, ref);
+        INFO("step " << step << ": " << failure);
+        REQUIRE(failure.empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("a gap-free run with an interval is bit-identical to consecutive steps") {
+  std::mt19937_64 rng(11);
+  std::vector<EmaTensorSpec> specs = RandomSpecs(rng, 6, 2000, {DType::kF32, DType::kBF16});
+  auto every = MustCreate(specs, EmaOptions{0.99, 1, NonFiniteGuard::kDoubleBuffer, Isa::kScalar});
+  auto fourth = MustCreate(specs, EmaOptions{0.99, 3, NonFiniteGuard::kCheckFirst, Isa::kAuto, 4});
+  auto gappy = MustCreate(specs, EmaOptions{0.99, 1, NonFiniteGuard::kDoubleBuffer, Isa::kScalar});
+  for (int64_t i = 1; i <= 12; ++i) {
+    Sources src = RandomSources(specs, rng);
+    REQUIRE_OK(every->Update(src.pointers, i));
+    REQUIRE_OK(fourth->Update(src.pointers, 4 * i));
+    REQUIRE_OK(gappy->Update(src.pointers, i == 12 ? 20 : i));  // 8 steps missed before the last
+  }
+  CHECK(Snapshot(*every) == Snapshot(*fourth));
+  CHECK(Snapshot(*every) != Snapshot(*gappy));
 }
 
 TEST_CASE("mixed source dtypes in one set follow the reference") {
@@ -573,13 +620,16 @@ TEST_CASE("a NaN or Inf in any source skips the whole update, leaving the EMA bi
               CHECK(Snapshot(*ema) == before);
             }
           }
-          // The next finite update applies as if the skipped ones never came.
+          // The next finite update applies after a gap: the skipped steps
+          // count as missed ones (decay d^k, k = steps since step 0).
           Sources next = RandomSources(specs, rng);
           auto result = ema->Update(next.pointers, step);
           REQUIRE_OK(result);
           CHECK(result->applied);
           CHECK_FALSE(result->initialized);
-          ref.Step(specs, next.tensor, ema->decay());
+          const float dk = step == 1 ? ema->decay()
+                                     : static_cast<float>(std::pow(double{ema->decay()}, step));
+          ref.Step(specs, next.tensor, dk);
           const std::string failure = CompareWithReference(*ema, ref);
           INFO(failure);
           CHECK(failure.empty());

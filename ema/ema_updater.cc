@@ -72,6 +72,9 @@ absl::StatusOr<std::unique_ptr<EmaUpdater>> EmaUpdater::Create(std::vector<EmaTe
     return absl::InvalidArgumentError(absl::StrCat("EMA decay ", options.decay, " rounds to ",
                                                    decay, " in fp32, outside (0, 1)"));
   }
+  if (options.interval < 1) {
+    return absl::InvalidArgumentError("EMA interval must be at least 1 step");
+  }
   if (options.threads < 1 || options.threads > kMaxThreads) {
     return absl::InvalidArgumentError(
         absl::StrCat("EMA threads must be in [1, ", kMaxThreads, "], got ", options.threads));
@@ -114,6 +117,7 @@ absl::StatusOr<std::unique_ptr<EmaUpdater>> EmaUpdater::Create(std::vector<EmaTe
   updater->isa_ = isa;
   updater->decay_ = decay;
   updater->one_minus_decay_ = 1.0f - decay;  // exact for decay >= 0.5
+  updater->interval_ = options.interval;
   updater->guard_ = options.guard;
 
   const int buffers = options.guard == NonFiniteGuard::kDoubleBuffer ? 2 : 1;
@@ -170,7 +174,8 @@ void EmaUpdater::PlanThreads(int threads) {
 
 float* EmaUpdater::BufferData(int buffer) const { return buffers_[buffer]->data; }
 
-size_t EmaUpdater::RunPass(Pass pass, const void* const* sources, int in, int out) {
+size_t EmaUpdater::RunPass(Pass pass, const void* const* sources, int in, int out, float decay,
+                           float one_minus_decay) {
   const size_t none = tensors_.size();
   // Each thread reports the first tensor of its range with a non-finite
   // source. Thread ranges follow tensor order and a thread stops at its first
@@ -198,7 +203,7 @@ size_t EmaUpdater::RunPass(Pass pass, const void* const* sources, int in, int ou
           break;
         case Pass::kUpdate:
           nonfinite =
-              kernels.update(src, in_data + at, out_data + at, n, decay_, one_minus_decay_, stream);
+              kernels.update(src, in_data + at, out_data + at, n, decay, one_minus_decay, stream);
           break;
       }
       if (nonfinite) {
@@ -260,15 +265,23 @@ absl::StatusOr<EmaUpdateResult> EmaUpdater::UpdateChecked(const void* const* sou
   const absl::Time start = absl::Now();
   const bool init = !initialized();
   const Pass pass = init ? Pass::kInit : Pass::kUpdate;
+  // The decay of this update: d, or d^k after a gap of k intervals.
+  float decay = decay_;
+  float one_minus_decay = one_minus_decay_;
+  if (!init && step - last_step() != int64_t{interval_}) {
+    const double k = static_cast<double>(step - last_step()) / interval_;
+    decay = static_cast<float>(std::pow(static_cast<double>(decay_), k));
+    one_minus_decay = 1.0f - decay;
+  }
   const size_t none = tensors_.size();
   size_t nonfinite = none;
   if (guard_ == NonFiniteGuard::kDoubleBuffer) {
     const int next = 1 - current_;
-    nonfinite = RunPass(pass, sources, current_, next);
+    nonfinite = RunPass(pass, sources, current_, next, decay, one_minus_decay);
     if (nonfinite == none) current_ = next;
   } else {
-    nonfinite = RunPass(Pass::kCheck, sources, 0, 0);
-    if (nonfinite == none && RunPass(pass, sources, 0, 0) != none) {
+    nonfinite = RunPass(Pass::kCheck, sources, 0, 0, decay, one_minus_decay);
+    if (nonfinite == none && RunPass(pass, sources, 0, 0, decay, one_minus_decay) != none) {
       // Only a caller writing the sources during the update gets here; the
       // EMA now holds a mix and is dropped (the next update starts afresh).
       initialized_.store(false, std::memory_order_release);

@@ -12,6 +12,16 @@
 // machines and configurations. Relative to exact arithmetic each step adds at
 // most (2u + u^2) * (d|ema| + (1-d)|param|) with u = 2^-24.
 //
+// Gaps. Updates are expected every `interval` steps. When steps were missed
+// (the snapshot was skipped), the next update folds its parameters in as if
+// they had held through the gap: with k = (step - last_step) / interval,
+//   ema' = d^k * ema + (1 - d^k) * param,
+// so the average's horizon in steps does not depend on how many snapshots
+// were taken. Steps whose update was skipped for non-finite sources count as
+// missed too. d^k is computed once per update in double and rounded to fp32
+// (then 1 - d^k from it), so a gap-free run is bit-identical to one without
+// this rule, and every ISA and thread count still agrees bit for bit.
+//
 // Non-finite parameters. An update whose sources contain any NaN or Inf is
 // skipped as a whole: every tensor's EMA stays bit-for-bit as it was, the
 // result names the first such tensor and counters().skipped_nonfinite grows.
@@ -77,6 +87,7 @@ struct EmaOptions {
   int threads = 1;       // 1..256, including the calling thread
   NonFiniteGuard guard = NonFiniteGuard::kDoubleBuffer;
   Isa isa = Isa::kAuto;  // see ResolveIsa()
+  uint32_t interval = 1;  // steps between updates (>= 1); longer gaps decay more (see above)
 };
 
 struct EmaUpdateResult {
@@ -163,7 +174,8 @@ class EmaUpdater {
   // Runs `pass` over every segment on all threads, reading `sources`, the EMA
   // buffer `in` and writing `out` (in may equal out). Returns the index of the
   // first tensor with a non-finite source, or num_tensors() when none.
-  size_t RunPass(Pass pass, const void* const* sources, int in, int out);
+  size_t RunPass(Pass pass, const void* const* sources, int in, int out, float decay,
+                 float one_minus_decay);
   absl::StatusOr<EmaUpdateResult> UpdateChecked(const void* const* sources, int64_t step);
   float* BufferData(int buffer) const;
 
@@ -174,6 +186,7 @@ class EmaUpdater {
   Isa isa_ = Isa::kScalar;
   float decay_ = 0;
   float one_minus_decay_ = 0;
+  uint32_t interval_ = 1;
   NonFiniteGuard guard_ = NonFiniteGuard::kDoubleBuffer;
 
   std::unique_ptr<Buffer> buffers_[2];      // [1] only with kDoubleBuffer
