@@ -158,6 +158,7 @@ struct Client::Impl {
   std::atomic<int64_t> last_published_step{-1};
 
   std::thread notifier;
+  std::thread heartbeat;
   std::thread monitor;
 
   std::shared_ptr<const Stubs> GetStubs() const {
@@ -198,6 +199,12 @@ struct Client::Impl {
                                                        const Stubs& via);
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
   void NotifierLoop();
+  // Liveness in both directions and nothing else: writes this client's
+  // heartbeat and checks zccd's. It never waits for zccd, an RPC or a copy
+  // (mu is never held across one), so a busy client cannot look dead to zccd.
+  void HeartbeatLoop();
+  // Re-registration with backoff after zccd went away, and reports of failed
+  // checkpoint writes (both make RPCs).
   void MonitorLoop();
   // Reports checkpoint writes zccd failed since the monitor last looked.
   void ReportCheckpointFailures(Session& s, uint64_t* seen);
@@ -244,6 +251,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 
   Impl* raw = impl.get();
   impl->notifier = std::thread([raw] { raw->NotifierLoop(); });
+  impl->heartbeat = std::thread([raw] { raw->HeartbeatLoop(); });
   impl->monitor = std::thread([raw] { raw->MonitorLoop(); });
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -256,6 +264,7 @@ Client::~Client() {
     impl_->stopping = true;
   }
   impl_->notifier.join();
+  impl_->heartbeat.join();
   impl_->monitor.join();
   std::shared_ptr<Session> s = impl_->CurrentSession();
   if (s != nullptr && !s->dead.load()) {
@@ -511,8 +520,9 @@ void Client::Impl::ReportCheckpointFailures(Session& s, uint64_t* seen) {
   v1::StatusRequest req;
   req.set_job_id(options.job_id);
   v1::StatusResponse resp;
-  auto ctx = Context();
-  if (GetStubs()->status->GetStatus(ctx.get(), req, &resp).ok()) {
+  grpc::ClientContext ctx;  // a short wait: re-registration shares this thread
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (GetStubs()->status->GetStatus(&ctx, req, &resp).ok()) {
     for (const auto& job : resp.jobs()) {
       for (const auto& r : job.ranks()) {
         if (r.rank() == options.rank && !r.last_error().empty()) why = r.last_error();
@@ -524,6 +534,33 @@ void Client::Impl::ReportCheckpointFailures(Session& s, uint64_t* seen) {
                                          " failed so far): ", why);
   ZCC_LOG(ERROR) << "zcc client: " << error;
   SetError(error);
+}
+
+void Client::Impl::HeartbeatLoop() {
+  MakeThisThreadBackground();
+  while (true) {
+    std::shared_ptr<Session> s;
+    {
+      zcc::MutexLock lock(&mu);
+      if (stopping) return;
+      s = session;
+    }
+    if (s != nullptr && !s->dead.load()) {
+      shm::ControlBlock* cb = s->cb();
+      const uint64_t now = shm::MonotonicNanos();
+      cb->client_heartbeat_ns.store(now, std::memory_order_relaxed);
+      const uint64_t daemon_beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
+      if (cb->closed.load() != 0) {
+        DropSession(s, "zccd closed this registration");
+      } else if (daemon_beat < now &&
+                 absl::Nanoseconds(now - daemon_beat) > options.daemon_timeout) {
+        DropSession(s, absl::StrCat("zccd has not answered for ",
+                                    absl::FormatDuration(absl::Nanoseconds(now - daemon_beat))));
+      }
+    }
+    zcc::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&stopping), options.heartbeat_interval);
+  }
 }
 
 void Client::Impl::MonitorLoop() {
@@ -560,22 +597,11 @@ void Client::Impl::MonitorLoop() {
       wait = backoff;
       backoff = std::min(backoff * 2, options.reconnect_max_backoff);
     } else if (s != nullptr) {
-      shm::ControlBlock* cb = s->cb();
       if (watched != s.get()) {
         watched = s.get();
         seen_failures = 0;
       }
       ReportCheckpointFailures(*s, &seen_failures);
-      const uint64_t now = shm::MonotonicNanos();
-      cb->client_heartbeat_ns.store(now, std::memory_order_relaxed);
-      const uint64_t daemon_beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
-      if (cb->closed.load() != 0) {
-        DropSession(s, "zccd closed this registration");
-      } else if (daemon_beat < now &&
-                 absl::Nanoseconds(now - daemon_beat) > options.daemon_timeout) {
-        DropSession(s, absl::StrCat("zccd has not answered for ",
-                                    absl::FormatDuration(absl::Nanoseconds(now - daemon_beat))));
-      }
     }
     zcc::MutexLock lock(&mu);
     mu.AwaitWithTimeout(absl::Condition(&stopping), wait);

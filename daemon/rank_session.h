@@ -128,6 +128,10 @@ class RankSession {
   // is never used). Call before Stop(); returns the step persisted, if any.
   std::optional<int64_t> PersistNewestOnFailure();
 
+  // True for the first caller only: that caller retires this session (the
+  // trainer is gone), so a rank found dead twice is retired once.
+  bool BeginRetirement() { return !retiring_.exchange(true); }
+
   // Daemon heartbeat into the control block; called periodically.
   void Heartbeat();
   // False once the trainer's heartbeat is older than `timeout` (measured from
@@ -216,6 +220,7 @@ class RankSession {
   std::atomic<uint64_t> ema_skipped_nonfinite_{0};
 
   std::atomic<bool> save_requested_{false};
+  std::atomic<bool> retiring_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> last_snapshot_step_{-1};
   std::atomic<int64_t> last_persisted_step_{-1};

@@ -1,7 +1,11 @@
 // The daemon's table of jobs and the operations of the control and status
 // services on it: registration (creating the staging segment), restore,
-// save-now, status and listing. A housekeeping thread writes daemon heartbeats,
-// drops ranks whose trainer is gone, and retries or expires pending commits.
+// save-now, status and listing. A heartbeat thread writes the daemon's
+// heartbeat into every rank's segment and does nothing else; a housekeeping
+// thread notices ranks whose trainer is gone and retries or expires pending
+// commits; a reaper thread retires the dead ranks (checkpoint-on-failure on
+// the rank's writer, then the registration is dropped), so neither a commit
+// nor a failure write can delay a heartbeat.
 //
 // Every request field is validated here; errors carry a message meant for the
 // user. Nothing committed on disk is modified by a failed request.
@@ -14,11 +18,13 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -107,6 +113,18 @@ class Registry {
                                                   const std::string& step_dir, int64_t step,
                                                   const std::function<bool()>& cancelled);
   void HousekeepingLoop();
+  // The daemon -> trainer liveness signal: touches only the published
+  // session list and atomics in shared memory.
+  void HeartbeatLoop();
+  // Publishes every registered session for the heartbeat thread.
+  void PublishHeartbeatList() ABSL_LOCKS_EXCLUDED(mu_, beat_mu_);
+  // Retires dead ranks handed over by the housekeeper, one at a time.
+  void ReaperLoop();
+  struct Retirement {
+    std::shared_ptr<Job> job;
+    std::shared_ptr<RankSession> session;
+  };
+  void Retire(const Retirement& r);
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;
@@ -127,6 +145,18 @@ class Registry {
   // Last client-side skip count seen per session (housekeeping thread only).
   std::map<const RankSession*, uint64_t> skipped_seen_;
   std::thread housekeeper_;
+
+  // Held only to swap or copy the list pointer, or to sleep until stopped.
+  zcc::Mutex beat_mu_;
+  std::shared_ptr<const std::vector<std::shared_ptr<RankSession>>> beat_list_
+      ABSL_GUARDED_BY(beat_mu_);
+  bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
+  std::thread heartbeater_;
+
+  zcc::Mutex reap_mu_;
+  std::deque<Retirement> reap_queue_ ABSL_GUARDED_BY(reap_mu_);
+  bool reap_stop_ ABSL_GUARDED_BY(reap_mu_) = false;
+  std::thread reaper_;
 };
 
 }  // namespace zcc::daemon

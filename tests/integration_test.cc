@@ -462,6 +462,33 @@ TEST_CASE("status answers while a commit and a restore hang on the disk; SIGTERM
   CHECK(absl::StrContains(daemon.Log(), "did not stop within 10s"));
 }
 
+TEST_CASE("a commit that hangs longer than the client's daemon timeout costs no registration") {
+  const std::string dir = ShortTempDir("it-beat");
+  Daemon daemon(dir, {{"--stop_timeout_s=10"}});
+  REQUIRE(daemon.Start());
+  // Step 5's commit hangs reading rank 1's manifest for the rest of the run
+  // (5 s, five times the trainer's 1 s daemon timeout): the rank's writer and
+  // the housekeeper's commit retries wait on it, heartbeats must not.
+  const std::string partial = JobDir(daemon, "beat") + "/step-00000005.partial";
+  REQUIRE(MakeDirs(partial).ok());
+  PlantStuckFile(partial + "/r00001.manifest.json");
+  auto t = StartTrainer(daemon, dir, "beat",
+                        {"--job=beat", "--world=2", "--rank=0", "--steps=100", "--step_ms=50",
+                         "--daemon_timeout_s=1", "--wait_commit=false"});
+  REQUIRE(t->WaitForOutput("step=50 ", absl::Seconds(60)));
+  auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "beat"});
+  CHECK(code == 0);
+  CHECK(absl::StrContains(out, "step-00000005"));  // still pending
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  INFO(t->Output() << daemon.Log());
+  auto v = t->Values();
+  CHECK(v["registrations"] == "1");
+  CHECK(v["skipped_disconnected"] == "0");
+  CHECK(v["connected"] == "1");
+  CHECK_FALSE(absl::StrContains(t->Output(), "has not answered"));
+  REQUIRE(daemon.Stop(absl::Seconds(60)).has_value());
+}
+
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
   const std::string dir = ShortTempDir("it-bad");
   Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});
