@@ -369,8 +369,21 @@ std::string EncodeRankManifest(const RankManifest& manifest) {
     files.push_back(std::move(entry));
   }
   root["files"] = std::move(files);
-  ordered_json tensors = ordered_json::array();
-  for (const ManifestTensor& t : manifest.tensors) {
+  root["tensors"] = ordered_json::array();
+  std::string text = root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors);
+  if (manifest.tensors.empty()) return text + "\n";
+
+  // The tensors are appended entry by entry, in the bytes nlohmann writes for
+  // the whole document, instead of being built as one document first: a
+  // DOM of a million entries takes gigabytes, the text a fraction of that.
+  // Each entry is dumped on its own and indented by the two levels it sits
+  // at; a raw newline in a dump is always a line break (dump escapes the
+  // ones inside strings).
+  constexpr absl::string_view kEmptyTail = "[]\n}";
+  text.resize(text.size() - kEmptyTail.size());
+  text += "[\n";
+  for (size_t i = 0; i < manifest.tensors.size(); ++i) {
+    const ManifestTensor& t = manifest.tensors[i];
     ordered_json entry = ordered_json::object();
     entry["name"] = t.name;
     entry["dtype"] = std::string(DTypeName(t.dtype));
@@ -380,10 +393,15 @@ std::string EncodeRankManifest(const RankManifest& manifest) {
     entry["offset"] = t.offset;
     entry["nbytes"] = t.nbytes;
     entry["xxh3"] = Hex64(t.xxh3);
-    tensors.push_back(std::move(entry));
+    if (i > 0) text += ",\n";
+    text += "  ";
+    for (char c : entry.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors)) {
+      text.push_back(c);
+      if (c == '\n') text += "  ";
+    }
   }
-  root["tensors"] = std::move(tensors);
-  return root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
+  text += "\n ]\n}\n";
+  return text;
 }
 
 absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json) {
@@ -408,11 +426,13 @@ absl::StatusOr<CommitRecord> DecodeCommitRecord(absl::string_view json) {
 
 std::string EncodeWeightMapIndex(const std::map<std::string, std::string>& weight_map,
                                  uint64_t total_size) {
-  ordered_json root = ordered_json::object();
-  root["metadata"] = ordered_json::object({{"total_size", total_size}});
-  ordered_json map = ordered_json::object();
-  for (const auto& [name, file] : weight_map) map[name] = file;
-  root["weight_map"] = std::move(map);
+  // json (not ordered_json): its objects are sorted maps, so "metadata" comes
+  // before "weight_map" and the names keep std::map's order, as transformers
+  // writes them, and the map converts in linear time. (ordered_json finds
+  // every key by a linear scan: quadratic in the tensor count.)
+  json root = json::object();
+  root["metadata"] = json::object({{"total_size", total_size}});
+  root["weight_map"] = json(weight_map);
   return root.dump(2, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
 }
 
