@@ -28,7 +28,10 @@ class StrictDomBuilder {
   using string_t = json::string_t;
   using binary_t = json::binary_t;
 
-  explicit StrictDomBuilder(int max_depth) : max_depth_(max_depth) {}
+  // `streamed` (may be null) names a root member whose array elements go to
+  // its callback instead of into the document.
+  StrictDomBuilder(int max_depth, const StreamedArray* streamed)
+      : max_depth_(max_depth), streamed_(streamed) {}
 
   bool null() { return Put(nullptr) != nullptr; }
   bool boolean(bool v) { return Put(v) != nullptr; }
@@ -51,6 +54,8 @@ class StrictDomBuilder {
                                "' twice in one object"));
     }
     next_member_ = &it->second;
+    next_member_streamed_ =
+        streamed_ != nullptr && open_.size() == 1 && it->first == streamed_->key;
     return true;
   }
 
@@ -62,6 +67,8 @@ class StrictDomBuilder {
   json& root() { return root_; }
   // Set once a rule is broken; the parse stopped there.
   const std::string& error() const { return error_; }
+  // Set when the streamed elements' callback failed; the parse stopped there.
+  const absl::Status& element_error() const { return element_error_; }
 
  private:
   // Stores `value` where the grammar puts it: the root, the end of the open
@@ -73,6 +80,13 @@ class StrictDomBuilder {
       return &root_;
     }
     json& parent = *open_.back();
+    if (&parent == streamed_array_) {
+      // An element of the streamed array: held apart, and handed over as
+      // soon as it is complete (a scalar now, a container when it closes).
+      element_ = json(std::forward<Value>(value));
+      if (element_.is_structured()) return &element_;
+      return Deliver() ? &element_ : nullptr;
+    }
     if (parent.is_array()) {
       json::array_t& array = *parent.get_ptr<json::array_t*>();
       array.emplace_back(std::forward<Value>(value));
@@ -88,12 +102,29 @@ class StrictDomBuilder {
     }
     // Children are only added to the innermost open container, so the
     // pointers held in open_ stay valid until their container closes.
-    open_.push_back(Put(type));
+    const bool streamed = type == json::value_t::array && open_.size() == 1 &&
+                          open_.back()->is_object() && next_member_streamed_;
+    json* opened = Put(type);
+    if (opened == nullptr) return false;
+    if (streamed) streamed_array_ = opened;
+    open_.push_back(opened);
     return true;
   }
 
   bool Close() {
+    const json* closed = open_.back();
     open_.pop_back();
+    if (closed == &element_) return Deliver();
+    return true;
+  }
+
+  bool Deliver() {
+    absl::Status status = streamed_->on_element(next_element_++, std::move(element_));
+    element_ = json();
+    if (!status.ok()) {
+      element_error_ = std::move(status);
+      return false;
+    }
     return true;
   }
 
@@ -107,6 +138,13 @@ class StrictDomBuilder {
   std::vector<json*> open_;       // open arrays/objects, outermost first
   json* next_member_ = nullptr;   // value slot of the last key of the innermost object
   std::string error_;
+
+  const StreamedArray* const streamed_;
+  bool next_member_streamed_ = false;  // the last key is the streamed member of the root
+  json* streamed_array_ = nullptr;     // that member, once its array opened (stays empty)
+  json element_;                       // the streamed element being built
+  size_t next_element_ = 0;
+  absl::Status element_error_;
 };
 
 }  // namespace
@@ -125,12 +163,15 @@ std::string PrintableForError(absl::string_view text, size_t max_len) {
   return out;
 }
 
-absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_depth,
-                                               absl::string_view what) {
-  StrictDomBuilder builder(max_depth);
+namespace {
+
+absl::StatusOr<nlohmann::json> Parse(absl::string_view text, int max_depth,
+                                     absl::string_view what, const StreamedArray* streamed) {
+  StrictDomBuilder builder(max_depth, streamed);
   try {
     const bool ok = json::sax_parse(text.begin(), text.end(), &builder,
                                     json::input_format_t::json, /*strict=*/true);
+    if (!builder.element_error().ok()) return builder.element_error();
     if (!ok || !builder.error().empty()) {
       return absl::DataLossError(absl::StrCat(
           what, " ", builder.error().empty() ? "is not valid JSON" : builder.error()));
@@ -140,6 +181,19 @@ absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_d
         absl::StrCat(what, " is not valid JSON: ", PrintableForError(e.what(), 256)));
   }
   return std::move(builder.root());
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_depth,
+                                               absl::string_view what) {
+  return Parse(text, max_depth, what, nullptr);
+}
+
+absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_depth,
+                                               absl::string_view what,
+                                               const StreamedArray& streamed) {
+  return Parse(text, max_depth, what, &streamed);
 }
 
 absl::string_view JsonTypeName(const nlohmann::json& value) {

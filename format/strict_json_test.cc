@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
@@ -87,6 +89,71 @@ TEST_CASE("strict JSON rejects invalid UTF-8, bad syntax and unrepresentable num
                           "nul", "[01]", "1e999", "-1e999", "{'a': 1}", "/* c */ {}"}) {
     CHECK_THAT(FailureOf(bad), Catch::StartsWith("doc is not valid JSON: "));
   }
+}
+
+TEST_CASE("a streamed array's elements go to the callback, in order, and nowhere else") {
+  std::vector<std::pair<size_t, json>> got;
+  StreamedArray streamed;
+  streamed.key = "items";
+  streamed.on_element = [&](size_t i, json element) {
+    got.emplace_back(i, std::move(element));
+    return absl::OkStatus();
+  };
+  absl::StatusOr<json> parsed = ParseStrictJson(
+      R"({"a": {"items": [9]}, "items": [{"x": [1]}, 2, "s", [3, {}], null], "z": 1})", 4, "doc",
+      streamed);
+  REQUIRE_OK(parsed);
+  // The member stays, empty; a member of the same name deeper down is not streamed.
+  CHECK(*parsed == json::parse(R"({"a": {"items": [9]}, "items": [], "z": 1})"));
+  REQUIRE(got.size() == 5);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].first == i);
+  CHECK(got[0].second == json::parse(R"({"x": [1]})"));
+  CHECK(got[1].second == 2);
+  CHECK(got[2].second == "s");
+  CHECK(got[3].second == json::parse("[3, {}]"));
+  CHECK(got[4].second.is_null());
+
+  // Not an array, or the root not an object: nothing is streamed.
+  got.clear();
+  parsed = ParseStrictJson(R"({"items": {"k": [1]}})", 4, "doc", streamed);
+  REQUIRE_OK(parsed);
+  CHECK((*parsed)["items"]["k"][0] == 1);
+  parsed = ParseStrictJson(R"([{"items": [1]}])", 4, "doc", streamed);
+  REQUIRE_OK(parsed);
+  CHECK((*parsed)[0]["items"][0] == 1);
+  CHECK(got.empty());
+
+  // The rules hold inside streamed elements.
+  CHECK(FailureOf(R"({"items": [{"k": 1, "k": 2}]})") == "doc has the key 'k' twice in one object");
+  CHECK(ParseStrictJson(R"({"items": [{"k": [[1]]}]})", 4, "doc", streamed).status().message() ==
+        "doc nests arrays/objects deeper than 4 levels");
+  CHECK(ParseStrictJson(R"({"items": [{"k": 1, "k": 2}]})", 4, "doc", streamed).status().message() ==
+        "doc has the key 'k' twice in one object");
+  CHECK(ParseStrictJson("{\"items\": [\"\xff\"]}", 4, "doc", streamed).status().code() ==
+        absl::StatusCode::kDataLoss);
+}
+
+TEST_CASE("an error from the streamed elements' callback stops the parse and is returned") {
+  int calls = 0;
+  StreamedArray streamed;
+  streamed.key = "items";
+  streamed.on_element = [&](size_t i, const json& element) {
+    ++calls;
+    if (element == "bad") return absl::InvalidArgumentError(absl::StrCat("element ", i));
+    return absl::OkStatus();
+  };
+  absl::StatusOr<json> parsed =
+      ParseStrictJson(R"({"items": [1, {"a": 2}, "bad", 4, 5]})", 4, "doc", streamed);
+  REQUIRE_STATUS_CODE(parsed, absl::StatusCode::kInvalidArgument);
+  CHECK(parsed.status().message() == "element 2");
+  CHECK(calls == 3);
+  // A syntax error after good elements is still a syntax error.
+  calls = 0;
+  CHECK_THAT(std::string(ParseStrictJson(R"({"items": [1, 2 x]})", 4, "doc", streamed)
+                             .status()
+                             .message()),
+             Catch::StartsWith("doc is not valid JSON: "));
+  CHECK(calls == 2);
 }
 
 TEST_CASE("strict JSON parses an object of 200k objects, and finds a duplicate at its end") {
