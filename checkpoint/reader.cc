@@ -202,6 +202,12 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
 absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets, const IoOptions& options) {
   ZCC_ASSIGN_OR_RETURN(format::RankManifest m, ReadManifest(step_dir, rank));
+  return ReadRankTensors(step_dir, m, targets, options);
+}
+
+absl::Status ReadRankTensors(const std::string& step_dir, const format::RankManifest& m,
+                             const std::vector<ReadTarget>& targets, const IoOptions& options) {
+  const uint32_t rank = m.rank;
   std::map<std::string, const format::ManifestTensor*> by_key;
   for (const auto& t : m.tensors) by_key[absl::StrCat(t.kind, "/", t.name)] = &t;
   // Check every target before reading anything, so a mismatch leaves the
