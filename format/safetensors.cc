@@ -186,19 +186,16 @@ absl::StatusOr<SafetensorsHeader> DecodeHeaderJson(absl::string_view text, uint6
     return absl::DataLossError(
         "safetensors header does not start with '{' (not a safetensors file, or corrupt)");
   }
-  ZCC_ASSIGN_OR_RETURN(json root,
-                       internal::ParseStrictJson(text, kMaxHeaderDepth, "safetensors header"));
-  if (!root.is_object()) {
-    return absl::DataLossError(absl::StrCat("safetensors header must be a JSON object, not ",
-                                            internal::JsonTypeName(root)));
-  }
   SafetensorsHeader header;
   header.data_start = data_start;
   const uint64_t data_size = file_size - data_start;
-  for (const auto& [key, value] : root.items()) {
+  // Each entry is decoded as the parser completes it, never held in one DOM
+  // of the whole header (a million tensors: gigabytes, and most of the time).
+  internal::StreamedMembers members;
+  members.on_member = [&](std::string key, json value) -> absl::Status {
     if (key == kMetadataKey) {
       ZCC_ASSIGN_OR_RETURN(header.metadata, ParseMetadata(value));
-      continue;
+      return absl::OkStatus();
     }
     ZCC_ASSIGN_OR_RETURN(SafetensorsTensor t, ParseTensorEntry(key, value));
     if (t.end > data_size) {
@@ -207,6 +204,13 @@ absl::StatusOr<SafetensorsHeader> DecodeHeaderJson(absl::string_view text, uint6
                                "] run past the data section, which is ", data_size, " bytes"));
     }
     header.tensors.push_back(std::move(t));
+    return absl::OkStatus();
+  };
+  ZCC_ASSIGN_OR_RETURN(json root, internal::ParseStrictJson(text, kMaxHeaderDepth,
+                                                            "safetensors header", members));
+  if (!root.is_object()) {
+    return absl::DataLossError(absl::StrCat("safetensors header must be a JSON object, not ",
+                                            internal::JsonTypeName(root)));
   }
   // JSON object keys are unique (ParseStrictJson), so names are too.
   std::sort(header.tensors.begin(), header.tensors.end(),

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -30,8 +31,9 @@ class StrictDomBuilder {
 
   // `streamed` (may be null) names a root member whose array elements go to
   // its callback instead of into the document.
-  StrictDomBuilder(int max_depth, const StreamedArray* streamed)
-      : max_depth_(max_depth), streamed_(streamed) {}
+  // `members` (may be null): the root object's members go to its callback.
+  StrictDomBuilder(int max_depth, const StreamedArray* streamed, const StreamedMembers* members)
+      : max_depth_(max_depth), streamed_(streamed), members_(members) {}
 
   bool null() { return Put(nullptr) != nullptr; }
   bool boolean(bool v) { return Put(v) != nullptr; }
@@ -47,6 +49,15 @@ class StrictDomBuilder {
   bool end_array() { return Close(); }
 
   bool key(string_t& k) {
+    if (StreamingRootMembers()) {
+      // The root's members are not stored: their keys are tracked apart.
+      if (!root_keys_.insert(k).second) {
+        return Fail(absl::StrCat("has the key '", PrintableForError(k), "' twice in one object"));
+      }
+      member_key_ = std::move(k);
+      next_member_ = &element_;
+      return true;
+    }
     json::object_t& object = *open_.back()->get_ptr<json::object_t*>();
     auto [it, inserted] = object.emplace(std::move(k), nullptr);
     if (!inserted) {
@@ -93,7 +104,14 @@ class StrictDomBuilder {
       return &array.back();
     }
     *next_member_ = json(std::forward<Value>(value));
+    if (next_member_ == &element_ && !element_.is_structured()) {
+      return DeliverMember() ? &element_ : nullptr;
+    }
     return next_member_;
+  }
+
+  bool StreamingRootMembers() const {
+    return members_ != nullptr && open_.size() == 1 && open_.back() == &root_;
   }
 
   bool Open(json::value_t type) {
@@ -114,7 +132,18 @@ class StrictDomBuilder {
   bool Close() {
     const json* closed = open_.back();
     open_.pop_back();
-    if (closed == &element_) return Deliver();
+    if (closed == &element_) return members_ != nullptr ? DeliverMember() : Deliver();
+    return true;
+  }
+
+  bool DeliverMember() {
+    absl::Status status = members_->on_member(std::move(member_key_), std::move(element_));
+    member_key_.clear();
+    element_ = json();
+    if (!status.ok()) {
+      element_error_ = std::move(status);
+      return false;
+    }
     return true;
   }
 
@@ -142,7 +171,10 @@ class StrictDomBuilder {
   const StreamedArray* const streamed_;
   bool next_member_streamed_ = false;  // the last key is the streamed member of the root
   json* streamed_array_ = nullptr;     // that member, once its array opened (stays empty)
-  json element_;                       // the streamed element being built
+  const StreamedMembers* const members_;
+  absl::flat_hash_set<std::string> root_keys_;  // keys of the streamed root members
+  std::string member_key_;                      // key of the member being built
+  json element_;                       // the streamed element or member being built
   size_t next_element_ = 0;
   absl::Status element_error_;
 };
@@ -166,8 +198,9 @@ std::string PrintableForError(absl::string_view text, size_t max_len) {
 namespace {
 
 absl::StatusOr<nlohmann::json> Parse(absl::string_view text, int max_depth,
-                                     absl::string_view what, const StreamedArray* streamed) {
-  StrictDomBuilder builder(max_depth, streamed);
+                                     absl::string_view what, const StreamedArray* streamed,
+                                     const StreamedMembers* members) {
+  StrictDomBuilder builder(max_depth, streamed, members);
   try {
     const bool ok = json::sax_parse(text.begin(), text.end(), &builder,
                                     json::input_format_t::json, /*strict=*/true);
@@ -187,13 +220,19 @@ absl::StatusOr<nlohmann::json> Parse(absl::string_view text, int max_depth,
 
 absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_depth,
                                                absl::string_view what) {
-  return Parse(text, max_depth, what, nullptr);
+  return Parse(text, max_depth, what, nullptr, nullptr);
 }
 
 absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_depth,
                                                absl::string_view what,
                                                const StreamedArray& streamed) {
-  return Parse(text, max_depth, what, &streamed);
+  return Parse(text, max_depth, what, &streamed, nullptr);
+}
+
+absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_depth,
+                                               absl::string_view what,
+                                               const StreamedMembers& streamed) {
+  return Parse(text, max_depth, what, nullptr, &streamed);
 }
 
 absl::string_view JsonTypeName(const nlohmann::json& value) {

@@ -40,6 +40,20 @@ absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_d
                                                absl::string_view what,
                                                const StreamedArray& streamed);
 
+// The members of the root object handed over one at a time, as each value is
+// complete, instead of being kept in the document (which is left an empty
+// object). Keys are still checked for duplicates.
+struct StreamedMembers {
+  // Called with each member's key and value; an error stops the parse and is
+  // what ParseStrictJson returns.
+  std::function<absl::Status(std::string key, nlohmann::json value)> on_member;
+};
+
+// ParseStrictJson, streaming the members of the root object when it is one.
+absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, int max_depth,
+                                               absl::string_view what,
+                                               const StreamedMembers& streamed);
+
 // Printable form of untrusted text for an error message: control and
 // non-ASCII bytes as \xNN, cut to `max_len` bytes.
 std::string PrintableForError(absl::string_view text, size_t max_len = 64);

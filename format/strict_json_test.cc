@@ -156,6 +156,46 @@ TEST_CASE("an error from the streamed elements' callback stops the parse and is 
   CHECK(calls == 2);
 }
 
+TEST_CASE("streamed root members go to the callback, keys still unique") {
+  std::vector<std::pair<std::string, json>> got;
+  StreamedMembers streamed;
+  streamed.on_member = [&](std::string key, json value) {
+    const bool stop = value == "stop";
+    got.emplace_back(std::move(key), std::move(value));
+    return stop ? absl::FailedPreconditionError("stopped") : absl::OkStatus();
+  };
+  absl::StatusOr<json> parsed =
+      ParseStrictJson(R"({"b": {"x": {"b": 1}}, "a": [1, [2]], "c": 3, "d": null})", 4, "doc",
+                      streamed);
+  REQUIRE_OK(parsed);
+  CHECK(*parsed == json::object());
+  REQUIRE(got.size() == 4);  // in document order
+  CHECK(got[0].first == "b");
+  CHECK(got[0].second == json::parse(R"({"x": {"b": 1}})"));
+  CHECK(got[1].first == "a");
+  CHECK(got[1].second == json::parse("[1, [2]]"));
+  CHECK(got[2].second == 3);
+  CHECK(got[3].first == "d");
+
+  // A root that is not an object is parsed as usual.
+  got.clear();
+  parsed = ParseStrictJson(R"([{"a": 1}])", 4, "doc", streamed);
+  REQUIRE_OK(parsed);
+  CHECK((*parsed)[0]["a"] == 1);
+  CHECK(got.empty());
+
+  const auto message = [&](absl::string_view text) {
+    return std::string(ParseStrictJson(text, 3, "doc", streamed).status().message());
+  };
+  CHECK(message(R"({"a": 1, "b": {}, "a": 2})") == "doc has the key 'a' twice in one object");
+  CHECK(message(R"({"a": {"k": 1, "k": 1}})") == "doc has the key 'k' twice in one object");
+  CHECK(message(R"({"a": {"k": [[1]]}})") == "doc nests arrays/objects deeper than 3 levels");
+  CHECK_THAT(message("{\"a\": 1, \"\xc3\": 2}"), Catch::StartsWith("doc is not valid JSON: "));
+  got.clear();
+  CHECK(message(R"({"a": 1, "b": "stop", "c": 3})") == "stopped");
+  CHECK(got.size() == 2);
+}
+
 TEST_CASE("strict JSON parses an object of 200k objects, and finds a duplicate at its end") {
   // nlohmann's callback parser took time quadratic in the child objects of
   // one object; this size would take minutes there and is a fraction of a
