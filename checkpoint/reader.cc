@@ -208,7 +208,8 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
 absl::Status ReadRankTensors(const std::string& step_dir, const format::RankManifest& m,
                              const std::vector<ReadTarget>& targets, const IoOptions& options) {
   const uint32_t rank = m.rank;
-  std::map<std::string, const format::ManifestTensor*> by_key;
+  absl::flat_hash_map<std::string, const format::ManifestTensor*> by_key;
+  by_key.reserve(m.tensors.size());
   for (const auto& t : m.tensors) by_key[absl::StrCat(t.kind, "/", t.name)] = &t;
   // Check every target before reading anything, so a mismatch leaves the
   // destination untouched.
