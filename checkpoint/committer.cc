@@ -8,8 +8,8 @@
 
 #include <cstdio>
 #include <map>
-#include <set>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -53,7 +53,7 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
 
   std::map<std::string, std::string> model_map;
   std::map<std::string, std::string> ema_map;
-  std::set<std::string> seen_keys;
+  absl::flat_hash_set<std::string> seen_keys;  // "kind/name"; kinds hold no '/'
   format::Xxh3Stream combined;
   for (uint32_t r = 0; r < world_size; ++r) {
     const std::string path = JoinPath(partial, format::ManifestFileName(r));

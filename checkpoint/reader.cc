@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/shard_file_reader.h"
@@ -23,15 +24,21 @@ storage::Storage& StorageOf(const IoOptions& options) {
   return options.storage != nullptr ? *options.storage : *storage::DefaultStorage();
 }
 
-absl::StatusOr<format::RankManifest> ReadManifest(const std::string& step_dir, uint32_t rank) {
-  const std::string path = JoinPath(step_dir, format::ManifestFileName(rank));
-  ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+// Decodes the manifest of `rank` read from `path`.
+absl::StatusOr<format::RankManifest> DecodeManifest(const std::string& path, uint32_t rank,
+                                                    absl::string_view text) {
   auto m = format::DecodeRankManifest(text);
   if (!m.ok()) return absl::DataLossError(absl::StrCat(path, ": ", m.status().message()));
   if (m->rank != rank) {
     return absl::DataLossError(absl::StrCat(path, " says it is rank ", m->rank));
   }
   return m;
+}
+
+absl::StatusOr<format::RankManifest> ReadManifest(const std::string& step_dir, uint32_t rank) {
+  const std::string path = JoinPath(step_dir, format::ManifestFileName(rank));
+  ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+  return DecodeManifest(path, rank, text);
 }
 
 // The first `n` bytes of a file (fewer if it is shorter), read through an
@@ -80,7 +87,8 @@ absl::StatusOr<OpenShard> OpenAndCheckShard(
   if (!decoded.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": ", decoded.status().message()));
   }
-  std::map<std::string, const format::SafetensorsTensor*> by_name;
+  absl::flat_hash_map<absl::string_view, const format::SafetensorsTensor*> by_name;
+  by_name.reserve(decoded->tensors.size());
   for (const auto& t : decoded->tensors) by_name[t.name] = &t;
   if (by_name.size() != in_file.size()) {
     return absl::DataLossError(absl::StrCat(path, " holds ", by_name.size(),
@@ -154,7 +162,7 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOpt
     const std::string mpath = JoinPath(step_dir, format::ManifestFileName(r));
     ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, format::kMaxManifestBytes));
     combined.Update(text.data(), text.size());
-    ZCC_ASSIGN_OR_RETURN(format::RankManifest m, ReadManifest(step_dir, r));
+    ZCC_ASSIGN_OR_RETURN(format::RankManifest m, DecodeManifest(mpath, r, text));
     if (m.job_id != record.job_id || m.step != record.step || m.world_size != record.world_size) {
       return absl::DataLossError(absl::StrCat(mpath, " does not belong to this commit"));
     }
@@ -194,7 +202,14 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
 absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets, const IoOptions& options) {
   ZCC_ASSIGN_OR_RETURN(format::RankManifest m, ReadManifest(step_dir, rank));
-  std::map<std::string, const format::ManifestTensor*> by_key;
+  return ReadRankTensors(step_dir, m, targets, options);
+}
+
+absl::Status ReadRankTensors(const std::string& step_dir, const format::RankManifest& m,
+                             const std::vector<ReadTarget>& targets, const IoOptions& options) {
+  const uint32_t rank = m.rank;
+  absl::flat_hash_map<std::string, const format::ManifestTensor*> by_key;
+  by_key.reserve(m.tensors.size());
   for (const auto& t : m.tensors) by_key[absl::StrCat(t.kind, "/", t.name)] = &t;
   // Check every target before reading anything, so a mismatch leaves the
   // destination untouched.

@@ -63,6 +63,10 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets);
 absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets, const IoOptions& options);
+// The same with the rank's manifest already read and decoded (by a caller
+// that needed it anyway), so that it is not decoded again.
+absl::Status ReadRankTensors(const std::string& step_dir, const format::RankManifest& manifest,
+                             const std::vector<ReadTarget>& targets, const IoOptions& options);
 
 struct RestoreChoice {
   int64_t step = -1;

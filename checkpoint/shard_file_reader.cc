@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "format/checksum.h"
@@ -129,7 +130,10 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
   // in. Devices tend to finish a queue's requests together; hashing between
   // refills would leave the device idle. Pieces that came in but are not
   // processed yet still hold their bounce buffers, hence two per request slot.
-  std::vector<format::Xxh3Stream> streams(requests.size());
+  // Streaming hash state only for tensors split across pieces; a tensor
+  // that arrives in one piece is hashed in one call. (One state per request
+  // would be ~600 bytes and an allocation per tensor.)
+  absl::flat_hash_map<size_t, format::Xxh3Stream> partial;
   std::vector<uint8_t*> landed(pieces.size());
   const size_t buffers = 2 * size_t{file.queue_depth()};
   if (bounce->size() < buffers) bounce->resize(buffers);
@@ -182,9 +186,16 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
         if (p.dst == nullptr && r.dst != nullptr) {
           std::memcpy(r.dst + (from - Begin(r)), src, to - from);
         }
-        streams[k].Update(src, to - from);
+        if (from == Begin(r) && to == End(r)) {
+          if (format::Xxh3(src, to - from) != r.tensor->xxh3) return Mismatch(r, path);
+          run.cursor = k + 1;
+          continue;
+        }
+        format::Xxh3Stream& stream = partial[k];
+        stream.Update(src, to - from);
         if (to == End(r)) {
-          if (streams[k].Digest() != r.tensor->xxh3) return Mismatch(r, path);
+          if (stream.Digest() != r.tensor->xxh3) return Mismatch(r, path);
+          partial.erase(k);
           run.cursor = k + 1;
         }
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +34,15 @@ class TensorChecksummer {
       FinishEndedTensors();
       if (!started_) return;  // past the last tensor: nothing to hash
       const uint64_t stop = std::min(end, tensor_end_);
-      stream_.Update(data_ + done_, stop - done_);
+      if (done_ == tensor_begin_ && stop == tensor_end_) {
+        // The whole tensor at once (the usual case for all but the largest):
+        // one call, no streaming state to allocate per tensor.
+        digests_.push_back(format::Xxh3(data_ + done_, stop - done_));
+        started_ = false;
+      } else {
+        if (!stream_.has_value()) stream_.emplace();
+        stream_->Update(data_ + done_, stop - done_);
+      }
       done_ = stop;
     }
   }
@@ -49,12 +58,13 @@ class TensorChecksummer {
   void FinishEndedTensors() {
     while (next_ < sizes_.size() || started_) {
       if (!started_) {
+        tensor_begin_ = done_;
         tensor_end_ = done_ + sizes_[next_++];
-        stream_ = format::Xxh3Stream();
+        stream_.reset();
         started_ = true;
       }
       if (tensor_end_ > done_) return;
-      digests_.push_back(stream_.Digest());
+      digests_.push_back(stream_.has_value() ? stream_->Digest() : format::Xxh3(nullptr, 0));
       started_ = false;
     }
   }
@@ -62,8 +72,9 @@ class TensorChecksummer {
   const uint8_t* const data_;
   const std::vector<uint64_t>& sizes_;
   std::vector<uint64_t> digests_;
-  format::Xxh3Stream stream_;
+  std::optional<format::Xxh3Stream> stream_;  // the open tensor, once hashed in parts
   uint64_t done_ = 0;        // bytes hashed
+  uint64_t tensor_begin_ = 0;  // start of the current tensor
   uint64_t tensor_end_ = 0;  // end of the current tensor
   size_t next_ = 0;          // next tensor to start
   bool started_ = false;     // a tensor is open in stream_

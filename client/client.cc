@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/default_paths.h"
 #include "common/futex.h"
@@ -22,6 +23,7 @@
 #include "common/validate.h"
 #include "copy/host_copier.h"
 #include "cuda/copier_select.h"
+#include "proto/message_limits.h"
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
@@ -123,8 +125,8 @@ struct Stubs {
     // longer than a backoff step to send its SETTINGS frame. At 100 ms such
     // attempts were cut off and the trainer ran unregistered.
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10000);
-    args.SetMaxReceiveMessageSize(256 << 20);
-    args.SetMaxSendMessageSize(256 << 20);
+    args.SetMaxReceiveMessageSize(v1::kMaxMessageBytes);
+    args.SetMaxSendMessageSize(v1::kMaxMessageBytes);
     channel = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(),
                                         args);
     control = v1::Control::NewStub(channel);
@@ -697,10 +699,14 @@ absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs) {
     } else {
       const uint64_t room = buffer->size() - resp.data_offset();
       const uint8_t* base = buffer->base() + resp.data_offset();
+      // By name, once: a search of the placements per output is quadratic.
+      absl::flat_hash_map<absl::string_view, const v1::TensorPlacement*> by_name;
+      by_name.reserve(resp.placements_size());
+      for (const v1::TensorPlacement& p : resp.placements()) by_name.emplace(p.name(), &p);
       for (const EmaOutput& out : outputs) {
-        auto it = std::find_if(resp.placements().begin(), resp.placements().end(),
-                               [&](const v1::TensorPlacement& p) { return p.name() == out.name; });
-        if (it == resp.placements().end()) {
+        const auto found = by_name.find(out.name);
+        const v1::TensorPlacement* it = found == by_name.end() ? nullptr : found->second;
+        if (it == nullptr) {
           copied = absl::NotFoundError(absl::StrCat(
               "zccd keeps no EMA of '", out.name, "' for this rank (another replica writes it, or "
               "it is not an EMA-eligible parameter)"));

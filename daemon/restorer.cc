@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/rank_shards.h"
@@ -24,17 +25,39 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
     }
     return absl::OkStatus();
   };
-  // Which rank's shards hold each tensor.
-  std::map<std::string, uint32_t> source;
+  // Which rank's shards hold each tensor (the lowest rank when several do),
+  // and the decoded manifests of those ranks, kept for reading: a manifest of
+  // a million tensors takes seconds to decode.
+  absl::flat_hash_map<std::string, size_t> wanted;  // "kind/name" -> index in registered
+  wanted.reserve(registered.size());
+  for (size_t i = 0; i < registered.size(); ++i) {
+    wanted.emplace(absl::StrCat(checkpoint::KindForGroup(registered[i].group), "/",
+                                registered[i].name),
+                   i);
+  }
+  std::vector<int64_t> source(registered.size(), -1);
+  std::map<uint32_t, format::RankManifest> manifests;
+  std::string key;
   for (uint32_t r = 0; r < world_size; ++r) {
     ZCC_RETURN_IF_ERROR(check_cancelled());
     const std::string path = JoinPath(step_dir, format::ManifestFileName(r));
     ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
     auto manifest = format::DecodeRankManifest(text);
     if (!manifest.ok()) return absl::DataLossError(absl::StrCat(path, ": ", manifest.status().message()));
-    for (const format::ManifestTensor& t : manifest->tensors) {
-      source.emplace(absl::StrCat(t.kind, "/", t.name), r);
+    if (manifest->rank != r) {
+      return absl::DataLossError(absl::StrCat(path, " says it is rank ", manifest->rank));
     }
+    bool holds_wanted = false;
+    for (const format::ManifestTensor& t : manifest->tensors) {
+      key.clear();
+      absl::StrAppend(&key, t.kind, "/", t.name);
+      const auto it = wanted.find(key);
+      if (it != wanted.end() && source[it->second] < 0) {
+        source[it->second] = r;
+        holds_wanted = true;
+      }
+    }
+    if (holds_wanted) manifests.emplace(r, *std::move(manifest));
   }
 
   std::vector<shm::LayoutInput> inputs;
@@ -49,18 +72,18 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
   for (size_t i = 0; i < registered.size(); ++i) {
     const RegisteredTensor& t = registered[i];
     const std::string kind = checkpoint::KindForGroup(t.group);
-    auto it = source.find(absl::StrCat(kind, "/", t.name));
-    if (it == source.end()) {
+    if (source[i] < 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("tensor '", t.name, "' (", kind, ") is not in ", step_dir));
     }
     buffer.offsets.push_back(layout.placements[i].offset);
-    by_rank[it->second].push_back(
+    by_rank[static_cast<uint32_t>(source[i])].push_back(
         {t.name, kind, t.dtype, t.shape, base + layout.placements[i].offset, t.nbytes});
   }
   for (const auto& [rank, targets] : by_rank) {
     ZCC_RETURN_IF_ERROR(check_cancelled());
-    ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, rank, targets));
+    ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, manifests.at(rank), targets,
+                                                    checkpoint::IoOptions()));
   }
   return buffer;
 }

@@ -22,13 +22,12 @@
 #include "daemon/unix_listener.h"
 #include "metrics/http_exporter.h"
 #include "metrics/textfile_writer.h"
+#include "proto/message_limits.h"
 #include "proto/zcc.grpc.pb.h"
 #include "systemd/notify.h"
 
 namespace zcc::daemon {
 namespace {
-
-constexpr int kMaxMessageBytes = 256 << 20;
 
 // The caller of an RPC, from the credentials zccd recorded when it accepted
 // the connection. Unknown peers (which cannot happen on the unix socket) are
@@ -245,8 +244,8 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
   grpc::ServerBuilder builder;
   builder.RegisterService(impl->control.get());
   builder.RegisterService(impl->status.get());
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(v1::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(v1::kMaxMessageBytes);
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve on unix:", config.socket_path));

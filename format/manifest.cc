@@ -4,6 +4,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -175,13 +176,18 @@ class FieldReader {
   std::string where_;
 };
 
-// Parses `text` as a JSON object no larger than kMaxManifestBytes.
-absl::StatusOr<json> ParseDocument(absl::string_view text, absl::string_view what) {
+// Parses `text` as a JSON object no larger than kMaxManifestBytes, the
+// elements of `streamed` (when given) handed to its callback.
+absl::StatusOr<json> ParseDocument(absl::string_view text, absl::string_view what,
+                                   const internal::StreamedArray* streamed = nullptr) {
   if (text.size() > kMaxManifestBytes) {
     return absl::DataLossError(
         absl::StrCat(what, " is ", text.size(), " bytes; the limit is ", kMaxManifestBytes));
   }
-  ZCC_ASSIGN_OR_RETURN(json root, internal::ParseStrictJson(text, kMaxManifestDepth, what));
+  ZCC_ASSIGN_OR_RETURN(json root,
+                       streamed == nullptr
+                           ? internal::ParseStrictJson(text, kMaxManifestDepth, what)
+                           : internal::ParseStrictJson(text, kMaxManifestDepth, what, *streamed));
   if (!root.is_object()) {
     return absl::DataLossError(
         absl::StrCat(what, " must be a JSON object, not ", internal::JsonTypeName(root)));
@@ -193,10 +199,71 @@ bool IsTensorKind(absl::string_view kind) {
   return kind == "param" || kind == "optim" || kind == "extra" || kind == "ema";
 }
 
+// Where a tensor entry is, for messages: its index, and its name once valid.
+std::string TensorWhere(size_t i, const std::string* name) {
+  std::string where = absl::StrCat("manifest tensors[", i, "]");
+  if (name != nullptr) absl::StrAppend(&where, " ('", *name, "')");
+  return where;
+}
+
+// One element of "tensors", checked on its own (the checks against "files"
+// come once the whole document is read: JSON members come in any order).
+absl::StatusOr<ManifestTensor> DecodeTensorEntry(size_t i, const json& entry) {
+  if (!entry.is_object()) {
+    return absl::DataLossError(absl::StrCat(TensorWhere(i, nullptr), " must be an object, not ",
+                                            internal::JsonTypeName(entry)));
+  }
+  ManifestTensor t;
+  {
+    const FieldReader f(entry, TensorWhere(i, nullptr));
+    ZCC_ASSIGN_OR_RETURN(t.name, f.String("name"));
+    ZCC_RETURN_IF_ERROR(f.Wrap("name", ValidateTensorName(t.name)));
+  }
+  // The name is valid now; quote it in every later message.
+  const FieldReader f(entry, TensorWhere(i, &t.name));
+  ZCC_ASSIGN_OR_RETURN(const std::string dtype, f.String("dtype"));
+  absl::StatusOr<DType> parsed = ParseDTypeName(dtype);
+  if (!parsed.ok()) return f.Wrap("dtype", parsed.status());
+  t.dtype = *parsed;
+  ZCC_ASSIGN_OR_RETURN(t.shape, f.Shape("shape"));
+  ZCC_ASSIGN_OR_RETURN(t.kind, f.String("kind"));
+  if (!IsTensorKind(t.kind)) {
+    return f.Error("kind", absl::StrCat("is '", internal::PrintableForError(t.kind),
+                                        "'; expected param, optim, extra or ema"));
+  }
+  ZCC_ASSIGN_OR_RETURN(t.file, f.String("file"));
+  ZCC_ASSIGN_OR_RETURN(t.offset, f.Unsigned("offset"));
+  ZCC_ASSIGN_OR_RETURN(t.nbytes, f.Unsigned("nbytes"));
+  absl::StatusOr<uint64_t> expected = TensorBytes(t.dtype, t.shape);
+  if (!expected.ok()) return f.Wrap("shape", expected.status());
+  if (*expected != t.nbytes) {
+    return f.Error("nbytes",
+                   absl::StrCat("is ", t.nbytes, " but ", dtype, " x [",
+                                absl::StrJoin(t.shape, ","), "] is ", *expected, " bytes"));
+  }
+  ZCC_ASSIGN_OR_RETURN(t.xxh3, f.Hex("xxh3"));
+  return t;
+}
+
 absl::StatusOr<RankManifest> DecodeRankManifestJson(absl::string_view text) {
-  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, "manifest"));
-  const FieldReader top(root, "manifest");
   RankManifest m;
+  // The tensors are decoded as the parser completes each entry, never held
+  // as one DOM (for a million tensors that took gigabytes and most of the
+  // decoding time).
+  absl::flat_hash_set<std::string> seen;  // "kind/name"; kinds hold no '/'
+  internal::StreamedArray tensors_stream;
+  tensors_stream.key = "tensors";
+  tensors_stream.on_element = [&](size_t i, json entry) -> absl::Status {
+    ZCC_ASSIGN_OR_RETURN(ManifestTensor t, DecodeTensorEntry(i, entry));
+    if (!seen.insert(absl::StrCat(t.kind, "/", t.name)).second) {
+      return absl::DataLossError(absl::StrCat(TensorWhere(i, &t.name), ": a ", t.kind,
+                                              " tensor of this name is listed twice"));
+    }
+    m.tensors.push_back(std::move(t));
+    return absl::OkStatus();
+  };
+  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, "manifest", &tensors_stream));
+  const FieldReader top(root, "manifest");
   ZCC_RETURN_IF_ERROR(top.FormatVersion());
   ZCC_ASSIGN_OR_RETURN(m.job_id, top.JobId());
   ZCC_ASSIGN_OR_RETURN(const uint64_t step, top.Unsigned("step", INT64_MAX));
@@ -229,60 +296,24 @@ absl::StatusOr<RankManifest> DecodeRankManifestJson(absl::string_view text) {
     m.files.push_back(std::move(file));
   }
 
-  ZCC_ASSIGN_OR_RETURN(const json* tensors, top.Array("tensors"));
-  std::set<std::pair<std::string, std::string>> seen;  // (kind, name)
-  for (size_t i = 0; i < tensors->size(); ++i) {
-    const json& entry = (*tensors)[i];
-    std::string where = absl::StrCat("manifest tensors[", i, "]");
-    if (!entry.is_object()) {
+  // Present, and an array (its elements were streamed out of it).
+  ZCC_RETURN_IF_ERROR(top.Array("tensors").status());
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const ManifestTensor& t = m.tensors[i];
+    const auto error = [&](absl::string_view field, absl::string_view message) {
       return absl::DataLossError(
-          absl::StrCat(where, " must be an object, not ", internal::JsonTypeName(entry)));
-    }
-    ManifestTensor t;
-    {
-      const FieldReader f(entry, where);
-      ZCC_ASSIGN_OR_RETURN(t.name, f.String("name"));
-      ZCC_RETURN_IF_ERROR(f.Wrap("name", ValidateTensorName(t.name)));
-    }
-    // The name is valid now; quote it in every later message.
-    absl::StrAppend(&where, " ('", t.name, "')");
-    const FieldReader f(entry, where);
-    ZCC_ASSIGN_OR_RETURN(const std::string dtype, f.String("dtype"));
-    absl::StatusOr<DType> parsed = ParseDTypeName(dtype);
-    if (!parsed.ok()) return f.Wrap("dtype", parsed.status());
-    t.dtype = *parsed;
-    ZCC_ASSIGN_OR_RETURN(t.shape, f.Shape("shape"));
-    ZCC_ASSIGN_OR_RETURN(t.kind, f.String("kind"));
-    if (!IsTensorKind(t.kind)) {
-      return f.Error("kind", absl::StrCat("is '", internal::PrintableForError(t.kind),
-                                          "'; expected param, optim, extra or ema"));
-    }
-    if (!seen.emplace(t.kind, t.name).second) {
-      return absl::DataLossError(
-          absl::StrCat(where, ": a ", t.kind, " tensor of this name is listed twice"));
-    }
-    ZCC_ASSIGN_OR_RETURN(t.file, f.String("file"));
+          absl::StrCat(TensorWhere(i, &t.name), ": \"", field, "\" ", message));
+    };
     const auto file = file_bytes.find(t.file);
     if (file == file_bytes.end()) {
-      return f.Error("file", absl::StrCat("'", internal::PrintableForError(t.file),
-                                          "' is not in the manifest's \"files\""));
-    }
-    ZCC_ASSIGN_OR_RETURN(t.offset, f.Unsigned("offset"));
-    ZCC_ASSIGN_OR_RETURN(t.nbytes, f.Unsigned("nbytes"));
-    absl::StatusOr<uint64_t> expected = TensorBytes(t.dtype, t.shape);
-    if (!expected.ok()) return f.Wrap("shape", expected.status());
-    if (*expected != t.nbytes) {
-      return f.Error("nbytes",
-                     absl::StrCat("is ", t.nbytes, " but ", dtype, " x [",
-                                  absl::StrJoin(t.shape, ","), "] is ", *expected, " bytes"));
+      return error("file", absl::StrCat("'", internal::PrintableForError(t.file),
+                                        "' is not in the manifest's \"files\""));
     }
     // offset + nbytes <= file size, written so that it cannot overflow.
     if (t.offset > file->second || t.nbytes > file->second - t.offset) {
-      return f.Error("offset", absl::StrCat("[", t.offset, ", +", t.nbytes, ") lies outside '",
-                                            t.file, "', which is ", file->second, " bytes"));
+      return error("offset", absl::StrCat("[", t.offset, ", +", t.nbytes, ") lies outside '",
+                                          t.file, "', which is ", file->second, " bytes"));
     }
-    ZCC_ASSIGN_OR_RETURN(t.xxh3, f.Hex("xxh3"));
-    m.tensors.push_back(std::move(t));
   }
   return m;
 }
@@ -369,8 +400,21 @@ std::string EncodeRankManifest(const RankManifest& manifest) {
     files.push_back(std::move(entry));
   }
   root["files"] = std::move(files);
-  ordered_json tensors = ordered_json::array();
-  for (const ManifestTensor& t : manifest.tensors) {
+  root["tensors"] = ordered_json::array();
+  std::string text = root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors);
+  if (manifest.tensors.empty()) return text + "\n";
+
+  // The tensors are appended entry by entry, in the bytes nlohmann writes for
+  // the whole document, instead of being built as one document first: a
+  // DOM of a million entries takes gigabytes, the text a fraction of that.
+  // Each entry is dumped on its own and indented by the two levels it sits
+  // at; a raw newline in a dump is always a line break (dump escapes the
+  // ones inside strings).
+  constexpr absl::string_view kEmptyTail = "[]\n}";
+  text.resize(text.size() - kEmptyTail.size());
+  text += "[\n";
+  for (size_t i = 0; i < manifest.tensors.size(); ++i) {
+    const ManifestTensor& t = manifest.tensors[i];
     ordered_json entry = ordered_json::object();
     entry["name"] = t.name;
     entry["dtype"] = std::string(DTypeName(t.dtype));
@@ -380,10 +424,15 @@ std::string EncodeRankManifest(const RankManifest& manifest) {
     entry["offset"] = t.offset;
     entry["nbytes"] = t.nbytes;
     entry["xxh3"] = Hex64(t.xxh3);
-    tensors.push_back(std::move(entry));
+    if (i > 0) text += ",\n";
+    text += "  ";
+    for (char c : entry.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors)) {
+      text.push_back(c);
+      if (c == '\n') text += "  ";
+    }
   }
-  root["tensors"] = std::move(tensors);
-  return root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
+  text += "\n ]\n}\n";
+  return text;
 }
 
 absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json) {
@@ -408,11 +457,13 @@ absl::StatusOr<CommitRecord> DecodeCommitRecord(absl::string_view json) {
 
 std::string EncodeWeightMapIndex(const std::map<std::string, std::string>& weight_map,
                                  uint64_t total_size) {
-  ordered_json root = ordered_json::object();
-  root["metadata"] = ordered_json::object({{"total_size", total_size}});
-  ordered_json map = ordered_json::object();
-  for (const auto& [name, file] : weight_map) map[name] = file;
-  root["weight_map"] = std::move(map);
+  // json (not ordered_json): its objects are sorted maps, so "metadata" comes
+  // before "weight_map" and the names keep std::map's order, as transformers
+  // writes them, and the map converts in linear time. (ordered_json finds
+  // every key by a linear scan: quadratic in the tensor count.)
+  json root = json::object();
+  root["metadata"] = json::object({{"total_size", total_size}});
+  root["weight_map"] = json(weight_map);
   return root.dump(2, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
 }
 

@@ -15,8 +15,19 @@
 namespace zcc::format {
 
 inline constexpr int kFormatVersion = 1;
-// Manifests and commit records larger than this are refused when read back.
-inline constexpr uint64_t kMaxManifestBytes = 256ull << 20;
+// Upper bound on one tensor's entry in a manifest EncodeRankManifest writes:
+// a 512-byte name (names hold no byte that JSON escapes), 16 dimensions of up
+// to 19 digits on lines of their own, a 255-byte file name, two 20-digit
+// numbers, the hash, keys and indentation come to about 1,370 bytes.
+inline constexpr uint64_t kMaxManifestEntryBytes = 1536;
+// Entries one manifest can hold with zccd's default max_tensors_per_rank
+// (1,048,576): every registered tensor, plus an EMA entry for each parameter.
+inline constexpr uint64_t kMaxManifestEntries = uint64_t{2} << 20;
+// Manifests, commit records and index files larger than this are refused when
+// read back: 3 GiB + 1 MiB, room for kMaxManifestEntries of the largest
+// entries. (A manifest of 1M tensors with short names is ~250 MB.)
+inline constexpr uint64_t kMaxManifestBytes =
+    kMaxManifestEntries * kMaxManifestEntryBytes + (uint64_t{1} << 20);
 
 // One tensor as written by one rank.
 struct ManifestTensor {

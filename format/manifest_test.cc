@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/testing/status_matchers.h"
 #include "format/dtype.h"
 
@@ -329,6 +331,101 @@ TEST_CASE("step directory and file names") {
                                             "1000",
                                             13)),
                absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zcc::format
+
+namespace zcc::format {
+namespace {
+
+using nlohmann::ordered_json;
+
+// The manifest as one nlohmann document, the way EncodeRankManifest built it
+// before it wrote tensors entry by entry: the bytes on disk must not change.
+std::string DocumentDump(const RankManifest& m) {
+  ordered_json root = ordered_json::object();
+  root["format_version"] = m.format_version;
+  root["job_id"] = m.job_id;
+  root["step"] = m.step;
+  root["rank"] = m.rank;
+  root["world_size"] = m.world_size;
+  root["manifest_hash"] = absl::StrFormat("%016x", m.manifest_hash);
+  root["files"] = ordered_json::array();
+  for (const ManifestFile& f : m.files) root["files"].push_back({{"name", f.name}, {"bytes", f.bytes}});
+  root["tensors"] = ordered_json::array();
+  for (const ManifestTensor& t : m.tensors) {
+    ordered_json e = ordered_json::object();
+    e["name"] = t.name;
+    e["dtype"] = std::string(DTypeName(t.dtype));
+    e["shape"] = t.shape;
+    e["kind"] = t.kind;
+    e["file"] = t.file;
+    e["offset"] = t.offset;
+    e["nbytes"] = t.nbytes;
+    e["xxh3"] = absl::StrFormat("%016x", t.xxh3);
+    root["tensors"].push_back(std::move(e));
+  }
+  return root.dump(1, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+}
+
+TEST_CASE("EncodeRankManifest writes the bytes of the whole-document dump") {
+  RankManifest m = SampleManifest();
+  CHECK(EncodeRankManifest(m) == DocumentDump(m));
+  m.tensors.resize(1);
+  CHECK(EncodeRankManifest(m) == DocumentDump(m));
+  m.tensors.clear();
+  CHECK(EncodeRankManifest(m) == DocumentDump(m));
+  m.files.clear();
+  CHECK(EncodeRankManifest(m) == DocumentDump(m));
+}
+
+// A manifest of `n` one-element tensors, as a rank with many tiny tensors writes it.
+RankManifest ManyTensors(int n) {
+  RankManifest m;
+  m.job_id = "many";
+  m.step = 7;
+  m.files = {{ShardFileName("model", 0), 4096 + 4 * uint64_t(n)}};
+  m.tensors.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    ManifestTensor t;
+    t.name = absl::StrCat("layers.", i / 100, ".w", i % 100);
+    t.dtype = DType::kF32;
+    t.shape = {1};
+    t.kind = "param";
+    t.file = m.files[0].name;
+    t.offset = 4096 + 4 * uint64_t(i);
+    t.nbytes = 4;
+    t.xxh3 = uint64_t(i) * 0x9e3779b97f4a7c15ull;
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+TEST_CASE("manifests and weight maps of 200k tensors round-trip") {
+  // Sizes at which the quadratic encoders and parser this replaced took
+  // minutes; checked by content, not by time.
+  constexpr int kTensors = 200'000;
+  const RankManifest m = ManyTensors(kTensors);
+  const std::string text = EncodeRankManifest(m);
+  auto decoded = DecodeRankManifest(text);
+  REQUIRE_OK(decoded);
+  REQUIRE(decoded->tensors.size() == kTensors);
+  CHECK(decoded->tensors[123'456].name == "layers.1234.w56");
+  CHECK(decoded->tensors[123'456].xxh3 == m.tensors[123'456].xxh3);
+  CHECK(decoded->tensors.back().offset == 4096 + 4 * uint64_t(kTensors - 1));
+
+  std::map<std::string, std::string> weight_map;
+  for (const ManifestTensor& t : m.tensors) weight_map.emplace(t.name, t.file);
+  const std::string index = EncodeWeightMapIndex(weight_map, 12345);
+  auto map = DecodeWeightMapIndex(index);
+  REQUIRE_OK(map);
+  CHECK(*map == weight_map);
+  // Sorted by name, after the metadata, as transformers writes it.
+  CHECK(index.find("\"metadata\"") < index.find("\"weight_map\""));
+  CHECK(index.find("\"layers.0.w0\"") < index.find("\"layers.0.w1\""));
+  CHECK(index.find("\"layers.0.w10\"") < index.find("\"layers.0.w2\""));
+
 }
 
 }  // namespace

@@ -186,19 +186,16 @@ absl::StatusOr<SafetensorsHeader> DecodeHeaderJson(absl::string_view text, uint6
     return absl::DataLossError(
         "safetensors header does not start with '{' (not a safetensors file, or corrupt)");
   }
-  ZCC_ASSIGN_OR_RETURN(json root,
-                       internal::ParseStrictJson(text, kMaxHeaderDepth, "safetensors header"));
-  if (!root.is_object()) {
-    return absl::DataLossError(absl::StrCat("safetensors header must be a JSON object, not ",
-                                            internal::JsonTypeName(root)));
-  }
   SafetensorsHeader header;
   header.data_start = data_start;
   const uint64_t data_size = file_size - data_start;
-  for (const auto& [key, value] : root.items()) {
+  // Each entry is decoded as the parser completes it, never held in one DOM
+  // of the whole header (a million tensors: gigabytes, and most of the time).
+  internal::StreamedMembers members;
+  members.on_member = [&](std::string key, json value) -> absl::Status {
     if (key == kMetadataKey) {
       ZCC_ASSIGN_OR_RETURN(header.metadata, ParseMetadata(value));
-      continue;
+      return absl::OkStatus();
     }
     ZCC_ASSIGN_OR_RETURN(SafetensorsTensor t, ParseTensorEntry(key, value));
     if (t.end > data_size) {
@@ -207,6 +204,13 @@ absl::StatusOr<SafetensorsHeader> DecodeHeaderJson(absl::string_view text, uint6
                                "] run past the data section, which is ", data_size, " bytes"));
     }
     header.tensors.push_back(std::move(t));
+    return absl::OkStatus();
+  };
+  ZCC_ASSIGN_OR_RETURN(json root, internal::ParseStrictJson(text, kMaxHeaderDepth,
+                                                            "safetensors header", members));
+  if (!root.is_object()) {
+    return absl::DataLossError(absl::StrCat("safetensors header must be a JSON object, not ",
+                                            internal::JsonTypeName(root)));
   }
   // JSON object keys are unique (ParseStrictJson), so names are too.
   std::sort(header.tensors.begin(), header.tensors.end(),
@@ -240,25 +244,34 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
   }
   ZCC_RETURN_IF_ERROR(CheckTiling(tensors).status());
 
-  // ordered_json keeps the tensors in the order given (offset order), which
-  // makes the header readable; the format itself does not care.
-  ordered_json root = ordered_json::object();
-  if (!metadata.empty()) {
-    ordered_json meta = ordered_json::object();
-    for (const auto& [key, value] : metadata) meta[key] = value;
-    root[kMetadataKey] = std::move(meta);
-  }
-  for (const SafetensorsTensor& t : tensors) {
-    ordered_json entry = ordered_json::object();
-    entry["dtype"] = std::string(DTypeName(t.dtype));
-    entry["shape"] = t.shape;
-    entry["data_offsets"] = {t.begin, t.end};
-    root[t.name] = std::move(entry);
-  }
+  // The JSON is written entry by entry, each entry dumped on its own, rather
+  // than built as one ordered_json document: ordered_json's operator[] finds
+  // keys by a linear scan, which made the header quadratic in the tensor
+  // count, and one small document per entry also keeps the memory of a
+  // 1M-tensor header to its text. The bytes are those nlohmann writes for the
+  // whole document: the metadata first, then the tensors in the order given
+  // (offset order), which makes the header readable; the format itself does
+  // not care about the order.
   std::string text;
   try {
-    text = root.dump(-1, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::strict);
-  } catch (const ordered_json::exception& e) {
+    const auto dump = [](const auto& value) {
+      return value.dump(-1, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::strict);
+    };
+    text.push_back('{');
+    if (!metadata.empty()) {
+      // json (not ordered_json) objects iterate in key order, as std::map does.
+      absl::StrAppend(&text, dump(json(kMetadataKey)), ":", dump(json(metadata)));
+    }
+    for (const SafetensorsTensor& t : tensors) {
+      ordered_json entry = ordered_json::object();
+      entry["dtype"] = std::string(DTypeName(t.dtype));
+      entry["shape"] = t.shape;
+      entry["data_offsets"] = {t.begin, t.end};
+      if (text.size() > 1) text.push_back(',');
+      absl::StrAppend(&text, dump(json(t.name)), ":", dump(entry));
+    }
+    text.push_back('}');
+  } catch (const json::exception& e) {
     // Only reachable through a name or metadata string that is not UTF-8.
     return absl::InvalidArgumentError(
         absl::StrCat("cannot encode the safetensors header (names and metadata must be UTF-8): ",

@@ -17,9 +17,18 @@
 
 namespace zcc::format {
 
-// Headers larger than this are refused when decoding (the reference
-// implementation uses the same order of magnitude).
-inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+// Upper bound on one tensor's entry in a header EncodeSafetensorsHeader
+// writes: a 512-byte name (kMaxTensorNameBytes; names hold no byte that JSON
+// escapes), 16 dimensions of up to 19 digits (zccd's limit), two 20-digit
+// offsets and the punctuation come to 921 bytes.
+inline constexpr uint64_t kMaxSafetensorsEntryBytes = 1024;
+// Headers larger than this are refused when encoding and decoding. Sized so
+// that a shard of 1,048,576 tensors (zccd's default max_tensors_per_rank) of
+// the largest entries, plus metadata, fits: 1 GiB + 1 MiB. The reference
+// implementation refuses headers over 100 MB, which zcc's files only reach
+// with ~100k tensors of long names or 1M of short ones; zcc reads them back.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes =
+    (uint64_t{1} << 20) * kMaxSafetensorsEntryBytes + (uint64_t{1} << 20);
 
 struct SafetensorsTensor {
   std::string name;
