@@ -127,6 +127,9 @@ def main(daemonset_path, trainer_path):
     check("ALL" in sc.get("capabilities", {}).get("drop", []), "capabilities must drop ALL")
     check("IPC_LOCK" in sc.get("capabilities", {}).get("add", []),
           "IPC_LOCK is needed for pinned staging memory")
+    for cap in ("SETUID", "SETGID"):
+        check(cap in sc.get("capabilities", {}).get("add", []),
+              cap + " is needed to write job directories with their owner's identity")
 
     # Socket directory and shared memory come from the host.
     socket_path = conf_value(conf, "socket_path") or ""
