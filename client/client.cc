@@ -27,12 +27,10 @@
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
+#include "shm/slot_ring.h"
 
 namespace zcc {
 namespace {
-
-using shm::SlotState;
-constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
 
 v1::DType ToProto(DType dtype) {
   switch (dtype) {
@@ -153,6 +151,7 @@ struct Client::Impl {
   std::atomic<uint64_t> skipped_no_slot{0};
   std::atomic<uint64_t> skipped_disconnected{0};
   std::atomic<uint64_t> registrations{0};
+  std::atomic<uint64_t> replaced{0};
   // Checkpoint writes zccd reported failed (summed over registrations) and
   // the step of the newest; the monitor thread reads them from the segment.
   std::atomic<uint64_t> checkpoint_failures{0};
@@ -394,32 +393,23 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     return SnapshotResult::kSkippedDisconnected;
   }
   shm::ControlBlock* cb = s->cb();
-  // A step due for a checkpoint may take any free slot. Other snapshots leave
-  // the last free slot to the next due step: otherwise a burst of ordinary
-  // snapshots while a checkpoint is being written could make this rank skip
-  // the next checkpoint step, and no rank's copy of that step could commit.
+  // Any free slot; a step due for a checkpoint also takes over a slot whose
+  // ordinary snapshot zccd has not ingested yet (shm/slot_ring.h), so no slot
+  // idles in reserve and a due step is missed only when every other slot is
+  // being written, ingested or filled.
   const uint32_t save_every = im.options.save_every;
   const bool due = save_every > 0 && step % save_every == 0;
-  const uint32_t reserve = (save_every > 0 && !due) ? 1 : 0;
+  shm::SlotRing ring(cb, s->num_slots());
   int slot = -1;
   while (true) {
-    uint32_t free_slots = 0;
-    int first_free = -1;
-    for (uint32_t i = 0; i < s->num_slots(); ++i) {
-      if (cb->slots[i].state.load(std::memory_order_acquire) == S(SlotState::kFree)) {
-        if (first_free < 0) first_free = static_cast<int>(i);
-        ++free_slots;
+    if (auto claimed = ring.Claim(due, save_every); claimed.has_value()) {
+      slot = static_cast<int>(claimed->index);
+      if (claimed->replaced_step.has_value()) {
+        // Published but never ingested: for the EMA, a skipped step.
+        cb->snapshots_skipped.fetch_add(1, std::memory_order_relaxed);
+        im.replaced.fetch_add(1, std::memory_order_relaxed);
       }
-    }
-    if (free_slots > reserve) {
-      uint32_t expected = S(SlotState::kFree);
-      // Only this thread claims slots (the daemon takes one only during Restore).
-      if (cb->slots[first_free].state.compare_exchange_strong(expected, S(SlotState::kFilling),
-                                                              std::memory_order_acq_rel)) {
-        slot = first_free;
-        break;
-      }
-      continue;
+      break;
     }
     if (im.options.backpressure == Backpressure::kSkip) {
       cb->snapshots_skipped.fetch_add(1, std::memory_order_relaxed);
@@ -429,11 +419,7 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     // kBlock: sleep until zccd frees a slot; a daemon that went away is noticed
     // by the monitor within daemon_timeout, which ends the wait.
     const uint32_t bell = cb->free_bell.load(std::memory_order_acquire);
-    uint32_t now_free = 0;
-    for (uint32_t i = 0; i < s->num_slots(); ++i) {
-      now_free += cb->slots[i].state.load() == S(SlotState::kFree);
-    }
-    if (now_free > reserve) continue;
+    if (ring.FreeCount() > 0) continue;
     if (s->dead.load() || cb->closed.load()) {
       im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
       return SnapshotResult::kSkippedDisconnected;
@@ -443,7 +429,7 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
   const auto& regions = kind == SnapshotKind::kFull ? s->full_regions[slot] : s->ema_regions[slot];
   auto ticket = im.copier->Enqueue(regions, stream);
   if (!ticket.ok()) {
-    cb->slots[slot].state.store(S(SlotState::kFree), std::memory_order_release);
+    ring.Abandon(static_cast<uint32_t>(slot));
     im.SetError(absl::StrCat("enqueue copy: ", ticket.status().message()));
     im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
     return SnapshotResult::kSkippedDisconnected;
@@ -476,22 +462,16 @@ void Client::Impl::NotifierLoop() {
     }
     const absl::Status copied = copier->Wait(p.ticket);
     shm::ControlBlock* cb = p.session->cb();
-    shm::SlotHeader& slot = cb->slots[p.slot];
+    shm::SlotRing ring(cb, p.session->num_slots());
     if (!copied.ok()) {
-      slot.state.store(S(SlotState::kFree), std::memory_order_release);
+      ring.Abandon(p.slot);
       SetError(absl::StrCat("snapshot copy of step ", p.step, " failed: ", copied.message()));
       ZCC_LOG(ERROR) << "zcc client: snapshot copy of step " << p.step << " failed: " << copied;
     } else {
-      slot.step.store(p.step, std::memory_order_relaxed);
-      slot.kind.store(static_cast<uint32_t>(p.kind == SnapshotKind::kFull ? shm::SnapshotKind::kFull
-                                                                          : shm::SnapshotKind::kEmaOnly),
-                      std::memory_order_relaxed);
-      slot.seq.store(cb->next_seq.fetch_add(1, std::memory_order_relaxed),
-                     std::memory_order_relaxed);
-      slot.state.store(S(SlotState::kReady), std::memory_order_release);
       cb->snapshots_published.fetch_add(1, std::memory_order_relaxed);
-      cb->doorbell.fetch_add(1, std::memory_order_release);
-      FutexWakeAll(&cb->doorbell);
+      ring.Publish(p.slot, p.step,
+                   p.kind == SnapshotKind::kFull ? shm::SnapshotKind::kFull
+                                                 : shm::SnapshotKind::kEmaOnly);
       published.fetch_add(1, std::memory_order_relaxed);
       last_published_step.store(p.step, std::memory_order_relaxed);
     }
@@ -755,6 +735,7 @@ ClientStats Client::Stats() const {
   stats.snapshots_published = im.published.load();
   stats.skipped_no_slot = im.skipped_no_slot.load();
   stats.skipped_disconnected = im.skipped_disconnected.load();
+  stats.replaced_by_checkpoint = im.replaced.load();
   stats.registrations = im.registrations.load();
   stats.last_published_step = im.last_published_step.load();
   stats.checkpoint_failures = im.checkpoint_failures.load();

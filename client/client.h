@@ -126,6 +126,10 @@ struct ClientStats {
   uint64_t snapshots_published = 0;
   uint64_t skipped_no_slot = 0;
   uint64_t skipped_disconnected = 0;
+  // Published ordinary snapshots whose slot a step due for a checkpoint took
+  // over before zccd ingested them (also in zccd's skip count: their EMA
+  // update did not happen).
+  uint64_t replaced_by_checkpoint = 0;
   uint64_t registrations = 0;   // successful registrations (1 + reconnects)
   int64_t last_published_step = -1;
   // Checkpoint writes zccd reported failed for this rank (each is also logged

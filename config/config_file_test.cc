@@ -89,7 +89,7 @@ TEST_CASE("a file setting every field is applied over the base") {
     allowed_roots: "/mnt/ckpt"
     allowed_roots: "/scratch/ckpt"
     shm_prefix: "zcc-test_1"
-    default_num_slots: 3
+    default_num_slots: 4
     max_slot_bytes: 1073741824
     staging_budget_bytes: 68719476736
     max_tensors_per_rank: 5000
@@ -117,7 +117,7 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.default_root == "/mnt/ckpt");
   CHECK(d.allowed_roots == std::vector<std::string>{"/mnt/ckpt", "/scratch/ckpt"});
   CHECK(d.shm_prefix == "zcc-test_1");
-  CHECK(d.default_num_slots == 3);
+  CHECK(d.default_num_slots == 4);
   CHECK(d.max_slot_bytes == (1ull << 30));
   CHECK(d.staging_budget_bytes == (64ull << 30));
   CHECK(d.max_tensors_per_rank == 5000);

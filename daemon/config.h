@@ -24,7 +24,9 @@ struct DaemonConfig {
   // this prefix are removed at start, so two daemons on one machine need
   // different prefixes.
   std::string shm_prefix = "zcc";
-  uint32_t default_num_slots = 2;
+  // Three: one slot held by a checkpoint being written, one being ingested,
+  // one for the next step (shm/slot_ring.h).
+  uint32_t default_num_slots = 3;
   // Upper bound on one slot (all of a rank's registered tensors).
   uint64_t max_slot_bytes = 256ull << 30;
   // Upper bound on all staging memory of this daemon together; 0 = no limit.

@@ -31,7 +31,8 @@ ABSL_FLAG(std::string, root, "", "default checkpoint root (default: /var/lib/zcc
 ABSL_FLAG(std::string, allowed_roots, "",
           "comma-separated roots jobs may checkpoint under (default: the default root)");
 ABSL_FLAG(std::string, shm_prefix, "zcc", "prefix of this daemon's shared-memory segment names");
-ABSL_FLAG(uint32_t, slots, 2, "default staging slots per rank (2..8)");
+ABSL_FLAG(uint32_t, slots, 3, "default staging slots per rank (2..8; 3 lets snapshots and the "
+          "EMA go on while a checkpoint is written)");
 ABSL_FLAG(uint32_t, keep_last, 3, "committed steps kept per job");
 ABSL_FLAG(uint32_t, keep_every, 0, "also keep every N-th step (0 = off)");
 ABSL_FLAG(uint64_t, staging_budget_mb, 0, "staging memory limit for all ranks (0 = none)");

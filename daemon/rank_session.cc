@@ -20,11 +20,7 @@
 namespace zcc::daemon {
 
 using shm::ControlBlock;
-using shm::SlotState;
 
-namespace {
-constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
-}  // namespace
 
 RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
                          shm::Segment segment, RankSessionOptions options,
@@ -34,6 +30,7 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       registered_(std::move(registered)),
       segment_(std::move(segment)),
       options_(std::move(options)),
+      ring_(segment_.control(), options_.num_slots),
       on_persisted_(std::move(on_persisted)),
       registered_ns_(shm::MonotonicNanos()),
       pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)),
@@ -108,37 +105,30 @@ void RankSession::IngestLoop() {
 }
 
 bool RankSession::IngestReadySlots() {
-  ControlBlock* cb = segment_.control();
-  std::vector<shm::ReadySlot> ready;
-  for (uint32_t i = 0; i < options_.num_slots; ++i) {
-    shm::ReadySlot slot;
-    const absl::Status st = shm::ReadReadySlot(*cb, i, &slot);
-    if (st.ok()) {
-      ready.push_back(slot);
-    } else if (st.code() == absl::StatusCode::kDataLoss) {
-      SetError(absl::StrCat("bad control block from the trainer: ", st.message()));
-    }
+  std::vector<absl::Status> bad;
+  const std::vector<shm::ReadySlot> ready = ring_.Ready(&bad);
+  for (const absl::Status& st : bad) {
+    SetError(absl::StrCat("bad control block from the trainer: ", st.message()));
   }
-  std::sort(ready.begin(), ready.end(),
-            [](const auto& a, const auto& b) { return a.seq < b.seq; });
   bool worked = false;
-  for (const shm::ReadySlot& slot : ready) {
-    uint32_t expected = S(SlotState::kReady);
-    if (!cb->slots[slot.index].state.compare_exchange_strong(expected, S(SlotState::kIngesting))) {
+  for (const shm::ReadySlot& seen : ready) {
+    // What the slot holds is read after the take: the trainer may have
+    // handed it to a due step and published it again since `seen`.
+    auto slot = ring_.Take(seen.index);
+    if (!slot.ok()) {
+      if (slot.status().code() == absl::StatusCode::kDataLoss) {
+        SetError(absl::StrCat("bad control block from the trainer: ", slot.status().message()));
+        FreeSlot(seen.index);
+      }
       continue;
     }
-    if (!Process(slot)) FreeSlot(slot.index);  // else the writer frees it
+    if (!Process(*slot)) FreeSlot(slot->index);  // else the writer frees it
     worked = true;
   }
   return worked;
 }
 
-void RankSession::FreeSlot(uint32_t index) {
-  ControlBlock* cb = segment_.control();
-  cb->slots[index].state.store(S(SlotState::kFree), std::memory_order_release);
-  cb->free_bell.fetch_add(1, std::memory_order_release);
-  FutexWakeAll(&cb->free_bell);
-}
+void RankSession::FreeSlot(uint32_t index) { ring_.Free(index); }
 
 bool RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
@@ -383,14 +373,9 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   const int64_t step = last_full_step_.load();
   if (step < 0 || step <= last_persisted_step_.load()) return std::nullopt;
   const uint32_t index = last_full_slot_.load();
-  shm::SlotHeader& header = segment_.control()->slots[index];
-  uint32_t expected = S(SlotState::kFree);
   // Claim the slot so nothing can change it while it is written; a slot the
   // trainer had taken again holds a torn copy and is left alone.
-  if (header.step.load() != step ||
-      !header.state.compare_exchange_strong(expected, S(SlotState::kIngesting))) {
-    return std::nullopt;
-  }
+  if (!ring_.ClaimForWrite(index, step)) return std::nullopt;
   const shm::ReadySlot slot{index, step, shm::SnapshotKind::kFull, 0};
   SubmitWrite(WriteJob{slot, /*on_failure=*/true});
   AwaitWriterIdle();
@@ -438,9 +423,7 @@ RankCounters RankSession::counters() const {
   c.last_ema_step = ema_last_step_.load(std::memory_order_relaxed);
   c.ema_skipped_nonfinite = ema_skipped_nonfinite_.load(std::memory_order_relaxed);
   c.ema_tensors = ema_index_.size();
-  for (uint32_t i = 0; i < options_.num_slots; ++i) {
-    if (cb->slots[i].state.load(std::memory_order_relaxed) != S(SlotState::kFree)) ++c.slots_in_use;
-  }
+  c.slots_in_use = ring_.InUse();
   zcc::MutexLock lock(&mu_);
   c.last_error = last_error_;
   return c;

@@ -41,6 +41,7 @@
 #include "proto/zcc.pb.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
+#include "shm/slot_ring.h"
 #include "storage/aligned_buffer.h"
 
 namespace zcc::daemon {
@@ -208,6 +209,7 @@ class RankSession {
   const std::vector<RegisteredTensor> registered_;
   shm::Segment segment_;
   const RankSessionOptions options_;
+  shm::SlotRing ring_;  // the slot protocol over segment_ (shm/slot_ring.h)
   const PersistCallback on_persisted_;
   const uint64_t registered_ns_;
   const bool pid_visible_;

@@ -12,6 +12,7 @@
 #include "shm/control_block.h"
 #include "shm/segment.h"
 #include "shm/slot_layout.h"
+#include "shm/slot_ring.h"
 
 namespace zcc::shm {
 namespace {
@@ -93,6 +94,100 @@ TEST_CASE("the daemon's view of a slot rejects out-of-range words") {
   cb.slots[0].step.store(5);
   cb.slots[0].kind.store(9);
   CHECK(ReadReadySlot(cb, 0, &slot).code() == absl::StatusCode::kDataLoss);
+}
+
+SlotState StateOf(const ControlBlock& cb, uint32_t i) {
+  return static_cast<SlotState>(cb.slots[i].state.load());
+}
+
+TEST_CASE("slot ring: claim, publish, take and free, oldest publication first") {
+  ControlBlock cb;
+  InitControlBlock(&cb, 3, kPageBytes, 1, 0);
+  SlotRing client(&cb, 3);
+  SlotRing daemon(&cb, 3);
+  const uint32_t doorbell = cb.doorbell.load();
+  auto a = client.Claim(/*due=*/false, 10);
+  auto b = client.Claim(false, 10);
+  auto c = client.Claim(false, 10);
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  REQUIRE(c.has_value());
+  CHECK_FALSE(client.Claim(false, 10).has_value());  // all three taken, none held back
+  CHECK(StateOf(cb, a->index) == SlotState::kFilling);
+  client.Publish(b->index, 7, SnapshotKind::kFull);
+  client.Publish(a->index, 8, SnapshotKind::kEmaOnly);
+  client.Abandon(c->index);  // its copy failed
+  CHECK(cb.doorbell.load() == doorbell + 2);
+  CHECK(client.FreeCount() == 1);
+  auto ready = daemon.Ready();
+  REQUIRE(ready.size() == 2);
+  CHECK(ready[0].step == 7);  // publication order, not slot order
+  CHECK(ready[1].step == 8);
+  auto taken = daemon.Take(ready[0].index);
+  REQUIRE_OK(taken);
+  CHECK(taken->step == 7);
+  CHECK(taken->kind == SnapshotKind::kFull);
+  CHECK(daemon.Take(ready[0].index).status().code() == absl::StatusCode::kNotFound);
+  CHECK(daemon.InUse() == 2);
+  const uint32_t free_bell = cb.free_bell.load();
+  daemon.Free(taken->index);
+  CHECK(cb.free_bell.load() == free_bell + 1);
+  CHECK(client.FreeCount() == 2);
+}
+
+TEST_CASE("slot ring: a due step takes over the oldest ordinary snapshot, never a due one") {
+  ControlBlock cb;
+  InitControlBlock(&cb, 2, kPageBytes, 1, 0);
+  SlotRing client(&cb, 2);
+  SlotRing daemon(&cb, 2);
+  auto first = client.Claim(false, 5);
+  auto second = client.Claim(false, 5);
+  client.Publish(first->index, 3, SnapshotKind::kFull);
+  client.Publish(second->index, 4, SnapshotKind::kFull);
+  CHECK_FALSE(client.Claim(false, 5).has_value());  // an ordinary step skips
+  auto due = client.Claim(/*due=*/true, 5);
+  REQUIRE(due.has_value());
+  CHECK(due->index == first->index);  // the older of the two
+  REQUIRE(due->replaced_step.has_value());
+  CHECK(*due->replaced_step == 3);
+  // zccd looked at the slot before the take-over; what it takes is step 5.
+  auto stale = daemon.Ready();
+  client.Publish(due->index, 5, SnapshotKind::kFull);
+  for (const ReadySlot& seen : stale) {
+    auto taken = daemon.Take(seen.index);
+    REQUIRE_OK(taken);
+    CHECK(taken->step == (seen.index == first->index ? 5 : 4));
+    daemon.Free(seen.index);
+  }
+  // Both slots now hold published due steps 10 and 15: neither gives way.
+  auto x = client.Claim(true, 5);
+  auto y = client.Claim(true, 5);
+  client.Publish(x->index, 10, SnapshotKind::kFull);
+  client.Publish(y->index, 15, SnapshotKind::kFull);
+  CHECK_FALSE(client.Claim(true, 5).has_value());
+  // A slot zccd holds (ingesting) is never taken over either.
+  REQUIRE_OK(daemon.Take(x->index));
+  CHECK_FALSE(client.Claim(true, 5).has_value());
+}
+
+TEST_CASE("slot ring: a write after the trainer died claims only the slot still holding its step") {
+  ControlBlock cb;
+  InitControlBlock(&cb, 2, kPageBytes, 1, 0);
+  SlotRing client(&cb, 2);
+  SlotRing daemon(&cb, 2);
+  auto c = client.Claim(false, 0);
+  client.Publish(c->index, 9, SnapshotKind::kFull);
+  REQUIRE_OK(daemon.Take(c->index));
+  daemon.Free(c->index);
+  CHECK_FALSE(daemon.ClaimForWrite(c->index, 8));  // holds another step
+  CHECK(daemon.ClaimForWrite(c->index, 9));
+  CHECK(StateOf(cb, c->index) == SlotState::kIngesting);
+  CHECK_FALSE(daemon.ClaimForWrite(c->index, 9));  // not free any more
+  daemon.Free(c->index);
+  // The trainer was filling it again: a torn copy is never claimed.
+  auto again = client.Claim(false, 0);
+  REQUIRE(again.has_value());
+  CHECK_FALSE(daemon.ClaimForWrite(again->index, 9));
 }
 
 TEST_CASE("a futex doorbell in shared memory wakes another process") {

@@ -112,13 +112,13 @@ bool WaitIngested(const std::string& dir, const Daemon& daemon, int step) {
       absl::Seconds(30), absl::Milliseconds(20));
 }
 
-TEST_CASE("ordinary snapshots leave the last free slot to the next checkpoint step") {
-  const std::string dir = ShortTempDir("it-reserve");
+TEST_CASE("a checkpoint step takes over a slot whose ordinary snapshot is not ingested yet") {
+  const std::string dir = ShortTempDir("it-takeover");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
                         {"--steps=6", "--save_every=5", "--pause_at=1", "--daemon_timeout_s=30",
-                         "--step_ms=5", "--wait_commit=false"});
+                         "--step_ms=5", "--wait_commit=false", "--slots=2"});
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
   REQUIRE(WaitIngested(dir, daemon, 1));
   daemon.process()->Signal(SIGSTOP);
@@ -128,11 +128,13 @@ TEST_CASE("ordinary snapshots leave the last free slot to the next checkpoint st
   REQUIRE(t->Wait(absl::Seconds(30)) == 0);
   const std::string out = t->Output();
   INFO(out);
-  CHECK(absl::StrContains(out, "step=2 result=0"));  // takes one of two free slots
-  CHECK(absl::StrContains(out, "step=3 result=1"));  // would take the last one: skipped
-  CHECK(absl::StrContains(out, "step=4 result=1"));
-  CHECK(absl::StrContains(out, "step=5 result=0"));  // the checkpoint step gets it
+  // zccd is stopped: nothing is ingested from step 2 on.
+  CHECK(absl::StrContains(out, "step=2 result=0"));  // a free slot (none is held back)
+  CHECK(absl::StrContains(out, "step=3 result=0"));  // the other free slot
+  CHECK(absl::StrContains(out, "step=4 result=1"));  // none free: skipped
+  CHECK(absl::StrContains(out, "step=5 result=0"));  // due: takes over step 2's slot
   CHECK(absl::StrContains(out, "step=6 result=1"));
+  CHECK(t->Values()["replaced"] == "1");
   REQUIRE(WaitForPath(JobDir(daemon) + "/step-00000005/COMMITTED", absl::Seconds(30)));
   REQUIRE(daemon.Stop() == 0);
 }
@@ -143,7 +145,7 @@ TEST_CASE("snapshots are skipped and counted while the daemon cannot keep up") {
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
                         {"--steps=8", "--save_every=0", "--pause_at=1", "--daemon_timeout_s=30",
-                         "--linger_ms=3000", "--step_ms=5"});
+                         "--linger_ms=3000", "--step_ms=5", "--slots=2"});
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
   daemon.process()->Signal(SIGSTOP);  // the daemon stops ingesting
   t->Signal(SIGUSR1);
@@ -172,7 +174,7 @@ TEST_CASE("with Backpressure::kBlock the trainer waits for a slot instead of ski
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train",
                         {"--steps=8", "--save_every=0", "--pause_at=1", "--daemon_timeout_s=30",
-                         "--block", "--step_ms=5"});
+                         "--block", "--step_ms=5", "--slots=2"});
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
   // Let the daemon take step 1 first, so both slots are free when it stops.
   REQUIRE(WaitIngested(dir, daemon, 1));

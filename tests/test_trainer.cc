@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
   const zcc::ClientStats s = (*client)->Stats();
   std::printf("checkpoint_failures=%" PRIu64 " last_failed_step=%" PRId64 " last_error=%s\n",
               s.checkpoint_failures, s.last_failed_checkpoint_step, s.last_error.c_str());
+  std::printf("replaced=%" PRIu64 "\n", s.replaced_by_checkpoint);
   std::printf("published=%" PRIu64 " skipped_no_slot=%" PRIu64 " skipped_disconnected=%" PRIu64
               " registrations=%" PRIu64 " connected=%d\n",
               s.snapshots_published, s.skipped_no_slot, s.skipped_disconnected, s.registrations,

@@ -13,7 +13,7 @@ save_every=10
 step_ms=300
 tensors=150
 ema_decay=0.999
-slots=2
+slots=3
 
 usage() {
   cat <<USAGE

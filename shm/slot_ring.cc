@@ -1,0 +1,132 @@
+#include "shm/slot_ring.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/futex.h"
+
+namespace zcc::shm {
+namespace {
+
+constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
+
+// What a slot holds, read by its current owner (after a take or a claim).
+absl::StatusOr<ReadySlot> ReadHeld(const SlotHeader& s, uint32_t index) {
+  const int64_t step = s.step.load(std::memory_order_acquire);
+  const uint32_t kind = s.kind.load(std::memory_order_acquire);
+  if (step < 0) {
+    return absl::DataLossError(absl::StrCat("slot ", index, " was published with step ", step));
+  }
+  if (kind > static_cast<uint32_t>(SnapshotKind::kFull)) {
+    return absl::DataLossError(absl::StrCat("slot ", index, " has unknown snapshot kind ", kind));
+  }
+  return ReadySlot{index, step, static_cast<SnapshotKind>(kind),
+                   s.seq.load(std::memory_order_acquire)};
+}
+
+}  // namespace
+
+std::optional<SlotRing::Claimed> SlotRing::Claim(bool due, uint32_t save_every) {
+  for (uint32_t i = 0; i < num_slots_; ++i) {
+    uint32_t expected = S(SlotState::kFree);
+    if (cb_->slots[i].state.compare_exchange_strong(expected, S(SlotState::kFilling),
+                                                    std::memory_order_acq_rel)) {
+      return Claimed{i, std::nullopt};
+    }
+  }
+  if (!due || save_every == 0) return std::nullopt;
+  // The oldest published ordinary snapshot gives way to the due step.
+  std::optional<uint32_t> victim;
+  uint64_t victim_seq = 0;
+  for (uint32_t i = 0; i < num_slots_; ++i) {
+    const SlotHeader& s = cb_->slots[i];
+    if (s.state.load(std::memory_order_acquire) != S(SlotState::kReady)) continue;
+    const int64_t step = s.step.load(std::memory_order_relaxed);
+    if (step >= 0 && step % save_every == 0) continue;  // a due step: never dropped
+    const uint64_t seq = s.seq.load(std::memory_order_relaxed);
+    if (!victim.has_value() || seq < victim_seq) {
+      victim = i;
+      victim_seq = seq;
+    }
+  }
+  if (!victim.has_value()) return std::nullopt;
+  SlotHeader& s = cb_->slots[*victim];
+  const int64_t replaced = s.step.load(std::memory_order_relaxed);
+  uint32_t expected = S(SlotState::kReady);
+  if (!s.state.compare_exchange_strong(expected, S(SlotState::kFilling),
+                                       std::memory_order_acq_rel)) {
+    return std::nullopt;  // zccd took it meanwhile
+  }
+  return Claimed{*victim, replaced};
+}
+
+void SlotRing::Publish(uint32_t index, int64_t step, SnapshotKind kind) {
+  SlotHeader& s = cb_->slots[index];
+  s.step.store(step, std::memory_order_relaxed);
+  s.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
+  s.seq.store(cb_->next_seq.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
+  s.state.store(S(SlotState::kReady), std::memory_order_release);
+  cb_->doorbell.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&cb_->doorbell);
+}
+
+void SlotRing::Abandon(uint32_t index) {
+  cb_->slots[index].state.store(S(SlotState::kFree), std::memory_order_release);
+}
+
+uint32_t SlotRing::FreeCount() const {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < num_slots_; ++i) {
+    n += cb_->slots[i].state.load(std::memory_order_acquire) == S(SlotState::kFree);
+  }
+  return n;
+}
+
+std::vector<ReadySlot> SlotRing::Ready(std::vector<absl::Status>* bad) const {
+  std::vector<ReadySlot> ready;
+  for (uint32_t i = 0; i < num_slots_; ++i) {
+    ReadySlot slot;
+    const absl::Status st = ReadReadySlot(*cb_, i, &slot);
+    if (st.ok()) {
+      ready.push_back(slot);
+    } else if (st.code() == absl::StatusCode::kDataLoss && bad != nullptr) {
+      bad->push_back(st);
+    }
+  }
+  std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.seq < b.seq; });
+  return ready;
+}
+
+absl::StatusOr<ReadySlot> SlotRing::Take(uint32_t index) {
+  uint32_t expected = S(SlotState::kReady);
+  if (!cb_->slots[index].state.compare_exchange_strong(expected, S(SlotState::kIngesting),
+                                                       std::memory_order_acq_rel)) {
+    return absl::NotFoundError(absl::StrCat("slot ", index, " is no longer ready"));
+  }
+  return ReadHeld(cb_->slots[index], index);
+}
+
+void SlotRing::Free(uint32_t index) {
+  cb_->slots[index].state.store(S(SlotState::kFree), std::memory_order_release);
+  cb_->free_bell.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&cb_->free_bell);
+}
+
+bool SlotRing::ClaimForWrite(uint32_t index, int64_t step) {
+  SlotHeader& s = cb_->slots[index];
+  if (s.step.load(std::memory_order_acquire) != step) return false;
+  uint32_t expected = S(SlotState::kFree);
+  if (!s.state.compare_exchange_strong(expected, S(SlotState::kIngesting),
+                                       std::memory_order_acq_rel)) {
+    return false;
+  }
+  // Claimed: nothing can change it now. A slot reused since (and freed
+  // again) holds another step.
+  if (s.step.load(std::memory_order_acquire) == step) return true;
+  Free(index);
+  return false;
+}
+
+uint32_t SlotRing::InUse() const { return num_slots_ - FreeCount(); }
+
+}  // namespace zcc::shm

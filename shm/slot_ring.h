@@ -1,0 +1,97 @@
+// The slot protocol between a trainer's client and zccd over the slot headers
+// of one staging segment. Both sides change slot states only through SlotRing.
+//
+// States, and who moves a slot between them (the client claims and publishes,
+// zccd takes and frees; each move is one compare-and-swap or, by the slot's
+// single owner, one release store):
+//
+//   kFree      --Claim (client)----------------------------------> kFilling
+//   kReady     --Claim of a due step (client) takes over a slot
+//                that holds an ordinary snapshot zccd has not
+//                taken yet; that snapshot is dropped -------------> kFilling
+//   kFilling   --Publish (client): step, kind, seq, doorbell------> kReady
+//   kFilling   --Abandon (client): the copy failed----------------> kFree
+//   kReady     --Take (zccd)-------------------------------------> kIngesting
+//   kIngesting --Free (zccd): ingested, or its shards written-----> kFree (free bell)
+//   kFree      --ClaimForWrite (zccd): a trainer that died left
+//                its newest snapshot here; persist it-------------> kIngesting
+//
+// No slot is held back: an ordinary snapshot takes any free slot, and a step
+// due for a checkpoint takes a free slot or, failing that, one whose snapshot
+// is still waiting to be ingested. So with one slot held by a checkpoint being
+// written, one being ingested and one free, every step finds a slot; a due step
+// is only missed when every other slot is being written, ingested or filled.
+//
+// A slot's step, kind and seq are written by the client before its release
+// store of kReady and read by zccd after its acquiring CAS to kIngesting, so
+// zccd always reads what was published, even for a slot taken over and
+// published again between zccd's first look and its CAS.
+//
+// Trust: zccd validates every word it reads (a client can write anything
+// here); the number of slots is each side's own copy, never read from shared
+// memory.
+//
+// Thread-safety: the client's calls come from its own threads (Claim from the
+// training thread, Publish/Abandon from the notifier); zccd's from its ingest
+// and writer threads. Every operation is lock-free.
+#ifndef ZCC_SHM_SLOT_RING_H_
+#define ZCC_SHM_SLOT_RING_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shm/control_block.h"
+
+namespace zcc::shm {
+
+class SlotRing {
+ public:
+  // `cb` must outlive the ring; `num_slots` is the caller's own count.
+  SlotRing(ControlBlock* cb, uint32_t num_slots) : cb_(cb), num_slots_(num_slots) {}
+
+  // ---- client side ----
+  struct Claimed {
+    uint32_t index = 0;
+    // Set when a due step took over a slot holding an ordinary snapshot,
+    // which is then lost (counted by the caller as skipped).
+    std::optional<int64_t> replaced_step;
+  };
+  // A slot for a snapshot (now kFilling), or nullopt when none can be had.
+  // `due`: the step is due for a checkpoint, and `save_every` (> 0) tells
+  // which published steps are ordinary and may be taken over.
+  std::optional<Claimed> Claim(bool due, uint32_t save_every);
+  // Publishes a filled slot and rings the doorbell.
+  void Publish(uint32_t index, int64_t step, SnapshotKind kind);
+  // Returns a slot whose copy failed.
+  void Abandon(uint32_t index);
+  // Slots currently kFree.
+  uint32_t FreeCount() const;
+
+  // ---- daemon side ----
+  // Slots published and not yet taken, oldest publication first. DataLoss
+  // entries name slots whose words are out of range.
+  std::vector<ReadySlot> Ready(std::vector<absl::Status>* bad = nullptr) const;
+  // Takes a published slot (-> kIngesting) and reads what it holds after the
+  // take. NotFound when it was not kReady any more (the client took it over,
+  // or another caller took it); DataLoss for out-of-range words (the slot is
+  // then kIngesting: the caller frees it).
+  absl::StatusOr<ReadySlot> Take(uint32_t index);
+  // Frees a slot zccd holds, and rings the free bell.
+  void Free(uint32_t index);
+  // Claims the free slot `index` for a write of the snapshot of `step` it
+  // still holds (the trainer is gone). False when the slot is no longer free
+  // or holds another step.
+  bool ClaimForWrite(uint32_t index, int64_t step);
+  // Slots not kFree (status).
+  uint32_t InUse() const;
+
+ private:
+  ControlBlock* cb_;
+  uint32_t num_slots_;
+};
+
+}  // namespace zcc::shm
+
+#endif  // ZCC_SHM_SLOT_RING_H_
