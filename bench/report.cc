@@ -1,6 +1,7 @@
 #include "bench/report.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -15,6 +16,18 @@ void Emit(Row row) {
               absl::CEscape(row.name).c_str(), row.value, row.reference, row.ratio,
               absl::CEscape(row.target).c_str(), absl::CEscape(row.unit).c_str());
   std::fflush(stdout);
+}
+
+std::vector<int> CountsFromEnv(const char* env, std::vector<int> defaults) {
+  const char* c = std::getenv(env);
+  if (c == nullptr || *c == '\0') return defaults;
+  std::vector<int> counts;
+  for (const char* p = c; *p;) {
+    counts.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return counts;
 }
 
 bool QuickMode(int argc, char** argv) {

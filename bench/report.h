@@ -6,6 +6,7 @@
 #define ZCC_BENCH_REPORT_H_
 
 #include <string>
+#include <vector>
 
 namespace zcc::bench {
 
@@ -23,6 +24,10 @@ void Emit(Row row);
 
 // True when argv holds --quick (the ~1 minute version).
 bool QuickMode(int argc, char** argv);
+
+// The counts a benchmark sweeps: `defaults`, or the comma-separated list in
+// environment variable `env` when it is set (a debugging aid).
+std::vector<int> CountsFromEnv(const char* env, std::vector<int> defaults);
 
 }  // namespace zcc::bench
 

@@ -57,15 +57,7 @@ absl::Status ValidateSlotWord(uint32_t state_word) {
   return absl::OkStatus();
 }
 
-absl::Status ReadReadySlot(const ControlBlock& cb, uint32_t index, ReadySlot* out) {
-  const SlotHeader& s = cb.slots[index];
-  const uint32_t state = s.state.load(std::memory_order_acquire);
-  if (absl::Status st = ValidateSlotWord(state); !st.ok()) {
-    return absl::DataLossError(absl::StrCat("slot ", index, ": ", st.message()));
-  }
-  if (state != static_cast<uint32_t>(SlotState::kReady)) {
-    return absl::NotFoundError(absl::StrCat("slot ", index, " is not ready"));
-  }
+absl::Status ReadSlotContents(const SlotHeader& s, uint32_t index, ReadySlot* out) {
   const int64_t step = s.step.load(std::memory_order_acquire);
   const uint32_t kind = s.kind.load(std::memory_order_acquire);
   if (step < 0) {
@@ -79,6 +71,18 @@ absl::Status ReadReadySlot(const ControlBlock& cb, uint32_t index, ReadySlot* ou
   out->kind = static_cast<SnapshotKind>(kind);
   out->seq = s.seq.load(std::memory_order_acquire);
   return absl::OkStatus();
+}
+
+absl::Status ReadReadySlot(const ControlBlock& cb, uint32_t index, ReadySlot* out) {
+  const SlotHeader& s = cb.slots[index];
+  const uint32_t state = s.state.load(std::memory_order_acquire);
+  if (absl::Status st = ValidateSlotWord(state); !st.ok()) {
+    return absl::DataLossError(absl::StrCat("slot ", index, ": ", st.message()));
+  }
+  if (state != static_cast<uint32_t>(SlotState::kReady)) {
+    return absl::NotFoundError(absl::StrCat("slot ", index, " is not ready"));
+  }
+  return ReadSlotContents(s, index, out);
 }
 
 uint64_t MonotonicNanos() {

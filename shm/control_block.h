@@ -115,6 +115,10 @@ struct ReadySlot {
   uint64_t seq;
 };
 
+// What slot `index` holds (step, kind, seq), validated: DataLoss for a
+// negative step or an unknown kind. For the slot's current owner.
+absl::Status ReadSlotContents(const SlotHeader& slot, uint32_t index, ReadySlot* out);
+
 // Reads slot `index` (< the daemon's own num_slots) as the daemon sees it.
 // Returns the slot when it is kReady with sane values; NotFound when it is not
 // ready; DataLoss with a description when a word is out of range (unknown state,

@@ -4,25 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/futex.h"
+#include "common/status.h"
 
 namespace zcc::shm {
 namespace {
 
 constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
-
-// What a slot holds, read by its current owner (after a take or a claim).
-absl::StatusOr<ReadySlot> ReadHeld(const SlotHeader& s, uint32_t index) {
-  const int64_t step = s.step.load(std::memory_order_acquire);
-  const uint32_t kind = s.kind.load(std::memory_order_acquire);
-  if (step < 0) {
-    return absl::DataLossError(absl::StrCat("slot ", index, " was published with step ", step));
-  }
-  if (kind > static_cast<uint32_t>(SnapshotKind::kFull)) {
-    return absl::DataLossError(absl::StrCat("slot ", index, " has unknown snapshot kind ", kind));
-  }
-  return ReadySlot{index, step, static_cast<SnapshotKind>(kind),
-                   s.seq.load(std::memory_order_acquire)};
-}
 
 }  // namespace
 
@@ -103,7 +90,9 @@ absl::StatusOr<ReadySlot> SlotRing::Take(uint32_t index) {
                                                        std::memory_order_acq_rel)) {
     return absl::NotFoundError(absl::StrCat("slot ", index, " is no longer ready"));
   }
-  return ReadHeld(cb_->slots[index], index);
+  ReadySlot slot;
+  ZCC_RETURN_IF_ERROR(ReadSlotContents(cb_->slots[index], index, &slot));
+  return slot;
 }
 
 void SlotRing::Free(uint32_t index) {

@@ -323,15 +323,7 @@ int main(int argc, char** argv) {
   using namespace zcc::bench;
   const bool quick = QuickMode(argc, argv);
   const RowFilter filter("scale_bench", argc, argv);
-  std::vector<int> counts = {1, 2, 4, 8};
-  if (const char* c = std::getenv("ZCC_SCALE_COUNTS"); c != nullptr && *c) {  // debugging aid
-    counts.clear();
-    for (const char* p = c; *p;) {
-      counts.push_back(std::atoi(p));
-      while (*p && *p != ',') ++p;
-      if (*p == ',') ++p;
-    }
-  }
+  const std::vector<int> counts = CountsFromEnv("ZCC_SCALE_COUNTS", {1, 2, 4, 8});
   bool any = false;
   for (int n : counts) {
     for (const char* row : {"scale_write_gbps_", "scale_snapshot_p50_us_", "scale_snapshot_p99_us_"}) {

@@ -189,16 +189,9 @@ int main(int argc, char** argv) {
   using namespace zcc::bench;
   const bool quick = QuickMode(argc, argv);
   const RowFilter filter("tensor_count_bench", argc, argv);
-  std::vector<int> counts = {1'000, 10'000, 100'000, 1'000'000};
-  if (quick) counts.pop_back();
-  if (const char* c = std::getenv("ZCC_TENSOR_COUNTS"); c != nullptr && *c) {  // debugging aid
-    counts.clear();
-    for (const char* p = c; *p;) {
-      counts.push_back(std::atoi(p));
-      while (*p && *p != ',') ++p;
-      if (*p == ',') ++p;
-    }
-  }
+  std::vector<int> defaults = {1'000, 10'000, 100'000, 1'000'000};
+  if (quick) defaults.pop_back();
+  const std::vector<int> counts = CountsFromEnv("ZCC_TENSOR_COUNTS", defaults);
   bool any = false;
   for (int n : counts) {
     for (const char* row : {"register", "checkpoint", "restore"}) {
