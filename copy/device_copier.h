@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 
 namespace zcc {
@@ -26,6 +27,20 @@ struct CopyRegion {
   void* dst = nullptr;
   size_t nbytes = 0;
 };
+
+// What every backend checks first: InvalidArgument naming the first region
+// with a null pointer for a non-zero size.
+inline absl::Status ValidateRegions(absl::Span<const CopyRegion> regions) {
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const CopyRegion& r = regions[i];
+    if (r.nbytes != 0 && (r.src == nullptr || r.dst == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("copy region ", i, " has a null ",
+                                                     r.src == nullptr ? "source" : "destination",
+                                                     " for ", r.nbytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Identifies one enqueued snapshot copy; tickets increase by one per Enqueue.
 using CopyTicket = uint64_t;

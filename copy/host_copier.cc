@@ -11,22 +11,6 @@
 #include "common/status.h"
 
 namespace zcc {
-namespace {
-
-absl::Status ValidateRegions(absl::Span<const CopyRegion> regions) {
-  for (size_t i = 0; i < regions.size(); ++i) {
-    const CopyRegion& r = regions[i];
-    if (r.nbytes != 0 && (r.src == nullptr || r.dst == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat("copy region ", i, " has a null ",
-                                                     r.src == nullptr ? "source" : "destination",
-                                                     " for ", r.nbytes, " bytes"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<HostCopier>> HostCopier::Create(const HostCopierOptions& options) {
   if (options.chunk_bytes == 0) {
     return absl::InvalidArgumentError("HostCopier: chunk_bytes must be positive");

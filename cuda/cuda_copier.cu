@@ -131,18 +131,6 @@ class ScopedDevice {
   absl::Status status_;
 };
 
-absl::Status ValidateRegions(absl::Span<const CopyRegion> regions) {
-  for (size_t i = 0; i < regions.size(); ++i) {
-    const CopyRegion& r = regions[i];
-    if (r.nbytes != 0 && (r.src == nullptr || r.dst == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat("copy region ", i, " has a null ",
-                                                     r.src == nullptr ? "source" : "destination",
-                                                     " for ", r.nbytes, " bytes"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // nullptr names the legacy default stream, whatever this file was compiled with.
 cudaStream_t CallerStream(void* stream) {
   return stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(stream);
