@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/futex.h"
@@ -142,30 +143,37 @@ TEST_CASE("slot ring: a due step takes over the oldest ordinary snapshot, never 
   SlotRing daemon(&cb, 2);
   auto first = client.Claim(false, 5);
   auto second = client.Claim(false, 5);
+  REQUIRE(first.has_value());
+  REQUIRE(second.has_value());
   client.Publish(first->index, 3, SnapshotKind::kFull);
   client.Publish(second->index, 4, SnapshotKind::kFull);
+  // zccd looks at both slots before the due step takes one over.
+  const std::vector<ReadySlot> seen = daemon.Ready();
+  REQUIRE(seen.size() == 2);
   CHECK_FALSE(client.Claim(false, 5).has_value());  // an ordinary step skips
   auto due = client.Claim(/*due=*/true, 5);
   REQUIRE(due.has_value());
   CHECK(due->index == first->index);  // the older of the two
   REQUIRE(due->replaced_step.has_value());
   CHECK(*due->replaced_step == 3);
-  // zccd looked at the slot before the take-over; what it takes is step 5.
-  auto stale = daemon.Ready();
   client.Publish(due->index, 5, SnapshotKind::kFull);
-  for (const ReadySlot& seen : stale) {
-    auto taken = daemon.Take(seen.index);
+  // What zccd takes is what the slot holds now, not what it saw.
+  for (const ReadySlot& s : seen) {
+    CHECK(s.step == (s.index == first->index ? 3 : 4));
+    auto taken = daemon.Take(s.index);
     REQUIRE_OK(taken);
-    CHECK(taken->step == (seen.index == first->index ? 5 : 4));
-    daemon.Free(seen.index);
+    CHECK(taken->step == (s.index == first->index ? 5 : 4));
+    daemon.Free(s.index);
   }
   // Both slots now hold published due steps 10 and 15: neither gives way.
   auto x = client.Claim(true, 5);
   auto y = client.Claim(true, 5);
+  REQUIRE(x.has_value());
+  REQUIRE(y.has_value());
   client.Publish(x->index, 10, SnapshotKind::kFull);
   client.Publish(y->index, 15, SnapshotKind::kFull);
   CHECK_FALSE(client.Claim(true, 5).has_value());
-  // A slot zccd holds (ingesting) is never taken over either.
+  // Nor is a slot zccd holds (ingesting).
   REQUIRE_OK(daemon.Take(x->index));
   CHECK_FALSE(client.Claim(true, 5).has_value());
 }
@@ -176,6 +184,7 @@ TEST_CASE("slot ring: a write after the trainer died claims only the slot still 
   SlotRing client(&cb, 2);
   SlotRing daemon(&cb, 2);
   auto c = client.Claim(false, 0);
+  REQUIRE(c.has_value());
   client.Publish(c->index, 9, SnapshotKind::kFull);
   REQUIRE_OK(daemon.Take(c->index));
   daemon.Free(c->index);
