@@ -8,10 +8,9 @@
 // own copy) and validates every slot word it reads (ValidateSlotForIngest), since
 // a buggy or hostile client can write anything here.
 //
-// Slot state machine (one owner at a time):
-//   client:  kFree -> kFilling (CAS) -> kReady (release store, doorbell)
-//   daemon:  kReady -> kIngesting (CAS) -> kFree (release store, free bell)
-//   (kRestoreReady is reserved; restores use a buffer of their own)
+// Slot states change only through shm::SlotRing (shm/slot_ring.h), whose
+// header holds the state machine. kRestoreReady is reserved; restores use a
+// buffer of their own.
 #ifndef ZCC_SHM_CONTROL_BLOCK_H_
 #define ZCC_SHM_CONTROL_BLOCK_H_
 

@@ -157,6 +157,8 @@ def test_daemon_absent_never_hangs():
         assert c.snapshot(step) == "skipped_disconnected"
     s = c.stats()
     assert not s["connected"] and s["skipped_disconnected"] == 5 and s["last_error"], s
+    assert s["checkpoint_failures"] == 0 and s["last_failed_checkpoint_step"] == -1, s
+    assert s["replaced_by_checkpoint"] == 0, s
     e = raises(zcc.UnavailableError, c.restore)
     assert isinstance(e, ConnectionError)
     raises(ConnectionError, c.checkpoint_status)

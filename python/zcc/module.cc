@@ -294,6 +294,9 @@ class PyClient {
     d["skipped_disconnected"] = s.skipped_disconnected;
     d["registrations"] = s.registrations;
     d["last_published_step"] = s.last_published_step;
+    d["replaced_by_checkpoint"] = s.replaced_by_checkpoint;
+    d["checkpoint_failures"] = s.checkpoint_failures;
+    d["last_failed_checkpoint_step"] = s.last_failed_checkpoint_step;
     d["last_error"] = s.last_error;
     return d;
   }
