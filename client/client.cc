@@ -315,7 +315,7 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
 
   // The reply comes from another process: check it before trusting offsets.
   const uint32_t n = resp.num_slots();
-  if (n < shm::kMinSlots || n > shm::kMaxSlots || resp.slot_bytes() % shm::kPageBytes != 0 ||
+  if (!shm::ValidateNumSlots(n).ok() || resp.slot_bytes() % shm::kPageBytes != 0 ||
       resp.slots_offset() != shm::ControlBlockBytes() ||
       resp.segment_bytes() != shm::SegmentBytes(n, resp.slot_bytes()) ||
       static_cast<size_t>(resp.placements_size()) != refs.size()) {

@@ -217,9 +217,8 @@ void CheckFields(const FullConfig& c, Problems& p) {
     p.Add("shm_prefix", absl::StrCat("must be 1..32 characters from [A-Za-z0-9_-], got ",
                                      Quote(d.shm_prefix)));
   }
-  if (d.default_num_slots < shm::kMinSlots || d.default_num_slots > shm::kMaxSlots) {
-    p.Add("default_num_slots", absl::StrCat("must be in [", shm::kMinSlots, ", ", shm::kMaxSlots,
-                                            "], got ", d.default_num_slots));
+  if (absl::Status st = shm::ValidateNumSlots(d.default_num_slots, ""); !st.ok()) {
+    p.Add("default_num_slots", st.message());
   }
   if (d.max_slot_bytes < shm::kPageBytes) {
     p.Add("max_slot_bytes",

@@ -53,9 +53,9 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
     errors.push_back("shm_prefix must be 1..32 characters from [A-Za-z0-9_-]");
   }
-  if (c.default_num_slots < shm::kMinSlots || c.default_num_slots > shm::kMaxSlots) {
-    errors.push_back(absl::StrCat("default_num_slots must be in [", shm::kMinSlots, ", ",
-                                  shm::kMaxSlots, "]"));
+  if (absl::Status st = shm::ValidateNumSlots(c.default_num_slots, "default_num_slots");
+      !st.ok()) {
+    errors.push_back(std::string(st.message()));
   }
   if (c.max_slot_bytes < shm::kPageBytes) errors.push_back("max_slot_bytes must be at least 4096");
   if (c.max_tensors_per_rank == 0) errors.push_back("max_tensors_per_rank must be positive");

@@ -138,10 +138,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
         absl::StrCat("rank ", req.rank(), " is not below world_size ", req.world_size()));
   }
   const uint32_t num_slots = req.num_slots() == 0 ? config_.default_num_slots : req.num_slots();
-  if (num_slots < shm::kMinSlots || num_slots > shm::kMaxSlots) {
-    return absl::InvalidArgumentError(absl::StrCat("num_slots ", num_slots, " is outside [",
-                                                   shm::kMinSlots, ", ", shm::kMaxSlots, "]"));
-  }
+  ZCC_RETURN_IF_ERROR(shm::ValidateNumSlots(num_slots));
   uint64_t manifest_hash = 0;
   ZCC_ASSIGN_OR_RETURN(std::vector<RegisteredTensor> registered,
                        ParseTensors(req, config_, &manifest_hash));

@@ -50,6 +50,12 @@ absl::Status ValidateGeometry(const ControlBlock& cb, uint32_t num_slots, uint64
   return absl::OkStatus();
 }
 
+absl::Status ValidateNumSlots(uint32_t num_slots, absl::string_view what) {
+  if (num_slots >= kMinSlots && num_slots <= kMaxSlots) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, what.empty() ? "" : " ", "must be in [",
+                                                 kMinSlots, ", ", kMaxSlots, "], got ", num_slots));
+}
+
 absl::Status ValidateSlotWord(uint32_t state_word) {
   if (state_word >= kNumSlotStates) {
     return absl::DataLossError(absl::StrCat("slot state word ", state_word, " is out of range"));

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace zcc::shm {
 
@@ -85,6 +86,11 @@ static_assert(std::is_standard_layout_v<ControlBlock>);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+// OK for a slot count in [kMinSlots, kMaxSlots]; otherwise InvalidArgument
+// "<what> must be in [2, 8], got N" (no prefix when `what` is empty). The one check of a slot count, wherever
+// it comes from (config file, flags, a registration, zccd's reply).
+absl::Status ValidateNumSlots(uint32_t num_slots, absl::string_view what = "num_slots");
 
 // Bytes reserved at the start of the segment for the control block.
 constexpr uint64_t ControlBlockBytes() {

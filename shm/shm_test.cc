@@ -101,6 +101,15 @@ SlotState StateOf(const ControlBlock& cb, uint32_t i) {
   return static_cast<SlotState>(cb.slots[i].state.load());
 }
 
+TEST_CASE("one check of a slot count, with the caller's name for it") {
+  CHECK_OK(ValidateNumSlots(kMinSlots));
+  CHECK_OK(ValidateNumSlots(kMaxSlots));
+  const absl::Status low = ValidateNumSlots(1, "default_num_slots");
+  CHECK(low.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(low.message() == "default_num_slots must be in [2, 8], got 1");
+  CHECK(ValidateNumSlots(9, "").message() == "must be in [2, 8], got 9");
+}
+
 TEST_CASE("slot ring: claim, publish, take and free, oldest publication first") {
   ControlBlock cb;
   InitControlBlock(&cb, 3, kPageBytes, 1, 0);
