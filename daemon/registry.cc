@@ -2,7 +2,6 @@
 
 #include "daemon/job_directory.h"
 #include "daemon/registration.h"
-#include "daemon/restorer.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,7 +37,9 @@ constexpr char kVersion[] = "zccd 0.1.0";
 }  // namespace
 
 Registry::Registry(DaemonConfig config)
-    : config_(std::move(config)), started_(absl::Now()) {
+    : config_(std::move(config)),
+      started_(absl::Now()),
+      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_) {
   zcc::MutexLock lock(&mu_);
   // Generations are unique across daemon restarts, so a client holding an old
   // one can never address a new registration by accident.
@@ -353,136 +354,22 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
   return absl::OkStatus();
 }
 
-absl::Status Registry::VerifyCached(const std::string& step_dir) {
-  auto record = checkpoint::ReadCommitRecord(step_dir);
-  if (!record.ok()) return record.status();
-  zcc::MutexLock lock(&verify_mu_);
-  const auto key = std::make_pair(step_dir, record->manifest_hash);
-  auto it = verified_.find(key);
-  if (it != verified_.end()) return it->second;
-  const absl::Time start = absl::Now();
-  const absl::Status status = checkpoint::VerifyStep(step_dir).status();
-  if (status.ok()) {
-    ZCC_LOG(INFO) << "verified " << step_dir << " in "
-                  << absl::FormatDuration(absl::Now() - start);
-  } else {
-    metrics_.errors(metrics::ErrorKind::kVerify).Increment();
-    ZCC_LOG(ERROR) << "checkpoint " << step_dir << " failed verification: " << status.message();
-  }
-  if (verified_.size() > 256) verified_.clear();
-  verified_[key] = status;
-  return status;
-}
-
-void Registry::MarkDamaged(const std::string& step_dir, const absl::Status& why) {
-  auto record = checkpoint::ReadCommitRecord(step_dir);
-  if (!record.ok()) return;  // unreadable now: VerifyCached rejects it anyway
-  metrics_.errors(metrics::ErrorKind::kVerify).Increment();
-  zcc::MutexLock lock(&verify_mu_);
-  verified_[std::make_pair(step_dir, record->manifest_hash)] = why;
-}
-
 absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
                                                       const Caller& caller,
                                                       std::function<bool()> client_gone) {
-  const std::function<bool()> cancelled = [this, &client_gone] {
-    return shutting_down_.load() || (client_gone && client_gone());
-  };
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->CheckRestoreBufferRoom());
-  const std::string& job_dir = job->options().job_dir;
-  // Read with the job owner's identity: nothing planted in the directory can
-  // make zccd read what that user could not.
-  ScopedFsIdentity as_owner(job->options().owner);
-  std::vector<std::string> skipped;
-  // A step found damaged while it is read (after an earlier verification was
-  // cached, or damaged since) is marked bad and the choice made again, so a
-  // restore of the newest step falls back to the next older one that reads
-  // back intact. Each round rejects one more step, so this ends.
-  for (;;) {
-    if (cancelled()) return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
-    ZCC_ASSIGN_OR_RETURN(
-        checkpoint::RestoreChoice choice,
-        checkpoint::ChooseRestoreStep(job_dir, req.step() < 0 ? -1 : req.step(),
-                                      [this](const std::string& dir) { return VerifyCached(dir); }));
-    for (const std::string& why : choice.rejected) {
-      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
-                       << ": restore skipped " << why;
-    }
-    skipped.insert(skipped.end(), choice.rejected.begin(), choice.rejected.end());
-    const std::string step_dir = JoinPath(job_dir, format::StepDirName(choice.step));
-    auto resp = RestoreStep(*job, *session, req, step_dir, choice.step, cancelled);
-    if (resp.ok()) {
-      for (const std::string& why : skipped) resp->add_skipped_steps(why);
-      return resp;
-    }
-    const bool damaged = resp.status().code() == absl::StatusCode::kDataLoss ||
-                         resp.status().code() == absl::StatusCode::kNotFound;
-    if (!damaged || req.step() >= 0) return resp.status();
-    MarkDamaged(step_dir, resp.status());
-    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": "
-                     << resp.status().message() << "; falling back to an older step";
-  }
-}
-
-absl::StatusOr<v1::RestoreResponse> Registry::RestoreStep(Job& job, RankSession& session,
-                                                          const v1::RestoreRequest& req,
-                                                          const std::string& step_dir,
-                                                          int64_t step,
-                                                          const std::function<bool()>& cancelled) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
-  if (record.world_size != job.options().world_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        format::StepDirName(step), " was written by ", record.world_size,
-        " ranks; this job has ", job.options().world_size, " (resharding is not supported)"));
-  }
-  const std::string shm_name =
-      absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r", req.rank(), ".restore.g",
-                   req.generation(), ".", next_restore_seq_.fetch_add(1));
-  job.BeginRestore(req.rank(), step);
-  const absl::Time read_start = absl::Now();
-  auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session.registered(), shm_name,
-                                  config_.max_slot_bytes, session.options().segment_owner,
-                                  cancelled);
-  metrics_.restore_seconds().ObserveDuration(absl::Now() - read_start);
-  if (!buffer.ok()) {
-    metrics_.errors(metrics::ErrorKind::kRestore).Increment();
-    job.EndRestore(req.rank(), step);
-    return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(step)));
-  }
-  if (absl::Status st = session.RestoreEma(step_dir, record.world_size, step); !st.ok()) {
-    metrics_.errors(metrics::ErrorKind::kRestore).Increment();
-    job.EndRestore(req.rank(), step);
-    return Annotate(st, absl::StrCat("restore of the EMA from ", format::StepDirName(step)));
-  }
-  v1::RestoreResponse resp;
-  resp.set_step(step);
-  resp.set_shm_name(shm_name);
-  resp.set_segment_bytes(buffer->segment.size());
-  resp.set_data_offset(buffer->data_offset);
-  const auto& registered = session.registered();
-  for (size_t i = 0; i < registered.size(); ++i) {
-    v1::TensorPlacement* p = resp.add_placements();
-    p->set_name(registered[i].name);
-    p->set_offset(buffer->offsets[i]);
-    p->set_nbytes(registered[i].nbytes);
-    p->set_staged(true);
-  }
-  resp.set_restore_id(session.AddRestoreBuffer(std::move(buffer->segment), step));
-  ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
-                << format::StepDirName(step) << " into " << shm_name;
-  return resp;
+  return restores_.Restore(*job, *session, req, [this, &client_gone] {
+    return shutting_down_.load() || (client_gone && client_gone());
+  });
 }
 
 absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& req,
                                                       const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
-  const std::string shm_name =
-      absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r", req.rank(), ".ema.g",
-                   req.generation(), ".", next_restore_seq_.fetch_add(1));
-  return session->CopyEma(shm_name);
+  return session->CopyEma(restores_.BufferName("ema", req.job_id(), req.rank(), req.generation()));
 }
 
 absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {

@@ -31,6 +31,7 @@
 #include "common/mutex.h"
 #include "daemon/config.h"
 #include "daemon/job.h"
+#include "daemon/restore_service.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 
@@ -100,18 +101,6 @@ class Registry {
   // The registered job, if `caller` may act on it.
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id,
                                                const Caller& caller) const;
-  // VerifyStep with a cache keyed by directory and commit hash, so that N ranks
-  // restoring the same step verify it once.
-  absl::Status VerifyCached(const std::string& step_dir);
-  // Records that `step_dir` failed while being read (`why`), whatever an
-  // earlier verification found, so the next choice skips it.
-  void MarkDamaged(const std::string& step_dir, const absl::Status& why);
-  // Reads committed step `step` (already chosen) for the session's rank into
-  // a new restore buffer and restores the rank's EMA from it.
-  absl::StatusOr<v1::RestoreResponse> RestoreStep(Job& job, RankSession& session,
-                                                  const v1::RestoreRequest& req,
-                                                  const std::string& step_dir, int64_t step,
-                                                  const std::function<bool()>& cancelled);
   void HousekeepingLoop();
   // The daemon -> trainer liveness signal: touches only the published
   // session list and atomics in shared memory.
@@ -135,12 +124,10 @@ class Registry {
   mutable zcc::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
-  std::atomic<uint64_t> next_restore_seq_{1};
   std::atomic<bool> shutting_down_{false};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
-  zcc::Mutex verify_mu_;
-  std::map<std::pair<std::string, uint64_t>, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
+  RestoreService restores_;
 
   // Last client-side skip count seen per session (housekeeping thread only).
   std::map<const RankSession*, uint64_t> skipped_seen_;

@@ -1,0 +1,74 @@
+// Restore: which committed step a rank gets back, and reading it. The newest
+// committed step that verifies (or the one asked for) is read into a new
+// restore buffer for the rank, together with its EMA; a step found damaged
+// while it is read is remembered as bad and the next older one is tried.
+// Verification verdicts are cached by step directory and commit hash, so the
+// N ranks of a job restoring one step verify it once.
+//
+// Thread-safety: all methods may be called concurrently (one RPC thread per
+// restoring rank). Ownership: holds no job or session; the caller keeps them
+// alive for the call.
+#ifndef ZCC_DAEMON_RESTORE_SERVICE_H_
+#define ZCC_DAEMON_RESTORE_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "daemon/job.h"
+#include "daemon/rank_session.h"
+#include "metrics/metrics.h"
+#include "proto/zcc.pb.h"
+
+namespace zcc::daemon {
+
+class RestoreService {
+ public:
+  // Buffers are named "<shm_prefix>.<job>.r<rank>.<what>.g<generation>.<n>";
+  // `metrics` is borrowed and outlives the service.
+  RestoreService(std::string shm_prefix, uint64_t max_slot_bytes, metrics::ZccMetrics* metrics);
+
+  // Restores `session`'s rank of `job` (whose caller was authorised) from the
+  // step `req` names, or the newest that reads back intact. Stops with
+  // Cancelled at its next check once `cancelled()` is true.
+  absl::StatusOr<v1::RestoreResponse> Restore(Job& job, RankSession& session,
+                                              const v1::RestoreRequest& req,
+                                              const std::function<bool()>& cancelled);
+
+  // A fresh shared-memory name for a restore or EMA buffer.
+  std::string BufferName(const char* what, const std::string& job_id, uint32_t rank,
+                         uint64_t generation);
+
+ private:
+  // VerifyStep, with the cache.
+  absl::Status VerifyCached(const std::string& step_dir) ABSL_LOCKS_EXCLUDED(verify_mu_);
+  // Records that `step_dir` failed while being read (`why`), whatever an
+  // earlier verification found, so the next choice skips it.
+  void MarkDamaged(const std::string& step_dir, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(verify_mu_);
+  // Reads committed step `step` (already chosen) for the session's rank into
+  // a new restore buffer and restores the rank's EMA from it.
+  absl::StatusOr<v1::RestoreResponse> RestoreStep(Job& job, RankSession& session,
+                                                  const v1::RestoreRequest& req,
+                                                  const std::string& step_dir, int64_t step,
+                                                  const std::function<bool()>& cancelled);
+
+  const std::string shm_prefix_;
+  const uint64_t max_slot_bytes_;
+  metrics::ZccMetrics* const metrics_;
+  std::atomic<uint64_t> next_buffer_seq_{1};
+
+  // Held across a verification (disk reads): only other restores wait on it.
+  zcc::Mutex verify_mu_;
+  std::map<std::pair<std::string, uint64_t>, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_RESTORE_SERVICE_H_
