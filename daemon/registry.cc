@@ -39,7 +39,14 @@ constexpr char kVersion[] = "zccd 0.1.0";
 Registry::Registry(DaemonConfig config)
     : config_(std::move(config)),
       started_(absl::Now()),
-      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_) {
+      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_),
+      housekeeper_(config_, &metrics_,
+                   Housekeeper::Registry{[this] { return Jobs(); },
+                                         [this] {
+                                           zcc::MutexLock lock(&mu_);
+                                           return StagingBytesLocked();
+                                         },
+                                         [this] { DropIdleJobs(); }}) {
   zcc::MutexLock lock(&mu_);
   // Generations are unique across daemon restarts, so a client holding an old
   // one can never address a new registration by accident.
@@ -58,9 +65,7 @@ absl::Status Registry::Start() {
   ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(config_.default_root), "default checkpoint root"));
   ZCC_RETURN_IF_ERROR(ScopedFsIdentity::Probe());
   RecoverJobDirectories(config_);
-  heartbeater_ = std::thread([this] { HeartbeatLoop(); });
-  reaper_ = std::thread([this] { ReaperLoop(); });
-  housekeeper_ = std::thread([this] { HousekeepingLoop(); });
+  housekeeper_.Start();
   return absl::OkStatus();
 }
 
@@ -70,13 +75,7 @@ void Registry::Shutdown() {
     if (stopping_) return;
     stopping_ = true;
   }
-  if (housekeeper_.joinable()) housekeeper_.join();
-  {
-    // Ranks already found dead are retired first (their failure writes).
-    zcc::MutexLock lock(&reap_mu_);
-    reap_stop_ = true;
-  }
-  if (reaper_.joinable()) reaper_.join();
+  housekeeper_.StopWork();
   std::map<std::string, std::shared_ptr<Job>> jobs;
   {
     zcc::MutexLock lock(&mu_);
@@ -86,12 +85,7 @@ void Registry::Shutdown() {
     for (auto& session : job->Ranks()) session->Stop();
   }
   jobs.clear();
-  {
-    zcc::MutexLock lock(&beat_mu_);
-    beat_stop_ = true;
-    beat_list_.reset();
-  }
-  if (heartbeater_.joinable()) heartbeater_.join();
+  housekeeper_.StopHeartbeats();
 }
 
 absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested_root,
@@ -290,7 +284,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       p->set_staged(t.staged);
     }
   }
-  PublishHeartbeatList();
+  housekeeper_.PublishSessions();
   if (replaced != nullptr) {
     ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
                      << ": replacing the registration of pid " << replaced->options().pid
@@ -349,7 +343,7 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
     auto it = jobs_.find(req.job_id());
     if (it != jobs_.end() && it->second == job && job->idle()) jobs_.erase(it);
   }
-  PublishHeartbeatList();  // drops the list's reference to the session
+  housekeeper_.PublishSessions();  // drops the list's reference to the session
   ZCC_LOG(INFO) << "unregistered job " << req.job_id() << " rank " << req.rank();
   return absl::OkStatus();
 }
@@ -473,119 +467,20 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
   return resp;
 }
 
-bool Registry::Healthy() const {
-  const int64_t last = last_housekeeping_ns_.load();
-  const absl::Duration since = absl::Now() - absl::FromUnixNanos(last);
-  // Generous: a round may include a commit and retention on a slow file
-  // system; only a thread stuck for minutes is unhealthy.
-  return since < absl::Minutes(2) || absl::Now() - started_ < absl::Minutes(2);
-}
+bool Registry::Healthy() const { return housekeeper_.Healthy(); }
 
-void Registry::PublishHeartbeatList() {
+std::vector<std::shared_ptr<Job>> Registry::Jobs() const {
+  zcc::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Job>> jobs;
-  {
-    zcc::MutexLock lock(&mu_);
-    for (const auto& [id, job] : jobs_) jobs.push_back(job);
-  }
-  auto list = std::make_shared<std::vector<std::shared_ptr<RankSession>>>();
-  for (const auto& job : jobs) {
-    for (auto& session : job->Ranks()) list->push_back(std::move(session));
-  }
-  zcc::MutexLock lock(&beat_mu_);
-  if (!beat_stop_) beat_list_ = std::move(list);
+  for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  return jobs;
 }
 
-void Registry::HeartbeatLoop() {
-  zcc::MutexLock lock(&beat_mu_);
-  while (!beat_stop_) {
-    const auto list = beat_list_;
-    beat_mu_.Unlock();
-    if (list != nullptr) {
-      for (const auto& session : *list) session->Heartbeat();
-    }
-    beat_mu_.Lock();
-    beat_mu_.AwaitWithTimeout(absl::Condition(&beat_stop_), config_.heartbeat_interval);
+void Registry::DropIdleJobs() {
+  zcc::MutexLock lock(&mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    it = it->second->idle() ? jobs_.erase(it) : std::next(it);
   }
-}
-
-void Registry::ReaperLoop() {
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reap_mu_) {
-    return !reap_queue_.empty() || reap_stop_;
-  };
-  while (true) {
-    Retirement next;
-    {
-      zcc::MutexLock lock(&reap_mu_);
-      reap_mu_.Await(absl::Condition(&ready));
-      if (reap_queue_.empty()) return;  // stopping, nothing left
-      next = std::move(reap_queue_.front());
-      reap_queue_.pop_front();
-    }
-    Retire(next);
-  }
-}
-
-void Registry::Retire(const Retirement& r) {
-  const uint32_t rank = r.session->shards().rank;
-  if (r.session->options().persist_on_failure) {
-    if (auto step = r.session->PersistNewestOnFailure(); step.has_value()) {
-      ZCC_LOG(WARNING) << "job " << r.job->options().job_id << " rank " << rank
-                       << ": persisted its newest snapshot, step " << *step
-                       << " (checkpoint-on-failure)";
-    }
-  }
-  r.session->Stop();
-  r.job->RemoveRank(rank, r.session->options().generation);
-  PublishHeartbeatList();
-}
-
-void Registry::HousekeepingLoop() {
-  mu_.Lock();
-  while (!stopping_) {
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), config_.heartbeat_interval);
-    if (stopping_) break;
-    std::vector<std::shared_ptr<Job>> jobs;
-    for (const auto& [id, job] : jobs_) jobs.push_back(job);
-    metrics_.staging_bytes().Set(static_cast<double>(StagingBytesLocked()));
-    mu_.Unlock();
-    size_t ranks = 0;
-
-    for (const auto& job : jobs) {
-      for (const auto& session : job->Ranks()) {
-        ++ranks;
-        // Skips are counted by the trainer in shared memory; export the growth.
-        const uint64_t skipped = session->counters().snapshots_skipped;
-        uint64_t& seen = skipped_seen_[session.get()];
-        if (skipped > seen) metrics_.snapshots_skipped().Increment(skipped - seen);
-        seen = skipped;
-        const bool gone = session->ClientProcessGone();
-        if ((gone || !session->ClientAlive(config_.client_timeout)) &&
-            session->BeginRetirement()) {
-          const uint32_t rank = session->shards().rank;
-          metrics_.errors(metrics::ErrorKind::kClientTimeout).Increment();
-          skipped_seen_.erase(session.get());
-          ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank " << rank << ": trainer pid "
-                           << session->options().pid
-                           << (gone ? " exited" : " stopped sending heartbeats")
-                           << "; dropping its registration";
-          // Retired on the reaper thread: a failure write must not hold up
-          // this round's commits and timeouts for other jobs.
-          zcc::MutexLock lock(&reap_mu_);
-          reap_queue_.push_back({job, session});
-        }
-      }
-      job->Tick();
-    }
-    metrics_.registered_ranks().Set(static_cast<double>(ranks));
-    last_housekeeping_ns_.store(absl::GetCurrentTimeNanos());
-    PublishHeartbeatList();
-
-    mu_.Lock();
-    for (auto it = jobs_.begin(); it != jobs_.end();) {
-      it = it->second->idle() ? jobs_.erase(it) : std::next(it);
-    }
-  }
-  mu_.Unlock();
 }
 
 }  // namespace zcc::daemon

@@ -1,11 +1,8 @@
 // The daemon's table of jobs and the operations of the control and status
 // services on it: registration (creating the staging segment), restore,
-// save-now, status and listing. A heartbeat thread writes the daemon's
-// heartbeat into every rank's segment and does nothing else; a housekeeping
-// thread notices ranks whose trainer is gone and retries or expires pending
-// commits; a reaper thread retires the dead ranks (checkpoint-on-failure on
-// the rank's writer, then the registration is dropped), so neither a commit
-// nor a failure write can delay a heartbeat.
+// save-now, status and listing. Background work (heartbeats, noticing dead
+// trainers, commit retries, retiring dead ranks) is daemon/housekeeper's;
+// restores are daemon/restore_service's.
 //
 // Every request field is validated here; errors carry a message meant for the
 // user. Nothing committed on disk is modified by a failed request.
@@ -18,11 +15,9 @@
 #include <sys/types.h>
 
 #include <functional>
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -30,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 #include "daemon/config.h"
+#include "daemon/housekeeper.h"
 #include "daemon/job.h"
 #include "daemon/restore_service.h"
 #include "metrics/metrics.h"
@@ -101,25 +97,13 @@ class Registry {
   // The registered job, if `caller` may act on it.
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id,
                                                const Caller& caller) const;
-  void HousekeepingLoop();
-  // The daemon -> trainer liveness signal: touches only the published
-  // session list and atomics in shared memory.
-  void HeartbeatLoop();
-  // Publishes every registered session for the heartbeat thread.
-  void PublishHeartbeatList() ABSL_LOCKS_EXCLUDED(mu_, beat_mu_);
-  // Retires dead ranks handed over by the housekeeper, one at a time.
-  void ReaperLoop();
-  struct Retirement {
-    std::shared_ptr<Job> job;
-    std::shared_ptr<RankSession> session;
-  };
-  void Retire(const Retirement& r);
+  std::vector<std::shared_ptr<Job>> Jobs() const ABSL_LOCKS_EXCLUDED(mu_);
+  void DropIdleJobs() ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;
   const absl::Time started_;
   metrics::ZccMetrics metrics_;
-  std::atomic<int64_t> last_housekeeping_ns_{0};
 
   mutable zcc::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
@@ -129,21 +113,8 @@ class Registry {
 
   RestoreService restores_;
 
-  // Last client-side skip count seen per session (housekeeping thread only).
-  std::map<const RankSession*, uint64_t> skipped_seen_;
-  std::thread housekeeper_;
-
-  // Held only to swap or copy the list pointer, or to sleep until stopped.
-  zcc::Mutex beat_mu_;
-  std::shared_ptr<const std::vector<std::shared_ptr<RankSession>>> beat_list_
-      ABSL_GUARDED_BY(beat_mu_);
-  bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
-  std::thread heartbeater_;
-
-  zcc::Mutex reap_mu_;
-  std::deque<Retirement> reap_queue_ ABSL_GUARDED_BY(reap_mu_);
-  bool reap_stop_ ABSL_GUARDED_BY(reap_mu_) = false;
-  std::thread reaper_;
+  // Last: its threads use everything above, and stop before it goes.
+  Housekeeper housekeeper_;
 };
 
 }  // namespace zcc::daemon

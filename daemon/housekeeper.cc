@@ -1,0 +1,149 @@
+#include "daemon/housekeeper.h"
+
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "common/log.h"
+
+namespace zcc::daemon {
+
+Housekeeper::Housekeeper(const DaemonConfig& config, metrics::ZccMetrics* metrics,
+                         Registry registry)
+    : config_(config), metrics_(metrics), registry_(std::move(registry)), started_(absl::Now()) {}
+
+Housekeeper::~Housekeeper() {
+  StopWork();
+  StopHeartbeats();
+}
+
+void Housekeeper::Start() {
+  heartbeater_ = std::thread([this] { HeartbeatLoop(); });
+  reaper_ = std::thread([this] { ReaperLoop(); });
+  housekeeper_ = std::thread([this] { HousekeepingLoop(); });
+}
+
+void Housekeeper::StopWork() {
+  {
+    zcc::MutexLock lock(&work_mu_);
+    work_stop_ = true;
+  }
+  if (housekeeper_.joinable()) housekeeper_.join();
+  {
+    // Ranks already found dead are retired first (their failure writes).
+    zcc::MutexLock lock(&reap_mu_);
+    reap_stop_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void Housekeeper::StopHeartbeats() {
+  {
+    zcc::MutexLock lock(&beat_mu_);
+    beat_stop_ = true;
+    sessions_.reset();
+  }
+  if (heartbeater_.joinable()) heartbeater_.join();
+}
+
+bool Housekeeper::Healthy() const {
+  const int64_t last = last_round_ns_.load();
+  const absl::Duration since = absl::Now() - absl::FromUnixNanos(last);
+  // Generous: a round may include a commit and retention on a slow file
+  // system; only a thread stuck for minutes is unhealthy.
+  return since < absl::Minutes(2) || absl::Now() - started_ < absl::Minutes(2);
+}
+
+void Housekeeper::PublishSessions() {
+  auto list = std::make_shared<std::vector<std::shared_ptr<RankSession>>>();
+  for (const auto& job : registry_.jobs()) {
+    for (auto& session : job->Ranks()) list->push_back(std::move(session));
+  }
+  zcc::MutexLock lock(&beat_mu_);
+  if (!beat_stop_) sessions_ = std::move(list);
+}
+
+void Housekeeper::HeartbeatLoop() {
+  zcc::MutexLock lock(&beat_mu_);
+  while (!beat_stop_) {
+    const auto list = sessions_;
+    beat_mu_.Unlock();
+    if (list != nullptr) {
+      for (const auto& session : *list) session->Heartbeat();
+    }
+    beat_mu_.Lock();
+    beat_mu_.AwaitWithTimeout(absl::Condition(&beat_stop_), config_.heartbeat_interval);
+  }
+}
+
+void Housekeeper::ReaperLoop() {
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reap_mu_) {
+    return !reap_queue_.empty() || reap_stop_;
+  };
+  while (true) {
+    Retirement next;
+    {
+      zcc::MutexLock lock(&reap_mu_);
+      reap_mu_.Await(absl::Condition(&ready));
+      if (reap_queue_.empty()) return;  // stopping, nothing left
+      next = std::move(reap_queue_.front());
+      reap_queue_.pop_front();
+    }
+    Retire(next);
+  }
+}
+
+void Housekeeper::Retire(const Retirement& r) {
+  const uint32_t rank = r.session->shards().rank;
+  if (r.session->options().persist_on_failure) {
+    if (auto step = r.session->PersistNewestOnFailure(); step.has_value()) {
+      ZCC_LOG(WARNING) << "job " << r.job->options().job_id << " rank " << rank
+                       << ": persisted its newest snapshot, step " << *step
+                       << " (checkpoint-on-failure)";
+    }
+  }
+  r.session->Stop();
+  r.job->RemoveRank(rank, r.session->options().generation);
+  PublishSessions();
+}
+
+void Housekeeper::HousekeepingLoop() {
+  zcc::MutexLock lock(&work_mu_);
+  while (!work_stop_) {
+    work_mu_.AwaitWithTimeout(absl::Condition(&work_stop_), config_.heartbeat_interval);
+    if (work_stop_) break;
+    work_mu_.Unlock();
+    metrics_->staging_bytes().Set(static_cast<double>(registry_.staging_bytes()));
+    size_t ranks = 0;
+    for (const auto& job : registry_.jobs()) {
+      for (const auto& session : job->Ranks()) {
+        ++ranks;
+        // Skips are counted by the trainer in shared memory; export the growth.
+        const uint64_t skipped = session->counters().snapshots_skipped;
+        uint64_t& seen = skipped_seen_[session.get()];
+        if (skipped > seen) metrics_->snapshots_skipped().Increment(skipped - seen);
+        seen = skipped;
+        const bool gone = session->ClientProcessGone();
+        if ((gone || !session->ClientAlive(config_.client_timeout)) &&
+            session->BeginRetirement()) {
+          metrics_->errors(metrics::ErrorKind::kClientTimeout).Increment();
+          skipped_seen_.erase(session.get());
+          ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank "
+                           << session->shards().rank << ": trainer pid "
+                           << session->options().pid
+                           << (gone ? " exited" : " stopped sending heartbeats")
+                           << "; dropping its registration";
+          zcc::MutexLock reap_lock(&reap_mu_);
+          reap_queue_.push_back({job, session});
+        }
+      }
+      job->Tick();
+    }
+    metrics_->registered_ranks().Set(static_cast<double>(ranks));
+    last_round_ns_.store(absl::GetCurrentTimeNanos());
+    PublishSessions();
+    registry_.drop_idle_jobs();
+    work_mu_.Lock();
+  }
+}
+
+}  // namespace zcc::daemon
