@@ -65,10 +65,7 @@ void RankSession::Stop() {
   if (writer_.joinable()) writer_.join();
   cb->closed.store(1);
   FutexWakeAll(&cb->closed);
-  {
-    zcc::MutexLock lock(&mu_);
-    restores_.clear();
-  }
+  restore_buffers_.Clear();
   cb->free_bell.fetch_add(1);
   FutexWakeAll(&cb->free_bell);
 }
@@ -266,7 +263,7 @@ void RankSession::UpdateEma(const shm::ReadySlot& slot) {
 }
 
 absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name) {
-  ZCC_RETURN_IF_ERROR(CheckRestoreBufferRoom());
+  ZCC_RETURN_IF_ERROR(restore_buffers_.CheckRoom());
   zcc::ReleasableMutexLock lock(&ema_mu_);
   if (ema_ == nullptr) {
     return absl::FailedPreconditionError("this rank keeps no EMA (register with an ema_decay)");
@@ -297,7 +294,7 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
   }
   const int64_t step = resp.step();
   lock.Release();
-  resp.set_restore_id(AddRestoreBuffer(std::move(segment), step));
+  resp.set_restore_id(restore_buffers_.Add(std::move(segment), step));
   return resp;
 }
 
@@ -380,34 +377,6 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   SubmitWrite(WriteJob{slot, /*on_failure=*/true});
   AwaitWriterIdle();
   return last_persisted_step_.load() == step ? std::optional<int64_t>(step) : std::nullopt;
-}
-
-absl::Status RankSession::CheckRestoreBufferRoom() const {
-  zcc::MutexLock lock(&mu_);
-  if (restores_.size() >= kMaxRestoreBuffers) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this rank already holds ", restores_.size(),
-        " restore buffers; release them with RestoreDone before asking for more"));
-  }
-  return absl::OkStatus();
-}
-
-uint64_t RankSession::AddRestoreBuffer(shm::Segment buffer, int64_t step) {
-  zcc::MutexLock lock(&mu_);
-  const uint64_t id = next_restore_id_++;
-  restores_.emplace(id, std::make_pair(std::move(buffer), step));
-  return id;
-}
-
-absl::StatusOr<int64_t> RankSession::RemoveRestoreBuffer(uint64_t id) {
-  zcc::MutexLock lock(&mu_);
-  auto it = restores_.find(id);
-  if (it == restores_.end()) {
-    return absl::NotFoundError(absl::StrCat("no restore buffer ", id, " for this rank"));
-  }
-  const int64_t step = it->second.second;
-  restores_.erase(it);  // unmaps and removes the segment
-  return step;
 }
 
 RankCounters RankSession::counters() const {

@@ -35,6 +35,7 @@
 #include "checkpoint/shard_writer.h"
 #include "common/fs_identity.h"
 #include "common/mutex.h"
+#include "daemon/restore_buffers.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
 #include "metrics/metrics.h"
@@ -145,21 +146,15 @@ class RankSession {
 
   uint8_t* slot_data(uint32_t slot) const { return segment_.slot(slot, shards_.layout.slot_bytes); }
 
-  // A filled restore buffer, kept until the client says it has copied it out
-  // (or the session ends). Returns its id.
-  uint64_t AddRestoreBuffer(shm::Segment buffer, int64_t step);
-  // A client holds at most this many restore/EMA buffers; more is refused.
-  static constexpr size_t kMaxRestoreBuffers = 4;
-  // ResourceExhausted when the client already holds kMaxRestoreBuffers.
-  absl::Status CheckRestoreBufferRoom() const;
-  // Drops the buffer; returns the step it held.
-  absl::StatusOr<int64_t> RemoveRestoreBuffer(uint64_t id);
+  // The restore and EMA buffers filled for this rank's client, kept until it
+  // has copied them out; dropped when the session stops.
+  RestoreBuffers& restore_buffers() { return restore_buffers_; }
 
   const checkpoint::RankShards& shards() const { return shards_; }
   const std::vector<RegisteredTensor>& registered() const { return registered_; }
 
   // Copies the current EMA into a new segment `shm_name` (kept as a restore
-  // buffer until RemoveRestoreBuffer). FailedPrecondition without an EMA.
+  // buffer until the client releases it). FailedPrecondition without an EMA.
   absl::StatusOr<v1::ReadEmaResponse> CopyEma(const std::string& shm_name);
 
   // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
@@ -249,8 +244,7 @@ class RankSession {
   mutable zcc::Mutex mu_;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_restore_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, std::pair<shm::Segment, int64_t>> restores_ ABSL_GUARDED_BY(mu_);
+  RestoreBuffers restore_buffers_;
 };
 
 }  // namespace zcc::daemon

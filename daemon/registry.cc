@@ -353,7 +353,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
                                                       std::function<bool()> client_gone) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
-  ZCC_RETURN_IF_ERROR(session->CheckRestoreBufferRoom());
+  ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
   return restores_.Restore(*job, *session, req, [this, &client_gone] {
     return shutting_down_.load() || (client_gone && client_gone());
   });
@@ -369,7 +369,7 @@ absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& 
 absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
-  ZCC_ASSIGN_OR_RETURN(int64_t step, session->RemoveRestoreBuffer(req.restore_id()));
+  ZCC_ASSIGN_OR_RETURN(int64_t step, session->restore_buffers().Remove(req.restore_id()));
   job->EndRestore(req.rank(), step);
   return absl::OkStatus();
 }

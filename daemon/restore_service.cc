@@ -131,7 +131,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     p->set_nbytes(registered[i].nbytes);
     p->set_staged(true);
   }
-  resp.set_restore_id(session.AddRestoreBuffer(std::move(buffer->segment), step));
+  resp.set_restore_id(session.restore_buffers().Add(std::move(buffer->segment), step));
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
                 << format::StepDirName(step) << " into " << shm_name;
   return resp;
