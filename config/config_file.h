@@ -17,7 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/log.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 
 namespace zcc::config {
 

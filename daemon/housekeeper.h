@@ -28,7 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 #include "daemon/job.h"
 #include "daemon/rank_session.h"
 #include "metrics/metrics.h"

@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/fs_identity.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 
 namespace zcc::daemon {
 

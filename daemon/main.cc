@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "config/config_file.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 #include "daemon/server.h"
 
 ABSL_FLAG(std::string, config, "", "text-format config file (schema: config/zccd_config.proto); "

@@ -24,7 +24,7 @@
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 #include "daemon/registration.h"
 #include "ema/ema_updater.h"
 #include "format/manifest.h"

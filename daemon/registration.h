@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/rank_shards.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 #include "daemon/rank_session.h"
 #include "proto/zcc.pb.h"
 

@@ -24,7 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 #include "daemon/housekeeper.h"
 #include "daemon/job.h"
 #include "daemon/restore_service.h"

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 
 namespace zcc::daemon {
 

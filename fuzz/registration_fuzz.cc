@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/rank_shards.h"
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 #include "daemon/registration.h"
 #include "format/dtype.h"
 #include "fuzz/fuzz_util.h"

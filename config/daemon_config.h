@@ -1,7 +1,7 @@
 // zccd's configuration: defaults, validation and the paths derived from the
 // environment. main() fills it from flags.
-#ifndef ZCC_DAEMON_CONFIG_H_
-#define ZCC_DAEMON_CONFIG_H_
+#ifndef ZCC_CONFIG_DAEMON_CONFIG_H_
+#define ZCC_CONFIG_DAEMON_CONFIG_H_
 
 #include <cstdint>
 #include <string>
@@ -63,4 +63,4 @@ absl::Status ValidateConfig(const DaemonConfig& config);
 
 }  // namespace zcc::daemon
 
-#endif  // ZCC_DAEMON_CONFIG_H_
+#endif  // ZCC_CONFIG_DAEMON_CONFIG_H_

@@ -1,4 +1,4 @@
-#include "daemon/config.h"
+#include "config/daemon_config.h"
 
 #include "common/default_paths.h"
 
