@@ -53,7 +53,12 @@ for v in "$steps" "$size_mb" "$save_every" "$step_ms" "$tensors" "$slots"; do
 done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/zcc-demo.XXXXXX")
-[[ -n $root ]] || root="${TMPDIR:-/tmp}/zcc-demo/checkpoints"
+if [[ -z $root ]]; then
+  root="${TMPDIR:-/tmp}/zcc-demo/checkpoints"
+  # The demo's own root: the previous run's checkpoints of job "demo" go, so
+  # this run's commits and restore check are its own (and the disk does not fill).
+  rm -rf "$root/demo"
+fi
 mkdir -p "$root"
 root=$(cd "$root" && pwd)
 

@@ -246,8 +246,10 @@ int main(int argc, char** argv) {
                                  : "  (skipped: daemon unavailable)");
     }
     auto status = (*client)->QueryCheckpointStatus();
+    // Bytes > 0: committed by this zccd in this run (a job directory that
+    // already held checkpoints reports its `latest` step with no bytes).
     if (status.ok() && status->last_committed_step != reported &&
-        status->last_committed_step > 0) {
+        status->last_committed_step > 0 && status->last_checkpoint_bytes > 0) {
       reported = status->last_committed_step;
       absl::StrAppend(&line, absl::StrFormat("  | committed step %d: %.2f GB written in %.2f s, %.2f GB/s",
                                              reported, status->last_checkpoint_bytes / 1e9,
@@ -269,11 +271,17 @@ int main(int argc, char** argv) {
     auto s = (*client)->QueryCheckpointStatus();
     if (s.ok()) {
       status = *s;
-      if (status.last_committed_step >= last_enqueued_save) break;
+      if (status.last_committed_step >= last_enqueued_save &&
+          (status.last_checkpoint_bytes > 0 || last_enqueued_save < 0)) {
+        break;
+      }
       if ((*client)->Stats().registrations != registrations_then) {
-        std::printf("demo: step %" PRId64 " was never written: zccd restarted after taking its "
-                    "snapshot (the newest committed step is %" PRId64 ")\n",
-                    last_enqueued_save, status.last_committed_step);
+        // A new zccd: it never saw that snapshot, and reports what is on disk.
+        if (status.last_committed_step < last_enqueued_save) {
+          std::printf("demo: step %" PRId64 " was never written: zccd restarted after taking "
+                      "its snapshot (the newest committed step is %" PRId64 ")\n",
+                      last_enqueued_save, status.last_committed_step);
+        }
         break;
       }
     } else if (!said_unreachable) {
