@@ -37,10 +37,11 @@ void Housekeeper::StopWork() {
 }
 
 void Housekeeper::StopHeartbeats() {
+  std::shared_ptr<const std::vector<std::shared_ptr<RankSession>>> old;
   {
     zcc::MutexLock lock(&beat_mu_);
     beat_stop_ = true;
-    sessions_.reset();
+    old = std::move(sessions_);
   }
   if (heartbeater_.joinable()) heartbeater_.join();
 }
@@ -58,19 +59,25 @@ void Housekeeper::PublishSessions() {
   for (const auto& job : registry_.jobs()) {
     for (auto& session : job->Ranks()) list->push_back(std::move(session));
   }
-  zcc::MutexLock lock(&beat_mu_);
-  if (!beat_stop_) sessions_ = std::move(list);
+  std::shared_ptr<const std::vector<std::shared_ptr<RankSession>>> old;
+  {
+    zcc::MutexLock lock(&beat_mu_);
+    if (beat_stop_) return;
+    old = std::exchange(sessions_, std::move(list));
+  }
+  // `old` goes here, on the publishing thread: a session dropped from the
+  // registry is destroyed (segment unmapped and removed) here, never on the
+  // heartbeat thread.
 }
 
 void Housekeeper::HeartbeatLoop() {
   zcc::MutexLock lock(&beat_mu_);
   while (!beat_stop_) {
-    const auto list = sessions_;
-    beat_mu_.Unlock();
-    if (list != nullptr) {
-      for (const auto& session : *list) session->Heartbeat();
+    // Atomic stores only, under beat_mu_, which publishing holds just for a
+    // pointer swap: this thread never owns a session, so never destroys one.
+    if (sessions_ != nullptr) {
+      for (const auto& session : *sessions_) session->Heartbeat();
     }
-    beat_mu_.Lock();
     beat_mu_.AwaitWithTimeout(absl::Condition(&beat_stop_), config_.heartbeat_interval);
   }
 }

@@ -79,7 +79,8 @@ class Housekeeper {
   const absl::Time started_;
   std::atomic<int64_t> last_round_ns_{0};
 
-  // Held only to copy or swap the list pointer, or to sleep until stopped.
+  // Held to swap the list pointer, for the heartbeat stores (atomics), and to
+  // sleep until stopped.
   zcc::Mutex beat_mu_;
   std::shared_ptr<const std::vector<std::shared_ptr<RankSession>>> sessions_
       ABSL_GUARDED_BY(beat_mu_);
