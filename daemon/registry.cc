@@ -1,20 +1,9 @@
 #include "daemon/registry.h"
 
-#include "daemon/job_directory.h"
-#include "daemon/registration.h"
-
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-
-#include <limits>
-#include <set>
-
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "common/file_util.h"
@@ -22,7 +11,8 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
-#include "format/checksum.h"
+#include "daemon/job_directory.h"
+#include "daemon/registration.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
