@@ -266,6 +266,12 @@ def test_gil_released_while_waiting():
         c.register_tensors([zcc.TensorSpec("w", np.zeros(4, np.float32))])
         os.kill(d.proc.pid, signal.SIGSTOP)
         try:
+            # Stopped once every thread has taken the signal, which on a busy
+            # machine is not at once.
+            deadline = time.monotonic() + 10
+            while open("/proc/%d/stat" % d.proc.pid).read().split(")")[-1].split()[0] != "T":
+                assert time.monotonic() < deadline, "zccd did not stop"
+                time.sleep(0.001)
             result = {}
 
             def query():

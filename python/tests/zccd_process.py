@@ -16,7 +16,9 @@ class Zccd:
         self.dir = tempfile.mkdtemp(prefix="zcc%s." % tag, dir="/tmp")
         self.socket = os.path.join(self.dir, "zccd.sock")
         self.root = os.path.join(self.dir, "ckpt")
-        self.shm_prefix = "zcc%s%d" % (tag, os.getpid())
+        # Unique per instance: tests in PID namespaces share pids, and a zccd
+        # removes segments with its prefix at start as stale.
+        self.shm_prefix = "zcc%s%s" % (tag, os.path.basename(self.dir).split(".")[-1].replace("_", ""))
         self.log_path = os.path.join(self.dir, "zccd.log")
         self.extra_flags = list(extra_flags)
         self.proc = None
