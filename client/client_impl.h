@@ -1,0 +1,185 @@
+// Internal to client/: the client's state shared by its source files
+// (client.cc: connection, registration, snapshots; liveness.cc: heartbeats,
+// re-registration and failure reports; restore.cc: restore and EMA reads).
+// Not part of the trainer API.
+#ifndef ZCC_CLIENT_CLIENT_IMPL_H_
+#define ZCC_CLIENT_CLIENT_IMPL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "copy/device_copier.h"
+#include "proto/message_limits.h"
+#include "proto/zcc.grpc.pb.h"
+#include "shm/control_block.h"
+#include "shm/segment.h"
+
+namespace zcc {
+namespace client_internal {
+
+inline bool IsTransient(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kUnavailable ||
+         st.code() == absl::StatusCode::kDeadlineExceeded ||
+         st.code() == absl::StatusCode::kAlreadyExists;  // the daemon has not yet dropped our old registration
+}
+
+// One live registration with zccd: the mapped staging segment and the copy
+// regions for every slot, computed once so that Snapshot does no per-tensor work
+// beyond handing them to the copier.
+struct Session {
+  v1::RegisterResponse resp;
+  shm::Segment segment;
+  std::shared_ptr<DeviceCopier> copier;
+  std::vector<std::vector<CopyRegion>> full_regions;  // per slot
+  std::vector<std::vector<CopyRegion>> ema_regions;   // per slot
+  std::atomic<bool> dead{false};
+
+  Session(v1::RegisterResponse r, shm::Segment s, std::shared_ptr<DeviceCopier> c)
+      : resp(std::move(r)), segment(std::move(s)), copier(std::move(c)) {}
+  ~Session() {
+    const absl::Status st = copier->UnregisterHostMemory(segment.base());
+    if (!st.ok()) ZCC_LOG(WARNING) << "unregister staging memory: " << st;
+  }
+  shm::ControlBlock* cb() const { return segment.control(); }
+  uint32_t num_slots() const { return resp.num_slots(); }
+  uint8_t* slot(uint32_t i) const { return segment.slot(i, resp.slot_bytes()); }
+};
+
+struct PendingCopy {
+  std::shared_ptr<Session> session;
+  uint32_t slot = 0;
+  int64_t step = 0;
+  SnapshotKind kind = SnapshotKind::kFull;
+  CopyTicket ticket = 0;
+};
+
+
+// A channel to zccd and its stubs. Replaced as a whole when the client
+// re-registers, so that a channel stuck in gRPC's reconnect backoff after a
+// daemon restart is never reused.
+struct Stubs {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Control::Stub> control;
+  std::unique_ptr<v1::Status::Stub> status;
+
+  explicit Stubs(const std::string& socket_path) {
+    grpc::ChannelArguments args;
+    // Retry a refused connection (zccd restarting) quickly ...
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // ... but give an accepted one time to finish its HTTP/2 handshake: gRPC
+    // uses this value as the shortest connection attempt, and a zccd busy
+    // with EMA and writes on a loaded node (or a sanitizer build) can take
+    // longer than a backoff step to send its SETTINGS frame. At 100 ms such
+    // attempts were cut off and the trainer ran unregistered.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10000);
+    args.SetMaxReceiveMessageSize(v1::kMaxMessageBytes);
+    args.SetMaxSendMessageSize(v1::kMaxMessageBytes);
+    channel = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(),
+                                        args);
+    control = v1::Control::NewStub(channel);
+    status = v1::Status::NewStub(channel);
+  }
+};
+
+}  // namespace client_internal
+
+// Client::Impl belongs to zcc::Client; its parts live in client_internal.
+using client_internal::PendingCopy;
+using client_internal::Session;
+using client_internal::Stubs;
+
+struct Client::Impl {
+  ClientOptions options;
+  std::shared_ptr<DeviceCopier> copier;
+
+  mutable zcc::Mutex mu;
+  std::shared_ptr<const Stubs> stubs ABSL_GUARDED_BY(mu);
+  std::vector<TensorRef> tensors ABSL_GUARDED_BY(mu);
+  bool tensors_registered ABSL_GUARDED_BY(mu) = false;
+  std::shared_ptr<Session> session ABSL_GUARDED_BY(mu);
+  std::deque<PendingCopy> queue ABSL_GUARDED_BY(mu);
+  uint64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::string last_error ABSL_GUARDED_BY(mu);
+
+  std::atomic<uint64_t> enqueued{0};
+  std::atomic<uint64_t> published{0};
+  std::atomic<uint64_t> skipped_no_slot{0};
+  std::atomic<uint64_t> skipped_disconnected{0};
+  std::atomic<uint64_t> registrations{0};
+  std::atomic<uint64_t> replaced{0};
+  // Checkpoint writes zccd reported failed (summed over registrations) and
+  // the step of the newest; the monitor thread reads them from the segment.
+  std::atomic<uint64_t> checkpoint_failures{0};
+  std::atomic<int64_t> last_failed_checkpoint_step{-1};
+  std::atomic<int64_t> last_published_step{-1};
+
+  std::thread notifier;
+  std::thread heartbeat;
+  std::thread monitor;
+
+  std::shared_ptr<const Stubs> GetStubs() const {
+    zcc::MutexLock lock(&mu);
+    return stubs;
+  }
+
+  std::shared_ptr<Session> CurrentSession() const {
+    zcc::MutexLock lock(&mu);
+    return session;
+  }
+
+  void SetError(const std::string& error) {
+    zcc::MutexLock lock(&mu);
+    last_error = error;
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      absl::ToChronoMilliseconds(options.rpc_timeout));
+    return ctx;
+  }
+
+  // Tells zccd the client is done with a restore or EMA buffer.
+  absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
+    v1::RestoreDoneRequest done;
+    done.set_job_id(options.job_id);
+    done.set_rank(options.rank);
+    done.set_generation(s.resp.generation());
+    done.set_restore_id(id);
+    v1::RestoreDoneResponse done_resp;
+    auto ctx = Context();
+    return FromGrpcStatus(via.control->RestoreDone(ctx.get(), done, &done_resp));
+  }
+
+  absl::StatusOr<std::shared_ptr<Session>> RegisterOnce(const std::vector<TensorRef>& refs,
+                                                       const Stubs& via);
+  void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
+  void NotifierLoop();
+  // Liveness in both directions and nothing else: writes this client's
+  // heartbeat and checks zccd's. It never waits for zccd, an RPC or a copy
+  // (mu is never held across one), so a busy client cannot look dead to zccd.
+  void HeartbeatLoop();
+  // Re-registration with backoff after zccd went away, and reports of failed
+  // checkpoint writes (both make RPCs).
+  void MonitorLoop();
+  // Reports checkpoint writes zccd failed since the monitor last looked.
+  void ReportCheckpointFailures(Session& s, uint64_t* seen);
+};
+
+}  // namespace zcc
+
+#endif  // ZCC_CLIENT_CLIENT_IMPL_H_

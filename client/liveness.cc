@@ -1,0 +1,135 @@
+// The client's liveness and recovery: its heartbeat thread (heartbeats both
+// ways, nothing else), and the monitor thread (re-registration with backoff
+// after zccd went away, reports of checkpoint writes zccd failed).
+#include "client/client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "common/thread_priority.h"
+#include "shm/control_block.h"
+
+namespace zcc {
+
+using client_internal::IsTransient;
+
+void Client::Impl::DropSession(const std::shared_ptr<Session>& s, const std::string& why) {
+  s->dead.store(true);
+  zcc::MutexLock lock(&mu);
+  if (session == s) session.reset();
+  last_error = why;
+  ZCC_LOG(WARNING) << "zcc client: " << why << "; snapshots are skipped until zccd is back";
+}
+
+void Client::Impl::ReportCheckpointFailures(Session& s, uint64_t* seen) {
+  shm::ControlBlock* cb = s.cb();
+  const uint64_t failures = cb->persist_failures.load(std::memory_order_acquire);
+  if (failures <= *seen) return;
+  const int64_t step = cb->last_failed_step.load(std::memory_order_relaxed);
+  checkpoint_failures.fetch_add(failures - *seen);
+  last_failed_checkpoint_step.store(step);
+  *seen = failures;
+  // The reason is in zccd's status; a failure to ask still gets reported.
+  std::string why = "see `zccctl status " + options.job_id + "`";
+  v1::StatusRequest req;
+  req.set_job_id(options.job_id);
+  v1::StatusResponse resp;
+  grpc::ClientContext ctx;  // a short wait: re-registration shares this thread
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (GetStubs()->status->GetStatus(&ctx, req, &resp).ok()) {
+    for (const auto& job : resp.jobs()) {
+      for (const auto& r : job.ranks()) {
+        if (r.rank() == options.rank && !r.last_error().empty()) why = r.last_error();
+      }
+    }
+  }
+  const std::string error = absl::StrCat("zccd could not write the checkpoint of step ", step,
+                                         " (", checkpoint_failures.load(),
+                                         " failed so far): ", why);
+  ZCC_LOG(ERROR) << "zcc client: " << error;
+  SetError(error);
+}
+
+void Client::Impl::HeartbeatLoop() {
+  MakeThisThreadBackground();
+  while (true) {
+    std::shared_ptr<Session> s;
+    {
+      zcc::MutexLock lock(&mu);
+      if (stopping) return;
+      s = session;
+    }
+    if (s != nullptr && !s->dead.load()) {
+      shm::ControlBlock* cb = s->cb();
+      const uint64_t now = shm::MonotonicNanos();
+      cb->client_heartbeat_ns.store(now, std::memory_order_relaxed);
+      const uint64_t daemon_beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
+      if (cb->closed.load() != 0) {
+        DropSession(s, "zccd closed this registration");
+      } else if (daemon_beat < now &&
+                 absl::Nanoseconds(now - daemon_beat) > options.daemon_timeout) {
+        DropSession(s, absl::StrCat("zccd has not answered for ",
+                                    absl::FormatDuration(absl::Nanoseconds(now - daemon_beat))));
+      }
+    }
+    zcc::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&stopping), options.heartbeat_interval);
+  }
+}
+
+void Client::Impl::MonitorLoop() {
+  MakeThisThreadBackground();
+  absl::Duration backoff = absl::Milliseconds(100);
+  const Session* watched = nullptr;  // the session whose failures `seen` counts
+  uint64_t seen_failures = 0;
+  while (true) {
+    std::shared_ptr<Session> s;
+    std::vector<TensorRef> refs;
+    bool need_register = false;
+    {
+      zcc::MutexLock lock(&mu);
+      if (stopping) return;
+      s = session;
+      need_register = tensors_registered && s == nullptr;
+      if (need_register) refs = tensors;
+    }
+    absl::Duration wait = options.heartbeat_interval;
+    if (need_register) {
+      auto via = std::make_shared<const Stubs>(options.socket_path);
+      auto fresh = RegisterOnce(refs, *via);
+      if (fresh.ok()) {
+        zcc::MutexLock lock(&mu);
+        session = *fresh;
+        stubs = std::move(via);
+        registrations.fetch_add(1);
+        backoff = absl::Milliseconds(100);
+        ZCC_LOG(INFO) << "zcc client: registered with zccd again (job " << options.job_id
+                      << " rank " << options.rank << ")";
+        continue;
+      }
+      SetError(std::string(fresh.status().message()));
+      wait = backoff;
+      backoff = std::min(backoff * 2, options.reconnect_max_backoff);
+    } else if (s != nullptr) {
+      if (watched != s.get()) {
+        watched = s.get();
+        seen_failures = 0;
+      }
+      ReportCheckpointFailures(*s, &seen_failures);
+    }
+    zcc::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&stopping), wait);
+  }
+}
+
+}  // namespace zcc
