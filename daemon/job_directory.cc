@@ -81,7 +81,10 @@ absl::Status CreateJobDir(const std::string& job_dir, bool in_allowed_root, cons
   if (in_allowed_root) {
     // The administrator's directory: zccd makes the job's directory there and
     // hands it over (through the new directory's descriptor, not its name).
-    if (::mkdir(job_dir.c_str(), 0750) != 0 && errno != EEXIST) {
+    if (::mkdir(job_dir.c_str(), 0750) != 0) {
+      // Made by someone else since we looked: it is theirs, never handed to
+      // this caller (the ownership check that follows decides).
+      if (errno == EEXIST) return absl::OkStatus();
       return ErrnoToStatus(errno, absl::StrCat("create ", job_dir));
     }
     UniqueFd fd(::open(job_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
