@@ -35,22 +35,22 @@ struct FakeRank {
     shards.rank = rank;
     shards.world_size = world;
     shards.manifest_hash = 0x1234;
-    auto add = [&](std::string name, DType dt, std::vector<int64_t> shape, shm::FileGroup g) {
+    auto add = [&](std::string name, DType dt, std::vector<int64_t> shape, format::TensorKind g) {
       RankTensor t;
       t.name = absl::StrCat("r", rank, "/", name);
       t.dtype = dt;
       t.shape = shape;
-      t.group = g;
+      t.kind = g;
       t.nbytes = *format::TensorBytes(dt, shape);
       shards.tensors.push_back(t);
     };
-    add("layers.0.weight", DType::kBF16, {64, 33}, shm::FileGroup::kModel);
-    add("layers.0.bias", DType::kF32, {33}, shm::FileGroup::kModel);
-    add("empty", DType::kF32, {0, 4}, shm::FileGroup::kModel);
-    add("layers.0.weight.exp_avg", DType::kF32, {64, 33}, shm::FileGroup::kOptim);
-    add("rng", DType::kU8, {17}, shm::FileGroup::kExtra);
+    add("layers.0.weight", DType::kBF16, {64, 33}, format::TensorKind::kParam);
+    add("layers.0.bias", DType::kF32, {33}, format::TensorKind::kParam);
+    add("empty", DType::kF32, {0, 4}, format::TensorKind::kParam);
+    add("layers.0.weight.exp_avg", DType::kF32, {64, 33}, format::TensorKind::kOptim);
+    add("rng", DType::kU8, {17}, format::TensorKind::kExtra);
     std::vector<shm::LayoutInput> in;
-    for (const auto& t : shards.tensors) in.push_back({t.name, t.nbytes, t.group});
+    for (const auto& t : shards.tensors) in.push_back({t.name, t.nbytes, t.kind});
     shards.layout = *shm::ComputeSlotLayout(in, 1 << 30);
     for (size_t i = 0; i < shards.tensors.size(); ++i) {
       shards.tensors[i].slot_offset = shards.layout.placements[i].offset;
@@ -67,7 +67,7 @@ struct FakeRank {
     out->assign(slot.size(), 0);
     std::vector<ReadTarget> targets;
     for (const auto& t : shards.tensors) {
-      targets.push_back({t.name, KindForGroup(t.group), t.dtype, t.shape,
+      targets.push_back({t.name, std::string(format::TensorKindName(t.kind)), t.dtype, t.shape,
                          out->data() + t.slot_offset, t.nbytes});
     }
     return targets;

@@ -31,7 +31,7 @@ namespace zcc::checkpoint {
 namespace {
 
 using format::DType;
-using shm::FileGroup;
+using format::TensorKind;
 using testing::SyntheticRank;
 using testing::TensorSpec;
 using ::zcc::testing::CountLinesWith;
@@ -44,14 +44,14 @@ using ::zcc::testing::TempDirUnder;
 // group of one byte, so every file ends in a partial block.
 std::vector<TensorSpec> OddSpecs() {
   return {
-      {"empty_first", DType::kF32, {0}, FileGroup::kModel},
-      {"w", DType::kBF16, {3, 5}, FileGroup::kModel},
-      {"just_over_a_block", DType::kU8, {4097}, FileGroup::kModel},
-      {"empty_mid", DType::kF32, {4, 0}, FileGroup::kModel},
-      {"big", DType::kF32, {3, 11111}, FileGroup::kModel},
-      {"h", DType::kF16, {1}, FileGroup::kModel},
-      {"empty_last", DType::kI64, {0, 7}, FileGroup::kModel},
-      {"rng", DType::kU8, {1}, FileGroup::kExtra},
+      {"empty_first", DType::kF32, {0}, format::TensorKind::kParam},
+      {"w", DType::kBF16, {3, 5}, format::TensorKind::kParam},
+      {"just_over_a_block", DType::kU8, {4097}, format::TensorKind::kParam},
+      {"empty_mid", DType::kF32, {4, 0}, format::TensorKind::kParam},
+      {"big", DType::kF32, {3, 11111}, format::TensorKind::kParam},
+      {"h", DType::kF16, {1}, format::TensorKind::kParam},
+      {"empty_last", DType::kI64, {0, 7}, format::TensorKind::kParam},
+      {"rng", DType::kU8, {1}, format::TensorKind::kExtra},
   };
 }
 
@@ -73,12 +73,12 @@ void CheckFilesMatchSlot(const std::string& dir, SyntheticRank& rank) {
   auto manifest = format::DecodeRankManifest(*text);
   REQUIRE_OK(manifest);
   const RankShards& shards = rank.shards();
-  for (uint32_t g = 0; g < shm::kNumFileGroups; ++g) {
-    const auto group = static_cast<FileGroup>(g);
+  for (uint32_t g = 0; g < format::kNumTensorKinds; ++g) {
+    const auto group = static_cast<format::TensorKind>(g);
     const shm::GroupRange range = shards.layout.groups[g];
-    const std::string name = FileForGroup(group, shards.rank);
+    const std::string name = ShardFileForKind(group, shards.rank);
     size_t members = 0;
-    for (const RankTensor& t : shards.tensors) members += t.group == group;
+    for (const RankTensor& t : shards.tensors) members += t.kind == group;
     INFO(name);
     if (members == 0) {
       CHECK_FALSE(PathExists(JoinPath(dir, name)));
@@ -138,11 +138,11 @@ TEST_CASE(
 
 TEST_CASE("direct writer: many chunks in flight, page-aligned slot or not") {
   const std::vector<TensorSpec> specs = {
-      {"a", DType::kF32, {1000, 777}, FileGroup::kModel},  // 3,108,000 bytes
-      {"b", DType::kBF16, {12345}, FileGroup::kModel},
-      {"a.exp_avg", DType::kF32, {1000, 777}, FileGroup::kOptim},
-      {"a.exp_avg_sq", DType::kF32, {1000, 777}, FileGroup::kOptim},
-      {"step", DType::kI64, {1}, FileGroup::kExtra},
+      {"a", DType::kF32, {1000, 777}, format::TensorKind::kParam},  // 3,108,000 bytes
+      {"b", DType::kBF16, {12345}, format::TensorKind::kParam},
+      {"a.exp_avg", DType::kF32, {1000, 777}, format::TensorKind::kOptim},
+      {"a.exp_avg_sq", DType::kF32, {1000, 777}, format::TensorKind::kOptim},
+      {"step", DType::kI64, {1}, format::TensorKind::kExtra},
   };
   for (size_t shift : {size_t{0}, size_t{4096 + 8}}) {
     for (uint32_t depth : {1u, 4u, 8u}) {
@@ -242,7 +242,7 @@ TEST_CASE("reader: a flipped bit is caught whichever way the bytes travel") {
   const std::string step_dir = JoinPath(root, format::StepDirName(4));
   // A byte in the middle of "big" (past the first blocks, so an in-place read
   // lands it without a bounce buffer).
-  const std::string file = JoinPath(step_dir, FileForGroup(FileGroup::kModel, 0));
+  const std::string file = JoinPath(step_dir, ShardFileForKind(format::TensorKind::kParam, 0));
   auto bytes = ReadFileToString(file, 1 << 30);
   REQUIRE_OK(bytes);
   (*bytes)[bytes->size() - 50000] ^= 0x10;

@@ -33,18 +33,18 @@ namespace zcc::checkpoint {
 namespace {
 
 using format::DType;
-using shm::FileGroup;
+using format::TensorKind;
 using testing::SyntheticRank;
 using testing::TensorSpec;
 using ::zcc::testing::TempDir;
 
 std::vector<TensorSpec> Specs() {
   return {
-      {"embed", DType::kBF16, {1000, 257}, FileGroup::kModel},
-      {"norm", DType::kF32, {257}, FileGroup::kModel},
-      {"embed.exp_avg", DType::kF32, {1000, 257}, FileGroup::kOptim},
-      {"embed.exp_avg_sq", DType::kF32, {1000, 257}, FileGroup::kOptim},
-      {"rng", DType::kU8, {33}, FileGroup::kExtra},
+      {"embed", DType::kBF16, {1000, 257}, format::TensorKind::kParam},
+      {"norm", DType::kF32, {257}, format::TensorKind::kParam},
+      {"embed.exp_avg", DType::kF32, {1000, 257}, format::TensorKind::kOptim},
+      {"embed.exp_avg_sq", DType::kF32, {1000, 257}, format::TensorKind::kOptim},
+      {"rng", DType::kU8, {33}, format::TensorKind::kExtra},
   };
 }
 
@@ -284,8 +284,8 @@ void FillAndRecover(const std::string& mnt, SmallFileSystem& fs) {
   const std::string root = JoinPath(mnt, "job");
   std::vector<SyntheticRank> small;
   small.emplace_back(0, 1,
-                     std::vector<TensorSpec>{{"w", DType::kF32, {256, 1024}, FileGroup::kModel},
-                                             {"rng", DType::kU8, {5}, FileGroup::kExtra}});
+                     std::vector<TensorSpec>{{"w", DType::kF32, {256, 1024}, format::TensorKind::kParam},
+                                             {"rng", DType::kU8, {5}, format::TensorKind::kExtra}});
   WriteStep(root, small, 1);
   const auto step1_before = HashFiles(JoinPath(root, format::StepDirName(1)));
   const uint64_t free_before = fs.FreeBytes();
@@ -293,8 +293,8 @@ void FillAndRecover(const std::string& mnt, SmallFileSystem& fs) {
   // More than the free space, split over two files.
   const int64_t half = static_cast<int64_t>(free_before / 2 / 4 + (1 << 20));
   SyntheticRank big(0, 1,
-                    {{"w", DType::kF32, {half}, FileGroup::kModel},
-                     {"w.exp_avg", DType::kF32, {half}, FileGroup::kOptim}});
+                    {{"w", DType::kF32, {half}, format::TensorKind::kParam},
+                     {"w.exp_avg", DType::kF32, {half}, format::TensorKind::kOptim}});
   big.Fill(2);
   auto failed = WriteRankShards(root, 2, big.shards(), big.slot());
   REQUIRE_FALSE(failed.ok());

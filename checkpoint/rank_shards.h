@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "format/dtype.h"
+#include "format/tensor_kind.h"
 #include "shm/slot_layout.h"
 
 namespace zcc::checkpoint {
@@ -16,7 +17,7 @@ struct RankTensor {
   std::string name;
   format::DType dtype = format::DType::kU8;
   std::vector<int64_t> shape;
-  shm::FileGroup group = shm::FileGroup::kModel;
+  format::TensorKind kind = format::TensorKind::kParam;
   uint64_t slot_offset = 0;  // from the slot start
   uint64_t nbytes = 0;
 };
@@ -31,10 +32,8 @@ struct RankShards {
   shm::SlotLayout layout;
 };
 
-// "param", "optim" or "extra": the manifest's kind for a file group.
-const char* KindForGroup(shm::FileGroup group);
-// The shard file name a group of `rank` is written to.
-std::string FileForGroup(shm::FileGroup group, uint32_t rank);
+// The shard file `rank`'s tensors of `kind` are written to.
+std::string ShardFileForKind(format::TensorKind kind, uint32_t rank);
 
 }  // namespace zcc::checkpoint
 

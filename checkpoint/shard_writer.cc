@@ -24,18 +24,18 @@ namespace {
 
 constexpr uint64_t kHeaderAlign = storage::kDirectIoAlignment;
 
-// Writes one group's safetensors file; appends its tensors to `manifest`.
+// Writes the safetensors file of one tensor kind; appends its tensors to `manifest`.
 // Returns the file's size (0 when the group has no tensors and no file).
-absl::StatusOr<uint64_t> WriteGroupFile(storage::Storage& storage, const std::string& dir,
-                                        shm::FileGroup group, const RankShards& shards,
+absl::StatusOr<uint64_t> WriteKindFile(storage::Storage& storage, const std::string& dir,
+                                        format::TensorKind kind, const RankShards& shards,
                                         const uint8_t* slot, const IoOptions& options,
                                         format::RankManifest* manifest, bool* direct) {
-  const shm::GroupRange range = shards.layout.groups[static_cast<uint32_t>(group)];
+  const shm::GroupRange range = shards.layout.groups[static_cast<uint32_t>(kind)];
   std::vector<format::SafetensorsTensor> entries;
   std::vector<const RankTensor*> members;
   ShardFileSource source;
   for (const RankTensor& t : shards.tensors) {
-    if (t.group != group) continue;
+    if (t.kind != kind) continue;
     format::SafetensorsTensor e;
     e.name = t.name;
     e.dtype = t.dtype;
@@ -48,7 +48,7 @@ absl::StatusOr<uint64_t> WriteGroupFile(storage::Storage& storage, const std::st
   }
   if (members.empty()) return uint64_t{0};
 
-  const std::string file = FileForGroup(group, shards.rank);
+  const std::string file = ShardFileForKind(kind, shards.rank);
   std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"zcc.job", shards.job_id},
@@ -71,7 +71,7 @@ absl::StatusOr<uint64_t> WriteGroupFile(storage::Storage& storage, const std::st
     mt.name = t.name;
     mt.dtype = t.dtype;
     mt.shape = t.shape;
-    mt.kind = KindForGroup(group);
+    mt.kind = std::string(format::TensorKindName(kind));
     mt.file = file;
     mt.offset = header.size() + entries[i].begin;
     mt.nbytes = t.nbytes;
@@ -196,9 +196,9 @@ absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::
 
   WriteStats stats;
   bool direct = true;
-  for (uint32_t g = 0; g < shm::kNumFileGroups; ++g) {
+  for (uint32_t g = 0; g < format::kNumTensorKinds; ++g) {
     ZCC_ASSIGN_OR_RETURN(uint64_t bytes,
-                         WriteGroupFile(storage, dir, static_cast<shm::FileGroup>(g), shards, slot,
+                         WriteKindFile(storage, dir, static_cast<format::TensorKind>(g), shards, slot,
                                         options, &manifest, &direct));
     stats.bytes += bytes;
   }
@@ -246,8 +246,8 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
     // without the manifest the step cannot commit, so none of the rank's
     // files in it, from this attempt or an earlier one, is of use.
     storage.Remove(JoinPath(dir, format::ManifestFileName(shards.rank))).IgnoreError();
-    for (uint32_t g = 0; g < shm::kNumFileGroups; ++g) {
-      storage.Remove(JoinPath(dir, FileForGroup(static_cast<shm::FileGroup>(g), shards.rank)))
+    for (uint32_t g = 0; g < format::kNumTensorKinds; ++g) {
+      storage.Remove(JoinPath(dir, ShardFileForKind(static_cast<format::TensorKind>(g), shards.rank)))
           .IgnoreError();
     }
     for (const ExtraShard& shard : extra) storage.Remove(JoinPath(dir, shard.file)).IgnoreError();

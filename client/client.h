@@ -34,12 +34,15 @@
 #include "absl/time/time.h"
 #include "copy/device_copier.h"
 #include "format/dtype.h"
+#include "format/tensor_kind.h"
 
 namespace zcc {
 
 using format::DType;
+// kParam, kOptim or kExtra: which shard file a tensor goes to; only kParam
+// tensors can be EMA-eligible.
+using format::TensorKind;
 
-enum class TensorKind { kParam, kOptim, kExtra };
 enum class SnapshotKind { kEmaOnly, kFull };
 // What Snapshot does when no staging slot is free. With save_every > 0, the
 // last free slot is kept for the next checkpoint step: other snapshots treat it

@@ -271,7 +271,7 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
   std::vector<shm::LayoutInput> inputs;
   for (size_t i = 0; i < ema_->num_tensors(); ++i) {
     inputs.push_back({ema_->tensor(i).name, ema_->tensor(i).elements * sizeof(float),
-                      shm::FileGroup::kModel});
+                      format::TensorKind::kParam});
   }
   ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, ~uint64_t{0} >> 1));
   ZCC_ASSIGN_OR_RETURN(shm::Segment segment,

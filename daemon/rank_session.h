@@ -54,7 +54,7 @@ struct RegisteredTensor {
   std::string name;
   format::DType dtype = format::DType::kU8;
   std::vector<int64_t> shape;
-  shm::FileGroup group = shm::FileGroup::kModel;
+  format::TensorKind kind = format::TensorKind::kParam;
   uint64_t nbytes = 0;
   bool ema_eligible = false;
   bool staged = true;

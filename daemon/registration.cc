@@ -7,41 +7,10 @@
 #include "common/status.h"
 #include "common/validate.h"
 #include "format/checksum.h"
+#include "proto/convert.h"
 #include "sharding/shard_assigner.h"
 
 namespace zcc::daemon {
-namespace {
-
-
-absl::StatusOr<format::DType> FromProtoDType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::F32: return format::DType::kF32;
-    case v1::F16: return format::DType::kF16;
-    case v1::BF16: return format::DType::kBF16;
-    case v1::F64: return format::DType::kF64;
-    case v1::I64: return format::DType::kI64;
-    case v1::I32: return format::DType::kI32;
-    case v1::I16: return format::DType::kI16;
-    case v1::I8: return format::DType::kI8;
-    case v1::U8: return format::DType::kU8;
-    case v1::BOOL: return format::DType::kBool;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
-  }
-}
-
-absl::StatusOr<shm::FileGroup> FromProtoKind(v1::TensorKind kind) {
-  switch (kind) {
-    case v1::PARAM: return shm::FileGroup::kModel;
-    case v1::OPTIM: return shm::FileGroup::kOptim;
-    case v1::EXTRA: return shm::FileGroup::kExtra;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor kind ", static_cast<int>(kind), " is not PARAM, OPTIM or EXTRA"));
-  }
-}
-
-}  // namespace
 
 // Validates the registration's tensors and returns them in request order,
 // with the hash that identifies the registration (names, types, shapes, kinds).
@@ -67,12 +36,12 @@ absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterReq
     }
     RegisteredTensor t;
     t.name = spec.name();
-    auto dtype = FromProtoDType(spec.dtype());
+    auto dtype = proto::FromProto(spec.dtype());
     if (!dtype.ok()) return fail(dtype.status());
     t.dtype = *dtype;
-    auto group = FromProtoKind(spec.kind());
-    if (!group.ok()) return fail(group.status());
-    t.group = *group;
+    auto kind = proto::FromProto(spec.kind());
+    if (!kind.ok()) return fail(kind.status());
+    t.kind = *kind;
     if (spec.shape_size() > kMaxDims) {
       return fail(absl::InvalidArgumentError(absl::StrCat(spec.shape_size(), " dimensions; at most ",
                                                           kMaxDims)));
@@ -83,7 +52,7 @@ absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterReq
     t.nbytes = *nbytes;
     t.ema_eligible = spec.ema_eligible();
     hash.Update(t.name.data(), t.name.size() + 1);
-    const int64_t header[3] = {static_cast<int64_t>(t.dtype), static_cast<int64_t>(t.group),
+    const int64_t header[3] = {static_cast<int64_t>(t.dtype), static_cast<int64_t>(t.kind),
                                static_cast<int64_t>(t.shape.size())};
     hash.Update(header, sizeof(header));
     hash.Update(t.shape.data(), t.shape.size() * sizeof(int64_t));
@@ -172,12 +141,12 @@ absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
   std::vector<shm::LayoutInput> inputs;
   for (const RegisteredTensor& t : *registered) {
     if (!t.staged) continue;
-    inputs.push_back({t.name, t.nbytes, t.group});
+    inputs.push_back({t.name, t.nbytes, t.kind});
     checkpoint::RankTensor rt;
     rt.name = t.name;
     rt.dtype = t.dtype;
     rt.shape = t.shape;
-    rt.group = t.group;
+    rt.kind = t.kind;
     rt.nbytes = t.nbytes;
     shards.tensors.push_back(std::move(rt));
   }

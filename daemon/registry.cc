@@ -145,7 +145,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     std::vector<ema::EmaTensorSpec> specs;
     for (size_t i = 0; i < registered.size(); ++i) {
       const RegisteredTensor& t = registered[i];
-      if (!t.staged || !t.ema_eligible || t.group != shm::FileGroup::kModel) continue;
+      if (!t.staged || !t.ema_eligible || t.kind != format::TensorKind::kParam) continue;
       if (t.dtype != format::DType::kF32 && t.dtype != format::DType::kBF16 &&
           t.dtype != format::DType::kF16) {
         return absl::InvalidArgumentError(absl::StrCat(

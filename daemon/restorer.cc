@@ -31,7 +31,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
   absl::flat_hash_map<std::string, size_t> wanted;  // "kind/name" -> index in registered
   wanted.reserve(registered.size());
   for (size_t i = 0; i < registered.size(); ++i) {
-    wanted.emplace(absl::StrCat(checkpoint::KindForGroup(registered[i].group), "/",
+    wanted.emplace(absl::StrCat(format::TensorKindName(registered[i].kind), "/",
                                 registered[i].name),
                    i);
   }
@@ -61,7 +61,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
   }
 
   std::vector<shm::LayoutInput> inputs;
-  for (const RegisteredTensor& t : registered) inputs.push_back({t.name, t.nbytes, t.group});
+  for (const RegisteredTensor& t : registered) inputs.push_back({t.name, t.nbytes, t.kind});
   ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, max_bytes));
   ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
                        shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes), owner));
@@ -71,7 +71,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
   std::map<uint32_t, std::vector<checkpoint::ReadTarget>> by_rank;
   for (size_t i = 0; i < registered.size(); ++i) {
     const RegisteredTensor& t = registered[i];
-    const std::string kind = checkpoint::KindForGroup(t.group);
+    const std::string kind = std::string(format::TensorKindName(t.kind));
     if (source[i] < 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("tensor '", t.name, "' (", kind, ") is not in ", step_dir));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/testing/status_matchers.h"
+#include "format/tensor_kind.h"
 
 namespace zcc::format {
 namespace {
@@ -67,6 +68,19 @@ TEST_CASE("tensor bytes refuse negative dims, overflow and the limit") {
   REQUIRE_OK(TensorBytes(DType::kU8, {int64_t{1} << 25, int64_t{1} << 25}));
   REQUIRE_STATUS_CODE(TensorBytes(DType::kU8, {int64_t{1} << 25, (int64_t{1} << 25) + 1}),
                absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("every tensor kind round-trips through its manifest name; others are refused") {
+  for (uint32_t k = 0; k < kNumTensorKinds; ++k) {
+    const auto kind = static_cast<TensorKind>(k);
+    auto parsed = ParseTensorKindName(TensorKindName(kind));
+    REQUIRE_OK(parsed);
+    CHECK(*parsed == kind);
+  }
+  CHECK(TensorKindName(TensorKind::kOptim) == "optim");
+  REQUIRE_STATUS_CODE(ParseTensorKindName("ema"), absl::StatusCode::kInvalidArgument);
+  REQUIRE_STATUS_CODE(ParseTensorKindName("Param"), absl::StatusCode::kInvalidArgument);
+  REQUIRE_STATUS_CODE(ParseTensorKindName(""), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

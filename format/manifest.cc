@@ -195,8 +195,8 @@ absl::StatusOr<json> ParseDocument(absl::string_view text, absl::string_view wha
   return root;
 }
 
-bool IsTensorKind(absl::string_view kind) {
-  return kind == "param" || kind == "optim" || kind == "extra" || kind == "ema";
+bool IsManifestKind(absl::string_view kind) {
+  return kind == kEmaKindName || ParseTensorKindName(kind).ok();
 }
 
 // Where a tensor entry is, for messages: its index, and its name once valid.
@@ -227,7 +227,7 @@ absl::StatusOr<ManifestTensor> DecodeTensorEntry(size_t i, const json& entry) {
   t.dtype = *parsed;
   ZCC_ASSIGN_OR_RETURN(t.shape, f.Shape("shape"));
   ZCC_ASSIGN_OR_RETURN(t.kind, f.String("kind"));
-  if (!IsTensorKind(t.kind)) {
+  if (!IsManifestKind(t.kind)) {
     return f.Error("kind", absl::StrCat("is '", internal::PrintableForError(t.kind),
                                         "'; expected param, optim, extra or ema"));
   }

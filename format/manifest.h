@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "format/dtype.h"
+#include "format/tensor_kind.h"
 
 namespace zcc::format {
 
@@ -34,7 +35,7 @@ struct ManifestTensor {
   std::string name;
   DType dtype = DType::kU8;
   std::vector<int64_t> shape;
-  std::string kind;      // "param", "optim", "extra" or "ema"
+  std::string kind;      // TensorKindName(kind), or kEmaKindName
   std::string file;      // shard file name inside the step directory (no '/')
   uint64_t offset = 0;   // absolute byte offset of the tensor in `file`
   uint64_t nbytes = 0;   // == TensorBytes(dtype, shape)

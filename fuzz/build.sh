@@ -32,12 +32,12 @@ fi
 # links only what it reaches (step_dir_latest alone needs the reader and, through
 # it, storage/).
 SOURCES=(
-  format/safetensors.cc format/manifest.cc format/strict_json.cc format/dtype.cc
+  format/safetensors.cc format/manifest.cc format/strict_json.cc format/dtype.cc format/tensor_kind.cc
   format/checksum.cc
   common/status.cc common/validate.cc common/file_util.cc common/log.cc
   shm/control_block.cc shm/slot_layout.cc
   checkpoint/reader.cc checkpoint/rank_shards.cc checkpoint/shard_file_reader.cc
-  daemon/registration.cc config/daemon_config.cc
+  daemon/registration.cc config/daemon_config.cc proto/convert.cc
 )
 # The reader's storage layer, whole (it changes often; unused members are not linked).
 for f in storage/*.cc; do

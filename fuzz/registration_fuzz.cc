@@ -44,7 +44,7 @@ void CheckShards(const Registered& r, const daemon::DaemonConfig& config) {
   FUZZ_CHECK(r.shards.tensors.size() == staged && layout.placements.size() == staged,
              absl::StrCat(r.shards.tensors.size(), " shard tensors, ", layout.placements.size(),
                           " placements, ", staged, " staged"));
-  for (uint32_t g = 0; g < shm::kNumFileGroups; ++g) {
+  for (uint32_t g = 0; g < format::kNumTensorKinds; ++g) {
     const shm::GroupRange& range = layout.groups[g];
     FUZZ_CHECK(range.begin % shm::kPageBytes == 0 && range.begin <= range.end &&
                    range.end <= layout.slot_bytes,
@@ -56,13 +56,13 @@ void CheckShards(const Registered& r, const daemon::DaemonConfig& config) {
     if (!t.staged) continue;
     const checkpoint::RankTensor& rt = r.shards.tensors[k];
     FUZZ_CHECK(rt.name == t.name && rt.nbytes == t.nbytes && rt.slot_offset == t.slot_offset &&
-                   rt.group == t.group,
+                   rt.kind == t.kind,
                t.name);
     const auto bytes = format::TensorBytes(t.dtype, t.shape, config.max_slot_bytes);
     FUZZ_CHECK(bytes.ok() && *bytes == t.nbytes, t.name);
     FUZZ_CHECK(t.slot_offset <= layout.slot_bytes && t.nbytes <= layout.slot_bytes - t.slot_offset,
                absl::StrCat(t.name, " at ", t.slot_offset, " +", t.nbytes));
-    const shm::GroupRange& range = layout.groups[static_cast<uint32_t>(t.group)];
+    const shm::GroupRange& range = layout.groups[static_cast<uint32_t>(t.kind)];
     FUZZ_CHECK(t.slot_offset >= range.begin && t.slot_offset + t.nbytes <= range.end,
                absl::StrCat(t.name, " outside its file group"));
     if (t.nbytes > 0) ranges.emplace_back(t.slot_offset, t.slot_offset + t.nbytes);

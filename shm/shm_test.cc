@@ -22,9 +22,9 @@ std::string UniqueName(const char* tag) { return absl::StrCat("zcctest.", tag, "
 
 TEST_CASE("slot layout groups tensors by file on page boundaries, without gaps inside a group") {
   std::vector<LayoutInput> in = {
-      {"a", 10, FileGroup::kModel},  {"m", 100, FileGroup::kOptim},
-      {"b", 4096, FileGroup::kModel}, {"x", 3, FileGroup::kExtra},
-      {"z", 0, FileGroup::kModel},
+      {"a", 10, format::TensorKind::kParam},  {"m", 100, format::TensorKind::kOptim},
+      {"b", 4096, format::TensorKind::kParam}, {"x", 3, format::TensorKind::kExtra},
+      {"z", 0, format::TensorKind::kParam},
   };
   auto layout = ComputeSlotLayout(in, 1 << 20);
   REQUIRE_OK(layout);
@@ -42,9 +42,9 @@ TEST_CASE("slot layout groups tensors by file on page boundaries, without gaps i
 }
 
 TEST_CASE("slot layout refuses more than the staging limit") {
-  std::vector<LayoutInput> in = {{"big", 1 << 20, FileGroup::kModel}, {"more", 1, FileGroup::kModel}};
+  std::vector<LayoutInput> in = {{"big", 1 << 20, format::TensorKind::kParam}, {"more", 1, format::TensorKind::kParam}};
   CHECK(ComputeSlotLayout(in, 1 << 20).status().code() == absl::StatusCode::kInvalidArgument);
-  std::vector<LayoutInput> huge = {{"h", ~uint64_t{0}, FileGroup::kModel}};
+  std::vector<LayoutInput> huge = {{"h", ~uint64_t{0}, format::TensorKind::kParam}};
   CHECK_FALSE(ComputeSlotLayout(huge, 1 << 20).ok());
   CHECK_OK(ComputeSlotLayout({}, 1 << 20));
 }

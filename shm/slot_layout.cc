@@ -10,11 +10,11 @@ absl::StatusOr<SlotLayout> ComputeSlotLayout(const std::vector<LayoutInput>& ten
   SlotLayout layout;
   layout.placements.resize(tensors.size());
   uint64_t cursor = 0;
-  for (uint32_t g = 0; g < kNumFileGroups; ++g) {
+  for (uint32_t g = 0; g < format::kNumTensorKinds; ++g) {
     cursor = RoundUpToPage(cursor);
     layout.groups[g].begin = cursor;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (static_cast<uint32_t>(tensors[i].group) != g) continue;
+      if (static_cast<uint32_t>(tensors[i].kind) != g) continue;
       if (tensors[i].nbytes > max_slot_bytes || cursor > max_slot_bytes - tensors[i].nbytes) {
         return absl::InvalidArgumentError(absl::StrCat(
             "registered tensors need more than the staging limit of ", max_slot_bytes,

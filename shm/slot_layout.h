@@ -14,17 +14,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "format/tensor_kind.h"
 
 namespace zcc::shm {
 
-// The shard file a tensor is written to. Values index SlotLayout::groups.
-enum class FileGroup : uint32_t { kModel = 0, kOptim = 1, kExtra = 2 };
-inline constexpr uint32_t kNumFileGroups = 3;
 
 struct LayoutInput {
   std::string name;
   uint64_t nbytes = 0;
-  FileGroup group = FileGroup::kModel;
+  format::TensorKind kind = format::TensorKind::kParam;  // picks the file group
 };
 
 struct Placement {
@@ -39,7 +37,7 @@ struct GroupRange {
 
 struct SlotLayout {
   std::vector<Placement> placements;  // same order as the input
-  GroupRange groups[kNumFileGroups];
+  GroupRange groups[format::kNumTensorKinds];  // indexed by format::TensorKind
   uint64_t slot_bytes = 0;            // page multiple, >= one page
 };
 

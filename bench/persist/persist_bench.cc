@@ -45,7 +45,7 @@ namespace {
 using checkpoint::RankShards;
 using checkpoint::RankTensor;
 using format::DType;
-using shm::FileGroup;
+using format::TensorKind;
 
 constexpr size_t kBlock = size_t{8} << 20;
 constexpr unsigned kDepth = 8;
@@ -119,27 +119,27 @@ RankShards MakeRank(uint32_t rank, uint64_t budget) {
   shards.rank = rank;
   shards.world_size = kRanks;
   shards.manifest_hash = 42;
-  auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape, FileGroup group) {
+  auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape, format::TensorKind group) {
     RankTensor t;
     t.name = std::move(name);
     t.dtype = dtype;
     t.shape = std::move(shape);
-    t.group = group;
+    t.kind = group;
     t.nbytes = *format::TensorBytes(t.dtype, t.shape);
     shards.tensors.push_back(std::move(t));
   };
   const std::string r = absl::StrCat("rank", rank, ".");
-  for (const auto& [name, shape] : params) add(r + name, DType::kBF16, shape, FileGroup::kModel);
+  for (const auto& [name, shape] : params) add(r + name, DType::kBF16, shape, format::TensorKind::kParam);
   for (const char* state : {"master", "exp_avg", "exp_avg_sq"}) {
     for (const auto& [name, shape] : params) {
-      add(absl::StrCat(r, name, ".", state), DType::kF32, shape, FileGroup::kOptim);
+      add(absl::StrCat(r, name, ".", state), DType::kF32, shape, format::TensorKind::kOptim);
     }
   }
-  add(r + "rng.cpu", DType::kU8, {5056}, FileGroup::kExtra);
-  add(r + "rng.cuda", DType::kU8, {16}, FileGroup::kExtra);
-  add(r + "scheduler", DType::kU8, {321}, FileGroup::kExtra);
+  add(r + "rng.cpu", DType::kU8, {5056}, format::TensorKind::kExtra);
+  add(r + "rng.cuda", DType::kU8, {16}, format::TensorKind::kExtra);
+  add(r + "scheduler", DType::kU8, {321}, format::TensorKind::kExtra);
   std::vector<shm::LayoutInput> in;
-  for (const RankTensor& t : shards.tensors) in.push_back({t.name, t.nbytes, t.group});
+  for (const RankTensor& t : shards.tensors) in.push_back({t.name, t.nbytes, t.kind});
   auto layout = shm::ComputeSlotLayout(in, uint64_t{1} << 40);
   if (!layout.ok()) Die(std::string(layout.status().message()));
   shards.layout = *layout;
@@ -398,7 +398,7 @@ int main(int argc, char** argv) {
       for (uint32_t r = 0; r < kRanks; ++r) {
         std::vector<ckpt::ReadTarget> targets;
         for (const RankTensor& t : ranks[r].tensors) {
-          targets.push_back({t.name, ckpt::KindForGroup(t.group), t.dtype, t.shape,
+          targets.push_back({t.name, std::string(zcc::format::TensorKindName(t.kind)), t.dtype, t.shape,
                              restore.data() + t.slot_offset, t.nbytes});
         }
         const absl::Status st = ckpt::ReadRankTensors(step_dir, r, targets);

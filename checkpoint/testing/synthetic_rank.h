@@ -27,7 +27,7 @@ struct TensorSpec {
   std::string name;
   format::DType dtype = format::DType::kU8;
   std::vector<int64_t> shape;
-  shm::FileGroup group = shm::FileGroup::kModel;
+  format::TensorKind kind = format::TensorKind::kParam;
 };
 
 class SyntheticRank {
@@ -44,11 +44,11 @@ class SyntheticRank {
       t.name = absl::StrCat("r", rank, "/", s.name);
       t.dtype = s.dtype;
       t.shape = s.shape;
-      t.group = s.group;
+      t.kind = s.kind;
       auto bytes = format::TensorBytes(s.dtype, s.shape);
       REQUIRE(bytes.ok());
       t.nbytes = *bytes;
-      in.push_back({t.name, t.nbytes, t.group});
+      in.push_back({t.name, t.nbytes, t.kind});
       shards_.tensors.push_back(std::move(t));
     }
     auto layout = shm::ComputeSlotLayout(in, uint64_t{1} << 34);
@@ -81,7 +81,7 @@ class SyntheticRank {
     std::vector<ReadTarget> targets;
     for (const RankTensor& t : shards_.tensors) {
       targets.push_back(
-          {t.name, KindForGroup(t.group), t.dtype, t.shape, base + t.slot_offset, t.nbytes});
+          {t.name, std::string(format::TensorKindName(t.kind)), t.dtype, t.shape, base + t.slot_offset, t.nbytes});
     }
     return targets;
   }

@@ -110,8 +110,16 @@ E ParseEnum(py::handle value, const std::vector<std::pair<const char*, E>>& name
   }
 }
 
-const std::vector<std::pair<const char*, TensorKind>> kTensorKinds = {
-    {"param", TensorKind::kParam}, {"optim", TensorKind::kOptim}, {"extra", TensorKind::kExtra}};
+// The manifest's spellings ("param", "optim", "extra"); TensorKindName returns
+// views of string literals, so data() is NUL-terminated.
+const std::vector<std::pair<const char*, TensorKind>> kTensorKinds = [] {
+  std::vector<std::pair<const char*, TensorKind>> kinds;
+  for (uint32_t k = 0; k < format::kNumTensorKinds; ++k) {
+    const auto kind = static_cast<TensorKind>(k);
+    kinds.emplace_back(format::TensorKindName(kind).data(), kind);
+  }
+  return kinds;
+}();
 const std::vector<std::pair<const char*, SnapshotKind>> kSnapshotKinds = {
     {"full", SnapshotKind::kFull}, {"ema_only", SnapshotKind::kEmaOnly}};
 const std::vector<std::pair<const char*, Backpressure>> kBackpressures = {
