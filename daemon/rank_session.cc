@@ -2,25 +2,31 @@
 
 #include <signal.h>
 
-#include <algorithm>
-#include <cstring>
-#include <map>
 #include <cerrno>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "checkpoint/reader.h"
-#include "common/file_util.h"
 #include "common/futex.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "format/manifest.h"
 
 namespace zcc::daemon {
 
 using shm::ControlBlock;
 
+namespace {
+
+std::vector<RegisteredTensor> EmaSources(const std::vector<RegisteredTensor>& registered,
+                                         const std::vector<size_t>& ema_index) {
+  std::vector<RegisteredTensor> sources;
+  sources.reserve(ema_index.size());
+  for (size_t i : ema_index) sources.push_back(registered[i]);
+  return sources;
+}
+
+}  // namespace
 
 RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
                          shm::Segment segment, RankSessionOptions options,
@@ -34,15 +40,14 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       on_persisted_(std::move(on_persisted)),
       registered_ns_(shm::MonotonicNanos()),
       pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)),
-      ema_(std::move(ema)),
-      ema_index_(std::move(ema_index)) {
-  for (size_t i : ema_index_) ema_offsets_.push_back(registered_[i].slot_offset);
-}
+      ema_(std::move(ema), EmaSources(registered_, ema_index), shards_.job_id, shards_.rank,
+           options_.ema_interval, options_.metrics),
+      writer_([this](WriteJob job) { Write(std::move(job)); }) {}
 
 RankSession::~RankSession() { Stop(); }
 
 void RankSession::Start() {
-  writer_ = std::thread([this] { WriterLoop(); });
+  writer_.Start();
   thread_ = std::thread([this] { IngestLoop(); });
 }
 
@@ -58,11 +63,7 @@ void RankSession::Stop() {
   FutexWakeAll(&cb->doorbell);
   if (thread_.joinable()) thread_.join();
   // Ingest has handed over its last write; the writer finishes it and leaves.
-  {
-    zcc::MutexLock lock(&write_mu_);
-    writer_stop_ = true;
-  }
-  if (writer_.joinable()) writer_.join();
+  writer_.Stop();
   cb->closed.store(1);
   FutexWakeAll(&cb->closed);
   restore_buffers_.Clear();
@@ -131,9 +132,14 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
   last_snapshot_step_.store(slot.step);
   if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
-  {
-    zcc::MutexLock lock(&ema_mu_);
-    if (ema_ != nullptr) UpdateEma(slot);
+  if (std::optional<EmaProblem> problem =
+          ema_.Update(slot_data(slot.index), shards_.layout.slot_bytes, slot.step)) {
+    if (problem->log) {
+      SetError(std::move(problem->message));
+    } else {
+      zcc::MutexLock lock(&mu_);
+      last_error_ = std::move(problem->message);
+    }
   }
   if (slot.kind != shm::SnapshotKind::kFull) return false;
   last_full_slot_.store(slot.index);
@@ -141,213 +147,62 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
   if (!due && !save_requested_.exchange(false)) return false;
   if (due) save_requested_.store(false);
-  SubmitWrite(WriteJob{slot, /*on_failure=*/false});
+  SubmitWrite(slot, /*on_failure=*/false);
   return true;
 }
 
-void RankSession::SubmitWrite(const WriteJob& job) {
-  zcc::MutexLock lock(&write_mu_);
-  write_mu_.Await(absl::Condition(this, &RankSession::WriterIdle));
-  {
-    zcc::MutexLock ema_lock(&ema_mu_);
-    CopyEmaForWrite();
-  }
-  write_job_ = job;
-}
-
-void RankSession::AwaitWriterIdle() {
-  zcc::MutexLock lock(&write_mu_);
-  write_mu_.Await(absl::Condition(this, &RankSession::WriterIdle));
-}
-
-void RankSession::CopyEmaForWrite() {
-  ema_extra_.clear();
-  if (ema_ == nullptr || !ema_->initialized()) return;
-  uint64_t total = 0;
-  for (size_t i = 0; i < ema_->num_tensors(); ++i) total += ema_->ema(i).size() * sizeof(float);
-  ema_copy_ = storage::AlignedBuffer::Uninitialized(total);
-  checkpoint::ExtraShard shard{"ema", format::ShardFileName("ema", shards_.rank), {}};
-  uint64_t offset = 0;
-  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
-    const absl::Span<const float> data = ema_->ema(i);
-    const uint64_t bytes = data.size() * sizeof(float);
-    uint8_t* dst = ema_copy_.data() + offset;
-    if (bytes > 0) std::memcpy(dst, data.data(), bytes);
-    shard.tensors.push_back({ema_->tensor(i).name, format::DType::kF32,
-                             registered_[ema_index_[i]].shape, dst, bytes});
-    offset += bytes;
-  }
-  ema_extra_.push_back(std::move(shard));
-}
-
-void RankSession::WriterLoop() {
-  while (true) {
+void RankSession::SubmitWrite(const shm::ReadySlot& slot, bool on_failure) {
+  writer_.Submit([&] {
     WriteJob job;
-    {
-      zcc::MutexLock lock(&write_mu_);
-      write_mu_.Await(absl::Condition(this, &RankSession::WriteQueuedOrStopping));
-      if (!write_job_.has_value()) return;  // stopping, and nothing queued
-      job = *write_job_;
-      write_job_.reset();
-      writing_ = true;
-    }
-    const PersistEvent event = Write(job);
-    // The EMA copy lives only while a write needs it (zccd's steady-state
-    // memory is the EMA, not twice the EMA).
-    ema_copy_ = storage::AlignedBuffer();
-    ema_extra_.clear();
-    FreeSlot(job.slot.index);
-    // Commit and retention do not need the slot: reported once it is free.
-    on_persisted_(event);
-    zcc::MutexLock lock(&write_mu_);
-    writing_ = false;
-  }
+    job.slot = slot;
+    job.on_failure = on_failure;
+    ema_.CopyForWrite(&job);
+    return job;
+  });
 }
 
-PersistEvent RankSession::Write(const WriteJob& job) {
-  ScopedFsIdentity as_owner(options_.fs_owner);
+void RankSession::Write(WriteJob job) {
   PersistEvent event;
   event.rank = shards_.rank;
   event.step = job.slot.step;
-  auto stats = checkpoint::WriteRankShards(options_.job_dir, job.slot.step, shards_,
-                                           slot_data(job.slot.index), options_.io, ema_extra_);
-  if (stats.ok()) {
-    event.stats = *stats;
-    last_persisted_step_.store(job.slot.step);
-  } else {
-    event.status = stats.status();
-    persist_failures_.fetch_add(1);
-    // The trainer's client reports the failure itself (step first: it reads
-    // the count, then the step).
-    segment_.control()->last_failed_step.store(job.slot.step, std::memory_order_relaxed);
-    segment_.control()->persist_failures.fetch_add(1, std::memory_order_release);
-    SetError(absl::StrCat(job.on_failure ? "persist-on-failure" : "persist", " of step ",
-                          job.slot.step, " failed: ", stats.status().message()));
-  }
-  return event;
-}
-
-void RankSession::UpdateEma(const shm::ReadySlot& slot) {
-  const uint32_t interval = std::max<uint32_t>(1, options_.ema_interval);
-  if (slot.step % interval != 0 || slot.step <= ema_->last_step()) return;
-  const absl::Time start = absl::Now();
-  auto result = ema_->Update(slot_data(slot.index), shards_.layout.slot_bytes, ema_offsets_, slot.step);
-  PublishEmaCounters();
-  metrics::ZccMetrics* m = options_.metrics;
-  if (!result.ok()) {
-    if (m != nullptr) m->errors(metrics::ErrorKind::kEma).Increment();
-    SetError(absl::StrCat("EMA update at step ", slot.step, " failed: ", result.status().message()));
-    return;
-  }
-  if (!result->applied) {
-    // Reported in status every time, logged for the first and then every
-    // 100th, so a diverged run does not flood the log.
-    const uint64_t skipped = ema_->counters().skipped_nonfinite;
-    const std::string error = absl::StrCat("EMA update at step ", slot.step, " skipped: tensor '",
-                                           result->nonfinite_tensor, "' holds NaN or Inf (",
-                                           skipped, " skipped so far)");
-    if (skipped == 1 || skipped % 100 == 0) {
-      SetError(error);
+  {
+    ScopedFsIdentity as_owner(options_.fs_owner);
+    auto stats = checkpoint::WriteRankShards(options_.job_dir, job.slot.step, shards_,
+                                             slot_data(job.slot.index), options_.io,
+                                             job.ema_shards);
+    if (stats.ok()) {
+      event.stats = *stats;
+      last_persisted_step_.store(job.slot.step);
     } else {
-      zcc::MutexLock lock(&mu_);
-      last_error_ = error;
+      event.status = stats.status();
+      persist_failures_.fetch_add(1);
+      // The trainer's client reports the failure itself (step first: it
+      // reads the count, then the step).
+      segment_.control()->last_failed_step.store(job.slot.step, std::memory_order_relaxed);
+      segment_.control()->persist_failures.fetch_add(1, std::memory_order_release);
+      SetError(absl::StrCat(job.on_failure ? "persist-on-failure" : "persist", " of step ",
+                            job.slot.step, " failed: ", stats.status().message()));
     }
-    return;
   }
-  if (m != nullptr) {
-    m->ema_seconds().ObserveDuration(absl::Now() - start);
-    uint64_t source_bytes = 0;
-    for (size_t i : ema_index_) source_bytes += registered_[i].nbytes;
-    m->ema_bytes().Increment(source_bytes + 2 * ema_->state_bytes());
-  }
+  // The EMA copy lives only while a write needs it.
+  job.ema_copy = storage::AlignedBuffer();
+  job.ema_shards.clear();
+  FreeSlot(job.slot.index);
+  // Commit and retention do not need the slot: reported once it is free.
+  on_persisted_(event);
 }
 
 absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name) {
   ZCC_RETURN_IF_ERROR(restore_buffers_.CheckRoom());
-  zcc::ReleasableMutexLock lock(&ema_mu_);
-  if (ema_ == nullptr) {
-    return absl::FailedPreconditionError("this rank keeps no EMA (register with an ema_decay)");
-  }
-  std::vector<shm::LayoutInput> inputs;
-  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
-    inputs.push_back({ema_->tensor(i).name, ema_->tensor(i).elements * sizeof(float),
-                      format::TensorKind::kParam});
-  }
-  ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, ~uint64_t{0} >> 1));
-  ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
-                       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes),
-                                            options_.segment_owner));
-  v1::ReadEmaResponse resp;
-  resp.set_step(ema_->initialized() ? ema_->last_step() : -1);
-  resp.set_shm_name(shm_name);
-  resp.set_segment_bytes(segment.size());
-  resp.set_data_offset(shm::ControlBlockBytes());
-  uint8_t* base = segment.base() + shm::ControlBlockBytes();
-  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
-    const absl::Span<const float> data = ema_->ema(i);
-    if (!data.empty()) std::memcpy(base + layout.placements[i].offset, data.data(), data.size() * 4);
-    v1::TensorPlacement* p = resp.add_placements();
-    p->set_name(ema_->tensor(i).name);
-    p->set_offset(layout.placements[i].offset);
-    p->set_nbytes(ema_->tensor(i).elements * sizeof(float));
-    p->set_staged(!data.empty());
-  }
-  const int64_t step = resp.step();
-  lock.Release();
-  resp.set_restore_id(restore_buffers_.Add(std::move(segment), step));
-  return resp;
+  ZCC_ASSIGN_OR_RETURN(auto copied, ema_.CopyToSegment(shm_name, options_.segment_owner));
+  auto& [segment, resp] = copied;
+  resp.set_restore_id(restore_buffers_.Add(std::move(segment), resp.step()));
+  return std::move(resp);
 }
 
 absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world_size,
                                      int64_t step) {
-  // The EMA's tensors are fixed at registration; the disk is read without
-  // ema_mu_ (status, ingest and EMA reads go on), and the result installed
-  // under it.
-  std::vector<uint64_t> elements;
-  {
-    zcc::MutexLock lock(&ema_mu_);
-    if (ema_ == nullptr) return absl::OkStatus();
-    for (size_t i = 0; i < ema_->num_tensors(); ++i) elements.push_back(ema_->tensor(i).elements);
-  }
-  // Which rank's shards hold each EMA tensor.
-  std::map<std::string, uint32_t> source;
-  for (uint32_t r = 0; r < world_size; ++r) {
-    const std::string path = JoinPath(step_dir, format::ManifestFileName(r));
-    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
-    ZCC_ASSIGN_OR_RETURN(format::RankManifest manifest, format::DecodeRankManifest(text));
-    for (const format::ManifestTensor& t : manifest.tensors) {
-      if (t.kind == "ema") source.emplace(t.name, r);
-    }
-  }
-  std::vector<std::vector<float>> data(elements.size());
-  std::map<uint32_t, std::vector<checkpoint::ReadTarget>> by_rank;
-  for (size_t i = 0; i < elements.size(); ++i) {
-    const RegisteredTensor& t = registered_[ema_index_[i]];
-    auto it = source.find(t.name);
-    if (it == source.end()) {
-      ZCC_LOG(WARNING) << "job " << shards_.job_id << " rank " << shards_.rank << ": "
-                       << step_dir << " holds no EMA of '" << t.name
-                       << "'; the EMA starts afresh from the next snapshot";
-      return absl::OkStatus();
-    }
-    data[i].resize(elements[i]);
-    by_rank[it->second].push_back({t.name, "ema", format::DType::kF32, t.shape,
-                                   reinterpret_cast<uint8_t*>(data[i].data()),
-                                   data[i].size() * sizeof(float)});
-  }
-  for (const auto& [rank, targets] : by_rank) {
-    ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, rank, targets));
-  }
-  std::vector<absl::Span<const float>> spans(data.begin(), data.end());
-  zcc::MutexLock lock(&ema_mu_);
-  ZCC_RETURN_IF_ERROR(ema_->Load(spans, step));
-  PublishEmaCounters();
-  return absl::OkStatus();
-}
-
-void RankSession::PublishEmaCounters() {
-  ema_last_step_.store(ema_->last_step(), std::memory_order_relaxed);
-  ema_skipped_nonfinite_.store(ema_->counters().skipped_nonfinite, std::memory_order_relaxed);
+  return ema_.Restore(step_dir, world_size, step);
 }
 
 void RankSession::SetError(std::string error) {
@@ -366,7 +221,7 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   while (IngestReadySlots()) {
   }
   // A due step ingest handed over is written first.
-  AwaitWriterIdle();
+  writer_.AwaitIdle();
   const int64_t step = last_full_step_.load();
   if (step < 0 || step <= last_persisted_step_.load()) return std::nullopt;
   const uint32_t index = last_full_slot_.load();
@@ -374,8 +229,8 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   // trainer had taken again holds a torn copy and is left alone.
   if (!ring_.ClaimForWrite(index, step)) return std::nullopt;
   const shm::ReadySlot slot{index, step, shm::SnapshotKind::kFull, 0};
-  SubmitWrite(WriteJob{slot, /*on_failure=*/true});
-  AwaitWriterIdle();
+  SubmitWrite(slot, /*on_failure=*/true);
+  writer_.AwaitIdle();
   return last_persisted_step_.load() == step ? std::optional<int64_t>(step) : std::nullopt;
 }
 
@@ -389,9 +244,9 @@ RankCounters RankSession::counters() const {
   c.persist_failures = persist_failures_.load();
   // Published by the EMA's users: a status query never waits for an EMA
   // update, copy or restore.
-  c.last_ema_step = ema_last_step_.load(std::memory_order_relaxed);
-  c.ema_skipped_nonfinite = ema_skipped_nonfinite_.load(std::memory_order_relaxed);
-  c.ema_tensors = ema_index_.size();
+  c.last_ema_step = ema_.last_step();
+  c.ema_skipped_nonfinite = ema_.skipped_nonfinite();
+  c.ema_tensors = ema_.num_tensors();
   c.slots_in_use = ring_.InUse();
   zcc::MutexLock lock(&mu_);
   c.last_error = last_error_;

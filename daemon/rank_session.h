@@ -1,16 +1,17 @@
 // One registered trainer rank: its staging segment, what it checkpoints, and
-// the two threads that turn READY slots into EMA updates and persisted shards.
+// the ingest thread that turns READY slots into EMA updates and writes.
 //
 // Ingest: a dedicated thread sleeps on the segment's doorbell futex, takes
-// READY slots in publication order (kReady -> kIngesting), updates the EMA
-// from them and frees them (-> kFree, free bell). A slot whose step is due
-// (every `save_every` steps, or after RequestSave) goes to the writer thread
-// instead, with a copy of the EMA as of that step, and stays kIngesting until
-// its shards are written. Meanwhile ingest goes on with the other slots, so a
-// checkpoint being written stalls neither the trainer nor the EMA as long as
-// one slot is free; one write runs per rank at a time (a step that falls due
-// while the previous write still runs waits for it). One slow disk therefore
-// only holds up its own rank. Every word read from shared memory is validated.
+// READY slots in publication order (kReady -> kIngesting), folds them into
+// the EMA (daemon/rank_ema.h) and frees them (-> kFree, free bell). A slot
+// whose step is due (every `save_every` steps, or after RequestSave) goes to
+// the rank's writer (daemon/rank_writer.h) instead, with a copy of the EMA as
+// of that step, and stays kIngesting until its shards are written. Meanwhile
+// ingest goes on with the other slots, so a checkpoint being written stalls
+// neither the trainer nor the EMA as long as one slot is free; one write runs
+// per rank at a time (a step that falls due while the previous write still
+// runs waits for it). One slow disk therefore only holds up its own rank.
+// Every word read from shared memory is validated.
 //
 // Thread-safety: all public methods may be called from any thread.
 // Ownership: owns the segment (removed when the session is destroyed).
@@ -20,7 +21,6 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <utility>
 #include <vector>
 #include <optional>
@@ -35,6 +35,9 @@
 #include "checkpoint/shard_writer.h"
 #include "common/fs_identity.h"
 #include "common/mutex.h"
+#include "daemon/rank_ema.h"
+#include "daemon/rank_writer.h"
+#include "daemon/registered_tensor.h"
 #include "daemon/restore_buffers.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
@@ -46,20 +49,6 @@
 #include "storage/aligned_buffer.h"
 
 namespace zcc::daemon {
-
-// A tensor as the trainer registered it. Only `staged` tensors are copied
-// into the slots and written by this rank; the rest are replicas another
-// member of their group writes, and come back from its shards on restore.
-struct RegisteredTensor {
-  std::string name;
-  format::DType dtype = format::DType::kU8;
-  std::vector<int64_t> shape;
-  format::TensorKind kind = format::TensorKind::kParam;
-  uint64_t nbytes = 0;
-  bool ema_eligible = false;
-  bool staged = true;
-  uint64_t slot_offset = 0;  // valid when staged
-};
 
 struct RankSessionOptions {
   std::string job_dir;
@@ -176,29 +165,11 @@ class RankSession {
   bool Process(const shm::ReadySlot& slot);
   void FreeSlot(uint32_t index);
   void SetError(std::string error);
-  void UpdateEma(const shm::ReadySlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ema_mu_);
-  // Copies the EMA's step and skip count into the atomics counters() reads.
-  void PublishEmaCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ema_mu_);
-
-  // The writer stage. SubmitWrite waits until no write is queued or running,
-  // copies the EMA into ema_copy_ and queues `slot` (kIngesting, held until
-  // written); the writer thread writes it and frees it.
-  struct WriteJob {
-    shm::ReadySlot slot;
-    bool on_failure = false;  // PersistNewestOnFailure's write
-  };
-  void SubmitWrite(const WriteJob& job) ABSL_LOCKS_EXCLUDED(write_mu_, ema_mu_);
-  void AwaitWriterIdle() ABSL_LOCKS_EXCLUDED(write_mu_);
-  bool WriterIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
-    return !write_job_.has_value() && !writing_;
-  }
-  bool WriteQueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
-    return write_job_.has_value() || writer_stop_;
-  }
-  void CopyEmaForWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, ema_mu_);
-  void WriterLoop();
-  // Writes the job's shards (with the EMA copy) and reports the outcome.
-  PersistEvent Write(const WriteJob& job);
+  // Submits `slot` to the writer with a copy of the EMA as of its step.
+  void SubmitWrite(const shm::ReadySlot& slot, bool on_failure);
+  // The writer's work for one job (on its thread): writes the shards, frees
+  // the slot and reports the outcome.
+  void Write(WriteJob job);
 
   const checkpoint::RankShards shards_;
   const std::vector<RegisteredTensor> registered_;
@@ -208,13 +179,7 @@ class RankSession {
   const PersistCallback on_persisted_;
   const uint64_t registered_ns_;
   const bool pid_visible_;
-  // The EMA is touched by the ingest thread (update, persist) and by restores.
-  mutable zcc::Mutex ema_mu_;
-  std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(ema_mu_);
-  const std::vector<size_t> ema_index_;
-  std::vector<uint64_t> ema_offsets_;  // slot offsets of the EMA tensors
-  std::atomic<int64_t> ema_last_step_{-1};
-  std::atomic<uint64_t> ema_skipped_nonfinite_{0};
+  RankEma ema_;
 
   std::atomic<bool> save_requested_{false};
   std::atomic<bool> retiring_{false};
@@ -228,23 +193,13 @@ class RankSession {
   std::atomic<uint64_t> persist_failures_{0};
   std::thread thread_;
 
-  // Taken before ema_mu_ when both are needed (SubmitWrite).
-  zcc::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(ema_mu_);
-  std::optional<WriteJob> write_job_ ABSL_GUARDED_BY(write_mu_);
-  bool writing_ ABSL_GUARDED_BY(write_mu_) = false;
-  bool writer_stop_ ABSL_GUARDED_BY(write_mu_) = false;
-  // The EMA as of the queued or running write's step, its tensors back to
-  // back, and the shard that describes it (freed after the write). Filled by SubmitWrite (holding
-  // write_mu_ while WriterIdle()), then read by the writer thread without the
-  // lock for the duration of that one job: ownership passes with the job.
-  storage::AlignedBuffer ema_copy_;
-  std::vector<checkpoint::ExtraShard> ema_extra_;
-  std::thread writer_;
-
   mutable zcc::Mutex mu_;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   RestoreBuffers restore_buffers_;
+  // Last: declared after everything Write() touches, so it is destroyed (and
+  // its thread joined) first.
+  RankWriter writer_;
 };
 
 }  // namespace zcc::daemon

@@ -1,0 +1,76 @@
+// The writer stage of one rank: a one-deep queue and the thread that writes a
+// checkpoint step's shards from a staging slot, so ingest (and with it the
+// EMA and the free slots the trainer needs) never waits for the disk.
+//
+// One write runs per rank at a time. Submit waits until the writer is idle,
+// then builds the job under the writer's lock, so two submitters (ingest and
+// persist-on-failure) never both find it idle, and the EMA copy a job carries
+// exists for one job at a time (zccd's steady-state memory is the EMA, not
+// twice the EMA).
+//
+// Thread-safety: all methods may be called from any thread; the write
+// function runs on the writer thread only.
+#ifndef ZCC_DAEMON_RANK_WRITER_H_
+#define ZCC_DAEMON_RANK_WRITER_H_
+
+#include <functional>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "checkpoint/shard_writer.h"
+#include "common/mutex.h"
+#include "shm/slot_ring.h"
+#include "storage/aligned_buffer.h"
+
+namespace zcc::daemon {
+
+// One step to write. The slot is held (kIngesting) until the write function
+// frees it; the EMA as of the step travels with the job and dies with it.
+struct WriteJob {
+  shm::ReadySlot slot;
+  bool on_failure = false;  // persist-on-failure's write
+  storage::AlignedBuffer ema_copy;            // the EMA tensors back to back
+  std::vector<checkpoint::ExtraShard> ema_shards;  // describing ema_copy
+};
+
+class RankWriter {
+ public:
+  // Runs on the writer thread, once per job; owns the job while it runs.
+  using WriteFn = std::function<void(WriteJob job)>;
+
+  explicit RankWriter(WriteFn write);
+  ~RankWriter();  // Stop()
+  RankWriter(const RankWriter&) = delete;
+  RankWriter& operator=(const RankWriter&) = delete;
+
+  void Start();
+  // Waits until nothing is queued or running, then queues `make()`'s job.
+  // `make` runs under the writer's lock: it must not call back into the
+  // writer (it may take locks acquired after it, e.g. the EMA's).
+  void Submit(absl::FunctionRef<WriteJob()> make) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns once nothing is queued or running.
+  void AwaitIdle() ABSL_LOCKS_EXCLUDED(mu_);
+  // Finishes the queued job, if any, and joins the thread. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !job_.has_value() && !writing_; }
+  bool QueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job_.has_value() || stop_;
+  }
+  void Loop();
+
+  const WriteFn write_;
+  zcc::Mutex mu_;
+  std::optional<WriteJob> job_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_RANK_WRITER_H_
