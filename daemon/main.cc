@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include "config/config_file.h"
 #include "config/daemon_config.h"
 #include "daemon/server.h"
+#include "storage/fault_storage.h"
+#include "storage/posix_storage.h"
 
 ABSL_FLAG(std::string, config, "", "text-format config file (schema: config/zccd_config.proto); "
                                    "flags given on the command line override it");
@@ -139,7 +142,25 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Fault drills and integration tests: every shard write goes through a
+  // storage that fails or stalls as planned. Never set in production.
+  std::unique_ptr<zcc::storage::FaultInjectingStorage> fault_storage;
+  if (const char* spec = std::getenv("ZCCD_INJECT_STORAGE_FAULTS"); spec != nullptr) {
+    auto plan = zcc::storage::ParseFaultPlan(spec);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "zccd: ZCCD_INJECT_STORAGE_FAULTS: %s\n",
+                   std::string(plan.status().message()).c_str());
+      return 2;
+    }
+    ZCC_LOG(WARNING) << "storage fault injection is ON for shard writes "
+                        "(ZCCD_INJECT_STORAGE_FAULTS): "
+                     << zcc::storage::DescribeFaultPlan(*plan);
+    fault_storage = std::make_unique<zcc::storage::FaultInjectingStorage>(
+        zcc::storage::DefaultStorage(), *std::move(plan));
+  }
+
   zcc::daemon::ServerOptions options;
+  options.shard_storage = fault_storage.get();
   options.status_tcp_listen = config.ops.status_tcp_listen;
   options.metrics_http_listen = config.ops.metrics_http_listen;
   options.metrics_textfile_dir = config.ops.metrics_textfile_dir;

@@ -26,8 +26,9 @@ constexpr char kVersion[] = "zccd 0.1.0";
 
 }  // namespace
 
-Registry::Registry(DaemonConfig config)
+Registry::Registry(DaemonConfig config, storage::Storage* shard_storage)
     : config_(std::move(config)),
+      shard_storage_(shard_storage),
       started_(absl::Now()),
       restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_),
       housekeeper_(config_, &metrics_,
@@ -250,6 +251,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     options.ema_interval = req.ema_interval();
     options.segment_owner = segment_owner;
     options.fs_owner = job->options().owner;
+    options.io.storage = shard_storage_;
     Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
     auto session = std::make_shared<RankSession>(
         shards, registered, std::move(segment), options,

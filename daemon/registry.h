@@ -30,6 +30,7 @@
 #include "daemon/restore_service.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
+#include "storage/storage.h"
 
 namespace zcc::daemon {
 
@@ -48,8 +49,10 @@ struct Caller {
 // running as an ordinary user serves only that user.
 class Registry {
  public:
-  // `config` must have passed ValidateConfig.
-  explicit Registry(DaemonConfig config);
+  // `config` must have passed ValidateConfig. Ranks write their shards
+  // through `shard_storage` (borrowed, outlives the registry; null = the
+  // default POSIX storage): a fault-injecting one for drills and tests.
+  explicit Registry(DaemonConfig config, storage::Storage* shard_storage = nullptr);
   ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
@@ -102,6 +105,7 @@ class Registry {
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;
+  storage::Storage* const shard_storage_;
   const absl::Time started_;
   metrics::ZccMetrics metrics_;
 

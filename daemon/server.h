@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "config/daemon_config.h"
+#include "storage/storage.h"
 
 namespace zcc::daemon {
 
@@ -24,6 +25,10 @@ struct ServerOptions {
   // node_exporter textfile-collector directory; empty = off.
   std::string metrics_textfile_dir;
   absl::Duration metrics_textfile_interval = absl::Seconds(15);
+  // Where ranks write their shards (borrowed; outlives the server); null =
+  // the default POSIX storage. zccd sets a fault-injecting one when
+  // ZCCD_INJECT_STORAGE_FAULTS is set.
+  storage::Storage* shard_storage = nullptr;
 };
 
 class Server {

@@ -4,7 +4,9 @@
 #include <deque>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -234,5 +236,63 @@ absl::Status FaultInjectingStorage::Rename(const std::string& from, const std::s
   return base_->Rename(from, to);
 }
 absl::Status FaultInjectingStorage::Remove(const std::string& path) { return base_->Remove(path); }
+
+absl::StatusOr<FaultPlan> ParseFaultPlan(absl::string_view spec) {
+  FaultPlan plan;
+  for (absl::string_view pair : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(pair, '=');
+    const absl::string_view key = kv.first;
+    const absl::string_view value = kv.second;
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("storage fault plan: '", pair, "': ", why));
+    };
+    if (pair.find('=') == absl::string_view::npos) return bad("expected key=value");
+    uint64_t n = 0;
+    const bool numeric = absl::SimpleAtoi(value, &n);
+    if (key == "path") {
+      plan.path_filter = std::string(value);
+      continue;
+    }
+    if (!numeric) return bad("the value must be a non-negative integer");
+    if (key == "enospc_after_bytes") {
+      plan.enospc_after_bytes = n;
+    } else if (key == "eio_on_write") {
+      plan.eio_on_write = n;
+    } else if (key == "eio_on_read") {
+      plan.eio_on_read = n;
+    } else if (key == "max_write_bytes") {
+      plan.max_write_bytes = n;
+    } else if (key == "max_read_bytes") {
+      plan.max_read_bytes = n;
+    } else if (key == "fail_sync" || key == "refuse_direct_io") {
+      if (n > 1) return bad("must be 0 or 1");
+      (key == "fail_sync" ? plan.fail_sync : plan.refuse_direct_io) = n == 1;
+    } else if (key == "op_delay_ms") {
+      if (n > 3'600'000) return bad("at most an hour");
+      plan.op_delay = absl::Milliseconds(n);
+    } else {
+      return bad(
+          "unknown key (path, enospc_after_bytes, eio_on_write, eio_on_read, max_write_bytes, "
+          "max_read_bytes, fail_sync, refuse_direct_io, op_delay_ms)");
+    }
+  }
+  return plan;
+}
+
+std::string DescribeFaultPlan(const FaultPlan& plan) {
+  std::string out = absl::StrCat("files matching '", plan.path_filter, "'");
+  if (plan.enospc_after_bytes) absl::StrAppend(&out, ", ENOSPC after ", *plan.enospc_after_bytes, " bytes");
+  if (plan.eio_on_write) absl::StrAppend(&out, ", EIO on write #", plan.eio_on_write);
+  if (plan.eio_on_read) absl::StrAppend(&out, ", EIO on read #", plan.eio_on_read);
+  if (plan.max_write_bytes) absl::StrAppend(&out, ", writes cut to ", plan.max_write_bytes, " bytes");
+  if (plan.max_read_bytes) absl::StrAppend(&out, ", reads cut to ", plan.max_read_bytes, " bytes");
+  if (plan.fail_sync) absl::StrAppend(&out, ", fdatasync fails");
+  if (plan.refuse_direct_io) absl::StrAppend(&out, ", O_DIRECT refused");
+  if (plan.op_delay > absl::ZeroDuration()) {
+    absl::StrAppend(&out, ", ", absl::FormatDuration(plan.op_delay), " per request");
+  }
+  return out;
+}
 
 }  // namespace zcc::storage

@@ -16,6 +16,8 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "storage/storage.h"
@@ -46,6 +48,17 @@ struct FaultPlan {
   // Added before every request and sync: a slow disk.
   absl::Duration op_delay = absl::ZeroDuration();
 };
+
+// Parses a plan written as comma-separated key=value pairs, for zccd's
+// ZCCD_INJECT_STORAGE_FAULTS (fault drills and integration tests):
+//   path=TEXT  enospc_after_bytes=N  eio_on_write=K  eio_on_read=K
+//   max_write_bytes=N  max_read_bytes=N  fail_sync=0|1  refuse_direct_io=0|1
+//   op_delay_ms=N
+// e.g. "path=model-,op_delay_ms=5000". InvalidArgument naming the bad pair.
+absl::StatusOr<FaultPlan> ParseFaultPlan(absl::string_view spec);
+
+// One line describing the plan, for the log.
+std::string DescribeFaultPlan(const FaultPlan& plan);
 
 class FaultInjectingStorage final : public Storage {
  public:

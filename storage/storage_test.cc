@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
@@ -200,6 +201,28 @@ TEST_CASE("storage conformance: fault wrapper with no faults planned") {
   CHECK(storage.faults_injected() == 0);
   CHECK(storage.write_requests() > 0);
   CHECK(storage.read_requests() > 0);
+}
+
+TEST_CASE("fault plans parse from zccd's key=value spelling; bad ones name the pair") {
+  auto plan = ParseFaultPlan("path=model-, op_delay_ms=250,eio_on_write=3,fail_sync=1");
+  REQUIRE_OK(plan);
+  CHECK(plan->path_filter == "model-");
+  CHECK(plan->op_delay == absl::Milliseconds(250));
+  CHECK(plan->eio_on_write == 3);
+  CHECK(plan->fail_sync);
+  CHECK_FALSE(plan->refuse_direct_io);
+  CHECK_FALSE(plan->enospc_after_bytes.has_value());
+  CHECK(absl::StrContains(DescribeFaultPlan(*plan), "250ms per request"));
+  auto empty = ParseFaultPlan("");
+  REQUIRE_OK(empty);
+  CHECK(empty->op_delay == absl::ZeroDuration());
+  for (const char* bad : {"op_delay_ms", "op_delay_ms=-1", "op_delay_ms=5s", "speed=3",
+                          "fail_sync=2", "op_delay_ms=999999999"}) {
+    auto p = ParseFaultPlan(bad);
+    INFO(bad);
+    REQUIRE_STATUS_CODE(p, absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(p.status().message(), bad));
+  }
 }
 
 TEST_CASE("a file system that refuses O_DIRECT gets buffered I/O and one warning") {

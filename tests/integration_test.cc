@@ -491,6 +491,46 @@ TEST_CASE("a commit that hangs longer than the client's daemon timeout costs no 
   REQUIRE(daemon.Stop(absl::Seconds(60)).has_value());
 }
 
+TEST_CASE("a shard write stalled longer than the client's daemon timeout costs no registration") {
+  const std::string dir = ShortTempDir("it-stall");
+  // Every request on a model shard file waits 1 s: a write takes about 3 s
+  // (open, data, fdatasync), three times the trainer's 1 s daemon timeout,
+  // while the trainer goes on stepping every 50 ms. A checkpoint every 100
+  // steps (5 s) is one the disk can keep up with, so no snapshot is lost.
+  DaemonOptions options;
+  options.env = {"ZCCD_INJECT_STORAGE_FAULTS=path=model-,op_delay_ms=1000"};
+  Daemon daemon(dir, options);
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "stall",
+                        {"--job=stall", "--steps=210", "--step_ms=50", "--save_every=100",
+                         "--daemon_timeout_s=1", "--wait_commit=false"});
+  REQUIRE(t->WaitForOutput("step=120 ", absl::Seconds(60)));
+  // Step 100's write is still stalled (1 s of steps have passed, less than
+  // the write's 3 s); status answers meanwhile, and ingest (EMA, free slots)
+  // goes on past the stalled step.
+  auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "stall"});
+  INFO(out << daemon.Log());
+  REQUIRE(code == 0);
+  const nlohmann::json rank = nlohmann::json::parse(out)["jobs"][0]["ranks"][0];
+  CHECK(rank["last_persisted_step"] == "-1");
+  CHECK(std::stoll(rank["last_snapshot_step"].get<std::string>()) >= 115);
+  REQUIRE(t->Wait(absl::Seconds(120)) == 0);
+  INFO(t->Output() << daemon.Log());
+  auto v = t->Values();
+  CHECK(v["registrations"] == "1");
+  CHECK(v["skipped_disconnected"] == "0");
+  CHECK(v["skipped_no_slot"] == "0");
+  CHECK(v["connected"] == "1");
+  CHECK_FALSE(absl::StrContains(t->Output(), "has not answered"));
+  CHECK(absl::StrContains(daemon.Log(), "storage fault injection is ON"));
+  // The stalled write did land: the stall delays, it does not lose.
+  REQUIRE(Eventually([&] {
+    auto [c, o] = Zccctl(dir, daemon, {"--json", "status", "stall"});
+    return c == 0 && nlohmann::json::parse(o)["jobs"][0]["ranks"][0]["last_persisted_step"] != "-1";
+  }, absl::Seconds(60)));
+  REQUIRE(daemon.Stop(absl::Seconds(90)).has_value());
+}
+
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
   const std::string dir = ShortTempDir("it-bad");
   Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});
