@@ -66,13 +66,16 @@ class DeviceCopier {
                                              void* stream) = 0;
 
   // Blocks until the copies of `ticket` are complete (no busy spin). Returns the
-  // first error the copy met.
+  // first error the copy met, including errors met issuing it after Enqueue()
+  // returned.
   virtual absl::Status Wait(CopyTicket ticket) = 0;
 
   // Makes the trainer's subsequent updates (on `stream`) wait for every copy
   // enqueued so far, so that optimizer.step() cannot overwrite a tensor still
-  // being read. Device backends do this on the device without blocking the
-  // host; the host backend has to block until the copies finished.
+  // being read. Device backends do this on the device without waiting for the
+  // bytes to move (the CUDA backend may block briefly until its copy thread
+  // has issued the copies); the host backend has to block until the copies
+  // finished.
   virtual absl::Status FenceBeforeUpdate(void* stream) = 0;
 
   // Synchronous copies into the trainer's tensors (restore path).

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -231,7 +232,7 @@ TEST_CASE("fake runtime: CUDA copier meets the contract when nothing can be pinn
 
 // ---- Streams, events, chunks and the fence. ----
 
-TEST_CASE("fake runtime: Enqueue returns at once; chunks go in order on the copy stream") {
+TEST_CASE("fake runtime: Enqueue returns at once; the copy thread issues the chunks in order") {
   fake::Reset(WithDelay(milliseconds(20)));
   TestStream trainer;
   auto copier = MakeCopier();
@@ -253,10 +254,16 @@ TEST_CASE("fake runtime: Enqueue returns at once; chunks go in order on the copy
   fake::ClearCopies();
   const CopyRegion regions[] = {
       {src0.data(), staging.data(), n0}, {nullptr, nullptr, 0}, {src1.data(), dst1, n1}};
+  const fake::ThreadCalls calls_before = fake::CallsOnThisThread();
   const auto start = Clock::now();
   auto ticket = copier->Enqueue(regions, trainer.get());
   REQUIRE_OK(ticket);
   CHECK(MillisSince(start) < 100);
+  // The copy thread issues the chunks; the fence returns once they are
+  // issued, long before the stall lets any of them run.
+  REQUIRE_OK(copier->FenceBeforeUpdate(trainer.get()));
+  CHECK(MillisSince(start) < 100);
+  CHECK(fake::CallsOnThisThread().Since(calls_before).of(fake::Api::kMemcpyAsync) == 0);
 
   std::vector<fake::CopyRecord> copies = fake::Copies();
   REQUIRE(copies.size() == 4);
@@ -292,6 +299,179 @@ TEST_CASE("fake runtime: Enqueue returns at once; chunks go in order on the copy
   REQUIRE_OK(copier->UnregisterHostMemory(staging.data()));
   copier.reset();
   CHECK(fake::GetCounters().live_streams == 1);  // The trainer's.
+}
+
+TEST_CASE("fake runtime: Enqueue's runtime calls on the trainer thread do not grow with tensors") {
+  fake::Reset();
+  TestStream trainer;
+  auto copier = MakeCopier();
+  // Sizes from 1 byte to three chunks, so that many tensors span chunks.
+  constexpr size_t kTensors = 2000;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (size_t i = 0; i < kTensors; ++i) {
+    offsets.push_back(total);
+    total += 1 + (i * 997) % (3 * kChunk);
+  }
+  offsets.push_back(total);
+  DeviceBuffer source(total);
+  const Bytes want = Pattern(total, 11);
+  std::memcpy(source.data(), want.data(), total);
+  Mapping staging(total);
+  REQUIRE_OK(copier->RegisterHostMemory(staging.data(), total));
+  auto regions_for = [&](size_t count) {
+    std::vector<CopyRegion> regions;
+    for (size_t i = 0; i < count; ++i) {
+      regions.push_back(
+          {source.data() + offsets[i], staging.data() + offsets[i], offsets[i + 1] - offsets[i]});
+    }
+    return regions;
+  };
+  // One snapshot of the first `count` tensors; returns the calls the
+  // trainer thread made inside Enqueue. The region list is gone before the
+  // copies are waited for: the copier keeps its own.
+  auto snapshot = [&](size_t count) {
+    std::memset(staging.data(), 0, total);
+    auto regions = std::make_unique<std::vector<CopyRegion>>(regions_for(count));
+    const fake::ThreadCalls before = fake::CallsOnThisThread();
+    auto ticket = copier->Enqueue(*regions, trainer.get());
+    const fake::ThreadCalls calls = fake::CallsOnThisThread().Since(before);
+    REQUIRE_OK(ticket);
+    std::fill(regions->begin(), regions->end(), CopyRegion{});
+    regions.reset();
+    REQUIRE_OK(copier->Wait(*ticket));
+    const size_t copied = offsets[count];
+    CHECK(std::memcmp(staging.data(), want.data(), copied) == 0);
+    CHECK(std::all_of(staging.data() + copied, staging.data() + total,
+                      [](unsigned char b) { return b == 0; }));
+    return calls;
+  };
+  snapshot(kTensors);  // Warm-up: the copier creates the events it reuses later.
+  snapshot(1);
+  // Steady state, on every thread: no event is created or destroyed per snapshot.
+  const int64_t events_created = fake::CallCount(fake::Api::kEventCreateWithFlags);
+  const fake::ThreadCalls one = snapshot(1);
+  const fake::ThreadCalls many = snapshot(kTensors);
+  CHECK(fake::CallCount(fake::Api::kEventCreateWithFlags) == events_created);
+  CHECK(fake::CallCount(fake::Api::kEventDestroy) == 0);
+  for (int api = 0; api < static_cast<int>(fake::Api::kCount); ++api) {
+    INFO(fake::ApiName(static_cast<fake::Api>(api))
+         << ": " << one.calls[api] << " calls for 1 tensor, " << many.calls[api] << " for "
+         << kTensors);
+    CHECK(one.calls[api] == many.calls[api]);
+  }
+  INFO("trainer-thread calls per Enqueue: " << one.Total() << " for 1 tensor, " << many.Total()
+                                            << " for " << kTensors);
+  CHECK(one.Total() == many.Total());
+  CHECK(many.of(fake::Api::kMemcpyAsync) == 0);
+  CHECK(many.of(fake::Api::kEventCreateWithFlags) == 0);
+  CHECK(many.of(fake::Api::kEventRecord) == 1);
+  CHECK(many.of(fake::Api::kStreamWaitEvent) == 0);
+  REQUIRE_OK(copier->UnregisterHostMemory(staging.data()));
+  copier.reset();
+  CHECK(fake::GetCounters().live_events == 0);
+}
+
+TEST_CASE("fake runtime: events are pooled, not created per snapshot, and all released") {
+  fake::Reset(WithDelay(milliseconds(1)));  // So that tickets overlap.
+  {
+    TestStream trainer;
+    auto copier = MakeCopier();
+    const size_t n = 2 * kChunk;
+    DeviceBuffer source(n);
+    Mapping staging(2 * n);
+    REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
+    // As the client runs: two staging slots, the ticket before the last one
+    // waited for while the next is enqueued.
+    std::vector<CopyTicket> tickets;
+    for (int i = 0; i < 60; ++i) {
+      const CopyRegion region{source.data(), staging.data() + (i % 2) * n, n};
+      auto ticket = copier->Enqueue({&region, 1}, trainer.get());
+      REQUIRE_OK(ticket);
+      tickets.push_back(*ticket);
+      REQUIRE_OK(copier->FenceBeforeUpdate(trainer.get()));
+      if (tickets.size() >= 2) REQUIRE_OK(copier->Wait(tickets[tickets.size() - 2]));
+    }
+    REQUIRE_OK(copier->Wait(tickets.back()));
+    // At most a few events are ever on loan at once (two per ticket in
+    // flight and the fence's), so the pool stops growing at once.
+    const fake::Counters c = fake::GetCounters();
+    INFO(fake::CallCount(fake::Api::kEventCreateWithFlags) << " events created");
+    CHECK(fake::CallCount(fake::Api::kEventCreateWithFlags) <= 8);
+    CHECK(c.live_events == fake::CallCount(fake::Api::kEventCreateWithFlags));
+    CHECK(fake::CallCount(fake::Api::kEventDestroy) == 0);
+    REQUIRE_OK(copier->UnregisterHostMemory(staging.data()));
+  }
+  CheckReleasedEverything();
+}
+
+TEST_CASE("fake runtime: FenceBeforeUpdate waits for the copies to be issued, not to land") {
+  // Issuing each copy takes the copy thread 15 ms, running it 30 ms.
+  fake::Config config = WithDelay(milliseconds(30));
+  config.issue_delay = std::chrono::microseconds(15000);
+  fake::Reset(config);
+  const bool fenced = GENERATE(true, false);
+  INFO((fenced ? "fenced" : "not fenced (control: the check must be able to fail)"));
+  TestStream trainer;
+  auto copier = MakeCopier();
+  constexpr size_t kTensors = 6;
+  const size_t n = kTensors * kChunk;
+  DeviceBuffer source(n);
+  const Bytes want = Pattern(n, 12);
+  std::memcpy(source.data(), want.data(), n);
+  Mapping staging(n);
+  std::memset(staging.data(), 0, n);
+  REQUIRE_OK(copier->RegisterHostMemory(staging.data(), n));
+  std::vector<CopyRegion> regions;
+  for (size_t i = 0; i < kTensors; ++i) {
+    regions.push_back({source.data() + i * kChunk, staging.data() + i * kChunk, kChunk});
+  }
+
+  const fake::ThreadCalls calls_before = fake::CallsOnThisThread();
+  const auto start = Clock::now();
+  auto ticket = copier->Enqueue(regions, trainer.get());
+  REQUIRE_OK(ticket);
+  // The trainer does not pay for issuing the copies (6 x 15 ms).
+  CHECK(MillisSince(start) < 60);
+  if (fenced) {
+    REQUIRE_OK(copier->FenceBeforeUpdate(trainer.get()));
+    const double fence_ms = MillisSince(start);
+    INFO("the fence returned after " << fence_ms << " ms");
+    // It waited on the host until the copy thread had issued every copy ...
+    const std::vector<fake::CopyRecord> copies = fake::Copies();
+    CHECK(copies.size() == kTensors);
+    CHECK(fence_ms >= 80);
+    // ... but not for them to land: the last one cannot even have started
+    // (the copies ahead of it take 150 ms on the copy stream).
+    CHECK(copies.back().exec_index == -1);
+    const fake::ThreadCalls calls = fake::CallsOnThisThread().Since(calls_before);
+    CHECK(calls.of(fake::Api::kMemcpyAsync) == 0);
+    CHECK(calls.of(fake::Api::kStreamWaitEvent) == 1);  // The fence's, on the trainer's stream.
+    CHECK(calls.of(fake::Api::kEventSynchronize) == 0);
+  }
+  // The "optimizer step": trainer work issued after the fence. Fenced, it
+  // runs only once every copy has finished, and sees all the bytes staged.
+  auto step_start = std::make_shared<Clock::time_point>();
+  auto staged = std::make_shared<std::atomic<bool>>(false);
+  unsigned char* staging_data = staging.data();
+  const Bytes* expected = &want;
+  REQUIRE(fake::LaunchHostWork(trainer.get(), [=] {
+            *step_start = Clock::now();
+            *staged = std::memcmp(staging_data, expected->data(), n) == 0;
+          }) == 0);
+  REQUIRE(fake::SynchronizeStream(trainer.get()) == 0);
+  REQUIRE_OK(copier->Wait(*ticket));
+  const std::vector<fake::CopyRecord> copies = fake::Copies();
+  REQUIRE(copies.size() == kTensors);
+  if (fenced) {
+    CHECK(*staged);
+    for (const fake::CopyRecord& c : copies) CHECK(c.finished <= *step_start);
+  } else {
+    CHECK_FALSE(*staged);
+    CHECK(copies.back().finished > *step_start);
+  }
+  CHECK(std::memcmp(staging.data(), want.data(), n) == 0);
+  REQUIRE_OK(copier->UnregisterHostMemory(staging.data()));
 }
 
 TEST_CASE("fake runtime: FenceBeforeUpdate orders the trainer's stream after the copies") {
@@ -504,7 +684,9 @@ TEST_CASE("fake runtime: with no pinned memory at all, copies are synchronous bu
     const CopyRegion region{source.data(), staging.data(), n};
     auto ticket = copier->Enqueue({&region, 1}, trainer.get());
     REQUIRE_OK(ticket);
-    // Synchronous: done when Enqueue returns.
+    // Synchronous: the copy thread issues them only as fast as the bytes
+    // move, so they are done once the fence (which waits for the issue) returns.
+    REQUIRE_OK(copier->FenceBeforeUpdate(trainer.get()));
     CHECK(std::memcmp(staging.data(), want.data(), n) == 0);
     CHECK(fake::GetCounters().host_synchronous_copies == 2);
     REQUIRE_OK(copier->Wait(*ticket));
@@ -606,18 +788,21 @@ TEST_CASE("fake runtime: every failing CUDA call surfaces as a clear status") {
        "cudaDeviceGetStreamPriorityRange"},
       {fake::Api::kStreamCreateWithPriority, e.memory_allocation, 0, Step::kCreate,
        "cudaStreamCreateWithPriority"},
-      {fake::Api::kEventCreateWithFlags, e.memory_allocation, 0, Step::kCreate,
-       "cudaEventCreateWithFlags"},
+      // On the trainer thread, inside Enqueue: the pool's first event, and
+      // the record on the trainer's stream.
       {fake::Api::kEventCreateWithFlags, e.memory_allocation, 0, Step::kEnqueue,
        "cudaEventCreateWithFlags"},
       {fake::Api::kEventRecord, e.launch_failure, 0, Step::kEnqueue,
        "cudaEventRecord on the trainer's stream"},
-      {fake::Api::kEventRecord, e.launch_failure, 1, Step::kEnqueue,
-       "cudaEventRecord on the copy stream"},
-      {fake::Api::kStreamWaitEvent, e.invalid_resource_handle, 0, Step::kEnqueue,
-       "cudaStreamWaitEvent for the trainer's stream"},
-      {fake::Api::kMemcpyAsync, e.invalid_value, 1, Step::kEnqueue,
-       "cudaMemcpyAsync of region 0 (12288 bytes) at offset 4096"},
+      // On the copy thread, issuing the ticket: reported by Wait.
+      {fake::Api::kEventCreateWithFlags, e.memory_allocation, 1, Step::kWait,
+       "issuing copy ticket 1: cudaEventCreateWithFlags"},
+      {fake::Api::kEventRecord, e.launch_failure, 1, Step::kWait,
+       "issuing copy ticket 1: cudaEventRecord on the copy stream"},
+      {fake::Api::kStreamWaitEvent, e.invalid_resource_handle, 0, Step::kWait,
+       "issuing copy ticket 1: cudaStreamWaitEvent for the trainer's stream"},
+      {fake::Api::kMemcpyAsync, e.invalid_value, 1, Step::kWait,
+       "issuing copy ticket 1: cudaMemcpyAsync of region 0 (12288 bytes) at offset 4096"},
       {fake::Api::kEventSynchronize, e.illegal_address, 0, Step::kWait,
        "waiting for copy ticket 1"},
       {fake::Api::kStreamWaitEvent, e.invalid_resource_handle, 0, Step::kFence,
@@ -650,6 +835,9 @@ TEST_CASE("fake runtime: every failing CUDA call surfaces as a clear status") {
         if (c.step == Step::kFence || c.step == Step::kUnregister) {
           auto ticket = scene.copier->Enqueue({&scene.snapshot, 1}, trainer.get());
           REQUIRE_OK(ticket);
+          // Issued (its copies may still run) before the fault is armed, so
+          // that the copy thread does not meet the fault meant for the step.
+          REQUIRE_OK(scene.copier->FenceBeforeUpdate(trainer.get()));
         }
       }
       fake::FailCall(c.api, c.error, c.skip, 1);
@@ -695,22 +883,25 @@ TEST_CASE("fake runtime: a copy failing on the device fails Wait with the sticky
   REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
   const CopyRegion region{source.data(), staging.data(), 3 * kChunk};
   fake::FailCopyExecution(fake::Errors().illegal_address, /*skip=*/1);
-  // The error is asynchronous: it shows up in Wait, or already in Enqueue's
-  // own later calls when the failing chunk ran before Enqueue returned (on a
-  // slow machine, or under a sanitizer). Either way it is reported.
+  // The error is asynchronous: Wait reports it, met either synchronising
+  // on the ticket or already by the copy thread's later calls issuing it,
+  // when the failing chunk ran before they were made (on a slow machine, or
+  // under a sanitizer).
   auto ticket = copier->Enqueue({&region, 1}, trainer.get());
-  const absl::Status st = ticket.ok() ? copier->Wait(*ticket) : ticket.status();
+  REQUIRE_OK(ticket);
+  const absl::Status st = copier->Wait(*ticket);
   INFO(st.ToString());
   CHECK(st.code() == absl::StatusCode::kInternal);
   CHECK(absl::StrContains(st.message(), "cudaErrorIllegalAddress"));
-  if (ticket.ok()) CHECK(absl::StrContains(st.message(), "waiting for copy ticket 1: "));
+  CHECK(absl::StrContains(st.message(), "copy ticket 1: "));
+  CHECK(copier->Wait(*ticket).code() == absl::StatusCode::kInternal);  // Every time.
   // The context is gone; the copier reports it on every call, never hangs.
   CHECK_FALSE(copier->Enqueue({&region, 1}, trainer.get()).ok());
   CHECK_FALSE(copier->UnregisterHostMemory(staging.data()).ok());
   copier.reset();  // Logs the errors of its releases; does not crash.
 }
 
-TEST_CASE("fake runtime: a failed Enqueue still fences the chunks it queued") {
+TEST_CASE("fake runtime: a ticket that failed to issue still fences the chunks it queued") {
   fake::Reset(WithDelay(milliseconds(40)));
   TestStream trainer;
   auto copier = MakeCopier();
@@ -723,7 +914,10 @@ TEST_CASE("fake runtime: a failed Enqueue still fences the chunks it queued") {
   REQUIRE_OK(copier->RegisterHostMemory(staging.data(), n));
   fake::FailCall(fake::Api::kMemcpyAsync, fake::Errors().invalid_value, /*skip=*/2, 1);
   const CopyRegion region{source.data(), staging.data(), n};
-  REQUIRE_FALSE(copier->Enqueue({&region, 1}, trainer.get()).ok());
+  // Enqueue succeeds: the copy thread meets the failure later.
+  auto failed = copier->Enqueue({&region, 1}, trainer.get());
+  REQUIRE_OK(failed);
+  CHECK(*failed == 1);
   REQUIRE_OK(copier->FenceBeforeUpdate(trainer.get()));
   // The two chunks queued before the failure have landed before the
   // trainer's next work runs.
@@ -733,13 +927,25 @@ TEST_CASE("fake runtime: a failed Enqueue still fences the chunks it queued") {
   REQUIRE(fake::LaunchHostWork(trainer.get(), [landed, staged, expected] {
             *landed = std::memcmp(staged, expected, 2 * kChunk) == 0;
           }) == 0);
+  // Wait reports the failure, every time, and only once those chunks (80 ms
+  // of copies) have landed.
+  for (int i = 0; i < 2; ++i) {
+    const absl::Status st = copier->Wait(*failed);
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(st.message(),
+                            "issuing copy ticket 1: cudaMemcpyAsync of region 0 (16384 bytes) at "
+                            "offset 8192"));
+    CHECK(std::memcmp(staging.data(), want.data(), 2 * kChunk) == 0);
+  }
   REQUIRE(fake::SynchronizeStream(trainer.get()) == 0);
   CHECK(*landed);
-  // The failed Enqueue issued no ticket; the next one is 1 and works.
+  // The next ticket works, and waiting for it does not clear the failure.
   auto ticket = copier->Enqueue({&region, 1}, trainer.get());
   REQUIRE_OK(ticket);
-  CHECK(*ticket == 1);
+  CHECK(*ticket == 2);
   REQUIRE_OK(copier->Wait(*ticket));
+  CHECK(copier->Wait(*failed).code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::memcmp(staging.data(), want.data(), n) == 0);
   REQUIRE_OK(copier->UnregisterHostMemory(staging.data()));
 }

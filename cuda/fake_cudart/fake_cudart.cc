@@ -97,6 +97,12 @@ namespace {
 
 thread_local int t_device = 0;
 thread_local cudaError_t t_last_error = cudaSuccess;
+// The calling thread's counts (CallsOnThisThread).
+thread_local ThreadCalls t_calls;
+
+// Config::issue_delay in microseconds. Read by cudaMemcpyAsync before it
+// takes the runtime's lock, so that the sleep holds nothing up but its caller.
+std::atomic<int64_t> g_issue_delay_us{0};
 
 // Counted outside the runtime's lock: nvcc-generated static initialisers call
 // the registration functions, possibly before anything else exists.
@@ -157,6 +163,7 @@ class Runtime {
   cudaError_t Enter(Api api, bool sticky_applies = true) {
     const int i = static_cast<int>(api);
     ++calls[i];
+    ++t_calls.calls[i];
     if (config.init_error != 0) return static_cast<cudaError_t>(config.init_error);
     if (config.device_count <= 0) return cudaErrorNoDevice;
     Fault& f = faults[i];
@@ -386,6 +393,7 @@ class Runtime {
     for (const auto& [p, n] : device_allocs) std::free(reinterpret_cast<void*>(p));
     device_allocs.clear();
     config = c;
+    g_issue_delay_us.store(c.issue_delay.count());
     for (Fault& f : faults) f = Fault();
     for (int64_t& n : calls) n = 0;
     sticky.assign(std::max(1, c.device_count), cudaSuccess);
@@ -611,6 +619,13 @@ void SetCopyDelay(std::chrono::microseconds delay) {
   r.config.copy_delay = delay;
 }
 
+void SetIssueDelay(std::chrono::microseconds delay) {
+  Runtime& r = Rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.config.issue_delay = delay;
+  g_issue_delay_us.store(delay.count());
+}
+
 int NewStream(void** stream, bool non_blocking) {
   Runtime& r = Rt();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -709,6 +724,8 @@ int64_t CallCount(Api api) {
   return r.calls[static_cast<int>(api)];
 }
 
+ThreadCalls CallsOnThisThread() { return t_calls; }
+
 int PeekLastError() { return t_last_error; }
 
 int CurrentDevice() { return t_device; }
@@ -720,6 +737,7 @@ int CurrentDevice() { return t_device; }
 using zcc::fake_cudart::Api;
 using zcc::fake_cudart::Clock;
 using zcc::fake_cudart::Fail;
+using zcc::fake_cudart::g_issue_delay_us;
 using zcc::fake_cudart::Overlaps;
 using zcc::fake_cudart::Rt;
 using zcc::fake_cudart::Runtime;
@@ -930,6 +948,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
+  if (const int64_t delay_us = g_issue_delay_us.load(); delay_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+  }
   Runtime& r = Rt();
   Lock lock(r.mu);
   if (cudaError_t e = r.Enter(Api::kMemcpyAsync)) return Fail(e);

@@ -28,8 +28,11 @@
 //     descriptions for cudaGetErrorName / cudaGetErrorString.
 // Fault injection: FailCall() makes chosen calls of one API function fail
 // with a given cudaError_t, FailCopyExecution() makes a queued copy fail on
-// its stream (a sticky error later synchronisations report), and the copy
-// delay slows every copy down on its stream.
+// its stream (a sticky error later synchronisations report), the copy delay
+// slows every copy down on its stream and the issue delay slows every
+// cudaMemcpyAsync call down on the thread that makes it.
+// Calls are counted both in all and per calling thread (CallsOnThisThread),
+// so that a test can tell which thread paid for what.
 //
 // This header is plain C++ (no CUDA headers): tests compiled by the host
 // compiler use it. cudaError_t values are passed as int; Errors() names them.
@@ -104,6 +107,10 @@ struct Config {
   int greatest_priority = -5;
   // Each copy sleeps this long on its stream before moving bytes.
   std::chrono::microseconds copy_delay{0};
+  // Each cudaMemcpyAsync call sleeps this long on the calling thread before
+  // queuing its copy: the host-side cost of issuing a copy, which on a real
+  // GPU adds up to milliseconds over thousands of tensors.
+  std::chrono::microseconds issue_delay{0};
 };
 
 // The machines without a usable CUDA device that tests reproduce: each a
@@ -139,6 +146,10 @@ void FailCopyExecution(int cuda_error, int skip = 0);
 
 // Every copy issued from now on sleeps `delay` on its stream first.
 void SetCopyDelay(std::chrono::microseconds delay);
+
+// Every cudaMemcpyAsync call from now on sleeps `delay` on the calling thread
+// (holding none of the fake's locks) before it queues its copy.
+void SetIssueDelay(std::chrono::microseconds delay);
 
 // ---- Trainer-side work for tests (what kernels and cudaMalloc would do). ----
 // Streams are passed as void* (a cudaStream_t); nullptr is the legacy default
@@ -191,6 +202,29 @@ struct Counters {
 };
 Counters GetCounters();
 int64_t CallCount(Api api);
+
+// The calls of each counted function made by the calling thread since the
+// thread started. Reset() does not clear them (it cannot reach other
+// threads' counts): take two readings and compare.
+struct ThreadCalls {
+  int64_t calls[static_cast<int>(Api::kCount)] = {};
+
+  int64_t of(Api api) const { return calls[static_cast<int>(api)]; }
+  int64_t Total() const {
+    int64_t total = 0;
+    for (int64_t n : calls) total += n;
+    return total;
+  }
+  // The calls made between `earlier` and this reading.
+  ThreadCalls Since(const ThreadCalls& earlier) const {
+    ThreadCalls delta;
+    for (int i = 0; i < static_cast<int>(Api::kCount); ++i) {
+      delta.calls[i] = calls[i] - earlier.calls[i];
+    }
+    return delta;
+  }
+};
+ThreadCalls CallsOnThisThread();
 
 // The calling thread's last error, without clearing it.
 int PeekLastError();

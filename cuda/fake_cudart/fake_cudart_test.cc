@@ -349,6 +349,66 @@ TEST_CASE("a copy failing on its stream leaves a sticky error") {
   CHECK(cudaGetLastError() == cudaSuccess);
 }
 
+TEST_CASE("calls are counted per calling thread too") {
+  Reset();
+  const ThreadCalls before = CallsOnThisThread();
+  cudaStream_t s = MakeStream(cudaStreamNonBlocking);
+  cudaEvent_t e = MakeEvent(cudaEventDisableTiming);
+  ThreadCalls other_thread;
+  int recorded = 0;  // Catch2 assertions are for the test's own thread only.
+  std::thread([&] {
+    const ThreadCalls start = CallsOnThisThread();
+    for (int i = 0; i < 3; ++i) recorded += cudaEventRecord(e, s) == cudaSuccess ? 1 : 0;
+    other_thread = CallsOnThisThread().Since(start);
+  }).join();
+  CHECK(recorded == 3);
+  REQUIRE(cudaEventSynchronize(e) == cudaSuccess);
+  const ThreadCalls mine = CallsOnThisThread().Since(before);
+  CHECK(mine.of(Api::kStreamCreateWithFlags) == 1);
+  CHECK(mine.of(Api::kEventCreateWithFlags) == 1);
+  CHECK(mine.of(Api::kEventSynchronize) == 1);
+  CHECK(mine.of(Api::kEventRecord) == 0);
+  CHECK(mine.Total() == 3);
+  CHECK(other_thread.of(Api::kEventRecord) == 3);
+  CHECK(other_thread.Total() == 3);
+  CHECK(CallCount(Api::kEventRecord) == 3);  // The process-wide count has both.
+  REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("the issue delay slows the thread calling cudaMemcpyAsync, not the stream") {
+  Config config;
+  config.issue_delay = std::chrono::microseconds(30000);
+  Reset(config);
+  cudaStream_t s = MakeStream(cudaStreamNonBlocking);
+  void* device = DeviceAlloc(64);
+  void* pinned = nullptr;
+  REQUIRE(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  auto start = Clock::now();
+  REQUIRE(cudaMemcpyAsync(pinned, device, 64, cudaMemcpyDefault, s) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(pinned, device, 64, cudaMemcpyDefault, s) == cudaSuccess);
+  CHECK(MillisSince(start) >= 60);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  // Other calls are not slowed down, nor is anything while a call sleeps.
+  SetIssueDelay(std::chrono::microseconds(200000));
+  cudaError_t issued = cudaErrorUnknown;
+  std::thread issuer([&] { issued = cudaMemcpyAsync(pinned, device, 64, cudaMemcpyDefault, s); });
+  std::this_thread::sleep_for(milliseconds(20));
+  start = Clock::now();
+  cudaEvent_t e = MakeEvent(cudaEventDisableTiming);
+  REQUIRE(cudaEventRecord(e, s) == cudaSuccess);
+  REQUIRE(cudaEventSynchronize(e) == cudaSuccess);
+  CHECK(MillisSince(start) < 100);
+  issuer.join();
+  CHECK(issued == cudaSuccess);
+  SetIssueDelay(std::chrono::microseconds(0));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
+  DeviceFree(device);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
 TEST_CASE("Reset drains the streams and forgets every handle") {
   Reset();
   cudaStream_t s = MakeStream(cudaStreamNonBlocking);
