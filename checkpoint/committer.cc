@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "checkpoint/global_index.h"
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -51,9 +52,8 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   }
   if (result.manifests_present < world_size) return result;
 
-  std::map<std::string, std::string> model_map;
-  std::map<std::string, std::string> ema_map;
-  absl::flat_hash_set<std::string> seen_keys;  // "kind/name"; kinds hold no '/'
+  std::vector<format::RankManifest> manifests;
+  absl::flat_hash_set<std::string> files;
   format::Xxh3Stream combined;
   for (uint32_t r = 0; r < world_size; ++r) {
     const std::string path = JoinPath(partial, format::ManifestFileName(r));
@@ -68,18 +68,34 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
           world_size));
     }
     for (const format::ManifestFile& f : m.files) {
+      if (!files.insert(f.name).second) {
+        return absl::DataLossError(
+            absl::StrCat(path, " lists '", f.name, "', which another rank's manifest lists"));
+      }
       ZCC_RETURN_IF_ERROR(CheckFileSize(JoinPath(partial, f.name), f.bytes));
       result.total_bytes += f.bytes;
     }
-    for (const format::ManifestTensor& t : m.tensors) {
-      if (!seen_keys.insert(absl::StrCat(t.kind, "/", t.name)).second) {
-        return absl::DataLossError(absl::StrCat("tensor '", t.name, "' (", t.kind,
-                                                ") is written by more than one rank"));
-      }
-      if (t.kind == "param") model_map[t.name] = t.file;
-      if (t.kind == "ema") ema_map[t.name] = t.file;
-    }
     combined.Update(text.data(), text.size());
+    manifests.push_back(*std::move(decoded));
+  }
+
+  // Layout-free: the pieces of every global tensor must tile it exactly once
+  // (a piece written twice, or by no rank, or ranks that disagree on a
+  // tensor's shape or dtype, leave the step uncommitted).
+  const format::StepIndex index = BuildStepIndex(manifests);
+  ZCC_ASSIGN_OR_RETURN(const std::vector<GlobalTensor> tensors, GroupPieces(index));
+  ZCC_RETURN_IF_ERROR(
+      WriteFileAtomic(JoinPath(partial, format::kStepIndexFileName), format::EncodeStepIndex(index)));
+  // The Hugging Face weight maps name whole tensors only: a piece of a
+  // sliced tensor is not the tensor (zccctl export writes whole ones).
+  std::map<std::string, std::string> model_map;
+  std::map<std::string, std::string> ema_map;
+  for (const GlobalTensor& g : tensors) {
+    if (g.pieces.size() != 1) continue;
+    if (g.kind == format::TensorKindName(format::TensorKind::kParam)) {
+      model_map[g.name] = g.pieces.front()->file;
+    }
+    if (g.kind == format::kEmaKindName) ema_map[g.name] = g.pieces.front()->file;
   }
 
   ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kModelIndexFileName),

@@ -20,6 +20,10 @@ struct RankTensor {
   format::TensorKind kind = format::TensorKind::kParam;
   uint64_t slot_offset = 0;  // from the slot start
   uint64_t nbytes = 0;
+  // The piece of the global tensor this is (format::ManifestTensor); empty
+  // for a whole tensor.
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset;
 };
 
 // Immutable after registration; shared by the writer and the reader.

@@ -106,11 +106,17 @@ absl::StatusOr<OpenShard> OpenAndCheckShard(
 }
 
 std::map<std::string, std::vector<const format::ManifestTensor*>> TensorsByFile(
-    const format::RankManifest& m) {
+    const std::vector<format::ManifestFile>& files,
+    const std::vector<format::ManifestTensor>& tensors) {
   std::map<std::string, std::vector<const format::ManifestTensor*>> out;
-  for (const auto& f : m.files) out[f.name];
-  for (const auto& t : m.tensors) out[t.file].push_back(&t);
+  for (const auto& f : files) out[f.name];
+  for (const auto& t : tensors) out[t.file].push_back(&t);
   return out;
+}
+
+std::map<std::string, std::vector<const format::ManifestTensor*>> TensorsByFile(
+    const format::RankManifest& m) {
+  return TensorsByFile(m.files, m.tensors);
 }
 
 }  // namespace
@@ -236,6 +242,29 @@ absl::Status ReadRankTensors(const std::string& step_dir, const format::RankMani
     auto fit = std::find_if(m.files.begin(), m.files.end(), [&name = file](const auto& f) {
       return f.name == name;
     });
+    ZCC_ASSIGN_OR_RETURN(OpenShard shard,
+                         OpenAndCheckShard(step_dir, *fit, by_file.at(file), options));
+    ZCC_RETURN_IF_ERROR(
+        ReadShardTensors(*shard.file, shard.size, std::move(requests), options, &bounce));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& index,
+                        const std::vector<PieceRead>& reads, const IoOptions& options) {
+  std::map<std::string, std::vector<TensorReadRequest>> requests_by_file;
+  for (const PieceRead& read : reads) {
+    requests_by_file[read.piece->file].push_back({read.piece, read.dst});
+  }
+  if (requests_by_file.empty()) return absl::OkStatus();
+  const auto by_file = TensorsByFile(index.files, index.pieces);
+  std::vector<storage::AlignedBuffer> bounce;
+  for (auto& [file, requests] : requests_by_file) {
+    auto fit = std::find_if(index.files.begin(), index.files.end(),
+                            [&name = file](const auto& f) { return f.name == name; });
+    if (fit == index.files.end()) {
+      return absl::DataLossError(absl::StrCat("'", file, "' is not in the step index's files"));
+    }
     ZCC_ASSIGN_OR_RETURN(OpenShard shard,
                          OpenAndCheckShard(step_dir, *fit, by_file.at(file), options));
     ZCC_RETURN_IF_ERROR(

@@ -68,6 +68,19 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
 absl::Status ReadRankTensors(const std::string& step_dir, const format::RankManifest& manifest,
                              const std::vector<ReadTarget>& targets, const IoOptions& options);
 
+// One piece of a step index to read: its bytes (piece->nbytes), verified
+// against its checksum, land at `dst` (null: check only).
+struct PieceRead {
+  const format::ManifestTensor* piece = nullptr;  // into the index
+  uint8_t* dst = nullptr;
+};
+
+// Reads pieces of a committed step by its index (checkpoint/global_index.h),
+// file by file; each file's safetensors header is checked against the index
+// before anything is read from it.
+absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& index,
+                        const std::vector<PieceRead>& reads, const IoOptions& options);
+
 struct RestoreChoice {
   int64_t step = -1;
   std::vector<std::string> rejected;  // newer candidates, each "step-N: reason"

@@ -71,6 +71,8 @@ absl::StatusOr<uint64_t> WriteKindFile(storage::Storage& storage, const std::str
     mt.name = t.name;
     mt.dtype = t.dtype;
     mt.shape = t.shape;
+    mt.global_shape = t.global_shape;
+    mt.box_offset = t.box_offset;
     mt.kind = std::string(format::TensorKindName(kind));
     mt.file = file;
     mt.offset = header.size() + entries[i].begin;
@@ -140,6 +142,8 @@ absl::StatusOr<uint64_t> WriteExtraFile(storage::Storage& storage, const std::st
     mt.name = shard.tensors[i].name;
     mt.dtype = shard.tensors[i].dtype;
     mt.shape = shard.tensors[i].shape;
+    mt.global_shape = shard.tensors[i].global_shape;
+    mt.box_offset = shard.tensors[i].box_offset;
     mt.kind = shard.kind;
     mt.file = shard.file;
     mt.offset = header.size() + entries[i].begin;

@@ -45,6 +45,10 @@ struct ExtraTensor {
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;  // nbytes bytes, unchanged until the call returns
   uint64_t nbytes = 0;
+  // The piece of a global tensor this is (format::ManifestTensor); empty for
+  // a whole tensor.
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset;
 };
 
 // One more shard file of the rank, e.g. its EMA ("ema", "ema-r00003.safetensors").

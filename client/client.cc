@@ -126,6 +126,8 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
     spec->set_name(t.name);
     spec->set_dtype(ToProto(t.dtype));
     for (int64_t d : t.shape) spec->add_shape(d);
+    for (int64_t d : t.global_shape) spec->add_global_shape(d);
+    for (int64_t d : t.box_offset) spec->add_box_offset(d);
     spec->set_kind(ToProto(t.kind));
     spec->set_ema_eligible(t.ema_eligible);
     v1::ReplicaGroup* replica = spec->mutable_replica();

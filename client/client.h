@@ -71,8 +71,10 @@ struct ReplicaGroup {
 };
 
 struct TensorRef {
+  // The global tensor's name: the same on every rank that holds a piece of it.
   std::string name;
   DType dtype = DType::kF32;
+  // This rank's piece: the local tensor's shape.
   std::vector<int64_t> shape;
   // The tensor's memory (host, or device for a device copier). It must stay at
   // this address, with this size, for as long as the client lives.
@@ -80,6 +82,13 @@ struct TensorRef {
   TensorKind kind = TensorKind::kParam;
   bool ema_eligible = false;
   ReplicaGroup replica;
+  // A piece of a larger global tensor (tensor parallel, FSDP/ZeRO shard, a
+  // range of stacked experts): the global shape and where this piece starts
+  // in it, per dimension. Both empty: the whole tensor. The pieces of all
+  // ranks tile the global tensor (replicas of a piece aside); a checkpoint
+  // restores into any other tiling, and `zccctl export` writes whole tensors.
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset;
 };
 
 struct ClientOptions {

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "checkpoint/reader.h"
+#include "absl/container/flat_hash_set.h"
+#include "checkpoint/global_index.h"
+#include "checkpoint/reshard.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -84,8 +85,8 @@ void RankEma::CopyForWrite(WriteJob* job) {
     const uint64_t bytes = data.size() * sizeof(float);
     uint8_t* dst = job->ema_copy.data() + offset;
     if (bytes > 0) std::memcpy(dst, data.data(), bytes);
-    shard.tensors.push_back(
-        {ema_->tensor(i).name, format::DType::kF32, sources_[i].shape, dst, bytes});
+    shard.tensors.push_back({ema_->tensor(i).name, format::DType::kF32, sources_[i].shape, dst,
+                             bytes, sources_[i].global_shape, sources_[i].box_offset});
     offset += bytes;
   }
   job->ema_shards.push_back(std::move(shard));
@@ -133,35 +134,32 @@ absl::Status RankEma::Restore(const std::string& step_dir, uint32_t world_size, 
     zcc::MutexLock lock(&mu_);
     for (size_t i = 0; i < ema_->num_tensors(); ++i) elements.push_back(ema_->tensor(i).elements);
   }
-  // Which rank's shards hold each EMA tensor.
-  std::map<std::string, uint32_t> source;
-  for (uint32_t r = 0; r < world_size; ++r) {
-    const std::string path = JoinPath(step_dir, format::ManifestFileName(r));
-    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
-    ZCC_ASSIGN_OR_RETURN(format::RankManifest manifest, format::DecodeRankManifest(text));
-    for (const format::ManifestTensor& t : manifest.tensors) {
-      if (t.kind == format::kEmaKindName) source.emplace(t.name, r);
-    }
+  // Each EMA box is filled from the saved EMA pieces that overlap it,
+  // whatever layout wrote the step.
+  (void)world_size;  // the step's index describes every rank's pieces
+  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, checkpoint::LoadStepIndex(step_dir));
+  ZCC_ASSIGN_OR_RETURN(const std::vector<checkpoint::GlobalTensor> tensors,
+                       checkpoint::GroupPieces(index));
+  absl::flat_hash_set<std::string> saved;
+  for (const checkpoint::GlobalTensor& g : tensors) {
+    if (g.kind == format::kEmaKindName) saved.insert(g.name);
   }
   std::vector<std::vector<float>> data(elements.size());
-  std::map<uint32_t, std::vector<checkpoint::ReadTarget>> by_rank;
+  std::vector<checkpoint::BoxTarget> targets;
   for (size_t i = 0; i < elements.size(); ++i) {
     const RegisteredTensor& t = sources_[i];
-    auto it = source.find(t.name);
-    if (it == source.end()) {
+    if (!saved.contains(t.name)) {
       ZCC_LOG(WARNING) << "job " << job_id_ << " rank " << rank_ << ": " << step_dir
                        << " holds no EMA of '" << t.name
                        << "'; the EMA starts afresh from the next snapshot";
       return absl::OkStatus();
     }
     data[i].resize(elements[i]);
-    by_rank[it->second].push_back({t.name, format::kEmaKindName, format::DType::kF32, t.shape,
-                                   reinterpret_cast<uint8_t*>(data[i].data()),
-                                   data[i].size() * sizeof(float)});
+    targets.push_back({format::kEmaKindName, t.name, format::DType::kF32, t.global(), t.box(),
+                       reinterpret_cast<uint8_t*>(data[i].data())});
   }
-  for (const auto& [rank, targets] : by_rank) {
-    ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, rank, targets));
-  }
+  ZCC_RETURN_IF_ERROR(
+      checkpoint::ReadBoxes(step_dir, index, tensors, targets, checkpoint::IoOptions()).status());
   std::vector<absl::Span<const float>> spans(data.begin(), data.end());
   zcc::MutexLock lock(&mu_);
   ZCC_RETURN_IF_ERROR(ema_->Load(spans, step));

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "format/box.h"
 #include "format/dtype.h"
 #include "format/tensor_kind.h"
 
@@ -17,12 +18,22 @@ namespace zcc::daemon {
 struct RegisteredTensor {
   std::string name;
   format::DType dtype = format::DType::kU8;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;       // this rank's piece
   format::TensorKind kind = format::TensorKind::kParam;
   uint64_t nbytes = 0;
   bool ema_eligible = false;
   bool staged = true;
   uint64_t slot_offset = 0;  // valid when staged
+  // The piece is [box_offset, box_offset + shape) of the global tensor of
+  // this shape; a whole tensor has global_shape == shape and zero offsets
+  // (or both empty).
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset;
+
+  const std::vector<int64_t>& global() const { return global_shape.empty() ? shape : global_shape; }
+  format::Box box() const {
+    return {box_offset.empty() ? std::vector<int64_t>(shape.size(), 0) : box_offset, shape};
+  }
 };
 
 }  // namespace zcc::daemon

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/validate.h"
+#include "format/box.h"
 #include "format/checksum.h"
 #include "proto/convert.h"
 #include "sharding/shard_assigner.h"
@@ -51,11 +52,36 @@ absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterReq
     if (!nbytes.ok()) return fail(nbytes.status());
     t.nbytes = *nbytes;
     t.ema_eligible = spec.ema_eligible();
+    const bool sliced = spec.global_shape_size() != 0 || spec.box_offset_size() != 0;
+    if (!sliced) {
+      t.global_shape = t.shape;
+      t.box_offset.assign(t.shape.size(), 0);
+    } else {
+      if (spec.global_shape_size() != spec.shape_size() ||
+          spec.box_offset_size() != spec.shape_size()) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "a piece of a global tensor needs global_shape and box_offset with one entry per "
+            "dimension (", spec.shape_size(), "); got ", spec.global_shape_size(), " and ",
+            spec.box_offset_size())));
+      }
+      t.global_shape.assign(spec.global_shape().begin(), spec.global_shape().end());
+      t.box_offset.assign(spec.box_offset().begin(), spec.box_offset().end());
+      auto global_bytes = format::TensorBytes(t.dtype, t.global_shape);
+      if (!global_bytes.ok()) return fail(global_bytes.status());
+      if (absl::Status st = format::ValidateBox(format::Box{t.box_offset, t.shape}, t.global_shape);
+          !st.ok()) {
+        return fail(st);
+      }
+    }
     hash.Update(t.name.data(), t.name.size() + 1);
     const int64_t header[3] = {static_cast<int64_t>(t.dtype), static_cast<int64_t>(t.kind),
                                static_cast<int64_t>(t.shape.size())};
     hash.Update(header, sizeof(header));
     hash.Update(t.shape.data(), t.shape.size() * sizeof(int64_t));
+    if (sliced) {  // whole tensors hash as before
+      hash.Update(t.global_shape.data(), t.global_shape.size() * sizeof(int64_t));
+      hash.Update(t.box_offset.data(), t.box_offset.size() * sizeof(int64_t));
+    }
     out.push_back(std::move(t));
   }
   *manifest_hash = hash.Digest();
@@ -146,6 +172,8 @@ absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
     rt.name = t.name;
     rt.dtype = t.dtype;
     rt.shape = t.shape;
+    rt.global_shape = t.global_shape;
+    rt.box_offset = t.box_offset;
     rt.kind = t.kind;
     rt.nbytes = t.nbytes;
     shards.tensors.push_back(std::move(rt));

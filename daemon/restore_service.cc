@@ -96,11 +96,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
     int64_t step, const std::function<bool()>& cancelled) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
-  if (record.world_size != job.options().world_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        format::StepDirName(step), " was written by ", record.world_size,
-        " ranks; this job has ", job.options().world_size, " (resharding is not supported)"));
-  }
+  // Any world size and layout: the step describes global tensors.
   const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
   job.BeginRestore(req.rank(), step);
   const absl::Time read_start = absl::Now();

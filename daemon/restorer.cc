@@ -2,9 +2,9 @@
 
 #include <map>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/reader.h"
+#include "checkpoint/global_index.h"
+#include "checkpoint/reshard.h"
 #include "checkpoint/rank_shards.h"
 #include "common/file_util.h"
 #include "common/status.h"
@@ -25,40 +25,13 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
     }
     return absl::OkStatus();
   };
-  // Which rank's shards hold each tensor (the lowest rank when several do),
-  // and the decoded manifests of those ranks, kept for reading: a manifest of
-  // a million tensors takes seconds to decode.
-  absl::flat_hash_map<std::string, size_t> wanted;  // "kind/name" -> index in registered
-  wanted.reserve(registered.size());
-  for (size_t i = 0; i < registered.size(); ++i) {
-    wanted.emplace(absl::StrCat(format::TensorKindName(registered[i].kind), "/",
-                                registered[i].name),
-                   i);
-  }
-  std::vector<int64_t> source(registered.size(), -1);
-  std::map<uint32_t, format::RankManifest> manifests;
-  std::string key;
-  for (uint32_t r = 0; r < world_size; ++r) {
-    ZCC_RETURN_IF_ERROR(check_cancelled());
-    const std::string path = JoinPath(step_dir, format::ManifestFileName(r));
-    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
-    auto manifest = format::DecodeRankManifest(text);
-    if (!manifest.ok()) return absl::DataLossError(absl::StrCat(path, ": ", manifest.status().message()));
-    if (manifest->rank != r) {
-      return absl::DataLossError(absl::StrCat(path, " says it is rank ", manifest->rank));
-    }
-    bool holds_wanted = false;
-    for (const format::ManifestTensor& t : manifest->tensors) {
-      key.clear();
-      absl::StrAppend(&key, t.kind, "/", t.name);
-      const auto it = wanted.find(key);
-      if (it != wanted.end() && source[it->second] < 0) {
-        source[it->second] = r;
-        holds_wanted = true;
-      }
-    }
-    if (holds_wanted) manifests.emplace(r, *std::move(manifest));
-  }
+  // The step's global index: each registered box is filled from the saved
+  // pieces that overlap it, whatever layout wrote them.
+  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, checkpoint::LoadStepIndex(step_dir));
+  ZCC_RETURN_IF_ERROR(check_cancelled());
+  ZCC_ASSIGN_OR_RETURN(const std::vector<checkpoint::GlobalTensor> tensors,
+                       checkpoint::GroupPieces(index));
+  (void)world_size;  // the index describes every rank's pieces
 
   std::vector<shm::LayoutInput> inputs;
   for (const RegisteredTensor& t : registered) inputs.push_back({t.name, t.nbytes, t.kind});
@@ -68,23 +41,18 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
   RestoreBuffer buffer{std::move(segment), shm::ControlBlockBytes(), {}};
   uint8_t* base = buffer.segment.base() + buffer.data_offset;
 
-  std::map<uint32_t, std::vector<checkpoint::ReadTarget>> by_rank;
+  std::vector<checkpoint::BoxTarget> targets;
+  targets.reserve(registered.size());
   for (size_t i = 0; i < registered.size(); ++i) {
     const RegisteredTensor& t = registered[i];
-    const std::string kind = std::string(format::TensorKindName(t.kind));
-    if (source[i] < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tensor '", t.name, "' (", kind, ") is not in ", step_dir));
-    }
     buffer.offsets.push_back(layout.placements[i].offset);
-    by_rank[static_cast<uint32_t>(source[i])].push_back(
-        {t.name, kind, t.dtype, t.shape, base + layout.placements[i].offset, t.nbytes});
+    targets.push_back({std::string(format::TensorKindName(t.kind)), t.name, t.dtype,
+                       t.global(), t.box(),
+                       base + layout.placements[i].offset});
   }
-  for (const auto& [rank, targets] : by_rank) {
-    ZCC_RETURN_IF_ERROR(check_cancelled());
-    ZCC_RETURN_IF_ERROR(checkpoint::ReadRankTensors(step_dir, manifests.at(rank), targets,
-                                                    checkpoint::IoOptions()));
-  }
+  ZCC_RETURN_IF_ERROR(
+      checkpoint::ReadBoxes(step_dir, index, tensors, targets, checkpoint::IoOptions()).status());
+  ZCC_RETURN_IF_ERROR(check_cancelled());
   return buffer;
 }
 

@@ -1,7 +1,9 @@
 // Reads a rank's tensors back from a committed step into a fresh shared-memory
-// restore buffer. Every registered tensor is looked up by (kind, name) across
-// all ranks' manifests, since a replicated tensor was written by whichever
-// member of its group the shard assigner picked, not necessarily this rank.
+// restore buffer. Every registered tensor (a box of a global tensor) is
+// filled through the step's global index from the saved pieces that overlap
+// it: pieces written by any rank of any layout (a replicated tensor was
+// written by whichever member of its group the shard assigner picked; a job
+// may restore with another world size or parallel layout).
 //
 // Thread-safety: stateless.
 #ifndef ZCC_DAEMON_RESTORER_H_
@@ -28,10 +30,10 @@ struct RestoreBuffer {
 
 // Creates segment `shm_name` (mode 0600, owned by `owner`: see
 // RankSessionOptions::segment_owner), sized for all of `registered`, and
-// fills it from `step_dir` (a verified committed step of `world_size` ranks),
-// checking each tensor's checksum. FailedPrecondition names a tensor that the
-// checkpoint lacks or holds with another dtype or shape. Cancelled once
-// `cancelled()` turns true (checked between shard files).
+// fills it from `step_dir` (a verified committed step), checking each piece's
+// checksum. FailedPrecondition names a tensor that the checkpoint lacks or
+// holds with another dtype or global shape; nothing reaches the trainer then.
+// Cancelled once `cancelled()` turns true.
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,

@@ -1,5 +1,6 @@
 #include "format/manifest.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/status.h"
 #include "common/validate.h"
+#include "format/box.h"
 #include "format/strict_json.h"
 
 namespace zcc::format {
@@ -89,6 +91,8 @@ class FieldReader {
     if (status.ok()) return status;
     return Error(field, status.message());
   }
+
+  bool Has(const char* field) const { return object_.find(field) != object_.end(); }
 
   absl::StatusOr<const json*> Get(const char* field) const {
     const auto it = object_.find(field);
@@ -195,6 +199,12 @@ absl::StatusOr<json> ParseDocument(absl::string_view text, absl::string_view wha
   return root;
 }
 
+bool IsWholePiece(const ManifestTensor& t) {
+  if (t.global_shape.empty() && t.box_offset.empty()) return true;
+  return t.global_shape == t.shape &&
+         std::all_of(t.box_offset.begin(), t.box_offset.end(), [](int64_t o) { return o == 0; });
+}
+
 bool IsManifestKind(absl::string_view kind) {
   return kind == kEmaKindName || ParseTensorKindName(kind).ok();
 }
@@ -226,6 +236,16 @@ absl::StatusOr<ManifestTensor> DecodeTensorEntry(size_t i, const json& entry) {
   if (!parsed.ok()) return f.Wrap("dtype", parsed.status());
   t.dtype = *parsed;
   ZCC_ASSIGN_OR_RETURN(t.shape, f.Shape("shape"));
+  if (f.Has("global_shape") || f.Has("box_offset")) {
+    ZCC_ASSIGN_OR_RETURN(t.global_shape, f.Shape("global_shape"));
+    ZCC_ASSIGN_OR_RETURN(t.box_offset, f.Shape("box_offset"));
+    absl::StatusOr<uint64_t> global_bytes = TensorBytes(t.dtype, t.global_shape);
+    if (!global_bytes.ok()) return f.Wrap("global_shape", global_bytes.status());
+    ZCC_RETURN_IF_ERROR(f.Wrap("box_offset", ValidateBox(Box{t.box_offset, t.shape}, t.global_shape)));
+  } else {
+    t.global_shape = t.shape;
+    t.box_offset.assign(t.shape.size(), 0);
+  }
   ZCC_ASSIGN_OR_RETURN(t.kind, f.String("kind"));
   if (!IsManifestKind(t.kind)) {
     return f.Error("kind", absl::StrCat("is '", internal::PrintableForError(t.kind),
@@ -245,42 +265,50 @@ absl::StatusOr<ManifestTensor> DecodeTensorEntry(size_t i, const json& entry) {
   return t;
 }
 
-absl::StatusOr<RankManifest> DecodeRankManifestJson(absl::string_view text) {
+// A rank's manifest, or (`index`) a step's global index: the same document
+// without "rank" and "manifest_hash", in which a name appears once per piece.
+absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool index) {
   RankManifest m;
+  const char* const what = index ? "step index" : "manifest";
   // The tensors are decoded as the parser completes each entry, never held
   // as one DOM (for a million tensors that took gigabytes and most of the
   // decoding time).
-  absl::flat_hash_set<std::string> seen;  // "kind/name"; kinds hold no '/'
+  absl::flat_hash_set<std::string> seen;  // "kind/name[/box]"; kinds hold no '/'
   internal::StreamedArray tensors_stream;
   tensors_stream.key = "tensors";
   tensors_stream.on_element = [&](size_t i, json entry) -> absl::Status {
     ZCC_ASSIGN_OR_RETURN(ManifestTensor t, DecodeTensorEntry(i, entry));
-    if (!seen.insert(absl::StrCat(t.kind, "/", t.name)).second) {
+    std::string key = absl::StrCat(t.kind, "/", t.name);
+    if (index) absl::StrAppend(&key, "/", absl::StrJoin(t.box_offset, ","));
+    if (!seen.insert(std::move(key)).second) {
       return absl::DataLossError(absl::StrCat(TensorWhere(i, &t.name), ": a ", t.kind,
-                                              " tensor of this name is listed twice"));
+                                              index ? " piece at this offset" : " tensor of this name",
+                                              " is listed twice"));
     }
     m.tensors.push_back(std::move(t));
     return absl::OkStatus();
   };
-  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, "manifest", &tensors_stream));
-  const FieldReader top(root, "manifest");
+  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, what, &tensors_stream));
+  const FieldReader top(root, what);
   ZCC_RETURN_IF_ERROR(top.FormatVersion());
   ZCC_ASSIGN_OR_RETURN(m.job_id, top.JobId());
   ZCC_ASSIGN_OR_RETURN(const uint64_t step, top.Unsigned("step", INT64_MAX));
   m.step = static_cast<int64_t>(step);
   ZCC_ASSIGN_OR_RETURN(m.world_size, top.Unsigned("world_size", UINT32_MAX));
   if (m.world_size == 0) return top.Error("world_size", "is 0");
-  ZCC_ASSIGN_OR_RETURN(m.rank, top.Unsigned("rank", UINT32_MAX));
-  if (m.rank >= m.world_size) {
-    return top.Error("rank", absl::StrCat("is ", m.rank, " but world_size is ", m.world_size));
+  if (!index) {
+    ZCC_ASSIGN_OR_RETURN(m.rank, top.Unsigned("rank", UINT32_MAX));
+    if (m.rank >= m.world_size) {
+      return top.Error("rank", absl::StrCat("is ", m.rank, " but world_size is ", m.world_size));
+    }
+    ZCC_ASSIGN_OR_RETURN(m.manifest_hash, top.Hex("manifest_hash"));
   }
-  ZCC_ASSIGN_OR_RETURN(m.manifest_hash, top.Hex("manifest_hash"));
 
   ZCC_ASSIGN_OR_RETURN(const json* files, top.Array("files"));
   std::map<std::string, uint64_t> file_bytes;
   for (size_t i = 0; i < files->size(); ++i) {
     const json& entry = (*files)[i];
-    const std::string where = absl::StrCat("manifest files[", i, "]");
+    const std::string where = absl::StrCat(what, " files[", i, "]");
     if (!entry.is_object()) {
       return absl::DataLossError(
           absl::StrCat(where, " must be an object, not ", internal::JsonTypeName(entry)));
@@ -384,14 +412,14 @@ auto DecodeWithoutExceptions(Decode decode, absl::string_view text, absl::string
 
 }  // namespace
 
-std::string EncodeRankManifest(const RankManifest& manifest) {
+std::string EncodeManifestDocument(const RankManifest& manifest, bool index) {
   ordered_json root = ordered_json::object();
   root["format_version"] = manifest.format_version;
   root["job_id"] = manifest.job_id;
   root["step"] = manifest.step;
-  root["rank"] = manifest.rank;
+  if (!index) root["rank"] = manifest.rank;
   root["world_size"] = manifest.world_size;
-  root["manifest_hash"] = Hex64(manifest.manifest_hash);
+  if (!index) root["manifest_hash"] = Hex64(manifest.manifest_hash);
   ordered_json files = ordered_json::array();
   for (const ManifestFile& file : manifest.files) {
     ordered_json entry = ordered_json::object();
@@ -419,6 +447,10 @@ std::string EncodeRankManifest(const RankManifest& manifest) {
     entry["name"] = t.name;
     entry["dtype"] = std::string(DTypeName(t.dtype));
     entry["shape"] = t.shape;
+    if (!IsWholePiece(t)) {
+      entry["global_shape"] = t.global_shape;
+      entry["box_offset"] = t.box_offset;
+    }
     entry["kind"] = t.kind;
     entry["file"] = t.file;
     entry["offset"] = t.offset;
@@ -435,8 +467,41 @@ std::string EncodeRankManifest(const RankManifest& manifest) {
   return text;
 }
 
+std::string EncodeRankManifest(const RankManifest& manifest) {
+  return EncodeManifestDocument(manifest, /*index=*/false);
+}
+
 absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json) {
-  return DecodeWithoutExceptions(DecodeRankManifestJson, json, "manifest");
+  return DecodeWithoutExceptions(
+      [](absl::string_view text) { return DecodeManifestDocument(text, /*index=*/false); }, json,
+      "manifest");
+}
+
+std::string EncodeStepIndex(const StepIndex& index) {
+  RankManifest doc;
+  doc.format_version = index.format_version;
+  doc.job_id = index.job_id;
+  doc.step = index.step;
+  doc.world_size = index.world_size;
+  doc.files = index.files;
+  doc.tensors = index.pieces;
+  return EncodeManifestDocument(doc, /*index=*/true);
+}
+
+absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json) {
+  ZCC_ASSIGN_OR_RETURN(
+      RankManifest doc,
+      DecodeWithoutExceptions(
+          [](absl::string_view text) { return DecodeManifestDocument(text, /*index=*/true); },
+          json, "step index"));
+  StepIndex index;
+  index.format_version = doc.format_version;
+  index.job_id = std::move(doc.job_id);
+  index.step = doc.step;
+  index.world_size = doc.world_size;
+  index.files = std::move(doc.files);
+  index.pieces = std::move(doc.tensors);
+  return index;
 }
 
 std::string EncodeCommitRecord(const CommitRecord& record) {

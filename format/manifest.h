@@ -34,12 +34,18 @@ inline constexpr uint64_t kMaxManifestBytes =
 struct ManifestTensor {
   std::string name;
   DType dtype = DType::kU8;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // of this piece
   std::string kind;      // TensorKindName(kind), or kEmaKindName
   std::string file;      // shard file name inside the step directory (no '/')
   uint64_t offset = 0;   // absolute byte offset of the tensor in `file`
   uint64_t nbytes = 0;   // == TensorBytes(dtype, shape)
   uint64_t xxh3 = 0;     // XXH3-64 of the tensor's bytes
+  // This is the piece [box_offset, box_offset + shape) of the global tensor
+  // `name` of `global_shape` (layout-free checkpoints). Empty, or equal to
+  // `shape` with zero offsets: the whole tensor (the JSON then omits both;
+  // the decoder always fills them in).
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset;
 };
 
 struct ManifestFile {
@@ -68,6 +74,26 @@ std::string EncodeRankManifest(const RankManifest& manifest);
 // pass ValidateTensorName and are unique per kind. Errors are DataLoss or
 // InvalidArgument with a message naming the offending field.
 absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json);
+
+// A committed step's global index (kStepIndexFileName), written by the
+// committer: every rank's shard files and every piece of every global tensor
+// in one document, so that restore and export need not open every manifest.
+// Encoded as a manifest without "rank" and "manifest_hash"; a name appears
+// once per piece (kind, name and box offset are unique).
+struct StepIndex {
+  int format_version = kFormatVersion;
+  std::string job_id;
+  int64_t step = 0;
+  uint32_t world_size = 1;
+  std::vector<ManifestFile> files;      // file names are unique across ranks
+  std::vector<ManifestTensor> pieces;
+};
+
+std::string EncodeStepIndex(const StepIndex& index);
+// Validates as DecodeRankManifest does (each piece lies inside a listed file,
+// its box inside its global shape); whether the pieces tile their global
+// tensors is checked by checkpoint::GroupPieces.
+absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json);
 
 // Contents of COMMITTED.
 struct CommitRecord {
@@ -102,6 +128,8 @@ inline constexpr char kCommittedFileName[] = "COMMITTED";
 inline constexpr char kLatestFileName[] = "latest";
 inline constexpr char kModelIndexFileName[] = "model.safetensors.index.json";
 inline constexpr char kEmaIndexFileName[] = "ema.safetensors.index.json";
+// The step's global index (StepIndex): every piece of every global tensor.
+inline constexpr char kStepIndexFileName[] = "zcc.index.json";
 
 }  // namespace zcc::format
 

@@ -32,7 +32,7 @@ fi
 # links only what it reaches (step_dir_latest alone needs the reader and, through
 # it, storage/).
 SOURCES=(
-  format/safetensors.cc format/manifest.cc format/strict_json.cc format/dtype.cc format/tensor_kind.cc
+  format/safetensors.cc format/manifest.cc format/strict_json.cc format/dtype.cc format/tensor_kind.cc format/box.cc
   format/checksum.cc
   common/status.cc common/validate.cc common/file_util.cc common/log.cc
   shm/control_block.cc shm/slot_layout.cc

@@ -4,6 +4,7 @@
 #include <deque>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -240,6 +241,7 @@ absl::Status FaultInjectingStorage::Remove(const std::string& path) { return bas
 absl::StatusOr<FaultPlan> ParseFaultPlan(absl::string_view spec) {
   FaultPlan plan;
   for (absl::string_view pair : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+    pair = absl::StripAsciiWhitespace(pair);
     const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(pair, '=');
     const absl::string_view key = kv.first;
     const absl::string_view value = kv.second;

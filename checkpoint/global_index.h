@@ -1,0 +1,43 @@
+// The global view of a checkpoint step: which pieces (boxes written by some
+// rank) make up each global tensor, and the rule they obey: the pieces of a
+// global tensor share its dtype and global shape and tile it exactly once.
+// The committer refuses a step that breaks the rule; restore and export read
+// the step's index (format::StepIndex) and trust nothing in it they have not
+// checked here.
+#ifndef ZCC_CHECKPOINT_GLOBAL_INDEX_H_
+#define ZCC_CHECKPOINT_GLOBAL_INDEX_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "format/manifest.h"
+
+namespace zcc::checkpoint {
+
+// One global tensor and the pieces of the index that hold it.
+struct GlobalTensor {
+  std::string kind;  // format::TensorKindName or kEmaKindName
+  std::string name;
+  format::DType dtype = format::DType::kU8;
+  std::vector<int64_t> global_shape;
+  std::vector<const format::ManifestTensor*> pieces;  // into the index
+};
+
+// The global tensors of `index` in (kind, name) order, each checked: one
+// dtype, one global shape, boxes that tile it exactly once. Otherwise
+// FailedPrecondition naming the tensor and the fault (a gap, an overlap, the
+// conflicting shapes). The result points into `index`.
+absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& index);
+
+// The index of a step from its rank manifests (what the committer writes).
+format::StepIndex BuildStepIndex(const std::vector<format::RankManifest>& manifests);
+
+// The step's index as written at commit; for a step committed before zcc
+// wrote one, built from the rank manifests of `world_size` ranks (read from
+// the COMMITTED record).
+absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir);
+
+}  // namespace zcc::checkpoint
+
+#endif  // ZCC_CHECKPOINT_GLOBAL_INDEX_H_

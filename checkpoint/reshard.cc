@@ -1,0 +1,116 @@
+#include "checkpoint/reshard.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/reader.h"
+#include "common/status.h"
+#include "storage/aligned_buffer.h"
+
+namespace zcc::checkpoint {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Where one staged piece's intersection with one target goes.
+struct Copy {
+  size_t target = 0;
+  format::Box region;
+};
+
+}  // namespace
+
+absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
+                                       const format::StepIndex& index,
+                                       const std::vector<GlobalTensor>& tensors,
+                                       const std::vector<BoxTarget>& targets,
+                                       const IoOptions& options, uint64_t staging_bytes) {
+  absl::flat_hash_map<std::string, const GlobalTensor*> by_key;
+  by_key.reserve(tensors.size());
+  for (const GlobalTensor& g : tensors) by_key[absl::StrCat(g.kind, "/", g.name)] = &g;
+
+  // Plan every read before doing any.
+  std::vector<PieceRead> direct;
+  std::map<const format::ManifestTensor*, std::vector<Copy>> staged;  // piece -> copies
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const BoxTarget& t = targets[i];
+    const auto it = by_key.find(absl::StrCat(t.kind, "/", t.name));
+    if (it == by_key.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(t.kind, " tensor '", t.name, "' is not in ", step_dir));
+    }
+    const GlobalTensor& g = *it->second;
+    if (g.dtype != t.dtype || g.global_shape != t.global_shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          t.kind, " tensor '", t.name, "' was checkpointed as ", format::DTypeName(g.dtype), " ",
+          ShapeText(g.global_shape), "; registered as ", format::DTypeName(t.dtype), " ",
+          ShapeText(t.global_shape)));
+    }
+    ZCC_RETURN_IF_ERROR(format::ValidateBox(t.box, t.global_shape));
+    uint64_t covered = 0;
+    for (const format::ManifestTensor* p : g.pieces) {
+      const format::Box piece_box{p->box_offset, p->shape};
+      if (piece_box == t.box) {
+        direct.push_back({p, t.dst});
+        covered = format::Volume(t.box);
+        break;
+      }
+      std::optional<format::Box> region = format::Intersect(piece_box, t.box);
+      if (!region.has_value()) continue;
+      covered += format::Volume(*region);
+      staged[p].push_back({i, *std::move(region)});
+    }
+    // The pieces tile the global tensor (GroupPieces), so their
+    // intersections with the box cover it exactly; anything else is a bug.
+    if (covered != format::Volume(t.box)) {
+      return absl::InternalError(absl::StrCat(t.kind, " tensor '", t.name, "': the pieces cover ",
+                                              covered, " of the box's ", format::Volume(t.box),
+                                              " elements"));
+    }
+  }
+
+  ReshardStats stats;
+  ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, direct, options));
+  stats.direct_pieces = direct.size();
+  for (const PieceRead& r : direct) stats.bytes_read += r.piece->nbytes;
+
+  // Staged pieces in batches that fit the staging budget.
+  auto next = staged.begin();
+  while (next != staged.end()) {
+    std::vector<std::pair<const format::ManifestTensor*, const std::vector<Copy>*>> batch;
+    uint64_t batch_bytes = 0;
+    while (next != staged.end() &&
+           (batch.empty() || batch_bytes + next->first->nbytes <= staging_bytes)) {
+      batch_bytes += next->first->nbytes;
+      batch.emplace_back(next->first, &next->second);
+      ++next;
+    }
+    storage::AlignedBuffer buffer = storage::AlignedBuffer::Uninitialized(std::max<uint64_t>(batch_bytes, 1));
+    std::vector<PieceRead> reads;
+    uint64_t offset = 0;
+    for (const auto& [piece, copies] : batch) {
+      reads.push_back({piece, buffer.data() + offset});
+      offset += piece->nbytes;
+    }
+    ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, reads, options));
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const format::ManifestTensor* piece = batch[k].first;
+      const format::Box piece_box{piece->box_offset, piece->shape};
+      const size_t elem = format::DTypeSize(piece->dtype);
+      for (const Copy& c : *batch[k].second) {
+        const BoxTarget& t = targets[c.target];
+        format::CopyBoxRegion(reads[k].dst, piece_box, t.dst, t.box, c.region, elem);
+      }
+      stats.bytes_read += piece->nbytes;
+    }
+    stats.staged_pieces += batch.size();
+  }
+  return stats;
+}
+
+}  // namespace zcc::checkpoint
