@@ -194,6 +194,16 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     zcc::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("zccd is shutting down");
     std::shared_ptr<Job>& job = jobs_[req.job_id()];
+    // A job whose ranks have all left and whose steps are all committed or
+    // dropped is replaced by a registration with another world size or
+    // directory: the job resumed with another layout (its checkpoints
+    // restore into any layout).
+    if (job != nullptr && job->Authorize(caller.uid).ok() && job->idle() &&
+        (job->options().world_size != req.world_size() || job->options().job_dir != job_dir)) {
+      ZCC_LOG(INFO) << "job " << req.job_id() << " re-registered with world_size "
+                    << req.world_size() << " (was " << job->options().world_size << ")";
+      job = nullptr;
+    }
     if (job == nullptr) {
       JobOptions options;
       options.job_id = req.job_id();

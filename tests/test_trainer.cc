@@ -78,7 +78,8 @@ std::vector<zcc::TensorRef> Refs(std::vector<Tensor>& model) {
   std::vector<zcc::TensorRef> refs;
   for (Tensor& t : model) {
     refs.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes.data(), t.spec.kind,
-                    t.spec.ema_eligible, t.spec.replica});
+                    t.spec.ema_eligible, t.spec.replica, t.spec.global_shape,
+                    t.spec.box_offset});
   }
   return refs;
 }
@@ -127,6 +128,24 @@ int main(int argc, char** argv) {
     int bad = 0;
     for (size_t i = 0; i < model.size(); ++i) bad += model[i].bytes != expected[i].bytes;
     std::printf("mismatched_tensors=%d\n", bad);
+    if (absl::GetFlag(FLAGS_check_ema)) {
+      // The EMA zccd restored for the pieces this rank keeps (the ones it
+      // writes; NotFound for the rest) equals the reference at the step.
+      int checked = 0, ema_bad = 0;
+      for (Tensor& t : model) {
+        if (!t.spec.ema_eligible || t.spec.nbytes == 0) continue;
+        std::vector<float> got(t.spec.nbytes / 4);
+        auto read = (*client)->ReadEma({{t.spec.name, got.data(), got.size()}});
+        if (absl::IsNotFound(read.status())) continue;
+        if (!read.ok()) return Fail("read_ema", read.status());
+        const std::vector<float> want_ema = zcc::testing::ReferenceEma(
+            t.spec, *step, static_cast<float>(absl::GetFlag(FLAGS_ema_decay)));
+        ++checked;
+        ema_bad += *read != *step || std::memcmp(want_ema.data(), got.data(), t.spec.nbytes) != 0;
+      }
+      std::printf("ema_checked=%d ema_mismatches=%d\n", checked, ema_bad);
+      bad += ema_bad;
+    }
     const int want = absl::GetFlag(FLAGS_expect_step);
     return bad == 0 && (want < 0 || want == *step) ? 0 : 1;
   }
