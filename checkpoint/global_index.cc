@@ -5,8 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/reader.h"
-#include "common/file_util.h"
 #include "common/status.h"
 #include "format/box.h"
 
@@ -69,34 +67,6 @@ format::StepIndex BuildStepIndex(const std::vector<format::RankManifest>& manife
     index.pieces.insert(index.pieces.end(), m.tensors.begin(), m.tensors.end());
   }
   return index;
-}
-
-absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir));
-  const std::string path = JoinPath(step_dir, format::kStepIndexFileName);
-  if (PathExists(path)) {
-    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
-    auto index = format::DecodeStepIndex(text);
-    if (!index.ok()) return Annotate(index.status(), path);
-    if (index->job_id != record.job_id || index->step != record.step ||
-        index->world_size != record.world_size) {
-      return absl::DataLossError(absl::StrCat(path, " describes job '", index->job_id, "' step ",
-                                              index->step, " of ", index->world_size,
-                                              " ranks; COMMITTED says job '", record.job_id,
-                                              "' step ", record.step, " of ", record.world_size));
-    }
-    return *std::move(index);
-  }
-  std::vector<format::RankManifest> manifests;
-  for (uint32_t r = 0; r < record.world_size; ++r) {
-    const std::string manifest_path = JoinPath(step_dir, format::ManifestFileName(r));
-    ZCC_ASSIGN_OR_RETURN(std::string text,
-                         ReadFileToString(manifest_path, format::kMaxManifestBytes));
-    auto manifest = format::DecodeRankManifest(text);
-    if (!manifest.ok()) return Annotate(manifest.status(), manifest_path);
-    manifests.push_back(*std::move(manifest));
-  }
-  return BuildStepIndex(manifests);
 }
 
 }  // namespace zcc::checkpoint

@@ -3,7 +3,7 @@
 // global tensor share its dtype and global shape and tile it exactly once.
 // The committer refuses a step that breaks the rule; restore and export read
 // the step's index (format::StepIndex) and trust nothing in it they have not
-// checked here.
+// checked here. (Reading a step's index: checkpoint::LoadStepIndex, reader.h.)
 #ifndef ZCC_CHECKPOINT_GLOBAL_INDEX_H_
 #define ZCC_CHECKPOINT_GLOBAL_INDEX_H_
 
@@ -32,11 +32,6 @@ absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& i
 
 // The index of a step from its rank manifests (what the committer writes).
 format::StepIndex BuildStepIndex(const std::vector<format::RankManifest>& manifests);
-
-// The step's index as written at commit; for a step committed before zcc
-// wrote one, built from the rank manifests of `world_size` ranks (read from
-// the COMMITTED record).
-absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir);
 
 }  // namespace zcc::checkpoint
 

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/global_index.h"
 #include "checkpoint/shard_file_reader.h"
 #include "common/file_util.h"
 #include "common/status.h"
@@ -164,6 +165,7 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOpt
   format::Xxh3Stream combined;
   uint64_t total_bytes = 0;
   std::vector<storage::AlignedBuffer> bounce;
+  std::vector<format::RankManifest> manifests;
   for (uint32_t r = 0; r < record.world_size; ++r) {
     const std::string mpath = JoinPath(step_dir, format::ManifestFileName(r));
     ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, format::kMaxManifestBytes));
@@ -189,6 +191,22 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOpt
           ReadShardTensors(*shard.file, shard.size, std::move(requests), options, &bounce));
     }
     ++report.ranks;
+    manifests.push_back(std::move(m));
+  }
+  // Layout-free: every global tensor's pieces tile it, and the step's index
+  // (when the step has one) is the one its manifests make.
+  const format::StepIndex built = BuildStepIndex(manifests);
+  auto grouped = GroupPieces(built);
+  if (!grouped.ok()) return absl::DataLossError(absl::StrCat(step_dir, ": ", grouped.status().message()));
+  report.global_tensors = grouped->size();
+  const std::string index_path = JoinPath(step_dir, format::kStepIndexFileName);
+  if (PathExists(index_path)) {
+    ZCC_ASSIGN_OR_RETURN(std::string index_text,
+                         ReadFileToString(index_path, format::kMaxManifestBytes));
+    if (index_text != format::EncodeStepIndex(built)) {
+      return absl::DataLossError(
+          absl::StrCat(index_path, " differs from the index the step's manifests make"));
+    }
   }
   if (combined.Digest() != record.manifest_hash) {
     return absl::DataLossError(absl::StrCat(step_dir, ": manifests differ from the ones committed"));
@@ -271,6 +289,34 @@ absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& in
         ReadShardTensors(*shard.file, shard.size, std::move(requests), options, &bounce));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir));
+  const std::string path = JoinPath(step_dir, format::kStepIndexFileName);
+  if (PathExists(path)) {
+    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+    auto index = format::DecodeStepIndex(text);
+    if (!index.ok()) return Annotate(index.status(), path);
+    if (index->job_id != record.job_id || index->step != record.step ||
+        index->world_size != record.world_size) {
+      return absl::DataLossError(absl::StrCat(path, " describes job '", index->job_id, "' step ",
+                                              index->step, " of ", index->world_size,
+                                              " ranks; COMMITTED says job '", record.job_id,
+                                              "' step ", record.step, " of ", record.world_size));
+    }
+    return *std::move(index);
+  }
+  std::vector<format::RankManifest> manifests;
+  for (uint32_t r = 0; r < record.world_size; ++r) {
+    const std::string manifest_path = JoinPath(step_dir, format::ManifestFileName(r));
+    ZCC_ASSIGN_OR_RETURN(std::string text,
+                         ReadFileToString(manifest_path, format::kMaxManifestBytes));
+    auto manifest = format::DecodeRankManifest(text);
+    if (!manifest.ok()) return Annotate(manifest.status(), manifest_path);
+    manifests.push_back(*std::move(manifest));
+  }
+  return BuildStepIndex(manifests);
 }
 
 }  // namespace zcc::checkpoint

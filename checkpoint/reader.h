@@ -32,14 +32,16 @@ absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_di
 
 struct VerifyReport {
   uint32_t ranks = 0;
-  uint64_t tensors = 0;
+  uint64_t tensors = 0;         // pieces, as the ranks wrote them
+  uint64_t global_tensors = 0;  // the tensors they tile
   uint64_t bytes_checked = 0;
 };
 
 // Full verification of a committed step: COMMITTED matches the step and the
 // manifests, every manifest is valid, every shard file has the right size and
-// a safetensors header that agrees with the manifest, and every tensor's bytes
-// match their checksum. The first problem is returned as DataLoss (or the I/O
+// a safetensors header that agrees with the manifest, every tensor's bytes
+// match their checksum, the pieces of every global tensor tile it, and the
+// step's index (zcc.index.json, if present) matches the manifests. The first problem is returned as DataLoss (or the I/O
 // error) with the file and tensor named.
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir);
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options);
@@ -67,6 +69,12 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
 // that needed it anyway), so that it is not decoded again.
 absl::Status ReadRankTensors(const std::string& step_dir, const format::RankManifest& manifest,
                              const std::vector<ReadTarget>& targets, const IoOptions& options);
+
+// The step's global index as written at commit; for a step committed before
+// zcc wrote one, built from the rank manifests (the COMMITTED record says how
+// many). Validated as format::DecodeStepIndex does; run GroupPieces on it
+// before trusting the pieces to tile.
+absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir);
 
 // One piece of a step index to read: its bytes (piece->nbytes), verified
 // against its checksum, land at `dst` (null: check only).

@@ -273,16 +273,18 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
   // The tensors are decoded as the parser completes each entry, never held
   // as one DOM (for a million tensors that took gigabytes and most of the
   // decoding time).
-  absl::flat_hash_set<std::string> seen;  // "kind/name[/box]"; kinds hold no '/'
+  // "kind/name" (a manifest) or "kind/name/file" (an index: a name once per
+  // piece, and a file holds a name once); kinds and files hold no '/'.
+  absl::flat_hash_set<std::string> seen;
   internal::StreamedArray tensors_stream;
   tensors_stream.key = "tensors";
   tensors_stream.on_element = [&](size_t i, json entry) -> absl::Status {
     ZCC_ASSIGN_OR_RETURN(ManifestTensor t, DecodeTensorEntry(i, entry));
     std::string key = absl::StrCat(t.kind, "/", t.name);
-    if (index) absl::StrAppend(&key, "/", absl::StrJoin(t.box_offset, ","));
+    if (index) absl::StrAppend(&key, "/", t.file);
     if (!seen.insert(std::move(key)).second) {
       return absl::DataLossError(absl::StrCat(TensorWhere(i, &t.name), ": a ", t.kind,
-                                              index ? " piece at this offset" : " tensor of this name",
+                                              index ? " piece of this name in this file" : " tensor of this name",
                                               " is listed twice"));
     }
     m.tensors.push_back(std::move(t));

@@ -79,7 +79,7 @@ absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json);
 // committer: every rank's shard files and every piece of every global tensor
 // in one document, so that restore and export need not open every manifest.
 // Encoded as a manifest without "rank" and "manifest_hash"; a name appears
-// once per piece (kind, name and box offset are unique).
+// once per piece (kind, name and file are unique).
 struct StepIndex {
   int format_version = kFormatVersion;
   std::string job_id;

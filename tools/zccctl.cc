@@ -120,12 +120,17 @@ int Verify(const std::string& dir, bool json) {
     return kExitError;
   }
   if (json) {
-    std::printf("{\"ok\": true, \"ranks\": %u, \"tensors\": %llu, \"bytes\": %llu}\n",
-                report->ranks, static_cast<unsigned long long>(report->tensors),
-                static_cast<unsigned long long>(report->bytes_checked));
+    std::printf(
+        "{\"ok\": true, \"ranks\": %u, \"tensors\": %llu, \"global_tensors\": %llu, "
+        "\"bytes\": %llu}\n",
+        report->ranks, static_cast<unsigned long long>(report->tensors),
+        static_cast<unsigned long long>(report->global_tensors),
+        static_cast<unsigned long long>(report->bytes_checked));
   } else {
-    std::printf("%s: OK (%u ranks, %llu tensors, %.3f GB checked)\n", dir.c_str(), report->ranks,
-                static_cast<unsigned long long>(report->tensors), report->bytes_checked / 1e9);
+    std::printf("%s: OK (%u ranks, %llu pieces of %llu global tensors, %.3f GB checked)\n",
+                dir.c_str(), report->ranks, static_cast<unsigned long long>(report->tensors),
+                static_cast<unsigned long long>(report->global_tensors),
+                report->bytes_checked / 1e9);
   }
   return kExitOk;
 }
