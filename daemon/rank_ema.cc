@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/container/flat_hash_set.h"
 #include "checkpoint/global_index.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "common/file_util.h"
 #include "common/log.h"

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/global_index.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/rank_shards.h"
 #include "common/file_util.h"

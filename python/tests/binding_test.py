@@ -258,6 +258,51 @@ def test_round_trip_with_daemon():
         assert d.stop() == 0, d.log()
 
 
+def test_sliced_tensors_restore_into_another_layout():
+    with Zccd("slice") as d:
+        def connect(rank, world):
+            return zcc.connect("sl", socket_path=d.socket, checkpoint_root=d.root, rank=rank,
+                               world_size=world, save_every=1, backpressure="block")
+        full = np.arange(12, dtype=np.float32).reshape(4, 3)
+        # Two ranks each hold two rows of the global [4, 3] tensor.
+        clients, pieces = [], []
+        for rank in range(2):
+            piece = full[2 * rank:2 * rank + 2].copy()
+            c = connect(rank, 2)
+            c.register_tensors([zcc.TensorSpec("w", piece, global_shape=(4, 3),
+                                               offset=(2 * rank, 0))])
+            clients.append(c)
+            pieces.append(piece)
+        for c in clients:
+            c.fence()
+            assert c.snapshot(1) == "enqueued"
+            c.flush()
+        d.wait_latest("sl", 1)
+        for c in clients:
+            c.close()
+        # One rank restores the whole tensor; three ranks restore column pieces.
+        whole = np.zeros((4, 3), np.float32)
+        c = connect(0, 1)
+        c.register_tensors([zcc.TensorSpec("w", whole)])
+        assert c.restore() == 1
+        assert np.array_equal(whole, full), whole
+        c.close()
+        for rank in range(3):
+            col = np.zeros((4, 1), np.float32)
+            c = connect(rank, 3)
+            c.register_tensors([zcc.TensorSpec("w", col, global_shape=[4, 3], offset=[0, rank])])
+            assert c.restore() == 1
+            assert np.array_equal(col[:, 0], full[:, rank]), col
+            c.close()
+        # A piece without its offset, or one that leaves the global tensor.
+        raises(ValueError, zcc.TensorSpec, "w", whole, global_shape=(4, 3))
+        c = connect(0, 1)
+        raises(ValueError, c.register_tensors,
+               [zcc.TensorSpec("w", whole, global_shape=(4, 3), offset=(1, 0))], match="box")
+        c.close()
+        assert d.stop() == 0, d.log()
+
+
 def test_gil_released_while_waiting():
     """A query to a stopped zccd waits for its RPC deadline without the GIL."""
     with Zccd("gil") as d:

@@ -15,6 +15,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include <cstdint>
 #include <exception>
 #include <map>
@@ -164,6 +166,9 @@ struct TensorSpec {
   TensorKind kind = TensorKind::kParam;
   bool ema_eligible = false;
   ReplicaGroup replica;
+  // A piece of a global tensor (TensorRef::global_shape/box_offset).
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset;
 };
 
 // What the binding remembers of a registered tensor (for read_ema).
@@ -255,6 +260,8 @@ class PyClient {
       ref.kind = spec.kind;
       ref.ema_eligible = spec.ema_eligible;
       ref.replica = spec.replica;
+      ref.global_shape = spec.global_shape;
+      ref.box_offset = spec.box_offset;
       uint64_t elements = 1;
       for (int64_t d : ref.shape) elements *= static_cast<uint64_t>(d < 0 ? 0 : d);
       registered[spec.name] = Registered{ref.dtype, ref.shape, elements, spec.ema_eligible};
@@ -498,19 +505,34 @@ void DefineModule(py::module_& m) {
   py::class_<TensorSpec>(m, "TensorSpec",
                          "A tensor to register: its checkpoint name, the object holding its "
                          "memory (__array_interface__, __cuda_array_interface__ or __dlpack__; "
-                         "C-contiguous, writable), kind, EMA eligibility and replica group.")
+                         "C-contiguous, writable), kind, EMA eligibility and replica group. "
+                         "A piece of a larger global tensor (tensor parallel, FSDP shard) gives "
+                         "global_shape and offset (where the piece starts, per dimension); the "
+                         "checkpoint then restores into any other layout.")
       .def(py::init([](std::string name, py::object tensor, py::handle kind, bool ema_eligible,
-                       py::object replica) {
+                       py::object replica, std::optional<std::vector<int64_t>> global_shape,
+                       std::optional<std::vector<int64_t>> offset) {
              TensorSpec s;
              s.name = std::move(name);
              s.tensor = std::move(tensor);
              s.kind = ParseEnum(kind, kTensorKinds, "tensor kind");
              s.ema_eligible = ema_eligible;
              if (!replica.is_none()) s.replica = replica.cast<ReplicaGroup>();
+             if (global_shape.has_value() != offset.has_value()) {
+               throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+                   "tensor '", s.name, "': give both global_shape and offset, or neither")));
+             }
+             if (global_shape.has_value()) {
+               s.global_shape = *std::move(global_shape);
+               s.box_offset = *std::move(offset);
+             }
              return s;
            }),
            py::arg("name"), py::arg("tensor"), py::arg("kind") = TensorKind::kParam,
-           py::arg("ema_eligible") = false, py::arg("replica") = py::none())
+           py::arg("ema_eligible") = false, py::arg("replica") = py::none(),
+           py::arg("global_shape") = py::none(), py::arg("offset") = py::none())
+      .def_readonly("global_shape", &TensorSpec::global_shape)
+      .def_readonly("offset", &TensorSpec::box_offset)
       .def_readonly("name", &TensorSpec::name)
       .def_readonly("tensor", &TensorSpec::tensor)
       .def_readonly("kind", &TensorSpec::kind)
