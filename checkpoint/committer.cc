@@ -82,6 +82,9 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   // Layout-free: the pieces of every global tensor must tile it exactly once
   // (a piece written twice, or by no rank, or ranks that disagree on a
   // tensor's shape or dtype, leave the step uncommitted).
+  // Replicas agree: the members of each replica group registered the same
+  // replicated tensors (one of them wrote each).
+  ZCC_RETURN_IF_ERROR(CheckReplicaGroups(manifests));
   const format::StepIndex index = BuildStepIndex(manifests);
   ZCC_ASSIGN_OR_RETURN(const std::vector<GlobalTensor> tensors, GroupPieces(index));
   ZCC_RETURN_IF_ERROR(

@@ -1,6 +1,7 @@
 #include "checkpoint/global_index.h"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,35 @@ absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& i
   }
   if (!out.empty()) ZCC_RETURN_IF_ERROR(check(out.back()));
   return out;
+}
+
+absl::Status CheckReplicaGroups(const std::vector<format::RankManifest>& manifests) {
+  // (kind, expert id, size, digest) -> member -> ranks declaring it.
+  std::map<std::tuple<std::string, int64_t, uint32_t, uint64_t>,
+           std::map<uint32_t, std::vector<uint32_t>>>
+      clusters;
+  for (const format::RankManifest& m : manifests) {
+    for (const format::ReplicaDigest& d : m.replica_groups) {
+      clusters[{d.kind, d.expert_id, d.size, d.hash}][d.member].push_back(m.rank);
+    }
+  }
+  for (const auto& [key, members] : clusters) {
+    const auto& [kind, expert_id, size, hash] = key;
+    size_t copies = 0;
+    for (const auto& [member, ranks] : members) copies = std::max(copies, ranks.size());
+    bool complete = members.size() == size;
+    for (const auto& [member, ranks] : members) complete = complete && ranks.size() == copies;
+    if (complete) continue;
+    std::vector<uint32_t> ranks;
+    for (const auto& [member, r] : members) ranks.insert(ranks.end(), r.begin(), r.end());
+    std::sort(ranks.begin(), ranks.end());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replica group ", kind, kind == "expert_dp" ? absl::StrCat(" of expert ", expert_id) : "",
+        " (", size, " members): ranks ", absl::StrJoin(ranks, ", "),
+        " registered replicated tensors that the group's other members did not (another name, "
+        "dtype, shape or box), or the group lacks members; the replicas disagree"));
+  }
+  return absl::OkStatus();
 }
 
 format::StepIndex BuildStepIndex(const std::vector<format::RankManifest>& manifests) {

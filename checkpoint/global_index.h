@@ -30,6 +30,13 @@ struct GlobalTensor {
 // conflicting shapes). The result points into `index`.
 absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& index);
 
+// The replica groups the manifests declare agree: grouping the ranks' digests
+// by (kind, expert id, size, digest), every member index of a group appears
+// equally often. A rank that registered other replicated tensors than its
+// group's other members (another box, shape or dtype, a missing tensor)
+// breaks that; FailedPrecondition naming the group and the ranks.
+absl::Status CheckReplicaGroups(const std::vector<format::RankManifest>& manifests);
+
 // The index of a step from its rank manifests (what the committer writes).
 format::StepIndex BuildStepIndex(const std::vector<format::RankManifest>& manifests);
 

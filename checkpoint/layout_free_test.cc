@@ -238,6 +238,40 @@ TEST_CASE("a step whose pieces leave a gap, overlap or disagree is not committed
   }
 }
 
+TEST_CASE("a step whose replicas registered different replicated tensors is not committed") {
+  const std::string root = zcc::testing::TempDir();
+  // Ranks 0 and 1 are a DP group replicating kNorm (rank 0 writes it); each
+  // rank owns one row of a [2, 3] tensor.
+  const Global row{"embed.weight", DType::kF32, {2, 3}};
+  auto write = [&](int64_t step, uint64_t hash1) -> absl::Status {
+    for (uint32_t r = 0; r < 2; ++r) {
+      std::vector<std::pair<Global, Box>> pieces = {{row, {{r, 0}, {1, 3}}}};
+      if (r == 0) pieces.push_back({kNorm, {{0}, {6}}});
+      PieceRank rank(r, 2, pieces, step);
+      rank.shards.replica_groups = {{"dp", -1, 2, r, r == 0 ? 0xabcdULL : hash1}};
+      ZCC_RETURN_IF_ERROR(WriteRankShards(root, step, rank.shards, rank.slot.data()).status());
+    }
+    return absl::OkStatus();
+  };
+  REQUIRE_OK(write(1, 0xabcd));
+  auto agreed = TryCommit(root, "job", 1, 2);
+  REQUIRE_OK(agreed);
+  CHECK(agreed->outcome == CommitOutcome::kCommitted);
+  REQUIRE_OK(write(2, 0x1234));
+  auto disagreed = TryCommit(root, "job", 2, 2);
+  REQUIRE_STATUS_CODE(disagreed, absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(disagreed.status().message(), "replica group dp"));
+  CHECK(*ReadLatest(root) == 1);
+  // The digests survive the manifest round trip.
+  auto text = ReadFileToString(JoinPath(root, "step-00000001/r00001.manifest.json"), 1 << 20);
+  REQUIRE_OK(text);
+  auto m = format::DecodeRankManifest(*text);
+  REQUIRE_OK(m);
+  REQUIRE(m->replica_groups.size() == 1);
+  CHECK(m->replica_groups[0].member == 1);
+  CHECK(m->replica_groups[0].hash == 0xabcd);
+}
+
 TEST_CASE("verify refuses a step index that differs from the manifests") {
   const std::string root = zcc::testing::TempDir();
   REQUIRE_OK(WriteStep(root, 5, ThreeRankLayout()));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "format/dtype.h"
+#include "format/manifest.h"
 #include "format/tensor_kind.h"
 #include "shm/slot_layout.h"
 
@@ -34,6 +35,9 @@ struct RankShards {
   uint64_t manifest_hash = 0;
   std::vector<RankTensor> tensors;  // registration order
   shm::SlotLayout layout;
+  // The replica groups the rank is in, with the digest of each group's
+  // tensors; written to the manifest for the committer to compare.
+  std::vector<format::ReplicaDigest> replica_groups;
 };
 
 // The shard file `rank`'s tensors of `kind` are written to.

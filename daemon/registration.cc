@@ -1,6 +1,8 @@
 #include "daemon/registration.h"
 
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -154,6 +156,49 @@ absl::Status AssignStaged(const v1::RegisterRequest& req, std::vector<Registered
   return absl::OkStatus();
 }
 
+// Per replica group of the rank, a digest of the group's tensors (sorted by
+// name: members may register them in any order), so the committer can check
+// that the members of each group registered the same replicated state.
+std::vector<format::ReplicaDigest> ReplicaDigests(const v1::RegisterRequest& req,
+                                                  const std::vector<RegisteredTensor>& registered) {
+  struct Group {
+    format::ReplicaDigest digest;
+    std::vector<size_t> tensors;
+  };
+  std::map<std::pair<int, int64_t>, Group> groups;
+  for (size_t i = 0; i < registered.size(); ++i) {
+    const v1::ReplicaGroup& r = req.tensors(static_cast<int>(i)).replica();
+    if (r.kind() == v1::ReplicaGroup::NONE) continue;
+    const bool expert = r.kind() == v1::ReplicaGroup::EXPERT_DATA_PARALLEL;
+    Group& g = groups[{static_cast<int>(r.kind()), expert ? r.expert_id() : -1}];
+    g.digest.kind = expert ? "expert_dp" : "dp";
+    g.digest.expert_id = expert ? r.expert_id() : -1;
+    g.digest.size = r.group_size();
+    g.digest.member = r.rank_in_group();
+    g.tensors.push_back(i);
+  }
+  std::vector<format::ReplicaDigest> out;
+  for (auto& [key, g] : groups) {
+    std::sort(g.tensors.begin(), g.tensors.end(),
+              [&](size_t a, size_t b) { return registered[a].name < registered[b].name; });
+    format::Xxh3Stream hash;
+    for (size_t i : g.tensors) {
+      const RegisteredTensor& t = registered[i];
+      hash.Update(t.name.data(), t.name.size() + 1);
+      const int64_t header[3] = {static_cast<int64_t>(t.dtype), static_cast<int64_t>(t.kind),
+                                 static_cast<int64_t>(t.shape.size())};
+      hash.Update(header, sizeof(header));
+      hash.Update(t.shape.data(), t.shape.size() * sizeof(int64_t));
+      hash.Update(t.global().data(), t.global().size() * sizeof(int64_t));
+      const format::Box box = t.box();
+      hash.Update(box.offset.data(), box.offset.size() * sizeof(int64_t));
+    }
+    g.digest.hash = hash.Digest();
+    out.push_back(g.digest);
+  }
+  return out;
+}
+
 // The checkpoint description of the staged tensors, with their slot layout.
 absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
                                                  std::vector<RegisteredTensor>* registered,
@@ -179,6 +224,7 @@ absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
     shards.tensors.push_back(std::move(rt));
   }
   ZCC_ASSIGN_OR_RETURN(shards.layout, shm::ComputeSlotLayout(inputs, config.max_slot_bytes));
+  shards.replica_groups = ReplicaDigests(req, *registered);
   size_t k = 0;
   for (RegisteredTensor& t : *registered) {
     if (!t.staged) continue;

@@ -304,6 +304,34 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
       return top.Error("rank", absl::StrCat("is ", m.rank, " but world_size is ", m.world_size));
     }
     ZCC_ASSIGN_OR_RETURN(m.manifest_hash, top.Hex("manifest_hash"));
+    if (top.Has("replica_groups")) {
+      ZCC_ASSIGN_OR_RETURN(const json* groups, top.Array("replica_groups"));
+      if (groups->size() > 1024) return top.Error("replica_groups", "holds more than 1024 groups");
+      for (size_t i = 0; i < groups->size(); ++i) {
+        const std::string where = absl::StrCat(what, " replica_groups[", i, "]");
+        if (!(*groups)[i].is_object()) {
+          return absl::DataLossError(absl::StrCat(where, " must be an object"));
+        }
+        const FieldReader g((*groups)[i], where);
+        ReplicaDigest d;
+        ZCC_ASSIGN_OR_RETURN(d.kind, g.String("kind"));
+        if (d.kind != "dp" && d.kind != "expert_dp") {
+          return g.Error("kind", absl::StrCat("is '", internal::PrintableForError(d.kind),
+                                              "'; expected dp or expert_dp"));
+        }
+        if (d.kind == "expert_dp") {
+          ZCC_ASSIGN_OR_RETURN(const uint64_t id, g.Unsigned("expert_id", UINT32_MAX));
+          d.expert_id = static_cast<int64_t>(id);
+        }
+        ZCC_ASSIGN_OR_RETURN(d.size, g.Unsigned("size", UINT32_MAX));
+        ZCC_ASSIGN_OR_RETURN(d.member, g.Unsigned("member", UINT32_MAX));
+        if (d.size == 0 || d.member >= d.size) {
+          return g.Error("member", absl::StrCat("is ", d.member, " in a group of ", d.size));
+        }
+        ZCC_ASSIGN_OR_RETURN(d.hash, g.Hex("hash"));
+        m.replica_groups.push_back(std::move(d));
+      }
+    }
   }
 
   ZCC_ASSIGN_OR_RETURN(const json* files, top.Array("files"));
@@ -422,6 +450,19 @@ std::string EncodeManifestDocument(const RankManifest& manifest, bool index) {
   if (!index) root["rank"] = manifest.rank;
   root["world_size"] = manifest.world_size;
   if (!index) root["manifest_hash"] = Hex64(manifest.manifest_hash);
+  if (!index && !manifest.replica_groups.empty()) {
+    ordered_json groups = ordered_json::array();
+    for (const ReplicaDigest& g : manifest.replica_groups) {
+      ordered_json entry = ordered_json::object();
+      entry["kind"] = g.kind;
+      if (g.kind == "expert_dp") entry["expert_id"] = g.expert_id;
+      entry["size"] = g.size;
+      entry["member"] = g.member;
+      entry["hash"] = Hex64(g.hash);
+      groups.push_back(std::move(entry));
+    }
+    root["replica_groups"] = std::move(groups);
+  }
   ordered_json files = ordered_json::array();
   for (const ManifestFile& file : manifest.files) {
     ordered_json entry = ordered_json::object();

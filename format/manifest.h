@@ -53,6 +53,17 @@ struct ManifestFile {
   uint64_t bytes = 0;    // whole file size
 };
 
+// What one rank says of a replica group it belongs to: members of one group
+// register identical replicated tensors, so their digests must agree (the
+// committer checks: checkpoint/global_index.h, CheckReplicaGroups).
+struct ReplicaDigest {
+  std::string kind;        // "dp" or "expert_dp"
+  int64_t expert_id = -1;  // global expert id for "expert_dp"
+  uint32_t size = 1;       // members in the group
+  uint32_t member = 0;     // this rank's index in it, < size
+  uint64_t hash = 0;       // XXH3 over the group's tensors (name, dtype, kind, box)
+};
+
 struct RankManifest {
   int format_version = kFormatVersion;
   std::string job_id;
@@ -62,6 +73,7 @@ struct RankManifest {
   uint64_t manifest_hash = 0;  // hash of the registration this rank wrote from
   std::vector<ManifestFile> files;
   std::vector<ManifestTensor> tensors;
+  std::vector<ReplicaDigest> replica_groups;  // "replica_groups"; absent when none
 };
 
 // Encodes as pretty-printed JSON ("xxh3" and "manifest_hash" as 16-digit hex
