@@ -6,6 +6,9 @@
 //   zccctl [--socket PATH] [--json] gc JOB [--root ROOT]
 //   zccctl [--socket PATH] watch [JOB] [--interval S] [--count N]
 //   zccctl verify STEP_DIR            (offline: reads the files, no daemon)
+//   zccctl [--json] export STEP_DIR OUT_DIR [--what model|ema|optim]
+//          [--dtype bf16|f16|f32|keep] [--max-shard-size 5GB] [--extra-file PATH]...
+//          [--force]                  (offline: a Hugging Face checkpoint)
 //
 // Exit codes: 0 success, 1 the daemon or the check reported an error,
 // 2 usage error, 3 zccd not reachable.
@@ -13,15 +16,18 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/exporter.h"
 #include "checkpoint/reader.h"
 #include "common/default_paths.h"
 #include "proto/zcc.grpc.pb.h"
@@ -43,6 +49,17 @@ const char kUsage[] =
     "  watch [JOB]           live status, refreshed every --interval seconds (default 2)\n"
     "                        until interrupted, or --count times\n"
     "  verify STEP_DIR       check a checkpoint's manifests and checksums offline\n"
+    "  export STEP_DIR OUT_DIR\n"
+    "                        write a committed step as a Hugging Face checkpoint (whole\n"
+    "                        tensors, model-0000k-of-0000n.safetensors + index, or\n"
+    "                        model.safetensors when one shard), offline, streaming:\n"
+    "      --what model|ema|optim   which tensors (default model; ema: the EMA under the\n"
+    "                               parameter names, parameters without one as they are)\n"
+    "      --dtype bf16|f16|f32|keep  convert floating tensors (default keep)\n"
+    "      --max-shard-size SIZE    e.g. 5GB (default), 500MB, 1GiB\n"
+    "      --extra-file PATH        copy a file into OUT_DIR (config.json, tokenizer\n"
+    "                               files); repeatable\n"
+    "      --force                  write into a non-empty OUT_DIR\n"
     "exit codes: 0 ok, 1 error reported, 2 usage, 3 zccd not reachable\n";
 
 int Fail(const grpc::Status& st) {
@@ -141,6 +158,9 @@ struct Options {
   bool json = false;
   double interval_s = 2;
   long count = -1;
+  // export's flags, as given (parsed by the exporter's parsers).
+  std::vector<std::pair<std::string, std::string>> export_flags;
+  bool force = false;
   std::vector<std::string> args;  // the command and its operands
   // The operand after the command (a job id), or "" when there is none.
   const std::string& operand() const {
@@ -148,6 +168,82 @@ struct Options {
     return args.size() > 1 ? args[1] : none;
   }
 };
+
+int ExportUsage(const std::string& message) {
+  std::fprintf(stderr, "zccctl: export: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+// Offline: writes a committed step as a Hugging Face checkpoint. Progress on
+// stderr (a line per shard), the summary on stdout.
+int RunExport(const Options& o) {
+  const std::string& step_dir = o.args[1];
+  const std::string& out_dir = o.args[2];
+  zcc::checkpoint::ExportOptions options;
+  options.force = o.force;
+  for (const auto& [flag, value] : o.export_flags) {
+    absl::Status st;
+    if (flag == "--what") {
+      auto what = zcc::checkpoint::ParseExportWhat(value);
+      if (what.ok()) options.what = *what;
+      st = what.status();
+    } else if (flag == "--dtype") {
+      auto dtype = zcc::checkpoint::ParseExportDType(value);
+      if (dtype.ok()) options.dtype = *dtype;
+      st = dtype.status();
+    } else if (flag == "--max-shard-size") {
+      auto size = zcc::checkpoint::ParseByteSize(value);
+      if (size.ok()) options.max_shard_bytes = *size;
+      st = size.status();
+    } else {  // --extra-file
+      options.extra_files.push_back(value);
+    }
+    if (!st.ok()) return ExportUsage(std::string(st.message()));
+  }
+  options.on_shard = [](const zcc::checkpoint::ExportedShard& s) {
+    std::fprintf(stderr, "[%zu/%zu] %s: %llu tensors, %.1f MB, %.0f MB/s\n", s.index, s.count,
+                 s.file.c_str(), static_cast<unsigned long long>(s.tensors), s.bytes / 1e6,
+                 s.seconds > 0 ? s.bytes / 1e6 / s.seconds : 0.0);
+  };
+  auto report = zcc::checkpoint::ExportStep(step_dir, out_dir, options);
+  if (!report.ok()) {
+    if (o.json) {
+      std::printf("{\"ok\": false, \"error\": \"%s\"}\n",
+                  absl::CHexEscape(report.status().message()).c_str());
+    } else {
+      std::fprintf(stderr, "zccctl: export %s: FAILED: %s\n", step_dir.c_str(),
+                   std::string(report.status().message()).c_str());
+    }
+    return kExitError;
+  }
+  const double gbps = report->seconds > 0 ? report->file_bytes / 1e9 / report->seconds : 0;
+  if (report->params_without_ema > 0) {
+    std::fprintf(stderr, "note: %llu parameter(s) without an EMA exported as they are\n",
+                 static_cast<unsigned long long>(report->params_without_ema));
+  }
+  if (o.json) {
+    std::printf(
+        "{\"ok\": true, \"kind\": \"%s\", \"tensors\": %llu, \"shards\": %zu, "
+        "\"total_size\": %llu, \"bytes\": %llu, \"bytes_read\": %llu, \"seconds\": %.3f, "
+        "\"gbps\": %.3f, \"indexed\": %s, \"peak_buffer_bytes\": %llu, "
+        "\"params_without_ema\": %llu}\n",
+        report->kind.c_str(), static_cast<unsigned long long>(report->tensors),
+        report->shards.size(), static_cast<unsigned long long>(report->tensor_bytes),
+        static_cast<unsigned long long>(report->file_bytes),
+        static_cast<unsigned long long>(report->bytes_read), report->seconds, gbps,
+        report->indexed ? "true" : "false",
+        static_cast<unsigned long long>(report->peak_buffer_bytes),
+        static_cast<unsigned long long>(report->params_without_ema));
+  } else {
+    std::printf(
+        "exported %llu %s tensors in %zu shard(s) to %s: %.3f GB written (%.3f GB read and "
+        "verified) in %.2fs (%.2f GB/s)\n",
+        static_cast<unsigned long long>(report->tensors), report->kind.c_str(),
+        report->shards.size(), out_dir.c_str(), report->file_bytes / 1e9,
+        report->bytes_read / 1e9, report->seconds, gbps);
+  }
+  return kExitOk;
+}
 
 // zccd's two services over its unix socket; every call has a 10 s deadline.
 class Daemon {
@@ -258,19 +354,31 @@ int RunGc(const Options& o, Daemon& d) {
   });
 }
 
+int RunVerify(const Options& o) { return Verify(o.operand(), o.json); }
+
 struct Command {
   const char* name;
-  // The command's operand: "a job id", "a step directory", or "" for an
+  // The command's operands: "a job id", "a step directory", or "" for an
   // optional job id.
   const char* operand;
-  int (*run)(const Options&, Daemon&);  // null: offline (verify)
+  size_t operands;  // how many `operand` names (0: at most one job id)
+  int (*run)(const Options&, Daemon&);  // null: offline
+  int (*offline)(const Options&);
 };
 
 constexpr Command kCommands[] = {
-    {"status", "", RunStatus},        {"watch", "", RunWatch},
-    {"list", "a job id", RunList},    {"save", "a job id", RunSave},
-    {"gc", "a job id", RunGc},        {"verify", "a step directory", nullptr},
+    {"status", "", 0, RunStatus, nullptr},
+    {"watch", "", 0, RunWatch, nullptr},
+    {"list", "a job id", 1, RunList, nullptr},
+    {"save", "a job id", 1, RunSave, nullptr},
+    {"gc", "a job id", 1, RunGc, nullptr},
+    {"verify", "a step directory", 1, nullptr, RunVerify},
+    {"export", "a step directory and an output directory", 2, nullptr, RunExport},
 };
+
+bool IsExportFlag(const std::string& a) {
+  return a == "--what" || a == "--dtype" || a == "--max-shard-size" || a == "--extra-file";
+}
 
 // Parses the command line into `o`; returns an exit code to stop with, or -1.
 int ParseArgs(int argc, char** argv, Options* o) {
@@ -286,6 +394,10 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->interval_s = std::atof(argv[++i]);
     } else if (a == "--count" && i + 1 < argc) {
       o->count = std::atol(argv[++i]);
+    } else if (IsExportFlag(a) && i + 1 < argc) {
+      o->export_flags.emplace_back(a, argv[++i]);
+    } else if (a == "--force") {
+      o->force = true;
     } else if (a == "-h" || a == "--help") {
       std::printf("%s", kUsage);
       return kExitOk;
@@ -314,13 +426,19 @@ int main(int argc, char** argv) {
   if (const int code = ParseArgs(argc, argv, &o); code >= 0) return code;
   for (const Command& c : kCommands) {
     if (o.args[0] != c.name) continue;
-    const bool required = c.operand[0] != '\0';
-    if (o.args.size() > 2 || (required && o.args.size() != 2)) {
+    const bool required = c.operands > 0;
+    if (o.args.size() > 1 + std::max<size_t>(c.operands, 1) ||
+        (required && o.args.size() != 1 + c.operands)) {
       std::fprintf(stderr, "zccctl: %s takes %s\n", c.name,
                    required ? c.operand : "at most one job id");
       return kExitUsage;
     }
-    if (c.run == nullptr) return Verify(o.operand(), o.json);
+    if ((!o.export_flags.empty() || o.force) && c.offline != RunExport) {
+      std::fprintf(stderr, "zccctl: --what, --dtype, --max-shard-size, --extra-file and --force "
+                           "belong to export\n");
+      return kExitUsage;
+    }
+    if (c.offline != nullptr) return c.offline(o);
     Daemon daemon(o.socket);
     return c.run(o, daemon);
   }
