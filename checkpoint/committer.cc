@@ -85,10 +85,10 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   // Replicas agree: the members of each replica group registered the same
   // replicated tensors (one of them wrote each).
   ZCC_RETURN_IF_ERROR(CheckReplicaGroups(manifests));
-  const format::StepIndex index = BuildStepIndex(manifests);
+  const format::StepIndex index = BuildStepIndex(std::move(manifests));
   ZCC_ASSIGN_OR_RETURN(const std::vector<GlobalTensor> tensors, GroupPieces(index));
-  ZCC_RETURN_IF_ERROR(
-      WriteFileAtomic(JoinPath(partial, format::kStepIndexFileName), format::EncodeStepIndex(index)));
+  const std::string index_text = format::EncodeStepIndex(index);
+  ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kStepIndexFileName), index_text));
   // The Hugging Face weight maps name whole tensors only: a piece of a
   // sliced tensor is not the tensor (zccctl export writes whole ones).
   std::map<std::string, std::string> model_map;
@@ -113,6 +113,7 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   record.world_size = world_size;
   record.manifest_hash = combined.Digest();
   record.total_bytes = result.total_bytes;
+  record.index_xxh3 = format::Xxh3(index_text.data(), index_text.size());
   record.committed_at = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   // WriteFileAtomic fsyncs the file and the partial directory.
   ZCC_RETURN_IF_ERROR(

@@ -15,10 +15,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/testing/sliced_step.h"
+#include "checkpoint/reader.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "format/box.h"
+#include "format/checksum.h"
 #include "format/dtype.h"
 #include "format/float_convert.h"
 #include "format/manifest.h"
@@ -377,7 +379,18 @@ TEST_CASE("a damaged or hostile step is refused, naming the problem") {
       }
     }
     REQUIRE(changed);
-    REQUIRE_OK(WriteFileAtomic(path, index.dump(2)));
+    const std::string tampered = index.dump(2);
+    REQUIRE_OK(WriteFileAtomic(path, tampered));
+    // A bare edit is caught by the index checksum in COMMITTED ...
+    auto caught = ExportStep(step.dir, out, options);
+    REQUIRE_STATUS_CODE(caught, absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(caught.status().message(), "checksum"));
+    // ... and a hostile step that updates COMMITTED too by the tiling check.
+    auto record = ReadCommitRecord(step.dir);
+    REQUIRE_OK(record);
+    record->index_xxh3 = format::Xxh3(tampered.data(), tampered.size());
+    REQUIRE_OK(WriteFileAtomic(JoinPath(step.dir, format::kCommittedFileName),
+                               format::EncodeCommitRecord(*record)));
     auto result = ExportStep(step.dir, out, options);
     REQUIRE_STATUS_CODE(result, absl::StatusCode::kFailedPrecondition);
     CHECK(absl::StrContains(result.status().message(), "do not tile"));

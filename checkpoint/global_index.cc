@@ -1,6 +1,7 @@
 #include "checkpoint/global_index.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <tuple>
 
@@ -28,6 +29,12 @@ absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& i
   std::vector<GlobalTensor> out;
   std::vector<format::Box> boxes;
   auto check = [&](const GlobalTensor& g) -> absl::Status {
+    // The common case, a whole tensor in one piece, needs no geometry.
+    if (g.pieces.size() == 1 && g.pieces.front()->shape == g.global_shape &&
+        std::all_of(g.pieces.front()->box_offset.begin(), g.pieces.front()->box_offset.end(),
+                    [](int64_t o) { return o == 0; })) {
+      return absl::OkStatus();
+    }
     boxes.clear();
     for (const format::ManifestTensor* p : g.pieces) boxes.push_back({p->box_offset, p->shape});
     absl::Status st = format::CheckTiling(boxes, g.global_shape);
@@ -85,16 +92,19 @@ absl::Status CheckReplicaGroups(const std::vector<format::RankManifest>& manifes
   return absl::OkStatus();
 }
 
-format::StepIndex BuildStepIndex(const std::vector<format::RankManifest>& manifests) {
+format::StepIndex BuildStepIndex(std::vector<format::RankManifest> manifests) {
   format::StepIndex index;
   if (!manifests.empty()) {
     index.job_id = manifests.front().job_id;
     index.step = manifests.front().step;
     index.world_size = manifests.front().world_size;
   }
-  for (const format::RankManifest& m : manifests) {
+  size_t pieces = 0;
+  for (const format::RankManifest& m : manifests) pieces += m.tensors.size();
+  index.pieces.reserve(pieces);
+  for (format::RankManifest& m : manifests) {
     index.files.insert(index.files.end(), m.files.begin(), m.files.end());
-    index.pieces.insert(index.pieces.end(), m.tensors.begin(), m.tensors.end());
+    std::move(m.tensors.begin(), m.tensors.end(), std::back_inserter(index.pieces));
   }
   return index;
 }

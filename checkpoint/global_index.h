@@ -38,7 +38,7 @@ absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& i
 absl::Status CheckReplicaGroups(const std::vector<format::RankManifest>& manifests);
 
 // The index of a step from its rank manifests (what the committer writes).
-format::StepIndex BuildStepIndex(const std::vector<format::RankManifest>& manifests);
+format::StepIndex BuildStepIndex(std::vector<format::RankManifest> manifests);
 
 }  // namespace zcc::checkpoint
 

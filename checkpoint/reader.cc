@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -120,6 +121,26 @@ std::map<std::string, std::vector<const format::ManifestTensor*>> TensorsByFile(
   return TensorsByFile(m.files, m.tensors);
 }
 
+// The step's index file, checked against the hash COMMITTED records for it;
+// nullopt for a step committed before zcc wrote one (neither file nor hash).
+absl::StatusOr<std::optional<std::string>> ReadCommittedIndexText(
+    const std::string& step_dir, const format::CommitRecord& record) {
+  const std::string path = JoinPath(step_dir, format::kStepIndexFileName);
+  if (!PathExists(path)) {
+    if (record.index_xxh3 == 0) return std::optional<std::string>();
+    return absl::DataLossError(absl::StrCat(path, " is missing; COMMITTED records one"));
+  }
+  if (record.index_xxh3 == 0) {
+    return absl::DataLossError(absl::StrCat(path, " is not recorded in COMMITTED"));
+  }
+  ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+  if (format::Xxh3(text.data(), text.size()) != record.index_xxh3) {
+    return absl::DataLossError(
+        absl::StrCat(path, " differs from the index committed (checksum mismatch)"));
+  }
+  return std::optional<std::string>(std::move(text));
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_dir) {
@@ -193,21 +214,17 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOpt
     ++report.ranks;
     manifests.push_back(std::move(m));
   }
-  // Layout-free: every global tensor's pieces tile it, and the step's index
-  // (when the step has one) is the one its manifests make.
-  const format::StepIndex built = BuildStepIndex(manifests);
+  // Layout-free: the replicas agree, every global tensor's pieces tile it,
+  // and the step's index is the one committed (its hash is in COMMITTED; the
+  // committer made it from these manifests).
+  if (absl::Status st = CheckReplicaGroups(manifests); !st.ok()) {
+    return absl::DataLossError(absl::StrCat(step_dir, ": ", st.message()));
+  }
+  const format::StepIndex built = BuildStepIndex(std::move(manifests));
   auto grouped = GroupPieces(built);
   if (!grouped.ok()) return absl::DataLossError(absl::StrCat(step_dir, ": ", grouped.status().message()));
   report.global_tensors = grouped->size();
-  const std::string index_path = JoinPath(step_dir, format::kStepIndexFileName);
-  if (PathExists(index_path)) {
-    ZCC_ASSIGN_OR_RETURN(std::string index_text,
-                         ReadFileToString(index_path, format::kMaxManifestBytes));
-    if (index_text != format::EncodeStepIndex(built)) {
-      return absl::DataLossError(
-          absl::StrCat(index_path, " differs from the index the step's manifests make"));
-    }
-  }
+  ZCC_RETURN_IF_ERROR(ReadCommittedIndexText(step_dir, record).status());
   if (combined.Digest() != record.manifest_hash) {
     return absl::DataLossError(absl::StrCat(step_dir, ": manifests differ from the ones committed"));
   }
@@ -294,8 +311,9 @@ absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& in
 absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir));
   const std::string path = JoinPath(step_dir, format::kStepIndexFileName);
-  if (PathExists(path)) {
-    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+  ZCC_ASSIGN_OR_RETURN(std::optional<std::string> committed, ReadCommittedIndexText(step_dir, record));
+  if (committed.has_value()) {
+    const std::string& text = *committed;
     auto index = format::DecodeStepIndex(text);
     if (!index.ok()) return Annotate(index.status(), path);
     if (index->job_id != record.job_id || index->step != record.step ||
@@ -316,7 +334,7 @@ absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
     if (!manifest.ok()) return Annotate(manifest.status(), manifest_path);
     manifests.push_back(*std::move(manifest));
   }
-  return BuildStepIndex(manifests);
+  return BuildStepIndex(std::move(manifests));
 }
 
 }  // namespace zcc::checkpoint

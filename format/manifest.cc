@@ -395,6 +395,10 @@ absl::StatusOr<CommitRecord> DecodeCommitRecordJson(absl::string_view text) {
     return f.Error("committed_at", absl::StrCat("is '", internal::PrintableForError(r.committed_at),
                                                 "', not an RFC 3339 time: ", err));
   }
+  if (f.Has("index_xxh3")) {
+    ZCC_ASSIGN_OR_RETURN(r.index_xxh3, f.Hex("index_xxh3"));
+    if (r.index_xxh3 == 0) return f.Error("index_xxh3", "is 0");
+  }
   return r;
 }
 
@@ -556,6 +560,7 @@ std::string EncodeCommitRecord(const CommitRecord& record) {
   root["manifest_hash"] = Hex64(record.manifest_hash);
   root["total_bytes"] = record.total_bytes;
   root["committed_at"] = record.committed_at;
+  if (record.index_xxh3 != 0) root["index_xxh3"] = Hex64(record.index_xxh3);
   return root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
 }
 

@@ -116,6 +116,9 @@ struct CommitRecord {
   uint64_t manifest_hash = 0;  // hash over every rank's manifest file bytes
   uint64_t total_bytes = 0;    // sum of all shard files
   std::string committed_at;    // RFC 3339 UTC
+  // XXH3-64 of the step's index file (kStepIndexFileName) as committed; 0:
+  // the step has no index (committed before zcc wrote one).
+  uint64_t index_xxh3 = 0;
 };
 
 std::string EncodeCommitRecord(const CommitRecord& record);
