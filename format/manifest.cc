@@ -446,7 +446,74 @@ auto DecodeWithoutExceptions(Decode decode, absl::string_view text, absl::string
 
 }  // namespace
 
-std::string EncodeManifestDocument(const RankManifest& manifest, bool index) {
+// Plain ASCII without the bytes JSON escapes: copied into the text as is.
+bool IsPlainJsonString(absl::string_view s) {
+  for (const char c : s) {
+    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') return false;
+  }
+  return true;
+}
+
+void AppendJsonArray(const std::vector<int64_t>& values, std::string* out) {
+  if (values.empty()) {
+    out->append("[]");
+    return;
+  }
+  out->append("[\n");
+  for (size_t i = 0; i < values.size(); ++i) {
+    absl::StrAppend(out, "    ", values[i], i + 1 < values.size() ? ",\n" : "\n");
+  }
+  out->append("   ]");
+}
+
+// One tensor entry, in exactly the bytes nlohmann's dump(1) writes for it at
+// the manifest's nesting (the tests compare the two), without building a DOM:
+// the entries are most of a manifest's encoding time. False (nothing
+// appended) for strings that would need escaping: the caller uses nlohmann.
+bool AppendPlainEntry(const ManifestTensor& t, std::string* out) {
+  if (!IsPlainJsonString(t.name) || !IsPlainJsonString(t.kind) || !IsPlainJsonString(t.file)) {
+    return false;
+  }
+  absl::StrAppend(out, "  {\n   \"name\": \"", t.name, "\",\n   \"dtype\": \"", DTypeName(t.dtype),
+                  "\",\n   \"shape\": ");
+  AppendJsonArray(t.shape, out);
+  if (!IsWholePiece(t)) {
+    out->append(",\n   \"global_shape\": ");
+    AppendJsonArray(t.global_shape, out);
+    out->append(",\n   \"box_offset\": ");
+    AppendJsonArray(t.box_offset, out);
+  }
+  absl::StrAppend(out, ",\n   \"kind\": \"", t.kind, "\",\n   \"file\": \"", t.file,
+                  "\",\n   \"offset\": ", t.offset, ",\n   \"nbytes\": ", t.nbytes,
+                  ",\n   \"xxh3\": \"", Hex64(t.xxh3), "\"\n  }");
+  return true;
+}
+
+// The slow path of the same, kept for the test that compares the two.
+std::string NlohmannEntry(const ManifestTensor& t) {
+  ordered_json entry = ordered_json::object();
+  entry["name"] = t.name;
+  entry["dtype"] = std::string(DTypeName(t.dtype));
+  entry["shape"] = t.shape;
+  if (!IsWholePiece(t)) {
+    entry["global_shape"] = t.global_shape;
+    entry["box_offset"] = t.box_offset;
+  }
+  entry["kind"] = t.kind;
+  entry["file"] = t.file;
+  entry["offset"] = t.offset;
+  entry["nbytes"] = t.nbytes;
+  entry["xxh3"] = Hex64(t.xxh3);
+  std::string text = "  ";
+  for (char c : entry.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors)) {
+    text.push_back(c);
+    if (c == '\n') text += "  ";
+  }
+  return text;
+}
+
+std::string EncodeManifestDocument(const RankManifest& manifest,
+                                   const std::vector<ManifestTensor>& tensors, bool index) {
   ordered_json root = ordered_json::object();
   root["format_version"] = manifest.format_version;
   root["job_id"] = manifest.job_id;
@@ -477,7 +544,7 @@ std::string EncodeManifestDocument(const RankManifest& manifest, bool index) {
   root["files"] = std::move(files);
   root["tensors"] = ordered_json::array();
   std::string text = root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors);
-  if (manifest.tensors.empty()) return text + "\n";
+  if (tensors.empty()) return text + "\n";
 
   // The tensors are appended entry by entry, in the bytes nlohmann writes for
   // the whole document, instead of being built as one document first: a
@@ -488,35 +555,27 @@ std::string EncodeManifestDocument(const RankManifest& manifest, bool index) {
   constexpr absl::string_view kEmptyTail = "[]\n}";
   text.resize(text.size() - kEmptyTail.size());
   text += "[\n";
-  for (size_t i = 0; i < manifest.tensors.size(); ++i) {
-    const ManifestTensor& t = manifest.tensors[i];
-    ordered_json entry = ordered_json::object();
-    entry["name"] = t.name;
-    entry["dtype"] = std::string(DTypeName(t.dtype));
-    entry["shape"] = t.shape;
-    if (!IsWholePiece(t)) {
-      entry["global_shape"] = t.global_shape;
-      entry["box_offset"] = t.box_offset;
-    }
-    entry["kind"] = t.kind;
-    entry["file"] = t.file;
-    entry["offset"] = t.offset;
-    entry["nbytes"] = t.nbytes;
-    entry["xxh3"] = Hex64(t.xxh3);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ManifestTensor& t = tensors[i];
     if (i > 0) text += ",\n";
-    text += "  ";
-    for (char c : entry.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors)) {
-      text.push_back(c);
-      if (c == '\n') text += "  ";
-    }
+    if (!AppendPlainEntry(t, &text)) text += NlohmannEntry(t);
   }
   text += "\n ]\n}\n";
   return text;
 }
 
 std::string EncodeRankManifest(const RankManifest& manifest) {
-  return EncodeManifestDocument(manifest, /*index=*/false);
+  return EncodeManifestDocument(manifest, manifest.tensors, /*index=*/false);
 }
+
+namespace internal {
+bool ManifestEntryEncodersAgree(const ManifestTensor& t, std::string* fast, std::string* slow) {
+  fast->clear();
+  if (!AppendPlainEntry(t, fast)) return false;
+  *slow = NlohmannEntry(t);
+  return *fast == *slow;
+}
+}  // namespace internal
 
 absl::StatusOr<RankManifest> DecodeRankManifest(absl::string_view json) {
   return DecodeWithoutExceptions(
@@ -531,8 +590,7 @@ std::string EncodeStepIndex(const StepIndex& index) {
   doc.step = index.step;
   doc.world_size = index.world_size;
   doc.files = index.files;
-  doc.tensors = index.pieces;
-  return EncodeManifestDocument(doc, /*index=*/true);
+  return EncodeManifestDocument(doc, index.pieces, /*index=*/true);
 }
 
 absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json) {

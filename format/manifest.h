@@ -130,6 +130,12 @@ std::string EncodeWeightMapIndex(const std::map<std::string, std::string>& weigh
                                  uint64_t total_size);
 absl::StatusOr<std::map<std::string, std::string>> DecodeWeightMapIndex(absl::string_view json);
 
+namespace internal {
+// For tests: encodes `t` with the manifest's fast entry writer and with
+// nlohmann; true when the fast writer applies and both wrote the same bytes.
+bool ManifestEntryEncodersAgree(const ManifestTensor& t, std::string* fast, std::string* slow);
+}  // namespace internal
+
 // Names inside a step directory.
 std::string StepDirName(int64_t step);              // "step-00001000" (8 digits, more if needed)
 std::string PartialStepDirName(int64_t step);       // "step-00001000.partial"

@@ -428,5 +428,36 @@ TEST_CASE("manifests and weight maps of 200k tensors round-trip") {
 
 }
 
+TEST_CASE("the fast entry writer writes exactly what nlohmann writes") {
+  ManifestTensor t;
+  t.name = "model.layers.17.self_attn.q_proj.weight";
+  t.dtype = DType::kBF16;
+  t.kind = "param";
+  t.file = "model-r00003.safetensors";
+  t.offset = 123456789012;
+  t.nbytes = 0;
+  t.xxh3 = 0x0123456789abcdefULL;
+  std::string fast, slow;
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{}, {0}, {7}, {4096, 4096}, {2, 3, 5, 7}}) {
+    t.shape = shape;
+    t.global_shape.clear();
+    t.box_offset.clear();
+    INFO(fast << "\n---\n" << slow);
+    CHECK(internal::ManifestEntryEncodersAgree(t, &fast, &slow));
+    if (!shape.empty()) {  // a sliced piece: the box is written too
+      t.global_shape = shape;
+      t.global_shape[0] += 9;
+      t.box_offset.assign(shape.size(), 0);
+      t.box_offset[0] = 9;
+      CHECK(internal::ManifestEntryEncodersAgree(t, &fast, &slow));
+      CHECK(absl::StrContains(fast, "box_offset"));
+    }
+  }
+  // Strings JSON would escape take nlohmann's path (the writer declines).
+  t.name = "caf\xc3\xa9";
+  CHECK_FALSE(internal::ManifestEntryEncodersAgree(t, &fast, &slow));
+}
+
 }  // namespace
 }  // namespace zcc::format
