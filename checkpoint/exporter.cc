@@ -490,7 +490,7 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
     return absl::FailedPreconditionError(
         absl::StrCat(step_dir, " holds no ", report.kind, " tensors to export"));
   }
-  // Name order (GroupPieces orders by kind first).
+  // Name order (GroupPieces keeps the index's order).
   std::stable_sort(plan.begin(), plan.end(), [](const PlannedTensor& a, const PlannedTensor& b) {
     return a.global->name < b.global->name;
   });

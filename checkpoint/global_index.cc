@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
@@ -20,46 +21,45 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }  // namespace
 
 absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& index) {
-  std::vector<const format::ManifestTensor*> order;
-  order.reserve(index.pieces.size());
-  for (const format::ManifestTensor& p : index.pieces) order.push_back(&p);
-  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    return std::tie(a->kind, a->name, a->box_offset) < std::tie(b->kind, b->name, b->box_offset);
-  });
+  // Grouped by (kind, name) with a hash map, in the order tensors first appear
+  // in the index (rank order, then each rank's order): no sort of a million
+  // names on the restore path.
   std::vector<GlobalTensor> out;
-  std::vector<format::Box> boxes;
-  auto check = [&](const GlobalTensor& g) -> absl::Status {
-    // The common case, a whole tensor in one piece, needs no geometry.
-    if (g.pieces.size() == 1 && g.pieces.front()->shape == g.global_shape &&
-        std::all_of(g.pieces.front()->box_offset.begin(), g.pieces.front()->box_offset.end(),
-                    [](int64_t o) { return o == 0; })) {
-      return absl::OkStatus();
-    }
-    boxes.clear();
-    for (const format::ManifestTensor* p : g.pieces) boxes.push_back({p->box_offset, p->shape});
-    absl::Status st = format::CheckTiling(boxes, g.global_shape);
-    if (st.ok()) return st;
-    return absl::FailedPreconditionError(absl::StrCat(g.kind, " tensor '", g.name, "' ",
-                                                      ShapeText(g.global_shape),
-                                                      ": its pieces do not tile it: ",
-                                                      st.message()));
-  };
-  for (const format::ManifestTensor* p : order) {
-    if (out.empty() || out.back().kind != p->kind || out.back().name != p->name) {
-      if (!out.empty()) ZCC_RETURN_IF_ERROR(check(out.back()));
-      out.push_back(GlobalTensor{p->kind, p->name, p->dtype, p->global_shape, {}});
-    }
-    GlobalTensor& g = out.back();
-    if (p->dtype != g.dtype || p->global_shape != g.global_shape) {
+  absl::flat_hash_map<std::pair<absl::string_view, absl::string_view>, size_t> where;
+  where.reserve(index.pieces.size());
+  for (const format::ManifestTensor& p : index.pieces) {
+    const auto [it, added] = where.try_emplace(std::make_pair(absl::string_view(p.kind),
+                                                              absl::string_view(p.name)),
+                                               out.size());
+    if (added) out.push_back(GlobalTensor{p.kind, p.name, p.dtype, p.global_shape, {}});
+    GlobalTensor& g = out[it->second];
+    if (p.dtype != g.dtype || p.global_shape != g.global_shape) {
       return absl::FailedPreconditionError(absl::StrCat(
-          g.kind, " tensor '", g.name, "': one piece (in ", p->file, ") is ",
-          format::DTypeName(p->dtype), " ", ShapeText(p->global_shape), ", another (in ",
+          g.kind, " tensor '", g.name, "': one piece (in ", p.file, ") is ",
+          format::DTypeName(p.dtype), " ", ShapeText(p.global_shape), ", another (in ",
           g.pieces.front()->file, ") ", format::DTypeName(g.dtype), " ",
           ShapeText(g.global_shape)));
     }
-    g.pieces.push_back(p);
+    g.pieces.push_back(&p);
   }
-  if (!out.empty()) ZCC_RETURN_IF_ERROR(check(out.back()));
+  std::vector<format::Box> boxes;
+  for (const GlobalTensor& g : out) {
+    // The common case, a whole tensor in one piece, needs no geometry.
+    const format::ManifestTensor& first = *g.pieces.front();
+    if (g.pieces.size() == 1 && first.shape == g.global_shape &&
+        std::all_of(first.box_offset.begin(), first.box_offset.end(),
+                    [](int64_t o) { return o == 0; })) {
+      continue;
+    }
+    boxes.clear();
+    for (const format::ManifestTensor* p : g.pieces) boxes.push_back({p->box_offset, p->shape});
+    if (absl::Status st = format::CheckTiling(boxes, g.global_shape); !st.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(g.kind, " tensor '", g.name, "' ",
+                                                        ShapeText(g.global_shape),
+                                                        ": its pieces do not tile it: ",
+                                                        st.message()));
+    }
+  }
   return out;
 }
 

@@ -24,7 +24,8 @@ struct GlobalTensor {
   std::vector<const format::ManifestTensor*> pieces;  // into the index
 };
 
-// The global tensors of `index` in (kind, name) order, each checked: one
+// The global tensors of `index` in the order they first appear in it, each
+// with its pieces in index order, and each checked: one
 // dtype, one global shape, boxes that tile it exactly once. Otherwise
 // FailedPrecondition naming the tensor and the fault (a gap, an overlap, the
 // conflicting shapes). The result points into `index`.

@@ -159,7 +159,7 @@ TEST_CASE("pieces that tile commit with a global index; any other tiling reads b
   std::vector<BoxTarget> targets;
   for (size_t i = 0; i < wants.size(); ++i) {
     got[i].assign(format::Volume(wants[i].box) * format::DTypeSize(wants[i].g.dtype), 0xEE);
-    targets.push_back({std::string(format::TensorKindName(wants[i].g.kind)), wants[i].g.name,
+    targets.push_back({format::TensorKindName(wants[i].g.kind), wants[i].g.name,
                        wants[i].g.dtype, wants[i].g.shape, wants[i].box, got[i].data()});
   }
   // A small staging budget: the staged pieces go in several batches.

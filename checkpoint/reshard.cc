@@ -30,16 +30,16 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
                                        const std::vector<GlobalTensor>& tensors,
                                        const std::vector<BoxTarget>& targets,
                                        const IoOptions& options, uint64_t staging_bytes) {
-  absl::flat_hash_map<std::string, const GlobalTensor*> by_key;
+  absl::flat_hash_map<std::pair<absl::string_view, absl::string_view>, const GlobalTensor*> by_key;
   by_key.reserve(tensors.size());
-  for (const GlobalTensor& g : tensors) by_key[absl::StrCat(g.kind, "/", g.name)] = &g;
+  for (const GlobalTensor& g : tensors) by_key[{g.kind, g.name}] = &g;
 
   // Plan every read before doing any.
   std::vector<PieceRead> direct;
   std::map<const format::ManifestTensor*, std::vector<Copy>> staged;  // piece -> copies
   for (size_t i = 0; i < targets.size(); ++i) {
     const BoxTarget& t = targets[i];
-    const auto it = by_key.find(absl::StrCat(t.kind, "/", t.name));
+    const auto it = by_key.find(std::make_pair(t.kind, t.name));
     if (it == by_key.end()) {
       return absl::FailedPreconditionError(
           absl::StrCat(t.kind, " tensor '", t.name, "' is not in ", step_dir));
@@ -54,13 +54,12 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
     ZCC_RETURN_IF_ERROR(format::ValidateBox(t.box, t.global_shape));
     uint64_t covered = 0;
     for (const format::ManifestTensor* p : g.pieces) {
-      const format::Box piece_box{p->box_offset, p->shape};
-      if (piece_box == t.box) {
+      if (p->box_offset == t.box.offset && p->shape == t.box.shape) {
         direct.push_back({p, t.dst});
         covered = format::Volume(t.box);
         break;
       }
-      std::optional<format::Box> region = format::Intersect(piece_box, t.box);
+      std::optional<format::Box> region = format::Intersect({p->box_offset, p->shape}, t.box);
       if (!region.has_value()) continue;
       covered += format::Volume(*region);
       staged[p].push_back({i, *std::move(region)});

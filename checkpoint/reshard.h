@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "checkpoint/global_index.h"
 #include "checkpoint/io_options.h"
 #include "format/box.h"
@@ -22,10 +23,11 @@ namespace zcc::checkpoint {
 
 // A box a caller wants: `box` of the global tensor (kind, name), which must
 // have this dtype and global shape in the step; its bytes (row-major, the
-// box's shape) land at `dst`.
+// box's shape) land at `dst`. `kind` and `name` are views: the caller keeps
+// the strings alive for the call.
 struct BoxTarget {
-  std::string kind;  // format::TensorKindName or kEmaKindName
-  std::string name;
+  absl::string_view kind;  // format::TensorKindName or kEmaKindName
+  absl::string_view name;
   format::DType dtype = format::DType::kU8;
   std::vector<int64_t> global_shape;
   format::Box box;

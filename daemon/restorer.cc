@@ -47,7 +47,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
   for (size_t i = 0; i < registered.size(); ++i) {
     const RegisteredTensor& t = registered[i];
     buffer.offsets.push_back(layout.placements[i].offset);
-    targets.push_back({std::string(format::TensorKindName(t.kind)), t.name, t.dtype,
+    targets.push_back({format::TensorKindName(t.kind), t.name, t.dtype,
                        t.global(), t.box(),
                        base + layout.placements[i].offset});
   }
