@@ -63,6 +63,13 @@ absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& i
   return out;
 }
 
+absl::StatusOr<std::shared_ptr<const GroupedIndex>> GroupIndex(format::StepIndex index) {
+  auto grouped = std::make_shared<GroupedIndex>();
+  grouped->index = std::move(index);  // before grouping: the pointers go into it
+  ZCC_ASSIGN_OR_RETURN(grouped->tensors, GroupPieces(grouped->index));
+  return std::shared_ptr<const GroupedIndex>(std::move(grouped));
+}
+
 absl::Status CheckReplicaGroups(const std::vector<format::RankManifest>& manifests) {
   // (kind, expert id, size, digest) -> member -> ranks declaring it.
   std::map<std::tuple<std::string, int64_t, uint32_t, uint64_t>,

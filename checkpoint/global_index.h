@@ -7,6 +7,7 @@
 #ifndef ZCC_CHECKPOINT_GLOBAL_INDEX_H_
 #define ZCC_CHECKPOINT_GLOBAL_INDEX_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,17 @@ struct GlobalTensor {
 // FailedPrecondition naming the tensor and the fault (a gap, an overlap, the
 // conflicting shapes). The result points into `index`.
 absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& index);
+
+// A step's index with its pieces grouped (and checked) per global tensor, in
+// one immutable object: `tensors` points into `index`. Shared between the
+// verification of a step and the restores that read it.
+struct GroupedIndex {
+  format::StepIndex index;
+  std::vector<GlobalTensor> tensors;
+};
+
+// Groups `index` (GroupPieces) into a GroupedIndex.
+absl::StatusOr<std::shared_ptr<const GroupedIndex>> GroupIndex(format::StepIndex index);
 
 // The replica groups the manifests declare agree: grouping the ranks' digests
 // by (kind, expert id, size, digest), every member index of a group appears

@@ -181,6 +181,11 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir) {
 }
 
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options) {
+  return VerifyStep(step_dir, options, nullptr);
+}
+
+absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options,
+                                        std::shared_ptr<const GroupedIndex>* grouped_out) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir));
   VerifyReport report;
   format::Xxh3Stream combined;
@@ -220,10 +225,9 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOpt
   if (absl::Status st = CheckReplicaGroups(manifests); !st.ok()) {
     return absl::DataLossError(absl::StrCat(step_dir, ": ", st.message()));
   }
-  const format::StepIndex built = BuildStepIndex(std::move(manifests));
-  auto grouped = GroupPieces(built);
+  auto grouped = GroupIndex(BuildStepIndex(std::move(manifests)));
   if (!grouped.ok()) return absl::DataLossError(absl::StrCat(step_dir, ": ", grouped.status().message()));
-  report.global_tensors = grouped->size();
+  report.global_tensors = (*grouped)->tensors.size();
   ZCC_RETURN_IF_ERROR(ReadCommittedIndexText(step_dir, record).status());
   if (combined.Digest() != record.manifest_hash) {
     return absl::DataLossError(absl::StrCat(step_dir, ": manifests differ from the ones committed"));
@@ -232,6 +236,7 @@ absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOpt
     return absl::DataLossError(absl::StrCat(step_dir, ": shard files total ", total_bytes,
                                             " bytes; COMMITTED says ", record.total_bytes));
   }
+  if (grouped_out != nullptr) *grouped_out = *std::move(grouped);
   return report;
 }
 
@@ -335,6 +340,11 @@ absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
     manifests.push_back(*std::move(manifest));
   }
   return BuildStepIndex(std::move(manifests));
+}
+
+absl::StatusOr<std::shared_ptr<const GroupedIndex>> LoadGroupedIndex(const std::string& step_dir) {
+  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir));
+  return GroupIndex(std::move(index));
 }
 
 }  // namespace zcc::checkpoint

@@ -10,10 +10,12 @@
 #define ZCC_CHECKPOINT_READER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/global_index.h"
 #include "checkpoint/io_options.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
@@ -45,6 +47,10 @@ struct VerifyReport {
 // error) with the file and tensor named.
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir);
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options);
+// The same; on success `*grouped` (when not null) receives the step's index,
+// grouped, as verified, for a restore to read from without decoding it again.
+absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options,
+                                        std::shared_ptr<const GroupedIndex>* grouped);
 
 // One tensor a restoring rank wants back.
 struct ReadTarget {
@@ -75,6 +81,8 @@ absl::Status ReadRankTensors(const std::string& step_dir, const format::RankMani
 // many). Validated as format::DecodeStepIndex does; run GroupPieces on it
 // before trusting the pieces to tile.
 absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir);
+// LoadStepIndex, then GroupIndex.
+absl::StatusOr<std::shared_ptr<const GroupedIndex>> LoadGroupedIndex(const std::string& step_dir);
 
 // One piece of a step index to read: its bytes (piece->nbytes), verified
 // against its checksum, land at `dst` (null: check only).

@@ -220,12 +220,15 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     return SnapshotResult::kSkippedDisconnected;
   }
   shm::ControlBlock* cb = s->cb();
-  // Any free slot; a step due for a checkpoint also takes over a slot whose
-  // ordinary snapshot zccd has not ingested yet (shm/slot_ring.h), so no slot
-  // idles in reserve and a due step is missed only when every other slot is
-  // being written, ingested or filled.
+  // Any free slot; with kSkip, a step due for a checkpoint also takes over a
+  // slot whose ordinary snapshot zccd has not ingested yet (shm/slot_ring.h),
+  // so no slot idles in reserve and a due step is missed only when every
+  // other slot is being written, ingested or filled. With kBlock nothing is
+  // dropped, a not yet ingested snapshot included (its EMA update would be
+  // lost): the due step waits for a free slot like any other.
   const uint32_t save_every = im.options.save_every;
-  const bool due = save_every > 0 && step % save_every == 0;
+  const bool due = save_every > 0 && step % save_every == 0 &&
+                   im.options.backpressure == Backpressure::kSkip;
   shm::SlotRing ring(cb, s->num_slots());
   int slot = -1;
   while (true) {

@@ -44,10 +44,12 @@ using format::DType;
 using format::TensorKind;
 
 enum class SnapshotKind { kEmaOnly, kFull };
-// What Snapshot does when no staging slot is free. With save_every > 0, the
-// last free slot is kept for the next checkpoint step: other snapshots treat it
-// as taken, so a checkpoint step is only missed when the disk cannot keep up
-// with the checkpoint interval itself.
+// What Snapshot does when no staging slot is free. With kSkip and
+// save_every > 0, a step due for a checkpoint takes over a slot whose ordinary
+// snapshot zccd has not ingested yet (that snapshot is then skipped), so a
+// checkpoint step is only missed when the disk cannot keep up with the
+// checkpoint interval itself. kBlock drops nothing: every snapshot, due or
+// not, waits for a free slot.
 enum class Backpressure {
   kSkip,   // no free slot: drop the snapshot and count it (default)
   kBlock,  // no free slot: wait for one

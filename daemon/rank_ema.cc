@@ -126,7 +126,8 @@ absl::StatusOr<std::pair<shm::Segment, v1::ReadEmaResponse>> RankEma::CopyToSegm
   return std::make_pair(std::move(segment), std::move(resp));
 }
 
-absl::Status RankEma::Restore(const std::string& step_dir, uint32_t world_size, int64_t step) {
+absl::Status RankEma::Restore(const std::string& step_dir, const checkpoint::GroupedIndex& index,
+                              int64_t step) {
   if (!enabled_) return absl::OkStatus();
   // The EMA's tensors are fixed at registration: the disk is read without the
   // lock (status, ingest and EMA reads go on) and the result installed under it.
@@ -137,12 +138,8 @@ absl::Status RankEma::Restore(const std::string& step_dir, uint32_t world_size, 
   }
   // Each EMA box is filled from the saved EMA pieces that overlap it,
   // whatever layout wrote the step.
-  (void)world_size;  // the step's index describes every rank's pieces
-  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, checkpoint::LoadStepIndex(step_dir));
-  ZCC_ASSIGN_OR_RETURN(const std::vector<checkpoint::GlobalTensor> tensors,
-                       checkpoint::GroupPieces(index));
   absl::flat_hash_set<std::string> saved;
-  for (const checkpoint::GlobalTensor& g : tensors) {
+  for (const checkpoint::GlobalTensor& g : index.tensors) {
     if (g.kind == format::kEmaKindName) saved.insert(g.name);
   }
   std::vector<std::vector<float>> data(elements.size());
@@ -160,7 +157,8 @@ absl::Status RankEma::Restore(const std::string& step_dir, uint32_t world_size, 
                        reinterpret_cast<uint8_t*>(data[i].data())});
   }
   ZCC_RETURN_IF_ERROR(
-      checkpoint::ReadBoxes(step_dir, index, tensors, targets, checkpoint::IoOptions()).status());
+      checkpoint::ReadBoxes(step_dir, index.index, index.tensors, targets, checkpoint::IoOptions())
+          .status());
   std::vector<absl::Span<const float>> spans(data.begin(), data.end());
   zcc::MutexLock lock(&mu_);
   ZCC_RETURN_IF_ERROR(ema_->Load(spans, step));

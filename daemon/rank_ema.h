@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
+#include "checkpoint/global_index.h"
 #include "daemon/registered_tensor.h"
 #include "daemon/rank_writer.h"
 #include "ema/ema_updater.h"
@@ -67,12 +68,12 @@ class RankEma {
   absl::StatusOr<std::pair<shm::Segment, v1::ReadEmaResponse>> CopyToSegment(
       const std::string& shm_name, uid_t owner) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sets the EMA from the "ema" tensors of a checkpoint step (any rank's
-  // shards of `world_size`). OK and a no-op without an EMA; a step without
+  // Sets the EMA from the "ema" tensors of a checkpoint step (whose grouped
+  // index is `index`), whatever layout wrote them. OK and a no-op without an EMA; a step without
   // this rank's EMA tensors leaves the EMA to start afresh (logged). The disk
   // is read without the lock.
-  absl::Status Restore(const std::string& step_dir, uint32_t world_size, int64_t step)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Restore(const std::string& step_dir, const checkpoint::GroupedIndex& index,
+                       int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void PublishCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -200,9 +200,9 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
   return std::move(resp);
 }
 
-absl::Status RankSession::RestoreEma(const std::string& step_dir, uint32_t world_size,
-                                     int64_t step) {
-  return ema_.Restore(step_dir, world_size, step);
+absl::Status RankSession::RestoreEma(const std::string& step_dir,
+                                     const checkpoint::GroupedIndex& index, int64_t step) {
+  return ema_.Restore(step_dir, index, step);
 }
 
 void RankSession::SetError(std::string error) {

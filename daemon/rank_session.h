@@ -149,7 +149,8 @@ class RankSession {
   // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
   // shards). OK and a no-op without an EMA; a checkpoint without EMA tensors
   // leaves the EMA to start afresh (logged).
-  absl::Status RestoreEma(const std::string& step_dir, uint32_t world_size, int64_t step);
+  absl::Status RestoreEma(const std::string& step_dir, const checkpoint::GroupedIndex& index,
+                          int64_t step);
   const RankSessionOptions& options() const { return options_; }
   const std::string& shm_name() const { return segment_.name(); }
   uint64_t segment_bytes() const { return segment_.size(); }

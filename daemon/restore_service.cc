@@ -33,8 +33,12 @@ absl::Status RestoreService::VerifyCached(const std::string& step_dir) {
   auto it = verified_.find(key);
   if (it != verified_.end()) return it->second;
   const absl::Time start = absl::Now();
-  const absl::Status status = checkpoint::VerifyStep(step_dir).status();
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  const absl::Status status =
+      checkpoint::VerifyStep(step_dir, checkpoint::IoOptions(), &grouped).status();
   if (status.ok()) {
+    indexes_.emplace_back(key, std::move(grouped));
+    while (indexes_.size() > kCachedIndexes) indexes_.pop_front();
     ZCC_LOG(INFO) << "verified " << step_dir << " in "
                   << absl::FormatDuration(absl::Now() - start);
   } else {
@@ -44,6 +48,19 @@ absl::Status RestoreService::VerifyCached(const std::string& step_dir) {
   if (verified_.size() > 256) verified_.clear();
   verified_[key] = status;
   return status;
+}
+
+absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> RestoreService::StepIndexFor(
+    const std::string& step_dir) {
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
+  {
+    zcc::MutexLock lock(&verify_mu_);
+    const StepKey key(step_dir, record.manifest_hash);
+    for (const auto& [cached, index] : indexes_) {
+      if (cached == key) return index;
+    }
+  }
+  return checkpoint::LoadGroupedIndex(step_dir);
 }
 
 void RestoreService::MarkDamaged(const std::string& step_dir, const absl::Status& why) {
@@ -100,7 +117,13 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
   job.BeginRestore(req.rank(), step);
   const absl::Time read_start = absl::Now();
-  auto buffer = ReadRestoreBuffer(step_dir, record.world_size, session.registered(), shm_name,
+  auto index = StepIndexFor(step_dir);
+  if (!index.ok()) {
+    metrics_->errors(metrics::ErrorKind::kRestore).Increment();
+    job.EndRestore(req.rank(), step);
+    return Annotate(index.status(), absl::StrCat("restore of ", format::StepDirName(step)));
+  }
+  auto buffer = ReadRestoreBuffer(step_dir, **index, session.registered(), shm_name,
                                   max_slot_bytes_, session.options().segment_owner,
                                   cancelled);
   metrics_->restore_seconds().ObserveDuration(absl::Now() - read_start);
@@ -109,7 +132,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     job.EndRestore(req.rank(), step);
     return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(step)));
   }
-  if (absl::Status st = session.RestoreEma(step_dir, record.world_size, step); !st.ok()) {
+  if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
     return Annotate(st, absl::StrCat("restore of the EMA from ", format::StepDirName(step)));

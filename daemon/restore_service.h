@@ -14,12 +14,15 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/global_index.h"
 #include "common/mutex.h"
 #include "daemon/job.h"
 #include "daemon/rank_session.h"
@@ -64,9 +67,21 @@ class RestoreService {
   metrics::ZccMetrics* const metrics_;
   std::atomic<uint64_t> next_buffer_seq_{1};
 
+  // The grouped index of a step that verified (from the cache), or read from
+  // disk when the cache no longer holds it.
+  absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepIndexFor(
+      const std::string& step_dir) ABSL_LOCKS_EXCLUDED(verify_mu_);
+
   // Held across a verification (disk reads): only other restores wait on it.
   zcc::Mutex verify_mu_;
-  std::map<std::pair<std::string, uint64_t>, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
+  using StepKey = std::pair<std::string, uint64_t>;  // step directory, manifest hash
+  std::map<StepKey, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
+  // The grouped indexes of the steps verified last (the N ranks of a job
+  // restoring one step read it from here instead of decoding it again);
+  // bounded: an index of a million tensors takes hundreds of MB.
+  static constexpr size_t kCachedIndexes = 2;
+  std::deque<std::pair<StepKey, std::shared_ptr<const checkpoint::GroupedIndex>>> indexes_
+      ABSL_GUARDED_BY(verify_mu_);
 };
 
 }  // namespace zcc::daemon

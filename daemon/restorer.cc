@@ -15,7 +15,8 @@
 
 namespace zcc::daemon {
 
-absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
+absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
+                                                const checkpoint::GroupedIndex& step,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,
@@ -26,13 +27,9 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
     }
     return absl::OkStatus();
   };
-  // The step's global index: each registered box is filled from the saved
-  // pieces that overlap it, whatever layout wrote them.
-  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, checkpoint::LoadStepIndex(step_dir));
+  // Through the step's global index, each registered box is filled from the
+  // saved pieces that overlap it, whatever layout wrote them.
   ZCC_RETURN_IF_ERROR(check_cancelled());
-  ZCC_ASSIGN_OR_RETURN(const std::vector<checkpoint::GlobalTensor> tensors,
-                       checkpoint::GroupPieces(index));
-  (void)world_size;  // the index describes every rank's pieces
 
   std::vector<shm::LayoutInput> inputs;
   for (const RegisteredTensor& t : registered) inputs.push_back({t.name, t.nbytes, t.kind});
@@ -52,7 +49,8 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uin
                        base + layout.placements[i].offset});
   }
   ZCC_RETURN_IF_ERROR(
-      checkpoint::ReadBoxes(step_dir, index, tensors, targets, checkpoint::IoOptions()).status());
+      checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets, checkpoint::IoOptions())
+          .status());
   ZCC_RETURN_IF_ERROR(check_cancelled());
   return buffer;
 }

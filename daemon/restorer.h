@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/global_index.h"
 #include "daemon/rank_session.h"
 #include "shm/segment.h"
 
@@ -30,11 +31,13 @@ struct RestoreBuffer {
 
 // Creates segment `shm_name` (mode 0600, owned by `owner`: see
 // RankSessionOptions::segment_owner), sized for all of `registered`, and
-// fills it from `step_dir` (a verified committed step), checking each piece's
+// fills it from `step_dir` (a verified committed step whose grouped index is
+// `step`), checking each piece's
 // checksum. FailedPrecondition names a tensor that the checkpoint lacks or
 // holds with another dtype or global shape; nothing reaches the trainer then.
 // Cancelled once `cancelled()` turns true.
-absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir, uint32_t world_size,
+absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
+                                                const checkpoint::GroupedIndex& step,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,

@@ -303,6 +303,51 @@ def test_sliced_tensors_restore_into_another_layout():
         assert d.stop() == 0, d.log()
 
 
+def _stop(proc):
+    os.kill(proc.pid, signal.SIGSTOP)
+    # Stopped once every thread has taken the signal, which on a busy machine
+    # is not at once.
+    deadline = time.monotonic() + 10
+    while open("/proc/%d/stat" % proc.pid).read().split(")")[-1].split()[0] != "T":
+        assert time.monotonic() < deadline, "zccd did not stop"
+        time.sleep(0.001)
+
+
+def test_block_never_replaces_a_snapshot():
+    """With backpressure "block" a due step waits for a free slot; with "skip"
+    it takes over an ordinary snapshot zccd has not ingested (whose EMA update
+    is then lost, and counted)."""
+    for mode in ("block", "skip"):
+        with Zccd("blk-" + mode) as d:
+            c = zcc.connect("blk", socket_path=d.socket, checkpoint_root=d.root, save_every=4,
+                            num_slots=3, backpressure=mode, daemon_timeout=30.0, ema_decay=0.5)
+            c.register_tensors([zcc.TensorSpec("w", np.zeros(4, np.float32), ema_eligible=True)])
+            _stop(d.proc)  # nothing is ingested: every published slot stays READY
+            result = {}
+            try:
+                for step in (1, 2, 3):
+                    c.fence()
+                    assert c.snapshot(step) == "enqueued"
+                c.flush(5.0)
+                th = threading.Thread(target=lambda: result.update(r=c.snapshot(4)))
+                th.start()
+                th.join(1.0)
+                waiting = th.is_alive()
+            finally:
+                os.kill(d.proc.pid, signal.SIGCONT)
+            th.join(20)
+            assert result.get("r") == "enqueued", (mode, result)
+            stats = c.stats()
+            if mode == "block":
+                assert waiting, "the due step did not wait for a free slot"
+                assert stats["replaced_by_checkpoint"] == 0, stats
+            else:
+                assert not waiting, "the due step waited although a snapshot could be replaced"
+                assert stats["replaced_by_checkpoint"] == 1, stats
+            c.close()
+            assert d.stop() == 0, d.log()
+
+
 def test_gil_released_while_waiting():
     """A query to a stopped zccd waits for its RPC deadline without the GIL."""
     with Zccd("gil") as d:
