@@ -22,6 +22,7 @@
 #include "checkpoint/reshard.h"
 #include "common/file_util.h"
 #include "common/status.h"
+#include "common/validate.h"
 #include "format/box.h"
 #include "format/float_convert.h"
 #include "format/manifest.h"
@@ -177,6 +178,34 @@ absl::StatusOr<std::vector<std::string>> CheckExtraFiles(const std::vector<std::
     names.push_back(std::move(name));
   }
   return names;
+}
+
+// The regular files in the job's metadata directory (<job dir>/metadata,
+// beside the step directory), by name, except those `given` replaces.
+absl::StatusOr<std::vector<std::string>> JobFiles(const std::string& step_dir,
+                                                  const std::vector<std::string>& given) {
+  std::string trimmed = step_dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  const size_t slash = trimmed.find_last_of('/');
+  const std::string job_dir = slash == std::string::npos ? "." : trimmed.substr(0, slash);
+  const std::string dir = JoinPath(job_dir, kJobMetadataDirName);
+  if (!PathExists(dir)) return std::vector<std::string>();
+  std::set<std::string> replaced;
+  for (const std::string& path : given) {
+    const size_t s = path.find_last_of('/');
+    replaced.insert(s == std::string::npos ? path : path.substr(s + 1));
+  }
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(dir));
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    if (!ValidateJobFileName(name).ok() || replaced.count(name) > 0) continue;
+    struct stat st;
+    const std::string path = JoinPath(dir, name);
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    out.push_back(path);
+  }
+  return out;
 }
 
 // True for the weight files an export (this one or an earlier one) names:
@@ -527,7 +556,14 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
   for (const PlannedShard& shard : shards) written_names.insert(shard.file);
   written_names.insert(kSingleFileName);
   written_names.insert(format::kModelIndexFileName);
-  ZCC_ASSIGN_OR_RETURN(report.extra_files, CheckExtraFiles(options.extra_files, written_names));
+  // The files the trainer stored with the job (PutJobFile), then the ones
+  // given; a given file replaces a job file of the same name.
+  std::vector<std::string> extra_paths;
+  if (options.job_files) {
+    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(step_dir, options.extra_files));
+  }
+  extra_paths.insert(extra_paths.end(), options.extra_files.begin(), options.extra_files.end());
+  ZCC_ASSIGN_OR_RETURN(report.extra_files, CheckExtraFiles(extra_paths, written_names));
 
   bool created = false;
   ZCC_RETURN_IF_ERROR(PrepareOutDir(step_dir, out_dir, options.force, &created));
@@ -535,9 +571,9 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
     TempFiles temps(&storage, out_dir);
     // (temporary path, final name), renamed in this order.
     std::vector<std::pair<std::string, std::string>> renames;
-    for (size_t e = 0; e < options.extra_files.size(); ++e) {
+    for (size_t e = 0; e < extra_paths.size(); ++e) {
       const std::string tmp = temps.Add(report.extra_files[e]);
-      ZCC_RETURN_IF_ERROR(CopyFile(storage, options.extra_files[e], tmp));
+      ZCC_RETURN_IF_ERROR(CopyFile(storage, extra_paths[e], tmp));
       renames.emplace_back(tmp, report.extra_files[e]);
     }
     ShardStreamer streamer(step_dir, index, tensors, options, &report);

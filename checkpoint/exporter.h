@@ -106,6 +106,10 @@ struct ExportOptions {
   // files). A name that collides with a weight file or another extra file is
   // refused.
   std::vector<std::string> extra_files;
+  // Also copy the files the trainer stored with the job (Client::PutJobFile:
+  // <job dir>/metadata/, beside the step directory); a file in extra_files
+  // of the same name replaces one.
+  bool job_files = true;
   // Write into an out_dir that is not empty: files with the export's names
   // are replaced, weight files of an earlier export that this one does not
   // write (model*.safetensors, the index) and leftover temporary files of an

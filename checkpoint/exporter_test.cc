@@ -489,6 +489,36 @@ TEST_CASE("extra files are copied; a name the export writes is refused") {
   REQUIRE_STATUS_CODE(ExportStep(step.dir, out2, options), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("files stored with the job are exported next to the weights") {
+  Step step;
+  const std::string metadata = JoinPath(JoinPath(step.root, "job"), "metadata");
+  REQUIRE_OK(MakeDirs(metadata));
+  REQUIRE_OK(WriteFileAtomic(JoinPath(metadata, "config.json"), "{\"model_type\": \"job\"}"));
+  REQUIRE_OK(WriteFileAtomic(JoinPath(metadata, "generation_config.json"), "{}"));
+  REQUIRE(::symlink("/etc/passwd", JoinPath(metadata, "passwd").c_str()) == 0);  // not copied
+  ExportOptions options;
+  const std::string out = JoinPath(TempDir(), "hf");
+  auto report = ExportStep(step.dir, out, options);
+  REQUIRE_OK(report);
+  CHECK(Entries(out) == std::vector<std::string>{"config.json", "generation_config.json",
+                                                 "model.safetensors"});
+  CHECK(*ReadFileToString(JoinPath(out, "config.json"), 1 << 10) == "{\"model_type\": \"job\"}");
+
+  // A given file replaces the job's file of that name; --no-job-files copies none.
+  const std::string given = JoinPath(TempDir(), "config.json");
+  REQUIRE_OK(WriteFileAtomic(given, "{\"model_type\": \"given\"}"));
+  options.extra_files = {given};
+  const std::string out2 = JoinPath(TempDir(), "hf2");
+  REQUIRE_OK(ExportStep(step.dir, out2, options));
+  CHECK(*ReadFileToString(JoinPath(out2, "config.json"), 1 << 10) == "{\"model_type\": \"given\"}");
+  CHECK(PathExists(JoinPath(out2, "generation_config.json")));
+  options.extra_files.clear();
+  options.job_files = false;
+  const std::string out3 = JoinPath(TempDir(), "hf3");
+  REQUIRE_OK(ExportStep(step.dir, out3, options));
+  CHECK(Entries(out3) == std::vector<std::string>{"model.safetensors"});
+}
+
 TEST_CASE("a full disk while writing leaves no file under a final name") {
   Step step;
   const std::string out = TempDir();

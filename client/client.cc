@@ -311,6 +311,16 @@ void Client::Impl::NotifierLoop() {
   }
 }
 
+absl::Status Client::PutJobFile(const std::string& name, const std::string& content) {
+  v1::PutJobFileRequest req;
+  req.set_job_id(impl_->options.job_id);
+  req.set_name(name);
+  req.set_content(content);
+  auto ctx = impl_->Context();
+  v1::PutJobFileResponse resp;
+  return FromGrpcStatus(impl_->GetStubs()->control->PutJobFile(ctx.get(), req, &resp));
+}
+
 absl::Status Client::SaveNow() {
   v1::SaveNowRequest req;
   req.set_job_id(impl_->options.job_id);

@@ -210,6 +210,14 @@ class Client {
   // Asks zccd to persist the next full snapshot of every rank of the job on this node.
   absl::Status SaveNow();
 
+  // Stores a file with the job (the model's config.json, tokenizer files):
+  // zccd keeps it in the job's checkpoint directory (metadata/<name>,
+  // replaced atomically) and `zccctl export` writes it next to the weights,
+  // so that `from_pretrained` loads the export. `name`: [A-Za-z0-9._-], at
+  // most 128 bytes, not starting with '.'; at most 16 MiB. An RPC: call it
+  // once after registering, not per step.
+  absl::Status PutJobFile(const std::string& name, const std::string& content);
+
   // Blocks until every snapshot enqueued so far has been handed to zccd (or
   // dropped because the daemon went away), at most `timeout`.
   absl::Status Flush(absl::Duration timeout = absl::Seconds(60));

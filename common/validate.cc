@@ -7,6 +7,29 @@
 
 namespace zcc {
 
+absl::Status ValidateJobFileName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxJobFileNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job file name '", name.substr(0, 64), "' is ",
+                                                   name.size(), " bytes; 1..",
+                                                   kMaxJobFileNameBytes, " are allowed"));
+  }
+  if (name.front() == '.') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job file name '", name, "' must not start with '.'"));
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "job file name contains the character 0x%02x; allowed are letters, digits, '_', '-' "
+          "and '.'",
+          static_cast<unsigned char>(c)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobId(absl::string_view job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job id is empty");
   if (job_id.size() > kMaxJobIdBytes) {
@@ -21,10 +44,10 @@ absl::Status ValidateJobId(absl::string_view job_id) {
   // `latest.tmp.*` and `step-*.partial`); a job named like one of those in
   // a root that is itself a job directory would collide with them.
   if (job_id == "latest" || absl::StartsWith(job_id, "latest.") ||
-      absl::StartsWith(job_id, "step-")) {
+      absl::StartsWith(job_id, "step-") || job_id == kJobMetadataDirName) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "job id '", job_id, "' is reserved: 'latest', 'latest.*' and 'step-*' name entries of a "
-        "checkpoint directory"));
+        "job id '", job_id, "' is reserved: 'latest', 'latest.*', 'step-*' and 'metadata' name "
+        "entries of a checkpoint directory"));
   }
   for (char c : job_id) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||

@@ -19,8 +19,18 @@ inline constexpr char kReservedTensorName[] = "__metadata__";
 
 // Job ids become directory and shared-memory names: 1..128 characters from
 // [A-Za-z0-9_.-], not "." or "..", not starting with '.' or '-', not
-// "latest", "latest.*" or "step-*" (entries of a job directory).
+// "latest", "latest.*", "step-*" or "metadata" (entries of a job directory).
 absl::Status ValidateJobId(absl::string_view job_id);
+
+// Where a job directory keeps the files its trainer stored with the job
+// (PutJobFile: config.json, tokenizer files), which `zccctl export` copies.
+inline constexpr char kJobMetadataDirName[] = "metadata";
+inline constexpr size_t kMaxJobFileNameBytes = 128;
+inline constexpr size_t kMaxJobFileBytes = size_t{16} << 20;
+
+// A job file's name: 1..128 characters from [A-Za-z0-9_.-], not starting
+// with '.' (so never "." or "..").
+absl::Status ValidateJobFileName(absl::string_view name);
 
 // Tensor names are checkpoint keys: 1..512 bytes of valid UTF-8, no NUL or other control
 // characters (bytes < 0x20 and 0x7f), not a JSON-hostile '"' or '\\', not

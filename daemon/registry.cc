@@ -1,6 +1,9 @@
 #include "daemon/registry.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -384,6 +387,30 @@ absl::StatusOr<v1::SaveNowResponse> Registry::SaveNow(const v1::SaveNowRequest& 
     session->RequestSave();
     resp.set_ranks_flagged(resp.ranks_flagged() + 1);
   }
+  return resp;
+}
+
+absl::StatusOr<v1::PutJobFileResponse> Registry::PutJobFile(const v1::PutJobFileRequest& req,
+                                                            const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(req.job_id(), caller));
+  ZCC_RETURN_IF_ERROR(ValidateJobFileName(req.name()));
+  if (req.content().size() > kMaxJobFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job file '", req.name(), "' is ",
+                                                   req.content().size(), " bytes; the limit is ",
+                                                   kMaxJobFileBytes));
+  }
+  // With the job owner's identity, like every write into the job directory.
+  ScopedFsIdentity as_owner(job->options().owner);
+  const std::string dir = JoinPath(job->options().job_dir, kJobMetadataDirName);
+  if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
+    return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+  }
+  const std::string path = JoinPath(dir, req.name());
+  ZCC_RETURN_IF_ERROR(WriteFileAtomic(path, req.content()));
+  ZCC_LOG(INFO) << "job " << req.job_id() << ": stored " << path << " (" << req.content().size()
+                << " bytes)";
+  v1::PutJobFileResponse resp;
+  resp.set_path(path);
   return resp;
 }
 

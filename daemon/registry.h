@@ -77,6 +77,9 @@ class Registry {
   absl::StatusOr<v1::ReadEmaResponse> ReadEma(const v1::ReadEmaRequest& request,
                                               const Caller& caller);
   absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request, const Caller& caller);
+  // Stores a file with the caller's job (<job dir>/metadata/<name>).
+  absl::StatusOr<v1::PutJobFileResponse> PutJobFile(const v1::PutJobFileRequest& request,
+                                                    const Caller& caller);
   absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage(
       const v1::CollectGarbageRequest& request, const Caller& caller);
   v1::StatusResponse GetStatus(const v1::StatusRequest& request, const Caller& caller) const;

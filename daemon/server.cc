@@ -92,6 +92,12 @@ class ControlService final : public v1::Control::Service {
     ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->ReadEma(*req, caller), resp));
   }
+  grpc::Status PutJobFile(grpc::ServerContext* ctx, const v1::PutJobFileRequest* req,
+                          v1::PutJobFileResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->PutJobFile(*req, caller), resp));
+  }
+
   grpc::Status SaveNow(grpc::ServerContext* ctx, const v1::SaveNowRequest* req,
                        v1::SaveNowResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);

@@ -58,7 +58,9 @@ const char kUsage[] =
     "      --dtype bf16|f16|f32|keep  convert floating tensors (default keep)\n"
     "      --max-shard-size SIZE    e.g. 5GB (default), 500MB, 1GiB\n"
     "      --extra-file PATH        copy a file into OUT_DIR (config.json, tokenizer\n"
-    "                               files); repeatable\n"
+    "                               files); repeatable; the files the trainer stored\n"
+    "                               with the job (PutJobFile) are copied too\n"
+    "      --no-job-files           do not copy the job's stored files\n"
     "      --force                  write into a non-empty OUT_DIR\n"
     "exit codes: 0 ok, 1 error reported, 2 usage, 3 zccd not reachable\n";
 
@@ -161,6 +163,7 @@ struct Options {
   // export's flags, as given (parsed by the exporter's parsers).
   std::vector<std::pair<std::string, std::string>> export_flags;
   bool force = false;
+  bool no_job_files = false;
   std::vector<std::string> args;  // the command and its operands
   // The operand after the command (a job id), or "" when there is none.
   const std::string& operand() const {
@@ -181,6 +184,7 @@ int RunExport(const Options& o) {
   const std::string& out_dir = o.args[2];
   zcc::checkpoint::ExportOptions options;
   options.force = o.force;
+  options.job_files = !o.no_job_files;
   for (const auto& [flag, value] : o.export_flags) {
     absl::Status st;
     if (flag == "--what") {
@@ -398,6 +402,8 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->export_flags.emplace_back(a, argv[++i]);
     } else if (a == "--force") {
       o->force = true;
+    } else if (a == "--no-job-files") {
+      o->no_job_files = true;
     } else if (a == "-h" || a == "--help") {
       std::printf("%s", kUsage);
       return kExitOk;
@@ -433,9 +439,9 @@ int main(int argc, char** argv) {
                    required ? c.operand : "at most one job id");
       return kExitUsage;
     }
-    if ((!o.export_flags.empty() || o.force) && c.offline != RunExport) {
-      std::fprintf(stderr, "zccctl: --what, --dtype, --max-shard-size, --extra-file and --force "
-                           "belong to export\n");
+    if ((!o.export_flags.empty() || o.force || o.no_job_files) && c.offline != RunExport) {
+      std::fprintf(stderr, "zccctl: --what, --dtype, --max-shard-size, --extra-file, --force and "
+                           "--no-job-files belong to export\n");
       return kExitUsage;
     }
     if (c.offline != nullptr) return c.offline(o);

@@ -294,6 +294,17 @@ def test_sliced_tensors_restore_into_another_layout():
             assert c.restore() == 1
             assert np.array_equal(col[:, 0], full[:, rank]), col
             c.close()
+        # Files stored with the job land in its directory (export copies them).
+        c = connect(0, 1)
+        c.register_tensors([zcc.TensorSpec("w", whole)])
+        c.put_job_file("config.json", b'{"model_type": "mlp"}')
+        c.put_job_file("config.json", b'{"model_type": "mlp2"}')  # replaced
+        with open(os.path.join(d.root, "sl", "metadata", "config.json"), "rb") as f:
+            assert f.read() == b'{"model_type": "mlp2"}'
+        raises(ValueError, c.put_job_file, "../evil", b"x", match="job file name")
+        raises(ValueError, c.put_job_file, ".hidden", b"x", match="job file name")
+        raises(ValueError, c.put_job_file, "big.bin", b"x" * (16 * 1024 * 1024 + 1), match="limit")
+        c.close()
         # A piece without its offset, or one that leaves the global tensor.
         raises(ValueError, zcc.TensorSpec, "w", whole, global_shape=(4, 3))
         c = connect(0, 1)

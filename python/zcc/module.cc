@@ -294,6 +294,11 @@ class PyClient {
     ThrowIfError(CallWithoutGil([&](Client& c) { return c.Flush(timeout); }));
   }
 
+  void PutJobFile(const std::string& name, const py::bytes& content) {
+    std::string data = content;
+    ThrowIfError(CallWithoutGil([&](Client& c) { return c.PutJobFile(name, data); }));
+  }
+
   void SaveNow() {
     ThrowIfError(CallWithoutGil([&](Client& c) { return c.SaveNow(); }));
   }
@@ -551,6 +556,9 @@ void DefineModule(py::module_& m) {
       .def("restore", &PyClient::Restore, py::arg("step") = kLatestStep, py::arg("stream") = 0)
       .def("flush", &PyClient::Flush, py::arg("timeout") = 60.0)
       .def("save_now", &PyClient::SaveNow)
+      .def("put_job_file", &PyClient::PutJobFile, py::arg("name"), py::arg("content"),
+           "Stores a file (bytes) with the job, e.g. the model's config.json; zccctl export "
+           "writes it next to the weights.")
       .def("stats", &PyClient::Stats)
       .def("checkpoint_status", &PyClient::CheckpointStatus)
       .def("status", &PyClient::Status)
