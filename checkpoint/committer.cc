@@ -86,15 +86,27 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   // replicated tensors (one of them wrote each).
   ZCC_RETURN_IF_ERROR(CheckReplicaGroups(manifests));
   const format::StepIndex index = BuildStepIndex(std::move(manifests));
-  ZCC_ASSIGN_OR_RETURN(const std::vector<GlobalTensor> tensors, GroupPieces(index));
+  std::vector<std::string> incomplete_ema;
+  ZCC_ASSIGN_OR_RETURN(const std::vector<GlobalTensor> tensors,
+                       GroupPieces(index, &incomplete_ema));
+  for (const std::string& why : incomplete_ema) {
+    ZCC_LOG(WARNING) << "job " << job_id << " step " << step
+                     << ": the EMA of a tensor is incomplete and is left out of the step (" << why
+                     << ")";
+  }
   const std::string index_text = format::EncodeStepIndex(index);
+  if (index_text.size() > format::MaxStepIndexBytes(world_size)) {  // readers would refuse it
+    return absl::InternalError(absl::StrCat("the step index is ", index_text.size(),
+                                            " bytes; readers accept ",
+                                            format::MaxStepIndexBytes(world_size)));
+  }
   ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kStepIndexFileName), index_text));
   // The Hugging Face weight maps name whole tensors only: a piece of a
   // sliced tensor is not the tensor (zccctl export writes whole ones).
   std::map<std::string, std::string> model_map;
   std::map<std::string, std::string> ema_map;
   for (const GlobalTensor& g : tensors) {
-    if (g.pieces.size() != 1) continue;
+    if (g.pieces.size() != 1 || g.pieces.front()->shape != g.global_shape) continue;
     if (g.kind == format::TensorKindName(format::TensorKind::kParam)) {
       model_map[g.name] = g.pieces.front()->file;
     }

@@ -199,7 +199,11 @@ absl::StatusOr<std::vector<std::string>> JobFiles(const std::string& step_dir,
   std::sort(names.begin(), names.end());
   std::vector<std::string> out;
   for (const std::string& name : names) {
-    if (!ValidateJobFileName(name).ok() || replaced.count(name) > 0) continue;
+    // (".tmp." names are a write zccd did not finish.)
+    if (!ValidateJobFileName(name).ok() || replaced.count(name) > 0 ||
+        absl::StrContains(name, ".tmp.")) {
+      continue;
+    }
     struct stat st;
     const std::string path = JoinPath(dir, name);
     if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
@@ -489,7 +493,10 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
 
   // The step: its index, checked (every global tensor tiled exactly once).
   ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir));
-  ZCC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> tensors, GroupPieces(index));
+  // An incomplete EMA tensor is left out (--what ema then writes the
+  // parameter itself, as for a parameter without an EMA).
+  std::vector<std::string> incomplete_ema;
+  ZCC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> tensors, GroupPieces(index, &incomplete_ema));
 
   // The plan: tensors in name order, shards, headers.
   std::vector<PlannedTensor> plan;

@@ -20,7 +20,8 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& index) {
+absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& index,
+                                                      std::vector<std::string>* dropped_ema) {
   // Grouped by (kind, name) with a hash map, in the order tensors first appear
   // in the index (rank order, then each rank's order): no sort of a million
   // names on the restore path.
@@ -43,30 +44,42 @@ absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& i
     g.pieces.push_back(&p);
   }
   std::vector<format::Box> boxes;
-  for (const GlobalTensor& g : out) {
+  std::vector<GlobalTensor> kept;
+  kept.reserve(out.size());
+  for (GlobalTensor& g : out) {
     // The common case, a whole tensor in one piece, needs no geometry.
     const format::ManifestTensor& first = *g.pieces.front();
     if (g.pieces.size() == 1 && first.shape == g.global_shape &&
         std::all_of(first.box_offset.begin(), first.box_offset.end(),
                     [](int64_t o) { return o == 0; })) {
+      kept.push_back(std::move(g));
       continue;
     }
     boxes.clear();
     for (const format::ManifestTensor* p : g.pieces) boxes.push_back({p->box_offset, p->shape});
     if (absl::Status st = format::CheckTiling(boxes, g.global_shape); !st.ok()) {
+      // A rank whose EMA had not started yet (its first update skipped for a
+      // non-finite value) writes none: that EMA tensor is incomplete, not the
+      // checkpoint. It is left out (its restore starts the EMA afresh).
+      if (g.kind == format::kEmaKindName && dropped_ema != nullptr) {
+        dropped_ema->push_back(absl::StrCat(g.name, ": ", st.message()));
+        continue;
+      }
       return absl::FailedPreconditionError(absl::StrCat(g.kind, " tensor '", g.name, "' ",
                                                         ShapeText(g.global_shape),
                                                         ": its pieces do not tile it: ",
                                                         st.message()));
     }
+    kept.push_back(std::move(g));
   }
-  return out;
+  return kept;
 }
 
 absl::StatusOr<std::shared_ptr<const GroupedIndex>> GroupIndex(format::StepIndex index) {
   auto grouped = std::make_shared<GroupedIndex>();
   grouped->index = std::move(index);  // before grouping: the pointers go into it
-  ZCC_ASSIGN_OR_RETURN(grouped->tensors, GroupPieces(grouped->index));
+  std::vector<std::string> dropped;  // reported by the committer when it commits
+  ZCC_ASSIGN_OR_RETURN(grouped->tensors, GroupPieces(grouped->index, &dropped));
   return std::shared_ptr<const GroupedIndex>(std::move(grouped));
 }
 

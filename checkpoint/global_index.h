@@ -30,7 +30,11 @@ struct GlobalTensor {
 // dtype, one global shape, boxes that tile it exactly once. Otherwise
 // FailedPrecondition naming the tensor and the fault (a gap, an overlap, the
 // conflicting shapes). The result points into `index`.
-absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(const format::StepIndex& index);
+// With `dropped_ema`, an EMA tensor ("ema") whose pieces do not tile it (a
+// rank whose EMA had not started wrote none) is left out and named there
+// instead of failing the step; without it, it fails like any other.
+absl::StatusOr<std::vector<GlobalTensor>> GroupPieces(
+    const format::StepIndex& index, std::vector<std::string>* dropped_ema = nullptr);
 
 // A step's index with its pieces grouped (and checked) per global tensor, in
 // one immutable object: `tensors` points into `index`. Shared between the

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/global_index.h"
 #include "checkpoint/reader.h"
@@ -238,6 +239,39 @@ TEST_CASE("a step whose pieces leave a gap, overlap or disagree is not committed
   }
 }
 
+TEST_CASE("an EMA that one rank has not started leaves that EMA out, not the step") {
+  const std::string root = zcc::testing::TempDir();
+  const Global w{"w", DType::kF32, {4, 4}};
+  std::vector<float> ema(8, 0.5f);
+  for (uint32_t r = 0; r < 2; ++r) {
+    PieceRank rank(r, 2, {{w, {{0, 2 * r}, {4, 2}}}}, 9);
+    std::vector<ExtraShard> extra;
+    if (r == 0) {  // rank 1's EMA has not started: it writes none
+      ExtraShard shard{format::kEmaKindName, format::ShardFileName("ema", r), {}};
+      shard.tensors.push_back({"w", DType::kF32, {4, 2}, reinterpret_cast<uint8_t*>(ema.data()),
+                               ema.size() * 4, {4, 4}, {0, 0}});
+      extra.push_back(std::move(shard));
+    }
+    REQUIRE_OK(WriteRankShards(root, 9, rank.shards, rank.slot.data(), IoOptions(), extra).status());
+  }
+  auto commit = TryCommit(root, "job", 9, 2);
+  REQUIRE_OK(commit);
+  CHECK(commit->outcome == CommitOutcome::kCommitted);
+  const std::string step_dir = JoinPath(root, "step-00000009");
+  auto report = VerifyStep(step_dir);
+  REQUIRE_OK(report);
+  CHECK(report->global_tensors == 1);  // the parameter; its EMA is incomplete
+  auto index = LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  REQUIRE_STATUS_CODE(GroupPieces(*index), absl::StatusCode::kFailedPrecondition);
+  std::vector<std::string> dropped;
+  auto tolerant = GroupPieces(*index, &dropped);
+  REQUIRE_OK(tolerant);
+  CHECK(tolerant->size() == 1);
+  REQUIRE(dropped.size() == 1);
+  CHECK(absl::StartsWith(dropped[0], "w: "));
+}
+
 TEST_CASE("a step whose replicas registered different replicated tensors is not committed") {
   const std::string root = zcc::testing::TempDir();
   // Ranks 0 and 1 are a DP group replicating kNorm (rank 0 writes it); each
@@ -309,6 +343,8 @@ TEST_CASE("manifests carry a piece's box; hostile boxes are refused") {
   m.tensors = {t};
   std::string text = format::EncodeRankManifest(m);
   CHECK(absl::StrContains(text, "global_shape"));
+  // A zcc that predates pieces refuses the manifest (version 1 readers).
+  CHECK(absl::StrContains(text, "\"format_version\": 2"));
   auto back = format::DecodeRankManifest(text);
   REQUIRE_OK(back);
   CHECK(back->tensors[0].global_shape == std::vector<int64_t>{4, 3});
@@ -319,6 +355,7 @@ TEST_CASE("manifests carry a piece's box; hostile boxes are refused") {
   m.tensors[0].box_offset = {0, 0};
   text = format::EncodeRankManifest(m);
   CHECK_FALSE(absl::StrContains(text, "global_shape"));
+  CHECK(absl::StrContains(text, "\"format_version\": 1"));
   back = format::DecodeRankManifest(text);
   REQUIRE_OK(back);
   CHECK(back->tensors[0].global_shape == std::vector<int64_t>{2, 3});

@@ -133,7 +133,8 @@ absl::StatusOr<std::optional<std::string>> ReadCommittedIndexText(
   if (record.index_xxh3 == 0) {
     return absl::DataLossError(absl::StrCat(path, " is not recorded in COMMITTED"));
   }
-  ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+  ZCC_ASSIGN_OR_RETURN(std::string text,
+                       ReadFileToString(path, format::MaxStepIndexBytes(record.world_size)));
   if (format::Xxh3(text.data(), text.size()) != record.index_xxh3) {
     return absl::DataLossError(
         absl::StrCat(path, " differs from the index committed (checksum mismatch)"));
@@ -290,14 +291,24 @@ absl::Status ReadRankTensors(const std::string& step_dir, const format::RankMani
   return absl::OkStatus();
 }
 
+PiecesByFile IndexPiecesByFile(const format::StepIndex& index) {
+  return TensorsByFile(index.files, index.pieces);
+}
+
 absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& index,
                         const std::vector<PieceRead>& reads, const IoOptions& options) {
+  if (reads.empty()) return absl::OkStatus();
+  return ReadPieces(step_dir, index, IndexPiecesByFile(index), reads, options);
+}
+
+absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& index,
+                        const PiecesByFile& by_file, const std::vector<PieceRead>& reads,
+                        const IoOptions& options) {
   std::map<std::string, std::vector<TensorReadRequest>> requests_by_file;
   for (const PieceRead& read : reads) {
     requests_by_file[read.piece->file].push_back({read.piece, read.dst});
   }
   if (requests_by_file.empty()) return absl::OkStatus();
-  const auto by_file = TensorsByFile(index.files, index.pieces);
   std::vector<storage::AlignedBuffer> bounce;
   for (auto& [file, requests] : requests_by_file) {
     auto fit = std::find_if(index.files.begin(), index.files.end(),
@@ -319,7 +330,7 @@ absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
   ZCC_ASSIGN_OR_RETURN(std::optional<std::string> committed, ReadCommittedIndexText(step_dir, record));
   if (committed.has_value()) {
     const std::string& text = *committed;
-    auto index = format::DecodeStepIndex(text);
+    auto index = format::DecodeStepIndex(text, format::MaxStepIndexBytes(record.world_size));
     if (!index.ok()) return Annotate(index.status(), path);
     if (index->job_id != record.job_id || index->step != record.step ||
         index->world_size != record.world_size) {
@@ -337,6 +348,10 @@ absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
                          ReadFileToString(manifest_path, format::kMaxManifestBytes));
     auto manifest = format::DecodeRankManifest(text);
     if (!manifest.ok()) return Annotate(manifest.status(), manifest_path);
+    if (manifest->rank != r || manifest->job_id != record.job_id ||
+        manifest->step != record.step || manifest->world_size != record.world_size) {
+      return absl::DataLossError(absl::StrCat(manifest_path, " does not belong to this commit"));
+    }
     manifests.push_back(*std::move(manifest));
   }
   return BuildStepIndex(std::move(manifests));

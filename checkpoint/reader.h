@@ -10,6 +10,7 @@
 #define ZCC_CHECKPOINT_READER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,8 +43,10 @@ struct VerifyReport {
 // Full verification of a committed step: COMMITTED matches the step and the
 // manifests, every manifest is valid, every shard file has the right size and
 // a safetensors header that agrees with the manifest, every tensor's bytes
-// match their checksum, the pieces of every global tensor tile it, and the
-// step's index (zcc.index.json, if present) matches the manifests. The first problem is returned as DataLoss (or the I/O
+// match their checksum, the replica groups agree, the pieces of every global
+// tensor tile it (an incomplete EMA tensor is left out, as the committer
+// does), and the step's index (zcc.index.json) is the one COMMITTED records
+// (by its hash; the committer built it from these manifests). The first problem is returned as DataLoss (or the I/O
 // error) with the file and tensor named.
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir);
 absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options);
@@ -96,6 +99,14 @@ struct PieceRead {
 // before anything is read from it.
 absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& index,
                         const std::vector<PieceRead>& reads, const IoOptions& options);
+
+// Every piece of `index` by its file, for ReadPieces calls over one index
+// (built once instead of once per call).
+using PiecesByFile = std::map<std::string, std::vector<const format::ManifestTensor*>>;
+PiecesByFile IndexPiecesByFile(const format::StepIndex& index);
+absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& index,
+                        const PiecesByFile& by_file, const std::vector<PieceRead>& reads,
+                        const IoOptions& options);
 
 struct RestoreChoice {
   int64_t step = -1;

@@ -1,6 +1,7 @@
 #include "checkpoint/reshard.h"
 
 #include <map>
+#include <new>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -29,7 +30,12 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
                                        const format::StepIndex& index,
                                        const std::vector<GlobalTensor>& tensors,
                                        const std::vector<BoxTarget>& targets,
-                                       const IoOptions& options, uint64_t staging_bytes) {
+                                       const IoOptions& options, uint64_t staging_bytes,
+                                       const std::function<bool()>& cancelled) {
+  auto check_cancelled = [&cancelled]() -> absl::Status {
+    if (cancelled && cancelled()) return absl::CancelledError("read of the checkpoint cancelled");
+    return absl::OkStatus();
+  };
   absl::flat_hash_map<std::pair<absl::string_view, absl::string_view>, const GlobalTensor*> by_key;
   by_key.reserve(tensors.size());
   for (const GlobalTensor& g : tensors) by_key[{g.kind, g.name}] = &g;
@@ -74,7 +80,9 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
   }
 
   ReshardStats stats;
-  ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, direct, options));
+  ZCC_RETURN_IF_ERROR(check_cancelled());
+  const PiecesByFile by_file = IndexPiecesByFile(index);
+  ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, by_file, direct, options));
   stats.direct_pieces = direct.size();
   for (const PieceRead& r : direct) stats.bytes_read += r.piece->nbytes;
 
@@ -89,14 +97,21 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
       batch.emplace_back(next->first, &next->second);
       ++next;
     }
-    storage::AlignedBuffer buffer = storage::AlignedBuffer::Uninitialized(std::max<uint64_t>(batch_bytes, 1));
+    ZCC_RETURN_IF_ERROR(check_cancelled());
+    storage::AlignedBuffer buffer;
+    try {
+      buffer = storage::AlignedBuffer::Uninitialized(std::max<uint64_t>(batch_bytes, 1));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", batch_bytes, " bytes of staging to reassemble pieces"));
+    }
     std::vector<PieceRead> reads;
     uint64_t offset = 0;
     for (const auto& [piece, copies] : batch) {
       reads.push_back({piece, buffer.data() + offset});
       offset += piece->nbytes;
     }
-    ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, reads, options));
+    ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, by_file, reads, options));
     for (size_t k = 0; k < batch.size(); ++k) {
       const format::ManifestTensor* piece = batch[k].first;
       const format::Box piece_box{piece->box_offset, piece->shape};

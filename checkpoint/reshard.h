@@ -9,6 +9,7 @@
 #define ZCC_CHECKPOINT_RESHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,13 +45,17 @@ struct ReshardStats {
 // GroupPieces over `index`) before anything is read: a tensor the step lacks,
 // or holds with another dtype or global shape, is a FailedPrecondition naming
 // it, and nothing is written to any target. Staged pieces are read in batches
-// of at most `staging_bytes` (one piece larger than that is read alone).
+// of at most `staging_bytes` (one piece larger than that is read alone, into
+// a buffer of its size: ResourceExhausted when that cannot be allocated).
+// Cancelled once `cancelled()` (when given) turns true, checked between
+// batches.
 absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
                                        const format::StepIndex& index,
                                        const std::vector<GlobalTensor>& tensors,
                                        const std::vector<BoxTarget>& targets,
                                        const IoOptions& options,
-                                       uint64_t staging_bytes = uint64_t{256} << 20);
+                                       uint64_t staging_bytes = uint64_t{256} << 20,
+                                       const std::function<bool()>& cancelled = nullptr);
 
 }  // namespace zcc::checkpoint
 

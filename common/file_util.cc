@@ -1,5 +1,7 @@
 #include "common/file_util.h"
 
+#include <atomic>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -62,7 +64,10 @@ static std::string DirName(const std::string& path) {
 }
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view content) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  // Unique per call: two threads writing the same path never share a
+  // temporary file (the last rename wins, whole).
+  static std::atomic<uint64_t> sequence{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", sequence.fetch_add(1));
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));

@@ -49,7 +49,8 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                        base + layout.placements[i].offset});
   }
   ZCC_RETURN_IF_ERROR(
-      checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets, checkpoint::IoOptions())
+      checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets, checkpoint::IoOptions(),
+                            uint64_t{256} << 20, cancelled)
           .status());
   ZCC_RETURN_IF_ERROR(check_cancelled());
   return buffer;

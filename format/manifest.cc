@@ -138,6 +138,10 @@ class FieldReader {
 
   absl::StatusOr<std::vector<int64_t>> Shape(const char* field) const {
     ZCC_ASSIGN_OR_RETURN(const json* v, Array(field));
+    if (v->size() > kMaxManifestDims) {
+      return Error(field, absl::StrCat("has ", v->size(), " dimensions; at most ",
+                                       kMaxManifestDims));
+    }
     std::vector<int64_t> shape;
     shape.reserve(v->size());  // bounded by the document size
     for (size_t i = 0; i < v->size(); ++i) {
@@ -157,9 +161,10 @@ class FieldReader {
 
   absl::Status FormatVersion() const {
     ZCC_ASSIGN_OR_RETURN(uint64_t version, Unsigned("format_version"));
-    if (version != static_cast<uint64_t>(kFormatVersion)) {
-      return Error("format_version",
-                   absl::StrCat("is ", version, "; this build reads version ", kFormatVersion));
+    if (version != static_cast<uint64_t>(kFormatVersion) &&
+        version != static_cast<uint64_t>(kSlicedFormatVersion)) {
+      return Error("format_version", absl::StrCat("is ", version, "; this build reads versions ",
+                                                  kFormatVersion, " and ", kSlicedFormatVersion));
     }
     return absl::OkStatus();
   }
@@ -180,13 +185,14 @@ class FieldReader {
   std::string where_;
 };
 
-// Parses `text` as a JSON object no larger than kMaxManifestBytes, the
-// elements of `streamed` (when given) handed to its callback.
+// Parses `text` as a JSON object no larger than `max_bytes`, the elements of
+// `streamed` (when given) handed to its callback.
 absl::StatusOr<json> ParseDocument(absl::string_view text, absl::string_view what,
-                                   const internal::StreamedArray* streamed = nullptr) {
-  if (text.size() > kMaxManifestBytes) {
+                                   const internal::StreamedArray* streamed = nullptr,
+                                   uint64_t max_bytes = kMaxManifestBytes) {
+  if (text.size() > max_bytes) {
     return absl::DataLossError(
-        absl::StrCat(what, " is ", text.size(), " bytes; the limit is ", kMaxManifestBytes));
+        absl::StrCat(what, " is ", text.size(), " bytes; the limit is ", max_bytes));
   }
   ZCC_ASSIGN_OR_RETURN(json root,
                        streamed == nullptr
@@ -267,7 +273,8 @@ absl::StatusOr<ManifestTensor> DecodeTensorEntry(size_t i, const json& entry) {
 
 // A rank's manifest, or (`index`) a step's global index: the same document
 // without "rank" and "manifest_hash", in which a name appears once per piece.
-absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool index) {
+absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool index,
+                                                    uint64_t max_bytes = kMaxManifestBytes) {
   RankManifest m;
   const char* const what = index ? "step index" : "manifest";
   // The tensors are decoded as the parser completes each entry, never held
@@ -290,9 +297,11 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
     m.tensors.push_back(std::move(t));
     return absl::OkStatus();
   };
-  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, what, &tensors_stream));
+  ZCC_ASSIGN_OR_RETURN(const json root, ParseDocument(text, what, &tensors_stream, max_bytes));
   const FieldReader top(root, what);
   ZCC_RETURN_IF_ERROR(top.FormatVersion());
+  ZCC_ASSIGN_OR_RETURN(const uint64_t version, top.Unsigned("format_version"));
+  m.format_version = static_cast<int>(version);
   ZCC_ASSIGN_OR_RETURN(m.job_id, top.JobId());
   ZCC_ASSIGN_OR_RETURN(const uint64_t step, top.Unsigned("step", INT64_MAX));
   m.step = static_cast<int64_t>(step);
@@ -306,7 +315,11 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
     ZCC_ASSIGN_OR_RETURN(m.manifest_hash, top.Hex("manifest_hash"));
     if (top.Has("replica_groups")) {
       ZCC_ASSIGN_OR_RETURN(const json* groups, top.Array("replica_groups"));
-      if (groups->size() > 1024) return top.Error("replica_groups", "holds more than 1024 groups");
+      // At most one group per tensor (a group per global expert id).
+      if (groups->size() > kMaxManifestEntries) {
+        return top.Error("replica_groups",
+                         absl::StrCat("holds more than ", kMaxManifestEntries, " groups"));
+      }
       for (size_t i = 0; i < groups->size(); ++i) {
         const std::string where = absl::StrCat(what, " replica_groups[", i, "]");
         if (!(*groups)[i].is_object()) {
@@ -515,7 +528,13 @@ std::string NlohmannEntry(const ManifestTensor& t) {
 std::string EncodeManifestDocument(const RankManifest& manifest,
                                    const std::vector<ManifestTensor>& tensors, bool index) {
   ordered_json root = ordered_json::object();
-  root["format_version"] = manifest.format_version;
+  // A manifest with a piece of a sliced tensor is refused by readers that
+  // predate pieces (they would take the piece for the tensor).
+  const bool sliced = std::any_of(tensors.begin(), tensors.end(),
+                                  [](const ManifestTensor& t) { return !IsWholePiece(t); });
+  root["format_version"] =
+      !index && sliced ? std::max(manifest.format_version, kSlicedFormatVersion)
+                       : manifest.format_version;
   root["job_id"] = manifest.job_id;
   root["step"] = manifest.step;
   if (!index) root["rank"] = manifest.rank;
@@ -593,11 +612,13 @@ std::string EncodeStepIndex(const StepIndex& index) {
   return EncodeManifestDocument(doc, index.pieces, /*index=*/true);
 }
 
-absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json) {
+absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json, uint64_t max_bytes) {
   ZCC_ASSIGN_OR_RETURN(
       RankManifest doc,
       DecodeWithoutExceptions(
-          [](absl::string_view text) { return DecodeManifestDocument(text, /*index=*/true); },
+          [max_bytes](absl::string_view text) {
+            return DecodeManifestDocument(text, /*index=*/true, max_bytes);
+          },
           json, "step index"));
   StepIndex index;
   index.format_version = doc.format_version;

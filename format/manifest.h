@@ -15,20 +15,34 @@
 
 namespace zcc::format {
 
+// The format version of manifests with whole tensors only (and of commit
+// records and indexes); a manifest that holds a piece of a sliced tensor is
+// kSlicedFormatVersion, so that a zcc from before layout-free checkpoints
+// refuses it instead of restoring one piece as if it were the tensor.
+// Readers accept both.
 inline constexpr int kFormatVersion = 1;
+inline constexpr int kSlicedFormatVersion = 2;
+// Dimensions of a tensor (registration refuses more).
+inline constexpr size_t kMaxManifestDims = 16;
 // Upper bound on one tensor's entry in a manifest EncodeRankManifest writes:
 // a 512-byte name (names hold no byte that JSON escapes), 16 dimensions of up
-// to 19 digits on lines of their own, a 255-byte file name, two 20-digit
-// numbers, the hash, keys and indentation come to about 1,370 bytes.
-inline constexpr uint64_t kMaxManifestEntryBytes = 1536;
+// to 19 digits on lines of their own for each of shape, global_shape and
+// box_offset, a 255-byte file name, two 20-digit numbers, the hash, keys and
+// indentation come to about 2,200 bytes.
+inline constexpr uint64_t kMaxManifestEntryBytes = 2304;
 // Entries one manifest can hold with zccd's default max_tensors_per_rank
 // (1,048,576): every registered tensor, plus an EMA entry for each parameter.
 inline constexpr uint64_t kMaxManifestEntries = uint64_t{2} << 20;
-// Manifests, commit records and index files larger than this are refused when
-// read back: 3 GiB + 1 MiB, room for kMaxManifestEntries of the largest
-// entries. (A manifest of 1M tensors with short names is ~250 MB.)
+// Manifests, commit records and weight-map index files larger than this are
+// refused when read back: 4.5 GiB + 1 MiB, room for kMaxManifestEntries of the
+// largest entries. (A manifest of 1M tensors with short names is ~250 MB.) A
+// step's index holds every rank's entries: kMaxStepIndexBytes.
 inline constexpr uint64_t kMaxManifestBytes =
     kMaxManifestEntries * kMaxManifestEntryBytes + (uint64_t{1} << 20);
+// A step index of `world_size` ranks is no larger than their manifests.
+inline uint64_t MaxStepIndexBytes(uint32_t world_size) {
+  return static_cast<uint64_t>(world_size == 0 ? 1 : world_size) * kMaxManifestBytes;
+}
 
 // One tensor as written by one rank.
 struct ManifestTensor {
@@ -104,8 +118,9 @@ struct StepIndex {
 std::string EncodeStepIndex(const StepIndex& index);
 // Validates as DecodeRankManifest does (each piece lies inside a listed file,
 // its box inside its global shape); whether the pieces tile their global
-// tensors is checked by checkpoint::GroupPieces.
-absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json);
+// tensors is checked by checkpoint::GroupPieces. Up to `max_bytes` of text.
+absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json,
+                                          uint64_t max_bytes = kMaxManifestBytes);
 
 // Contents of COMMITTED.
 struct CommitRecord {

@@ -143,7 +143,7 @@ struct BadManifest {
 
 TEST_CASE("invalid manifests are refused with a message naming the field") {
   const std::vector<BadManifest> cases = {
-      {"format version", [](json& j) { j["format_version"] = 2; }, "format_version"},
+      {"format version", [](json& j) { j["format_version"] = 3; }, "format_version"},
       {"format version string", [](json& j) { j["format_version"] = "1"; }, "format_version"},
       {"missing job id", [](json& j) { j.erase("job_id"); }, "\"job_id\" is missing"},
       {"bad job id", [](json& j) { j["job_id"] = "../etc"; }, "job_id"},
