@@ -22,6 +22,7 @@
 
 #include "ema/ema_isa.h"
 #include "format/dtype.h"
+#include "format/float_convert.h"
 
 namespace zcc::ema::internal {
 
@@ -78,24 +79,9 @@ inline bool IsNonFiniteBits(uint32_t fp32_bits) { return (fp32_bits & 0x7f800000
 // bfloat16 is the upper half of an fp32: exact, NaN payloads kept as they are.
 inline uint32_t BFloat16ToFloatBits(uint16_t b) { return uint32_t{b} << 16; }
 
-// IEEE binary16 to binary32, exact: subnormals are normalised, Inf stays Inf,
-// and a NaN keeps its sign and payload with the quiet bit set (as F16C's
-// vcvtph2ps does, so that every level converts NaNs identically).
-inline uint32_t HalfToFloatBits(uint16_t h) {
-  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) {
-    return sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u);
-  }
-  if (exponent != 0) return sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13);
-  if (mantissa == 0) return sign;
-  // Subnormal: mantissa * 2^-24. With its top set bit at position p (0..9) the
-  // value is 1.f * 2^(p - 24); the bits below p become the fp32 fraction.
-  const int p = 31 - __builtin_clz(mantissa);
-  return sign | (static_cast<uint32_t>(p + 127 - 24) << 23) |
-         ((mantissa << (23 - p)) & 0x007fffffu);
-}
+// IEEE binary16 to binary32, exact (format::Fp16ToFp32Bits, shared with
+// export's conversions).
+inline uint32_t HalfToFloatBits(uint16_t h) { return format::Fp16ToFp32Bits(h); }
 
 // Loads source element i of a (possibly unaligned) array and returns its fp32 bits.
 template <format::DType kDType>

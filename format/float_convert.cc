@@ -52,20 +52,6 @@ inline uint16_t Fp16FromFp32(uint32_t x) {
   return static_cast<uint16_t>(sign | ShiftRoundEven(significand, static_cast<uint32_t>(14 - e)));
 }
 
-inline uint32_t Fp32FromFp16(uint16_t h) {
-  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) {
-    return sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u);
-  }
-  if (exponent != 0) return sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13);
-  if (mantissa == 0) return sign;
-  // Subnormal: mantissa * 2^-24, normalised (top set bit p becomes the
-  // implicit bit of 1.f * 2^(p - 24)).
-  const int p = 31 - __builtin_clz(mantissa);
-  return sign | (static_cast<uint32_t>(p + 127 - 24) << 23) | ((mantissa << (23 - p)) & 0x007fffffu);
-}
 
 template <typename T>
 T Load(const uint8_t* p) {
@@ -86,7 +72,7 @@ uint32_t LoadAsFp32Bits(const uint8_t* p) {
   } else if constexpr (kFrom == DType::kBF16) {
     return uint32_t{Load<uint16_t>(p)} << 16;
   } else {
-    return Fp32FromFp16(Load<uint16_t>(p));
+    return Fp16ToFp32Bits(Load<uint16_t>(p));
   }
 }
 
@@ -132,7 +118,6 @@ bool IsConvertibleFloat(DType dtype) {
 uint16_t Fp32BitsToBf16(uint32_t fp32_bits) { return Bf16FromFp32(fp32_bits); }
 uint32_t Bf16ToFp32Bits(uint16_t bf16) { return uint32_t{bf16} << 16; }
 uint16_t Fp32BitsToFp16(uint32_t fp32_bits) { return Fp16FromFp32(fp32_bits); }
-uint32_t Fp16ToFp32Bits(uint16_t fp16) { return Fp32FromFp16(fp16); }
 
 void ConvertFloats(DType from, DType to, const uint8_t* src, uint8_t* dst, size_t n) {
   assert(IsConvertibleFloat(from) && IsConvertibleFloat(to));
