@@ -53,14 +53,18 @@ absl::Status RestoreService::VerifyCached(const std::string& step_dir) {
 absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> RestoreService::StepIndexFor(
     const std::string& step_dir) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
-  {
-    zcc::MutexLock lock(&verify_mu_);
-    const StepKey key(step_dir, record.manifest_hash);
-    for (const auto& [cached, index] : indexes_) {
-      if (cached == key) return index;
-    }
+  // Under the verification lock, like a verification: the ranks of a job that
+  // miss the cache together read the index once, the first for all of them.
+  zcc::MutexLock lock(&verify_mu_);
+  const StepKey key(step_dir, record.manifest_hash);
+  for (const auto& [cached, index] : indexes_) {
+    if (cached == key) return index;
   }
-  return checkpoint::LoadGroupedIndex(step_dir);
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::GroupedIndex> index,
+                       checkpoint::LoadGroupedIndex(step_dir));
+  indexes_.emplace_back(key, index);
+  while (indexes_.size() > kCachedIndexes) indexes_.pop_front();
+  return index;
 }
 
 void RestoreService::MarkDamaged(const std::string& step_dir, const absl::Status& why) {

@@ -68,7 +68,7 @@ class RestoreService {
   std::atomic<uint64_t> next_buffer_seq_{1};
 
   // The grouped index of a step that verified (from the cache), or read from
-  // disk when the cache no longer holds it.
+  // disk (and cached) when the cache no longer holds it.
   absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepIndexFor(
       const std::string& step_dir) ABSL_LOCKS_EXCLUDED(verify_mu_);
 
