@@ -13,28 +13,7 @@ writer="$runfiles/checkpoint/testing/write_sliced_step"
 checker="$runfiles/tools/export_python_test.py"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
-# Bazel's strict action env hides the pyenv shims, so look in the usual places;
-# /usr/bin/python3 first: tools/setup.sh gives it safetensors next to Debian's torch.
-candidates=()
-[[ -n "${ZCC_PYTHON:-}" ]] && candidates+=("$ZCC_PYTHON")
-candidates+=(/usr/bin/python3)
-for p in /root/.pyenv/versions/*/bin/python3; do
-  [[ -x "$p" ]] && candidates+=("$p")
-done
-if command -v python3 >/dev/null 2>&1; then candidates+=("$(command -v python3)"); fi
-python=""
-for p in "${candidates[@]}"; do
-  if [[ -x "$p" ]] && "$p" -c "import safetensors, numpy" >/dev/null 2>&1; then
-    python="$p"
-    break
-  fi
-done
-if [[ -z "$python" ]]; then
-  echo "FAIL: no python3 that can 'import safetensors, numpy' among: ${candidates[*]}" >&2
-  echo "Run tools/setup.sh, or set ZCC_PYTHON (bazel test --test_env=ZCC_PYTHON=...)." >&2
-  exit 1
-fi
-echo "using $python"
+source "$runfiles/tools/testing/find_python.sh"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
