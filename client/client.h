@@ -122,6 +122,9 @@ struct ClientOptions {
   CopyBackend copy_backend = CopyBackend::kHost;
   int cuda_device = 0;
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // Deadline of one Restore call (a large checkpoint read from disk takes
+  // longer than an RPC); zccd stops reading when the client gives up.
+  absl::Duration restore_timeout = absl::Minutes(30);
   absl::Duration heartbeat_interval = absl::Milliseconds(250);
   // No daemon heartbeat for this long: the daemon is considered gone.
   absl::Duration daemon_timeout = absl::Seconds(3);
@@ -152,6 +155,38 @@ struct ClientStats {
   uint64_t checkpoint_failures = 0;
   int64_t last_failed_checkpoint_step = -1;
   std::string last_error;
+};
+
+// What Restore brings back.
+struct RestoreOptions {
+  // kLatestStep: the newest step this rank can restore: a snapshot zccd kept
+  // in memory from this rank's previous trainer (it died or exited, and this
+  // client registered the same tensors), or the newest committed step that
+  // reads back intact, whichever is newer. Otherwise that step, from memory
+  // when zccd holds it, else from disk. The ranks of a job must restore the
+  // same step: agree on one with ListRestoreCandidates first (zcc.torch does).
+  int64_t step = kLatestStep;
+  // Only the tensors this rank writes (RegisterTensors' replica groups pick
+  // one writer per replicated tensor); the others are left untouched for the
+  // caller to receive from their writers (one read per job instead of one
+  // per replica). RestoreResult::restored says which were filled.
+  bool owned_only = false;
+  // With an explicit step: when it is found damaged while it is read, fall
+  // back to the next older committed step (always so for kLatestStep).
+  bool allow_older = false;
+};
+
+struct RestoreResult {
+  int64_t step = -1;
+  bool from_memory = false;            // zccd's memory, not the disk
+  std::vector<bool> restored;          // per registered tensor, in order
+  std::vector<std::string> skipped_steps;  // newer steps passed over, with why
+};
+
+// The steps this rank can restore, each newest first.
+struct RestoreCandidates {
+  std::vector<int64_t> memory_steps;  // kept by zccd from the previous trainer
+  std::vector<int64_t> disk_steps;    // committed
 };
 
 // The job's checkpoint state as zccd on this node reports it.
@@ -192,6 +227,11 @@ class Client {
   // the newest that verifies) and returns its step. NotFound when there is
   // nothing to restore; Unavailable when zccd is not reachable.
   absl::StatusOr<int64_t> Restore(int64_t step = kLatestStep, void* stream = nullptr);
+  // The same, with the choices of RestoreOptions. Nothing is copied into
+  // the tensors unless the whole step was read and checked.
+  absl::StatusOr<RestoreResult> Restore(const RestoreOptions& options, void* stream = nullptr);
+  // The steps Restore can serve this rank (`owned_only` as in RestoreOptions).
+  absl::StatusOr<RestoreCandidates> ListRestoreCandidates(bool owned_only = false);
 
   // Where ReadEma puts one tensor's EMA: `elements` fp32 values.
   struct EmaOutput {

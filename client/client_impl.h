@@ -146,10 +146,10 @@ struct Client::Impl {
     last_error = error;
   }
 
-  std::unique_ptr<grpc::ClientContext> Context() const {
+  std::unique_ptr<grpc::ClientContext> Context() const { return Context(options.rpc_timeout); }
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const {
     auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() +
-                      absl::ToChronoMilliseconds(options.rpc_timeout));
+    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
     return ctx;
   }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,63 @@ namespace zcc {
 using client_internal::IsTransient;
 
 absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
+  RestoreOptions options;
+  options.step = step;
+  ZCC_ASSIGN_OR_RETURN(RestoreResult result, Restore(options, stream));
+  return result.step;
+}
+
+absl::StatusOr<RestoreCandidates> Client::ListRestoreCandidates(bool owned_only) {
+  Impl& im = *impl_;
+  std::shared_ptr<Session> s = im.CurrentSession();
+  if (s == nullptr) return absl::UnavailableError("not registered with zccd");
+  v1::RestoreCandidatesRequest req;
+  req.set_job_id(im.options.job_id);
+  req.set_rank(im.options.rank);
+  req.set_generation(s->resp.generation());
+  req.set_owned_only(owned_only);
+  v1::RestoreCandidatesResponse resp;
+  auto ctx = im.Context();
+  const std::shared_ptr<const Stubs> stubs = im.GetStubs();
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(stubs->control->RestoreCandidates(ctx.get(), req, &resp)));
+  RestoreCandidates out;
+  out.memory_steps.assign(resp.memory_steps().begin(), resp.memory_steps().end());
+  out.disk_steps.assign(resp.disk_steps().begin(), resp.disk_steps().end());
+  return out;
+}
+
+namespace {
+
+// Checks zccd's reply against the registration before any byte is copied:
+// every restored placement must lie inside the buffer.
+absl::Status CheckRestorePlacements(const v1::RestoreResponse& resp,
+                                    const std::vector<TensorRef>& refs, bool owned_only) {
+  if (static_cast<size_t>(resp.placements_size()) != refs.size() ||
+      resp.data_offset() > resp.segment_bytes()) {
+    return absl::DataLossError("zccd's restore reply does not match the registration");
+  }
+  const uint64_t room = resp.segment_bytes() - resp.data_offset();
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const v1::TensorPlacement& p = resp.placements(i);
+    if (!p.staged()) {
+      if (!owned_only) {
+        return absl::DataLossError(
+            absl::StrCat("zccd's restore reply leaves out tensor '", refs[i].name, "'"));
+      }
+      continue;
+    }
+    if (p.name() != refs[i].name || p.nbytes() != *format::TensorBytes(refs[i].dtype, refs[i].shape) ||
+        p.offset() > room || p.nbytes() > room - p.offset()) {
+      return absl::DataLossError(
+          absl::StrCat("zccd's restore placement of '", refs[i].name, "' is inconsistent"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, void* stream) {
   Impl& im = *impl_;
   std::shared_ptr<Session> s = im.CurrentSession();
   if (s == nullptr) {
@@ -40,45 +98,51 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
   req.set_job_id(im.options.job_id);
   req.set_rank(im.options.rank);
   req.set_generation(s->resp.generation());
-  req.set_step(step);
+  req.set_step(options.step);
+  req.set_owned_only(options.owned_only);
+  req.set_allow_older(options.allow_older);
   v1::RestoreResponse resp;
-  auto ctx = im.Context();
+  // Its own deadline: reading a large checkpoint takes longer than an RPC.
+  auto ctx = im.Context(im.options.restore_timeout);
   const std::shared_ptr<const Stubs> stubs = im.GetStubs();
   ZCC_RETURN_IF_ERROR(FromGrpcStatus(stubs->control->Restore(ctx.get(), req, &resp)));
   for (const std::string& why : resp.skipped_steps()) {
     ZCC_LOG(WARNING) << "zcc client: restore skipped " << why;
   }
-  // The restored bytes arrive in a buffer of their own, holding every
-  // registered tensor (replicated ones too), validated before use.
-  absl::Status copied;
-  if (static_cast<size_t>(resp.placements_size()) != refs.size() ||
-      resp.data_offset() > resp.segment_bytes()) {
-    copied = absl::DataLossError("zccd's restore reply does not match the registration");
+  RestoreResult result;
+  result.step = resp.step();
+  result.from_memory = resp.source() == v1::RESTORE_SOURCE_MEMORY;
+  result.skipped_steps.assign(resp.skipped_steps().begin(), resp.skipped_steps().end());
+  absl::Status copied = CheckRestorePlacements(resp, refs, options.owned_only);
+  // From memory, the bytes are in this client's own staging segment, already
+  // mapped (and registered with the copier); otherwise in a buffer of their own.
+  const bool own_segment = resp.shm_name() == s->resp.shm_name();
+  if (copied.ok() && own_segment && resp.segment_bytes() != s->segment.size()) {
+    copied = absl::DataLossError("zccd's restore reply has the wrong size for the staging segment");
   }
-  for (size_t i = 0; copied.ok() && i < refs.size(); ++i) {
-    const v1::TensorPlacement& p = resp.placements(i);
-    const uint64_t room = resp.segment_bytes() - resp.data_offset();
-    if (p.name() != refs[i].name || p.nbytes() != *format::TensorBytes(refs[i].dtype, refs[i].shape) ||
-        p.offset() > room || p.nbytes() > room - p.offset()) {
-      copied = absl::DataLossError(
-          absl::StrCat("zccd's restore placement of '", refs[i].name, "' is inconsistent"));
+  std::optional<shm::Segment> buffer;
+  if (copied.ok() && !own_segment) {
+    auto opened = shm::Segment::Open(resp.shm_name(), resp.segment_bytes());
+    if (opened.ok()) {
+      buffer.emplace(std::move(*opened));
+    } else {
+      copied = opened.status();
     }
   }
   if (copied.ok()) {
-    auto buffer = shm::Segment::Open(resp.shm_name(), resp.segment_bytes());
-    if (!buffer.ok()) {
-      copied = buffer.status();
-    } else {
-      const uint8_t* base = buffer->base() + resp.data_offset();
-      std::vector<CopyRegion> regions;
-      for (size_t i = 0; i < refs.size(); ++i) {
-        regions.push_back(
-            CopyRegion{base + resp.placements(i).offset(), refs[i].data, resp.placements(i).nbytes()});
-      }
-      copied = im.copier->RegisterHostMemory(buffer->base(), buffer->size());
-      if (copied.ok()) {
-        copied = im.copier->CopyToDevice(regions, stream);
-        const absl::Status unpinned = im.copier->UnregisterHostMemory(buffer->base());
+    const shm::Segment& from = own_segment ? s->segment : *buffer;
+    const uint8_t* base = from.base() + resp.data_offset();
+    std::vector<CopyRegion> regions;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const v1::TensorPlacement& p = resp.placements(i);
+      result.restored.push_back(p.staged());
+      if (p.staged()) regions.push_back(CopyRegion{base + p.offset(), refs[i].data, p.nbytes()});
+    }
+    if (!own_segment) copied = im.copier->RegisterHostMemory(from.base(), from.size());
+    if (copied.ok()) {
+      copied = im.copier->CopyToDevice(regions, stream);
+      if (!own_segment) {
+        const absl::Status unpinned = im.copier->UnregisterHostMemory(from.base());
         if (copied.ok()) copied = unpinned;
       }
     }
@@ -86,7 +150,7 @@ absl::StatusOr<int64_t> Client::Restore(int64_t step, void* stream) {
   const absl::Status released = im.ReleaseBuffer(*stubs, *s, resp.restore_id());
   ZCC_RETURN_IF_ERROR(copied);
   ZCC_RETURN_IF_ERROR(released);
-  return resp.step();
+  return result;
 }
 
 absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs) {

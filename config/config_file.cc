@@ -238,6 +238,12 @@ void CheckFields(const FullConfig& c, Problems& p) {
   check_duration("commit_timeout_s", d.commit_timeout, absl::Seconds(kMaxCommitTimeoutS));
   check_duration("client_timeout_s", d.client_timeout, absl::Seconds(kMaxClientTimeoutS));
   check_duration("stop_timeout_s", d.stop_timeout, absl::Seconds(kMaxCommitTimeoutS));
+  if (d.retain_snapshots < absl::ZeroDuration() ||
+      d.retain_snapshots > absl::Seconds(kMaxClientTimeoutS)) {
+    p.Add("retain_snapshots_s",
+          absl::StrCat("must be in [0, ", FormatDouble(kMaxClientTimeoutS), "], got ",
+                       FormatDouble(absl::ToDoubleSeconds(d.retain_snapshots))));
+  }
   if (d.heartbeat_interval < absl::Milliseconds(1)) {
     p.Add("heartbeat_interval_ms", "must be at least 1");
   } else if (d.client_timeout > absl::ZeroDuration() && d.client_timeout <= d.heartbeat_interval) {
@@ -329,6 +335,9 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
   }
   if (proto.has_client_timeout_s()) {
     MergeSeconds("client_timeout_s", proto.client_timeout_s(), &d.client_timeout, p);
+  }
+  if (proto.has_retain_snapshots_s()) {
+    MergeSeconds("retain_snapshots_s", proto.retain_snapshots_s(), &d.retain_snapshots, p);
   }
   if (proto.has_heartbeat_interval_ms()) {
     d.heartbeat_interval = absl::Milliseconds(proto.heartbeat_interval_ms());
@@ -538,6 +547,9 @@ std::string DefaultConfigText(const FullConfig& config) {
       "commit_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.commit_timeout)), "\n",
       "# Seconds without a trainer heartbeat before its registration is dropped.\n",
       "client_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.client_timeout)), "\n",
+      "# Seconds a dead or departed rank's newest snapshots stay in memory for a\n"
+      "# restore from memory (0 = off).\n",
+      "retain_snapshots_s: ", FormatDouble(absl::ToDoubleSeconds(d.retain_snapshots)), "\n",
       "heartbeat_interval_ms: ", absl::ToInt64Milliseconds(d.heartbeat_interval), "\n",
       "# Seconds zccd may take to stop after SIGTERM (below the unit's TimeoutStopSec).\n",
       "stop_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.stop_timeout)), "\n",

@@ -52,6 +52,7 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.keep_every == y.keep_every);
   CHECK(x.commit_timeout == y.commit_timeout);
   CHECK(x.client_timeout == y.client_timeout);
+  CHECK(x.retain_snapshots == y.retain_snapshots);
   CHECK(x.heartbeat_interval == y.heartbeat_interval);
   CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
   CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);
@@ -97,6 +98,7 @@ TEST_CASE("a file setting every field is applied over the base") {
     keep_every: 1000
     commit_timeout_s: 120.5
     client_timeout_s: 45
+    retain_snapshots_s: 90
     heartbeat_interval_ms: 250
     default_backpressure: BLOCK
     status_tcp_listen: "[::1]:7070"
@@ -125,6 +127,7 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.keep_every == 1000);
   CHECK(d.commit_timeout == absl::Milliseconds(120500));
   CHECK(d.client_timeout == absl::Seconds(45));
+  CHECK(d.retain_snapshots == absl::Seconds(90));
   CHECK(d.heartbeat_interval == absl::Milliseconds(250));
   CHECK(c->ops.default_backpressure == BackpressureHint::kBlock);
   CHECK(c->ops.status_tcp_listen == "[::1]:7070");
@@ -232,6 +235,8 @@ TEST_CASE("every out-of-range field is reported, one line each, with its positio
 TEST_CASE("negative, zero and non-finite durations are refused") {
   CHECK_THAT(ParseError("commit_timeout_s: -5\n"),
              Catch::Equals("zccd.conf:1:1: commit_timeout_s: must be positive, got -5"));
+  CHECK_THAT(ParseError("retain_snapshots_s: -1\n"),
+             Catch::Equals("zccd.conf:1:1: retain_snapshots_s: must be in [0, 86400], got -1"));
   CHECK_THAT(ParseError("client_timeout_s: 0\n"),
              Catch::Equals("zccd.conf:1:1: client_timeout_s: must be positive, got 0"));
   CHECK_THAT(ParseError("metrics_textfile_interval_s: -15\n"),

@@ -39,6 +39,9 @@ struct DaemonConfig {
   absl::Duration commit_timeout = absl::Minutes(10);
   // A rank whose trainer has not sent a heartbeat for this long is dropped.
   absl::Duration client_timeout = absl::Seconds(30);
+  // A rank whose trainer died or exited keeps its newest snapshots in memory
+  // this long, for a restore from memory (zero: not kept).
+  absl::Duration retain_snapshots = absl::Minutes(10);
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   // After SIGTERM, zccd exits within this long even if a request or a disk
   // write never finishes (below systemd's TimeoutStopSec=120).

@@ -111,6 +111,33 @@ void Housekeeper::Retire(const Retirement& r) {
   r.session->Stop();
   r.job->RemoveRank(rank, r.session->options().generation);
   PublishSessions();
+  Retain(*r.job, r.session);
+}
+
+void Housekeeper::Retain(Job& job, std::shared_ptr<RankSession> stopped) {
+  if (config_.retain_snapshots <= absl::ZeroDuration()) return;
+  const uint32_t rank = stopped->shards().rank;
+  const std::vector<int64_t> steps =
+      job.retained().Keep(rank, std::move(stopped), absl::Now() + config_.retain_snapshots);
+  if (steps.empty()) return;
+  ZCC_LOG(INFO) << "job " << job.options().job_id << " rank " << rank << ": keeping "
+                << steps.size() << " snapshot(s) in memory, newest step " << steps.front()
+                << ", for " << absl::FormatDuration(config_.retain_snapshots)
+                << " (a restarted trainer restores from memory)";
+}
+
+void Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
+                            const std::shared_ptr<RankSession>& session, absl::Duration wait) {
+  if (session->BeginRetirement()) {
+    Retire({job, session});
+    return;
+  }
+  // The reaper has it: its checkpoint-on-failure may take a while.
+  const absl::Time deadline = absl::Now() + wait;
+  const uint32_t rank = session->shards().rank;
+  while (job->FindRank(rank) == session && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
 }
 
 void Housekeeper::HousekeepingLoop() {
@@ -121,7 +148,9 @@ void Housekeeper::HousekeepingLoop() {
     work_mu_.Unlock();
     metrics_->staging_bytes().Set(static_cast<double>(registry_.staging_bytes()));
     size_t ranks = 0;
+    uint64_t retained_bytes = 0;
     for (const auto& job : registry_.jobs()) {
+      retained_bytes += job->retained().bytes();
       for (const auto& session : job->Ranks()) {
         ++ranks;
         // Skips are counted by the trainer in shared memory; export the growth.
@@ -144,8 +173,13 @@ void Housekeeper::HousekeepingLoop() {
         }
       }
       job->Tick();
+      if (const size_t expired = job->retained().DropExpired(absl::Now()); expired > 0) {
+        ZCC_LOG(INFO) << "job " << job->options().job_id << ": dropped " << expired
+                      << " rank(s)' retained snapshots (retain_snapshots_s passed)";
+      }
     }
     metrics_->registered_ranks().Set(static_cast<double>(ranks));
+    metrics_->retained_snapshot_bytes().Set(static_cast<double>(retained_bytes));
     last_round_ns_.store(absl::GetCurrentTimeNanos());
     PublishSessions();
     registry_.drop_idle_jobs();

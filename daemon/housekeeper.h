@@ -59,6 +59,17 @@ class Housekeeper {
 
   // Makes the heartbeat thread see the sessions of every registered job now.
   void PublishSessions();
+
+  // Retires `session` of `job`, whose trainer is gone, now: its
+  // checkpoint-on-failure, then the session is stopped, removed from the job
+  // and its intact snapshots retained (Retain). When the reaper is already
+  // retiring it, waits (at most `wait`) for that to finish. For a trainer
+  // that registers again before housekeeping noticed its predecessor died.
+  void RetireNow(const std::shared_ptr<Job>& job, const std::shared_ptr<RankSession>& session,
+                 absl::Duration wait);
+  // Keeps the snapshots of `stopped` (removed from `job`) in memory for
+  // retain_snapshots, so its rank's next trainer restores them from memory.
+  void Retain(Job& job, std::shared_ptr<RankSession> stopped);
   // False when housekeeping has not completed a round recently (the systemd
   // watchdog stops being fed, and systemd restarts zccd).
   bool Healthy() const;

@@ -295,6 +295,7 @@ void Job::FillStatus(v1::JobStatus* out) const {
     r->set_ema_skipped_nonfinite(c.ema_skipped_nonfinite);
     r->set_ema_tensors(c.ema_tensors);
   }
+  retained_.FillStatus(out, absl::Now());
 }
 
 }  // namespace zcc::daemon

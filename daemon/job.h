@@ -22,6 +22,7 @@
 #include "common/fs_identity.h"
 #include "common/mutex.h"
 #include "daemon/rank_session.h"
+#include "daemon/retained_snapshots.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 
@@ -54,8 +55,15 @@ class Job {
   // Removes the rank if its generation matches; returns the removed session.
   std::shared_ptr<RankSession> RemoveRank(uint32_t rank, uint64_t generation);
   std::vector<std::shared_ptr<RankSession>> Ranks() const;
-  // No ranks registered and no commit pending: the job can be dropped.
+  // No ranks registered and no commit pending.
   bool idle() const;
+  // Idle, and no snapshots retained for a restore from memory: the job can
+  // be dropped.
+  bool droppable() const { return idle() && retained_.empty(); }
+
+  // Snapshots of ranks whose trainer died or exited, for a restore from
+  // memory when the rank registers again.
+  RetainedSnapshots& retained() { return retained_; }
 
   // From a rank's ingest thread after each persist attempt.
   void OnPersisted(const PersistEvent& event);
@@ -111,6 +119,7 @@ class Job {
   // daemon: what its own ranks wrote and how long the slowest took).
   checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  RetainedSnapshots retained_;
 };
 
 }  // namespace zcc::daemon

@@ -44,6 +44,8 @@ ABSL_FLAG(double, stop_timeout_s, 90, "seconds zccd may take to stop after SIGTE
           "abandons requests or writes that do not finish (keep below TimeoutStopSec)");
 ABSL_FLAG(double, client_timeout_s, 30, "seconds without a trainer heartbeat before its "
                                          "registration is dropped");
+ABSL_FLAG(double, retain_snapshots_s, 600, "seconds a dead or departed rank's newest snapshots "
+          "stay in memory for a restore from memory (0 = off)");
 ABSL_FLAG(std::string, status_listen, "", "host:port of a read-only TCP status + gRPC health "
                                           "listener (empty = off)");
 ABSL_FLAG(std::string, metrics_listen, "", "host:port serving Prometheus metrics at /metrics "
@@ -94,6 +96,9 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("commit_timeout_s")) d.commit_timeout = absl::Seconds(absl::GetFlag(FLAGS_commit_timeout_s));
   if (Given("stop_timeout_s")) d.stop_timeout = absl::Seconds(absl::GetFlag(FLAGS_stop_timeout_s));
   if (Given("client_timeout_s")) d.client_timeout = absl::Seconds(absl::GetFlag(FLAGS_client_timeout_s));
+  if (Given("retain_snapshots_s")) {
+    d.retain_snapshots = absl::Seconds(absl::GetFlag(FLAGS_retain_snapshots_s));
+  }
   if (Given("status_listen")) c.ops.status_tcp_listen = absl::GetFlag(FLAGS_status_listen);
   if (Given("metrics_listen")) c.ops.metrics_http_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (Given("metrics_textfile_dir")) c.ops.metrics_textfile_dir = absl::GetFlag(FLAGS_metrics_textfile_dir);

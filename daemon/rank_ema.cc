@@ -166,6 +166,49 @@ absl::Status RankEma::Restore(const std::string& step_dir, const checkpoint::Gro
   return absl::OkStatus();
 }
 
+std::string RankEma::Incompatibility(const RankEma& from) const {
+  if (!from.enabled_) return "the previous trainer kept no EMA";
+  if (!from.ema_->initialized()) return "the previous trainer's EMA had no update yet";
+  if (from.ema_->decay() != ema_->decay()) {
+    return absl::StrCat("the previous trainer's EMA decay was ", from.ema_->decay(), ", not ",
+                        ema_->decay());
+  }
+  if (from.ema_->num_tensors() != ema_->num_tensors()) {
+    return absl::StrCat("the previous trainer kept the EMA of ", from.ema_->num_tensors(),
+                        " tensors, not ", ema_->num_tensors());
+  }
+  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+    const ema::EmaTensorSpec& mine = ema_->tensor(i);
+    const ema::EmaTensorSpec& theirs = from.ema_->tensor(i);
+    if (mine.name != theirs.name || mine.elements != theirs.elements || mine.dtype != theirs.dtype) {
+      return absl::StrCat("the previous trainer's EMA tensor ", i, " is '", theirs.name,
+                          "', not '", mine.name, "'");
+    }
+  }
+  return "";
+}
+
+void RankEma::AdoptFrom(RankEma& from, int64_t step) {
+  if (!enabled_) return;
+  // `from` is a stopped session's: no other thread takes its lock.
+  zcc::MutexLock theirs(&from.mu_);
+  zcc::MutexLock mine(&mu_);
+  if (std::string why = Incompatibility(from); !why.empty()) {
+    ZCC_LOG(WARNING) << "job " << job_id_ << " rank " << rank_ << ": restored step " << step
+                     << " from memory without its EMA (" << why
+                     << "); the EMA starts afresh from the next snapshot";
+    return;
+  }
+  if (from.ema_->last_step() > step) {
+    ZCC_LOG(WARNING) << "job " << job_id_ << " rank " << rank_ << ": restored step " << step
+                     << " from memory with an EMA that has folded in steps up to "
+                     << from.ema_->last_step() << "; the replay of those steps is not folded again";
+  }
+  std::swap(ema_, from.ema_);
+  PublishCounters();
+  from.PublishCounters();
+}
+
 void RankEma::PublishCounters() {
   last_step_.store(ema_->last_step(), std::memory_order_relaxed);
   skipped_nonfinite_.store(ema_->counters().skipped_nonfinite, std::memory_order_relaxed);

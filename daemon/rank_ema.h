@@ -75,8 +75,19 @@ class RankEma {
   absl::Status Restore(const std::string& step_dir, const checkpoint::GroupedIndex& index,
                        int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Takes over `from`'s EMA (the rank's previous trainer's, kept in memory)
+  // for a restore of `step` from memory: the two are swapped, in O(1). An
+  // EMA `from` does not have (or keeps of other tensors, or with another
+  // decay) leaves this one to start afresh, logged. When `from` folded in
+  // steps newer than `step`, they stay in (logged); the trainer's replay of
+  // those steps is then not folded in again (updates only move forward).
+  void AdoptFrom(RankEma& from, int64_t step) ABSL_LOCKS_EXCLUDED(mu_, from.mu_);
+
  private:
   void PublishCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `from`'s EMA cannot replace this one (empty: it can).
+  std::string Incompatibility(const RankEma& from) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, from.mu_);
 
   const bool enabled_;
   const std::vector<RegisteredTensor> sources_;
@@ -86,7 +97,8 @@ class RankEma {
   const uint32_t interval_;
   metrics::ZccMetrics* const metrics_;
   mutable zcc::Mutex mu_;
-  const std::unique_ptr<ema::EmaUpdater> ema_ ABSL_PT_GUARDED_BY(mu_);
+  // Swapped with a predecessor's by AdoptFrom, hence guarded itself.
+  std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(mu_) ABSL_PT_GUARDED_BY(mu_);
   std::atomic<int64_t> last_step_{-1};
   std::atomic<uint64_t> skipped_nonfinite_{0};
 };

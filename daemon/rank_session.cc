@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <optional>
 #include <utility>
@@ -31,7 +32,7 @@ std::vector<RegisteredTensor> EmaSources(const std::vector<RegisteredTensor>& re
 RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
                          shm::Segment segment, RankSessionOptions options,
                          PersistCallback on_persisted, std::unique_ptr<ema::EmaUpdater> ema,
-                         std::vector<size_t> ema_index)
+                         std::vector<size_t> ema_index, Inheritance inherited)
     : shards_(std::move(shards)),
       registered_(std::move(registered)),
       segment_(std::move(segment)),
@@ -42,7 +43,12 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)),
       ema_(std::move(ema), EmaSources(registered_, ema_index), shards_.job_id, shards_.rank,
            options_.ema_interval, options_.metrics),
-      writer_([this](WriteJob job) { Write(std::move(job)); }) {}
+      writer_([this](WriteJob job) { Write(std::move(job)); }) {
+  for (auto& step : ingested_full_step_) step.store(-1);
+  zcc::MutexLock lock(&mu_);
+  held_ = std::move(inherited.held);
+  if (!held_.empty()) predecessor_ = std::move(inherited.predecessor);
+}
 
 RankSession::~RankSession() { Stop(); }
 
@@ -72,6 +78,7 @@ void RankSession::Stop() {
 }
 
 void RankSession::Heartbeat() {
+  if (segment_taken_.load()) return;
   segment_.control()->daemon_heartbeat_ns.store(shm::MonotonicNanos(), std::memory_order_relaxed);
 }
 
@@ -141,6 +148,10 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
       last_error_ = std::move(problem->message);
     }
   }
+  // The trainer went on without restoring from memory: what it left is of
+  // no more use.
+  ReleaseHeld();
+  ingested_full_step_[slot.index].store(slot.kind == shm::SnapshotKind::kFull ? slot.step : -1);
   if (slot.kind != shm::SnapshotKind::kFull) return false;
   last_full_slot_.store(slot.index);
   last_full_step_.store(slot.step);
@@ -232,6 +243,73 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   SubmitWrite(slot, /*on_failure=*/true);
   writer_.AwaitIdle();
   return last_persisted_step_.load() == step ? std::optional<int64_t>(step) : std::nullopt;
+}
+
+std::vector<int64_t> RankSession::MemorySteps() const {
+  zcc::MutexLock lock(&mu_);
+  std::vector<int64_t> steps;
+  for (const SlotSnapshot& s : held_) steps.push_back(s.step);
+  return steps;
+}
+
+std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const {
+  zcc::MutexLock lock(&mu_);
+  for (const SlotSnapshot& s : held_) {
+    if (s.step == step) return s.slot;
+  }
+  return std::nullopt;
+}
+
+absl::Status RankSession::TakePredecessorEma(int64_t step) {
+  std::shared_ptr<RankSession> predecessor;
+  {
+    zcc::MutexLock lock(&mu_);
+    predecessor = predecessor_;
+  }
+  if (predecessor == nullptr) {
+    return absl::FailedPreconditionError("no snapshot of the previous trainer is held any more");
+  }
+  ema_.AdoptFrom(predecessor->ema_, step);
+  return absl::OkStatus();
+}
+
+void RankSession::ReleaseHeld() {
+  std::vector<SlotSnapshot> held;
+  std::shared_ptr<RankSession> predecessor;  // destroyed here, outside the lock
+  {
+    zcc::MutexLock lock(&mu_);
+    if (held_.empty() && predecessor_ == nullptr) return;
+    held.swap(held_);
+    predecessor.swap(predecessor_);
+  }
+  for (const SlotSnapshot& s : held) FreeSlot(s.slot);
+}
+
+bool RankSession::AllStaged() const {
+  for (const RegisteredTensor& t : registered_) {
+    if (!t.staged) return false;
+  }
+  return true;
+}
+
+std::vector<SlotSnapshot> RankSession::IntactSnapshots() const {
+  std::vector<SlotSnapshot> intact;
+  {
+    zcc::MutexLock lock(&mu_);
+    intact = held_;
+  }
+  for (uint32_t i = 0; i < options_.num_slots; ++i) {
+    const int64_t ingested = ingested_full_step_[i].load();
+    if (ingested >= 0 && ring_.FreeSlotStep(i) == ingested) intact.push_back({i, ingested});
+  }
+  std::sort(intact.begin(), intact.end(),
+            [](const SlotSnapshot& a, const SlotSnapshot& b) { return a.step > b.step; });
+  return intact;
+}
+
+shm::Segment RankSession::TakeSegment() {
+  segment_taken_.store(true);
+  return std::move(segment_);
 }
 
 RankCounters RankSession::counters() const {

@@ -13,14 +13,24 @@
 // runs waits for it). One slow disk therefore only holds up its own rank.
 // Every word read from shared memory is validated.
 //
+// Restore from memory: when a trainer dies or exits, its stopped session is
+// kept for a while (daemon/retained_snapshots.h) with the FULL snapshots
+// still intact in its staging segment. A trainer of the same rank that
+// registers again with the same tensors gets a session that adopts that
+// segment: the snapshots stay in their slots, held (kIngesting) until the
+// trainer has restored (RestoreDone) or publishes a snapshot of its own, and
+// the predecessor's EMA goes to the new session when one of them is restored.
+//
 // Thread-safety: all public methods may be called from any thread.
 // Ownership: owns the segment (removed when the session is destroyed).
 #ifndef ZCC_DAEMON_RANK_SESSION_H_
 #define ZCC_DAEMON_RANK_SESSION_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 #include <optional>
@@ -69,6 +79,22 @@ struct RankSessionOptions {
   checkpoint::IoOptions io;
 };
 
+// A FULL snapshot left in a staging slot.
+struct SlotSnapshot {
+  uint32_t slot = 0;
+  int64_t step = -1;
+};
+
+class RankSession;
+
+// What a session adopts from its rank's previous trainer: that trainer's
+// stopped session (for its EMA) and the snapshots held in the adopted
+// segment, newest first.
+struct Inheritance {
+  std::shared_ptr<RankSession> predecessor;
+  std::vector<SlotSnapshot> held;
+};
+
 // Reported after every persist attempt, from the writer thread.
 struct PersistEvent {
   uint32_t rank = 0;
@@ -100,7 +126,8 @@ class RankSession {
   // (staged parameters).
   RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
               shm::Segment segment, RankSessionOptions options, PersistCallback on_persisted,
-              std::unique_ptr<ema::EmaUpdater> ema = nullptr, std::vector<size_t> ema_index = {});
+              std::unique_ptr<ema::EmaUpdater> ema = nullptr, std::vector<size_t> ema_index = {},
+              Inheritance inherited = {});
   ~RankSession();
   RankSession(const RankSession&) = delete;
   RankSession& operator=(const RankSession&) = delete;
@@ -151,6 +178,29 @@ class RankSession {
   // leaves the EMA to start afresh (logged).
   absl::Status RestoreEma(const std::string& step_dir, const checkpoint::GroupedIndex& index,
                           int64_t step);
+  // ---- restore from memory ----
+  // Steps of the snapshots held from the previous trainer, newest first.
+  std::vector<int64_t> MemorySteps() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The slot holding `step` from the previous trainer, if it is held.
+  std::optional<uint32_t> HeldSlot(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives this session the previous trainer's EMA, for a restore of `step`
+  // from memory. OK and a no-op without an EMA; an EMA the predecessor did
+  // not have, or kept of other tensors or with another decay, starts afresh
+  // (logged).
+  absl::Status TakePredecessorEma(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the held slots and drops the predecessor (the trainer restored, or
+  // went on without restoring). Idempotent.
+  void ReleaseHeld() ABSL_LOCKS_EXCLUDED(mu_);
+  // True when every registered tensor is staged: a restore from memory can
+  // then serve all of them (a replica another rank writes is not in the slot).
+  bool AllStaged() const;
+  // After Stop(): the FULL snapshots intact in the staging segment, newest
+  // first (ingested, and their slot not taken again by the trainer; those
+  // still held from a predecessor).
+  std::vector<SlotSnapshot> IntactSnapshots() const ABSL_LOCKS_EXCLUDED(mu_);
+  // After Stop(): hands the staging segment over to a successor session.
+  shm::Segment TakeSegment();
+
   const RankSessionOptions& options() const { return options_; }
   const std::string& shm_name() const { return segment_.name(); }
   uint64_t segment_bytes() const { return segment_.size(); }
@@ -190,6 +240,12 @@ class RankSession {
   // The newest FULL snapshot ingested and the slot that held it.
   std::atomic<int64_t> last_full_step_{-1};
   std::atomic<uint32_t> last_full_slot_{0};
+  // Per slot, the step of the FULL snapshot last ingested from it (-1: none,
+  // or an EMA-only one): with the slot free and still showing that step, the
+  // snapshot is intact.
+  std::array<std::atomic<int64_t>, shm::kMaxSlots> ingested_full_step_;
+  // Set once the segment was handed to a successor: the heartbeat leaves it.
+  std::atomic<bool> segment_taken_{false};
   std::atomic<uint64_t> snapshots_ingested_{0};
   std::atomic<uint64_t> persist_failures_{0};
   std::thread thread_;
@@ -197,6 +253,8 @@ class RankSession {
   mutable zcc::Mutex mu_;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<SlotSnapshot> held_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<RankSession> predecessor_ ABSL_GUARDED_BY(mu_);
   RestoreBuffers restore_buffers_;
   // Last: declared after everything Write() touches, so it is destroyed (and
   // its thread joined) first.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -20,6 +21,7 @@
 #include "format/manifest.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
+#include "shm/slot_ring.h"
 
 namespace zcc::daemon {
 namespace {
@@ -104,8 +106,21 @@ uint64_t Registry::StagingBytesLocked() const {
   uint64_t total = 0;
   for (const auto& [id, job] : jobs_) {
     for (const auto& session : job->Ranks()) total += session->segment_bytes();
+    total += job->retained().bytes();
   }
   return total;
+}
+
+bool Registry::DropOneRetainedLocked() {
+  for (const auto& [id, job] : jobs_) {
+    if (job->retained().DropOne()) {
+      ZCC_LOG(WARNING) << "job " << id
+                       << ": dropped a rank's retained snapshots to make room in the staging "
+                          "budget for a registration";
+      return true;
+    }
+  }
+  return false;
 }
 
 absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req,
@@ -172,26 +187,31 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   }
 
   // A trainer restarted faster than the housekeeping round noticed its
-  // predecessor's death: give the old registration its checkpoint-on-failure
-  // before it is replaced, so a restore right after sees that step.
-  std::shared_ptr<RankSession> predecessor;
+  // predecessor's death: retire the old registration first (its
+  // checkpoint-on-failure, so a restore right after sees that step; its
+  // snapshots kept for a restore from memory).
   {
-    zcc::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job_id());
-    if (it != jobs_.end() && it->second->Authorize(caller.uid).ok()) {
-      predecessor = it->second->FindRank(req.rank());
+    std::shared_ptr<Job> found;
+    std::shared_ptr<RankSession> predecessor;
+    {
+      zcc::MutexLock lock(&mu_);
+      auto it = jobs_.find(req.job_id());
+      if (it != jobs_.end() && it->second->Authorize(caller.uid).ok()) {
+        found = it->second;
+        predecessor = found->FindRank(req.rank());
+      }
     }
-  }
-  if (predecessor != nullptr && predecessor->options().persist_on_failure &&
-      (predecessor->ClientProcessGone() || !predecessor->ClientAlive(config_.client_timeout))) {
-    if (auto step = predecessor->PersistNewestOnFailure(); step.has_value()) {
-      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
-                       << ": persisted its previous trainer's newest snapshot, step " << *step
-                       << " (checkpoint-on-failure)";
+    if (predecessor != nullptr &&
+        (predecessor->ClientProcessGone() || !predecessor->ClientAlive(config_.client_timeout))) {
+      housekeeper_.RetireNow(found, predecessor, config_.client_timeout);
     }
   }
 
   std::shared_ptr<RankSession> replaced;
+  // Destroyed after the lock is released: a replaced idle job (with what it
+  // retained), retained snapshots dropped for room or not adopted.
+  std::shared_ptr<Job> dropped_job;
+  std::vector<RetainedSnapshots::Entry> dropped;
   v1::RegisterResponse resp;
   {
     zcc::MutexLock lock(&mu_);
@@ -205,7 +225,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
         (job->options().world_size != req.world_size() || job->options().job_dir != job_dir)) {
       ZCC_LOG(INFO) << "job " << req.job_id() << " re-registered with world_size "
                     << req.world_size() << " (was " << job->options().world_size << ")";
-      job = nullptr;
+      dropped_job = std::move(job);
     }
     if (job == nullptr) {
       JobOptions options;
@@ -234,23 +254,69 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
           "rank ", req.rank(), " of job '", req.job_id(), "' is already registered by pid ",
           existing->options().pid, ", which is still alive"));
     }
-    const uint64_t in_use = StagingBytesLocked() - (existing ? existing->segment_bytes() : 0);
-    if (config_.staging_budget_bytes > 0 && in_use + segment_bytes > config_.staging_budget_bytes) {
+    // Owned by the trainer's uid, mode 0600: no other user can map it (nor
+    // its restore and EMA buffers, made for the same owner).
+    const uid_t segment_owner = self == 0 ? caller.uid : static_cast<uid_t>(-1);
+    // What the rank's previous trainer left in memory: adopted when it was
+    // registered with the same tensors and slots, so its snapshots can be
+    // restored from memory (and no new segment is made); dropped otherwise.
+    std::optional<RetainedSnapshots::Entry> inherited = job->retained().Take(req.rank());
+    if (inherited.has_value()) {
+      const RankSession& old = *inherited->session;
+      if (old.shards().manifest_hash != shards.manifest_hash ||
+          old.options().num_slots != num_slots || old.shards().layout.slot_bytes != slot_bytes ||
+          old.options().segment_owner != segment_owner) {
+        ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank()
+                      << ": the snapshots kept from the previous trainer do not match this "
+                         "registration (other tensors or slots); dropping them";
+        dropped.push_back(std::move(*inherited));
+        inherited.reset();
+      }
+    }
+    const uint64_t needed = inherited.has_value() ? 0 : segment_bytes;
+    uint64_t in_use = StagingBytesLocked() - (existing ? existing->segment_bytes() : 0);
+    // Retained snapshots give way to a registration: the oldest go first.
+    while (config_.staging_budget_bytes > 0 && in_use + needed > config_.staging_budget_bytes &&
+           DropOneRetainedLocked()) {
+      in_use = StagingBytesLocked() - (existing ? existing->segment_bytes() : 0);
+    }
+    if (config_.staging_budget_bytes > 0 && in_use + needed > config_.staging_budget_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "registration needs ", segment_bytes, " bytes of staging memory; ", in_use, " of the ",
           config_.staging_budget_bytes, "-byte budget are in use"));
     }
     const uint64_t generation = next_generation_++;
-    const std::string shm_name = absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r",
-                                              req.rank(), ".g", generation);
-    // Owned by the trainer's uid, mode 0600: no other user can map it (nor
-    // its restore and EMA buffers, made for the same owner).
-    const uid_t segment_owner = self == 0 ? caller.uid : static_cast<uid_t>(-1);
-    ZCC_ASSIGN_OR_RETURN(
-        shm::Segment segment,
-        shm::Segment::Create(shm_name, segment_bytes, segment_owner));
+    Inheritance inheritance;
+    std::optional<shm::Segment> adopted;
+    if (inherited.has_value()) {
+      adopted.emplace(inherited->session->TakeSegment());
+      inheritance.predecessor = std::move(inherited->session);
+    } else {
+      ZCC_ASSIGN_OR_RETURN(
+          shm::Segment created,
+          shm::Segment::Create(absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r",
+                                            req.rank(), ".g", generation),
+                               segment_bytes, segment_owner));
+      adopted.emplace(std::move(created));
+    }
+    shm::Segment segment = std::move(*adopted);
+    const std::string shm_name = segment.name();
     shm::InitControlBlock(segment.control(), num_slots, slot_bytes, generation,
                           shards.manifest_hash);
+    if (inherited.has_value()) {
+      // One slot stays free at least, so the trainer can snapshot before it
+      // restores (which lets the held ones go).
+      shm::SlotRing ring(segment.control(), num_slots);
+      for (const SlotSnapshot& s : inherited->snapshots) {
+        if (inheritance.held.size() + 1 >= num_slots) break;
+        ring.Hold(s.slot, s.step);
+        inheritance.held.push_back(s);
+      }
+      ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank()
+                    << ": adopted the previous trainer's staging segment with "
+                    << inheritance.held.size() << " snapshot(s) for a restore from memory, newest step "
+                    << inheritance.held.front().step;
+    }
 
     RankSessionOptions options;
     options.job_dir = job_dir;
@@ -269,7 +335,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     auto session = std::make_shared<RankSession>(
         shards, registered, std::move(segment), options,
         [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); }, std::move(ema),
-        std::move(ema_index));
+        std::move(ema_index), std::move(inheritance));
     session->Start();
     replaced = job->PutRank(session);
 
@@ -343,12 +409,15 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
   if (job->RemoveRank(req.rank(), req.generation()) == nullptr) {
     return absl::NotFoundError("registration already removed");
   }
+  housekeeper_.PublishSessions();  // drops the list's reference to the session
+  // A trainer that exits may be started again (a job restarted by its
+  // launcher): its snapshots stay for a restore from memory.
+  housekeeper_.Retain(*job, session);
   {
     zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job_id());
-    if (it != jobs_.end() && it->second == job && job->idle()) jobs_.erase(it);
+    if (it != jobs_.end() && it->second == job && job->droppable()) jobs_.erase(it);
   }
-  housekeeper_.PublishSessions();  // drops the list's reference to the session
   ZCC_LOG(INFO) << "unregistered job " << req.job_id() << " rank " << req.rank();
   return absl::OkStatus();
 }
@@ -362,6 +431,13 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   return restores_.Restore(*job, *session, req, [this, &client_gone] {
     return shutting_down_.load() || (client_gone && client_gone());
   });
+}
+
+absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(
+    const v1::RestoreCandidatesRequest& req, const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  auto& [job, session] = found;
+  return restores_.Candidates(*job, *session, req.owned_only());
 }
 
 absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& req,
@@ -508,7 +584,7 @@ std::vector<std::shared_ptr<Job>> Registry::Jobs() const {
 void Registry::DropIdleJobs() {
   zcc::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
-    it = it->second->idle() ? jobs_.erase(it) : std::next(it);
+    it = it->second->droppable() ? jobs_.erase(it) : std::next(it);
   }
 }
 

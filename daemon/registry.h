@@ -74,6 +74,8 @@ class Registry {
   absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request, const Caller& caller,
                                               std::function<bool()> client_gone = nullptr);
   absl::Status RestoreDone(const v1::RestoreDoneRequest& request, const Caller& caller);
+  absl::StatusOr<v1::RestoreCandidatesResponse> RestoreCandidates(
+      const v1::RestoreCandidatesRequest& request, const Caller& caller);
   absl::StatusOr<v1::ReadEmaResponse> ReadEma(const v1::ReadEmaRequest& request,
                                               const Caller& caller);
   absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request, const Caller& caller);
@@ -106,6 +108,9 @@ class Registry {
   std::vector<std::shared_ptr<Job>> Jobs() const ABSL_LOCKS_EXCLUDED(mu_);
   void DropIdleJobs() ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops one rank's retained snapshots (the one that expires first in the
+  // first job that has some); false when no job retains any.
+  bool DropOneRetainedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;
   storage::Storage* const shard_storage_;

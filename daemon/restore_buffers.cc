@@ -16,31 +16,31 @@ absl::Status RestoreBuffers::CheckRoom() const {
   return absl::OkStatus();
 }
 
-uint64_t RestoreBuffers::Add(shm::Segment buffer, int64_t step) {
+uint64_t RestoreBuffers::Add(std::optional<shm::Segment> buffer, int64_t step,
+                             std::function<void()> on_done) {
   zcc::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
-  buffers_.emplace(id, std::make_pair(std::move(buffer), step));
+  buffers_.emplace(id, Buffer{std::move(buffer), step, std::move(on_done)});
   return id;
 }
 
 absl::StatusOr<int64_t> RestoreBuffers::Remove(uint64_t id) {
-  std::optional<shm::Segment> segment;  // unmapped and removed on return, outside the lock
-  int64_t step = -1;
+  Buffer buffer;  // unmapped and removed on return, outside the lock
   {
     zcc::MutexLock lock(&mu_);
     auto it = buffers_.find(id);
     if (it == buffers_.end()) {
       return absl::NotFoundError(absl::StrCat("no restore buffer ", id, " for this rank"));
     }
-    step = it->second.second;
-    segment.emplace(std::move(it->second.first));
+    buffer = std::move(it->second);
     buffers_.erase(it);
   }
-  return step;
+  if (buffer.on_done) buffer.on_done();
+  return buffer.step;
 }
 
 void RestoreBuffers::Clear() {
-  std::map<uint64_t, std::pair<shm::Segment, int64_t>> buffers;
+  std::map<uint64_t, Buffer> buffers;
   {
     zcc::MutexLock lock(&mu_);
     buffers.swap(buffers_);

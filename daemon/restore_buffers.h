@@ -1,7 +1,9 @@
 // The restore and EMA buffers zccd filled for one rank and keeps until the
 // client says it has copied them out (RestoreDone) or the rank goes: each a
-// shared-memory segment with the step it holds. A client holds at most
-// kMax at once, so a client that never releases cannot exhaust memory.
+// shared-memory segment (none for a restore from the rank's own staging
+// segment) with the step it holds, and what to do when the client is done.
+// A client holds at most kMax at once, so a client that never releases
+// cannot exhaust memory.
 //
 // Thread-safety: all methods may be called concurrently.
 // Ownership: owns the segments (unmapped and removed when dropped).
@@ -10,7 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -26,17 +30,25 @@ class RestoreBuffers {
 
   // ResourceExhausted when the client already holds kMax buffers.
   absl::Status CheckRoom() const;
-  // Keeps `buffer` (holding `step`); returns its id.
-  uint64_t Add(shm::Segment buffer, int64_t step);
+  // Keeps `buffer` (holding `step`; none when the bytes are in the staging
+  // segment); returns its id. `on_done` (may be null) runs when the client
+  // releases it with Remove, not when the rank goes (Clear).
+  uint64_t Add(std::optional<shm::Segment> buffer, int64_t step,
+               std::function<void()> on_done = nullptr);
   // Drops buffer `id`; returns the step it held. NotFound for an unknown id.
   absl::StatusOr<int64_t> Remove(uint64_t id);
   // Drops them all (the rank is going).
   void Clear();
 
  private:
+  struct Buffer {
+    std::optional<shm::Segment> segment;
+    int64_t step = -1;
+    std::function<void()> on_done;
+  };
   mutable zcc::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, std::pair<shm::Segment, int64_t>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Buffer> buffers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zcc::daemon

@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "daemon/restorer.h"
 #include "format/manifest.h"
+#include "shm/control_block.h"
 
 namespace zcc::daemon {
 
@@ -75,6 +76,63 @@ void RestoreService::MarkDamaged(const std::string& step_dir, const absl::Status
   verified_[std::make_pair(step_dir, record->manifest_hash)] = why;
 }
 
+namespace {
+
+// Held snapshots serve a restore only when it wants just what the rank
+// stages, or the rank stages everything.
+std::vector<int64_t> ServableMemorySteps(const RankSession& session, bool owned_only) {
+  if (!owned_only && !session.AllStaged()) return {};
+  return session.MemorySteps();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RestoreCandidatesResponse> RestoreService::Candidates(Job& job,
+                                                                         RankSession& session,
+                                                                         bool owned_only) {
+  v1::RestoreCandidatesResponse resp;
+  for (int64_t step : ServableMemorySteps(session, owned_only)) resp.add_memory_steps(step);
+  ScopedFsIdentity as_owner(job.options().owner);
+  auto committed = checkpoint::ListCommittedSteps(job.options().job_dir);
+  if (!committed.ok() && committed.status().code() != absl::StatusCode::kNotFound) {
+    return committed.status();
+  }
+  if (committed.ok()) {
+    for (auto it = committed->rbegin(); it != committed->rend(); ++it) resp.add_disk_steps(*it);
+  }
+  return resp;
+}
+
+v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
+                                                      const v1::RestoreRequest& req,
+                                                      uint32_t slot, int64_t step) {
+  // The EMA goes with the snapshot: the previous trainer's, as of its death.
+  if (absl::Status st = session.TakePredecessorEma(step); !st.ok()) {
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << st.message();
+  }
+  const uint64_t slot_bytes = session.shards().layout.slot_bytes;
+  v1::RestoreResponse resp;
+  resp.set_step(step);
+  resp.set_source(v1::RESTORE_SOURCE_MEMORY);
+  resp.set_shm_name(session.shm_name());
+  resp.set_segment_bytes(session.segment_bytes());
+  resp.set_data_offset(shm::ControlBlockBytes() + uint64_t{slot} * slot_bytes);
+  for (const RegisteredTensor& t : session.registered()) {
+    v1::TensorPlacement* p = resp.add_placements();
+    p->set_name(t.name);
+    p->set_offset(t.staged ? t.slot_offset : 0);
+    p->set_nbytes(t.nbytes);
+    p->set_staged(t.staged);
+  }
+  // Done once the client has copied it out: the held slots go back to it.
+  resp.set_restore_id(
+      session.restore_buffers().Add(std::nullopt, step, [&session] { session.ReleaseHeld(); }));
+  metrics_->restores(metrics::RestoreSource::kMemory).Increment();
+  ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restoring step " << step
+                << " from memory (the previous trainer's snapshot)";
+  return resp;
+}
+
 absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     Job& job, RankSession& session, const v1::RestoreRequest& req,
     const std::function<bool()>& cancelled) {
@@ -82,6 +140,22 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   // Read with the job owner's identity: nothing planted in the directory can
   // make zccd read what that user could not.
   ScopedFsIdentity as_owner(job.options().owner);
+  // From memory when the step asked for is held, or, asked for the newest,
+  // when the newest held snapshot is at least as new as the newest commit.
+  const std::vector<int64_t> in_memory = ServableMemorySteps(session, req.owned_only());
+  if (!in_memory.empty()) {
+    int64_t want = req.step();
+    if (want < 0) {
+      auto committed = checkpoint::ListCommittedSteps(job_dir);
+      const int64_t newest_disk = committed.ok() && !committed->empty() ? committed->back() : -1;
+      if (in_memory.front() >= newest_disk) want = in_memory.front();
+    }
+    if (want >= 0) {
+      if (std::optional<uint32_t> slot = session.HeldSlot(want)) {
+        return RestoreFromMemory(session, req, *slot, want);
+      }
+    }
+  }
   std::vector<std::string> skipped;
   // A step found damaged while it is read (after an earlier verification was
   // cached, or damaged since) is marked bad and the choice made again, so a
@@ -100,13 +174,14 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     skipped.insert(skipped.end(), choice.rejected.begin(), choice.rejected.end());
     const std::string step_dir = JoinPath(job_dir, format::StepDirName(choice.step));
     auto resp = RestoreStep(job, session, req, step_dir, choice.step, cancelled);
+    if (resp.ok()) metrics_->restores(metrics::RestoreSource::kDisk).Increment();
     if (resp.ok()) {
       for (const std::string& why : skipped) resp->add_skipped_steps(why);
       return resp;
     }
     const bool damaged = resp.status().code() == absl::StatusCode::kDataLoss ||
                          resp.status().code() == absl::StatusCode::kNotFound;
-    if (!damaged || req.step() >= 0) return resp.status();
+    if (!damaged || (req.step() >= 0 && !req.allow_older())) return resp.status();
     MarkDamaged(step_dir, resp.status());
     ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": "
                      << resp.status().message() << "; falling back to an older step";
@@ -129,13 +204,14 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   }
   auto buffer = ReadRestoreBuffer(step_dir, **index, session.registered(), shm_name,
                                   max_slot_bytes_, session.options().segment_owner,
-                                  cancelled);
+                                  cancelled, req.owned_only());
   metrics_->restore_seconds().ObserveDuration(absl::Now() - read_start);
   if (!buffer.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
     return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(step)));
   }
+  metrics_->restore_bytes_read().Increment(buffer->bytes_read);
   if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
@@ -152,9 +228,12 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     p->set_name(registered[i].name);
     p->set_offset(buffer->offsets[i]);
     p->set_nbytes(registered[i].nbytes);
-    p->set_staged(true);
+    p->set_staged(buffer->restored[i]);
   }
-  resp.set_restore_id(session.restore_buffers().Add(std::move(buffer->segment), step));
+  resp.set_source(v1::RESTORE_SOURCE_DISK);
+  // The trainer restored from disk: snapshots held in memory are of no more use.
+  resp.set_restore_id(session.restore_buffers().Add(std::move(buffer->segment), step,
+                                                    [&session] { session.ReleaseHeld(); }));
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
                 << format::StepDirName(step) << " into " << shm_name;
   return resp;

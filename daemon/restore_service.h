@@ -1,7 +1,10 @@
-// Restore: which committed step a rank gets back, and reading it. The newest
-// committed step that verifies (or the one asked for) is read into a new
-// restore buffer for the rank, together with its EMA; a step found damaged
-// while it is read is remembered as bad and the next older one is tried.
+// Restore: which step a rank gets back, and reading it. A snapshot the rank's
+// previous trainer left in memory (daemon/retained_snapshots.h) is served
+// straight from the staging segment the rank adopted, with that trainer's
+// EMA. Otherwise the newest committed step that verifies (or the one asked
+// for) is read into a new restore buffer for the rank, together with its
+// EMA; a step found damaged while it is read is remembered as bad and the
+// next older one is tried.
 // Verification verdicts are cached by step directory and commit hash, so the
 // N ranks of a job restoring one step verify it once.
 //
@@ -44,6 +47,11 @@ class RestoreService {
                                               const v1::RestoreRequest& req,
                                               const std::function<bool()>& cancelled);
 
+  // The steps `session`'s rank can restore: held in memory (when they serve
+  // a restore with `owned_only`), and committed on disk; newest first.
+  absl::StatusOr<v1::RestoreCandidatesResponse> Candidates(Job& job, RankSession& session,
+                                                           bool owned_only);
+
   // A fresh shared-memory name for a restore or EMA buffer.
   std::string BufferName(const char* what, const std::string& job_id, uint32_t rank,
                          uint64_t generation);
@@ -55,6 +63,9 @@ class RestoreService {
   // earlier verification found, so the next choice skips it.
   void MarkDamaged(const std::string& step_dir, const absl::Status& why)
       ABSL_LOCKS_EXCLUDED(verify_mu_);
+  // Serves `step` from the snapshot in the session's staging slot `slot`.
+  v1::RestoreResponse RestoreFromMemory(RankSession& session, const v1::RestoreRequest& req,
+                                        uint32_t slot, int64_t step);
   // Reads committed step `step` (already chosen) for the session's rank into
   // a new restore buffer and restores the rank's EMA from it.
   absl::StatusOr<v1::RestoreResponse> RestoreStep(Job& job, RankSession& session,

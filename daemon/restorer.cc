@@ -20,7 +20,8 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,
-                                                const std::function<bool()>& cancelled) {
+                                                const std::function<bool()>& cancelled,
+                                                bool owned_only) {
   auto check_cancelled = [&cancelled]() -> absl::Status {
     if (cancelled && cancelled()) {
       return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
@@ -31,27 +32,37 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
   // saved pieces that overlap it, whatever layout wrote them.
   ZCC_RETURN_IF_ERROR(check_cancelled());
 
+  std::vector<bool> wanted;
   std::vector<shm::LayoutInput> inputs;
-  for (const RegisteredTensor& t : registered) inputs.push_back({t.name, t.nbytes, t.kind});
+  for (const RegisteredTensor& t : registered) {
+    wanted.push_back(!owned_only || t.staged);
+    if (wanted.back()) inputs.push_back({t.name, t.nbytes, t.kind});
+  }
   ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, max_bytes));
   ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
                        shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes), owner));
-  RestoreBuffer buffer{std::move(segment), shm::ControlBlockBytes(), {}};
+  RestoreBuffer buffer{std::move(segment), shm::ControlBlockBytes(), {}, wanted};
   uint8_t* base = buffer.segment.base() + buffer.data_offset;
 
   std::vector<checkpoint::BoxTarget> targets;
-  targets.reserve(registered.size());
+  targets.reserve(inputs.size());
+  size_t placed = 0;
   for (size_t i = 0; i < registered.size(); ++i) {
     const RegisteredTensor& t = registered[i];
-    buffer.offsets.push_back(layout.placements[i].offset);
-    targets.push_back({format::TensorKindName(t.kind), t.name, t.dtype,
-                       t.global(), t.box(),
-                       base + layout.placements[i].offset});
+    if (!wanted[i]) {
+      buffer.offsets.push_back(0);
+      continue;
+    }
+    const uint64_t offset = layout.placements[placed++].offset;
+    buffer.offsets.push_back(offset);
+    targets.push_back({format::TensorKindName(t.kind), t.name, t.dtype, t.global(), t.box(),
+                       base + offset});
   }
-  ZCC_RETURN_IF_ERROR(
-      checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets, checkpoint::IoOptions(),
-                            uint64_t{256} << 20, cancelled)
-          .status());
+  ZCC_ASSIGN_OR_RETURN(checkpoint::ReshardStats stats,
+                       checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets,
+                                             checkpoint::IoOptions(), uint64_t{256} << 20,
+                                             cancelled));
+  buffer.bytes_read = stats.bytes_read;
   ZCC_RETURN_IF_ERROR(check_cancelled());
   return buffer;
 }

@@ -27,6 +27,8 @@ struct RestoreBuffer {
   shm::Segment segment;
   uint64_t data_offset = 0;           // from the segment start
   std::vector<uint64_t> offsets;      // per registered tensor, from data_offset
+  std::vector<bool> restored;         // per registered tensor: in the buffer
+  uint64_t bytes_read = 0;            // from the checkpoint's files
 };
 
 // Creates segment `shm_name` (mode 0600, owned by `owner`: see
@@ -35,13 +37,15 @@ struct RestoreBuffer {
 // `step`), checking each piece's
 // checksum. FailedPrecondition names a tensor that the checkpoint lacks or
 // holds with another dtype or global shape; nothing reaches the trainer then.
-// Cancelled once `cancelled()` turns true.
+// Cancelled once `cancelled()` turns true. `owned_only`: only the staged
+// tensors (this rank writes them; replicas another rank writes are left out).
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const checkpoint::GroupedIndex& step,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,
-                                                const std::function<bool()>& cancelled = nullptr);
+                                                const std::function<bool()>& cancelled = nullptr,
+                                                bool owned_only = false);
 
 }  // namespace zcc::daemon
 

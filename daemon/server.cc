@@ -87,6 +87,11 @@ class ControlService final : public v1::Control::Service {
     ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(*req, caller)));
   }
+  grpc::Status RestoreCandidates(grpc::ServerContext* ctx, const v1::RestoreCandidatesRequest* req,
+                                 v1::RestoreCandidatesResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->RestoreCandidates(*req, caller), resp));
+  }
   grpc::Status ReadEma(grpc::ServerContext* ctx, const v1::ReadEmaRequest* req,
                        v1::ReadEmaResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);

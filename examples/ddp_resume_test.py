@@ -102,24 +102,32 @@ def main():
         print("2 ranks: %d model tensors written once across %d shards; EMA split %s"
               % (len(weight_map), len(shards), ema_counts))
 
-        first = run_ranks_and_kill(common + ["--job", "killed", "--pause-after", "25",
-                                             "--wait-commit", "20"])
-        for rank in range(WORLD):
-            assert all(first[rank][s] == full[rank][0][s] for s in first[rank]), rank
-        d.wait_latest("killed", 20)
-        second = run_ranks(common + ["--job", "killed", "--dump", os.path.join(out, "killed")])
-        for rank, (losses, vals) in enumerate(second):
-            assert vals["restored"] == "20", (rank, vals)
-            assert sorted(losses) == list(range(21, STEPS + 1)), (rank, sorted(losses))
-            diff = [s for s in losses if losses[s] != full[rank][0][s]]
-            assert not diff, "rank %d: losses differ after resuming at %s" % (rank, diff)
-            assert vals["samples_seen"] == str(STEPS * 32 * WORLD), vals
-            for what in ("final", "ema"):
-                same_tensors(os.path.join(out, "full", "rank%d" % rank, what + ".safetensors"),
-                             os.path.join(out, "killed", "rank%d" % rank, what + ".safetensors"),
-                             "rank %d %s" % (rank, what))
-        print("2 ranks: SIGKILL after step 25, restored step 20, losses 21..%d, final parameters "
-              "and EMA bit-identical to the uninterrupted run" % STEPS)
+        # killed: both ranks' newest snapshot (step 25) is in zccd's memory;
+        # skewed: rank 1 took no snapshot of step 25, so the ranks agree on
+        # step 24, which both still hold in memory. Each rank restores only
+        # the replicated tensors it writes and receives the others from the
+        # other rank.
+        for job, extra, expect in (("killed", [], 25), ("skewed", ["--last-snapshot", "1:24"], 24)):
+            first = run_ranks_and_kill(common + ["--job", job, "--pause-after", "25",
+                                                 "--wait-commit", "20"] + extra)
+            for rank in range(WORLD):
+                assert all(first[rank][s] == full[rank][0][s] for s in first[rank]), rank
+            d.wait_latest(job, 20)
+            second = run_ranks(common + ["--job", job, "--dump", os.path.join(out, job)])
+            for rank, (losses, vals) in enumerate(second):
+                assert vals["restored"] == str(expect), (rank, vals, d.log())
+                assert vals["from"] == "memory", (rank, vals, d.log())
+                assert sorted(losses) == list(range(expect + 1, STEPS + 1)), (rank, sorted(losses))
+                diff = [s for s in losses if losses[s] != full[rank][0][s]]
+                assert not diff, "rank %d: losses differ after resuming at %s" % (rank, diff)
+                assert vals["samples_seen"] == str(STEPS * 32 * WORLD), vals
+                for what in ("final", "ema"):
+                    same_tensors(os.path.join(out, "full", "rank%d" % rank, what + ".safetensors"),
+                                 os.path.join(out, job, "rank%d" % rank, what + ".safetensors"),
+                                 "%s rank %d %s" % (job, rank, what))
+            print("2 ranks (%s): SIGKILL after step 25, both restored step %d from memory, losses "
+                  "%d..%d, final parameters and EMA bit-identical to the uninterrupted run"
+                  % (job, expect, expect + 1, STEPS))
         assert d.stop() == 0, d.log()
     print("ddp_resume_test: OK")
 

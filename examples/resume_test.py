@@ -39,7 +39,7 @@ def parse(output):
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
         if "step" in fields and "loss" in fields:
             losses[int(fields["step"])] = fields["loss"]
-        for k in ("restored", "ema_step", "ema_tensors", "samples_seen"):
+        for k in ("restored", "from", "ema_step", "ema_tensors", "samples_seen"):
             if k in fields:
                 values[k] = fields[k]
     return losses, values
@@ -99,18 +99,28 @@ def main():
         assert vals["ema_step"] == str(STEPS), vals
         print("uninterrupted: %d steps, losses identical to training without zcc" % STEPS)
 
-        for job, extra, expect in (("killed", [], 20),
-                                   ("on_failure", ["--persist-on-failure"], 25)):
+        # killed: zccd still holds the trainer's newest snapshot (step 25) and
+        # its EMA, and serves them from memory; on_failure: the same, and
+        # step 25 was also persisted when zccd noticed the death; restarted:
+        # zccd restarted in between (its memory gone), so the restore reads
+        # the last committed step (20) from disk.
+        for job, extra, expect, source in (("killed", [], 25, "memory"),
+                                           ("on_failure", ["--persist-on-failure"], 25, "memory"),
+                                           ("restarted", [], 20, "disk")):
             first = run_and_kill(common + ["--job", job, "--pause-after", "25",
                                            "--wait-commit", "20"] + extra)
             assert sorted(first) == list(range(1, 26)), sorted(first)
             assert all(first[s] == full[s] for s in first), "%s: losses before the kill differ" % job
             # The restart must find the step zccd is expected to have (for
             # on_failure: persisted when zccd noticed the trainer's death).
-            d.wait_latest(job, expect)
+            d.wait_latest(job, 25 if job == "on_failure" else 20)
+            if job == "restarted":
+                assert d.stop() == 0, d.log()
+                d.start()
             dump = os.path.join(out, job)
             second, vals, log = run(common + ["--job", job, "--dump", dump] + extra)
             assert vals["restored"] == str(expect), (vals, log, d.log())
+            assert vals["from"] == source, (vals, log, d.log())
             assert sorted(second) == list(range(expect + 1, STEPS + 1)), log
             diff = [s for s in second if second[s] != full[s]]
             assert not diff, "%s: losses after resuming differ at steps %s" % (job, diff)
@@ -120,9 +130,9 @@ def main():
                              os.path.join(dump, "final.safetensors"), job + " final parameters")
             m = same_tensors(os.path.join(out, "full", "ema.safetensors"),
                              os.path.join(dump, "ema.safetensors"), job + " EMA")
-            print("%s: SIGKILL after step 25, restored step %d, losses %d..%d, %d final tensors "
-                  "and %d EMA tensors bit-identical to the uninterrupted run"
-                  % (job, expect, expect + 1, STEPS, n, m))
+            print("%s: SIGKILL after step 25, restored step %d from %s, losses %d..%d, %d final "
+                  "tensors and %d EMA tensors bit-identical to the uninterrupted run"
+                  % (job, expect, source, expect + 1, STEPS, n, m))
         assert d.stop() == 0, d.log()
     print("resume_test: OK")
 

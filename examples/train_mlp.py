@@ -65,6 +65,9 @@ def parse_args(argv):
     p.add_argument("--wait-commit", type=int, default=0,
                    help="with --pause-after: first wait until this step is committed")
     p.add_argument("--dump", default="", help="write final.safetensors and ema.safetensors here")
+    p.add_argument("--last-snapshot", default="",
+                   help="RANK:STEP (testing): that rank takes no snapshot after STEP, so the "
+                        "ranks' newest snapshots differ when they are killed")
     return p.parse_args(argv)
 
 
@@ -97,7 +100,8 @@ def main(argv):
                             user_state=user_state, backpressure=args.backpressure,
                             persist_on_failure=args.persist_on_failure)
         restored = ckpt.restore()
-        print("restored=%s samples_seen=%d" % (restored, user_state["samples_seen"]), flush=True)
+        print("restored=%s from=%s samples_seen=%d"
+              % (restored, ckpt.restored_from, user_state["samples_seen"]), flush=True)
         if restored is not None:
             start = restored + 1
 
@@ -111,7 +115,13 @@ def main(argv):
         optimizer.step()      # Checkpointer fences here first
         scheduler.step()
         user_state["samples_seen"] += args.batch * world
-        result = ckpt.step(step) if ckpt is not None else "off"
+        snapshot_until = None
+        if args.last_snapshot and int(args.last_snapshot.split(":")[0]) == rank:
+            snapshot_until = int(args.last_snapshot.split(":")[1])
+        if ckpt is None or (snapshot_until is not None and step > snapshot_until):
+            result = "off"
+        else:
+            result = ckpt.step(step)
         print("step=%d loss=%s snapshot=%s" % (step, loss.item().hex(), result), flush=True)
         if step == args.pause_after:
             ckpt.flush()

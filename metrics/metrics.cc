@@ -317,8 +317,17 @@ ZccMetrics::ZccMetrics() {
   restore_seconds_ = &registry_.AddHistogram(
       "zcc_restore_seconds", "Seconds of one rank's restore, from request to bytes in its slot.",
       checkpoint_buckets);
+  restores_[static_cast<int>(RestoreSource::kMemory)] = &registry_.AddCounter(
+      "zcc_restores_total", "Restores served, by source.", {{"source", "memory"}});
+  restores_[static_cast<int>(RestoreSource::kDisk)] = &registry_.AddCounter(
+      "zcc_restores_total", "Restores served, by source.", {{"source", "disk"}});
+  restore_bytes_read_ = &registry_.AddCounter("zcc_restore_bytes_read_total",
+                                              "Checkpoint bytes restores read from disk.");
   staging_bytes_ = &registry_.AddGauge("zcc_staging_bytes",
                                        "Shared memory currently allocated for staging, bytes.");
+  retained_snapshot_bytes_ = &registry_.AddGauge(
+      "zcc_retained_snapshot_bytes",
+      "Staging memory holding dead or departed ranks' snapshots for a restore from memory.");
   registered_ranks_ = &registry_.AddGauge("zcc_registered_ranks", "Ranks currently registered.");
   for (int i = 0; i < kNumErrorKinds; ++i) {
     errors_[i] = &registry_.AddCounter(

@@ -157,6 +157,9 @@ enum class ErrorKind {
 inline constexpr int kNumErrorKinds = 8;
 absl::string_view ErrorKindName(ErrorKind kind);
 
+// Where a restore came from: zcc_restores_total{source=...}.
+enum class RestoreSource { kMemory, kDisk };
+
 // The standard metrics of zccd, registered in an owned Registry. Thread-safe
 // like Registry; the accessors return references valid for this object's
 // lifetime. Durations are observed in seconds, sizes in bytes.
@@ -183,8 +186,16 @@ class ZccMetrics {
   Histogram& ema_seconds() { return *ema_seconds_; }
   // zcc_restore_seconds: one rank's restore, from request to bytes in its slot.
   Histogram& restore_seconds() { return *restore_seconds_; }
-  // zcc_staging_bytes: shared memory currently allocated for staging.
+  // zcc_restores_total{source="memory"|"disk"}: restores served.
+  Counter& restores(RestoreSource source) { return *restores_[static_cast<int>(source)]; }
+  // zcc_restore_bytes_read_total: checkpoint bytes restores read from disk.
+  Counter& restore_bytes_read() { return *restore_bytes_read_; }
+  // zcc_staging_bytes: shared memory currently allocated for staging
+  // (retained snapshots included).
   Gauge& staging_bytes() { return *staging_bytes_; }
+  // zcc_retained_snapshot_bytes: staging memory holding the snapshots of
+  // ranks whose trainer died or exited, kept for a restore from memory.
+  Gauge& retained_snapshot_bytes() { return *retained_snapshot_bytes_; }
   // zcc_registered_ranks: ranks currently registered.
   Gauge& registered_ranks() { return *registered_ranks_; }
   // zcc_errors_total{kind="..."}.
@@ -203,7 +214,10 @@ class ZccMetrics {
   Histogram* commit_latency_seconds_;
   Histogram* ema_seconds_;
   Histogram* restore_seconds_;
+  Counter* restores_[2];
+  Counter* restore_bytes_read_;
   Gauge* staging_bytes_;
+  Gauge* retained_snapshot_bytes_;
   Gauge* registered_ranks_;
   Counter* errors_[kNumErrorKinds];
 };

@@ -222,6 +222,10 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   m.staging_bytes().Set(8 << 20);
   m.registered_ranks().Set(4);
   m.errors(ErrorKind::kCommitTimeout).Increment();
+  m.restores(RestoreSource::kMemory).Increment(3);
+  m.restores(RestoreSource::kDisk).Increment();
+  m.restore_bytes_read().Increment(5000);
+  m.retained_snapshot_bytes().Set(1 << 20);
 
   const Exposition e = Parse(m.RenderPrometheusText());
   const std::map<std::string, std::string> expected = {
@@ -236,6 +240,9 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
       {"zcc_staging_bytes", "gauge"},
       {"zcc_registered_ranks", "gauge"},
       {"zcc_errors_total", "counter"},
+      {"zcc_restores_total", "counter"},
+      {"zcc_restore_bytes_read_total", "counter"},
+      {"zcc_retained_snapshot_bytes", "gauge"},
   };
   CHECK(e.types == expected);
   for (const auto& [name, type] : e.types) {
@@ -255,6 +262,10 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   CHECK(e.Value("zcc_restore_seconds_count") == 1);
   CHECK(e.Value("zcc_staging_bytes") == (8 << 20));
   CHECK(e.Value("zcc_registered_ranks") == 4);
+  CHECK(e.Value("zcc_restores_total", {{"source", "memory"}}) == 3);
+  CHECK(e.Value("zcc_restores_total", {{"source", "disk"}}) == 1);
+  CHECK(e.Value("zcc_restore_bytes_read_total") == 5000);
+  CHECK(e.Value("zcc_retained_snapshot_bytes") == (1 << 20));
   // Every error kind is exported from the start.
   std::set<std::string> kinds;
   for (int i = 0; i < kNumErrorKinds; ++i) {

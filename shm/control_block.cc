@@ -23,7 +23,7 @@ void InitControlBlock(ControlBlock* cb, uint32_t num_slots, uint64_t slot_bytes,
   cb->client_heartbeat_ns.store(0);
   cb->snapshots_published.store(0);
   cb->snapshots_skipped.store(0);
-  cb->next_seq.store(0);
+  cb->next_seq.store(1);  // 0: a slot never published
   cb->persist_failures.store(0);
   cb->last_failed_step.store(-1);
   for (SlotHeader& s : cb->slots) {

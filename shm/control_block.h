@@ -47,7 +47,7 @@ struct alignas(64) SlotHeader {
   std::atomic<uint32_t> state;
   std::atomic<uint32_t> kind;    // SnapshotKind
   std::atomic<int64_t> step;     // valid while kReady / kIngesting / kRestoreReady
-  std::atomic<uint64_t> seq;     // publication order, increasing per segment
+  std::atomic<uint64_t> seq;     // publication order, increasing per segment; 0: never published
 };
 
 struct alignas(64) ControlBlock {

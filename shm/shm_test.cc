@@ -110,6 +110,43 @@ TEST_CASE("one check of a slot count, with the caller's name for it") {
   CHECK(ValidateNumSlots(9, "").message() == "must be in [2, 8], got 9");
 }
 
+TEST_CASE("slot ring: a snapshot reuses the free slot holding the oldest one, so the slots keep "
+          "the newest snapshots; a held slot is never claimed") {
+  ControlBlock cb;
+  InitControlBlock(&cb, 3, kPageBytes, 1, 0);
+  SlotRing client(&cb, 3);
+  SlotRing daemon(&cb, 3);
+  // Steps 1..6, each ingested and freed before the next: every slot is free
+  // at each claim, and the one reused is always the least recently published.
+  std::vector<uint32_t> used;
+  for (int64_t step = 1; step <= 6; ++step) {
+    auto claimed = client.Claim(false, 0);
+    REQUIRE(claimed.has_value());
+    used.push_back(claimed->index);
+    client.Publish(claimed->index, step, SnapshotKind::kFull);
+    REQUIRE(daemon.Take(claimed->index).ok());
+    daemon.Free(claimed->index);
+  }
+  CHECK(used == std::vector<uint32_t>{0, 1, 2, 0, 1, 2});
+  std::vector<int64_t> kept;
+  for (uint32_t i = 0; i < 3; ++i) kept.push_back(*daemon.FreeSlotStep(i));
+  CHECK(kept == std::vector<int64_t>{4, 5, 6});
+
+  // Held for a restore from memory (kIngesting): claims pass it over.
+  InitControlBlock(&cb, 3, kPageBytes, 2, 0);
+  daemon.Hold(1, 41);
+  CHECK(StateOf(cb, 1) == SlotState::kIngesting);
+  CHECK(cb.slots[1].step.load() == 41);
+  CHECK_FALSE(daemon.FreeSlotStep(1).has_value());
+  auto a = client.Claim(false, 0);
+  auto b = client.Claim(false, 0);
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  CHECK(a->index != 1);
+  CHECK(b->index != 1);
+  CHECK_FALSE(client.Claim(false, 0).has_value());
+}
+
 TEST_CASE("slot ring: claim, publish, take and free, oldest publication first") {
   ControlBlock cb;
   InitControlBlock(&cb, 3, kPageBytes, 1, 0);

@@ -1,6 +1,8 @@
 #include "shm/slot_ring.h"
 
 #include <algorithm>
+#include <array>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/futex.h"
@@ -14,7 +16,20 @@ constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
 }  // namespace
 
 std::optional<SlotRing::Claimed> SlotRing::Claim(bool due, uint32_t save_every) {
+  // The free slot whose snapshot is oldest goes first, so the free slots keep
+  // the newest snapshots: after a crash zccd can serve any of the last
+  // num_slots steps from memory, which lets ranks whose newest differ agree.
+  std::array<std::pair<uint64_t, uint32_t>, kMaxSlots> free;  // (seq, index)
+  uint32_t n = 0;
   for (uint32_t i = 0; i < num_slots_; ++i) {
+    const SlotHeader& s = cb_->slots[i];
+    if (s.state.load(std::memory_order_relaxed) == S(SlotState::kFree)) {
+      free[n++] = {s.seq.load(std::memory_order_relaxed), i};
+    }
+  }
+  std::sort(free.begin(), free.begin() + n);
+  for (uint32_t k = 0; k < n; ++k) {
+    const uint32_t i = free[k].second;
     uint32_t expected = S(SlotState::kFree);
     if (cb_->slots[i].state.compare_exchange_strong(expected, S(SlotState::kFilling),
                                                     std::memory_order_acq_rel)) {
@@ -114,6 +129,19 @@ bool SlotRing::ClaimForWrite(uint32_t index, int64_t step) {
   if (s.step.load(std::memory_order_acquire) == step) return true;
   Free(index);
   return false;
+}
+
+void SlotRing::Hold(uint32_t index, int64_t step) {
+  SlotHeader& s = cb_->slots[index];
+  s.step.store(step, std::memory_order_relaxed);
+  s.kind.store(static_cast<uint32_t>(SnapshotKind::kFull), std::memory_order_relaxed);
+  s.state.store(S(SlotState::kIngesting), std::memory_order_release);
+}
+
+std::optional<int64_t> SlotRing::FreeSlotStep(uint32_t index) const {
+  const SlotHeader& s = cb_->slots[index];
+  if (s.state.load(std::memory_order_acquire) != S(SlotState::kFree)) return std::nullopt;
+  return s.step.load(std::memory_order_acquire);
 }
 
 uint32_t SlotRing::InUse() const { return num_slots_ - FreeCount(); }

@@ -15,6 +15,9 @@
 //   kIngesting --Free (zccd): ingested, or its shards written-----> kFree (free bell)
 //   kFree      --ClaimForWrite (zccd): a trainer that died left
 //                its newest snapshot here; persist it-------------> kIngesting
+//   (new)      --Hold (zccd, before the client attaches): a segment
+//                adopted from the rank's previous trainer keeps a
+//                snapshot for a restore from memory---------------> kIngesting
 //
 // No slot is held back: an ordinary snapshot takes any free slot, and a step
 // due for a checkpoint takes a free slot or, failing that, one whose snapshot
@@ -58,7 +61,8 @@ class SlotRing {
     // which is then lost (counted by the caller as skipped).
     std::optional<int64_t> replaced_step;
   };
-  // A slot for a snapshot (now kFilling), or nullopt when none can be had.
+  // A slot for a snapshot (now kFilling), or nullopt when none can be had:
+  // the free slot holding the oldest snapshot.
   // `due`: the step is due for a checkpoint, and `save_every` (> 0) tells
   // which published steps are ordinary and may be taken over.
   std::optional<Claimed> Claim(bool due, uint32_t save_every);
@@ -84,6 +88,14 @@ class SlotRing {
   // still holds (the trainer is gone). False when the slot is no longer free
   // or holds another step.
   bool ClaimForWrite(uint32_t index, int64_t step);
+  // Before any client attaches to a freshly initialised control block: marks
+  // slot `index` as holding the FULL snapshot of `step` that a previous
+  // trainer left there (kIngesting: zccd holds it for a restore from memory
+  // until it frees it).
+  void Hold(uint32_t index, int64_t step);
+  // The step slot `index` holds when it is kFree (the snapshot zccd last
+  // ingested from it, unless the trainer claimed it since), else nullopt.
+  std::optional<int64_t> FreeSlotStep(uint32_t index) const;
   // Slots not kFree (status).
   uint32_t InUse() const;
 

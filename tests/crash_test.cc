@@ -260,7 +260,8 @@ DaemonKillTrial MakeDaemonKillTrial(uint64_t seed) {
 void RunDaemonKillTrial(const DaemonKillTrial& t, Tally* tally) {
   Problems p{t.Describe(), {}};
   const std::string dir = ShortTempDir("crash");
-  Daemon daemon(dir, {{absl::StrCat("--keep_last=", t.keep_last), "--commit_timeout_s=1",
+  // Restores read the disk: what these trials check is what survives there.
+  Daemon daemon(dir, {{"--retain_snapshots_s=0", absl::StrCat("--keep_last=", t.keep_last), "--commit_timeout_s=1",
                        "--client_timeout_s=3"}});
   if (!daemon.Start()) {
     p.Expect(false, "zccd did not start");
@@ -439,7 +440,7 @@ TEST_CASE("a trainer killed mid-snapshot loses its registration; a new one resto
   const int trials = EnvInt("ZCC_CRASH_TRAINER_TRIALS", 6);
   const uint64_t base = SeedBase() + 1000;
   const std::string dir = ShortTempDir("crash-snap");
-  Daemon daemon(dir, {{"--keep_last=2", "--commit_timeout_s=1", "--client_timeout_s=2"}});
+  Daemon daemon(dir, {{"--retain_snapshots_s=0", "--keep_last=2", "--commit_timeout_s=1", "--client_timeout_s=2"}});
   REQUIRE(daemon.Start());
   const std::string job_dir = JoinPath(daemon.root(), kJob);
   Tally tally;
@@ -507,7 +508,7 @@ TEST_CASE("a trainer killed mid-restore leaks no restore buffer; the next restor
   const int trials = EnvInt("ZCC_CRASH_TRAINER_TRIALS", 6);
   const uint64_t base = SeedBase() + 2000;
   const std::string dir = ShortTempDir("crash-restore");
-  Daemon daemon(dir, {{"--commit_timeout_s=1", "--client_timeout_s=2"}});
+  Daemon daemon(dir, {{"--retain_snapshots_s=0", "--commit_timeout_s=1", "--client_timeout_s=2"}});
   REQUIRE(daemon.Start());
   const std::string job_dir = JoinPath(daemon.root(), kJob);
   // Restores of 8 x 6 MiB take long enough to be hit.

@@ -12,11 +12,13 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
@@ -61,10 +63,21 @@ TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM clea
   CHECK(map.size() == 12);
   CHECK(map["rank1.layers.3.weight"] == "model-r00001.safetensors");
 
+  // The trainers exited after step 12: zccd kept their snapshots, and the
+  // newest step comes back from its memory (newer than the commit)...
+  auto m0 = StartTrainer(daemon, dir, "memory0", {"--mode=restore", "--rank=0", "--world=2",
+                                                   "--expect_step=12", "--expect_from=memory"});
+  auto m1 = StartTrainer(daemon, dir, "memory1", {"--mode=restore", "--rank=1", "--world=2",
+                                                   "--expect_step=12", "--expect_from=memory"});
+  CHECK(m0->Wait(absl::Seconds(60)) == 0);
+  CHECK(m1->Wait(absl::Seconds(60)) == 0);
+  CHECK(m0->Values()["mismatched_tensors"] == "0");
+  // ...once: restored, the held snapshots are given back, and the next
+  // restore reads the committed step from disk.
   auto q0 = StartTrainer(daemon, dir, "restore0", {"--mode=restore", "--rank=0", "--world=2",
-                                                    "--expect_step=10"});
+                                                    "--expect_step=10", "--expect_from=disk"});
   auto q1 = StartTrainer(daemon, dir, "restore1", {"--mode=restore", "--rank=1", "--world=2",
-                                                    "--expect_step=10"});
+                                                    "--expect_step=10", "--expect_from=disk"});
   CHECK(q0->Wait(absl::Seconds(60)) == 0);
   CHECK(q1->Wait(absl::Seconds(60)) == 0);
   CHECK(q0->Values()["mismatched_tensors"] == "0");
@@ -78,7 +91,7 @@ TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM clea
 
 TEST_CASE("a step that not every rank wrote is never committed nor restored") {
   const std::string dir = ShortTempDir("it-partial");
-  Daemon daemon(dir);
+  Daemon daemon(dir, {{"--retain_snapshots_s=0"}});  // restores read the disk
   REQUIRE(daemon.Start());
   // Rank 1 stops after step 10; rank 0 goes on to write step 15 alone.
   auto r0 = StartTrainer(daemon, dir, "train0",
@@ -377,7 +390,7 @@ TEST_CASE("a checkpoint that cannot be written shows in the trainer's stats and 
 
 TEST_CASE("a step damaged after zccd verified it falls back to the next older step") {
   const std::string dir = ShortTempDir("it-dmg");
-  Daemon daemon(dir);
+  Daemon daemon(dir, {{"--retain_snapshots_s=0"}});  // restores read the disk
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train", {"--steps=15"});
   REQUIRE(t->Wait(absl::Seconds(60)) == 0);
@@ -415,7 +428,7 @@ void PlantStuckFile(const std::string& path) {
 
 TEST_CASE("status answers while a commit and a restore hang on the disk; SIGTERM still stops zccd") {
   const std::string dir = ShortTempDir("it-stuck");
-  Daemon daemon(dir, {{"--stop_timeout_s=10"}});
+  Daemon daemon(dir, {{"--stop_timeout_s=10", "--retain_snapshots_s=0"}});
   REQUIRE(daemon.Start());
 
   // A commit stuck reading rank 1's manifest (rank 0 of two is the trainer).
@@ -799,6 +812,63 @@ TEST_CASE("zccctl gc applies retention and removes abandoned partials") {
 
 namespace zcc::testing {
 namespace {
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST_CASE("a trainer killed at a random step restores that step from zccd's memory, EMA "
+          "included; after zccd restarts, the last commit from disk") {
+  const std::string dir = ShortTempDir("it-mem");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  const int killed_at = std::uniform_int_distribution<int>(3, 29)(rng);
+  INFO("seed " << seed << ": killed after step " << killed_at);
+  const std::vector<std::string> model = {"--save_every=10", "--ema_decay=0.9", "--block"};
+  auto t = StartTrainer(daemon, dir, "train", Concat({"--steps=30", absl::StrCat("--pause_at=", killed_at)}, model));
+  REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+  REQUIRE(WaitIngested(dir, daemon, killed_at));
+  t->Signal(SIGKILL);
+  REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  // The restarted trainer gets the step it died after, bit-exact, with the
+  // EMA as of that step, from zccd's memory.
+  auto r = StartTrainer(daemon, dir, "restore",
+                        Concat({"--mode=restore", "--check_ema",
+                                absl::StrCat("--expect_step=", killed_at), "--expect_from=memory"},
+                               model));
+  CHECK(r->Wait(absl::Seconds(60)) == 0);
+  INFO(r->Output() << daemon.Log());
+  CHECK(r->Values()["mismatched_tensors"] == "0");
+  CHECK(r->Values()["ema_mismatches"] == "0");
+  CHECK(r->Values()["ema_checked"] != "0");
+
+  // Another job killed the same way, but zccd restarts before the trainer
+  // does: its memory is gone and the restore reads the last commit.
+  const int killed2_at = std::uniform_int_distribution<int>(12, 29)(rng);
+  const int64_t committed = killed2_at / 10 * 10;
+  INFO("second job killed after step " << killed2_at);
+  auto t2 = StartTrainer(daemon, dir, "train2",
+                         Concat({"--job=second", "--steps=30", absl::StrCat("--pause_at=", killed2_at)},
+                                model));
+  REQUIRE(t2->WaitForOutput("paused", absl::Seconds(60)));
+  REQUIRE(WaitForPath(JobDir(daemon, "second") + absl::StrFormat("/step-%08d/COMMITTED", committed),
+                      absl::Seconds(30)));
+  t2->Signal(SIGKILL);
+  REQUIRE(t2->Wait(absl::Seconds(10)).has_value());
+  REQUIRE(daemon.Stop() == 0);
+  REQUIRE(daemon.Start());
+  auto d = StartTrainer(daemon, dir, "restore2",
+                        Concat({"--job=second", "--mode=restore", "--check_ema",
+                                absl::StrCat("--expect_step=", committed), "--expect_from=disk"},
+                               model));
+  CHECK(d->Wait(absl::Seconds(60)) == 0);
+  INFO(d->Output());
+  CHECK(d->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
 
 TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persisted and committed") {
   const std::string dir = ShortTempDir("it-onfail");

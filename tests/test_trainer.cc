@@ -38,6 +38,9 @@ ABSL_FLAG(bool, block, false, "Backpressure::kBlock instead of kSkip");
 ABSL_FLAG(int, slots, 0, "staging slots (0 = daemon default)");
 ABSL_FLAG(double, daemon_timeout_s, 3, "client's daemon liveness timeout");
 ABSL_FLAG(int, expect_step, -1, "restore: the step that must come back (-1: any)");
+ABSL_FLAG(int, restore_step, -1, "restore: the step to ask for (-1: the newest)");
+ABSL_FLAG(std::string, expect_from, "", "restore: where the step must come from (memory or disk; "
+                                        "empty: either)");
 ABSL_FLAG(bool, wait_commit, true, "train: wait until the last due step is committed");
 ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after this step");
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
@@ -120,9 +123,13 @@ int main(int argc, char** argv) {
   std::printf("registered=%d\n", (*client)->Stats().connected ? 1 : 0);
 
   if (absl::GetFlag(FLAGS_mode) == "restore") {
-    auto step = (*client)->Restore();
-    if (!step.ok()) return Fail("restore", step.status());
-    std::printf("restored_step=%" PRId64 "\n", *step);
+    zcc::RestoreOptions restore;
+    restore.step = absl::GetFlag(FLAGS_restore_step);
+    auto result = (*client)->Restore(restore);
+    if (!result.ok()) return Fail("restore", result.status());
+    const int64_t* step = &result->step;
+    const char* from = result->from_memory ? "memory" : "disk";
+    std::printf("restored_step=%" PRId64 " restored_from=%s\n", *step, from);
     std::vector<Tensor> expected = Model(rank);
     SetStep(expected, *step);
     int bad = 0;
@@ -147,7 +154,9 @@ int main(int argc, char** argv) {
       bad += ema_bad;
     }
     const int want = absl::GetFlag(FLAGS_expect_step);
-    return bad == 0 && (want < 0 || want == *step) ? 0 : 1;
+    const std::string want_from = absl::GetFlag(FLAGS_expect_from);
+    return bad == 0 && (want < 0 || want == *step) && (want_from.empty() || want_from == from) ? 0
+                                                                                                : 1;
   }
 
   std::signal(SIGUSR1, OnUsr1);

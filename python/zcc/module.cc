@@ -289,6 +289,36 @@ class PyClient {
         CallWithoutGil([&](Client& c) { return c.Restore(step, reinterpret_cast<void*>(stream)); }));
   }
 
+  // Restore with RestoreOptions: {"step", "source" ("memory"|"disk"),
+  // "restored" (per registered tensor, in order), "skipped"}.
+  py::dict RestoreTensors(int64_t step, uintptr_t stream, bool owned_only, bool allow_older) {
+    RestoreOptions options;
+    options.step = step;
+    options.owned_only = owned_only;
+    options.allow_older = allow_older;
+    RestoreResult r = ValueOrThrow(CallWithoutGil(
+        [&](Client& c) { return c.Restore(options, reinterpret_cast<void*>(stream)); }));
+    py::dict out;
+    out["step"] = r.step;
+    out["source"] = r.from_memory ? "memory" : "disk";
+    py::list restored;
+    for (bool b : r.restored) restored.append(b);
+    out["restored"] = restored;
+    py::list skipped;
+    for (const std::string& why : r.skipped_steps) skipped.append(why);
+    out["skipped"] = skipped;
+    return out;
+  }
+
+  py::dict RestoreCandidatesDict(bool owned_only) {
+    RestoreCandidates r = ValueOrThrow(
+        CallWithoutGil([&](Client& c) { return c.ListRestoreCandidates(owned_only); }));
+    py::dict out;
+    out["memory"] = py::cast(r.memory_steps);
+    out["disk"] = py::cast(r.disk_steps);
+    return out;
+  }
+
   void Flush(double timeout_s) {
     const absl::Duration timeout = Seconds(timeout_s, "timeout");
     ThrowIfError(CallWithoutGil([&](Client& c) { return c.Flush(timeout); }));
@@ -413,7 +443,8 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
                                   const std::string& checkpoint_root, py::handle backpressure,
                                   double ema_decay, int64_t ema_interval, bool persist_on_failure,
                                   py::handle copier, double rpc_timeout, double heartbeat_interval,
-                                  double daemon_timeout, double reconnect_max_backoff) {
+                                  double daemon_timeout, double reconnect_max_backoff,
+                                  double restore_timeout) {
   ClientOptions o;
   o.socket_path = socket_path;
   o.job_id = job_id;
@@ -435,6 +466,7 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
   o.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
   o.daemon_timeout = Seconds(daemon_timeout, "daemon_timeout");
   o.reconnect_max_backoff = Seconds(reconnect_max_backoff, "reconnect_max_backoff");
+  o.restore_timeout = Seconds(restore_timeout, "restore_timeout");
   const std::string copier_name = o.copier == nullptr ? "host" : o.copier->name();
   absl::StatusOr<std::unique_ptr<Client>> client;
   {
@@ -554,6 +586,14 @@ void DefineModule(py::module_& m) {
            py::arg("stream") = 0)
       .def("fence", &PyClient::Fence, py::arg("stream") = 0)
       .def("restore", &PyClient::Restore, py::arg("step") = kLatestStep, py::arg("stream") = 0)
+      .def("restore_tensors", &PyClient::RestoreTensors, py::arg("step") = kLatestStep,
+           py::arg("stream") = 0, py::arg("owned_only") = false, py::arg("allow_older") = false,
+           "Restore with its details: a dict with step, source ('memory' or 'disk'), restored "
+           "(per registered tensor: filled; False only with owned_only) and skipped (newer "
+           "steps passed over, with why).")
+      .def("restore_candidates", &PyClient::RestoreCandidatesDict, py::arg("owned_only") = false,
+           "The steps restore can serve this rank, newest first: {'memory': [...], "
+           "'disk': [...]}.")
       .def("flush", &PyClient::Flush, py::arg("timeout") = 60.0)
       .def("save_now", &PyClient::SaveNow)
       .def("put_job_file", &PyClient::PutJobFile, py::arg("name"), py::arg("content"),
@@ -579,7 +619,7 @@ void DefineModule(py::module_& m) {
         py::arg("ema_interval") = 1, py::arg("persist_on_failure") = false,
         py::arg("copier") = py::none(), py::arg("rpc_timeout") = 30.0,
         py::arg("heartbeat_interval") = 0.25, py::arg("daemon_timeout") = 3.0,
-        py::arg("reconnect_max_backoff") = 5.0);
+        py::arg("reconnect_max_backoff") = 5.0, py::arg("restore_timeout") = 1800.0);
   m.def("describe_tensor", &DescribeTensor, py::arg("tensor"),
         "What zcc would register for `tensor`: dtype, shape, data pointer, bytes, memory "
         "kind and the protocol it was read through. Raises like register_tensors would.");

@@ -217,6 +217,11 @@ class Checkpointer:
         self.ema_interval = max(1, ema_interval)
         self.connect_timeout = connect_timeout
         self._replica = self._replica_group(replica)
+        # Data-parallel over the whole world (the default): each replica
+        # restores only what it writes and receives the rest over the
+        # process group, so the job reads the checkpoint once.
+        self._share_replicas = replica in (None, "data_parallel") and self.world_size > 1
+        self.restored_from = None  # "memory" or "disk" after restore()
         self._stream_device = None
         self._last_step = None
         self._ema_kept = None  # names whose EMA this rank's zccd keeps (replicas)
@@ -266,6 +271,7 @@ class Checkpointer:
         except BaseException:
             self.client.close()
             raise
+        self._specs = specs
         self._ema_names = [s.name for s in specs if s.ema_eligible]
         self._wrapped_step = None
         if optimizer is not None and fence_optimizer_step:
@@ -481,9 +487,7 @@ class Checkpointer:
             raise zcc.UnavailableError("not registered with zccd after %.1f s: %s"
                                        % (self.connect_timeout, self.client.stats()["last_error"]))
         self.fence()
-        got = self._restore_tensors(zcc.LATEST if step is None else step)
-        if step is None:
-            got = self._agree_across_ranks(got)
+        got = self._restore_tensors(step)
         if got is None:
             return None
         for b, shadow in self._buffers:
@@ -528,27 +532,107 @@ class Checkpointer:
         self._last_step = got
         return got
 
-    def _restore_tensors(self, step):
+    def _process_group(self):
+        dist = torch.distributed
+        if self.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+            return None
+        return dist
+
+    def _restore_once(self, step, owned_only, allow_older):
         try:
-            return self.client.restore(step, self._stream())
+            return self.client.restore_tensors(step, self._stream(), owned_only=owned_only,
+                                               allow_older=allow_older)
         except zcc.NotFoundError:
             return None
 
-    def _agree_across_ranks(self, got):
-        """Ranks restoring "the latest" must restore the same step: a commit
-        landing between two ranks' restores would otherwise split them."""
+    def _restore_tensors(self, step):
+        """Fills the registered tensors; returns the step (None: nothing to
+        restore). With a process group, every rank restores the same step:
+        without `step`, the newest one every rank can restore (from zccd's
+        memory or from disk), agreed over the group; a rank that finds it
+        damaged falls back to an older one and the others follow."""
+        dist = self._process_group()
+        if dist is None:
+            result = self._restore_once(zcc.LATEST if step is None else step, False, False)
+            self.restored_from = None if result is None else result["source"]
+            return None if result is None else result["step"]
+        share = self._share_replicas
+        target = step
+        if step is None:
+            offered = self.client.restore_candidates(owned_only=share)
+            mine = sorted(set(offered["memory"]) | set(offered["disk"]))
+            everyone = [None] * self.world_size
+            dist.all_gather_object(everyone, mine)
+            common = set(everyone[0]).intersection(*everyone[1:])
+            if not common:
+                if any(everyone):
+                    raise zcc.FailedPreconditionError(
+                        "no step can be restored by every rank (steps per rank: %s)"
+                        % {r: s[-5:] for r, s in enumerate(everyone)})
+                return None
+            target = max(common)
+        result = self._restore_once(target, share, step is None)
+        while True:
+            got = -1 if result is None else result["step"]
+            low = torch.tensor([got], dtype=torch.int64)
+            high = low.clone()
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            if low.item() == high.item():
+                break
+            if low.item() < 0:
+                raise zcc.FailedPreconditionError("some ranks restored step %d and others nothing"
+                                                  % high.item())
+            if got != low.item():
+                result = self._restore_once(int(low.item()), share, step is None)
+        if result is None:
+            return None
+        if share:
+            self._receive_replicas(result["restored"])
+        self.restored_from = result["source"]
+        return result["step"]
+
+    @staticmethod
+    def _bytes_of(t):
+        return t.reshape(-1).view(torch.uint8) if t.numel() > 0 else t.new_empty(0, dtype=torch.uint8)
+
+    def _receive_replicas(self, restored):
+        """After an owned_only restore: each tensor a rank did not restore
+        comes from the lowest rank that did, one broadcast per source rank
+        and device."""
         dist = torch.distributed
-        if self.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
-            return got
-        mine = torch.tensor([-1 if got is None else got], dtype=torch.int64)
-        low, high = mine.clone(), mine.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        if low.item() == high.item():
-            return got
-        if low.item() < 0:
-            raise zcc.FailedPreconditionError("some ranks found a checkpoint and others none")
-        return self._restore_tensors(int(low.item()))
+        mine = [s.name for s, r in zip(self._specs, restored) if r]
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, mine)
+        owner = {}
+        for rank, names in enumerate(everyone):
+            for name in names:
+                owner.setdefault(name, rank)
+        restored_by = [set(names) for names in everyone]
+        groups = collections.OrderedDict()  # (source, device) -> tensors
+        for spec in self._specs:
+            # Every rank has the same replicated tensors, in the same order;
+            # the per-rank extras (RNG, trainer state) each rank restores itself.
+            if spec.kind == zcc.TensorKind.EXTRA or all(spec.name in names for names in restored_by):
+                continue
+            if spec.name not in owner:
+                raise zcc.DataLossError("no rank restored '%s'; the checkpoint cannot fill it"
+                                        % spec.name)
+            groups.setdefault((owner[spec.name], spec.tensor.device), []).append(spec.tensor)
+        for (src, device), tensors in groups.items():
+            sizes = [t.numel() * t.element_size() for t in tensors]
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+            if self.rank == src:
+                offset = 0
+                for t, n in zip(tensors, sizes):
+                    flat[offset:offset + n].copy_(self._bytes_of(t))
+                    offset += n
+            dist.broadcast(flat, src=src)
+            if self.rank != src:
+                offset = 0
+                for t, n in zip(tensors, sizes):
+                    self._bytes_of(t).copy_(flat[offset:offset + n])
+                    offset += n
 
     # ------------------------------------------------------------------- EMA
 
