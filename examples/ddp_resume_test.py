@@ -4,8 +4,10 @@ Parameters and optimizer state are DATA_PARALLEL replicas: the committed step
 must hold each model tensor exactly once across the two ranks' shards, both
 ranks' manifests, and load with safetensors. Then both ranks are SIGKILLed
 while paused after step 25 (step 20 committed), restarted, and must restore
-step 20 and reproduce the uninterrupted run's losses (per rank), final
-parameters and per-rank EMA bit for bit.
+step 25 from zccd's memory (each rank what it writes, the rest by broadcast)
+and reproduce the uninterrupted run's losses (per rank), final parameters
+and per-rank EMA bit for bit; and again with rank 1's newest snapshot one
+step behind, where both must agree on step 24.
 """
 
 import json
@@ -31,19 +33,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_ranks(args):
+def start_ranks(args, world=WORLD):
     port = str(free_port())
     procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         procs.append(subprocess.Popen([sys.executable, "-u", SCRIPT] + args, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return procs
 
 
-def run_ranks(args, timeout=300):
-    procs = start_ranks(args)
+def run_ranks(args, timeout=300, world=WORLD):
+    procs = start_ranks(args, world)
     results = []
     for rank, p in enumerate(procs):
         out, _ = p.communicate(timeout=timeout)
@@ -55,8 +57,8 @@ def run_ranks(args, timeout=300):
     return results
 
 
-def run_ranks_and_kill(args, timeout=120):
-    procs = start_ranks(args)
+def run_ranks_and_kill(args, timeout=120, world=WORLD):
+    procs = start_ranks(args, world)
     losses = []
     try:
         for rank, p in enumerate(procs):

@@ -46,7 +46,9 @@ class MLP(torch.nn.Module):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--job", default="mlp", help="zcc job id")
-    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""), help="zccd socket")
+    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""),
+                   help="zccd socket; a comma-separated list spreads the ranks over several "
+                        "zccds in order, as if over nodes (testing)")
     p.add_argument("--root", default=os.environ.get("ZCC_ROOT", ""), help="checkpoint root")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=32)
@@ -94,7 +96,9 @@ def main(argv):
     start = 1
     if not args.no_zcc:
         from zcc.torch import Checkpointer
-        ckpt = Checkpointer(trained, optimizer, job_id=args.job, socket=args.socket,
+        sockets = args.socket.split(",")
+        socket = sockets[rank * len(sockets) // world]
+        ckpt = Checkpointer(trained, optimizer, job_id=args.job, socket=socket,
                             root=args.root, save_every=args.save_every,
                             ema_decay=args.ema_decay, scheduler=scheduler,
                             user_state=user_state, backpressure=args.backpressure,
