@@ -36,6 +36,13 @@ struct HostCopierOptions {
   absl::Duration per_chunk_delay = absl::ZeroDuration();
 };
 
+// Copies the regions (host memory), with a few threads when they are large
+// (64 MiB and more per thread), mapping the sources' pages first: the
+// restore path's copy, out of a segment another process filled.
+void ParallelCopy(absl::Span<const CopyRegion> regions);
+// Maps the pages of [begin, begin + bytes) for reading (best effort).
+void PopulateForRead(const void* begin, uint64_t bytes);
+
 class HostCopier final : public DeviceCopier {
  public:
   // Starts the copy thread. InvalidArgument if chunk_bytes is 0 or the delay

@@ -1,8 +1,6 @@
 #include "shm/slot_ring.h"
 
 #include <algorithm>
-#include <array>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/futex.h"
@@ -19,21 +17,27 @@ std::optional<SlotRing::Claimed> SlotRing::Claim(bool due, uint32_t save_every) 
   // The free slot whose snapshot is oldest goes first, so the free slots keep
   // the newest snapshots: after a crash zccd can serve any of the last
   // num_slots steps from memory, which lets ranks whose newest differ agree.
-  std::array<std::pair<uint64_t, uint32_t>, kMaxSlots> free;  // (seq, index)
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < num_slots_; ++i) {
-    const SlotHeader& s = cb_->slots[i];
-    if (s.state.load(std::memory_order_relaxed) == S(SlotState::kFree)) {
-      free[n++] = {s.seq.load(std::memory_order_relaxed), i};
+  uint32_t tried = 0;  // bit per slot
+  for (;;) {
+    std::optional<uint32_t> oldest;
+    uint64_t oldest_seq = 0;
+    for (uint32_t i = 0; i < num_slots_; ++i) {
+      const SlotHeader& s = cb_->slots[i];
+      if ((tried >> i) & 1 || s.state.load(std::memory_order_relaxed) != S(SlotState::kFree)) {
+        continue;
+      }
+      const uint64_t seq = s.seq.load(std::memory_order_relaxed);
+      if (!oldest.has_value() || seq < oldest_seq) {
+        oldest = i;
+        oldest_seq = seq;
+      }
     }
-  }
-  std::sort(free.begin(), free.begin() + n);
-  for (uint32_t k = 0; k < n; ++k) {
-    const uint32_t i = free[k].second;
+    if (!oldest.has_value()) break;
+    tried |= 1u << *oldest;
     uint32_t expected = S(SlotState::kFree);
-    if (cb_->slots[i].state.compare_exchange_strong(expected, S(SlotState::kFilling),
-                                                    std::memory_order_acq_rel)) {
-      return Claimed{i, std::nullopt};
+    if (cb_->slots[*oldest].state.compare_exchange_strong(expected, S(SlotState::kFilling),
+                                                          std::memory_order_acq_rel)) {
+      return Claimed{*oldest, std::nullopt};
     }
   }
   if (!due || save_every == 0) return std::nullopt;

@@ -334,33 +334,50 @@ int main(int argc, char** argv) {
   if (absl::Status st = (*restorer)->RegisterTensors(Refs(fresh)); !st.ok()) {
     return Die("register for restore", st);
   }
-  const absl::Time r0 = absl::Now();
-  auto restored = (*restorer)->Restore();
-  if (!restored.ok()) return Die("restore", restored.status());
-  const double restore_s = absl::ToDoubleSeconds(absl::Now() - r0);
-  std::printf("restored step %" PRId64 " in %.2f s (%.2f GB/s, checksums verified)\n", *restored,
-              restore_s, total / restore_s / 1e9);
-  if (*restored != status.last_committed_step) {
-    std::fprintf(stderr, "demo: restored step %" PRId64 ", but the newest commit is step %" PRId64
-                 "\n", *restored, status.last_committed_step);
-    return 1;
-  }
-  // The state the trainer had at that step.
-  std::vector<Tensor> expected =
-      BuildModel(uint64_t(absl::GetFlag(FLAGS_size_mb)) << 20, absl::GetFlag(FLAGS_tensors));
-  for (int64_t step = 1; step <= *restored; ++step) OptimizerStep(expected, step);
-  size_t mismatches = 0;
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    if (fresh[i].bytes != expected[i].bytes) {
-      std::fprintf(stderr, "demo: tensor %s differs after restore\n", fresh[i].name.c_str());
-      ++mismatches;
+  // The state the trainer had at `step`, compared with what was restored.
+  auto check = [&](int64_t step) {
+    std::vector<Tensor> expected =
+        BuildModel(uint64_t(absl::GetFlag(FLAGS_size_mb)) << 20, absl::GetFlag(FLAGS_tensors));
+    for (int64_t s = 1; s <= step; ++s) OptimizerStep(expected, s);
+    size_t mismatches = 0;
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      if (fresh[i].bytes != expected[i].bytes) {
+        std::fprintf(stderr, "demo: tensor %s differs after restore\n", fresh[i].name.c_str());
+        ++mismatches;
+      }
     }
+    if (mismatches > 0) {
+      std::fprintf(stderr, "demo: FAILED: %zu of %zu tensors differ\n", mismatches, fresh.size());
+      return false;
+    }
+    std::printf("restore check: all %zu tensors bit-identical to the state at step %" PRId64 "\n",
+                fresh.size(), step);
+    for (Tensor& t : fresh) std::fill(t.bytes.begin(), t.bytes.end(), 0);
+    return true;
+  };
+  // First the newest step, which zccd still holds in memory (the trainer
+  // above has gone), then the newest commit from disk, as after a node
+  // restart.
+  for (const bool from_memory : {true, false}) {
+    zcc::RestoreOptions options;
+    if (!from_memory) options.step = status.last_committed_step;
+    const absl::Time r0 = absl::Now();
+    auto restored = (*restorer)->Restore(options);
+    if (!restored.ok()) return Die("restore", restored.status());
+    const double restore_s = absl::ToDoubleSeconds(absl::Now() - r0);
+    std::printf("restored step %" PRId64 " from %s in %.2f s (%.2f GB/s%s)\n", restored->step,
+                restored->from_memory ? "zccd's memory" : "disk", restore_s,
+                total / restore_s / 1e9, restored->from_memory ? "" : ", checksums verified");
+    if (restored->from_memory != from_memory) {
+      std::fprintf(stderr, "demo: expected a restore from %s\n", from_memory ? "memory" : "disk");
+      return 1;
+    }
+    if (!from_memory && restored->step != status.last_committed_step) {
+      std::fprintf(stderr, "demo: restored step %" PRId64 ", but the newest commit is step %" PRId64
+                   "\n", restored->step, status.last_committed_step);
+      return 1;
+    }
+    if (!check(restored->step)) return 1;
   }
-  if (mismatches > 0) {
-    std::fprintf(stderr, "demo: FAILED: %zu of %zu tensors differ\n", mismatches, fresh.size());
-    return 1;
-  }
-  std::printf("restore check: all %zu tensors bit-identical to the state at step %" PRId64 "\n",
-              fresh.size(), *restored);
   return 0;
 }

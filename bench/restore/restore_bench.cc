@@ -1,0 +1,164 @@
+// Restore from memory: a trainer restarted after its predecessor died gets
+// the newest snapshot back from the staging segment zccd kept, with no disk
+// read. One rank, one zccd, 1 GiB of fp32 state in 64 tensors (--quick:
+// 256 MiB), no EMA, through the real daemon path (this process is the
+// trainer, zccd a child process).
+//
+// Per round: a client registers the tensors, snapshots step 1, flushes and
+// goes away (zccd keeps its snapshot); a second client registers the same
+// tensors over zeroed buffers and calls Restore(), which must come from
+// memory; the bytes are checked afterwards. The time is the Restore() call:
+// its RPC, the copy out of the staging slot into the tensors, RestoreDone.
+// Reference: memcpy of the same bytes from one resident buffer into the same
+// tensors, in the same round. Median of 3 rounds.
+//
+// Rows: restore_memory_vs_memcpy (GB/s, ratio = restore / memcpy, target
+// >= 0.8) and restore_memory_s (seconds, informative).
+//
+// Environment: ZCC_ZCCD, ZCC_BENCH_DIR. Flags: --quick, --only=PATTERN.
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/harness.h"
+#include "bench/report.h"
+#include "client/client.h"
+
+namespace zcc::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kTensors = 64;
+constexpr int kRounds = 3;
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "restore_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct State {
+  std::vector<std::vector<float>> tensors;
+  std::vector<TensorRef> refs;
+};
+
+// `bytes` of fp32 state in kTensors tensors, every element set from `seed`
+// (0: zeros), touched so that its pages are resident.
+State MakeState(uint64_t bytes, uint32_t seed) {
+  State s;
+  const size_t elements = bytes / sizeof(float) / kTensors;
+  s.tensors.resize(kTensors);
+  for (int i = 0; i < kTensors; ++i) {
+    s.tensors[i].resize(elements);
+    for (size_t e = 0; e < elements; ++e) {
+      s.tensors[i][e] = seed == 0 ? 0.0f : static_cast<float>((seed * 2654435761u + i * 40503u + e) % 1000003);
+    }
+    TensorRef r;
+    r.name = absl::StrCat("layers.", i, ".weight");
+    r.dtype = DType::kF32;
+    r.shape = {static_cast<int64_t>(elements)};
+    r.data = s.tensors[i].data();
+    r.kind = TensorKind::kParam;
+    s.refs.push_back(r);
+  }
+  return s;
+}
+
+std::unique_ptr<Client> Register(const ZccdProcess& daemon, const State& state) {
+  ClientOptions o;
+  o.socket_path = daemon.socket();
+  o.job_id = "restore-bench";
+  o.backpressure = Backpressure::kBlock;
+  auto c = Client::Connect(o);
+  if (!c.ok()) Die(absl::StrCat("connect: ", c.status().ToString()));
+  if (absl::Status st = (*c)->RegisterTensors(state.refs); !st.ok()) {
+    Die(absl::StrCat("register: ", st.ToString()));
+  }
+  if (!(*c)->Stats().connected) Die("not registered with zccd");
+  return std::move(*c);
+}
+
+struct Round {
+  double restore_s = 0;
+  double memcpy_s = 0;
+};
+
+Round RunRound(const ZccdProcess& daemon, uint64_t bytes, uint32_t seed) {
+  State trained = MakeState(bytes, seed);
+  {
+    std::unique_ptr<Client> first = Register(daemon, trained);
+    if (first->Snapshot(1) != SnapshotResult::kEnqueued) Die("snapshot not enqueued");
+    if (absl::Status st = first->Flush(); !st.ok()) Die(absl::StrCat("flush: ", st.ToString()));
+  }  // gone: zccd keeps the snapshot
+  State fresh = MakeState(bytes, 0);
+  std::unique_ptr<Client> second = Register(daemon, fresh);
+  Round r;
+  const Clock::time_point t0 = Clock::now();
+  auto restored = second->Restore(RestoreOptions{});
+  r.restore_s = SecondsSince(t0);
+  if (!restored.ok()) Die(absl::StrCat("restore: ", restored.status().ToString()));
+  if (!restored->from_memory || restored->step != 1) Die("the restore did not come from memory");
+  for (int i = 0; i < kTensors; ++i) {
+    if (std::memcmp(fresh.tensors[i].data(), trained.tensors[i].data(),
+                    trained.tensors[i].size() * sizeof(float)) != 0) {
+      Die(absl::StrCat("tensor ", i, " differs after the restore"));
+    }
+  }
+  // The same bytes, memcpy from resident memory into the same tensors.
+  const Clock::time_point t1 = Clock::now();
+  for (int i = 0; i < kTensors; ++i) {
+    std::memcpy(fresh.tensors[i].data(), trained.tensors[i].data(),
+                trained.tensors[i].size() * sizeof(float));
+  }
+  r.memcpy_s = SecondsSince(t1);
+  return r;
+}
+
+}  // namespace
+}  // namespace zcc::bench
+
+int main(int argc, char** argv) {
+  using namespace zcc::bench;
+  const bool quick = QuickMode(argc, argv);
+  const RowFilter filter("restore_bench", argc, argv);
+  if (!filter.Wants("restore_memory_vs_memcpy") && !filter.Wants("restore_memory_s")) return 0;
+  const uint64_t bytes = (quick ? uint64_t{256} : uint64_t{1024}) << 20;
+  const std::string dir = MakeScratchDir("restore-bench");
+  if (dir.empty()) Die("cannot create the scratch directory");
+  auto daemon = ZccdProcess::Start(dir, "restore");
+  if (!daemon.ok()) Die(absl::StrCat("zccd: ", daemon.status().ToString()));
+  std::vector<double> restore_s, memcpy_s;
+  for (int round = 0; round < kRounds; ++round) {
+    const Round r = RunRound(**daemon, bytes, static_cast<uint32_t>(round + 1));
+    restore_s.push_back(r.restore_s);
+    memcpy_s.push_back(r.memcpy_s);
+    std::fprintf(stderr, "restore_bench: %.2f GB: restore from memory %.3f s, memcpy %.3f s "
+                 "(load %.2f)\n", bytes / 1e9, r.restore_s, r.memcpy_s, LoadAverage1());
+  }
+  (*daemon)->Stop();
+  daemon->reset();
+  RemoveScratchDir(dir);
+  const double restore = Percentile(restore_s, 0.5);
+  const double copy = Percentile(memcpy_s, 0.5);
+  if (filter.Wants("restore_memory_vs_memcpy")) {
+    Emit({"restore_memory_vs_memcpy", bytes / restore / 1e9, bytes / copy / 1e9, 0, ">= 0.8",
+          "GB/s"});
+  }
+  if (filter.Wants("restore_memory_s")) {
+    Emit({absl::StrCat("restore_memory_s (", bytes >> 20, " MiB; lower is better)"), restore, 0, 0,
+          "", "s"});
+  }
+  return 0;
+}
