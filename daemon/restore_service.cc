@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/fs_identity.h"
 #include "common/log.h"

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/futex.h"
 #include "common/testing/eventually.h"

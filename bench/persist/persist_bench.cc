@@ -33,6 +33,7 @@
 #include "checkpoint/committer.h"
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "checkpoint/shard_writer.h"
 #include "common/file_util.h"
 #include "format/dtype.h"
