@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/shard_writer.h"
 #include "common/file_util.h"

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "checkpoint/shard_file_writer.h"
 #include "checkpoint/shard_writer.h"
 #include "checkpoint/testing/synthetic_rank.h"

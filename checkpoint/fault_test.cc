@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "checkpoint/shard_writer.h"
 #include "checkpoint/testing/synthetic_rank.h"
 #include "common/file_util.h"

@@ -10,6 +10,8 @@
 
 namespace zcc::checkpoint {
 
+class ReadProgress;  // read_progress.h
+
 struct IoOptions {
   // Where files are written and read; null means storage::DefaultStorage().
   // Borrowed: must outlive the call.
@@ -22,6 +24,10 @@ struct IoOptions {
   // buffers (128 MiB with the defaults) while they run.
   uint32_t queue_depth = 8;
   size_t chunk_bytes = size_t{8} << 20;
+  // Reads report the tensor bytes they have read and checked here (null:
+  // nowhere), so that a long restore logs its progress. Borrowed: must
+  // outlive the call.
+  ReadProgress* progress = nullptr;
 };
 
 }  // namespace zcc::checkpoint

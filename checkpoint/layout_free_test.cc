@@ -13,6 +13,7 @@
 #include "checkpoint/committer.h"
 #include "checkpoint/global_index.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/shard_writer.h"
 #include "common/file_util.h"

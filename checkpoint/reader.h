@@ -1,7 +1,8 @@
-// Reading committed checkpoints back: listing, verification and restore reads.
-// Everything read from disk is treated as untrusted: manifests and safetensors
-// headers are validated, sizes checked before use, and every tensor's bytes
-// checked against its manifest checksum. Shard files are read with direct I/O
+// Reading committed checkpoints back: listing, choosing the step to restore
+// and restore reads (checking a whole step: step_check.h). Everything read
+// from disk is treated as untrusted: manifests and safetensors headers are
+// validated, sizes checked before use, and every tensor's bytes checked
+// against its manifest checksum as they are read. Shard files are read with direct I/O
 // and several requests in flight where the file system allows it
 // (shard_file_reader.h), buffered otherwise.
 //
@@ -32,28 +33,6 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir);
 
 // Reads and validates COMMITTED of a step directory.
 absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir);
-
-struct VerifyReport {
-  uint32_t ranks = 0;
-  uint64_t tensors = 0;         // pieces, as the ranks wrote them
-  uint64_t global_tensors = 0;  // the tensors they tile
-  uint64_t bytes_checked = 0;
-};
-
-// Full verification of a committed step: COMMITTED matches the step and the
-// manifests, every manifest is valid, every shard file has the right size and
-// a safetensors header that agrees with the manifest, every tensor's bytes
-// match their checksum, the replica groups agree, the pieces of every global
-// tensor tile it (an incomplete EMA tensor is left out, as the committer
-// does), and the step's index (zcc.index.json) is the one COMMITTED records
-// (by its hash; the committer built it from these manifests). The first problem is returned as DataLoss (or the I/O
-// error) with the file and tensor named.
-absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir);
-absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options);
-// The same; on success `*grouped` (when not null) receives the step's index,
-// grouped, as verified, for a restore to read from without decoding it again.
-absl::StatusOr<VerifyReport> VerifyStep(const std::string& step_dir, const IoOptions& options,
-                                        std::shared_ptr<const GroupedIndex>* grouped);
 
 // One tensor a restoring rank wants back.
 struct ReadTarget {
@@ -113,14 +92,18 @@ struct RestoreChoice {
   std::vector<std::string> rejected;  // newer candidates, each "step-N: reason"
 };
 
-// Picks the step to restore. `requested` >= 0: that step, if it verifies.
-// `requested` < 0: the step named by `latest` if it verifies, else the newest
-// committed step below it that does (all committed steps when `latest` is
-// missing or garbage). `verify` is called for each candidate (VerifyStep, or a
-// cached equivalent). NotFound when nothing qualifies.
+// Picks the step to restore. `requested` >= 0: that step, if `verify`
+// accepts it. `requested` < 0: the step named by `latest` if `verify` accepts
+// it, else the newest committed step below it that it accepts (all committed
+// steps when `latest` is missing or garbage). `verify` is called for each
+// candidate (CheckStepMetadata or VerifyStep of step_check.h, or a cached
+// equivalent). `requested` < 0 considers no step above `at_most` (a
+// fallback from a step found damaged looks only at older ones). NotFound
+// when nothing qualifies.
 template <typename VerifyFn>
 absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int64_t requested,
-                                                VerifyFn verify);
+                                                VerifyFn verify,
+                                                int64_t at_most = INT64_MAX);
 
 }  // namespace zcc::checkpoint
 

@@ -11,7 +11,7 @@ namespace zcc::checkpoint {
 
 template <typename VerifyFn>
 absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int64_t requested,
-                                                VerifyFn verify) {
+                                                VerifyFn verify, int64_t at_most) {
   RestoreChoice choice;
   auto check = [&](int64_t step) -> bool {
     const absl::Status st = verify(JoinPath(job_dir, format::StepDirName(step)));
@@ -30,6 +30,9 @@ absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int6
   auto steps = ListCommittedSteps(job_dir);
   if (!steps.ok()) return steps.status();
   std::vector<int64_t> candidates = *steps;
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [&](int64_t s) { return s > at_most; }),
+                   candidates.end());
   std::sort(candidates.rbegin(), candidates.rend());
   auto latest = ReadLatest(job_dir);
   if (latest.ok()) {
@@ -38,7 +41,7 @@ absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int6
     candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
                                     [&](int64_t s) { return s > *latest; }),
                      candidates.end());
-    if (candidates.empty() || candidates.front() != *latest) {
+    if (*latest <= at_most && (candidates.empty() || candidates.front() != *latest)) {
       choice.rejected.push_back(
           absl::StrCat("latest names ", format::StepDirName(*latest), ", which is not committed"));
     }

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/read_progress.h"
 #include "checkpoint/reader.h"
 #include "common/status.h"
 #include "storage/aligned_buffer.h"
@@ -77,6 +78,13 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
                                               covered, " of the box's ", format::Volume(t.box),
                                               " elements"));
     }
+  }
+
+  if (options.progress != nullptr) {
+    uint64_t planned = 0;
+    for (const PieceRead& r : direct) planned += r.piece->nbytes;
+    for (const auto& [piece, copies] : staged) planned += piece->nbytes;
+    options.progress->AddPlanned(planned);
   }
 
   ReshardStats stats;

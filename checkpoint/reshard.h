@@ -48,7 +48,8 @@ struct ReshardStats {
 // of at most `staging_bytes` (one piece larger than that is read alone, into
 // a buffer of its size: ResourceExhausted when that cannot be allocated).
 // Cancelled once `cancelled()` (when given) turns true, checked between
-// batches.
+// batches. With options.progress, the bytes it is going to read are added to
+// its plan and reported as they are read.
 absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
                                        const format::StepIndex& index,
                                        const std::vector<GlobalTensor>& tensors,

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/read_progress.h"
 #include "common/status.h"
 #include "format/checksum.h"
 #include "storage/io_pipeline.h"
@@ -199,6 +200,7 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
           run.cursor = k + 1;
         }
       }
+      if (options.progress != nullptr) options.progress->AddRead(p.end - p.begin);
     }
   }
   return absl::OkStatus();

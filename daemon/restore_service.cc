@@ -1,11 +1,15 @@
 #include "daemon/restore_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
+#include "checkpoint/io_options.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/fs_identity.h"
 #include "common/log.h"
@@ -26,37 +30,39 @@ std::string RestoreService::BufferName(const char* what, const std::string& job_
                       next_buffer_seq_.fetch_add(1));
 }
 
-absl::Status RestoreService::VerifyCached(const std::string& step_dir) {
+absl::Status RestoreService::CheckMetadataCached(const std::string& step_dir) {
   auto record = checkpoint::ReadCommitRecord(step_dir);
   if (!record.ok()) return record.status();
-  zcc::MutexLock lock(&verify_mu_);
-  const auto key = std::make_pair(step_dir, record->manifest_hash);
-  auto it = verified_.find(key);
-  if (it != verified_.end()) return it->second;
+  zcc::MutexLock lock(&check_mu_);
+  const StepKey key(step_dir, record->manifest_hash);
+  auto it = verdicts_.find(key);
+  if (it != verdicts_.end()) return it->second;
   const absl::Time start = absl::Now();
   std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  // No tensor data: the restore checks each piece's checksum as it reads it.
   const absl::Status status =
-      checkpoint::VerifyStep(step_dir, checkpoint::IoOptions(), &grouped).status();
+      checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped);
   if (status.ok()) {
     indexes_.emplace_back(key, std::move(grouped));
     while (indexes_.size() > kCachedIndexes) indexes_.pop_front();
-    ZCC_LOG(INFO) << "verified " << step_dir << " in "
+    ZCC_LOG(INFO) << "checked the metadata of " << step_dir << " in "
                   << absl::FormatDuration(absl::Now() - start);
   } else {
     metrics_->errors(metrics::ErrorKind::kVerify).Increment();
-    ZCC_LOG(ERROR) << "checkpoint " << step_dir << " failed verification: " << status.message();
+    ZCC_LOG(ERROR) << "checkpoint " << step_dir << " failed its metadata check: "
+                   << status.message();
   }
-  if (verified_.size() > 256) verified_.clear();
-  verified_[key] = status;
+  if (verdicts_.size() > 256) verdicts_.clear();
+  verdicts_[key] = status;
   return status;
 }
 
 absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> RestoreService::StepIndexFor(
     const std::string& step_dir) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
-  // Under the verification lock, like a verification: the ranks of a job that
-  // miss the cache together read the index once, the first for all of them.
-  zcc::MutexLock lock(&verify_mu_);
+  // Under the check lock, like a metadata check: the ranks of a job that miss
+  // the cache together read the index once, the first for all of them.
+  zcc::MutexLock lock(&check_mu_);
   const StepKey key(step_dir, record.manifest_hash);
   for (const auto& [cached, index] : indexes_) {
     if (cached == key) return index;
@@ -70,10 +76,10 @@ absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> RestoreService::
 
 void RestoreService::MarkDamaged(const std::string& step_dir, const absl::Status& why) {
   auto record = checkpoint::ReadCommitRecord(step_dir);
-  if (!record.ok()) return;  // unreadable now: VerifyCached rejects it anyway
+  if (!record.ok()) return;  // unreadable now: CheckMetadataCached rejects it anyway
   metrics_->errors(metrics::ErrorKind::kVerify).Increment();
-  zcc::MutexLock lock(&verify_mu_);
-  verified_[std::make_pair(step_dir, record->manifest_hash)] = why;
+  zcc::MutexLock lock(&check_mu_);
+  verdicts_[StepKey(step_dir, record->manifest_hash)] = why;
 }
 
 namespace {
@@ -156,23 +162,32 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
       }
     }
   }
+  // Each rejected step once, in the order found (a step rejected in one
+  // round is rejected again, from the cache, in the next).
   std::vector<std::string> skipped;
-  // A step found damaged while it is read (after an earlier verification was
-  // cached, or damaged since) is marked bad and the choice made again, so a
-  // restore of the newest step falls back to the next older one that reads
-  // back intact. Each round rejects one more step, so this ends.
+  auto skip = [&](const std::string& why) {
+    if (std::find(skipped.begin(), skipped.end(), why) != skipped.end()) return;
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
+                     << ": restore skipped " << why;
+    skipped.push_back(why);
+  };
+  // The choice checks metadata only; a piece that does not match its
+  // checksum shows while it is read. Such a step is marked bad and the choice
+  // made again, so a restore of the newest step falls back to the next older
+  // one that reads back intact. Each round rejects one more step, so this
+  // ends.
+  int64_t requested = req.step() < 0 ? -1 : req.step();
+  int64_t at_most = INT64_MAX;
   for (;;) {
     if (cancelled()) return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
-    ZCC_ASSIGN_OR_RETURN(
-        checkpoint::RestoreChoice choice,
-        checkpoint::ChooseRestoreStep(job_dir, req.step() < 0 ? -1 : req.step(),
-                                      [this](const std::string& dir) { return VerifyCached(dir); }));
-    for (const std::string& why : choice.rejected) {
-      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
-                       << ": restore skipped " << why;
-    }
-    skipped.insert(skipped.end(), choice.rejected.begin(), choice.rejected.end());
-    const std::string step_dir = JoinPath(job_dir, format::StepDirName(choice.step));
+    ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice,
+                         checkpoint::ChooseRestoreStep(
+                             job_dir, requested,
+                             [this](const std::string& dir) { return CheckMetadataCached(dir); },
+                             at_most));
+    for (const std::string& why : choice.rejected) skip(why);
+    const std::string step_name = format::StepDirName(choice.step);
+    const std::string step_dir = JoinPath(job_dir, step_name);
     auto resp = RestoreStep(job, session, req, step_dir, choice.step, cancelled);
     if (resp.ok()) metrics_->restores(metrics::RestoreSource::kDisk).Increment();
     if (resp.ok()) {
@@ -181,10 +196,24 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     }
     const bool damaged = resp.status().code() == absl::StatusCode::kDataLoss ||
                          resp.status().code() == absl::StatusCode::kNotFound;
-    if (!damaged || (req.step() >= 0 && !req.allow_older())) return resp.status();
-    MarkDamaged(step_dir, resp.status());
-    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": "
-                     << resp.status().message() << "; falling back to an older step";
+    if (!damaged) return Annotate(resp.status(), absl::StrCat("restore of ", step_name));
+    // Remembered whether or not this request falls back, so that no later
+    // restore reads the step again.
+    const absl::Status why(resp.status().code(),
+                           absl::StrCat("damaged, found while reading it: ", resp.status().message()));
+    MarkDamaged(step_dir, why);
+    if (req.step() >= 0 && !req.allow_older()) {
+      return Annotate(why, absl::StrCat("restore of ", step_name));
+    }
+    // Only older steps from here on (an explicit step's fallback never
+    // lands on a newer one).
+    requested = -1;
+    at_most = choice.step - 1;
+    // (The next round's choice rejects it with these same words: skip() then
+    // leaves them out.)
+    skipped.push_back(absl::StrCat(step_name, ": ", why.message()));
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << step_name
+                     << " is " << why.message() << "; falling back to an older step";
   }
 }
 
@@ -200,22 +229,26 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   if (!index.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
-    return Annotate(index.status(), absl::StrCat("restore of ", format::StepDirName(step)));
+    return index.status();
   }
+  // Outside check_mu_: the only read of the tensor data, each piece checked
+  // as it arrives. On failure `buffer` holds no segment any more (its handle
+  // removed it), so nothing of a damaged step reaches the trainer.
   auto buffer = ReadRestoreBuffer(step_dir, **index, session.registered(), shm_name,
                                   max_slot_bytes_, session.options().segment_owner,
-                                  cancelled, req.owned_only());
-  metrics_->restore_seconds().ObserveDuration(absl::Now() - read_start);
+                                  checkpoint::IoOptions(), cancelled, req.owned_only());
+  const absl::Duration read_time = absl::Now() - read_start;
+  metrics_->restore_seconds().ObserveDuration(read_time);
   if (!buffer.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
-    return Annotate(buffer.status(), absl::StrCat("restore of ", format::StepDirName(step)));
+    return buffer.status();
   }
   metrics_->restore_bytes_read().Increment(buffer->bytes_read);
   if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
-    return Annotate(st, absl::StrCat("restore of the EMA from ", format::StepDirName(step)));
+    return Annotate(st, "the EMA");
   }
   v1::RestoreResponse resp;
   resp.set_step(step);
@@ -234,8 +267,12 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   // The trainer restored from disk: snapshots held in memory are of no more use.
   resp.set_restore_id(session.restore_buffers().Add(std::move(buffer->segment), step,
                                                     [&session] { session.ReleaseHeld(); }));
+  const double seconds = absl::ToDoubleSeconds(read_time);
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
-                << format::StepDirName(step) << " into " << shm_name;
+                << format::StepDirName(step) << " into " << shm_name
+                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s)",
+                                   buffer->bytes_read / 1e9, seconds,
+                                   seconds > 0 ? buffer->bytes_read / seconds / 1e9 : 0.0);
   return resp;
 }
 

@@ -1,12 +1,16 @@
 // Restore: which step a rank gets back, and reading it. A snapshot the rank's
 // previous trainer left in memory (daemon/retained_snapshots.h) is served
 // straight from the staging segment the rank adopted, with that trainer's
-// EMA. Otherwise the newest committed step that verifies (or the one asked
-// for) is read into a new restore buffer for the rank, together with its
-// EMA; a step found damaged while it is read is remembered as bad and the
-// next older one is tried.
-// Verification verdicts are cached by step directory and commit hash, so the
-// N ranks of a job restoring one step verify it once.
+// EMA. Otherwise the newest committed step whose metadata checks out
+// (checkpoint::CheckStepMetadata: COMMITTED, manifests, index, shard sizes
+// and headers; no tensor data), or the one asked for, is read into a new
+// restore buffer for the rank together with its EMA, each piece read once
+// and checked against its checksum as it arrives. A step found damaged while
+// it is read is remembered as bad, named in the reply's skipped steps, and
+// (when the latest was asked for, or allow_older) the next older one is
+// tried; the buffer of a failed read never reaches the trainer. Metadata
+// verdicts are cached by step directory and commit hash, so the N ranks of a
+// job restoring one step check it once.
 //
 // Thread-safety: all methods may be called concurrently (one RPC thread per
 // restoring rank). Ownership: holds no job or session; the caller keeps them
@@ -57,12 +61,13 @@ class RestoreService {
                          uint64_t generation);
 
  private:
-  // VerifyStep, with the cache.
-  absl::Status VerifyCached(const std::string& step_dir) ABSL_LOCKS_EXCLUDED(verify_mu_);
-  // Records that `step_dir` failed while being read (`why`), whatever an
-  // earlier verification found, so the next choice skips it.
+  // checkpoint::CheckStepMetadata, with the cache (which also holds what a
+  // read found: MarkDamaged).
+  absl::Status CheckMetadataCached(const std::string& step_dir) ABSL_LOCKS_EXCLUDED(check_mu_);
+  // Records that `step_dir` failed while being read (`why`), whatever its
+  // metadata check found, so the next choice skips it.
   void MarkDamaged(const std::string& step_dir, const absl::Status& why)
-      ABSL_LOCKS_EXCLUDED(verify_mu_);
+      ABSL_LOCKS_EXCLUDED(check_mu_);
   // Serves `step` from the snapshot in the session's staging slot `slot`.
   v1::RestoreResponse RestoreFromMemory(RankSession& session, const v1::RestoreRequest& req,
                                         uint32_t slot, int64_t step);
@@ -78,21 +83,24 @@ class RestoreService {
   metrics::ZccMetrics* const metrics_;
   std::atomic<uint64_t> next_buffer_seq_{1};
 
-  // The grouped index of a step that verified (from the cache), or read from
-  // disk (and cached) when the cache no longer holds it.
+  // The grouped index of a step whose metadata checked out (from the
+  // cache), or read from disk (and cached) when the cache no longer holds it.
   absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepIndexFor(
-      const std::string& step_dir) ABSL_LOCKS_EXCLUDED(verify_mu_);
+      const std::string& step_dir) ABSL_LOCKS_EXCLUDED(check_mu_);
 
-  // Held across a verification (disk reads): only other restores wait on it.
-  zcc::Mutex verify_mu_;
+  // Held across a metadata check or an index load (small reads: COMMITTED,
+  // manifests, the index, one header per shard file), so that the ranks of a
+  // job that miss the cache together read them once; never across tensor
+  // data, so one rank's long read does not hold up the others' restores.
+  zcc::Mutex check_mu_;
   using StepKey = std::pair<std::string, uint64_t>;  // step directory, manifest hash
-  std::map<StepKey, absl::Status> verified_ ABSL_GUARDED_BY(verify_mu_);
-  // The grouped indexes of the steps verified last (the N ranks of a job
+  std::map<StepKey, absl::Status> verdicts_ ABSL_GUARDED_BY(check_mu_);
+  // The grouped indexes of the steps checked last (the N ranks of a job
   // restoring one step read it from here instead of decoding it again);
   // bounded: an index of a million tensors takes hundreds of MB.
   static constexpr size_t kCachedIndexes = 2;
   std::deque<std::pair<StepKey, std::shared_ptr<const checkpoint::GroupedIndex>>> indexes_
-      ABSL_GUARDED_BY(verify_mu_);
+      ABSL_GUARDED_BY(check_mu_);
 };
 
 }  // namespace zcc::daemon

@@ -4,9 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/global_index.h"
-#include "checkpoint/reader.h"
+#include "checkpoint/read_progress.h"
 #include "checkpoint/reshard.h"
-#include "checkpoint/rank_shards.h"
 #include "common/file_util.h"
 #include "common/status.h"
 #include "format/manifest.h"
@@ -20,6 +19,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,
+                                                const checkpoint::IoOptions& io,
                                                 const std::function<bool()>& cancelled,
                                                 bool owned_only) {
   auto check_cancelled = [&cancelled]() -> absl::Status {
@@ -58,12 +58,15 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
     targets.push_back({format::TensorKindName(t.kind), t.name, t.dtype, t.global(), t.box(),
                        base + offset});
   }
+  // A restore of hundreds of GB takes minutes: say how far it has come.
+  checkpoint::ReadProgress progress(absl::StrCat("restore of ", step_dir));
+  checkpoint::IoOptions read_io = io;
+  if (read_io.progress == nullptr) read_io.progress = &progress;
   ZCC_ASSIGN_OR_RETURN(checkpoint::ReshardStats stats,
-                       checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets,
-                                             checkpoint::IoOptions(), uint64_t{256} << 20,
-                                             cancelled));
-  buffer.bytes_read = stats.bytes_read;
+                       checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets, read_io,
+                                             uint64_t{256} << 20, cancelled));
   ZCC_RETURN_IF_ERROR(check_cancelled());
+  buffer.bytes_read = stats.bytes_read;
   return buffer;
 }
 

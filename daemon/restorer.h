@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/global_index.h"
+#include "checkpoint/io_options.h"
 #include "daemon/rank_session.h"
 #include "shm/segment.h"
 
@@ -28,22 +29,26 @@ struct RestoreBuffer {
   uint64_t data_offset = 0;           // from the segment start
   std::vector<uint64_t> offsets;      // per registered tensor, from data_offset
   std::vector<bool> restored;         // per registered tensor: in the buffer
-  uint64_t bytes_read = 0;            // from the checkpoint's files
+  uint64_t bytes_read = 0;            // tensor bytes read from the step (and checked)
 };
 
 // Creates segment `shm_name` (mode 0600, owned by `owner`: see
 // RankSessionOptions::segment_owner), sized for all of `registered`, and
-// fills it from `step_dir` (a verified committed step whose grouped index is
-// `step`), checking each piece's
-// checksum. FailedPrecondition names a tensor that the checkpoint lacks or
-// holds with another dtype or global shape; nothing reaches the trainer then.
-// Cancelled once `cancelled()` turns true. `owned_only`: only the staged
-// tensors (this rank writes them; replicas another rank writes are left out).
+// fills it from `step_dir` (a committed step whose metadata was checked:
+// checkpoint::CheckStepMetadata, which gave `step`, its grouped index),
+// reading each piece it needs once, through `io`, and checking its checksum
+// as it arrives. DataLoss names a piece that does not match its checksum;
+// FailedPrecondition a tensor that the checkpoint lacks or holds with
+// another dtype or global shape. On any error the segment is removed before
+// returning: nothing of the step reaches the trainer. Logs its progress every
+// few seconds while it reads. Cancelled once `cancelled()` turns true. `owned_only`: only the staged tensors (this rank
+// writes them; replicas another rank writes are left out).
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const checkpoint::GroupedIndex& step,
                                                 const std::vector<RegisteredTensor>& registered,
                                                 const std::string& shm_name,
                                                 uint64_t max_bytes, uid_t owner,
+                                                const checkpoint::IoOptions& io,
                                                 const std::function<bool()>& cancelled = nullptr,
                                                 bool owned_only = false);
 

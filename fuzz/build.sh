@@ -36,7 +36,8 @@ SOURCES=(
   format/checksum.cc
   common/status.cc common/validate.cc common/file_util.cc common/log.cc
   shm/control_block.cc shm/slot_layout.cc
-  checkpoint/reader.cc checkpoint/global_index.cc checkpoint/rank_shards.cc checkpoint/shard_file_reader.cc
+  checkpoint/reader.cc checkpoint/step_files.cc checkpoint/global_index.cc checkpoint/rank_shards.cc
+  checkpoint/shard_file_reader.cc checkpoint/read_progress.cc
   daemon/registration.cc config/daemon_config.cc proto/convert.cc
 )
 # The reader's storage layer, whole (it changes often; unused members are not linked).

@@ -111,7 +111,7 @@ FaultInjectingStorage::FaultInjectingStorage(Storage* base, FaultPlan plan)
 void FaultInjectingStorage::SetPlan(FaultPlan plan) {
   zcc::MutexLock lock(&mu_);
   plan_ = std::move(plan);
-  bytes_written_ = writes_ = reads_ = faults_ = 0;
+  bytes_written_ = writes_ = reads_ = bytes_read_ = faults_ = 0;
 }
 
 uint64_t FaultInjectingStorage::bytes_written() const {
@@ -125,6 +125,10 @@ uint64_t FaultInjectingStorage::write_requests() const {
 uint64_t FaultInjectingStorage::read_requests() const {
   zcc::MutexLock lock(&mu_);
   return reads_;
+}
+uint64_t FaultInjectingStorage::bytes_read() const {
+  zcc::MutexLock lock(&mu_);
+  return bytes_read_;
 }
 uint64_t FaultInjectingStorage::faults_injected() const {
   zcc::MutexLock lock(&mu_);
@@ -186,6 +190,7 @@ FaultInjectingStorage::Decision FaultInjectingStorage::DecideRead(size_t n, bool
     return d;
   }
   d.bytes = Shorten(n, plan_.max_read_bytes, direct);
+  bytes_read_ += d.bytes;
   return d;
 }
 

@@ -71,6 +71,10 @@ class FaultInjectingStorage final : public Storage {
   uint64_t bytes_written() const;
   uint64_t write_requests() const;
   uint64_t read_requests() const;
+  // Bytes asked for by the read requests let through (the kernel returns
+  // fewer at the end of a file): what a reader made the disk do, alignment
+  // padding included.
+  uint64_t bytes_read() const;
   uint64_t faults_injected() const;
 
   absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,
@@ -104,6 +108,7 @@ class FaultInjectingStorage final : public Storage {
   uint64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_read_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t faults_ ABSL_GUARDED_BY(mu_) = 0;
   bool warned_direct_refused_ ABSL_GUARDED_BY(mu_) = false;
 };

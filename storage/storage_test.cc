@@ -321,6 +321,8 @@ TEST_CASE("fault wrapper: short writes and reads are continued by IoPipeline") {
   CHECK(*n == data.size());
   CHECK(std::memcmp(in.data(), data.data(), data.size()) == 0);
   CHECK(storage.read_requests() > 1);
+  // The continued pieces add up to the bytes asked for, counted once.
+  CHECK(storage.bytes_read() == data.size());
 }
 
 TEST_CASE("fault wrapper: fdatasync failure, refused O_DIRECT, slow disk, path filter") {

@@ -45,6 +45,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/testing/eventually.h"
 #include "common/testing/temp_dir.h"

@@ -20,12 +20,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "checkpoint/io_options.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/futex.h"
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
+#include "format/manifest.h"
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
@@ -388,13 +391,39 @@ TEST_CASE("a checkpoint that cannot be written shows in the trainer's stats and 
   REQUIRE(daemon.Stop() == 0);
 }
 
-TEST_CASE("a step damaged after zccd verified it falls back to the next older step") {
+// Flips a byte in the middle of the largest piece of `step_dir` (inside
+// tensor data: the headers and manifests stay as committed); returns the
+// piece's name.
+std::string DamageTensorData(const std::string& step_dir) {
+  auto index = checkpoint::LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  const format::ManifestTensor* piece = &index->pieces.front();
+  for (const auto& p : index->pieces) {
+    if (p.nbytes > piece->nbytes) piece = &p;
+  }
+  std::fstream f(JoinPath(step_dir, piece->file), std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  const std::streamoff at = static_cast<std::streamoff>(piece->offset + piece->nbytes / 2);
+  f.seekg(at);
+  const char c = static_cast<char>(f.get() ^ 0x5a);
+  f.seekp(at);
+  f.put(c);
+  return piece->name;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("a step damaged after zccd checked it falls back to the next older step") {
   const std::string dir = ShortTempDir("it-dmg");
   Daemon daemon(dir, {{"--retain_snapshots_s=0"}});  // restores read the disk
   REQUIRE(daemon.Start());
   auto t = StartTrainer(daemon, dir, "train", {"--steps=15"});
   REQUIRE(t->Wait(absl::Seconds(60)) == 0);
-  // The first restore verifies step 15 (and zccd remembers that it did).
+  // The first restore checks step 15 (and zccd remembers that it did).
   auto first = StartTrainer(daemon, dir, "restore1", {"--mode=restore", "--expect_step=15"});
   REQUIRE(first->Wait(absl::Seconds(60)) == 0);
   // Then one byte of a tensor in step 15 changes on disk.
@@ -412,10 +441,45 @@ TEST_CASE("a step damaged after zccd verified it falls back to the next older st
   INFO(second->Output() << daemon.Log());
   CHECK(second->Values()["restored_step"] == "10");
   CHECK(second->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(second->Output(), "restore skipped step-00000015: damaged"));
   CHECK(absl::StrContains(daemon.Log(), "falling back to an older step"));
   // And it stays rejected: the next restore does not try step 15 again.
   auto third = StartTrainer(daemon, dir, "restore3", {"--mode=restore", "--expect_step=10"});
   CHECK(third->Wait(absl::Seconds(60)) == 0);
+  CHECK(Count(daemon.Log(), "falling back to an older step") == 1);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("tensor data damaged before any restore: the metadata check passes, the one read "
+          "finds it, and the restore falls back to the older step") {
+  const std::string dir = ShortTempDir("it-dmg1");
+  Daemon daemon(dir, {{"--retain_snapshots_s=0"}});  // restores read the disk
+  REQUIRE(daemon.Start());
+  auto t = StartTrainer(daemon, dir, "train", {"--steps=15"});
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  const std::string step15 = JobDir(daemon) + "/step-00000015";
+  const std::string damaged = DamageTensorData(step15);
+  // Only the data is damaged: what zccd checks before reading lets it through.
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step15, checkpoint::IoOptions(), nullptr));
+  REQUIRE(checkpoint::VerifyStep(step15).status().code() == absl::StatusCode::kDataLoss);
+
+  auto restore = StartTrainer(daemon, dir, "restore", {"--mode=restore", "--expect_step=10"});
+  CHECK(restore->Wait(absl::Seconds(60)) == 0);
+  INFO(restore->Output() << daemon.Log());
+  // Every tensor holds step 10, bit for bit: nothing of step 15 reached it.
+  CHECK(restore->Values()["restored_step"] == "10");
+  CHECK(restore->Values()["mismatched_tensors"] == "0");
+  // The reply named the skipped step and why; zccd logged it.
+  const std::string out = restore->Output();
+  CHECK(absl::StrContains(out, "restore skipped step-00000015: damaged, found while reading it: "
+                               "checksum mismatch for tensor '" + damaged + "'"));
+  CHECK(absl::StrContains(daemon.Log(), "checked the metadata of " + step15));
+  CHECK(absl::StrContains(daemon.Log(), "falling back to an older step"));
+  // Remembered as bad: the next restore of the latest reads step 10 only.
+  auto again = StartTrainer(daemon, dir, "again", {"--mode=restore", "--expect_step=10"});
+  CHECK(again->Wait(absl::Seconds(60)) == 0);
+  CHECK(absl::StrContains(again->Output(), "restore skipped step-00000015: damaged"));
+  CHECK(Count(daemon.Log(), "falling back to an older step") == 1);
   REQUIRE(daemon.Stop() == 0);
 }
 

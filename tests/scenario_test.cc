@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"

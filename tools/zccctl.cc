@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/exporter.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
 #include "common/default_paths.h"
 #include "proto/zcc.grpc.pb.h"
 

@@ -8,9 +8,22 @@
 //   (c) buffered write + fsync of the same bytes (what safetensors.save_file
 //       or torch.save followed by fsync do);
 //   (d) zcc restore: ReadRankTensors of every rank into a page-aligned buffer;
-//   (e) raw O_DIRECT sequential reads, queue depth 8.
-// (a)/(b) and (d)/(e) alternate over several rounds (medians reported), since
-// a virtual disk's speed drifts; the page cache is dropped between phases.
+//   (e) raw O_DIRECT sequential reads, queue depth 8;
+//   (f) zcc's restore path as zccd runs it, from a cold page cache:
+//       CheckStepMetadata of the step once (zccd caches the verdict for the
+//       job's ranks), then daemon::ReadRestoreBuffer of every rank into a
+//       fresh shared-memory segment, each piece read once and checked.
+//       The same with VerifyStep in place of the metadata check (the path
+//       before restores read a step once) is measured for comparison;
+//   (g) raw O_DIRECT reads of the same shard files, one after the other,
+//       into a reused 64 MiB ring (the row's reference), and, to tell the
+//       cost of filling fresh memory from zcc's own, into fresh shared-memory
+//       segments created like zccd's restore buffers (an informing row).
+// (a)/(b), (d)/(e) and (f)/(g) alternate over several rounds (medians
+// reported), since a virtual disk's speed drifts; the page cache is dropped
+// between phases (every file fsynced and evicted with
+// posix_fadvise(DONTNEED), and /proc/sys/vm/drop_caches written where
+// allowed).
 //
 // Environment: ZCC_BENCH_DIR, a directory on the disk to measure (default
 // /tmp). 4 GiB in all (--quick: ~1 GiB). --keep leaves the last checkpoint.
@@ -23,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,12 +45,18 @@
 #include "absl/time/time.h"
 #include "bench/report.h"
 #include "checkpoint/committer.h"
+#include "checkpoint/global_index.h"
+#include "checkpoint/io_options.h"
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/shard_writer.h"
+#include "checkpoint/step_check.h"
 #include "common/file_util.h"
+#include "daemon/registered_tensor.h"
+#include "daemon/restorer.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
+#include "shm/segment.h"
 #include "shm/slot_layout.h"
 
 namespace zcc::bench {
@@ -160,22 +180,43 @@ void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
   }
 }
 
-// Drops what the page cache holds of `paths` and, where allowed (root), the
-// whole page cache; silently does less where not allowed.
-void DropCaches(const std::vector<std::string>& paths) {
+// Drops what the page cache holds of `paths` (each fsynced, then evicted
+// with posix_fadvise) and, where allowed (root outside a container), the
+// whole page cache; silently does less where not allowed. Returns whether
+// /proc/sys/vm/drop_caches took the write.
+bool DropCaches(const std::vector<std::string>& paths) {
   ::sync();
   for (const std::string& p : paths) {
     const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
+    ::fsync(fd);
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
   }
+  bool dropped = false;
   const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
   if (fd >= 0) {
-    ssize_t unused = ::write(fd, "3", 1);
-    (void)unused;
+    dropped = ::write(fd, "3", 1) == 1;
     ::close(fd);
   }
+  return dropped;
+}
+
+// A rank's tensors as its trainer would have registered them with zccd
+// (whole tensors, all written by this rank).
+std::vector<zcc::daemon::RegisteredTensor> Registered(const RankShards& rank) {
+  std::vector<zcc::daemon::RegisteredTensor> out;
+  for (const RankTensor& t : rank.tensors) {
+    zcc::daemon::RegisteredTensor r;
+    r.name = t.name;
+    r.dtype = t.dtype;
+    r.shape = t.shape;
+    r.kind = t.kind;
+    r.nbytes = t.nbytes;
+    r.slot_offset = t.slot_offset;
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 struct Span {
@@ -227,8 +268,10 @@ double RawWrite(const std::string& path, const std::vector<Span>& sources) {
 }
 
 // Sequential O_DIRECT reads of a whole file, 8 requests of 8 MiB in flight,
-// into `buffer` (reused as a ring). Returns seconds.
-double RawRead(const std::string& path, uint8_t* buffer, uint64_t* bytes_read) {
+// into `buffer`: reused as a ring of 8 blocks, or with `whole` the file's
+// place (its size rounded up to 8 MiB). Returns seconds.
+double RawRead(const std::string& path, uint8_t* buffer, uint64_t* bytes_read,
+               bool whole = false) {
   const absl::Time start = absl::Now();
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (fd < 0) Die(absl::StrCat("open ", path, ": ", std::strerror(errno)));
@@ -240,7 +283,8 @@ double RawRead(const std::string& path, uint8_t* buffer, uint64_t* bytes_read) {
   while (done < static_cast<uint64_t>(size)) {
     while (in_flight < kDepth && next < static_cast<uint64_t>(size)) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      io_uring_prep_read(sqe, fd, buffer + (slot++ % kDepth) * kBlock, kBlock, next);
+      uint8_t* dst = whole ? buffer + next : buffer + (slot++ % kDepth) * kBlock;
+      io_uring_prep_read(sqe, fd, dst, kBlock, next);
       io_uring_submit(&ring);
       ++in_flight;
       next += kBlock;
@@ -342,7 +386,12 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "buffered write + fsync: %.2f GB/s (%.2f s)\n", buffered, buffered_s);
   ::unlink(raw_path.c_str());
 
-  std::vector<double> zcc_w, raw_w, zcc_r, raw_r;
+  std::vector<double> zcc_w, raw_w, zcc_r, raw_r, cold_zcc, cold_raw, cold_raw_shm, cold_two_pass;
+  std::vector<std::vector<zcc::daemon::RegisteredTensor>> registered;
+  for (const RankShards& r : ranks) registered.push_back(Registered(r));
+  std::fprintf(stderr, "page cache: fsync + posix_fadvise(DONTNEED) per file%s\n",
+               DropCaches({}) ? " + /proc/sys/vm/drop_caches"
+                              : " (/proc/sys/vm/drop_caches not writable here)");
   int64_t step = 0;
   for (int round = 0; round < rounds; ++round) {
     // Start each round from the same state: no old step, no raw file.
@@ -431,6 +480,102 @@ int main(int argc, char** argv) {
       restore_zcc();
       restore_raw();
     }
+    // (f)/(g): the restore path against raw reads of the very same files.
+    std::vector<std::string> shard_files;
+    std::vector<uint64_t> shard_bytes;
+    {
+      auto index = ckpt::LoadStepIndex(step_dir);
+      if (!index.ok()) Die(std::string(index.status().message()));
+      for (const auto& f : index->files) {
+        shard_files.push_back(zcc::JoinPath(step_dir, f.name));
+        shard_bytes.push_back(f.bytes);
+      }
+    }
+    // `full_verify`: the restore path before it read the step once, with
+    // VerifyStep (every shard of every rank hashed) instead of the metadata
+    // check; an informing row.
+    auto restore_cold_path = [&](bool full_verify) {
+      DropCaches(files);
+      const absl::Time start = absl::Now();
+      std::shared_ptr<const ckpt::GroupedIndex> grouped;
+      const absl::Status checked =
+          full_verify ? ckpt::VerifyStep(step_dir, ckpt::IoOptions(), &grouped).status()
+                      : ckpt::CheckStepMetadata(step_dir, ckpt::IoOptions(), &grouped);
+      if (!checked.ok()) Die(std::string(checked.message()));
+      uint64_t bytes = 0;
+      // All kept until the clock stops, as zccd keeps each until its trainer
+      // has copied it (freeing them is not part of the read).
+      std::vector<zcc::daemon::RestoreBuffer> buffers;
+      for (uint32_t r = 0; r < kRanks; ++r) {
+        auto buffer = zcc::daemon::ReadRestoreBuffer(
+            step_dir, *grouped, registered[r], absl::StrCat("zcc-persist-bench.", ::getpid(), ".r", r),
+            uint64_t{1} << 40, static_cast<uid_t>(-1), ckpt::IoOptions());
+        if (!buffer.ok()) Die(std::string(buffer.status().message()));
+        bytes += buffer->bytes_read;
+        buffers.push_back(*std::move(buffer));
+      }
+      const double s = absl::ToDoubleSeconds(absl::Now() - start);
+      const zcc::daemon::RestoreBuffer* last = &buffers.back();
+      if (bytes != data_bytes) Die("the restore path read another byte count than the tensors");
+      (full_verify ? cold_two_pass : cold_zcc).push_back(bytes / s / 1e9);
+      std::fprintf(stderr, "round %d zcc restore path, cold (%s + ReadRestoreBuffer): "
+                   "%.2f GB/s (%.2f s)\n", round,
+                   full_verify ? "VerifyStep" : "metadata check", bytes / s / 1e9, s);
+      const RankShards& lr = ranks[kRanks - 1];
+      const uint8_t* base = last->segment.base() + last->data_offset;
+      for (size_t i = 0; i < lr.tensors.size(); ++i) {
+        if (std::memcmp(base + last->offsets[i], slot_ptr[kRanks - 1] + lr.tensors[i].slot_offset,
+                        lr.tensors[i].nbytes) != 0) {
+          Die("bytes restored through the restore path differ from the slot");
+        }
+      }
+    };
+    auto restore_cold_raw = [&] {
+      DropCaches(files);
+      const absl::Time start = absl::Now();
+      uint64_t bytes = 0;
+      for (const std::string& f : shard_files) {
+        uint64_t got = 0;
+        RawRead(f, restore.data(), &got);
+        bytes += got;
+      }
+      const double s = absl::ToDoubleSeconds(absl::Now() - start);
+      cold_raw.push_back(bytes / s / 1e9);
+      std::fprintf(stderr, "round %d raw O_DIRECT read of the %zu shard files, cold: %.2f GB/s "
+                   "(%.2f s)\n", round, shard_files.size(), cold_raw.back(), s);
+    };
+    auto restore_cold_raw_shm = [&] {
+      DropCaches(files);
+      const absl::Time start = absl::Now();
+      uint64_t bytes = 0;
+      std::vector<zcc::shm::Segment> segments;  // freed after the clock stops
+      for (size_t i = 0; i < shard_files.size(); ++i) {
+        const uint64_t room = (shard_bytes[i] + kBlock - 1) / kBlock * kBlock;
+        auto segment = zcc::shm::Segment::Create(
+            absl::StrCat("zcc-persist-bench.", ::getpid(), ".raw", i), room);
+        if (!segment.ok()) Die(std::string(segment.status().message()));
+        uint64_t got = 0;
+        RawRead(shard_files[i], segment->base(), &got, /*whole=*/true);
+        bytes += got;
+        segments.push_back(*std::move(segment));
+      }
+      const double s = absl::ToDoubleSeconds(absl::Now() - start);
+      cold_raw_shm.push_back(bytes / s / 1e9);
+      std::fprintf(stderr, "round %d raw O_DIRECT read of the %zu shard files into fresh shared "
+                   "memory, cold: %.2f GB/s (%.2f s)\n", round, shard_files.size(),
+                   cold_raw_shm.back(), s);
+    };
+    if (round % 2 == 0) {
+      restore_cold_raw();
+      restore_cold_raw_shm();
+      restore_cold_path(false);
+      restore_cold_path(true);
+    } else {
+      restore_cold_path(true);
+      restore_cold_path(false);
+      restore_cold_raw_shm();
+      restore_cold_raw();
+    }
     if (round == rounds - 1) {
       DropCaches(files);
       const absl::Time start = absl::Now();
@@ -454,5 +599,10 @@ int main(int argc, char** argv) {
   Emit({"persist_vs_raw_odirect", zw, rw, 0, ">= 0.9", "GB/s"});
   Emit({"persist_vs_buffered_fsync", zw, buffered, 0, "", "GB/s"});
   Emit({"restore_vs_raw_read", zr, rr, 0, ">= 0.8", "GB/s"});
+  Emit({"restore_cold_vs_odirect", Median(cold_zcc), Median(cold_raw), 0, ">= 0.8", "GB/s"});
+  Emit({"restore_cold_vs_odirect_into_fresh_shm", Median(cold_zcc), Median(cold_raw_shm), 0, "",
+        "GB/s"});
+  Emit({"restore_cold_vs_verify_then_read", Median(cold_zcc), Median(cold_two_pass), 0, "",
+        "GB/s"});
   return 0;
 }

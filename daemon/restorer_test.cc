@@ -1,0 +1,176 @@
+// The restore path as zccd runs it (RestoreService: CheckStepMetadata to
+// choose the step, then ReadRestoreBuffer), against real steps on disk, with
+// the disk reads counted by the storage: each tensor byte of the rank is read
+// once, and a piece that fails its checksum fails the read and leaves no
+// restore buffer behind.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/committer.h"
+#include "checkpoint/global_index.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/shard_writer.h"
+#include "checkpoint/step_check.h"
+#include "checkpoint/testing/synthetic_rank.h"
+#include "common/file_util.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
+#include "daemon/registered_tensor.h"
+#include "daemon/restorer.h"
+#include "format/manifest.h"
+#include "shm/segment.h"
+#include "storage/aligned_buffer.h"
+#include "storage/fault_storage.h"
+#include "storage/posix_storage.h"
+
+namespace zcc::daemon {
+namespace {
+
+using checkpoint::testing::SyntheticRank;
+using checkpoint::testing::TensorSpec;
+using format::DType;
+using format::TensorKind;
+
+constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 34;
+constexpr uid_t kNoOwner = static_cast<uid_t>(-1);
+
+std::vector<TensorSpec> Specs() {
+  return {
+      {"embed", DType::kBF16, {1024, 1024}, TensorKind::kParam},  // 2 MiB
+      {"norm", DType::kF32, {1000}, TensorKind::kParam},          // not a page multiple
+      {"embed.exp_avg", DType::kF32, {1024, 1024}, TensorKind::kOptim},
+      {"embed.exp_avg_sq", DType::kF32, {1024, 1024}, TensorKind::kOptim},
+      {"rng", DType::kU8, {33}, TensorKind::kExtra},
+  };
+}
+
+// A 1-rank step `step` of `rank` under `root`; returns its directory.
+std::string WriteStep(const std::string& root, int64_t step, SyntheticRank& rank) {
+  rank.Fill(step);
+  REQUIRE_OK(checkpoint::WriteRankShards(root, step, rank.shards(), rank.slot()));
+  auto commit = checkpoint::TryCommit(root, "job", step, 1);
+  REQUIRE_OK(commit);
+  REQUIRE(commit->outcome == checkpoint::CommitOutcome::kCommitted);
+  return JoinPath(root, format::StepDirName(step));
+}
+
+// The rank's tensors as the trainer registered them (whole tensors, all
+// staged by this rank).
+std::vector<RegisteredTensor> Registered(const SyntheticRank& rank) {
+  std::vector<RegisteredTensor> out;
+  for (const checkpoint::RankTensor& t : rank.shards().tensors) {
+    RegisteredTensor r;
+    r.name = t.name;
+    r.dtype = t.dtype;
+    r.shape = t.shape;
+    r.kind = t.kind;
+    r.nbytes = t.nbytes;
+    r.slot_offset = t.slot_offset;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+uint64_t TensorBytes(const SyntheticRank& rank) {
+  uint64_t total = 0;
+  for (const checkpoint::RankTensor& t : rank.shards().tensors) total += t.nbytes;
+  return total;
+}
+
+std::string SegmentName(const char* what) {
+  return absl::StrCat("zcc-restorer-test.", ::getpid(), ".", what);
+}
+
+// The restored bytes of every tensor equal the rank's slot.
+bool SameAsSlot(SyntheticRank& rank, const RestoreBuffer& buffer) {
+  const auto& tensors = rank.shards().tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint8_t* got = buffer.segment.base() + buffer.data_offset + buffer.offsets[i];
+    if (std::memcmp(got, rank.slot() + tensors[i].slot_offset, tensors[i].nbytes) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("a restore reads each tensor byte of the rank once, checking it as it arrives") {
+  SyntheticRank rank(0, 1, Specs());
+  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  const uint64_t tensor_bytes = TensorBytes(rank);
+  const uint64_t tensors = rank.shards().tensors.size();
+  storage::PosixStorage posix;
+  storage::FaultInjectingStorage counting(&posix);
+  checkpoint::IoOptions io;
+  io.storage = &counting;
+
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, io, &grouped));
+  const uint64_t files = grouped->index.files.size();
+  auto buffer = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("once"),
+                                  kMaxSlotBytes, kNoOwner, io);
+  REQUIRE_OK(buffer);
+  CHECK(SameAsSlot(rank, *buffer));
+  CHECK(buffer->bytes_read == tensor_bytes);
+  // On disk: every tensor byte once, plus each shard file's header twice (the
+  // metadata check and the read each check it) and the partial blocks at the
+  // ends of each run of tensors that direct I/O rounds out to whole blocks.
+  const uint64_t slack =
+      files * 2 * (64 << 10) + tensors * 2 * storage::kDirectIoAlignment;
+  INFO("tensor bytes " << tensor_bytes << ", read from disk " << counting.bytes_read() << " in "
+                       << files << " files");
+  CHECK(counting.bytes_read() >= tensor_bytes);
+  CHECK(counting.bytes_read() <= tensor_bytes + slack);
+
+  // What a restore did before: VerifyStep read the whole step first.
+  counting.SetPlan({});
+  REQUIRE_OK(checkpoint::VerifyStep(step_dir, io, &grouped));
+  auto again = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("twice"),
+                                 kMaxSlotBytes, kNoOwner, io);
+  REQUIRE_OK(again);
+  CHECK(counting.bytes_read() >= 2 * tensor_bytes);
+}
+
+TEST_CASE("a piece that fails its checksum fails the read; no restore buffer is left") {
+  SyntheticRank rank(0, 1, Specs());
+  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  // A byte in the middle of the largest piece.
+  auto index = checkpoint::LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  const format::ManifestTensor* piece = &index->pieces.front();
+  for (const auto& p : index->pieces) {
+    if (p.nbytes > piece->nbytes) piece = &p;
+  }
+  {
+    const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
+    uint8_t b = 0;
+    REQUIRE(::pread(fd, &b, 1, at) == 1);
+    b ^= 0xff;
+    REQUIRE(::pwrite(fd, &b, 1, at) == 1);
+    ::close(fd);
+  }
+
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped));
+  const std::string name = SegmentName("damaged");
+  auto buffer = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), name, kMaxSlotBytes,
+                                  kNoOwner, checkpoint::IoOptions());
+  REQUIRE_STATUS_CODE(buffer, absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(buffer.status().message(), "checksum mismatch"));
+  CHECK(absl::StrContains(buffer.status().message(), piece->name));
+  CHECK(shm::Segment::ListWithPrefix(name).empty());
+  CHECK_FALSE(shm::Segment::Open(name, 1).ok());
+}
+
+}  // namespace
+}  // namespace zcc::daemon
