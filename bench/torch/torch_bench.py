@@ -179,7 +179,8 @@ class Saver:
 
 def run_save_variant(name, args, xs, scratch, zccd, round_no):
     """Trains args.steps steps from the same initial model with one save
-    variant; returns the timings and the trained model, optimizer and saver."""
+    variant; returns the timings and the saver (with the trained model and
+    optimizer, which the restores are checked against)."""
     model, opt = build(args, seed=1)
     saver = Saver(name, model, opt, args, scratch, zccd, round_no)
     blocks = []
@@ -197,7 +198,7 @@ def run_save_variant(name, args, xs, scratch, zccd, round_no):
     # zcc's first step copies the optimizer's new state into its buffers.
     log("  %-10s round %d: %.1f ms/step, longest save call %.1f ms (step %d; %.1f ms after "
         "step 1), drain %.2f s" % (name, round_no, 1e3 * elapsed / len(xs), 1e3 * blocks[worst],
-                                   worst + 1, 1e3 * max(blocks[1:]), drain))
+                                   worst + 1, 1e3 * max(blocks[1:], default=0.0), drain))
     saver.close()
     return {"step_s": elapsed / len(xs), "block_s": max(blocks), "saver": saver}
 
