@@ -9,14 +9,16 @@
 # --quick runs a ~2 minute version; --only PATTERN (an extended regex) selects
 # benchmarks or rows: when it matches the names of some benchmark binaries
 # (snapshot_bench, e2e_bench, ...) those run whole; otherwise every binary runs
-# with --only=PATTERN (e2e_bench, scale_bench and ema_bench then skip the work
-# of unwanted rows; the others run whole) and only the rows whose "binary:row"
-# matches are kept; --dir is the directory the disk benchmarks write to
-# (default: a temporary directory under the repository's parent, i.e. on the
-# same disk as the work tree, removed afterwards).
+# with --only=PATTERN (e2e_bench, scale_bench, ema_bench and torch_bench then
+# skip the work of unwanted rows; the others run whole) and only the rows whose
+# "binary:row" matches are kept; --dir is the directory the disk benchmarks
+# write to (default: a temporary directory under the repository's parent, i.e.
+# on the same disk as the work tree, removed afterwards).
 #
 # Environment: ZCC_BAZEL_OUTPUT_BASE runs Bazel with that --output_base (default:
 # Bazel's own); the repository's bazel-* symlinks are never touched.
+# torch_bench needs PyTorch 2.x: ZCC_TORCH_PYTHON names the interpreter, else
+# it uses (and creates when missing) a venv, see bench/torch/torch_bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     --json=*) json=${1#--json=}; shift ;;
     --dir) dir=$2; shift 2 ;;
     --dir=*) dir=${1#--dir=}; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +45,8 @@ bash tools/setup.sh
 source tools/bazel_flags.sh
 startup=()
 [[ -n ${ZCC_BAZEL_OUTPUT_BASE:-} ]] && startup+=(--output_base="$ZCC_BAZEL_OUTPUT_BASE")
-mapfile -t targets < <(bazel "${startup[@]}" query 'attr(tags, "zcc_bench", kind(cc_binary, //bench/...))' 2>/dev/null)
+# C++ binaries, and sh_binary runners of Python benchmarks (bench/torch).
+mapfile -t targets < <(bazel "${startup[@]}" query 'attr(tags, "zcc_bench", kind("(cc|sh)_binary", //bench/...))' 2>/dev/null)
 if [[ ${#targets[@]} -eq 0 ]]; then echo "bench: no benchmarks found" >&2; exit 1; fi
 bazel "${startup[@]}" build "${ZCC_BAZEL_FLAGS[@]}" --config=opt --symlink_prefix=/ \
   "${targets[@]}" //daemon:zccd
@@ -90,7 +93,7 @@ for t in "${targets[@]}"; do
   fi
   # Any zccd this benchmark started and left running (its socket is in $dir).
   for p in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
     if [[ $cmd == "$bin/daemon/zccd --socket=$dir/"* ]]; then
       echo "bench: stopping zccd ${p#/proc/} left behind by $name" >&2
       kill "${p#/proc/}" 2>/dev/null || true

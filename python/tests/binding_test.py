@@ -12,11 +12,13 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 import torch
 
 import zcc
+import zcc.torch
 from zcc.torch import Checkpointer, _Blob
 from zccd_process import Zccd
 
@@ -420,6 +422,12 @@ def make(opt_factory, seed=3):
     return model, opt_factory(model.parameters())
 
 
+def unknown_to_zcc(optimizer_class):
+    """A subclass: zcc knows the state layout of exact classes only, so it
+    materialises this one's state with a probe step."""
+    return type("Probed" + optimizer_class.__name__, (optimizer_class,), {})
+
+
 def test_materialising_optimizer_state_keeps_numerics():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -429,6 +437,7 @@ def test_materialising_optimizer_state_keeps_numerics():
         "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
         "adam_amsgrad": lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True),
         "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+        "adamw_probed": lambda p: unknown_to_zcc(torch.optim.AdamW)(p, lr=0.01, weight_decay=0.1),
         "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True),
         "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.05),
     }
@@ -449,17 +458,113 @@ def test_materialising_optimizer_state_keeps_numerics():
             assert a.numpy().tobytes() == b.numpy().tobytes(), "%s: %s differs" % (name, n)
 
 
-def test_scheduler_created_after_checkpointer():
-    model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
-    with Checkpointer(model, opt, job_id="order", socket=NO_DAEMON) as ck:
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=10)
-        ck.scheduler = sched
-        import warnings
+def test_lr_scheduler_in_either_order():
+    """An LR scheduler created before or after the Checkpointer wraps the same
+    fenced optimizer.step without warnings (PyTorch 1.x and 2.x mark their
+    wrapper differently), and the optimizer still steps after close()."""
+    for scheduler_first in (True, False):
+        model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()"
-            train(model, opt, 3, ckpt=ck, sched=sched)
-    assert opt._step_count == 3  # the scheduler's counter still wraps the fenced step
-    opt.step()  # after close: no fence, still steps
+            # "optimizer.step() has been overridden after learning rate
+            # scheduler initialization", "lr_scheduler.step() before optimizer.step()"
+            warnings.simplefilter("error")
+            sched = None
+            if scheduler_first:
+                sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=10)
+            with Checkpointer(model, opt, job_id="order", socket=NO_DAEMON, scheduler=sched) as ck:
+                if not scheduler_first:
+                    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=10)
+                    ck.scheduler = sched
+                fences = []
+                fence = ck.fence
+                ck.fence = lambda: (fences.append(1), fence())
+                train(model, opt, 3, ckpt=ck, sched=sched)
+                # Each optimizer.step fenced once (ckpt.step fences too).
+                assert len(fences) == 6, (scheduler_first, len(fences))
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step()  # after close: no fence, still steps
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())), scheduler_first
+
+
+def _registered_optimizer_state(ck):
+    """Per optimizer parameter: [(key, dtype, shape, device)] of the buffers
+    the Checkpointer registered, in registration order."""
+    return [[(k, b.dtype, tuple(b.shape), b.device) for k, b in bufs.items()]
+            for bufs in ck._opt_bufs]
+
+
+def test_first_step_layouts_match_the_probe():
+    """For the optimizers whose state zcc lays out without a probe step, the
+    registered buffers are exactly what the probe step finds (keys, order,
+    dtypes, shapes, devices), for the installed PyTorch; the probe runs for a
+    subclass, whose state zcc cannot know."""
+    def two_groups(cls, **kw):
+        return lambda ps: cls([{"params": ps[:2]}, {"params": ps[2:], "amsgrad": True}], **kw)
+    configs = {
+        "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+        "adam_amsgrad": lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
+        "adam_foreach": lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True),
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01),
+        "adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=0.01, amsgrad=True),
+        "adamw_amsgrad_in_one_group": two_groups(torch.optim.AdamW, lr=0.01),
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
+        "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01),
+        "rmsprop_momentum_centered": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5,
+                                                                   centered=True),
+    }
+    torch_2 = int(torch.__version__.split(".")[0]) >= 2
+    if torch_2:  # fused CPU kernels
+        configs["adamw_fused"] = lambda ps: torch.optim.AdamW(ps, lr=0.01, fused=True)
+    # (name, factory, parameter dtype, default dtype: the dtype of `step`)
+    cases = [(name, factory, torch.float32, torch.float32) for name, factory in configs.items()]
+    cases += [("adamw_bf16", configs["adamw"], torch.bfloat16, torch.float32),
+              ("adamw_default_float64", configs["adamw"], torch.float64, torch.float64),
+              ("rmsprop_default_float64", configs["rmsprop"], torch.float64, torch.float64)]
+    if torch_2:
+        cases.append(("adamw_fused_default_float64", configs["adamw_fused"], torch.float64,
+                      torch.float64))
+    default_dtype = torch.get_default_dtype()
+    try:
+        for name, factory, dtype, default in cases:
+            torch.set_default_dtype(default)
+            found = {}
+            for path in ("layout", "probe"):
+                model, _ = make(lambda p: None)
+                model.to(dtype)
+                params = list(model.parameters())
+                opt = factory(params)
+                if path == "probe":
+                    opt.__class__ = unknown_to_zcc(type(opt))
+                values = [p.detach().clone() for p in params]
+                with Checkpointer(model, opt, job_id="layout", socket=NO_DAEMON) as ck:
+                    assert (zcc.torch._first_step_state_layouts(opt) is None) == (path == "probe"), \
+                        (name, path)
+                    found[path] = _registered_optimizer_state(ck)
+                    assert all(torch.count_nonzero(b) == 0 for bufs in ck._opt_bufs
+                               for b in bufs.values()), (name, path)
+                    assert all(len(s) == 0 for s in opt.state.values()), (name, path)
+                    assert all(torch.equal(v, p) for v, p in zip(values, params)), (name, path)
+            assert found["layout"] == found["probe"], "%s:\n layout %s\n probe  %s" % (
+                name, found["layout"], found["probe"])
+            assert any(found["layout"]) or name == "sgd", name
+    finally:
+        torch.set_default_dtype(default_dtype)
+
+
+def test_existing_optimizer_state_is_registered_as_is():
+    """A Checkpointer created after training started registers the
+    optimizer's own state tensors: no probe, no copies."""
+    model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
+    train(model, opt, 2)
+    values = [p.detach().clone() for p in model.parameters()]
+    with Checkpointer(model, opt, job_id="existing", socket=NO_DAEMON) as ck:
+        for i, p in enumerate(ck._opt_params):
+            assert ck._bound[i]
+            assert ck._opt_bufs[i].keys() == {k for k, v in opt.state[p].items() if torch.is_tensor(v)}
+            for key, buf in ck._opt_bufs[i].items():
+                assert opt.state[p][key] is buf, key
+    assert all(torch.equal(v, p) for v, p in zip(values, model.parameters()))
 
 
 def test_user_state_must_be_plain_and_fit():

@@ -26,19 +26,23 @@ What is registered (once, in the constructor; names are checkpoint keys):
   (tied parameters appear once, under their first name).
 * the optimizer state, kind OPTIM, as ``optimizer.state.<param name>.<key>``.
   PyTorch creates it lazily at the first ``optimizer.step()``, so the
-  constructor materialises it once with a probe step (gradients set to zero,
-  every group's ``lr`` set to 0) and then puts back everything the probe could
-  have changed: parameter values, gradients, learning rates, the optimizer's
-  state and step counter and the torch RNG. The probe's state tensors become
-  zcc's registered buffers, and the optimizer is left with no state for those
-  parameters, exactly as before: its first real step initialises the state as
-  it always would, and ``step()`` then copies those values into the registered
-  buffers and makes them the optimizer's state tensors (an exact copy), which
-  optimizers such as Adam, AdamW, SGD and RMSprop update in place from then
-  on. ``restore()`` installs the restored buffers as the state directly. An
-  optimizer that replaces a state tensor instead of updating it is handled the
-  same way at every ``step()`` (copy, then rebind), only slower. Training
-  numerics are therefore unchanged; the resume test checks this bit for bit.
+  constructor allocates zeroed buffers shaped like it: for torch.optim.Adam,
+  AdamW, SGD and RMSprop from the layout their source fixes (no step taken);
+  for other optimizers from a probe step (gradients set to zero, every
+  group's ``lr`` set to 0) after which everything the probe could have
+  changed is put back: parameter values, gradients, learning rates, the
+  optimizer's state and step counter and the torch RNG. State the optimizer
+  already has (Adagrad creates it in its constructor; or the Checkpointer is
+  created after a step) is registered as it is. The optimizer is left with no
+  state for the other parameters, exactly as before: its first real step
+  initialises the state as it always would, and ``step()`` then copies those
+  values into the registered buffers and makes them the optimizer's state
+  tensors (an exact copy), which optimizers such as Adam, AdamW, SGD and
+  RMSprop update in place from then on. ``restore()`` installs the restored
+  buffers as the state directly. An optimizer that replaces a state tensor
+  instead of updating it is handled the same way at every ``step()`` (copy,
+  then rebind), only slower. Training numerics are therefore unchanged; the
+  resume test checks this bit for bit.
 * small per-rank state, kind EXTRA, in fixed-size byte buffers
   ``zcc.rNNNNN.<what>`` registered once and rewritten at every ``step()``:
   ``torch_rng`` (``torch.get_rng_state()``), ``trainer_state`` (step, the
@@ -93,6 +97,9 @@ __all__ = ["Checkpointer"]
 
 _PLAIN_SCALARS = (type(None), bool, int, float, str, bytes)
 _LEN_BYTES = 8
+# The attribute an LR scheduler sets on the optimizer.step it wraps and looks
+# for at its first step: PyTorch 1.x's counting wrapper, then 2.x's.
+_LR_SCHEDULER_STEP_MARKERS = ("_with_counter", "_wrapped_by_lr_sched")
 
 
 def _check_plain(value, where):
@@ -167,6 +174,92 @@ def _set_numpy_rng_state(state):
         return
     name, keys, pos, has_gauss, cached = state
     np.random.set_state((name, np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached))
+
+
+# The optimizer state PyTorch creates lazily at the first step, written down
+# for the optimizers whose layout torch/optim/*.py fixes, so that the
+# constructor needs no probe step. Each function maps (optimizer, param group,
+# param) to {key: (shape, dtype, device)} of the tensors that step creates, in
+# creation order, or None for options it does not cover (the probe then finds
+# out). Checked against the probe by binding_test under torch 1.13 and 2.15;
+# other major versions are left to the probe.
+_TORCH_VERSION = tuple(int(v) for v in torch.__version__.split(".")[:2])
+_TORCH_2 = _TORCH_VERSION >= (2, 0)
+_LAYOUTS_KNOWN = (1, 13) <= _TORCH_VERSION < (3, 0)
+_CPU = torch.device("cpu")
+
+
+def _scalar_step_dtype():
+    """The dtype of a CPU `step` tensor: optimizer._get_scalar_dtype() in 2.x,
+    the default dtype (``torch.tensor(0.)``) in 1.13."""
+    if not _TORCH_2:
+        return torch.get_default_dtype()
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _adam_layout(opt, group, p):
+    """Adam and AdamW."""
+    if _TORCH_2:
+        fused = bool(group.get("fused"))
+        if group["capturable"] or fused:
+            step = ((), torch.float32 if fused else _scalar_step_dtype(), p.device)
+        else:
+            step = ((), _scalar_step_dtype(), _CPU)
+    elif opt.defaults.get("capturable") or opt.defaults.get("fused"):
+        return None  # 1.13 reads these from the defaults; GPU-only, left to the probe
+    else:
+        step = ((), _scalar_step_dtype(), _CPU)
+    like_p = (p.shape, p.dtype, p.device)
+    layout = {"step": step, "exp_avg": like_p, "exp_avg_sq": like_p}
+    if group["amsgrad"]:
+        layout["max_exp_avg_sq"] = like_p
+    return layout
+
+
+def _sgd_layout(opt, group, p):
+    # Without momentum SGD keeps no tensor (1.13 stores momentum_buffer=None).
+    if group["momentum"] == 0:
+        return {}
+    return {"momentum_buffer": (p.shape, p.dtype, p.device)}  # a clone of the gradient
+
+
+def _rmsprop_layout(opt, group, p):
+    layout = {}
+    if _TORCH_2:  # 1.13's step is an int, not a tensor
+        layout["step"] = ((), _scalar_step_dtype(), p.device if group["capturable"] else _CPU)
+    like_p = (p.shape, p.dtype, p.device)
+    layout["square_avg"] = like_p
+    if group["momentum"] > 0:
+        layout["momentum_buffer"] = like_p
+    if group["centered"]:
+        layout["grad_avg"] = like_p
+    return layout
+
+
+# Exact classes: a subclass may create other state. (Adagrad creates its state
+# in its constructor, so it never needs materialising.)
+_FIRST_STEP_LAYOUTS = {
+    torch.optim.Adam: _adam_layout,
+    torch.optim.AdamW: _adam_layout,
+    torch.optim.SGD: _sgd_layout,
+    torch.optim.RMSprop: _rmsprop_layout,
+}
+
+
+def _first_step_state_layouts(opt):
+    """{param: layout} for every param of `opt`, or None when its class or
+    options have no known layout."""
+    layout_of = _FIRST_STEP_LAYOUTS.get(type(opt))
+    if layout_of is None or not _LAYOUTS_KNOWN:
+        return None
+    layouts = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            layout = layout_of(opt, group, p)
+            if layout is None:
+                return None
+            layouts[p] = layout
+    return layouts
 
 
 class Checkpointer:
@@ -293,18 +386,60 @@ class Checkpointer:
     def _param_name(self, p, index):
         return self._param_names.get(id(p), "param%d" % index)
 
-    @torch.no_grad()
     def _materialise_optimizer_state(self):
+        """Allocates and describes a buffer for every optimizer state tensor:
+        the optimizer's own tensor where it already has state, else a zeroed
+        tensor shaped like the state its first step will create."""
         opt = self.optimizer
         params = [p for g in opt.param_groups for p in g["params"]]
         self._opt_params = params
-        # Everything the probe step can touch, to put back afterwards.
+        layouts = {}
+        if any(not opt.state.get(p) for p in params):
+            layouts = _first_step_state_layouts(opt)
+            if layouts is None:
+                layouts = self._probe_state_layouts(params)
+        specs = []
+        for i, p in enumerate(params):
+            bufs = {}
+            existing = opt.state.get(p)
+            if existing:
+                items = [(k, v) for k, v in existing.items() if torch.is_tensor(v)]
+            else:
+                items = [(k, torch.zeros(shape, dtype=dtype, device=device))
+                         for k, (shape, dtype, device) in layouts[p].items()]
+            for key, value in items:
+                if not isinstance(key, str):
+                    raise TypeError("optimizer state key %r is not a string" % (key,))
+                # An existing tensor that is not contiguous cannot be registered
+                # as is: register a copy, which binding puts in its place.
+                buf = value if value.is_contiguous() else torch.zeros_like(
+                    value, memory_format=torch.contiguous_format)
+                bufs[key] = buf
+                if buf.device.type != "cpu":
+                    self._stream_device = buf.device
+                specs.append(zcc.TensorSpec("optimizer.state.%s.%s" % (self._param_name(p, i), key),
+                                            buf, kind="optim", replica=self._replica))
+            self._opt_bufs.append(bufs)
+            self._bound.append(False)
+        # State that existed before the Checkpointer: bind it now (copy if the
+        # optimizer's tensor could not be registered as is).
+        self._bind_optimizer_state()
+        return specs
+
+    @torch.no_grad()
+    def _probe_state_layouts(self, params):
+        """{param: {key: (shape, dtype, device)}} of the state an optimizer of
+        unknown layout creates, found by one zero-gradient, zero-lr step whose
+        effects on parameters, gradients, learning rates, state, step counter
+        and RNG are all undone. Costs a copy of every parameter and of any
+        existing state, and a full optimizer step."""
+        opt = self.optimizer
         saved_values = [p.detach().clone() for p in params]
         saved_grads = [p.grad for p in params]
         saved_lrs = [g["lr"] for g in opt.param_groups]
         saved_state = {}
         for p in params:
-            if p in opt.state and len(opt.state[p]) > 0:
+            if opt.state.get(p):
                 objs = dict(opt.state[p])
                 clones = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in objs.items()}
                 saved_state[p] = (objs, clones)
@@ -322,7 +457,8 @@ class Checkpointer:
                     "zcc could not materialise the state of %s with a zero-gradient, zero-lr "
                     "probe step (%s); create the Checkpointer after the first optimizer.step()"
                     % (type(opt).__name__, e)) from e
-            probed = [dict(opt.state.get(p, {})) for p in params]
+            layouts = {p: {k: (v.shape, v.dtype, v.device) for k, v in opt.state.get(p, {}).items()
+                           if torch.is_tensor(v)} for p in params}
         finally:
             for p, v, grad in zip(params, saved_values, saved_grads):
                 p.copy_(v)
@@ -341,30 +477,7 @@ class Checkpointer:
             if saved_count is not None:
                 opt._step_count = saved_count
             torch.set_rng_state(saved_rng)
-
-        specs = []
-        for i, (p, state) in enumerate(zip(params, probed)):
-            bufs = {}
-            if p in saved_state:
-                state = saved_state[p][0]
-            for key, value in state.items():
-                if not torch.is_tensor(value):
-                    continue
-                if not isinstance(key, str):
-                    raise TypeError("optimizer state key %r is not a string" % (key,))
-                existing = p in saved_state and value.is_contiguous()
-                buf = value if existing else torch.zeros_like(value, memory_format=torch.contiguous_format)
-                bufs[key] = buf
-                if buf.device.type != "cpu":
-                    self._stream_device = buf.device
-                specs.append(zcc.TensorSpec("optimizer.state.%s.%s" % (self._param_name(p, i), key),
-                                            buf, kind="optim", replica=self._replica))
-            self._opt_bufs.append(bufs)
-            self._bound.append(False)
-        # State that existed before the Checkpointer: bind it now (copy if the
-        # optimizer's tensor could not be registered as is).
-        self._bind_optimizer_state()
-        return specs
+        return layouts
 
     def _wrap_optimizer_step(self):
         opt = self.optimizer
@@ -378,12 +491,13 @@ class Checkpointer:
                 ckpt.fence()
             return previous(*args, **kwargs)
 
-        # When ours calls a scheduler's counting wrapper, say so: the
+        # When ours calls an LR scheduler's wrapper, carry its marker: the
         # scheduler warns about an overridden optimizer.step otherwise.
-        if getattr(previous, "_with_counter", False):
-            step._with_counter = True
+        for marker in _LR_SCHEDULER_STEP_MARKERS:
+            if getattr(previous, marker, False):
+                setattr(step, marker, True)
         # A bound method, so that an LR scheduler created afterwards can wrap
-        # it again (PyTorch 1.13's scheduler reads step.__self__/__func__).
+        # it again (PyTorch's schedulers read step.__func__, 1.x also __self__).
         self._wrapped_step = step.__get__(opt, type(opt))
         opt.step = self._wrapped_step
 
