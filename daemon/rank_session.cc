@@ -307,6 +307,17 @@ std::vector<SlotSnapshot> RankSession::IntactSnapshots() const {
   return intact;
 }
 
+std::optional<uint32_t> RankSession::TakeSlotForRestore() {
+  std::optional<uint32_t> slot = ring_.TakeFree();
+  // What it held is overwritten: no longer a snapshot a successor could use.
+  if (slot.has_value()) ingested_full_step_[*slot].store(-1);
+  return slot;
+}
+
+uint64_t RankSession::SlotOffset(uint32_t slot) const {
+  return static_cast<uint64_t>(slot_data(slot) - segment_.base());
+}
+
 shm::Segment RankSession::TakeSegment() {
   segment_taken_.store(true);
   return std::move(segment_);

@@ -201,6 +201,13 @@ class RankSession {
   // After Stop(): hands the staging segment over to a successor session.
   shm::Segment TakeSegment();
 
+  // A free staging slot for a restore from disk to fill (held until
+  // ReleaseRestoreSlot), or nullopt when the trainer holds them all.
+  std::optional<uint32_t> TakeSlotForRestore();
+  void ReleaseRestoreSlot(uint32_t slot) { FreeSlot(slot); }
+  // Where slot `slot` starts, from the segment's start.
+  uint64_t SlotOffset(uint32_t slot) const;
+
   const RankSessionOptions& options() const { return options_; }
   const std::string& shm_name() const { return segment_.name(); }
   uint64_t segment_bytes() const { return segment_.size(); }

@@ -232,47 +232,85 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     return index.status();
   }
   // Outside check_mu_: the only read of the tensor data, each piece checked
-  // as it arrives. On failure `buffer` holds no segment any more (its handle
-  // removed it), so nothing of a damaged step reaches the trainer.
-  auto buffer = ReadRestoreBuffer(step_dir, **index, session.registered(), shm_name,
-                                  max_slot_bytes_, session.options().segment_owner,
-                                  checkpoint::IoOptions(), cancelled, req.owned_only());
+  // as it arrives. Straight into a free staging slot when it holds all that
+  // is asked for (the client has it mapped and, on a GPU, registered); into
+  // a buffer of its own otherwise. On failure nothing is handed out: the
+  // slot is freed, the buffer's segment removed (its handle did it).
+  const std::vector<RegisteredTensor>& registered = session.registered();
+  std::optional<uint32_t> slot;
+  if (req.owned_only() || session.AllStaged()) slot = session.TakeSlotForRestore();
+  v1::RestoreResponse resp;
+  std::optional<shm::Segment> buffer_segment;
+  uint64_t bytes_read = 0;
+  absl::Status read_status;
+  if (slot.has_value()) {
+    auto read = ReadIntoSlot(step_dir, **index, registered, session.slot_data(*slot),
+                             checkpoint::IoOptions(), cancelled);
+    read_status = read.status();
+    if (read.ok()) {
+      bytes_read = *read;
+      resp.set_shm_name(session.shm_name());
+      resp.set_segment_bytes(session.segment_bytes());
+      resp.set_data_offset(session.SlotOffset(*slot));
+      for (const RegisteredTensor& t : registered) {
+        v1::TensorPlacement* p = resp.add_placements();
+        p->set_name(t.name);
+        p->set_offset(t.staged ? t.slot_offset : 0);
+        p->set_nbytes(t.nbytes);
+        p->set_staged(t.staged);
+      }
+    } else {
+      session.ReleaseRestoreSlot(*slot);
+    }
+  } else {
+    auto buffer = ReadRestoreBuffer(step_dir, **index, registered, shm_name, max_slot_bytes_,
+                                    session.options().segment_owner, checkpoint::IoOptions(),
+                                    cancelled, req.owned_only());
+    read_status = buffer.status();
+    if (buffer.ok()) {
+      bytes_read = buffer->bytes_read;
+      resp.set_shm_name(shm_name);
+      resp.set_segment_bytes(buffer->segment.size());
+      resp.set_data_offset(buffer->data_offset);
+      for (size_t i = 0; i < registered.size(); ++i) {
+        v1::TensorPlacement* p = resp.add_placements();
+        p->set_name(registered[i].name);
+        p->set_offset(buffer->offsets[i]);
+        p->set_nbytes(registered[i].nbytes);
+        p->set_staged(buffer->restored[i]);
+      }
+      buffer_segment.emplace(std::move(buffer->segment));
+    }
+  }
   const absl::Duration read_time = absl::Now() - read_start;
   metrics_->restore_seconds().ObserveDuration(read_time);
-  if (!buffer.ok()) {
+  if (!read_status.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
-    return buffer.status();
+    return read_status;
   }
-  metrics_->restore_bytes_read().Increment(buffer->bytes_read);
+  metrics_->restore_bytes_read().Increment(bytes_read);
   if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
+    if (slot.has_value()) session.ReleaseRestoreSlot(*slot);
     job.EndRestore(req.rank(), step);
     return Annotate(st, "the EMA");
   }
-  v1::RestoreResponse resp;
   resp.set_step(step);
-  resp.set_shm_name(shm_name);
-  resp.set_segment_bytes(buffer->segment.size());
-  resp.set_data_offset(buffer->data_offset);
-  const auto& registered = session.registered();
-  for (size_t i = 0; i < registered.size(); ++i) {
-    v1::TensorPlacement* p = resp.add_placements();
-    p->set_name(registered[i].name);
-    p->set_offset(buffer->offsets[i]);
-    p->set_nbytes(registered[i].nbytes);
-    p->set_staged(buffer->restored[i]);
-  }
   resp.set_source(v1::RESTORE_SOURCE_DISK);
-  // The trainer restored from disk: snapshots held in memory are of no more use.
-  resp.set_restore_id(session.restore_buffers().Add(std::move(buffer->segment), step,
-                                                    [&session] { session.ReleaseHeld(); }));
+  // Once the client has copied it out: the slot goes back, and snapshots
+  // held in memory are of no more use (the trainer restored from disk).
+  resp.set_restore_id(session.restore_buffers().Add(
+      std::move(buffer_segment), step, [&session, slot] {
+        if (slot.has_value()) session.ReleaseRestoreSlot(*slot);
+        session.ReleaseHeld();
+      }));
   const double seconds = absl::ToDoubleSeconds(read_time);
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
-                << format::StepDirName(step) << " into " << shm_name
-                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s)",
-                                   buffer->bytes_read / 1e9, seconds,
-                                   seconds > 0 ? buffer->bytes_read / seconds / 1e9 : 0.0);
+                << format::StepDirName(step) << " into "
+                << (slot.has_value() ? absl::StrCat("staging slot ", *slot) : shm_name)
+                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s)", bytes_read / 1e9,
+                                   seconds, seconds > 0 ? bytes_read / seconds / 1e9 : 0.0);
   return resp;
 }
 

@@ -52,6 +52,16 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const std::function<bool()>& cancelled = nullptr,
                                                 bool owned_only = false);
 
+// Reads the staged tensors of `registered` (those this rank writes) from
+// `step_dir` into the staging slot at `slot`, at their slot offsets, like
+// ReadRestoreBuffer; returns the bytes read. On an error the slot holds a
+// partial read: the caller frees it without handing it out.
+absl::StatusOr<uint64_t> ReadIntoSlot(const std::string& step_dir,
+                                      const checkpoint::GroupedIndex& step,
+                                      const std::vector<RegisteredTensor>& registered,
+                                      uint8_t* slot, const checkpoint::IoOptions& io,
+                                      const std::function<bool()>& cancelled = nullptr);
+
 }  // namespace zcc::daemon
 
 #endif  // ZCC_DAEMON_RESTORER_H_

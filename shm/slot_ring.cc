@@ -135,6 +135,15 @@ bool SlotRing::ClaimForWrite(uint32_t index, int64_t step) {
   return false;
 }
 
+std::optional<uint32_t> SlotRing::TakeFree() {
+  // The client's own claim: free slot, oldest snapshot first.
+  std::optional<Claimed> claimed = Claim(/*due=*/false, 0);
+  if (!claimed.has_value()) return std::nullopt;
+  // kFilling -> kIngesting: a slot zccd holds, like one it ingests.
+  cb_->slots[claimed->index].state.store(S(SlotState::kIngesting), std::memory_order_release);
+  return claimed->index;
+}
+
 void SlotRing::Hold(uint32_t index, int64_t step) {
   SlotHeader& s = cb_->slots[index];
   s.step.store(step, std::memory_order_relaxed);

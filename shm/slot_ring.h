@@ -15,6 +15,8 @@
 //   kIngesting --Free (zccd): ingested, or its shards written-----> kFree (free bell)
 //   kFree      --ClaimForWrite (zccd): a trainer that died left
 //                its newest snapshot here; persist it-------------> kIngesting
+//   kFree      --TakeFree (zccd): filled with a restore for the
+//                client to copy out----------------------------------> kIngesting
 //   (new)      --Hold (zccd, before the client attaches): a segment
 //                adopted from the rank's previous trainer keeps a
 //                snapshot for a restore from memory---------------> kIngesting
@@ -93,6 +95,9 @@ class SlotRing {
   // trainer left there (kIngesting: zccd holds it for a restore from memory
   // until it frees it).
   void Hold(uint32_t index, int64_t step);
+  // Takes a free slot for zccd to fill with a restore (kIngesting until
+  // Free): the one holding the oldest snapshot. nullopt when none is free.
+  std::optional<uint32_t> TakeFree();
   // The step slot `index` holds when it is kFree (the snapshot zccd last
   // ingested from it, unless the trainer claimed it since), else nullopt.
   std::optional<int64_t> FreeSlotStep(uint32_t index) const;

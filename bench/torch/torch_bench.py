@@ -23,7 +23,11 @@ Restore side, from the last round's step-30 checkpoints, each into a freshly
 built model and optimizer (no optimizer state), after fsync and
 posix_fadvise(DONTNEED) of every checkpoint file so that all read from disk,
 in two rounds (order reversed in the second), averaged:
-  zcc         Checkpointer(...) construction, then restore()
+  zcc         Checkpointer(...) construction, then restore() (from disk: this
+              zccd keeps no snapshots in memory, --retain_snapshots_s=0)
+  zcc_memory  the same after a trainer snapshotted the state and exited, with
+              a second zccd that keeps its snapshots (the default): the
+              restore comes from zccd's memory, as after a trainer crash
   dcp         get_state_dict (which materialises the optimizer state with a
               zero-lr step), dcp.load, set_state_dict
   torch.load  torch.load, model.load_state_dict, optimizer.load_state_dict
@@ -55,7 +59,7 @@ from zccd_process import Zccd
 
 BINARY = "torch_bench"
 SAVE_VARIANTS = ("none", "zcc", "dcp_async", "torch_save")
-RESTORE_VARIANTS = ("zcc", "dcp", "torch_load")
+RESTORE_VARIANTS = ("zcc", "zcc_memory", "dcp", "torch_load")
 
 STEP_ZCC = "torch_step_time_zcc_vs_none (ratio = none/zcc)"
 STEP_DCP = "torch_step_time_dcp_async_vs_none (ratio = none/dcp_async)"
@@ -66,8 +70,11 @@ CONSTRUCT = "torch_construct_s (ratio = zcc/dcp.load, lower is better)"
 RESTORE_DCP = "torch_restore_s (ratio = zcc/dcp.load, lower is better)"
 RESTORE_TORCH = "torch_restore_s_vs_torch_load (ratio = zcc/torch.load, lower is better)"
 RESUME = "torch_construct_plus_restore_vs_dcp_load (ratio = zcc/dcp, lower is better)"
+RESTORE_MEMORY = "torch_restore_memory_s (ratio = zcc from memory/dcp.load, lower is better)"
+RESUME_MEMORY = ("torch_construct_plus_restore_memory_vs_dcp_load (ratio = zcc from memory/dcp, "
+                 "lower is better)")
 SAVE_ROWS = (STEP_ZCC, STEP_DCP, STEP_TORCH, BLOCK_DCP, BLOCK_TORCH)
-RESTORE_ROWS = (CONSTRUCT, RESTORE_DCP, RESTORE_TORCH, RESUME)
+RESTORE_ROWS = (CONSTRUCT, RESTORE_DCP, RESTORE_TORCH, RESUME, RESTORE_MEMORY, RESUME_MEMORY)
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -267,17 +274,28 @@ def same_state(model, opt, ref_model, ref_opt, what):
                 raise AssertionError("%s: optimizer state %s of %s differs" % (what, key, name))
 
 
-def restore_zcc(args, saver, zccd):
+def restore_zcc(args, job, zccd, source):
     model, opt = build(args, seed=2)
     t0 = time.perf_counter()
-    ckpt = Checkpointer(model, opt, job_id=saver.job, socket=zccd.socket, root=zccd.root)
+    ckpt = Checkpointer(model, opt, job_id=job, socket=zccd.socket, root=zccd.root)
     t1 = time.perf_counter()
     step = ckpt.restore()
     t2 = time.perf_counter()
     ckpt.close()
-    if step != args.steps:
-        raise AssertionError("zcc restored step %s, expected %d" % (step, args.steps))
+    if step != args.steps or ckpt.restored_from != source:
+        raise AssertionError("zcc restored step %s from %s, expected %d from %s"
+                             % (step, ckpt.restored_from, args.steps, source))
     return model, opt, {"construct": t1 - t0, "restore": t2 - t1}
+
+
+def snapshot_and_exit(args, saver, zccd, job):
+    """A trainer that snapshots the saved state at the last step and goes
+    away, leaving the snapshot in zccd's memory."""
+    ckpt = Checkpointer(saver.model, saver.opt, job_id=job, socket=zccd.socket, root=zccd.root)
+    if ckpt.step(args.steps) != "enqueued":
+        raise AssertionError("the snapshot for the restore from memory was not taken")
+    ckpt.flush()
+    ckpt.close()
 
 
 def restore_dcp(args, saver):
@@ -302,13 +320,17 @@ def restore_torch_load(args, saver):
     return model, opt, {"load": t1 - t0}
 
 
-def restore_once(variant, args, savers, scratch, zccd):
+def restore_once(variant, args, savers, scratch, zccd, zccd_memory, round_no):
     saver = savers["torch_save" if variant == "torch_load" else
                    "dcp_async" if variant == "dcp" else "zcc"]
+    if variant == "zcc_memory":
+        snapshot_and_exit(args, saver, zccd_memory, "memory-r%d" % round_no)
     evict_page_cache(scratch)
     gc.collect()
     if variant == "zcc":
-        model, opt, times = restore_zcc(args, saver, zccd)
+        model, opt, times = restore_zcc(args, saver.job, zccd, "disk")
+    elif variant == "zcc_memory":
+        model, opt, times = restore_zcc(args, "memory-r%d" % round_no, zccd_memory, "memory")
     elif variant == "dcp":
         model, opt, times = restore_dcp(args, saver)
     else:
@@ -318,12 +340,13 @@ def restore_once(variant, args, savers, scratch, zccd):
     return times
 
 
-def restore_phase(args, savers, scratch, zccd):
+def restore_phase(args, savers, scratch, zccd, zccd_memory):
     """{variant: {phase: mean seconds}} over two rounds, order reversed in the second."""
     runs = {v: [] for v in RESTORE_VARIANTS}
-    for order in (RESTORE_VARIANTS, tuple(reversed(RESTORE_VARIANTS))):
+    for round_no, order in enumerate((RESTORE_VARIANTS, tuple(reversed(RESTORE_VARIANTS)))):
         for variant in order:
-            runs[variant].append(restore_once(variant, args, savers, scratch, zccd))
+            runs[variant].append(
+                restore_once(variant, args, savers, scratch, zccd, zccd_memory, round_no))
     return {v: {k: mean([r[k] for r in rs]) for k in rs[0]} for v, rs in runs.items()}
 
 
@@ -336,6 +359,9 @@ def emit_restore_rows(t, wants):
         # The whole resume each way: zcc's construction against DCP's
         # get_state_dict, which materialises the optimizer state too.
         (RESUME, zcc_t["construct"] + zcc_t["restore"], sum(dcp_t.values()), "<= 1"),
+        (RESTORE_MEMORY, t["zcc_memory"]["restore"], dcp_t["load"], ""),
+        (RESUME_MEMORY, t["zcc_memory"]["construct"] + t["zcc_memory"]["restore"],
+         sum(dcp_t.values()), "<= 1"),
     ]
     for name, value, reference, target in rows:
         if wants(name):
@@ -369,18 +395,23 @@ def main():
     if not save_wanted:
         args.rounds = 1  # only to write the checkpoints the restores read
     scratch = tempfile.mkdtemp(prefix="torch-bench.", dir=os.environ.get("ZCC_BENCH_DIR"))
-    zccd = Zccd("tb", binary=os.environ.get("ZCC_ZCCD"))
+    # Restores from this zccd read the disk; those from the second, which
+    # keeps a departed trainer's snapshots, come from its memory.
+    zccd = Zccd("tb", binary=os.environ.get("ZCC_ZCCD"), extra_flags=["--retain_snapshots_s=0"])
     zccd.root = os.path.join(scratch, "zcc")  # on the disk the other checkpoints use
+    zccd_memory = Zccd("tbm", binary=os.environ.get("ZCC_ZCCD"))
+    zccd_memory.root = os.path.join(scratch, "zcc-memory")
     try:
-        with zccd:
+        with zccd, zccd_memory:
             results = save_phase(args, scratch, zccd)
             if save_wanted:
                 emit_save_rows(results, wants)
             if restore_wanted:
                 savers = {v: results[v][-1]["saver"] for v in SAVE_VARIANTS}
-                emit_restore_rows(restore_phase(args, savers, scratch, zccd), wants)
-            if zccd.stop() != 0:
-                raise RuntimeError("zccd did not exit cleanly:\n" + zccd.log())
+                emit_restore_rows(restore_phase(args, savers, scratch, zccd, zccd_memory), wants)
+            for d in (zccd, zccd_memory):
+                if d.stop() != 0:
+                    raise RuntimeError("zccd did not exit cleanly:\n" + d.log())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
