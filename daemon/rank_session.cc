@@ -264,7 +264,9 @@ absl::Status RankSession::TakePredecessorEma(int64_t step) {
   std::shared_ptr<RankSession> predecessor;
   {
     zcc::MutexLock lock(&mu_);
+    if (predecessor_ema_taken_) return absl::OkStatus();  // a second restore from memory
     predecessor = predecessor_;
+    predecessor_ema_taken_ = predecessor != nullptr;
   }
   if (predecessor == nullptr) {
     return absl::FailedPreconditionError("no snapshot of the previous trainer is held any more");
@@ -282,7 +284,12 @@ void RankSession::ReleaseHeld() {
     held.swap(held_);
     predecessor.swap(predecessor_);
   }
-  for (const SlotSnapshot& s : held) FreeSlot(s.slot);
+  // Free, they still hold those snapshots until the trainer claims them:
+  // kept like ingested ones, for a successor should this trainer die first.
+  for (const SlotSnapshot& s : held) {
+    ingested_full_step_[s.slot].store(s.step);
+    FreeSlot(s.slot);
+  }
 }
 
 bool RankSession::AllStaged() const {

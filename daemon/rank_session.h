@@ -262,6 +262,9 @@ class RankSession {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SlotSnapshot> held_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RankSession> predecessor_ ABSL_GUARDED_BY(mu_);
+  // The predecessor's EMA was taken (a swap: taking it again would give it
+  // back).
+  bool predecessor_ema_taken_ ABSL_GUARDED_BY(mu_) = false;
   RestoreBuffers restore_buffers_;
   // Last: declared after everything Write() touches, so it is destroyed (and
   // its thread joined) first.

@@ -29,6 +29,7 @@
 #include "ema/ema_updater.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
+#include "shm/slot_ring.h"
 #include "storage/posix_storage.h"
 
 namespace zcc::daemon {
@@ -122,6 +123,7 @@ class TestRank {
       specs.push_back({(*registered)[i].name, format::DType::kF32, kElements});
       ema_index.push_back(i);
     }
+    std::vector<ema::EmaTensorSpec> specs_for_restart = specs;
     ema::EmaOptions ema_options;
     ema_options.decay = kDecay;
     auto ema = ema::EmaUpdater::Create(std::move(specs), ema_options);
@@ -141,7 +143,12 @@ class TestRank {
     options.io.storage = storage;
     options.io.direct_io = false;
     REQUIRE_OK(MakeDirs(options.job_dir));
-    session_ = std::make_unique<RankSession>(
+    shards_ = *shards;
+    registered_ = *registered;
+    options_ = options;
+    ema_index_ = ema_index;
+    specs_ = std::move(specs_for_restart);
+    session_ = std::make_shared<RankSession>(
         *shards, *registered, std::move(*segment), options,
         [this](const PersistEvent& e) {
           MutexLock lock(&mu_);
@@ -151,6 +158,38 @@ class TestRank {
     session_->Start();
   }
   ~TestRank() { session_->Stop(); }
+
+  // The trainer dies and another registers the same tensors: the session
+  // stops, and a new one adopts its segment holding its intact snapshots
+  // (at most `hold` of them, newest first), as the registry does. Returns
+  // the steps held.
+  std::vector<int64_t> RestartAdopting(size_t hold) {
+    session_->Stop();
+    std::shared_ptr<RankSession> old = session_;
+    std::vector<SlotSnapshot> intact = old->IntactSnapshots();
+    shm::Segment segment = old->TakeSegment();
+    shm::InitControlBlock(segment.control(), 2, slot_bytes_, 2, shards_.manifest_hash);
+    cb_ = segment.control();
+    Inheritance inherited;
+    inherited.predecessor = old;
+    shm::SlotRing ring(cb_, 2);
+    for (const SlotSnapshot& s : intact) {
+      if (inherited.held.size() == hold) break;
+      ring.Hold(s.slot, s.step);
+      inherited.held.push_back(s);
+    }
+    std::vector<int64_t> steps;
+    for (const SlotSnapshot& s : inherited.held) steps.push_back(s.step);
+    ema::EmaOptions ema_options;
+    ema_options.decay = kDecay;
+    auto ema = ema::EmaUpdater::Create(specs_, ema_options);
+    REQUIRE_OK(ema);
+    session_ = std::make_shared<RankSession>(shards_, registered_, std::move(segment), options_,
+                                             [](const PersistEvent&) {}, std::move(*ema),
+                                             ema_index_, std::move(inherited));
+    session_->Start();
+    return steps;
+  }
 
   // As the client: claim a free slot (waiting up to `timeout` for one), fill
   // it with step's values, publish it. False when no slot came free.
@@ -201,7 +240,12 @@ class TestRank {
   shm::ControlBlock* cb_ = nullptr;
   uint64_t slot_bytes_ = 0;
   std::vector<uint64_t> offsets_;
-  std::unique_ptr<RankSession> session_;
+  checkpoint::RankShards shards_;
+  std::vector<RegisteredTensor> registered_;
+  RankSessionOptions options_;
+  std::vector<size_t> ema_index_;
+  std::vector<ema::EmaTensorSpec> specs_;
+  std::shared_ptr<RankSession> session_;
   Mutex mu_;
   std::vector<int64_t> persisted_ ABSL_GUARDED_BY(mu_);
 };
@@ -214,6 +258,47 @@ std::vector<float> ReferenceEma(int t, int64_t n) {
     for (int k = 0; k < kElements; ++k) ema[k] = kDecay * ema[k] + (1 - kDecay) * Value(t, s, k);
   }
   return ema;
+}
+
+TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, once") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  for (int64_t step = 1; step <= 5; ++step) {
+    REQUIRE(rank.Snapshot(step));
+    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
+  }
+  // Two slots, reused oldest first: steps 4 and 5 are intact; one is held
+  // (the registry leaves the trainer a free slot).
+  CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
+  RankSession& session = rank.session();
+  CHECK(session.MemorySteps() == std::vector<int64_t>{5});
+  REQUIRE(session.HeldSlot(5).has_value());
+  CHECK_FALSE(session.HeldSlot(4).has_value());
+  const uint8_t* slot = session.slot_data(*session.HeldSlot(5));
+  for (int t = 0; t < kTensors; ++t) {
+    INFO("tensor " << t);
+    const float* f = reinterpret_cast<const float*>(slot + session.registered()[t].slot_offset);
+    CHECK(f[7] == Value(t, 5, 7));
+  }
+  CHECK(session.counters().last_ema_step == -1);  // a fresh EMA until a restore takes the old one
+  REQUIRE_OK(session.TakePredecessorEma(5));
+  CHECK(session.counters().last_ema_step == 5);
+  // A second restore from memory keeps it (the take is a swap).
+  REQUIRE_OK(session.TakePredecessorEma(5));
+  CHECK(session.counters().last_ema_step == 5);
+  // Restored: the held slot goes back to the trainer; the memory is gone.
+  session.ReleaseHeld();
+  CHECK(session.MemorySteps().empty());
+  CHECK(session.counters().slots_in_use == 0);
+  // The successor dies before snapshotting: step 5 is still in the freed
+  // slot, and the next successor holds it again, with the EMA taken over.
+  CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  REQUIRE_OK(rank.session().TakePredecessorEma(5));
+  CHECK(rank.session().counters().last_ema_step == 5);
+  // Once the trainer snapshots, what it inherited is released.
+  REQUIRE(rank.Snapshot(6));
+  REQUIRE(rank.AwaitEmaStep(6, absl::Seconds(10)));
+  CHECK(rank.session().MemorySteps().empty());
 }
 
 // Opens the gate when it goes out of scope (before the rank it is declared

@@ -934,6 +934,43 @@ TEST_CASE("a trainer killed at a random step restores that step from zccd's memo
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("retained snapshots show in status and give way to a registration that needs the "
+          "staging budget") {
+  const std::string dir = ShortTempDir("it-retain");
+  // Each rank below: 2 slots of 9 MB (6 parameters of 1 MiB and their
+  // optimizer state), 18.9 MB; two do not fit in 30 MiB.
+  Daemon daemon(dir, {{"--staging_budget_mb=30"}});
+  REQUIRE(daemon.Start());
+  const std::vector<std::string> model = {"--kib=1024", "--tensors=6", "--slots=2"};
+  auto a = StartTrainer(daemon, dir, "a", Concat({"--job=a", "--steps=5"}, model));
+  REQUIRE(a->Wait(absl::Seconds(60)) == 0);
+  nlohmann::json status;
+  REQUIRE(Eventually([&] {
+    auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "a"});
+    if (code != 0) return false;
+    status = nlohmann::json::parse(out);
+    return status["jobs"].size() == 1 && status["jobs"][0].contains("retained");
+  }, absl::Seconds(30)));
+  INFO(status.dump() << daemon.Log());
+  const nlohmann::json& kept = status["jobs"][0]["retained"][0];
+  CHECK(kept["steps"][0] == "5");
+  CHECK(std::stoull(kept["bytes"].get<std::string>()) > (15u << 20));
+  // Another job's rank needs the room: the retained snapshots go, not the
+  // registration.
+  auto b = StartTrainer(daemon, dir, "b", Concat({"--job=b", "--steps=3"}, model));
+  CHECK(b->Wait(absl::Seconds(60)) == 0);
+  INFO(b->Output());
+  CHECK(b->Values()["registered"] == "1");
+  CHECK(absl::StrContains(daemon.Log(), "dropped a rank's retained snapshots to make room"));
+  // Job a's rank restarts: its memory is gone, so it restores from disk.
+  auto r = StartTrainer(daemon, dir, "a-restore",
+                        Concat({"--job=a", "--mode=restore", "--expect_step=5",
+                                "--expect_from=disk"}, model));
+  CHECK(r->Wait(absl::Seconds(60)) == 0);
+  INFO(r->Output());
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persisted and committed") {
   const std::string dir = ShortTempDir("it-onfail");
   Daemon daemon(dir);
