@@ -75,12 +75,14 @@ TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM clea
   CHECK(m0->Wait(absl::Seconds(60)) == 0);
   CHECK(m1->Wait(absl::Seconds(60)) == 0);
   CHECK(m0->Values()["mismatched_tensors"] == "0");
-  // ...once: restored, the held snapshots are given back, and the next
-  // restore reads the committed step from disk.
+  // ...and the commit, asked for by its step, from disk (zccd holds only
+  // the newest snapshots).
   auto q0 = StartTrainer(daemon, dir, "restore0", {"--mode=restore", "--rank=0", "--world=2",
-                                                    "--expect_step=10", "--expect_from=disk"});
+                                                    "--restore_step=10", "--expect_step=10",
+                                                    "--expect_from=disk"});
   auto q1 = StartTrainer(daemon, dir, "restore1", {"--mode=restore", "--rank=1", "--world=2",
-                                                    "--expect_step=10", "--expect_from=disk"});
+                                                    "--restore_step=10", "--expect_step=10",
+                                                    "--expect_from=disk"});
   CHECK(q0->Wait(absl::Seconds(60)) == 0);
   CHECK(q1->Wait(absl::Seconds(60)) == 0);
   CHECK(q0->Values()["mismatched_tensors"] == "0");
