@@ -94,10 +94,7 @@ Client::~Client() {
   impl_->monitor.join();
   std::shared_ptr<Session> s = impl_->CurrentSession();
   if (s != nullptr && !s->dead.load()) {
-    v1::UnregisterRequest req;
-    req.set_job_id(impl_->options.job_id);
-    req.set_rank(impl_->options.rank);
-    req.set_generation(s->resp.generation());
+    auto req = impl_->AddressedTo<v1::UnregisterRequest>(*s);
     v1::UnregisterResponse resp;
     auto ctx = impl_->Context();
     const grpc::Status st = impl_->GetStubs()->control->Unregister(ctx.get(), req, &resp);

@@ -153,12 +153,19 @@ struct Client::Impl {
     return ctx;
   }
 
+  // A request about this client's registration `s`: job, rank, generation.
+  template <typename Request>
+  Request AddressedTo(const Session& s) const {
+    Request req;
+    req.set_job_id(options.job_id);
+    req.set_rank(options.rank);
+    req.set_generation(s.resp.generation());
+    return req;
+  }
+
   // Tells zccd the client is done with a restore or EMA buffer.
   absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
-    v1::RestoreDoneRequest done;
-    done.set_job_id(options.job_id);
-    done.set_rank(options.rank);
-    done.set_generation(s.resp.generation());
+    auto done = AddressedTo<v1::RestoreDoneRequest>(s);
     done.set_restore_id(id);
     v1::RestoreDoneResponse done_resp;
     auto ctx = Context();

@@ -34,10 +34,7 @@ absl::StatusOr<RestoreCandidates> Client::ListRestoreCandidates(bool owned_only)
   Impl& im = *impl_;
   std::shared_ptr<Session> s = im.CurrentSession();
   if (s == nullptr) return absl::UnavailableError("not registered with zccd");
-  v1::RestoreCandidatesRequest req;
-  req.set_job_id(im.options.job_id);
-  req.set_rank(im.options.rank);
-  req.set_generation(s->resp.generation());
+  auto req = im.AddressedTo<v1::RestoreCandidatesRequest>(*s);
   req.set_owned_only(owned_only);
   v1::RestoreCandidatesResponse resp;
   auto ctx = im.Context();
@@ -94,10 +91,7 @@ absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, voi
     zcc::MutexLock lock(&im.mu);
     refs = im.tensors;
   }
-  v1::RestoreRequest req;
-  req.set_job_id(im.options.job_id);
-  req.set_rank(im.options.rank);
-  req.set_generation(s->resp.generation());
+  auto req = im.AddressedTo<v1::RestoreRequest>(*s);
   req.set_step(options.step);
   req.set_owned_only(options.owned_only);
   req.set_allow_older(options.allow_older);
@@ -157,10 +151,7 @@ absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs) {
   Impl& im = *impl_;
   std::shared_ptr<Session> s = im.CurrentSession();
   if (s == nullptr) return absl::UnavailableError("not registered with zccd");
-  v1::ReadEmaRequest req;
-  req.set_job_id(im.options.job_id);
-  req.set_rank(im.options.rank);
-  req.set_generation(s->resp.generation());
+  auto req = im.AddressedTo<v1::ReadEmaRequest>(*s);
   v1::ReadEmaResponse resp;
   auto ctx = im.Context();
   const std::shared_ptr<const Stubs> stubs = im.GetStubs();

@@ -275,7 +275,7 @@ absl::Status RankSession::TakePredecessorEma(int64_t step) {
   return absl::OkStatus();
 }
 
-void RankSession::ReleaseHeld() {
+void RankSession::ReleaseHeld(std::optional<int64_t> restored) {
   std::vector<SlotSnapshot> held;
   std::shared_ptr<RankSession> predecessor;  // destroyed here, outside the lock
   {
@@ -284,10 +284,8 @@ void RankSession::ReleaseHeld() {
     held.swap(held_);
     predecessor.swap(predecessor_);
   }
-  // Free, they still hold those snapshots until the trainer claims them:
-  // kept like ingested ones, for a successor should this trainer die first.
   for (const SlotSnapshot& s : held) {
-    ingested_full_step_[s.slot].store(s.step);
+    ingested_full_step_[s.slot].store(restored == s.step ? s.step : -1);
     FreeSlot(s.slot);
   }
 }
@@ -311,7 +309,21 @@ std::vector<SlotSnapshot> RankSession::IntactSnapshots() const {
   }
   std::sort(intact.begin(), intact.end(),
             [](const SlotSnapshot& a, const SlotSnapshot& b) { return a.step > b.step; });
-  return intact;
+  // One snapshot per step, or none: two of one step would be two timelines,
+  // and which one the trainer last followed cannot be told.
+  std::vector<SlotSnapshot> unique;
+  for (size_t i = 0; i < intact.size(); ++i) {
+    const bool twin = (i > 0 && intact[i - 1].step == intact[i].step) ||
+                      (i + 1 < intact.size() && intact[i + 1].step == intact[i].step);
+    if (twin) {
+      ZCC_LOG(ERROR) << "job " << shards_.job_id << " rank " << shards_.rank
+                     << ": two snapshots of step " << intact[i].step
+                     << " in memory; neither is kept";
+      continue;
+    }
+    unique.push_back(intact[i]);
+  }
+  return unique;
 }
 
 std::optional<uint32_t> RankSession::TakeSlotForRestore() {

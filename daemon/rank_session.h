@@ -189,8 +189,12 @@ class RankSession {
   // (logged).
   absl::Status TakePredecessorEma(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Frees the held slots and drops the predecessor (the trainer restored, or
-  // went on without restoring). Idempotent.
-  void ReleaseHeld() ABSL_LOCKS_EXCLUDED(mu_);
+  // went on without restoring). Idempotent. The snapshot of `restored` (the
+  // step the trainer restored from memory) stays accounted as intact in its
+  // slot until the trainer claims it, for a successor should this trainer
+  // die first; the others are forgotten: they belong to a timeline the
+  // trainer has left (a step it replays must never be served from them).
+  void ReleaseHeld(std::optional<int64_t> restored = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
   // True when every registered tensor is staged: a restore from memory can
   // then serve all of them (a replica another rank writes is not in the slot).
   bool AllStaged() const;

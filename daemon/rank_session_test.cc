@@ -193,7 +193,7 @@ class TestRank {
 
   // As the client: claim a free slot (waiting up to `timeout` for one), fill
   // it with step's values, publish it. False when no slot came free.
-  bool Snapshot(int64_t step, absl::Duration timeout = absl::Seconds(10)) {
+  bool Snapshot(int64_t step, absl::Duration timeout = absl::Seconds(10), float salt = 0) {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       const uint32_t bell = cb_->free_bell.load(std::memory_order_acquire);
@@ -205,7 +205,7 @@ class TestRank {
         uint8_t* slot = session_->slot_data(i);
         for (int t = 0; t < kTensors; ++t) {
           float* f = reinterpret_cast<float*>(slot + offsets_[t]);
-          for (int k = 0; k < kElements; ++k) f[k] = Value(t, step, k);
+          for (int k = 0; k < kElements; ++k) f[k] = Value(t, step, k) + salt;
         }
         cb_->slots[i].step.store(step, std::memory_order_relaxed);
         cb_->slots[i].kind.store(static_cast<uint32_t>(shm::SnapshotKind::kFull));
@@ -287,7 +287,7 @@ TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, o
   REQUIRE_OK(session.TakePredecessorEma(5));
   CHECK(session.counters().last_ema_step == 5);
   // Restored: the held slot goes back to the trainer; the memory is gone.
-  session.ReleaseHeld();
+  session.ReleaseHeld(/*restored=*/5);
   CHECK(session.MemorySteps().empty());
   CHECK(session.counters().slots_in_use == 0);
   // The successor dies before snapshotting: step 5 is still in the freed
@@ -299,6 +299,30 @@ TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, o
   REQUIRE(rank.Snapshot(6));
   REQUIRE(rank.AwaitEmaStep(6, absl::Seconds(10)));
   CHECK(rank.session().MemorySteps().empty());
+}
+
+TEST_CASE("a step replayed after a restart is served from the new snapshot, never the old one") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  REQUIRE(rank.Snapshot(4));
+  REQUIRE(rank.Snapshot(5));
+  REQUIRE(rank.AwaitEmaStep(5, absl::Seconds(10)));
+  CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
+  // The new trainer does not restore step 5 from memory: it went back to an
+  // older step (say from disk) and replays step 5 with other values; its
+  // snapshot releases what it inherited.
+  REQUIRE(rank.Snapshot(5, absl::Seconds(10), /*salt=*/1000));
+  REQUIRE(testing::Eventually([&] { return rank.session().MemorySteps().empty(); },
+                              absl::Seconds(10), absl::Milliseconds(2)));
+  REQUIRE(testing::Eventually(
+      [&] { return rank.session().counters().snapshots_ingested >= 1; }, absl::Seconds(10),
+      absl::Milliseconds(2)));
+  // It dies: the successor holds step 5 once, with the replayed values.
+  CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  const RankSession& next = rank.session();
+  const uint8_t* slot = next.slot_data(*next.HeldSlot(5));
+  const float* f = reinterpret_cast<const float*>(slot + next.registered()[0].slot_offset);
+  CHECK(f[3] == Value(0, 5, 3) + 1000);
 }
 
 // Opens the gate when it goes out of scope (before the rank it is declared

@@ -131,8 +131,8 @@ v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
     p->set_staged(t.staged);
   }
   // Done once the client has copied it out: the held slots go back to it.
-  resp.set_restore_id(
-      session.restore_buffers().Add(std::nullopt, step, [&session] { session.ReleaseHeld(); }));
+  resp.set_restore_id(session.restore_buffers().Add(
+      std::nullopt, step, [&session, step] { session.ReleaseHeld(step); }));
   metrics_->restores(metrics::RestoreSource::kMemory).Increment();
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restoring step " << step
                 << " from memory (the previous trainer's snapshot)";

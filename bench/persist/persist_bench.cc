@@ -43,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/disk_io.h"
 #include "bench/report.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/global_index.h"
@@ -67,8 +68,8 @@ using checkpoint::RankTensor;
 using format::DType;
 using format::TensorKind;
 
-constexpr size_t kBlock = size_t{8} << 20;
-constexpr unsigned kDepth = 8;
+constexpr size_t kBlock = kRawBlock;
+constexpr unsigned kDepth = kRawDepth;
 constexpr uint32_t kRanks = 4;
 
 [[noreturn]] void Die(const std::string& what) {
@@ -180,28 +181,6 @@ void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
   }
 }
 
-// Drops what the page cache holds of `paths` (each fsynced, then evicted
-// with posix_fadvise) and, where allowed (root outside a container), the
-// whole page cache; silently does less where not allowed. Returns whether
-// /proc/sys/vm/drop_caches took the write.
-bool DropCaches(const std::vector<std::string>& paths) {
-  ::sync();
-  for (const std::string& p : paths) {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    ::fsync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
-  bool dropped = false;
-  const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    dropped = ::write(fd, "3", 1) == 1;
-    ::close(fd);
-  }
-  return dropped;
-}
-
 // A rank's tensors as its trainer would have registered them with zccd
 // (whole tensors, all written by this rank).
 std::vector<zcc::daemon::RegisteredTensor> Registered(const RankShards& rank) {
@@ -267,45 +246,6 @@ double RawWrite(const std::string& path, const std::vector<Span>& sources) {
   return absl::ToDoubleSeconds(absl::Now() - start);
 }
 
-// Sequential O_DIRECT reads of a whole file, 8 requests of 8 MiB in flight,
-// into `buffer`: reused as a ring of 8 blocks, or with `whole` the file's
-// place (its size rounded up to 8 MiB). Returns seconds.
-double RawRead(const std::string& path, uint8_t* buffer, uint64_t* bytes_read,
-               bool whole = false) {
-  const absl::Time start = absl::Now();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-  if (fd < 0) Die(absl::StrCat("open ", path, ": ", std::strerror(errno)));
-  const off_t size = ::lseek(fd, 0, SEEK_END);
-  io_uring ring;
-  if (io_uring_queue_init(kDepth, &ring, 0) != 0) Die("io_uring_queue_init");
-  unsigned in_flight = 0;
-  uint64_t next = 0, done = 0, slot = 0;
-  while (done < static_cast<uint64_t>(size)) {
-    while (in_flight < kDepth && next < static_cast<uint64_t>(size)) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      uint8_t* dst = whole ? buffer + next : buffer + (slot++ % kDepth) * kBlock;
-      io_uring_prep_read(sqe, fd, dst, kBlock, next);
-      io_uring_submit(&ring);
-      ++in_flight;
-      next += kBlock;
-    }
-    io_uring_cqe* cqe;
-    if (io_uring_wait_cqe(&ring, &cqe) != 0 || cqe->res < 0) Die("raw read failed");
-    done += static_cast<uint64_t>(cqe->res);
-    io_uring_cqe_seen(&ring, cqe);
-    --in_flight;
-  }
-  while (in_flight > 0) {
-    io_uring_cqe* cqe;
-    io_uring_wait_cqe(&ring, &cqe);
-    io_uring_cqe_seen(&ring, cqe);
-    --in_flight;
-  }
-  ::close(fd);
-  io_uring_queue_exit(&ring);
-  *bytes_read = done;
-  return absl::ToDoubleSeconds(absl::Now() - start);
-}
 
 // Buffered write(2) of the same bytes in 8 MiB pieces, then fsync.
 double BufferedWrite(const std::string& path, const std::vector<Span>& sources) {
