@@ -17,7 +17,7 @@ import os
 import tempfile
 import urllib.request
 
-from ddp_resume_test import free_port, run_ranks, run_ranks_and_kill
+from ddp_resume_test import free_port, run_ranks, run_ranks_and_kill, start_ranks
 from resume_test import same_tensors
 from zccd_process import Zccd
 
@@ -87,6 +87,20 @@ def main():
         assert min(read) > 0, read
         print("4 ranks on 2 zccds: restored step %d from disk reading %d bytes in all (%s per "
               "zccd): each of the step's tensors once" % (STEPS // 2, sum(read), read))
+
+        # The second zccd is gone: ranks 2 and 3 cannot register, and every
+        # rank's restore fails with the reason instead of ranks 0 and 1
+        # waiting for the others in a collective.
+        assert daemons[1].stop() == 0, daemons[1].log()
+        procs = start_ranks(common + ["--job", "dp", "--steps", str(STEPS),
+                                      "--connect-timeout", "2"], world=WORLD)
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        for rank, (p, out) in enumerate(zip(procs, outs)):
+            assert p.returncode != 0, (rank, out)
+            assert "UnavailableError" in out, (rank, out)
+        assert "ranks [2, 3] could not list their restorable steps" in outs[0], outs[0]
+        assert "not registered with zccd after 2.0 s" in outs[2], outs[2]
+        print("4 ranks, one zccd gone: every rank's restore raised UnavailableError, none hung")
     finally:
         for d in daemons:
             d.stop()

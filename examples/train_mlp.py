@@ -67,6 +67,8 @@ def parse_args(argv):
     p.add_argument("--wait-commit", type=int, default=0,
                    help="with --pause-after: first wait until this step is committed")
     p.add_argument("--dump", default="", help="write final.safetensors and ema.safetensors here")
+    p.add_argument("--connect-timeout", type=float, default=30.0,
+                   help="how long restore() waits to be registered with zccd")
     p.add_argument("--last-snapshot", default="",
                    help="RANK:STEP (testing): that rank takes no snapshot after STEP, so the "
                         "ranks' newest snapshots differ when they are killed")
@@ -102,7 +104,8 @@ def main(argv):
                             root=args.root, save_every=args.save_every,
                             ema_decay=args.ema_decay, scheduler=scheduler,
                             user_state=user_state, backpressure=args.backpressure,
-                            persist_on_failure=args.persist_on_failure)
+                            persist_on_failure=args.persist_on_failure,
+                            connect_timeout=args.connect_timeout)
         restored = ckpt.restore()
         print("restored=%s from=%s samples_seen=%d"
               % (restored, ckpt.restored_from, user_state["samples_seen"]), flush=True)

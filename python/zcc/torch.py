@@ -597,11 +597,14 @@ class Checkpointer:
         optimizer, scheduler, RNG states and user_state, and zccd's EMA.
         Returns the step, or None when the job has no checkpoint yet. Raises
         zcc.UnavailableError when zccd cannot be reached within connect_timeout."""
+        unavailable = None
         if not self.wait_connected():
-            raise zcc.UnavailableError("not registered with zccd after %.1f s: %s"
-                                       % (self.connect_timeout, self.client.stats()["last_error"]))
-        self.fence()
-        got = self._restore_tensors(step)
+            unavailable = zcc.UnavailableError(
+                "not registered with zccd after %.1f s: %s"
+                % (self.connect_timeout, self.client.stats()["last_error"]))
+        else:
+            self.fence()
+        got = self._restore_tensors(step, unavailable)
         if got is None:
             return None
         for b, shadow in self._buffers:
@@ -653,30 +656,58 @@ class Checkpointer:
         return dist
 
     def _restore_once(self, step, owned_only, allow_older):
+        """(result, None), (None, None) when there is nothing to restore, or
+        (None, error): with a process group an error must not leave this rank
+        out of the collectives the others are in."""
         try:
             return self.client.restore_tensors(step, self._stream(), owned_only=owned_only,
-                                               allow_older=allow_older)
+                                               allow_older=allow_older), None
         except zcc.NotFoundError:
-            return None
+            return None, None
+        except Exception as e:  # re-raised once every rank knows
+            return None, e
 
-    def _restore_tensors(self, step):
+    def _collective_device(self, dist):
+        # NCCL reduces only device tensors; gloo takes host tensors.
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _restore_tensors(self, step, unavailable=None):
         """Fills the registered tensors; returns the step (None: nothing to
         restore). With a process group, every rank restores the same step:
         without `step`, the newest one every rank can restore (from zccd's
         memory or from disk), agreed over the group; a rank that finds it
-        damaged falls back to an older one and the others follow."""
+        damaged falls back to an older one and the others follow. An error on
+        any rank is raised on every rank (none is left waiting); `unavailable`
+        is this rank's, found before it could ask zccd anything."""
         dist = self._process_group()
+        if dist is None and unavailable is not None:
+            raise unavailable
         if dist is None:
-            result = self._restore_once(zcc.LATEST if step is None else step, False, False)
+            result, error = self._restore_once(zcc.LATEST if step is None else step, False, False)
+            if error is not None:
+                raise error
             self.restored_from = None if result is None else result["source"]
             return None if result is None else result["step"]
         share = self._share_replicas
         target = step
         if step is None:
-            offered = self.client.restore_candidates(owned_only=share)
-            mine = sorted(set(offered["memory"]) | set(offered["disk"]))
+            try:
+                if unavailable is not None:
+                    raise unavailable
+                offered = self.client.restore_candidates(owned_only=share)
+                mine, error = sorted(set(offered["memory"]) | set(offered["disk"])), None
+            except Exception as e:  # re-raised once every rank knows
+                mine, error = None, e
             everyone = [None] * self.world_size
             dist.all_gather_object(everyone, mine)
+            if error is not None:
+                raise error
+            failed = [r for r, steps in enumerate(everyone) if steps is None]
+            if failed:
+                raise zcc.UnavailableError("ranks %s could not list their restorable steps; see "
+                                           "their logs" % failed)
             common = set(everyone[0]).intersection(*everyone[1:])
             if not common:
                 if any(everyone):
@@ -685,20 +716,30 @@ class Checkpointer:
                         % {r: s[-5:] for r, s in enumerate(everyone)})
                 return None
             target = max(common)
-        result = self._restore_once(target, share, step is None)
+        device = self._collective_device(dist)
+        if unavailable is not None:
+            result, error = None, unavailable
+        else:
+            result, error = self._restore_once(target, share, step is None)
         while True:
-            got = -1 if result is None else result["step"]
-            low = torch.tensor([got], dtype=torch.int64)
+            # -2: this rank failed; -1: it found nothing to restore.
+            got = -2 if error is not None else -1 if result is None else result["step"]
+            low = torch.tensor([got], dtype=torch.int64, device=device)
             high = low.clone()
             dist.all_reduce(low, op=dist.ReduceOp.MIN)
             dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            if error is not None:
+                raise error
+            if low.item() == -2:
+                raise zcc.UnavailableError("another rank failed to restore step %s; see its log"
+                                           % target)
             if low.item() == high.item():
                 break
             if low.item() < 0:
                 raise zcc.FailedPreconditionError("some ranks restored step %d and others nothing"
                                                   % high.item())
             if got != low.item():
-                result = self._restore_once(int(low.item()), share, step is None)
+                result, error = self._restore_once(int(low.item()), share, step is None)
         if result is None:
             return None
         if share:
