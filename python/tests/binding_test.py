@@ -552,6 +552,23 @@ def test_first_step_layouts_match_the_probe():
         torch.set_default_dtype(default_dtype)
 
 
+def test_fresh_optimizer_buffers_hold_zeros():
+    """The buffers zcc allocates for state the optimizer has not created yet
+    are zeroed (while zccd registers them), never left holding whatever the
+    allocator reused: a snapshot before the first step must not carry it."""
+    torch.manual_seed(3)
+    for _ in range(3):  # leave non-zero memory for the allocator to hand out
+        junk = torch.full((1 << 20,), 7.0)
+        del junk
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with Checkpointer(model, opt, job_id="zeros", socket=NO_DAEMON) as ck:
+        bufs = [b for per_param in ck._opt_bufs for b in per_param.values()]
+        assert len(bufs) == 3 * 4, len(bufs)  # step, exp_avg, exp_avg_sq per parameter
+        for b in bufs:
+            assert not b.any(), "a fresh optimizer buffer is not zero"
+
+
 def test_existing_optimizer_state_is_registered_as_is():
     """A Checkpointer created after training started registers the
     optimizer's own state tensors: no probe, no copies."""

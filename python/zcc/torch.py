@@ -84,6 +84,7 @@ import os
 import pickle
 import random
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -262,6 +263,12 @@ def _first_step_state_layouts(opt):
     return layouts
 
 
+@torch.no_grad()
+def _zero_all(tensors):
+    for t in tensors:
+        t.zero_()
+
+
 class Checkpointer:
     """Registers a model, its optimizer and small trainer state with zcc.
 
@@ -341,6 +348,7 @@ class Checkpointer:
             self._buffers.append((b, shadow))
             specs.append(zcc.TensorSpec(name, shadow, kind="param", replica=self._replica))
 
+        self._to_zero = []         # fresh optimizer buffers, zeroed during registration
         self._opt_params = []      # optimizer params, in param_groups order
         self._opt_bufs = []        # per param: {key: registered tensor}
         self._bound = []           # per param: the optimizer's state uses our buffers
@@ -359,11 +367,17 @@ class Checkpointer:
                                   save_every=save_every, checkpoint_root=root,
                                   ema_decay=ema_decay, ema_interval=self.ema_interval,
                                   **connect_kwargs)
+        # Both release the GIL: the buffers fill on another core meanwhile.
+        zeroing = threading.Thread(target=_zero_all, args=(self._to_zero,), daemon=True)
+        zeroing.start()
         try:
             self.client.register_tensors(specs)
         except BaseException:
+            zeroing.join()
             self.client.close()
             raise
+        zeroing.join()
+        self._to_zero = []
         self._specs = specs
         self._ema_names = [s.name for s in specs if s.ema_eligible]
         self._wrapped_step = None
@@ -405,8 +419,11 @@ class Checkpointer:
             if existing:
                 items = [(k, v) for k, v in existing.items() if torch.is_tensor(v)]
             else:
-                items = [(k, torch.zeros(shape, dtype=dtype, device=device))
+                # Zeroed while zccd registers them (__init__): filling a GB
+                # of buffers costs as much as the registration.
+                items = [(k, torch.empty(shape, dtype=dtype, device=device))
                          for k, (shape, dtype, device) in layouts[p].items()]
+                self._to_zero += [v for _, v in items]
             for key, value in items:
                 if not isinstance(key, str):
                     raise TypeError("optimizer state key %r is not a string" % (key,))
