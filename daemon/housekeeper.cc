@@ -109,9 +109,12 @@ void Housekeeper::Retire(const Retirement& r) {
     }
   }
   r.session->Stop();
+  // Kept before the rank leaves the job: a job with no rank and nothing
+  // retained is dropped by the next housekeeping round, and its snapshots
+  // with it.
+  Retain(*r.job, r.session);
   r.job->RemoveRank(rank, r.session->options().generation);
   PublishSessions();
-  Retain(*r.job, r.session);
 }
 
 void Housekeeper::Retain(Job& job, std::shared_ptr<RankSession> stopped) {

@@ -406,13 +406,14 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
   // Drain first: snapshots already published are persisted and reported to
   // the job while the rank still belongs to it.
   session->Stop();
+  // A trainer that exits may be started again (a job restarted by its
+  // launcher): its snapshots stay for a restore from memory. Kept before the
+  // rank leaves the job, which housekeeping would drop as idle otherwise.
+  housekeeper_.Retain(*job, session);
   if (job->RemoveRank(req.rank(), req.generation()) == nullptr) {
     return absl::NotFoundError("registration already removed");
   }
   housekeeper_.PublishSessions();  // drops the list's reference to the session
-  // A trainer that exits may be started again (a job restarted by its
-  // launcher): its snapshots stay for a restore from memory.
-  housekeeper_.Retain(*job, session);
   {
     zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job_id());
