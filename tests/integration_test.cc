@@ -957,6 +957,11 @@ TEST_CASE("retained snapshots show in status and give way to a registration that
   const nlohmann::json& kept = status["jobs"][0]["retained"][0];
   CHECK(kept["steps"][0] == "5");
   CHECK(std::stoull(kept["bytes"].get<std::string>()) > (15u << 20));
+  {
+    auto [code, text] = Zccctl(dir, daemon, {"status", "a"});
+    CHECK(code == 0);
+    CHECK(absl::StrContains(text, "in memory for rank 0: step(s) 5 4"));
+  }
   // Another job's rank needs the room: the retained snapshots go, not the
   // registration.
   auto b = StartTrainer(daemon, dir, "b", Concat({"--job=b", "--steps=3"}, model));

@@ -103,6 +103,13 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
       for (const auto& p : job.pending_commits()) std::printf(" %s", p.c_str());
       std::printf("\n");
     }
+    // Snapshots kept for a restarted trainer to restore from memory.
+    for (const auto& kept : job.retained()) {
+      std::printf("  in memory for rank %u: step(s)", kept.rank());
+      for (int64_t step : kept.steps()) std::printf(" %lld", static_cast<long long>(step));
+      std::printf(" (%.2f GB, kept %.0f s more)\n", kept.bytes() / 1e9,
+                  kept.expires_in_seconds());
+    }
     // Failing checkpoints come first and in capitals: a job that trains on
     // while none of its checkpoints land must not look healthy at a glance.
     for (const auto& r : job.ranks()) {
