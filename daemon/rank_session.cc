@@ -48,6 +48,7 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
   zcc::MutexLock lock(&mu_);
   held_ = std::move(inherited.held);
   if (!held_.empty()) predecessor_ = std::move(inherited.predecessor);
+  inherits_.store(!held_.empty());
 }
 
 RankSession::~RankSession() { Stop(); }
@@ -149,8 +150,8 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
     }
   }
   // The trainer went on without restoring from memory: what it left is of
-  // no more use.
-  ReleaseHeld();
+  // no more use. (One atomic load per snapshot once it is released.)
+  if (inherits_.load(std::memory_order_relaxed)) ReleaseHeld();
   ingested_full_step_[slot.index].store(slot.kind == shm::SnapshotKind::kFull ? slot.step : -1);
   if (slot.kind != shm::SnapshotKind::kFull) return false;
   last_full_slot_.store(slot.index);
@@ -281,6 +282,7 @@ void RankSession::ReleaseHeld(std::optional<int64_t> restored) {
   {
     zcc::MutexLock lock(&mu_);
     if (held_.empty() && predecessor_ == nullptr) return;
+    inherits_.store(false);
     held.swap(held_);
     predecessor.swap(predecessor_);
   }

@@ -255,6 +255,9 @@ class RankSession {
   // or an EMA-only one): with the slot free and still showing that step, the
   // snapshot is intact.
   std::array<std::atomic<int64_t>, shm::kMaxSlots> ingested_full_step_;
+  // True while something inherited from a predecessor is held (held_ or
+  // predecessor_ set): lets the ingest loop skip ReleaseHeld's lock.
+  std::atomic<bool> inherits_{false};
   // Set once the segment was handed to a successor: the heartbeat leaves it.
   std::atomic<bool> segment_taken_{false};
   std::atomic<uint64_t> snapshots_ingested_{0};

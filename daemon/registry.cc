@@ -111,9 +111,10 @@ uint64_t Registry::StagingBytesLocked() const {
   return total;
 }
 
-bool Registry::DropOneRetainedLocked() {
+bool Registry::DropOneRetainedLocked(std::vector<RetainedSnapshots::Entry>* dropped) {
   for (const auto& [id, job] : jobs_) {
-    if (job->retained().DropOne()) {
+    if (std::optional<RetainedSnapshots::Entry> entry = job->retained().TakeFirstToExpire()) {
+      dropped->push_back(std::move(*entry));
       ZCC_LOG(WARNING) << "job " << id
                        << ": dropped a rank's retained snapshots to make room in the staging "
                           "budget for a registration";
@@ -277,7 +278,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     uint64_t in_use = StagingBytesLocked() - (existing ? existing->segment_bytes() : 0);
     // Retained snapshots give way to a registration: the oldest go first.
     while (config_.staging_budget_bytes > 0 && in_use + needed > config_.staging_budget_bytes &&
-           DropOneRetainedLocked()) {
+           DropOneRetainedLocked(&dropped)) {
       in_use = StagingBytesLocked() - (existing ? existing->segment_bytes() : 0);
     }
     if (config_.staging_budget_bytes > 0 && in_use + needed > config_.staging_budget_bytes) {

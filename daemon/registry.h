@@ -108,9 +108,11 @@ class Registry {
   std::vector<std::shared_ptr<Job>> Jobs() const ABSL_LOCKS_EXCLUDED(mu_);
   void DropIdleJobs() ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops one rank's retained snapshots (the one that expires first in the
-  // first job that has some); false when no job retains any.
-  bool DropOneRetainedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes out one rank's retained snapshots (the one that expires first in
+  // the first job that has some) into `dropped`, to be destroyed after the
+  // lock is released; false when no job retains any.
+  bool DropOneRetainedLocked(std::vector<RetainedSnapshots::Entry>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonConfig config_;
   storage::Storage* const shard_storage_;

@@ -48,17 +48,16 @@ size_t RetainedSnapshots::DropExpired(absl::Time now) {
   return dropped.size();
 }
 
-bool RetainedSnapshots::DropOne() {
-  std::optional<Entry> dropped;
+std::optional<RetainedSnapshots::Entry> RetainedSnapshots::TakeFirstToExpire() {
   zcc::MutexLock lock(&mu_);
   auto first = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (first == entries_.end() || it->second.expires < first->second.expires) first = it;
   }
-  if (first == entries_.end()) return false;
-  dropped = std::move(first->second);
+  if (first == entries_.end()) return std::nullopt;
+  Entry entry = std::move(first->second);
   entries_.erase(first);
-  return true;
+  return entry;
 }
 
 uint64_t RetainedSnapshots::bytes() const {

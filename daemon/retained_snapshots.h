@@ -43,8 +43,9 @@ class RetainedSnapshots {
   std::optional<Entry> Take(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the entries expired at `now`; returns how many.
   size_t DropExpired(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
-  // Drops the entry that expires first; false when there is none.
-  bool DropOne() ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes out the entry that expires first (for the caller to drop where
+  // unmapping its segment holds no lock); nullopt when there is none.
+  std::optional<Entry> TakeFirstToExpire() ABSL_LOCKS_EXCLUDED(mu_);
   // Staging memory the entries hold.
   uint64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   bool empty() const ABSL_LOCKS_EXCLUDED(mu_);
