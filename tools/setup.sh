@@ -17,8 +17,9 @@ APT_PACKAGES=(
   python3-yaml               # the Kubernetes manifest check
   nlohmann-json3-dev
   pkg-config
-  pybind11-dev python3-dev   # the zcc Python module (python/zcc), for /usr/bin/python3
-  python3-numpy python3-torch  # zcc.torch, the examples and their tests (CPU PyTorch 1.13)
+  pybind11-dev python3-dev   # the zcc Python module (python/zcc), for /usr/bin/python3 (3.11)
+  python3-venv               # the PyTorch 2.x environment below
+  python3-numpy              # the safetensors format checks (tools/testing/find_python.sh)
   python3-pip                # pip for /usr/bin/python3 (safetensors, below)
   clang libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for fuzz/
 )
@@ -36,9 +37,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The Python module's tests and examples run on Debian's /usr/bin/python3
-# (python3-torch comes from apt); safetensors is not packaged, so pip installs
-# it for that interpreter (externally managed, hence --break-system-packages).
+# The format checks run Debian's /usr/bin/python3 with safetensors, which is
+# not packaged: pip installs it for that interpreter (externally managed, hence
+# --break-system-packages).
 if [[ -x /usr/bin/python3 ]] && ! /usr/bin/python3 -c "import safetensors" 2>/dev/null; then
   echo "setup: pip installing safetensors for /usr/bin/python3"
   /usr/bin/python3 -m pip install -q --break-system-packages safetensors
@@ -52,4 +53,23 @@ done
 if ((${#need_pip[@]})); then
   echo "setup: pip installing ${need_pip[*]}"
   "$PY" -m pip install -q "${need_pip[@]}"
+fi
+
+# The Python tests, examples and benchmarks run on PyTorch 2.x from PyPI, in
+# the virtual environment $ZCC_VENV (tools/python_env.sh) made from Debian's
+# /usr/bin/python3 with exactly tools/requirements-torch.txt. The copy of the
+# requirements written last marks it complete: a venv without it (pip failed
+# half way) or with other pins is made again.
+source "$(dirname "$0")/python_env.sh"
+requirements="$(dirname "$0")/requirements-torch.txt"
+if ! cmp -s "$requirements" "$ZCC_VENV/zcc-requirements.txt"; then
+  echo "setup: making $ZCC_VENV (PyTorch 2.x from PyPI; $(grep -c '==' "$requirements") pinned packages, about 1 min)"
+  rm -rf "$ZCC_VENV"
+  mkdir -p "$(dirname "$ZCC_VENV")"
+  /usr/bin/python3 -m venv "$ZCC_VENV"
+  if ! "$ZCC_VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"; then
+    echo "setup: pip could not install $requirements into $ZCC_VENV" >&2
+    exit 1
+  fi
+  cp "$requirements" "$ZCC_VENV/zcc-requirements.txt"
 fi

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Runs a Python test (first argument: its workspace-relative path) with the
-# interpreter zcc's Python module is built for, Debian's /usr/bin/python3,
-# which has python3-torch and python3-numpy from apt and safetensors from pip
-# (tools/setup.sh installs them). The built package comes from the runfiles:
+# Runs a Python test (first argument: its workspace-relative path) with
+# PyTorch 2.x: $ZCC_TORCH_PYTHON when set, else the virtual environment
+# tools/setup.sh makes ($ZCC_VENV, default ~/.cache/zcc/venv; Debian's
+# python3.11, the interpreter _zcc.so is built for, with the pins of
+# tools/requirements-torch.txt). The built package comes from the runfiles:
 # PYTHONPATH gets python/ (zcc/ with _zcc.so), python/tests/ (zccd_process)
 # and examples/; $ZCCD is the built //daemon:zccd.
 set -euo pipefail
 runfiles="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-zcc}"
-python="${ZCC_TORCH_PYTHON:-/usr/bin/python3}"
+python="${ZCC_TORCH_PYTHON:-${ZCC_VENV:-$HOME/.cache/zcc/venv}/bin/python}"
 
 if ! "$python" -c "import torch, numpy, safetensors" >/dev/null 2>&1; then
-  echo "FAIL: $python cannot import torch, numpy and safetensors (run tools/setup.sh)" >&2
+  echo "FAIL: $python cannot import torch, numpy and safetensors (run tools/setup.sh," \
+    "or set ZCC_TORCH_PYTHON)" >&2
   exit 1
 fi
 

@@ -1,6 +1,6 @@
 """zcc_py_test: a Python test of the zcc package, run by run_python.sh.
 
-The runner picks Debian's /usr/bin/python3 (torch, numpy, safetensors), puts
+The runner picks the PyTorch 2.x environment tools/setup.sh makes, puts
 the built package and the zccd fixture on PYTHONPATH and points $ZCCD at the
 built daemon; every test gets those as data.
 """

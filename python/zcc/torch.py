@@ -93,6 +93,7 @@ import numpy
 import torch
 
 import zcc
+from zcc import torch_layout
 
 __all__ = ["Checkpointer"]
 
@@ -190,6 +191,36 @@ _LAYOUTS_KNOWN = (1, 13) <= _TORCH_VERSION < (3, 0)
 _CPU = torch.device("cpu")
 
 
+# A state tensor shaped, typed and placed like its parameter (for a DTensor
+# parameter, a DTensor of the same placements): torch.zeros_like(param).
+LIKE_PARAM = "like_param"
+
+
+def _layout_of(p, v):
+    """The layout entry of state tensor `v` of parameter `p`, as found by the probe."""
+    if torch_layout.is_dtensor(p) or torch_layout.is_dtensor(v):
+        if (torch_layout.is_dtensor(p) and torch_layout.is_dtensor(v) and v.shape == p.shape
+                and v.placements == p.placements and v.device_mesh == p.device_mesh):
+            return LIKE_PARAM
+        raise ValueError("optimizer state of shape %s next to a parameter of shape %s: zcc "
+                         "registers DTensor optimizer state shaped and placed like its parameter "
+                         "only" % (tuple(v.shape), tuple(p.shape)))
+    if v.shape == p.shape and v.dtype == p.dtype and v.device == p.device:
+        return LIKE_PARAM
+    return (v.shape, v.dtype, v.device)
+
+
+def _empty_state(p, layout):
+    if layout == LIKE_PARAM:
+        return torch.empty_like(p.detach(), memory_format=torch.contiguous_format)
+    shape, dtype, device = layout
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _local(t):
+    return t.to_local() if torch_layout.is_dtensor(t) else t
+
+
 def _scalar_step_dtype():
     """The dtype of a CPU `step` tensor: optimizer._get_scalar_dtype() in 2.x,
     the default dtype (``torch.tensor(0.)``) in 1.13."""
@@ -210,10 +241,9 @@ def _adam_layout(opt, group, p):
         return None  # 1.13 reads these from the defaults; GPU-only, left to the probe
     else:
         step = ((), _scalar_step_dtype(), _CPU)
-    like_p = (p.shape, p.dtype, p.device)
-    layout = {"step": step, "exp_avg": like_p, "exp_avg_sq": like_p}
+    layout = {"step": step, "exp_avg": LIKE_PARAM, "exp_avg_sq": LIKE_PARAM}
     if group["amsgrad"]:
-        layout["max_exp_avg_sq"] = like_p
+        layout["max_exp_avg_sq"] = LIKE_PARAM
     return layout
 
 
@@ -221,19 +251,18 @@ def _sgd_layout(opt, group, p):
     # Without momentum SGD keeps no tensor (1.13 stores momentum_buffer=None).
     if group["momentum"] == 0:
         return {}
-    return {"momentum_buffer": (p.shape, p.dtype, p.device)}  # a clone of the gradient
+    return {"momentum_buffer": LIKE_PARAM}  # a clone of the gradient
 
 
 def _rmsprop_layout(opt, group, p):
     layout = {}
     if _TORCH_2:  # 1.13's step is an int, not a tensor
         layout["step"] = ((), _scalar_step_dtype(), p.device if group["capturable"] else _CPU)
-    like_p = (p.shape, p.dtype, p.device)
-    layout["square_avg"] = like_p
+    layout["square_avg"] = LIKE_PARAM
     if group["momentum"] > 0:
-        layout["momentum_buffer"] = like_p
+        layout["momentum_buffer"] = LIKE_PARAM
     if group["centered"]:
-        layout["grad_avg"] = like_p
+        layout["grad_avg"] = LIKE_PARAM
     return layout
 
 
@@ -261,6 +290,41 @@ def _first_step_state_layouts(opt):
                 return None
             layouts[p] = layout
     return layouts
+
+
+_TENSOR_TAG = "__zcc_tensor__"
+
+
+def _plain_hyperparameter(value):
+    """A param_group value as plain data: tensors (PyTorch 2.x accepts a
+    tensor lr, and betas of tensors) become tagged (dtype, shape, bytes)."""
+    if torch.is_tensor(value):
+        t = value.detach().cpu().contiguous()
+        return {_TENSOR_TAG: (str(t.dtype).replace("torch.", ""), list(t.shape),
+                              t.reshape(-1).view(torch.uint8).numpy().tobytes())}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain_hyperparameter(v) for v in value)
+    return value
+
+
+@torch.no_grad()
+def _restore_hyperparameter(current, saved):
+    """`saved` (from _plain_hyperparameter) as the value to put in a param
+    group whose value is `current`: a tensor is filled in place, so whatever
+    holds it (a scheduler, a fused kernel) sees the restored value."""
+    if isinstance(saved, dict) and set(saved) == {_TENSOR_TAG}:
+        dtype, shape, raw = saved[_TENSOR_TAG]
+        t = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).reshape(shape) \
+            if raw else torch.empty(shape, dtype=getattr(torch, dtype))
+        if torch.is_tensor(current) and current.shape == t.shape and current.dtype == t.dtype:
+            current.copy_(t)
+            return current
+        return t
+    if isinstance(saved, (list, tuple)):
+        currents = current if isinstance(current, (list, tuple)) and len(current) == len(saved) \
+            else [None] * len(saved)
+        return type(saved)(_restore_hyperparameter(c, v) for c, v in zip(currents, saved))
+    return saved
 
 
 @torch.no_grad()
@@ -308,8 +372,8 @@ class Checkpointer:
             root = os.environ.get("ZCC_ROOT", "")
         self.rank = rank
         self.world_size = world_size
-        self.model = model.module if hasattr(model, "module") and isinstance(
-            model, torch.nn.parallel.DistributedDataParallel) else model
+        torch_layout.refuse_fsdp1(model)
+        self.model = torch_layout.unwrap(model)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.user_state = user_state if user_state is not None else {}
@@ -317,43 +381,42 @@ class Checkpointer:
         self.ema_interval = max(1, ema_interval)
         self.connect_timeout = connect_timeout
         self._replica = self._replica_group(replica)
-        # Data-parallel over the whole world (the default): each replica
-        # restores only what it writes and receives the rest over the
-        # process group, so the job reads the checkpoint once.
-        self._share_replicas = replica in (None, "data_parallel") and self.world_size > 1
+        # The ranks holding copies of a plain (non-DTensor) tensor; a DTensor's
+        # placements say where its copies are.
+        self._plain_members = self._plain_replica_members(replica)
         self.restored_from = None  # "memory" or "disk" after restore()
         self._stream_device = None
         self._last_step = None
         self._ema_kept = None  # names whose EMA this rank's zccd keeps (replicas)
 
-        specs = []
+        pieces = []  # (name, Piece, kind, ema_eligible)
         self._params = collections.OrderedDict(self.model.named_parameters())
         self._param_names = {id(p): name for name, p in self._params.items()}
         self.ema_step = None  # the step of the EMA ema_state_dict() returned last
+        self._dtensor_params = {}  # name -> the DTensor parameter (for ema_state_dict)
         for name, p in self._params.items():
-            if not p.is_contiguous():
-                raise ValueError("parameter '%s' is not contiguous; zcc copies tensors as one "
-                                 "byte range" % name)
-            if p.device.type != "cpu":
-                self._stream_device = p.device
+            piece = torch_layout.piece_of("parameter " + name, p.detach(), rank, self._plain_members)
+            if torch_layout.is_dtensor(p):
+                self._dtensor_params[name] = p
             eligible = ema_decay > 0 and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            specs.append(zcc.TensorSpec(name, p.detach(), kind="param", ema_eligible=eligible,
-                                        replica=self._replica))
+            pieces.append((name, piece, "param", eligible))
         state_keys = set(self.model.state_dict().keys())
-        self._buffers = []  # (module buffer, shadow)
+        self._buffers = []  # (the buffer's local tensor, shadow)
         for name, b in self.model.named_buffers():
             if name not in state_keys:
                 continue  # non-persistent: not part of the model's state
-            shadow = b.detach().clone(memory_format=torch.contiguous_format)
-            self._buffers.append((b, shadow))
-            specs.append(zcc.TensorSpec(name, shadow, kind="param", replica=self._replica))
+            piece = torch_layout.piece_of("buffer " + name, b.detach(), rank, self._plain_members)
+            shadow = piece.local.clone(memory_format=torch.contiguous_format)
+            self._buffers.append((piece.local, shadow))
+            pieces.append((name, piece._replace(local=shadow), "param", False))
 
         self._to_zero = []         # fresh optimizer buffers, zeroed during registration
         self._opt_params = []      # optimizer params, in param_groups order
         self._opt_bufs = []        # per param: {key: registered tensor}
         self._bound = []           # per param: the optimizer's state uses our buffers
         if optimizer is not None:
-            specs += self._materialise_optimizer_state()
+            pieces += self._materialise_optimizer_state()
+        specs = self._specs_of(pieces)
 
         prefix = "zcc.r%05d." % rank
         self._rng = torch.get_rng_state().clone()
@@ -380,6 +443,11 @@ class Checkpointer:
         self._to_zero = []
         self._specs = specs
         self._ema_names = [s.name for s in specs if s.ema_eligible]
+        # With replicas (DDP's, or a DTensor's Replicate placements) each
+        # replica restores only the pieces it writes and receives the rest
+        # over the process group, so the job reads the checkpoint once.
+        self._share_replicas = self.world_size > 1 and any(
+            s.replica.kind != zcc.ReplicaKind.NONE for s in specs)
         self._wrapped_step = None
         if optimizer is not None and fence_optimizer_step:
             self._wrap_optimizer_step()
@@ -397,6 +465,33 @@ class Checkpointer:
             return zcc.ReplicaGroup()
         raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
 
+    def _plain_replica_members(self, replica):
+        group = self._replica
+        if group.kind == zcc.ReplicaKind.NONE or group.group_size <= 1:
+            return (self.rank,)
+        if group.kind == zcc.ReplicaKind.DATA_PARALLEL and group.group_size == self.world_size:
+            return tuple(range(self.world_size))
+        return None  # a group the caller gave: used as given
+
+    def _specs_of(self, pieces):
+        """TensorSpecs of (name, Piece, kind, ema_eligible): replica groups
+        from the pieces' members, empty pieces (an uneven shard can have no
+        rows on some ranks) left out."""
+        groups = torch_layout.replica_groups(
+            [piece.members for _, piece, _, _ in pieces if piece.members is not None],
+            self.rank, self.world_size)
+        specs = []
+        for name, piece, kind, eligible in pieces:
+            if piece.local.numel() == 0:
+                continue
+            if piece.local.device.type != "cpu":
+                self._stream_device = piece.local.device
+            replica = self._replica if piece.members is None else groups[piece.members]
+            specs.append(zcc.TensorSpec(name, piece.local, kind=kind, ema_eligible=eligible,
+                                        replica=replica, global_shape=piece.global_shape,
+                                        offset=piece.offset))
+        return specs
+
     def _param_name(self, p, index):
         return self._param_names.get(id(p), "param%d" % index)
 
@@ -412,7 +507,7 @@ class Checkpointer:
             layouts = _first_step_state_layouts(opt)
             if layouts is None:
                 layouts = self._probe_state_layouts(params)
-        specs = []
+        pieces = []
         for i, p in enumerate(params):
             bufs = {}
             existing = opt.state.get(p)
@@ -421,27 +516,25 @@ class Checkpointer:
             else:
                 # Zeroed while zccd registers them (__init__): filling a GB
                 # of buffers costs as much as the registration.
-                items = [(k, torch.empty(shape, dtype=dtype, device=device))
-                         for k, (shape, dtype, device) in layouts[p].items()]
-                self._to_zero += [v for _, v in items]
+                items = [(k, _empty_state(p, layout)) for k, layout in layouts[p].items()]
+                self._to_zero += [_local(v) for _, v in items]
             for key, value in items:
                 if not isinstance(key, str):
                     raise TypeError("optimizer state key %r is not a string" % (key,))
                 # An existing tensor that is not contiguous cannot be registered
                 # as is: register a copy, which binding puts in its place.
-                buf = value if value.is_contiguous() else torch.zeros_like(
+                buf = value if _local(value).is_contiguous() else torch.zeros_like(
                     value, memory_format=torch.contiguous_format)
                 bufs[key] = buf
-                if buf.device.type != "cpu":
-                    self._stream_device = buf.device
-                specs.append(zcc.TensorSpec("optimizer.state.%s.%s" % (self._param_name(p, i), key),
-                                            buf, kind="optim", replica=self._replica))
+                name = "optimizer.state.%s.%s" % (self._param_name(p, i), key)
+                pieces.append((name, torch_layout.piece_of(name, buf, self.rank, self._plain_members),
+                               "optim", False))
             self._opt_bufs.append(bufs)
             self._bound.append(False)
         # State that existed before the Checkpointer: bind it now (copy if the
         # optimizer's tensor could not be registered as is).
         self._bind_optimizer_state()
-        return specs
+        return pieces
 
     @torch.no_grad()
     def _probe_state_layouts(self, params):
@@ -468,13 +561,19 @@ class Checkpointer:
             for g in opt.param_groups:
                 g["lr"] = 0.0
             try:
-                type(opt).step(opt)  # the class's step: no instance wrappers (schedulers)
+                # The class's step: no instance wrappers (schedulers), and in
+                # PyTorch 2.x not the hook wrapper either (step hooks would
+                # see a step that is not one).
+                step = type(opt).step
+                if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+                    step = step.__wrapped__
+                step(opt)
             except Exception as e:
                 raise RuntimeError(
                     "zcc could not materialise the state of %s with a zero-gradient, zero-lr "
                     "probe step (%s); create the Checkpointer after the first optimizer.step()"
                     % (type(opt).__name__, e)) from e
-            layouts = {p: {k: (v.shape, v.dtype, v.device) for k, v in opt.state.get(p, {}).items()
+            layouts = {p: {k: _layout_of(p, v) for k, v in opt.state.get(p, {}).items()
                            if torch.is_tensor(v)} for p in params}
         finally:
             for p, v, grad in zip(params, saved_values, saved_grads):
@@ -566,8 +665,10 @@ class Checkpointer:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             state["cuda_rng"] = [bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
         if opt is not None:
-            state["param_groups"] = [{k: v for k, v in g.items() if k != "params"}
-                                     for g in opt.param_groups]
+            # Tensor-valued hyperparameters (lr=torch.tensor(...), betas
+            # of tensors) are stored as plain data and copied back in place.
+            state["param_groups"] = [{k: _plain_hyperparameter(v) for k, v in g.items()
+                                      if k != "params"} for g in opt.param_groups]
             state["optimizer_step_count"] = getattr(opt, "_step_count", None)
             state["bound"] = [i for i, b in enumerate(self._bound) if b]
             state["nontensor_state"] = {
@@ -646,7 +747,8 @@ class Checkpointer:
                         "the checkpoint has %d optimizer param groups; the optimizer has %d"
                         % (len(groups), len(opt.param_groups)))
                 for g, saved in zip(opt.param_groups, groups):
-                    g.update(saved)
+                    for k, v in saved.items():
+                        g[k] = _restore_hyperparameter(g.get(k), v)
             if trainer.get("optimizer_step_count") is not None:
                 opt._step_count = trainer["optimizer_step_count"]
         sched = self._blobs["scheduler"].read()
@@ -769,41 +871,47 @@ class Checkpointer:
         return t.reshape(-1).view(torch.uint8) if t.numel() > 0 else t.new_empty(0, dtype=torch.uint8)
 
     def _receive_replicas(self, restored):
-        """After an owned_only restore: each tensor a rank did not restore
-        comes from the lowest rank that did, one broadcast per source rank
-        and device."""
+        """After an owned_only restore: every piece a rank did not restore
+        comes from the lowest rank that did (a piece: a tensor's name and
+        where it starts), one broadcast per source rank."""
         dist = torch.distributed
-        mine = [s.name for s, r in zip(self._specs, restored) if r]
+        specs = [s for s in self._specs if s.kind != zcc.TensorKind.EXTRA]  # per rank: own
+        got = [r for s, r in zip(self._specs, restored) if s.kind != zcc.TensorKind.EXTRA]
+        key = lambda spec: (spec.name, tuple(spec.offset))  # noqa: E731
+        mine = sorted((key(s), s.tensor.numel() * s.tensor.element_size())
+                      for s, r in zip(specs, got) if r)
+        need = sorted(key(s) for s, r in zip(specs, got) if not r)
         everyone = [None] * self.world_size
-        dist.all_gather_object(everyone, mine)
+        dist.all_gather_object(everyone, (mine, need))
         owner = {}
-        for rank, names in enumerate(everyone):
-            for name in names:
-                owner.setdefault(name, rank)
-        restored_by = [set(names) for names in everyone]
-        groups = collections.OrderedDict()  # (source, device) -> tensors
-        for spec in self._specs:
-            # Every rank has the same replicated tensors, in the same order;
-            # the per-rank extras (RNG, trainer state) each rank restores itself.
-            if spec.kind == zcc.TensorKind.EXTRA or all(spec.name in names for names in restored_by):
-                continue
-            if spec.name not in owner:
-                raise zcc.DataLossError("no rank restored '%s'; the checkpoint cannot fill it"
-                                        % spec.name)
-            groups.setdefault((owner[spec.name], spec.tensor.device), []).append(spec.tensor)
-        for (src, device), tensors in groups.items():
-            sizes = [t.numel() * t.element_size() for t in tensors]
-            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+        for rank, (have, _) in enumerate(everyone):
+            for k, nbytes in have:
+                owner.setdefault(k, (rank, nbytes))
+        sends = collections.defaultdict(dict)  # source rank -> {piece: bytes}
+        for rank, (_, needs) in enumerate(everyone):
+            for k in needs:
+                if k not in owner:
+                    # Every rank sees the same lists: all raise, none waits.
+                    raise zcc.DataLossError("no rank restored '%s' (at offset %s); the checkpoint "
+                                            "cannot fill it on rank %d" % (k[0], list(k[1]), rank))
+                src, nbytes = owner[k]
+                sends[src][k] = nbytes
+        tensors = {key(s): s.tensor for s in specs}
+        wanted = set(need)
+        device = self._collective_device(dist)
+        for src in sorted(sends):
+            pieces = sorted(sends[src].items())
+            flat = torch.empty(sum(n for _, n in pieces), dtype=torch.uint8, device=device)
+            offset = 0
             if self.rank == src:
-                offset = 0
-                for t, n in zip(tensors, sizes):
-                    flat[offset:offset + n].copy_(self._bytes_of(t))
+                for k, n in pieces:
+                    flat[offset:offset + n].copy_(self._bytes_of(tensors[k]))
                     offset += n
             dist.broadcast(flat, src=src)
             if self.rank != src:
-                offset = 0
-                for t, n in zip(tensors, sizes):
-                    self._bytes_of(t).copy_(flat[offset:offset + n])
+                for k, n in pieces:
+                    if k in wanted:
+                        self._bytes_of(tensors[k]).copy_(flat[offset:offset + n])
                     offset += n
 
     # ------------------------------------------------------------------- EMA
