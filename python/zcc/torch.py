@@ -416,6 +416,10 @@ class Checkpointer:
         self._bound = []           # per param: the optimizer's state uses our buffers
         if optimizer is not None:
             pieces += self._materialise_optimizer_state()
+        placed = torch_layout.gather_members([(n, piece) for n, piece, _, _ in pieces], rank,
+                                             world_size)
+        pieces = [(n, piece, kind, eligible)
+                  for (n, _, kind, eligible), piece in zip(pieces, placed)]
         specs = self._specs_of(pieces)
 
         prefix = "zcc.r%05d." % rank

@@ -43,13 +43,24 @@ def is_dtensor(t):
     return DTensor is not None and isinstance(t, DTensor)
 
 
+def _is_strided_shard(p):
+    """FSDP2 over a tensor-parallel shard of the same dimension: the shard of
+    a shard, which PyTorch's own rule places (below); still a box."""
+    return type(p).__name__ == "_StridedShard" and _compute_local_shape_and_global_offset() is not None
+
+
+def _compute_local_shape_and_global_offset():
+    try:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        return compute_local_shape_and_global_offset
+    except ImportError:
+        return None
+
+
 def _local_shape_and_offset(t):
     """PyTorch's own rule (it knows FSDP2 x TP's strided shards), checked
     against the local tensor; Shard/Replicate by hand where it is missing."""
-    try:
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    except ImportError:
-        compute_local_shape_and_global_offset = None
+    compute_local_shape_and_global_offset = _compute_local_shape_and_global_offset()
     if compute_local_shape_and_global_offset is not None:
         shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
         return tuple(shape), tuple(offset)
@@ -83,6 +94,9 @@ def _replica_members(t, rank):
 def piece_of(name, t, rank, plain_members):
     """The Piece of tensor `t` (named `name`, for errors). `plain_members`:
     the ranks holding copies of a plain (non-DTensor) tensor."""
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError("tensor '%s' is on device %s; zcc copies CPU tensors (the host copier) "
+                         "and CUDA tensors (the CUDA copier) only" % (name, t.device.type))
     if not is_dtensor(t):
         if not t.is_contiguous():
             raise ValueError("tensor '%s' is not contiguous; zcc copies tensors as one byte range"
@@ -94,7 +108,7 @@ def piece_of(name, t, rank, plain_members):
                 "DTensor '%s' has a Partial placement (%s): its local values are not the tensor's "
                 "until they are reduced; zcc checkpoints Shard and Replicate placements only "
                 "(redistribute it to Replicate() or Shard() first)" % (name, p))
-        if not (p.is_shard() or p.is_replicate()):
+        if not (p.is_shard() or p.is_replicate() or _is_strided_shard(p)):
             raise ValueError("DTensor '%s' has placement %s; zcc checkpoints Shard and Replicate "
                              "placements only" % (name, p))
     local = t.to_local()
@@ -110,6 +124,28 @@ def piece_of(name, t, rank, plain_members):
             "local tensor has shape %s; zcc cannot tell where the piece lies in the global tensor"
             % (name, t.placements, tuple(t.device_mesh.shape), shape, tuple(local.shape)))
     return Piece(local, list(t.shape), list(offset), _replica_members(t, rank))
+
+
+def gather_members(pieces, rank, world_size):
+    """`pieces` ((name, Piece) list) as a Piece list, with the members of every DTensor piece found
+    over the default process group: the ranks that hold a piece of the same
+    name, place and shape. A DTensor on a sub-mesh (fully_shard over the "dp"
+    dimension of a dp x tp mesh) is replicated over the ranks outside its
+    mesh too, which its placements cannot tell. Without a process group the
+    mesh's own account stands. Collective: every rank calls it."""
+    dist = torch.distributed
+    if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return [p for _, p in pieces]
+    keys = [(name, tuple(p.offset), tuple(p.local.shape)) if p.global_shape is not None else None
+            for name, p in pieces]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, [k for k in keys if k is not None])
+    holders = collections.defaultdict(list)
+    for r, theirs in enumerate(everyone):
+        for k in theirs:
+            holders[k].append(r)
+    return [p if k is None else p._replace(members=tuple(holders[k]))
+            for k, (_, p) in zip(keys, pieces)]
 
 
 def replica_groups(members_list, rank, world_size):

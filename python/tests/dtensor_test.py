@@ -1,0 +1,70 @@
+"""DTensor models (FSDP2, tensor parallel, FSDP2 x TP) checkpointed by
+zcc.torch and restored into other layouts, in real torchrun jobs (gloo, CPU)
+against a real zccd; see dtensor_worker.py for what each run checks.
+
+  FSDP2 over 4 ranks (uneven shards, one rank holding no rows of the head)
+    -> the same 4 ranks from zccd's memory, FSDP2 over 2 ranks, 1 plain rank
+  TP over 2 ranks -> FSDP2 over 2 ranks, 1 plain rank
+  FSDP2 x TP on a 2 x 2 mesh -> TP over 2 ranks, 1 plain rank
+Every restore must reproduce the saved global model and AdamW state element
+for element. Then a model with a resized or an added parameter is refused
+with nothing overwritten, and so are a Partial placement, FSDP1 and a tensor
+on a device zcc cannot copy.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from zccd_process import Zccd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "dtensor_worker.py")
+
+
+def torchrun(nproc, args, timeout=300):
+    cmd = [sys.executable, "-W", "ignore::UserWarning", "-m", "torch.distributed.run",
+           "--standalone", "--nproc_per_node", str(nproc), WORKER] + args
+    start = time.monotonic()
+    p = subprocess.run(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if p.returncode != 0:
+        raise AssertionError("torchrun %d x %s failed (%d):\n%s" % (nproc, args, p.returncode, p.stdout))
+    lines = [l for l in p.stdout.splitlines() if l.startswith(("saved", "restored", "refused"))]
+    print("%d rank(s) %-48s %5.1f s  %s" % (nproc, " ".join(args[:3]), time.monotonic() - start,
+                                           lines[0] if lines else ""))
+    return lines
+
+
+def main():
+    out = tempfile.mkdtemp(prefix="zccdt.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+    with Zccd("dt") as d:
+        common = ["--socket", d.socket, "--root", d.root, "--steps", "4", "--expect-step", "4"]
+        cases = [
+            ("fsdp", 4, [(4, "fsdp", "memory"), (2, "fsdp", "disk"), (1, "single", "disk")]),
+            ("tp", 2, [(2, "fsdp", "disk"), (1, "single", "disk")]),
+            ("fsdp_tp", 4, [(2, "tp", "disk"), (1, "single", "disk")]),
+        ]
+        for layout, nproc, restores in cases:
+            ref = os.path.join(out, layout)
+            os.makedirs(ref)
+            job = ["--job", layout, "--ref", ref]
+            torchrun(nproc, ["save", "--layout", layout] + job + common)
+            d.wait_latest(layout, 4)
+            for n, into, source in restores:
+                lines = torchrun(n, ["restore", "--layout", into, "--expect-from", source] + job + common)
+                assert len(lines) == n, lines  # every rank checked the whole state
+        for change in ("resized", "extra"):
+            lines = torchrun(2, ["changed", "--layout", "fsdp", "--job", "fsdp", "--change", change]
+                             + common)
+            assert len(lines) == 2 and all("FailedPrecondition" in l for l in lines), lines
+        lines = torchrun(1, ["refused", "--job", "refused"] + common)
+        assert len(lines) == 3, lines
+        assert d.stop() == 0, d.log()
+    print("dtensor_test: OK")
+
+
+if __name__ == "__main__":
+    main()

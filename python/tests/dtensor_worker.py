@@ -1,0 +1,217 @@
+"""One rank of dtensor_test.py, under torchrun (gloo, CPU).
+
+    worker.py save    --layout L --socket S --root R --job J --steps N --ref DIR
+    worker.py restore --layout L --socket S --root R --job J --ref DIR [--expect-from F]
+    worker.py changed --layout L --socket S --root R --job J --change {resized,extra}
+    worker.py refused
+
+Layouts: "single" (a plain model; every rank would hold all of it), "fsdp"
+(fully_shard over all ranks), "tp" (tensor parallel over all ranks) and
+"fsdp_tp" (a 2 x (world/2) mesh: fully_shard over "dp", tensor parallel over
+"tp"). `save` trains N steps with AdamW and a Checkpointer (save_every=N, EMA)
+and writes the full model and optimizer state it reached to DIR/state.pt
+(rank 0); `restore` builds the model in its layout, restores the newest
+checkpoint and checks that its full state equals DIR/state.pt element for
+element. `changed` restores into a model with one parameter resized or one
+added and checks the error and that nothing was overwritten.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict)
+
+import zcc
+from zcc.torch import Checkpointer
+
+DIM, HIDDEN, OUT = 16, 36, 5  # 36 rows over 4 ranks: 9 each; 5 over 4: 2, 2, 1 and none
+
+
+class Net(torch.nn.Module):
+    def __init__(self, out=OUT, extra=False):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(DIM)
+        self.up = torch.nn.Linear(DIM, HIDDEN)
+        self.down = torch.nn.Linear(HIDDEN, DIM)
+        self.head = torch.nn.Linear(DIM, out)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, DIM))  # persistent, plain
+        if extra:
+            self.gate = torch.nn.Parameter(torch.ones(DIM))
+
+    def forward(self, x):
+        h = self.norm(x) * self.scale
+        h = self.down(F.gelu(self.up(h))) + x
+        return self.head(h)
+
+
+def build(layout, world, out=OUT, extra=False):
+    torch.manual_seed(0)
+    model = Net(out, extra)
+    if layout == "single":
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    if layout == "fsdp":
+        mesh = init_device_mesh("cpu", (world,))
+        for m in (model.up, model.down, model.head):
+            fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif layout == "tp":
+        mesh = init_device_mesh("cpu", (world,))
+        parallelize_module(model, mesh, plan)
+        # The layer norm, the head and the buffer stay plain, replicated tensors.
+    elif layout == "fsdp_tp":
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], plan)
+        for m in (model.up, model.down, model.head):
+            fully_shard(m, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    else:
+        raise ValueError(layout)
+    return model
+
+
+def full_state(model, opt):
+    """The global model and optimizer state on every rank, as CPU tensors."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    m = get_model_state_dict(model, options=opts)
+    o = get_optimizer_state_dict(model, opt, options=opts)
+    flat = {"model." + k: v for k, v in m.items()}
+    for fqn, state in o["state"].items():
+        for key, v in state.items():
+            flat["optim.%s.%s" % (fqn, key)] = v
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in flat.items()}
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, DIM, generator=g), torch.randint(0, OUT, (8,), generator=g)
+
+
+def data_rank(layout, rank, world):
+    """Tensor-parallel ranks of one data-parallel replica see the same batch."""
+    return {"tp": 0, "fsdp_tp": rank // max(1, world // 2)}.get(layout, rank)
+
+
+def save(args, rank, world):
+    model = build(args.layout, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ckpt = Checkpointer(model, opt, job_id=args.job, socket=args.socket, root=args.root,
+                        save_every=args.steps, ema_decay=0.9, backpressure="block")
+    assert ckpt.wait_connected(60), "not connected to zccd"
+    for step in range(1, args.steps + 1):
+        x, y = batch(step, data_rank(args.layout, rank, world))
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ckpt.step(step)
+    ckpt.flush()
+    state = full_state(model, opt)
+    if rank == 0:
+        torch.save(state, os.path.join(args.ref, "state.pt"))
+        print("saved %d tensors" % len(state))
+    ckpt.close()
+
+
+def restore(args, rank, world):
+    model = build(args.layout, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ckpt = Checkpointer(model, opt, job_id=args.job, socket=args.socket, root=args.root,
+                        ema_decay=0.9)
+    got = ckpt.restore()
+    assert got == args.expect_step, "restored %s, expected %d" % (got, args.expect_step)
+    if args.expect_from:
+        assert ckpt.restored_from == args.expect_from, (ckpt.restored_from, args.expect_from)
+    state = full_state(model, opt)
+    want = torch.load(os.path.join(args.ref, "state.pt"))
+    assert sorted(state) == sorted(want), (sorted(set(state) ^ set(want)))
+    bad = [k for k in want if want[k].shape != state[k].shape or want[k].dtype != state[k].dtype
+           or not torch.equal(want[k], state[k])]
+    assert not bad, "rank %d: %s differ after restoring (%s)" % (rank, bad, ckpt.restored_from)
+    # Training goes on from the restored state.
+    x, y = batch(args.expect_step + 1, data_rank(args.layout, rank, world))
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    ckpt.step(args.expect_step + 1)
+    ckpt.close()
+    print("restored step %d from %s: %d tensors equal" % (got, ckpt.restored_from, len(want)))
+
+
+def changed(args, rank, world):
+    model = build(args.layout, world, out=OUT + 1 if args.change == "resized" else OUT,
+                  extra=args.change == "extra")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = full_state(model, opt)
+    ckpt = Checkpointer(model, opt, job_id=args.job, socket=args.socket, root=args.root)
+    try:
+        ckpt.restore()
+    except zcc.Error as e:
+        print("refused: %s: %s" % (type(e).__name__, e))
+    else:
+        raise AssertionError("restoring into a changed model succeeded")
+    after = full_state(model, opt)
+    assert sorted(before) == sorted(after)
+    bad = [k for k in before if not torch.equal(before[k], after[k])]
+    assert not bad, "a refused restore changed %s" % bad
+    ckpt.close()
+
+
+def refused(args, rank, world):
+    """Models the Checkpointer must refuse, each with a message naming the tensor."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor, Partial
+    partial = torch.nn.Linear(4, 4)
+    mesh = init_device_mesh("cpu", (world,))
+    partial.weight = torch.nn.Parameter(DTensor.from_local(torch.ones(4, 4), mesh, [Partial()]))
+    # FSDP1 cannot be constructed without an accelerator: an instance of its
+    # class around a plain layer stands for one (the check is by class).
+    fsdp1 = FullyShardedDataParallel.__new__(FullyShardedDataParallel)
+    torch.nn.Module.__init__(fsdp1)
+    fsdp1.inner = torch.nn.Linear(4, 4)
+    cases = {"partial": (partial, "Partial placement"),
+             "fsdp1": (torch.nn.Sequential(fsdp1), "fully_shard (FSDP2)"),
+             "meta": (torch.nn.Linear(4, 4, device="meta"), "device meta")}
+    for what, (model, expect) in cases.items():
+        try:
+            Checkpointer(model, None, job_id=args.job, socket=args.socket, root=args.root)
+        except ValueError as e:
+            assert expect in str(e), (what, str(e))
+            print("refused %s: %s" % (what, e))
+        else:
+            raise AssertionError("the Checkpointer accepted a %s model" % what)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["save", "restore", "changed", "refused"])
+    p.add_argument("--layout", default="single")
+    p.add_argument("--socket", default="")
+    p.add_argument("--root", default="")
+    p.add_argument("--job", default="dtensor")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--expect-step", type=int, default=4)
+    p.add_argument("--expect-from", default="", help="memory or disk (default: either)")
+    p.add_argument("--ref", default="")
+    p.add_argument("--change", default="resized")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        globals()[args.mode](args, rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
