@@ -51,6 +51,8 @@ The GIL is released whenever the C++ client may wait. A client is meant for
 one thread (the trainer's); ``stats()`` may be called from any thread.
 """
 
+import importlib
+
 from . import errors
 from ._zcc import (  # noqa: F401  (re-exported API)
     LATEST,
@@ -83,12 +85,35 @@ from .errors import (  # noqa: F401
 
 __all__ = [
     "LATEST", "Backpressure", "Client", "ReplicaGroup", "ReplicaKind", "SnapshotKind",
-    "TensorKind", "TensorSpec", "connect", "describe_tensor", "errors", "Error",
+    "TensorKind", "TensorSpec", "connect", "cuda_copier", "describe_tensor", "errors", "Error",
     "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
     "DeadlineExceededError", "FailedPreconditionError", "InvalidArgumentError",
     "NotFoundError", "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError",
     "UnavailableError", "UnimplementedError",
 ]
+
+
+def cuda_copier(device=0, chunk_bytes=64 << 20, module="zcc._zcc_cuda"):
+    """The CUDA copier for ``connect(copier=...)``: copies on a low-priority
+    side stream of CUDA device ``device``, ``chunk_bytes`` per
+    ``cudaMemcpyAsync``. Loads the CUDA runtime on first use, never at
+    ``import zcc``. ``FailedPreconditionError`` when the runtime cannot be
+    loaded or no device is usable (the message says why), ``UnavailableError``
+    when the device is held by another process, ``UnimplementedError`` when
+    zcc was built without CUDA. (``module``: the extension that makes it; tests
+    name the one built over the fake CUDA runtime.)"""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise FailedPreconditionError(
+            "zcc's CUDA copier (%s) could not be loaded: %s. It needs the CUDA runtime "
+            "(libcudart.so.13): import a CUDA build of PyTorch first, or install the CUDA "
+            "toolkit in /usr/local/cuda" % (module, e), code="FAILED_PRECONDITION") from e
+    capsule, error = mod.copier(int(device), int(chunk_bytes))
+    if error is not None:
+        code, message = error
+        raise errors.from_status(0, code, "CUDA copier for device %d: %s" % (device, message))
+    return capsule
 
 
 def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_every=0,
@@ -109,7 +134,8 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
     ``restore_timeout`` (one restore's deadline).
 
     ``copier`` chooses the copy backend: None or "host" for the host copier
-    (memcpy on a copy thread; host tensors only), or a capsule named
+    (memcpy on a copy thread; host tensors only), :func:`cuda_copier` for
+    CUDA tensors, or a capsule named
     ``"zcc.DeviceCopier"`` holding a ``std::shared_ptr<zcc::DeviceCopier>*``
     made by another extension built from this tree (e.g. one linking
     //cuda:cuda_copier), through which device tensors can be registered.

@@ -62,18 +62,26 @@ fence (``fence_optimizer_step=True``). Code that updates parameters or
 optimizer state outside ``optimizer.step()`` must call ``ckpt.fence()`` first.
 Forward and backward only read the parameters, and buffers go through shadows.
 
-Replicas: with ``world_size > 1`` the parameters, buffers and optimizer state
-are registered as DATA_PARALLEL replicas (DDP keeps them identical), so each
-is written once per group; pass ``replica="none"`` for sharded models, whose
-ranks own distinct tensors (and then give them distinct names). The EXTRA
-blobs are per rank.
+Replicas: with ``world_size > 1`` plain (non-DTensor) parameters, buffers and
+optimizer state are registered as DATA_PARALLEL replicas (DDP keeps them
+identical), so each is written once per group; pass ``replica="none"`` when
+ranks hold distinct plain tensors (pipeline stages; give them distinct
+names). The EXTRA blobs are per rank.
 
-Devices: the default host copier reads host (CPU) tensors only. CUDA tensors
-need a device copier (``copier=`` a ``zcc.DeviceCopier`` capsule, see
-``zcc.connect``); snapshots, fences and restores are then ordered on
-``torch.cuda.current_stream()``. That path is untested here (no GPU); the
-host-side buffers (shadows and EXTRA blobs) are still written by the CPU at
-``step()``.
+Sharded models: DTensor parameters, buffers and optimizer state (FSDP2's
+``fully_shard``, tensor parallelism's ``parallelize_module``, both on a 2-D
+mesh) are registered as the pieces of their global tensors that this rank
+holds, under the model's state-dict keys, so a checkpoint restores into any
+other layout and world size (zcc.torch_layout). Ranks holding the same piece
+form a replica group found over the process group (collective: every rank
+constructs its Checkpointer). FSDP1 (flat parameters) and Partial placements
+are refused with what to do instead.
+
+Devices: the tensors' device picks the copier: the host copier for CPU
+tensors, ``zcc.cuda_copier(device)`` for CUDA tensors (all on one device per
+rank), loaded on first use; ``copier=`` overrides it. Snapshots, fences and
+restores are then ordered on ``torch.cuda.current_stream()``. The host-side
+buffers (shadows and EXTRA blobs) are still written by the CPU at ``step()``.
 
 Thread-safety: a Checkpointer belongs to the training thread.
 """
@@ -430,6 +438,9 @@ class Checkpointer:
             self._blobs[what] = _Blob(prefix + what, extra_bytes)
             specs.append(zcc.TensorSpec(prefix + what, self._blobs[what].tensor, kind="extra"))
 
+        if self._stream_device is not None and "copier" not in connect_kwargs:
+            # CUDA tensors: the CUDA copier of their device (loads the runtime).
+            connect_kwargs["copier"] = zcc.cuda_copier(device=self._stream_device.index or 0)
         self.client = zcc.connect(job_id, socket_path=socket, rank=rank, world_size=world_size,
                                   save_every=save_every, checkpoint_root=root,
                                   ema_decay=ema_decay, ema_interval=self.ema_interval,
@@ -488,8 +499,13 @@ class Checkpointer:
         for name, piece, kind, eligible in pieces:
             if piece.local.numel() == 0:
                 continue
-            if piece.local.device.type != "cpu":
-                self._stream_device = piece.local.device
+            device = piece.local.device
+            if device.type != "cpu":
+                if self._stream_device is not None and device != self._stream_device:
+                    raise ValueError("tensor '%s' is on %s and others on %s; a Checkpointer "
+                                     "copies from one device (one per rank)"
+                                     % (name, device, self._stream_device))
+                self._stream_device = device
             replica = self._replica if piece.members is None else groups[piece.members]
             specs.append(zcc.TensorSpec(name, piece.local, kind=kind, ema_eligible=eligible,
                                         replica=replica, global_shape=piece.global_shape,
