@@ -190,21 +190,27 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   // A trainer restarted faster than the housekeeping round noticed its
   // predecessor's death: retire the old registration first (its
   // checkpoint-on-failure, so a restore right after sees that step; its
-  // snapshots kept for a restore from memory).
+  // snapshots kept for a restore from memory). A job resumed in another
+  // layout (world size) retires every dead rank of the old one, so that the
+  // old job, then idle, is replaced below instead of refusing the new one.
   {
     std::shared_ptr<Job> found;
-    std::shared_ptr<RankSession> predecessor;
     {
       zcc::MutexLock lock(&mu_);
       auto it = jobs_.find(req.job_id());
-      if (it != jobs_.end() && it->second->Authorize(caller.uid).ok()) {
-        found = it->second;
-        predecessor = found->FindRank(req.rank());
-      }
+      if (it != jobs_.end() && it->second->Authorize(caller.uid).ok()) found = it->second;
     }
-    if (predecessor != nullptr &&
-        (predecessor->ClientProcessGone() || !predecessor->ClientAlive(config_.client_timeout))) {
-      housekeeper_.RetireNow(found, predecessor, config_.client_timeout);
+    std::vector<std::shared_ptr<RankSession>> predecessors;
+    if (found != nullptr && (found->options().world_size != req.world_size() ||
+                             found->options().job_dir != job_dir)) {
+      predecessors = found->Ranks();
+    } else if (found != nullptr) {
+      if (std::shared_ptr<RankSession> p = found->FindRank(req.rank())) predecessors.push_back(p);
+    }
+    for (const std::shared_ptr<RankSession>& p : predecessors) {
+      if (p->ClientProcessGone() || !p->ClientAlive(config_.client_timeout)) {
+        housekeeper_.RetireNow(found, p, config_.client_timeout);
+      }
     }
   }
 

@@ -486,6 +486,61 @@ def test_lr_scheduler_in_either_order():
         assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())), scheduler_first
 
 
+def test_probe_fires_no_step_hooks():
+    """The probe step that lays out an unknown optimizer's state is not a
+    step: PyTorch 2.x's step hooks (the optimizer's and the global ones) do
+    not see it, and its step counter is left as it was."""
+    model, opt = make(lambda p: unknown_to_zcc(torch.optim.AdamW)(p, lr=0.01))
+    calls = []
+    handles = [opt.register_step_pre_hook(lambda *a: calls.append("pre")),
+               opt.register_step_post_hook(lambda *a: calls.append("post")),
+               torch.optim.optimizer.register_optimizer_step_pre_hook(
+                   lambda *a: calls.append("global pre"))]
+    count = getattr(opt, "_step_count", None)
+    try:
+        with Checkpointer(model, opt, job_id="hooks", socket=NO_DAEMON) as ck:
+            assert ck._opt_bufs and all(ck._opt_bufs), "the probe found no state"
+            assert calls == [], calls
+            assert getattr(opt, "_step_count", None) == count
+            train(model, opt, 1, ckpt=ck)
+            assert sorted(calls) == ["global pre", "post", "pre"], calls
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_tensor_hyperparameters_are_restored_in_place():
+    """PyTorch 2.x accepts a tensor lr and tensor betas: they are checkpointed
+    as plain data and restored into the optimizer's own tensors."""
+    def factory(p):
+        return torch.optim.Adam(p, lr=torch.tensor(0.01), foreach=False,
+                                betas=(torch.tensor(0.8), torch.tensor(0.95)))
+    with Zccd("hyper") as d:
+        model, opt = make(factory)
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)
+        with Checkpointer(model, opt, job_id="hyper", socket=d.socket, root=d.root, save_every=3,
+                          scheduler=sched, backpressure="block") as ck:
+            assert ck.wait_connected()
+            train(model, opt, 3, ckpt=ck, sched=sched)
+            ck.flush()
+        d.wait_latest("hyper", 3)
+        lr_after = opt.param_groups[0]["lr"].clone()
+        assert lr_after.item() == 0.01 * 0.5 ** 3, lr_after
+
+        model2, opt2 = make(factory, seed=9)
+        sched2 = torch.optim.lr_scheduler.ExponentialLR(opt2, gamma=0.5)
+        group = opt2.param_groups[0]
+        lr_tensor, beta1 = group["lr"], group["betas"][0]
+        with Checkpointer(model2, opt2, job_id="hyper", socket=d.socket, root=d.root,
+                          scheduler=sched2) as ck2:
+            assert ck2.restore() == 3
+        assert group["lr"] is lr_tensor and torch.equal(lr_tensor, lr_after), group["lr"]
+        assert group["betas"][0] is beta1 and beta1.item() == torch.tensor(0.8).item()
+        for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+            assert torch.equal(a, b)
+        assert d.stop() == 0, d.log()
+
+
 def _registered_optimizer_state(ck):
     """Per optimizer parameter: [(key, dtype, shape, device)] of the buffers
     the Checkpointer registered, in registration order."""

@@ -987,6 +987,13 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- other
 
+    def put_job_file(self, name, content):
+        """Stores a small file with the job (bytes; a Hugging Face config.json,
+        tokenizer files): ``zccctl export`` writes it next to the weights.
+        Waits up to connect_timeout for the registration."""
+        self.wait_connected()
+        self.client.put_job_file(name, bytes(content))
+
     def save_now(self):
         """Asks zccd to persist the next full snapshot of every rank."""
         self.client.save_now()
