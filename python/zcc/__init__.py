@@ -51,6 +51,9 @@ The GIL is released whenever the C++ client may wait. A client is meant for
 one thread (the trainer's); ``stats()`` may be called from any thread.
 """
 
+# The package version: zcc's one place for it (tools/wheel/ names the wheel from it).
+__version__ = "0.1.0"
+
 from . import errors
 from ._zcc import (  # noqa: F401  (re-exported API)
     LATEST,
