@@ -14,6 +14,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -112,6 +114,13 @@ int main(int argc, char** argv) {
       "zccd: zero-cost checkpointing daemon (one per node)\n"
       "  zccd [--config FILE] [flags]    flags override the file\n"
       "  zccd --print_default_config     a commented config file to start from");
+  // --help lists the flags defined in this file (Abseil's default looks for
+  // a file named after the program, zccd.cc, and found none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "daemon/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   RecordGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
 

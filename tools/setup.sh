@@ -18,7 +18,8 @@ APT_PACKAGES=(
   nlohmann-json3-dev
   pkg-config
   pybind11-dev python3-dev   # the zcc Python module (python/zcc), for /usr/bin/python3 (3.11)
-  python3-venv               # the PyTorch 2.x environment below
+  python3-venv               # the PyTorch 2.x environment below; the wheel test's fresh venv
+  binutils                   # readelf: the wheel's shared libraries (tools/wheel/runtime_packages.py)
   python3-numpy              # the safetensors format checks (tools/testing/find_python.sh)
   python3-pip                # pip for /usr/bin/python3 (safetensors, below)
   clang libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for fuzz/

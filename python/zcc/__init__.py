@@ -53,6 +53,9 @@ one thread (the trainer's); ``stats()`` may be called from any thread.
 
 import importlib
 
+# The package version: zcc's one place for it (tools/wheel/ names the wheel from it).
+__version__ = "0.1.0"
+
 from . import errors
 from ._zcc import (  # noqa: F401  (re-exported API)
     LATEST,

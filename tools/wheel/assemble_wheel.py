@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes zcc's wheel (the binary distribution format of PEP 427) from built files.
+
+    assemble_wheel.py --out_dir DIR --tag cp311-cp311-linux_x86_64 \\
+        --file zcc/__init__.py=SRC ... --program SRC ...
+
+writes DIR/zcc-<version>-<tag>.whl holding
+    zcc/...                   each --file at its path (the package; _zcc*.so included)
+    zcc/bin/<name>            each --program, executable
+    zcc-<version>.dist-info/  METADATA, WHEEL, entry_points.txt (a console command
+                              per program: zcc.programs:<name>), RECORD
+The version is __version__ in zcc/__init__.py. Python's zipfile only: no build
+backend. Entries are sorted and dated 1980-01-01, so equal inputs give equal bytes.
+"""
+
+import argparse
+import base64
+import hashlib
+import os
+import re
+import sys
+import zipfile
+
+NAME = "zcc"
+SUMMARY = "Zero-cost checkpointing for training jobs: the zcc client, zcc.torch and zccd"
+REQUIRES_PYTHON = ">=3.11,<3.12"  # _zcc.so is built for Debian 12's python3.11
+REQUIRES = ["numpy", "safetensors"]
+EXTRAS = {"torch": ["torch>=2.6"]}  # zcc.torch; `import zcc` needs no torch
+DESCRIPTION = """\
+zcc takes checkpoints of a training job without stalling it: the trainer enqueues
+copies of its tensors into shared-memory staging slots, and a per-node daemon, zccd,
+writes them as safetensors shards, commits them atomically and restores them.
+
+This wheel holds the Python client (`zcc`, `zcc.torch`) and the programs `zccd` and
+`zccctl` (console commands of the same names). It is built for Debian 12 on x86-64
+and uses Debian's shared gRPC, Protobuf and Abseil libraries: see "Install into your
+own environment" in zcc's README.md for the runtime packages.
+"""
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def fail(message):
+    sys.exit("assemble_wheel.py: " + message)
+
+
+def read_version(package_files):
+    init = package_files.get(NAME + "/__init__.py")
+    if init is None:
+        fail("no %s/__init__.py among the --file arguments" % NAME)
+    with open(init, encoding="utf-8") as f:
+        found = re.findall(r'^__version__ = "([^"]+)"$', f.read(), re.MULTILINE)
+    if len(found) != 1:
+        fail('%s must set __version__ = "X.Y.Z" once (found %d)' % (init, len(found)))
+    if not re.fullmatch(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9.]+)?", found[0]):
+        fail("__version__ %r in %s is not a PEP 440 version" % (found[0], init))
+    return found[0]
+
+
+def metadata(version):
+    lines = ["Metadata-Version: 2.1", "Name: " + NAME, "Version: " + version,
+             "Summary: " + SUMMARY, "Requires-Python: " + REQUIRES_PYTHON]
+    lines += ["Requires-Dist: " + r for r in REQUIRES]
+    for extra, requires in sorted(EXTRAS.items()):
+        lines.append("Provides-Extra: " + extra)
+        lines += ['Requires-Dist: %s; extra == "%s"' % (r, extra) for r in requires]
+    lines.append("Description-Content-Type: text/markdown")
+    return "\n".join(lines) + "\n\n" + DESCRIPTION
+
+
+def record_hash(data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return "sha256=" + digest.decode()
+
+
+class WheelWriter:
+    def __init__(self, path):
+        self.zip = zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED)
+        self.records = []
+
+    def add(self, arcname, data, executable=False):
+        info = zipfile.ZipInfo(arcname, ZIP_DATE)
+        info.compress_type = zipfile.ZIP_DEFLATED
+        info.external_attr = (0o100755 if executable else 0o100644) << 16
+        self.zip.writestr(info, data)
+        self.records.append("%s,%s,%d" % (arcname, record_hash(data), len(data)))
+
+    def close(self, record_name):
+        self.records.append(record_name + ",,")
+        info = zipfile.ZipInfo(record_name, ZIP_DATE)
+        info.compress_type = zipfile.ZIP_DEFLATED
+        info.external_attr = 0o100644 << 16
+        self.zip.writestr(info, "\n".join(self.records) + "\n")
+        self.zip.close()
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out_dir", required=True)
+    p.add_argument("--tag", required=True, help="python-abi-platform, e.g. cp311-cp311-linux_x86_64")
+    p.add_argument("--file", action="append", default=[], help="ARCNAME=SOURCE, ARCNAME under zcc/")
+    p.add_argument("--program", action="append", default=[], help="an executable for zcc/bin/")
+    args = p.parse_args(argv)
+
+    if not re.fullmatch(r"[a-z0-9_.]+-[a-z0-9_.]+-[a-z0-9_.]+", args.tag):
+        fail("--tag %r is not python-abi-platform" % args.tag)
+    package = {}
+    for spec in args.file:
+        arcname, sep, source = spec.partition("=")
+        if not sep or not arcname.startswith(NAME + "/") or ".." in arcname.split("/"):
+            fail("--file %r: expected %s/PATH=SOURCE" % (spec, NAME))
+        if arcname in package:
+            fail("%s given twice" % arcname)
+        package[arcname] = source
+    for source in args.program:
+        arcname = "%s/bin/%s" % (NAME, os.path.basename(source))
+        if arcname in package:
+            fail("%s given twice" % arcname)
+        package[arcname] = source
+    programs = sorted(os.path.basename(s) for s in args.program)
+
+    version = read_version(package)
+    dist_info = "%s-%s.dist-info" % (NAME, version)
+    os.makedirs(args.out_dir, exist_ok=True)
+    wheel_path = os.path.join(args.out_dir, "%s-%s-%s.whl" % (NAME, version, args.tag))
+    wheel = WheelWriter(wheel_path)
+    for arcname in sorted(package):
+        with open(package[arcname], "rb") as f:
+            data = f.read()
+        wheel.add(arcname, data, executable=arcname.startswith(NAME + "/bin/"))
+    wheel.add(dist_info + "/METADATA", metadata(version).encode())
+    wheel.add(dist_info + "/WHEEL", ("Wheel-Version: 1.0\nGenerator: zcc tools/wheel/assemble_wheel.py\n"
+                                     "Root-Is-Purelib: false\nTag: %s\n" % args.tag).encode())
+    entry_points = "[console_scripts]\n" + "".join(
+        "%s = %s.programs:%s\n" % (name, NAME, name) for name in programs)
+    wheel.add(dist_info + "/entry_points.txt", entry_points.encode())
+    wheel.add(dist_info + "/top_level.txt", (NAME + "\n").encode())
+    wheel.close(dist_info + "/RECORD")
+    print("wrote %s (%d bytes)" % (wheel_path, os.path.getsize(wheel_path)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
