@@ -24,7 +24,7 @@
 #include "common/thread_priority.h"
 #include "common/validate.h"
 #include "copy/host_copier.h"
-#include "cuda/copier_select.h"
+#include "client/default_copier.h"
 #include "proto/message_limits.h"
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
@@ -52,20 +52,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
   auto impl = std::make_unique<Impl>();
   if (options.copier == nullptr) {
-    CopierSelection selection;
-    selection.device = options.cuda_device;
-    switch (options.copy_backend) {
-      case ClientOptions::CopyBackend::kHost:
-        selection.backend = CopierSelection::Backend::kHost;
-        break;
-      case ClientOptions::CopyBackend::kCuda:
-        selection.backend = CopierSelection::Backend::kCuda;
-        break;
-      case ClientOptions::CopyBackend::kAuto:
-        selection.backend = CopierSelection::Backend::kAuto;
-        break;
-    }
-    ZCC_ASSIGN_OR_RETURN(options.copier, SelectDeviceCopier(selection));
+    ZCC_ASSIGN_OR_RETURN(options.copier, client_internal::DefaultCopier(options));
   }
   impl->copier = options.copier;
   impl->options = std::move(options);

@@ -490,11 +490,12 @@ def test_probe_fires_no_step_hooks():
     """The probe step that lays out an unknown optimizer's state is not a
     step: PyTorch 2.x's step hooks (the optimizer's and the global ones) do
     not see it, and its step counter is left as it was."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
     model, opt = make(lambda p: unknown_to_zcc(torch.optim.AdamW)(p, lr=0.01))
     calls = []
     handles = [opt.register_step_pre_hook(lambda *a: calls.append("pre")),
                opt.register_step_post_hook(lambda *a: calls.append("post")),
-               torch.optim.optimizer.register_optimizer_step_pre_hook(
+               register_optimizer_step_pre_hook(
                    lambda *a: calls.append("global pre"))]
     count = getattr(opt, "_step_count", None)
     try:
@@ -525,7 +526,7 @@ def test_tensor_hyperparameters_are_restored_in_place():
             ck.flush()
         d.wait_latest("hyper", 3)
         lr_after = opt.param_groups[0]["lr"].clone()
-        assert lr_after.item() == 0.01 * 0.5 ** 3, lr_after
+        assert abs(lr_after.item() - 0.01 * 0.5 ** 3) < 1e-9, lr_after  # the scheduler ran
 
         model2, opt2 = make(factory, seed=9)
         sched2 = torch.optim.lr_scheduler.ExponentialLR(opt2, gamma=0.5)

@@ -312,6 +312,8 @@ def _plain_hyperparameter(value):
                               t.reshape(-1).view(torch.uint8).numpy().tobytes())}
     if isinstance(value, (list, tuple)):
         return type(value)(_plain_hyperparameter(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain_hyperparameter(v) for k, v in value.items()}
     return value
 
 
@@ -332,6 +334,9 @@ def _restore_hyperparameter(current, saved):
         currents = current if isinstance(current, (list, tuple)) and len(current) == len(saved) \
             else [None] * len(saved)
         return type(saved)(_restore_hyperparameter(c, v) for c, v in zip(currents, saved))
+    if isinstance(saved, dict):
+        currents = current if isinstance(current, dict) else {}
+        return {k: _restore_hyperparameter(currents.get(k), v) for k, v in saved.items()}
     return saved
 
 
@@ -699,7 +704,8 @@ class Checkpointer:
     def _scheduler_state(self):
         if self.scheduler is None:
             return None
-        return {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
+        return _plain_hyperparameter({k: v for k, v in self.scheduler.state_dict().items()
+                                      if not callable(v)})
 
     @torch.no_grad()
     def step(self, step, kind="full"):
@@ -773,7 +779,8 @@ class Checkpointer:
                 opt._step_count = trainer["optimizer_step_count"]
         sched = self._blobs["scheduler"].read()
         if self.scheduler is not None and sched is not None:
-            self.scheduler.load_state_dict(sched)
+            self.scheduler.load_state_dict(
+                _restore_hyperparameter(self.scheduler.state_dict(), sched))
         torch.set_rng_state(self._rng.clone())
         if "python_random" in trainer:
             random.setstate(trainer["python_random"])

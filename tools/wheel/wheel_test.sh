@@ -6,13 +6,13 @@
 # (train_loop.py) that checkpoints through the installed zccd, is run again and
 # resumes from the committed step, whose checkpoint `zccctl verify` passes.
 #
-# PyTorch: installing torch into every fresh venv would fetch several GB (PyPI's
-# torch brings the CUDA libraries), so by default the venv reuses the pinned
-# stack tools/setup.sh installed ($ZCC_TORCH_PYTHON's site-packages, through a
-# .pth file) and pip installs the wheel with --no-index: every requirement of
-# zcc[torch] must then already be met. With ZCC_WHEEL_TEST_PYPI=1 (bazel test
-# --test_env=ZCC_WHEEL_TEST_PYPI=1) pip installs zcc[torch] and its
-# dependencies from PyPI, pinned by tools/requirements-torch.txt, as a user would.
+# PyTorch: by default pip installs zcc[torch] and its dependencies from PyPI,
+# pinned by tools/requirements-torch.txt, as a user would (about a minute:
+# PyPI's torch brings the CUDA libraries). Offline, ZCC_WHEEL_TEST_PYPI=0
+# (bazel test --test_env=ZCC_WHEEL_TEST_PYPI=0) makes the venv reuse the
+# pinned stack tools/setup.sh installed ($ZCC_TORCH_PYTHON's site-packages,
+# through a .pth file) and installs the wheel with --no-index: every
+# requirement of zcc[torch] must then already be met.
 set -euo pipefail
 runfiles="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-zcc}"
 here="$runfiles/tools/wheel"
@@ -53,7 +53,7 @@ trap cleanup EXIT
 venv="$tmp/venv"
 rm -rf "$venv"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-if [[ ${ZCC_WHEEL_TEST_PYPI:-0} == 1 ]]; then
+if [[ ${ZCC_WHEEL_TEST_PYPI:-1} == 1 ]]; then
   /usr/bin/python3 -m venv "$venv"
   pip=("$venv/bin/pip")
   phase "fresh venv $venv"
@@ -88,6 +88,11 @@ requires=$("$py" -c 'import importlib.metadata as m; print(sorted(m.requires("zc
 [[ $requires == "['numpy', 'safetensors', 'torch>=2.6; extra == \"torch\"']" ]] ||
   fail "zcc's requirements are $requires"
 [[ -x $venv/bin/zccd && -x $venv/bin/zccctl ]] || fail "pip made no zccd/zccctl in $venv/bin"
+# Only the CUDA copier's module may need the CUDA runtime: `import zcc` must
+# work on machines without it.
+if readelf -d --wide "$site/zcc/_zcc.so" | grep -q 'libcudart'; then
+  fail "_zcc.so needs libcudart; only _zcc_cuda.so (loaded by zcc.cuda_copier()) may"
+fi
 phase "pip check; requirements $requires"
 
 # From an empty directory, so that nothing but the installed package is importable.

@@ -1,0 +1,19 @@
+#include "client/default_copier.h"
+
+#include "absl/status/status.h"
+#include "copy/host_copier.h"
+
+namespace zcc::client_internal {
+
+absl::StatusOr<std::shared_ptr<DeviceCopier>> DefaultCopier(const ClientOptions& options) {
+  if (options.copy_backend != ClientOptions::CopyBackend::kHost) {
+    return absl::FailedPreconditionError(
+        "this client is built without the CUDA copier selection (the host copier only); pass "
+        "ClientOptions::copier (from Python: copier=zcc.cuda_copier(device))");
+  }
+  auto copier = HostCopier::Create(HostCopierOptions());
+  if (!copier.ok()) return copier.status();
+  return std::shared_ptr<DeviceCopier>(std::move(*copier));
+}
+
+}  // namespace zcc::client_internal
