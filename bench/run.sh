@@ -18,7 +18,7 @@
 # Environment: ZCC_BAZEL_OUTPUT_BASE runs Bazel with that --output_base (default:
 # Bazel's own); the repository's bazel-* symlinks are never touched.
 # torch_bench needs PyTorch 2.x: ZCC_TORCH_PYTHON names the interpreter, else
-# it uses (and creates when missing) a venv, see bench/torch/torch_bench.sh.
+# it uses the venv tools/setup.sh makes, see bench/torch/torch_bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
