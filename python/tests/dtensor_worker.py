@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 import zcc
 from zcc.torch import Checkpointer
+from zcc.torch_layout import is_dtensor
 
 DIM, HIDDEN, OUT = 16, 36, 5  # 36 rows over 4 ranks: 9 each; 5 over 4: 2, 2, 1 and none
 
@@ -92,6 +93,12 @@ def full_state(model, opt):
             for k, v in flat.items()}
 
 
+def say(message):
+    """One line in one write: the ranks share torchrun's stdout."""
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
 def batch(step, rank):
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(8, DIM, generator=g), torch.randint(0, OUT, (8,), generator=g)
@@ -116,10 +123,18 @@ def save(args, rank, world):
         opt.zero_grad()
         ckpt.step(step)
     ckpt.flush()
+    if args.layout == "fsdp":
+        # Every parameter a shard of this rank's: its EMA is a DTensor of the
+        # same placements, which a model of the same layout loads.
+        ema = ckpt.ema_state_dict()
+        params = dict(model.named_parameters())
+        assert all(is_dtensor(ema[n]) and ema[n].placements == p.placements
+                   for n, p in params.items()), {n: type(v) for n, v in ema.items()}
+        build(args.layout, world).load_state_dict(ema)
     state = full_state(model, opt)
     if rank == 0:
         torch.save(state, os.path.join(args.ref, "state.pt"))
-        print("saved %d tensors" % len(state))
+        say("saved %d tensors" % len(state))
     ckpt.close()
 
 
@@ -144,7 +159,7 @@ def restore(args, rank, world):
     opt.step()
     ckpt.step(args.expect_step + 1)
     ckpt.close()
-    print("restored step %d from %s: %d tensors equal" % (got, ckpt.restored_from, len(want)))
+    say("restored step %d from %s: %d tensors equal" % (got, ckpt.restored_from, len(want)))
 
 
 def changed(args, rank, world):
@@ -156,7 +171,7 @@ def changed(args, rank, world):
     try:
         ckpt.restore()
     except zcc.Error as e:
-        print("refused: %s: %s" % (type(e).__name__, e))
+        say("refused: %s: %s" % (type(e).__name__, e))
     else:
         raise AssertionError("restoring into a changed model succeeded")
     after = full_state(model, opt)
@@ -187,7 +202,7 @@ def refused(args, rank, world):
             Checkpointer(model, None, job_id=args.job, socket=args.socket, root=args.root)
         except ValueError as e:
             assert expect in str(e), (what, str(e))
-            print("refused %s: %s" % (what, e))
+            say("refused %s: %s" % (what, e))
         else:
             raise AssertionError("the Checkpointer accepted a %s model" % what)
 

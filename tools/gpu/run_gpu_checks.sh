@@ -20,6 +20,10 @@
 #       gpu_bench flags (defaults): --ranks (one per device) --copy_mib=2048
 #       --tensor_mib=64 --chunk_mib=64 --iters=5 --param_mib=1024
 #       --params_per_tensor_mib=32 --matmul_n=4096 --matmuls=4 --steps=20.
+#       With ZCC_GPU_PYTHON=<venv>/bin/python (PyTorch with CUDA and zcc's wheel
+#       installed there) it also runs python/tests/cuda_torch_check.py: a
+#       CUDA model checkpointed through zcc.torch, which picks the CUDA copier,
+#       and restored on the GPU exactly.
 #
 # Exit status: 0 when every step passed (or skipped for lack of a device).
 set -euo pipefail
@@ -119,6 +123,16 @@ run() {
   "$BUNDLE/bin/cuda_copier_test" --durations yes 2>&1 | tee "$log/test" || test_rc=${PIPESTATUS[0]}
   echo "== gpu_bench $*"
   "$BUNDLE/bin/gpu_bench" "$@" 2>&1 | tee "$log/bench" || bench_rc=${PIPESTATUS[0]}
+  # zcc.torch with CUDA tensors: where an interpreter with PyTorch (CUDA) and
+  # zcc (the wheel, tools/build_wheel.sh) is given as ZCC_GPU_PYTHON, with the
+  # wheel's zccd next to it.
+  local torch_rc=0 torch_result="NOT RUN (set ZCC_GPU_PYTHON to a python with torch and zcc)"
+  if [[ -n ${ZCC_GPU_PYTHON:-} ]]; then
+    echo "== cuda_torch_check ($ZCC_GPU_PYTHON)"
+    PYTHONPATH="$PWD/python/tests" "$ZCC_GPU_PYTHON" python/tests/cuda_torch_check.py \
+      --zccd "$(dirname "$ZCC_GPU_PYTHON")/zccd" 2>&1 | tee "$log/torch" || torch_rc=${PIPESTATUS[0]}
+    torch_result=$([[ $torch_rc -eq 0 ]] && tail -1 "$log/torch" || echo "FAILED (exit $torch_rc)")
+  fi
   echo "== summary"
   local skipped=""
   if grep -q "skipped: no CUDA device" "$log/test"; then
@@ -132,8 +146,9 @@ run() {
   else
     echo "gpu_bench: OK (figures above)"
   fi
+  echo "cuda_torch_check: $torch_result"
   rm -rf "$log"
-  [[ $test_rc -eq 0 && $bench_rc -eq 0 ]]
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $torch_rc -eq 0 ]]
 }
 
 case "${1:-}" in
