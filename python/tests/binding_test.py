@@ -542,6 +542,16 @@ def test_tensor_hyperparameters_are_restored_in_place():
         assert d.stop() == 0, d.log()
 
 
+def test_wrapped_models_register_state_dict_keys():
+    """DDP's .module and torch.compile's ._orig_mod are unwrapped: the names
+    zcc registers are the model's own state-dict keys."""
+    model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+    keys = list(model.state_dict())
+    with Checkpointer(torch.compile(model), opt, job_id="wrapped", socket=NO_DAEMON) as ck:
+        names = [s.name for s in ck._specs if s.kind == zcc.TensorKind.PARAM]
+    assert names == keys, (names, keys)
+
+
 def _registered_optimizer_state(ck):
     """Per optimizer parameter: [(key, dtype, shape, device)] of the buffers
     the Checkpointer registered, in registration order."""

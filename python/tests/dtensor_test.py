@@ -8,8 +8,8 @@ against a real zccd; see dtensor_worker.py for what each run checks.
   FSDP2 x TP on a 2 x 2 mesh -> TP over 2 ranks, 1 plain rank
 Every restore must reproduce the saved global model and AdamW state element
 for element. Then a model with a resized or an added parameter is refused
-with nothing overwritten, and so are a Partial placement, FSDP1 and a tensor
-on a device zcc cannot copy.
+with nothing overwritten, and so are a Partial placement, FSDP1, a
+non-contiguous local shard and a tensor on a device zcc cannot copy.
 """
 
 import os
@@ -61,7 +61,7 @@ def main():
                              + common)
             assert len(lines) == 2 and all("FailedPrecondition" in l for l in lines), lines
         lines = torchrun(1, ["refused", "--job", "refused"] + common)
-        assert len(lines) == 3, lines
+        assert len(lines) == 4, lines
         assert d.stop() == 0, d.log()
     print("dtensor_test: OK")
 

@@ -185,10 +185,13 @@ def refused(args, rank, world):
     """Models the Checkpointer must refuse, each with a message naming the tensor."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.tensor import DTensor, Partial
+    from torch.distributed.tensor import DTensor, Partial, Shard
     partial = torch.nn.Linear(4, 4)
     mesh = init_device_mesh("cpu", (world,))
     partial.weight = torch.nn.Parameter(DTensor.from_local(torch.ones(4, 4), mesh, [Partial()]))
+    strided = torch.nn.Linear(4, 4)
+    strided.weight = torch.nn.Parameter(
+        DTensor.from_local(torch.ones(4, 4).t(), mesh, [Shard(0)], run_check=False))
     # FSDP1 cannot be constructed without an accelerator: an instance of its
     # class around a plain layer stands for one (the check is by class).
     fsdp1 = FullyShardedDataParallel.__new__(FullyShardedDataParallel)
@@ -196,7 +199,8 @@ def refused(args, rank, world):
     fsdp1.inner = torch.nn.Linear(4, 4)
     cases = {"partial": (partial, "Partial placement"),
              "fsdp1": (torch.nn.Sequential(fsdp1), "fully_shard (FSDP2)"),
-             "meta": (torch.nn.Linear(4, 4, device="meta"), "device meta")}
+             "meta": (torch.nn.Linear(4, 4, device="meta"), "device meta"),
+             "non-contiguous": (strided, "not contiguous")}
     for what, (model, expect) in cases.items():
         try:
             Checkpointer(model, None, job_id=args.job, socket=args.socket, root=args.root)
