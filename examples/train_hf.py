@@ -10,7 +10,8 @@ and it resumes from the newest checkpoint.
     zccctl export /tmp/zcc/ckpt/hf-llama/step-00000020 /tmp/zcc/hf-model
     zccctl export /tmp/zcc/ckpt/hf-llama/step-00000020 /tmp/zcc/hf-ema --what ema
 
-The model is a tiny Llama built from a config (no download); its config.json
+The model is a small Llama built from a config (no download; --hidden and
+--layers size it, 2 layers of 64 by default); its config.json
 is stored with the job, so that the export is loadable as it is. The data is
 synthetic: seeded counting sequences per data-parallel rank and step, so
 that a resumed run sees the batches the uninterrupted one would.
@@ -44,6 +45,8 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=4, help="sequences per rank and step")
     p.add_argument("--seq", type=int, default=32, help="tokens per sequence")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--hidden", type=int, default=64, help="hidden size (a multiple of 4)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers")
     p.add_argument("--pause-after", type=int, default=0)
     p.add_argument("--pause-dir", default="", help="with --pause-after: each rank writes "
                    "its pid to DIR/rank<R>.pid once paused")
@@ -52,10 +55,11 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def tiny_llama_config():
+def llama_config(hidden, layers):
+    """A small Llama: vocabulary 256, 4 attention heads (2 key/value heads)."""
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    return LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=64, tie_word_embeddings=False)
 
 
@@ -92,7 +96,7 @@ def main(argv):
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
 
-    config = tiny_llama_config()
+    config = llama_config(args.hidden, args.layers)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(device)
     if distributed:
