@@ -32,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/collective.h"
 #include "copy/device_copier.h"
 #include "format/dtype.h"
 #include "format/tensor_kind.h"
@@ -174,6 +175,15 @@ struct RestoreOptions {
   // With an explicit step: when it is found damaged while it is read, fall
   // back to the next older committed step (always so for kLatestStep).
   bool allow_older = false;
+  // The job's ranks restore together through this collective (collective.h;
+  // every rank passes its own member, and every rank calls Restore): they
+  // agree on one step (the newest all of them can restore, when `step` is
+  // kLatestStep; a rank that finds it damaged makes all fall back), each
+  // restores from its zccd only the pieces it writes, and every other piece
+  // arrives from the lowest rank that restored it, so a job reads each
+  // replicated piece once. An error on any rank fails Restore on every rank.
+  // owned_only is implied. Null: this rank restores alone.
+  Collective* collective = nullptr;
 };
 
 struct RestoreResult {
@@ -270,6 +280,8 @@ class Client {
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  absl::StatusOr<RestoreResult> RestoreTogether(const RestoreOptions& options, void* stream);
+
   std::unique_ptr<Impl> impl_;
 };
 

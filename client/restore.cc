@@ -78,6 +78,7 @@ absl::Status CheckRestorePlacements(const v1::RestoreResponse& resp,
 }  // namespace
 
 absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, void* stream) {
+  if (options.collective != nullptr) return RestoreTogether(options, stream);
   Impl& im = *impl_;
   std::shared_ptr<Session> s = im.CurrentSession();
   if (s == nullptr) {

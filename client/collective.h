@@ -1,0 +1,45 @@
+// A collective of a job's ranks that a restore shares its reads through
+// (RestoreOptions::collective): every replica restores from its zccd only the
+// pieces it writes, and the others arrive from their writers through the
+// collective, so a job reads each replicated piece once. The trainer brings
+// it: an NCCL communicator it already has (cuda/nccl_collective.h), or, for
+// host tensors, TcpCollective (client/tcp_collective.h).
+//
+// Every call is collective: all members call it, in the same order, with the
+// same arguments where they must agree (bytes, root). An implementation that
+// fails a call (a member gone, a timeout) returns an error on the members it
+// can tell; callers treat the collective as broken after any error.
+#ifndef ZCC_CLIENT_COLLECTIVE_H_
+#define ZCC_CLIENT_COLLECTIVE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace zcc {
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  virtual uint32_t rank() const = 0;
+  virtual uint32_t size() const = 0;
+
+  // Every member's `mine`, indexed by rank (small messages: step lists,
+  // which pieces a member restored).
+  virtual absl::StatusOr<std::vector<std::string>> AllGather(absl::string_view mine) = 0;
+
+  // `bytes` bytes from member `root`'s `data` into every other member's
+  // `data`, ordered on `stream` (device implementations). `data` is memory
+  // the member registered (host or device, as the implementation handles);
+  // nullptr on a member that does not keep the bytes (it still takes part).
+  virtual absl::Status Broadcast(void* data, uint64_t bytes, uint32_t root, void* stream) = 0;
+};
+
+}  // namespace zcc
+
+#endif  // ZCC_CLIENT_COLLECTIVE_H_

@@ -1,0 +1,211 @@
+// Client::Restore with RestoreOptions::collective: the ranks of a job agree
+// on a step, each restores what it writes, and the rest moves through the
+// collective (client/collective.h).
+//
+// Every rank runs the same sequence of collective calls whatever happens on
+// it: a failure is not returned at once but gathered, so that all ranks see
+// it in the same call and return together (no rank is left waiting in a
+// collective the others have abandoned).
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "client/client_impl.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "format/dtype.h"
+
+namespace zcc {
+namespace {
+
+// "E" + this rank's error, to gather; empty when ok.
+std::string ErrorMessage(const absl::Status& st) {
+  return st.ok() ? "" : absl::StrCat("E", st.ToString());
+}
+
+// The first error among the gathered messages: this rank's own, else the
+// lowest rank's, as Unavailable naming it. OK when none failed.
+absl::Status FirstError(const std::vector<std::string>& all, uint32_t me, const absl::Status& mine,
+                        absl::string_view what) {
+  if (!mine.ok()) return mine;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty() && all[r][0] == 'E') {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", r, " failed ", what, ": ", all[r].substr(1)));
+    }
+  }
+  static_cast<void>(me);
+  return absl::OkStatus();
+}
+
+std::string PieceKey(const TensorRef& t) {
+  return absl::StrCat(t.name, "@", absl::StrJoin(t.box_offset, ","));
+}
+
+uint64_t PieceBytes(const TensorRef& t) {
+  uint64_t n = format::DTypeSize(t.dtype);
+  for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& options, void* stream) {
+  Collective& c = *options.collective;
+  const uint32_t me = c.rank();
+  RestoreOptions alone = options;
+  alone.collective = nullptr;
+  alone.owned_only = true;
+
+  // 1. The step: the newest every rank can restore.
+  int64_t target = options.step;
+  if (options.step == kLatestStep) {
+    absl::StatusOr<RestoreCandidates> mine = ListRestoreCandidates(/*owned_only=*/true);
+    std::string message = ErrorMessage(mine.status());
+    if (mine.ok()) {
+      std::vector<int64_t> steps = mine->memory_steps;
+      steps.insert(steps.end(), mine->disk_steps.begin(), mine->disk_steps.end());
+      message = absl::StrCat("S", absl::StrJoin(steps, ","));
+    }
+    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
+    ZCC_RETURN_IF_ERROR(FirstError(all, me, mine.status(), "to list its restorable steps"));
+    std::set<int64_t> common;
+    bool any = false;
+    for (size_t r = 0; r < all.size(); ++r) {
+      std::set<int64_t> steps;
+      for (absl::string_view v : absl::StrSplit(absl::string_view(all[r]).substr(1), ',',
+                                                absl::SkipEmpty())) {
+        int64_t step = 0;
+        if (!absl::SimpleAtoi(v, &step)) return absl::DataLossError("collective: bad step list");
+        steps.insert(step);
+      }
+      any = any || !steps.empty();
+      if (r == 0) {
+        common = std::move(steps);
+      } else {
+        std::set<int64_t> both;
+        std::set_intersection(common.begin(), common.end(), steps.begin(), steps.end(),
+                              std::inserter(both, both.begin()));
+        common = std::move(both);
+      }
+    }
+    if (common.empty()) {
+      if (!any) return absl::NotFoundError("no rank of the job has a checkpoint to restore");
+      return absl::FailedPreconditionError("no step can be restored by every rank of the job");
+    }
+    target = *common.rbegin();
+    alone.allow_older = true;
+  }
+
+  // 2. Restore it; ranks that got different steps (a damaged one fell back)
+  // agree on the oldest and restore again.
+  absl::StatusOr<RestoreResult> result;
+  for (int round = 0;; ++round) {
+    alone.step = target;
+    result = Restore(alone, stream);
+    const bool none = absl::IsNotFound(result.status());
+    std::string message = none ? "N" : ErrorMessage(result.status());
+    if (result.ok()) message = absl::StrCat("S", result->step);
+    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
+    ZCC_RETURN_IF_ERROR(FirstError(all, me, none ? absl::OkStatus() : result.status(),
+                                   absl::StrCat("to restore step ", target)));
+    int64_t low = INT64_MAX, high = -1, missing = 0;
+    for (const std::string& m : all) {
+      int64_t step = -1;
+      if (m == "N") {
+        ++missing;
+        continue;
+      }
+      if (m.empty() || m[0] != 'S' || !absl::SimpleAtoi(m.substr(1), &step)) {
+        return absl::DataLossError("collective: bad restore outcome");
+      }
+      low = std::min(low, step);
+      high = std::max(high, step);
+    }
+    if (missing == static_cast<int64_t>(all.size())) return result.status();
+    if (missing > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          missing, " rank(s) found nothing to restore where the others restored step ", high));
+    }
+    if (low == high) break;
+    if (round >= 16) {
+      return absl::AbortedError("the ranks did not agree on a step to restore");
+    }
+    target = low;
+    alone.allow_older = false;
+  }
+
+  // 3. Every piece a rank did not restore, from the lowest rank that did.
+  std::vector<TensorRef> refs;
+  {
+    zcc::MutexLock lock(&impl_->mu);
+    refs = impl_->tensors;
+  }
+  if (result->restored.size() != refs.size()) {
+    return absl::InternalError("restore result does not match the registration");
+  }
+  std::map<std::string, size_t> index;  // piece -> registered tensor
+  std::string message;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (refs[i].kind == TensorKind::kExtra) continue;  // per rank, restored by each
+    const std::string key = PieceKey(refs[i]);
+    index[key] = i;
+    absl::StrAppend(&message, result->restored[i] ? "H " : "W ", PieceBytes(refs[i]), " ", key,
+                    "\n");
+  }
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
+  std::map<std::string, std::pair<uint32_t, uint64_t>> owner;  // piece -> (rank, bytes)
+  std::map<std::string, uint64_t> wanted;                      // piece -> bytes
+  for (uint32_t r = 0; r < all.size(); ++r) {
+    for (absl::string_view line : absl::StrSplit(all[r], '\n', absl::SkipEmpty())) {
+      std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+      uint64_t bytes = 0;
+      if (f.size() != 3 || !absl::SimpleAtoi(f[1], &bytes)) {
+        return absl::DataLossError("collective: bad piece list");
+      }
+      const std::string key(f[2]);
+      if (f[0] == "H") {
+        owner.emplace(key, std::make_pair(r, bytes));  // keeps the lowest rank
+      } else {
+        wanted[key] = bytes;
+      }
+    }
+  }
+  // Decided from the gathered lists alone, so every rank decides alike.
+  std::vector<std::pair<std::pair<uint32_t, std::string>, uint64_t>> sends;
+  for (const auto& [key, bytes] : wanted) {
+    auto it = owner.find(key);
+    if (it == owner.end()) {
+      return absl::DataLossError(absl::StrCat(
+          "no rank restored piece ", key, "; the checkpoint cannot fill it"));
+    }
+    if (it->second.second != bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "piece ", key, " is ", it->second.second, " bytes on rank ", it->second.first,
+          " and ", bytes, " bytes on another rank"));
+    }
+    sends.push_back({{it->second.first, key}, bytes});
+  }
+  std::sort(sends.begin(), sends.end());
+  for (const auto& [who, bytes] : sends) {
+    const auto& [root, key] = who;
+    void* data = nullptr;
+    auto it = index.find(key);
+    if (it != index.end() && (root == me || !result->restored[it->second])) {
+      data = refs[it->second].data;
+    }
+    ZCC_RETURN_IF_ERROR(c.Broadcast(data, bytes, root, stream));
+    if (it != index.end()) result->restored[it->second] = true;
+  }
+  return result;
+}
+
+}  // namespace zcc
