@@ -191,6 +191,9 @@ struct RestoreResult {
   bool from_memory = false;            // zccd's memory, not the disk
   std::vector<bool> restored;          // per registered tensor, in order
   std::vector<std::string> skipped_steps;  // newer steps passed over, with why
+  // Per registered tensor: it arrived through RestoreOptions::collective from
+  // another rank rather than from zccd (empty without a collective).
+  std::vector<bool> received;
 };
 
 // The steps this rank can restore, each newest first.

@@ -195,6 +195,7 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
     sends.push_back({{it->second.first, key}, bytes});
   }
   std::sort(sends.begin(), sends.end());
+  result->received.assign(refs.size(), false);
   for (const auto& [who, bytes] : sends) {
     const auto& [root, key] = who;
     void* data = nullptr;
@@ -203,7 +204,10 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
       data = refs[it->second].data;
     }
     ZCC_RETURN_IF_ERROR(c.Broadcast(data, bytes, root, stream));
-    if (it != index.end()) result->restored[it->second] = true;
+    if (it != index.end() && !result->restored[it->second]) {
+      result->restored[it->second] = true;
+      result->received[it->second] = true;
+    }
   }
   return result;
 }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/tcp_collective.h"
 #include "tests/test_model.h"
 
 ABSL_FLAG(std::string, mode, "train", "train, restore, or resume (restore, then train from the next step)");
@@ -50,6 +51,9 @@ ABSL_FLAG(bool, check_ema, false, "train: read zccd's live EMA after the last st
                                    "with the reference EMA (needs --ema_decay)");
 ABSL_FLAG(bool, await_checkpoint_failure, false,
           "train: wait (30 s at most) until the client reports a failed checkpoint write");
+ABSL_FLAG(std::string, collective, "",
+          "restore: restore together with the other ranks through a TcpCollective whose rank 0 "
+          "listens on this host:port");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
 
 namespace {
@@ -125,8 +129,31 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_mode) == "restore") {
     zcc::RestoreOptions restore;
     restore.step = absl::GetFlag(FLAGS_restore_step);
+    std::unique_ptr<zcc::TcpCollective> collective;
+    if (!absl::GetFlag(FLAGS_collective).empty()) {
+      zcc::TcpCollectiveOptions co;
+      co.rank = static_cast<uint32_t>(rank);
+      co.size = static_cast<uint32_t>(absl::GetFlag(FLAGS_world));
+      co.address = absl::GetFlag(FLAGS_collective);
+      co.timeout = absl::Seconds(60);
+      auto made = zcc::TcpCollective::Create(co);
+      if (!made.ok()) return Fail("collective", made.status());
+      collective = std::move(*made);
+      restore.collective = collective.get();
+    }
     auto result = (*client)->Restore(restore);
     if (!result.ok()) return Fail("restore", result.status());
+    if (collective != nullptr) {
+      // Pieces read from zccd and pieces received from other ranks (the
+      // per-rank EXTRA tensors aside).
+      int read = 0, received = 0;
+      for (size_t i = 0; i < model.size(); ++i) {
+        if (model[i].spec.kind == zcc::TensorKind::kExtra) continue;
+        received += result->received[i] ? 1 : 0;
+        read += result->restored[i] && !result->received[i] ? 1 : 0;
+      }
+      std::printf("read_pieces=%d received_pieces=%d\n", read, received);
+    }
     const int64_t* step = &result->step;
     const char* from = result->from_memory ? "memory" : "disk";
     std::printf("restored_step=%" PRId64 " restored_from=%s\n", *step, from);

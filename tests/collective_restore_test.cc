@@ -1,0 +1,100 @@
+// Four real trainer processes (tests/test_trainer, layout dp4.tp1.ep1: dense
+// pieces replicated over all four ranks, optimizer state ZeRO-sharded) restore
+// together through a TcpCollective (RestoreOptions::collective) from a real
+// zccd: one agreed step, every piece bit-exact on every rank, and each
+// replicated piece read from zccd by exactly one rank (the others receive it).
+// A rank that cannot restore fails the restore on every rank, naming itself.
+#include <catch2/catch.hpp>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/testing/free_port.h"
+#include "common/testing/temp_dir.h"
+#include "tests/process_harness.h"
+#include "tests/test_model.h"
+
+namespace zcc::testing {
+namespace {
+
+constexpr char kLayout[] = "dp4.tp1.ep1";
+constexpr int kWorld = 4;
+
+std::vector<std::string> Flags(int rank, std::vector<std::string> more) {
+  std::vector<std::string> flags = {absl::StrCat("--rank=", rank),
+                                    absl::StrCat("--world=", kWorld),
+                                    absl::StrCat("--topology=", kLayout), "--kib=64"};
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+TEST_CASE("ranks restore together through a collective: each replicated piece read once") {
+  const std::string dir = ShortTempDir("it-coll");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    trainers.push_back(StartTrainer(daemon, dir, absl::StrCat("train", rank),
+                                    Flags(rank, {"--steps=10", "--block"})));
+  }
+  for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+
+  // The distinct pieces of the model (name and offset), over all ranks.
+  std::set<std::pair<std::string, std::vector<int64_t>>> distinct;
+  int registered = 0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    for (const ModelTensor& t : BuildModel(kLayout, rank, kWorld, 6, 64)) {
+      if (t.kind == TensorKind::kExtra) continue;
+      distinct.insert({t.name, t.box_offset});
+      ++registered;
+    }
+  }
+  REQUIRE(registered > static_cast<int>(distinct.size()));  // the layout has replicas
+
+  // From disk (step 10, by its number) and from zccd's memory (the newest).
+  for (const bool disk : {true, false}) {
+    const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
+    std::vector<std::unique_ptr<Subprocess>> restorers;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      std::vector<std::string> more = {"--mode=restore", "--collective=" + address,
+                                       "--expect_step=10"};
+      if (disk) more.push_back("--restore_step=10");
+      restorers.push_back(StartTrainer(daemon, dir, absl::StrCat(disk ? "disk" : "mem", rank),
+                                       Flags(rank, more)));
+    }
+    int read = 0, received = 0;
+    for (auto& r : restorers) {
+      INFO(r->Output() << daemon.Log());
+      REQUIRE(r->Wait(absl::Seconds(90)) == 0);
+      CHECK(r->Values()["mismatched_tensors"] == "0");
+      read += std::stoi(r->Values()["read_pieces"]);
+      received += std::stoi(r->Values()["received_pieces"]);
+    }
+    INFO((disk ? "disk" : "memory") << ": " << read << " pieces read, " << received
+                                     << " received");
+    CHECK(read == static_cast<int>(distinct.size()));
+    CHECK(read + received == registered);
+  }
+
+  // Rank 3 cannot reach zccd: every rank's restore fails, and says which rank.
+  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> restorers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::vector<std::string> more = {"--mode=restore", "--collective=" + address};
+    if (rank == 3) more.push_back("--socket=" + dir + "/no-such-zccd.sock");
+    restorers.push_back(StartTrainer(daemon, dir, absl::StrCat("broken", rank), Flags(rank, more)));
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    INFO(restorers[rank]->Output());
+    CHECK(restorers[rank]->Wait(absl::Seconds(90)) != 0);
+    if (rank != 3) CHECK(absl::StrContains(restorers[rank]->Output(), "rank 3 failed"));
+  }
+  REQUIRE(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace zcc::testing
