@@ -61,8 +61,12 @@ def nvcc_object(name, src, hdrs = [], testonly = False):
         name = name,
         srcs = [src] + hdrs,
         outs = [name + ".o"],
-        cmd = " ".join([NVCC] + NVCC_FLAGS + ["-c", "$(location %s)" % src, "-o", "$@"]) +
-              SANITIZER_NVCC_FLAGS,
+        # A temporary directory of its own: nvcc names its temporary files
+        # after its pid, and sandboxed compiles in PID namespaces share pids
+        # (two at once collided in /tmp: "cannot open source file").
+        cmd = "export TMPDIR=$$(mktemp -d /tmp/zcc-nvcc.XXXXXX) && " +
+              " ".join([NVCC] + NVCC_FLAGS + ["-c", "$(location %s)" % src, "-o", "$@"]) +
+              SANITIZER_NVCC_FLAGS + "; rc=$$?; rm -rf \"$$TMPDIR\"; exit $$rc",
         message = "Compiling %s with nvcc" % src,
         tags = ["manual"],
         testonly = testonly,

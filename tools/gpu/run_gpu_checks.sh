@@ -31,6 +31,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 readonly BUNDLE=tools/gpu/bundle
 readonly BINARIES=(cuda_copier_test gpu_bench)
+# Run when the node has libnccl (218 MB: not bundled; a PyTorch environment's
+# nvidia/nccl/lib on LD_LIBRARY_PATH will do).
+readonly NCCL_BINARY=nccl_collective_test
 # Libraries the node provides and the bundle must not shadow: the CUDA driver
 # (its version must match the kernel module) and the C and C++ runtimes.
 readonly SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libnvidia-)'
@@ -49,14 +52,15 @@ bundle() {
   # --dynamic_mode=off: tests link the workspace's libraries statically, not
   # as _solib_ shared objects that live only in Bazel's runfiles.
   local flags=(--config=opt --dynamic_mode=off --symlink_prefix=/)
-  bazel "${startup[@]}" build "${flags[@]}" //cuda:cuda_copier_test //cuda:gpu_bench
+  bazel "${startup[@]}" build "${flags[@]}" //cuda:cuda_copier_test //cuda:gpu_bench \
+    "//cuda:$NCCL_BINARY"
   local bin
   bin=$(bazel "${startup[@]}" info "${flags[@]}" bazel-bin 2>/dev/null)
 
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
   local name lib path
-  for name in "${BINARIES[@]}"; do
+  for name in "${BINARIES[@]}" "$NCCL_BINARY"; do
     cp "$bin/cuda/$name" "$BUNDLE/bin/$name"
     chmod u+w,a+x "$BUNDLE/bin/$name"
     # "libfoo.so.1 => /path/libfoo.so.1 (0x...)"
@@ -65,7 +69,7 @@ bundle() {
         echo "bundle: $name needs $lib, which is not found here" >&2
         exit 1
       fi
-      [[ $lib =~ $SYSTEM_LIBS ]] && continue
+      [[ $lib =~ $SYSTEM_LIBS || $lib == libnccl.so* ]] && continue
       [[ -e $BUNDLE/lib/$lib ]] || cp -L "$path" "$BUNDLE/lib/$lib"
     done < <(ldd "$BUNDLE/bin/$name" | grep '=>')
   done
@@ -133,6 +137,15 @@ run() {
       --zccd "$(dirname "$ZCC_GPU_PYTHON")/zccd" 2>&1 | tee "$log/torch" || torch_rc=${PIPESTATUS[0]}
     torch_result=$([[ $torch_rc -eq 0 ]] && tail -1 "$log/torch" || echo "FAILED (exit $torch_rc)")
   fi
+  local nccl_rc=0 nccl_result
+  if ldd "$BUNDLE/bin/$NCCL_BINARY" 2>&1 | grep -q 'libnccl.*not found'; then
+    nccl_result="NOT RUN (no libnccl.so.2 on this node: put its directory on LD_LIBRARY_PATH)"
+  else
+    echo "== $NCCL_BINARY (NcclCollective over every GPU of the node)"
+    "$BUNDLE/bin/$NCCL_BINARY" --durations yes 2>&1 | tee "$log/nccl" || nccl_rc=${PIPESTATUS[0]}
+    nccl_result=$([[ $nccl_rc -eq 0 ]] && echo PASSED || echo "FAILED (exit $nccl_rc)")
+    grep -q "skipped: no CUDA device" "$log/nccl" && nccl_result+=" (device cases SKIPPED)"
+  fi
   echo "== summary"
   local skipped=""
   if grep -q "skipped: no CUDA device" "$log/test"; then
@@ -146,9 +159,10 @@ run() {
   else
     echo "gpu_bench: OK (figures above)"
   fi
+  echo "$NCCL_BINARY: $nccl_result"
   echo "cuda_torch_check: $torch_result"
   rm -rf "$log"
-  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $torch_rc -eq 0 ]]
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $torch_rc -eq 0 && $nccl_rc -eq 0 ]]
 }
 
 case "${1:-}" in
