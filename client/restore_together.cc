@@ -33,7 +33,7 @@ std::string ErrorMessage(const absl::Status& st) {
 
 // The first error among the gathered messages: this rank's own, else the
 // lowest rank's, as Unavailable naming it. OK when none failed.
-absl::Status FirstError(const std::vector<std::string>& all, uint32_t me, const absl::Status& mine,
+absl::Status FirstError(const std::vector<std::string>& all, const absl::Status& mine,
                         absl::string_view what) {
   if (!mine.ok()) return mine;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -42,7 +42,6 @@ absl::Status FirstError(const std::vector<std::string>& all, uint32_t me, const 
           absl::StrCat("rank ", r, " failed ", what, ": ", all[r].substr(1)));
     }
   }
-  static_cast<void>(me);
   return absl::OkStatus();
 }
 
@@ -76,7 +75,7 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
       message = absl::StrCat("S", absl::StrJoin(steps, ","));
     }
     ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
-    ZCC_RETURN_IF_ERROR(FirstError(all, me, mine.status(), "to list its restorable steps"));
+    ZCC_RETURN_IF_ERROR(FirstError(all, mine.status(), "to list its restorable steps"));
     std::set<int64_t> common;
     bool any = false;
     for (size_t r = 0; r < all.size(); ++r) {
@@ -115,7 +114,7 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
     std::string message = none ? "N" : ErrorMessage(result.status());
     if (result.ok()) message = absl::StrCat("S", result->step);
     ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
-    ZCC_RETURN_IF_ERROR(FirstError(all, me, none ? absl::OkStatus() : result.status(),
+    ZCC_RETURN_IF_ERROR(FirstError(all, none ? absl::OkStatus() : result.status(),
                                    absl::StrCat("to restore step ", target)));
     int64_t low = INT64_MAX, high = -1, missing = 0;
     for (const std::string& m : all) {

@@ -180,13 +180,14 @@ absl::StatusOr<std::unique_ptr<TcpCollective>> TcpCollective::Create(
     // Anything else that connected (a port scan, a member of another job) is
     // dropped; a duplicate rank or another size is an error.
     if (!st.ok() || h.magic != kMagic || h.op != kHello) continue;
-    if (h.sequence != options.size || h.bytes == 0 || h.bytes >= options.size ||
-        c->peers_[h.bytes].valid()) {
+    if (h.sequence != options.size || h.bytes == 0 || h.bytes >= options.size) {
       return absl::InvalidArgumentError(
           absl::StrCat("collective: a member joined as rank ", h.bytes, " of ", h.sequence,
-                       "; this collective has ", options.size, " members and rank ", h.bytes,
-                       c->peers_[h.bytes < options.size ? h.bytes : 0].valid() ? " already" : "",
-                       " joined"));
+                       "; this collective has ranks 1..", options.size - 1, " to join"));
+    }
+    if (c->peers_[h.bytes].valid()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("collective: two members joined as rank ", h.bytes));
     }
     c->peers_[h.bytes] = std::move(fd);
     ++joined;

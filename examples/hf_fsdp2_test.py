@@ -64,14 +64,18 @@ def main():
         deadline = time.monotonic() + 240
         while len(os.listdir(pause_dir)) < 4 and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        pids = [int(open(os.path.join(pause_dir, f)).read()) for f in os.listdir(pause_dir)
-                if f.endswith(".pid")]
+        pids = []
+        for name in os.listdir(pause_dir):
+            if name.endswith(".pid"):
+                with open(os.path.join(pause_dir, name)) as f:
+                    pids.append(int(f.read()))
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
         log.seek(0)
         first = log.read().splitlines()
+        log.close()
         assert len(pids) == 4, "the 4 ranks did not pause:\n" + "\n".join(first)
         assert sorted(losses(first)) == list(range(1, KILL_AFTER + 1)), first
         d.wait_latest("hf-llama", KILL_AFTER)

@@ -396,7 +396,7 @@ class Checkpointer:
         self._replica = self._replica_group(replica)
         # The ranks holding copies of a plain (non-DTensor) tensor; a DTensor's
         # placements say where its copies are.
-        self._plain_members = self._plain_replica_members(replica)
+        self._plain_members = self._plain_replica_members()
         self.restored_from = None  # "memory" or "disk" after restore()
         self._stream_device = None
         self._last_step = None
@@ -485,7 +485,7 @@ class Checkpointer:
             return zcc.ReplicaGroup()
         raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
 
-    def _plain_replica_members(self, replica):
+    def _plain_replica_members(self):
         group = self._replica
         if group.kind == zcc.ReplicaKind.NONE or group.group_size <= 1:
             return (self.rank,)
