@@ -336,6 +336,7 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
   if (proto.has_client_timeout_s()) {
     MergeSeconds("client_timeout_s", proto.client_timeout_s(), &d.client_timeout, p);
   }
+  if (proto.has_daemon_pull()) d.daemon_pull = proto.daemon_pull();
   if (proto.has_retain_snapshots_s()) {
     MergeSeconds("retain_snapshots_s", proto.retain_snapshots_s(), &d.retain_snapshots, p);
   }
@@ -550,6 +551,9 @@ std::string DefaultConfigText(const FullConfig& config) {
       "# Seconds a dead or departed rank's newest snapshots stay in memory for a\n"
       "# restore from memory (0 = off).\n",
       "retain_snapshots_s: ", FormatDouble(absl::ToDoubleSeconds(d.retain_snapshots)), "\n",
+      "# Copy trainers' GPU tensors into the slots in zccd (copy_backend cuda_ipc or\n"
+      "# auto): one CUDA context per GPU in zccd.\n",
+      "daemon_pull: ", d.daemon_pull ? "true" : "false", "\n",
       "heartbeat_interval_ms: ", absl::ToInt64Milliseconds(d.heartbeat_interval), "\n",
       "# Seconds zccd may take to stop after SIGTERM (below the unit's TimeoutStopSec).\n",
       "stop_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.stop_timeout)), "\n",

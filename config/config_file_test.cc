@@ -53,6 +53,7 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.commit_timeout == y.commit_timeout);
   CHECK(x.client_timeout == y.client_timeout);
   CHECK(x.retain_snapshots == y.retain_snapshots);
+  CHECK(x.daemon_pull == y.daemon_pull);
   CHECK(x.heartbeat_interval == y.heartbeat_interval);
   CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
   CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);

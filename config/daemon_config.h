@@ -48,6 +48,9 @@ struct DaemonConfig {
   absl::Duration stop_timeout = absl::Seconds(90);
   // Threads per rank for EMA updates.
   uint32_t ema_threads = 2;
+  // Serve trainers that ask zccd to copy their device tensors (copy_backend
+  // cuda_ipc, and auto): one CUDA context per GPU in zccd.
+  bool daemon_pull = false;
 };
 
 // /run/zcc/zccd.sock for root; $XDG_RUNTIME_DIR/zcc/zccd.sock or

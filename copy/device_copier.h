@@ -58,6 +58,15 @@ class DeviceCopier {
   virtual absl::Status RegisterHostMemory(void* base, size_t bytes) = 0;
   virtual absl::Status UnregisterHostMemory(void* base) = 0;
 
+  // Called with the regions a client will enqueue (those of one slot), once
+  // after registering, before the first Enqueue: a backend that keeps state
+  // per source sets it up here rather than in the first snapshot (daemon-pull
+  // exports the IPC handles of the sources' allocations). The others do nothing.
+  virtual absl::Status Prepare(absl::Span<const CopyRegion> regions) {
+    (void)regions;
+    return absl::OkStatus();
+  }
+
   // Enqueues the copies after the work the trainer has already issued (on the
   // given stream for device backends; nullptr = the default stream) and
   // returns at once, without waiting for bytes to move. `regions` must stay

@@ -46,6 +46,16 @@ CUDART_LINKOPTS = [
     "-lcudart",
 ]
 
+# The static runtime, for binaries that must start where libcudart is not
+# installed (zccd): it loads libcuda itself when CUDA is first used.
+CUDART_STATIC_LINKOPTS = [
+    "-L/usr/local/cuda/lib64",
+    "-lcudart_static",
+    "-ldl",
+    "-lrt",
+    "-pthread",
+]
+
 def nvcc_object(name, src, hdrs = [], testonly = False):
     """Declares `name`, a genrule compiling `src` with nvcc into `name`.o.
 

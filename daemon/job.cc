@@ -294,6 +294,10 @@ void Job::FillStatus(v1::JobStatus* out) const {
     r->set_last_ema_step(c.last_ema_step);
     r->set_ema_skipped_nonfinite(c.ema_skipped_nonfinite);
     r->set_ema_tensors(c.ema_tensors);
+    r->set_daemon_pull(c.daemon_pull);
+    r->set_pulls(c.pulls.pulls);
+    r->set_pull_failures(c.pulls.failed);
+    r->set_pull_bytes(c.pulls.bytes);
   }
   retained_.FillStatus(out, absl::Now());
 }

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "config/config_file.h"
 #include "config/daemon_config.h"
+#include "cuda/ipc_puller.h"
 #include "daemon/server.h"
 #include "storage/fault_storage.h"
 #include "storage/posix_storage.h"
@@ -48,6 +49,8 @@ ABSL_FLAG(double, client_timeout_s, 30, "seconds without a trainer heartbeat bef
                                          "registration is dropped");
 ABSL_FLAG(double, retain_snapshots_s, 600, "seconds a dead or departed rank's newest snapshots "
           "stay in memory for a restore from memory (0 = off)");
+ABSL_FLAG(bool, daemon_pull, false, "copy trainers' GPU tensors into the staging slots in zccd "
+          "(their copy_backend cuda_ipc or auto) over CUDA IPC; one CUDA context per GPU");
 ABSL_FLAG(std::string, status_listen, "", "host:port of a read-only TCP status + gRPC health "
                                           "listener (empty = off)");
 ABSL_FLAG(std::string, metrics_listen, "", "host:port serving Prometheus metrics at /metrics "
@@ -98,6 +101,7 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("commit_timeout_s")) d.commit_timeout = absl::Seconds(absl::GetFlag(FLAGS_commit_timeout_s));
   if (Given("stop_timeout_s")) d.stop_timeout = absl::Seconds(absl::GetFlag(FLAGS_stop_timeout_s));
   if (Given("client_timeout_s")) d.client_timeout = absl::Seconds(absl::GetFlag(FLAGS_client_timeout_s));
+  if (Given("daemon_pull")) d.daemon_pull = absl::GetFlag(FLAGS_daemon_pull);
   if (Given("retain_snapshots_s")) {
     d.retain_snapshots = absl::Seconds(absl::GetFlag(FLAGS_retain_snapshots_s));
   }
@@ -175,6 +179,7 @@ int main(int argc, char** argv) {
 
   zcc::daemon::ServerOptions options;
   options.shard_storage = fault_storage.get();
+  options.pull_engine = zcc::NewPullEngine;
   options.status_tcp_listen = config.ops.status_tcp_listen;
   options.metrics_http_listen = config.ops.metrics_http_listen;
   options.metrics_textfile_dir = config.ops.metrics_textfile_dir;

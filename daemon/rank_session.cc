@@ -58,12 +58,19 @@ void RankSession::Start() {
   thread_ = std::thread([this] { IngestLoop(); });
 }
 
+void RankSession::AttachPuller(std::unique_ptr<RankPuller> puller) {
+  puller_ = std::move(puller);
+}
+
 void RankSession::Stop() {
   {
     zcc::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
   }
+  // No more copies out of the trainer's memory, and its handles closed,
+  // before anything else happens to the segment.
+  if (puller_ != nullptr) puller_->Stop();
   stopping_.store(true);
   ControlBlock* cb = segment_.control();
   cb->doorbell.fetch_add(1);
@@ -358,6 +365,10 @@ RankCounters RankSession::counters() const {
   c.ema_skipped_nonfinite = ema_.skipped_nonfinite();
   c.ema_tensors = ema_.num_tensors();
   c.slots_in_use = ring_.InUse();
+  if (puller_ != nullptr) {
+    c.daemon_pull = true;
+    c.pulls = puller_->Stats();
+  }
   zcc::MutexLock lock(&mu_);
   c.last_error = last_error_;
   return c;

@@ -44,6 +44,7 @@
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
 #include "common/fs_identity.h"
+#include "cuda/ipc_puller.h"
 #include "common/mutex.h"
 #include "daemon/rank_ema.h"
 #include "daemon/rank_writer.h"
@@ -116,6 +117,9 @@ struct RankCounters {
   uint32_t slots_in_use = 0;
   bool client_alive = true;
   std::string last_error;
+  // Daemon-pull only.
+  bool daemon_pull = false;
+  PullerStats pulls;
 };
 
 class RankSession {
@@ -133,6 +137,9 @@ class RankSession {
   RankSession& operator=(const RankSession&) = delete;
 
   void Start();
+  // Daemon-pull: `puller` serves this session's channel until Stop(). Call
+  // before Start().
+  void AttachPuller(std::unique_ptr<RankPuller> puller);
   // Ingests what is already READY, finishes the write in progress, stops the
   // threads and tells the client the registration is closed. Idempotent.
   void Stop();
@@ -273,6 +280,8 @@ class RankSession {
   // back).
   bool predecessor_ema_taken_ ABSL_GUARDED_BY(mu_) = false;
   RestoreBuffers restore_buffers_;
+  // Set before Start(), stopped (not destroyed: its counts stay) by Stop().
+  std::unique_ptr<RankPuller> puller_;
   // Last: declared after everything Write() touches, so it is destroyed (and
   // its thread joined) first.
   RankWriter writer_;

@@ -20,6 +20,7 @@
 #include "format/dtype.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
+#include "shm/pull_channel.h"
 #include "shm/segment.h"
 #include "shm/slot_ring.h"
 
@@ -31,11 +32,13 @@ constexpr char kVersion[] = "zccd 0.1.0";
 
 }  // namespace
 
-Registry::Registry(DaemonConfig config, storage::Storage* shard_storage)
+Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
+                   PullEngineFactory pull_engine)
     : config_(std::move(config)),
       shard_storage_(shard_storage),
       started_(absl::Now()),
       restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_),
+      pull_(config_.daemon_pull, std::move(pull_engine)),
       housekeeper_(config_, &metrics_,
                    Housekeeper::Registry{[this] { return Jobs(); },
                                          [this] {
@@ -182,10 +185,16 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     ZCC_ASSIGN_OR_RETURN(ema, ema::EmaUpdater::Create(std::move(specs), ema_options));
   }
   const uint64_t slot_bytes = shards.layout.slot_bytes;
-  const uint64_t segment_bytes = shm::SegmentBytes(num_slots, slot_bytes);
   if (slot_bytes > (~uint64_t{0}) / shm::kMaxSlots) {
     return absl::InvalidArgumentError("registration is too large");
   }
+  // Daemon-pull: the channel follows the slots in the segment.
+  std::string pull_unavailable;
+  ZCC_ASSIGN_OR_RETURN(const bool daemon_pull, pull_.Decide(req, &pull_unavailable));
+  const shm::PullGeometry pull_geometry =
+      shm::PullGeometryFor(static_cast<uint32_t>(req.tensors_size()));
+  const uint64_t pull_offset = shm::SegmentBytes(num_slots, slot_bytes);
+  const uint64_t segment_bytes = pull_offset + (daemon_pull ? pull_geometry.bytes : 0);
 
   // A trainer restarted faster than the housekeeping round noticed its
   // predecessor's death: retire the old registration first (its
@@ -272,7 +281,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       const RankSession& old = *inherited->session;
       if (old.shards().manifest_hash != shards.manifest_hash ||
           old.options().num_slots != num_slots || old.shards().layout.slot_bytes != slot_bytes ||
-          old.options().segment_owner != segment_owner) {
+          old.options().segment_owner != segment_owner || old.segment_bytes() != segment_bytes) {
         ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank()
                       << ": the snapshots kept from the previous trainer do not match this "
                          "registration (other tensors or slots); dropping them";
@@ -310,6 +319,25 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     const std::string shm_name = segment.name();
     shm::InitControlBlock(segment.control(), num_slots, slot_bytes, generation,
                           shards.manifest_hash);
+    std::unique_ptr<RankPuller> puller;
+    if (daemon_pull) {
+      auto* channel = reinterpret_cast<shm::PullChannel*>(segment.base() + pull_offset);
+      shm::InitPullChannel(channel, pull_geometry, req.cuda_device());
+      PullAttachment a;
+      a.owner = absl::StrCat("job ", req.job_id(), " rank ", req.rank());
+      a.uid = caller.uid;
+      a.device = req.cuda_device();
+      a.segment_base = segment.base();
+      a.staging_begin = shm::ControlBlockBytes();
+      a.staging_end = pull_offset;
+      a.channel = channel;
+      a.geometry = pull_geometry;
+      a.on_failure = [owner = a.owner](uint64_t ticket, const absl::Status& why) {
+        ZCC_LOG(WARNING) << owner << ": snapshot copy (ticket " << ticket
+                         << ") failed and was dropped: " << why;
+      };
+      ZCC_ASSIGN_OR_RETURN(puller, pull_.Attach(std::move(a)));
+    }
     if (inherited.has_value()) {
       // One slot stays free at least, so the trainer can snapshot before it
       // restores (which lets the held ones go).
@@ -343,6 +371,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
         shards, registered, std::move(segment), options,
         [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); }, std::move(ema),
         std::move(ema_index), std::move(inheritance));
+    if (puller != nullptr) session->AttachPuller(std::move(puller));
     session->Start();
     replaced = job->PutRank(session);
 
@@ -354,6 +383,15 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     resp.set_generation(generation);
     resp.set_checkpoint_dir(job_dir);
     resp.set_manifest_hash(shards.manifest_hash);
+    if (daemon_pull) {
+      resp.set_daemon_pull(true);
+      resp.set_pull_channel_offset(pull_offset);
+      resp.set_pull_channel_bytes(pull_geometry.bytes);
+      resp.set_pull_max_sources(pull_geometry.max_sources);
+      resp.set_pull_regions_per_request(pull_geometry.regions_per_request);
+    } else {
+      resp.set_daemon_pull_unavailable(pull_unavailable);
+    }
     for (const RegisteredTensor& t : registered) {
       v1::TensorPlacement* p = resp.add_placements();
       p->set_name(t.name);
@@ -372,7 +410,9 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
   ZCC_LOG(INFO) << "registered job " << req.job_id() << " rank " << req.rank() << "/"
                 << req.world_size() << " uid " << caller.uid << " pid " << caller.pid << ": "
                 << req.tensors_size()
-                << " tensors, " << num_slots << " slots of " << slot_bytes << " bytes";
+                << " tensors, " << num_slots << " slots of " << slot_bytes << " bytes"
+                << (daemon_pull ? absl::StrCat(", daemon-pull on CUDA device ", req.cuda_device())
+                                : std::string());
   return resp;
 }
 
@@ -545,6 +585,7 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
       }
     }
   }
+  pull_.FillStatus(&resp);
   for (const auto& job : jobs) job->FillStatus(resp.add_jobs());
   return resp;
 }

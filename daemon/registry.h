@@ -27,6 +27,7 @@
 #include "config/daemon_config.h"
 #include "daemon/housekeeper.h"
 #include "daemon/job.h"
+#include "daemon/pull_service.h"
 #include "daemon/restore_service.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
@@ -52,7 +53,10 @@ class Registry {
   // `config` must have passed ValidateConfig. Ranks write their shards
   // through `shard_storage` (borrowed, outlives the registry; null = the
   // default POSIX storage): a fault-injecting one for drills and tests.
-  explicit Registry(DaemonConfig config, storage::Storage* shard_storage = nullptr);
+  // `pull_engine` makes the CUDA engine for daemon-pull registrations (null:
+  // none in this build; they are refused, or get the trainer's own copier).
+  explicit Registry(DaemonConfig config, storage::Storage* shard_storage = nullptr,
+                    PullEngineFactory pull_engine = nullptr);
   ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
@@ -126,6 +130,7 @@ class Registry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   RestoreService restores_;
+  PullService pull_;
 
   // Last: its threads use everything above, and stop before it goes.
   Housekeeper housekeeper_;

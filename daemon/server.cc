@@ -243,7 +243,8 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
     return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", config.socket_path));
   }
 
-  impl->registry = std::make_unique<Registry>(config, options.shard_storage);
+  impl->registry =
+      std::make_unique<Registry>(config, options.shard_storage, options.pull_engine);
   ZCC_RETURN_IF_ERROR(impl->registry->Start());
   impl->control = std::make_unique<ControlService>(impl->registry.get(), &impl->peers);
   impl->status = std::make_unique<StatusService>(impl->registry.get(), &impl->peers);

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "config/daemon_config.h"
+#include "daemon/pull_service.h"
 #include "storage/storage.h"
 
 namespace zcc::daemon {
@@ -29,6 +30,9 @@ struct ServerOptions {
   // the default POSIX storage. zccd sets a fault-injecting one when
   // ZCCD_INJECT_STORAGE_FAULTS is set.
   storage::Storage* shard_storage = nullptr;
+  // Makes the CUDA engine that serves daemon-pull registrations when the
+  // config enables them (zccd passes NewPullEngine); null: none.
+  PullEngineFactory pull_engine;
 };
 
 class Server {
