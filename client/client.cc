@@ -27,7 +27,9 @@
 #include "client/default_copier.h"
 #include "proto/message_limits.h"
 #include "proto/zcc.grpc.pb.h"
+#include "cuda/ipc_pull_copier.h"
 #include "shm/control_block.h"
+#include "shm/pull_channel.h"
 #include "shm/segment.h"
 #include "shm/slot_ring.h"
 
@@ -51,8 +53,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   }
   if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
   auto impl = std::make_unique<Impl>();
+  impl->user_copier = options.copier != nullptr;
   if (options.copier == nullptr) {
     ZCC_ASSIGN_OR_RETURN(options.copier, client_internal::DefaultCopier(options));
+  }
+  if (options.copier == nullptr && options.copy_backend != ClientOptions::CopyBackend::kCudaIpc) {
+    return absl::InternalError("no copier");
   }
   impl->copier = options.copier;
   impl->options = std::move(options);
@@ -105,6 +111,14 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
   req.set_ema_decay(options.ema_decay);
   req.set_ema_interval(options.ema_interval);
   req.set_persist_on_failure(options.persist_on_failure);
+  if (user_copier) {
+    req.set_daemon_pull(v1::DAEMON_PULL_OFF);
+  } else if (options.copy_backend == ClientOptions::CopyBackend::kCudaIpc) {
+    req.set_daemon_pull(v1::DAEMON_PULL_REQUIRED);
+  } else if (options.copy_backend == ClientOptions::CopyBackend::kAuto) {
+    req.set_daemon_pull(v1::DAEMON_PULL_IF_ENABLED);
+  }
+  req.set_cuda_device(options.cuda_device);
   for (const TensorRef& t : refs) {
     v1::TensorSpec* spec = req.add_tensors();
     spec->set_name(t.name);
@@ -126,11 +140,23 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
 
   // The reply comes from another process: check it before trusting offsets.
   const uint32_t n = resp.num_slots();
+  const shm::PullGeometry pull = shm::PullGeometryFor(static_cast<uint32_t>(refs.size()));
+  const uint64_t pull_offset = shm::SegmentBytes(n, resp.slot_bytes());
   if (!shm::ValidateNumSlots(n).ok() || resp.slot_bytes() % shm::kPageBytes != 0 ||
       resp.slots_offset() != shm::ControlBlockBytes() ||
-      resp.segment_bytes() != shm::SegmentBytes(n, resp.slot_bytes()) ||
-      static_cast<size_t>(resp.placements_size()) != refs.size()) {
+      resp.segment_bytes() != pull_offset + (resp.daemon_pull() ? pull.bytes : 0) ||
+      static_cast<size_t>(resp.placements_size()) != refs.size() ||
+      (resp.daemon_pull() &&
+       (resp.pull_channel_offset() != pull_offset || resp.pull_channel_bytes() != pull.bytes ||
+        resp.pull_max_sources() != pull.max_sources ||
+        resp.pull_regions_per_request() != pull.regions_per_request))) {
     return absl::DataLossError("zccd's registration reply has an inconsistent geometry");
+  }
+  if (resp.daemon_pull() && req.daemon_pull() == v1::DAEMON_PULL_OFF) {
+    return absl::DataLossError("zccd granted daemon-pull, which this client did not ask for");
+  }
+  if (!resp.daemon_pull() && copier == nullptr) {
+    return absl::DataLossError("zccd did not grant the daemon-pull this client requires");
   }
   for (size_t i = 0; i < refs.size(); ++i) {
     const v1::TensorPlacement& p = resp.placements(i);
@@ -145,8 +171,32 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
                        shm::Segment::Open(resp.shm_name(), resp.segment_bytes()));
   ZCC_RETURN_IF_ERROR(
       shm::ValidateGeometry(*segment.control(), n, resp.slot_bytes(), resp.generation()));
-  ZCC_RETURN_IF_ERROR(copier->RegisterHostMemory(segment.base(), segment.size()));
-  auto s = std::make_shared<Session>(std::move(resp), std::move(segment), copier);
+  std::shared_ptr<DeviceCopier> session_copier = copier;
+  if (resp.daemon_pull()) {
+    // zccd copies this registration's device tensors; the copier is its own.
+    IpcPullCopierOptions pull_options;
+    pull_options.device = options.cuda_device;
+    pull_options.segment_base = segment.base();
+    pull_options.staging_begin = resp.slots_offset();
+    pull_options.staging_end = pull_offset;
+    pull_options.channel = reinterpret_cast<shm::PullChannel*>(segment.base() + pull_offset);
+    pull_options.geometry = pull;
+    shm::ControlBlock* cb = segment.control();
+    pull_options.daemon_alive = [cb, timeout = options.daemon_timeout] {
+      if (cb->closed.load(std::memory_order_acquire) != 0) return false;
+      const uint64_t beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
+      const uint64_t now = shm::MonotonicNanos();
+      return beat == 0 || beat > now || absl::Nanoseconds(now - beat) < timeout;
+    };
+    ZCC_ASSIGN_OR_RETURN(session_copier, client_internal::DaemonPullCopier(std::move(pull_options)));
+    ZCC_LOG(INFO) << "zcc client: zccd copies this rank's device tensors (daemon-pull, CUDA device "
+                  << options.cuda_device << ")";
+  } else if (!resp.daemon_pull_unavailable().empty()) {
+    ZCC_LOG(INFO) << "zcc client: copying on the trainer's side: "
+                  << resp.daemon_pull_unavailable();
+  }
+  ZCC_RETURN_IF_ERROR(session_copier->RegisterHostMemory(segment.base(), segment.size()));
+  auto s = std::make_shared<Session>(std::move(resp), std::move(segment), session_copier);
   s->full_regions.resize(n);
   s->ema_regions.resize(n);
   for (uint32_t slot = 0; slot < n; ++slot) {
@@ -158,6 +208,8 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
       if (refs[i].ema_eligible) s->ema_regions[slot].push_back(region);
     }
   }
+  // Daemon-pull exports the tensors' IPC handles now, not in the first snapshot.
+  ZCC_RETURN_IF_ERROR(s->copier->Prepare(s->full_regions[0]));
   return s;
 }
 
@@ -241,7 +293,7 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     FutexWait(&cb->free_bell, bell, im.options.heartbeat_interval);
   }
   const auto& regions = kind == SnapshotKind::kFull ? s->full_regions[slot] : s->ema_regions[slot];
-  auto ticket = im.copier->Enqueue(regions, stream);
+  auto ticket = s->copier->Enqueue(regions, stream);
   if (!ticket.ok()) {
     ring.Abandon(static_cast<uint32_t>(slot));
     im.SetError(absl::StrCat("enqueue copy: ", ticket.status().message()));
@@ -257,6 +309,13 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
 }
 
 absl::Status Client::FenceBeforeUpdate(void* stream) {
+  // The session's own copier (daemon-pull) and the client's (whose copies of
+  // an earlier registration may still run).
+  std::shared_ptr<Session> s = impl_->CurrentSession();
+  if (s != nullptr && s->copier != impl_->copier) {
+    ZCC_RETURN_IF_ERROR(s->copier->FenceBeforeUpdate(stream));
+  }
+  if (impl_->copier == nullptr) return absl::OkStatus();
   return impl_->copier->FenceBeforeUpdate(stream);
 }
 
@@ -274,7 +333,7 @@ void Client::Impl::NotifierLoop() {
       queue.pop_front();
       ++in_flight;
     }
-    const absl::Status copied = copier->Wait(p.ticket);
+    const absl::Status copied = p.session->copier->Wait(p.ticket);
     shm::ControlBlock* cb = p.session->cb();
     shm::SlotRing ring(cb, p.session->num_slots());
     if (!copied.ok()) {

@@ -116,10 +116,15 @@ struct ClientOptions {
   // Copy backend. When null, one is chosen by `copy_backend`: kHost (the
   // default: memcpy on a copy thread, for host tensors), kCuda (the CUDA
   // copier on `cuda_device`, for GPU tensors; Connect fails if it cannot be
-  // used) or kAuto (CUDA when a usable device exists, else host with one log
-  // line: only for host tensors, since a host copier cannot read GPU memory).
+  // used), kCudaIpc (daemon-pull: zccd copies the GPU tensors itself over
+  // CUDA IPC, the trainer only records an event per snapshot; registration
+  // fails unless zccd's config enables daemon_pull) or kAuto (daemon-pull
+  // when zccd offers it, else CUDA when a usable device exists, else host
+  // with one log line: only for host tensors then, since a host copier cannot
+  // read GPU memory). Daemon-pull needs tensors in cudaMalloc memory
+  // (PyTorch's caching allocator without expandable segments).
   std::shared_ptr<DeviceCopier> copier;
-  enum class CopyBackend { kHost, kCuda, kAuto };
+  enum class CopyBackend { kHost, kCuda, kAuto, kCudaIpc };
   CopyBackend copy_backend = CopyBackend::kHost;
   int cuda_device = 0;
   absl::Duration rpc_timeout = absl::Seconds(30);

@@ -103,7 +103,11 @@ using client_internal::Stubs;
 
 struct Client::Impl {
   ClientOptions options;
+  // The client's copier: ClientOptions::copier (then user_copier), or the
+  // one copy_backend chose; null for kCudaIpc, where every registration
+  // makes its daemon-pull copier (Session::copier).
   std::shared_ptr<DeviceCopier> copier;
+  bool user_copier = false;
 
   mutable zcc::Mutex mu;
   std::shared_ptr<const Stubs> stubs ABSL_GUARDED_BY(mu);

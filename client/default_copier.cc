@@ -1,5 +1,6 @@
 #include "client/default_copier.h"
 
+#include "common/status.h"
 #include "cuda/copier_select.h"
 
 namespace zcc::client_internal {
@@ -17,8 +18,16 @@ absl::StatusOr<std::shared_ptr<DeviceCopier>> DefaultCopier(const ClientOptions&
     case ClientOptions::CopyBackend::kAuto:
       selection.backend = CopierSelection::Backend::kAuto;
       break;
+    case ClientOptions::CopyBackend::kCudaIpc:
+      return std::shared_ptr<DeviceCopier>();
   }
   return SelectDeviceCopier(selection);
+}
+
+absl::StatusOr<std::shared_ptr<DeviceCopier>> DaemonPullCopier(IpcPullCopierOptions options) {
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceCopier> copier,
+                       NewIpcPullCopier(std::move(options)));
+  return std::shared_ptr<DeviceCopier>(std::move(copier));
 }
 
 }  // namespace zcc::client_internal

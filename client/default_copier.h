@@ -15,10 +15,16 @@
 #include "absl/status/statusor.h"
 #include "client/client.h"
 #include "copy/device_copier.h"
+#include "cuda/ipc_pull_copier.h"
 
 namespace zcc::client_internal {
 
+// Null for kCudaIpc: each registration makes its daemon-pull copier.
 absl::StatusOr<std::shared_ptr<DeviceCopier>> DefaultCopier(const ClientOptions& options);
+
+// The daemon-pull copier of one registration (cuda/ipc_pull_copier.h);
+// FailedPrecondition in the host-only client.
+absl::StatusOr<std::shared_ptr<DeviceCopier>> DaemonPullCopier(IpcPullCopierOptions options);
 
 }  // namespace zcc::client_internal
 

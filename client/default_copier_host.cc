@@ -16,4 +16,9 @@ absl::StatusOr<std::shared_ptr<DeviceCopier>> DefaultCopier(const ClientOptions&
   return std::shared_ptr<DeviceCopier>(std::move(*copier));
 }
 
+absl::StatusOr<std::shared_ptr<DeviceCopier>> DaemonPullCopier(IpcPullCopierOptions) {
+  return absl::FailedPreconditionError(
+      "this client is built without CUDA (the host copier only) and cannot use daemon-pull");
+}
+
 }  // namespace zcc::client_internal

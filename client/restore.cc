@@ -133,11 +133,11 @@ absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, voi
       result.restored.push_back(p.staged());
       if (p.staged()) regions.push_back(CopyRegion{base + p.offset(), refs[i].data, p.nbytes()});
     }
-    if (!own_segment) copied = im.copier->RegisterHostMemory(from.base(), from.size());
+    if (!own_segment) copied = s->copier->RegisterHostMemory(from.base(), from.size());
     if (copied.ok()) {
-      copied = im.copier->CopyToDevice(regions, stream);
+      copied = s->copier->CopyToDevice(regions, stream);
       if (!own_segment) {
-        const absl::Status unpinned = im.copier->UnregisterHostMemory(from.base());
+        const absl::Status unpinned = s->copier->UnregisterHostMemory(from.base());
         if (copied.ok()) copied = unpinned;
       }
     }

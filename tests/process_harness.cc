@@ -124,7 +124,7 @@ Daemon::~Daemon() {
 }
 
 bool Daemon::Start() {
-  std::vector<std::string> argv = {Runfile("daemon/zccd"),
+  std::vector<std::string> argv = {Runfile(options_.binary),
                                    "--socket=" + socket_,
                                    "--root=" + root_,
                                    "--shm_prefix=" + shm_prefix_,

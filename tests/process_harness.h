@@ -52,6 +52,7 @@ struct DaemonOptions {
   std::string root;  // checkpoint root; empty = <dir>/ckpt
   std::string name = "zccd";  // socket and log file names inside the directory
   std::vector<std::string> env;  // extra "NAME=value" environment entries
+  std::string binary = "daemon/zccd";  // workspace-relative
 };
 
 // A zccd with its own socket, shm prefix and checkpoint root.

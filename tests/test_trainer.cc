@@ -8,6 +8,7 @@
 // Prints "key=value" result lines on stdout for the test to parse.
 #include <unistd.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <csignal>
 #include <cstdio>
@@ -22,6 +23,10 @@
 #include "client/client.h"
 #include "client/tcp_collective.h"
 #include "tests/test_model.h"
+
+#ifdef ZCC_FAKE_DEVICE_TENSORS
+#include "cuda/fake_cudart/fake_cudart.h"
+#endif
 
 ABSL_FLAG(std::string, mode, "train", "train, restore, or resume (restore, then train from the next step)");
 ABSL_FLAG(std::string, socket, "", "zccd socket");
@@ -55,6 +60,15 @@ ABSL_FLAG(std::string, collective, "",
           "restore: restore together with the other ranks through a TcpCollective whose rank 0 "
           "listens on this host:port");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
+ABSL_FLAG(std::string, copy_backend, "host", "host, cuda, cuda_ipc (daemon-pull) or auto");
+ABSL_FLAG(bool, device_tensors, false,
+          "keep the tensors in (fake) CUDA device memory, written in stream order "
+          "(test_trainer_on_fake_cudart only)");
+ABSL_FLAG(int, stall_at_step, -1, "train: occupy the stream for --stall_ms before this step's "
+          "snapshot (a long kernel), print 'stalled' (device tensors only)");
+ABSL_FLAG(int, stall_ms, 0, "see --stall_at_step");
+ABSL_FLAG(bool, pause_before_train, false,
+          "train: print 'ready' after registering and wait for SIGUSR1 before the first step");
 
 namespace {
 
@@ -62,8 +76,36 @@ using zcc::testing::ModelTensor;
 
 struct Tensor {
   ModelTensor spec;
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes;  // the values; a mirror of `device` when set
+  uint8_t* device = nullptr;   // (fake) device memory holding the tensor
 };
+
+#ifdef ZCC_FAKE_DEVICE_TENSORS
+// Device tensors live in the fake CUDA runtime's device memory (shareable
+// with zccd through IPC), written by "kernels" in stream order.
+void ToDevice(std::vector<Tensor>& model) {
+  for (Tensor& t : model) {
+    if (t.spec.nbytes == 0) continue;
+    if (t.device == nullptr) t.device = static_cast<uint8_t*>(zcc::fake_cudart::DeviceAlloc(t.spec.nbytes));
+    uint8_t* dst = t.device;
+    std::vector<uint8_t> values = t.bytes;
+    zcc::fake_cudart::LaunchHostWork(nullptr, [dst, values = std::move(values)] {
+      std::memcpy(dst, values.data(), values.size());
+    });
+  }
+}
+void FromDevice(std::vector<Tensor>& model) {
+  zcc::fake_cudart::SynchronizeStream(nullptr);
+  for (Tensor& t : model) {
+    if (t.device != nullptr) std::memcpy(t.bytes.data(), t.device, t.spec.nbytes);
+  }
+}
+void StallStream(int ms) { zcc::fake_cudart::Stall(nullptr, std::chrono::milliseconds(ms)); }
+#else
+void ToDevice(std::vector<Tensor>&) {}
+void FromDevice(std::vector<Tensor>&) {}
+void StallStream(int) {}
+#endif
 
 std::vector<Tensor> Model(int rank) {
   std::vector<Tensor> model;
@@ -84,7 +126,8 @@ void SetStep(std::vector<Tensor>& model, int64_t step) {
 std::vector<zcc::TensorRef> Refs(std::vector<Tensor>& model) {
   std::vector<zcc::TensorRef> refs;
   for (Tensor& t : model) {
-    refs.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes.data(), t.spec.kind,
+    refs.push_back({t.spec.name, t.spec.dtype, t.spec.shape,
+                    t.device != nullptr ? static_cast<void*>(t.device) : t.bytes.data(), t.spec.kind,
                     t.spec.ema_eligible, t.spec.replica, t.spec.global_shape,
                     t.spec.box_offset});
   }
@@ -120,9 +163,24 @@ int main(int argc, char** argv) {
   o.persist_on_failure = absl::GetFlag(FLAGS_persist_on_failure);
   o.heartbeat_interval = absl::Milliseconds(100);
   o.reconnect_max_backoff = absl::Milliseconds(500);
+  const std::string backend = absl::GetFlag(FLAGS_copy_backend);
+  if (backend == "cuda") {
+    o.copy_backend = zcc::ClientOptions::CopyBackend::kCuda;
+  } else if (backend == "cuda_ipc") {
+    o.copy_backend = zcc::ClientOptions::CopyBackend::kCudaIpc;
+  } else if (backend == "auto") {
+    o.copy_backend = zcc::ClientOptions::CopyBackend::kAuto;
+  } else if (backend != "host") {
+    return Fail("flags", absl::InvalidArgumentError("--copy_backend: host, cuda, cuda_ipc or auto"));
+  }
+  const bool device = absl::GetFlag(FLAGS_device_tensors);
+#ifndef ZCC_FAKE_DEVICE_TENSORS
+  if (device) return Fail("flags", absl::InvalidArgumentError("--device_tensors needs test_trainer_on_fake_cudart"));
+#endif
   auto client = zcc::Client::Connect(o);
   if (!client.ok()) return Fail("connect", client.status());
   std::vector<Tensor> model = Model(rank);
+  if (device) ToDevice(model);
   if (absl::Status st = (*client)->RegisterTensors(Refs(model)); !st.ok()) return Fail("register", st);
   std::printf("registered=%d\n", (*client)->Stats().connected ? 1 : 0);
 
@@ -143,6 +201,7 @@ int main(int argc, char** argv) {
     }
     auto result = (*client)->Restore(restore);
     if (!result.ok()) return Fail("restore", result.status());
+    if (device) FromDevice(model);
     if (collective != nullptr) {
       // Pieces read from zccd and pieces received from other ranks (the
       // per-rank EXTRA tensors aside).
@@ -191,14 +250,25 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_mode) == "resume") {
     auto step = (*client)->Restore();
     if (!step.ok()) return Fail("restore", step.status());
+    if (device) FromDevice(model);
     std::printf("restored_step=%" PRId64 "\n", *step);
     start = static_cast<int>(*step) + 1;
+  }
+  if (absl::GetFlag(FLAGS_pause_before_train)) {
+    std::printf("ready\n");
+    while (!g_resume) pause();
+    g_resume = 0;
   }
   const int steps = absl::GetFlag(FLAGS_steps);
   for (int64_t step = start; step < start + steps; ++step) {
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_step_ms)));
     if (absl::Status st = (*client)->FenceBeforeUpdate(); !st.ok()) return Fail("fence", st);
     SetStep(model, step);
+    if (device) ToDevice(model);
+    if (step == absl::GetFlag(FLAGS_stall_at_step)) {
+      StallStream(absl::GetFlag(FLAGS_stall_ms));
+      std::printf("stalled\n");
+    }
     const zcc::SnapshotResult r = (*client)->Snapshot(step);
     std::printf("step=%" PRId64 " result=%d\n", step, static_cast<int>(r));
     if (step == absl::GetFlag(FLAGS_pause_at)) {

@@ -88,6 +88,19 @@ std::string Step(int64_t step) { return step < 0 ? "-" : absl::StrCat(step); }
 void PrintStatus(const zcc::v1::StatusResponse& s) {
   std::printf("%s  pid %d  up %.0fs  %d job(s)\n", s.version().c_str(), s.pid(),
               s.uptime_seconds(), s.jobs_size());
+  // Daemon-pull: what zccd's CUDA contexts cost, per device.
+  if (s.daemon_pull_enabled()) {
+    std::printf("daemon-pull: on%s%s\n", s.daemon_pull_unavailable().empty() ? "" : ", unusable: ",
+                s.daemon_pull_unavailable().c_str());
+    for (const auto& d : s.pull_devices()) {
+      std::printf("  cuda device %d: %u rank(s) served, zccd's GPU memory %s, %llu context "
+                  "reset(s)\n",
+                  d.device(), d.rank_pullers(),
+                  d.gpu_memory_bytes() > 0 ? absl::StrCat(d.gpu_memory_bytes() >> 20, " MiB").c_str()
+                                           : "unknown (no NVML)",
+                  static_cast<unsigned long long>(d.context_resets()));
+    }
+  }
   for (const auto& job : s.jobs()) {
     std::printf("\njob %s  world %u  dir %s\n", job.job_id().c_str(), job.world_size(),
                 job.checkpoint_dir().c_str());
@@ -117,6 +130,12 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
       std::printf("  CHECKPOINTS FAILING: rank %u, %llu failed write(s)%s%s\n", r.rank(),
                   static_cast<unsigned long long>(r.persist_failures()),
                   r.last_error().empty() ? "" : "; last: ", r.last_error().c_str());
+    }
+    for (const auto& r : job.ranks()) {
+      if (!r.daemon_pull()) continue;
+      std::printf("  rank %u daemon-pull: %llu snapshot(s) copied by zccd (%.2f GB), %llu failed\n",
+                  r.rank(), static_cast<unsigned long long>(r.pulls()), r.pull_bytes() / 1e9,
+                  static_cast<unsigned long long>(r.pull_failures()));
     }
     if (!job.last_error().empty()) std::printf("  last error: %s\n", job.last_error().c_str());
     std::printf("  %-5s %-8s %-6s %-10s %-10s %-10s %-9s %-8s %-7s %-6s %s\n", "rank", "pid",
