@@ -25,7 +25,46 @@
 //     unregistering an unknown base with cudaErrorHostMemoryNotRegistered;
 //   * errors: a per-thread last error (cudaGetLastError clears it, Peek does
 //     not), sticky per-device errors from failed asynchronous work, names and
-//     descriptions for cudaGetErrorName / cudaGetErrorString.
+//     descriptions for cudaGetErrorName / cudaGetErrorString;
+//   * CUDA IPC across real processes (both linked against this fake):
+//     every device allocation is a memfd mapped MAP_SHARED (one open fd per
+//     allocation), and cudaIpcGetMemHandle names it by the exporter's pid and
+//     fd number; cudaIpcOpenMemHandle maps /proc/<pid>/fd/<fd> (same uid or
+//     root, one pid namespace), refcounted per process, and the mapping is
+//     device memory of the importer (its current device). Opening a handle in
+//     the process that exported it fails with cudaErrorDeviceUninitialized
+//     (the driver's CUDA_ERROR_INVALID_CONTEXT, cudaErrorInvalidContext
+//     before CUDA 10.1), for memory and events alike. Interprocess events
+//     (cudaEventInterprocess) keep their state in a memfd page of shared
+//     counters: a record takes `v = ++recorded` when called and its stream
+//     sets `completed = max(completed, v)`; a wait, query or synchronize
+//     captures `recorded` when called and is satisfied once `completed`
+//     reaches it (so a later record that completes first also completes an
+//     earlier one still queued elsewhere, unlike a real event). Waiters sleep
+//     on a shared futex and look every 10 ms at the peers that matter;
+//   * peer death, which the real runtime leaves undefined, as zcc's
+//     daemon-pull copies need it bounded (no hang, no crash):
+//       - a copy reading or writing an imported mapping whose exporter has
+//         exited (zombie included) fails on its stream with a sticky
+//         cudaErrorIllegalAddress on the stream's device, moving nothing;
+//       - a stream wait, synchronize or query on an IMPORTED event that is not
+//         complete while its exporter has exited fails the same way;
+//       - a record whose recording process exited before its stream ran it
+//         counts as completed (each process's latest record is kept with its
+//         pid in the shared page), so that the other side's waits end. The
+//         real hardware would most likely never signal it; the modelling
+//         choice stands for "the daemon noticed its peer died" and keeps the
+//         survivor moving. An imported event whose exporter died fails
+//         rather than completing: that rule is checked first;
+//       - records still complete on a device with a sticky error, and waits
+//         on interprocess events give up (without an error of their own) on
+//         a device with a sticky error, in cudaDeviceReset and in Reset();
+//   * cudaDeviceReset: drains and destroys the calling thread's current
+//     device's streams and events, closes its IPC imports, frees its device
+//     allocations and clears its sticky error (how zccd recovers);
+//   * cudaPointerGetAttributes, and cudaGetDriverEntryPointByVersion for
+//     "cuMemGetAddressRange" only (the allocation or import containing a
+//     pointer; CUDA_ERROR_NOT_FOUND otherwise).
 // Fault injection: FailCall() makes chosen calls of one API function fail
 // with a given cudaError_t, FailCopyExecution() makes a queued copy fail on
 // its stream (a sticky error later synchronisations report), the copy delay
@@ -79,7 +118,15 @@ enum class Api : int {
   kHostRegister,
   kHostUnregister,
   kLaunchHostFunc,
-  kCount,  // Not a function.
+  kIpcGetMemHandle,
+  kIpcOpenMemHandle,
+  kIpcCloseMemHandle,
+  kIpcGetEventHandle,
+  kIpcOpenEventHandle,
+  kDeviceReset,
+  kPointerGetAttributes,
+  kGetDriverEntryPoint,  // cudaGetDriverEntryPointByVersion.
+  kCount,                // Not a function.
 };
 
 // "cudaMemcpyAsync" for Api::kMemcpyAsync, and so on.
@@ -90,7 +137,9 @@ struct ErrorCodes {
   int success, invalid_value, memory_allocation, initialization_error, insufficient_driver,
       no_device, stub_library, invalid_device, invalid_resource_handle, devices_unavailable,
       host_memory_already_registered, host_memory_not_registered, illegal_address, launch_failure,
-      not_supported, not_ready, unknown;
+      not_supported, not_ready, unknown,
+      // CUDA_ERROR_INVALID_CONTEXT: cudaErrorInvalidContext before CUDA 10.1.
+      device_uninitialized;
 };
 ErrorCodes Errors();
 
@@ -126,8 +175,9 @@ struct UnusableDevice {
 std::vector<UnusableDevice> UnusableDevices();
 
 // Drains and joins every stream (destroyed or not), then forgets all state:
-// streams, events, registrations, allocations, faults, counters and the copy
-// log, and applies `config`. The calling thread's current device becomes 0
+// streams, events, registrations, allocations, IPC imports (unmapped) and
+// exports (memfds closed), faults, counters and the copy log, and applies
+// `config`. Streams waiting on another process's event stop waiting. The calling thread's current device becomes 0
 // and its last error cudaSuccess. Call it when no code still uses the fake's
 // handles (at the start of each test).
 void Reset(const Config& config = Config());
@@ -199,6 +249,8 @@ struct Counters {
   // Misuse the real runtime would not report but that corrupts memory there:
   // unregistering or freeing memory that a queued copy still reads or writes.
   int64_t freed_while_in_use = 0;
+  int ipc_mem_imports = 0;    // cudaIpcOpenMemHandle mappings not yet unmapped.
+  int ipc_event_imports = 0;  // cudaIpcOpenEventHandle events not destroyed (also live_events).
 };
 Counters GetCounters();
 int64_t CallCount(Api api);
