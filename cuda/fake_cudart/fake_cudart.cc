@@ -1072,6 +1072,8 @@ constexpr const char* kApiNames[kApiCount] = {
     "cudaPointerGetAttributes",
     "cudaGetDriverEntryPointByVersion",
 };
+// A name short would leave the array's tail null without a compile error.
+static_assert(kApiNames[kApiCount - 1] != nullptr, "kApiNames must follow enum Api");
 
 }  // namespace
 

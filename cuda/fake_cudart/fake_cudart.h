@@ -27,17 +27,21 @@
 //     not), sticky per-device errors from failed asynchronous work, names and
 //     descriptions for cudaGetErrorName / cudaGetErrorString;
 //   * CUDA IPC across real processes (both linked against this fake):
-//     every device allocation is a memfd mapped MAP_SHARED, and
-//     cudaIpcGetMemHandle names it by the exporter's pid and fd number;
-//     cudaIpcOpenMemHandle maps /proc/<pid>/fd/<fd> (same uid or root, one
-//     pid namespace), refcounted per process, and the mapping is device memory
-//     of the importer (its current device). Interprocess events
+//     every device allocation is a memfd mapped MAP_SHARED (one open fd per
+//     allocation), and cudaIpcGetMemHandle names it by the exporter's pid and
+//     fd number; cudaIpcOpenMemHandle maps /proc/<pid>/fd/<fd> (same uid or
+//     root, one pid namespace), refcounted per process, and the mapping is
+//     device memory of the importer (its current device). Opening a handle in
+//     the process that exported it fails with cudaErrorDeviceUninitialized
+//     (the driver's CUDA_ERROR_INVALID_CONTEXT, cudaErrorInvalidContext
+//     before CUDA 10.1), for memory and events alike. Interprocess events
 //     (cudaEventInterprocess) keep their state in a memfd page of shared
 //     counters: a record takes `v = ++recorded` when called and its stream
 //     sets `completed = max(completed, v)`; a wait, query or synchronize
 //     captures `recorded` when called and is satisfied once `completed`
-//     reaches it. Waiters sleep on a shared futex and look every 10 ms at
-//     the peers that matter;
+//     reaches it (so a later record that completes first also completes an
+//     earlier one still queued elsewhere, unlike a real event). Waiters sleep
+//     on a shared futex and look every 10 ms at the peers that matter;
 //   * peer death, which the real runtime leaves undefined, as zcc's
 //     daemon-pull copies need it bounded (no hang, no crash):
 //       - a copy reading or writing an imported mapping whose exporter has
