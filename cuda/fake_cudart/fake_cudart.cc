@@ -510,7 +510,9 @@ class Runtime {
   std::map<uintptr_t, ImportedMemory> ipc_imports;      // cudaIpcOpenMemHandle, by base.
   std::map<ImportKey, uintptr_t> ipc_import_bases;      // ... by exported allocation.
   uint64_t next_serial = 0;  // Of exported allocations and events; never reset.
-  std::vector<cudaError_t> sticky;  // Per device.
+  // Sized for the default Config before any Reset(): a process that never
+  // calls Reset() (zccd or a trainer over the fake) must get sticky errors too.
+  std::vector<cudaError_t> sticky = std::vector<cudaError_t>(1, cudaSuccess);  // Per device.
   cudaError_t fail_copy_error = cudaSuccess;
   int64_t fail_copy_at = -1;  // The exec_index of the copy to fail.
   std::vector<CopyRecord> copies;
