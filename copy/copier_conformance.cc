@@ -49,18 +49,30 @@ size_t FirstMismatch(const unsigned char* got, const unsigned char* want, size_t
   return static_cast<size_t>(std::mismatch(got, got + n, want).first - got);
 }
 
-// An anonymous shared mapping standing in for a staging slot of the segment.
+// Staging memory standing in for a staging slot of the segment: the
+// environment's (alloc_staging), or an anonymous shared mapping.
 class StagingMapping {
  public:
-  explicit StagingMapping(size_t bytes) {
+  StagingMapping(const CopierConformanceEnv& env, size_t bytes) : env_(env) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     bytes_ = std::max<size_t>(page, (bytes + page - 1) / page * page);
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    base_ = static_cast<unsigned char*>(p);
+    if (env_.alloc_staging) {
+      base_ = static_cast<unsigned char*>(env_.alloc_staging(bytes_));
+      REQUIRE(base_ != nullptr);
+    } else {
+      void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+      REQUIRE(p != MAP_FAILED);
+      base_ = static_cast<unsigned char*>(p);
+    }
     std::memset(base_, kSentinel, bytes_);
   }
-  ~StagingMapping() { munmap(base_, bytes_); }
+  ~StagingMapping() {
+    if (env_.alloc_staging) {
+      env_.free_staging(base_);
+    } else {
+      munmap(base_, bytes_);
+    }
+  }
   StagingMapping(const StagingMapping&) = delete;
   StagingMapping& operator=(const StagingMapping&) = delete;
 
@@ -68,6 +80,7 @@ class StagingMapping {
   size_t size() const { return bytes_; }
 
  private:
+  const CopierConformanceEnv& env_;
   unsigned char* base_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -190,6 +203,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
   REQUIRE(env.free_source);
   REQUIRE(env.write_source);
   REQUIRE(env.read_source);
+  REQUIRE(static_cast<bool>(env.alloc_staging) == static_cast<bool>(env.free_staging));
   std::unique_ptr<DeviceCopier> copier = env.make_copier();
   REQUIRE(copier != nullptr);
   INFO("backend " << copier->name());
@@ -200,7 +214,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
 
   SECTION("bytes arrive exactly, for empty, odd and chunk-straddling sizes") {
     CopyPlan plan = PlanCopies(env, SizesAroundChunk(chunk, 1), 100);
-    StagingMapping staging(plan.staging_bytes);
+    StagingMapping staging(env, plan.staging_bytes);
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     PointRegionsAt(plan, staging);
     auto ticket = copier->Enqueue(plan.regions, stream);
@@ -212,7 +226,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
 
   SECTION("tickets start at 1 and increase by one per Enqueue") {
     Bytes src = RandomBytes(100, 7);
-    StagingMapping staging(100);
+    StagingMapping staging(env, 100);
     for (CopyTicket want = 1; want <= 5; ++want) {
       // Host memory as the source works with every backend.
       const CopyRegion region{src.data(), staging.data(), src.size()};
@@ -246,7 +260,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
     std::vector<size_t> sizes;
     for (int i = 0; i < kTickets; ++i) sizes.push_back(2 * chunk + 13 * i);
     CopyPlan plan = PlanCopies(env, sizes, 200);
-    StagingMapping staging(plan.staging_bytes);
+    StagingMapping staging(env, plan.staging_bytes);
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     PointRegionsAt(plan, staging);
     CopyTicket last = 0;
@@ -266,7 +280,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
     constexpr int kTickets = 16;
     std::vector<size_t> sizes(kTickets, chunk + 5);
     CopyPlan plan = PlanCopies(env, sizes, 300);
-    StagingMapping staging(plan.staging_bytes);
+    StagingMapping staging(env, plan.staging_bytes);
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     PointRegionsAt(plan, staging);
 
@@ -306,7 +320,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
     const size_t n = std::max<size_t>(4 * chunk + 3, size_t{1} << 20);
     SourceBuffer source(env, n);
     source.Write(RandomBytes(n, 400));
-    StagingMapping staging(n);
+    StagingMapping staging(env, n);
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     if (env.stall_stream) env.stall_stream(stream);
     const Bytes want = RandomBytes(n, 401);
@@ -325,7 +339,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
     const Bytes before = RandomBytes(n, 500);
     const Bytes after = RandomBytes(n, 501);
     source.Write(before);
-    StagingMapping staging(n);
+    StagingMapping staging(env, n);
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     if (env.stall_stream) env.stall_stream(stream);
     const CopyRegion region{source.get(), staging.data(), n};
@@ -349,7 +363,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
   SECTION("CopyToDevice round-trips staging bytes into source memory") {
     const std::vector<size_t> sizes = SizesAroundChunk(chunk, 2);
     CopyPlan plan = PlanCopies(env, sizes, 600);
-    StagingMapping staging(plan.staging_bytes);
+    StagingMapping staging(env, plan.staging_bytes);
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     // Snapshot the sources, then restore different bytes into them.
     PointRegionsAt(plan, staging);
@@ -372,7 +386,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
   }
 
   SECTION("invalid arguments are rejected") {
-    StagingMapping staging(4096);
+    StagingMapping staging(env, 4096);
     SourceBuffer source(env, 64);
     const CopyRegion ok{source.get(), staging.data(), 64};
     const CopyRegion null_src{nullptr, staging.data(), 8};
@@ -401,7 +415,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
   }
 
   SECTION("host memory registrations pair up") {
-    StagingMapping staging(3 * 4096);
+    StagingMapping staging(env, 3 * 4096);
     REQUIRE(StatusCodeOf(copier->UnregisterHostMemory(staging.data())) ==
             absl::StatusCode::kNotFound);
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
@@ -417,7 +431,7 @@ void RunCopierConformance(const CopierConformanceEnv& env) {
   SECTION("destroying the copier finishes the copies still in flight") {
     std::vector<size_t> sizes(6, 3 * chunk + 1);
     CopyPlan plan = PlanCopies(env, sizes, 700);
-    StagingMapping staging(plan.staging_bytes);
+    StagingMapping staging(env, plan.staging_bytes);
     // Left registered on purpose: the destructor releases what is left.
     REQUIRE_OK(copier->RegisterHostMemory(staging.data(), staging.size()));
     PointRegionsAt(plan, staging);

@@ -38,6 +38,12 @@ struct CopierConformanceEnv {
   std::function<void(void* source, const void* host, size_t n, void* stream)> write_source;
   // Reads `n` source bytes into host memory once the work on `stream` is done.
   std::function<void(void* host, const void* source, size_t n, void* stream)> read_source;
+  // Optional (both or neither): destination ("staging") memory of at least
+  // `n` bytes, page aligned, for a backend that can only copy into memory
+  // another process maps (daemon-pull: the slots of a registered segment).
+  // Empty: an anonymous shared mapping.
+  std::function<void*(size_t n)> alloc_staging;
+  std::function<void(void* staging)> free_staging;
   // Optional (may be empty): delays the work issued next on `stream`, e.g. by
   // a spin kernel, so that a copy not ordered after the trainer's work, or an
   // update not fenced behind a copy, would visibly corrupt the bytes.
