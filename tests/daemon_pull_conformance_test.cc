@@ -1,9 +1,14 @@
 // The DeviceCopier conformance suite (copy/copier_conformance.h) against the
-// daemon-pull copier, with a real zccd over the fake CUDA runtime doing the
-// copies: every section registers a fresh rank with zccd (daemon-pull
-// required), maps its segment, and runs the trainer's half of the copier over
-// the channel zccd serves. Sources are (fake) device memory, which zccd opens
-// through CUDA IPC; staging is the registered segment's slots.
+// daemon-pull copier, with a real zccd doing the copies: every section
+// registers a fresh rank with zccd (daemon-pull required), maps its segment,
+// and runs the trainer's half of the copier over the channel zccd serves.
+// Sources are device memory, which zccd opens through CUDA IPC; staging is
+// the registered segment's slots.
+//
+// Two builds of this file: over the fake CUDA runtime (zccd over the fake
+// too; runs in CI), and with ZCC_REAL_CUDA against the real runtime and the
+// real zccd, for GPU nodes (tools/gpu/run_gpu_checks.sh), where a spinning
+// kernel stalls the trainer's stream.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -19,8 +24,13 @@
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "copy/copier_conformance.h"
-#include "cuda/fake_cudart/fake_cudart.h"
 #include "cuda/ipc_pull_copier.h"
+#ifdef ZCC_REAL_CUDA
+#include "cuda/cuda_copier.h"
+#include "cuda/cuda_test_support.h"
+#else
+#include "cuda/fake_cudart/fake_cudart.h"
+#endif
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
 #include "shm/pull_channel.h"
@@ -30,17 +40,23 @@
 namespace zcc::testing {
 namespace {
 
+#ifndef ZCC_REAL_CUDA
 namespace fake = ::zcc::fake_cudart;
+#endif
 
 constexpr size_t kChunk = size_t{64} << 10;
 // One tensor this large: each slot holds the largest staging a section asks
 // for (the fence case's 4 MiB).
 constexpr int64_t kTensorFloats = (int64_t{5} << 20) / 4;
 
-// zccd over the fake runtime with daemon-pull on.
+// zccd (over the fake runtime, or the real one) with daemon-pull on.
 DaemonOptions PullDaemon() {
   DaemonOptions o;
+#ifdef ZCC_REAL_CUDA
+  o.binary = "daemon/zccd";
+#else
   o.binary = "daemon/zccd_on_fake_cudart";
+#endif
   o.extra_flags = {"--daemon_pull", "--client_timeout_s=3600"};
   return o;
 }
@@ -121,6 +137,24 @@ CopierConformanceEnv DaemonPullEnv(const Daemon& daemon, void* stream) {
     return r.segment.base() + r.staging_begin;
   };
   env.free_staging = [](void*) {};
+#ifdef ZCC_REAL_CUDA
+  auto uploads = cuda_testing::PinnedUploads::Create(size_t{96} << 20);
+  REQUIRE_OK(uploads);
+  std::shared_ptr<cuda_testing::PinnedUploads> shared = *std::move(uploads);
+  env.alloc_source = [](size_t n) {
+    auto p = cuda_testing::DeviceAlloc(n);
+    REQUIRE_OK(p);
+    return *p;
+  };
+  env.free_source = [](void* p) { CHECK_OK(cuda_testing::DeviceFree(p)); };
+  env.write_source = [shared](void* source, const void* host, size_t n, void* s) {
+    REQUIRE_OK(shared->UploadAsync(source, host, n, s));
+  };
+  env.read_source = [](void* host, const void* source, size_t n, void* s) {
+    REQUIRE_OK(cuda_testing::Download(host, source, n, s));
+  };
+  env.stall_stream = [](void* s) { REQUIRE_OK(cuda_testing::StallStream(s, 200)); };
+#else
   env.alloc_source = [](size_t n) { return fake::DeviceAlloc(n); };
   env.free_source = [](void* p) { fake::DeviceFree(p); };
   env.write_source = [](void* source, const void* host, size_t n, void* s) {
@@ -137,11 +171,44 @@ CopierConformanceEnv DaemonPullEnv(const Daemon& daemon, void* stream) {
   env.stall_stream = [](void* s) {
     REQUIRE(fake::Stall(s, std::chrono::milliseconds(100)) == 0);
   };
+#endif
   return env;
+}
+
+void* NewTrainerStream() {
+#ifdef ZCC_REAL_CUDA
+  auto s = cuda_testing::NewStream();
+  REQUIRE_OK(s);
+  return *s;
+#else
+  void* stream = nullptr;
+  REQUIRE(fake::NewStream(&stream) == 0);
+  return stream;
+#endif
+}
+
+void DestroyTrainerStream(void* stream) {
+#ifdef ZCC_REAL_CUDA
+  CHECK_OK(cuda_testing::DestroyStream(stream));
+#else
+  CHECK(fake::DestroyStream(stream) == 0);
+#endif
+}
+
+// On a machine without a GPU the real-runtime build has nothing to test.
+bool NoDevice() {
+#ifdef ZCC_REAL_CUDA
+  if (!CudaDeviceAvailable()) {
+    WARN("skipped: no CUDA device");
+    return true;
+  }
+#endif
+  return false;
 }
 
 // Catch2 runs each TEST_CASE once per section: each run has a zccd of its own.
 TEST_CASE("daemon-pull copier meets the DeviceCopier contract, zccd copying, default stream") {
+  if (NoDevice()) return;
   Registrations().clear();
   Daemon daemon(ShortTempDir("it-pull-conf"), PullDaemon());
   REQUIRE(daemon.Start());
@@ -149,13 +216,13 @@ TEST_CASE("daemon-pull copier meets the DeviceCopier contract, zccd copying, def
 }
 
 TEST_CASE("daemon-pull copier meets the DeviceCopier contract, zccd copying, trainer stream") {
+  if (NoDevice()) return;
   Registrations().clear();
   Daemon daemon(ShortTempDir("it-pull-conf"), PullDaemon());
   REQUIRE(daemon.Start());
-  void* stream = nullptr;
-  REQUIRE(fake::NewStream(&stream) == 0);
+  void* stream = NewTrainerStream();
   RunCopierConformance(DaemonPullEnv(daemon, stream));
-  REQUIRE(fake::DestroyStream(stream) == 0);
+  DestroyTrainerStream(stream);
 }
 
 }  // namespace

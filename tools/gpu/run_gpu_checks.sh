@@ -6,7 +6,10 @@
 #   tools/gpu/run_gpu_checks.sh bundle
 #       On a build machine (Bazel, nvcc): builds //cuda:cuda_copier_test (the
 #       DeviceCopier conformance suite and the CUDA checks against the real
-#       copier on a real device) and //cuda:gpu_bench with --config=opt, and
+#       copier on a real device), //tests:daemon_pull_gpu_test (the same suite
+#       against daemon-pull: this process the trainer, a real zccd copying
+#       over CUDA IPC), //cuda:gpu_bench, //cuda:daemon_pull_bench and zccd
+#       with --config=opt, and
 #       copies them into tools/gpu/bundle/ (gitignored) with every shared
 #       library they load, except the CUDA driver (libcuda, which belongs to
 #       the node's driver) and glibc / libstdc++ / libgcc_s (on every node).
@@ -20,6 +23,9 @@
 #       gpu_bench flags (defaults): --ranks (one per device) --copy_mib=2048
 #       --tensor_mib=64 --chunk_mib=64 --iters=5 --param_mib=1024
 #       --params_per_tensor_mib=32 --matmul_n=4096 --matmuls=4 --steps=20.
+#       daemon_pull_bench (16 tensors x 64 MiB, 10 steps) reports the trainer
+#       thread's µs per Snapshot and the D2H GB/s of the CUDA copier and of
+#       daemon-pull through zccd, against plain pinned copies.
 #       With ZCC_GPU_PYTHON=<venv>/bin/python (PyTorch with CUDA and zcc's wheel
 #       installed there) it also runs python/tests/cuda_torch_check.py: a
 #       CUDA model checkpointed through zcc.torch, which picks the CUDA copier,
@@ -30,7 +36,16 @@ set -euo pipefail
 
 cd "$(dirname "$0")/../.."
 readonly BUNDLE=tools/gpu/bundle
-readonly BINARIES=(cuda_copier_test gpu_bench)
+readonly BINARIES=(cuda_copier_test gpu_bench daemon_pull_gpu_test daemon_pull_bench zccd)
+# Where each is built, from the repository root's bazel-bin.
+declare -A BUILT_AT=(
+  [cuda_copier_test]=cuda/cuda_copier_test
+  [gpu_bench]=cuda/gpu_bench
+  [daemon_pull_gpu_test]=tests/daemon_pull_gpu_test
+  [daemon_pull_bench]=cuda/daemon_pull_bench
+  [zccd]=daemon/zccd
+  [nccl_collective_test]=cuda/nccl_collective_test
+)
 # Run when the node has libnccl (218 MB: not bundled; a PyTorch environment's
 # nvidia/nccl/lib on LD_LIBRARY_PATH will do).
 readonly NCCL_BINARY=nccl_collective_test
@@ -53,7 +68,7 @@ bundle() {
   # as _solib_ shared objects that live only in Bazel's runfiles.
   local flags=(--config=opt --dynamic_mode=off --symlink_prefix=/)
   bazel "${startup[@]}" build "${flags[@]}" //cuda:cuda_copier_test //cuda:gpu_bench \
-    "//cuda:$NCCL_BINARY"
+    "//cuda:$NCCL_BINARY" //tests:daemon_pull_gpu_test //cuda:daemon_pull_bench //daemon:zccd
   local bin
   bin=$(bazel "${startup[@]}" info "${flags[@]}" bazel-bin 2>/dev/null)
 
@@ -61,7 +76,7 @@ bundle() {
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
   local name lib path
   for name in "${BINARIES[@]}" "$NCCL_BINARY"; do
-    cp "$bin/cuda/$name" "$BUNDLE/bin/$name"
+    cp "$bin/${BUILT_AT[$name]}" "$BUNDLE/bin/$name"
     chmod u+w,a+x "$BUNDLE/bin/$name"
     # "libfoo.so.1 => /path/libfoo.so.1 (0x...)"
     while read -r lib _ path _; do
@@ -127,6 +142,17 @@ run() {
   "$BUNDLE/bin/cuda_copier_test" --durations yes 2>&1 | tee "$log/test" || test_rc=${PIPESTATUS[0]}
   echo "== gpu_bench $*"
   "$BUNDLE/bin/gpu_bench" "$@" 2>&1 | tee "$log/bench" || bench_rc=${PIPESTATUS[0]}
+  # Daemon-pull: this process the trainer, the bundled zccd copying over CUDA
+  # IPC (found where a Bazel test finds its data: $TEST_SRCDIR/zcc/daemon/zccd).
+  local pull_rc=0 pull_bench_rc=0
+  mkdir -p "$BUNDLE/runfiles/zcc/daemon"
+  ln -sf "$PWD/$BUNDLE/bin/zccd" "$BUNDLE/runfiles/zcc/daemon/zccd"
+  echo "== daemon_pull_gpu_test (conformance suite, zccd copying over CUDA IPC)"
+  TEST_SRCDIR="$PWD/$BUNDLE/runfiles" "$BUNDLE/bin/daemon_pull_gpu_test" --durations yes 2>&1 |
+    tee "$log/pull" || pull_rc=${PIPESTATUS[0]}
+  echo "== daemon_pull_bench"
+  "$BUNDLE/bin/daemon_pull_bench" --zccd "$PWD/$BUNDLE/bin/zccd" 2>&1 | tee "$log/pull_bench" ||
+    pull_bench_rc=${PIPESTATUS[0]}
   # zcc.torch with CUDA tensors: where an interpreter with PyTorch (CUDA) and
   # zcc (the wheel, tools/build_wheel.sh) is given as ZCC_GPU_PYTHON, with the
   # wheel's zccd next to it.
@@ -159,10 +185,21 @@ run() {
   else
     echo "gpu_bench: OK (figures above)"
   fi
+  local pull_skipped=""
+  grep -q "skipped: no CUDA device" "$log/pull" && pull_skipped=" (SKIPPED: no CUDA device)"
+  echo "daemon_pull_gpu_test: $([[ $pull_rc -eq 0 ]] && echo PASSED || echo "FAILED (exit $pull_rc)")$pull_skipped"
+  if [[ $pull_bench_rc -ne 0 ]]; then
+    echo "daemon_pull_bench: FAILED (exit $pull_bench_rc)"
+  elif grep -q "skipped: no CUDA device" "$log/pull_bench"; then
+    echo "daemon_pull_bench: SKIPPED (no CUDA device)"
+  else
+    echo "daemon_pull_bench: OK (figures above)"
+  fi
   echo "$NCCL_BINARY: $nccl_result"
   echo "cuda_torch_check: $torch_result"
   rm -rf "$log"
-  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $torch_rc -eq 0 && $nccl_rc -eq 0 ]]
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $torch_rc -eq 0 && $nccl_rc -eq 0 && $pull_rc -eq 0 &&
+    $pull_bench_rc -eq 0 ]]
 }
 
 case "${1:-}" in
