@@ -17,10 +17,6 @@
 // source also links against the fake runtime for a smoke test in CI.
 // Without a usable CUDA device it says so and exits 0.
 #include <cuda_runtime.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "cuda/zccd_process.h"
 
 ABSL_FLAG(std::string, zccd, "", "zccd binary to start (with --daemon_pull)");
 ABSL_FLAG(int, device, 0, "CUDA device");
@@ -68,48 +65,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-
-// zccd on a private socket, killed on destruction.
-class Zccd {
- public:
-  Zccd(const std::string& binary, const std::string& dir) : socket_(dir + "/zccd.sock") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const std::string log = dir + "/zccd.log";
-      freopen(log.c_str(), "w", stdout);
-      freopen(log.c_str(), "a", stderr);
-      execl(binary.c_str(), binary.c_str(), ("--socket=" + socket_).c_str(),
-            ("--root=" + dir + "/ckpt").c_str(), ("--shm_prefix=zpb" + std::to_string(getpid())).c_str(),
-            "--daemon_pull", "--client_timeout_s=120", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-  }
-  ~Zccd() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool WaitReady() const {
-    for (int i = 0; i < 2000; ++i) {
-      const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-      sockaddr_un addr{};
-      addr.sun_family = AF_UNIX;
-      std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-      const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-      ::close(fd);
-      if (ok) return true;
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) return false;
-      usleep(10000);
-    }
-    return false;
-  }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string socket_;
-  pid_t pid_ = -1;
-};
 
 struct Result {
   double snapshot_us_median = 0;
@@ -239,7 +194,7 @@ int Run() {
   char dir_template[] = "/tmp/zcc-pull-bench.XXXXXX";
   const char* dir = mkdtemp(dir_template);
   if (dir == nullptr) return 1;
-  Zccd daemon(zccd, dir);
+  zcc::ZccdProcess daemon(zccd, dir, {"--daemon_pull", "--client_timeout_s=120"});
   if (!daemon.WaitReady()) {
     std::fprintf(stderr, "daemon_pull_bench: zccd did not start (log in %s)\n", dir);
     return 1;

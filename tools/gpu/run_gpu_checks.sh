@@ -45,10 +45,13 @@ declare -A BUILT_AT=(
   [daemon_pull_bench]=cuda/daemon_pull_bench
   [zccd]=daemon/zccd
   [nccl_collective_test]=cuda/nccl_collective_test
+  [nccl_restore_check]=cuda/nccl_restore_check
 )
 # Run when the node has libnccl (218 MB: not bundled; a PyTorch environment's
 # nvidia/nccl/lib on LD_LIBRARY_PATH will do).
 readonly NCCL_BINARY=nccl_collective_test
+# An NCCL restore of a C++ trainer (one rank per GPU, a real zccd); needs libnccl too.
+readonly NCCL_RESTORE=nccl_restore_check
 # Libraries the node provides and the bundle must not shadow: the CUDA driver
 # (its version must match the kernel module) and the C and C++ runtimes.
 readonly SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libnvidia-)'
@@ -68,14 +71,15 @@ bundle() {
   # as _solib_ shared objects that live only in Bazel's runfiles.
   local flags=(--config=opt --dynamic_mode=off --symlink_prefix=/)
   bazel "${startup[@]}" build "${flags[@]}" //cuda:cuda_copier_test //cuda:gpu_bench \
-    "//cuda:$NCCL_BINARY" //tests:daemon_pull_gpu_test //cuda:daemon_pull_bench //daemon:zccd
+    "//cuda:$NCCL_BINARY" //tests:daemon_pull_gpu_test //cuda:daemon_pull_bench //daemon:zccd \
+    //cuda:nccl_restore_check
   local bin
   bin=$(bazel "${startup[@]}" info "${flags[@]}" bazel-bin 2>/dev/null)
 
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
   local name lib path
-  for name in "${BINARIES[@]}" "$NCCL_BINARY"; do
+  for name in "${BINARIES[@]}" "$NCCL_BINARY" "$NCCL_RESTORE"; do
     cp "$bin/${BUILT_AT[$name]}" "$BUNDLE/bin/$name"
     chmod u+w,a+x "$BUNDLE/bin/$name"
     # "libfoo.so.1 => /path/libfoo.so.1 (0x...)"
@@ -171,6 +175,12 @@ run() {
     "$BUNDLE/bin/$NCCL_BINARY" --durations yes 2>&1 | tee "$log/nccl" || nccl_rc=${PIPESTATUS[0]}
     nccl_result=$([[ $nccl_rc -eq 0 ]] && echo PASSED || echo "FAILED (exit $nccl_rc)")
     grep -q "skipped: no CUDA device" "$log/nccl" && nccl_result+=" (device cases SKIPPED)"
+    echo "== $NCCL_RESTORE (a C++ trainer's ranks restore together through NCCL)"
+    local restore_rc=0
+    "$BUNDLE/bin/$NCCL_RESTORE" --zccd "$PWD/$BUNDLE/bin/zccd" 2>&1 | tee "$log/nccl_restore" ||
+      restore_rc=${PIPESTATUS[0]}
+    [[ $restore_rc -eq 0 ]] || nccl_rc=$restore_rc
+    nccl_result+="; $NCCL_RESTORE: $([[ $restore_rc -eq 0 ]] && tail -1 "$log/nccl_restore" || echo "FAILED (exit $restore_rc)")"
   fi
   echo "== summary"
   local skipped=""
