@@ -89,11 +89,6 @@ class DeviceContext {
     resetting_ = false;
   }
 
-  uint64_t generation() const {
-    zcc::MutexLock lock(&mu_);
-    return generation_;
-  }
-
   // Claims the allocation behind `handle` for `owner`: PermissionDenied when
   // another owner holds it.
   absl::Status Claim(const std::string& key, const std::string& owner) {
@@ -226,8 +221,12 @@ class RankPullerImpl final : public RankPuller {
       Serve(ticket);
       served = ticket;
     }
-    const bool live = imports_.generation == ctx_->generation();
-    imports_.Release(live, ctx_.get(), Owner());
+    // Inside the context's gate: a reset cannot destroy the handles while
+    // they are being closed.
+    const uint64_t generation = ctx_->Enter();
+    imports_.Release(imports_.generation == generation, ctx_.get(), Owner());
+    imports_ = Imports();  // the stream and event too, on this thread
+    ctx_->Leave();
   }
 
   std::string Owner() const { return absl::StrCat(a_.owner, " (uid ", a_.uid, ")"); }
