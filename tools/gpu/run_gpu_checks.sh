@@ -180,7 +180,7 @@ run() {
     "$BUNDLE/bin/$NCCL_RESTORE" --zccd "$PWD/$BUNDLE/bin/zccd" 2>&1 | tee "$log/nccl_restore" ||
       restore_rc=${PIPESTATUS[0]}
     [[ $restore_rc -eq 0 ]] || nccl_rc=$restore_rc
-    nccl_result+="; $NCCL_RESTORE: $([[ $restore_rc -eq 0 ]] && tail -1 "$log/nccl_restore" || echo "FAILED (exit $restore_rc)")"
+    nccl_result+="; $([[ $restore_rc -eq 0 ]] && tail -1 "$log/nccl_restore" || echo "$NCCL_RESTORE: FAILED (exit $restore_rc)")"
   fi
   echo "== summary"
   local skipped=""
