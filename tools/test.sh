@@ -18,7 +18,8 @@ bazel_rc=${PIPESTATUS[0]}
 passed=0
 failed=0
 testlogs=$(bazel info "${ZCC_BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)
-for target in $(bazel query 'tests(//...)' 2>/dev/null); do
+# Manual tests (GPU-only: tools/gpu/run_gpu_checks.sh runs them) are not run here.
+for target in $(bazel query 'tests(//...) except attr(tags, manual, tests(//...))' 2>/dev/null); do
   rel=${target#//}
   rel=${rel/://}
   log="$testlogs/$rel/test.log"
