@@ -56,6 +56,25 @@ RankSession::~RankSession() { Stop(); }
 void RankSession::Start() {
   writer_.Start();
   thread_ = std::thread([this] { IngestLoop(); });
+  if (!to_reserve_.empty()) {
+    reserver_ = std::thread([this] {
+      const uint64_t slot_bytes = shards_.layout.slot_bytes;
+      for (uint32_t slot : to_reserve_) {
+        if (stopping_.load()) return;
+        const absl::Status st = segment_.Reserve(SlotOffset(slot), slot_bytes);
+        if (!st.ok()) {
+          ZCC_LOG(ERROR) << "staging slot " << slot << " stays unused: " << st;
+          SetError(absl::StrCat("staging slot ", slot, " stays unused: ", st.message()));
+          continue;
+        }
+        FreeSlot(slot);
+      }
+    });
+  }
+}
+
+void RankSession::ReserveInBackground(std::vector<uint32_t> slots) {
+  to_reserve_ = std::move(slots);
 }
 
 void RankSession::AttachPuller(std::unique_ptr<RankPuller> puller) {
@@ -71,6 +90,8 @@ void RankSession::Stop() {
   // No more copies out of the trainer's memory, and its handles closed,
   // before anything else happens to the segment.
   if (puller_ != nullptr) puller_->Stop();
+  stopping_.store(true);
+  if (reserver_.joinable()) reserver_.join();
   stopping_.store(true);
   ControlBlock* cb = segment_.control();
   cb->doorbell.fetch_add(1);

@@ -140,6 +140,12 @@ class RankSession {
   // Daemon-pull: `puller` serves this session's channel until Stop(). Call
   // before Start().
   void AttachPuller(std::unique_ptr<RankPuller> puller);
+  // The slots `slots`, held back (SlotRing::HoldBack), get their memory
+  // reserved on a thread of their own after Start() and are then freed for
+  // the client: registering costs the reservation of one slot, not of all.
+  // A slot whose memory cannot be had stays held back (logged, last_error).
+  // Call before Start().
+  void ReserveInBackground(std::vector<uint32_t> slots);
   // Ingests what is already READY, finishes the write in progress, stops the
   // threads and tells the client the registration is closed. Idempotent.
   void Stop();
@@ -282,6 +288,10 @@ class RankSession {
   RestoreBuffers restore_buffers_;
   // Set before Start(), stopped (not destroyed: its counts stay) by Stop().
   std::unique_ptr<RankPuller> puller_;
+  // Slots to reserve (set before Start()), and the thread reserving them,
+  // joined by Stop().
+  std::vector<uint32_t> to_reserve_;
+  std::thread reserver_;
   // Last: declared after everything Write() touches, so it is destroyed (and
   // its thread joined) first.
   RankWriter writer_;

@@ -308,17 +308,39 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       adopted.emplace(inherited->session->TakeSegment());
       inheritance.predecessor = std::move(inherited->session);
     } else {
+      // The control block and slot 0 now; the other slots in the background
+      // (RankSession::ReserveInBackground), so that registering 1 GB of
+      // state does not wait for 3 GB of staging to be zeroed.
       ZCC_ASSIGN_OR_RETURN(
           shm::Segment created,
           shm::Segment::Create(absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r",
                                             req.rank(), ".g", generation),
-                               segment_bytes, segment_owner));
+                               segment_bytes, segment_owner,
+                               shm::ControlBlockBytes() + slot_bytes));
+      if (daemon_pull) {
+        ZCC_RETURN_IF_ERROR(created.Reserve(pull_offset, pull_geometry.bytes));
+      }
       adopted.emplace(std::move(created));
     }
     shm::Segment segment = std::move(*adopted);
     const std::string shm_name = segment.name();
     shm::InitControlBlock(segment.control(), num_slots, slot_bytes, generation,
                           shards.manifest_hash);
+    // Every slot but the first (and those adopted with a snapshot) waits for
+    // its memory; an adopted segment's is reserved already, which is quick.
+    std::vector<uint32_t> to_reserve;
+    {
+      shm::SlotRing ring(segment.control(), num_slots);
+      for (uint32_t slot = 1; slot < num_slots; ++slot) {
+        bool held = false;
+        if (inherited.has_value()) {
+          for (const SlotSnapshot& s : inherited->snapshots) held = held || s.slot == slot;
+        }
+        if (held) continue;
+        ring.HoldBack(slot);
+        to_reserve.push_back(slot);
+      }
+    }
     std::unique_ptr<RankPuller> puller;
     if (daemon_pull) {
       auto* channel = reinterpret_cast<shm::PullChannel*>(segment.base() + pull_offset);
@@ -372,6 +394,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
         [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); }, std::move(ema),
         std::move(ema_index), std::move(inheritance));
     if (puller != nullptr) session->AttachPuller(std::move(puller));
+    session->ReserveInBackground(std::move(to_reserve));
     session->Start();
     replaced = job->PutRank(session);
 

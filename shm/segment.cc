@@ -3,12 +3,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <boost/interprocess/exceptions.hpp>
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -67,7 +69,7 @@ uint8_t* Segment::base() const { return static_cast<uint8_t*>(impl_->region.get_
 uint64_t Segment::size() const { return impl_->region.get_size(); }
 
 absl::StatusOr<Segment> Segment::Create(const std::string& name, uint64_t bytes,
-                                        uid_t owner_uid) {
+                                        uid_t owner_uid, uint64_t reserve_bytes) {
   if (bytes < ControlBlockBytes()) {
     return absl::InvalidArgumentError(absl::StrCat("segment of ", bytes, " bytes is too small"));
   }
@@ -86,8 +88,18 @@ absl::StatusOr<Segment> Segment::Create(const std::string& name, uint64_t bytes,
     impl->object.truncate(static_cast<bip::offset_t>(bytes));
     // Reserve the memory now: on a full /dev/shm registration fails here with
     // a clear error instead of the trainer taking SIGBUS on its first copy.
-    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-      return zcc::ErrnoToStatus(err, absl::StrCat("reserve ", bytes, " bytes of shared memory for ", name));
+    // What is left for later must at least fit now.
+    const uint64_t now = std::min(bytes, reserve_bytes);
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(now)); err != 0) {
+      return zcc::ErrnoToStatus(err, absl::StrCat("reserve ", now, " bytes of shared memory for ", name));
+    }
+    if (now < bytes) {
+      struct statvfs fs;
+      if (::fstatvfs(fd, &fs) == 0 && uint64_t{fs.f_bavail} * fs.f_frsize < bytes - now) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "shared memory for ", name, " needs ", bytes - now, " more bytes; /dev/shm has ",
+            uint64_t{fs.f_bavail} * fs.f_frsize, " free"));
+      }
     }
     impl->region = bip::mapped_region(impl->object, bip::read_write, 0, bytes);
   } catch (const bip::interprocess_exception& e) {
@@ -111,6 +123,20 @@ absl::StatusOr<Segment> Segment::Open(const std::string& name, uint64_t expected
     return FromInterprocessError(e, absl::StrCat("open shared memory ", name));
   }
   return Segment(std::move(impl));
+}
+
+absl::Status Segment::Reserve(uint64_t offset, uint64_t bytes) const {
+  if (offset > size() || bytes > size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("reserve [", offset, ", +", bytes, ") of a ",
+                                                   size(), "-byte segment"));
+  }
+  const int fd = impl_->object.get_mapping_handle().handle;
+  if (const int err = ::posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+      err != 0) {
+    return zcc::ErrnoToStatus(err, absl::StrCat("reserve ", bytes, " bytes of shared memory for ",
+                                                impl_->name));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Segment::Remove(const std::string& name) {

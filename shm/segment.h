@@ -22,9 +22,19 @@ class Segment {
  public:
   // Creates `name` exclusively with mode 0600, sizes it to `bytes` and maps it.
   // When `owner_uid` is not -1 the object is chowned to it (the daemon runs as
-  // root and the trainer as a user). The new memory is zero.
+  // root and the trainer as a user). The new memory is zero. Its first
+  // `reserve_bytes` (all by default) are reserved now (allocated, so that a
+  // full /dev/shm fails here and not with SIGBUS in the trainer); the rest
+  // must be reserved with Reserve() before anyone writes there, and must fit
+  // in /dev/shm's free space now (ResourceExhausted otherwise).
   static absl::StatusOr<Segment> Create(const std::string& name, uint64_t bytes,
-                                        uid_t owner_uid = static_cast<uid_t>(-1));
+                                        uid_t owner_uid = static_cast<uid_t>(-1),
+                                        uint64_t reserve_bytes = ~uint64_t{0});
+
+  // Reserves [offset, offset + bytes) of a segment this handle created (or
+  // opened): ResourceExhausted when /dev/shm is full. Fast for memory
+  // already reserved. Thread-safe.
+  absl::Status Reserve(uint64_t offset, uint64_t bytes) const;
 
   // Maps an existing segment read-write; fails unless its size is exactly
   // `expected_bytes`. Never removes the name.

@@ -76,6 +76,54 @@ TEST_CASE("a segment is created with mode 0600, opened by size, and removed by i
   CHECK(Segment::Open(name, bytes).status().code() == absl::StatusCode::kNotFound);
 }
 
+// Bytes of /dev/shm/<name> actually allocated.
+uint64_t AllocatedBytes(const std::string& name) {
+  struct stat st;
+  REQUIRE(stat(("/dev/shm/" + name).c_str(), &st) == 0);
+  return uint64_t{static_cast<uint64_t>(st.st_blocks)} * 512;
+}
+
+TEST_CASE("a segment reserves a prefix now and the rest on request; what cannot fit is refused") {
+  const std::string name = UniqueName("reserve");
+  const uint64_t bytes = ControlBlockBytes() + 8 * kPageBytes;
+  auto seg = Segment::Create(name, bytes, static_cast<uid_t>(-1), ControlBlockBytes() + kPageBytes);
+  REQUIRE_OK(seg);
+  CHECK(AllocatedBytes(name) == ControlBlockBytes() + kPageBytes);
+  REQUIRE_OK(seg->Reserve(ControlBlockBytes() + kPageBytes, 7 * kPageBytes));
+  CHECK(AllocatedBytes(name) == bytes);
+  REQUIRE_OK(seg->Reserve(0, bytes));  // again: nothing new
+  CHECK(seg->Reserve(bytes - kPageBytes, 2 * kPageBytes).code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  // More than /dev/shm could ever hold, with only the control block now.
+  const std::string huge = UniqueName("huge");
+  auto refused = Segment::Create(huge, uint64_t{1} << 50, static_cast<uid_t>(-1),
+                                 ControlBlockBytes());
+  REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("more bytes; /dev/shm has"));
+  CHECK(access(("/dev/shm/" + huge).c_str(), F_OK) != 0);  // removed again
+}
+
+TEST_CASE("slot ring: a held-back slot is the daemon's until it frees it") {
+  alignas(ControlBlock) unsigned char mem[sizeof(ControlBlock)];
+  auto* cb = reinterpret_cast<ControlBlock*>(mem);
+  InitControlBlock(cb, 3, kPageBytes, 1, 0);
+  SlotRing ring(cb, 3);
+  ring.HoldBack(1);
+  ring.HoldBack(2);
+  CHECK(ring.FreeCount() == 1);
+  auto first = ring.Claim(false, 0);
+  REQUIRE(first.has_value());
+  CHECK(first->index == 0);
+  CHECK_FALSE(ring.Claim(false, 0).has_value());
+  CHECK_FALSE(ring.TakeFree().has_value());
+  ring.Free(2);
+  auto second = ring.Claim(false, 0);
+  REQUIRE(second.has_value());
+  CHECK(second->index == 2);
+}
+
 TEST_CASE("the daemon's view of a slot rejects out-of-range words") {
   ControlBlock cb;
   InitControlBlock(&cb, 2, kPageBytes, 1, 0);

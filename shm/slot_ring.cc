@@ -151,6 +151,12 @@ void SlotRing::Hold(uint32_t index, int64_t step) {
   s.state.store(S(SlotState::kIngesting), std::memory_order_release);
 }
 
+void SlotRing::HoldBack(uint32_t index) {
+  SlotHeader& s = cb_->slots[index];
+  s.step.store(-1, std::memory_order_relaxed);
+  s.state.store(S(SlotState::kIngesting), std::memory_order_release);
+}
+
 std::optional<int64_t> SlotRing::FreeSlotStep(uint32_t index) const {
   const SlotHeader& s = cb_->slots[index];
   if (s.state.load(std::memory_order_acquire) != S(SlotState::kFree)) return std::nullopt;

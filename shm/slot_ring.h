@@ -20,6 +20,8 @@
 //   (new)      --Hold (zccd, before the client attaches): a segment
 //                adopted from the rank's previous trainer keeps a
 //                snapshot for a restore from memory---------------> kIngesting
+//   (new)      --HoldBack (zccd, before the client attaches): the
+//                slot's memory is still being reserved (then Free)-> kIngesting
 //
 // No slot is held back: an ordinary snapshot takes any free slot, and a step
 // due for a checkpoint takes a free slot or, failing that, one whose snapshot
@@ -95,6 +97,10 @@ class SlotRing {
   // trainer left there (kIngesting: zccd holds it for a restore from memory
   // until it frees it).
   void Hold(uint32_t index, int64_t step);
+  // Before any client attaches: keeps slot `index` from the client until
+  // zccd frees it (kIngesting, holding no step): its memory is reserved in
+  // the background, so that a registration does not wait for all of it.
+  void HoldBack(uint32_t index);
   // Takes a free slot for zccd to fill with a restore (kIngesting until
   // Free): the one holding the oldest snapshot. nullopt when none is free.
   std::optional<uint32_t> TakeFree();
