@@ -188,7 +188,10 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
       const uint64_t now = shm::MonotonicNanos();
       return beat == 0 || beat > now || absl::Nanoseconds(now - beat) < timeout;
     };
-    ZCC_ASSIGN_OR_RETURN(session_copier, client_internal::DaemonPullCopier(std::move(pull_options)));
+    ZCC_ASSIGN_OR_RETURN(session_copier,
+                         options.daemon_pull_copier
+                             ? options.daemon_pull_copier(std::move(pull_options))
+                             : client_internal::DaemonPullCopier(std::move(pull_options)));
     ZCC_LOG(INFO) << "zcc client: zccd copies this rank's device tensors (daemon-pull, CUDA device "
                   << options.cuda_device << ")";
   } else if (!resp.daemon_pull_unavailable().empty()) {

@@ -26,6 +26,7 @@
 #define ZCC_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "absl/time/time.h"
 #include "client/collective.h"
 #include "copy/device_copier.h"
+#include "cuda/ipc_pull_copier.h"
 #include "format/dtype.h"
 #include "format/tensor_kind.h"
 
@@ -135,6 +137,12 @@ struct ClientOptions {
   // No daemon heartbeat for this long: the daemon is considered gone.
   absl::Duration daemon_timeout = absl::Seconds(3);
   absl::Duration reconnect_max_backoff = absl::Seconds(5);
+  // kCudaIpc: makes each registration's daemon-pull copier. Null: the one
+  // this client library links (NewIpcPullCopier; the host-only client has
+  // none, and a caller that loads CUDA on its own, like the Python module,
+  // passes it here).
+  std::function<absl::StatusOr<std::shared_ptr<DeviceCopier>>(IpcPullCopierOptions)>
+      daemon_pull_copier;
 };
 
 enum class SnapshotResult {

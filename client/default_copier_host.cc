@@ -6,6 +6,12 @@
 namespace zcc::client_internal {
 
 absl::StatusOr<std::shared_ptr<DeviceCopier>> DefaultCopier(const ClientOptions& options) {
+  // Daemon-pull: each registration's copier comes from
+  // ClientOptions::daemon_pull_copier.
+  if (options.copy_backend == ClientOptions::CopyBackend::kCudaIpc &&
+      options.daemon_pull_copier) {
+    return std::shared_ptr<DeviceCopier>();
+  }
   if (options.copy_backend != ClientOptions::CopyBackend::kHost) {
     return absl::FailedPreconditionError(
         "this client is built without the CUDA copier selection (the host copier only); pass "
@@ -18,7 +24,8 @@ absl::StatusOr<std::shared_ptr<DeviceCopier>> DefaultCopier(const ClientOptions&
 
 absl::StatusOr<std::shared_ptr<DeviceCopier>> DaemonPullCopier(IpcPullCopierOptions) {
   return absl::FailedPreconditionError(
-      "this client is built without CUDA (the host copier only) and cannot use daemon-pull");
+      "this client is built without CUDA (the host copier only): daemon-pull needs "
+      "ClientOptions::daemon_pull_copier (from Python: copier=zcc.daemon_pull(device))");
 }
 
 }  // namespace zcc::client_internal

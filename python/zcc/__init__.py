@@ -88,7 +88,7 @@ from .errors import (  # noqa: F401
 
 __all__ = [
     "LATEST", "Backpressure", "Client", "ReplicaGroup", "ReplicaKind", "SnapshotKind",
-    "TensorKind", "TensorSpec", "connect", "cuda_copier", "describe_tensor", "errors", "Error",
+    "TensorKind", "TensorSpec", "connect", "cuda_copier", "daemon_pull", "describe_tensor", "errors", "Error",
     "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
     "DeadlineExceededError", "FailedPreconditionError", "InvalidArgumentError",
     "NotFoundError", "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError",
@@ -119,6 +119,25 @@ def cuda_copier(device=0, chunk_bytes=64 << 20, module="zcc._zcc_cuda"):
     return capsule
 
 
+def daemon_pull(device=0, module="zcc._zcc_cuda"):
+    """Daemon-pull for ``connect(copier=...)``: zccd copies the device tensors
+    of CUDA device ``device`` into the staging slots itself, through CUDA IPC,
+    and a snapshot costs the training thread one event record. zccd must run
+    with ``daemon_pull: true`` (it then holds a CUDA context per GPU);
+    registration fails, saying so, otherwise. The tensors must be in
+    ``cudaMalloc`` memory (PyTorch's caching allocator without expandable
+    segments). Loads the CUDA runtime, never at ``import zcc``; the errors of
+    :func:`cuda_copier` when it cannot. (``module``: as for cuda_copier.)"""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise FailedPreconditionError(
+            "zcc's CUDA module (%s) could not be loaded: %s. It needs the CUDA runtime "
+            "(libcudart.so.13): import a CUDA build of PyTorch first, or install the CUDA "
+            "toolkit in /usr/local/cuda" % (module, e), code="FAILED_PRECONDITION") from e
+    return mod.daemon_pull(int(device))
+
+
 def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_every=0,
             keep_last=0, checkpoint_root="", backpressure="skip", ema_decay=0.0,
             ema_interval=1, persist_on_failure=False, copier=None, rpc_timeout=30.0,
@@ -138,7 +157,8 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
 
     ``copier`` chooses the copy backend: None or "host" for the host copier
     (memcpy on a copy thread; host tensors only), :func:`cuda_copier` for
-    CUDA tensors, or a capsule named
+    CUDA tensors, :func:`daemon_pull` for CUDA tensors that zccd copies, or a
+    capsule named
     ``"zcc.DeviceCopier"`` holding a ``std::shared_ptr<zcc::DeviceCopier>*``
     made by another extension built from this tree (e.g. one linking
     //cuda:cuda_copier), through which device tensors can be registered.

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -23,6 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "copy/device_copier.h"
 #include "cuda/cuda_copier.h"
+#include "cuda/ipc_pull_copier.h"
+#include "python/zcc/capsules.h"
 
 #ifdef ZCC_FAKE_CUDART
 #include "cuda/fake_cudart/fake_cudart.h"
@@ -32,8 +35,6 @@ namespace py = pybind11;
 
 namespace zcc {
 namespace {
-
-constexpr char kCopierCapsule[] = "zcc.DeviceCopier";
 
 // (capsule, None) or (None, (code name, message)): errors are raised by
 // the Python side as zcc.errors classes, which this module does not link.
@@ -55,6 +56,22 @@ py::tuple Copier(int device, uint64_t chunk_bytes) {
     delete static_cast<std::shared_ptr<DeviceCopier>*>(PyCapsule_GetPointer(o, kCopierCapsule));
   });
   return py::make_tuple(capsule, py::none());
+}
+
+// Daemon-pull's copier factory for a client (ClientOptions::daemon_pull_copier),
+// as a "zcc.DaemonPull" capsule (capsules.h; module.cc reads it).
+py::capsule DaemonPull(int device) {
+  auto* choice = new DaemonPullChoice;
+  choice->device = device;
+  choice->factory = [](IpcPullCopierOptions options)
+      -> absl::StatusOr<std::shared_ptr<DeviceCopier>> {
+    absl::StatusOr<std::unique_ptr<DeviceCopier>> made = NewIpcPullCopier(std::move(options));
+    if (!made.ok()) return made.status();
+    return std::shared_ptr<DeviceCopier>(std::move(*made));
+  };
+  return py::capsule(choice, kDaemonPullCapsule, [](PyObject* o) {
+    delete static_cast<DaemonPullChoice*>(PyCapsule_GetPointer(o, kDaemonPullCapsule));
+  });
 }
 
 #ifdef ZCC_FAKE_CUDART
@@ -105,6 +122,8 @@ PYBIND11_MODULE(ZCC_CUDA_MODULE_NAME, m) {
   m.def("copier", &zcc::Copier, py::arg("device") = 0, py::arg("chunk_bytes") = uint64_t{64} << 20,
         "(capsule, None), or (None, (status code name, message)) when no copier can be made.");
   m.def("device_available", &zcc::CudaDeviceAvailable);
+  m.def("daemon_pull", &zcc::DaemonPull, py::arg("device") = 0,
+        "A 'zcc.DaemonPull' capsule: connect(copier=...) asks zccd to copy the device tensors.");
 #ifdef ZCC_FAKE_CUDART
   py::class_<zcc::FakeDeviceBuffer>(m, "FakeDeviceBuffer")
       .def(py::init<size_t>())

@@ -33,6 +33,7 @@
 #include "client/client.h"
 #include "copy/device_copier.h"
 #include "format/dtype.h"
+#include "python/zcc/capsules.h"
 #include "python/zcc/tensor_view.h"
 
 namespace zcc::python {
@@ -140,23 +141,35 @@ const char* ResultName(SnapshotResult r) {
   return "unknown";
 }
 
-// Name of the capsule through which another extension module (built from
-// this tree, e.g. one compiled with nvcc) hands over a device copier: its
-// pointer is a `std::shared_ptr<zcc::DeviceCopier>*` that stays valid for the
-// capsule's lifetime; the client shares ownership of the copier.
-constexpr char kCopierCapsule[] = "zcc.DeviceCopier";
-
-std::shared_ptr<DeviceCopier> CopierFrom(py::handle copier) {
-  if (copier.is_none()) return nullptr;
-  if (py::isinstance<py::str>(copier) && copier.cast<std::string>() == "host") return nullptr;
+// Sets the copy backend from connect(copier=...): None or "host", a device
+// copier another extension module made (a "zcc.DeviceCopier" capsule, whose
+// copier the client shares), or daemon-pull (a "zcc.DaemonPull" capsule from
+// zcc.daemon_pull(), capsules.h). Returns the backend's name.
+std::string SetCopier(py::handle copier, ClientOptions* o) {
+  if (copier.is_none()) return "host";
+  if (py::isinstance<py::str>(copier) && copier.cast<std::string>() == "host") return "host";
   if (PyCapsule_IsValid(copier.ptr(), kCopierCapsule)) {
     auto* p = static_cast<std::shared_ptr<DeviceCopier>*>(
         PyCapsule_GetPointer(copier.ptr(), kCopierCapsule));
-    if (p != nullptr && *p != nullptr) return *p;
+    if (p != nullptr && *p != nullptr) {
+      o->copier = *p;
+      return o->copier->name();
+    }
+  }
+  if (PyCapsule_IsValid(copier.ptr(), kDaemonPullCapsule)) {
+    auto* choice =
+        static_cast<DaemonPullChoice*>(PyCapsule_GetPointer(copier.ptr(), kDaemonPullCapsule));
+    if (choice != nullptr && choice->factory) {
+      o->copy_backend = ClientOptions::CopyBackend::kCudaIpc;
+      o->cuda_device = choice->device;
+      o->daemon_pull_copier = choice->factory;
+      return "cuda_ipc";
+    }
   }
   throw StatusError(absl::InvalidArgumentError(
-      "copier must be None or 'host' (the host copier), or a 'zcc.DeviceCopier' capsule "
-      "holding a std::shared_ptr<zcc::DeviceCopier>*"));
+      "copier must be None or 'host' (the host copier), zcc.cuda_copier(...), "
+      "zcc.daemon_pull(...), or a 'zcc.DeviceCopier' capsule holding a "
+      "std::shared_ptr<zcc::DeviceCopier>*"));
 }
 
 // One tensor to register, as Python code describes it.
@@ -461,13 +474,12 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
   o.ema_decay = static_cast<float>(ema_decay);
   o.ema_interval = U32(ema_interval, "ema_interval");
   o.persist_on_failure = persist_on_failure;
-  o.copier = CopierFrom(copier);
+  const std::string copier_name = SetCopier(copier, &o);
   o.rpc_timeout = Seconds(rpc_timeout, "rpc_timeout");
   o.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
   o.daemon_timeout = Seconds(daemon_timeout, "daemon_timeout");
   o.reconnect_max_backoff = Seconds(reconnect_max_backoff, "reconnect_max_backoff");
   o.restore_timeout = Seconds(restore_timeout, "restore_timeout");
-  const std::string copier_name = o.copier == nullptr ? "host" : o.copier->name();
   absl::StatusOr<std::unique_ptr<Client>> client;
   {
     py::gil_scoped_release release;
