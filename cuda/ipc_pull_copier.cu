@@ -187,14 +187,7 @@ class IpcPullCopier final : public DeviceCopier {
     }
     Harvest();
 
-    std::unique_ptr<LocalPart> part;
-    if (!local.empty()) {
-      part = std::make_unique<LocalPart>();
-      part->ticket = ticket;
-      part->regions = std::move(local);
-      ZCC_ASSIGN_OR_RETURN(part->host_ticket, host_->Enqueue(part->regions, stream));
-    }
-
+    // zccd reads the record only once `requested` says so.
     shm::PullChannel* ch = options_.channel;
     shm::PullRequest& req = ch->requests[record];
     req.ticket = ticket;
@@ -209,8 +202,16 @@ class IpcPullCopier final : public DeviceCopier {
       ZCC_RETURN_IF_ERROR(Check(cudaEventRecord(ready_[record].get(), CallerStream(stream)),
                                 "cudaEventRecord of the daemon-pull ready event"));
     }
+    // Last, since the host copier keeps a span of the part's regions: a
+    // failure after it would leave that span dangling.
+    if (!local.empty()) {
+      auto part = std::make_unique<LocalPart>();
+      part->ticket = ticket;
+      part->regions = std::move(local);
+      ZCC_ASSIGN_OR_RETURN(part->host_ticket, host_->Enqueue(part->regions, stream));
+      local_.push_back(std::move(part));
+    }
     next_ticket_ = ticket;
-    if (part != nullptr) local_.push_back(std::move(part));
     ch->requested.store(ticket, std::memory_order_release);
     ch->doorbell.fetch_add(1, std::memory_order_acq_rel);
     if (ch->puller_waiting.load(std::memory_order_acquire) != 0) FutexWakeAll(&ch->doorbell);
