@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -182,18 +183,34 @@ TEST_CASE("a trainer killed between ready and copied: zccd drops that snapshot a
   REQUIRE(daemon.Stop() == 0);
 }
 
-TEST_CASE("a handle of another job's memory is refused") {
-  const std::string dir = ShortTempDir("it-pull-foreign");
+// Job A snapshots (zccd maps its allocations) and stays; job B registers
+// and, before its first snapshot, names A's allocation in place of each of its
+// own. `uid_a` / `uid_b`: the trainers' uids (-1: the test's own).
+void ForeignHandleIsRefused(const std::string& tag, int uid_a, int uid_b) {
+  const std::string dir = ShortTempDir(tag);
+  REQUIRE(chmod(dir.c_str(), 0755) == 0);
   Daemon daemon(dir, FakeCudaDaemon(true));
   REQUIRE(daemon.Start());
-  // Job A snapshots (zccd maps its allocations) and stays.
-  auto a = Trainer(daemon, dir, "a", {"--job=joba", "--copy_backend=cuda_ipc", "--steps=2",
-                                      "--save_every=0", "--block", "--pause_at=2"});
+  // Other uids run a copy outside root's runfiles.
+  std::string trainer = Runfile("tests/test_trainer_on_fake_cudart");
+  if (uid_a >= 0 || uid_b >= 0) {
+    const std::string copy = dir + "/bin/test_trainer_on_fake_cudart";
+    const std::string cmd = "mkdir -p " + dir + "/bin && cp " + trainer + " " + copy +
+                            " && chmod 0755 " + dir + "/bin " + copy;
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    trainer = copy;
+  }
+  auto run = [&](int uid, const std::string& name, std::vector<std::string> flags) {
+    std::vector<std::string> argv = {trainer, "--socket=" + daemon.socket(),
+                                     "--root=" + daemon.root(), "--device_tensors", "--kib=64",
+                                     "--tensors=3", "--copy_backend=cuda_ipc"};
+    for (auto& f : flags) argv.push_back(std::move(f));
+    return std::make_unique<Subprocess>(argv, dir + "/" + name + ".log", uid);
+  };
+  auto a = run(uid_a, "a", {"--job=joba", "--steps=2", "--save_every=0", "--block",
+                            "--pause_at=2"});
   REQUIRE(a->WaitForOutput("paused", absl::Seconds(60)));
-  // Job B registers, then, before its first snapshot, names A's allocation
-  // in place of each of its own.
-  auto b = Trainer(daemon, dir, "b", {"--job=jobb", "--copy_backend=cuda_ipc", "--steps=1",
-                                      "--save_every=0", "--pause_before_train"});
+  auto b = run(uid_b, "b", {"--job=jobb", "--steps=1", "--save_every=0", "--pause_before_train"});
   REQUIRE(b->WaitForOutput("ready", absl::Seconds(60)));
   {
     MappedSegment seg_a(SegmentOf(daemon, "joba"));
@@ -210,9 +227,22 @@ TEST_CASE("a handle of another job's memory is refused") {
   REQUIRE(b->Wait(absl::Seconds(60)) == 0);
   CHECK(b->Values()["published"] == "0");
   CHECK(absl::StrContains(b->Output(), "already mapped for job joba rank 0"));
+  if (uid_a >= 0) CHECK(absl::StrContains(b->Output(), absl::StrCat("(uid ", uid_a, ")")));
   a->Signal(SIGUSR1);
   CHECK(a->Wait(absl::Seconds(60)) == 0);
   REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("a handle of another job's memory is refused") {
+  ForeignHandleIsRefused("it-pull-foreign", -1, -1);
+}
+
+TEST_CASE("a handle of another user's memory is refused") {
+  if (geteuid() != 0) {
+    WARN("skipped: needs root to run trainers as two other uids");
+    return;
+  }
+  ForeignHandleIsRefused("it-pull-uid", 54321, 54322);
 }
 
 }  // namespace
