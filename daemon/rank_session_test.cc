@@ -3,6 +3,7 @@
 // ring the doorbell), with a disk the test can stall.
 #include "daemon/rank_session.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -91,7 +92,10 @@ float Value(int t, int64_t step, int i) { return static_cast<float>(step * 10 + 
 // session started on a fresh segment, persisting every `save_every` steps.
 class TestRank {
  public:
-  TestRank(const std::string& root, uint32_t save_every, storage::Storage* storage) {
+  // `reserve_later`: slot 1's memory is reserved by the session in the
+  // background, as the registry does for large segments.
+  TestRank(const std::string& root, uint32_t save_every, storage::Storage* storage,
+           bool reserve_later = false) {
     v1::RegisterRequest req;
     req.set_job_id("job");
     req.set_rank(0);
@@ -132,10 +136,14 @@ class TestRank {
     // Tests run in pid namespaces: the pid alone may repeat between runs.
     const std::string name =
         absl::StrCat("zcc_rs_test.", ::getpid(), ".", absl::GetCurrentTimeNanos(), ".", ++count_);
-    auto segment = shm::Segment::Create(name, shm::SegmentBytes(2, slot_bytes_));
+    name_ = name;
+    auto segment = shm::Segment::Create(
+        name, shm::SegmentBytes(2, slot_bytes_), static_cast<uid_t>(-1),
+        reserve_later ? shm::ControlBlockBytes() + slot_bytes_ : ~uint64_t{0});
     REQUIRE_OK(segment);
     shm::InitControlBlock(segment->control(), 2, slot_bytes_, 1, shards->manifest_hash);
     cb_ = segment->control();
+    if (reserve_later) shm::SlotRing(cb_, 2).HoldBack(1);
     RankSessionOptions options;
     options.job_dir = JoinPath(root, "job");
     options.num_slots = 2;
@@ -155,9 +163,14 @@ class TestRank {
           persisted_.push_back(e.status.ok() ? e.step : -1);
         },
         std::move(*ema), ema_index);
+    if (reserve_later) session_->ReserveInBackground({1});
     session_->Start();
   }
   ~TestRank() { session_->Stop(); }
+
+  const std::string& segment_name() const { return name_; }
+  shm::ControlBlock* cb() const { return cb_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
 
   // The trainer dies and another registers the same tensors: the session
   // stops, and a new one adopts its segment holding its intact snapshots
@@ -239,6 +252,7 @@ class TestRank {
   static inline int count_ = 0;
   shm::ControlBlock* cb_ = nullptr;
   uint64_t slot_bytes_ = 0;
+  std::string name_;
   std::vector<uint64_t> offsets_;
   checkpoint::RankShards shards_;
   std::vector<RegisteredTensor> registered_;
@@ -258,6 +272,20 @@ std::vector<float> ReferenceEma(int t, int64_t n) {
     for (int k = 0; k < kElements; ++k) ema[k] = kDecay * ema[k] + (1 - kDecay) * Value(t, s, k);
   }
   return ema;
+}
+
+TEST_CASE("a slot whose memory is reserved in the background reaches the client when it is") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, 0, nullptr, /*reserve_later=*/true);
+  shm::SlotRing ring(rank.cb(), 2);
+  // Slot 0 at once; slot 1 once the session has reserved it.
+  REQUIRE(testing::Eventually([&] { return ring.FreeCount() == 2; }, absl::Seconds(10)));
+  struct stat st;
+  REQUIRE(stat(("/dev/shm/" + rank.segment_name()).c_str(), &st) == 0);
+  CHECK(static_cast<uint64_t>(st.st_blocks) * 512 == shm::SegmentBytes(2, rank.slot_bytes()));
+  for (int64_t step = 1; step <= 4; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(testing::Eventually([&] { return rank.session().counters().snapshots_ingested == 4; },
+                              absl::Seconds(10)));
 }
 
 TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, once") {

@@ -195,6 +195,10 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       shm::PullGeometryFor(static_cast<uint32_t>(req.tensors_size()));
   const uint64_t pull_offset = shm::SegmentBytes(num_slots, slot_bytes);
   const uint64_t segment_bytes = pull_offset + (daemon_pull ? pull_geometry.bytes : 0);
+  // Reserving this much takes tens of milliseconds: more, and the slots after
+  // the first are reserved in the background.
+  constexpr uint64_t kReserveAtOnceBytes = uint64_t{256} << 20;
+  const bool reserve_later = segment_bytes > kReserveAtOnceBytes;
 
   // A trainer restarted faster than the housekeeping round noticed its
   // predecessor's death: retire the old registration first (its
@@ -308,16 +312,18 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       adopted.emplace(inherited->session->TakeSegment());
       inheritance.predecessor = std::move(inherited->session);
     } else {
-      // The control block and slot 0 now; the other slots in the background
-      // (RankSession::ReserveInBackground), so that registering 1 GB of
-      // state does not wait for 3 GB of staging to be zeroed.
+      // A large segment: the control block and slot 0 now, the other slots
+      // in the background (RankSession::ReserveInBackground), so that
+      // registering 1 GB of state does not wait for 3 GB of staging to be
+      // zeroed. A small one whole, at once: every slot is free on return.
       ZCC_ASSIGN_OR_RETURN(
           shm::Segment created,
           shm::Segment::Create(absl::StrCat(config_.shm_prefix, ".", req.job_id(), ".r",
                                             req.rank(), ".g", generation),
                                segment_bytes, segment_owner,
-                               shm::ControlBlockBytes() + slot_bytes));
-      if (daemon_pull) {
+                               reserve_later ? shm::ControlBlockBytes() + slot_bytes
+                                             : segment_bytes));
+      if (daemon_pull && reserve_later) {
         ZCC_RETURN_IF_ERROR(created.Reserve(pull_offset, pull_geometry.bytes));
       }
       adopted.emplace(std::move(created));
@@ -329,7 +335,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
     // Every slot but the first (and those adopted with a snapshot) waits for
     // its memory; an adopted segment's is reserved already, which is quick.
     std::vector<uint32_t> to_reserve;
-    {
+    if (reserve_later) {
       shm::SlotRing ring(segment.control(), num_slots);
       for (uint32_t slot = 1; slot < num_slots; ++slot) {
         bool held = false;
