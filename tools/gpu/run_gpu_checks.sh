@@ -29,7 +29,8 @@
 #       With ZCC_GPU_PYTHON=<venv>/bin/python (PyTorch with CUDA and zcc's wheel
 #       installed there) it also runs python/tests/cuda_torch_check.py: a
 #       CUDA model checkpointed through zcc.torch, which picks the CUDA copier,
-#       and restored on the GPU exactly.
+#       and restored on the GPU exactly; then the same with daemon-pull
+#       (copier=zcc.daemon_pull(0), the wheel's zccd with --daemon_pull).
 #
 # Exit status: 0 when every step passed (or skipped for lack of a device).
 set -euo pipefail
