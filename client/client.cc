@@ -176,11 +176,11 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
     // zccd copies this registration's device tensors; the copier is its own.
     IpcPullCopierOptions pull_options;
     pull_options.device = options.cuda_device;
-    pull_options.segment_base = segment.base();
-    pull_options.staging_begin = resp.slots_offset();
-    pull_options.staging_end = pull_offset;
-    pull_options.channel = reinterpret_cast<shm::PullChannel*>(segment.base() + pull_offset);
-    pull_options.geometry = pull;
+    pull_options.mapping.segment_base = segment.base();
+    pull_options.mapping.staging_begin = resp.slots_offset();
+    pull_options.mapping.staging_end = pull_offset;
+    pull_options.mapping.channel = reinterpret_cast<shm::PullChannel*>(segment.base() + pull_offset);
+    pull_options.mapping.geometry = pull;
     shm::ControlBlock* cb = segment.control();
     pull_options.daemon_alive = [cb, timeout = options.daemon_timeout] {
       if (cb->closed.load(std::memory_order_acquire) != 0) return false;

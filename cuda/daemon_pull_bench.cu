@@ -74,8 +74,8 @@ struct Result {
 };
 
 // Plain cudaMemcpyAsync of every tensor into pinned memory: the reference.
-bool PinnedBaseline(const std::vector<void*>& tensors, size_t bytes, cudaStream_t stream,
-                    int iters, double* gbps) {
+bool PinnedBaseline(const std::vector<void*>& tensors, size_t bytes, cudaStream_t stream, int iters,
+                    double* gbps) {
   void* host = nullptr;
   if (!Check(cudaMallocHost(&host, tensors.size() * bytes), "cudaMallocHost")) return false;
   std::vector<double> rates;
@@ -226,9 +226,9 @@ int Run() {
       ++failed;
       continue;
     }
-    std::printf("%-10s %14.1f %14.1f %12.2f %12.2f %12.3f\n", backend.c_str(),
-                r.snapshot_us_median, r.snapshot_us_max, r.gbps_median,
-                pinned > 0 ? r.gbps_median / pinned : 0, r.register_s);
+    std::printf("%-10s %14.1f %14.1f %12.2f %12.2f %12.3f\n", backend.c_str(), r.snapshot_us_median,
+                r.snapshot_us_max, r.gbps_median, pinned > 0 ? r.gbps_median / pinned : 0,
+                r.register_s);
   }
   for (void* t : tensors) cudaFree(t);
   cudaStreamDestroy(stream);

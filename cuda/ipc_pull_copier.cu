@@ -47,7 +47,7 @@ absl::StatusOr<GetAddressRangeFn> LoadGetAddressRange() {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   ZCC_RETURN_IF_ERROR(Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
-                                                              cudaEnableDefault, &found),
+                                                             cudaEnableDefault, &found),
                             "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)"));
   if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
     return absl::FailedPreconditionError(
@@ -85,10 +85,11 @@ class IpcPullCopier final : public DeviceCopier {
   std::string name() const override { return "cuda_ipc"; }
 
   absl::Status Attach() {
-    ZCC_RETURN_IF_ERROR(shm::ValidatePullChannel(*options_.channel, options_.geometry));
-    if (options_.channel->device != options_.device) {
+    ZCC_RETURN_IF_ERROR(
+        shm::ValidatePullChannel(*options_.mapping.channel, options_.mapping.geometry));
+    if (options_.mapping.channel->device != options_.device) {
       return absl::FailedPreconditionError(
-          absl::StrCat("the daemon-pull channel is for device ", options_.channel->device,
+          absl::StrCat("the daemon-pull channel is for device ", options_.mapping.channel->device,
                        ", the copier for device ", options_.device));
     }
     ScopedDevice on(options_.device);
@@ -96,11 +97,11 @@ class IpcPullCopier final : public DeviceCopier {
     constexpr unsigned kFlags = cudaEventInterprocess | cudaEventDisableTiming;
     for (uint32_t i = 0; i < shm::kPullRequests; ++i) {
       ZCC_ASSIGN_OR_RETURN(ready_[i], NewEvent(kFlags));
-      ZCC_RETURN_IF_ERROR(ExportEvent(ready_[i].get(), options_.channel->ready_events[i]));
+      ZCC_RETURN_IF_ERROR(ExportEvent(ready_[i].get(), options_.mapping.channel->ready_events[i]));
     }
     ZCC_ASSIGN_OR_RETURN(copied_, NewEvent(kFlags));
-    ZCC_RETURN_IF_ERROR(ExportEvent(copied_.get(), options_.channel->copied_event));
-    options_.channel->attached.store(1, std::memory_order_release);
+    ZCC_RETURN_IF_ERROR(ExportEvent(copied_.get(), options_.mapping.channel->copied_event));
+    options_.mapping.channel->attached.store(1, std::memory_order_release);
     return absl::OkStatus();
   }
 
@@ -158,26 +159,29 @@ class IpcPullCopier final : public DeviceCopier {
         continue;
       }
       const uint8_t* dst = static_cast<const uint8_t*>(r.dst);
-      const uint8_t* begin = options_.segment_base + options_.staging_begin;
-      const uint8_t* end = options_.segment_base + options_.staging_end;
+      const uint8_t* begin = options_.mapping.segment_base + options_.mapping.staging_begin;
+      const uint8_t* end = options_.mapping.segment_base + options_.mapping.staging_end;
       if (dst < begin || dst > end || r.nbytes > static_cast<size_t>(end - dst) ||
           !InRegistered(dst, r.nbytes)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "copy region ", i, " reads device memory into memory outside the registered staging "
-            "slots zccd maps; daemon-pull copies device memory only into them"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("copy region ", i,
+                         " reads device memory into memory outside the registered staging "
+                         "slots zccd maps; daemon-pull copies device memory only into them"));
       }
       ZCC_ASSIGN_OR_RETURN(auto source, SourceOf(r.src, r.nbytes));
       shm::PullRegion pr{};
       pr.source = source.first;
       pr.source_offset = source.second;
-      pr.staging_offset = static_cast<uint64_t>(dst - options_.segment_base);
+      pr.staging_offset = static_cast<uint64_t>(dst - options_.mapping.segment_base);
       pr.bytes = r.nbytes;
       remote.push_back(pr);
     }
-    if (remote.size() > options_.geometry.regions_per_request) {
+    if (remote.size() > options_.mapping.geometry.regions_per_request) {
       return absl::InvalidArgumentError(
-          absl::StrCat(remote.size(), " device regions in one snapshot; the daemon-pull channel "
-                       "takes at most ", options_.geometry.regions_per_request));
+          absl::StrCat(remote.size(),
+                       " device regions in one snapshot; the daemon-pull channel "
+                       "takes at most ",
+                       options_.mapping.geometry.regions_per_request));
     }
     const CopyTicket ticket = next_ticket_ + 1;
     const uint32_t record = static_cast<uint32_t>(ticket % shm::kPullRequests);
@@ -188,12 +192,12 @@ class IpcPullCopier final : public DeviceCopier {
     Harvest();
 
     // zccd reads the record only once `requested` says so.
-    shm::PullChannel* ch = options_.channel;
+    shm::PullChannel* ch = options_.mapping.channel;
     shm::PullRequest& req = ch->requests[record];
     req.ticket = ticket;
     req.num_regions = static_cast<uint32_t>(remote.size());
     if (!remote.empty()) {
-      std::memcpy(shm::PullRegions(ch, options_.geometry, record), remote.data(),
+      std::memcpy(shm::PullRegions(ch, options_.mapping.geometry, record), remote.data(),
                   remote.size() * sizeof(shm::PullRegion));
     }
     {
@@ -328,27 +332,28 @@ class IpcPullCopier final : public DeviceCopier {
     size_t bytes = 0;
     const CUresult range = get_range_(&base, &bytes, static_cast<CUdeviceptr>(p));
     if (range != CUDA_SUCCESS) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cuMemGetAddressRange found no allocation holding device memory at 0x",
-          absl::Hex(p), " (CUresult ", static_cast<int>(range), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuMemGetAddressRange found no allocation holding device memory at 0x",
+                       absl::Hex(p), " (CUresult ", static_cast<int>(range), ")"));
     }
     cudaIpcMemHandle_t handle;
     const cudaError_t exported = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
     if (exported != cudaSuccess) {
       const absl::Status st = Check(exported, "cudaIpcGetMemHandle");
       return absl::FailedPreconditionError(absl::StrCat(
-          st.message(), ": the tensor's memory cannot be shared through CUDA IPC (memory from "
+          st.message(),
+          ": the tensor's memory cannot be shared through CUDA IPC (memory from "
           "cudaMallocAsync pools or PyTorch's expandable segments cannot); use copy_backend "
           "cuda instead of cuda_ipc"));
     }
-    shm::PullChannel* ch = options_.channel;
+    shm::PullChannel* ch = options_.mapping.channel;
     const uint32_t index = ch->num_sources.load(std::memory_order_relaxed);
-    if (index >= options_.geometry.max_sources) {
+    if (index >= options_.mapping.geometry.max_sources) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("the tensors live in more than ", options_.geometry.max_sources,
+          absl::StrCat("the tensors live in more than ", options_.mapping.geometry.max_sources,
                        " device allocations, the daemon-pull channel's limit"));
     }
-    shm::PullSource& out = shm::PullSources(ch, options_.geometry)[index];
+    shm::PullSource& out = shm::PullSources(ch, options_.mapping.geometry)[index];
     static_assert(sizeof(handle) == shm::kIpcHandleBytes);
     std::memcpy(out.handle, &handle, sizeof(handle));
     out.bytes = bytes;
@@ -364,18 +369,18 @@ class IpcPullCopier final : public DeviceCopier {
   // before their records can be rewritten.
   void Harvest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t done =
-        std::min(options_.channel->completed.load(std::memory_order_acquire), next_ticket_);
+        std::min(options_.mapping.channel->completed.load(std::memory_order_acquire), next_ticket_);
     for (uint64_t t = harvested_ + 1; t <= done; ++t) {
-      const shm::PullRequest& req = options_.channel->requests[t % shm::kPullRequests];
+      const shm::PullRequest& req = options_.mapping.channel->requests[t % shm::kPullRequests];
       if (req.status_code == 0) continue;
       char error[shm::kPullErrorBytes + 1] = {};
       std::memcpy(error, req.error, shm::kPullErrorBytes);
       const int code = req.status_code;
-      failures_[t] = absl::Status(
-          code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
-              ? static_cast<absl::StatusCode>(code)
-              : absl::StatusCode::kInternal,
-          absl::StrCat("zccd's copy of snapshot ticket ", t, " failed: ", error));
+      failures_[t] =
+          absl::Status(code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                           ? static_cast<absl::StatusCode>(code)
+                           : absl::StatusCode::kInternal,
+                       absl::StrCat("zccd's copy of snapshot ticket ", t, " failed: ", error));
     }
     harvested_ = std::max(harvested_, done);
     while (!failures_.empty() && failures_.begin()->first + 4096 < harvested_) {
@@ -386,7 +391,7 @@ class IpcPullCopier final : public DeviceCopier {
   // Sleeps until the channel's `counter` reaches `ticket`; Unavailable when
   // zccd goes away first.
   absl::Status AwaitChannel(std::atomic<uint64_t> shm::PullChannel::*counter, uint64_t ticket) {
-    shm::PullChannel* ch = options_.channel;
+    shm::PullChannel* ch = options_.mapping.channel;
     while (true) {
       const uint32_t bell = ch->bell.load(std::memory_order_acquire);
       if ((ch->*counter).load(std::memory_order_acquire) >= ticket) return absl::OkStatus();
@@ -421,9 +426,10 @@ class IpcPullCopier final : public DeviceCopier {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceCopier>> NewIpcPullCopier(IpcPullCopierOptions options) {
-  if (options.segment_base == nullptr || options.channel == nullptr ||
-      options.staging_end <= options.staging_begin || options.host_chunk_bytes == 0 ||
-      options.geometry.regions_per_request == 0 || options.geometry.max_sources == 0) {
+  if (options.mapping.segment_base == nullptr || options.mapping.channel == nullptr ||
+      options.mapping.staging_end <= options.mapping.staging_begin ||
+      options.host_chunk_bytes == 0 || options.mapping.geometry.regions_per_request == 0 ||
+      options.mapping.geometry.max_sources == 0) {
     return absl::InvalidArgumentError(
         "a daemon-pull copier needs the segment, a non-empty staging range, the channel and its "
         "geometry");

@@ -49,14 +49,9 @@ namespace zcc {
 struct IpcPullCopierOptions {
   // The CUDA device holding the trainer's tensors (the channel's device).
   int device = 0;
-  // The staging segment as this process maps it, and the byte range of it
-  // (offsets from `segment_base`) that zccd accepts as destinations: the slots.
-  uint8_t* segment_base = nullptr;
-  uint64_t staging_begin = 0;
-  uint64_t staging_end = 0;
-  // The channel in the segment and its geometry as zccd sent it over RPC.
-  shm::PullChannel* channel = nullptr;
-  shm::PullGeometry geometry;
+  // The staging segment as this process maps it, the slots zccd accepts as
+  // destinations, and the channel with its geometry as zccd sent it over RPC.
+  shm::PullMapping mapping;
   // Chunk size of the host copier for host-memory regions.
   size_t host_chunk_bytes = size_t{64} << 20;
   // Polled while waiting for zccd; null: zccd is assumed alive.

@@ -3,11 +3,10 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -95,9 +94,9 @@ class DeviceContext {
     zcc::MutexLock lock(&mu_);
     auto [it, inserted] = owners_.emplace(key, owner);
     if (!inserted && it->second != owner) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "the allocation behind this IPC handle is already mapped for ", it->second,
-          "; zccd refuses a handle of another job's or user's memory"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("the allocation behind this IPC handle is already mapped for ", it->second,
+                       "; zccd refuses a handle of another job's or user's memory"));
     }
     return absl::OkStatus();
   }
@@ -142,7 +141,7 @@ struct Imports {
   CudaEvent done;
   cudaEvent_t ready_events[shm::kPullRequests] = {};
   cudaEvent_t copied = nullptr;
-  std::vector<void*> sources;        // opened bases; nullptr: not opened yet
+  std::vector<void*> sources;  // opened bases; nullptr: not opened yet
   std::vector<uint64_t> source_bytes;
   std::vector<std::string> claimed;  // handle keys claimed in the context
   void* pinned = nullptr;            // cudaHostRegister'ed staging, if it worked
@@ -186,7 +185,7 @@ class RankPullerImpl final : public RankPuller {
 
   void Stop() override {
     stop_.store(true, std::memory_order_release);
-    FutexWakeAll(&a_.channel->doorbell);
+    FutexWakeAll(&a_.mapping.channel->doorbell);
     if (thread_.joinable()) {
       thread_.join();
       ctx_->AddPuller(-1);
@@ -204,7 +203,7 @@ class RankPullerImpl final : public RankPuller {
  private:
   void Run() {
     (void)cudaSetDevice(a_.device);
-    shm::PullChannel* ch = a_.channel;
+    shm::PullChannel* ch = a_.mapping.channel;
     uint64_t served = 0;
     while (!stop_.load(std::memory_order_acquire)) {
       const uint32_t bell = ch->doorbell.load(std::memory_order_acquire);
@@ -233,7 +232,7 @@ class RankPullerImpl final : public RankPuller {
 
   // Pulls `ticket` and reports its outcome in the channel.
   void Serve(uint64_t ticket) {
-    shm::PullChannel* ch = a_.channel;
+    shm::PullChannel* ch = a_.mapping.channel;
     shm::PullRequest& req = ch->requests[ticket % shm::kPullRequests];
     uint64_t copied_bytes = 0;
     absl::Status st = Pull(ticket, req, &copied_bytes);
@@ -255,7 +254,7 @@ class RankPullerImpl final : public RankPuller {
   }
 
   void Publish(std::atomic<uint64_t> shm::PullChannel::*counter, uint64_t ticket) {
-    shm::PullChannel* ch = a_.channel;
+    shm::PullChannel* ch = a_.mapping.channel;
     if ((ch->*counter).load(std::memory_order_acquire) >= ticket) return;
     (ch->*counter).store(ticket, std::memory_order_release);
     ch->bell.fetch_add(1, std::memory_order_acq_rel);
@@ -263,7 +262,7 @@ class RankPullerImpl final : public RankPuller {
   }
 
   absl::Status Pull(uint64_t ticket, shm::PullRequest& req, uint64_t* copied_bytes) {
-    shm::PullChannel* ch = a_.channel;
+    shm::PullChannel* ch = a_.mapping.channel;
     // Copy the request out of shared memory before checking it: the trainer
     // could change it under us.
     const uint64_t req_ticket = req.ticket;
@@ -272,29 +271,31 @@ class RankPullerImpl final : public RankPuller {
       return absl::InvalidArgumentError(
           absl::StrCat("request record holds ticket ", req_ticket, ", expected ", ticket));
     }
-    if (n > a_.geometry.regions_per_request) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request of ", n, " regions; the channel takes ", a_.geometry.regions_per_request));
+    if (n > a_.mapping.geometry.regions_per_request) {
+      return absl::InvalidArgumentError(absl::StrCat("request of ", n,
+                                                     " regions; the channel takes ",
+                                                     a_.mapping.geometry.regions_per_request));
     }
     std::vector<shm::PullRegion> regions(n);
     if (n > 0) {
       std::memcpy(regions.data(),
-                  shm::PullRegions(ch, a_.geometry, ticket % shm::kPullRequests),
+                  shm::PullRegions(ch, a_.mapping.geometry, ticket % shm::kPullRequests),
                   n * sizeof(shm::PullRegion));
     }
     if (ch->attached.load(std::memory_order_acquire) != 1) {
       return absl::FailedPreconditionError("the trainer has not attached to the channel");
     }
-    const uint64_t sources =
-        std::min<uint64_t>(ch->num_sources.load(std::memory_order_acquire), a_.geometry.max_sources);
+    const uint64_t sources = std::min<uint64_t>(ch->num_sources.load(std::memory_order_acquire),
+                                                a_.mapping.geometry.max_sources);
     for (size_t i = 0; i < regions.size(); ++i) {
       const shm::PullRegion& r = regions[i];
       if (r.source >= sources) {
         return absl::InvalidArgumentError(
             absl::StrCat("region ", i, " names source ", r.source, " of ", sources));
       }
-      if (r.staging_offset < a_.staging_begin || r.staging_offset > a_.staging_end ||
-          r.bytes > a_.staging_end - r.staging_offset) {
+      if (r.staging_offset < a_.mapping.staging_begin ||
+          r.staging_offset > a_.mapping.staging_end ||
+          r.bytes > a_.mapping.staging_end - r.staging_offset) {
         return absl::InvalidArgumentError(
             absl::StrCat("region ", i, " writes outside the staging slots"));
       }
@@ -312,22 +313,21 @@ class RankPullerImpl final : public RankPuller {
   }
 
   absl::Status PullInContext(uint64_t generation, uint64_t ticket,
-                             const std::vector<shm::PullRegion>& regions,
-                             uint64_t* copied_bytes) {
+                             const std::vector<shm::PullRegion>& regions, uint64_t* copied_bytes) {
     if (imports_.generation != generation || !imports_.ready) {
       imports_.Release(imports_.generation == generation, ctx_.get(), Owner());
       imports_ = Imports();
       imports_.generation = generation;
       ZCC_RETURN_IF_ERROR(SetUp());
     }
-    shm::PullChannel* ch = a_.channel;
+    shm::PullChannel* ch = a_.mapping.channel;
     for (const shm::PullRegion& r : regions) {
       ZCC_RETURN_IF_ERROR(OpenSource(r.source));
       if (r.source_offset > imports_.source_bytes[r.source] ||
           r.bytes > imports_.source_bytes[r.source] - r.source_offset) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "a region reads past the end of source ", r.source, " (",
-            imports_.source_bytes[r.source], " bytes)"));
+        return absl::InvalidArgumentError(absl::StrCat("a region reads past the end of source ",
+                                                       r.source, " (",
+                                                       imports_.source_bytes[r.source], " bytes)"));
       }
     }
     const cudaStream_t s = imports_.stream.get();
@@ -336,13 +336,14 @@ class RankPullerImpl final : public RankPuller {
               "cudaStreamWaitEvent on the trainer's ready event"));
     uint64_t total = 0;
     for (const shm::PullRegion& r : regions) {
-      const uint8_t* src = static_cast<const uint8_t*>(imports_.sources[r.source]) + r.source_offset;
-      uint8_t* dst = a_.segment_base + r.staging_offset;
+      const uint8_t* src =
+          static_cast<const uint8_t*>(imports_.sources[r.source]) + r.source_offset;
+      uint8_t* dst = a_.mapping.segment_base + r.staging_offset;
       for (uint64_t done = 0; done < r.bytes;) {
         const uint64_t chunk = std::min<uint64_t>(a_.chunk_bytes, r.bytes - done);
-        ZCC_RETURN_IF_ERROR(Check(
-            cudaMemcpyAsync(dst + done, src + done, chunk, cudaMemcpyDeviceToHost, s),
-            absl::StrCat("cudaMemcpyAsync of ", chunk, " bytes from the trainer's memory")));
+        ZCC_RETURN_IF_ERROR(
+            Check(cudaMemcpyAsync(dst + done, src + done, chunk, cudaMemcpyDeviceToHost, s),
+                  absl::StrCat("cudaMemcpyAsync of ", chunk, " bytes from the trainer's memory")));
         done += chunk;
       }
       total += r.bytes;
@@ -367,9 +368,8 @@ class RankPullerImpl final : public RankPuller {
     ZCC_RETURN_IF_ERROR(Check(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, least),
                               "cudaStreamCreateWithPriority"));
     imports_.stream = CudaStream(stream);
-    ZCC_ASSIGN_OR_RETURN(imports_.done,
-                         NewEvent(cudaEventDisableTiming | cudaEventBlockingSync));
-    shm::PullChannel* ch = a_.channel;
+    ZCC_ASSIGN_OR_RETURN(imports_.done, NewEvent(cudaEventDisableTiming | cudaEventBlockingSync));
+    shm::PullChannel* ch = a_.mapping.channel;
     for (uint32_t i = 0; i < shm::kPullRequests; ++i) {
       cudaIpcEventHandle_t h;
       std::memcpy(&h, ch->ready_events[i], sizeof(h));
@@ -382,9 +382,9 @@ class RankPullerImpl final : public RankPuller {
                               "cudaIpcOpenEventHandle of the copied event"));
     // Pinned staging lets the copies run at the link's speed; without it
     // they still work, slower (the runtime stages them).
-    void* staging = a_.segment_base + a_.staging_begin;
-    const cudaError_t pinned =
-        cudaHostRegister(staging, a_.staging_end - a_.staging_begin, cudaHostRegisterDefault);
+    void* staging = a_.mapping.segment_base + a_.mapping.staging_begin;
+    const cudaError_t pinned = cudaHostRegister(
+        staging, a_.mapping.staging_end - a_.mapping.staging_begin, cudaHostRegisterDefault);
     if (pinned == cudaSuccess) {
       imports_.pinned = staging;
     } else {
@@ -393,8 +393,8 @@ class RankPullerImpl final : public RankPuller {
                        << CudaToStatus(pinned, "cudaHostRegister of the staging slots")
                        << "; copying into pageable memory";
     }
-    imports_.sources.assign(a_.geometry.max_sources, nullptr);
-    imports_.source_bytes.assign(a_.geometry.max_sources, 0);
+    imports_.sources.assign(a_.mapping.geometry.max_sources, nullptr);
+    imports_.source_bytes.assign(a_.mapping.geometry.max_sources, 0);
     imports_.ready = true;
     return absl::OkStatus();
   }
@@ -403,7 +403,8 @@ class RankPullerImpl final : public RankPuller {
     if (imports_.sources[index] != nullptr) return absl::OkStatus();
     // Copied out of shared memory before it is checked and used.
     shm::PullSource source;
-    std::memcpy(&source, &shm::PullSources(a_.channel, a_.geometry)[index], sizeof(source));
+    std::memcpy(&source, &shm::PullSources(a_.mapping.channel, a_.mapping.geometry)[index],
+                sizeof(source));
     const std::string key = HandleKey(source.handle);
     ZCC_RETURN_IF_ERROR(ctx_->Claim(key, Owner()));
     cudaIpcMemHandle_t h;
@@ -451,9 +452,9 @@ class CudaPullEngine final : public PullEngine {
   explicit CudaPullEngine(int device_count) : device_count_(device_count) {}
 
   absl::StatusOr<std::unique_ptr<RankPuller>> Attach(PullAttachment a) override {
-    if (a.segment_base == nullptr || a.channel == nullptr ||
-        a.staging_end <= a.staging_begin || a.chunk_bytes == 0 ||
-        a.geometry.max_sources == 0 || a.geometry.regions_per_request == 0) {
+    if (a.mapping.segment_base == nullptr || a.mapping.channel == nullptr ||
+        a.mapping.staging_end <= a.mapping.staging_begin || a.chunk_bytes == 0 ||
+        a.mapping.geometry.max_sources == 0 || a.mapping.geometry.regions_per_request == 0) {
       return absl::InvalidArgumentError("incomplete daemon-pull attachment");
     }
     if (a.device < 0 || a.device >= device_count_) {

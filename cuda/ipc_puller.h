@@ -61,13 +61,9 @@ struct PullAttachment {
   uid_t uid = static_cast<uid_t>(-1);
   // The CUDA device the trainer's tensors live on.
   int device = 0;
-  // zccd's mapping of the rank's segment; destinations must lie in
-  // [staging_begin, staging_end) (offsets from segment_base): the slots.
-  uint8_t* segment_base = nullptr;
-  uint64_t staging_begin = 0;
-  uint64_t staging_end = 0;
-  shm::PullChannel* channel = nullptr;
-  shm::PullGeometry geometry;
+  // zccd's mapping of the rank's segment and channel; destinations must lie
+  // in the staging range (the slots).
+  shm::PullMapping mapping;
   // Bytes per cudaMemcpyAsync.
   size_t chunk_bytes = size_t{64} << 20;
   // Called on the puller's thread after a pull failed (its ticket and why),

@@ -265,9 +265,10 @@ int Run() {
     }
     received += r.received;
   }
-  std::printf("nccl_restore_check: %d rank(s), one per GPU, restored step %lld bit-exact "
-              "through NCCL; %d piece(s) arrived by ncclBroadcast\n",
-              n, static_cast<long long>(ranks[0].restored_step), received);
+  std::printf(
+      "nccl_restore_check: %d rank(s), one per GPU, restored step %lld bit-exact "
+      "through NCCL; %d piece(s) arrived by ncclBroadcast\n",
+      n, static_cast<long long>(ranks[0].restored_step), received);
   for (ncclComm_t c : comms) ncclCommDestroy(c);
   return 0;
 }

@@ -355,11 +355,11 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
       a.owner = absl::StrCat("job ", req.job_id(), " rank ", req.rank());
       a.uid = caller.uid;
       a.device = req.cuda_device();
-      a.segment_base = segment.base();
-      a.staging_begin = shm::ControlBlockBytes();
-      a.staging_end = pull_offset;
-      a.channel = channel;
-      a.geometry = pull_geometry;
+      a.mapping.segment_base = segment.base();
+      a.mapping.staging_begin = shm::ControlBlockBytes();
+      a.mapping.staging_end = pull_offset;
+      a.mapping.channel = channel;
+      a.mapping.geometry = pull_geometry;
       a.on_failure = [owner = a.owner](uint64_t ticket, const absl::Status& why) {
         ZCC_LOG(WARNING) << owner << ": snapshot copy (ticket " << ticket
                          << ") failed and was dropped: " << why;

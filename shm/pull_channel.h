@@ -121,6 +121,17 @@ struct PullGeometry {
 };
 PullGeometry PullGeometryFor(uint32_t num_tensors);
 
+// A segment's pull channel as one process maps it: the segment, the byte
+// range of it (offsets from segment_base) that copies may land in (the
+// slots), the channel and its geometry.
+struct PullMapping {
+  uint8_t* segment_base = nullptr;
+  uint64_t staging_begin = 0;
+  uint64_t staging_end = 0;
+  PullChannel* channel = nullptr;
+  PullGeometry geometry;
+};
+
 // Writes the geometry and zeroes the rest; zccd, on a fresh segment.
 void InitPullChannel(PullChannel* ch, const PullGeometry& g, int32_t device);
 

@@ -78,8 +78,7 @@ std::vector<std::unique_ptr<Registration>>& Registrations() {
 
 Registration& Register(const std::string& socket) {
   static std::atomic<uint32_t> next_rank{0};
-  auto channel = grpc::CreateChannel("unix:" + socket,
-                                     grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
   auto control = v1::Control::NewStub(channel);
   v1::RegisterRequest req;
   req.set_job_id("conformance");
@@ -118,11 +117,7 @@ CopierConformanceEnv DaemonPullEnv(const Daemon& daemon, void* stream) {
     Registration& r = Register(socket);
     IpcPullCopierOptions o;
     o.device = 0;
-    o.segment_base = r.segment.base();
-    o.staging_begin = r.staging_begin;
-    o.staging_end = r.staging_end;
-    o.channel = r.channel;
-    o.geometry = r.geometry;
+    o.mapping = {r.segment.base(), r.staging_begin, r.staging_end, r.channel, r.geometry};
     o.host_chunk_bytes = kChunk;
     auto copier = NewIpcPullCopier(o);
     REQUIRE_OK(copier);
@@ -160,17 +155,14 @@ CopierConformanceEnv DaemonPullEnv(const Daemon& daemon, void* stream) {
   env.write_source = [](void* source, const void* host, size_t n, void* s) {
     auto bytes = std::make_shared<std::vector<unsigned char>>(
         static_cast<const unsigned char*>(host), static_cast<const unsigned char*>(host) + n);
-    REQUIRE(fake::LaunchHostWork(s, [source, bytes] {
-              std::memcpy(source, bytes->data(), bytes->size());
-            }) == 0);
+    REQUIRE(fake::LaunchHostWork(
+                s, [source, bytes] { std::memcpy(source, bytes->data(), bytes->size()); }) == 0);
   };
   env.read_source = [](void* host, const void* source, size_t n, void* s) {
     REQUIRE(fake::SynchronizeStream(s) == 0);
     std::memcpy(host, source, n);
   };
-  env.stall_stream = [](void* s) {
-    REQUIRE(fake::Stall(s, std::chrono::milliseconds(100)) == 0);
-  };
+  env.stall_stream = [](void* s) { REQUIRE(fake::Stall(s, std::chrono::milliseconds(100)) == 0); };
 #endif
   return env;
 }

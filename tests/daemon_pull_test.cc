@@ -27,11 +27,14 @@
 namespace zcc::testing {
 namespace {
 
-std::unique_ptr<Subprocess> Trainer(const Daemon& d, const std::string& dir,
-                                    const std::string& tag, std::vector<std::string> flags) {
+std::unique_ptr<Subprocess> Trainer(const Daemon& d, const std::string& dir, const std::string& tag,
+                                    std::vector<std::string> flags) {
   std::vector<std::string> argv = {Runfile("tests/test_trainer_on_fake_cudart"),
-                                   "--socket=" + d.socket(), "--root=" + d.root(),
-                                   "--device_tensors", "--kib=64", "--tensors=3"};
+                                   "--socket=" + d.socket(),
+                                   "--root=" + d.root(),
+                                   "--device_tensors",
+                                   "--kib=64",
+                                   "--tensors=3"};
   for (auto& f : flags) argv.push_back(std::move(f));
   return std::make_unique<Subprocess>(argv, absl::StrCat(dir, "/", tag, ".log"));
 }
@@ -91,9 +94,9 @@ TEST_CASE("zccd copies a trainer's device tensors; they checkpoint and restore b
   const std::string dir = ShortTempDir("it-pull");
   Daemon daemon(dir, FakeCudaDaemon(true));
   REQUIRE(daemon.Start());
-  auto train = Trainer(daemon, dir, "train",
-                       {"--copy_backend=cuda_ipc", "--steps=10", "--save_every=5", "--block",
-                        "--linger_ms=300"});
+  auto train = Trainer(
+      daemon, dir, "train",
+      {"--copy_backend=cuda_ipc", "--steps=10", "--save_every=5", "--block", "--linger_ms=300"});
   INFO(train->Output() << daemon.Log());
   REQUIRE(train->Wait(absl::Seconds(90)) == 0);
   CHECK(train->Values()["published"] == "10");
@@ -167,16 +170,16 @@ TEST_CASE("a trainer killed between ready and copied: zccd drops that snapshot a
   CHECK(absl::StrContains(status, "1 context reset(s)"));
 
   // A restarted trainer of the same rank pulls, checkpoints and restores.
-  auto again = Trainer(daemon, dir, "again",
-                       {"--copy_backend=cuda_ipc", "--start=3", "--steps=4", "--save_every=2",
-                        "--block"});
+  auto again =
+      Trainer(daemon, dir, "again",
+              {"--copy_backend=cuda_ipc", "--start=3", "--steps=4", "--save_every=2", "--block"});
   INFO(again->Output());
   REQUIRE(again->Wait(absl::Seconds(90)) == 0);
   CHECK(again->Values()["published"] == "4");
   CHECK(again->Values()["committed"] == "6");
-  auto restore = Trainer(daemon, dir, "restore",
-                         {"--mode=restore", "--copy_backend=cuda_ipc", "--restore_step=6",
-                          "--expect_step=6"});
+  auto restore =
+      Trainer(daemon, dir, "restore",
+              {"--mode=restore", "--copy_backend=cuda_ipc", "--restore_step=6", "--expect_step=6"});
   INFO(restore->Output());
   CHECK(restore->Wait(absl::Seconds(60)) == 0);
   CHECK(restore->Values()["mismatched_tensors"] == "0");
@@ -201,14 +204,18 @@ void ForeignHandleIsRefused(const std::string& tag, int uid_a, int uid_b) {
     trainer = copy;
   }
   auto run = [&](int uid, const std::string& name, std::vector<std::string> flags) {
-    std::vector<std::string> argv = {trainer, "--socket=" + daemon.socket(),
-                                     "--root=" + daemon.root(), "--device_tensors", "--kib=64",
-                                     "--tensors=3", "--copy_backend=cuda_ipc"};
+    std::vector<std::string> argv = {trainer,
+                                     "--socket=" + daemon.socket(),
+                                     "--root=" + daemon.root(),
+                                     "--device_tensors",
+                                     "--kib=64",
+                                     "--tensors=3",
+                                     "--copy_backend=cuda_ipc"};
     for (auto& f : flags) argv.push_back(std::move(f));
     return std::make_unique<Subprocess>(argv, dir + "/" + name + ".log", uid);
   };
-  auto a = run(uid_a, "a", {"--job=joba", "--steps=2", "--save_every=0", "--block",
-                            "--pause_at=2"});
+  auto a =
+      run(uid_a, "a", {"--job=joba", "--steps=2", "--save_every=0", "--block", "--pause_at=2"});
   REQUIRE(a->WaitForOutput("paused", absl::Seconds(60)));
   auto b = run(uid_b, "b", {"--job=jobb", "--steps=1", "--save_every=0", "--pause_before_train"});
   REQUIRE(b->WaitForOutput("ready", absl::Seconds(60)));
