@@ -232,6 +232,7 @@ int Run() {
   }
   for (void* t : tensors) cudaFree(t);
   cudaStreamDestroy(stream);
+  if (failed == 0) daemon.RemoveDirWhenDone();
   return failed == 0 ? 0 : 1;
 }
 

@@ -270,6 +270,7 @@ int Run() {
       "through NCCL; %d piece(s) arrived by ncclBroadcast\n",
       n, static_cast<long long>(ranks[0].restored_step), received);
   for (ncclComm_t c : comms) ncclCommDestroy(c);
+  daemon.RemoveDirWhenDone();
   return 0;
 }
 

@@ -8,12 +8,14 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 namespace zcc {
 
 ZccdProcess::ZccdProcess(const std::string& binary, const std::string& dir,
                          const std::vector<std::string>& extra_flags)
-    : socket_(dir + "/zccd.sock"), root_(dir + "/ckpt") {
+    : dir_(dir), socket_(dir + "/zccd.sock"), root_(dir + "/ckpt") {
   std::vector<std::string> args = {binary, "--socket=" + socket_, "--root=" + root_,
                                    "--shm_prefix=zgc" + std::to_string(getpid())};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
@@ -36,6 +38,10 @@ ZccdProcess::~ZccdProcess() {
   if (pid_ > 0) {
     kill(pid_, SIGTERM);
     waitpid(pid_, nullptr, 0);
+  }
+  if (remove_dir_) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
 }
 

@@ -26,11 +26,16 @@ class ZccdProcess {
   bool WaitReady() const;
   const std::string& socket() const { return socket_; }
   const std::string& root() const { return root_; }
+  // The directory (log, socket, checkpoints) is removed once zccd stopped;
+  // kept otherwise, for a look at what failed.
+  void RemoveDirWhenDone() { remove_dir_ = true; }
 
  private:
+  std::string dir_;
   std::string socket_;
   std::string root_;
   pid_t pid_ = -1;
+  bool remove_dir_ = false;
 };
 
 }  // namespace zcc
