@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "common/tsan.h"
 #include "cuda/cuda_handle.h"
 #include "cuda/ipc_puller.h"
 #include "cuda/nvml_memory.h"
@@ -250,6 +251,8 @@ class RankPullerImpl final : public RankPuller {
       if (a_.on_failure) a_.on_failure(ticket, st);
     }
     Publish(&shm::PullChannel::issued, ticket);
+    // The slot reaches zccd's ingest through the trainer (common/tsan.h).
+    TsanRelease(a_.mapping.segment_base);
     Publish(&shm::PullChannel::completed, ticket);
   }
 
@@ -301,6 +304,9 @@ class RankPullerImpl final : public RankPuller {
       }
     }
 
+    // The slot came back from zccd's ingest or writer through the trainer,
+    // which claimed it again (common/tsan.h).
+    TsanAcquire(a_.mapping.segment_base);
     const uint64_t generation = ctx_->Enter();
     absl::Status st = PullInContext(generation, ticket, regions, copied_bytes);
     ctx_->Leave();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/futex.h"
+#include "common/tsan.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -156,13 +157,19 @@ bool RankSession::IngestReadySlots() {
       }
       continue;
     }
+    // Daemon-pull: zccd's own copy thread filled the slot (common/tsan.h).
+    TsanAcquire(segment_.base());
     if (!Process(*slot)) FreeSlot(slot->index);  // else the writer frees it
     worked = true;
   }
   return worked;
 }
 
-void RankSession::FreeSlot(uint32_t index) { ring_.Free(index); }
+void RankSession::FreeSlot(uint32_t index) {
+  // Daemon-pull: zccd's copy thread may fill the slot next (common/tsan.h).
+  TsanRelease(segment_.base());
+  ring_.Free(index);
+}
 
 bool RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
