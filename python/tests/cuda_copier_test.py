@@ -42,6 +42,24 @@ def checkpoint_tensors(step_dir):
     return out
 
 
+def restore_into_fresh(fake, d, job, sizes, want, host_len, copier):
+    """A new client restores step 2 of `job` into fresh device buffers and a
+    host tensor, and every byte is what was saved."""
+    fresh = {n: fake.FakeDeviceBuffer(s) for n, s in sizes.items()}
+    host = np.zeros(host_len, np.float32)
+    c = zcc.connect(job, socket_path=d.socket, checkpoint_root=d.root, copier=copier)
+    c.register_tensors([zcc.TensorSpec(n, b) for n, b in fresh.items()] +
+                       [zcc.TensorSpec("host", host, kind="optim")])
+    deadline = time.monotonic() + 30
+    while not c.stats()["connected"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.restore() == 2
+    for n, b in fresh.items():
+        assert np.frombuffer(b.read(), np.uint8).tolist() == want[n].tolist(), n
+    assert np.all(host == 2)
+    c.close()
+
+
 def round_trip(fake):
     rng = np.random.default_rng(7)
     sizes = {"w": 3 << 20, "b": 4096, "odd": 3}
@@ -75,20 +93,7 @@ def round_trip(fake):
         print("snapshot: %d device buffers (%d bytes) and a host tensor through %d "
               "cudaMemcpyAsync into step 2, bytes equal" % (len(dev), sum(sizes.values()), moved))
 
-        fresh = {n: fake.FakeDeviceBuffer(s) for n, s in sizes.items()}
-        host2 = np.zeros(1000, np.float32)
-        c = zcc.connect("cu", socket_path=d.socket, checkpoint_root=d.root,
-                        copier=zcc.cuda_copier(module=FAKE))
-        c.register_tensors([zcc.TensorSpec(n, b) for n, b in fresh.items()] +
-                           [zcc.TensorSpec("host", host2, kind="optim")])
-        deadline = time.monotonic() + 30
-        while not c.stats()["connected"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert c.restore() == 2
-        for n, b in fresh.items():
-            assert np.frombuffer(b.read(), np.uint8).tolist() == want[n].tolist(), n
-        assert np.all(host2 == 2)
-        c.close()
+        restore_into_fresh(fake, d, "cu", sizes, want, 1000, zcc.cuda_copier(module=FAKE))
         print("restore: step 2 into fresh device buffers through the copier, bytes equal")
 
         # A device buffer with the host copier is refused at registration.
@@ -130,20 +135,7 @@ def daemon_pull_round_trip(fake):
             assert np.array_equal(got[n], want[n]), n
         assert np.all(got["host"] == 2)
         c.close()
-        fresh = {n: fake.FakeDeviceBuffer(s) for n, s in sizes.items()}
-        host2 = np.zeros(100, np.float32)
-        c = zcc.connect("pull", socket_path=d.socket, checkpoint_root=d.root,
-                        copier=zcc.daemon_pull(module=FAKE))
-        c.register_tensors([zcc.TensorSpec(n, b) for n, b in fresh.items()] +
-                           [zcc.TensorSpec("host", host2, kind="optim")])
-        deadline = time.monotonic() + 30
-        while not c.stats()["connected"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert c.restore() == 2
-        for n, b in fresh.items():
-            assert np.frombuffer(b.read(), np.uint8).tolist() == want[n].tolist(), n
-        assert np.all(host2 == 2)
-        c.close()
+        restore_into_fresh(fake, d, "pull", sizes, want, 100, zcc.daemon_pull(module=FAKE))
         assert d.stop() == 0, d.log()
     print("daemon-pull: zccd copied %d device buffers into step 2 (no cudaMemcpyAsync in this "
           "process), restored into fresh buffers, bytes equal" % len(dev))
