@@ -18,6 +18,7 @@
 #include "copy/copier_conformance.h"
 #include "cuda/cuda_status.h"
 #include "cuda/cuda_test_support.h"
+#include "cuda/device_sources.h"
 
 namespace zcc {
 namespace {
@@ -68,30 +69,13 @@ CopierConformanceEnv HostTensorEnv(void* stream) {
   return env;
 }
 
-// Tensors in device memory, written by stream-ordered uploads behind a
-// spinning kernel, so that missing event ordering or a missing fence corrupts
-// the copied bytes.
+// Tensors in device memory (cuda/device_sources.h).
 CopierConformanceEnv DeviceTensorEnv(void* stream) {
-  auto uploads = cuda_testing::PinnedUploads::Create(size_t{96} << 20);
-  REQUIRE_OK(uploads);
-  std::shared_ptr<cuda_testing::PinnedUploads> shared = *std::move(uploads);
   CopierConformanceEnv env;
   env.make_copier = MakeCudaCopier;
   env.chunk_bytes = kChunk;
   env.stream = stream;
-  env.alloc_source = [](size_t n) {
-    auto p = cuda_testing::DeviceAlloc(n);
-    REQUIRE_OK(p);
-    return *p;
-  };
-  env.free_source = [](void* p) { CHECK_OK(cuda_testing::DeviceFree(p)); };
-  env.write_source = [shared](void* source, const void* host, size_t n, void* s) {
-    REQUIRE_OK(shared->UploadAsync(source, host, n, s));
-  };
-  env.read_source = [](void* host, const void* source, size_t n, void* s) {
-    REQUIRE_OK(cuda_testing::Download(host, source, n, s));
-  };
-  env.stall_stream = [](void* s) { REQUIRE_OK(cuda_testing::StallStream(s, 200)); };
+  cuda_testing::UseDeviceSources(&env);
   return env;
 }
 

@@ -28,6 +28,7 @@
 #ifdef ZCC_REAL_CUDA
 #include "cuda/cuda_copier.h"
 #include "cuda/cuda_test_support.h"
+#include "cuda/device_sources.h"
 #else
 #include "cuda/fake_cudart/fake_cudart.h"
 #endif
@@ -133,22 +134,7 @@ CopierConformanceEnv DaemonPullEnv(const Daemon& daemon, void* stream) {
   };
   env.free_staging = [](void*) {};
 #ifdef ZCC_REAL_CUDA
-  auto uploads = cuda_testing::PinnedUploads::Create(size_t{96} << 20);
-  REQUIRE_OK(uploads);
-  std::shared_ptr<cuda_testing::PinnedUploads> shared = *std::move(uploads);
-  env.alloc_source = [](size_t n) {
-    auto p = cuda_testing::DeviceAlloc(n);
-    REQUIRE_OK(p);
-    return *p;
-  };
-  env.free_source = [](void* p) { CHECK_OK(cuda_testing::DeviceFree(p)); };
-  env.write_source = [shared](void* source, const void* host, size_t n, void* s) {
-    REQUIRE_OK(shared->UploadAsync(source, host, n, s));
-  };
-  env.read_source = [](void* host, const void* source, size_t n, void* s) {
-    REQUIRE_OK(cuda_testing::Download(host, source, n, s));
-  };
-  env.stall_stream = [](void* s) { REQUIRE_OK(cuda_testing::StallStream(s, 200)); };
+  cuda_testing::UseDeviceSources(&env);
 #else
   env.alloc_source = [](size_t n) { return fake::DeviceAlloc(n); };
   env.free_source = [](void* p) { fake::DeviceFree(p); };
