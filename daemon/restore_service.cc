@@ -265,7 +265,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   } else {
     auto buffer = ReadRestoreBuffer(step_dir, **index, registered, shm_name, max_slot_bytes_,
                                     session.options().segment_owner, checkpoint::IoOptions(),
-                                    cancelled, req.owned_only());
+                                    cancelled, req.owned_only(), &shared_reads_);
     read_status = buffer.status();
     if (buffer.ok()) {
       bytes_read = buffer->bytes_read;

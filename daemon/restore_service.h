@@ -33,6 +33,7 @@
 #include "common/mutex.h"
 #include "daemon/job.h"
 #include "daemon/rank_session.h"
+#include "daemon/shared_reads.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 
@@ -101,6 +102,9 @@ class RestoreService {
   static constexpr size_t kCachedIndexes = 2;
   std::deque<std::pair<StepKey, std::shared_ptr<const checkpoint::GroupedIndex>>> indexes_
       ABSL_GUARDED_BY(check_mu_);
+  // The ranks of a job restoring one step from disk together read each box
+  // once between them.
+  SharedReads shared_reads_;
 };
 
 }  // namespace zcc::daemon

@@ -1,13 +1,19 @@
 #include "daemon/restorer.h"
 
+#include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/global_index.h"
 #include "checkpoint/read_progress.h"
 #include "checkpoint/reshard.h"
 #include "common/file_util.h"
 #include "common/status.h"
+#include "format/box.h"
+#include "format/dtype.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
 #include "shm/slot_layout.h"
@@ -43,6 +49,73 @@ absl::StatusOr<uint64_t> ReadInto(const std::string& step_dir, const checkpoint:
   return stats.bytes_read;
 }
 
+// What identifies a box of a step for SharedReads.
+std::string BoxKey(const std::string& step_dir, const RegisteredTensor& t) {
+  const format::Box box = t.box();
+  return absl::StrCat(step_dir, "|", format::TensorKindName(t.kind), "|", t.name, "|",
+                      format::DTypeName(t.dtype), "|", absl::StrJoin(t.global(), ","), "|",
+                      format::BoxToString(box));
+}
+
+// ReadRestoreBuffer's read with the other ranks restoring the step on this
+// node (daemon/shared_reads.h): reads the boxes this rank claims, publishes
+// them, then copies the others' boxes (reading any whose reader failed).
+// Returns the bytes read from disk.
+absl::StatusOr<uint64_t> ReadShared(const std::string& step_dir,
+                                    const checkpoint::GroupedIndex& step,
+                                    const std::vector<RegisteredTensor>& registered,
+                                    const std::vector<bool>& wanted, const RestoreBuffer& buffer,
+                                    const std::string& shm_name, SharedReads& shared,
+                                    const checkpoint::IoOptions& io,
+                                    const std::function<bool()>& cancelled) {
+  uint8_t* base = buffer.segment.base() + buffer.data_offset;
+  // A mapping of its own, which the ranks copying out of this buffer keep
+  // for as long as they may need it.
+  ZCC_ASSIGN_OR_RETURN(shm::Segment second, shm::Segment::Open(shm_name, buffer.segment.size()));
+  auto holder = std::make_shared<const shm::Segment>(std::move(second));
+  const uint8_t* held = holder->base() + buffer.data_offset;
+  std::vector<std::string> keys(registered.size());
+  std::vector<bool> mine(registered.size(), false);
+  std::vector<bool> theirs(registered.size(), false);
+  for (size_t i = 0; i < registered.size(); ++i) {
+    if (!wanted[i]) continue;
+    keys[i] = BoxKey(step_dir, registered[i]);
+    (shared.Claim(keys[i]) ? mine : theirs)[i] = true;
+  }
+  absl::StatusOr<uint64_t> read =
+      ReadInto(step_dir, step, registered, mine, buffer.offsets, base, io, cancelled);
+  for (size_t i = 0; i < registered.size(); ++i) {
+    if (!mine[i]) continue;
+    if (read.ok()) {
+      shared.Land(keys[i], holder, held + buffer.offsets[i], registered[i].nbytes);
+    } else {
+      shared.Fail(keys[i]);
+    }
+  }
+  if (!read.ok()) return read.status();
+  uint64_t bytes_read = *read;
+  std::vector<bool> again(registered.size(), false);
+  bool any_again = false;
+  for (size_t i = 0; i < registered.size(); ++i) {
+    if (!theirs[i]) continue;
+    std::optional<SharedReads::Landed> landed = shared.Await(keys[i], cancelled);
+    if (landed.has_value() && landed->bytes == registered[i].nbytes) {
+      std::memcpy(base + buffer.offsets[i], landed->data, registered[i].nbytes);
+    } else {
+      again[i] = any_again = true;
+    }
+  }
+  if (cancelled && cancelled()) {
+    return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
+  }
+  if (any_again) {
+    ZCC_ASSIGN_OR_RETURN(uint64_t more, ReadInto(step_dir, step, registered, again,
+                                                 buffer.offsets, base, io, cancelled));
+    bytes_read += more;
+  }
+  return bytes_read;
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ReadIntoSlot(const std::string& step_dir,
@@ -66,7 +139,7 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 uint64_t max_bytes, uid_t owner,
                                                 const checkpoint::IoOptions& io,
                                                 const std::function<bool()>& cancelled,
-                                                bool owned_only) {
+                                                bool owned_only, SharedReads* shared) {
   auto check_cancelled = [&cancelled]() -> absl::Status {
     if (cancelled && cancelled()) {
       return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
@@ -93,8 +166,14 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
   for (size_t i = 0; i < registered.size(); ++i) {
     buffer.offsets.push_back(wanted[i] ? layout.placements[placed++].offset : 0);
   }
-  ZCC_ASSIGN_OR_RETURN(buffer.bytes_read, ReadInto(step_dir, step, registered, wanted,
-                                                   buffer.offsets, base, io, cancelled));
+  if (shared == nullptr) {
+    ZCC_ASSIGN_OR_RETURN(buffer.bytes_read, ReadInto(step_dir, step, registered, wanted,
+                                                     buffer.offsets, base, io, cancelled));
+    return buffer;
+  }
+  ZCC_ASSIGN_OR_RETURN(buffer.bytes_read,
+                       ReadShared(step_dir, step, registered, wanted, buffer, shm_name, *shared,
+                                  io, cancelled));
   return buffer;
 }
 

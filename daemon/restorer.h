@@ -5,7 +5,7 @@
 // written by whichever member of its group the shard assigner picked; a job
 // may restore with another world size or parallel layout).
 //
-// Thread-safety: stateless.
+// Thread-safety: stateless, besides the SharedReads a caller passes.
 #ifndef ZCC_DAEMON_RESTORER_H_
 #define ZCC_DAEMON_RESTORER_H_
 
@@ -20,6 +20,7 @@
 #include "checkpoint/global_index.h"
 #include "checkpoint/io_options.h"
 #include "daemon/rank_session.h"
+#include "daemon/shared_reads.h"
 #include "shm/segment.h"
 
 namespace zcc::daemon {
@@ -42,7 +43,9 @@ struct RestoreBuffer {
 // another dtype or global shape. On any error the segment is removed before
 // returning: nothing of the step reaches the trainer. Logs its progress every
 // few seconds while it reads. Cancelled once `cancelled()` turns true. `owned_only`: only the staged tensors (this rank
-// writes them; replicas another rank writes are left out).
+// writes them; replicas another rank writes are left out). `shared`: the
+// ranks restoring the step on this node at the same time read each box once
+// between them (daemon/shared_reads.h); bytes_read counts this rank's reads.
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const checkpoint::GroupedIndex& step,
                                                 const std::vector<RegisteredTensor>& registered,
@@ -50,7 +53,8 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 uint64_t max_bytes, uid_t owner,
                                                 const checkpoint::IoOptions& io,
                                                 const std::function<bool()>& cancelled = nullptr,
-                                                bool owned_only = false);
+                                                bool owned_only = false,
+                                                SharedReads* shared = nullptr);
 
 // Reads the staged tensors of `registered` (those this rank writes) from
 // `step_dir` into the staging slot at `slot`, at their slot offsets, like

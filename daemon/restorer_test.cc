@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -26,6 +27,7 @@
 #include "common/testing/temp_dir.h"
 #include "daemon/registered_tensor.h"
 #include "daemon/restorer.h"
+#include "daemon/shared_reads.h"
 #include "format/manifest.h"
 #include "shm/segment.h"
 #include "storage/aligned_buffer.h"
@@ -137,6 +139,98 @@ TEST_CASE("a restore reads each tensor byte of the rank once, checking it as it 
                                  kMaxSlotBytes, kNoOwner, io);
   REQUIRE_OK(again);
   CHECK(counting.bytes_read() >= 2 * tensor_bytes);
+}
+
+TEST_CASE("ranks restoring one step together on a node read each box once between them") {
+  SyntheticRank rank(0, 1, Specs());
+  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  const uint64_t tensor_bytes = TensorBytes(rank);
+  storage::PosixStorage posix;
+  storage::FaultInjectingStorage counting(&posix);
+  checkpoint::IoOptions io;
+  io.storage = &counting;
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, io, &grouped));
+  const uint64_t metadata_bytes = counting.bytes_read();
+
+  // Four replicas of one rank's tensors (a data-parallel job), at once.
+  constexpr int kRanks = 4;
+  SharedReads shared;
+  std::vector<absl::StatusOr<RestoreBuffer>> buffers;
+  for (int r = 0; r < kRanks; ++r) buffers.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      buffers[r] = ReadRestoreBuffer(step_dir, *grouped, Registered(rank),
+                                     SegmentName(absl::StrCat("shared", r).c_str()),
+                                     kMaxSlotBytes, kNoOwner, io, nullptr, false, &shared);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  uint64_t read_by_ranks = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    REQUIRE_OK(buffers[r]);
+    CHECK(SameAsSlot(rank, *buffers[r]));
+    read_by_ranks += buffers[r]->bytes_read;
+  }
+  CHECK(read_by_ranks == tensor_bytes);
+  const uint64_t files = grouped->index.files.size();
+  const uint64_t slack = files * 2 * (64 << 10) +
+                         rank.shards().tensors.size() * 2 * storage::kDirectIoAlignment;
+  const uint64_t disk = counting.bytes_read() - metadata_bytes;
+  INFO("tensor bytes " << tensor_bytes << ", read from disk " << disk);
+  CHECK(disk >= tensor_bytes);
+  CHECK(disk <= tensor_bytes + slack);
+
+  // A rank that comes later (within the linger) copies too, even after the
+  // others released their buffers.
+  buffers.clear();
+  auto late = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("late"),
+                                kMaxSlotBytes, kNoOwner, io, nullptr, false, &shared);
+  REQUIRE_OK(late);
+  CHECK(late->bytes_read == 0);
+  CHECK(SameAsSlot(rank, *late));
+}
+
+TEST_CASE("a shared read whose reader finds a damaged piece fails every rank, none copies it") {
+  SyntheticRank rank(0, 1, Specs());
+  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  auto index = checkpoint::LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  const format::ManifestTensor* piece = &index->pieces.front();
+  for (const auto& p : index->pieces) {
+    if (p.nbytes > piece->nbytes) piece = &p;
+  }
+  {
+    const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
+    uint8_t b = 0;
+    REQUIRE(::pread(fd, &b, 1, at) == 1);
+    b ^= 0xff;
+    REQUIRE(::pwrite(fd, &b, 1, at) == 1);
+    ::close(fd);
+  }
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped));
+  SharedReads shared;
+  std::vector<absl::StatusOr<RestoreBuffer>> buffers;
+  for (int r = 0; r < 3; ++r) buffers.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      buffers[r] = ReadRestoreBuffer(step_dir, *grouped, Registered(rank),
+                                     SegmentName(absl::StrCat("bad", r).c_str()), kMaxSlotBytes,
+                                     kNoOwner, checkpoint::IoOptions(), nullptr, false, &shared);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    REQUIRE_STATUS_CODE(buffers[r], absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(buffers[r].status().message(), piece->name));
+  }
 }
 
 TEST_CASE("a piece that fails its checksum fails the read; no restore buffer is left") {
