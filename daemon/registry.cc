@@ -45,7 +45,10 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                                            zcc::MutexLock lock(&mu_);
                                            return StagingBytesLocked();
                                          },
-                                         [this] { DropIdleJobs(); }}) {
+                                         [this] {
+                                           DropIdleJobs();
+                                           restores_.ExpireSharedReads();
+                                         }}) {
   zcc::MutexLock lock(&mu_);
   // Generations are unique across daemon restarts, so a client holding an old
   // one can never address a new registration by accident.

@@ -57,6 +57,10 @@ class RestoreService {
   absl::StatusOr<v1::RestoreCandidatesResponse> Candidates(Job& job, RankSession& session,
                                                            bool owned_only);
 
+  // Lets go of the restore buffers other ranks no longer copy from
+  // (SharedReads::Expire); every housekeeping round.
+  void ExpireSharedReads() { shared_reads_.Expire(); }
+
   // A fresh shared-memory name for a restore or EMA buffer.
   std::string BufferName(const char* what, const std::string& job_id, uint32_t rank,
                          uint64_t generation);

@@ -16,6 +16,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/global_index.h"
 #include "checkpoint/reader.h"
@@ -191,6 +193,27 @@ TEST_CASE("ranks restoring one step together on a node read each box once betwee
   REQUIRE_OK(late);
   CHECK(late->bytes_read == 0);
   CHECK(SameAsSlot(rank, *late));
+}
+
+TEST_CASE("shared boxes are let go after their linger, and then read again") {
+  SyntheticRank rank(0, 1, Specs());
+  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped));
+  SharedReads shared(absl::Milliseconds(50));
+  auto first = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("linger1"),
+                                 kMaxSlotBytes, kNoOwner, checkpoint::IoOptions(), nullptr, false,
+                                 &shared);
+  REQUIRE_OK(first);
+  CHECK(first->bytes_read == TensorBytes(rank));
+  absl::SleepFor(absl::Milliseconds(100));
+  shared.Expire();
+  auto second = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("linger2"),
+                                  kMaxSlotBytes, kNoOwner, checkpoint::IoOptions(), nullptr, false,
+                                  &shared);
+  REQUIRE_OK(second);
+  CHECK(second->bytes_read == TensorBytes(rank));
+  CHECK(SameAsSlot(rank, *second));
 }
 
 TEST_CASE("a shared read whose reader finds a damaged piece fails every rank, none copies it") {

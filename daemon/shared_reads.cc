@@ -16,6 +16,19 @@ void SharedReads::ExpireLocked(absl::Time now) {
   }
 }
 
+void SharedReads::Expire() {
+  const absl::Time now = absl::Now();
+  std::map<std::string, Entry> dropped;  // unmapped after the lock is released
+  zcc::MutexLock lock(&mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.state != Entry::State::kReading && now - it->second.at > linger_) {
+      dropped.insert(entries_.extract(it++));
+    } else {
+      ++it;
+    }
+  }
+}
+
 bool SharedReads::Claim(const std::string& key) {
   const absl::Time now = absl::Now();
   zcc::MutexLock lock(&mu_);

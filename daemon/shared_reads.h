@@ -55,6 +55,11 @@ class SharedReads {
   std::optional<Landed> Await(const std::string& key, const std::function<bool()>& cancelled)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Drops the boxes that landed (or failed) more than `linger` ago, and with
+  // them the mappings that kept their buffers' memory: zccd calls it every
+  // housekeeping round, so memory is not held after the last restore.
+  void Expire() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Entry {
     enum class State { kReading, kLanded, kFailed };
