@@ -215,7 +215,12 @@ def test_round_trip_with_daemon():
             assert c.snapshot(step) == "enqueued"
         c.flush()
         d.wait_latest("rt", 2)
+        # zccd records the commit just after it wrote `latest`: poll.
+        deadline = time.monotonic() + 10
         st = c.checkpoint_status()
+        while st["last_committed_step"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            st = c.checkpoint_status()
         assert st["last_committed_step"] == 2, st
         # EMA: into new arrays, into given buffers; bad requests.
         deadline = time.monotonic() + 10
