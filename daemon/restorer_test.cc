@@ -29,6 +29,7 @@
 #include "common/testing/temp_dir.h"
 #include "daemon/registered_tensor.h"
 #include "daemon/restorer.h"
+#include "daemon/testing/registered.h"
 #include "daemon/shared_reads.h"
 #include "format/manifest.h"
 #include "shm/segment.h"
@@ -70,18 +71,7 @@ std::string WriteStep(const std::string& root, int64_t step, SyntheticRank& rank
 // The rank's tensors as the trainer registered them (whole tensors, all
 // staged by this rank).
 std::vector<RegisteredTensor> Registered(const SyntheticRank& rank) {
-  std::vector<RegisteredTensor> out;
-  for (const checkpoint::RankTensor& t : rank.shards().tensors) {
-    RegisteredTensor r;
-    r.name = t.name;
-    r.dtype = t.dtype;
-    r.shape = t.shape;
-    r.kind = t.kind;
-    r.nbytes = t.nbytes;
-    r.slot_offset = t.slot_offset;
-    out.push_back(std::move(r));
-  }
-  return out;
+  return testing::RegisteredFor(rank.shards());
 }
 
 uint64_t TensorBytes(const SyntheticRank& rank) {

@@ -55,6 +55,7 @@
 #include "common/file_util.h"
 #include "daemon/registered_tensor.h"
 #include "daemon/restorer.h"
+#include "daemon/testing/registered.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
 #include "shm/segment.h"
@@ -183,21 +184,6 @@ void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
 
 // A rank's tensors as its trainer would have registered them with zccd
 // (whole tensors, all written by this rank).
-std::vector<zcc::daemon::RegisteredTensor> Registered(const RankShards& rank) {
-  std::vector<zcc::daemon::RegisteredTensor> out;
-  for (const RankTensor& t : rank.tensors) {
-    zcc::daemon::RegisteredTensor r;
-    r.name = t.name;
-    r.dtype = t.dtype;
-    r.shape = t.shape;
-    r.kind = t.kind;
-    r.nbytes = t.nbytes;
-    r.slot_offset = t.slot_offset;
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
 struct Span {
   const uint8_t* data;
   uint64_t bytes;
@@ -328,7 +314,7 @@ int main(int argc, char** argv) {
 
   std::vector<double> zcc_w, raw_w, zcc_r, raw_r, cold_zcc, cold_raw, cold_raw_shm, cold_two_pass;
   std::vector<std::vector<zcc::daemon::RegisteredTensor>> registered;
-  for (const RankShards& r : ranks) registered.push_back(Registered(r));
+  for (const RankShards& r : ranks) registered.push_back(zcc::daemon::testing::RegisteredFor(r));
   std::fprintf(stderr, "page cache: fsync + posix_fadvise(DONTNEED) per file%s\n",
                DropCaches({}) ? " + /proc/sys/vm/drop_caches"
                               : " (/proc/sys/vm/drop_caches not writable here)");
