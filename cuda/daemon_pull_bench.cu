@@ -34,7 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "cuda/zccd_process.h"
+#include "bench/harness.h"
 
 ABSL_FLAG(std::string, zccd, "", "zccd binary to start (with --daemon_pull)");
 ABSL_FLAG(int, device, 0, "CUDA device");
@@ -191,14 +191,16 @@ int Run() {
     return 2;
   }
   if (!Check(cudaSetDevice(absl::GetFlag(FLAGS_device)), "cudaSetDevice")) return 1;
-  char dir_template[] = "/tmp/zcc-pull-bench.XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  if (dir == nullptr) return 1;
-  zcc::ZccdProcess daemon(zccd, dir, {"--daemon_pull", "--client_timeout_s=120"});
-  if (!daemon.WaitReady()) {
-    std::fprintf(stderr, "daemon_pull_bench: zccd did not start (log in %s)\n", dir);
+  // zccd on a private socket and root (bench/harness.h), with daemon-pull.
+  setenv("ZCC_ZCCD", zccd.c_str(), 1);
+  const std::string dir = zcc::bench::MakeScratchDir("pull-bench");
+  if (dir.empty()) return 1;
+  auto started = zcc::bench::ZccdProcess::Start(dir, "zccd", {"--daemon_pull"});
+  if (!started.ok()) {
+    std::fprintf(stderr, "daemon_pull_bench: %s\n", started.status().ToString().c_str());
     return 1;
   }
+  zcc::bench::ZccdProcess& daemon = **started;
   const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_tensor_mib)) * kMiB;
   const int n = absl::GetFlag(FLAGS_tensors);
   cudaStream_t stream = nullptr;
@@ -222,7 +224,8 @@ int Run() {
     const std::string backend(b);
     Result r;
     if (!Measure(daemon.socket(), backend, tensors, bytes, stream, update, &r)) {
-      std::printf("%-10s FAILED (see above; zccd log in %s)\n", backend.c_str(), dir);
+      std::printf("%-10s FAILED (see above; zccd log %s)\n", backend.c_str(),
+                  daemon.log_path().c_str());
       ++failed;
       continue;
     }
@@ -232,7 +235,8 @@ int Run() {
   }
   for (void* t : tensors) cudaFree(t);
   cudaStreamDestroy(stream);
-  if (failed == 0) daemon.RemoveDirWhenDone();
+  daemon.Stop();
+  if (failed == 0) zcc::bench::RemoveScratchDir(dir);
   return failed == 0 ? 0 : 1;
 }
 

@@ -30,7 +30,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "cuda/nccl_collective.h"
-#include "cuda/zccd_process.h"
+#include "bench/harness.h"
 
 ABSL_FLAG(std::string, zccd, "", "zccd binary to start");
 ABSL_FLAG(int, steps, 4, "steps to train (checkpoints every 2nd)");
@@ -211,14 +211,16 @@ int Run() {
     std::fprintf(stderr, "nccl_restore_check: --zccd is required\n");
     return 2;
   }
-  char dir_template[] = "/tmp/zcc-nccl-restore.XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  if (dir == nullptr) return 1;
-  zcc::ZccdProcess daemon(zccd, dir, {"--client_timeout_s=60"});
-  if (!daemon.WaitReady()) {
-    std::fprintf(stderr, "nccl_restore_check: zccd did not start (log in %s)\n", dir);
+  // zccd on a private socket and root (bench/harness.h).
+  setenv("ZCC_ZCCD", zccd.c_str(), 1);
+  const std::string dir = zcc::bench::MakeScratchDir("nccl-restore");
+  if (dir.empty()) return 1;
+  auto started = zcc::bench::ZccdProcess::Start(dir, "zccd", {"--client_timeout_s=60"});
+  if (!started.ok()) {
+    std::fprintf(stderr, "nccl_restore_check: %s\n", started.status().ToString().c_str());
     return 1;
   }
+  zcc::bench::ZccdProcess& daemon = **started;
   std::vector<ncclComm_t> comms(n);
   if (ncclCommInitAll(comms.data(), n, nullptr) != ncclSuccess) {
     std::fprintf(stderr, "nccl_restore_check: ncclCommInitAll failed\n");
@@ -251,8 +253,8 @@ int Run() {
     for (std::thread& t : threads) t.join();
     for (const Rank& r : ranks) {
       if (!r.error.empty()) {
-        std::printf("nccl_restore_check: FAILED: rank %d: %s (zccd log in %s)\n", r.rank,
-                    r.error.c_str(), dir);
+        std::printf("nccl_restore_check: FAILED: rank %d: %s (zccd log %s)\n", r.rank,
+                    r.error.c_str(), daemon.log_path().c_str());
         return 1;
       }
     }
@@ -270,7 +272,8 @@ int Run() {
       "through NCCL; %d piece(s) arrived by ncclBroadcast\n",
       n, static_cast<long long>(ranks[0].restored_step), received);
   for (ncclComm_t c : comms) ncclCommDestroy(c);
-  daemon.RemoveDirWhenDone();
+  daemon.Stop();
+  zcc::bench::RemoveScratchDir(dir);
   return 0;
 }
 
