@@ -96,6 +96,44 @@ bool SameAsSlot(SyntheticRank& rank, const RestoreBuffer& buffer) {
   return true;
 }
 
+// Flips a byte in the middle of the step's largest piece; returns its name.
+std::string DamageLargestPiece(const std::string& step_dir) {
+  auto index = checkpoint::LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  const format::ManifestTensor* piece = &index->pieces.front();
+  for (const auto& p : index->pieces) {
+    if (p.nbytes > piece->nbytes) piece = &p;
+  }
+  const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
+  uint8_t b = 0;
+  REQUIRE(::pread(fd, &b, 1, at) == 1);
+  b ^= 0xff;
+  REQUIRE(::pwrite(fd, &b, 1, at) == 1);
+  ::close(fd);
+  return piece->name;
+}
+
+// `ranks` replicas of `rank` restore `step_dir` at once, sharing reads.
+std::vector<absl::StatusOr<RestoreBuffer>> RestoreTogether(
+    int ranks, const std::string& step_dir, const checkpoint::GroupedIndex& grouped,
+    const SyntheticRank& rank, const checkpoint::IoOptions& io, SharedReads* shared,
+    const std::string& tag) {
+  std::vector<absl::StatusOr<RestoreBuffer>> buffers;
+  for (int r = 0; r < ranks; ++r) buffers.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      buffers[r] = ReadRestoreBuffer(step_dir, grouped, Registered(rank),
+                                     SegmentName(absl::StrCat(tag, r).c_str()), kMaxSlotBytes,
+                                     kNoOwner, io, nullptr, false, shared);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return buffers;
+}
+
 TEST_CASE("a restore reads each tensor byte of the rank once, checking it as it arrives") {
   SyntheticRank rank(0, 1, Specs());
   const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
@@ -148,17 +186,8 @@ TEST_CASE("ranks restoring one step together on a node read each box once betwee
   // Four replicas of one rank's tensors (a data-parallel job), at once.
   constexpr int kRanks = 4;
   SharedReads shared;
-  std::vector<absl::StatusOr<RestoreBuffer>> buffers;
-  for (int r = 0; r < kRanks; ++r) buffers.emplace_back(absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      buffers[r] = ReadRestoreBuffer(step_dir, *grouped, Registered(rank),
-                                     SegmentName(absl::StrCat("shared", r).c_str()),
-                                     kMaxSlotBytes, kNoOwner, io, nullptr, false, &shared);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<absl::StatusOr<RestoreBuffer>> buffers =
+      RestoreTogether(kRanks, step_dir, *grouped, rank, io, &shared, "shared");
   uint64_t read_by_ranks = 0;
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r);
@@ -209,63 +238,23 @@ TEST_CASE("shared boxes are let go after their linger, and then read again") {
 TEST_CASE("a shared read whose reader finds a damaged piece fails every rank, none copies it") {
   SyntheticRank rank(0, 1, Specs());
   const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
-  auto index = checkpoint::LoadStepIndex(step_dir);
-  REQUIRE_OK(index);
-  const format::ManifestTensor* piece = &index->pieces.front();
-  for (const auto& p : index->pieces) {
-    if (p.nbytes > piece->nbytes) piece = &p;
-  }
-  {
-    const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
-    REQUIRE(fd >= 0);
-    const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
-    uint8_t b = 0;
-    REQUIRE(::pread(fd, &b, 1, at) == 1);
-    b ^= 0xff;
-    REQUIRE(::pwrite(fd, &b, 1, at) == 1);
-    ::close(fd);
-  }
+  const std::string damaged = DamageLargestPiece(step_dir);
   std::shared_ptr<const checkpoint::GroupedIndex> grouped;
   REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped));
   SharedReads shared;
-  std::vector<absl::StatusOr<RestoreBuffer>> buffers;
-  for (int r = 0; r < 3; ++r) buffers.emplace_back(absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      buffers[r] = ReadRestoreBuffer(step_dir, *grouped, Registered(rank),
-                                     SegmentName(absl::StrCat("bad", r).c_str()), kMaxSlotBytes,
-                                     kNoOwner, checkpoint::IoOptions(), nullptr, false, &shared);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<absl::StatusOr<RestoreBuffer>> buffers =
+      RestoreTogether(3, step_dir, *grouped, rank, checkpoint::IoOptions(), &shared, "bad");
   for (int r = 0; r < 3; ++r) {
     INFO("rank " << r);
     REQUIRE_STATUS_CODE(buffers[r], absl::StatusCode::kDataLoss);
-    CHECK(absl::StrContains(buffers[r].status().message(), piece->name));
+    CHECK(absl::StrContains(buffers[r].status().message(), damaged));
   }
 }
 
 TEST_CASE("a piece that fails its checksum fails the read; no restore buffer is left") {
   SyntheticRank rank(0, 1, Specs());
   const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
-  // A byte in the middle of the largest piece.
-  auto index = checkpoint::LoadStepIndex(step_dir);
-  REQUIRE_OK(index);
-  const format::ManifestTensor* piece = &index->pieces.front();
-  for (const auto& p : index->pieces) {
-    if (p.nbytes > piece->nbytes) piece = &p;
-  }
-  {
-    const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
-    REQUIRE(fd >= 0);
-    const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
-    uint8_t b = 0;
-    REQUIRE(::pread(fd, &b, 1, at) == 1);
-    b ^= 0xff;
-    REQUIRE(::pwrite(fd, &b, 1, at) == 1);
-    ::close(fd);
-  }
+  const std::string damaged = DamageLargestPiece(step_dir);
 
   std::shared_ptr<const checkpoint::GroupedIndex> grouped;
   REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped));
@@ -274,7 +263,7 @@ TEST_CASE("a piece that fails its checksum fails the read; no restore buffer is 
                                   kNoOwner, checkpoint::IoOptions());
   REQUIRE_STATUS_CODE(buffer, absl::StatusCode::kDataLoss);
   CHECK(absl::StrContains(buffer.status().message(), "checksum mismatch"));
-  CHECK(absl::StrContains(buffer.status().message(), piece->name));
+  CHECK(absl::StrContains(buffer.status().message(), damaged));
   CHECK(shm::Segment::ListWithPrefix(name).empty());
   CHECK_FALSE(shm::Segment::Open(name, 1).ok());
 }

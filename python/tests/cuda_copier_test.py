@@ -42,6 +42,30 @@ def checkpoint_tensors(step_dir):
     return out
 
 
+def snapshot_two_steps(c, d, job, dev, host, rng):
+    """Registers the device buffers and `host`, snapshots steps 1 and 2 with
+    fresh random bytes, waits for step 2's commit and checks that it holds
+    exactly them; closes the client. Returns step 2's bytes."""
+    c.register_tensors([zcc.TensorSpec(n, b) for n, b in dev.items()] +
+                       [zcc.TensorSpec("host", host, kind="optim")])
+    want = {}
+    for step in (1, 2):
+        c.fence()
+        for n, b in dev.items():
+            want[n] = rng.integers(0, 256, len(b), dtype=np.uint8)
+            b.write(want[n].tobytes())
+        host[:] = step
+        assert c.snapshot(step) == "enqueued"
+    c.flush()
+    d.wait_latest(job, 2)
+    got = checkpoint_tensors(os.path.join(d.job_dir(job), "step-00000002"))
+    for n in dev:
+        assert np.array_equal(got[n], want[n]), n
+    assert np.all(got["host"] == 2)
+    c.close()
+    return want
+
+
 def restore_into_fresh(fake, d, job, sizes, want, host_len, copier):
     """A new client restores step 2 of `job` into fresh device buffers and a
     host tensor, and every byte is what was saved."""
@@ -70,26 +94,10 @@ def round_trip(fake):
         c = zcc.connect("cu", socket_path=d.socket, checkpoint_root=d.root, save_every=2,
                         backpressure="block", copier=copier)
         assert c.copier != "host", c.copier
-        c.register_tensors([zcc.TensorSpec(n, b) for n, b in dev.items()] +
-                           [zcc.TensorSpec("host", host, kind="optim")])
         copies_before = fake.device_copies()
-        want = {}
-        for step in (1, 2):
-            c.fence()
-            for n, b in dev.items():
-                want[n] = rng.integers(0, 256, sizes[n], dtype=np.uint8)
-                b.write(want[n].tobytes())
-            host[:] = step
-            assert c.snapshot(step) == "enqueued"
-        c.flush()
-        d.wait_latest("cu", 2)
+        want = snapshot_two_steps(c, d, "cu", dev, host, rng)
         moved = fake.device_copies() - copies_before
         assert moved >= 2 * len(dev), "the copier issued %d cudaMemcpyAsync" % moved
-        got = checkpoint_tensors(os.path.join(d.job_dir("cu"), "step-00000002"))
-        for n in dev:
-            assert np.array_equal(got[n], want[n]), n
-        assert np.all(got["host"] == 2)
-        c.close()
         print("snapshot: %d device buffers (%d bytes) and a host tensor through %d "
               "cudaMemcpyAsync into step 2, bytes equal" % (len(dev), sum(sizes.values()), moved))
 
@@ -115,26 +123,10 @@ def daemon_pull_round_trip(fake):
         c = zcc.connect("pull", socket_path=d.socket, checkpoint_root=d.root, save_every=2,
                         backpressure="block", copier=zcc.daemon_pull(module=FAKE))
         assert c.copier == "cuda_ipc", c.copier
-        c.register_tensors([zcc.TensorSpec(n, b) for n, b in dev.items()] +
-                           [zcc.TensorSpec("host", host, kind="optim")])
         copies_before = fake.device_copies()
-        want = {}
-        for step in (1, 2):
-            c.fence()
-            for n, b in dev.items():
-                want[n] = rng.integers(0, 256, sizes[n], dtype=np.uint8)
-                b.write(want[n].tobytes())
-            host[:] = step
-            assert c.snapshot(step) == "enqueued"
-        c.flush()
-        d.wait_latest("pull", 2)
+        want = snapshot_two_steps(c, d, "pull", dev, host, rng)
         # The copies were zccd's: this process issued none.
         assert fake.device_copies() == copies_before, fake.device_copies() - copies_before
-        got = checkpoint_tensors(os.path.join(d.job_dir("pull"), "step-00000002"))
-        for n in dev:
-            assert np.array_equal(got[n], want[n]), n
-        assert np.all(got["host"] == 2)
-        c.close()
         restore_into_fresh(fake, d, "pull", sizes, want, 100, zcc.daemon_pull(module=FAKE))
         assert d.stop() == 0, d.log()
     print("daemon-pull: zccd copied %d device buffers into step 2 (no cudaMemcpyAsync in this "
