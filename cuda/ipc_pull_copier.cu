@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,7 +141,7 @@ class IpcPullCopier final : public DeviceCopier {
     zcc::MutexLock lock(&mu_);
     for (const CopyRegion& r : regions) {
       if (r.nbytes == 0) continue;
-      ZCC_ASSIGN_OR_RETURN(bool device, IsDeviceMemory(r.src));
+      ZCC_ASSIGN_OR_RETURN(bool device, IsDevice(r.src));
       if (device) ZCC_RETURN_IF_ERROR(SourceOf(r.src, r.nbytes).status());
     }
     return absl::OkStatus();
@@ -153,7 +155,7 @@ class IpcPullCopier final : public DeviceCopier {
     for (size_t i = 0; i < regions.size(); ++i) {
       const CopyRegion& r = regions[i];
       if (r.nbytes == 0) continue;
-      ZCC_ASSIGN_OR_RETURN(bool device, IsDeviceMemory(r.src));
+      ZCC_ASSIGN_OR_RETURN(bool device, IsDevice(r.src));
       if (!device) {
         local.push_back(r);
         continue;
@@ -303,6 +305,21 @@ class IpcPullCopier final : public DeviceCopier {
     return absl::OkStatus();
   }
 
+  // Whether `ptr` is device memory: from the sources exported and the host
+  // pointers seen before, without a runtime call on the trainer thread once
+  // Prepare() has seen the snapshot's regions.
+  absl::StatusOr<bool> IsDevice(const void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = sources_.upper_bound(p);
+    if (it != sources_.begin() && p - std::prev(it)->first < std::prev(it)->second.bytes) {
+      return true;
+    }
+    if (host_sources_.count(p) != 0) return false;
+    ZCC_ASSIGN_OR_RETURN(bool device, IsDeviceMemory(ptr));
+    if (!device) host_sources_.insert(p);
+    return device;
+  }
+
   bool InRegistered(const uint8_t* p, size_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = registered_.upper_bound(reinterpret_cast<uintptr_t>(p));
     if (it == registered_.begin()) return false;
@@ -420,6 +437,7 @@ class IpcPullCopier final : public DeviceCopier {
   std::map<CopyTicket, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::map<uintptr_t, size_t> registered_ ABSL_GUARDED_BY(mu_);
   std::map<uintptr_t, Source> sources_ ABSL_GUARDED_BY(mu_);  // by allocation base
+  std::set<uintptr_t> host_sources_ ABSL_GUARDED_BY(mu_);    // host memory seen as a source
   std::deque<std::unique_ptr<LocalPart>> local_ ABSL_GUARDED_BY(mu_);
 };
 
