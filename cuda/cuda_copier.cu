@@ -155,8 +155,12 @@ void PooledEvent::GiveBack() {
 // pinned already, a container's pinned-memory limit, a platform without
 // registration) do not fail: copies into such a mapping go through a small
 // pinned bounce buffer, a device-to-host copy into it followed by a host
-// function on the copy stream that memcpys the piece into place. The fence
-// stays on the device; only the bandwidth drops. If even the bounce buffer
+// function on the copy stream that memcpys the piece into place. Enqueue()
+// still returns at once, but issuing work behind a host function waits for
+// the stream to get there (on an H100 the copy thread's issuing, and with it
+// FenceBeforeUpdate(), returned 3 ms after a 1 s stall of the trainer's
+// stream ahead of the copy had ended): the fence then waits for the trainer's
+// stream to reach the snapshot and for the copy. If even the bounce buffer
 // cannot be allocated, the copies use the pageable memory directly, which
 // the runtime performs synchronously: the copy thread then issues a ticket
 // only as fast as its bytes move, and FenceBeforeUpdate(), which waits for
@@ -458,7 +462,8 @@ void CudaCopier::FallBackToUnpinned(void* base, size_t bytes, const absl::Status
       bounce_status.ok()
           ? absl::StrCat("copying through a ", bounce_bytes_ >> 10,
                          " KiB pinned bounce buffer instead (lower bandwidth; Snapshot "
-                         "still returns at once)")
+                         "still returns at once, but FenceBeforeUpdate waits for the "
+                         "device to reach the copy and finish it)")
           : absl::StrCat("and no pinned bounce buffer either (", bounce_status.message(),
                          "): copies into this memory are synchronous, FenceBeforeUpdate "
                          "blocks until they finish");

@@ -26,11 +26,22 @@
 #       daemon_pull_bench (16 tensors x 64 MiB, 10 steps) reports the trainer
 #       thread's µs per Snapshot and the D2H GB/s of the CUDA copier and of
 #       daemon-pull through zccd, against plain pinned copies.
-#       With ZCC_GPU_PYTHON=<venv>/bin/python (PyTorch with CUDA and zcc's wheel
-#       installed there) it also runs python/tests/cuda_torch_check.py: a
+#       It also runs python/tests/cuda_torch_check.py (below) with the node's
+#       python3 where the bundle holds zcc's modules for it (python-headers),
+#       or with ZCC_GPU_PYTHON=<venv>/bin/python (PyTorch with CUDA and zcc's
+#       wheel installed there): a
 #       CUDA model checkpointed through zcc.torch, which picks the CUDA copier,
 #       and restored on the GPU exactly; then the same with daemon-pull
 #       (copier=zcc.daemon_pull(0), the wheel's zccd with --daemon_pull).
+#
+#   tools/gpu/run_gpu_checks.sh python-headers DIR
+#       On the GPU node: copies its python3's C headers (Python.h, pyconfig.h)
+#       into DIR/include (send DIR back to the build machine). GPU nodes run a
+#       newer Python than Debian 12's 3.11, which zcc's wheel is built for.
+#       Then `ZCC_GPU_PYTHON_INCLUDE=DIR/include ... bundle` also builds zcc's
+#       extension modules for that Python (with pybind11 2.13.6 headers, which
+#       it downloads once from PyPI into ~/.cache/zcc) into the bundle's
+#       python/zcc, which `run` puts on the node's python3's path.
 #
 # Exit status: 0 when every step passed (or skipped for lack of a device).
 set -euo pipefail
@@ -93,6 +104,9 @@ bundle() {
       [[ -e $BUNDLE/lib/$lib ]] || cp -L "$path" "$BUNDLE/lib/$lib"
     done < <(ldd "$BUNDLE/bin/$name" | grep '=>')
   done
+  if [[ -n ${ZCC_GPU_PYTHON_INCLUDE:-} ]]; then
+    bundle_python "${startup[@]}" -- "${flags[@]}"
+  fi
   {
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
@@ -109,6 +123,66 @@ bundle() {
   cat "$BUNDLE/MANIFEST"
   echo "bundle: $BUNDLE, $(du -sh "$BUNDLE" | cut -f1); carry it to the GPU node, then run:"
   echo "  tools/gpu/run_gpu_checks.sh run"
+}
+
+# zcc's extension modules for the GPU node's Python, from the headers that
+# `python-headers` copied there: bundle_python STARTUP... -- FLAGS...
+bundle_python() {
+  local startup=() flags=()
+  while [[ $1 != -- ]]; do startup+=("$1"); shift; done
+  shift
+  flags=("$@")
+  local include=$ZCC_GPU_PYTHON_INCLUDE
+  if [[ ! -f $include/Python.h ]]; then
+    echo "bundle: no Python.h in ZCC_GPU_PYTHON_INCLUDE=$include" >&2
+    exit 1
+  fi
+  # Bazel accepts absolute include paths only under the toolchain's system
+  # directories: the headers are copied under /usr/local/include.
+  local headers=/usr/local/include/zcc-gpu-python pybind11=$HOME/.cache/zcc/pybind11-2.13.6
+  if [[ ! -d $pybind11/pybind11 ]]; then
+    local wheels
+    wheels=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: pybind11==2.13.6 -d "$wheels"
+    mkdir -p "$pybind11"
+    python3 -m zipfile -e "$wheels"/pybind11-2.13.6-*.whl "$wheels/x"
+    cp -r "$wheels/x/pybind11/include/pybind11" "$pybind11/"
+    rm -rf "$wheels"
+  fi
+  rm -rf "$headers"
+  mkdir -p "$headers/python" "$headers/pybind11"
+  cp -r "$include"/. "$headers/python/"
+  cp -r "$pybind11/pybind11" "$headers/pybind11/"
+  # -I comes before the BUILD file's -isystem of Debian's python3.11 headers.
+  local copts="--per_file_copt=python/zcc/.*\\.cc@-I$headers/python,-I$headers/pybind11"
+  bazel "${startup[@]}" build "${flags[@]}" "$copts" //python/zcc:_zcc.so //python/zcc:_zcc_cuda.so
+  local bin
+  bin=$(bazel "${startup[@]}" info "${flags[@]}" "$copts" bazel-bin 2>/dev/null)
+  mkdir -p "$BUNDLE/python/zcc"
+  cp python/zcc/*.py "$bin/python/zcc/_zcc.so" "$bin/python/zcc/_zcc_cuda.so" "$BUNDLE/python/zcc/"
+  chmod u+w "$BUNDLE"/python/zcc/*
+  local lib path
+  while read -r lib _ path _; do
+    [[ $lib =~ $SYSTEM_LIBS || $lib == libcudart.so* ]] && continue
+    [[ -e $BUNDLE/lib/$lib ]] || cp -L "$path" "$BUNDLE/lib/$lib"
+  done < <(ldd "$BUNDLE/python/zcc/_zcc.so" | grep '=>')
+  echo "bundle: zcc's modules for Python $(sed -n 's/^#define PY_VERSION *"\(.*\)".*/\1/p' "$include/patchlevel.h")" \
+    "in $BUNDLE/python"
+}
+
+# On the GPU node: its python3's C headers into $1/include.
+python_headers() {
+  local dir=${1:?python-headers needs a folder}
+  local include multiarch
+  include=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("INCLUDEPY"))')
+  mkdir -p "$dir/include"
+  cp -rL "$include"/. "$dir/include/"
+  # Debian and Ubuntu keep the real pyconfig.h under the multiarch folder.
+  multiarch=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")')
+  if [[ -n $multiarch && -f /usr/include/$multiarch/$(basename "$include")/pyconfig.h ]]; then
+    cp -L "/usr/include/$multiarch/$(basename "$include")/pyconfig.h" "$dir/include/pyconfig.h"
+  fi
+  echo "python-headers: $(python3 --version) headers in $dir/include"
 }
 
 run() {
@@ -161,11 +235,20 @@ run() {
   # zcc.torch with CUDA tensors: where an interpreter with PyTorch (CUDA) and
   # zcc (the wheel, tools/build_wheel.sh) is given as ZCC_GPU_PYTHON, with the
   # wheel's zccd next to it.
-  local torch_rc=0 torch_result="NOT RUN (set ZCC_GPU_PYTHON to a python with torch and zcc)"
+  local torch_rc=0 torch_result="NOT RUN (no zcc modules in the bundle for this python3, and no ZCC_GPU_PYTHON: see python-headers)"
   if [[ -n ${ZCC_GPU_PYTHON:-} ]]; then
     echo "== cuda_torch_check ($ZCC_GPU_PYTHON)"
     PYTHONPATH="$PWD/python/tests" "$ZCC_GPU_PYTHON" python/tests/cuda_torch_check.py \
       --zccd "$(dirname "$ZCC_GPU_PYTHON")/zccd" 2>&1 | tee "$log/torch" || torch_rc=${PIPESTATUS[0]}
+    torch_result=$([[ $torch_rc -eq 0 ]] && tail -1 "$log/torch" || echo "FAILED (exit $torch_rc)")
+  elif [[ -f $BUNDLE/python/zcc/_zcc.so ]]; then
+    echo "== cuda_torch_check ($(command -v python3), zcc from $BUNDLE/python)"
+    # The CUDA runtime PyTorch's wheels brought, ahead of the bundle's.
+    local cudart
+    cudart=$(python3 -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+    LD_LIBRARY_PATH="${cudart:+$cudart:}$LD_LIBRARY_PATH" PYTHONUNBUFFERED=1 \
+      PYTHONPATH="$PWD/$BUNDLE/python:$PWD/python/tests" python3 python/tests/cuda_torch_check.py \
+      --zccd "$PWD/$BUNDLE/bin/zccd" 2>&1 | tee "$log/torch" || torch_rc=${PIPESTATUS[0]}
     torch_result=$([[ $torch_rc -eq 0 ]] && tail -1 "$log/torch" || echo "FAILED (exit $torch_rc)")
   fi
   local nccl_rc=0 nccl_result
@@ -216,5 +299,6 @@ run() {
 case "${1:-}" in
   bundle) shift; bundle "$@" ;;
   run) shift; run "$@" ;;
+  python-headers) shift; python_headers "$@" ;;
   *) usage ;;
 esac
