@@ -663,6 +663,9 @@ def test_user_state_must_be_plain_and_fit():
         ck.step(1)
         user["bad"] = object()
         raises(TypeError, ck.step, 2, match="plain data")
+        # A flat list takes the fast path until an element is not plain.
+        user["bad"] = list(range(1000)) + [object()]
+        raises(TypeError, ck.step, 2, match="user_state['bad'][1000] is a object")
         del user["bad"]
         user["big"] = "x" * 20000
         raises(ValueError, ck.step, 3, match="extra_bytes")

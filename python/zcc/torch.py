@@ -112,11 +112,23 @@ _LEN_BYTES = 8
 _LR_SCHEDULER_STEP_MARKERS = ("_with_counter", "_wrapped_by_lr_sched")
 
 
+_PLAIN_SCALAR_TYPES = frozenset(_PLAIN_SCALARS)
+_SEQUENCES = (list, tuple, set, frozenset)
+
+
 def _check_plain(value, where):
     """Raises TypeError unless `value` is plain data the safe loader accepts."""
+    # The fast path, taken every step: a scalar, or a flat sequence of scalars
+    # (Python's RNG state is a tuple of 625 ints), checked without building a
+    # path string per element.
+    kind = type(value)
+    if kind in _PLAIN_SCALAR_TYPES:
+        return
+    if kind in _SEQUENCES and _PLAIN_SCALAR_TYPES.issuperset(map(type, value)):
+        return
     if isinstance(value, _PLAIN_SCALARS):
         return
-    if isinstance(value, (list, tuple, set, frozenset)):
+    if isinstance(value, _SEQUENCES):
         for i, v in enumerate(value):
             _check_plain(v, "%s[%d]" % (where, i))
         return
