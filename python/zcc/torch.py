@@ -87,6 +87,7 @@ Thread-safety: a Checkpointer belongs to the training thread.
 """
 
 import collections
+import ctypes
 import io
 import os
 import pickle
@@ -352,10 +353,28 @@ def _restore_hyperparameter(current, saved):
     return saved
 
 
-@torch.no_grad()
-def _zero_all(tensors):
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_libc = None
+
+
+def _prefault(tensors):
+    """Faults in the pages of fresh CPU tensors without changing a byte
+    (madvise MADV_POPULATE_WRITE; on an older kernel it does nothing), so that
+    a restore's copy into them, or their first use, does not stop at every
+    page. Runs on a thread of its own during registration and whatever comes
+    next (a restore waits for zccd's disk read meanwhile); it writes nothing,
+    so nothing needs to wait for it."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    page = os.sysconf("SC_PAGE_SIZE")
     for t in tensors:
-        t.zero_()
+        start = t.data_ptr()
+        end = start + t.numel() * t.element_size()
+        first, last = -(-start // page) * page, end // page * page
+        if last > first and _libc.madvise(first, last - first, _MADV_POPULATE_WRITE) != 0:
+            return  # EINVAL: a kernel without it
 
 
 class Checkpointer:
@@ -435,7 +454,10 @@ class Checkpointer:
             self._buffers.append((piece.local, shadow))
             pieces.append((name, piece._replace(local=shadow), "param", False))
 
-        self._to_zero = []         # fresh optimizer buffers, zeroed during registration
+        # Fresh optimizer buffers, per optimizer param: zeroed at the first
+        # step() if the param's state is still not bound then (a restore or the
+        # optimizer's first step overwrites them before anything reads them).
+        self._unzeroed = {}
         self._opt_params = []      # optimizer params, in param_groups order
         self._opt_bufs = []        # per param: {key: registered tensor}
         self._bound = []           # per param: the optimizer's state uses our buffers
@@ -462,17 +484,16 @@ class Checkpointer:
                                   save_every=save_every, checkpoint_root=root,
                                   ema_decay=ema_decay, ema_interval=self.ema_interval,
                                   **connect_kwargs)
-        # Both release the GIL: the buffers fill on another core meanwhile.
-        zeroing = threading.Thread(target=_zero_all, args=(self._to_zero,), daemon=True)
-        zeroing.start()
+        # Faulting in a GB of fresh buffers costs as much as the registration:
+        # on another core, during it and the restore that usually follows.
+        fresh = [t for ts in self._unzeroed.values() for t in ts if t.device.type == "cpu"]
+        if fresh:
+            threading.Thread(target=_prefault, args=(fresh,), daemon=True).start()
         try:
             self.client.register_tensors(specs)
         except BaseException:
-            zeroing.join()
             self.client.close()
             raise
-        zeroing.join()
-        self._to_zero = []
         self._specs = specs
         self._ema_names = [s.name for s in specs if s.ema_eligible]
         # With replicas (DDP's, or a DTensor's Replicate placements) each
@@ -551,10 +572,10 @@ class Checkpointer:
             if existing:
                 items = [(k, v) for k, v in existing.items() if torch.is_tensor(v)]
             else:
-                # Zeroed while zccd registers them (__init__): filling a GB
-                # of buffers costs as much as the registration.
+                # Not zeroed here: a restore or the optimizer's first step
+                # (binding) overwrites them; step() zeroes any left unbound.
                 items = [(k, _empty_state(p, layout)) for k, layout in layouts[p].items()]
-                self._to_zero += [_local(v) for _, v in items]
+                self._unzeroed[i] = [_local(v) for _, v in items]
             for key, value in items:
                 if not isinstance(key, str):
                     raise TypeError("optimizer state key %r is not a string" % (key,))
@@ -726,6 +747,12 @@ class Checkpointer:
         already passed), shadow copies of the buffers and a few small pickles."""
         self.fence()
         self._bind_optimizer_state()
+        if self._unzeroed:
+            for i, tensors in self._unzeroed.items():
+                if not self._bound[i]:
+                    for t in tensors:
+                        t.zero_()
+            self._unzeroed = {}
         for b, shadow in self._buffers:
             shadow.copy_(b)
         self._rng.copy_(torch.get_rng_state())
