@@ -43,8 +43,12 @@ HostCopier::~HostCopier() {
 
 void HostCopier::CopyLoop() {
   MakeThisThreadBackground();
+  // Pieces small enough for a fence's helpers to share a large tensor.
+  constexpr size_t kMaxPiece = size_t{8} << 20;
+  const size_t piece = std::min(options_.chunk_bytes, kMaxPiece);
   for (;;) {
-    Job job;
+    auto work = std::make_shared<Work>();
+    CopyTicket ticket;
     {
       zcc::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -53,26 +57,64 @@ void HostCopier::CopyLoop() {
       mu_.Await(absl::Condition(&has_work));
       // Stopping drains the queue first: the destructor promises queued copies finish.
       if (queue_.empty()) return;
-      job = std::move(queue_.front());
+      const Job& job = queue_.front();
+      ticket = job.ticket;
+      for (const CopyRegion& r : job.regions) {
+        for (size_t done = 0; done < r.nbytes; done += piece) {
+          work->pieces.push_back({static_cast<const char*>(r.src) + done,
+                                  static_cast<char*>(r.dst) + done,
+                                  std::min(piece, r.nbytes - done)});
+        }
+      }
       queue_.pop_front();
+      current_ = work;
     }
-    for (const CopyRegion& region : job.regions) CopyRegionInChunks(region);
+    RunPieces(*work);
     zcc::MutexLock lock(&mu_);
-    last_completed_ = job.ticket;  // Jobs run in ticket order.
+    // A fence's helpers may still be copying the pieces they took.
+    auto all_copied = [&work] { return work->finished.load() == work->pieces.size(); };
+    mu_.Await(absl::Condition(&all_copied));
+    current_.reset();
+    last_completed_ = ticket;  // Jobs run in ticket order.
   }
 }
 
-void HostCopier::CopyRegionInChunks(const CopyRegion& region) const {
-  const auto* src = static_cast<const char*>(region.src);
-  auto* dst = static_cast<char*>(region.dst);
-  for (size_t done = 0; done < region.nbytes;) {
-    const size_t n = std::min(options_.chunk_bytes, region.nbytes - done);
+void HostCopier::RunPieces(Work& work) {
+  const size_t n = work.pieces.size();
+  for (size_t i = work.next.fetch_add(1); i < n; i = work.next.fetch_add(1)) {
     if (options_.per_chunk_delay > absl::ZeroDuration()) {
       absl::SleepFor(options_.per_chunk_delay);
     }
-    std::memcpy(dst + done, src + done, n);
-    done += n;
+    const CopyRegion& p = work.pieces[i];
+    std::memcpy(p.dst, p.src, p.nbytes);
+    if (work.finished.fetch_add(1) + 1 == n) {
+      // The last piece: wake the copy thread (mu_'s waiters re-check their
+      // conditions when it is released).
+      zcc::MutexLock lock(&mu_);
+    }
   }
+}
+
+void HostCopier::Help(const std::shared_ptr<Work>& work) {
+  // Helpers only when there is plenty left: 64 MiB or more a thread, as
+  // ParallelCopy, and at most 8 threads in all.
+  constexpr uint64_t kPerThread = uint64_t{64} << 20;
+  const size_t next = std::min(work->next.load(), work->pieces.size());
+  uint64_t left = 0;
+  for (size_t i = next; i < work->pieces.size(); ++i) left += work->pieces[i].nbytes;
+  const unsigned threads = std::min<unsigned>(
+      {std::max(1u, std::thread::hardware_concurrency()), 8u,
+       static_cast<unsigned>(std::max<uint64_t>(1, left / kPerThread))});
+  std::vector<std::thread> helpers;
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back([this, work] { RunPieces(*work); });
+    } catch (const std::system_error&) {
+      break;  // fewer helpers: this thread and the copy thread do the rest
+    }
+  }
+  RunPieces(*work);
+  for (std::thread& t : helpers) t.join();
 }
 
 absl::Status HostCopier::RegisterHostMemory(void* base, size_t bytes) {
@@ -116,8 +158,19 @@ absl::Status HostCopier::Wait(CopyTicket ticket) {
 }
 
 absl::Status HostCopier::FenceBeforeUpdate(void* /*stream*/) {
+  std::shared_ptr<Work> work;
+  CopyTicket target;
+  {
+    zcc::MutexLock lock(&mu_);
+    target = last_issued_;
+    if (last_completed_ >= target) return absl::OkStatus();
+    work = current_;
+  }
+  // The copy in progress: this thread (and helpers) take its pieces too.
+  // Jobs queued behind it are left to the copy thread.
+  if (work != nullptr) Help(work);
   zcc::MutexLock lock(&mu_);
-  AwaitCompleted(last_issued_);
+  AwaitCompleted(target);
   return absl::OkStatus();
 }
 

@@ -1,7 +1,11 @@
 // HostCopier: the DeviceCopier backend for machines without a GPU (and the
 // fake every GPU-free test uses). "Device" memory is ordinary host memory; the
 // copies run with memcpy on one copy thread owned by the copier, so Enqueue()
-// returns before the bytes move, exactly as with the CUDA backend.
+// returns before the bytes move, exactly as with the CUDA backend. The copy
+// thread runs at background priority, so a CPU trainer that keeps every core
+// busy leaves it little until its next FenceBeforeUpdate; the fence, which
+// must wait for the copy anyway, then finishes it with the waiting thread and
+// up to 7 helpers taking its pieces in turn with the copy thread.
 //
 // Thread-safety: every method may be called from any thread, concurrently.
 // Ownership: the copier owns its copy thread; the destructor finishes every
@@ -10,6 +14,7 @@
 #ifndef ZCC_COPY_HOST_COPIER_H_
 #define ZCC_COPY_HOST_COPIER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <memory>
@@ -69,7 +74,9 @@ class HostCopier final : public DeviceCopier {
   // argument check.
   absl::StatusOr<CopyTicket> Enqueue(absl::Span<const CopyRegion> regions, void* stream) override;
   absl::Status Wait(CopyTicket ticket) override;
-  // Blocks until every copy enqueued before the call has finished.
+  // Blocks until every copy enqueued before the call has finished, helping
+  // with the copy in progress (the caller's thread, and more threads when
+  // much is left: the trainer waits here with its cores otherwise idle).
   absl::Status FenceBeforeUpdate(void* stream) override;
   // memcpy on the calling thread.
   absl::Status CopyToDevice(absl::Span<const CopyRegion> regions, void* stream) override;
@@ -80,11 +87,23 @@ class HostCopier final : public DeviceCopier {
     absl::Span<const CopyRegion> regions;
   };
 
+  // One job's regions cut into pieces of at most chunk_bytes (and 8 MiB),
+  // which the copy thread and a fence's helpers take in turn.
+  struct Work {
+    std::vector<CopyRegion> pieces;
+    std::atomic<size_t> next{0};      // the next piece nobody has taken
+    std::atomic<size_t> finished{0};  // pieces copied
+  };
+
   explicit HostCopier(const HostCopierOptions& options);
   void CopyLoop();
   // Blocks (sleeping on mu_) until every ticket up to `ticket` has completed.
   void AwaitCompleted(CopyTicket ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CopyRegionInChunks(const CopyRegion& region) const;
+  // Copies pieces of `work` until none is left to take.
+  void RunPieces(Work& work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `work`'s remaining pieces on this thread and, when much is left, on
+  // helper threads too; returns once those threads are done.
+  void Help(const std::shared_ptr<Work>& work) ABSL_LOCKS_EXCLUDED(mu_);
 
   const HostCopierOptions options_;
 
@@ -92,6 +111,8 @@ class HostCopier final : public DeviceCopier {
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   CopyTicket last_issued_ ABSL_GUARDED_BY(mu_) = 0;
   CopyTicket last_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  // The job the copy thread is copying (null between jobs).
+  std::shared_ptr<Work> current_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<void*, size_t> registered_ ABSL_GUARDED_BY(mu_);
 

@@ -78,5 +78,34 @@ TEST_CASE("HostCopier::Enqueue returns before a slow copy has moved the bytes") 
   REQUIRE_OK((*copier)->Wait(*ticket2));
 }
 
+TEST_CASE("HostCopier::FenceBeforeUpdate finishes a large copy together with the copy thread") {
+  // 96 MiB in 4 KiB pieces: enough left at the fence for helper threads, and
+  // pieces small enough that the copy thread, the fencing thread and the
+  // helpers all take some. Every byte must land, each round, and the ticket
+  // must complete exactly when the last piece has.
+  constexpr size_t kBytes = size_t{96} << 20;
+  HostCopierOptions options;
+  options.chunk_bytes = 4096;
+  auto copier = HostCopier::Create(options);
+  REQUIRE_OK(copier);
+  std::vector<unsigned char> src(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) src[i] = static_cast<unsigned char>(i * 131 + (i >> 12));
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    std::vector<unsigned char> dst(kBytes, 0);
+    // Two regions, the second not a multiple of the piece size.
+    const CopyRegion regions[] = {{src.data(), dst.data(), kBytes / 2},
+                                  {src.data() + kBytes / 2, dst.data() + kBytes / 2,
+                                   kBytes / 2 - 123}};
+    auto ticket = (*copier)->Enqueue(regions, nullptr);
+    REQUIRE_OK(ticket);
+    REQUIRE_OK((*copier)->FenceBeforeUpdate(nullptr));
+    CHECK(std::memcmp(dst.data(), src.data(), kBytes - 123) == 0);
+    CHECK(dst[kBytes - 123] == 0);  // Past the second region: untouched.
+    REQUIRE_OK((*copier)->Wait(*ticket));
+    src[round] ^= 0xFF;  // The next round's source differs.
+  }
+}
+
 }  // namespace
 }  // namespace zcc
