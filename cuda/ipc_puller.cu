@@ -161,16 +161,28 @@ struct Imports {
       pinned = nullptr;
       return;
     }
+    // Everything is released whatever fails; the first failure is logged
+    // (a handle left open keeps the trainer's memory mapped in zccd).
+    absl::Status first;
+    auto note = [&first](cudaError_t err, const char* what) {
+      if (err != cudaSuccess && first.ok()) first = CudaToStatus(static_cast<int>(err), what);
+    };
     for (void* base : sources) {
-      if (base != nullptr) (void)cudaIpcCloseMemHandle(base);
+      if (base != nullptr) note(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
     }
     sources.clear();
     for (cudaEvent_t& e : ready_events) {
-      if (e != nullptr) (void)cudaEventDestroy(std::exchange(e, nullptr));
+      if (e != nullptr) note(cudaEventDestroy(std::exchange(e, nullptr)), "cudaEventDestroy");
     }
-    if (copied != nullptr) (void)cudaEventDestroy(std::exchange(copied, nullptr));
-    if (pinned != nullptr) (void)cudaHostUnregister(std::exchange(pinned, nullptr));
+    if (copied != nullptr) note(cudaEventDestroy(std::exchange(copied, nullptr)), "cudaEventDestroy");
+    if (pinned != nullptr) {
+      note(cudaHostUnregister(std::exchange(pinned, nullptr)), "cudaHostUnregister");
+    }
     (void)cudaGetLastError();
+    if (!first.ok()) {
+      ZCC_LOG(WARNING) << "daemon-pull for " << owner << ": releasing its CUDA resources: "
+                       << first.message() << " (the others were released)";
+    }
   }
 };
 
