@@ -26,7 +26,8 @@ What is registered (once, in the constructor; names are checkpoint keys):
   (tied parameters appear once, under their first name).
 * the optimizer state, kind OPTIM, as ``optimizer.state.<param name>.<key>``.
   PyTorch creates it lazily at the first ``optimizer.step()``, so the
-  constructor allocates zeroed buffers shaped like it: for torch.optim.Adam,
+  constructor allocates buffers shaped like it (not written until a restore,
+  the first step, or step()'s zeroing of any still unbound): for torch.optim.Adam,
   AdamW, SGD and RMSprop from the layout their source fixes (no step taken);
   for other optimizers from a probe step (gradients set to zero, every
   group's ``lr`` set to 0) after which everything the probe could have
@@ -555,8 +556,8 @@ class Checkpointer:
 
     def _materialise_optimizer_state(self):
         """Allocates and describes a buffer for every optimizer state tensor:
-        the optimizer's own tensor where it already has state, else a zeroed
-        tensor shaped like the state its first step will create."""
+        the optimizer's own tensor where it already has state, else a fresh
+        (unwritten) tensor shaped like the state its first step will create."""
         opt = self.optimizer
         params = [p for g in opt.param_groups for p in g["params"]]
         self._opt_params = params
