@@ -5,9 +5,7 @@
     worker.py changed --layout L --socket S --root R --job J --change {resized,extra}
     worker.py refused
 
-Layouts: "single" (a plain model; every rank would hold all of it), "dp" (the
-same plain model on every rank, trained on the same batches: data-parallel
-replicas, as DDP keeps them), "fsdp"
+Layouts: "single" (a plain model; every rank would hold all of it), "fsdp"
 (fully_shard over all ranks), "tp" (tensor parallel over all ranks) and
 "fsdp_tp" (a 2 x (world/2) mesh: fully_shard over "dp", tensor parallel over
 "tp"). `save` trains N steps with AdamW and a Checkpointer (save_every=N, EMA)
@@ -55,7 +53,7 @@ class Net(torch.nn.Module):
 def build(layout, world, out=OUT, extra=False):
     torch.manual_seed(0)
     model = Net(out, extra)
-    if layout in ("single", "dp"):
+    if layout == "single":
         return model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -108,14 +106,14 @@ def batch(step, rank):
 
 def data_rank(layout, rank, world):
     """Tensor-parallel ranks of one data-parallel replica see the same batch."""
-    return {"tp": 0, "dp": 0, "fsdp_tp": rank // max(1, world // 2)}.get(layout, rank)
+    return {"tp": 0, "fsdp_tp": rank // max(1, world // 2)}.get(layout, rank)
 
 
 def save(args, rank, world):
     model = build(args.layout, world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ckpt = Checkpointer(model, opt, job_id=args.job, socket=args.socket, root=args.root,
-                        save_every=args.steps, ema_decay=args.ema_decay, backpressure="block")
+                        save_every=args.steps, ema_decay=0.9, backpressure="block")
     assert ckpt.wait_connected(60), "not connected to zccd"
     for step in range(1, args.steps + 1):
         x, y = batch(step, data_rank(args.layout, rank, world))
@@ -144,7 +142,7 @@ def restore(args, rank, world):
     model = build(args.layout, world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ckpt = Checkpointer(model, opt, job_id=args.job, socket=args.socket, root=args.root,
-                        ema_decay=args.ema_decay)
+                        ema_decay=0.9)
     got = ckpt.restore()
     assert got == args.expect_step, "restored %s, expected %d" % (got, args.expect_step)
     if args.expect_from:
@@ -217,9 +215,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["save", "restore", "changed", "refused"])
     p.add_argument("--layout", default="single")
-    p.add_argument("--socket", default="",
-                   help="zccd's socket; a comma-separated list spreads the ranks over "
-                        "several zccds (one per node), in order")
+    p.add_argument("--socket", default="")
     p.add_argument("--root", default="")
     p.add_argument("--job", default="dtensor")
     p.add_argument("--steps", type=int, default=4)
@@ -227,12 +223,9 @@ def main():
     p.add_argument("--expect-from", default="", help="memory or disk (default: either)")
     p.add_argument("--ref", default="")
     p.add_argument("--change", default="resized")
-    p.add_argument("--ema-decay", type=float, default=0.9)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    sockets = args.socket.split(",")
-    args.socket = sockets[rank * len(sockets) // world]
     try:
         globals()[args.mode](args, rank, world)
     finally:

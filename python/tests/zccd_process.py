@@ -11,12 +11,11 @@ import time
 
 
 class Zccd:
-    def __init__(self, tag="py", extra_flags=(), binary=None, root=None):
+    def __init__(self, tag="py", extra_flags=(), binary=None):
         self.binary = binary or os.environ["ZCCD"]
         self.dir = tempfile.mkdtemp(prefix="zcc%s." % tag, dir="/tmp")
         self.socket = os.path.join(self.dir, "zccd.sock")
-        # Another zccd's root: two "nodes" sharing one checkpoint file system.
-        self.root = root or os.path.join(self.dir, "ckpt")
+        self.root = os.path.join(self.dir, "ckpt")
         # Unique per instance: tests in PID namespaces share pids, and a zccd
         # removes segments with its prefix at start as stale.
         self.shm_prefix = "zcc%s%s" % (tag, os.path.basename(self.dir).split(".")[-1].replace("_", ""))
