@@ -4,6 +4,9 @@
 // zccd: one agreed step, every piece bit-exact on every rank, and each
 // replicated piece read from zccd by exactly one rank (the others receive it).
 // A rank that cannot restore fails the restore on every rank, naming itself.
+// Without a collective, the four ranks restoring the step from disk at once
+// are served by zccd from one read of each piece (daemon/shared_reads.h),
+// counted by its zcc_restore_bytes_read_total.
 #include <catch2/catch.hpp>
 #include <memory>
 #include <set>
@@ -13,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/reader.h"
 #include "common/testing/free_port.h"
 #include "common/testing/temp_dir.h"
 #include "tests/process_harness.h"
@@ -93,6 +97,54 @@ TEST_CASE("ranks restore together through a collective: each replicated piece re
     CHECK(restorers[rank]->Wait(absl::Seconds(90)) != 0);
     if (rank != 3) CHECK(absl::StrContains(restorers[rank]->Output(), "rank 3 failed"));
   }
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("ranks that restore one step at once without a collective: zccd reads each piece once") {
+  const std::string dir = ShortTempDir("it-shared");
+  Daemon daemon(dir, {{"--metrics_listen=127.0.0.1:0"}});
+  REQUIRE(daemon.Start());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    trainers.push_back(StartTrainer(daemon, dir, absl::StrCat("train", rank),
+                                    Flags(rank, {"--steps=10", "--block"})));
+  }
+  for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+  // A restarted zccd holds no snapshot: the restores read the disk.
+  REQUIRE(daemon.Stop() == 0);
+  REQUIRE(daemon.Start());
+  const int port = PortFromLog(daemon, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
+  REQUIRE(port > 0);
+  REQUIRE(MetricValue(port, "zcc_restore_bytes_read_total") == 0);
+
+  // Every rank restores its whole state: the replicated pieces it did not
+  // write too, which the other ranks need as well.
+  std::vector<std::unique_ptr<Subprocess>> restorers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    restorers.push_back(StartTrainer(daemon, dir, absl::StrCat("alone", rank),
+                                     Flags(rank, {"--mode=restore", "--expect_step=10"})));
+  }
+  for (auto& r : restorers) {
+    INFO(r->Output() << daemon.Log());
+    REQUIRE(r->Wait(absl::Seconds(90)) == 0);
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+  }
+
+  // Each piece of the step once (every piece is written by exactly one rank),
+  // where the ranks between them restore more than that.
+  auto index = checkpoint::LoadStepIndex(JobDir(daemon) + "/step-00000010");
+  REQUIRE(index.ok());
+  uint64_t step_bytes = 0;
+  for (const format::ManifestTensor& piece : index->pieces) step_bytes += piece.nbytes;
+  uint64_t restored_bytes = 0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    for (const ModelTensor& t : BuildModel(kLayout, rank, kWorld, 6, 64)) restored_bytes += t.nbytes;
+  }
+  REQUIRE(restored_bytes > step_bytes);
+  const double read = MetricValue(port, "zcc_restore_bytes_read_total");
+  INFO("zccd read " << read << " bytes; the step holds " << step_bytes << ", the ranks restored "
+                    << restored_bytes << "\n" << daemon.Log());
+  CHECK(read == static_cast<double>(step_bytes));
   REQUIRE(daemon.Stop() == 0);
 }
 

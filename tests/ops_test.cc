@@ -27,37 +27,6 @@
 namespace zcc::testing {
 namespace {
 
-int PortFromLog(const Daemon& d, const std::string& pattern) {
-  std::smatch m;
-  const std::regex re(pattern);
-  for (int i = 0; i < 500; ++i) {
-    const std::string log = d.Log();
-    if (std::regex_search(log, m, re)) return std::stoi(m[1]);
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return 0;
-}
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-  close(fd);
-  return out;
-}
-
 // grpc.health.v1.Health/Check with an empty request; returns the raw response
 // bytes (status SERVING is field 1 = 1: "\x08\x01").
 std::string HealthCheck(int port) {

@@ -5,6 +5,8 @@
 #include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -14,9 +16,12 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -159,6 +164,14 @@ void Daemon::Kill() {
   process_->Wait(absl::Seconds(10));
 }
 
+std::string Daemon::LatestLog() const {
+  if (starts_ == 0) return "";
+  std::ifstream in(absl::StrCat(dir_, "/", options_.name, ".", starts_ - 1, ".log"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::string Daemon::Log() const {
   std::string all;
   for (int i = 0; i < starts_; ++i) {
@@ -205,6 +218,47 @@ std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
 
 bool WaitForPath(const std::string& path, absl::Duration timeout) {
   return Eventually([&] { return access(path.c_str(), F_OK) == 0; }, timeout);
+}
+
+int PortFromLog(const Daemon& d, const std::string& pattern) {
+  std::smatch m;
+  const std::regex re(pattern);
+  for (int i = 0; i < 500; ++i) {
+    const std::string log = d.LatestLog();
+    if (std::regex_search(log, m, re)) return std::stoi(m[1]);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return 0;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+double MetricValue(int port, const std::string& name) {
+  const std::string http = HttpGet(port, "/metrics");
+  for (absl::string_view line : absl::StrSplit(http, '\n')) {
+    if (!absl::ConsumePrefix(&line, name) || !absl::ConsumePrefix(&line, " ")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(absl::StripTrailingAsciiWhitespace(line), &value)) return value;
+  }
+  return -1;
 }
 
 }  // namespace zcc::testing

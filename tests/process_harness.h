@@ -70,7 +70,8 @@ class Daemon {
   const std::string& socket() const { return socket_; }
   const std::string& root() const { return root_; }
   const std::string& shm_prefix() const { return shm_prefix_; }
-  std::string Log() const;
+  std::string Log() const;        // every start's log, oldest first
+  std::string LatestLog() const;  // the latest start's
   Subprocess* process() { return process_.get(); }
 
  private:
@@ -99,6 +100,19 @@ std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
                                    const std::string& binary = "");
 
 bool WaitForPath(const std::string& path, absl::Duration timeout);
+
+// The number `pattern`'s group 1 captures in the log of `d`'s latest start,
+// waiting up to 5 s for it to appear (a listener's port zccd logs as it
+// starts); 0 if none.
+int PortFromLog(const Daemon& d, const std::string& pattern);
+
+// A plain HTTP/1.1 GET of `path` from 127.0.0.1:`port`: the whole response,
+// headers included ("" if nothing answers).
+std::string HttpGet(int port, const std::string& path);
+
+// The value of counter or gauge `name` (unlabelled) in zccd's Prometheus
+// metrics on `port`, or -1 if it is not there.
+double MetricValue(int port, const std::string& name);
 
 }  // namespace zcc::testing
 
