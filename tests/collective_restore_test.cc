@@ -36,16 +36,21 @@ std::vector<std::string> Flags(int rank, std::vector<std::string> more) {
   return flags;
 }
 
-TEST_CASE("ranks restore together through a collective: each replicated piece read once") {
-  const std::string dir = ShortTempDir("it-coll");
-  Daemon daemon(dir);
-  REQUIRE(daemon.Start());
+// All four ranks train 10 steps (checkpoints at 5 and 10) and exit.
+void TrainTenSteps(const Daemon& daemon, const std::string& dir) {
   std::vector<std::unique_ptr<Subprocess>> trainers;
   for (int rank = 0; rank < kWorld; ++rank) {
     trainers.push_back(StartTrainer(daemon, dir, absl::StrCat("train", rank),
                                     Flags(rank, {"--steps=10", "--block"})));
   }
   for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+}
+
+TEST_CASE("ranks restore together through a collective: each replicated piece read once") {
+  const std::string dir = ShortTempDir("it-coll");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  TrainTenSteps(daemon, dir);
 
   // The distinct pieces of the model (name and offset), over all ranks.
   std::set<std::pair<std::string, std::vector<int64_t>>> distinct;
@@ -104,12 +109,7 @@ TEST_CASE("ranks that restore one step at once without a collective: zccd reads 
   const std::string dir = ShortTempDir("it-shared");
   Daemon daemon(dir, {{"--metrics_listen=127.0.0.1:0"}});
   REQUIRE(daemon.Start());
-  std::vector<std::unique_ptr<Subprocess>> trainers;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    trainers.push_back(StartTrainer(daemon, dir, absl::StrCat("train", rank),
-                                    Flags(rank, {"--steps=10", "--block"})));
-  }
-  for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+  TrainTenSteps(daemon, dir);
   // A restarted zccd holds no snapshot: the restores read the disk.
   REQUIRE(daemon.Stop() == 0);
   REQUIRE(daemon.Start());
