@@ -666,6 +666,40 @@ def test_existing_optimizer_state_is_registered_as_is():
     assert all(torch.equal(v, p) for v, p in zip(values, model.parameters()))
 
 
+def test_random_states_come_back_exactly():
+    """The Python, NumPy and torch RNG states a snapshot took are the ones a
+    restore puts back: the draws after the restore repeat the draws after the
+    snapshot. (Python's state travels as packed words; a checkpoint written
+    with the plain tuple of ints still loads.)"""
+    import random
+    with Zccd("rng") as d:
+        model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+        with Checkpointer(model, opt, job_id="rng", socket=d.socket, root=d.root,
+                          save_every=1, backpressure="block") as ck:
+            random.seed(11)
+            np.random.seed(12)
+            torch.manual_seed(13)
+            for _ in range(3):  # move every generator along from its seed
+                random.random(), np.random.rand(), torch.rand(1)
+            assert ck.step(1) == "enqueued"
+            want = (random.random(), np.random.rand(), torch.rand(1).item())
+            ck.flush()
+            d.wait_latest("rng", 1)
+        random.seed(0)
+        np.random.seed(0)
+        torch.manual_seed(0)
+        model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+        with Checkpointer(model, opt, job_id="rng", socket=d.socket, root=d.root) as ck:
+            assert ck.restore() == 1
+            assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+    version, words, gauss = random.getstate()
+    old_format = (version, words, gauss)  # what earlier checkpoints hold
+    zcc.torch._set_python_rng_state(old_format)
+    assert random.getstate() == old_format
+    zcc.torch._set_python_rng_state(zcc.torch._python_rng_state())
+    assert random.getstate() == old_format
+
+
 def test_user_state_must_be_plain_and_fit():
     model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
     user = {"ok": [1, 2.5, "x", None, (True, b"\x00")]}
