@@ -3,18 +3,63 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
-#include "common/thread_priority.h"
-
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 
 namespace zcc {
+namespace {
+
+// Pieces that several threads take in turn: small enough to share a large
+// tensor between them.
+constexpr uint64_t kMaxPiece = uint64_t{8} << 20;
+
+// `regions` cut into pieces of at most `piece` bytes (empty regions drop out).
+std::vector<CopyRegion> CutIntoPieces(absl::Span<const CopyRegion> regions, uint64_t piece) {
+  std::vector<CopyRegion> pieces;
+  for (const CopyRegion& r : regions) {
+    for (uint64_t done = 0; done < r.nbytes; done += piece) {
+      pieces.push_back({static_cast<const char*>(r.src) + done, static_cast<char*>(r.dst) + done,
+                        std::min<uint64_t>(piece, r.nbytes - done)});
+    }
+  }
+  return pieces;
+}
+
+// Threads worth copying `bytes` with: one per 64 MiB (one memcpy stream does
+// not reach the memory's bandwidth; small copies are not worth a thread), at
+// most 8 and the core count.
+unsigned CopyThreads(uint64_t bytes) {
+  constexpr uint64_t kPerThread = uint64_t{64} << 20;
+  return std::min<unsigned>({std::max(1u, std::thread::hardware_concurrency()), 8u,
+                             static_cast<unsigned>(std::max<uint64_t>(1, bytes / kPerThread))});
+}
+
+// Runs `work` on this thread and on up to `threads` - 1 helpers; returns when
+// all are done. Fewer helpers when threads cannot be started: `work` must
+// finish what the others did not take.
+void RunOnThreads(unsigned threads, const std::function<void()>& work) {
+  std::vector<std::thread> helpers;
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<HostCopier>> HostCopier::Create(const HostCopierOptions& options) {
   if (options.chunk_bytes == 0) {
     return absl::InvalidArgumentError("HostCopier: chunk_bytes must be positive");
@@ -43,12 +88,9 @@ HostCopier::~HostCopier() {
 
 void HostCopier::CopyLoop() {
   MakeThisThreadBackground();
-  // Pieces small enough for a fence's helpers to share a large tensor.
-  constexpr size_t kMaxPiece = size_t{8} << 20;
-  const size_t piece = std::min(options_.chunk_bytes, kMaxPiece);
+  const uint64_t piece = std::min<uint64_t>(options_.chunk_bytes, kMaxPiece);
   for (;;) {
-    auto work = std::make_shared<Work>();
-    CopyTicket ticket;
+    Job job;
     {
       zcc::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -57,16 +99,14 @@ void HostCopier::CopyLoop() {
       mu_.Await(absl::Condition(&has_work));
       // Stopping drains the queue first: the destructor promises queued copies finish.
       if (queue_.empty()) return;
-      const Job& job = queue_.front();
-      ticket = job.ticket;
-      for (const CopyRegion& r : job.regions) {
-        for (size_t done = 0; done < r.nbytes; done += piece) {
-          work->pieces.push_back({static_cast<const char*>(r.src) + done,
-                                  static_cast<char*>(r.dst) + done,
-                                  std::min(piece, r.nbytes - done)});
-        }
-      }
+      job = queue_.front();
       queue_.pop_front();
+    }
+    // Cut outside mu_, which the trainer's Enqueue takes.
+    auto work = std::make_shared<Work>();
+    work->pieces = CutIntoPieces(job.regions, piece);
+    {
+      zcc::MutexLock lock(&mu_);
       current_ = work;
     }
     RunPieces(*work);
@@ -75,7 +115,7 @@ void HostCopier::CopyLoop() {
     auto all_copied = [&work] { return work->finished.load() == work->pieces.size(); };
     mu_.Await(absl::Condition(&all_copied));
     current_.reset();
-    last_completed_ = ticket;  // Jobs run in ticket order.
+    last_completed_ = job.ticket;  // Jobs run in ticket order.
   }
 }
 
@@ -96,25 +136,10 @@ void HostCopier::RunPieces(Work& work) {
 }
 
 void HostCopier::Help(const std::shared_ptr<Work>& work) {
-  // Helpers only when there is plenty left: 64 MiB or more a thread, as
-  // ParallelCopy, and at most 8 threads in all.
-  constexpr uint64_t kPerThread = uint64_t{64} << 20;
   const size_t next = std::min(work->next.load(), work->pieces.size());
   uint64_t left = 0;
   for (size_t i = next; i < work->pieces.size(); ++i) left += work->pieces[i].nbytes;
-  const unsigned threads = std::min<unsigned>(
-      {std::max(1u, std::thread::hardware_concurrency()), 8u,
-       static_cast<unsigned>(std::max<uint64_t>(1, left / kPerThread))});
-  std::vector<std::thread> helpers;
-  for (unsigned t = 1; t < threads; ++t) {
-    try {
-      helpers.emplace_back([this, work] { RunPieces(*work); });
-    } catch (const std::system_error&) {
-      break;  // fewer helpers: this thread and the copy thread do the rest
-    }
-  }
-  RunPieces(*work);
-  for (std::thread& t : helpers) t.join();
+  RunOnThreads(CopyThreads(left), [this, work] { RunPieces(*work); });
 }
 
 absl::Status HostCopier::RegisterHostMemory(void* base, size_t bytes) {
@@ -163,12 +188,18 @@ absl::Status HostCopier::FenceBeforeUpdate(void* /*stream*/) {
   {
     zcc::MutexLock lock(&mu_);
     target = last_issued_;
+    // Until the copy thread has cut its next job into pieces, there is
+    // nothing to help with.
+    auto done_or_current = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return last_completed_ >= target || current_ != nullptr;
+    };
+    mu_.Await(absl::Condition(&done_or_current));
     if (last_completed_ >= target) return absl::OkStatus();
     work = current_;
   }
   // The copy in progress: this thread (and helpers) take its pieces too.
   // Jobs queued behind it are left to the copy thread.
-  if (work != nullptr) Help(work);
+  Help(work);
   zcc::MutexLock lock(&mu_);
   AwaitCompleted(target);
   return absl::OkStatus();
@@ -203,49 +234,17 @@ void PopulateForRead(const void* begin, uint64_t bytes) {
 
 void ParallelCopy(absl::Span<const CopyRegion> regions) {
   // A restore is on the restarted trainer's critical path and its cores are
-  // otherwise idle: large copies are cut into 8 MiB pieces that a few
-  // threads take in turn (one memcpy stream does not reach the memory's
-  // bandwidth). Small ones are not worth a thread.
-  constexpr uint64_t kPiece = uint64_t{8} << 20;
-  constexpr uint64_t kParallelFrom = uint64_t{64} << 20;
+  // otherwise idle: large copies go in pieces that a few threads take in turn.
   uint64_t total = 0;
   for (const CopyRegion& r : regions) total += r.nbytes;
-  const unsigned threads = std::min<unsigned>(
-      {std::max(1u, std::thread::hardware_concurrency()), 8u,
-       static_cast<unsigned>(std::max<uint64_t>(1, total / kParallelFrom))});
-  if (threads <= 1) {
-    for (const CopyRegion& r : regions) {
-      if (r.nbytes == 0) continue;
-      PopulateForRead(r.src, r.nbytes);
-      std::memcpy(r.dst, r.src, r.nbytes);
-    }
-    return;
-  }
-  std::vector<CopyRegion> pieces;
-  pieces.reserve(regions.size() + total / kPiece);
-  for (const CopyRegion& r : regions) {
-    for (uint64_t done = 0; done < r.nbytes; done += kPiece) {
-      pieces.push_back({static_cast<const char*>(r.src) + done, static_cast<char*>(r.dst) + done,
-                        std::min<uint64_t>(kPiece, r.nbytes - done)});
-    }
-  }
+  const std::vector<CopyRegion> pieces = CutIntoPieces(regions, kMaxPiece);
   std::atomic<size_t> next{0};
-  auto work = [&pieces, &next] {
+  RunOnThreads(CopyThreads(total), [&pieces, &next] {
     for (size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
       PopulateForRead(pieces[i].src, pieces[i].nbytes);
       std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].nbytes);
     }
-  };
-  std::vector<std::thread> helpers;
-  for (unsigned t = 1; t < threads; ++t) {
-    try {
-      helpers.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // fewer threads: the caller's copies what is left
-    }
-  }
-  work();
-  for (std::thread& t : helpers) t.join();
+  });
 }
 
 }  // namespace zcc

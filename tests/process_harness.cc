@@ -164,22 +164,18 @@ void Daemon::Kill() {
   process_->Wait(absl::Seconds(10));
 }
 
-std::string Daemon::LatestLog() const {
-  if (starts_ == 0) return "";
-  std::ifstream in(absl::StrCat(dir_, "/", options_.name, ".", starts_ - 1, ".log"));
+std::string Daemon::StartLog(int start) const {
+  std::ifstream in(absl::StrCat(dir_, "/", options_.name, ".", start, ".log"));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
+std::string Daemon::LatestLog() const { return starts_ == 0 ? "" : StartLog(starts_ - 1); }
+
 std::string Daemon::Log() const {
   std::string all;
-  for (int i = 0; i < starts_; ++i) {
-    std::ifstream in(absl::StrCat(dir_, "/", options_.name, ".", i, ".log"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    all += ss.str();
-  }
+  for (int i = 0; i < starts_; ++i) all += StartLog(i);
   return all;
 }
 
@@ -232,7 +228,8 @@ int PortFromLog(const Daemon& d, const std::string& pattern) {
 }
 
 std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
   struct sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);

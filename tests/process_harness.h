@@ -75,6 +75,8 @@ class Daemon {
   Subprocess* process() { return process_.get(); }
 
  private:
+  std::string StartLog(int start) const;  // the log of start number `start`
+
   std::string dir_;
   std::string socket_;
   std::string root_;
