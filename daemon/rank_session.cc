@@ -12,6 +12,7 @@
 #include "common/futex.h"
 #include "common/tsan.h"
 #include "common/log.h"
+#include "common/thread_priority.h"
 #include "common/status.h"
 
 namespace zcc::daemon {
@@ -59,6 +60,10 @@ void RankSession::Start() {
   thread_ = std::thread([this] { IngestLoop(); });
   if (!to_reserve_.empty()) {
     reserver_ = std::thread([this] {
+      // Background work (SCHED_BATCH, nice 10): with few cores a reservation
+      // (~0.1 s of kernel time a GB) must not slow a restore that the trainer
+      // is waiting for, which usually follows the registration at once.
+      MakeThisThreadBackground();
       const uint64_t slot_bytes = shards_.layout.slot_bytes;
       for (uint32_t slot : to_reserve_) {
         if (stopping_.load()) return;
