@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "storage/storage.h"
 
@@ -28,6 +29,10 @@ struct IoOptions {
   // nowhere), so that a long restore logs its progress. Borrowed: must
   // outlive the call.
   ReadProgress* progress = nullptr;
+  // Reads ask it before each chunk and stop with Cancelled once it returns
+  // true (null: never), so that an abandoned read of many GB ends within a
+  // chunk. Borrowed: must outlive the call.
+  const std::function<bool()>* cancelled = nullptr;
 };
 
 }  // namespace zcc::checkpoint

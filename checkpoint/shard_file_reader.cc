@@ -162,6 +162,9 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
     return absl::OkStatus();
   };
   for (size_t processed = 0; processed < pieces.size();) {
+    if (options.cancelled != nullptr && *options.cancelled && (*options.cancelled)()) {
+      return absl::CancelledError(absl::StrCat("read of ", path, " cancelled"));
+    }
     ZCC_RETURN_IF_ERROR(refill());
     ZCC_ASSIGN_OR_RETURN(got[arrived], pipe.RetireOldest());
     ++arrived;

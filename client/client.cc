@@ -98,7 +98,7 @@ Client::~Client() {
 }
 
 absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
-    const std::vector<TensorRef>& refs, const Stubs& via) {
+    const std::vector<TensorRef>& refs, const Stubs& via, bool prefetch_restore) {
   v1::RegisterRequest req;
   req.set_job_id(options.job_id);
   req.set_rank(options.rank);
@@ -111,6 +111,7 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
   req.set_ema_decay(options.ema_decay);
   req.set_ema_interval(options.ema_interval);
   req.set_persist_on_failure(options.persist_on_failure);
+  req.set_prefetch_restore(prefetch_restore);
   if (user_copier) {
     req.set_daemon_pull(v1::DAEMON_PULL_OFF);
   } else if (options.copy_backend == ClientOptions::CopyBackend::kCudaIpc) {
@@ -235,7 +236,9 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
       return absl::FailedPreconditionError("tensors are already registered with this client");
     }
   }
-  auto session = impl_->RegisterOnce(tensors, *impl_->GetStubs());
+  // Only the first registration reads ahead: a re-registration (zccd came
+  // back) happens while the trainer trains.
+  auto session = impl_->RegisterOnce(tensors, *impl_->GetStubs(), impl_->options.prefetch_restore);
   if (!session.ok() && !IsTransient(session.status())) return session.status();
   zcc::MutexLock lock(&impl_->mu);
   impl_->tensors = std::move(tensors);

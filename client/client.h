@@ -115,6 +115,13 @@ struct ClientOptions {
   // is newer than the last checkpoint), so a crash loses at most the steps
   // since the last snapshot rather than since the last checkpoint.
   bool persist_on_failure = false;
+  // The trainer restores right after registering (a restart): zccd begins
+  // reading the newest checkpoint into a staging slot as the first
+  // registration arrives, so that Restore finds it read or under way while
+  // the trainer pins memory and builds its model. Restoring another step, or
+  // snapshotting first, drops that read; a trainer that does not restore
+  // should leave this off, since the read costs disk bandwidth.
+  bool prefetch_restore = false;
   // Copy backend. When null, one is chosen by `copy_backend`: kHost (the
   // default: memcpy on a copy thread, for host tensors), kCuda (the CUDA
   // copier on `cuda_device`, for GPU tensors; Connect fails if it cannot be

@@ -176,8 +176,10 @@ struct Client::Impl {
     return FromGrpcStatus(via.control->RestoreDone(ctx.get(), done, &done_resp));
   }
 
+  // `prefetch_restore`: RegisterRequest's (the first registration only).
   absl::StatusOr<std::shared_ptr<Session>> RegisterOnce(const std::vector<TensorRef>& refs,
-                                                       const Stubs& via);
+                                                       const Stubs& via,
+                                                       bool prefetch_restore = false);
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
   void NotifierLoop();
   // Liveness in both directions and nothing else: writes this client's

@@ -3,8 +3,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -66,6 +68,12 @@ void RankSession::Start() {
       MakeThisThreadBackground();
       const uint64_t slot_bytes = shards_.layout.slot_bytes;
       for (uint32_t slot : to_reserve_) {
+        // After the restore's read (RestoreRead), for at most a few seconds
+        // of it: a restore of many GB does not hold the trainer's slots back.
+        for (int waited_ms = 0; restore_reads_.load() > 0 && waited_ms < 5000; waited_ms += 5) {
+          if (stopping_.load()) return;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
         if (stopping_.load()) return;
         const absl::Status st = segment_.Reserve(SlotOffset(slot), slot_bytes);
         if (!st.ok()) {
@@ -94,9 +102,10 @@ void RankSession::Stop() {
     stopped_ = true;
   }
   // No more copies out of the trainer's memory, and its handles closed,
-  // before anything else happens to the segment.
+  // before anything else happens to the segment; no more reads into it.
   if (puller_ != nullptr) puller_->Stop();
   stopping_.store(true);
+  TakePrefetch().reset();
   if (reserver_.joinable()) reserver_.join();
   stopping_.store(true);
   ControlBlock* cb = segment_.control();
@@ -192,6 +201,15 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   // The trainer went on without restoring from memory: what it left is of
   // no more use. (One atomic load per snapshot once it is released.)
   if (inherits_.load(std::memory_order_relaxed)) ReleaseHeld();
+  // Nor is a read begun for a restore it did not ask for (cancelled within a
+  // chunk; its slot goes back to the trainer).
+  if (has_prefetch_.load(std::memory_order_relaxed)) {
+    if (std::unique_ptr<RestorePrefetch> unused = TakePrefetch()) {
+      ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank
+                    << ": the trainer snapshotted without restoring; the read begun at "
+                       "registration is dropped";
+    }
+  }
   ingested_full_step_[slot.index].store(slot.kind == shm::SnapshotKind::kFull ? slot.step : -1);
   if (slot.kind != shm::SnapshotKind::kFull) return false;
   last_full_slot_.store(slot.index);
@@ -366,6 +384,24 @@ std::vector<SlotSnapshot> RankSession::IntactSnapshots() const {
     unique.push_back(intact[i]);
   }
   return unique;
+}
+
+void RankSession::SetPrefetch(std::unique_ptr<RestorePrefetch> prefetch) {
+  std::unique_ptr<RestorePrefetch> unused;  // cancelled outside the lock
+  zcc::MutexLock lock(&mu_);
+  if (stopped_) {
+    unused = std::move(prefetch);
+    return;
+  }
+  unused = std::move(prefetch_);
+  prefetch_ = std::move(prefetch);
+  has_prefetch_.store(prefetch_ != nullptr);
+}
+
+std::unique_ptr<RestorePrefetch> RankSession::TakePrefetch() {
+  zcc::MutexLock lock(&mu_);
+  has_prefetch_.store(false);
+  return std::move(prefetch_);
 }
 
 std::optional<uint32_t> RankSession::TakeSlotForRestore() {

@@ -50,6 +50,7 @@
 #include "daemon/rank_writer.h"
 #include "daemon/registered_tensor.h"
 #include "daemon/restore_buffers.h"
+#include "daemon/restore_prefetch.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
 #include "metrics/metrics.h"
@@ -218,6 +219,30 @@ class RankSession {
   // After Stop(): hands the staging segment over to a successor session.
   shm::Segment TakeSegment();
 
+  // The read begun at registration for the restore that usually follows
+  // (daemon/restore_prefetch.h): kept until a restore takes it, or discarded
+  // (cancelled, its slot freed) when the trainer snapshots first or the
+  // session stops.
+  void SetPrefetch(std::unique_ptr<RestorePrefetch> prefetch) ABSL_LOCKS_EXCLUDED(mu_);
+  std::unique_ptr<RestorePrefetch> TakePrefetch() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Marks a read of a restore into this session's memory for as long as it
+  // lives: the background reservation of the other slots waits meanwhile
+  // (the trainer snapshots only after its restore; on a machine with few
+  // cores the reservation's kernel work would slow the read).
+  class RestoreRead {
+   public:
+    explicit RestoreRead(RankSession& session) : session_(session) {
+      session_.restore_reads_.fetch_add(1);
+    }
+    ~RestoreRead() { session_.restore_reads_.fetch_sub(1); }
+    RestoreRead(const RestoreRead&) = delete;
+    RestoreRead& operator=(const RestoreRead&) = delete;
+
+   private:
+    RankSession& session_;
+  };
+
   // A free staging slot for a restore from disk to fill (held until
   // ReleaseRestoreSlot), or nullopt when the trainer holds them all.
   std::optional<uint32_t> TakeSlotForRestore();
@@ -271,6 +296,10 @@ class RankSession {
   // True while something inherited from a predecessor is held (held_ or
   // predecessor_ set): lets the ingest loop skip ReleaseHeld's lock.
   std::atomic<bool> inherits_{false};
+  // Restore reads under way (RestoreRead).
+  std::atomic<int> restore_reads_{0};
+  // True while prefetch_ is set: lets the ingest loop skip TakePrefetch's lock.
+  std::atomic<bool> has_prefetch_{false};
   // Set once the segment was handed to a successor: the heartbeat leaves it.
   std::atomic<bool> segment_taken_{false};
   std::atomic<uint64_t> snapshots_ingested_{0};
@@ -286,6 +315,7 @@ class RankSession {
   // back).
   bool predecessor_ema_taken_ ABSL_GUARDED_BY(mu_) = false;
   RestoreBuffers restore_buffers_;
+  std::unique_ptr<RestorePrefetch> prefetch_ ABSL_GUARDED_BY(mu_);
   // Set before Start(), stopped (not destroyed: its counts stay) by Stop().
   std::unique_ptr<RankPuller> puller_;
   // Slots to reserve (set before Start()), and the thread reserving them,

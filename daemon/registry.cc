@@ -404,6 +404,8 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
         std::move(ema_index), std::move(inheritance));
     if (puller != nullptr) session->AttachPuller(std::move(puller));
     session->ReserveInBackground(std::move(to_reserve));
+    // Before the reserver starts, so that it waits for the read.
+    if (req.prefetch_restore()) restores_.StartPrefetch(*job, *session, req.rank());
     session->Start();
     replaced = job->PutRank(session);
 

@@ -1,6 +1,9 @@
 #include "daemon/restore_service.h"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -93,6 +96,54 @@ std::vector<int64_t> ServableMemorySteps(const RankSession& session, bool owned_
 
 }  // namespace
 
+void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank) {
+  // The trainer snapshots into the other slots meanwhile; a restore from
+  // memory needs no read.
+  if (session.options().num_slots < 2 || !session.MemorySteps().empty()) return;
+  std::optional<uint32_t> slot = session.TakeSlotForRestore();
+  if (!slot.has_value()) return;
+  const std::string job_dir = job.options().job_dir;
+  // From now until the read ends (or nothing is to be read): the background
+  // reservation of the trainer's other slots waits for it.
+  auto reading = std::make_shared<std::unique_ptr<RankSession::RestoreRead>>(
+      std::make_unique<RankSession::RestoreRead>(session));
+  auto choose = [this, &job, job_dir, rank]()
+      -> absl::StatusOr<std::optional<RestorePrefetch::Chosen>> {
+    ScopedFsIdentity as_owner(job.options().owner);
+    auto choice = checkpoint::ChooseRestoreStep(
+        job_dir, -1, [this](const std::string& dir) { return CheckMetadataCached(dir); });
+    if (choice.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
+    if (!choice.ok()) return choice.status();
+    RestorePrefetch::Chosen chosen;
+    chosen.step = choice->step;
+    chosen.step_dir = JoinPath(job_dir, format::StepDirName(choice->step));
+    ZCC_ASSIGN_OR_RETURN(chosen.index, StepIndexFor(chosen.step_dir));
+    // Kept from retention while read, like a restore's step.
+    job.BeginRestore(rank, chosen.step);
+    return chosen;
+  };
+  auto read = [&job, &session, slot = *slot, reading](const RestorePrefetch::Chosen& chosen,
+                                                      const std::function<bool()>& cancelled) {
+    ScopedFsIdentity as_owner(job.options().owner);
+    auto read = ReadIntoSlot(chosen.step_dir, *chosen.index, session.registered(),
+                             session.slot_data(slot), checkpoint::IoOptions(), cancelled);
+    reading->reset();
+    return read;
+  };
+  auto finish = [this, &job, &session, rank, slot = *slot, reading](
+                    const std::optional<RestorePrefetch::Chosen>& chosen, bool slot_taken) {
+    reading->reset();
+    if (chosen.has_value()) job.EndRestore(rank, chosen->step);
+    if (slot_taken) return;
+    if (chosen.has_value()) {
+      metrics_->restore_prefetches(metrics::PrefetchOutcome::kDiscarded).Increment();
+    }
+    session.ReleaseRestoreSlot(slot);
+  };
+  session.SetPrefetch(std::make_unique<RestorePrefetch>(*slot, std::move(choose), std::move(read),
+                                                        std::move(finish)));
+}
+
 absl::StatusOr<v1::RestoreCandidatesResponse> RestoreService::Candidates(Job& job,
                                                                          RankSession& session,
                                                                          bool owned_only) {
@@ -146,6 +197,10 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   // Read with the job owner's identity: nothing planted in the directory can
   // make zccd read what that user could not.
   ScopedFsIdentity as_owner(job.options().owner);
+  // A read begun at registration serves this restore when it is of the step
+  // chosen below (and of what this restore wants); otherwise it is dropped,
+  // its slot freed, before anything else is read.
+  std::unique_ptr<RestorePrefetch> prefetch = session.TakePrefetch();
   // From memory when the step asked for is held, or, asked for the newest,
   // when the newest held snapshot is at least as new as the newest commit.
   const std::vector<int64_t> in_memory = ServableMemorySteps(session, req.owned_only());
@@ -188,7 +243,14 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     for (const std::string& why : choice.rejected) skip(why);
     const std::string step_name = format::StepDirName(choice.step);
     const std::string step_dir = JoinPath(job_dir, step_name);
-    auto resp = RestoreStep(job, session, req, step_dir, choice.step, cancelled);
+    std::unique_ptr<RestorePrefetch> ahead;
+    if (prefetch != nullptr && (req.owned_only() || session.AllStaged())) {
+      std::optional<RestorePrefetch::Chosen> read_ahead = prefetch->AwaitChoice(cancelled);
+      if (read_ahead.has_value() && read_ahead->step_dir == step_dir) ahead = std::move(prefetch);
+    }
+    prefetch.reset();
+    auto resp = RestoreStep(job, session, req, step_dir, choice.step, cancelled, ahead.get());
+    ahead.reset();  // its slot is the restore's now, or freed
     if (resp.ok()) metrics_->restores(metrics::RestoreSource::kDisk).Increment();
     if (resp.ok()) {
       for (const std::string& why : skipped) resp->add_skipped_steps(why);
@@ -219,7 +281,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
 
 absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
-    int64_t step, const std::function<bool()>& cancelled) {
+    int64_t step, const std::function<bool()>& cancelled, RestorePrefetch* ahead) {
   ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
   // Any world size and layout: the step describes global tensors.
   const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
@@ -238,14 +300,30 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   // slot is freed, the buffer's segment removed (its handle did it).
   const std::vector<RegisteredTensor>& registered = session.registered();
   std::optional<uint32_t> slot;
-  if (req.owned_only() || session.AllStaged()) slot = session.TakeSlotForRestore();
+  absl::StatusOr<uint64_t> read = uint64_t{0};
+  if (ahead != nullptr) {
+    // Read since registration: wait for what is left of it.
+    std::optional<absl::StatusOr<uint64_t>> taken = ahead->TakeRead(cancelled);
+    if (!taken.has_value()) {
+      job.EndRestore(req.rank(), step);
+      return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
+    }
+    slot = ahead->slot();
+    read = *std::move(taken);
+    metrics_->restore_prefetches(metrics::PrefetchOutcome::kUsed).Increment();
+  } else if (req.owned_only() || session.AllStaged()) {
+    slot = session.TakeSlotForRestore();
+    if (slot.has_value()) {
+      RankSession::RestoreRead reading(session);
+      read = ReadIntoSlot(step_dir, **index, registered, session.slot_data(*slot),
+                          checkpoint::IoOptions(), cancelled);
+    }
+  }
   v1::RestoreResponse resp;
   std::optional<shm::Segment> buffer_segment;
   uint64_t bytes_read = 0;
   absl::Status read_status;
   if (slot.has_value()) {
-    auto read = ReadIntoSlot(step_dir, **index, registered, session.slot_data(*slot),
-                             checkpoint::IoOptions(), cancelled);
     read_status = read.status();
     if (read.ok()) {
       bytes_read = *read;
@@ -305,12 +383,18 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
         if (slot.has_value()) session.ReleaseRestoreSlot(*slot);
         session.ReleaseHeld();
       }));
-  const double seconds = absl::ToDoubleSeconds(read_time);
+  // Read ahead: the read's own time, and how much of it this restore waited.
+  const double seconds = absl::ToDoubleSeconds(ahead != nullptr ? ahead->ReadTime() : read_time);
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
                 << format::StepDirName(step) << " into "
                 << (slot.has_value() ? absl::StrCat("staging slot ", *slot) : shm_name)
-                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s)", bytes_read / 1e9,
-                                   seconds, seconds > 0 ? bytes_read / seconds / 1e9 : 0.0);
+                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s", bytes_read / 1e9,
+                                   seconds, seconds > 0 ? bytes_read / seconds / 1e9 : 0.0)
+                << (ahead != nullptr
+                        ? absl::StrFormat("; read ahead from the registration on, %.2f s of it "
+                                          "waited for by the restore)",
+                                          absl::ToDoubleSeconds(read_time))
+                        : std::string(")"));
   return resp;
 }
 

@@ -33,6 +33,7 @@
 #include "common/mutex.h"
 #include "daemon/job.h"
 #include "daemon/rank_session.h"
+#include "daemon/restore_prefetch.h"
 #include "daemon/shared_reads.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
@@ -51,6 +52,16 @@ class RestoreService {
   absl::StatusOr<v1::RestoreResponse> Restore(Job& job, RankSession& session,
                                               const v1::RestoreRequest& req,
                                               const std::function<bool()>& cancelled);
+
+  // Begins reading the step a restore of the newest would choose into a free
+  // staging slot of `session` (daemon/restore_prefetch.h), which the session
+  // keeps for the restore that usually follows a registration: the first
+  // slot, reserved with the registration, while the trainer's snapshots go to
+  // the others as their memory is reserved in the background. Only when the
+  // session holds no snapshots of a predecessor (a restore would come from
+  // memory) and has more than one slot; a job without a committed step frees
+  // the slot again at once.
+  void StartPrefetch(Job& job, RankSession& session, uint32_t rank);
 
   // The steps `session`'s rank can restore: held in memory (when they serve
   // a restore with `owned_only`), and committed on disk; newest first.
@@ -77,11 +88,13 @@ class RestoreService {
   v1::RestoreResponse RestoreFromMemory(RankSession& session, const v1::RestoreRequest& req,
                                         uint32_t slot, int64_t step);
   // Reads committed step `step` (already chosen) for the session's rank into
-  // a new restore buffer and restores the rank's EMA from it.
+  // a staging slot or a new restore buffer, or takes over `ahead`'s read of
+  // it (may be null), and restores the rank's EMA from it.
   absl::StatusOr<v1::RestoreResponse> RestoreStep(Job& job, RankSession& session,
                                                   const v1::RestoreRequest& req,
                                                   const std::string& step_dir, int64_t step,
-                                                  const std::function<bool()>& cancelled);
+                                                  const std::function<bool()>& cancelled,
+                                                  RestorePrefetch* ahead);
 
   const std::string shm_prefix_;
   const uint64_t max_slot_bytes_;

@@ -40,6 +40,8 @@ absl::StatusOr<uint64_t> ReadInto(const std::string& step_dir, const checkpoint:
   checkpoint::ReadProgress progress(absl::StrCat("restore of ", step_dir));
   checkpoint::IoOptions read_io = io;
   if (read_io.progress == nullptr) read_io.progress = &progress;
+  // Stops within a chunk of being cancelled, not at the end of a shard file.
+  if (read_io.cancelled == nullptr && cancelled) read_io.cancelled = &cancelled;
   ZCC_ASSIGN_OR_RETURN(checkpoint::ReshardStats stats,
                        checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets, read_io,
                                              uint64_t{256} << 20, cancelled));

@@ -323,6 +323,14 @@ ZccMetrics::ZccMetrics() {
       "zcc_restores_total", "Restores served, by source.", {{"source", "disk"}});
   restore_bytes_read_ = &registry_.AddCounter("zcc_restore_bytes_read_total",
                                               "Checkpoint bytes restores read from disk.");
+  restore_prefetches_[static_cast<int>(PrefetchOutcome::kUsed)] = &registry_.AddCounter(
+      "zcc_restore_prefetches_total",
+      "Reads of the newest step begun as a rank registered, by whether a restore used them.",
+      {{"outcome", "used"}});
+  restore_prefetches_[static_cast<int>(PrefetchOutcome::kDiscarded)] = &registry_.AddCounter(
+      "zcc_restore_prefetches_total",
+      "Reads of the newest step begun as a rank registered, by whether a restore used them.",
+      {{"outcome", "discarded"}});
   staging_bytes_ = &registry_.AddGauge("zcc_staging_bytes",
                                        "Shared memory currently allocated for staging, bytes.");
   retained_snapshot_bytes_ = &registry_.AddGauge(

@@ -160,6 +160,9 @@ absl::string_view ErrorKindName(ErrorKind kind);
 // Where a restore came from: zcc_restores_total{source=...}.
 enum class RestoreSource { kMemory, kDisk };
 
+// How a read begun at registration ended: zcc_restore_prefetches_total{outcome=...}.
+enum class PrefetchOutcome { kUsed, kDiscarded };
+
 // The standard metrics of zccd, registered in an owned Registry. Thread-safe
 // like Registry; the accessors return references valid for this object's
 // lifetime. Durations are observed in seconds, sizes in bytes.
@@ -190,6 +193,12 @@ class ZccMetrics {
   Counter& restores(RestoreSource source) { return *restores_[static_cast<int>(source)]; }
   // zcc_restore_bytes_read_total: checkpoint bytes restores read from disk.
   Counter& restore_bytes_read() { return *restore_bytes_read_; }
+  // zcc_restore_prefetches_total{outcome="used"|"discarded"}: reads of the
+  // newest step begun as a rank registered (daemon/restore_prefetch.h),
+  // by whether a restore used them.
+  Counter& restore_prefetches(PrefetchOutcome outcome) {
+    return *restore_prefetches_[static_cast<int>(outcome)];
+  }
   // zcc_staging_bytes: shared memory currently allocated for staging
   // (retained snapshots included).
   Gauge& staging_bytes() { return *staging_bytes_; }
@@ -216,6 +225,7 @@ class ZccMetrics {
   Histogram* restore_seconds_;
   Counter* restores_[2];
   Counter* restore_bytes_read_;
+  Counter* restore_prefetches_[2];
   Gauge* staging_bytes_;
   Gauge* retained_snapshot_bytes_;
   Gauge* registered_ranks_;

@@ -225,6 +225,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   m.restores(RestoreSource::kMemory).Increment(3);
   m.restores(RestoreSource::kDisk).Increment();
   m.restore_bytes_read().Increment(5000);
+  m.restore_prefetches(PrefetchOutcome::kUsed).Increment(2);
   m.retained_snapshot_bytes().Set(1 << 20);
 
   const Exposition e = Parse(m.RenderPrometheusText());
@@ -242,6 +243,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
       {"zcc_errors_total", "counter"},
       {"zcc_restores_total", "counter"},
       {"zcc_restore_bytes_read_total", "counter"},
+      {"zcc_restore_prefetches_total", "counter"},
       {"zcc_retained_snapshot_bytes", "gauge"},
   };
   CHECK(e.types == expected);
@@ -265,6 +267,8 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   CHECK(e.Value("zcc_restores_total", {{"source", "memory"}}) == 3);
   CHECK(e.Value("zcc_restores_total", {{"source", "disk"}}) == 1);
   CHECK(e.Value("zcc_restore_bytes_read_total") == 5000);
+  CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "used"}}) == 2);
+  CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "discarded"}}) == 0);
   CHECK(e.Value("zcc_retained_snapshot_bytes") == (1 << 20));
   // Every error kind is exported from the start.
   std::set<std::string> kinds;

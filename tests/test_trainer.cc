@@ -52,6 +52,8 @@ ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after t
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
 ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
 ABSL_FLAG(bool, persist_on_failure, false, "ask zccd to persist the newest snapshot if this process dies");
+ABSL_FLAG(bool, prefetch_restore, false,
+          "ask zccd to begin reading the newest checkpoint as this trainer registers");
 ABSL_FLAG(bool, check_ema, false, "train: read zccd's live EMA after the last step and compare it "
                                    "with the reference EMA (needs --ema_decay)");
 ABSL_FLAG(bool, await_checkpoint_failure, false,
@@ -161,6 +163,7 @@ int main(int argc, char** argv) {
   o.daemon_timeout = absl::Seconds(absl::GetFlag(FLAGS_daemon_timeout_s));
   o.ema_decay = static_cast<float>(absl::GetFlag(FLAGS_ema_decay));
   o.persist_on_failure = absl::GetFlag(FLAGS_persist_on_failure);
+  o.prefetch_restore = absl::GetFlag(FLAGS_prefetch_restore);
   o.heartbeat_interval = absl::Milliseconds(100);
   o.reconnect_max_backoff = absl::Milliseconds(500);
   const std::string backend = absl::GetFlag(FLAGS_copy_backend);

@@ -142,7 +142,7 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
             keep_last=0, checkpoint_root="", backpressure="skip", ema_decay=0.0,
             ema_interval=1, persist_on_failure=False, copier=None, rpc_timeout=30.0,
             heartbeat_interval=0.25, daemon_timeout=3.0, reconnect_max_backoff=5.0,
-            restore_timeout=1800.0):
+            restore_timeout=1800.0, prefetch_restore=False):
     """Creates a :class:`Client`; zccd need not be running.
 
     The keyword arguments are ``zcc::ClientOptions``'s fields (client/client.h)
@@ -153,7 +153,9 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
     "block", or a :class:`Backpressure`), ``ema_decay`` (0: no EMA),
     ``ema_interval``, ``persist_on_failure``, ``rpc_timeout``,
     ``heartbeat_interval``, ``daemon_timeout``, ``reconnect_max_backoff``,
-    ``restore_timeout`` (one restore's deadline).
+    ``restore_timeout`` (one restore's deadline), ``prefetch_restore`` (a
+    restart that restores at once: zccd begins reading the newest checkpoint
+    as the tensors register, so that restore finds it read or under way).
 
     ``copier`` chooses the copy backend: None or "host" for the host copier
     (memcpy on a copy thread; host tensors only), :func:`cuda_copier` for
@@ -166,4 +168,4 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
     return _connect(job_id, socket_path, rank, world_size, num_slots, save_every, keep_last,
                     checkpoint_root, backpressure, ema_decay, ema_interval, persist_on_failure,
                     copier, rpc_timeout, heartbeat_interval, daemon_timeout,
-                    reconnect_max_backoff, restore_timeout)
+                    reconnect_max_backoff, restore_timeout, prefetch_restore)

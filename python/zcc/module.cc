@@ -457,7 +457,7 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
                                   double ema_decay, int64_t ema_interval, bool persist_on_failure,
                                   py::handle copier, double rpc_timeout, double heartbeat_interval,
                                   double daemon_timeout, double reconnect_max_backoff,
-                                  double restore_timeout) {
+                                  double restore_timeout, bool prefetch_restore) {
   ClientOptions o;
   o.socket_path = socket_path;
   o.job_id = job_id;
@@ -480,6 +480,7 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
   o.daemon_timeout = Seconds(daemon_timeout, "daemon_timeout");
   o.reconnect_max_backoff = Seconds(reconnect_max_backoff, "reconnect_max_backoff");
   o.restore_timeout = Seconds(restore_timeout, "restore_timeout");
+  o.prefetch_restore = prefetch_restore;
   absl::StatusOr<std::unique_ptr<Client>> client;
   {
     py::gil_scoped_release release;
@@ -631,7 +632,8 @@ void DefineModule(py::module_& m) {
         py::arg("ema_interval") = 1, py::arg("persist_on_failure") = false,
         py::arg("copier") = py::none(), py::arg("rpc_timeout") = 30.0,
         py::arg("heartbeat_interval") = 0.25, py::arg("daemon_timeout") = 3.0,
-        py::arg("reconnect_max_backoff") = 5.0, py::arg("restore_timeout") = 1800.0);
+        py::arg("reconnect_max_backoff") = 5.0, py::arg("restore_timeout") = 1800.0,
+        py::arg("prefetch_restore") = false);
   m.def("describe_tensor", &DescribeTensor, py::arg("tensor"),
         "What zcc would register for `tensor`: dtype, shape, data pointer, bytes, memory "
         "kind and the protocol it was read through. Raises like register_tensors would.");

@@ -425,6 +425,12 @@ class Checkpointer:
       extra_bytes: capacity of each EXTRA blob.
       fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
       connect_timeout: how long ``restore()`` waits for the registration.
+      prefetch_restore: zccd begins reading the newest checkpoint as this
+        Checkpointer registers, so that ``restore()`` finds it read or under
+        way (default True: a trainer that starts with a checkpoint on disk
+        restores it). A first ``step()`` without a restore, or a restore of
+        another step or from zccd's memory, drops that read; pass False when
+        this trainer does not restore, to spare the disk.
       backpressure, keep_last, num_slots, persist_on_failure, copier, and any
         other ``zcc.connect`` keyword: passed through.
     """
@@ -432,7 +438,8 @@ class Checkpointer:
     def __init__(self, model, optimizer=None, *, job_id, save_every=0, ema_decay=0.0,
                  ema_interval=1, rank=None, world_size=None, socket=None, root=None,
                  scheduler=None, user_state=None, replica=None, extra_bytes=64 << 10,
-                 fence_optimizer_step=True, connect_timeout=30.0, **connect_kwargs):
+                 fence_optimizer_step=True, connect_timeout=30.0, prefetch_restore=True,
+                 **connect_kwargs):
         if rank is None:
             rank = _env_int(["RANK"], 0)
         if world_size is None:
@@ -510,7 +517,7 @@ class Checkpointer:
         self.client = zcc.connect(job_id, socket_path=socket, rank=rank, world_size=world_size,
                                   save_every=save_every, checkpoint_root=root,
                                   ema_decay=ema_decay, ema_interval=self.ema_interval,
-                                  **connect_kwargs)
+                                  prefetch_restore=prefetch_restore, **connect_kwargs)
         # Faulting in a GB of fresh buffers costs as much as the registration:
         # on another core, during it and the restore that usually follows.
         fresh = [t for ts in self._unzeroed.values() for t in ts if t.device.type == "cpu"]

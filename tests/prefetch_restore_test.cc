@@ -1,0 +1,137 @@
+// A trainer that registers with prefetch_restore: zccd begins reading the
+// newest committed step into a staging slot as the registration arrives
+// (daemon/restore_prefetch.h). Real zccd and trainer processes: the restore
+// that follows is served by that read, bit-exact; a damaged piece it finds
+// makes the restore fall back like its own read would; a read the trainer
+// does not use (another step asked for, training without a restore, a job
+// with nothing to restore) is dropped and its slot goes back to the trainer.
+// Counted by zcc_restore_prefetches_total{outcome}.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/testing/temp_dir.h"
+#include "tests/process_harness.h"
+
+namespace zcc::testing {
+namespace {
+
+// A zccd whose restores read the disk (it keeps no departed trainer's
+// snapshots), with its metrics on a port of its own; trains 15 steps
+// (checkpoints at 5, 10 and 15) when `train`.
+struct Setup {
+  explicit Setup(const std::string& name, bool train = true)
+      : dir(ShortTempDir(name)),
+        daemon(dir, {{"--retain_snapshots_s=0", "--metrics_listen=127.0.0.1:0"}}) {
+    REQUIRE(daemon.Start());
+    port = PortFromLog(daemon, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
+    REQUIRE(port > 0);
+    if (train) {
+      auto t = StartTrainer(daemon, dir, "train", {"--steps=15"});
+      REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+    }
+  }
+  double Prefetches(const std::string& outcome) const {
+    return MetricValue(port, absl::StrCat("zcc_restore_prefetches_total{outcome=\"", outcome, "\"}"));
+  }
+
+  std::string dir;
+  Daemon daemon;
+  int port = 0;
+};
+
+TEST_CASE("a restarted trainer restores the step zccd began reading as it registered") {
+  Setup s("pf-used");
+  auto r = StartTrainer(s.daemon, s.dir, "restore",
+                        {"--mode=restore", "--prefetch_restore", "--expect_step=15",
+                         "--expect_from=disk"});
+  REQUIRE(r->Wait(absl::Seconds(60)) == 0);
+  INFO(r->Output() << s.daemon.Log());
+  CHECK(r->Values()["restored_step"] == "15");
+  CHECK(r->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(s.daemon.Log(), "read ahead from the registration on"));
+  CHECK(s.Prefetches("used") == 1);
+  CHECK(s.Prefetches("discarded") == 0);
+  // Without the flag nothing is read ahead.
+  auto plain = StartTrainer(s.daemon, s.dir, "plain", {"--mode=restore", "--expect_step=15"});
+  REQUIRE(plain->Wait(absl::Seconds(60)) == 0);
+  CHECK(plain->Values()["mismatched_tensors"] == "0");
+  CHECK(s.Prefetches("used") == 1);
+  REQUIRE(s.daemon.Stop() == 0);
+}
+
+TEST_CASE("a damaged piece found by the read ahead: the restore falls back to the older step") {
+  Setup s("pf-dmg");
+  // One byte of tensor data in step 15 changes on disk; its metadata still
+  // checks out, so the read ahead chooses it and finds the damage.
+  {
+    std::fstream f(JobDir(s.daemon) + "/step-00000015/model-r00000.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    f.seekg(-1, std::ios::end);
+    const char c = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.put(c);
+  }
+  auto r = StartTrainer(s.daemon, s.dir, "restore",
+                        {"--mode=restore", "--prefetch_restore", "--expect_step=10"});
+  REQUIRE(r->Wait(absl::Seconds(60)) == 0);
+  INFO(r->Output() << s.daemon.Log());
+  // Every tensor holds step 10, bit for bit: nothing of step 15 reached it.
+  CHECK(r->Values()["restored_step"] == "10");
+  CHECK(r->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(r->Output(), "restore skipped step-00000015: damaged, found while "
+                                       "reading it: checksum mismatch"));
+  CHECK(absl::StrContains(s.daemon.Log(), "falling back to an older step"));
+  CHECK(s.Prefetches("used") == 1);
+  REQUIRE(s.daemon.Stop() == 0);
+}
+
+TEST_CASE("a read ahead the trainer does not use is dropped and its slot given back") {
+  Setup s("pf-drop");
+  SECTION("the trainer asks for an older step") {
+    auto r = StartTrainer(s.daemon, s.dir, "older",
+                          {"--mode=restore", "--prefetch_restore", "--restore_step=10",
+                           "--expect_step=10"});
+    REQUIRE(r->Wait(absl::Seconds(60)) == 0);
+    INFO(r->Output() << s.daemon.Log());
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+    CHECK(s.Prefetches("used") == 0);
+    CHECK(s.Prefetches("discarded") == 1);
+  }
+  SECTION("the trainer trains on without restoring, with two slots and no skipping") {
+    // Had the read kept its slot, a blocking snapshot would wait for it
+    // forever; the trainer's snapshots all go through and step 25 commits.
+    auto t = StartTrainer(s.daemon, s.dir, "on",
+                          {"--prefetch_restore", "--start=16", "--steps=10", "--slots=2",
+                           "--block", "--step_ms=50"});
+    REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+    INFO(t->Output() << s.daemon.Log());
+    CHECK(t->Values()["published"] == "10");
+    CHECK(absl::StrContains(s.daemon.Log(), "snapshotted without restoring"));
+    CHECK(s.Prefetches("used") == 0);
+    CHECK(s.Prefetches("discarded") == 1);
+    auto r = StartTrainer(s.daemon, s.dir, "check", {"--mode=restore", "--expect_step=25"});
+    REQUIRE(r->Wait(absl::Seconds(60)) == 0);
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+  }
+  REQUIRE(s.daemon.Stop() == 0);
+}
+
+TEST_CASE("a job with nothing to restore: the read ahead gives its slot back at once") {
+  Setup s("pf-none", /*train=*/false);
+  auto t = StartTrainer(s.daemon, s.dir, "fresh",
+                        {"--prefetch_restore", "--steps=10", "--slots=2", "--block"});
+  REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+  INFO(t->Output() << s.daemon.Log());
+  CHECK(t->Values()["published"] == "10");
+  CHECK(s.Prefetches("used") == 0);
+  CHECK(s.Prefetches("discarded") == 0);
+  REQUIRE(s.daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace zcc::testing
