@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -266,6 +267,32 @@ TEST_CASE("a piece that fails its checksum fails the read; no restore buffer is 
   CHECK(absl::StrContains(buffer.status().message(), damaged));
   CHECK(shm::Segment::ListWithPrefix(name).empty());
   CHECK_FALSE(shm::Segment::Open(name, 1).ok());
+}
+
+TEST_CASE("a restore cancelled while it reads stops within a chunk; no restore buffer is left") {
+  SyntheticRank rank(0, 1, Specs());
+  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  const uint64_t tensor_bytes = TensorBytes(rank);
+  storage::PosixStorage posix;
+  storage::FaultInjectingStorage counting(&posix);
+  checkpoint::IoOptions io;
+  io.storage = &counting;
+  io.chunk_bytes = 64 << 10;
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, io, &grouped));
+  counting.SetPlan({});
+  // The client goes away once the read is under way (the fourth look).
+  int looks = 0;
+  const std::function<bool()> cancelled = [&looks] { return ++looks > 3; };
+  const std::string name = SegmentName("cancelled");
+  auto buffer = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), name, kMaxSlotBytes,
+                                  kNoOwner, io, cancelled);
+  REQUIRE_STATUS_CODE(buffer, absl::StatusCode::kCancelled);
+  // At most the chunks in flight past the cancellation: far from the step.
+  INFO("read " << counting.bytes_read() << " of " << tensor_bytes << " bytes");
+  CHECK(counting.bytes_read() <= (io.queue_depth + 4) * io.chunk_bytes);
+  CHECK(counting.bytes_read() < tensor_bytes / 4);
+  CHECK(shm::Segment::ListWithPrefix(name).empty());
 }
 
 }  // namespace
