@@ -100,9 +100,16 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
   // The trainer snapshots into the other slots meanwhile; a restore from
   // memory needs no read.
   if (session.options().num_slots < 2 || !session.MemorySteps().empty()) return;
+  // Nothing committed (a new job): no slot is held even for a moment, so a
+  // first snapshot right after the registration finds it free.
+  const std::string job_dir = job.options().job_dir;
+  {
+    ScopedFsIdentity as_owner(job.options().owner);
+    auto committed = checkpoint::ListCommittedSteps(job_dir);
+    if (!committed.ok() || committed->empty()) return;
+  }
   std::optional<uint32_t> slot = session.TakeSlotForRestore();
   if (!slot.has_value()) return;
-  const std::string job_dir = job.options().job_dir;
   // From now until the read ends (or nothing is to be read): the background
   // reservation of the trainer's other slots waits for it.
   auto reading = std::make_shared<std::unique_ptr<RankSession::RestoreRead>>(

@@ -547,6 +547,22 @@ def test_tensor_hyperparameters_are_restored_in_place():
         assert d.stop() == 0, d.log()
 
 
+def test_a_new_jobs_first_step_right_after_construction_is_taken():
+    """A Checkpointer registers with prefetch_restore by default; in a job
+    with nothing committed zccd holds no slot for it, so a step() at once
+    after construction is enqueued even where the state is large enough for
+    zccd to reserve the slots after the first in the background."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(3)])  # 150 MB/slot
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 2048)).sum().backward()
+    opt.step()  # state exists: step() has no fresh buffers to zero, and comes at once
+    with Zccd("newjob") as d:
+        with Checkpointer(model, opt, job_id="newjob", socket=d.socket, root=d.root) as ck:
+            assert ck.step(1) == "enqueued", ck.client.stats()
+            ck.flush()
+        assert d.stop() == 0, d.log()
+
+
 def test_wrapped_models_register_state_dict_keys():
     """DDP's .module and torch.compile's ._orig_mod are unwrapped: the names
     zcc registers are the model's own state-dict keys."""

@@ -430,7 +430,9 @@ class Checkpointer:
         way (default True: a trainer that starts with a checkpoint on disk
         restores it). A first ``step()`` without a restore, or a restore of
         another step or from zccd's memory, drops that read; pass False when
-        this trainer does not restore, to spare the disk.
+        this trainer does not restore, to spare the disk (and its first slot:
+        a ``step()`` right after construction could find only slots whose
+        memory is still being reserved, and be skipped).
       backpressure, keep_last, num_slots, persist_on_failure, copier, and any
         other ``zcc.connect`` keyword: passed through.
     """
