@@ -23,7 +23,9 @@ for ("drain", printed) and is not in the step time of the asynchronous ones.
 Restore side, from the last round's step-30 checkpoints, each into a freshly
 built model and optimizer (no optimizer state), after fsync and
 posix_fadvise(DONTNEED) of every checkpoint file so that all read from disk,
-in two rounds (order reversed in the second), averaged:
+in four rounds, averaged, the order rotated so that each variant restores once in
+each position (restores right after the save phase run slower on a disk still
+writing back what the savers wrote):
   zcc         Checkpointer(...) construction, then restore() (from disk: this
               zccd keeps no snapshots in memory, --retain_snapshots_s=0)
   zcc_memory  the same after a trainer snapshotted the state and exited, with
@@ -354,9 +356,13 @@ def restore_once(variant, args, savers, scratch, zccd, zccd_memory, round_no):
 
 
 def restore_phase(args, savers, scratch, zccd, zccd_memory):
-    """{variant: {phase: mean seconds}} over two rounds, order reversed in the second."""
+    """{variant: {phase: mean seconds}} over as many rounds as variants, each
+    variant in each position once."""
     runs = {v: [] for v in RESTORE_VARIANTS}
-    for round_no, order in enumerate((RESTORE_VARIANTS, tuple(reversed(RESTORE_VARIANTS)))):
+    n = len(RESTORE_VARIANTS)
+    orders = [RESTORE_VARIANTS[i:] + RESTORE_VARIANTS[:i] for i in range(n)]
+    for round_no, order in enumerate(orders):
+        log("  restore round %d: %s" % (round_no + 1, ", ".join(order)))
         for variant in order:
             runs[variant].append(
                 restore_once(variant, args, savers, scratch, zccd, zccd_memory, round_no))
@@ -415,7 +421,10 @@ def main():
     # keeps a departed trainer's snapshots, come from its memory.
     zccd = Zccd("tb", binary=os.environ.get("ZCC_ZCCD"), extra_flags=["--retain_snapshots_s=0"])
     zccd.root = os.path.join(scratch, "zcc")  # on the disk the other checkpoints use
-    zccd_memory = Zccd("tbm", binary=os.environ.get("ZCC_ZCCD"))
+    # A staging budget, so that the departed trainers of earlier rounds (a
+    # segment each, kept 10 minutes) give way instead of filling the memory.
+    zccd_memory = Zccd("tbm", binary=os.environ.get("ZCC_ZCCD"),
+                       extra_flags=["--staging_budget_mb=%d" % (8 << 10)])
     zccd_memory.root = os.path.join(scratch, "zcc-memory")
     try:
         with zccd, zccd_memory:
