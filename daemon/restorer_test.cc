@@ -116,6 +116,18 @@ std::string DamageLargestPiece(const std::string& step_dir) {
   return piece->name;
 }
 
+// Step 10 of a rank, written, and I/O options whose storage counts what is
+// read of it.
+struct CountedStep {
+  explicit CountedStep(SyntheticRank& rank) : dir(WriteStep(zcc::testing::TempDir(), 10, rank)) {
+    io.storage = &counting;
+  }
+  const std::string dir;
+  storage::PosixStorage posix;
+  storage::FaultInjectingStorage counting{&posix};
+  checkpoint::IoOptions io;
+};
+
 // `ranks` replicas of `rank` restore `step_dir` at once, sharing reads.
 std::vector<absl::StatusOr<RestoreBuffer>> RestoreTogether(
     int ranks, const std::string& step_dir, const checkpoint::GroupedIndex& grouped,
@@ -137,19 +149,15 @@ std::vector<absl::StatusOr<RestoreBuffer>> RestoreTogether(
 
 TEST_CASE("a restore reads each tensor byte of the rank once, checking it as it arrives") {
   SyntheticRank rank(0, 1, Specs());
-  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  CountedStep step(rank);
   const uint64_t tensor_bytes = TensorBytes(rank);
   const uint64_t tensors = rank.shards().tensors.size();
-  storage::PosixStorage posix;
-  storage::FaultInjectingStorage counting(&posix);
-  checkpoint::IoOptions io;
-  io.storage = &counting;
 
   std::shared_ptr<const checkpoint::GroupedIndex> grouped;
-  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, io, &grouped));
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step.dir, step.io, &grouped));
   const uint64_t files = grouped->index.files.size();
-  auto buffer = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("once"),
-                                  kMaxSlotBytes, kNoOwner, io);
+  auto buffer = ReadRestoreBuffer(step.dir, *grouped, Registered(rank), SegmentName("once"),
+                                  kMaxSlotBytes, kNoOwner, step.io);
   REQUIRE_OK(buffer);
   CHECK(SameAsSlot(rank, *buffer));
   CHECK(buffer->bytes_read == tensor_bytes);
@@ -158,37 +166,33 @@ TEST_CASE("a restore reads each tensor byte of the rank once, checking it as it 
   // ends of each run of tensors that direct I/O rounds out to whole blocks.
   const uint64_t slack =
       files * 2 * (64 << 10) + tensors * 2 * storage::kDirectIoAlignment;
-  INFO("tensor bytes " << tensor_bytes << ", read from disk " << counting.bytes_read() << " in "
-                       << files << " files");
-  CHECK(counting.bytes_read() >= tensor_bytes);
-  CHECK(counting.bytes_read() <= tensor_bytes + slack);
+  INFO("tensor bytes " << tensor_bytes << ", read from disk " << step.counting.bytes_read()
+                       << " in " << files << " files");
+  CHECK(step.counting.bytes_read() >= tensor_bytes);
+  CHECK(step.counting.bytes_read() <= tensor_bytes + slack);
 
   // What a restore did before: VerifyStep read the whole step first.
-  counting.SetPlan({});
-  REQUIRE_OK(checkpoint::VerifyStep(step_dir, io, &grouped));
-  auto again = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("twice"),
-                                 kMaxSlotBytes, kNoOwner, io);
+  step.counting.SetPlan({});
+  REQUIRE_OK(checkpoint::VerifyStep(step.dir, step.io, &grouped));
+  auto again = ReadRestoreBuffer(step.dir, *grouped, Registered(rank), SegmentName("twice"),
+                                 kMaxSlotBytes, kNoOwner, step.io);
   REQUIRE_OK(again);
-  CHECK(counting.bytes_read() >= 2 * tensor_bytes);
+  CHECK(step.counting.bytes_read() >= 2 * tensor_bytes);
 }
 
 TEST_CASE("ranks restoring one step together on a node read each box once between them") {
   SyntheticRank rank(0, 1, Specs());
-  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  CountedStep step(rank);
   const uint64_t tensor_bytes = TensorBytes(rank);
-  storage::PosixStorage posix;
-  storage::FaultInjectingStorage counting(&posix);
-  checkpoint::IoOptions io;
-  io.storage = &counting;
   std::shared_ptr<const checkpoint::GroupedIndex> grouped;
-  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, io, &grouped));
-  const uint64_t metadata_bytes = counting.bytes_read();
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step.dir, step.io, &grouped));
+  const uint64_t metadata_bytes = step.counting.bytes_read();
 
   // Four replicas of one rank's tensors (a data-parallel job), at once.
   constexpr int kRanks = 4;
   SharedReads shared;
   std::vector<absl::StatusOr<RestoreBuffer>> buffers =
-      RestoreTogether(kRanks, step_dir, *grouped, rank, io, &shared, "shared");
+      RestoreTogether(kRanks, step.dir, *grouped, rank, step.io, &shared, "shared");
   uint64_t read_by_ranks = 0;
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r);
@@ -200,7 +204,7 @@ TEST_CASE("ranks restoring one step together on a node read each box once betwee
   const uint64_t files = grouped->index.files.size();
   const uint64_t slack = files * 2 * (64 << 10) +
                          rank.shards().tensors.size() * 2 * storage::kDirectIoAlignment;
-  const uint64_t disk = counting.bytes_read() - metadata_bytes;
+  const uint64_t disk = step.counting.bytes_read() - metadata_bytes;
   INFO("tensor bytes " << tensor_bytes << ", read from disk " << disk);
   CHECK(disk >= tensor_bytes);
   CHECK(disk <= tensor_bytes + slack);
@@ -208,8 +212,8 @@ TEST_CASE("ranks restoring one step together on a node read each box once betwee
   // A rank that comes later (within the linger) copies too, even after the
   // others released their buffers.
   buffers.clear();
-  auto late = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), SegmentName("late"),
-                                kMaxSlotBytes, kNoOwner, io, nullptr, false, &shared);
+  auto late = ReadRestoreBuffer(step.dir, *grouped, Registered(rank), SegmentName("late"),
+                                kMaxSlotBytes, kNoOwner, step.io, nullptr, false, &shared);
   REQUIRE_OK(late);
   CHECK(late->bytes_read == 0);
   CHECK(SameAsSlot(rank, *late));
@@ -271,27 +275,23 @@ TEST_CASE("a piece that fails its checksum fails the read; no restore buffer is 
 
 TEST_CASE("a restore cancelled while it reads stops within a chunk; no restore buffer is left") {
   SyntheticRank rank(0, 1, Specs());
-  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  CountedStep step(rank);
   const uint64_t tensor_bytes = TensorBytes(rank);
-  storage::PosixStorage posix;
-  storage::FaultInjectingStorage counting(&posix);
-  checkpoint::IoOptions io;
-  io.storage = &counting;
-  io.chunk_bytes = 64 << 10;
+  step.io.chunk_bytes = 64 << 10;
   std::shared_ptr<const checkpoint::GroupedIndex> grouped;
-  REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, io, &grouped));
-  counting.SetPlan({});
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step.dir, step.io, &grouped));
+  step.counting.SetPlan({});
   // The client goes away once the read is under way (the fourth look).
   int looks = 0;
   const std::function<bool()> cancelled = [&looks] { return ++looks > 3; };
   const std::string name = SegmentName("cancelled");
-  auto buffer = ReadRestoreBuffer(step_dir, *grouped, Registered(rank), name, kMaxSlotBytes,
-                                  kNoOwner, io, cancelled);
+  auto buffer = ReadRestoreBuffer(step.dir, *grouped, Registered(rank), name, kMaxSlotBytes,
+                                  kNoOwner, step.io, cancelled);
   REQUIRE_STATUS_CODE(buffer, absl::StatusCode::kCancelled);
   // At most the chunks in flight past the cancellation: far from the step.
-  INFO("read " << counting.bytes_read() << " of " << tensor_bytes << " bytes");
-  CHECK(counting.bytes_read() <= (io.queue_depth + 4) * io.chunk_bytes);
-  CHECK(counting.bytes_read() < tensor_bytes / 4);
+  INFO("read " << step.counting.bytes_read() << " of " << tensor_bytes << " bytes");
+  CHECK(step.counting.bytes_read() <= (step.io.queue_depth + 4) * step.io.chunk_bytes);
+  CHECK(step.counting.bytes_read() < tensor_bytes / 4);
   CHECK(shm::Segment::ListWithPrefix(name).empty());
 }
 

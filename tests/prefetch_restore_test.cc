@@ -35,7 +35,8 @@ struct Setup {
     }
   }
   double Prefetches(const std::string& outcome) const {
-    return MetricValue(port, absl::StrCat("zcc_restore_prefetches_total{outcome=\"", outcome, "\"}"));
+    return MetricValue(port,
+                       absl::StrCat("zcc_restore_prefetches_total{outcome=\"", outcome, "\"}"));
   }
 
   std::string dir;
