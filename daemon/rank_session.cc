@@ -67,13 +67,13 @@ void RankSession::Start() {
       // is waiting for, which usually follows the registration at once.
       MakeThisThreadBackground();
       const uint64_t slot_bytes = shards_.layout.slot_bytes;
-      for (uint32_t slot : to_reserve_) {
+      for (size_t i = 0; i < to_reserve_.size(); ++i) {
+        const uint32_t slot = to_reserve_[i];
         // The first at once: a trainer whose restore holds slot 0 (a read
         // ahead) but who snapshots first needs it. The others after the
         // restore's read (RestoreRead), for at most a few seconds of it: a
         // restore of many GB does not hold the trainer's slots back.
-        const bool first = slot == to_reserve_.front();
-        for (int waited_ms = 0; !first && restore_reads_.load() > 0 && waited_ms < 5000;
+        for (int waited_ms = 0; i > 0 && restore_reads_.load() > 0 && waited_ms < 5000;
              waited_ms += 5) {
           if (stopping_.load()) return;
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -111,7 +111,6 @@ void RankSession::Stop() {
   stopping_.store(true);
   TakePrefetch().reset();
   if (reserver_.joinable()) reserver_.join();
-  stopping_.store(true);
   ControlBlock* cb = segment_.control();
   cb->doorbell.fetch_add(1);
   FutexWakeAll(&cb->doorbell);

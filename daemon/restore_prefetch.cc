@@ -23,11 +23,11 @@ RestorePrefetch::~RestorePrefetch() {
   bool taken;
   {
     zcc::MutexLock lock(&mu_);
-    if (finished_) return;
     chosen = chosen_;
     taken = slot_taken_;
   }
-  if (finish_) finish_(chosen, taken);
+  // Without a choice, Run() has finished already.
+  if (chosen.has_value() && finish_) finish_(chosen, taken);
 }
 
 void RestorePrefetch::Run() {
@@ -44,7 +44,6 @@ void RestorePrefetch::Run() {
       read_done_ = true;
       outcome_ = absl::NotFoundError("no step was read ahead");
       read_end_ = absl::Now();
-      finished_ = true;
     }
   }
   // Nothing to read: the slot goes back at once, not when a restore or the

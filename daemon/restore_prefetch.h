@@ -97,7 +97,6 @@ class RestorePrefetch {
   absl::StatusOr<uint64_t> outcome_ ABSL_GUARDED_BY(mu_) = uint64_t{0};
   absl::Time read_end_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool slot_taken_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish ran (nothing to read)
 
   std::thread thread_;  // last: started once everything above is set
 };
