@@ -131,6 +131,19 @@ class Problems {
     list_.push_back({loc.line < 0 ? INT_MAX : loc.line, absl::StrCat(loc.prefix, name, ": ", message)});
   }
   void Add(absl::string_view field, absl::string_view message) { Add(field, -1, message); }
+  // A field accepted and ignored: reported, not an error.
+  void Ignored(absl::string_view field, absl::string_view why) {
+    Location loc = locate_(field, -1);
+    ignored_.push_back({loc.line, absl::StrCat(loc.prefix, field, ": ", why)});
+  }
+  // In file order.
+  std::vector<std::string> TakeIgnored() {
+    std::stable_sort(ignored_.begin(), ignored_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::string> lines;
+    for (auto& [line, text] : ignored_) lines.push_back(std::move(text));
+    return lines;
+  }
   absl::Status ToStatus() {
     if (list_.empty()) return absl::OkStatus();
     std::stable_sort(list_.begin(), list_.end(),
@@ -143,6 +156,7 @@ class Problems {
  private:
   Locator locate_;
   std::vector<std::pair<int, std::string>> list_;
+  std::vector<std::pair<int, std::string>> ignored_;
 };
 
 // `v` as an integer when it is one, else the shortest of %.6g, %.15g and
@@ -291,12 +305,8 @@ void CheckFields(const FullConfig& c, Problems& p) {
     p.Add("log_level",
           absl::StrCat("must be DEBUG, INFO, WARNING or ERROR, got ", Quote(o.log_level)));
   }
-  for (const auto& [field, value] :
-       {std::pair<absl::string_view, uint32_t>{"io_threads", o.io_threads},
-        std::pair<absl::string_view, uint32_t>{"ema_threads", o.ema_threads}}) {
-    if (value < 1 || value > kMaxThreads) {
-      p.Add(field, absl::StrCat("must be in [1, ", kMaxThreads, "], got ", value));
-    }
+  if (o.ema_threads < 1 || o.ema_threads > kMaxThreads) {
+    p.Add("ema_threads", absl::StrCat("must be in [1, ", kMaxThreads, "], got ", o.ema_threads));
   }
 }
 
@@ -343,21 +353,22 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
   if (proto.has_heartbeat_interval_ms()) {
     d.heartbeat_interval = absl::Milliseconds(proto.heartbeat_interval_ms());
   }
+  // Removed settings that never had an effect: a file written for an older
+  // zccd still loads, and the operator is told to drop them. (Their fields
+  // are deprecated in the schema; this is the one place that reads them.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   if (proto.has_default_backpressure()) {
-    switch (proto.default_backpressure()) {
-      case DaemonConfigProto::BACKPRESSURE_UNSPECIFIED:
-        break;
-      case DaemonConfigProto::SKIP:
-        o.default_backpressure = BackpressureHint::kSkip;
-        break;
-      case DaemonConfigProto::BLOCK:
-        o.default_backpressure = BackpressureHint::kBlock;
-        break;
-      default:
-        p.Add("default_backpressure",
-              absl::StrCat("must be SKIP or BLOCK, got ", proto.default_backpressure()));
-    }
+    p.Ignored("default_backpressure",
+              "ignored (removed): each trainer chooses its own backpressure (SKIP unless it "
+              "asks for BLOCK); delete the line");
   }
+  if (proto.has_io_threads()) {
+    p.Ignored("io_threads",
+              "ignored (removed): each rank's checkpoint is written by a writer thread of "
+              "its own; delete the line");
+  }
+#pragma GCC diagnostic pop
   if (proto.has_status_tcp_listen()) o.status_tcp_listen = proto.status_tcp_listen();
   if (proto.has_metrics_http_listen()) o.metrics_http_listen = proto.metrics_http_listen();
   if (proto.has_metrics_textfile_dir()) o.metrics_textfile_dir = proto.metrics_textfile_dir();
@@ -369,7 +380,6 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     o.log_level = proto.log_level();
     if (ParseLogLevel(o.log_level).ok()) o.log_level = absl::AsciiStrToUpper(o.log_level);
   }
-  if (proto.has_io_threads()) o.io_threads = proto.io_threads();
   if (proto.has_ema_threads()) o.ema_threads = proto.ema_threads();
 }
 
@@ -475,6 +485,7 @@ absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_
   Merge(proto, config, problems);
   CheckFields(config, problems);
   ZCC_RETURN_IF_ERROR(problems.ToStatus());
+  config.ignored = problems.TakeIgnored();
   // daemon::ValidateConfig stays the authority on the daemon's own fields.
   ZCC_RETURN_IF_ERROR(
       Annotate(daemon::ValidateConfig(daemon::WithDefaults(config.daemon)), source));
@@ -556,10 +567,7 @@ std::string DefaultConfigText(const FullConfig& config) {
       "daemon_pull: ", d.daemon_pull ? "true" : "false", "\n",
       "heartbeat_interval_ms: ", absl::ToInt64Milliseconds(d.heartbeat_interval), "\n",
       "# Seconds zccd may take to stop after SIGTERM (below the unit's TimeoutStopSec).\n",
-      "stop_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.stop_timeout)), "\n",
-      "# What trainers that do not choose do when no slot is free: SKIP or BLOCK.\n",
-      "default_backpressure: ",
-      o.default_backpressure == BackpressureHint::kBlock ? "BLOCK" : "SKIP", "\n\n");
+      "stop_timeout_s: ", FormatDouble(absl::ToDoubleSeconds(d.stop_timeout)), "\n\n");
 
   absl::StrAppend(&out, "# Read-only gRPC status and health service on TCP (empty: off).\n");
   string_field("status_tcp_listen", o.status_tcp_listen, "127.0.0.1:7070");
@@ -572,8 +580,8 @@ std::string DefaultConfigText(const FullConfig& config) {
                   FormatDouble(absl::ToDoubleSeconds(o.metrics_textfile_interval)), "\n\n");
 
   absl::StrAppend(&out, "# DEBUG, INFO, WARNING or ERROR.\n", "log_level: ", Quote(o.log_level),
-                  "\n", "# Disk writer and EMA threads (1..256).\n", "io_threads: ", o.io_threads,
-                  "\n", "ema_threads: ", o.ema_threads, "\n");
+                  "\n", "# Threads of each rank's EMA update (1..256).\n",
+                  "ema_threads: ", o.ema_threads, "\n");
   return out;
 }
 

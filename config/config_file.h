@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,10 +21,6 @@
 #include "config/daemon_config.h"
 
 namespace zcc::config {
-
-// What a trainer does when no staging slot is free, when it does not choose
-// itself (client::Backpressure). Informational for clients.
-enum class BackpressureHint { kSkip, kBlock };
 
 // Settings of the operations side of zccd (listeners, metrics, logging,
 // threads) that daemon::DaemonConfig does not carry.
@@ -37,15 +34,17 @@ struct OpsConfig {
   absl::Duration metrics_textfile_interval = absl::Seconds(15);
   // DEBUG, INFO, WARNING or ERROR (upper case after loading).
   std::string log_level = "INFO";
-  uint32_t io_threads = 4;
   uint32_t ema_threads = 2;
-  BackpressureHint default_backpressure = BackpressureHint::kSkip;
 };
 
 // Everything a configuration file can set.
 struct FullConfig {
   daemon::DaemonConfig daemon;
   OpsConfig ops;
+  // Fields the file set that this zccd accepts but ignores (settings that
+  // were removed), one "<path>:<line>:<column>: <why>" line each, for zccd
+  // to log at start. Not an error: an upgraded zccd starts with an old file.
+  std::vector<std::string> ignored;
 };
 
 // A listen address split into host and port. `host` keeps IPv6 brackets off:

@@ -60,9 +60,7 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(a.ops.metrics_textfile_dir == b.ops.metrics_textfile_dir);
   CHECK(a.ops.metrics_textfile_interval == b.ops.metrics_textfile_interval);
   CHECK(a.ops.log_level == b.ops.log_level);
-  CHECK(a.ops.io_threads == b.ops.io_threads);
   CHECK(a.ops.ema_threads == b.ops.ema_threads);
-  CHECK(a.ops.default_backpressure == b.ops.default_backpressure);
 }
 
 TEST_CASE("an empty file, or one of comments only, yields the base configuration") {
@@ -76,7 +74,7 @@ TEST_CASE("an empty file, or one of comments only, yields the base configuration
   FullConfig base;
   base.daemon.keep_last = 9;
   base.daemon.allowed_roots = {"/a", "/b"};
-  base.ops.io_threads = 7;
+  base.ops.ema_threads = 7;
   absl::StatusOr<FullConfig> c = ParseConfigText("", "zccd.conf", base);
   REQUIRE_OK(c);
   RequireSameConfig(*c, base);
@@ -101,13 +99,11 @@ TEST_CASE("a file setting every field is applied over the base") {
     client_timeout_s: 45
     retain_snapshots_s: 90
     heartbeat_interval_ms: 250
-    default_backpressure: BLOCK
     status_tcp_listen: "[::1]:7070"
     metrics_http_listen: "0.0.0.0:9464"
     metrics_textfile_dir: "/var/lib/node_exporter/textfile"
     metrics_textfile_interval_s: 30
     log_level: "debug"
-    io_threads: 16
     ema_threads: 3
   )";
   FullConfig base;
@@ -130,13 +126,12 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.client_timeout == absl::Seconds(45));
   CHECK(d.retain_snapshots == absl::Seconds(90));
   CHECK(d.heartbeat_interval == absl::Milliseconds(250));
-  CHECK(c->ops.default_backpressure == BackpressureHint::kBlock);
   CHECK(c->ops.status_tcp_listen == "[::1]:7070");
   CHECK(c->ops.metrics_http_listen == "0.0.0.0:9464");
   CHECK(c->ops.metrics_textfile_dir == "/var/lib/node_exporter/textfile");
   CHECK(c->ops.metrics_textfile_interval == absl::Seconds(30));
   CHECK(c->ops.log_level == "DEBUG");
-  CHECK(c->ops.io_threads == 16);
+  CHECK(c->ignored.empty());
   CHECK(c->ops.ema_threads == 3);
 }
 
@@ -199,35 +194,31 @@ TEST_CASE("every out-of-range field is reported, one line each, with its positio
       "keep_last: 0\n"                   // 2
       "socket_mode: 01000\n"             // 3
       "max_slot_bytes: 100\n"            // 4
-      "io_threads: 0\n"                  // 5
-      "ema_threads: 300\n"               // 6
-      "metrics_textfile_interval_s: 0.5\n"  // 7
-      "log_level: \"verbose\"\n"         // 8
-      "shm_prefix: \"a/b\"\n"            // 9
-      "max_tensors_per_rank: 0\n"        // 10
-      "  heartbeat_interval_ms: 0\n"     // 11
-      "commit_timeout_s: 1e9\n"          // 12
-      "default_backpressure: 7\n";       // 13
+      "ema_threads: 300\n"               // 5
+      "metrics_textfile_interval_s: 0.5\n"  // 6
+      "log_level: \"verbose\"\n"         // 7
+      "shm_prefix: \"a/b\"\n"            // 8
+      "max_tensors_per_rank: 0\n"        // 9
+      "  heartbeat_interval_ms: 0\n"     // 10
+      "commit_timeout_s: 1e9\n";         // 11
   const std::string msg = ParseError(text);
   INFO(msg);
   const std::vector<std::string> lines = absl::StrSplit(msg, '\n');
-  REQUIRE(lines.size() == 13);
+  REQUIRE(lines.size() == 11);
   CHECK(absl::StartsWith(lines.front(), "zccd.conf:1:1: "));  // in file order
-  CHECK(absl::StartsWith(lines.back(), "zccd.conf:13:1: "));
+  CHECK(absl::StartsWith(lines.back(), "zccd.conf:11:1: "));
   for (const char* expected : {
            "zccd.conf:1:1: default_num_slots: must be in [2, 8], got 9",
            "zccd.conf:2:1: keep_last: must be at least 1, got 0",
            "zccd.conf:3:1: socket_mode: must be permission bits (at most 0777), got 01000",
            "zccd.conf:4:1: max_slot_bytes: must be at least 4096, got 100",
-           "zccd.conf:5:1: io_threads: must be in [1, 256], got 0",
-           "zccd.conf:6:1: ema_threads: must be in [1, 256], got 300",
-           "zccd.conf:7:1: metrics_textfile_interval_s: must be in [1, 3600], got 0.5",
-           "zccd.conf:8:1: log_level: must be DEBUG, INFO, WARNING or ERROR, got \"verbose\"",
-           "zccd.conf:9:1: shm_prefix: must be 1..32 characters from [A-Za-z0-9_-], got \"a/b\"",
-           "zccd.conf:10:1: max_tensors_per_rank: must be at least 1, got 0",
-           "zccd.conf:11:3: heartbeat_interval_ms: must be at least 1",
-           "zccd.conf:12:1: commit_timeout_s: must be at most 604800, got 1000000000",
-           "zccd.conf:13:1: default_backpressure: must be SKIP or BLOCK, got 7",
+           "zccd.conf:5:1: ema_threads: must be in [1, 256], got 300",
+           "zccd.conf:6:1: metrics_textfile_interval_s: must be in [1, 3600], got 0.5",
+           "zccd.conf:7:1: log_level: must be DEBUG, INFO, WARNING or ERROR, got \"verbose\"",
+           "zccd.conf:8:1: shm_prefix: must be 1..32 characters from [A-Za-z0-9_-], got \"a/b\"",
+           "zccd.conf:9:1: max_tensors_per_rank: must be at least 1, got 0",
+           "zccd.conf:10:3: heartbeat_interval_ms: must be at least 1",
+           "zccd.conf:11:1: commit_timeout_s: must be at most 604800, got 1000000000",
        }) {
     CHECK(std::find(lines.begin(), lines.end(), expected) != lines.end());
   }
@@ -304,14 +295,29 @@ TEST_CASE("listen addresses must be host:port with a valid port") {
                            "zccd.conf"));
 }
 
+TEST_CASE("removed settings still load, each named with its line as ignored") {
+  absl::StatusOr<FullConfig> c = ParseConfigText(
+      "keep_last: 2\nio_threads: 16\n  default_backpressure: BLOCK\n", "zccd.conf");
+  REQUIRE_OK(c);
+  CHECK(c->daemon.keep_last == 2);
+  REQUIRE(c->ignored.size() == 2);
+  CHECK_THAT(c->ignored[0], Catch::StartsWith("zccd.conf:2:1: io_threads: ignored (removed)"));
+  CHECK_THAT(c->ignored[1],
+             Catch::StartsWith("zccd.conf:3:3: default_backpressure: ignored (removed)"));
+  // Nothing the default file writes is ignored.
+  absl::StatusOr<FullConfig> d = ParseConfigText(DefaultConfigText(FullConfig{}), "default.conf");
+  REQUIRE_OK(d);
+  CHECK(d->ignored.empty());
+}
+
 TEST_CASE("a bad value from the base is reported without a line") {
   FullConfig base;
-  base.ops.io_threads = 0;
+  base.ops.ema_threads = 0;
   absl::StatusOr<FullConfig> c = ParseConfigText("keep_last: 2\n", "zccd.conf", base);
   REQUIRE_FALSE(c.ok());
-  CHECK(c.status().message() == "zccd.conf: io_threads: must be in [1, 256], got 0");
+  CHECK(c.status().message() == "zccd.conf: ema_threads: must be in [1, 256], got 0");
 
-  CHECK(ValidateFullConfig(base).message() == "io_threads: must be in [1, 256], got 0");
+  CHECK(ValidateFullConfig(base).message() == "ema_threads: must be in [1, 256], got 0");
   CHECK_OK(ValidateFullConfig(FullConfig{}));
 }
 
@@ -354,9 +360,7 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     config.ops.metrics_textfile_dir = "/var/lib/node_exporter";
     config.ops.metrics_textfile_interval = absl::Seconds(60);
     config.ops.log_level = "WARNING";
-    config.ops.io_threads = 256;
-    config.ops.ema_threads = 1;
-    config.ops.default_backpressure = BackpressureHint::kBlock;
+    config.ops.ema_threads = 256;
     REQUIRE_OK(ValidateFullConfig(config));
     const std::string text = DefaultConfigText(config);
     absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");

@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
   if (auto level = zcc::config::ParseLogLevel(config.ops.log_level); level.ok()) {
     zcc::SetLogLevel(*level);
   }
+  for (const std::string& ignored : config.ignored) ZCC_LOG(WARNING) << ignored;
 
   // Signals are taken by one thread with sigwait; every other thread inherits the mask.
   sigset_t signals;

@@ -12,6 +12,7 @@
 #include "checkpoint/retention.h"
 #include "common/file_util.h"
 #include "common/fs_identity.h"
+#include "common/instance_lock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -58,10 +59,29 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
 Registry::~Registry() { Shutdown(); }
 
 absl::Status Registry::Start() {
+  // One zccd per prefix: the segments under it are this zccd's alone, so
+  // those found now were left by a previous instance, which is gone (the
+  // kernel released its lock). A zccd beside a live one refuses to start
+  // instead of removing the live one's memory tier and its trainers' slots.
+  ZCC_ASSIGN_OR_RETURN(
+      InstanceLock lock,
+      InstanceLock::Acquire(ShmPrefixLockPath(config_.shm_prefix),
+                            absl::StrCat("shared-memory prefix '", config_.shm_prefix, "'")));
+  prefix_lock_.emplace(std::move(lock));
   const std::vector<std::string> stale = shm::Segment::ListWithPrefix(config_.shm_prefix + ".");
-  for (const std::string& name : stale) ZCC_RETURN_IF_ERROR(shm::Segment::Remove(name));
-  if (!stale.empty()) {
-    ZCC_LOG(WARNING) << "removed " << stale.size()
+  size_t removed = 0;
+  for (const std::string& name : stale) {
+    const absl::Status st = shm::Segment::Remove(name);
+    if (st.ok()) {
+      ++removed;
+    } else if (!absl::IsNotFound(st)) {
+      // Not fatal: the name stays taken (a registration that draws it fails
+      // and the trainer registers again with the next generation).
+      ZCC_LOG(WARNING) << "could not remove stale staging segment: " << st;
+    }
+  }
+  if (removed > 0) {
+    ZCC_LOG(WARNING) << "removed " << removed << " of " << stale.size()
                      << " stale staging segment(s) left by a previous zccd instance";
   }
   ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(config_.default_root), "default checkpoint root"));

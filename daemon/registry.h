@@ -17,12 +17,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/instance_lock.h"
 #include "common/mutex.h"
 #include "config/daemon_config.h"
 #include "daemon/housekeeper.h"
@@ -61,8 +63,9 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // Removes stale segments of a previous instance (same shm prefix), creates
-  // the default root, starts housekeeping.
+  // Claims the shm prefix for this zccd (FailedPrecondition, naming the
+  // holder, while another zccd has it), removes the stale segments a previous
+  // instance left under it, creates the default root, starts housekeeping.
   absl::Status Start();
   // New registrations and restores are refused, and restores in progress
   // stop at their next check (between steps and between shard files).
@@ -120,6 +123,8 @@ class Registry {
 
   const DaemonConfig config_;
   storage::Storage* const shard_storage_;
+  // Held from Start() for the registry's life: the shm prefix is ours.
+  std::optional<InstanceLock> prefix_lock_;
   const absl::Time started_;
   metrics::ZccMetrics metrics_;
 

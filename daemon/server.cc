@@ -14,6 +14,7 @@
 #include "common/fd.h"
 #include "common/file_util.h"
 #include "common/grpc_status.h"
+#include "common/instance_lock.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/status.h"
@@ -161,6 +162,8 @@ std::string ParentDir(const std::string& path) {
 
 struct Server::Impl {
   DaemonConfig config;
+  // Held while this zccd owns the socket path (set first in Start).
+  std::optional<InstanceLock> socket_lock;
   PeerTable peers;
   std::unique_ptr<UnixListener> listener;
   std::unique_ptr<Registry> registry;
@@ -210,7 +213,7 @@ struct Server::Impl {
     // Exporters last: the final rendering includes the shutdown's writes.
     if (http_exporter.has_value()) http_exporter->Stop();
     if (textfile_writer.has_value()) textfile_writer->Stop();
-    ::unlink(config.socket_path.c_str());
+    if (socket_lock.has_value()) ::unlink(config.socket_path.c_str());
     zcc::MutexLock lock(&mu);
     stopped = true;
   }
@@ -235,7 +238,15 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
   impl->config = config;
 
   ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(ParentDir(config.socket_path)), "socket directory"));
+  // The socket is this zccd's from here on; one that fails to claim it must
+  // not remove it on the way out (the live one's trainers would lose it).
+  ZCC_ASSIGN_OR_RETURN(InstanceLock socket_lock,
+                       InstanceLock::Acquire(config.socket_path + ".lock",
+                                             absl::StrCat("socket ", config.socket_path)));
+  impl->socket_lock.emplace(std::move(socket_lock));
+  // A zccd from before these locks may still serve it.
   if (SocketIsLive(config.socket_path)) {
+    impl->socket_lock.reset();
     return absl::AlreadyExistsError(
         absl::StrCat("another zccd is serving ", config.socket_path));
   }

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -140,7 +141,10 @@ absl::Status Segment::Reserve(uint64_t offset, uint64_t bytes) const {
 }
 
 absl::Status Segment::Remove(const std::string& name) {
-  bip::shared_memory_object::remove(name.c_str());
+  // shm_unlink rather than Boost's remove, which reports only true or false.
+  if (::shm_unlink(name.c_str()) != 0) {
+    return zcc::ErrnoToStatus(errno, absl::StrCat("remove shared memory ", name));
+  }
   return absl::OkStatus();
 }
 

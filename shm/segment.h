@@ -40,8 +40,9 @@ class Segment {
   // `expected_bytes`. Never removes the name.
   static absl::StatusOr<Segment> Open(const std::string& name, uint64_t expected_bytes);
 
-  // Removes the shared-memory object `name` if present (stale segments after a
-  // daemon crash). OK when it does not exist.
+  // Removes the shared-memory object `name` (stale segments after a daemon
+  // crash): NotFound when there is none, the kernel's reason when it cannot
+  // be removed (another uid's object in a sticky /dev/shm, say).
   static absl::Status Remove(const std::string& name);
 
   // Names of existing shared-memory objects that start with `prefix` (from /dev/shm).

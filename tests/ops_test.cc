@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -160,6 +161,65 @@ TEST_CASE("zccd refuses a bad config file with the line and field, and flags ove
   REQUIRE(t->Wait(absl::Seconds(60)) == 0);
   CHECK(*checkpoint::ListCommittedSteps(JobDir(daemon)) == std::vector<int64_t>{15});
   REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("one zccd per shared-memory prefix and socket: a second refuses and touches nothing") {
+  const std::string dir = ShortTempDir("ops-one");
+  Daemon first(dir);
+  REQUIRE(first.Start());
+  const std::string prefix = first.shm_prefix();
+  const std::string pid = absl::StrCat(first.process()->pid());
+  auto t = StartTrainer(first, dir, "train",
+                        {"--steps=6", "--save_every=0", "--pause_at=2", "--daemon_timeout_s=30",
+                         "--step_ms=5"});
+  REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
+  const std::vector<std::string> segments = ShmSegments(prefix + ".");
+  REQUIRE(!segments.empty());
+
+  // The same prefix on another socket: refused, naming the live zccd; the
+  // live one's segments (its trainer's staging slots) are all still there.
+  Subprocess same_prefix({Runfile("daemon/zccd"), "--socket=" + dir + "/second.sock",
+                          "--root=" + dir + "/ckpt2", "--shm_prefix=" + prefix},
+                         dir + "/second.log");
+  CHECK(same_prefix.Wait(absl::Seconds(30)) == 1);
+  INFO(same_prefix.Output());
+  CHECK(absl::StrContains(same_prefix.Output(),
+                          absl::StrCat("another zccd (pid ", pid,
+                                       ") is running with shared-memory prefix '", prefix, "'")));
+  CHECK(ShmSegments(prefix + ".") == segments);
+
+  // The same socket with another prefix: refused, and the socket stays.
+  Subprocess same_socket({Runfile("daemon/zccd"), "--socket=" + first.socket(),
+                          "--root=" + dir + "/ckpt3", "--shm_prefix=" + prefix + "b"},
+                         dir + "/third.log");
+  CHECK(same_socket.Wait(absl::Seconds(30)) == 1);
+  INFO(same_socket.Output());
+  CHECK(absl::StrContains(same_socket.Output(),
+                          absl::StrCat("another zccd (pid ", pid, ") is running with socket ",
+                                       first.socket())));
+  CHECK(ShmSegments(prefix + "b.").empty());
+  auto [code, out] = Zccctl(dir, first, {"status"});
+  CHECK(code == 0);
+
+  // The trainer never noticed: every snapshot after the pause was taken.
+  t->Signal(SIGUSR1);
+  REQUIRE(t->Wait(absl::Seconds(30)) == 0);
+  CHECK(t->Values()["skipped_disconnected"] == "0");
+  CHECK(t->Values()["published"] == "6");
+
+  // Once it is gone (killed: no cleanup), the next zccd with the prefix
+  // takes it and removes exactly what the dead one left.
+  const size_t left = ShmSegments(prefix + ".").size();
+  REQUIRE(left > 0);  // the departed trainer's snapshots, kept for a restore
+  first.Kill();
+  REQUIRE(first.Start());
+  INFO(first.LatestLog());
+  CHECK(absl::StrContains(first.LatestLog(), absl::StrCat("removed ", left, " of ", left,
+                                                          " stale staging segment(s)")));
+  CHECK(ShmSegments(prefix + ".").empty());
+  REQUIRE(first.Stop() == 0);
+  // A clean stop lets go of the prefix's lock file.
+  CHECK(::access(absl::StrCat("/dev/shm/.zccd.", prefix, ".lock").c_str(), F_OK) != 0);
 }
 
 }  // namespace
