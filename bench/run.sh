@@ -128,6 +128,11 @@ if out:
     print(f"\nwrote {len(rows)} rows to {out}")
 PY
 if [[ ${#failed[@]} -gt 0 ]]; then
+  # After the table, on stdout too: a run with a failed benchmark has rows
+  # missing, and must not read as a complete one.
+  echo
+  echo "BENCHMARKS FAILED: ${failed[*]} (their rows are missing from the table; the reason is"
+  echo "in each one's output above, after its '== NAME' line)"
   echo "bench: failed: ${failed[*]}" >&2
   exit 1
 fi

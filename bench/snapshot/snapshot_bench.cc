@@ -93,16 +93,36 @@ Result Measure(const std::string& socket, int tensors, uint64_t bytes, int steps
     std::exit(1);
   }
   std::vector<double> costs;
+  int skipped = 0;
   for (int step = 1; step <= steps; ++step) {
     (void)client->FenceBeforeUpdate();
-    (void)client->Flush();  // the previous snapshot is published, a slot is free
+    (void)client->Flush();  // the previous snapshot is published
+    // The rest of a training step (forward, backward: a few milliseconds at
+    // the least), during which zccd ingests the published snapshot and frees
+    // its slot. Without it a skipped snapshot leaves nothing in flight, and
+    // the loop would race through its remaining steps in microseconds while
+    // the slots of a large segment are still being reserved: every one
+    // skipped, nothing measured.
+    absl::SleepFor(absl::Milliseconds(2));
     data[step % tensors][0] = static_cast<float>(step);
     const absl::Time t0 = absl::Now();
     const zcc::SnapshotResult r = client->Snapshot(step);
     const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-    if (r == zcc::SnapshotResult::kEnqueued && step > 2) costs.push_back(us);  // skip warm-up
+    if (r != zcc::SnapshotResult::kEnqueued) {
+      ++skipped;
+    } else if (step > 2) {
+      costs.push_back(us);  // skip warm-up
+    }
   }
   (void)client->Flush();
+  // A row of the trainer's cost must measure snapshots taken: fail loudly
+  // rather than report a handful.
+  if (skipped > steps / 4) {
+    std::fprintf(stderr, "snapshot_bench: %d of %d snapshots (%d tensors, %.2f GiB) were skipped "
+                 "for want of a free slot; the rows would not measure the trainer's cost\n",
+                 skipped, steps, tensors, bytes / double(1 << 30));
+    std::exit(1);
+  }
 
   // The synchronous alternative: copy the same bytes on the trainer thread.
   std::vector<std::vector<float>> copy(sync_reference ? tensors : 0, std::vector<float>(per / 4));
@@ -121,9 +141,9 @@ Result Measure(const std::string& socket, int tensors, uint64_t bytes, int steps
   res.p50_us = Percentile(costs, 0.5);
   res.p99_us = Percentile(costs, 0.99);
   res.sync_copy_us = *std::min_element(sync.begin(), sync.end());
-  std::fprintf(stderr, "%d tensors, %.2f GiB: snapshot p50 %.1f us p99 %.1f us (%zu samples); "
-               "synchronous copy %.0f us\n", tensors, bytes / double(1 << 30), res.p50_us,
-               res.p99_us, costs.size(), res.sync_copy_us);
+  std::fprintf(stderr, "%d tensors, %.2f GiB: snapshot p50 %.1f us p99 %.1f us (%zu samples, "
+               "%d of %d skipped); synchronous copy %.0f us\n", tensors, bytes / double(1 << 30),
+               res.p50_us, res.p99_us, costs.size(), skipped, steps, res.sync_copy_us);
   return res;
 }
 
