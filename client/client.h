@@ -278,7 +278,11 @@ class Client {
   // when nothing is copied). zccd keeps the EMA of the parameters this rank
   // writes; NotFound names a tensor whose EMA another replica keeps, and
   // FailedPrecondition means the client was registered without ema_decay.
-  absl::StatusOr<int64_t> ReadEma(const std::vector<EmaOutput>& outputs);
+  // With `min_step` >= 0, zccd answers once its EMA has folded in that step
+  // or a newer one (it folds snapshots in as it ingests them), or after
+  // `wait`, with the EMA as it is then: compare the step returned.
+  absl::StatusOr<int64_t> ReadEma(const std::vector<EmaOutput>& outputs, int64_t min_step = -1,
+                                  absl::Duration wait = absl::ZeroDuration());
 
   // Asks zccd to persist the next full snapshot of every rank of the job on this node.
   absl::Status SaveNow();
@@ -296,6 +300,12 @@ class Client {
   absl::Status Flush(absl::Duration timeout = absl::Seconds(60));
 
   ClientStats Stats() const;
+
+  // Blocks until the client is registered with zccd (Stats().connected), at
+  // most `timeout`; returns whether it is. Woken by the registration itself
+  // (the first, or the background re-registration after zccd came back),
+  // not by polling.
+  bool WaitConnected(absl::Duration timeout);
 
   // Asks zccd (an RPC; not for the training thread's hot path).
   absl::StatusOr<CheckpointStatus> QueryCheckpointStatus() const;

@@ -148,13 +148,19 @@ absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, voi
   return result;
 }
 
-absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs) {
+absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs, int64_t min_step,
+                                         absl::Duration wait) {
   Impl& im = *impl_;
   std::shared_ptr<Session> s = im.CurrentSession();
   if (s == nullptr) return absl::UnavailableError("not registered with zccd");
   auto req = im.AddressedTo<v1::ReadEmaRequest>(*s);
+  wait = std::max(wait, absl::ZeroDuration());
+  if (min_step >= 0) {
+    req.set_min_step(min_step);
+    req.set_wait_s(absl::ToDoubleSeconds(wait));
+  }
   v1::ReadEmaResponse resp;
-  auto ctx = im.Context();
+  auto ctx = im.Context(im.options.rpc_timeout + (min_step >= 0 ? wait : absl::ZeroDuration()));
   const std::shared_ptr<const Stubs> stubs = im.GetStubs();
   ZCC_RETURN_IF_ERROR(FromGrpcStatus(stubs->control->ReadEma(ctx.get(), req, &resp)));
   absl::Status copied;

@@ -136,11 +136,7 @@ void Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
     return;
   }
   // The reaper has it: its checkpoint-on-failure may take a while.
-  const absl::Time deadline = absl::Now() + wait;
-  const uint32_t rank = session->shards().rank;
-  while (job->FindRank(rank) == session && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  job->AwaitRankGone(session->shards().rank, session.get(), absl::Now() + wait);
 }
 
 void Housekeeper::HousekeepingLoop() {

@@ -37,6 +37,21 @@ std::shared_ptr<RankSession> Job::FindRank(uint32_t rank) const {
   return it == ranks_.end() ? nullptr : it->second;
 }
 
+bool Job::AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time deadline) const {
+  struct Gone {
+    const std::map<uint32_t, std::shared_ptr<RankSession>>* ranks;
+    uint32_t rank;
+    const RankSession* session;
+    bool operator()() const {
+      auto it = ranks->find(rank);
+      return it == ranks->end() || it->second.get() != session;
+    }
+  };
+  zcc::MutexLock lock(&mu_);
+  Gone gone{&ranks_, rank, session};
+  return mu_.AwaitWithDeadline(absl::Condition(&gone), deadline);
+}
+
 std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
   zcc::MutexLock lock(&mu_);
   if (session->shards().rank == 0) committer_ = true;

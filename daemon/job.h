@@ -54,6 +54,9 @@ class Job {
   std::shared_ptr<RankSession> PutRank(std::shared_ptr<RankSession> session);
   // Removes the rank if its generation matches; returns the removed session.
   std::shared_ptr<RankSession> RemoveRank(uint32_t rank, uint64_t generation);
+  // Waits until `session` no longer serves its rank (removed or replaced),
+  // at most until `deadline`; returns whether it is gone.
+  bool AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time deadline) const;
   std::vector<std::shared_ptr<RankSession>> Ranks() const;
   // No ranks registered and no commit pending.
   bool idle() const;

@@ -209,6 +209,21 @@ void RankEma::AdoptFrom(RankEma& from, int64_t step) {
   from.PublishCounters();
 }
 
+bool RankEma::AwaitStep(int64_t step, absl::Time deadline) {
+  if (!enabled_) return false;
+  zcc::MutexLock lock(&mu_);
+  auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return interrupted_ || ema_->last_step() >= step;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&reached), deadline);
+  return ema_->last_step() >= step;
+}
+
+void RankEma::Interrupt() {
+  zcc::MutexLock lock(&mu_);
+  interrupted_ = true;
+}
+
 void RankEma::PublishCounters() {
   last_step_.store(ema_->last_step(), std::memory_order_relaxed);
   skipped_nonfinite_.store(ema_->counters().skipped_nonfinite, std::memory_order_relaxed);

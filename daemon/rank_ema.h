@@ -68,6 +68,12 @@ class RankEma {
   absl::StatusOr<std::pair<shm::Segment, v1::ReadEmaResponse>> CopyToSegment(
       const std::string& shm_name, uid_t owner) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Waits until the EMA has folded in `step` or a newer one, at most until
+  // `deadline` or Interrupt(); returns whether it has. Woken by each update.
+  bool AwaitStep(int64_t step, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends every AwaitStep, now and later (the rank's session is stopping).
+  void Interrupt() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Sets the EMA from the "ema" tensors of a checkpoint step (whose grouped
   // index is `index`), whatever layout wrote them. OK and a no-op without an EMA; a step without
   // this rank's EMA tensors leaves the EMA to start afresh (logged). The disk
@@ -99,6 +105,7 @@ class RankEma {
   mutable zcc::Mutex mu_;
   // Swapped with a predecessor's by AdoptFrom, hence guarded itself.
   std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(mu_) ABSL_PT_GUARDED_BY(mu_);
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> last_step_{-1};
   std::atomic<uint64_t> skipped_nonfinite_{0};
 };

@@ -3,7 +3,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
 #include <optional>
 #include <thread>
@@ -73,10 +72,15 @@ void RankSession::Start() {
         // ahead) but who snapshots first needs it. The others after the
         // restore's read (RestoreRead), for at most a few seconds of it: a
         // restore of many GB does not hold the trainer's slots back.
-        for (int waited_ms = 0; i > 0 && restore_reads_.load() > 0 && waited_ms < 5000;
-             waited_ms += 5) {
-          if (stopping_.load()) return;
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (i > 0) {
+          zcc::MutexLock lock(&reserve_mu_);
+          reserve_mu_.AwaitWithTimeout(
+              absl::Condition(
+                  +[](RankSession* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->reserve_mu_) {
+                    return s->restore_reads_ == 0 || s->reserver_stop_;
+                  },
+                  this),
+              absl::Seconds(5));
         }
         if (stopping_.load()) return;
         const absl::Status st = segment_.Reserve(SlotOffset(slot), slot_bytes);
@@ -109,6 +113,11 @@ void RankSession::Stop() {
   // before anything else happens to the segment; no more reads into it.
   if (puller_ != nullptr) puller_->Stop();
   stopping_.store(true);
+  {
+    zcc::MutexLock lock(&reserve_mu_);
+    reserver_stop_ = true;  // wakes a reserver waiting for a restore's read
+  }
+  InterruptWaits();  // a ReadEma waiting for a step answers now
   TakePrefetch().reset();
   if (reserver_.joinable()) reserver_.join();
   ControlBlock* cb = segment_.control();
@@ -265,8 +274,10 @@ void RankSession::Write(WriteJob job) {
   on_persisted_(event);
 }
 
-absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name) {
+absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name,
+                                                        int64_t min_step, absl::Time deadline) {
   ZCC_RETURN_IF_ERROR(restore_buffers_.CheckRoom());
+  if (min_step >= 0) ema_.AwaitStep(min_step, deadline);
   ZCC_ASSIGN_OR_RETURN(auto copied, ema_.CopyToSegment(shm_name, options_.segment_owner));
   auto& [segment, resp] = copied;
   resp.set_restore_id(restore_buffers_.Add(std::move(segment), resp.step()));

@@ -184,8 +184,14 @@ class RankSession {
   const std::vector<RegisteredTensor>& registered() const { return registered_; }
 
   // Copies the current EMA into a new segment `shm_name` (kept as a restore
-  // buffer until the client releases it). FailedPrecondition without an EMA.
-  absl::StatusOr<v1::ReadEmaResponse> CopyEma(const std::string& shm_name);
+  // buffer until the client releases it), once it has folded in `min_step`
+  // or a newer one or `deadline` passed (min_step < 0: at once).
+  // FailedPrecondition without an EMA.
+  absl::StatusOr<v1::ReadEmaResponse> CopyEma(const std::string& shm_name, int64_t min_step = -1,
+                                              absl::Time deadline = absl::InfinitePast());
+
+  // Ends the waits of requests (a ReadEma for a step), now and later.
+  void InterruptWaits() { ema_.Interrupt(); }
 
   // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
   // shards). OK and a no-op without an EMA; a checkpoint without EMA tensors
@@ -233,9 +239,13 @@ class RankSession {
   class RestoreRead {
    public:
     explicit RestoreRead(RankSession& session) : session_(session) {
-      session_.restore_reads_.fetch_add(1);
+      zcc::MutexLock lock(&session_.reserve_mu_);
+      ++session_.restore_reads_;
     }
-    ~RestoreRead() { session_.restore_reads_.fetch_sub(1); }
+    ~RestoreRead() {
+      zcc::MutexLock lock(&session_.reserve_mu_);
+      --session_.restore_reads_;  // the reserver wakes when it reaches 0
+    }
     RestoreRead(const RestoreRead&) = delete;
     RestoreRead& operator=(const RestoreRead&) = delete;
 
@@ -296,8 +306,12 @@ class RankSession {
   // True while something inherited from a predecessor is held (held_ or
   // predecessor_ set): lets the ingest loop skip ReleaseHeld's lock.
   std::atomic<bool> inherits_{false};
+  // The background reserver waits on this for the restore's reads to end
+  // (or the session to stop) before it reserves the slots after the first.
+  zcc::Mutex reserve_mu_;
   // Restore reads under way (RestoreRead).
-  std::atomic<int> restore_reads_{0};
+  int restore_reads_ ABSL_GUARDED_BY(reserve_mu_) = 0;
+  bool reserver_stop_ ABSL_GUARDED_BY(reserve_mu_) = false;
   // True while prefetch_ is set: lets the ingest loop skip TakePrefetch's lock.
   std::atomic<bool> has_prefetch_{false};
   // Set once the segment was handed to a successor: the heartbeat leaves it.

@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +91,13 @@ absl::Status Registry::Start() {
   RecoverJobDirectories(config_);
   housekeeper_.Start();
   return absl::OkStatus();
+}
+
+void Registry::BeginShutdown() {
+  shutting_down_.store(true);
+  for (const std::shared_ptr<Job>& job : Jobs()) {
+    for (const auto& session : job->Ranks()) session->InterruptWaits();
+  }
 }
 
 void Registry::Shutdown() {
@@ -546,7 +555,13 @@ absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& 
                                                       const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
-  return session->CopyEma(restores_.BufferName("ema", req.job_id(), req.rank(), req.generation()));
+  // A trainer waiting for the EMA to include its last snapshot asks once
+  // and is answered when it does (or when its wait is up).
+  constexpr double kMaxEmaWaitS = 300;
+  const double wait_s = std::isfinite(req.wait_s()) ? std::clamp(req.wait_s(), 0.0, kMaxEmaWaitS) : 0;
+  return session->CopyEma(restores_.BufferName("ema", req.job_id(), req.rank(), req.generation()),
+                          req.has_min_step() ? req.min_step() : -1,
+                          absl::Now() + absl::Seconds(wait_s));
 }
 
 absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {

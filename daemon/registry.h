@@ -67,9 +67,10 @@ class Registry {
   // holder, while another zccd has it), removes the stale segments a previous
   // instance left under it, creates the default root, starts housekeeping.
   absl::Status Start();
-  // New registrations and restores are refused, and restores in progress
-  // stop at their next check (between steps and between shard files).
-  void BeginShutdown() { shutting_down_.store(true); }
+  // New registrations and restores are refused, restores in progress stop
+  // at their next check (between steps and between shard files), and a
+  // ReadEma waiting for a step answers now.
+  void BeginShutdown();
   // Stops every rank (draining READY slots and finishing in-flight writes),
   // attempts the commits that became possible, removes all segments.
   void Shutdown();

@@ -189,6 +189,27 @@ def test_checkpointer_without_daemon():
 
 # ------------------------------------------------------------- with a zccd
 
+def test_wait_connected_wakes_when_zccd_arrives():
+    d = Zccd("wc")
+    try:
+        c = zcc.connect("waits", socket_path=d.socket, rpc_timeout=2.0,
+                        reconnect_max_backoff=0.2)
+        a = np.zeros(1024, np.float32)
+        c.register_tensors([zcc.TensorSpec("w", a)])  # zccd absent: retried in the background
+        start = time.monotonic()
+        assert not c.wait_connected(0.3)
+        assert time.monotonic() - start >= 0.29
+        raises(ValueError, c.wait_connected, -1)
+        d.start()
+        assert c.wait_connected(30.0), c.stats()
+        assert c.stats()["connected"]
+        # The EMA read that waits for a step answers at once without an EMA.
+        raises(zcc.FailedPreconditionError, c.read_ema, min_step=1, timeout=5.0)
+        c.close()
+    finally:
+        d.__exit__(None, None, None)  # stops zccd, removes its directory
+
+
 def test_round_trip_with_daemon():
     with Zccd("bind") as d:
         c = zcc.connect("rt", socket_path=d.socket, checkpoint_root=d.root, save_every=2,

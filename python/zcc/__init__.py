@@ -40,9 +40,14 @@ Client methods (each raises a :class:`zcc.Error` subclass; see :mod:`zcc.errors`
     Fills the registered tensors from a committed checkpoint (and zccd's EMA)
     and returns its step. ``NotFoundError`` when there is none,
     ``UnavailableError`` when not registered with zccd.
-``read_ema(names=None, out=None) -> (step, {name: array})``
+``read_ema(names=None, out=None, min_step=-1, timeout=0.0) -> (step, {name: array})``
     zccd's fp32 EMA of EMA-eligible parameters, into new NumPy arrays or the
-    given float32 buffers. ``step`` is -1 before the first EMA update.
+    given float32 buffers. ``step`` is -1 before the first EMA update. With
+    ``min_step``, zccd answers once the EMA includes that step (it folds
+    snapshots in as it ingests them) or after ``timeout`` seconds, with the
+    EMA as it is then.
+``wait_connected(timeout) -> bool``
+    Waits until the client is registered with zccd, at most ``timeout`` seconds.
 ``save_now()``, ``flush(timeout=60.0)``, ``stats() -> dict``,
 ``checkpoint_status() -> dict``, ``status() -> dict`` (stats plus
 checkpoint status), ``close()`` (also ``with client:``).

@@ -21,6 +21,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -346,6 +347,13 @@ class PyClient {
     ThrowIfError(CallWithoutGil([&](Client& c) { return c.SaveNow(); }));
   }
 
+  bool WaitConnected(double timeout_s) {
+    if (!(timeout_s >= 0)) throw py::value_error("timeout must be a number of seconds >= 0");
+    const absl::Duration timeout =
+        std::isinf(timeout_s) ? absl::InfiniteDuration() : absl::Seconds(timeout_s);
+    return CallWithoutGil([&](Client& c) { return c.WaitConnected(timeout); });
+  }
+
   py::dict Stats() const {
     std::shared_ptr<Client> c = Get();
     const ClientStats s = c->Stats();
@@ -394,7 +402,9 @@ class PyClient {
   // fresh float32 NumPy arrays shaped like the registered tensors (zeros while
   // the step is -1); with `out` (name -> writable, C-contiguous float32 host
   // buffer of the same element count), those buffers are filled and returned.
-  py::tuple ReadEma(py::object names, py::object out) {
+  // With min_step, zccd answers once its EMA includes that step or a newer
+  // one, or after `timeout` seconds with the EMA as it is (see the step).
+  py::tuple ReadEma(py::object names, py::object out, int64_t min_step, double timeout) {
     py::dict result;
     std::vector<Client::EmaOutput> outputs;
     if (!out.is_none()) {
@@ -437,7 +447,11 @@ class PyClient {
         result[py::str(name)] = array;
       }
     }
-    const int64_t step = ValueOrThrow(CallWithoutGil([&](Client& c) { return c.ReadEma(outputs); }));
+    if (!(timeout >= 0) || std::isinf(timeout)) {
+      throw py::value_error("timeout must be a finite number of seconds >= 0");
+    }
+    const int64_t step = ValueOrThrow(CallWithoutGil(
+        [&](Client& c) { return c.ReadEma(outputs, min_step, absl::Seconds(timeout)); }));
     return py::make_tuple(step, result);
   }
 
@@ -613,9 +627,13 @@ void DefineModule(py::module_& m) {
            "Stores a file (bytes) with the job, e.g. the model's config.json; zccctl export "
            "writes it next to the weights.")
       .def("stats", &PyClient::Stats)
+      .def("wait_connected", &PyClient::WaitConnected, py::arg("timeout"),
+           "Waits until the client is registered with zccd, at most `timeout` seconds; "
+           "returns whether it is.")
       .def("checkpoint_status", &PyClient::CheckpointStatus)
       .def("status", &PyClient::Status)
-      .def("read_ema", &PyClient::ReadEma, py::arg("names") = py::none(), py::arg("out") = py::none())
+      .def("read_ema", &PyClient::ReadEma, py::arg("names") = py::none(), py::arg("out") = py::none(),
+           py::arg("min_step") = -1, py::arg("timeout") = 0.0)
       .def("close", &PyClient::Close)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyClient& c, py::args) {

@@ -96,7 +96,6 @@ import random
 import struct
 import sys
 import threading
-import time
 import warnings
 import weakref
 
@@ -801,14 +800,8 @@ class Checkpointer:
     # --------------------------------------------------------------- restore
 
     def wait_connected(self, timeout=None):
-        """Waits until the client is registered with zccd; False on timeout.
-        (The C++ client has no wake-up for this, so it polls its stats.)"""
-        deadline = time.monotonic() + (self.connect_timeout if timeout is None else timeout)
-        while not self.client.stats()["connected"]:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        """Waits until the client is registered with zccd; False on timeout."""
+        return self.client.wait_connected(self.connect_timeout if timeout is None else timeout)
 
     @torch.no_grad()
     def restore(self, step=None):
@@ -1049,16 +1042,12 @@ class Checkpointer:
         last = self.client.stats()["last_published_step"]
         target = last - last % self.ema_interval if last >= 0 else -1
         names = self._kept_ema_names()
-        deadline = time.monotonic() + timeout
-        while True:
-            ema_step, arrays = self.client.read_ema(names)
-            if ema_step >= target:
-                break
-            if time.monotonic() >= deadline:
-                warnings.warn("zcc EMA is at step %d; the last published snapshot is step %d"
-                              % (ema_step, last))
-                break
-            time.sleep(0.01)  # zccd folds snapshots in asynchronously; no wake-up exists
+        # zccd folds snapshots in as it ingests them: it answers once the EMA
+        # includes `target`, or after `timeout` with the EMA as it is.
+        ema_step, arrays = self.client.read_ema(names, min_step=target, timeout=timeout)
+        if ema_step < target:
+            warnings.warn("zcc EMA is at step %d; the last published snapshot is step %d"
+                          % (ema_step, last))
         out = collections.OrderedDict((n, torch.from_numpy(arrays[n])) for n in names)
         for name, p in self._dtensor_params.items():
             # A sharded parameter's EMA as a DTensor placed like it, so that
