@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -180,6 +181,27 @@ int main(int argc, char** argv) {
 
   zcc::daemon::ServerOptions options;
   options.shard_storage = fault_storage.get();
+  // Fault drills and the tests of a stalled registration: reserving a
+  // staging segment whose name contains ZCCD_INJECT_RESERVE_DELAY_MATCH (any
+  // when unset) first waits this long. Never set in production.
+  if (const char* ms = std::getenv("ZCCD_INJECT_RESERVE_DELAY_MS"); ms != nullptr) {
+    int delay_ms = 0;
+    if (!absl::SimpleAtoi(ms, &delay_ms) || delay_ms < 0) {
+      std::fprintf(stderr, "zccd: ZCCD_INJECT_RESERVE_DELAY_MS: not a number of ms: %s\n", ms);
+      return 2;
+    }
+    const char* match = std::getenv("ZCCD_INJECT_RESERVE_DELAY_MATCH");
+    const std::string pattern = match == nullptr ? "" : match;
+    ZCC_LOG(WARNING) << "staging reservations of segments matching '" << pattern
+                     << "' are delayed by " << delay_ms << " ms (ZCCD_INJECT_RESERVE_DELAY_MS)";
+    options.before_reserve = [delay = absl::Milliseconds(delay_ms), pattern](
+                                 const std::string& segment, uint64_t) {
+      if (!absl::StrContains(segment, pattern)) return;
+      ZCC_LOG(WARNING) << "fault drill: the reservation of " << segment << " waits "
+                       << absl::FormatDuration(delay);
+      absl::SleepFor(delay);
+    };
+  }
   options.pull_engine = zcc::NewPullEngine;
   options.status_tcp_listen = config.ops.status_tcp_listen;
   options.metrics_http_listen = config.ops.metrics_http_listen;

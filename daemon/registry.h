@@ -27,22 +27,18 @@
 #include "common/instance_lock.h"
 #include "common/mutex.h"
 #include "config/daemon_config.h"
+#include "daemon/caller.h"
 #include "daemon/housekeeper.h"
 #include "daemon/job.h"
+#include "daemon/job_table.h"
 #include "daemon/pull_service.h"
+#include "daemon/registrar.h"
 #include "daemon/restore_service.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 #include "storage/storage.h"
 
 namespace zcc::daemon {
-
-// Who is calling: the connection's SO_PEERCRED, as the kernel reported it.
-struct Caller {
-  uid_t uid = 0;
-  gid_t gid = 0;
-  pid_t pid = 0;
-};
 
 // Trust (DESIGN.md section 7): a job belongs to the uid that registered it.
 // Only that uid (or root) may register more of its ranks, unregister, restore,
@@ -57,8 +53,11 @@ class Registry {
   // default POSIX storage): a fault-injecting one for drills and tests.
   // `pull_engine` makes the CUDA engine for daemon-pull registrations (null:
   // none in this build; they are refused, or get the trainer's own copier).
+  // `before_reserve` (optional) runs before a registration reserves its
+  // staging memory, with the bytes: a hook for fault drills.
   explicit Registry(DaemonConfig config, storage::Storage* shard_storage = nullptr,
-                    PullEngineFactory pull_engine = nullptr);
+                    PullEngineFactory pull_engine = nullptr,
+                    std::function<void(const std::string&, uint64_t)> before_reserve = nullptr);
   ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
@@ -113,15 +112,6 @@ class Registry {
   // The registered job, if `caller` may act on it.
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id,
                                                const Caller& caller) const;
-  std::vector<std::shared_ptr<Job>> Jobs() const ABSL_LOCKS_EXCLUDED(mu_);
-  void DropIdleJobs() ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes out one rank's retained snapshots (the one that expires first in
-  // the first job that has some) into `dropped`, to be destroyed after the
-  // lock is released; false when no job retains any.
-  bool DropOneRetainedLocked(std::vector<RetainedSnapshots::Entry>* dropped)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   const DaemonConfig config_;
   storage::Storage* const shard_storage_;
   // Held from Start() for the registry's life: the shm prefix is ours.
@@ -129,17 +119,16 @@ class Registry {
   const absl::Time started_;
   metrics::ZccMetrics metrics_;
 
-  mutable zcc::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
+  JobTable jobs_;
   std::atomic<bool> shutting_down_{false};
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> stopped_{false};
 
   RestoreService restores_;
   PullService pull_;
 
-  // Last: its threads use everything above, and stop before it goes.
+  // Its threads use everything above, and stop before it goes.
   Housekeeper housekeeper_;
+  Registrar registrar_;
 };
 
 }  // namespace zcc::daemon

@@ -255,7 +255,8 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
   }
 
   impl->registry =
-      std::make_unique<Registry>(config, options.shard_storage, options.pull_engine);
+      std::make_unique<Registry>(config, options.shard_storage, options.pull_engine,
+                                 options.before_reserve);
   ZCC_RETURN_IF_ERROR(impl->registry->Start());
   impl->control = std::make_unique<ControlService>(impl->registry.get(), &impl->peers);
   impl->status = std::make_unique<StatusService>(impl->registry.get(), &impl->peers);

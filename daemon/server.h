@@ -5,7 +5,9 @@
 #ifndef ZCC_DAEMON_SERVER_H_
 #define ZCC_DAEMON_SERVER_H_
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -33,6 +35,11 @@ struct ServerOptions {
   // Makes the CUDA engine that serves daemon-pull registrations when the
   // config enables them (zccd passes NewPullEngine); null: none.
   PullEngineFactory pull_engine;
+  // Runs before a registration reserves staging memory, with the segment's
+  // name and the bytes; zccd sets a delay when ZCCD_INJECT_RESERVE_DELAY_MS
+  // is set (fault drills, and the tests that stall a registration). Null:
+  // nothing.
+  std::function<void(const std::string&, uint64_t)> before_reserve;
 };
 
 class Server {
