@@ -127,7 +127,7 @@ absl::StatusOr<std::pair<shm::Segment, v1::ReadEmaResponse>> RankEma::CopyToSegm
 }
 
 absl::Status RankEma::Restore(const std::string& step_dir, const checkpoint::GroupedIndex& index,
-                              int64_t step) {
+                              int64_t step, const checkpoint::IoOptions& io) {
   if (!enabled_) return absl::OkStatus();
   // The EMA's tensors are fixed at registration: the disk is read without the
   // lock (status, ingest and EMA reads go on) and the result installed under it.
@@ -157,7 +157,7 @@ absl::Status RankEma::Restore(const std::string& step_dir, const checkpoint::Gro
                        reinterpret_cast<uint8_t*>(data[i].data())});
   }
   ZCC_RETURN_IF_ERROR(
-      checkpoint::ReadBoxes(step_dir, index.index, index.tensors, targets, checkpoint::IoOptions())
+      checkpoint::ReadBoxes(step_dir, index.index, index.tensors, targets, io)
           .status());
   std::vector<absl::Span<const float>> spans(data.begin(), data.end());
   zcc::MutexLock lock(&mu_);

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 #include "checkpoint/global_index.h"
+#include "checkpoint/io_options.h"
 #include "daemon/registered_tensor.h"
 #include "daemon/rank_writer.h"
 #include "ema/ema_updater.h"
@@ -77,9 +78,9 @@ class RankEma {
   // Sets the EMA from the "ema" tensors of a checkpoint step (whose grouped
   // index is `index`), whatever layout wrote them. OK and a no-op without an EMA; a step without
   // this rank's EMA tensors leaves the EMA to start afresh (logged). The disk
-  // is read without the lock.
+  // is read without the lock, with `io`.
   absl::Status Restore(const std::string& step_dir, const checkpoint::GroupedIndex& index,
-                       int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+                       int64_t step, const checkpoint::IoOptions& io) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Takes over `from`'s EMA (the rank's previous trainer's, kept in memory)
   // for a restore of `step` from memory: the two are swapped, in O(1). An

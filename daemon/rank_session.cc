@@ -286,7 +286,10 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
 
 absl::Status RankSession::RestoreEma(const std::string& step_dir,
                                      const checkpoint::GroupedIndex& index, int64_t step) {
-  return ema_.Restore(step_dir, index, step);
+  // Through the daemon's storage, like the rank's writes.
+  checkpoint::IoOptions io;
+  io.storage = options_.io.storage;
+  return ema_.Restore(step_dir, index, step, io);
 }
 
 void RankSession::SetError(std::string error) {

@@ -23,66 +23,28 @@
 
 namespace zcc::daemon {
 
+namespace {
+
+checkpoint::IoOptions ReadingThrough(storage::Storage* storage) {
+  checkpoint::IoOptions io;
+  io.storage = storage;
+  return io;
+}
+
+}  // namespace
+
 RestoreService::RestoreService(std::string shm_prefix, uint64_t max_slot_bytes,
-                               metrics::ZccMetrics* metrics)
-    : shm_prefix_(std::move(shm_prefix)), max_slot_bytes_(max_slot_bytes), metrics_(metrics) {}
+                               metrics::ZccMetrics* metrics, storage::Storage* storage)
+    : shm_prefix_(std::move(shm_prefix)),
+      max_slot_bytes_(max_slot_bytes),
+      metrics_(metrics),
+      read_io_(ReadingThrough(storage)),
+      checks_(metrics, read_io_) {}
 
 std::string RestoreService::BufferName(const char* what, const std::string& job_id, uint32_t rank,
                                        uint64_t generation) {
   return absl::StrCat(shm_prefix_, ".", job_id, ".r", rank, ".", what, ".g", generation, ".",
                       next_buffer_seq_.fetch_add(1));
-}
-
-absl::Status RestoreService::CheckMetadataCached(const std::string& step_dir) {
-  auto record = checkpoint::ReadCommitRecord(step_dir);
-  if (!record.ok()) return record.status();
-  zcc::MutexLock lock(&check_mu_);
-  const StepKey key(step_dir, record->manifest_hash);
-  auto it = verdicts_.find(key);
-  if (it != verdicts_.end()) return it->second;
-  const absl::Time start = absl::Now();
-  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
-  // No tensor data: the restore checks each piece's checksum as it reads it.
-  const absl::Status status =
-      checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped);
-  if (status.ok()) {
-    indexes_.emplace_back(key, std::move(grouped));
-    while (indexes_.size() > kCachedIndexes) indexes_.pop_front();
-    ZCC_LOG(INFO) << "checked the metadata of " << step_dir << " in "
-                  << absl::FormatDuration(absl::Now() - start);
-  } else {
-    metrics_->errors(metrics::ErrorKind::kVerify).Increment();
-    ZCC_LOG(ERROR) << "checkpoint " << step_dir << " failed its metadata check: "
-                   << status.message();
-  }
-  if (verdicts_.size() > 256) verdicts_.clear();
-  verdicts_[key] = status;
-  return status;
-}
-
-absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> RestoreService::StepIndexFor(
-    const std::string& step_dir) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
-  // Under the check lock, like a metadata check: the ranks of a job that miss
-  // the cache together read the index once, the first for all of them.
-  zcc::MutexLock lock(&check_mu_);
-  const StepKey key(step_dir, record.manifest_hash);
-  for (const auto& [cached, index] : indexes_) {
-    if (cached == key) return index;
-  }
-  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::GroupedIndex> index,
-                       checkpoint::LoadGroupedIndex(step_dir));
-  indexes_.emplace_back(key, index);
-  while (indexes_.size() > kCachedIndexes) indexes_.pop_front();
-  return index;
-}
-
-void RestoreService::MarkDamaged(const std::string& step_dir, const absl::Status& why) {
-  auto record = checkpoint::ReadCommitRecord(step_dir);
-  if (!record.ok()) return;  // unreadable now: CheckMetadataCached rejects it anyway
-  metrics_->errors(metrics::ErrorKind::kVerify).Increment();
-  zcc::MutexLock lock(&check_mu_);
-  verdicts_[StepKey(step_dir, record->manifest_hash)] = why;
 }
 
 namespace {
@@ -118,22 +80,22 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
       -> absl::StatusOr<std::optional<RestorePrefetch::Chosen>> {
     ScopedFsIdentity as_owner(job.options().owner);
     auto choice = checkpoint::ChooseRestoreStep(
-        job_dir, -1, [this](const std::string& dir) { return CheckMetadataCached(dir); });
+        job_dir, -1, [this](const std::string& dir) { return checks_.Check(dir); });
     if (choice.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
     if (!choice.ok()) return choice.status();
     RestorePrefetch::Chosen chosen;
     chosen.step = choice->step;
     chosen.step_dir = JoinPath(job_dir, format::StepDirName(choice->step));
-    ZCC_ASSIGN_OR_RETURN(chosen.index, StepIndexFor(chosen.step_dir));
+    ZCC_ASSIGN_OR_RETURN(chosen.index, checks_.Index(chosen.step_dir));
     // Kept from retention while read, like a restore's step.
     job.BeginRestore(rank, chosen.step);
     return chosen;
   };
-  auto read = [&job, &session, slot = *slot, reading](const RestorePrefetch::Chosen& chosen,
-                                                      const std::function<bool()>& cancelled) {
+  auto read = [this, &job, &session, slot = *slot, reading](
+                  const RestorePrefetch::Chosen& chosen, const std::function<bool()>& cancelled) {
     ScopedFsIdentity as_owner(job.options().owner);
     auto read = ReadIntoSlot(chosen.step_dir, *chosen.index, session.registered(),
-                             session.slot_data(slot), checkpoint::IoOptions(), cancelled);
+                             session.slot_data(slot), read_io_, cancelled);
     reading->reset();
     return read;
   };
@@ -245,7 +207,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice,
                          checkpoint::ChooseRestoreStep(
                              job_dir, requested,
-                             [this](const std::string& dir) { return CheckMetadataCached(dir); },
+                             [this](const std::string& dir) { return checks_.Check(dir); },
                              at_most));
     for (const std::string& why : choice.rejected) skip(why);
     const std::string step_name = format::StepDirName(choice.step);
@@ -270,7 +232,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     // restore reads the step again.
     const absl::Status why(resp.status().code(),
                            absl::StrCat("damaged, found while reading it: ", resp.status().message()));
-    MarkDamaged(step_dir, why);
+    checks_.MarkDamaged(step_dir, why);
     if (req.step() >= 0 && !req.allow_older()) {
       return Annotate(why, absl::StrCat("restore of ", step_name));
     }
@@ -294,13 +256,13 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
   job.BeginRestore(req.rank(), step);
   const absl::Time read_start = absl::Now();
-  auto index = StepIndexFor(step_dir);
+  auto index = checks_.Index(step_dir);
   if (!index.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     job.EndRestore(req.rank(), step);
     return index.status();
   }
-  // Outside check_mu_: the only read of the tensor data, each piece checked
+  // Outside every lock: the only read of the tensor data, each piece checked
   // as it arrives. Straight into a free staging slot when it holds all that
   // is asked for (the client has it mapped and, on a GPU, registered); into
   // a buffer of its own otherwise. On failure nothing is handed out: the
@@ -323,7 +285,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     if (slot.has_value()) {
       RankSession::RestoreRead reading(session);
       read = ReadIntoSlot(step_dir, **index, registered, session.slot_data(*slot),
-                          checkpoint::IoOptions(), cancelled);
+                          read_io_, cancelled);
     }
   }
   v1::RestoreResponse resp;
@@ -349,7 +311,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     }
   } else {
     auto buffer = ReadRestoreBuffer(step_dir, **index, registered, shm_name, max_slot_bytes_,
-                                    session.options().segment_owner, checkpoint::IoOptions(),
+                                    session.options().segment_owner, read_io_,
                                     cancelled, req.owned_only(), &shared_reads_);
     read_status = buffer.status();
     if (buffer.ok()) {

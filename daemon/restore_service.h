@@ -34,7 +34,10 @@
 #include "daemon/job.h"
 #include "daemon/rank_session.h"
 #include "daemon/restore_prefetch.h"
+#include "checkpoint/io_options.h"
 #include "daemon/shared_reads.h"
+#include "daemon/step_checks.h"
+#include "storage/storage.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 
@@ -44,7 +47,10 @@ class RestoreService {
  public:
   // Buffers are named "<shm_prefix>.<job>.r<rank>.<what>.g<generation>.<n>";
   // `metrics` is borrowed and outlives the service.
-  RestoreService(std::string shm_prefix, uint64_t max_slot_bytes, metrics::ZccMetrics* metrics);
+  // Restores read through `storage` (borrowed, outlives the service; null =
+  // the default POSIX storage): the daemon's, fault-injecting in drills.
+  RestoreService(std::string shm_prefix, uint64_t max_slot_bytes, metrics::ZccMetrics* metrics,
+                 storage::Storage* storage = nullptr);
 
   // Restores `session`'s rank of `job` (whose caller was authorised) from the
   // step `req` names, or the newest that reads back intact. Stops with
@@ -77,13 +83,6 @@ class RestoreService {
                          uint64_t generation);
 
  private:
-  // checkpoint::CheckStepMetadata, with the cache (which also holds what a
-  // read found: MarkDamaged).
-  absl::Status CheckMetadataCached(const std::string& step_dir) ABSL_LOCKS_EXCLUDED(check_mu_);
-  // Records that `step_dir` failed while being read (`why`), whatever its
-  // metadata check found, so the next choice skips it.
-  void MarkDamaged(const std::string& step_dir, const absl::Status& why)
-      ABSL_LOCKS_EXCLUDED(check_mu_);
   // Serves `step` from the snapshot in the session's staging slot `slot`.
   v1::RestoreResponse RestoreFromMemory(RankSession& session, const v1::RestoreRequest& req,
                                         uint32_t slot, int64_t step);
@@ -99,26 +98,12 @@ class RestoreService {
   const std::string shm_prefix_;
   const uint64_t max_slot_bytes_;
   metrics::ZccMetrics* const metrics_;
+  // How restores read: through the daemon's storage.
+  const checkpoint::IoOptions read_io_;
   std::atomic<uint64_t> next_buffer_seq_{1};
 
-  // The grouped index of a step whose metadata checked out (from the
-  // cache), or read from disk (and cached) when the cache no longer holds it.
-  absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepIndexFor(
-      const std::string& step_dir) ABSL_LOCKS_EXCLUDED(check_mu_);
-
-  // Held across a metadata check or an index load (small reads: COMMITTED,
-  // manifests, the index, one header per shard file), so that the ranks of a
-  // job that miss the cache together read them once; never across tensor
-  // data, so one rank's long read does not hold up the others' restores.
-  zcc::Mutex check_mu_;
-  using StepKey = std::pair<std::string, uint64_t>;  // step directory, manifest hash
-  std::map<StepKey, absl::Status> verdicts_ ABSL_GUARDED_BY(check_mu_);
-  // The grouped indexes of the steps checked last (the N ranks of a job
-  // restoring one step read it from here instead of decoding it again);
-  // bounded: an index of a million tensors takes hundreds of MB.
-  static constexpr size_t kCachedIndexes = 2;
-  std::deque<std::pair<StepKey, std::shared_ptr<const checkpoint::GroupedIndex>>> indexes_
-      ABSL_GUARDED_BY(check_mu_);
+  // Metadata verdicts and indexes of the steps restores choose from.
+  StepChecks checks_;
   // The ranks of a job restoring one step from disk together read each box
   // once between them.
   SharedReads shared_reads_;

@@ -1,18 +1,23 @@
-// zccd stays responsive while one job's work is stalled: real zccd processes
-// with a reservation of staging memory held up by the fault drill
-// (ZCCD_INJECT_RESERVE_DELAY_MS). While it is stalled, another job
-// registers, snapshots, checkpoints and restores, the status service
-// answers, housekeeping notices a dead trainer, and the systemd watchdog is
-// fed: nothing waits for the stalled registration.
+// zccd stays responsive while one job's work is stalled, with real zccd and
+// trainer processes: a registration's reservation of staging memory held up
+// by the fault drill ZCCD_INJECT_RESERVE_DELAY_MS, and a restore's metadata
+// check held up by a slow disk (ZCCD_INJECT_STORAGE_FAULTS on that step's
+// files). While either is stalled, another job registers, snapshots,
+// checkpoints and restores, the status service answers, housekeeping
+// notices a dead trainer, and the systemd watchdog is fed.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,84 +33,105 @@
 namespace zcc::testing {
 namespace {
 
-// What the other work may take while the registration is stalled; the stall
-// lasts 25 times as long, so a wait for it cannot pass.
+// What the other work may take while one job is stalled; the stalls last
+// far longer, so a wait for them cannot pass.
 constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
-constexpr int kStallMs = 5000;
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
-TEST_CASE("a registration stalled in its staging reservation holds up no other job, status, "
-          "housekeeping or the watchdog") {
-  const std::string dir = ShortTempDir("stall-reg");
-  const std::string notify_path = dir + "/notify.sock";
-  const int notify_fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
-  struct sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, notify_path.c_str(), sizeof(addr.sun_path) - 1);
-  REQUIRE(::bind(notify_fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0);
-  struct timeval tv{0, 100 * 1000};
-  ::setsockopt(notify_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+// A datagram socket standing in for systemd's notify socket, read all the
+// time as systemd does (a full socket would block zccd's notifications).
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    bound_ = ::bind(fd_, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0;
+    struct timeval tv{0, 100 * 1000};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    reader_ = std::thread([this] {
+      char buf[256];
+      while (!stop_.load()) {
+        const ssize_t n = ::recv(fd_, buf, sizeof(buf) - 1, 0);
+        if (n > 0 && absl::StrContains(std::string(buf, n), "WATCHDOG=1")) pings_.fetch_add(1);
+      }
+    });
+  }
+  ~NotifySocket() {
+    stop_.store(true);
+    reader_.join();
+    ::close(fd_);
+  }
+  bool bound() const { return bound_; }
+  std::string env() const { return "NOTIFY_SOCKET=" + path_; }
+  // WATCHDOG=1 messages received during the next `d`.
+  int CountPings(absl::Duration d) {
+    const int before = pings_.load();
+    absl::SleepFor(d);
+    return pings_.load() - before;
+  }
 
-  Daemon daemon(dir, {{"--client_timeout_s=30"}, "", "zccd",
-                      {"NOTIFY_SOCKET=" + notify_path, "WATCHDOG_USEC=400000",
-                       absl::StrCat("ZCCD_INJECT_RESERVE_DELAY_MS=", kStallMs),
-                       "ZCCD_INJECT_RESERVE_DELAY_MATCH=.slowjob."}});
-  REQUIRE(daemon.Start());
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool bound_ = false;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> pings_{0};
+  std::thread reader_;
+};
 
-  // Another job, registered and checkpointed before the stall.
-  std::vector<float> weights(64 * 1024, 1.0f);
+// A job trained in this process, with one small tensor, a checkpoint every step.
+struct InProcessJob {
+  std::vector<float> weights;
+  std::unique_ptr<Client> client;
+};
+
+InProcessJob Register(const Daemon& daemon, const std::string& job, float fill) {
+  InProcessJob j;
+  j.weights.assign(64 * 1024, fill);
   ClientOptions options;
   options.socket_path = daemon.socket();
-  options.job_id = "fastjob";
+  options.job_id = job;
   options.save_every = 1;
   options.backpressure = Backpressure::kBlock;
-  auto fast = Client::Connect(options);
-  REQUIRE(fast.ok());
-  REQUIRE((*fast)->RegisterTensors({{"w", DType::kF32, {static_cast<int64_t>(weights.size())},
-                                     weights.data()}})
+  auto client = Client::Connect(options);
+  REQUIRE(client.ok());
+  j.client = *std::move(client);
+  REQUIRE(j.client->RegisterTensors({{"w", DType::kF32, {static_cast<int64_t>(j.weights.size())},
+                                      j.weights.data()}})
               .ok());
-  REQUIRE((*fast)->Snapshot(1) == SnapshotResult::kEnqueued);
-  REQUIRE(WaitForPath(JobDir(daemon, "fastjob") + "/step-00000001/COMMITTED", absl::Seconds(30)));
-  // A trainer of a third job whose death housekeeping must notice during the stall.
-  auto doomed = StartTrainer(daemon, dir, "doomed",
-                             {"--job=doomedjob", "--steps=3", "--save_every=0", "--pause_at=1",
-                              "--daemon_timeout_s=30"});
-  REQUIRE(doomed->WaitForOutput("paused", absl::Seconds(30)));
+  return j;
+}
 
-  // The stalled registration.
-  auto slow = StartTrainer(daemon, dir, "slow", {"--job=slowjob", "--steps=2", "--save_every=0"});
-  REQUIRE(Eventually([&] { return absl::StrContains(daemon.LatestLog(), "fault drill: the "
-                                                                        "reservation of"); },
-                     absl::Seconds(30), absl::Milliseconds(10)));
-  const absl::Time stall_start = absl::Now();
-  doomed->Signal(SIGKILL);
-  REQUIRE(doomed->Wait(absl::Seconds(5)).has_value());  // reaped: its pid is gone
+// The other work, done while another job is stalled (from `stall_start` for
+// `stall`): a trainer of a third job (`doomed`, paused) is killed first and
+// its death must be noticed; `checkpointed` is a job with step 1 committed,
+// restored here. `stalled()` says whether the stall still holds.
+void CheckOtherWorkGoesOn(const Daemon& daemon, NotifySocket& notify, Subprocess& doomed,
+                          InProcessJob& checkpointed, absl::Time stall_start,
+                          absl::Duration stall, const std::function<bool()>& stalled) {
+  doomed.Signal(SIGKILL);
+  REQUIRE(doomed.Wait(absl::Seconds(5)).has_value());  // reaped: its pid is gone
 
   // Another job's registration, snapshot (ingested, written and committed)
   // and restore.
-  ClientOptions second = options;
-  second.job_id = "fastjob2";
-  std::vector<float> more(64 * 1024, 2.0f);
   absl::Time t0 = absl::Now();
-  auto fast2 = Client::Connect(second);
-  REQUIRE(fast2.ok());
-  REQUIRE((*fast2)->RegisterTensors({{"w", DType::kF32, {static_cast<int64_t>(more.size())},
-                                      more.data()}})
-              .ok());
+  InProcessJob fresh = Register(daemon, "freshjob", 2.0f);
   const absl::Duration registered = absl::Now() - t0;
-  CHECK((*fast2)->Stats().connected);
+  CHECK(fresh.client->Stats().connected);
   t0 = absl::Now();
-  REQUIRE((*fast2)->Snapshot(1) == SnapshotResult::kEnqueued);
-  REQUIRE(WaitForPath(JobDir(daemon, "fastjob2") + "/step-00000001/COMMITTED", absl::Seconds(30)));
+  REQUIRE(fresh.client->Snapshot(1) == SnapshotResult::kEnqueued);
+  REQUIRE(WaitForPath(JobDir(daemon, "freshjob") + "/step-00000001/COMMITTED", absl::Seconds(30)));
   const absl::Duration committed = absl::Now() - t0;
-  weights.assign(weights.size(), 0.0f);
+  checkpointed.weights.assign(checkpointed.weights.size(), 0.0f);
   t0 = absl::Now();
-  auto restored = (*fast)->Restore(1);
+  auto restored = checkpointed.client->Restore(1);
   const absl::Duration restore = absl::Now() - t0;
   REQUIRE(restored.ok());
   CHECK(*restored == 1);
-  CHECK(weights[123] == 1.0f);
+  CHECK(checkpointed.weights[123] == 1.0f);
 
   // The status service, as zccctl asks it.
   auto channel = grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
@@ -120,42 +146,113 @@ TEST_CASE("a registration stalled in its staging reservation holds up no other j
   // Housekeeping goes on: the killed trainer's registration is dropped.
   const bool noticed = Eventually(
       [&] { return absl::StrContains(daemon.LatestLog(), "dropping its registration"); },
-      absl::Milliseconds(kStallMs) - (absl::Now() - stall_start) - absl::Milliseconds(500),
-      absl::Milliseconds(10));
+      stall / 2, absl::Milliseconds(10));
   // The watchdog is fed (every 200 ms while healthy).
-  int pings = 0;
-  char buf[256];
-  while (absl::Now() - stall_start < absl::Milliseconds(kStallMs - 1000)) {
-    const ssize_t n = ::recv(notify_fd, buf, sizeof(buf) - 1, 0);
-    if (n > 0 && absl::StrContains(std::string(buf, n), "WATCHDOG=1")) ++pings;
-  }
-  // All of it while the registration was still stalled.
-  const bool still_stalled = !absl::StrContains(daemon.LatestLog(), "registered job slowjob");
-  const absl::Duration stalled_for = absl::Now() - stall_start;
+  const int pings = notify.CountPings(absl::Seconds(1));
+  const bool still_stalled = stalled();
+  const absl::Duration into = absl::Now() - stall_start;
   std::fprintf(stderr,
                "during the stall: register %.1f ms, snapshot to commit %.1f ms, restore %.1f ms, "
-               "status %.1f ms, %d watchdog pings\n",
-               Ms(registered), Ms(committed), Ms(restore), Ms(status), pings);
+               "status %.1f ms, %d watchdog pings in 1 s; %.0f ms into the stall\n",
+               Ms(registered), Ms(committed), Ms(restore), Ms(status), pings, Ms(into));
   INFO("register " << Ms(registered) << " ms, snapshot to commit " << Ms(committed)
                    << " ms, restore " << Ms(restore) << " ms, status " << Ms(status)
-                   << " ms, watchdog pings " << pings << ", " << Ms(stalled_for)
+                   << " ms, watchdog pings " << pings << ", " << Ms(into)
                    << " ms into the stall\n"
                    << daemon.LatestLog());
   CHECK(still_stalled);
+  CHECK(into < stall);
   CHECK(registered < kAnswerWithin);
   CHECK(committed < kAnswerWithin);
   CHECK(restore < kAnswerWithin);
   CHECK(status < kAnswerWithin);
   CHECK(noticed);
   CHECK(pings >= 3);
+}
+
+std::unique_ptr<Subprocess> StartDoomed(const Daemon& daemon, const std::string& dir) {
+  auto doomed = StartTrainer(daemon, dir, "doomed",
+                             {"--job=doomedjob", "--steps=3", "--save_every=0", "--pause_at=1",
+                              "--daemon_timeout_s=30"});
+  REQUIRE(doomed->WaitForOutput("paused", absl::Seconds(30)));
+  return doomed;
+}
+
+TEST_CASE("a registration stalled in its staging reservation holds up no other job, status, "
+          "housekeeping or the watchdog") {
+  constexpr int kStallMs = 6000;
+  const std::string dir = ShortTempDir("stall-reg");
+  NotifySocket notify(dir + "/notify.sock");
+  REQUIRE(notify.bound());
+  Daemon daemon(dir, {{"--client_timeout_s=30"}, "", "zccd",
+                      {notify.env(), "WATCHDOG_USEC=400000",
+                       absl::StrCat("ZCCD_INJECT_RESERVE_DELAY_MS=", kStallMs),
+                       "ZCCD_INJECT_RESERVE_DELAY_MATCH=.slowjob."}});
+  REQUIRE(daemon.Start());
+  InProcessJob checkpointed = Register(daemon, "fastjob", 1.0f);
+  REQUIRE(checkpointed.client->Snapshot(1) == SnapshotResult::kEnqueued);
+  REQUIRE(WaitForPath(JobDir(daemon, "fastjob") + "/step-00000001/COMMITTED", absl::Seconds(30)));
+  auto doomed = StartDoomed(daemon, dir);
+
+  auto slow = StartTrainer(daemon, dir, "slow", {"--job=slowjob", "--steps=2", "--save_every=0"});
+  REQUIRE(Eventually(
+      [&] { return absl::StrContains(daemon.LatestLog(), "fault drill: the reservation of"); },
+      absl::Seconds(30), absl::Milliseconds(10)));
+  CheckOtherWorkGoesOn(daemon, notify, *doomed, checkpointed, absl::Now(),
+                       absl::Milliseconds(kStallMs), [&] {
+                         return !absl::StrContains(daemon.LatestLog(), "registered job slowjob");
+                       });
 
   // The stalled registration completes, and its trainer trains.
   REQUIRE(slow->Wait(absl::Seconds(60)) == 0);
   CHECK(slow->Values()["published"] == "2");
-  fast2->reset();
-  fast->reset();
+  checkpointed.client.reset();
   REQUIRE(daemon.Stop() == 0);
-  ::close(notify_fd);
+}
+
+TEST_CASE("a restore stalled in its step's metadata check holds up no other job's restore, "
+          "status, housekeeping or the watchdog") {
+  constexpr int kDelayMs = 3000;  // each read request of the stalled step's files
+  const std::string dir = ShortTempDir("stall-check");
+  const std::string root = dir + "/ckpt";
+  {
+    // The step the slow restore will read, written by a zccd without faults.
+    Daemon writer(dir, {{}, root, "writer"});
+    REQUIRE(writer.Start());
+    auto t = StartTrainer(writer, dir, "write", {"--job=slowjob", "--steps=2", "--save_every=2",
+                                                 "--tensors=1", "--block"});
+    REQUIRE(t->Wait(absl::Seconds(60)) == 0);
+    REQUIRE(writer.Stop() == 0);
+  }
+  NotifySocket notify(dir + "/notify.sock");
+  REQUIRE(notify.bound());
+  Daemon daemon(dir, {{"--client_timeout_s=30"}, root, "zccd",
+                      {notify.env(), "WATCHDOG_USEC=400000",
+                       absl::StrCat("ZCCD_INJECT_STORAGE_FAULTS=path=slowjob/step-00000002/,"
+                                    "op_delay_ms=", kDelayMs)}});
+  REQUIRE(daemon.Start());
+  InProcessJob checkpointed = Register(daemon, "fastjob", 1.0f);
+  REQUIRE(checkpointed.client->Snapshot(1) == SnapshotResult::kEnqueued);
+  REQUIRE(WaitForPath(JobDir(daemon, "fastjob") + "/step-00000001/COMMITTED", absl::Seconds(30)));
+  auto doomed = StartDoomed(daemon, dir);
+
+  auto slow = StartTrainer(daemon, dir, "slow", {"--mode=restore", "--job=slowjob",
+                                                 "--tensors=1", "--expect_step=2"});
+  REQUIRE(Eventually(
+      [&] { return absl::StrContains(daemon.LatestLog(), "registered job slowjob"); },
+      absl::Seconds(30), absl::Milliseconds(10)));
+  // The restore's metadata check reads the step's shard headers, each read
+  // held up kDelayMs.
+  const absl::Time stall_start = absl::Now();
+  CheckOtherWorkGoesOn(daemon, notify, *doomed, checkpointed, stall_start,
+                       absl::Milliseconds(2 * kDelayMs),
+                       [&] { return !absl::StrContains(slow->Output(), "restored_step="); });
+
+  // The stalled restore completes, slowly, with the right step.
+  REQUIRE(slow->Wait(absl::Seconds(120)) == 0);
+  CHECK(absl::StrContains(slow->Output(), "restored_step=2"));
+  checkpointed.client.reset();
+  REQUIRE(daemon.Stop() == 0);
 }
 
 }  // namespace
