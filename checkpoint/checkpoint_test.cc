@@ -296,7 +296,7 @@ TEST_CASE("retention keeps the newest K and milestones, and drops stale partials
   CHECK(kept_young->removed_partials.empty());
   CHECK(*ListCommittedSteps(root) == std::vector<int64_t>{1, 4, 5, 6});
 
-  auto old = ApplyRetention(root, policy, {}, absl::ZeroDuration());
+  auto old = ApplyRetention(root, policy, RetentionGuard(), absl::ZeroDuration());
   REQUIRE_OK(old);
   CHECK(old->removed_steps == std::vector<int64_t>{1});
   CHECK(old->removed_partials == std::vector<std::string>{"step-00000007.partial"});

@@ -20,6 +20,8 @@
 #include "common/status.h"
 #include "format/checksum.h"
 #include "format/manifest.h"
+#include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -34,17 +36,14 @@ absl::Status CheckFileSize(const std::string& path, uint64_t expected) {
   return absl::OkStatus();
 }
 
-absl::Status RenameOrError(const std::string& from, const std::string& to) {
-  if (std::rename(from.c_str(), to.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("rename ", from, " to ", to));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
-                                       int64_t step, uint32_t world_size) {
+                                       int64_t step, uint32_t world_size,
+                                       storage::Storage* storage) {
+  // The commit's writes, renames and directory syncs go through `storage`.
+  storage::Storage& fs = storage != nullptr ? *storage : *storage::DefaultStorage();
   const std::string partial = JoinPath(job_dir, format::PartialStepDirName(step));
   CommitResult result;
   for (uint32_t r = 0; r < world_size; ++r) {
@@ -100,7 +99,8 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                                             " bytes; readers accept ",
                                             format::MaxStepIndexBytes(world_size)));
   }
-  ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kStepIndexFileName), index_text));
+  ZCC_RETURN_IF_ERROR(
+      storage::WriteFileAtomic(fs, JoinPath(partial, format::kStepIndexFileName), index_text));
   // The Hugging Face weight maps name whole tensors only: a piece of a
   // sliced tensor is not the tensor (zccctl export writes whole ones).
   std::map<std::string, std::string> model_map;
@@ -113,11 +113,13 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
     if (g.kind == format::kEmaKindName) ema_map[g.name] = g.pieces.front()->file;
   }
 
-  ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kModelIndexFileName),
-                                      format::EncodeWeightMapIndex(model_map, result.total_bytes)));
+  ZCC_RETURN_IF_ERROR(
+      storage::WriteFileAtomic(fs, JoinPath(partial, format::kModelIndexFileName),
+                               format::EncodeWeightMapIndex(model_map, result.total_bytes)));
   if (!ema_map.empty()) {
-    ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(partial, format::kEmaIndexFileName),
-                                        format::EncodeWeightMapIndex(ema_map, result.total_bytes)));
+    ZCC_RETURN_IF_ERROR(
+        storage::WriteFileAtomic(fs, JoinPath(partial, format::kEmaIndexFileName),
+                                 format::EncodeWeightMapIndex(ema_map, result.total_bytes)));
   }
   format::CommitRecord record;
   record.job_id = job_id;
@@ -127,9 +129,9 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   record.total_bytes = result.total_bytes;
   record.index_xxh3 = format::Xxh3(index_text.data(), index_text.size());
   record.committed_at = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
-  // WriteFileAtomic fsyncs the file and the partial directory.
-  ZCC_RETURN_IF_ERROR(
-      WriteFileAtomic(JoinPath(partial, format::kCommittedFileName), format::EncodeCommitRecord(record)));
+  // WriteFileAtomic syncs the file and the partial directory.
+  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(partial, format::kCommittedFileName),
+                                               format::EncodeCommitRecord(record)));
 
   const std::string final_dir = JoinPath(job_dir, format::StepDirName(step));
   if (PathExists(final_dir)) {
@@ -137,9 +139,11 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
     // step): the new one replaces it in one atomic exchange, so step-N always
     // exists and is committed, old or new, whatever happens. The old contents
     // end up under the partial name and are removed.
+    // (The exchange is Linux's alone and the Storage interface has no word
+    // for it: it goes to the file system directly.)
     if (::syscall(SYS_renameat2, AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(),
                   RENAME_EXCHANGE) == 0) {
-      ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+      ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
       ZCC_RETURN_IF_ERROR(RemoveTree(partial));
     } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
       // File systems without the exchange (NFS): two renames, with a short
@@ -148,19 +152,19 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                        << "; replacing " << final_dir << " with two renames";
       const std::string superseded = absl::StrCat(final_dir, ".superseded");
       ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
-      ZCC_RETURN_IF_ERROR(RenameOrError(final_dir, superseded));
-      ZCC_RETURN_IF_ERROR(RenameOrError(partial, final_dir));
-      ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+      ZCC_RETURN_IF_ERROR(fs.Rename(final_dir, superseded));
+      ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));
+      ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
       ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
     } else {
       return ErrnoToStatus(errno, absl::StrCat("exchange ", partial, " and ", final_dir));
     }
   } else {
-    ZCC_RETURN_IF_ERROR(RenameOrError(partial, final_dir));
-    ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+    ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));
+    ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
   }
-  ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(job_dir, format::kLatestFileName),
-                                      absl::StrCat(format::StepDirName(step), "\n")));
+  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(job_dir, format::kLatestFileName),
+                                               absl::StrCat(format::StepDirName(step), "\n")));
   result.outcome = CommitOutcome::kCommitted;
   return result;
 }

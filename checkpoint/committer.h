@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "storage/storage.h"
 
 namespace zcc::checkpoint {
 
@@ -34,7 +35,8 @@ struct CommitResult {
 };
 
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
-                                       int64_t step, uint32_t world_size);
+                                       int64_t step, uint32_t world_size,
+                                       storage::Storage* storage = nullptr);
 
 // Recovery after a crash between a step directory's rename and the write of
 // `latest` in the job's first commit: when `latest` is absent or does not name

@@ -14,13 +14,36 @@
 
 namespace zcc::checkpoint {
 
+namespace {
+
+// Removes committed step directory `dir`.
+absl::Status RemoveStep(const std::string& dir) {
+  // Drop COMMITTED first so that an interrupted removal never leaves a
+  // half-deleted directory that still looks committed.
+  const std::string committed = JoinPath(dir, format::kCommittedFileName);
+  if (::unlink(committed.c_str()) != 0) return ErrnoToStatus(errno, "unlink " + committed);
+  ZCC_RETURN_IF_ERROR(FsyncDir(dir));
+  return RemoveTree(dir);
+}
+
+}  // namespace
+
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                const RetentionPolicy& policy,
                                                const std::set<int64_t>& protected_steps,
                                                absl::Duration partial_max_age) {
+  RetentionGuard guard;
+  guard.may_remove = [&protected_steps](int64_t step) { return protected_steps.count(step) == 0; };
+  return ApplyRetention(job_dir, policy, guard, partial_max_age);
+}
+
+absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
+                                               const RetentionPolicy& policy,
+                                               const RetentionGuard& guard,
+                                               absl::Duration partial_max_age) {
   RetentionResult result;
   ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir));
-  std::set<int64_t> keep(protected_steps.begin(), protected_steps.end());
+  std::set<int64_t> keep;
   auto latest = ReadLatest(job_dir);
   if (latest.ok()) keep.insert(*latest);
   const uint32_t keep_last = std::max<uint32_t>(policy.keep_last, 1);
@@ -29,15 +52,10 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
     const bool recent = steps.size() - i <= keep_last;
     const bool milestone = policy.keep_every > 0 && step % policy.keep_every == 0;
     if (recent || milestone || keep.count(step) > 0) continue;
-    const std::string dir = JoinPath(job_dir, format::StepDirName(step));
-    // Drop COMMITTED first so that an interrupted removal never leaves a
-    // half-deleted directory that still looks committed.
-    const std::string committed = JoinPath(dir, format::kCommittedFileName);
-    if (::unlink(committed.c_str()) != 0) {
-      return ErrnoToStatus(errno, "unlink " + committed);
-    }
-    ZCC_RETURN_IF_ERROR(FsyncDir(dir));
-    ZCC_RETURN_IF_ERROR(RemoveTree(dir));
+    if (guard.may_remove && !guard.may_remove(step)) continue;
+    const absl::Status removed = RemoveStep(JoinPath(job_dir, format::StepDirName(step)));
+    if (guard.done) guard.done(step);
+    ZCC_RETURN_IF_ERROR(removed);
     result.removed_steps.push_back(step);
   }
 

@@ -7,6 +7,7 @@
 #define ZCC_CHECKPOINT_RETENTION_H_
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,11 +27,26 @@ struct RetentionResult {
   std::vector<std::string> removed_partials;
 };
 
+// Asked about each step retention would remove, right before it does: steps
+// being restored are pinned by the caller, who decides at that moment (so a
+// restore that begins while retention runs is not raced).
+struct RetentionGuard {
+  // False keeps the step. Null: every step outside the policy goes.
+  std::function<bool(int64_t step)> may_remove;
+  // After a step may_remove let go is removed, or its removal failed.
+  std::function<void(int64_t step)> done;
+};
+
 // Removes committed steps outside the policy. Never removes the step named by
-// `latest`, the newest committed step, or any step in `protected_steps` (steps
-// being restored). Partial directories (step-N.partial, *.superseded) whose last
+// `latest`, the newest committed step, or a step `guard` keeps (steps being
+// restored). Partial directories (step-N.partial, *.superseded) whose last
 // modification is older than `partial_max_age` are removed too: a commit that
 // did not complete in that time is abandoned.
+absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
+                                               const RetentionPolicy& policy,
+                                               const RetentionGuard& guard,
+                                               absl::Duration partial_max_age);
+// The same, keeping `protected_steps`.
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                const RetentionPolicy& policy,
                                                const std::set<int64_t>& protected_steps,

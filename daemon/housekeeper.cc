@@ -109,6 +109,9 @@ void Housekeeper::Retire(const Retirement& r) {
     }
   }
   r.session->Stop();
+  // What its last writes made committable is committed (where this daemon
+  // commits) before the rank leaves, so a restore right after sees it.
+  r.job->AwaitCommitter();
   // Kept before the rank leaves the job: a job with no rank and nothing
   // retained is dropped by the next housekeeping round, and its snapshots
   // with it.

@@ -1,5 +1,8 @@
 #include "daemon/job.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -13,16 +16,56 @@
 namespace zcc::daemon {
 
 Job::Job(JobOptions options) : options_(std::move(options)) {
-  ScopedFsIdentity as_owner(options_.owner);
-  auto latest = checkpoint::ReadLatest(options_.job_dir);
-  zcc::MutexLock lock(&mu_);
-  if (latest.ok()) last_committed_step_ = *latest;
+  {
+    // The committer's first round reads `latest` (the constructor runs where
+    // no disk I/O may: under the job table's lock).
+    zcc::MutexLock lock(&mu_);
+    tick_due_ = true;
+    ++asked_;
+  }
+  committer_thread_ = std::thread([this] { CommitterLoop(); });
 }
 
 Job::~Job() {
-  // Sessions call back into this object from their ingest threads: stop them
-  // before the members go.
+  // Sessions call back into this object from their writer threads: stop them
+  // before the members go. The committer finishes what they asked for.
   for (const auto& session : Ranks()) session->Stop();
+  {
+    zcc::MutexLock lock(&mu_);
+    stop_committer_ = true;
+  }
+  committer_thread_.join();
+}
+
+void Job::CommitterLoop() {
+  // Commits and retention write the job's directory as its owner.
+  ScopedFsIdentity as_owner(options_.owner);
+  auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return commit_up_to_ >= 0 || tick_due_ || stop_committer_;
+  };
+  zcc::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(&has_work));
+    const int64_t up_to = std::exchange(commit_up_to_, -1);
+    const bool tick = std::exchange(tick_due_, false);
+    if (up_to < 0 && !tick) return;  // stop_committer_, and nothing left to do
+    const uint64_t taken = asked_;
+    mu_.Unlock();
+    {
+      zcc::MutexLock commit_lock(&commit_mu_);
+      if (up_to >= 0) CommitPending(up_to);
+      if (tick) TickWork();
+    }
+    mu_.Lock();
+    done_ = taken;
+  }
+}
+
+void Job::AwaitCommitter() {
+  zcc::MutexLock lock(&mu_);
+  const uint64_t target = asked_;
+  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ >= target; };
+  mu_.Await(absl::Condition(&done));
 }
 
 absl::Status Job::Authorize(uid_t uid) const {
@@ -82,37 +125,34 @@ bool Job::idle() const {
 }
 
 void Job::OnPersisted(const PersistEvent& event) {
-  ScopedFsIdentity as_owner(options_.owner);  // commits and retention write the job's directory
-  {
-    zcc::MutexLock lock(&mu_);
-    metrics::ZccMetrics* m = options_.metrics;
-    if (!event.status.ok()) {
-      if (m != nullptr) m->errors(metrics::ErrorKind::kWrite).Increment();
-      SetError(absl::StrCat("rank ", event.rank, " could not write step ", event.step, ": ",
-                            event.status.message()));
-      return;
-    }
-    if (m != nullptr) {
-      m->bytes_written().Increment(event.stats.bytes);
-      m->checkpoint_seconds().Observe(event.stats.seconds);
-    }
-    ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
-                   << event.step << ": " << event.stats.bytes << " bytes";
-    if (!committer_) {
-      // Another daemon commits; this one only reports what it wrote.
-      last_checkpoint_ = event.stats;
-      return;
-    }
-    // A rank whose persist report arrives after another rank's report already
-    // committed the step has nothing left to do.
-    if (recently_committed_.count(event.step) > 0) return;
-    const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
-    auto [it, inserted] = write_start_.emplace(event.step, started);
-    if (!inserted && started < it->second) it->second = started;
-    pending_.emplace(event.step, absl::Now());
+  zcc::MutexLock lock(&mu_);
+  metrics::ZccMetrics* m = options_.metrics;
+  if (!event.status.ok()) {
+    if (m != nullptr) m->errors(metrics::ErrorKind::kWrite).Increment();
+    SetError(absl::StrCat("rank ", event.rank, " could not write step ", event.step, ": ",
+                          event.status.message()));
+    return;
   }
-  zcc::MutexLock commit_lock(&commit_mu_);
-  CommitPending(event.step);
+  if (m != nullptr) {
+    m->bytes_written().Increment(event.stats.bytes);
+    m->checkpoint_seconds().Observe(event.stats.seconds);
+  }
+  ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
+                 << event.step << ": " << event.stats.bytes << " bytes";
+  if (!committer_) {
+    // Another daemon commits; this one only reports what it wrote.
+    last_checkpoint_ = event.stats;
+    return;
+  }
+  // A rank whose persist report arrives after another rank's report already
+  // committed the step has nothing left to do.
+  if (recently_committed_.count(event.step) > 0) return;
+  const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
+  auto [it, inserted] = write_start_.emplace(event.step, started);
+  if (!inserted && started < it->second) it->second = started;
+  pending_.emplace(event.step, absl::Now());
+  commit_up_to_ = std::max(commit_up_to_, event.step);  // the committer's next
+  ++asked_;
 }
 
 void Job::CommitPending(int64_t up_to) {
@@ -155,7 +195,8 @@ bool Job::TryCommit(int64_t step) {
   // The commit's disk work runs without mu_: status, restores and other
   // ranks' reports go on meanwhile (commit_mu_ keeps commits in order).
   const absl::Time commit_start = absl::Now();
-  auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size);
+  auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size,
+                                      options_.storage);
   zcc::ReleasableMutexLock lock(&mu_);
   if (!result.ok()) {
     if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kCommit).Increment();
@@ -197,15 +238,23 @@ bool Job::TryCommit(int64_t step) {
 }
 
 absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
-  std::set<int64_t> keep;
-  {
-    // Steps being restored stay; BeginRestore waits for commit_mu_, so none
-    // is added while this runs.
+  // A step pinned by a restore stays; one taken for removal can no longer be
+  // pinned (BeginRestore does not wait for it).
+  checkpoint::RetentionGuard guard;
+  guard.may_remove = [this](int64_t step) {
     zcc::MutexLock lock(&mu_);
-    for (const auto& [rank, restoring] : restoring_) keep.insert(restoring);
-  }
+    for (const auto& [rank, restoring] : restoring_) {
+      if (restoring == step) return false;
+    }
+    removing_.insert(step);
+    return true;
+  };
+  guard.done = [this](int64_t step) {
+    zcc::MutexLock lock(&mu_);
+    removing_.erase(step);
+  };
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
-                       checkpoint::ApplyRetention(options_.job_dir, options_.retention, keep,
+                       checkpoint::ApplyRetention(options_.job_dir, options_.retention, guard,
                                                   options_.commit_timeout));
   if (!result.removed_steps.empty() || !result.removed_partials.empty()) {
     ZCC_LOG(INFO) << "job " << options_.job_id << ": retention removed "
@@ -217,25 +266,31 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
 
 absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
   ScopedFsIdentity as_owner(options_.owner);
+  // After the commit in progress, if any (retention runs one at a time).
   zcc::MutexLock commit_lock(&commit_mu_);
   return ApplyRetention();
 }
 
 void Job::Tick() {
-  ScopedFsIdentity as_owner(options_.owner);
+  zcc::MutexLock lock(&mu_);
+  tick_due_ = true;
+  ++asked_;
+}
+
+void Job::TickWork() {
   bool committer;
   {
     zcc::MutexLock lock(&mu_);
     committer = committer_;
   }
   if (!committer) {
-    // Another daemon commits this job; follow its progress through `latest`.
+    // Another daemon commits this job (or none has registered rank 0 here
+    // yet); follow its progress through `latest`.
     auto latest = checkpoint::ReadLatest(options_.job_dir);
     zcc::MutexLock lock(&mu_);
     if (latest.ok()) last_committed_step_ = *latest;
     return;
   }
-  zcc::MutexLock commit_lock(&commit_mu_);
   std::vector<int64_t> expired;
   int64_t newest = -1;
   {
@@ -260,8 +315,6 @@ void Job::Tick() {
 }
 
 void Job::BeginRestore(uint32_t rank, int64_t step) {
-  // After any retention in progress (which might remove `step`), never during.
-  zcc::MutexLock commit_lock(&commit_mu_);
   zcc::MutexLock lock(&mu_);
   restoring_.insert({rank, step});
 }

@@ -2,7 +2,14 @@
 // when global rank 0 is one of them, the commit of every step the job's ranks
 // persist (DESIGN.md section 5).
 //
-// Thread-safety: all methods may be called concurrently (ingest threads report
+// The job's committer is a thread of its own: rank writers report a persist
+// and go on, the housekeeper's tick only asks for a round, and the commit's
+// disk work (fsyncs, renames, retention's removals) runs there, so a commit
+// stalled on a slow disk holds up neither this job's writers nor any other
+// job, the housekeeping round or the watchdog. A restore pins its step
+// (BeginRestore) without waiting for a commit: retention skips pinned steps.
+//
+// Thread-safety: all methods may be called concurrently (writer threads report
 // persists, RPC handlers add and remove ranks, the housekeeper ticks).
 #ifndef ZCC_DAEMON_JOB_H_
 #define ZCC_DAEMON_JOB_H_
@@ -14,6 +21,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -25,6 +33,7 @@
 #include "daemon/retained_snapshots.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
+#include "storage/storage.h"
 
 namespace zcc::daemon {
 
@@ -38,6 +47,9 @@ struct JobOptions {
   // written, committed and removed with that identity (job_directory.h).
   FsOwner owner;
   metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the job
+  // Where commits write (borrowed; outlives the job); null = the default
+  // POSIX storage.
+  storage::Storage* storage = nullptr;
 };
 
 class Job {
@@ -68,14 +80,21 @@ class Job {
   // memory when the rank registers again.
   RetainedSnapshots& retained() { return retained_; }
 
-  // From a rank's ingest thread after each persist attempt.
+  // From a rank's writer thread after each persist attempt: the committer
+  // tries the step (and older pending ones) next.
   void OnPersisted(const PersistEvent& event);
-  // Periodic: retries commits waiting for other daemons' ranks, and expires
-  // those older than the commit timeout.
+  // Periodic (the housekeeper): asks the committer for a round that retries
+  // commits waiting for other daemons' ranks and expires those older than the
+  // commit timeout, or, where another daemon commits, follows `latest`.
+  // Returns at once.
   void Tick();
+  // Waits until the committer has done what was asked of it before the call
+  // (a closing trainer's last commit; shutdown).
+  void AwaitCommitter() ABSL_LOCKS_EXCLUDED(mu_);
 
   // A step being restored is never removed by retention, from BeginRestore
-  // until the matching EndRestore.
+  // until the matching EndRestore (one retention is removing already goes:
+  // the restore then finds it gone and falls back, as for any step gone).
   void BeginRestore(uint32_t rank, int64_t step);
   void EndRestore(uint32_t rank, int64_t step);
 
@@ -97,6 +116,10 @@ class Job {
   void SetError(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<checkpoint::RetentionResult> ApplyRetention()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // The committer thread: waits for work (commit_up_to_, tick_due_), does it.
+  void CommitterLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
+  // A housekeeping round's work (see Tick).
+  void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   const JobOptions options_;
 
@@ -116,6 +139,18 @@ class Job {
   std::map<int64_t, absl::Time> write_start_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> recently_committed_ ABSL_GUARDED_BY(mu_);
   std::multiset<std::pair<uint32_t, int64_t>> restoring_ ABSL_GUARDED_BY(mu_);  // (rank, step)
+  // Steps retention is removing now (they are no longer pinned by a restore).
+  std::set<int64_t> removing_ ABSL_GUARDED_BY(mu_);
+  // The committer's work: commit pending steps up to this one (-1: none),
+  // a tick round; whether it is at work; stop once idle.
+  int64_t commit_up_to_ ABSL_GUARDED_BY(mu_) = -1;
+  bool tick_due_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
+  // Requests made of the committer, and how many of them it has done (it
+  // takes all those waiting at once): AwaitCommitter waits for the ones made
+  // before it was called, not for later ones.
+  uint64_t asked_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_committed_step_ ABSL_GUARDED_BY(mu_) = -1;
   // The last committed step as a whole: all its shard bytes, and the time from
   // the first rank's write start here to the commit (for a non-committing
@@ -123,6 +158,8 @@ class Job {
   checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   RetainedSnapshots retained_;
+  // Last: it uses everything above, and is joined before it goes.
+  std::thread committer_thread_;
 };
 
 }  // namespace zcc::daemon

@@ -212,7 +212,7 @@ void RecoverJobDirectories(const DaemonConfig& config) {
       if (!ValidateJobId(job).ok()) continue;
       const std::string job_dir = JoinPath(root, job);
       ScopedFsIdentity as_owner(DirOwner(job_dir));
-      auto result = checkpoint::ApplyRetention(job_dir, keep_all, {}, config.commit_timeout);
+      auto result = checkpoint::ApplyRetention(job_dir, keep_all, checkpoint::RetentionGuard(), config.commit_timeout);
       if (!result.ok()) continue;  // not a job directory, or unreadable
       for (const std::string& name : result->removed_partials) {
         ZCC_LOG(WARNING) << "removed abandoned partial checkpoint " << JoinPath(job_dir, name);

@@ -172,8 +172,8 @@ int main(int argc, char** argv) {
                    std::string(plan.status().message()).c_str());
       return 2;
     }
-    ZCC_LOG(WARNING) << "storage fault injection is ON for shard writes "
-                        "(ZCCD_INJECT_STORAGE_FAULTS): "
+    ZCC_LOG(WARNING) << "storage fault injection is ON for shard writes, commits and restore "
+                        "reads (ZCCD_INJECT_STORAGE_FAULTS): "
                      << zcc::storage::DescribeFaultPlan(*plan);
     fault_storage = std::make_unique<zcc::storage::FaultInjectingStorage>(
         zcc::storage::DefaultStorage(), *std::move(plan));

@@ -262,6 +262,7 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
     options.commit_timeout = config.commit_timeout;
     options.owner = {caller.uid, caller.gid};
     options.metrics = d_.metrics;
+    options.storage = d_.shard_storage;
     return std::make_shared<Job>(std::move(options));
   };
   admit.segment_bytes = g.segment_bytes;

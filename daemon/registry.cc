@@ -100,6 +100,8 @@ void Registry::Shutdown() {
   for (auto& [id, job] : jobs) {
     for (auto& session : job->Ranks()) session->Stop();
   }
+  // The commits the last writes made possible.
+  for (auto& [id, job] : jobs) job->AwaitCommitter();
   jobs.clear();
   housekeeper_.StopHeartbeats();
 }
@@ -152,8 +154,10 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   // Drain first: snapshots already published are persisted and reported to
-  // the job while the rank still belongs to it.
+  // the job while the rank still belongs to it, and what they made
+  // committable is committed before the trainer's close returns.
   session->Stop();
+  job->AwaitCommitter();
   // A trainer that exits may be started again (a job restarted by its
   // launcher): its snapshots stay for a restore from memory. Kept before the
   // rank leaves the job, which housekeeping would drop as idle otherwise.
@@ -261,7 +265,8 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
     policy.keep_last = config_.keep_last;
     policy.keep_every = config_.keep_every;
     ZCC_ASSIGN_OR_RETURN(result,
-                         checkpoint::ApplyRetention(job_dir, policy, {}, config_.commit_timeout));
+                         checkpoint::ApplyRetention(job_dir, policy, checkpoint::RetentionGuard(),
+                                                   config_.commit_timeout));
   }
   v1::CollectGarbageResponse resp;
   for (int64_t step : result.removed_steps) resp.add_removed_steps(step);

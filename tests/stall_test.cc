@@ -1,10 +1,11 @@
 // zccd stays responsive while one job's work is stalled, with real zccd and
 // trainer processes: a registration's reservation of staging memory held up
-// by the fault drill ZCCD_INJECT_RESERVE_DELAY_MS, and a restore's metadata
-// check held up by a slow disk (ZCCD_INJECT_STORAGE_FAULTS on that step's
-// files). While either is stalled, another job registers, snapshots,
+// by the fault drill ZCCD_INJECT_RESERVE_DELAY_MS, a restore's metadata check
+// and a commit's write of COMMITTED held up by a slow disk
+// (ZCCD_INJECT_STORAGE_FAULTS on that step's files). While either is stalled, another job registers, snapshots,
 // checkpoints and restores, the status service answers, housekeeping
 // notices a dead trainer, and the systemd watchdog is fed.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -38,6 +39,16 @@ namespace {
 constexpr absl::Duration kAnswerWithin = absl::Milliseconds(200);
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+// Names in `dir` (none when it cannot be read).
+std::vector<std::string> ListDirForTest(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (struct dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
 
 // A datagram socket standing in for systemd's notify socket, read all the
 // time as systemd does (a full socket would block zccd's notifications).
@@ -251,6 +262,54 @@ TEST_CASE("a restore stalled in its step's metadata check holds up no other job'
   // The stalled restore completes, slowly, with the right step.
   REQUIRE(slow->Wait(absl::Seconds(120)) == 0);
   CHECK(absl::StrContains(slow->Output(), "restored_step=2"));
+  checkpointed.client.reset();
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("a commit stalled on a slow disk holds up no other job, status, housekeeping or the "
+          "watchdog, nor its own job's snapshots") {
+  constexpr int kDelayMs = 3000;  // before the write of COMMITTED, and before its sync
+  const std::string dir = ShortTempDir("stall-commit");
+  NotifySocket notify(dir + "/notify.sock");
+  REQUIRE(notify.bound());
+  Daemon daemon(dir, {{"--client_timeout_s=30"}, "", "zccd",
+                      {notify.env(), "WATCHDOG_USEC=400000",
+                       absl::StrCat("ZCCD_INJECT_STORAGE_FAULTS=path=stalljob/step-00000002.partial/"
+                                    "COMMITTED,op_delay_ms=", kDelayMs)}});
+  REQUIRE(daemon.Start());
+  InProcessJob checkpointed = Register(daemon, "fastjob", 1.0f);
+  REQUIRE(checkpointed.client->Snapshot(1) == SnapshotResult::kEnqueued);
+  REQUIRE(WaitForPath(JobDir(daemon, "fastjob") + "/step-00000001/COMMITTED", absl::Seconds(30)));
+  auto doomed = StartDoomed(daemon, dir);
+
+  // Step 2 of the stalled job is written, and its commit stalls writing
+  // COMMITTED; the trainer goes on snapshotting meanwhile.
+  auto stalled = StartTrainer(daemon, dir, "stalled",
+                              {"--job=stalljob", "--steps=8", "--save_every=2", "--step_ms=100",
+                               "--wait_commit=false", "--daemon_timeout_s=30"});
+  const std::string partial = JobDir(daemon, "stalljob") + "/step-00000002.partial";
+  REQUIRE(Eventually(
+      [&] {
+        for (const std::string& name : ListDirForTest(partial)) {
+          if (absl::StartsWith(name, "COMMITTED.tmp")) return true;
+        }
+        return false;
+      },
+      absl::Seconds(30), absl::Milliseconds(5)));
+  const absl::Time stall_start = absl::Now();
+  const std::string step2 = JobDir(daemon, "stalljob") + "/step-00000002/COMMITTED";
+  CheckOtherWorkGoesOn(daemon, notify, *doomed, checkpointed, stall_start,
+                       absl::Milliseconds(2 * kDelayMs),
+                       [&] { return ::access(step2.c_str(), F_OK) != 0; });
+
+  // The stalled job's trainer was not held up: its snapshots after step 2
+  // were taken (not skipped for want of a slot), and every step commits.
+  REQUIRE(stalled->Wait(absl::Seconds(60)) == 0);
+  INFO(stalled->Output());
+  CHECK(stalled->Values()["published"] == "8");
+  REQUIRE(WaitForPath(JobDir(daemon, "stalljob") + "/step-00000008/COMMITTED", absl::Seconds(30)));
+  // (Step 2 committed first, in order; retention has removed it since.)
+  CHECK(absl::StrContains(daemon.LatestLog(), "checkpoint job=stalljob step=2 "));
   checkpointed.client.reset();
   REQUIRE(daemon.Stop() == 0);
 }

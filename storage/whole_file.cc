@@ -1,0 +1,44 @@
+#include "storage/whole_file.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "storage/io_pipeline.h"
+
+namespace zcc::storage {
+namespace {
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+absl::Status WriteAndSync(Storage& storage, const std::string& path, absl::string_view content) {
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> file, storage.OpenForWrite(path, OpenOptions()));
+  ZCC_RETURN_IF_ERROR(WriteAt(*file, 0, content.data(), content.size()));
+  ZCC_RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomic(Storage& storage, const std::string& path, absl::string_view content) {
+  // Unique per call: two threads writing the same path never share a
+  // temporary file (the last rename wins, whole).
+  static std::atomic<uint64_t> sequence{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", sequence.fetch_add(1));
+  absl::Status st = WriteAndSync(storage, tmp, content);
+  if (st.ok()) st = storage.Rename(tmp, path);
+  if (!st.ok()) {
+    (void)storage.Remove(tmp);
+    return st;
+  }
+  return storage.SyncDir(DirOf(path));
+}
+
+}  // namespace zcc::storage
