@@ -72,7 +72,12 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
     const std::string dir = JoinPath(job_dir, name);
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0) continue;
-    if (partial && now - absl::FromTimeT(st.st_mtime) < partial_max_age) continue;
+    // To the nanosecond: whole seconds make a directory up to a second older.
+    if (partial && now - absl::TimeFromTimespec(st.st_mtim) < partial_max_age) continue;
+    if (partial && guard.may_remove_partial) {
+      auto step = format::ParseStepDirName(name.substr(0, name.find('.')));
+      if (step.ok() && !guard.may_remove_partial(*step)) continue;
+    }
     ZCC_RETURN_IF_ERROR(RemoveTree(dir));
     result.removed_partials.push_back(name);
   }

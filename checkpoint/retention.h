@@ -35,6 +35,9 @@ struct RetentionGuard {
   std::function<bool(int64_t step)> may_remove;
   // After a step may_remove let go is removed, or its removal failed.
   std::function<void(int64_t step)> done;
+  // False keeps step-N.partial even when it looks abandoned (the caller knows
+  // it is being written or waits for other ranks). Null: age alone decides.
+  std::function<bool(int64_t step)> may_remove_partial;
 };
 
 // Removes committed steps outside the policy. Never removes the step named by

@@ -76,6 +76,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 }
 
 Client::~Client() {
+  // Not closed: the trainer is going away without saying it is done (an
+  // exception unwinding, a process ending); zccd keeps its snapshots for the
+  // trainer that comes next, as for one that died.
+  const absl::Status closed = Close(/*keep_snapshots=*/true);
+  if (!closed.ok()) ZCC_LOG(WARNING) << "zcc client: " << closed;
+}
+
+absl::Status Client::Close(bool keep_snapshots) {
+  {
+    zcc::MutexLock lock(&impl_->mu);
+    if (impl_->closed) return absl::OkStatus();
+    impl_->closed = true;
+  }
   const absl::Status flushed = Flush(absl::Seconds(60));
   if (!flushed.ok()) ZCC_LOG(WARNING) << "zcc client: " << flushed;
   {
@@ -85,16 +98,19 @@ Client::~Client() {
   impl_->notifier.join();
   impl_->heartbeat.join();
   impl_->monitor.join();
+  absl::Status unregistered;
   std::shared_ptr<Session> s = impl_->CurrentSession();
   if (s != nullptr && !s->dead.load()) {
     auto req = impl_->AddressedTo<v1::UnregisterRequest>(*s);
+    req.set_keep_snapshots(keep_snapshots);
     v1::UnregisterResponse resp;
     auto ctx = impl_->Context();
-    const grpc::Status st = impl_->GetStubs()->control->Unregister(ctx.get(), req, &resp);
-    if (!st.ok()) ZCC_LOG(WARNING) << "zcc client: unregister: " << st.error_message();
+    unregistered = Annotate(FromGrpcStatus(impl_->GetStubs()->control->Unregister(ctx.get(), req, &resp)),
+                            "unregister");
   }
   zcc::MutexLock lock(&impl_->mu);
   impl_->session.reset();
+  return unregistered;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(

@@ -236,10 +236,21 @@ class Client {
  public:
   // Validates the options and opens the channel. Does not need zccd to be up.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
-  // Publishes snapshots still in flight, unregisters, stops the threads.
+  // Close(keep_snapshots=true) unless Close was called: a trainer that goes
+  // away without closing (an exception unwinding) is treated like one that
+  // died, and its snapshots stay in zccd's memory for the next trainer.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
+
+  // The trainer is done: publishes snapshots still in flight, unregisters and
+  // stops the client's threads. zccd releases the rank's staging memory at
+  // once, unless `keep_snapshots` asks it to keep the newest snapshots for
+  // retain_snapshots_s, for a restore from memory by a trainer started next
+  // (a launcher that restarts the job). Idempotent; the client takes no
+  // snapshot afterwards. The error is the unregistration's (zccd away: its
+  // memory is reclaimed when it notices the trainer gone).
+  absl::Status Close(bool keep_snapshots = false);
 
   // Registers the tensors with zccd (once per client). Invalid tensors, or a
   // registration zccd refuses, are errors. When zccd cannot be reached the

@@ -117,6 +117,7 @@ struct Client::Impl {
   std::deque<PendingCopy> queue ABSL_GUARDED_BY(mu);
   uint64_t in_flight ABSL_GUARDED_BY(mu) = 0;
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  bool closed ABSL_GUARDED_BY(mu) = false;  // Close() ran (or is running)
   std::string last_error ABSL_GUARDED_BY(mu);
 
   std::atomic<uint64_t> enqueued{0};

@@ -253,6 +253,12 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
     zcc::MutexLock lock(&mu_);
     removing_.erase(step);
   };
+  // A step some rank here persisted and that waits for the others is the
+  // commit timeout's to drop (DropPending), not retention's.
+  guard.may_remove_partial = [this](int64_t step) {
+    zcc::MutexLock lock(&mu_);
+    return pending_.count(step) == 0;
+  };
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
                        checkpoint::ApplyRetention(options_.job_dir, options_.retention, guard,
                                                   options_.commit_timeout));

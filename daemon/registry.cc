@@ -158,10 +158,16 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
   // committable is committed before the trainer's close returns.
   session->Stop();
   job->AwaitCommitter();
-  // A trainer that exits may be started again (a job restarted by its
-  // launcher): its snapshots stay for a restore from memory. Kept before the
+  // A trainer that asks (it expects to be started again: a launcher's
+  // restart) leaves its snapshots for a restore from memory, kept before the
   // rank leaves the job, which housekeeping would drop as idle otherwise.
-  housekeeper_.Retain(*job, session);
+  // A clean close releases the staging memory with the session.
+  if (req.keep_snapshots()) {
+    housekeeper_.Retain(*job, session);
+  } else {
+    ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": closed; releasing "
+                  << session->segment_bytes() << " bytes of staging memory";
+  }
   if (job->RemoveRank(req.rank(), req.generation()) == nullptr) {
     return absl::NotFoundError("registration already removed");
   }

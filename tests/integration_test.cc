@@ -130,6 +130,39 @@ bool WaitIngested(const std::string& dir, const Daemon& daemon, int step) {
       absl::Seconds(30), absl::Milliseconds(20));
 }
 
+TEST_CASE("a trainer that closes releases its staging memory at once; one that asks keeps its "
+          "snapshots for the next") {
+  const std::string dir = ShortTempDir("it-close");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  const std::string prefix = daemon.shm_prefix();
+  auto released = StartTrainer(daemon, dir, "released",
+                               {"--job=released", "--steps=4", "--save_every=0", "--close=release"});
+  REQUIRE(released->Wait(absl::Seconds(60)) == 0);
+  CHECK(absl::StrContains(released->Output(), "close=ok"));
+  // Gone when Close returned, not after retain_snapshots_s.
+  CHECK(ShmSegments(prefix + ".released.").empty());
+  CHECK(absl::StrContains(daemon.LatestLog(), "job released rank 0: closed; releasing"));
+
+  auto kept = StartTrainer(daemon, dir, "kept",
+                           {"--job=kept", "--steps=4", "--save_every=0", "--close=keep"});
+  REQUIRE(kept->Wait(absl::Seconds(60)) == 0);
+  CHECK(absl::StrContains(kept->Output(), "close=ok"));
+  CHECK(!ShmSegments(prefix + ".kept.").empty());
+  auto restore = StartTrainer(daemon, dir, "restore", {"--mode=restore", "--job=kept",
+                                                       "--expect_step=4", "--expect_from=memory"});
+  REQUIRE(restore->Wait(absl::Seconds(60)) == 0);
+  CHECK(restore->Values()["mismatched_tensors"] == "0");
+
+  // Without Close (its destructor: a trainer unwinding from an error) the
+  // snapshots are kept too, as for one that died.
+  auto unclosed = StartTrainer(daemon, dir, "unclosed",
+                               {"--job=unclosed", "--steps=4", "--save_every=0"});
+  REQUIRE(unclosed->Wait(absl::Seconds(60)) == 0);
+  CHECK(!ShmSegments(prefix + ".unclosed.").empty());
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("a checkpoint step takes over a slot whose ordinary snapshot is not ingested yet") {
   const std::string dir = ShortTempDir("it-takeover");
   Daemon daemon(dir);

@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, collective, "",
           "restore: restore together with the other ranks through a TcpCollective whose rank 0 "
           "listens on this host:port");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
+ABSL_FLAG(std::string, close, "",
+          "train: at the end, Client::Close with keep_snapshots 'keep' or 'release' ('': no "
+          "Close; the destructor keeps them) and print close=<status>");
 ABSL_FLAG(std::string, copy_backend, "host", "host, cuda, cuda_ipc (daemon-pull) or auto");
 ABSL_FLAG(bool, device_tensors, false,
           "keep the tensors in (fake) CUDA device memory, written in stream order "
@@ -335,5 +338,9 @@ int main(int argc, char** argv) {
               s.snapshots_published, s.skipped_no_slot, s.skipped_disconnected, s.registrations,
               s.connected ? 1 : 0);
   absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
+  if (const std::string close = absl::GetFlag(FLAGS_close); !close.empty()) {
+    const absl::Status closed = (*client)->Close(/*keep_snapshots=*/close == "keep");
+    std::printf("close=%s\n", closed.ok() ? "ok" : std::string(closed.message()).c_str());
+  }
   return 0;
 }

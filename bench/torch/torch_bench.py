@@ -310,7 +310,7 @@ def snapshot_and_exit(args, saver, zccd, job):
     if ckpt.step(args.steps) != "enqueued":
         raise AssertionError("the snapshot for the restore from memory was not taken")
     ckpt.flush()
-    ckpt.close()
+    ckpt.close(keep_snapshots=True)
 
 
 def restore_dcp(args, saver):

@@ -568,6 +568,40 @@ def test_tensor_hyperparameters_are_restored_in_place():
         assert d.stop() == 0, d.log()
 
 
+def test_close_releases_staging_memory_unless_asked_to_keep_it():
+    """close() releases the rank's staging memory in zccd at once;
+    close(keep_snapshots=True), and leaving a with block by an exception, keep
+    the newest snapshots for a restore from memory by the next trainer."""
+    with Zccd("close") as d:
+        def segments(job):
+            return [n for n in os.listdir("/dev/shm") if n.startswith("%s.%s." % (d.shm_prefix, job))]
+
+        def stepped(job):
+            model = torch.nn.Linear(64, 64)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            ck = Checkpointer(model, opt, job_id=job, socket=d.socket, root=d.root)
+            model(torch.randn(2, 64)).sum().backward()
+            opt.step()
+            assert ck.step(1) == "enqueued", ck.client.stats()
+            ck.flush()
+            return ck
+
+        stepped("released").close()
+        assert segments("released") == [], segments("released")
+        stepped("kept").close(keep_snapshots=True)
+        assert segments("kept"), "close(keep_snapshots=True) kept nothing"
+        try:
+            with stepped("raised"):
+                raise RuntimeError("the training loop failed")
+        except RuntimeError:
+            pass
+        assert segments("raised"), "a with block left by an exception kept nothing"
+        with stepped("clean"):
+            pass
+        assert segments("clean") == [], segments("clean")
+        assert d.stop() == 0, d.log()
+
+
 def test_a_new_jobs_first_step_right_after_construction_is_taken():
     """A Checkpointer registers with prefetch_restore by default; in a job
     with nothing committed zccd holds no slot for it, so a step() at once

@@ -135,7 +135,8 @@ def save(args, rank, world):
     if rank == 0:
         torch.save(state, os.path.join(args.ref, "state.pt"))
         say("saved %d tensors" % len(state))
-    ckpt.close()
+    # The job is restarted next, and its first restore comes from memory.
+    ckpt.close(keep_snapshots=True)
 
 
 def restore(args, rank, world):

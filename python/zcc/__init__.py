@@ -50,7 +50,9 @@ Client methods (each raises a :class:`zcc.Error` subclass; see :mod:`zcc.errors`
     Waits until the client is registered with zccd, at most ``timeout`` seconds.
 ``save_now()``, ``flush(timeout=60.0)``, ``stats() -> dict``,
 ``checkpoint_status() -> dict``, ``status() -> dict`` (stats plus
-checkpoint status), ``close()`` (also ``with client:``).
+checkpoint status), ``close(keep_snapshots=False)`` (also ``with client:``; zccd
+releases the rank's staging memory, unless keep_snapshots or the block ends in an
+exception: then it keeps the newest snapshots for the next trainer).
 
 The GIL is released whenever the C++ client may wait. A client is meant for
 one thread (the trainer's); ``stats()`` may be called from any thread.

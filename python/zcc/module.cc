@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/log.h"
 #include "copy/device_copier.h"
 #include "format/dtype.h"
 #include "python/zcc/capsules.h"
@@ -226,21 +227,30 @@ class PyClient {
 
   ~PyClient() {
     try {
-      Close();
+      Release(std::nullopt);
     } catch (...) {
-      // A destructor reports nothing; Close() itself does not throw.
+      // A destructor reports nothing; Release() itself does not throw.
     }
   }
 
-  void Close() {
+  // close(keep_snapshots=False): the trainer is done (Client::Close).
+  void Close(bool keep_snapshots) { Release(keep_snapshots); }
+
+  // Closes with `keep_snapshots`, or, without (the object is collected
+  // unclosed: an exception ended the script), lets ~Client keep them.
+  void Release(std::optional<bool> keep_snapshots) {
     std::shared_ptr<Client> c = std::move(client_);
     if (c == nullptr) return;
     // With the GIL held and client_ null, no new reference can appear; one
     // still held by a call on another thread (a misuse) outlives this.
     const bool last = c.use_count() == 1;
     {
-      // ~Client flushes and unregisters: it may wait for the daemon.
+      // Close and ~Client flush and unregister: they may wait for the daemon.
       py::gil_scoped_release release;
+      if (keep_snapshots.has_value()) {
+        const absl::Status closed = c->Close(*keep_snapshots);
+        if (!closed.ok()) ZCC_LOG(WARNING) << "zcc client: " << closed;
+      }
       c.reset();
     }
     // The tensors go only once nothing can copy from or into them; otherwise
@@ -634,10 +644,14 @@ void DefineModule(py::module_& m) {
       .def("status", &PyClient::Status)
       .def("read_ema", &PyClient::ReadEma, py::arg("names") = py::none(), py::arg("out") = py::none(),
            py::arg("min_step") = -1, py::arg("timeout") = 0.0)
-      .def("close", &PyClient::Close)
+      .def("close", &PyClient::Close, py::arg("keep_snapshots") = false,
+           "Publishes snapshots in flight and unregisters; zccd releases the rank's staging "
+           "memory at once unless keep_snapshots (then a trainer started next restores from "
+           "memory). A client collected unclosed keeps them.")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](PyClient& c, py::args) {
-        c.Close();
+      .def("__exit__", [](PyClient& c, py::object exc_type, py::object, py::object) {
+        // Left by an exception: a restart is likely, keep the snapshots.
+        c.Close(/*keep_snapshots=*/!exc_type.is_none());
         return false;
       })
       .def_property_readonly("closed", &PyClient::closed)

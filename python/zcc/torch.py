@@ -1089,8 +1089,14 @@ class Checkpointer:
     def flush(self, timeout=60.0):
         self.client.flush(timeout)
 
-    def close(self):
-        """Publishes snapshots in flight, unregisters and releases the tensors."""
+    def close(self, keep_snapshots=False):
+        """Publishes snapshots in flight, unregisters and releases the tensors.
+        zccd releases this rank's staging memory at once, unless
+        keep_snapshots=True: then it keeps the newest snapshots for
+        retain_snapshots_s, so that a trainer started next (a launcher's
+        restart) restores from memory. Leaving a ``with`` block by an exception
+        keeps them, and so does a Checkpointer that is never closed (a script
+        that dies), as for a trainer that crashed."""
         opt = self.optimizer
         if self._wrapped_step is not None and opt is not None and \
                 opt.__dict__.get("step") is self._wrapped_step:
@@ -1101,11 +1107,11 @@ class Checkpointer:
         # (A wrapper installed on top of ours, e.g. by a later LR scheduler,
         # keeps calling ours, which stops fencing once the client is closed.)
         self._wrapped_step = None
-        self.client.close()
+        self.client.close(keep_snapshots=keep_snapshots)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        self.close(keep_snapshots=exc_type is not None)
         return False
