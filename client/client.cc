@@ -406,21 +406,6 @@ absl::Status Client::Flush(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-bool Client::WaitConnected(absl::Duration timeout) {
-  Impl* im = impl_.get();
-  zcc::MutexLock lock(&im->mu);
-  // A session that died stays in place (dead set without mu) until the
-  // monitor drops or replaces it, both under mu, which wakes this wait.
-  return im->mu.AwaitWithTimeout(
-      absl::Condition(
-          +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) {
-            return i->stopping || (i->session != nullptr && !i->session->dead.load());
-          },
-          im),
-      timeout) &&
-         im->session != nullptr && !im->session->dead.load();
-}
-
 ClientStats Client::Stats() const {
   const Impl& im = *impl_;
   ClientStats stats;

@@ -323,7 +323,12 @@ int main(int argc, char** argv) {
   std::printf("last checkpoint: step %" PRId64 ", %.2f GB at %.2f GB/s\n",
               status.last_committed_step, status.last_checkpoint_bytes / 1e9,
               status.last_checkpoint_gbps);
-  client->reset();  // unregisters
+  // The trainer stops, expecting to be restarted: zccd keeps its newest
+  // snapshots for the restore from memory below.
+  if (absl::Status st = (*client)->Close(/*keep_snapshots=*/true); !st.ok()) {
+    return Die("close", st);
+  }
+  client->reset();
 
   // Restore into fresh, zeroed buffers through a new client, as a restarted
   // trainer would.
