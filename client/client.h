@@ -35,11 +35,14 @@
 #include "absl/time/time.h"
 #include "client/collective.h"
 #include "copy/device_copier.h"
-#include "cuda/ipc_pull_copier.h"
 #include "format/dtype.h"
 #include "format/tensor_kind.h"
 
 namespace zcc {
+
+// How a daemon-pull copier is made (cuda/ipc_pull_copier.h): only those who
+// make one need it, not the trainers that include this header.
+struct IpcPullCopierOptions;
 
 using format::DType;
 // kParam, kOptim or kExtra: which shard file a tensor goes to; only kParam
