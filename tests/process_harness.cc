@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -126,6 +127,13 @@ Daemon::Daemon(const std::string& dir, DaemonOptions options)
 
 Daemon::~Daemon() {
   if (process_ != nullptr && process_->running()) Kill();
+  // What a zccd killed last (a crash test, or a test that failed midway)
+  // left under its prefix: staging segments and its unlocked lock file.
+  // Nothing else uses the prefix, which is this object's own.
+  if (process_ != nullptr) {
+    for (const std::string& name : ShmSegments(shm_prefix_ + ".")) shm_unlink(name.c_str());
+    ::unlink(absl::StrCat("/dev/shm/.zccd.", shm_prefix_, ".lock").c_str());
+  }
 }
 
 bool Daemon::Start() {

@@ -85,4 +85,12 @@ class Zccd:
     def __exit__(self, *exc):
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+        # What a zccd that had to be killed left under this object's own
+        # prefix: staging segments and its (unlocked) lock file.
+        for name in os.listdir("/dev/shm"):
+            if name.startswith(self.shm_prefix + ".") or name == ".zccd.%s.lock" % self.shm_prefix:
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
         return False
