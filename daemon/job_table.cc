@@ -66,17 +66,27 @@ bool JobTable::InFlightLocked(const std::string& job_id) const {
 }
 
 void JobTable::DropIdle() {
+  // Destroyed after the lock is released: a job's destructor joins its
+  // committer, which may be finishing a retention on the disk.
+  std::vector<std::shared_ptr<Job>> dropped;
   zcc::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
-    it = it->second->droppable() && !InFlightLocked(it->first) ? jobs_.erase(it) : std::next(it);
+    if (it->second->droppable() && !InFlightLocked(it->first)) {
+      dropped.push_back(std::move(it->second));
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 
 void JobTable::DropIfIdle(const std::string& job_id, const Job* job) {
+  std::shared_ptr<Job> dropped;  // destroyed after the lock is released (DropIdle)
   zcc::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it != jobs_.end() && it->second.get() == job && job->droppable() &&
       !InFlightLocked(job_id)) {
+    dropped = std::move(it->second);
     jobs_.erase(it);
   }
 }
