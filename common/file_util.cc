@@ -56,7 +56,7 @@ static absl::Status WriteAll(int fd, absl::string_view data, const std::string& 
   return absl::OkStatus();
 }
 
-static std::string DirName(const std::string& path) {
+std::string DirName(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";

@@ -27,6 +27,9 @@ absl::Status MakeDirs(const std::string& path, int mode = 0755);
 // fsync of a directory, so that entries created or renamed in it are durable.
 absl::Status FsyncDir(const std::string& path);
 
+// The directory part of `path`: "." without a slash, "/" for "/name".
+std::string DirName(const std::string& path);
+
 // Removes a directory tree (like rm -rf); a missing path is OK.
 absl::Status RemoveTree(const std::string& path);
 

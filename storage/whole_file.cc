@@ -6,17 +6,12 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/status.h"
 #include "storage/io_pipeline.h"
 
 namespace zcc::storage {
 namespace {
-
-std::string DirOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 absl::Status WriteAndSync(Storage& storage, const std::string& path, absl::string_view content) {
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> file, storage.OpenForWrite(path, OpenOptions()));
@@ -38,7 +33,7 @@ absl::Status WriteFileAtomic(Storage& storage, const std::string& path, absl::st
     (void)storage.Remove(tmp);
     return st;
   }
-  return storage.SyncDir(DirOf(path));
+  return storage.SyncDir(DirName(path));
 }
 
 }  // namespace zcc::storage
