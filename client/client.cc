@@ -199,7 +199,7 @@ absl::StatusOr<std::shared_ptr<Session>> Client::Impl::RegisterOnce(
     pull_options.mapping.channel = reinterpret_cast<shm::PullChannel*>(segment.base() + pull_offset);
     pull_options.mapping.geometry = pull;
     shm::ControlBlock* cb = segment.control();
-    pull_options.daemon_alive = [cb, timeout = options.daemon_timeout] {
+    pull_options.daemon_alive = [cb, timeout = client_internal::EffectiveDaemonTimeout(options.daemon_timeout, resp)] {
       if (cb->closed.load(std::memory_order_acquire) != 0) return false;
       const uint64_t beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
       const uint64_t now = shm::MonotonicNanos();

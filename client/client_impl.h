@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -38,6 +39,16 @@ inline bool IsTransient(const absl::Status& st) {
 // One live registration with zccd: the mapped staging segment and the copy
 // regions for every slot, computed once so that Snapshot does no per-tensor work
 // beyond handing them to the copier.
+// How long zccd may go without a heartbeat before a session takes it for
+// gone: the trainer's daemon_timeout, or four of zccd's own beat intervals
+// (as its registration reply gave it, at most a minute) where zccd beats more
+// slowly than that allows.
+inline absl::Duration EffectiveDaemonTimeout(absl::Duration configured,
+                                             const v1::RegisterResponse& resp) {
+  const uint32_t beat_ms = std::min<uint32_t>(resp.daemon_heartbeat_interval_ms(), 60'000);
+  return std::max(configured, 4 * absl::Milliseconds(beat_ms));
+}
+
 struct Session {
   v1::RegisterResponse resp;
   shm::Segment segment;
@@ -53,6 +64,9 @@ struct Session {
     if (!st.ok()) ZCC_LOG(WARNING) << "unregister staging memory: " << st;
   }
   shm::ControlBlock* cb() const { return segment.control(); }
+  absl::Duration DaemonTimeout(absl::Duration configured) const {
+    return EffectiveDaemonTimeout(configured, resp);
+  }
   uint32_t num_slots() const { return resp.num_slots(); }
   uint8_t* slot(uint32_t i) const { return segment.slot(i, resp.slot_bytes()); }
 };

@@ -92,7 +92,7 @@ void Client::Impl::HeartbeatLoop() {
       if (cb->closed.load() != 0) {
         DropSession(s, "zccd closed this registration");
       } else if (daemon_beat < now &&
-                 absl::Nanoseconds(now - daemon_beat) > options.daemon_timeout) {
+                 absl::Nanoseconds(now - daemon_beat) > s->DaemonTimeout(options.daemon_timeout)) {
         DropSession(s, absl::StrCat("zccd has not answered for ",
                                     absl::FormatDuration(absl::Nanoseconds(now - daemon_beat))));
       }

@@ -258,8 +258,9 @@ void CheckFields(const FullConfig& c, Problems& p) {
           absl::StrCat("must be in [0, ", FormatDouble(kMaxClientTimeoutS), "], got ",
                        FormatDouble(absl::ToDoubleSeconds(d.retain_snapshots))));
   }
-  if (d.heartbeat_interval < absl::Milliseconds(1)) {
-    p.Add("heartbeat_interval_ms", "must be at least 1");
+  if (d.heartbeat_interval < absl::Milliseconds(1) || d.heartbeat_interval > absl::Minutes(1)) {
+    p.Add("heartbeat_interval_ms",
+          absl::StrCat("must be in [1, 60000], got ", absl::ToInt64Milliseconds(d.heartbeat_interval)));
   } else if (d.client_timeout > absl::ZeroDuration() && d.client_timeout <= d.heartbeat_interval) {
     p.Add("client_timeout_s",
           absl::StrCat("must be longer than heartbeat_interval_ms (",
@@ -447,7 +448,7 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
 }
 
 absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_view source_name,
-                                           const FullConfig& base) {
+                                           const FullConfig& base, const Overrides& overrides) {
   DaemonConfigProto proto;
   google::protobuf::TextFormat::Parser parser;
   FirstErrorCollector errors;
@@ -483,6 +484,7 @@ absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_
 
   FullConfig config = base;
   Merge(proto, config, problems);
+  if (overrides) overrides(config);
   CheckFields(config, problems);
   ZCC_RETURN_IF_ERROR(problems.ToStatus());
   config.ignored = problems.TakeIgnored();
@@ -492,10 +494,11 @@ absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_
   return config;
 }
 
-absl::StatusOr<FullConfig> LoadConfigFile(const std::string& path, const FullConfig& base) {
+absl::StatusOr<FullConfig> LoadConfigFile(const std::string& path, const FullConfig& base,
+                                          const Overrides& overrides) {
   absl::StatusOr<std::string> text = ReadFileToString(path, kMaxConfigFileBytes);
   if (!text.ok()) return Annotate(text.status(), absl::StrCat("config file ", path));
-  return ParseConfigText(*text, path, base);
+  return ParseConfigText(*text, path, base, overrides);
 }
 
 absl::Status ValidateFullConfig(const FullConfig& config) {

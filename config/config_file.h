@@ -10,6 +10,7 @@
 #define ZCC_CONFIG_CONFIG_FILE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,12 +74,20 @@ absl::StatusOr<zcc::LogLevel> ParseLogLevel(absl::string_view name);
 // InvalidArgument "<path>:<line>:<column>: <message>" for a syntax error, an
 // unknown field or a value of the wrong type (the parser stops at the first),
 // and for values out of range, one line per bad field, all reported at once.
-absl::StatusOr<FullConfig> LoadConfigFile(const std::string& path, const FullConfig& base = {});
+//
+// `overrides` (command-line flags, say) is applied over the file's values
+// before the checks, so that the checks judge the configuration that will
+// run: a file that sets heartbeat_interval_ms past the default
+// client_timeout_s is fine when the command line raises client_timeout_s.
+using Overrides = std::function<void(FullConfig&)>;
+absl::StatusOr<FullConfig> LoadConfigFile(const std::string& path, const FullConfig& base = {},
+                                          const Overrides& overrides = nullptr);
 
 // LoadConfigFile on text in memory; `source_name` stands for the path in
 // error messages.
 absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_view source_name,
-                                           const FullConfig& base = {});
+                                           const FullConfig& base = {},
+                                           const Overrides& overrides = nullptr);
 
 // Checks every field of an assembled configuration (for example after flags
 // were applied over a loaded file): the checks LoadConfigFile runs, with the

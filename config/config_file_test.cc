@@ -217,7 +217,7 @@ TEST_CASE("every out-of-range field is reported, one line each, with its positio
            "zccd.conf:7:1: log_level: must be DEBUG, INFO, WARNING or ERROR, got \"verbose\"",
            "zccd.conf:8:1: shm_prefix: must be 1..32 characters from [A-Za-z0-9_-], got \"a/b\"",
            "zccd.conf:9:1: max_tensors_per_rank: must be at least 1, got 0",
-           "zccd.conf:10:3: heartbeat_interval_ms: must be at least 1",
+           "zccd.conf:10:3: heartbeat_interval_ms: must be in [1, 60000], got 0",
            "zccd.conf:11:1: commit_timeout_s: must be at most 604800, got 1000000000",
        }) {
     CHECK(std::find(lines.begin(), lines.end(), expected) != lines.end());
@@ -237,6 +237,8 @@ TEST_CASE("negative, zero and non-finite durations are refused") {
              Catch::Equals("zccd.conf:1:1: commit_timeout_s: must be a finite number of seconds, got nan"));
   CHECK_THAT(ParseError("client_timeout_s: inf\n"),
              Catch::Contains("client_timeout_s: must be a finite number of seconds, got inf"));
+  CHECK_THAT(ParseError("heartbeat_interval_ms: 60001\nclient_timeout_s: 120\n"),
+             Catch::Equals("zccd.conf:1:1: heartbeat_interval_ms: must be in [1, 60000], got 60001"));
   CHECK_THAT(ParseError("client_timeout_s: 0.4\nheartbeat_interval_ms: 500\n"),
              Catch::Equals("zccd.conf:1:1: client_timeout_s: must be longer than "
                            "heartbeat_interval_ms (500 ms), got 0.4 s"));
@@ -319,6 +321,26 @@ TEST_CASE("a bad value from the base is reported without a line") {
 
   CHECK(ValidateFullConfig(base).message() == "ema_threads: must be in [1, 256], got 0");
   CHECK_OK(ValidateFullConfig(FullConfig{}));
+}
+
+TEST_CASE("overrides (the command line) are applied over the file before the checks") {
+  const std::string text = "heartbeat_interval_ms: 60000\nkeep_last: 4\n";
+  // Alone, the file's interval is longer than the default client timeout.
+  CHECK_THAT(std::string(ParseConfigText(text, "zccd.conf").status().message()),
+             Catch::Contains("client_timeout_s: must be longer than heartbeat_interval_ms"));
+  absl::StatusOr<FullConfig> c =
+      ParseConfigText(text, "zccd.conf", FullConfig{}, [](FullConfig& config) {
+        config.daemon.client_timeout = absl::Seconds(120);
+        config.daemon.keep_last = 7;
+      });
+  REQUIRE_OK(c);
+  CHECK(c->daemon.heartbeat_interval == absl::Seconds(60));
+  CHECK(c->daemon.client_timeout == absl::Seconds(120));
+  CHECK(c->daemon.keep_last == 7);  // the override wins over the file
+  // An override that breaks a check is refused like a bad file.
+  CHECK_FALSE(ParseConfigText("keep_last: 4\n", "zccd.conf", FullConfig{},
+                              [](FullConfig& config) { config.daemon.keep_last = 0; })
+                  .ok());
 }
 
 TEST_CASE("DefaultConfigText round-trips through the loader") {

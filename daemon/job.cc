@@ -274,6 +274,14 @@ absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
   ScopedFsIdentity as_owner(options_.owner);
   // After the commit in progress, if any (retention runs one at a time).
   zcc::MutexLock commit_lock(&commit_mu_);
+  // Steps whose commit timeout has passed are abandoned now, not at the
+  // committer's next round: gc removes every partial older than the timeout.
+  bool committer;
+  {
+    zcc::MutexLock lock(&mu_);
+    committer = committer_;
+  }
+  if (committer) ExpirePending();
   return ApplyRetention();
 }
 
@@ -297,11 +305,20 @@ void Job::TickWork() {
     if (latest.ok()) last_committed_step_ = *latest;
     return;
   }
-  std::vector<int64_t> expired;
+  ExpirePending();
   int64_t newest = -1;
   {
     zcc::MutexLock lock(&mu_);
     if (pending_.empty()) return;
+    newest = pending_.rbegin()->first;
+  }
+  CommitPending(newest);
+}
+
+void Job::ExpirePending() {
+  std::vector<int64_t> expired;
+  {
+    zcc::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     for (const auto& [step, since] : pending_) {
       if (now - since > options_.commit_timeout) expired.push_back(step);
@@ -314,10 +331,8 @@ void Job::TickWork() {
                             absl::FormatDuration(options_.commit_timeout),
                             " waiting for other ranks' manifests; it will be removed"));
     }
-    newest = pending_.rbegin()->first;
   }
   for (int64_t step : expired) DropPending(step, "abandoned: commit timed out");
-  CommitPending(newest);
 }
 
 void Job::BeginRestore(uint32_t rank, int64_t step) {

@@ -120,6 +120,9 @@ class Job {
   void CommitterLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // A housekeeping round's work (see Tick).
   void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops (and removes the partial directory of) every pending step older
+  // than the commit timeout.
+  void ExpirePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   const JobOptions options_;
 

@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!absl::GetFlag(FLAGS_config).empty()) {
-    auto loaded = zcc::config::LoadConfigFile(absl::GetFlag(FLAGS_config), config);
+    // Flags win over the file; the file's checks see them applied.
+    auto loaded = zcc::config::LoadConfigFile(absl::GetFlag(FLAGS_config), config, ApplyFlags);
     if (!loaded.ok()) {
       std::fprintf(stderr, "zccd: %s\n", std::string(loaded.status().message()).c_str());
       return 2;

@@ -288,6 +288,8 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                      std::move(admission.inherited()), d_.before_reserve));
   v1::RegisterResponse resp;
   FillResponse(staging, g, generation, job_dir, shards, registered, pull_unavailable, &resp);
+  resp.set_daemon_heartbeat_interval_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(config.heartbeat_interval)));
   std::unique_ptr<RankPuller> puller;
   if (g.daemon_pull) {
     ZCC_ASSIGN_OR_RETURN(puller, AttachPuller(*d_.pull, req, caller, staging.segment, g));

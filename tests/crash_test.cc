@@ -96,7 +96,10 @@ struct Problems {
 void Report(const Problems& p, const Daemon* daemon) {
   INFO(p.trial);
   INFO(absl::StrJoin(p.list, "\n"));
-  if (!p.list.empty() && daemon != nullptr) INFO("zccd log (tail):\n" << Tail(daemon->Log()));
+  // INFO is scoped to its block: the log's message is made here, not inside an if.
+  const std::string log =
+      !p.list.empty() && daemon != nullptr ? "zccd log (tail):\n" + Tail(daemon->Log(), 6000) : "";
+  INFO(log);
   CHECK(p.list.empty());
 }
 
@@ -352,7 +355,7 @@ void RunDaemonKillTrial(const DaemonKillTrial& t, Tally* tally) {
   p.Expect(after_gc.partials.empty() && after_gc.superseded.empty() && after_gc.uncommitted.empty(),
            absl::StrCat("left after zccctl gc: ", absl::StrJoin(after_gc.partials, " "), " ",
                         absl::StrJoin(after_gc.superseded, " "), " ",
-                        absl::StrJoin(after_gc.uncommitted, " ")));
+                        absl::StrJoin(after_gc.uncommitted, " "), "\nzccctl gc: ", gc_out));
   p.Expect(after_gc.latest == after.latest, "gc changed latest");
   p.Expect(after_gc.committed.size() <= t.keep_last + 1 || after_gc.committed.empty(),
            absl::StrCat(after_gc.committed.size(), " committed steps kept with keep_last=",

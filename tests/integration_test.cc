@@ -882,6 +882,42 @@ TEST_CASE("a commit that times out is reported and its partial directory removed
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("zccctl gc drops a step whose commit timed out without waiting for housekeeping") {
+  const std::string dir = ShortTempDir("it-gc-pending");
+  // Housekeeping rounds a minute apart: only gc can drop the step in time.
+  {
+    std::FILE* f = std::fopen((dir + "/slow.conf").c_str(), "w");
+    std::fputs("heartbeat_interval_ms: 60000\n", f);
+    std::fclose(f);
+  }
+  Daemon daemon(dir, {{"--config=" + dir + "/slow.conf", "--commit_timeout_s=3", "--client_timeout_s=120"}});
+  REQUIRE(daemon.Start());
+  // World of 2, rank 1 never comes: step 4 waits for its manifest while
+  // rank 0 stays registered.
+  auto t = StartTrainer(daemon, dir, "train0",
+                        {"--rank=0", "--world=2", "--steps=4", "--save_every=4",
+                         "--wait_commit=false", "--linger_ms=10000"});
+  const std::string partial = JobDir(daemon) + "/step-00000004.partial";
+  REQUIRE(Eventually([&] { return PathExists(partial + "/r00000.manifest.json"); },
+                     absl::Seconds(30), absl::Milliseconds(10)));
+  // Before its timeout the step may still commit: gc leaves it.
+  auto [early_code, early] = Zccctl(dir, daemon, {"--json", "gc", "itest"});
+  REQUIRE(early_code == 0);
+  CHECK(PathExists(partial));
+  absl::SleepFor(absl::Milliseconds(3500));
+  auto [code, out] = Zccctl(dir, daemon, {"--json", "gc", "itest"});
+  REQUIRE(code == 0);
+  CHECK_FALSE(PathExists(partial));
+  auto [status_code, status] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+  REQUIRE(status_code == 0);
+  CHECK(absl::StrContains(status, "commit of step 4 timed out"));
+  REQUIRE(t->Wait(absl::Seconds(30)) == 0);
+  // zccd beats once a minute, which the trainer learnt when it registered:
+  // ten seconds without a beat are no reason to take zccd for gone.
+  CHECK_FALSE(absl::StrContains(t->Output(), "has not answered"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("zccctl gc applies retention and removes abandoned partials") {
   const std::string dir = ShortTempDir("it-gc");
   Daemon daemon(dir, {{"--keep_last=2", "--commit_timeout_s=1"}});
