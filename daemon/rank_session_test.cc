@@ -32,6 +32,7 @@
 #include "shm/control_block.h"
 #include "shm/slot_ring.h"
 #include "storage/posix_storage.h"
+#include "storage/storage_wrapper.h"
 
 namespace zcc::daemon {
 namespace {
@@ -45,8 +46,9 @@ constexpr float kDecay = 0.5f;
 
 // A disk that stalls while the test holds its gate closed: opening a file for
 // writing waits until the gate opens.
-class GatedStorage final : public storage::Storage {
+class GatedStorage final : public storage::StorageWrapper {
  public:
+  GatedStorage() : StorageWrapper(storage::DefaultStorage()) {}
   void SetOpen(bool open) {
     MutexLock lock(&mu_);
     open_ = open;
@@ -65,21 +67,10 @@ class GatedStorage final : public storage::Storage {
       mu_.Await(absl::Condition(&open_));
       blocked_ = false;
     }
-    return base_->OpenForWrite(path, options);
+    return base()->OpenForWrite(path, options);
   }
-  absl::StatusOr<std::unique_ptr<storage::File>> OpenForRead(
-      const std::string& path, const storage::OpenOptions& options) override {
-    return base_->OpenForRead(path, options);
-  }
-  absl::Status MakeDirs(const std::string& path) override { return base_->MakeDirs(path); }
-  absl::Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
-  absl::Status Rename(const std::string& from, const std::string& to) override {
-    return base_->Rename(from, to);
-  }
-  absl::Status Remove(const std::string& path) override { return base_->Remove(path); }
 
  private:
-  storage::Storage* const base_ = storage::DefaultStorage();
   Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   bool blocked_ ABSL_GUARDED_BY(mu_) = false;

@@ -106,7 +106,7 @@ class FaultInjectingFile final : public File {
 };
 
 FaultInjectingStorage::FaultInjectingStorage(Storage* base, FaultPlan plan)
-    : base_(base), plan_(std::move(plan)) {}
+    : StorageWrapper(base), plan_(std::move(plan)) {}
 
 void FaultInjectingStorage::SetPlan(FaultPlan plan) {
   zcc::MutexLock lock(&mu_);
@@ -221,27 +221,16 @@ OpenOptions FaultInjectingStorage::AdjustOpen(const std::string& path, const Ope
 absl::StatusOr<std::unique_ptr<File>> FaultInjectingStorage::OpenForWrite(
     const std::string& path, const OpenOptions& options) {
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> base,
-                       base_->OpenForWrite(path, AdjustOpen(path, options)));
+                       base()->OpenForWrite(path, AdjustOpen(path, options)));
   return std::unique_ptr<File>(new FaultInjectingFile(std::move(base), this, Covers(path)));
 }
 
 absl::StatusOr<std::unique_ptr<File>> FaultInjectingStorage::OpenForRead(
     const std::string& path, const OpenOptions& options) {
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> base,
-                       base_->OpenForRead(path, AdjustOpen(path, options)));
+                       base()->OpenForRead(path, AdjustOpen(path, options)));
   return std::unique_ptr<File>(new FaultInjectingFile(std::move(base), this, Covers(path)));
 }
-
-absl::Status FaultInjectingStorage::MakeDirs(const std::string& path) {
-  return base_->MakeDirs(path);
-}
-absl::Status FaultInjectingStorage::SyncDir(const std::string& path) {
-  return base_->SyncDir(path);
-}
-absl::Status FaultInjectingStorage::Rename(const std::string& from, const std::string& to) {
-  return base_->Rename(from, to);
-}
-absl::Status FaultInjectingStorage::Remove(const std::string& path) { return base_->Remove(path); }
 
 absl::StatusOr<FaultPlan> ParseFaultPlan(absl::string_view spec) {
   FaultPlan plan;

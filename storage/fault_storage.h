@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "storage/storage.h"
+#include "storage/storage_wrapper.h"
 
 namespace zcc::storage {
 
@@ -60,7 +61,7 @@ absl::StatusOr<FaultPlan> ParseFaultPlan(absl::string_view spec);
 // One line describing the plan, for the log.
 std::string DescribeFaultPlan(const FaultPlan& plan);
 
-class FaultInjectingStorage final : public Storage {
+class FaultInjectingStorage final : public StorageWrapper {
  public:
   explicit FaultInjectingStorage(Storage* base, FaultPlan plan = {});
 
@@ -81,10 +82,7 @@ class FaultInjectingStorage final : public Storage {
                                                      const OpenOptions& options) override;
   absl::StatusOr<std::unique_ptr<File>> OpenForRead(const std::string& path,
                                                     const OpenOptions& options) override;
-  absl::Status MakeDirs(const std::string& path) override;
-  absl::Status SyncDir(const std::string& path) override;
-  absl::Status Rename(const std::string& from, const std::string& to) override;
-  absl::Status Remove(const std::string& path) override;
+  // Names and directories pass through without faults.
 
  private:
   friend class FaultInjectingFile;
@@ -102,7 +100,6 @@ class FaultInjectingStorage final : public Storage {
   absl::Duration Delay() const;
   OpenOptions AdjustOpen(const std::string& path, const OpenOptions& options);
 
-  Storage* const base_;
   mutable zcc::Mutex mu_;
   FaultPlan plan_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,8 +1,10 @@
 #include "storage/posix_storage.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <liburing.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -301,9 +303,39 @@ absl::Status PosixStorage::Rename(const std::string& from, const std::string& to
   return absl::OkStatus();
 }
 
+absl::Status PosixStorage::Exchange(const std::string& a, const std::string& b) {
+  if (::syscall(SYS_renameat2, AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) {
+    return absl::OkStatus();
+  }
+  if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+    return absl::UnimplementedError(
+        absl::StrCat("the file system under ", a, " cannot exchange two names atomically"));
+  }
+  return zcc::ErrnoToStatus(errno, absl::StrCat("exchange ", a, " and ", b));
+}
+
 absl::Status PosixStorage::Remove(const std::string& path) {
   if (::unlink(path.c_str()) != 0) return zcc::ErrnoToStatus(errno, absl::StrCat("remove ", path));
   return absl::OkStatus();
+}
+
+absl::Status PosixStorage::RemoveTree(const std::string& path) { return zcc::RemoveTree(path); }
+
+absl::StatusOr<FileInfo> PosixStorage::Stat(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return zcc::ErrnoToStatus(errno, absl::StrCat("stat ", path));
+  FileInfo info;
+  info.is_dir = S_ISDIR(st.st_mode);
+  info.size = info.is_dir ? 0 : static_cast<uint64_t>(st.st_size);
+  // To the nanosecond: whole seconds make a directory up to a second older.
+  info.modified = absl::TimeFromTimespec(st.st_mtim);
+  return info;
+}
+
+absl::StatusOr<std::vector<std::string>> PosixStorage::List(const std::string& path) {
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, zcc::ListDir(path));
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 Storage* DefaultStorage() {

@@ -35,7 +35,11 @@ class PosixStorage final : public Storage {
   absl::Status MakeDirs(const std::string& path) override;
   absl::Status SyncDir(const std::string& path) override;
   absl::Status Rename(const std::string& from, const std::string& to) override;
+  absl::Status Exchange(const std::string& a, const std::string& b) override;
   absl::Status Remove(const std::string& path) override;
+  absl::Status RemoveTree(const std::string& path) override;
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> List(const std::string& path) override;
 
  private:
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path, int flags,

@@ -1,8 +1,17 @@
-// The file-system interface the checkpoint writer and reader go through: just
-// what they need (files with queued reads and writes, truncate, fdatasync;
-// mkdir -p, directory fsync, rename, unlink), so that a POSIX implementation
-// (posix_storage.h) and a fault-injecting wrapper (fault_storage.h) are
-// interchangeable, the way leveldb's Env is.
+// The file-system interface zccd's checkpoints go through: the writer, the
+// commit, retention, recovery and the reader. Just what they need (files with
+// queued reads and writes, truncate, fdatasync; mkdir -p, directory fsync,
+// rename, exchange, unlink, remove a tree, stat, list), so that POSIX
+// (posix_storage.h), memory with crashes on demand (memory_storage.h) and a
+// fault-injecting wrapper (fault_storage.h) are interchangeable, the way
+// leveldb's Env is.
+//
+// Paths are absolute. A backend without directories or renames (an object
+// store: streamed writes, ranged reads, listing by prefix, a conditional
+// write of a small object) maps directories to key prefixes: MakeDirs and
+// SyncDir may do nothing, List lists a prefix, RemoveTree deletes one, and
+// Rename and Exchange may answer Unimplemented, in which case the commit
+// protocol has to do without them.
 //
 // I/O is asynchronous so that one thread can keep several requests in flight
 // (what direct I/O needs to reach a device's sequential speed): a File accepts
@@ -24,8 +33,11 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace zcc::storage {
 
@@ -47,6 +59,13 @@ struct IoCompletion {
   // Bytes transferred when it did not: possibly fewer than asked (0 for a
   // read at end of file).
   size_t bytes = 0;
+};
+
+struct FileInfo {
+  bool is_dir = false;
+  uint64_t size = 0;  // a file's bytes
+  // The last change of a file's data or of a directory's entries.
+  absl::Time modified;
 };
 
 class File {
@@ -94,8 +113,20 @@ class Storage {
   // fsync(2) of a directory: entries created or renamed in it become durable.
   virtual absl::Status SyncDir(const std::string& path) = 0;
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
+  // Swaps two existing names (files or directories) in one atomic step, like
+  // renameat2(RENAME_EXCHANGE): at every moment both names exist. NotFound
+  // when either is missing; Unimplemented where the backend (or the file
+  // system under it) cannot, for the caller to fall back to two renames.
+  virtual absl::Status Exchange(const std::string& a, const std::string& b) = 0;
   // Unlinks a file; NotFound when there is none.
   virtual absl::Status Remove(const std::string& path) = 0;
+  // Removes `path` and everything under it; OK when nothing is there.
+  virtual absl::Status RemoveTree(const std::string& path) = 0;
+  // NotFound when nothing is at `path`.
+  virtual absl::StatusOr<FileInfo> Stat(const std::string& path) = 0;
+  // The names in directory `path`, sorted, without "." and "..". NotFound
+  // when there is no such directory.
+  virtual absl::StatusOr<std::vector<std::string>> List(const std::string& path) = 0;
 };
 
 }  // namespace zcc::storage

@@ -22,7 +22,9 @@
 #include "storage/aligned_buffer.h"
 #include "storage/fault_storage.h"
 #include "storage/io_pipeline.h"
+#include "storage/memory_storage.h"
 #include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::storage {
 namespace {
@@ -87,7 +89,7 @@ void CheckStorageConformance(Storage& storage, const std::string& dir) {
     CHECK(*sz == size);
     REQUIRE_OK(f.Close());
   }
-  auto back = ReadFileToString(path, 1 << 30);
+  auto back = ReadWholeFile(storage, path, 1 << 30);
   REQUIRE_OK(back);
   CHECK(*back == AsString(data.data(), size));
 
@@ -166,6 +168,60 @@ void CheckStorageConformance(Storage& storage, const std::string& dir) {
   CHECK(storage.SyncDir(JoinPath(dir, "missing")).code() == absl::StatusCode::kNotFound);
   CHECK(storage.OpenForWrite(JoinPath(dir, "missing/x"), {}).status().code() ==
         absl::StatusCode::kNotFound);
+
+  // Metadata: Stat, List, RemoveTree, Exchange.
+  {
+    const std::string meta = JoinPath(dir, "meta");
+    REQUIRE_OK(storage.MakeDirs(JoinPath(meta, "d1/inner")));
+    REQUIRE_OK(WriteFileAtomic(storage, JoinPath(meta, "f1"), "one"));
+    REQUIRE_OK(WriteFileAtomic(storage, JoinPath(meta, "d1/inner/f2"), "two!"));
+    auto names = storage.List(meta);
+    REQUIRE_OK(names);
+    CHECK(*names == std::vector<std::string>{"d1", "f1"});
+    auto info = storage.Stat(JoinPath(meta, "f1"));
+    REQUIRE_OK(info);
+    CHECK_FALSE(info->is_dir);
+    CHECK(info->size == 3);
+    CHECK(absl::Now() - info->modified < absl::Minutes(5));
+    auto dinfo = storage.Stat(JoinPath(meta, "d1"));
+    REQUIRE_OK(dinfo);
+    CHECK(dinfo->is_dir);
+    CHECK(storage.Stat(JoinPath(meta, "nope")).status().code() == absl::StatusCode::kNotFound);
+    CHECK(storage.List(JoinPath(meta, "nope")).status().code() == absl::StatusCode::kNotFound);
+    CHECK_FALSE(storage.List(JoinPath(meta, "f1")).ok());
+    CHECK_FALSE(storage.Remove(JoinPath(meta, "d1")).ok());  // a directory
+
+    // Exchange swaps a file and a directory in one step, where supported.
+    const absl::Status swapped = storage.Exchange(JoinPath(meta, "f1"), JoinPath(meta, "d1"));
+    if (swapped.ok()) {
+      CHECK(storage.Stat(JoinPath(meta, "f1"))->is_dir);
+      CHECK(*ReadWholeFile(storage, JoinPath(meta, "d1"), 100) == "one");
+      CHECK(*ReadWholeFile(storage, JoinPath(meta, "f1/inner/f2"), 100) == "two!");
+      REQUIRE_OK(storage.Exchange(JoinPath(meta, "f1"), JoinPath(meta, "d1")));
+    } else {
+      CHECK(swapped.code() == absl::StatusCode::kUnimplemented);
+    }
+    CHECK(storage.Exchange(JoinPath(meta, "f1"), JoinPath(meta, "nope")).code() ==
+          absl::StatusCode::kNotFound);
+
+    // A directory renamed over an empty one; never over one that holds files.
+    REQUIRE_OK(storage.MakeDirs(JoinPath(meta, "empty")));
+    REQUIRE_OK(storage.Rename(JoinPath(meta, "d1"), JoinPath(meta, "empty")));
+    CHECK(*ReadWholeFile(storage, JoinPath(meta, "empty/inner/f2"), 100) == "two!");
+    REQUIRE_OK(storage.MakeDirs(JoinPath(meta, "d2/x")));
+    CHECK_FALSE(storage.Rename(JoinPath(meta, "d2"), JoinPath(meta, "empty")).ok());
+
+    // A whole file bigger than the reader's limit is refused.
+    CHECK(ReadWholeFile(storage, JoinPath(meta, "f1"), 2).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+
+    REQUIRE_OK(storage.RemoveTree(JoinPath(meta, "empty")));
+    REQUIRE_OK(storage.RemoveTree(JoinPath(meta, "empty")));  // nothing there: fine
+    CHECK(storage.Stat(JoinPath(meta, "empty/inner/f2")).status().code() ==
+          absl::StatusCode::kNotFound);
+    REQUIRE_OK(storage.RemoveTree(meta));
+    CHECK(storage.Stat(meta).status().code() == absl::StatusCode::kNotFound);
+  }
 }
 
 TEST_CASE("storage conformance: POSIX with io_uring on the work disk") {
@@ -201,6 +257,83 @@ TEST_CASE("storage conformance: fault wrapper with no faults planned") {
   CHECK(storage.faults_injected() == 0);
   CHECK(storage.write_requests() > 0);
   CHECK(storage.read_requests() > 0);
+}
+
+// Writes `text` to `path` and syncs the file (not its directory).
+void WriteSynced(Storage& s, const std::string& path, const std::string& text) {
+  auto f = s.OpenForWrite(path, {});
+  REQUIRE_OK(f);
+  REQUIRE_OK(WriteAt(**f, 0, text.data(), text.size()));
+  REQUIRE_OK((*f)->Sync());
+  REQUIRE_OK((*f)->Close());
+}
+
+TEST_CASE("storage conformance: memory") {
+  MemoryStorage storage;
+  REQUIRE_OK(storage.MakeDirs("/work"));
+  CheckStorageConformance(storage, "/work");
+  CHECK(storage.OpenForRead("relative", {}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(storage.MakeDirs("/a/../b").code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("storage conformance: fault wrapper over memory") {
+  MemoryStorage memory;
+  FaultInjectingStorage storage(&memory);
+  REQUIRE_OK(storage.MakeDirs("/work"));
+  CheckStorageConformance(storage, "/work");
+  CHECK(storage.faults_injected() == 0);
+}
+
+TEST_CASE("memory storage: a crash keeps what was synced, file by file and entry by entry") {
+  MemoryStorage s;
+  REQUIRE_OK(s.MakeDirs("/d"));
+  REQUIRE_OK(s.SyncDir("/"));
+  WriteSynced(s, "/d/kept", "kept");
+  WriteSynced(s, "/d/old-name", "renamed");
+  WriteSynced(s, "/d/removed", "removed");
+  WriteSynced(s, "/d/rewritten", "first");
+  REQUIRE_OK(s.SyncDir("/d"));
+
+  WriteSynced(s, "/d/entry-not-synced", "lost");  // its directory is not synced after
+  {
+    auto f = s.OpenForWrite("/d/rewritten", {});  // new data, never synced
+    REQUIRE_OK(f);
+    REQUIRE_OK(WriteAt(**f, 0, "second", 6));
+    REQUIRE_OK((*f)->Close());
+  }
+  REQUIRE_OK(s.Rename("/d/old-name", "/d/new-name"));
+  REQUIRE_OK(s.Remove("/d/removed"));
+  REQUIRE_OK(s.MakeDirs("/d/sub"));
+  CHECK(*ReadWholeFile(s, "/d/rewritten", 100) == "second");
+  CHECK(*s.List("/d") == std::vector<std::string>{"entry-not-synced", "kept", "new-name",
+                                                  "rewritten", "sub"});
+  auto open = s.OpenForRead("/d/kept", {});
+  REQUIRE_OK(open);
+
+  s.Crash();
+  CHECK(*s.List("/d") == std::vector<std::string>{"kept", "old-name", "removed", "rewritten"});
+  CHECK(*ReadWholeFile(s, "/d/kept", 100) == "kept");
+  CHECK(*ReadWholeFile(s, "/d/old-name", 100) == "renamed");
+  CHECK(*ReadWholeFile(s, "/d/removed", 100) == "removed");
+  CHECK(*ReadWholeFile(s, "/d/rewritten", 100) == "first");
+  // A file opened before the crash belongs to a process that is gone.
+  CHECK((*open)->Size().status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("memory storage: CrashAfter(n) lets n changes through, then nothing until Crash()") {
+  MemoryStorage s;
+  REQUIRE_OK(s.MakeDirs("/d"));  // one change
+  CHECK(s.changes() == 1);
+  REQUIRE_OK(s.SyncDir("/"));   // two
+  s.CrashAfter(3);
+  WriteSynced(s, "/d/a", "x");  // open, write and sync: three more
+  CHECK(s.changes() == 5);
+  CHECK(s.SyncDir("/d").code() == absl::StatusCode::kUnavailable);
+  // Dead: reads fail too, and the change that failed was not made.
+  CHECK(s.List("/d").status().code() == absl::StatusCode::kUnavailable);
+  s.Crash();
+  CHECK(s.List("/d")->empty());  // /d/a was never synced into /d
+  REQUIRE_OK(s.SyncDir("/d"));   // alive again
 }
 
 TEST_CASE("fault plans parse from zccd's key=value spelling; bad ones name the pair") {

@@ -36,4 +36,27 @@ absl::Status WriteFileAtomic(Storage& storage, const std::string& path, absl::st
   return storage.SyncDir(DirName(path));
 }
 
+absl::StatusOr<std::string> ReadWholeFile(Storage& storage, const std::string& path,
+                                          uint64_t max_bytes) {
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> file, storage.OpenForRead(path, OpenOptions()));
+  ZCC_ASSIGN_OR_RETURN(const uint64_t size, file->Size());
+  if (size > max_bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is ", size, " bytes; at most ", max_bytes, " expected"));
+  }
+  std::string text(size, '\0');
+  size_t got = 0;
+  while (got < size) {
+    ZCC_ASSIGN_OR_RETURN(const size_t n, ReadAt(*file, got, text.data() + got, size - got));
+    if (n == 0) break;  // shorter than it was a moment ago
+    got += n;
+  }
+  text.resize(got);
+  return text;
+}
+
+bool Exists(Storage& storage, const std::string& path) {
+  return !absl::IsNotFound(storage.Stat(path).status());
+}
+
 }  // namespace zcc::storage

@@ -1,0 +1,53 @@
+// StorageWrapper: a Storage that passes every call to another one, for
+// wrappers that change a few of them (a fault injector, a test's stalled
+// disk) to derive from, the way leveldb's EnvWrapper is used.
+//
+// Thread-safety: as the wrapped Storage. Ownership: borrows `base`, which
+// must outlive the wrapper.
+#ifndef ZCC_STORAGE_STORAGE_WRAPPER_H_
+#define ZCC_STORAGE_STORAGE_WRAPPER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage/storage.h"
+
+namespace zcc::storage {
+
+class StorageWrapper : public Storage {
+ public:
+  explicit StorageWrapper(Storage* base) : base_(base) {}
+
+  Storage* base() const { return base_; }
+
+  absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,
+                                                     const OpenOptions& options) override {
+    return base_->OpenForWrite(path, options);
+  }
+  absl::StatusOr<std::unique_ptr<File>> OpenForRead(const std::string& path,
+                                                    const OpenOptions& options) override {
+    return base_->OpenForRead(path, options);
+  }
+  absl::Status MakeDirs(const std::string& path) override { return base_->MakeDirs(path); }
+  absl::Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    return base_->Rename(from, to);
+  }
+  absl::Status Exchange(const std::string& a, const std::string& b) override {
+    return base_->Exchange(a, b);
+  }
+  absl::Status Remove(const std::string& path) override { return base_->Remove(path); }
+  absl::Status RemoveTree(const std::string& path) override { return base_->RemoveTree(path); }
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override { return base_->Stat(path); }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& path) override {
+    return base_->List(path);
+  }
+
+ private:
+  Storage* const base_;
+};
+
+}  // namespace zcc::storage
+
+#endif  // ZCC_STORAGE_STORAGE_WRAPPER_H_
