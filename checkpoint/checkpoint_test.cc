@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/committer.h"
+#include "checkpoint/recovery.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/step_check.h"
 #include "checkpoint/retention.h"

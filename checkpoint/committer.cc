@@ -1,12 +1,5 @@
 #include "checkpoint/committer.h"
 
-#include <fcntl.h>
-#include <linux/fs.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <map>
 
 #include "absl/container/flat_hash_set.h"
@@ -26,14 +19,36 @@
 namespace zcc::checkpoint {
 namespace {
 
-absl::Status CheckFileSize(const std::string& path, uint64_t expected) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
-  if (static_cast<uint64_t>(st.st_size) != expected) {
-    return absl::DataLossError(absl::StrCat(path, " is ", st.st_size, " bytes; its manifest says ",
+absl::Status CheckFileSize(storage::Storage& fs, const std::string& path, uint64_t expected) {
+  ZCC_ASSIGN_OR_RETURN(const storage::FileInfo info, fs.Stat(path));
+  if (info.is_dir || info.size != expected) {
+    return absl::DataLossError(absl::StrCat(path, " is ", info.size, " bytes; its manifest says ",
                                             expected));
   }
   return absl::OkStatus();
+}
+
+// Replaces committed step directory `final_dir` with `partial` (a step
+// committed again: training resumed from an older step). The exchange keeps
+// step-N committed, old or new, at every moment; the old contents end up
+// under the partial name and are removed.
+absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
+                         const std::string& partial, const std::string& final_dir) {
+  const absl::Status exchanged = fs.Exchange(partial, final_dir);
+  if (exchanged.ok()) {
+    ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
+    return fs.RemoveTree(partial);
+  }
+  if (!absl::IsUnimplemented(exchanged)) return exchanged;
+  // File systems without the exchange (NFS): two renames, with a short window
+  // in which step-N is absent and restore falls back to older steps.
+  ZCC_LOG(WARNING) << exchanged.message() << "; replacing " << final_dir << " with two renames";
+  const std::string superseded = absl::StrCat(final_dir, ".superseded");
+  ZCC_RETURN_IF_ERROR(fs.RemoveTree(superseded));
+  ZCC_RETURN_IF_ERROR(fs.Rename(final_dir, superseded));
+  ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));
+  ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
+  return fs.RemoveTree(superseded);
 }
 
 
@@ -42,12 +57,14 @@ absl::Status CheckFileSize(const std::string& path, uint64_t expected) {
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,
                                        storage::Storage* storage) {
-  // The commit's writes, renames and directory syncs go through `storage`.
-  storage::Storage& fs = storage != nullptr ? *storage : *storage::DefaultStorage();
+  // Everything the commit reads and changes goes through `storage`.
+  storage::Storage& fs = storage::StorageOrDefault(storage);
   const std::string partial = JoinPath(job_dir, format::PartialStepDirName(step));
   CommitResult result;
   for (uint32_t r = 0; r < world_size; ++r) {
-    if (PathExists(JoinPath(partial, format::ManifestFileName(r)))) ++result.manifests_present;
+    if (storage::Exists(fs, JoinPath(partial, format::ManifestFileName(r)))) {
+      ++result.manifests_present;
+    }
   }
   if (result.manifests_present < world_size) return result;
 
@@ -56,7 +73,8 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   format::Xxh3Stream combined;
   for (uint32_t r = 0; r < world_size; ++r) {
     const std::string path = JoinPath(partial, format::ManifestFileName(r));
-    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+    ZCC_ASSIGN_OR_RETURN(std::string text,
+                         storage::ReadWholeFile(fs, path, format::kMaxManifestBytes));
     auto decoded = format::DecodeRankManifest(text);
     if (!decoded.ok()) return Annotate(decoded.status(), path);
     const format::RankManifest& m = *decoded;
@@ -71,7 +89,7 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
         return absl::DataLossError(
             absl::StrCat(path, " lists '", f.name, "', which another rank's manifest lists"));
       }
-      ZCC_RETURN_IF_ERROR(CheckFileSize(JoinPath(partial, f.name), f.bytes));
+      ZCC_RETURN_IF_ERROR(CheckFileSize(fs, JoinPath(partial, f.name), f.bytes));
       result.total_bytes += f.bytes;
     }
     combined.Update(text.data(), text.size());
@@ -134,31 +152,8 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                                                format::EncodeCommitRecord(record)));
 
   const std::string final_dir = JoinPath(job_dir, format::StepDirName(step));
-  if (PathExists(final_dir)) {
-    // The same step number from an earlier run (training resumed from an older
-    // step): the new one replaces it in one atomic exchange, so step-N always
-    // exists and is committed, old or new, whatever happens. The old contents
-    // end up under the partial name and are removed.
-    // (The exchange is Linux's alone and the Storage interface has no word
-    // for it: it goes to the file system directly.)
-    if (::syscall(SYS_renameat2, AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(),
-                  RENAME_EXCHANGE) == 0) {
-      ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
-      ZCC_RETURN_IF_ERROR(RemoveTree(partial));
-    } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
-      // File systems without the exchange (NFS): two renames, with a short
-      // window in which step-N is absent and restore falls back to older steps.
-      ZCC_LOG(WARNING) << "atomic exchange unsupported under " << job_dir
-                       << "; replacing " << final_dir << " with two renames";
-      const std::string superseded = absl::StrCat(final_dir, ".superseded");
-      ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
-      ZCC_RETURN_IF_ERROR(fs.Rename(final_dir, superseded));
-      ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));
-      ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
-      ZCC_RETURN_IF_ERROR(RemoveTree(superseded));
-    } else {
-      return ErrnoToStatus(errno, absl::StrCat("exchange ", partial, " and ", final_dir));
-    }
+  if (storage::Exists(fs, final_dir)) {
+    ZCC_RETURN_IF_ERROR(ReplaceStep(fs, job_dir, partial, final_dir));
   } else {
     ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));
     ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
@@ -167,23 +162,6 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                                                absl::StrCat(format::StepDirName(step), "\n")));
   result.outcome = CommitOutcome::kCommitted;
   return result;
-}
-
-absl::StatusOr<std::optional<int64_t>> RepairLatest(const std::string& job_dir) {
-  const absl::StatusOr<int64_t> latest = ReadLatest(job_dir);
-  if (latest.ok()) return std::nullopt;
-  if (!absl::IsNotFound(latest.status()) && !absl::IsDataLoss(latest.status())) {
-    return latest.status();
-  }
-  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir));
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    const std::string step_dir = JoinPath(job_dir, format::StepDirName(*it));
-    if (!ReadCommitRecord(step_dir).ok()) continue;
-    ZCC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(job_dir, format::kLatestFileName),
-                                        absl::StrCat(format::StepDirName(*it), "\n")));
-    return *it;
-  }
-  return std::nullopt;
 }
 
 }  // namespace zcc::checkpoint

@@ -15,7 +15,6 @@
 #define ZCC_CHECKPOINT_COMMITTER_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -37,15 +36,6 @@ struct CommitResult {
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,
                                        storage::Storage* storage = nullptr);
-
-// Recovery after a crash between a step directory's rename and the write of
-// `latest` in the job's first commit: when `latest` is absent or does not name
-// a step, and committed step directories exist, points `latest` at the newest
-// of them whose COMMITTED reads back (the step restore chooses anyway).
-// Returns the step written, or nullopt when nothing needed repair. A `latest`
-// naming a step is never changed: steps above it are either an abandoned
-// timeline or a commit cut short before its swap, and neither is committed.
-absl::StatusOr<std::optional<int64_t>> RepairLatest(const std::string& job_dir);
 
 }  // namespace zcc::checkpoint
 

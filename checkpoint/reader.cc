@@ -15,16 +15,20 @@
 #include "common/file_util.h"
 #include "common/status.h"
 #include "storage/aligned_buffer.h"
+#include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 
-absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_dir) {
-  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(job_dir));
+absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_dir,
+                                                        storage::Storage* fs) {
+  storage::Storage& s = storage::StorageOrDefault(fs);
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, s.List(job_dir));
   std::vector<int64_t> steps;
   for (const std::string& name : names) {
     auto step = format::ParseStepDirName(name);
     if (!step.ok()) continue;
-    if (PathExists(JoinPath(JoinPath(job_dir, name), format::kCommittedFileName))) {
+    if (storage::Exists(s, JoinPath(JoinPath(job_dir, name), format::kCommittedFileName))) {
       steps.push_back(*step);
     }
   }
@@ -32,9 +36,9 @@ absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_d
   return steps;
 }
 
-absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir) {
+absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage* fs) {
   const std::string path = JoinPath(job_dir, format::kLatestFileName);
-  auto text = ReadFileToString(path, 4096);
+  auto text = storage::ReadWholeFile(storage::StorageOrDefault(fs), path, 4096);
   if (!text.ok()) return text.status();
   auto step = format::ParseStepDirName(absl::StripAsciiWhitespace(*text));
   if (!step.ok()) {
@@ -43,9 +47,11 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir) {
   return *step;
 }
 
-absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir) {
+absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir,
+                                                      storage::Storage* fs) {
   const std::string path = JoinPath(step_dir, format::kCommittedFileName);
-  ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+  ZCC_ASSIGN_OR_RETURN(std::string text, storage::ReadWholeFile(storage::StorageOrDefault(fs),
+                                                                path, format::kMaxManifestBytes));
   auto record = format::DecodeCommitRecord(text);
   if (!record.ok()) return absl::DataLossError(absl::StrCat(path, ": ", record.status().message()));
   return record;
@@ -58,7 +64,7 @@ absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
 
 absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets, const IoOptions& options) {
-  ZCC_ASSIGN_OR_RETURN(format::RankManifest m, ReadRankManifest(step_dir, rank));
+  ZCC_ASSIGN_OR_RETURN(format::RankManifest m, ReadRankManifest(step_dir, rank, options.storage));
   return ReadRankTensors(step_dir, m, targets, options);
 }
 
@@ -134,10 +140,11 @@ absl::Status ReadPieces(const std::string& step_dir, const format::StepIndex& in
   return absl::OkStatus();
 }
 
-absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir));
+absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir, storage::Storage* fs) {
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir, fs));
   const std::string path = JoinPath(step_dir, format::kStepIndexFileName);
-  ZCC_ASSIGN_OR_RETURN(std::optional<std::string> committed, ReadCommittedIndexText(step_dir, record));
+  ZCC_ASSIGN_OR_RETURN(std::optional<std::string> committed,
+                       ReadCommittedIndexText(step_dir, record, fs));
   if (committed.has_value()) {
     const std::string& text = *committed;
     auto index = format::DecodeStepIndex(text, format::MaxStepIndexBytes(record.world_size));
@@ -155,7 +162,8 @@ absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
   for (uint32_t r = 0; r < record.world_size; ++r) {
     const std::string manifest_path = JoinPath(step_dir, format::ManifestFileName(r));
     ZCC_ASSIGN_OR_RETURN(std::string text,
-                         ReadFileToString(manifest_path, format::kMaxManifestBytes));
+                         storage::ReadWholeFile(storage::StorageOrDefault(fs), manifest_path,
+                                                format::kMaxManifestBytes));
     auto manifest = format::DecodeRankManifest(text);
     if (!manifest.ok()) return Annotate(manifest.status(), manifest_path);
     if (manifest->rank != r || manifest->job_id != record.job_id ||
@@ -167,8 +175,9 @@ absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir) {
   return BuildStepIndex(std::move(manifests));
 }
 
-absl::StatusOr<std::shared_ptr<const GroupedIndex>> LoadGroupedIndex(const std::string& step_dir) {
-  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir));
+absl::StatusOr<std::shared_ptr<const GroupedIndex>> LoadGroupedIndex(const std::string& step_dir,
+                                                                    storage::Storage* fs) {
+  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir, fs));
   return GroupIndex(std::move(index));
 }
 

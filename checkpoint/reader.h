@@ -21,18 +21,24 @@
 #include "checkpoint/io_options.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
+#include "storage/storage.h"
 
 namespace zcc::checkpoint {
 
+// The small reads below go through `fs` (null: storage::DefaultStorage());
+// those that take IoOptions, through its storage.
+
 // Steps with a step-N/ directory that holds a COMMITTED file, ascending.
-absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_dir);
+absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_dir,
+                                                        storage::Storage* fs = nullptr);
 
 // The step named by <job_dir>/latest. NotFound when there is no such file,
 // DataLoss when it does not name a step directory.
-absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir);
+absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage* fs = nullptr);
 
 // Reads and validates COMMITTED of a step directory.
-absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir);
+absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir,
+                                                      storage::Storage* fs = nullptr);
 
 // One tensor a restoring rank wants back.
 struct ReadTarget {
@@ -62,9 +68,11 @@ absl::Status ReadRankTensors(const std::string& step_dir, const format::RankMani
 // zcc wrote one, built from the rank manifests (the COMMITTED record says how
 // many). Validated as format::DecodeStepIndex does; run GroupPieces on it
 // before trusting the pieces to tile.
-absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir);
+absl::StatusOr<format::StepIndex> LoadStepIndex(const std::string& step_dir,
+                                                storage::Storage* fs = nullptr);
 // LoadStepIndex, then GroupIndex.
-absl::StatusOr<std::shared_ptr<const GroupedIndex>> LoadGroupedIndex(const std::string& step_dir);
+absl::StatusOr<std::shared_ptr<const GroupedIndex>> LoadGroupedIndex(
+    const std::string& step_dir, storage::Storage* fs = nullptr);
 
 // One piece of a step index to read: its bytes (piece->nbytes), verified
 // against its checksum, land at `dst` (null: check only).
@@ -100,10 +108,12 @@ struct RestoreChoice {
 // equivalent). `requested` < 0 considers no step above `at_most` (a
 // fallback from a step found damaged looks only at older ones). NotFound
 // when nothing qualifies.
+// Lists and reads `latest` through `fs` (null: the default POSIX storage).
 template <typename VerifyFn>
 absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int64_t requested,
                                                 VerifyFn verify,
-                                                int64_t at_most = INT64_MAX);
+                                                int64_t at_most = INT64_MAX,
+                                                storage::Storage* fs = nullptr);
 
 }  // namespace zcc::checkpoint
 

@@ -11,7 +11,8 @@ namespace zcc::checkpoint {
 
 template <typename VerifyFn>
 absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int64_t requested,
-                                                VerifyFn verify, int64_t at_most) {
+                                                VerifyFn verify, int64_t at_most,
+                                                storage::Storage* fs) {
   RestoreChoice choice;
   auto check = [&](int64_t step) -> bool {
     const absl::Status st = verify(JoinPath(job_dir, format::StepDirName(step)));
@@ -27,14 +28,14 @@ absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int6
     return absl::NotFoundError(absl::StrCat("step ", requested, " cannot be restored: ",
                                             choice.rejected.back()));
   }
-  auto steps = ListCommittedSteps(job_dir);
+  auto steps = ListCommittedSteps(job_dir, fs);
   if (!steps.ok()) return steps.status();
   std::vector<int64_t> candidates = *steps;
   candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
                                   [&](int64_t s) { return s > at_most; }),
                    candidates.end());
   std::sort(candidates.rbegin(), candidates.rend());
-  auto latest = ReadLatest(job_dir);
+  auto latest = ReadLatest(job_dir, fs);
   if (latest.ok()) {
     // Steps above `latest` belong to a timeline that was abandoned by resuming
     // from an older step; they are never chosen.

@@ -1,29 +1,52 @@
 #include "checkpoint/retention.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "format/manifest.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::checkpoint {
 
 namespace {
 
 // Removes committed step directory `dir`.
-absl::Status RemoveStep(const std::string& dir) {
+absl::Status RemoveStep(storage::Storage& fs, const std::string& dir) {
   // Drop COMMITTED first so that an interrupted removal never leaves a
   // half-deleted directory that still looks committed.
-  const std::string committed = JoinPath(dir, format::kCommittedFileName);
-  if (::unlink(committed.c_str()) != 0) return ErrnoToStatus(errno, "unlink " + committed);
-  ZCC_RETURN_IF_ERROR(FsyncDir(dir));
-  return RemoveTree(dir);
+  ZCC_RETURN_IF_ERROR(fs.Remove(JoinPath(dir, format::kCommittedFileName)));
+  ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
+  return fs.RemoveTree(dir);
+}
+
+// What of a job directory's entries other than committed steps is debris
+// once old enough.
+enum class Debris { kNone, kPartial, kUncommittedStep, kTempFile };
+
+Debris Classify(storage::Storage& fs, const std::string& job_dir, const std::string& name) {
+  if (absl::StartsWith(name, "step-")) {
+    if (absl::EndsWith(name, ".partial") || absl::EndsWith(name, ".superseded")) {
+      return Debris::kPartial;
+    }
+    // A step directory without COMMITTED is a retention removal cut short.
+    if (format::ParseStepDirName(name).ok() &&
+        absl::IsNotFound(fs.Stat(JoinPath(JoinPath(job_dir, name), format::kCommittedFileName))
+                             .status())) {
+      return Debris::kUncommittedStep;
+    }
+    return Debris::kNone;
+  }
+  // An atomic write of `latest` cut short (storage::WriteFileAtomic's name).
+  if (absl::StartsWith(name, absl::StrCat(format::kLatestFileName, ".tmp."))) {
+    return Debris::kTempFile;
+  }
+  return Debris::kNone;
 }
 
 }  // namespace
@@ -31,20 +54,23 @@ absl::Status RemoveStep(const std::string& dir) {
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                const RetentionPolicy& policy,
                                                const std::set<int64_t>& protected_steps,
-                                               absl::Duration partial_max_age) {
+                                               absl::Duration partial_max_age,
+                                               storage::Storage* fs) {
   RetentionGuard guard;
   guard.may_remove = [&protected_steps](int64_t step) { return protected_steps.count(step) == 0; };
-  return ApplyRetention(job_dir, policy, guard, partial_max_age);
+  return ApplyRetention(job_dir, policy, guard, partial_max_age, fs);
 }
 
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                const RetentionPolicy& policy,
                                                const RetentionGuard& guard,
-                                               absl::Duration partial_max_age) {
+                                               absl::Duration partial_max_age,
+                                               storage::Storage* storage) {
+  storage::Storage& fs = storage::StorageOrDefault(storage);
   RetentionResult result;
-  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir));
+  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir, &fs));
   std::set<int64_t> keep;
-  auto latest = ReadLatest(job_dir);
+  auto latest = ReadLatest(job_dir, &fs);
   if (latest.ok()) keep.insert(*latest);
   const uint32_t keep_last = std::max<uint32_t>(policy.keep_last, 1);
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -53,36 +79,32 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
     const bool milestone = policy.keep_every > 0 && step % policy.keep_every == 0;
     if (recent || milestone || keep.count(step) > 0) continue;
     if (guard.may_remove && !guard.may_remove(step)) continue;
-    const absl::Status removed = RemoveStep(JoinPath(job_dir, format::StepDirName(step)));
+    const absl::Status removed = RemoveStep(fs, JoinPath(job_dir, format::StepDirName(step)));
     if (guard.done) guard.done(step);
     ZCC_RETURN_IF_ERROR(removed);
     result.removed_steps.push_back(step);
   }
 
-  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(job_dir));
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.List(job_dir));
   const absl::Time now = absl::Now();
   for (const std::string& name : names) {
-    if (!absl::StartsWith(name, "step-")) continue;
-    const bool partial = absl::EndsWith(name, ".partial") || absl::EndsWith(name, ".superseded");
-    // A step directory without COMMITTED is a retention removal that was cut short.
-    const bool uncommitted_step = format::ParseStepDirName(name).ok() &&
-                                  !PathExists(JoinPath(JoinPath(job_dir, name),
-                                                       format::kCommittedFileName));
-    if (!partial && !uncommitted_step) continue;
-    const std::string dir = JoinPath(job_dir, name);
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) continue;
-    // To the nanosecond: whole seconds make a directory up to a second older.
-    if (partial && now - absl::TimeFromTimespec(st.st_mtim) < partial_max_age) continue;
-    if (partial && guard.may_remove_partial) {
+    const Debris debris = Classify(fs, job_dir, name);
+    if (debris == Debris::kNone) continue;
+    const std::string path = JoinPath(job_dir, name);
+    auto info = fs.Stat(path);
+    if (!info.ok()) continue;  // gone meanwhile
+    // A removal cut short is debris at any age; what may still be written
+    // only once it is older than a commit may take.
+    if (debris != Debris::kUncommittedStep && now - info->modified < partial_max_age) continue;
+    if (debris == Debris::kPartial && guard.may_remove_partial) {
       auto step = format::ParseStepDirName(name.substr(0, name.find('.')));
       if (step.ok() && !guard.may_remove_partial(*step)) continue;
     }
-    ZCC_RETURN_IF_ERROR(RemoveTree(dir));
+    ZCC_RETURN_IF_ERROR(fs.RemoveTree(path));
     result.removed_partials.push_back(name);
   }
   if (!result.removed_steps.empty() || !result.removed_partials.empty()) {
-    ZCC_RETURN_IF_ERROR(FsyncDir(job_dir));
+    ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
   }
   return result;
 }

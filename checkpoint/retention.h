@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "storage/storage.h"
 
 namespace zcc::checkpoint {
 
@@ -42,18 +43,23 @@ struct RetentionGuard {
 
 // Removes committed steps outside the policy. Never removes the step named by
 // `latest`, the newest committed step, or a step `guard` keeps (steps being
-// restored). Partial directories (step-N.partial, *.superseded) whose last
-// modification is older than `partial_max_age` are removed too: a commit that
-// did not complete in that time is abandoned.
+// restored). Partial directories (step-N.partial, *.superseded), step
+// directories a removal left without COMMITTED, and temporary files of an
+// atomic write (latest.tmp.*) whose last modification is older than
+// `partial_max_age` are removed too: a commit that did not complete in that
+// time is abandoned. Everything goes through `fs` (null: the default POSIX
+// storage).
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                const RetentionPolicy& policy,
                                                const RetentionGuard& guard,
-                                               absl::Duration partial_max_age);
+                                               absl::Duration partial_max_age,
+                                               storage::Storage* fs = nullptr);
 // The same, keeping `protected_steps`.
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                const RetentionPolicy& policy,
                                                const std::set<int64_t>& protected_steps,
-                                               absl::Duration partial_max_age);
+                                               absl::Duration partial_max_age,
+                                               storage::Storage* fs = nullptr);
 
 }  // namespace zcc::checkpoint
 

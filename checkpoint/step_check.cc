@@ -13,6 +13,8 @@
 #include "format/checksum.h"
 #include "format/manifest.h"
 #include "storage/aligned_buffer.h"
+#include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -24,7 +26,7 @@ enum class Depth { kMetadata, kEveryTensor };
 absl::StatusOr<VerifyReport> CheckStep(const std::string& step_dir, const IoOptions& options,
                                        Depth depth,
                                        std::shared_ptr<const GroupedIndex>* grouped_out) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir));
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, ReadCommitRecord(step_dir, options.storage));
   // A header is one request: a queue (an io_uring per file) would only cost
   // its setup.
   IoOptions open_options = options;
@@ -36,7 +38,9 @@ absl::StatusOr<VerifyReport> CheckStep(const std::string& step_dir, const IoOpti
   std::vector<format::RankManifest> manifests;
   for (uint32_t r = 0; r < record.world_size; ++r) {
     const std::string mpath = JoinPath(step_dir, format::ManifestFileName(r));
-    ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, format::kMaxManifestBytes));
+    ZCC_ASSIGN_OR_RETURN(std::string text,
+                         storage::ReadWholeFile(storage::StorageOrDefault(options.storage), mpath,
+                                                format::kMaxManifestBytes));
     combined.Update(text.data(), text.size());
     ZCC_ASSIGN_OR_RETURN(format::RankManifest m, DecodeManifestFile(mpath, r, text));
     if (m.job_id != record.job_id || m.step != record.step || m.world_size != record.world_size) {
@@ -78,7 +82,7 @@ absl::StatusOr<VerifyReport> CheckStep(const std::string& step_dir, const IoOpti
     return absl::DataLossError(absl::StrCat(step_dir, ": ", grouped.status().message()));
   }
   report.global_tensors = (*grouped)->tensors.size();
-  ZCC_RETURN_IF_ERROR(ReadCommittedIndexText(step_dir, record).status());
+  ZCC_RETURN_IF_ERROR(ReadCommittedIndexText(step_dir, record, options.storage).status());
   if (combined.Digest() != record.manifest_hash) {
     return absl::DataLossError(absl::StrCat(step_dir, ": manifests differ from the ones committed"));
   }

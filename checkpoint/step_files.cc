@@ -12,6 +12,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/io_pipeline.h"
 #include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -41,16 +42,19 @@ absl::StatusOr<format::RankManifest> DecodeManifestFile(const std::string& path,
   return m;
 }
 
-absl::StatusOr<format::RankManifest> ReadRankManifest(const std::string& step_dir, uint32_t rank) {
+absl::StatusOr<format::RankManifest> ReadRankManifest(const std::string& step_dir, uint32_t rank,
+                                                      storage::Storage* fs) {
   const std::string path = JoinPath(step_dir, format::ManifestFileName(rank));
-  ZCC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, format::kMaxManifestBytes));
+  ZCC_ASSIGN_OR_RETURN(std::string text, storage::ReadWholeFile(storage::StorageOrDefault(fs), path,
+                                                                format::kMaxManifestBytes));
   return DecodeManifestFile(path, rank, text);
 }
 
 absl::StatusOr<std::optional<std::string>> ReadCommittedIndexText(
-    const std::string& step_dir, const format::CommitRecord& record) {
+    const std::string& step_dir, const format::CommitRecord& record, storage::Storage* fs) {
+  storage::Storage& s = storage::StorageOrDefault(fs);
   const std::string path = JoinPath(step_dir, format::kStepIndexFileName);
-  if (!PathExists(path)) {
+  if (!storage::Exists(s, path)) {
     if (record.index_xxh3 == 0) return std::optional<std::string>();
     return absl::DataLossError(absl::StrCat(path, " is missing; COMMITTED records one"));
   }
@@ -58,7 +62,7 @@ absl::StatusOr<std::optional<std::string>> ReadCommittedIndexText(
     return absl::DataLossError(absl::StrCat(path, " is not recorded in COMMITTED"));
   }
   ZCC_ASSIGN_OR_RETURN(std::string text,
-                       ReadFileToString(path, format::MaxStepIndexBytes(record.world_size)));
+                       storage::ReadWholeFile(s, path, format::MaxStepIndexBytes(record.world_size)));
   if (format::Xxh3(text.data(), text.size()) != record.index_xxh3) {
     return absl::DataLossError(
         absl::StrCat(path, " differs from the index committed (checksum mismatch)"));

@@ -29,12 +29,13 @@ namespace zcc::checkpoint {
 absl::StatusOr<format::RankManifest> DecodeManifestFile(const std::string& path, uint32_t rank,
                                                         absl::string_view text);
 // Reads and decodes rank `rank`'s manifest in `step_dir`.
-absl::StatusOr<format::RankManifest> ReadRankManifest(const std::string& step_dir, uint32_t rank);
+absl::StatusOr<format::RankManifest> ReadRankManifest(const std::string& step_dir, uint32_t rank,
+                                                      storage::Storage* fs = nullptr);
 
 // The step's index file, checked against the hash COMMITTED records for it;
 // nullopt for a step committed before zcc wrote one (neither file nor hash).
 absl::StatusOr<std::optional<std::string>> ReadCommittedIndexText(
-    const std::string& step_dir, const format::CommitRecord& record);
+    const std::string& step_dir, const format::CommitRecord& record, storage::Storage* fs = nullptr);
 
 // The manifest entries of each file, by file name; every file of `files`
 // has an entry, possibly empty.

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "format/manifest.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::daemon {
 
@@ -180,7 +181,8 @@ void Job::DropPending(int64_t step, const std::string& why) {
   }
   ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " " << why;
   const absl::Status removed =
-      RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
+      storage::StorageOrDefault(options_.storage)
+          .RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
   if (!removed.ok()) ZCC_LOG(WARNING) << removed;
 }
 
@@ -261,7 +263,7 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
   };
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
                        checkpoint::ApplyRetention(options_.job_dir, options_.retention, guard,
-                                                  options_.commit_timeout));
+                                                  options_.commit_timeout, options_.storage));
   if (!result.removed_steps.empty() || !result.removed_partials.empty()) {
     ZCC_LOG(INFO) << "job " << options_.job_id << ": retention removed "
                   << result.removed_steps.size() << " step(s) and "
@@ -300,7 +302,7 @@ void Job::TickWork() {
   if (!committer) {
     // Another daemon commits this job (or none has registered rank 0 here
     // yet); follow its progress through `latest`.
-    auto latest = checkpoint::ReadLatest(options_.job_dir);
+    auto latest = checkpoint::ReadLatest(options_.job_dir, options_.storage);
     zcc::MutexLock lock(&mu_);
     if (latest.ok()) last_committed_step_ = *latest;
     return;

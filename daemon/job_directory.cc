@@ -6,15 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <limits>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/committer.h"
+#include "checkpoint/recovery.h"
 #include "checkpoint/reader.h"
-#include "checkpoint/retention.h"
 #include "common/fd.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -200,8 +198,6 @@ void RecoverJobDirectories(const DaemonConfig& config) {
   // instance (or a crashed node); younger ones may be another daemon's work in
   // progress in a shared root and are left alone. Committed steps are not
   // touched here (no retention without the job's policy).
-  checkpoint::RetentionPolicy keep_all;
-  keep_all.keep_last = std::numeric_limits<uint32_t>::max();
   size_t removed = 0;
   std::set<std::string> roots(config.allowed_roots.begin(), config.allowed_roots.end());
   roots.insert(config.default_root);
@@ -212,19 +208,19 @@ void RecoverJobDirectories(const DaemonConfig& config) {
       if (!ValidateJobId(job).ok()) continue;
       const std::string job_dir = JoinPath(root, job);
       ScopedFsIdentity as_owner(DirOwner(job_dir));
-      auto result = checkpoint::ApplyRetention(job_dir, keep_all, checkpoint::RetentionGuard(), config.commit_timeout);
-      if (!result.ok()) continue;  // not a job directory, or unreadable
-      for (const std::string& name : result->removed_partials) {
+      auto recovered = checkpoint::RecoverJobDir(job_dir, config.commit_timeout);
+      if (!recovered.ok()) {
+        // Not a job directory, or unreadable: nothing of ours to repair.
+        ZCC_LOG(DEBUG) << "not recovering " << job_dir << ": " << recovered.status();
+        continue;
+      }
+      for (const std::string& name : recovered->removed) {
         ZCC_LOG(WARNING) << "removed abandoned partial checkpoint " << JoinPath(job_dir, name);
         ++removed;
       }
-      auto repaired = checkpoint::RepairLatest(job_dir);
-      if (!repaired.ok()) {
-        ZCC_LOG(WARNING) << "cannot repair " << JoinPath(job_dir, format::kLatestFileName) << ": "
-                         << repaired.status();
-      } else if (repaired->has_value()) {
+      if (recovered->latest_repaired.has_value()) {
         ZCC_LOG(WARNING) << "pointed " << JoinPath(job_dir, format::kLatestFileName) << " at "
-                         << format::StepDirName(**repaired)
+                         << format::StepDirName(*recovered->latest_repaired)
                          << " (a commit was cut short before writing it)";
       }
     }

@@ -13,6 +13,8 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "common/file_util.h"
+#include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 #include "common/fs_identity.h"
 #include "common/instance_lock.h"
 #include "common/log.h"
@@ -238,12 +240,13 @@ absl::StatusOr<v1::PutJobFileResponse> Registry::PutJobFile(const v1::PutJobFile
   }
   // With the job owner's identity, like every write into the job directory.
   ScopedFsIdentity as_owner(job->options().owner);
+  // Through the daemon's storage, beside the checkpoints (the job directory
+  // is 0750: what it holds is as private).
+  storage::Storage& fs = storage::StorageOrDefault(shard_storage_);
   const std::string dir = JoinPath(job->options().job_dir, kJobMetadataDirName);
-  if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
-    return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
-  }
+  ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
   const std::string path = JoinPath(dir, req.name());
-  ZCC_RETURN_IF_ERROR(WriteFileAtomic(path, req.content()));
+  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, req.content()));
   ZCC_LOG(INFO) << "job " << req.job_id() << ": stored " << path << " (" << req.content().size()
                 << " bytes)";
   v1::PutJobFileResponse resp;
@@ -272,12 +275,12 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
     policy.keep_every = config_.keep_every;
     ZCC_ASSIGN_OR_RETURN(result,
                          checkpoint::ApplyRetention(job_dir, policy, checkpoint::RetentionGuard(),
-                                                   config_.commit_timeout));
+                                                   config_.commit_timeout, shard_storage_));
   }
   v1::CollectGarbageResponse resp;
   for (int64_t step : result.removed_steps) resp.add_removed_steps(step);
   for (const std::string& p : result.removed_partials) resp.add_removed_partials(p);
-  auto kept = checkpoint::ListCommittedSteps(job_dir);
+  auto kept = checkpoint::ListCommittedSteps(job_dir, shard_storage_);
   if (kept.ok()) {
     for (int64_t step : *kept) resp.add_kept_steps(step);
   }
@@ -311,12 +314,13 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
       job != nullptr && job->options().job_dir == job_dir) {
     ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
   }
-  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, checkpoint::ListCommittedSteps(job_dir));
-  auto latest = checkpoint::ReadLatest(job_dir);
+  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                       checkpoint::ListCommittedSteps(job_dir, shard_storage_));
+  auto latest = checkpoint::ReadLatest(job_dir, shard_storage_);
   v1::ListCheckpointsResponse resp;
   for (int64_t step : steps) {
     const std::string dir = JoinPath(job_dir, format::StepDirName(step));
-    auto record = checkpoint::ReadCommitRecord(dir);
+    auto record = checkpoint::ReadCommitRecord(dir, shard_storage_);
     v1::CheckpointInfo* info = resp.add_checkpoints();
     info->set_step(step);
     info->set_path(dir);

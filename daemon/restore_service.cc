@@ -67,7 +67,7 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
   const std::string job_dir = job.options().job_dir;
   {
     ScopedFsIdentity as_owner(job.options().owner);
-    auto committed = checkpoint::ListCommittedSteps(job_dir);
+    auto committed = checkpoint::ListCommittedSteps(job_dir, read_io_.storage);
     if (!committed.ok() || committed->empty()) return;
   }
   std::optional<uint32_t> slot = session.TakeSlotForRestore();
@@ -80,7 +80,8 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
       -> absl::StatusOr<std::optional<RestorePrefetch::Chosen>> {
     ScopedFsIdentity as_owner(job.options().owner);
     auto choice = checkpoint::ChooseRestoreStep(
-        job_dir, -1, [this](const std::string& dir) { return checks_.Check(dir); });
+        job_dir, -1, [this](const std::string& dir) { return checks_.Check(dir); }, INT64_MAX,
+        read_io_.storage);
     if (choice.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
     if (!choice.ok()) return choice.status();
     RestorePrefetch::Chosen chosen;
@@ -119,7 +120,7 @@ absl::StatusOr<v1::RestoreCandidatesResponse> RestoreService::Candidates(Job& jo
   v1::RestoreCandidatesResponse resp;
   for (int64_t step : ServableMemorySteps(session, owned_only)) resp.add_memory_steps(step);
   ScopedFsIdentity as_owner(job.options().owner);
-  auto committed = checkpoint::ListCommittedSteps(job.options().job_dir);
+  auto committed = checkpoint::ListCommittedSteps(job.options().job_dir, read_io_.storage);
   if (!committed.ok() && committed.status().code() != absl::StatusCode::kNotFound) {
     return committed.status();
   }
@@ -176,7 +177,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   if (!in_memory.empty()) {
     int64_t want = req.step();
     if (want < 0) {
-      auto committed = checkpoint::ListCommittedSteps(job_dir);
+      auto committed = checkpoint::ListCommittedSteps(job_dir, read_io_.storage);
       const int64_t newest_disk = committed.ok() && !committed->empty() ? committed->back() : -1;
       if (in_memory.front() >= newest_disk) want = in_memory.front();
     }
@@ -208,7 +209,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
                          checkpoint::ChooseRestoreStep(
                              job_dir, requested,
                              [this](const std::string& dir) { return checks_.Check(dir); },
-                             at_most));
+                             at_most, read_io_.storage));
     for (const std::string& why : choice.rejected) skip(why);
     const std::string step_name = format::StepDirName(choice.step);
     const std::string step_dir = JoinPath(job_dir, step_name);
@@ -251,7 +252,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
 absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
     int64_t step, const std::function<bool()>& cancelled, RestorePrefetch* ahead) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir, read_io_.storage));
   // Any world size and layout: the step describes global tensors.
   const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
   job.BeginRestore(req.rank(), step);

@@ -46,7 +46,7 @@ void StepChecks::Trim() {
 }
 
 absl::Status StepChecks::Check(const std::string& step_dir) {
-  auto record = checkpoint::ReadCommitRecord(step_dir);
+  auto record = checkpoint::ReadCommitRecord(step_dir, io_.storage);
   if (!record.ok()) return record.status();
   const StepKey key(step_dir, record->manifest_hash);
   {
@@ -81,7 +81,7 @@ absl::Status StepChecks::Check(const std::string& step_dir) {
 
 absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepChecks::Index(
     const std::string& step_dir) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir));
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir, io_.storage));
   const StepKey key(step_dir, record.manifest_hash);
   {
     zcc::MutexLock lock(&mu_);
@@ -90,7 +90,7 @@ absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepChecks::Inde
     entry.busy = true;
   }
   absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> index =
-      checkpoint::LoadGroupedIndex(step_dir);
+      checkpoint::LoadGroupedIndex(step_dir, io_.storage);
   zcc::MutexLock lock(&mu_);
   entries_[key].busy = false;
   if (index.ok()) KeepIndex(key, *index);
@@ -99,7 +99,7 @@ absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepChecks::Inde
 }
 
 void StepChecks::MarkDamaged(const std::string& step_dir, const absl::Status& why) {
-  auto record = checkpoint::ReadCommitRecord(step_dir);
+  auto record = checkpoint::ReadCommitRecord(step_dir, io_.storage);
   if (!record.ok()) return;  // unreadable now: Check rejects it anyway
   metrics_->errors(metrics::ErrorKind::kVerify).Increment();
   zcc::MutexLock lock(&mu_);

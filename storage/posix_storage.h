@@ -53,6 +53,11 @@ class PosixStorage final : public Storage {
 // A process-wide PosixStorage with default options; never destroyed.
 Storage* DefaultStorage();
 
+// `storage`, or DefaultStorage() where it is null (an optional parameter).
+inline Storage& StorageOrDefault(Storage* storage) {
+  return storage != nullptr ? *storage : *DefaultStorage();
+}
+
 }  // namespace zcc::storage
 
 #endif  // ZCC_STORAGE_POSIX_STORAGE_H_

@@ -1,0 +1,217 @@
+// The commit protocol cut at each of its steps. A commit runs on a
+// MemoryStorage that dies after k changes, for every k from 0 to the number
+// the whole commit makes; then the power cut drops whatever was not synced,
+// and what is left is checked: `latest` names the older step or the new one,
+// never anything else; every step directory with COMMITTED holds one whole
+// step (never a mix of two, never a part); and recovery at start leaves only
+// committed steps and a `latest` that names one.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/committer.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/recovery.h"
+#include "checkpoint/shard_writer.h"
+#include "checkpoint/step_check.h"
+#include "checkpoint/testing/synthetic_rank.h"
+#include "common/file_util.h"
+#include "common/testing/status_matchers.h"
+#include "format/manifest.h"
+#include "storage/aligned_buffer.h"
+#include "storage/memory_storage.h"
+#include "storage/whole_file.h"
+
+namespace zcc::checkpoint {
+namespace {
+
+using testing::SyntheticRank;
+using testing::TensorSpec;
+
+constexpr char kJobDir[] = "/ckpt/job";
+constexpr char kJob[] = "job";
+constexpr uint32_t kWorld = 2;
+
+std::vector<TensorSpec> Specs() {
+  return {{"w", format::DType::kF32, {64, 32}},
+          {"b", format::DType::kBF16, {128}},
+          {"m", format::DType::kF32, {64, 32}, format::TensorKind::kOptim}};
+}
+
+IoOptions On(storage::Storage& fs) {
+  IoOptions o;
+  o.storage = &fs;
+  return o;
+}
+
+// Every rank's shards and manifest of `step`, with the bytes of `seed`.
+void WritePartial(storage::MemoryStorage& fs, int64_t step, int64_t seed) {
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    SyntheticRank rank(r, kWorld, Specs(), 0, kJob);
+    rank.Fill(seed);
+    REQUIRE_OK(WriteRankShards(kJobDir, step, rank.shards(), rank.slot(), On(fs)).status());
+  }
+}
+
+// Whether step directory `dir` reads back, whole and verified, as the bytes
+// of `seed`.
+bool Holds(storage::MemoryStorage& fs, const std::string& dir, int64_t seed) {
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    SyntheticRank expect(r, kWorld, Specs(), 0, kJob);
+    expect.Fill(seed);
+    storage::AlignedBuffer got(expect.slot_bytes());
+    if (!ReadRankTensors(dir, r, expect.Targets(got.data()), On(fs)).ok()) return false;
+    if (!expect.SameTensors(got.data())) return false;
+  }
+  return VerifyStep(dir, On(fs)).ok();
+}
+
+struct Scenario {
+  std::string name;
+  std::optional<std::pair<int64_t, int64_t>> committed;  // step, seed before the commit
+  int64_t step = 0;                                     // the commit cut short
+  int64_t seed = 0;
+};
+
+// The state before the commit: the older step committed, the new one's
+// files all written and synced.
+void Prepare(storage::MemoryStorage& fs, const Scenario& s) {
+  REQUIRE_OK(fs.MakeDirs(kJobDir));
+  REQUIRE_OK(fs.SyncDir("/"));
+  REQUIRE_OK(fs.SyncDir("/ckpt"));
+  if (s.committed.has_value()) {
+    WritePartial(fs, s.committed->first, s.committed->second);
+    auto done = TryCommit(kJobDir, kJob, s.committed->first, kWorld, &fs);
+    REQUIRE_OK(done);
+    REQUIRE(done->outcome == CommitOutcome::kCommitted);
+  }
+  WritePartial(fs, s.step, s.seed);
+}
+
+void CheckAfterCrash(storage::MemoryStorage& fs, const Scenario& s, bool commit_returned_ok) {
+  // `latest` names the older step or the new one.
+  auto latest = ReadLatest(kJobDir, &fs);
+  if (s.committed.has_value()) {
+    REQUIRE_OK(latest);
+    CHECK((*latest == s.committed->first || *latest == s.step));
+  } else {
+    CHECK((absl::IsNotFound(latest.status()) || (latest.ok() && *latest == s.step)));
+  }
+  if (commit_returned_ok) {
+    // A commit that returned is durable.
+    REQUIRE_OK(latest);
+    CHECK(*latest == s.step);
+  }
+  // Every committed step directory is one whole step.
+  auto steps = ListCommittedSteps(kJobDir, &fs);
+  REQUIRE_OK(steps);
+  for (int64_t step : *steps) {
+    INFO("step " << step);
+    const std::string dir = JoinPath(kJobDir, format::StepDirName(step));
+    const bool old_one = s.committed.has_value() && step == s.committed->first &&
+                         Holds(fs, dir, s.committed->second);
+    const bool new_one = step == s.step && Holds(fs, dir, s.seed);
+    CHECK((old_one || new_one));
+  }
+  // What `latest` names is there and whole.
+  if (latest.ok()) {
+    CHECK(std::find(steps->begin(), steps->end(), *latest) != steps->end());
+  }
+  // Recovery at start: nothing but committed steps and `latest` is left.
+  auto recovered = RecoverJobDir(kJobDir, absl::ZeroDuration(), &fs);
+  REQUIRE_OK(recovered);
+  auto names = fs.List(kJobDir);
+  REQUIRE_OK(names);
+  for (const std::string& name : *names) {
+    INFO(name);
+    CHECK((name == format::kLatestFileName || format::ParseStepDirName(name).ok()));
+  }
+  auto after = ListCommittedSteps(kJobDir, &fs);
+  REQUIRE_OK(after);
+  auto latest_after = ReadLatest(kJobDir, &fs);
+  if (!after->empty()) {
+    REQUIRE_OK(latest_after);
+    CHECK(std::find(after->begin(), after->end(), *latest_after) != after->end());
+  }
+  if (latest.ok()) CHECK(*latest_after == *latest);
+}
+
+void CutAtEveryChange(const Scenario& s) {
+  // How many changes the whole commit makes.
+  uint64_t total = 0;
+  {
+    storage::MemoryStorage fs;
+    Prepare(fs, s);
+    const uint64_t before = fs.changes();
+    auto done = TryCommit(kJobDir, kJob, s.step, kWorld, &fs);
+    REQUIRE_OK(done);
+    REQUIRE(done->outcome == CommitOutcome::kCommitted);
+    total = fs.changes() - before;
+  }
+  REQUIRE(total > 5);
+  WARN(s.name << ": " << total << " changes, each a place to die");
+  for (uint64_t k = 0; k <= total; ++k) {
+    INFO(s.name << ": the storage died after " << k << " of the commit's " << total << " changes");
+    storage::MemoryStorage fs;
+    Prepare(fs, s);
+    fs.CrashAfter(k);
+    const auto result = TryCommit(kJobDir, kJob, s.step, kWorld, &fs);
+    CHECK(result.ok() == (k == total));
+    fs.Crash();
+    CheckAfterCrash(fs, s, result.ok());
+  }
+}
+
+TEST_CASE("a commit cut at any change leaves the older step latest or the new one whole") {
+  CutAtEveryChange({"step 20 after step 10", std::make_pair(10, 10), 20, 20});
+}
+
+TEST_CASE("the same step committed again (a resumed run) is old or new at every cut, never gone") {
+  CutAtEveryChange({"step 10 replaced", std::make_pair(10, 10), 10, 11});
+}
+
+TEST_CASE("a job's first commit cut at any change: no latest, or the step whole") {
+  CutAtEveryChange({"first commit", std::nullopt, 10, 10});
+}
+
+TEST_CASE("recovery removes the debris a real file system may keep: temporaries, partials, "
+          "removals cut short") {
+  storage::MemoryStorage fs;
+  Prepare(fs, {"", std::make_pair(10, 10), 30, 30});  // step 10 committed, step 30 partial
+  REQUIRE_OK(storage::WriteFileAtomic(fs, JoinPath(kJobDir, "latest.tmp.4242.7"), "step-0000"));
+  REQUIRE_OK(fs.MakeDirs(JoinPath(kJobDir, "step-00000040")));  // a removal cut short
+  REQUIRE_OK(fs.MakeDirs(JoinPath(kJobDir, "step-00000010.superseded")));
+  REQUIRE_OK(fs.MakeDirs(JoinPath(kJobDir, "notes")));  // not ours: left alone
+
+  // Young debris may be another daemon's commit in progress: only the
+  // removal cut short goes.
+  auto young = RecoverJobDir(kJobDir, absl::Hours(1), &fs);
+  REQUIRE_OK(young);
+  CHECK(young->removed == std::vector<std::string>{"step-00000040"});
+  CHECK_FALSE(young->latest_repaired.has_value());
+
+  auto old = RecoverJobDir(kJobDir, absl::ZeroDuration(), &fs);
+  REQUIRE_OK(old);
+  CHECK(old->removed == std::vector<std::string>{"latest.tmp.4242.7", "step-00000010.superseded",
+                                                 "step-00000030.partial"});
+  CHECK(*fs.List(kJobDir) == std::vector<std::string>{"latest", "notes", "step-00000010"});
+  CHECK(*ReadLatest(kJobDir, &fs) == 10);
+  CHECK(Holds(fs, JoinPath(kJobDir, "step-00000010"), 10));
+}
+
+TEST_CASE("recovery points a missing latest at the newest whole step") {
+  storage::MemoryStorage fs;
+  Prepare(fs, {"", std::make_pair(10, 10), 20, 20});
+  REQUIRE_OK(TryCommit(kJobDir, kJob, 20, kWorld, &fs).status());
+  REQUIRE_OK(fs.Remove(JoinPath(kJobDir, "latest")));
+  auto recovered = RecoverJobDir(kJobDir, absl::ZeroDuration(), &fs);
+  REQUIRE_OK(recovered);
+  CHECK(recovered->latest_repaired == std::optional<int64_t>(20));
+  CHECK(*ReadLatest(kJobDir, &fs) == 20);
+}
+
+}  // namespace
+}  // namespace zcc::checkpoint
