@@ -1,5 +1,8 @@
-// One registered trainer rank: its staging segment, what it checkpoints, and
-// the ingest thread that turns READY slots into EMA updates and writes.
+// One registered trainer rank: its lifecycle and the ingest thread that turns
+// READY slots into EMA updates and writes. What it is made of has owners of
+// its own: the staging slots (daemon/staging_slots.h), the EMA
+// (daemon/rank_ema.h), the writer (daemon/rank_writer.h) and what it holds
+// from the previous trainer (daemon/held_snapshots.h).
 //
 // Ingest: a dedicated thread sleeps on the segment's doorbell futex, takes
 // READY slots in publication order (kReady -> kIngesting), folds them into
@@ -46,11 +49,13 @@
 #include "common/fs_identity.h"
 #include "cuda/ipc_puller.h"
 #include "common/mutex.h"
+#include "daemon/held_snapshots.h"
 #include "daemon/rank_ema.h"
 #include "daemon/rank_writer.h"
 #include "daemon/registered_tensor.h"
 #include "daemon/restore_buffers.h"
 #include "daemon/restore_prefetch.h"
+#include "daemon/staging_slots.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
 #include "metrics/metrics.h"
@@ -80,31 +85,6 @@ struct RankSessionOptions {
   // How shards are written (tests pass a slow or faulty storage).
   checkpoint::IoOptions io;
 };
-
-// A FULL snapshot left in a staging slot.
-struct SlotSnapshot {
-  uint32_t slot = 0;
-  int64_t step = -1;
-};
-
-class RankSession;
-
-// What a session adopts from its rank's previous trainer: that trainer's
-// stopped session (for its EMA) and the snapshots held in the adopted
-// segment, newest first.
-struct Inheritance {
-  std::shared_ptr<RankSession> predecessor;
-  std::vector<SlotSnapshot> held;
-};
-
-// Reported after every persist attempt, from the writer thread.
-struct PersistEvent {
-  uint32_t rank = 0;
-  int64_t step = 0;
-  absl::Status status;
-  checkpoint::WriteStats stats;
-};
-using PersistCallback = std::function<void(const PersistEvent&)>;
 
 struct RankCounters {
   int64_t last_snapshot_step = -1;
@@ -147,6 +127,10 @@ class RankSession {
   // A slot whose memory cannot be had stays held back (logged, last_error).
   // Call before Start().
   void ReserveInBackground(std::vector<uint32_t> slots);
+
+  // The staging segment and its slots.
+  StagingSlots& slots() { return slots_; }
+  const StagingSlots& slots() const { return slots_; }
   // Ingests what is already READY, finishes the write in progress, stops the
   // threads and tells the client the registration is closed. Idempotent.
   void Stop();
@@ -173,8 +157,6 @@ class RankSession {
   // when the pid was visible to the daemon at registration (same pid
   // namespace); otherwise liveness rests on heartbeats alone.
   bool ClientProcessGone() const;
-
-  uint8_t* slot_data(uint32_t slot) const { return segment_.slot(slot, shards_.layout.slot_bytes); }
 
   // The restore and EMA buffers filled for this rank's client, kept until it
   // has copied them out; dropped when the session stops.
@@ -232,37 +214,8 @@ class RankSession {
   void SetPrefetch(std::unique_ptr<RestorePrefetch> prefetch) ABSL_LOCKS_EXCLUDED(mu_);
   std::unique_ptr<RestorePrefetch> TakePrefetch() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Marks a read of a restore into this session's memory for as long as it
-  // lives: the background reservation of the other slots waits meanwhile
-  // (the trainer snapshots only after its restore; on a machine with few
-  // cores the reservation's kernel work would slow the read).
-  class RestoreRead {
-   public:
-    explicit RestoreRead(RankSession& session) : session_(session) {
-      zcc::MutexLock lock(&session_.reserve_mu_);
-      ++session_.restore_reads_;
-    }
-    ~RestoreRead() {
-      zcc::MutexLock lock(&session_.reserve_mu_);
-      --session_.restore_reads_;  // the reserver wakes when it reaches 0
-    }
-    RestoreRead(const RestoreRead&) = delete;
-    RestoreRead& operator=(const RestoreRead&) = delete;
-
-   private:
-    RankSession& session_;
-  };
-
-  // A free staging slot for a restore from disk to fill (held until
-  // ReleaseRestoreSlot), or nullopt when the trainer holds them all.
-  std::optional<uint32_t> TakeSlotForRestore();
-  void ReleaseRestoreSlot(uint32_t slot) { FreeSlot(slot); }
-  // Where slot `slot` starts, from the segment's start.
-  uint64_t SlotOffset(uint32_t slot) const;
-
   const RankSessionOptions& options() const { return options_; }
-  const std::string& shm_name() const { return segment_.name(); }
-  uint64_t segment_bytes() const { return segment_.size(); }
+  uint64_t segment_bytes() const { return slots_.segment_bytes(); }
   RankCounters counters() const;
 
  private:
@@ -273,70 +226,36 @@ class RankSession {
   // and the slot went to the writer (which frees it), false when the caller
   // frees it.
   bool Process(const shm::ReadySlot& slot);
-  void FreeSlot(uint32_t index);
   void SetError(std::string error);
   // Submits `slot` to the writer with a copy of the EMA as of its step.
   void SubmitWrite(const shm::ReadySlot& slot, bool on_failure);
-  // The writer's work for one job (on its thread): writes the shards, frees
-  // the slot and reports the outcome.
-  void Write(WriteJob job);
 
   const checkpoint::RankShards shards_;
   const std::vector<RegisteredTensor> registered_;
-  shm::Segment segment_;
   const RankSessionOptions options_;
-  shm::SlotRing ring_;  // the slot protocol over segment_ (shm/slot_ring.h)
-  const PersistCallback on_persisted_;
+  StagingSlots slots_;
   const uint64_t registered_ns_;
   const bool pid_visible_;
   RankEma ema_;
+  HeldSnapshots held_;
 
   std::atomic<bool> save_requested_{false};
   std::atomic<bool> retiring_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> last_snapshot_step_{-1};
-  std::atomic<int64_t> last_persisted_step_{-1};
-  // The newest FULL snapshot ingested and the slot that held it.
-  std::atomic<int64_t> last_full_step_{-1};
-  std::atomic<uint32_t> last_full_slot_{0};
-  // Per slot, the step of the FULL snapshot last ingested from it (-1: none,
-  // or an EMA-only one): with the slot free and still showing that step, the
-  // snapshot is intact.
-  std::array<std::atomic<int64_t>, shm::kMaxSlots> ingested_full_step_;
-  // True while something inherited from a predecessor is held (held_ or
-  // predecessor_ set): lets the ingest loop skip ReleaseHeld's lock.
-  std::atomic<bool> inherits_{false};
-  // The background reserver waits on this for the restore's reads to end
-  // (or the session to stop) before it reserves the slots after the first.
-  zcc::Mutex reserve_mu_;
-  // Restore reads under way (RestoreRead).
-  int restore_reads_ ABSL_GUARDED_BY(reserve_mu_) = 0;
-  bool reserver_stop_ ABSL_GUARDED_BY(reserve_mu_) = false;
   // True while prefetch_ is set: lets the ingest loop skip TakePrefetch's lock.
   std::atomic<bool> has_prefetch_{false};
-  // Set once the segment was handed to a successor: the heartbeat leaves it.
-  std::atomic<bool> segment_taken_{false};
   std::atomic<uint64_t> snapshots_ingested_{0};
-  std::atomic<uint64_t> persist_failures_{0};
   std::thread thread_;
 
   mutable zcc::Mutex mu_;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<SlotSnapshot> held_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<RankSession> predecessor_ ABSL_GUARDED_BY(mu_);
-  // The predecessor's EMA was taken (a swap: taking it again would give it
-  // back).
-  bool predecessor_ema_taken_ ABSL_GUARDED_BY(mu_) = false;
   RestoreBuffers restore_buffers_;
   std::unique_ptr<RestorePrefetch> prefetch_ ABSL_GUARDED_BY(mu_);
   // Set before Start(), stopped (not destroyed: its counts stay) by Stop().
   std::unique_ptr<RankPuller> puller_;
-  // Slots to reserve (set before Start()), and the thread reserving them,
-  // joined by Stop().
-  std::vector<uint32_t> to_reserve_;
-  std::thread reserver_;
-  // Last: declared after everything Write() touches, so it is destroyed (and
+  // Last: declared after everything a write touches, so it is destroyed (and
   // its thread joined) first.
   RankWriter writer_;
 };

@@ -206,7 +206,7 @@ class TestRank {
         if (!cb_->slots[i].state.compare_exchange_strong(expected, S(SlotState::kFilling))) {
           continue;
         }
-        uint8_t* slot = session_->slot_data(i);
+        uint8_t* slot = session_->slots().data(i);
         for (int t = 0; t < kTensors; ++t) {
           float* f = reinterpret_cast<float*>(slot + offsets_[t]);
           for (int k = 0; k < kElements; ++k) f[k] = Value(t, step, k) + salt;
@@ -293,7 +293,7 @@ TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, o
   CHECK(session.MemorySteps() == std::vector<int64_t>{5});
   REQUIRE(session.HeldSlot(5).has_value());
   CHECK_FALSE(session.HeldSlot(4).has_value());
-  const uint8_t* slot = session.slot_data(*session.HeldSlot(5));
+  const uint8_t* slot = session.slots().data(*session.HeldSlot(5));
   for (int t = 0; t < kTensors; ++t) {
     INFO("tensor " << t);
     const float* f = reinterpret_cast<const float*>(slot + session.registered()[t].slot_offset);
@@ -339,7 +339,7 @@ TEST_CASE("a step replayed after a restart is served from the new snapshot, neve
   // It dies: the successor holds step 5 once, with the replayed values.
   CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
   const RankSession& next = rank.session();
-  const uint8_t* slot = next.slot_data(*next.HeldSlot(5));
+  const uint8_t* slot = next.slots().data(*next.HeldSlot(5));
   const float* f = reinterpret_cast<const float*>(slot + next.registered()[0].slot_offset);
   CHECK(f[3] == Value(0, 5, 3) + 1000);
 }

@@ -1,6 +1,9 @@
 // The writer stage of one rank: a one-deep queue and the thread that writes a
 // checkpoint step's shards from a staging slot, so ingest (and with it the
-// EMA and the free slots the trainer needs) never waits for the disk.
+// EMA and the free slots the trainer needs) never waits for the disk. The
+// writer owns the write: the shards with the job owner's identity, the
+// failure counts the trainer reads from the control block, the slot freed
+// after, and the outcome reported to the job's committer.
 //
 // One write runs per rank at a time. Submit waits until the writer is idle,
 // then builds the job under the writer's lock, so two submitters (ingest and
@@ -13,15 +16,22 @@
 #ifndef ZCC_DAEMON_RANK_WRITER_H_
 #define ZCC_DAEMON_RANK_WRITER_H_
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "checkpoint/io_options.h"
+#include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
+#include "common/fs_identity.h"
 #include "common/mutex.h"
+#include "daemon/staging_slots.h"
 #include "shm/slot_ring.h"
 #include "storage/aligned_buffer.h"
 
@@ -36,12 +46,31 @@ struct WriteJob {
   std::vector<checkpoint::ExtraShard> ema_shards;  // describing ema_copy
 };
 
+// Reported after every persist attempt, from the writer thread.
+struct PersistEvent {
+  uint32_t rank = 0;
+  int64_t step = 0;
+  absl::Status status;
+  checkpoint::WriteStats stats;
+};
+using PersistCallback = std::function<void(const PersistEvent&)>;
+
+// What the writer writes for, and where its outcomes go.
+struct RankWriteTarget {
+  const checkpoint::RankShards* shards = nullptr;  // borrowed; outlives the writer
+  StagingSlots* slots = nullptr;                   // borrowed; outlives the writer
+  std::string job_dir;
+  FsOwner fs_owner;        // whose file-system identity writes the shards
+  checkpoint::IoOptions io;  // how (tests pass a slow or faulty storage)
+  // After each attempt, with its slot already free.
+  PersistCallback on_persisted;
+  // A failed write, described for the rank's status.
+  std::function<void(const std::string&)> on_error;
+};
+
 class RankWriter {
  public:
-  // Runs on the writer thread, once per job; owns the job while it runs.
-  using WriteFn = std::function<void(WriteJob job)>;
-
-  explicit RankWriter(WriteFn write);
+  explicit RankWriter(RankWriteTarget target);
   ~RankWriter();  // Stop()
   RankWriter(const RankWriter&) = delete;
   RankWriter& operator=(const RankWriter&) = delete;
@@ -56,14 +85,22 @@ class RankWriter {
   // Finishes the queued job, if any, and joins the thread. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
+  int64_t last_persisted_step() const { return last_persisted_step_.load(); }
+  uint64_t persist_failures() const { return persist_failures_.load(); }
+
  private:
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !job_.has_value() && !writing_; }
   bool QueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job_.has_value() || stop_;
   }
   void Loop();
+  // One job, on the writer thread: writes the shards, frees the slot and
+  // reports the outcome.
+  void Write(WriteJob job);
 
-  const WriteFn write_;
+  const RankWriteTarget target_;
+  std::atomic<int64_t> last_persisted_step_{-1};
+  std::atomic<uint64_t> persist_failures_{0};
   zcc::Mutex mu_;
   std::optional<WriteJob> job_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

@@ -70,12 +70,12 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
     auto committed = checkpoint::ListCommittedSteps(job_dir, read_io_.storage);
     if (!committed.ok() || committed->empty()) return;
   }
-  std::optional<uint32_t> slot = session.TakeSlotForRestore();
+  std::optional<uint32_t> slot = session.slots().TakeForRestore();
   if (!slot.has_value()) return;
   // From now until the read ends (or nothing is to be read): the background
   // reservation of the trainer's other slots waits for it.
-  auto reading = std::make_shared<std::unique_ptr<RankSession::RestoreRead>>(
-      std::make_unique<RankSession::RestoreRead>(session));
+  auto reading = std::make_shared<std::unique_ptr<StagingSlots::RestoreRead>>(
+      std::make_unique<StagingSlots::RestoreRead>(session.slots()));
   auto choose = [this, &job, job_dir, rank]()
       -> absl::StatusOr<std::optional<RestorePrefetch::Chosen>> {
     ScopedFsIdentity as_owner(job.options().owner);
@@ -96,7 +96,7 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
                   const RestorePrefetch::Chosen& chosen, const std::function<bool()>& cancelled) {
     ScopedFsIdentity as_owner(job.options().owner);
     auto read = ReadIntoSlot(chosen.step_dir, *chosen.index, session.registered(),
-                             session.slot_data(slot), read_io_, cancelled);
+                             session.slots().data(slot), read_io_, cancelled);
     reading->reset();
     return read;
   };
@@ -108,7 +108,7 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
     if (chosen.has_value()) {
       metrics_->restore_prefetches(metrics::PrefetchOutcome::kDiscarded).Increment();
     }
-    session.ReleaseRestoreSlot(slot);
+    session.slots().ReleaseRestore(slot);
   };
   session.SetPrefetch(std::make_unique<RestorePrefetch>(*slot, std::move(choose), std::move(read),
                                                         std::move(finish)));
@@ -141,7 +141,7 @@ v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
   v1::RestoreResponse resp;
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
-  resp.set_shm_name(session.shm_name());
+  resp.set_shm_name(session.slots().name());
   resp.set_segment_bytes(session.segment_bytes());
   resp.set_data_offset(shm::ControlBlockBytes() + uint64_t{slot} * slot_bytes);
   for (const RegisteredTensor& t : session.registered()) {
@@ -282,10 +282,10 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     read = *std::move(taken);
     metrics_->restore_prefetches(metrics::PrefetchOutcome::kUsed).Increment();
   } else if (req.owned_only() || session.AllStaged()) {
-    slot = session.TakeSlotForRestore();
+    slot = session.slots().TakeForRestore();
     if (slot.has_value()) {
-      RankSession::RestoreRead reading(session);
-      read = ReadIntoSlot(step_dir, **index, registered, session.slot_data(*slot),
+      StagingSlots::RestoreRead reading(session.slots());
+      read = ReadIntoSlot(step_dir, **index, registered, session.slots().data(*slot),
                           read_io_, cancelled);
     }
   }
@@ -297,9 +297,9 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     read_status = read.status();
     if (read.ok()) {
       bytes_read = *read;
-      resp.set_shm_name(session.shm_name());
+      resp.set_shm_name(session.slots().name());
       resp.set_segment_bytes(session.segment_bytes());
-      resp.set_data_offset(session.SlotOffset(*slot));
+      resp.set_data_offset(session.slots().Offset(*slot));
       for (const RegisteredTensor& t : registered) {
         v1::TensorPlacement* p = resp.add_placements();
         p->set_name(t.name);
@@ -308,7 +308,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
         p->set_staged(t.staged);
       }
     } else {
-      session.ReleaseRestoreSlot(*slot);
+      session.slots().ReleaseRestore(*slot);
     }
   } else {
     auto buffer = ReadRestoreBuffer(step_dir, **index, registered, shm_name, max_slot_bytes_,
@@ -340,7 +340,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   metrics_->restore_bytes_read().Increment(bytes_read);
   if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();
-    if (slot.has_value()) session.ReleaseRestoreSlot(*slot);
+    if (slot.has_value()) session.slots().ReleaseRestore(*slot);
     job.EndRestore(req.rank(), step);
     return Annotate(st, "the EMA");
   }
@@ -350,7 +350,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   // held in memory are of no more use (the trainer restored from disk).
   resp.set_restore_id(session.restore_buffers().Add(
       std::move(buffer_segment), step, [&session, slot] {
-        if (slot.has_value()) session.ReleaseRestoreSlot(*slot);
+        if (slot.has_value()) session.slots().ReleaseRestore(*slot);
         session.ReleaseHeld();
       }));
   // Read ahead: the read's own time, and how much of it this restore waited.
