@@ -16,7 +16,6 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -24,9 +23,9 @@
 #include "config/config_file.h"
 #include "config/daemon_config.h"
 #include "cuda/ipc_puller.h"
+#include "common/status.h"
+#include "daemon/fault_drills.h"
 #include "daemon/server.h"
-#include "storage/fault_storage.h"
-#include "storage/posix_storage.h"
 
 ABSL_FLAG(std::string, config, "", "text-format config file (schema: config/zccd_config.proto); "
                                    "flags given on the command line override it");
@@ -112,6 +111,51 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("log_level")) c.ops.log_level = absl::GetFlag(FLAGS_log_level);
 }
 
+// The configuration zccd runs with: the file (--config), the flags given on
+// the command line over it, defaults filled in, every field checked.
+absl::StatusOr<zcc::config::FullConfig> LoadConfig() {
+  zcc::config::FullConfig config;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    // Flags win over the file; the file's checks see them applied.
+    ZCC_ASSIGN_OR_RETURN(config,
+                         zcc::config::LoadConfigFile(absl::GetFlag(FLAGS_config), config, ApplyFlags));
+  }
+  ApplyFlags(config);
+  config.daemon.ema_threads = config.ops.ema_threads;
+  config.daemon = zcc::daemon::WithDefaults(config.daemon);
+  ZCC_RETURN_IF_ERROR(zcc::config::ValidateFullConfig(config));
+  return config;
+}
+
+// Serves until SIGTERM or SIGINT (blocked in every thread: `signals`), then
+// shuts down, exiting regardless once `stop_timeout` has passed.
+void ServeUntilSignalled(zcc::daemon::Server& server, const sigset_t& signals,
+                         absl::Duration stop_timeout) {
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    ZCC_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    // A disk that stops answering must not keep zccd from stopping: what has
+    // not finished by the deadline is abandoned. Committed checkpoints are
+    // intact (commits are atomic); the next start removes stale segments and
+    // abandoned partial steps.
+    std::thread([stop_timeout] {
+      absl::SleepFor(stop_timeout);
+      ZCC_LOG(ERROR) << "zccd did not stop within " << absl::FormatDuration(stop_timeout)
+                     << " (a request or disk write that does not finish); exiting without it";
+      std::_Exit(1);
+    }).detach();
+    server.Shutdown();
+  });
+  server.Wait();
+  signal_thread.join();
+}
+
+int Fail(int code, const absl::Status& status) {
+  std::fprintf(stderr, "zccd: %s\n", std::string(status.message()).c_str());
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,32 +172,16 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   RecordGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
-
-  zcc::config::FullConfig config;
   if (absl::GetFlag(FLAGS_print_default_config)) {
-    std::printf("%s", zcc::config::DefaultConfigText(config).c_str());
+    std::printf("%s", zcc::config::DefaultConfigText(zcc::config::FullConfig()).c_str());
     return 0;
   }
-  if (!absl::GetFlag(FLAGS_config).empty()) {
-    // Flags win over the file; the file's checks see them applied.
-    auto loaded = zcc::config::LoadConfigFile(absl::GetFlag(FLAGS_config), config, ApplyFlags);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "zccd: %s\n", std::string(loaded.status().message()).c_str());
-      return 2;
-    }
-    config = *std::move(loaded);
-  }
-  ApplyFlags(config);
-  config.daemon.ema_threads = config.ops.ema_threads;
-  config.daemon = zcc::daemon::WithDefaults(config.daemon);
-  if (absl::Status st = zcc::config::ValidateFullConfig(config); !st.ok()) {
-    std::fprintf(stderr, "zccd: %s\n", std::string(st.message()).c_str());
-    return 2;
-  }
-  if (auto level = zcc::config::ParseLogLevel(config.ops.log_level); level.ok()) {
+  absl::StatusOr<zcc::config::FullConfig> config = LoadConfig();
+  if (!config.ok()) return Fail(2, config.status());
+  if (auto level = zcc::config::ParseLogLevel(config->ops.log_level); level.ok()) {
     zcc::SetLogLevel(*level);
   }
-  for (const std::string& ignored : config.ignored) ZCC_LOG(WARNING) << ignored;
+  for (const std::string& ignored : config->ignored) ZCC_LOG(WARNING) << ignored;
 
   // Signals are taken by one thread with sigwait; every other thread inherits the mask.
   sigset_t signals;
@@ -163,74 +191,19 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  // Fault drills and integration tests: every shard write goes through a
-  // storage that fails or stalls as planned. Never set in production.
-  std::unique_ptr<zcc::storage::FaultInjectingStorage> fault_storage;
-  if (const char* spec = std::getenv("ZCCD_INJECT_STORAGE_FAULTS"); spec != nullptr) {
-    auto plan = zcc::storage::ParseFaultPlan(spec);
-    if (!plan.ok()) {
-      std::fprintf(stderr, "zccd: ZCCD_INJECT_STORAGE_FAULTS: %s\n",
-                   std::string(plan.status().message()).c_str());
-      return 2;
-    }
-    ZCC_LOG(WARNING) << "storage fault injection is ON for shard writes, commits and restore "
-                        "reads (ZCCD_INJECT_STORAGE_FAULTS): "
-                     << zcc::storage::DescribeFaultPlan(*plan);
-    fault_storage = std::make_unique<zcc::storage::FaultInjectingStorage>(
-        zcc::storage::DefaultStorage(), *std::move(plan));
-  }
-
+  absl::StatusOr<zcc::daemon::FaultDrills> drills = zcc::daemon::FaultDrillsFromEnvironment();
+  if (!drills.ok()) return Fail(2, drills.status());
   zcc::daemon::ServerOptions options;
-  options.shard_storage = fault_storage.get();
-  // Fault drills and the tests of a stalled registration: reserving a
-  // staging segment whose name contains ZCCD_INJECT_RESERVE_DELAY_MATCH (any
-  // when unset) first waits this long. Never set in production.
-  if (const char* ms = std::getenv("ZCCD_INJECT_RESERVE_DELAY_MS"); ms != nullptr) {
-    int delay_ms = 0;
-    if (!absl::SimpleAtoi(ms, &delay_ms) || delay_ms < 0) {
-      std::fprintf(stderr, "zccd: ZCCD_INJECT_RESERVE_DELAY_MS: not a number of ms: %s\n", ms);
-      return 2;
-    }
-    const char* match = std::getenv("ZCCD_INJECT_RESERVE_DELAY_MATCH");
-    const std::string pattern = match == nullptr ? "" : match;
-    ZCC_LOG(WARNING) << "staging reservations of segments matching '" << pattern
-                     << "' are delayed by " << delay_ms << " ms (ZCCD_INJECT_RESERVE_DELAY_MS)";
-    options.before_reserve = [delay = absl::Milliseconds(delay_ms), pattern](
-                                 const std::string& segment, uint64_t) {
-      if (!absl::StrContains(segment, pattern)) return;
-      ZCC_LOG(WARNING) << "fault drill: the reservation of " << segment << " waits "
-                       << absl::FormatDuration(delay);
-      absl::SleepFor(delay);
-    };
-  }
+  options.shard_storage = drills->storage.get();
+  options.before_reserve = drills->before_reserve;
   options.pull_engine = zcc::NewPullEngine;
-  options.status_tcp_listen = config.ops.status_tcp_listen;
-  options.metrics_http_listen = config.ops.metrics_http_listen;
-  options.metrics_textfile_dir = config.ops.metrics_textfile_dir;
-  options.metrics_textfile_interval = config.ops.metrics_textfile_interval;
-  auto server = zcc::daemon::Server::Start(config.daemon, options);
-  if (!server.ok()) {
-    std::fprintf(stderr, "zccd: %s\n", std::string(server.status().message()).c_str());
-    return 1;
-  }
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    ZCC_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    // A disk that stops answering must not keep zccd from stopping: what has
-    // not finished by the deadline is abandoned. Committed checkpoints are
-    // intact (commits are atomic); the next start removes stale segments and
-    // abandoned partial steps.
-    std::thread([timeout = config.daemon.stop_timeout] {
-      absl::SleepFor(timeout);
-      ZCC_LOG(ERROR) << "zccd did not stop within " << absl::FormatDuration(timeout)
-                     << " (a request or disk write that does not finish); exiting without it";
-      std::_Exit(1);
-    }).detach();
-    server->Shutdown();
-  });
-  server->Wait();
-  signal_thread.join();
+  options.status_tcp_listen = config->ops.status_tcp_listen;
+  options.metrics_http_listen = config->ops.metrics_http_listen;
+  options.metrics_textfile_dir = config->ops.metrics_textfile_dir;
+  options.metrics_textfile_interval = config->ops.metrics_textfile_interval;
+  auto server = zcc::daemon::Server::Start(config->daemon, options);
+  if (!server.ok()) return Fail(1, server.status());
+  ServeUntilSignalled(*server, signals, config->daemon.stop_timeout);
   ZCC_LOG(INFO) << "zccd stopped";
   return 0;
 }

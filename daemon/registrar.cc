@@ -213,88 +213,128 @@ void FillResponse(const Staging& staging, const Geometry& g, uint64_t generation
   }
 }
 
-}  // namespace
-
-absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterRequest& req,
-                                                         const Caller& caller) {
-  const DaemonConfig& config = *d_.config;
+// What a registration will make, worked out from the request before any
+// lock is taken.
+struct RankPlan {
   Geometry g;
-  ZCC_RETURN_IF_ERROR(CheckRequest(req, caller, config, &g.num_slots));
+  std::vector<RegisteredTensor> registered;
+  checkpoint::RankShards shards;
+  std::string job_dir;  // <root>/<job_id>, made for the caller if new
+  EmaPlan ema;
+  std::string pull_unavailable;  // daemon-pull asked for if enabled, and why not
+  // Owned by the trainer's uid, mode 0600: no other user can map the staging
+  // segment (nor its restore and EMA buffers, made for the same owner).
+  uid_t segment_owner = static_cast<uid_t>(-1);
+};
+
+absl::StatusOr<RankPlan> PlanRank(const v1::RegisterRequest& req, const Caller& caller,
+                                  const Registrar::Deps& d) {
+  const DaemonConfig& config = *d.config;
+  RankPlan plan;
+  ZCC_RETURN_IF_ERROR(CheckRequest(req, caller, config, &plan.g.num_slots));
   uint64_t manifest_hash = 0;
-  ZCC_ASSIGN_OR_RETURN(std::vector<RegisteredTensor> registered,
-                       ParseTensors(req, config, &manifest_hash));
-  ZCC_RETURN_IF_ERROR(AssignStaged(req, &registered));
-  ZCC_ASSIGN_OR_RETURN(checkpoint::RankShards shards,
-                       ShardsFor(req, &registered, manifest_hash, config));
-  // The job's directory, made for the caller if new; checkpoints of this job
-  // id under this root belong to whoever made them.
-  ZCC_ASSIGN_OR_RETURN(std::string job_dir,
-                       d_.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller));
-  ZCC_ASSIGN_OR_RETURN(EmaPlan ema, PlanEma(req, registered, config));
-  g.slot_bytes = shards.layout.slot_bytes;
+  ZCC_ASSIGN_OR_RETURN(plan.registered, ParseTensors(req, config, &manifest_hash));
+  ZCC_RETURN_IF_ERROR(AssignStaged(req, &plan.registered));
+  ZCC_ASSIGN_OR_RETURN(plan.shards, ShardsFor(req, &plan.registered, manifest_hash, config));
+  // Checkpoints of this job id under this root belong to whoever made them.
+  ZCC_ASSIGN_OR_RETURN(plan.job_dir, d.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller));
+  ZCC_ASSIGN_OR_RETURN(plan.ema, PlanEma(req, plan.registered, config));
+  Geometry& g = plan.g;
+  g.slot_bytes = plan.shards.layout.slot_bytes;
   if (g.slot_bytes > (~uint64_t{0}) / shm::kMaxSlots) {
     return absl::InvalidArgumentError("registration is too large");
   }
-  std::string pull_unavailable;
-  ZCC_ASSIGN_OR_RETURN(g.daemon_pull, d_.pull->Decide(req, &pull_unavailable));
+  ZCC_ASSIGN_OR_RETURN(g.daemon_pull, d.pull->Decide(req, &plan.pull_unavailable));
   g.pull = shm::PullGeometryFor(static_cast<uint32_t>(req.tensors_size()));
   g.pull_offset = shm::SegmentBytes(g.num_slots, g.slot_bytes);
   g.segment_bytes = g.pull_offset + (g.daemon_pull ? g.pull.bytes : 0);
   g.reserve_later = g.segment_bytes > kReserveAtOnceBytes;
-  RetirePredecessors(req, job_dir, caller);
+  plan.segment_owner = ::geteuid() == 0 ? caller.uid : static_cast<uid_t>(-1);
+  return plan;
+}
 
-  // Owned by the trainer's uid, mode 0600: no other user can map it (nor its
-  // restore and EMA buffers, made for the same owner).
-  const uid_t segment_owner = ::geteuid() == 0 ? caller.uid : static_cast<uid_t>(-1);
+// The job table's question: may this rank join (or found) its job?
+AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& caller,
+                              const RankPlan& plan, const Registrar::Deps& d) {
+  const DaemonConfig& config = *d.config;
   AdmitRequest admit;
   admit.job_id = req.job_id();
   admit.rank = req.rank();
   admit.world_size = req.world_size();
-  admit.job_dir = job_dir;
+  admit.job_dir = plan.job_dir;
   admit.uid = caller.uid;
-  admit.make_job = [&] {
+  admit.make_job = [&req, &caller, &plan, &d, &config] {
     JobOptions options;
     options.job_id = req.job_id();
     options.world_size = req.world_size();
-    options.job_dir = job_dir;
+    options.job_dir = plan.job_dir;
     options.retention.keep_last = req.keep_last() > 0 ? req.keep_last() : config.keep_last;
     options.retention.keep_every = config.keep_every;
     options.commit_timeout = config.commit_timeout;
     options.owner = {caller.uid, caller.gid};
-    options.metrics = d_.metrics;
-    options.storage = d_.shard_storage;
+    options.metrics = d.metrics;
+    options.storage = d.shard_storage;
     return std::make_shared<Job>(std::move(options));
   };
-  admit.segment_bytes = g.segment_bytes;
-  admit.manifest_hash = shards.manifest_hash;
-  admit.num_slots = g.num_slots;
-  admit.slot_bytes = g.slot_bytes;
-  admit.segment_owner = segment_owner;
+  admit.segment_bytes = plan.g.segment_bytes;
+  admit.manifest_hash = plan.shards.manifest_hash;
+  admit.num_slots = plan.g.num_slots;
+  admit.slot_bytes = plan.g.slot_bytes;
+  admit.segment_owner = plan.segment_owner;
   admit.staging_budget_bytes = config.staging_budget_bytes;
   admit.alive = [&config](const RankSession& s) {
     return !s.ClientProcessGone() && s.ClientAlive(config.client_timeout);
   };
-  ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(std::move(admit)));
+  return admit;
+}
+
+RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& caller,
+                                  const RankPlan& plan, uint64_t generation, const Job& job,
+                                  const Registrar::Deps& d) {
+  RankSessionOptions options;
+  options.job_dir = plan.job_dir;
+  options.num_slots = plan.g.num_slots;
+  options.save_every = req.save_every();
+  options.persist_on_failure = req.persist_on_failure();
+  // The kernel's word for the pid (in zccd's pid namespace), not the request's.
+  options.pid = caller.pid;
+  options.generation = generation;
+  options.metrics = d.metrics;
+  options.ema_interval = req.ema_interval();
+  options.segment_owner = plan.segment_owner;
+  options.fs_owner = job.options().owner;
+  options.io.storage = d.shard_storage;
+  return options;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterRequest& req,
+                                                         const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(RankPlan plan, PlanRank(req, caller, d_));
+  RetirePredecessors(req, plan.job_dir, caller);
+  ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
   const uint64_t generation = admission.generation();
-  const bool adopted = admission.inherited().has_value();
+  const Geometry& g = plan.g;
 
   // Outside every daemon-wide lock from here: the reservation of a large
   // segment takes a while.
   ZCC_ASSIGN_OR_RETURN(
       Staging staging,
-      PrepareStaging(absl::StrCat(config.shm_prefix, ".", req.job_id(), ".r", req.rank(), ".g",
+      PrepareStaging(absl::StrCat(d_.config->shm_prefix, ".", req.job_id(), ".r", req.rank(), ".g",
                                   generation),
-                     g, segment_owner, generation, shards.manifest_hash,
+                     g, plan.segment_owner, generation, plan.shards.manifest_hash,
                      std::move(admission.inherited()), d_.before_reserve));
   v1::RegisterResponse resp;
-  FillResponse(staging, g, generation, job_dir, shards, registered, pull_unavailable, &resp);
+  FillResponse(staging, g, generation, plan.job_dir, plan.shards, plan.registered,
+               plan.pull_unavailable, &resp);
   resp.set_daemon_heartbeat_interval_ms(
-      static_cast<uint32_t>(absl::ToInt64Milliseconds(config.heartbeat_interval)));
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(d_.config->heartbeat_interval)));
   std::unique_ptr<RankPuller> puller;
   if (g.daemon_pull) {
     ZCC_ASSIGN_OR_RETURN(puller, AttachPuller(*d_.pull, req, caller, staging.segment, g));
   }
-  if (adopted) {
+  if (!staging.inheritance.held.empty()) {
     ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank()
                   << ": adopted the previous trainer's staging segment with "
                   << staging.inheritance.held.size()
@@ -302,25 +342,13 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                   << staging.inheritance.held.front().step;
   }
 
-  RankSessionOptions options;
-  options.job_dir = job_dir;
-  options.num_slots = g.num_slots;
-  options.save_every = req.save_every();
-  options.persist_on_failure = req.persist_on_failure();
-  // The kernel's word for the pid (in zccd's pid namespace), not the request's.
-  options.pid = caller.pid;
-  options.generation = generation;
-  options.metrics = d_.metrics;
-  options.ema_interval = req.ema_interval();
-  options.segment_owner = segment_owner;
   const std::shared_ptr<Job>& job = admission.job();
-  options.fs_owner = job->options().owner;
-  options.io.storage = d_.shard_storage;
   Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
   auto session = std::make_shared<RankSession>(
-      shards, registered, std::move(staging.segment), options,
+      plan.shards, plan.registered, std::move(staging.segment),
+      SessionOptions(req, caller, plan, generation, *job, d_),
       [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); },
-      std::move(ema.updater), std::move(ema.index), std::move(staging.inheritance));
+      std::move(plan.ema.updater), std::move(plan.ema.index), std::move(staging.inheritance));
   if (puller != nullptr) session->AttachPuller(std::move(puller));
   session->ReserveInBackground(std::move(staging.to_reserve));
   // Before the reserver starts, so that it waits for the read.

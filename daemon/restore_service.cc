@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -160,6 +161,24 @@ v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
   return resp;
 }
 
+std::optional<SlotSnapshot> RestoreService::ServedFromMemory(Job& job, RankSession& session,
+                                                             const v1::RestoreRequest& req) {
+  // From memory when the step asked for is held, or, asked for the newest,
+  // when the newest held snapshot is at least as new as the newest commit.
+  const std::vector<int64_t> in_memory = ServableMemorySteps(session, req.owned_only());
+  if (in_memory.empty()) return std::nullopt;
+  int64_t want = req.step();
+  if (want < 0) {
+    auto committed = checkpoint::ListCommittedSteps(job.options().job_dir, read_io_.storage);
+    const int64_t newest_disk = committed.ok() && !committed->empty() ? committed->back() : -1;
+    if (in_memory.front() >= newest_disk) want = in_memory.front();
+  }
+  if (want < 0) return std::nullopt;
+  std::optional<uint32_t> slot = session.HeldSlot(want);
+  if (!slot.has_value()) return std::nullopt;
+  return SlotSnapshot{*slot, want};
+}
+
 absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     Job& job, RankSession& session, const v1::RestoreRequest& req,
     const std::function<bool()>& cancelled) {
@@ -171,21 +190,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   // chosen below (and of what this restore wants); otherwise it is dropped,
   // its slot freed, before anything else is read.
   std::unique_ptr<RestorePrefetch> prefetch = session.TakePrefetch();
-  // From memory when the step asked for is held, or, asked for the newest,
-  // when the newest held snapshot is at least as new as the newest commit.
-  const std::vector<int64_t> in_memory = ServableMemorySteps(session, req.owned_only());
-  if (!in_memory.empty()) {
-    int64_t want = req.step();
-    if (want < 0) {
-      auto committed = checkpoint::ListCommittedSteps(job_dir, read_io_.storage);
-      const int64_t newest_disk = committed.ok() && !committed->empty() ? committed->back() : -1;
-      if (in_memory.front() >= newest_disk) want = in_memory.front();
-    }
-    if (want >= 0) {
-      if (std::optional<uint32_t> slot = session.HeldSlot(want)) {
-        return RestoreFromMemory(session, req, *slot, want);
-      }
-    }
+  if (std::optional<SlotSnapshot> held = ServedFromMemory(job, session, req)) {
+    return RestoreFromMemory(session, req, held->slot, held->step);
   }
   // Each rejected step once, in the order found (a step rejected in one
   // round is rejected again, from the cache, in the next).
@@ -249,74 +255,85 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   }
 }
 
-absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
-    Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
-    int64_t step, const std::function<bool()>& cancelled, RestorePrefetch* ahead) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record, checkpoint::ReadCommitRecord(step_dir, read_io_.storage));
-  // Any world size and layout: the step describes global tensors.
-  const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
-  job.BeginRestore(req.rank(), step);
-  const absl::Time read_start = absl::Now();
-  auto index = checks_.Index(step_dir);
-  if (!index.ok()) {
-    metrics_->errors(metrics::ErrorKind::kRestore).Increment();
-    job.EndRestore(req.rank(), step);
-    return index.status();
+void RestoreService::PlaceInSlot(RankSession& session, uint32_t slot,
+                                 v1::RestoreResponse* resp) const {
+  resp->set_shm_name(session.slots().name());
+  resp->set_segment_bytes(session.segment_bytes());
+  resp->set_data_offset(session.slots().Offset(slot));
+  for (const RegisteredTensor& t : session.registered()) {
+    v1::TensorPlacement* p = resp->add_placements();
+    p->set_name(t.name);
+    p->set_offset(t.staged ? t.slot_offset : 0);
+    p->set_nbytes(t.nbytes);
+    p->set_staged(t.staged);
   }
-  // Outside every lock: the only read of the tensor data, each piece checked
-  // as it arrives. Straight into a free staging slot when it holds all that
-  // is asked for (the client has it mapped and, on a GPU, registered); into
-  // a buffer of its own otherwise. On failure nothing is handed out: the
-  // slot is freed, the buffer's segment removed (its handle did it).
-  const std::vector<RegisteredTensor>& registered = session.registered();
-  std::optional<uint32_t> slot;
+}
+
+absl::StatusOr<uint64_t> RestoreService::ReadIntoStaging(
+    RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
+    const checkpoint::GroupedIndex& index, const std::function<bool()>& cancelled,
+    RestorePrefetch* ahead, std::optional<uint32_t>* slot) {
   absl::StatusOr<uint64_t> read = uint64_t{0};
   if (ahead != nullptr) {
     // Read since registration: wait for what is left of it.
     std::optional<absl::StatusOr<uint64_t>> taken = ahead->TakeRead(cancelled);
     if (!taken.has_value()) {
-      job.EndRestore(req.rank(), step);
       return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
     }
-    slot = ahead->slot();
+    *slot = ahead->slot();
     read = *std::move(taken);
     metrics_->restore_prefetches(metrics::PrefetchOutcome::kUsed).Increment();
   } else if (req.owned_only() || session.AllStaged()) {
-    slot = session.slots().TakeForRestore();
-    if (slot.has_value()) {
+    *slot = session.slots().TakeForRestore();
+    if (slot->has_value()) {
       StagingSlots::RestoreRead reading(session.slots());
-      read = ReadIntoSlot(step_dir, **index, registered, session.slots().data(*slot),
+      read = ReadIntoSlot(step_dir, index, session.registered(), session.slots().data(**slot),
                           read_io_, cancelled);
     }
   }
+  if (!read.ok() && slot->has_value()) {
+    session.slots().ReleaseRestore(**slot);
+    slot->reset();
+  }
+  return read;
+}
+
+absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
+    Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
+    int64_t step, const std::function<bool()>& cancelled, RestorePrefetch* ahead) {
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record,
+                       checkpoint::ReadCommitRecord(step_dir, read_io_.storage));
+  // Any world size and layout: the step describes global tensors.
+  const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
+  // The step is kept from retention while it is read.
+  job.BeginRestore(req.rank(), step);
+  absl::Cleanup end_restore = [&job, &req, step] { job.EndRestore(req.rank(), step); };
+  const absl::Time read_start = absl::Now();
+  auto failed = [this](absl::Status st) {
+    metrics_->errors(metrics::ErrorKind::kRestore).Increment();
+    return st;
+  };
+  auto index = checks_.Index(step_dir);
+  if (!index.ok()) return failed(index.status());
+  // Outside every lock: the only read of the tensor data, each piece checked
+  // as it arrives. Straight into a free staging slot when it holds all that
+  // is asked for (the client has it mapped and, on a GPU, registered); into
+  // a buffer of its own otherwise. On failure nothing is handed out: the
+  // slot is freed, the buffer's segment removed (its handle did it).
   v1::RestoreResponse resp;
+  std::optional<uint32_t> slot;
   std::optional<shm::Segment> buffer_segment;
-  uint64_t bytes_read = 0;
-  absl::Status read_status;
-  if (slot.has_value()) {
-    read_status = read.status();
-    if (read.ok()) {
-      bytes_read = *read;
-      resp.set_shm_name(session.slots().name());
-      resp.set_segment_bytes(session.segment_bytes());
-      resp.set_data_offset(session.slots().Offset(*slot));
-      for (const RegisteredTensor& t : registered) {
-        v1::TensorPlacement* p = resp.add_placements();
-        p->set_name(t.name);
-        p->set_offset(t.staged ? t.slot_offset : 0);
-        p->set_nbytes(t.nbytes);
-        p->set_staged(t.staged);
-      }
-    } else {
-      session.slots().ReleaseRestore(*slot);
-    }
-  } else {
+  absl::StatusOr<uint64_t> read =
+      ReadIntoStaging(session, req, step_dir, **index, cancelled, ahead, &slot);
+  if (read.ok() && slot.has_value()) {
+    PlaceInSlot(session, *slot, &resp);
+  } else if (read.ok()) {
+    const std::vector<RegisteredTensor>& registered = session.registered();
     auto buffer = ReadRestoreBuffer(step_dir, **index, registered, shm_name, max_slot_bytes_,
-                                    session.options().segment_owner, read_io_,
-                                    cancelled, req.owned_only(), &shared_reads_);
-    read_status = buffer.status();
+                                    session.options().segment_owner, read_io_, cancelled,
+                                    req.owned_only(), &shared_reads_);
+    read = buffer.ok() ? absl::StatusOr<uint64_t>(buffer->bytes_read) : buffer.status();
     if (buffer.ok()) {
-      bytes_read = buffer->bytes_read;
       resp.set_shm_name(shm_name);
       resp.set_segment_bytes(buffer->segment.size());
       resp.set_data_offset(buffer->data_offset);
@@ -332,17 +349,15 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   }
   const absl::Duration read_time = absl::Now() - read_start;
   metrics_->restore_seconds().ObserveDuration(read_time);
-  if (!read_status.ok()) {
-    metrics_->errors(metrics::ErrorKind::kRestore).Increment();
-    job.EndRestore(req.rank(), step);
-    return read_status;
+  if (!read.ok()) {
+    // A prefetch the cancellation cut short is not a restore error.
+    if (absl::IsCancelled(read.status()) && ahead != nullptr) return read.status();
+    return failed(read.status());
   }
-  metrics_->restore_bytes_read().Increment(bytes_read);
+  metrics_->restore_bytes_read().Increment(*read);
   if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
-    metrics_->errors(metrics::ErrorKind::kRestore).Increment();
     if (slot.has_value()) session.slots().ReleaseRestore(*slot);
-    job.EndRestore(req.rank(), step);
-    return Annotate(st, "the EMA");
+    return failed(Annotate(st, "the EMA"));
   }
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_DISK);
@@ -358,8 +373,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
                 << format::StepDirName(step) << " into "
                 << (slot.has_value() ? absl::StrCat("staging slot ", *slot) : shm_name)
-                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s", bytes_read / 1e9,
-                                   seconds, seconds > 0 ? bytes_read / seconds / 1e9 : 0.0)
+                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s", *read / 1e9, seconds,
+                                   seconds > 0 ? *read / seconds / 1e9 : 0.0)
                 << (ahead != nullptr
                         ? absl::StrFormat("; read ahead from the registration on, %.2f s of it "
                                           "waited for by the restore)",

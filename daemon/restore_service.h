@@ -83,6 +83,10 @@ class RestoreService {
                          uint64_t generation);
 
  private:
+  // The held snapshot a restore is served from, if any (call with the job
+  // owner's identity).
+  std::optional<SlotSnapshot> ServedFromMemory(Job& job, RankSession& session,
+                                               const v1::RestoreRequest& req);
   // Serves `step` from the snapshot in the session's staging slot `slot`.
   v1::RestoreResponse RestoreFromMemory(RankSession& session, const v1::RestoreRequest& req,
                                         uint32_t slot, int64_t step);
@@ -94,6 +98,17 @@ class RestoreService {
                                                   const std::string& step_dir, int64_t step,
                                                   const std::function<bool()>& cancelled,
                                                   RestorePrefetch* ahead);
+  // RestoreStep's read into a staging slot: `ahead`'s (may be null), or into
+  // a free slot when the slot holds all that is asked for. Leaves `slot`
+  // empty (and reads nothing) when the read needs a buffer of its own; on
+  // failure the slot is free again and `slot` empty.
+  absl::StatusOr<uint64_t> ReadIntoStaging(RankSession& session, const v1::RestoreRequest& req,
+                                           const std::string& step_dir,
+                                           const checkpoint::GroupedIndex& index,
+                                           const std::function<bool()>& cancelled,
+                                           RestorePrefetch* ahead, std::optional<uint32_t>* slot);
+  // The placements of a restore served from staging slot `slot`.
+  void PlaceInSlot(RankSession& session, uint32_t slot, v1::RestoreResponse* resp) const;
 
   const std::string shm_prefix_;
   const uint64_t max_slot_bytes_;
