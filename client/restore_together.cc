@@ -55,102 +55,75 @@ uint64_t PieceBytes(const TensorRef& t) {
   return n;
 }
 
-}  // namespace
+// Step 1 of RestoreTogether: the newest step every rank can restore, from
+// each rank's candidates (`mine` is this rank's).
+absl::StatusOr<int64_t> NewestCommonStep(Collective& c,
+                                         const absl::StatusOr<RestoreCandidates>& mine) {
+  std::string message = ErrorMessage(mine.status());
+  if (mine.ok()) {
+    std::vector<int64_t> steps = mine->memory_steps;
+    steps.insert(steps.end(), mine->disk_steps.begin(), mine->disk_steps.end());
+    message = absl::StrCat("S", absl::StrJoin(steps, ","));
+  }
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
+  ZCC_RETURN_IF_ERROR(FirstError(all, mine.status(), "to list its restorable steps"));
+  std::set<int64_t> common;
+  bool any = false;
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::set<int64_t> steps;
+    for (absl::string_view v : absl::StrSplit(absl::string_view(all[r]).substr(1), ',',
+                                              absl::SkipEmpty())) {
+      int64_t step = 0;
+      if (!absl::SimpleAtoi(v, &step)) return absl::DataLossError("collective: bad step list");
+      steps.insert(step);
+    }
+    any = any || !steps.empty();
+    if (r == 0) {
+      common = std::move(steps);
+    } else {
+      std::set<int64_t> both;
+      std::set_intersection(common.begin(), common.end(), steps.begin(), steps.end(),
+                            std::inserter(both, both.begin()));
+      common = std::move(both);
+    }
+  }
+  if (common.empty()) {
+    if (!any) return absl::NotFoundError("no rank of the job has a checkpoint to restore");
+    return absl::FailedPreconditionError("no step can be restored by every rank of the job");
+  }
+  return *common.rbegin();
+}
 
-absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& options, void* stream) {
-  Collective& c = *options.collective;
+// What the ranks restored in one round of step 2: the lowest and the highest
+// step, and how many ranks found nothing.
+struct RoundOutcome {
+  int64_t low = INT64_MAX;
+  int64_t high = -1;
+  int64_t missing = 0;  // ranks that found nothing
+};
+
+absl::StatusOr<RoundOutcome> ParseRoundOutcome(const std::vector<std::string>& all) {
+  RoundOutcome o;
+  for (const std::string& m : all) {
+    int64_t step = -1;
+    if (m == "N") {
+      ++o.missing;
+      continue;
+    }
+    if (m.empty() || m[0] != 'S' || !absl::SimpleAtoi(m.substr(1), &step)) {
+      return absl::DataLossError("collective: bad restore outcome");
+    }
+    o.low = std::min(o.low, step);
+    o.high = std::max(o.high, step);
+  }
+  return o;
+}
+
+// Step 3 of RestoreTogether: every piece a rank did not restore, broadcast
+// from the lowest rank that did.
+absl::Status ShareMissingPieces(Collective& c, const std::vector<TensorRef>& refs,
+                                RestoreResult* result, void* stream) {
   const uint32_t me = c.rank();
-  RestoreOptions alone = options;
-  alone.collective = nullptr;
-  alone.owned_only = true;
-
-  // 1. The step: the newest every rank can restore.
-  int64_t target = options.step;
-  if (options.step == kLatestStep) {
-    absl::StatusOr<RestoreCandidates> mine = ListRestoreCandidates(/*owned_only=*/true);
-    std::string message = ErrorMessage(mine.status());
-    if (mine.ok()) {
-      std::vector<int64_t> steps = mine->memory_steps;
-      steps.insert(steps.end(), mine->disk_steps.begin(), mine->disk_steps.end());
-      message = absl::StrCat("S", absl::StrJoin(steps, ","));
-    }
-    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
-    ZCC_RETURN_IF_ERROR(FirstError(all, mine.status(), "to list its restorable steps"));
-    std::set<int64_t> common;
-    bool any = false;
-    for (size_t r = 0; r < all.size(); ++r) {
-      std::set<int64_t> steps;
-      for (absl::string_view v : absl::StrSplit(absl::string_view(all[r]).substr(1), ',',
-                                                absl::SkipEmpty())) {
-        int64_t step = 0;
-        if (!absl::SimpleAtoi(v, &step)) return absl::DataLossError("collective: bad step list");
-        steps.insert(step);
-      }
-      any = any || !steps.empty();
-      if (r == 0) {
-        common = std::move(steps);
-      } else {
-        std::set<int64_t> both;
-        std::set_intersection(common.begin(), common.end(), steps.begin(), steps.end(),
-                              std::inserter(both, both.begin()));
-        common = std::move(both);
-      }
-    }
-    if (common.empty()) {
-      if (!any) return absl::NotFoundError("no rank of the job has a checkpoint to restore");
-      return absl::FailedPreconditionError("no step can be restored by every rank of the job");
-    }
-    target = *common.rbegin();
-    alone.allow_older = true;
-  }
-
-  // 2. Restore it; ranks that got different steps (a damaged one fell back)
-  // agree on the oldest and restore again.
-  absl::StatusOr<RestoreResult> result;
-  for (int round = 0;; ++round) {
-    alone.step = target;
-    result = Restore(alone, stream);
-    const bool none = absl::IsNotFound(result.status());
-    std::string message = none ? "N" : ErrorMessage(result.status());
-    if (result.ok()) message = absl::StrCat("S", result->step);
-    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
-    ZCC_RETURN_IF_ERROR(FirstError(all, none ? absl::OkStatus() : result.status(),
-                                   absl::StrCat("to restore step ", target)));
-    int64_t low = INT64_MAX, high = -1, missing = 0;
-    for (const std::string& m : all) {
-      int64_t step = -1;
-      if (m == "N") {
-        ++missing;
-        continue;
-      }
-      if (m.empty() || m[0] != 'S' || !absl::SimpleAtoi(m.substr(1), &step)) {
-        return absl::DataLossError("collective: bad restore outcome");
-      }
-      low = std::min(low, step);
-      high = std::max(high, step);
-    }
-    if (missing == static_cast<int64_t>(all.size())) return result.status();
-    if (missing > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          missing, " rank(s) found nothing to restore where the others restored step ", high));
-    }
-    if (low == high) break;
-    if (round >= 16) {
-      return absl::AbortedError("the ranks did not agree on a step to restore");
-    }
-    target = low;
-    alone.allow_older = false;
-  }
-
-  // 3. Every piece a rank did not restore, from the lowest rank that did.
-  std::vector<TensorRef> refs;
-  {
-    zcc::MutexLock lock(&impl_->mu);
-    refs = impl_->tensors;
-  }
-  if (result->restored.size() != refs.size()) {
-    return absl::InternalError("restore result does not match the registration");
-  }
   std::map<std::string, size_t> index;  // piece -> registered tensor
   std::string message;
   for (size_t i = 0; i < refs.size(); ++i) {
@@ -208,6 +181,61 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
       result->received[it->second] = true;
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& options, void* stream) {
+  Collective& c = *options.collective;
+  RestoreOptions alone = options;
+  alone.collective = nullptr;
+  alone.owned_only = true;
+
+  // 1. The step: the newest every rank can restore.
+  int64_t target = options.step;
+  if (options.step == kLatestStep) {
+    ZCC_ASSIGN_OR_RETURN(target,
+                         NewestCommonStep(c, ListRestoreCandidates(/*owned_only=*/true)));
+    alone.allow_older = true;
+  }
+
+  // 2. Restore it; ranks that got different steps (a damaged one fell back)
+  // agree on the oldest and restore again.
+  absl::StatusOr<RestoreResult> result;
+  for (int round = 0;; ++round) {
+    alone.step = target;
+    result = Restore(alone, stream);
+    const bool none = absl::IsNotFound(result.status());
+    std::string message = none ? "N" : ErrorMessage(result.status());
+    if (result.ok()) message = absl::StrCat("S", result->step);
+    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
+    ZCC_RETURN_IF_ERROR(FirstError(all, none ? absl::OkStatus() : result.status(),
+                                   absl::StrCat("to restore step ", target)));
+    ZCC_ASSIGN_OR_RETURN(const RoundOutcome o, ParseRoundOutcome(all));
+    if (o.missing == static_cast<int64_t>(all.size())) return result.status();
+    if (o.missing > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          o.missing, " rank(s) found nothing to restore where the others restored step ", o.high));
+    }
+    if (o.low == o.high) break;
+    if (round >= 16) {
+      return absl::AbortedError("the ranks did not agree on a step to restore");
+    }
+    target = o.low;
+    alone.allow_older = false;
+  }
+
+  // 3. Every piece a rank did not restore, from the lowest rank that did.
+  std::vector<TensorRef> refs;
+  {
+    zcc::MutexLock lock(&impl_->mu);
+    refs = impl_->tensors;
+  }
+  if (result->restored.size() != refs.size()) {
+    return absl::InternalError("restore result does not match the registration");
+  }
+  ZCC_RETURN_IF_ERROR(ShareMissingPieces(c, refs, &*result, stream));
   return result;
 }
 
