@@ -309,6 +309,10 @@ void CheckFields(const FullConfig& c, Problems& p) {
   if (o.ema_threads < 1 || o.ema_threads > kMaxThreads) {
     p.Add("ema_threads", absl::StrCat("must be in [1, ", kMaxThreads, "], got ", o.ema_threads));
   }
+  if (o.writer_threads < 1 || o.writer_threads > kMaxThreads) {
+    p.Add("writer_threads",
+          absl::StrCat("must be in [1, ", kMaxThreads, "], got ", o.writer_threads));
+  }
 }
 
 // Seconds from the file as a Duration; a value absl cannot represent (NaN,
@@ -382,6 +386,7 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     if (ParseLogLevel(o.log_level).ok()) o.log_level = absl::AsciiStrToUpper(o.log_level);
   }
   if (proto.has_ema_threads()) o.ema_threads = proto.ema_threads();
+  if (proto.has_writer_threads()) o.writer_threads = proto.writer_threads();
 }
 
 }  // namespace
@@ -583,8 +588,10 @@ std::string DefaultConfigText(const FullConfig& config) {
                   FormatDouble(absl::ToDoubleSeconds(o.metrics_textfile_interval)), "\n\n");
 
   absl::StrAppend(&out, "# DEBUG, INFO, WARNING or ERROR.\n", "log_level: ", Quote(o.log_level),
-                  "\n", "# Threads of each rank's EMA update (1..256).\n",
-                  "ema_threads: ", o.ema_threads, "\n");
+                  "\n", "# zccd's threads for EMA updates, shared by all ranks (1..256).\n",
+                  "ema_threads: ", o.ema_threads, "\n",
+                  "# zccd's threads writing checkpoints, shared by all ranks (1..256).\n",
+                  "writer_threads: ", o.writer_threads, "\n");
   return out;
 }
 

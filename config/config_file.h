@@ -36,6 +36,7 @@ struct OpsConfig {
   // DEBUG, INFO, WARNING or ERROR (upper case after loading).
   std::string log_level = "INFO";
   uint32_t ema_threads = 2;
+  uint32_t writer_threads = 4;
 };
 
 // Everything a configuration file can set.

@@ -61,6 +61,7 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(a.ops.metrics_textfile_interval == b.ops.metrics_textfile_interval);
   CHECK(a.ops.log_level == b.ops.log_level);
   CHECK(a.ops.ema_threads == b.ops.ema_threads);
+  CHECK(a.ops.writer_threads == b.ops.writer_threads);
 }
 
 TEST_CASE("an empty file, or one of comments only, yields the base configuration") {
@@ -105,6 +106,7 @@ TEST_CASE("a file setting every field is applied over the base") {
     metrics_textfile_interval_s: 30
     log_level: "debug"
     ema_threads: 3
+    writer_threads: 6
   )";
   FullConfig base;
   base.daemon.allowed_roots = {"/replaced"};
@@ -133,6 +135,7 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(c->ops.log_level == "DEBUG");
   CHECK(c->ignored.empty());
   CHECK(c->ops.ema_threads == 3);
+  CHECK(c->ops.writer_threads == 6);
 }
 
 TEST_CASE("fields left out keep the base value") {
@@ -237,6 +240,8 @@ TEST_CASE("negative, zero and non-finite durations are refused") {
              Catch::Equals("zccd.conf:1:1: commit_timeout_s: must be a finite number of seconds, got nan"));
   CHECK_THAT(ParseError("client_timeout_s: inf\n"),
              Catch::Contains("client_timeout_s: must be a finite number of seconds, got inf"));
+  CHECK_THAT(ParseError("writer_threads: 0\n"),
+             Catch::Equals("zccd.conf:1:1: writer_threads: must be in [1, 256], got 0"));
   CHECK_THAT(ParseError("heartbeat_interval_ms: 60001\nclient_timeout_s: 120\n"),
              Catch::Equals("zccd.conf:1:1: heartbeat_interval_ms: must be in [1, 60000], got 60001"));
   CHECK_THAT(ParseError("client_timeout_s: 0.4\nheartbeat_interval_ms: 500\n"),

@@ -69,6 +69,9 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     errors.push_back("heartbeat_interval must be positive");
   }
   if (c.ema_threads == 0 || c.ema_threads > 256) errors.push_back("ema_threads must be in [1, 256]");
+  if (c.writer_threads == 0 || c.writer_threads > 256) {
+    errors.push_back("writer_threads must be in [1, 256]");
+  }
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("bad configuration: ", absl::StrJoin(errors, "; ")));
 }

@@ -46,8 +46,10 @@ struct DaemonConfig {
   // After SIGTERM, zccd exits within this long even if a request or a disk
   // write never finishes (below systemd's TimeoutStopSec=120).
   absl::Duration stop_timeout = absl::Seconds(90);
-  // Threads per rank for EMA updates.
+  // zccd's EMA threads, shared by every rank.
   uint32_t ema_threads = 2;
+  // zccd's checkpoint writer threads, shared by every rank.
+  uint32_t writer_threads = 4;
   // Serve trainers that ask zccd to copy their device tensors (copy_backend
   // cuda_ipc, and auto): one CUDA context per GPU in zccd.
   bool daemon_pull = false;

@@ -122,6 +122,7 @@ absl::StatusOr<zcc::config::FullConfig> LoadConfig() {
   }
   ApplyFlags(config);
   config.daemon.ema_threads = config.ops.ema_threads;
+  config.daemon.writer_threads = config.ops.writer_threads;
   config.daemon = zcc::daemon::WithDefaults(config.daemon);
   ZCC_RETURN_IF_ERROR(zcc::config::ValidateFullConfig(config));
   return config;

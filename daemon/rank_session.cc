@@ -46,12 +46,12 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       held_(std::move(inherited)),
       writer_(RankWriteTarget{&shards_, &slots_, options_.job_dir, options_.fs_owner, options_.io,
                               std::move(on_persisted),
-                              [this](const std::string& error) { SetError(error); }}) {}
+                              [this](const std::string& error) { SetError(error); }},
+              options_.write_pool) {}
 
 RankSession::~RankSession() { Stop(); }
 
 void RankSession::Start() {
-  writer_.Start();
   thread_ = std::thread([this] { IngestLoop(); });
   slots_.StartReserving();
 }

@@ -84,6 +84,9 @@ struct RankSessionOptions {
   FsOwner fs_owner;
   // How shards are written (tests pass a slow or faulty storage).
   checkpoint::IoOptions io;
+  // zccd's writer threads (borrowed, outlive the session); null: a thread of
+  // the session's own (tests).
+  WritePool* write_pool = nullptr;
 };
 
 struct RankCounters {

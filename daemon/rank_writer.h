@@ -5,7 +5,8 @@
 // failure counts the trainer reads from the control block, the slot freed
 // after, and the outcome reported to the job's committer.
 //
-// One write runs per rank at a time. Submit waits until the writer is idle,
+// The writes run on zccd's writer threads (daemon/write_pool.h), shared by
+// every rank. One write runs per rank at a time. Submit waits until the writer is idle,
 // then builds the job under the writer's lock, so two submitters (ingest and
 // persist-on-failure) never both find it idle, and the EMA copy a job carries
 // exists for one job at a time (zccd's steady-state memory is the EMA, not
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -32,6 +34,7 @@
 #include "common/fs_identity.h"
 #include "common/mutex.h"
 #include "daemon/staging_slots.h"
+#include "daemon/write_pool.h"
 #include "shm/slot_ring.h"
 #include "storage/aligned_buffer.h"
 
@@ -70,42 +73,33 @@ struct RankWriteTarget {
 
 class RankWriter {
  public:
-  explicit RankWriter(RankWriteTarget target);
+  // Writes on `pool` (borrowed, outlives the writer), or, where it is null,
+  // on a thread of the writer's own (tests).
+  RankWriter(RankWriteTarget target, WritePool* pool = nullptr);
   ~RankWriter();  // Stop()
   RankWriter(const RankWriter&) = delete;
   RankWriter& operator=(const RankWriter&) = delete;
 
-  void Start();
   // Waits until nothing is queued or running, then queues `make()`'s job.
   // `make` runs under the writer's lock: it must not call back into the
   // writer (it may take locks acquired after it, e.g. the EMA's).
-  void Submit(absl::FunctionRef<WriteJob()> make) ABSL_LOCKS_EXCLUDED(mu_);
+  void Submit(absl::FunctionRef<WriteJob()> make);
   // Returns once nothing is queued or running.
-  void AwaitIdle() ABSL_LOCKS_EXCLUDED(mu_);
-  // Finishes the queued job, if any, and joins the thread. Idempotent.
-  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  void AwaitIdle();
+  // Finishes the queued job, if any. Idempotent.
+  void Stop() { AwaitIdle(); }
 
-  int64_t last_persisted_step() const { return last_persisted_step_.load(); }
-  uint64_t persist_failures() const { return persist_failures_.load(); }
+  int64_t last_persisted_step() const;
+  uint64_t persist_failures() const;
 
  private:
-  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !job_.has_value() && !writing_; }
-  bool QueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return job_.has_value() || stop_;
-  }
-  void Loop();
-  // One job, on the writer thread: writes the shards, frees the slot and
-  // reports the outcome.
-  void Write(WriteJob job);
+  // What the pool's task and the writer share: the task may still be
+  // leaving the lock when the writer, idle, is destroyed.
+  struct State;
 
-  const RankWriteTarget target_;
-  std::atomic<int64_t> last_persisted_step_{-1};
-  std::atomic<uint64_t> persist_failures_{0};
-  zcc::Mutex mu_;
-  std::optional<WriteJob> job_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::shared_ptr<State> state_;
+  std::unique_ptr<WritePool> own_pool_;  // where no pool was given
+  WritePool* const pool_;
 };
 
 }  // namespace zcc::daemon

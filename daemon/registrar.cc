@@ -57,7 +57,7 @@ struct EmaPlan {
 
 absl::StatusOr<EmaPlan> PlanEma(const v1::RegisterRequest& req,
                                 const std::vector<RegisteredTensor>& registered,
-                                const DaemonConfig& config) {
+                                const std::function<absl::StatusOr<std::shared_ptr<ema::WorkerGroup>>()>& workers) {
   EmaPlan plan;
   if (req.ema_decay() == 0) return plan;
   if (!(req.ema_decay() > 0 && req.ema_decay() < 1)) {
@@ -80,7 +80,8 @@ absl::StatusOr<EmaPlan> PlanEma(const v1::RegisterRequest& req,
   ema::EmaOptions options;
   options.decay = req.ema_decay();
   options.interval = std::max<uint32_t>(1, req.ema_interval());
-  options.threads = static_cast<int>(config.ema_threads);
+  // zccd's EMA threads, shared by every rank's EMA.
+  ZCC_ASSIGN_OR_RETURN(options.workers, workers());
   ZCC_ASSIGN_OR_RETURN(plan.updater, ema::EmaUpdater::Create(std::move(specs), options));
   return plan;
 }
@@ -227,8 +228,9 @@ struct RankPlan {
   uid_t segment_owner = static_cast<uid_t>(-1);
 };
 
-absl::StatusOr<RankPlan> PlanRank(const v1::RegisterRequest& req, const Caller& caller,
-                                  const Registrar::Deps& d) {
+absl::StatusOr<RankPlan> PlanRank(
+    const v1::RegisterRequest& req, const Caller& caller, const Registrar::Deps& d,
+    const std::function<absl::StatusOr<std::shared_ptr<ema::WorkerGroup>>()>& ema_workers) {
   const DaemonConfig& config = *d.config;
   RankPlan plan;
   ZCC_RETURN_IF_ERROR(CheckRequest(req, caller, config, &plan.g.num_slots));
@@ -238,7 +240,7 @@ absl::StatusOr<RankPlan> PlanRank(const v1::RegisterRequest& req, const Caller& 
   ZCC_ASSIGN_OR_RETURN(plan.shards, ShardsFor(req, &plan.registered, manifest_hash, config));
   // Checkpoints of this job id under this root belong to whoever made them.
   ZCC_ASSIGN_OR_RETURN(plan.job_dir, d.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller));
-  ZCC_ASSIGN_OR_RETURN(plan.ema, PlanEma(req, plan.registered, config));
+  ZCC_ASSIGN_OR_RETURN(plan.ema, PlanEma(req, plan.registered, ema_workers));
   Geometry& g = plan.g;
   g.slot_bytes = plan.shards.layout.slot_bytes;
   if (g.slot_bytes > (~uint64_t{0}) / shm::kMaxSlots) {
@@ -304,6 +306,7 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
   options.segment_owner = plan.segment_owner;
   options.fs_owner = job.options().owner;
   options.io.storage = d.shard_storage;
+  options.write_pool = d.write_pool;
   return options;
 }
 
@@ -311,7 +314,8 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
 
 absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterRequest& req,
                                                          const Caller& caller) {
-  ZCC_ASSIGN_OR_RETURN(RankPlan plan, PlanRank(req, caller, d_));
+  ZCC_ASSIGN_OR_RETURN(RankPlan plan,
+                       PlanRank(req, caller, d_, [this] { return EmaWorkers(); }));
   RetirePredecessors(req, plan.job_dir, caller);
   ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
   const uint64_t generation = admission.generation();
@@ -370,6 +374,16 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                         ? absl::StrCat(", daemon-pull on CUDA device ", req.cuda_device())
                         : std::string());
   return resp;
+}
+
+absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> Registrar::EmaWorkers() {
+  zcc::MutexLock lock(&ema_mu_);
+  if (ema_workers_ == nullptr) {
+    ZCC_ASSIGN_OR_RETURN(std::unique_ptr<ema::WorkerGroup> group,
+                         ema::WorkerGroup::Create(static_cast<int>(d_.config->ema_threads)));
+    ema_workers_ = std::move(group);
+  }
+  return ema_workers_;
 }
 
 void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,

@@ -19,13 +19,17 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "config/daemon_config.h"
 #include "daemon/caller.h"
 #include "daemon/housekeeper.h"
 #include "daemon/job_table.h"
 #include "daemon/pull_service.h"
 #include "daemon/restore_service.h"
+#include "daemon/write_pool.h"
+#include "ema/worker_group.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 #include "storage/storage.h"
@@ -38,6 +42,7 @@ class Registrar {
     const DaemonConfig* config = nullptr;
     metrics::ZccMetrics* metrics = nullptr;
     storage::Storage* shard_storage = nullptr;  // null: the default POSIX storage
+    WritePool* write_pool = nullptr;            // zccd's writer threads
     JobTable* jobs = nullptr;
     PullService* pull = nullptr;
     RestoreService* restores = nullptr;
@@ -60,12 +65,17 @@ class Registrar {
                                                 const Caller& caller);
 
  private:
+  // zccd's EMA threads (ema_threads, the updating rank's ingest thread one
+  // of them), shared by every rank's EMA: started with the first EMA.
+  absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> EmaWorkers() ABSL_LOCKS_EXCLUDED(ema_mu_);
   // Retires the rank's predecessor (and, for a job resumed in another
   // layout, every rank of the old one) whose trainer is gone, at once.
   void RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
                           const Caller& caller);
 
   Deps d_;
+  zcc::Mutex ema_mu_;
+  std::shared_ptr<ema::WorkerGroup> ema_workers_ ABSL_GUARDED_BY(ema_mu_);
 };
 
 }  // namespace zcc::daemon

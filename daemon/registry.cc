@@ -36,6 +36,7 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
     : config_(std::move(config)),
       shard_storage_(shard_storage),
       started_(absl::Now()),
+      write_pool_(static_cast<int>(config_.writer_threads)),
       jobs_(started_),
       restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_, shard_storage_),
       pull_(config_.daemon_pull, std::move(pull_engine)),
@@ -47,7 +48,8 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                                            restores_.ExpireSharedReads();
                                          }}),
       registrar_(Registrar::Deps{
-          &config_, &metrics_, shard_storage_, &jobs_, &pull_, &restores_, &housekeeper_,
+          &config_, &metrics_, shard_storage_, &write_pool_, &jobs_, &pull_, &restores_,
+          &housekeeper_,
           [this](const std::string& root, const std::string& job_id, const Caller& caller) {
             return ResolveJobDir(root, job_id, caller, true);
           },

@@ -34,6 +34,7 @@
 #include "daemon/pull_service.h"
 #include "daemon/registrar.h"
 #include "daemon/restore_service.h"
+#include "daemon/write_pool.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 #include "storage/storage.h"
@@ -118,6 +119,8 @@ class Registry {
   std::optional<InstanceLock> prefix_lock_;
   const absl::Time started_;
   metrics::ZccMetrics metrics_;
+  // Before the jobs: outlives every rank writer that posts to it.
+  WritePool write_pool_;
 
   JobTable jobs_;
   std::atomic<bool> shutting_down_{false};

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <limits>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -861,19 +862,63 @@ TEST_CASE("ZCC_EMA_ISA selects a level for Isa::kAuto") {
 }
 
 TEST_CASE("a worker group runs every index once per call, on persistent threads") {
-  auto group = internal::WorkerGroup::Create(4);
+  auto group = WorkerGroup::Create(4);
   REQUIRE_OK(group);
   std::vector<std::atomic<int>> calls(4);
   for (int round = 0; round < 200; ++round) {
     (*group)->RunOnAll([&](int i) { calls[i].fetch_add(1); });
   }
   for (auto& c : calls) CHECK(c.load() == 200);
-  REQUIRE_STATUS_CODE(internal::WorkerGroup::Create(0), absl::StatusCode::kInvalidArgument);
-  auto single = internal::WorkerGroup::Create(1);
+  REQUIRE_STATUS_CODE(WorkerGroup::Create(0), absl::StatusCode::kInvalidArgument);
+  auto single = WorkerGroup::Create(1);
   REQUIRE_OK(single);
   int ran = 0;
   (*single)->RunOnAll([&](int i) { ran += 1 + i; });
   CHECK(ran == 1);
+}
+
+TEST_CASE("EMAs sharing one worker group, updated from several threads at once, match EMAs "
+          "with groups of their own bit for bit") {
+  constexpr uint64_t kElements = 200'000;
+  auto shared = WorkerGroup::Create(3);
+  REQUIRE_OK(shared);
+  std::shared_ptr<WorkerGroup> group = *std::move(shared);
+  std::vector<std::vector<float>> sources(4, std::vector<float>(kElements));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-2, 2);
+  std::vector<std::unique_ptr<EmaUpdater>> on_shared, on_own;
+  for (int r = 0; r < 4; ++r) {
+    EmaOptions with_group;
+    with_group.decay = 0.9;
+    with_group.workers = group;
+    on_shared.push_back(MustCreate({{"w", format::DType::kF32, kElements}}, with_group));
+    CHECK(on_shared.back()->threads() == 3);
+    on_own.push_back(MustCreate({{"w", format::DType::kF32, kElements}},
+                                EmaOptions{0.9, 3, NonFiniteGuard::kDoubleBuffer}));
+  }
+  for (int64_t step = 0; step < 12; ++step) {
+    for (auto& src : sources) {
+      for (float& x : src) x = value(rng);
+    }
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 4; ++r) {
+      ranks.emplace_back([&, r] {
+        const void* p = sources[r].data();
+        REQUIRE_OK(on_shared[r]->Update(absl::MakeConstSpan(&p, 1), step).status());
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    for (int r = 0; r < 4; ++r) {
+      const void* p = sources[r].data();
+      REQUIRE_OK(on_own[r]->Update(absl::MakeConstSpan(&p, 1), step).status());
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    absl::Span<const float> a = on_shared[r]->ema(0);
+    absl::Span<const float> b = on_own[r]->ema(0);
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  }
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<EmaUpdater>> EmaUpdater::Create(std::vector<EmaTe
   if (options.interval < 1) {
     return absl::InvalidArgumentError("EMA interval must be at least 1 step");
   }
-  if (options.threads < 1 || options.threads > kMaxThreads) {
+  if (options.workers == nullptr && (options.threads < 1 || options.threads > kMaxThreads)) {
     return absl::InvalidArgumentError(
         absl::StrCat("EMA threads must be in [1, ", kMaxThreads, "], got ", options.threads));
   }
@@ -124,8 +124,12 @@ absl::StatusOr<std::unique_ptr<EmaUpdater>> EmaUpdater::Create(std::vector<EmaTe
   for (int b = 0; b < buffers; ++b) {
     ZCC_ASSIGN_OR_RETURN(updater->buffers_[b], Buffer::Allocate(offset));
   }
-  updater->PlanThreads(options.threads);
-  ZCC_ASSIGN_OR_RETURN(updater->workers_, internal::WorkerGroup::Create(options.threads));
+  if (options.workers != nullptr) {
+    updater->workers_ = options.workers;
+  } else {
+    ZCC_ASSIGN_OR_RETURN(updater->workers_, WorkerGroup::Create(options.threads));
+  }
+  updater->PlanThreads(updater->workers_->size());
   return updater;
 }
 

@@ -70,9 +70,7 @@
 
 namespace zcc::ema {
 
-namespace internal {
-class WorkerGroup;
-}  // namespace internal
+class WorkerGroup;  // worker_group.h
 
 struct EmaTensorSpec {
   std::string name;                           // unique, not empty
@@ -88,6 +86,9 @@ struct EmaOptions {
   NonFiniteGuard guard = NonFiniteGuard::kDoubleBuffer;
   Isa isa = Isa::kAuto;  // see ResolveIsa()
   uint32_t interval = 1;  // steps between updates (>= 1); longer gaps decay more (see above)
+  // A group to run on, shared with other EMAs (its size replaces `threads`);
+  // null: the updater starts a group of `threads` of its own.
+  std::shared_ptr<WorkerGroup> workers;
 };
 
 struct EmaUpdateResult {
@@ -192,7 +193,7 @@ class EmaUpdater {
   std::unique_ptr<Buffer> buffers_[2];      // [1] only with kDoubleBuffer
   int current_ = 0;                         // the buffer holding the EMA
   std::vector<std::vector<Segment>> plan_;  // per thread
-  std::unique_ptr<internal::WorkerGroup> workers_;
+  std::shared_ptr<WorkerGroup> workers_;
 
   std::atomic<bool> initialized_{false};
   std::atomic<int64_t> last_step_{-1};

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace zcc::ema::internal {
+namespace zcc::ema {
 
 absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(int size) {
   if (size < 1 || size > 1024) {
@@ -35,6 +35,7 @@ WorkerGroup::~WorkerGroup() {
 }
 
 void WorkerGroup::RunOnAll(absl::FunctionRef<void(int)> fn) {
+  zcc::MutexLock run(&run_mu_);
   if (size_ > 1) {
     zcc::MutexLock lock(&mu_);
     fn_ = &fn;
@@ -70,4 +71,4 @@ void WorkerGroup::WorkerLoop(int index) {
   }
 }
 
-}  // namespace zcc::ema::internal
+}  // namespace zcc::ema

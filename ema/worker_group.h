@@ -1,14 +1,16 @@
-// Internal to //ema: a fixed set of persistent threads that run one function
-// together, so that a parallel EMA step costs a wake-up and not a thread start.
+// A fixed set of persistent threads that run one function together, so that
+// a parallel EMA step costs a wake-up and not a thread start. One group may
+// serve many EMAs (zccd shares one among all its ranks: its EMA threads are
+// as many as configured, whatever the number of ranks).
 //
 // RunOnAll(fn) calls fn(i) once for every i in [0, size()): i = 0 on the
 // calling thread, the others on the group's worker threads, and returns when
 // all calls have returned. Whatever fn(i) wrote is visible to the caller then.
 //
-// Thread-safety: RunOnAll may be called by one thread at a time (it is not
-// reentrant); size() from any thread. Ownership: the group owns its
-// size() - 1 worker threads; the destructor stops and joins them (it must not
-// run concurrently with RunOnAll).
+// Thread-safety: RunOnAll may be called from any thread; calls run one after
+// another (fn must not call RunOnAll). size() from any thread. Ownership: the
+// group owns its size() - 1 worker threads; the destructor stops and joins
+// them (it must not run concurrently with RunOnAll).
 #ifndef ZCC_EMA_WORKER_GROUP_H_
 #define ZCC_EMA_WORKER_GROUP_H_
 
@@ -22,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 
-namespace zcc::ema::internal {
+namespace zcc::ema {
 
 class WorkerGroup {
  public:
@@ -36,7 +38,7 @@ class WorkerGroup {
 
   int size() const { return size_; }
 
-  void RunOnAll(absl::FunctionRef<void(int)> fn);
+  void RunOnAll(absl::FunctionRef<void(int)> fn) ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
 
  private:
   explicit WorkerGroup(int size) : size_(size) {}
@@ -44,6 +46,8 @@ class WorkerGroup {
 
   const int size_;
 
+  // Held for a whole RunOnAll: one function at a time.
+  zcc::Mutex run_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   zcc::Mutex mu_;
   // Bumped by RunOnAll to hand out a new function; workers remember the last
   // generation they ran.
@@ -56,6 +60,6 @@ class WorkerGroup {
   std::vector<std::thread> workers_;  // started by Create, joined by the destructor
 };
 
-}  // namespace zcc::ema::internal
+}  // namespace zcc::ema
 
 #endif  // ZCC_EMA_WORKER_GROUP_H_
