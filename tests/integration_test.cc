@@ -40,6 +40,17 @@ namespace {
 using checkpoint::ListCommittedSteps;
 using checkpoint::ReadLatest;
 
+// Until `latest` names `step`: a commit swaps it last, after step-N/ (with
+// COMMITTED) appeared.
+bool WaitLatest(const std::string& job_dir, int64_t step) {
+  return Eventually(
+      [&] {
+        auto latest = ReadLatest(job_dir);
+        return latest.ok() && *latest == step;
+      },
+      absl::Seconds(30), absl::Milliseconds(10));
+}
+
 TEST_CASE("two ranks snapshot and checkpoint; restore is bit-exact; SIGTERM cleans up") {
   const std::string dir = ShortTempDir("it-two");
   Daemon daemon(dir);
@@ -106,7 +117,7 @@ TEST_CASE("a step that not every rank wrote is never committed nor restored") {
   REQUIRE(r0->Wait(absl::Seconds(60)) == 0);
   REQUIRE(r1->Wait(absl::Seconds(60)) == 0);
   const std::string job_dir = JobDir(daemon);
-  REQUIRE(WaitForPath(job_dir + "/step-00000010/COMMITTED", absl::Seconds(30)));
+  REQUIRE(WaitLatest(job_dir, 10));
   REQUIRE(WaitForPath(job_dir + "/step-00000015.partial/r00000.manifest.json", absl::Seconds(30)));
   CHECK_FALSE(PathExists(job_dir + "/step-00000015.partial/r00001.manifest.json"));
   CHECK_FALSE(PathExists(job_dir + "/step-00000015"));
@@ -1060,7 +1071,8 @@ TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persiste
   t->Signal(SIGKILL);
   REQUIRE(t->Wait(absl::Seconds(10)).has_value());
   const std::string job_dir = JobDir(daemon);
-  REQUIRE(WaitForPath(job_dir + "/step-00000007/COMMITTED", absl::Seconds(30)));
+  REQUIRE(WaitLatest(job_dir, 7));
+  CHECK(PathExists(job_dir + "/step-00000007/COMMITTED"));
   bool logged = false;
   for (int i = 0; i < 500 && !logged; ++i) {
     logged = absl::StrContains(daemon.Log(), "(checkpoint-on-failure)");

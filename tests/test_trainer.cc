@@ -139,8 +139,23 @@ std::vector<zcc::TensorRef> Refs(std::vector<Tensor>& model) {
   return refs;
 }
 
-volatile sig_atomic_t g_resume = 0;
-void OnUsr1(int) { g_resume = 1; }
+// SIGUSR1 resumes a paused trainer. It is blocked in every thread from the
+// start of main (the client's threads inherit the mask) and taken with
+// sigwait: a signal sent before the wait stays pending, and one the kernel
+// would have delivered to another thread (whose handler would not wake a
+// pause() here) is not lost.
+sigset_t Usr1() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  return set;
+}
+
+void WaitForUsr1() {
+  const sigset_t set = Usr1();
+  int sig = 0;
+  sigwait(&set, &sig);
+}
 
 int Fail(const char* what, const absl::Status& st) {
   std::printf("error=%s: %s\n", what, st.ToString().c_str());
@@ -151,6 +166,10 @@ int Fail(const char* what, const absl::Status& st) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  {
+    const sigset_t usr1 = Usr1();
+    pthread_sigmask(SIG_BLOCK, &usr1, nullptr);  // before any thread starts
+  }
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const int rank = absl::GetFlag(FLAGS_rank);
@@ -251,7 +270,6 @@ int main(int argc, char** argv) {
                                                                                                 : 1;
   }
 
-  std::signal(SIGUSR1, OnUsr1);
   int start = absl::GetFlag(FLAGS_start);
   if (absl::GetFlag(FLAGS_mode) == "resume") {
     auto step = (*client)->Restore();
@@ -262,8 +280,7 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_pause_before_train)) {
     std::printf("ready\n");
-    while (!g_resume) pause();
-    g_resume = 0;
+    WaitForUsr1();
   }
   const int steps = absl::GetFlag(FLAGS_steps);
   for (int64_t step = start; step < start + steps; ++step) {
@@ -279,7 +296,7 @@ int main(int argc, char** argv) {
     std::printf("step=%" PRId64 " result=%d\n", step, static_cast<int>(r));
     if (step == absl::GetFlag(FLAGS_pause_at)) {
       std::printf("paused\n");
-      while (!g_resume) pause();
+      WaitForUsr1();
     }
   }
   if (absl::Status st = (*client)->Flush(); !st.ok()) return Fail("flush", st);

@@ -19,7 +19,8 @@ import torch
 
 import zcc
 import zcc.torch
-from zcc.torch import Checkpointer, _Blob
+from zcc._plain_state import Blob
+from zcc.torch import Checkpointer
 from zccd_process import Zccd
 
 NO_DAEMON = "/tmp/zcc-no-such-dir/zccd.sock"
@@ -680,7 +681,7 @@ def test_first_step_layouts_match_the_probe():
                     opt.__class__ = unknown_to_zcc(type(opt))
                 values = [p.detach().clone() for p in params]
                 with Checkpointer(model, opt, job_id="layout", socket=NO_DAEMON) as ck:
-                    assert (zcc.torch._first_step_state_layouts(opt) is None) == (path == "probe"), \
+                    assert (zcc._optim_state.first_step_state_layouts(opt) is None) == (path == "probe"), \
                         (name, path)
                     found[path] = _registered_optimizer_state(ck)
                     assert all(len(s) == 0 for s in opt.state.values()), (name, path)
@@ -765,9 +766,9 @@ def test_random_states_come_back_exactly():
             assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
     version, words, gauss = random.getstate()
     old_format = (version, words, gauss)  # what earlier checkpoints hold
-    zcc.torch._set_python_rng_state(old_format)
+    zcc._rng_state.set_python_rng_state(old_format)
     assert random.getstate() == old_format
-    zcc.torch._set_python_rng_state(zcc.torch._python_rng_state())
+    zcc._rng_state.set_python_rng_state(zcc._rng_state.python_rng_state())
     assert random.getstate() == old_format
 
 
@@ -788,7 +789,7 @@ def test_user_state_must_be_plain_and_fit():
 
 
 def test_state_loader_refuses_code():
-    blob = _Blob("test", 1024)
+    blob = Blob("test", 1024)
     blob.write({"a": [1, 2]})
     assert blob.read() == {"a": [1, 2]}
     payload = pickle.dumps(torch.nn.Linear)  # needs a class lookup

@@ -1,0 +1,119 @@
+"""Plain data for zcc.torch's EXTRA blobs: what may be stored (None, bool,
+int, float, str, bytes and lists, tuples, dicts and sets of them), a loader
+that refuses everything else (restoring never runs code from a checkpoint),
+the fixed-size blob a Checkpointer registers, and tensor-valued optimizer
+hyperparameters written as plain data and put back in place."""
+
+import io
+import pickle
+
+import numpy
+import torch
+
+import zcc
+
+_PLAIN_SCALARS = (type(None), bool, int, float, str, bytes)
+_LEN_BYTES = 8
+
+
+_PLAIN_SCALAR_TYPES = frozenset(_PLAIN_SCALARS)
+_SEQUENCES = (list, tuple, set, frozenset)
+
+
+def check_plain(value, where):
+    """Raises TypeError unless `value` is plain data the safe loader accepts."""
+    # The fast path, taken every step: a scalar, or a flat sequence of scalars
+    # (Python's RNG state is a tuple of 625 ints), checked without building a
+    # path string per element.
+    kind = type(value)
+    if kind in _PLAIN_SCALAR_TYPES:
+        return
+    if kind in _SEQUENCES and _PLAIN_SCALAR_TYPES.issuperset(map(type, value)):
+        return
+    if isinstance(value, _PLAIN_SCALARS):
+        return
+    if isinstance(value, _SEQUENCES):
+        for i, v in enumerate(value):
+            check_plain(v, "%s[%d]" % (where, i))
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_plain(k, "%s key" % where)
+            check_plain(v, "%s[%r]" % (where, k))
+        return
+    raise TypeError("%s is a %s; zcc stores only plain data (None, bool, int, float, str, bytes "
+                    "and lists/tuples/dicts/sets of them)" % (where, type(value).__name__))
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """Loads plain data only: no class or function is ever looked up."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError("zcc state holds only plain data; refusing %s.%s" % (module, name))
+
+
+class Blob:
+    """A fixed-size uint8 tensor registered as EXTRA: 8-byte length + pickle."""
+
+    def __init__(self, name, capacity):
+        self.name = name
+        self.tensor = torch.zeros(capacity, dtype=torch.uint8)
+        self._view = self.tensor.numpy()  # shares memory
+
+    def write(self, value):
+        check_plain(value, self.name)
+        payload = pickle.dumps(value, protocol=4)
+        need = len(payload) + _LEN_BYTES
+        if need > len(self._view):
+            raise ValueError("zcc state '%s' needs %d bytes; its buffer holds %d (raise "
+                             "Checkpointer(extra_bytes=...))" % (self.name, need, len(self._view)))
+        self._view[:_LEN_BYTES] = list(len(payload).to_bytes(_LEN_BYTES, "little"))
+        self._view[_LEN_BYTES:need] = numpy.frombuffer(payload, dtype=numpy.uint8)
+
+    def read(self):
+        n = int.from_bytes(self._view[:_LEN_BYTES].tobytes(), "little")
+        if n == 0:
+            return None
+        if n > len(self._view) - _LEN_BYTES:
+            raise zcc.DataLossError("zcc state '%s' holds a bad length %d" % (self.name, n))
+        return PlainUnpickler(io.BytesIO(self._view[_LEN_BYTES:_LEN_BYTES + n].tobytes())).load()
+
+
+_TENSOR_TAG = "__zcc_tensor__"
+
+
+def plain_hyperparameter(value):
+    """A param_group value as plain data: tensors (PyTorch 2.x accepts a
+    tensor lr, and betas of tensors) become tagged (dtype, shape, bytes)."""
+    if torch.is_tensor(value):
+        t = value.detach().cpu().contiguous()
+        return {_TENSOR_TAG: (str(t.dtype).replace("torch.", ""), list(t.shape),
+                              t.reshape(-1).view(torch.uint8).numpy().tobytes())}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_hyperparameter(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain_hyperparameter(v) for k, v in value.items()}
+    return value
+
+
+@torch.no_grad()
+def restore_hyperparameter(current, saved):
+    """`saved` (from _plain_hyperparameter) as the value to put in a param
+    group whose value is `current`: a tensor is filled in place, so whatever
+    holds it (a scheduler, a fused kernel) sees the restored value."""
+    if isinstance(saved, dict) and set(saved) == {_TENSOR_TAG}:
+        dtype, shape, raw = saved[_TENSOR_TAG]
+        t = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).reshape(shape) \
+            if raw else torch.empty(shape, dtype=getattr(torch, dtype))
+        if torch.is_tensor(current) and current.shape == t.shape and current.dtype == t.dtype:
+            current.copy_(t)
+            return current
+        return t
+    if isinstance(saved, (list, tuple)):
+        currents = current if isinstance(current, (list, tuple)) and len(current) == len(saved) \
+            else [None] * len(saved)
+        return type(saved)(restore_hyperparameter(c, v) for c, v in zip(currents, saved))
+    if isinstance(saved, dict):
+        currents = current if isinstance(current, dict) else {}
+        return {k: restore_hyperparameter(currents.get(k), v) for k, v in saved.items()}
+    return saved

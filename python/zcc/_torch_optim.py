@@ -1,0 +1,113 @@
+"""The optimizer side of a zcc.torch.Checkpointer: its state registered
+before the optimizer has any (zcc._optim_state), bound to the registered
+buffers once the optimizer creates it, and optimizer.step wrapped with the
+fence that keeps it from overwriting tensors zcc is still copying."""
+
+import weakref
+
+import torch
+
+from zcc import _optim_state
+from zcc import torch_layout
+
+# The attribute an LR scheduler sets on the optimizer.step it wraps and looks
+# for at its first step: PyTorch 1.x's counting wrapper, then 2.x's.
+_LR_SCHEDULER_STEP_MARKERS = ("_with_counter", "_wrapped_by_lr_sched")
+
+
+class OptimizerBinding:
+    """The optimizer half of Checkpointer (a mixin: it works on the
+    Checkpointer's registration)."""
+
+    def _materialise_optimizer_state(self):
+        """Allocates and describes a buffer for every optimizer state tensor:
+        the optimizer's own tensor where it already has state, else a fresh
+        (unwritten) tensor shaped like the state its first step will create."""
+        opt = self.optimizer
+        params = [p for g in opt.param_groups for p in g["params"]]
+        self._opt_params = params
+        layouts = {}
+        if any(not opt.state.get(p) for p in params):
+            layouts = _optim_state.first_step_state_layouts(opt)
+            if layouts is None:
+                layouts = _optim_state.probe_state_layouts(opt, params)
+        pieces = []
+        for i, p in enumerate(params):
+            bufs = {}
+            existing = opt.state.get(p)
+            if existing:
+                items = [(k, v) for k, v in existing.items() if torch.is_tensor(v)]
+            else:
+                # Not zeroed here: a restore or the optimizer's first step
+                # (binding) overwrites them; step() zeroes any left unbound.
+                items = [(k, _optim_state.empty_state(p, layout)) for k, layout in layouts[p].items()]
+                self._unzeroed[i] = [_optim_state.local(v) for _, v in items]
+            for key, value in items:
+                if not isinstance(key, str):
+                    raise TypeError("optimizer state key %r is not a string" % (key,))
+                # An existing tensor that is not contiguous cannot be registered
+                # as is: register a copy, which binding puts in its place.
+                buf = value if _optim_state.local(value).is_contiguous() else torch.zeros_like(
+                    value, memory_format=torch.contiguous_format)
+                bufs[key] = buf
+                name = "optimizer.state.%s.%s" % (self._param_name(p, i), key)
+                pieces.append((name, torch_layout.piece_of(name, buf, self.rank, self._plain_members),
+                               "optim", False))
+            self._opt_bufs.append(bufs)
+            self._bound.append(False)
+        # State that existed before the Checkpointer: bind it now (copy if the
+        # optimizer's tensor could not be registered as is).
+        self._bind_optimizer_state()
+        return pieces
+
+    def _wrap_optimizer_step(self):
+        opt = self.optimizer
+        previous = opt.step  # bound method, or a scheduler's counting wrapper
+        self._previous_step_attr = opt.__dict__.get("step")
+        ref = weakref.ref(self)
+
+        def step(_opt, *args, **kwargs):
+            ckpt = ref()
+            if ckpt is not None and not ckpt.client.closed:
+                ckpt.fence()
+            return previous(*args, **kwargs)
+
+        # When ours calls an LR scheduler's wrapper, carry its marker: the
+        # scheduler warns about an overridden optimizer.step otherwise.
+        for marker in _LR_SCHEDULER_STEP_MARKERS:
+            if getattr(previous, marker, False):
+                setattr(step, marker, True)
+        # A bound method, so that an LR scheduler created afterwards can wrap
+        # it again (PyTorch's schedulers read step.__func__, 1.x also __self__).
+        self._wrapped_step = step.__get__(opt, type(opt))
+        opt.step = self._wrapped_step
+
+    @torch.no_grad()
+    def _bind_optimizer_state(self):
+        if self.optimizer is None:
+            return
+        state = self.optimizer.state
+        for i, p in enumerate(self._opt_params):
+            current = state.get(p)
+            if not current:
+                if self._bound[i]:
+                    raise RuntimeError("the optimizer dropped its state for parameter '%s'; "
+                                       "zcc cannot follow" % self._param_name(p, i))
+                continue
+            bufs = self._opt_bufs[i]
+            for key, value in current.items():
+                if torch.is_tensor(value) and key not in bufs:
+                    raise RuntimeError("optimizer state '%s' of parameter '%s' appeared after "
+                                       "registration; zcc cannot checkpoint it"
+                                       % (key, self._param_name(p, i)))
+            for key, buf in bufs.items():
+                value = current.get(key)
+                if value is buf:
+                    continue
+                if not torch.is_tensor(value) or value.shape != buf.shape or value.dtype != buf.dtype:
+                    raise RuntimeError("optimizer state '%s' of parameter '%s' does not match the "
+                                       "registered %s %s" % (key, self._param_name(p, i),
+                                                            buf.dtype, tuple(buf.shape)))
+                buf.copy_(value)
+                current[key] = buf
+            self._bound[i] = True
