@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/collective.h"
+#include "common/collective.h"
 #include "copy/device_copier.h"
 #include "format/dtype.h"
 #include "format/tensor_kind.h"

@@ -1,6 +1,6 @@
 // Client::Restore with RestoreOptions::collective: the ranks of a job agree
 // on a step, each restores what it writes, and the rest moves through the
-// collective (client/collective.h).
+// collective (common/collective.h).
 //
 // Every rank runs the same sequence of collective calls whatever happens on
 // it: a failure is not returned at once but gathered, so that all ranks see

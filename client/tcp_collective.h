@@ -1,4 +1,4 @@
-// TcpCollective: the host implementation of Collective (client/collective.h)
+// TcpCollective: the host implementation of Collective (common/collective.h)
 // for trainers without a process group of their own (C++ CPU trainers, tests):
 // a star of TCP connections through rank 0, which listens on `address`
 // (host:port) and relays. AllGather sends each member's message to rank 0,
@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/collective.h"
+#include "common/collective.h"
 #include "common/fd.h"
 
 namespace zcc {

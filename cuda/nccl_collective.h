@@ -1,4 +1,4 @@
-// NcclCollective: the NCCL implementation of Collective (client/collective.h),
+// NcclCollective: the NCCL implementation of Collective (common/collective.h),
 // over a communicator the trainer already has, so that a restore's replicas
 // share what each read from its zccd by ncclBroadcast on the trainer's
 // stream. A plain C++ header (the communicator is passed as void*, an
@@ -22,7 +22,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "client/collective.h"
+#include "common/collective.h"
 
 namespace zcc {
 

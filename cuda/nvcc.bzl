@@ -81,3 +81,20 @@ def nvcc_object(name, src, hdrs = [], testonly = False):
         tags = ["manual"],
         testonly = testonly,
     )
+
+def cuda_cc_test(name, srcs, deps = [], **kwargs):
+    """A cc_test of code that nvcc compiles.
+
+    In a build without nvcc (--config=nocuda) Bazel reports it as skipped
+    (its target is incompatible there), never as passed.
+    """
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        deps = deps,
+        target_compatible_with = select({
+            "//cuda:cuda_off": ["//cuda:never"],
+            "//conditions:default": [],
+        }),
+        **kwargs
+    )

@@ -17,12 +17,19 @@ bazel_rc=${PIPESTATUS[0]}
 # other test (shell) counts as one case, passed or failed by its status.
 passed=0
 failed=0
+not_run=()
 testlogs=$(bazel info "${ZCC_BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)
 # Manual tests (GPU-only: tools/gpu/run_gpu_checks.sh runs them) are not run here.
 for target in $(bazel query 'tests(//...) except attr(tags, manual, tests(//...))' 2>/dev/null); do
   rel=${target#//}
   rel=${rel/://}
   log="$testlogs/$rel/test.log"
+  if grep -q "^$target .*SKIPPED" /tmp/zcc-test.$$.log; then
+    # Incompatible with this build (tests of nvcc-compiled code without
+    # nvcc): not run, and said so below, neither passed nor failed.
+    not_run+=("$target")
+    continue
+  fi
   if ! grep -q "^$target .*PASSED" /tmp/zcc-test.$$.log && ! grep -q "^$target .*FAILED" /tmp/zcc-test.$$.log; then
     # Not run (failed to build, or no status): one failed case.
     failed=$((failed + 1))
@@ -64,5 +71,8 @@ else
   failed=$((failed + 1))
 fi
 echo "test wall time: $(( $(date +%s) - start ))s"
+if ((${#not_run[@]} > 0)); then
+  echo "not run in this build (they need nvcc): ${not_run[*]}"
+fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

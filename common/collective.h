@@ -1,5 +1,6 @@
 // A collective of a job's ranks that a restore shares its reads through
-// (RestoreOptions::collective): every replica restores from its zccd only the
+// (RestoreOptions::collective, client/client.h). It lives here, below both
+// the client that uses it and the implementations (cuda/, client/): every replica restores from its zccd only the
 // pieces it writes, and the others arrive from their writers through the
 // collective, so a job reads each replicated piece once. The trainer brings
 // it: an NCCL communicator it already has (cuda/nccl_collective.h), or, for
@@ -9,8 +10,8 @@
 // same arguments where they must agree (bytes, root). An implementation that
 // fails a call (a member gone, a timeout) returns an error on the members it
 // can tell; callers treat the collective as broken after any error.
-#ifndef ZCC_CLIENT_COLLECTIVE_H_
-#define ZCC_CLIENT_COLLECTIVE_H_
+#ifndef ZCC_COMMON_COLLECTIVE_H_
+#define ZCC_COMMON_COLLECTIVE_H_
 
 #include <cstdint>
 #include <string>
@@ -42,4 +43,4 @@ class Collective {
 
 }  // namespace zcc
 
-#endif  // ZCC_CLIENT_COLLECTIVE_H_
+#endif  // ZCC_COMMON_COLLECTIVE_H_
