@@ -98,3 +98,49 @@ def cuda_cc_test(name, srcs, deps = [], **kwargs):
         }),
         **kwargs
     )
+
+def cuda_runtime_library(name, srcs, hdrs, deps = [], cuda_deps = [], stub_srcs = None,
+                         real_extra_srcs = [], fake_extra_deps = [], linkopts = CUDART_LINKOPTS,
+                         **kwargs):
+    """A library over the CUDA runtime, and its twin over the fake one.
+
+    Declares `name`: `srcs` (nvcc objects, or sources calling the runtime)
+    linked against the real runtime (`linkopts`), or, in a build without nvcc
+    (--config=nocuda), `stub_srcs` (its stand-in; None: `srcs` themselves,
+    code that only calls other libraries of this macro). And declares
+    `name + "_on_fake_cudart"`: the very same `srcs` over the fake runtime
+    (cuda/fake_cudart), for tests without a GPU. `cuda_deps` are libraries of
+    this macro: each of the two depends on the same twin of them.
+    `real_extra_srcs` go into `name` alone, `fake_extra_deps` into the twin alone.
+    """
+    real_deps = cuda_deps if stub_srcs == None else select({
+        "//cuda:cuda_off": [],
+        "//conditions:default": cuda_deps,
+    })
+    native.cc_library(
+        name = name,
+        srcs = srcs + real_extra_srcs if stub_srcs == None else select({
+            "//cuda:cuda_off": stub_srcs,
+            "//conditions:default": srcs + real_extra_srcs,
+        }),
+        hdrs = hdrs,
+        linkopts = select({
+            "//cuda:cuda_off": [],
+            "//conditions:default": linkopts,
+        }),
+        deps = deps + real_deps,
+        **kwargs
+    )
+    fake_kwargs = dict(kwargs)
+    fake_kwargs.pop("tags", None)
+    fake_kwargs.pop("visibility", None)
+    native.cc_library(
+        name = name + "_on_fake_cudart",
+        testonly = True,
+        srcs = srcs,
+        hdrs = hdrs,
+        tags = ["manual"],
+        deps = deps + [d + "_on_fake_cudart" for d in cuda_deps] + fake_extra_deps +
+               ["//cuda/fake_cudart"],
+        **fake_kwargs
+    )
