@@ -8,7 +8,7 @@
 #       DeviceCopier conformance suite and the CUDA checks against the real
 #       copier on a real device), //tests:daemon_pull_gpu_test (the same suite
 #       against daemon-pull: this process the trainer, a real zccd copying
-#       over CUDA IPC), //cuda:gpu_bench, //cuda:daemon_pull_bench and zccd
+#       over CUDA IPC), //bench/gpu:gpu_bench, //bench/gpu:daemon_pull_bench and zccd
 #       with --config=opt, and
 #       copies them into tools/gpu/bundle/ (gitignored) with every shared
 #       library they load, except the CUDA driver (libcuda, which belongs to
@@ -52,12 +52,12 @@ readonly BINARIES=(cuda_copier_test gpu_bench daemon_pull_gpu_test daemon_pull_b
 # Where each is built, from the repository root's bazel-bin.
 declare -A BUILT_AT=(
   [cuda_copier_test]=cuda/cuda_copier_test
-  [gpu_bench]=cuda/gpu_bench
+  [gpu_bench]=bench/gpu/gpu_bench
   [daemon_pull_gpu_test]=tests/daemon_pull_gpu_test
-  [daemon_pull_bench]=cuda/daemon_pull_bench
+  [daemon_pull_bench]=bench/gpu/daemon_pull_bench
   [zccd]=daemon/zccd
   [nccl_collective_test]=cuda/nccl_collective_test
-  [nccl_restore_check]=cuda/nccl_restore_check
+  [nccl_restore_check]=tests/gpu/nccl_restore_check
 )
 # Run when the node has libnccl (218 MB: not bundled; a PyTorch environment's
 # nvidia/nccl/lib on LD_LIBRARY_PATH will do).
@@ -82,9 +82,9 @@ bundle() {
   # --dynamic_mode=off: tests link the workspace's libraries statically, not
   # as _solib_ shared objects that live only in Bazel's runfiles.
   local flags=(--config=opt --dynamic_mode=off --symlink_prefix=/)
-  bazel "${startup[@]}" build "${flags[@]}" //cuda:cuda_copier_test //cuda:gpu_bench \
-    "//cuda:$NCCL_BINARY" //tests:daemon_pull_gpu_test //cuda:daemon_pull_bench //daemon:zccd \
-    //cuda:nccl_restore_check
+  bazel "${startup[@]}" build "${flags[@]}" //cuda:cuda_copier_test //bench/gpu:gpu_bench \
+    "//cuda:$NCCL_BINARY" //tests:daemon_pull_gpu_test //bench/gpu:daemon_pull_bench //daemon:zccd \
+    //tests/gpu:nccl_restore_check
   local bin
   bin=$(bazel "${startup[@]}" info "${flags[@]}" bazel-bin 2>/dev/null)
 

@@ -1,9 +1,9 @@
-// The CUDA work of the GPU benchmark (cuda/gpu_bench.cc), behind a plain C++
+// The CUDA work of the GPU benchmark (bench/gpu/gpu_bench.cc), behind a plain C++
 // header: device queries, memory, streams, plain copies and the two kernels
 // of the synthetic training step. Streams are void* (cudaStream_t). Every
 // function acts on the calling thread's current device. Thread-compatible.
-#ifndef ZCC_CUDA_GPU_BENCH_CUDA_H_
-#define ZCC_CUDA_GPU_BENCH_CUDA_H_
+#ifndef ZCC_BENCH_GPU_GPU_BENCH_CUDA_H_
+#define ZCC_BENCH_GPU_GPU_BENCH_CUDA_H_
 
 #include <cstddef>
 #include <string>
@@ -49,4 +49,4 @@ absl::Status UpdateParams(void* params, size_t bytes, void* stream);
 
 }  // namespace zcc::gpu_bench
 
-#endif  // ZCC_CUDA_GPU_BENCH_CUDA_H_
+#endif  // ZCC_BENCH_GPU_GPU_BENCH_CUDA_H_

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/fake_cudart/fake_cudart.h"
-#include "cuda/gpu_bench_cuda.h"
+#include "bench/gpu/gpu_bench_cuda.h"
 
 namespace zcc::gpu_bench {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_status.h"
-#include "cuda/gpu_bench_cuda.h"
+#include "bench/gpu/gpu_bench_cuda.h"
 
 namespace zcc::gpu_bench {
 namespace {

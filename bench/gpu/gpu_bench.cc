@@ -38,7 +38,7 @@
 #include "common/status.h"
 #include "copy/device_copier.h"
 #include "cuda/cuda_copier.h"
-#include "cuda/gpu_bench_cuda.h"
+#include "bench/gpu/gpu_bench_cuda.h"
 
 ABSL_FLAG(int, ranks, 0, "ranks (threads), rank r on device r % devices; 0 = one per device");
 ABSL_FLAG(int, copy_mib, 2048, "bytes copied per rank in the bandwidth test, MiB");
