@@ -139,6 +139,11 @@ absl::StatusOr<std::unique_ptr<TcpCollective>> TcpCollective::Create(
   // The hello carries the collective's size and the member's rank.
   const Header hello{kMagic, kHello, options.size, options.rank};
   if (options.rank != 0) {
+    // Rank 0 may not listen yet, in another process or on another host:
+    // nothing can wake this member when it starts, so it retries, with a
+    // backoff (the one kind of sleep zcc keeps: reconnecting to a peer that
+    // is not there yet).
+    absl::Duration backoff = absl::Milliseconds(10);
     while (true) {
       UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (!fd.valid()) return ErrnoToStatus(errno, "collective: socket");
@@ -155,7 +160,8 @@ absl::StatusOr<std::unique_ptr<TcpCollective>> TcpCollective::Create(
         return absl::DeadlineExceededError(absl::StrCat(
             "collective: rank 0 did not listen on ", options.address, " within the timeout"));
       }
-      absl::SleepFor(absl::Milliseconds(20));
+      absl::SleepFor(std::min(backoff, deadline - absl::Now()));
+      backoff = std::min(backoff * 2, absl::Milliseconds(500));
     }
   }
   UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
