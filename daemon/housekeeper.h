@@ -42,7 +42,8 @@ class Housekeeper {
   struct Registry {
     std::function<std::vector<std::shared_ptr<Job>>()> jobs;  // registered now
     std::function<uint64_t()> staging_bytes;                  // all segments
-    std::function<void()> drop_idle_jobs;  // forget jobs with no rank and nothing pending
+    // Forgets jobs with no rank and nothing pending; returns them.
+    std::function<std::vector<std::shared_ptr<Job>>()> drop_idle_jobs;
   };
 
   Housekeeper(const DaemonConfig& config, metrics::ZccMetrics* metrics, Registry registry);
@@ -75,6 +76,9 @@ class Housekeeper {
   bool Healthy() const;
 
  private:
+  // A rank to retire, or (session null) a job reference to let go of on the
+  // reaper thread: the housekeeping thread never destroys a Job (its
+  // destructor joins the job's committer, and the watchdog waits on rounds).
   struct Retirement {
     std::shared_ptr<Job> job;
     std::shared_ptr<RankSession> session;

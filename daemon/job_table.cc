@@ -65,9 +65,7 @@ bool JobTable::InFlightLocked(const std::string& job_id) const {
   return it != in_flight_.end() && it->first.first == job_id;
 }
 
-void JobTable::DropIdle() {
-  // Destroyed after the lock is released: a job's destructor joins its
-  // committer, which may be finishing a retention on the disk.
+std::vector<std::shared_ptr<Job>> JobTable::DropIdle() {
   std::vector<std::shared_ptr<Job>> dropped;
   zcc::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
@@ -78,6 +76,7 @@ void JobTable::DropIdle() {
       ++it;
     }
   }
+  return dropped;
 }
 
 void JobTable::DropIfIdle(const std::string& job_id, const Job* job) {
