@@ -32,17 +32,21 @@ std::string ErrorMessage(const absl::Status& st) {
 }
 
 // The first error among the gathered messages: this rank's own, else the
-// lowest rank's, as Unavailable naming it. OK when none failed.
+// lowest failing rank's, as Unavailable naming every rank that failed. OK
+// when none failed.
 absl::Status FirstError(const std::vector<std::string>& all, const absl::Status& mine,
                         absl::string_view what) {
   if (!mine.ok()) return mine;
+  std::vector<size_t> failed;
   for (size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].empty() && all[r][0] == 'E') {
-      return absl::UnavailableError(
-          absl::StrCat("rank ", r, " failed ", what, ": ", all[r].substr(1)));
-    }
+    if (!all[r].empty() && all[r][0] == 'E') failed.push_back(r);
   }
-  return absl::OkStatus();
+  if (failed.empty()) return absl::OkStatus();
+  const std::string first = absl::StrCat("rank ", failed[0], " failed ", what, ": ",
+                                         all[failed[0]].substr(1));
+  if (failed.size() == 1) return absl::UnavailableError(first);
+  return absl::UnavailableError(
+      absl::StrCat("ranks ", absl::StrJoin(failed, ", "), " failed; ", first));
 }
 
 std::string PieceKey(const TensorRef& t) {
@@ -168,18 +172,28 @@ absl::Status ShareMissingPieces(Collective& c, const std::vector<TensorRef>& ref
   }
   std::sort(sends.begin(), sends.end());
   result->received.assign(refs.size(), false);
-  for (const auto& [who, bytes] : sends) {
-    const auto& [root, key] = who;
-    void* data = nullptr;
-    auto it = index.find(key);
-    if (it != index.end() && (root == me || !result->restored[it->second])) {
-      data = refs[it->second].data;
+  // One BroadcastMany per root, its pieces in key order.
+  for (size_t first = 0; first < sends.size();) {
+    const uint32_t root = sends[first].first.first;
+    std::vector<Collective::Region> regions;
+    std::vector<size_t> filled;  // registered tensors this rank receives
+    size_t next = first;
+    for (; next < sends.size() && sends[next].first.first == root; ++next) {
+      const auto& [who, bytes] = sends[next];
+      void* data = nullptr;
+      auto it = index.find(who.second);
+      if (it != index.end() && (root == me || !result->restored[it->second])) {
+        data = refs[it->second].data;
+        if (root != me) filled.push_back(it->second);
+      }
+      regions.push_back({data, bytes});
     }
-    ZCC_RETURN_IF_ERROR(c.Broadcast(data, bytes, root, stream));
-    if (it != index.end() && !result->restored[it->second]) {
-      result->restored[it->second] = true;
-      result->received[it->second] = true;
+    ZCC_RETURN_IF_ERROR(c.BroadcastMany(regions, root, stream));
+    for (size_t i : filled) {
+      result->restored[i] = true;
+      result->received[i] = true;
     }
+    first = next;
   }
   return absl::OkStatus();
 }

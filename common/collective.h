@@ -39,6 +39,23 @@ class Collective {
   // the member registered (host or device, as the implementation handles);
   // nullptr on a member that does not keep the bytes (it still takes part).
   virtual absl::Status Broadcast(void* data, uint64_t bytes, uint32_t root, void* stream) = 0;
+
+  // Several broadcasts from one root, in order: each region as Broadcast
+  // moves it. By default one Broadcast each; an implementation whose calls
+  // cost more than their bytes (a Python one over torch.distributed) packs
+  // them into one.
+  struct Region {
+    void* data = nullptr;  // nullptr: as in Broadcast
+    uint64_t bytes = 0;
+  };
+  virtual absl::Status BroadcastMany(const std::vector<Region>& regions, uint32_t root,
+                                     void* stream) {
+    for (const Region& r : regions) {
+      absl::Status st = Broadcast(r.data, r.bytes, root, stream);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace zcc

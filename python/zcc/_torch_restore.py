@@ -5,8 +5,6 @@ back. With a process group every rank restores the same step (agreed over the
 group); with replicas each restores the pieces it writes and receives the rest
 from the ranks that read them, so the job reads the checkpoint once."""
 
-import collections
-
 import torch
 
 import zcc
@@ -84,18 +82,6 @@ class Restoring:
             return None
         return dist
 
-    def _restore_once(self, step, owned_only, allow_older):
-        """(result, None), (None, None) when there is nothing to restore, or
-        (None, error): with a process group an error must not leave this rank
-        out of the collectives the others are in."""
-        try:
-            return self.client.restore_tensors(step, self._stream(), owned_only=owned_only,
-                                               allow_older=allow_older), None
-        except zcc.NotFoundError:
-            return None, None
-        except Exception as e:  # re-raised once every rank knows
-            return None, e
-
     def _collective_device(self, dist):
         # NCCL reduces only device tensors; gloo takes host tensors.
         if dist.get_backend() == "nccl":
@@ -104,122 +90,70 @@ class Restoring:
 
     def _restore_tensors(self, step, unavailable=None):
         """Fills the registered tensors; returns the step (None: nothing to
-        restore). With a process group, every rank restores the same step:
-        without `step`, the newest one every rank can restore (from zccd's
-        memory or from disk), agreed over the group; a rank that finds it
-        damaged falls back to an older one and the others follow. An error on
-        any rank is raised on every rank (none is left waiting); `unavailable`
-        is this rank's, found before it could ask zccd anything."""
+        restore). With a process group every rank restores the same step,
+        through the protocol C++ trainers use (Client::RestoreTogether, over
+        torch.distributed here): without `step`, the newest one every rank can
+        restore (from zccd's memory or from disk); a rank that finds it
+        damaged falls back to an older one and the others follow; each rank
+        reads from its zccd only the pieces it writes and receives the others
+        from the lowest rank that read them. An error on any rank is raised
+        on every rank (none is left waiting); `unavailable` is this rank's,
+        found before it could ask zccd anything."""
         dist = self._process_group()
-        if dist is None and unavailable is not None:
-            raise unavailable
+        target = zcc.LATEST if step is None else step
         if dist is None:
-            result, error = self._restore_once(zcc.LATEST if step is None else step, False, False)
-            if error is not None:
-                raise error
-            self.restored_from = None if result is None else result["source"]
-            return None if result is None else result["step"]
-        share = self._share_replicas
-        target = step
-        if step is None:
+            if unavailable is not None:
+                raise unavailable
             try:
-                if unavailable is not None:
-                    raise unavailable
-                offered = self.client.restore_candidates(owned_only=share)
-                mine, error = sorted(set(offered["memory"]) | set(offered["disk"])), None
-            except Exception as e:  # re-raised once every rank knows
-                mine, error = None, e
-            everyone = [None] * self.world_size
-            dist.all_gather_object(everyone, mine)
-            if error is not None:
-                raise error
-            failed = [r for r, steps in enumerate(everyone) if steps is None]
-            if failed:
-                raise zcc.UnavailableError("ranks %s could not list their restorable steps; see "
-                                           "their logs" % failed)
-            common = set(everyone[0]).intersection(*everyone[1:])
-            if not common:
-                if any(everyone):
-                    raise zcc.FailedPreconditionError(
-                        "no step can be restored by every rank (steps per rank: %s)"
-                        % {r: s[-5:] for r, s in enumerate(everyone)})
+                result = self.client.restore_tensors(target, self._stream(),
+                                                     allow_older=step is None)
+            except zcc.NotFoundError:
                 return None
-            target = max(common)
-        device = self._collective_device(dist)
-        if unavailable is not None:
-            result, error = None, unavailable
-        else:
-            result, error = self._restore_once(target, share, step is None)
-        while True:
-            # -2: this rank failed; -1: it found nothing to restore.
-            got = -2 if error is not None else -1 if result is None else result["step"]
-            low = torch.tensor([got], dtype=torch.int64, device=device)
-            high = low.clone()
-            dist.all_reduce(low, op=dist.ReduceOp.MIN)
-            dist.all_reduce(high, op=dist.ReduceOp.MAX)
-            if error is not None:
-                raise error
-            if low.item() == -2:
-                raise zcc.UnavailableError("another rank failed to restore step %s; see its log"
-                                           % target)
-            if low.item() == high.item():
-                break
-            if low.item() < 0:
-                raise zcc.FailedPreconditionError("some ranks restored step %d and others nothing"
-                                                  % high.item())
-            if got != low.item():
-                result, error = self._restore_once(int(low.item()), share, step is None)
-        if result is None:
+            self.restored_from = result["source"]
+            return result["step"]
+        try:
+            result = self.client.restore_together(target, self._stream(), self.rank,
+                                                  self.world_size, self._all_gather,
+                                                  self._broadcast_many)
+        except zcc.NotFoundError:
+            if unavailable is not None:
+                raise unavailable
             return None
-        if share:
-            self._receive_replicas(result["restored"])
+        except Exception:
+            if unavailable is not None:
+                raise unavailable
+            raise
         self.restored_from = result["source"]
         return result["step"]
+
+    def _all_gather(self, mine):
+        """Every rank's `mine` (bytes), by rank: RestoreTogether's all-gather."""
+        everyone = [None] * self.world_size
+        torch.distributed.all_gather_object(everyone, bytes(mine))
+        return everyone
 
     @staticmethod
     def _bytes_of(t):
         return t.reshape(-1).view(torch.uint8) if t.numel() > 0 else t.new_empty(0, dtype=torch.uint8)
 
-    def _receive_replicas(self, restored):
-        """After an owned_only restore: every piece a rank did not restore
-        comes from the lowest rank that did (a piece: a tensor's name and
-        where it starts), one broadcast per source rank."""
+    def _broadcast_many(self, pieces, root):
+        """RestoreTogether's broadcasts from `root`: `pieces` are (address,
+        nbytes) of registered tensors (address 0 where this rank keeps no
+        copy), sent packed in one broadcast."""
         dist = torch.distributed
-        specs = [s for s in self._specs if s.kind != zcc.TensorKind.EXTRA]  # per rank: own
-        got = [r for s, r in zip(self._specs, restored) if s.kind != zcc.TensorKind.EXTRA]
-        key = lambda spec: (spec.name, tuple(spec.offset))  # noqa: E731
-        mine = sorted((key(s), s.tensor.numel() * s.tensor.element_size())
-                      for s, r in zip(specs, got) if r)
-        need = sorted(key(s) for s, r in zip(specs, got) if not r)
-        everyone = [None] * self.world_size
-        dist.all_gather_object(everyone, (mine, need))
-        owner = {}
-        for rank, (have, _) in enumerate(everyone):
-            for k, nbytes in have:
-                owner.setdefault(k, (rank, nbytes))
-        sends = collections.defaultdict(dict)  # source rank -> {piece: bytes}
-        for rank, (_, needs) in enumerate(everyone):
-            for k in needs:
-                if k not in owner:
-                    # Every rank sees the same lists: all raise, none waits.
-                    raise zcc.DataLossError("no rank restored '%s' (at offset %s); the checkpoint "
-                                            "cannot fill it on rank %d" % (k[0], list(k[1]), rank))
-                src, nbytes = owner[k]
-                sends[src][k] = nbytes
-        tensors = {key(s): s.tensor for s in specs}
-        wanted = set(need)
-        device = self._collective_device(dist)
-        for src in sorted(sends):
-            pieces = sorted(sends[src].items())
-            flat = torch.empty(sum(n for _, n in pieces), dtype=torch.uint8, device=device)
-            offset = 0
-            if self.rank == src:
-                for k, n in pieces:
-                    flat[offset:offset + n].copy_(self._bytes_of(tensors[k]))
-                    offset += n
-            dist.broadcast(flat, src=src)
-            if self.rank != src:
-                for k, n in pieces:
-                    if k in wanted:
-                        self._bytes_of(tensors[k]).copy_(flat[offset:offset + n])
-                    offset += n
+        if self._by_address is None:
+            self._by_address = {s.tensor.data_ptr(): s.tensor for s in self._specs
+                                if s.tensor.numel() > 0}
+        flat = torch.empty(sum(n for _, n in pieces), dtype=torch.uint8,
+                           device=self._collective_device(dist))
+        offset = 0
+        if self.rank == root:
+            for address, n in pieces:
+                flat[offset:offset + n].copy_(self._bytes_of(self._by_address[address]))
+                offset += n
+        dist.broadcast(flat, src=root)
+        if self.rank != root:
+            for address, n in pieces:
+                if address:
+                    self._bytes_of(self._by_address[address]).copy_(flat[offset:offset + n])
+                offset += n

@@ -36,6 +36,7 @@
 #include "copy/device_copier.h"
 #include "format/dtype.h"
 #include "python/zcc/capsules.h"
+#include "python/zcc/py_collective.h"
 #include "python/zcc/tensor_view.h"
 
 namespace zcc::python {
@@ -328,6 +329,28 @@ class PyClient {
     py::list restored;
     for (bool b : r.restored) restored.append(b);
     out["restored"] = restored;
+    py::list skipped;
+    for (const std::string& why : r.skipped_steps) skipped.append(why);
+    out["skipped"] = skipped;
+    return out;
+  }
+
+  // RestoreTensors with the job's ranks together through `collective`
+  // (Client::RestoreTogether): the dict also says which tensors arrived from
+  // another rank ("received").
+  py::dict RestoreTogether(int64_t step, uintptr_t stream, uint32_t rank, uint32_t size,
+                           py::object all_gather, py::object broadcast_many) {
+    python::PyCollective collective(rank, size, std::move(all_gather), std::move(broadcast_many));
+    RestoreOptions options;
+    options.step = step;
+    options.collective = &collective;
+    RestoreResult r = ValueOrThrow(CallWithoutGil(
+        [&](Client& c) { return c.Restore(options, reinterpret_cast<void*>(stream)); }));
+    py::dict out;
+    out["step"] = r.step;
+    out["source"] = r.from_memory ? "memory" : "disk";
+    out["restored"] = py::cast(r.restored);
+    out["received"] = py::cast(r.received);
     py::list skipped;
     for (const std::string& why : r.skipped_steps) skipped.append(why);
     out["skipped"] = skipped;
@@ -628,6 +651,12 @@ void DefineModule(py::module_& m) {
            "Restore with its details: a dict with step, source ('memory' or 'disk'), restored "
            "(per registered tensor: filled; False only with owned_only) and skipped (newer "
            "steps passed over, with why).")
+      .def("restore_together", &PyClient::RestoreTogether, py::arg("step"), py::arg("stream"),
+           py::arg("rank"), py::arg("size"), py::arg("all_gather"), py::arg("broadcast_many"),
+           "Restore with the job's ranks together (every rank calls it): all_gather(bytes) -> "
+           "list of bytes and broadcast_many([(address, nbytes), ...], root) carry the "
+           "protocol (zcc.torch passes torch.distributed ones). The dict of restore_tensors, "
+           "plus received (per registered tensor: it came from another rank).")
       .def("restore_candidates", &PyClient::RestoreCandidatesDict, py::arg("owned_only") = false,
            "The steps restore can serve this rank, newest first: {'memory': [...], "
            "'disk': [...]}.")

@@ -241,11 +241,11 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             raise
         self._specs = specs
         self._ema_names = [s.name for s in specs if s.ema_eligible]
-        # With replicas (DDP's, or a DTensor's Replicate placements) each
-        # replica restores only the pieces it writes and receives the rest
-        # over the process group, so the job reads the checkpoint once.
-        self._share_replicas = self.world_size > 1 and any(
-            s.replica.kind != zcc.ReplicaKind.NONE for s in specs)
+        # With a process group, each replica (DDP's, or a DTensor's Replicate
+        # placements) restores only the pieces it writes and receives the rest
+        # over the group, so the job reads the checkpoint once: the registered
+        # tensors by address, for the broadcasts (_torch_restore).
+        self._by_address = None
         self._wrapped_step = None
         if optimizer is not None and fence_optimizer_step:
             self._wrap_optimizer_step()
