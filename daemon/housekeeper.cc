@@ -95,8 +95,7 @@ void Housekeeper::ReaperLoop() {
       next = std::move(reap_queue_.front());
       reap_queue_.pop_front();
     }
-    if (next.session != nullptr) Retire(next);
-    // (A job reference handed over to be let go of dies here.)
+    Retire(next);
   }
 }
 
@@ -152,8 +151,7 @@ void Housekeeper::HousekeepingLoop() {
     metrics_->staging_bytes().Set(static_cast<double>(registry_.staging_bytes()));
     size_t ranks = 0;
     uint64_t retained_bytes = 0;
-    std::vector<std::shared_ptr<Job>> jobs = registry_.jobs();
-    for (const auto& job : jobs) {
+    for (const auto& job : registry_.jobs()) {
       retained_bytes += job->retained().bytes();
       for (const auto& session : job->Ranks()) {
         ++ranks;
@@ -186,15 +184,7 @@ void Housekeeper::HousekeepingLoop() {
     metrics_->retained_snapshot_bytes().Set(static_cast<double>(retained_bytes));
     last_round_ns_.store(absl::GetCurrentTimeNanos());
     PublishSessions();
-    // The round's job references, and the jobs dropped now, are let go of on
-    // the reaper thread: one of them may be the last.
-    for (std::shared_ptr<Job>& dropped : registry_.drop_idle_jobs()) {
-      jobs.push_back(std::move(dropped));
-    }
-    {
-      zcc::MutexLock reap_lock(&reap_mu_);
-      for (std::shared_ptr<Job>& job : jobs) reap_queue_.push_back({std::move(job), nullptr});
-    }
+    registry_.drop_idle_jobs();
     work_mu_.Lock();
   }
 }

@@ -42,8 +42,7 @@ class Housekeeper {
   struct Registry {
     std::function<std::vector<std::shared_ptr<Job>>()> jobs;  // registered now
     std::function<uint64_t()> staging_bytes;                  // all segments
-    // Forgets jobs with no rank and nothing pending; returns them.
-    std::function<std::vector<std::shared_ptr<Job>>()> drop_idle_jobs;
+    std::function<void()> drop_idle_jobs;  // forget jobs with no rank and nothing pending
   };
 
   Housekeeper(const DaemonConfig& config, metrics::ZccMetrics* metrics, Registry registry);
@@ -76,9 +75,6 @@ class Housekeeper {
   bool Healthy() const;
 
  private:
-  // A rank to retire, or (session null) a job reference to let go of on the
-  // reaper thread: the housekeeping thread never destroys a Job (its
-  // destructor joins the job's committer, and the watchdog waits on rounds).
   struct Retirement {
     std::shared_ptr<Job> job;
     std::shared_ptr<RankSession> session;

@@ -65,7 +65,9 @@ bool JobTable::InFlightLocked(const std::string& job_id) const {
   return it != in_flight_.end() && it->first.first == job_id;
 }
 
-std::vector<std::shared_ptr<Job>> JobTable::DropIdle() {
+void JobTable::DropIdle() {
+  // Destroyed after the lock is released: a job's destructor joins its
+  // committer, which may be finishing a retention on the disk.
   std::vector<std::shared_ptr<Job>> dropped;
   zcc::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
@@ -76,7 +78,6 @@ std::vector<std::shared_ptr<Job>> JobTable::DropIdle() {
       ++it;
     }
   }
-  return dropped;
 }
 
 void JobTable::DropIfIdle(const std::string& job_id, const Job* job) {

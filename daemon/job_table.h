@@ -101,11 +101,8 @@ class JobTable {
   // in flight.
   uint64_t StagingBytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Removes the droppable jobs that have no registration in flight, and
-  // returns them: a job's destructor joins its committer, which may be
-  // finishing a disk operation, so the caller lets them go where a wait does
-  // no harm (the housekeeper hands them to its reaper thread).
-  std::vector<std::shared_ptr<Job>> DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the droppable jobs that have no registration in flight.
+  void DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
   // Removes `job` if it is still registered as `job_id` and droppable.
   void DropIfIdle(const std::string& job_id, const Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses admissions from now on and hands every job over (shutdown).

@@ -44,8 +44,8 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                    Housekeeper::Registry{[this] { return jobs_.All(); },
                                          [this] { return jobs_.StagingBytes(); },
                                          [this] {
+                                           jobs_.DropIdle();
                                            restores_.ExpireSharedReads();
-                                           return jobs_.DropIdle();
                                          }}),
       registrar_(Registrar::Deps{
           &config_, &metrics_, shard_storage_, &write_pool_, &jobs_, &pull_, &restores_,
