@@ -22,6 +22,7 @@
 #include "common/testing/status_matchers.h"
 #include "format/manifest.h"
 #include "storage/aligned_buffer.h"
+#include "storage/fault_storage.h"
 #include "storage/memory_storage.h"
 #include "storage/whole_file.h"
 
@@ -175,6 +176,28 @@ TEST_CASE("the same step committed again (a resumed run) is old or new at every 
 
 TEST_CASE("a job's first commit cut at any change: no latest, or the step whole") {
   CutAtEveryChange({"first commit", std::nullopt, 10, 10});
+}
+
+TEST_CASE("a commit whose rename fails (EIO) leaves the older step latest; retried, it commits") {
+  storage::MemoryStorage memory;
+  Prepare(memory, {"", std::make_pair(10, 10), 20, 20});
+  storage::FaultPlan plan;
+  // Renames of a commit (no EMA here): the step index, the weight map,
+  // COMMITTED, then the step directory (#4), then `latest`.
+  plan.eio_on_rename = 4;
+  storage::FaultInjectingStorage faulty(&memory, plan);
+  auto failed = TryCommit(kJobDir, kJob, 20, kWorld, &faulty);
+  CHECK_FALSE(failed.ok());
+  CHECK(*ReadLatest(kJobDir, &memory) == 10);
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000010"), 10));
+  CHECK(absl::IsNotFound(memory.Stat(JoinPath(kJobDir, "step-00000020")).status()));
+  // The partial stays whole: the next attempt commits it.
+  faulty.SetPlan({});
+  auto retried = TryCommit(kJobDir, kJob, 20, kWorld, &faulty);
+  REQUIRE_OK(retried);
+  CHECK(retried->outcome == CommitOutcome::kCommitted);
+  CHECK(*ReadLatest(kJobDir, &memory) == 20);
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 20));
 }
 
 TEST_CASE("recovery removes the debris a real file system may keep: temporaries, partials, "

@@ -111,7 +111,7 @@ FaultInjectingStorage::FaultInjectingStorage(Storage* base, FaultPlan plan)
 void FaultInjectingStorage::SetPlan(FaultPlan plan) {
   zcc::MutexLock lock(&mu_);
   plan_ = std::move(plan);
-  bytes_written_ = writes_ = reads_ = bytes_read_ = faults_ = 0;
+  bytes_written_ = writes_ = reads_ = bytes_read_ = faults_ = renames_ = 0;
 }
 
 uint64_t FaultInjectingStorage::bytes_written() const {
@@ -201,6 +201,35 @@ bool FaultInjectingStorage::SyncFails() {
   return true;
 }
 
+bool FaultInjectingStorage::NameOpFails(const std::string& path, bool sync_dir) {
+  if (!Covers(path)) return false;
+  zcc::MutexLock lock(&mu_);
+  const bool fails = sync_dir ? plan_.fail_sync_dir : ++renames_ == plan_.eio_on_rename;
+  if (fails) ++faults_;
+  return fails;
+}
+
+absl::Status FaultInjectingStorage::SyncDir(const std::string& path) {
+  if (NameOpFails(path, /*sync_dir=*/true)) {
+    return ErrnoToStatus(EIO, absl::StrCat("fsync directory ", path, " (injected fault)"));
+  }
+  return base()->SyncDir(path);
+}
+
+absl::Status FaultInjectingStorage::Rename(const std::string& from, const std::string& to) {
+  if (NameOpFails(to, /*sync_dir=*/false)) {
+    return ErrnoToStatus(EIO, absl::StrCat("rename ", from, " to ", to, " (injected fault)"));
+  }
+  return base()->Rename(from, to);
+}
+
+absl::Status FaultInjectingStorage::Exchange(const std::string& a, const std::string& b) {
+  if (NameOpFails(b, /*sync_dir=*/false)) {
+    return ErrnoToStatus(EIO, absl::StrCat("exchange ", a, " and ", b, " (injected fault)"));
+  }
+  return base()->Exchange(a, b);
+}
+
 OpenOptions FaultInjectingStorage::AdjustOpen(const std::string& path, const OpenOptions& options) {
   OpenOptions adjusted = options;
   if (!options.direct) return adjusted;
@@ -261,16 +290,21 @@ absl::StatusOr<FaultPlan> ParseFaultPlan(absl::string_view spec) {
       plan.max_write_bytes = n;
     } else if (key == "max_read_bytes") {
       plan.max_read_bytes = n;
-    } else if (key == "fail_sync" || key == "refuse_direct_io") {
+    } else if (key == "fail_sync" || key == "refuse_direct_io" || key == "fail_sync_dir") {
       if (n > 1) return bad("must be 0 or 1");
-      (key == "fail_sync" ? plan.fail_sync : plan.refuse_direct_io) = n == 1;
+      (key == "fail_sync" ? plan.fail_sync
+                          : key == "fail_sync_dir" ? plan.fail_sync_dir : plan.refuse_direct_io) =
+          n == 1;
+    } else if (key == "eio_on_rename") {
+      plan.eio_on_rename = n;
     } else if (key == "op_delay_ms") {
       if (n > 3'600'000) return bad("at most an hour");
       plan.op_delay = absl::Milliseconds(n);
     } else {
       return bad(
           "unknown key (path, enospc_after_bytes, eio_on_write, eio_on_read, max_write_bytes, "
-          "max_read_bytes, fail_sync, refuse_direct_io, op_delay_ms)");
+          "max_read_bytes, fail_sync, refuse_direct_io, op_delay_ms, fail_sync_dir, "
+          "eio_on_rename)");
     }
   }
   return plan;
@@ -285,6 +319,8 @@ std::string DescribeFaultPlan(const FaultPlan& plan) {
   if (plan.max_read_bytes) absl::StrAppend(&out, ", reads cut to ", plan.max_read_bytes, " bytes");
   if (plan.fail_sync) absl::StrAppend(&out, ", fdatasync fails");
   if (plan.refuse_direct_io) absl::StrAppend(&out, ", O_DIRECT refused");
+  if (plan.fail_sync_dir) absl::StrAppend(&out, ", directory fsync fails");
+  if (plan.eio_on_rename) absl::StrAppend(&out, ", EIO on rename #", plan.eio_on_rename);
   if (plan.op_delay > absl::ZeroDuration()) {
     absl::StrAppend(&out, ", ", absl::FormatDuration(plan.op_delay), " per request");
   }

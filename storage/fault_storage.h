@@ -43,6 +43,11 @@ struct FaultPlan {
   size_t max_read_bytes = 0;
   // File::Sync fails with EIO.
   bool fail_sync = false;
+  // Name operations, for directories and names the plan covers: SyncDir
+  // fails with EIO; the k-th Rename or Exchange (1-based) fails with EIO
+  // before anything is renamed; 0 = never.
+  bool fail_sync_dir = false;
+  uint64_t eio_on_rename = 0;
   // Asking for direct I/O gets a buffered file, as on a file system that
   // refuses O_DIRECT (with the same one WARNING line per storage).
   bool refuse_direct_io = false;
@@ -54,7 +59,7 @@ struct FaultPlan {
 // ZCCD_INJECT_STORAGE_FAULTS (fault drills and integration tests):
 //   path=TEXT  enospc_after_bytes=N  eio_on_write=K  eio_on_read=K
 //   max_write_bytes=N  max_read_bytes=N  fail_sync=0|1  refuse_direct_io=0|1
-//   op_delay_ms=N
+//   op_delay_ms=N  fail_sync_dir=0|1  eio_on_rename=K
 // e.g. "path=model-,op_delay_ms=5000". InvalidArgument naming the bad pair.
 absl::StatusOr<FaultPlan> ParseFaultPlan(absl::string_view spec);
 
@@ -82,7 +87,10 @@ class FaultInjectingStorage final : public StorageWrapper {
                                                      const OpenOptions& options) override;
   absl::StatusOr<std::unique_ptr<File>> OpenForRead(const std::string& path,
                                                     const OpenOptions& options) override;
-  // Names and directories pass through without faults.
+  absl::Status SyncDir(const std::string& path) override;
+  absl::Status Rename(const std::string& from, const std::string& to) override;
+  absl::Status Exchange(const std::string& a, const std::string& b) override;
+  // MakeDirs, Remove, RemoveTree, Stat and List pass through.
 
  private:
   friend class FaultInjectingFile;
@@ -97,6 +105,9 @@ class FaultInjectingStorage final : public StorageWrapper {
   Decision DecideWrite(size_t n, bool direct);
   Decision DecideRead(size_t n, bool direct);
   bool SyncFails();
+  // Whether the name operation on `path` fails: SyncDir when `sync_dir`, else
+  // the next Rename/Exchange (counted).
+  bool NameOpFails(const std::string& path, bool sync_dir);
   absl::Duration Delay() const;
   OpenOptions AdjustOpen(const std::string& path, const OpenOptions& options);
 
@@ -107,6 +118,7 @@ class FaultInjectingStorage final : public StorageWrapper {
   uint64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_read_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t faults_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t renames_ ABSL_GUARDED_BY(mu_) = 0;
   bool warned_direct_refused_ ABSL_GUARDED_BY(mu_) = false;
 };
 

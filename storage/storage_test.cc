@@ -358,6 +358,30 @@ TEST_CASE("fault plans parse from zccd's key=value spelling; bad ones name the p
   }
 }
 
+TEST_CASE("fault wrapper: directory fsync and the k-th rename or exchange fail, within the path") {
+  auto plan = ParseFaultPlan("path=job,fail_sync_dir=1,eio_on_rename=2");
+  REQUIRE_OK(plan);
+  CHECK(plan->fail_sync_dir);
+  CHECK(plan->eio_on_rename == 2);
+  CHECK(absl::StrContains(DescribeFaultPlan(*plan), "EIO on rename #2"));
+  REQUIRE_STATUS_CODE(ParseFaultPlan("fail_sync_dir=3"), absl::StatusCode::kInvalidArgument);
+
+  MemoryStorage memory;
+  FaultInjectingStorage storage(&memory, *plan);
+  REQUIRE_OK(storage.MakeDirs("/job/a"));
+  REQUIRE_OK(storage.MakeDirs("/other"));
+  CHECK(storage.SyncDir("/job").code() != absl::StatusCode::kOk);
+  REQUIRE_OK(storage.SyncDir("/other"));  // outside the path: no fault
+  REQUIRE_OK(storage.Rename("/job/a", "/job/b"));  // rename #1
+  const absl::Status second = storage.Rename("/job/b", "/job/c");
+  CHECK_FALSE(second.ok());
+  CHECK(absl::StrContains(second.message(), "injected"));
+  CHECK(memory.Stat("/job/b").ok());  // nothing was renamed
+  CHECK(absl::IsNotFound(memory.Stat("/job/c").status()));
+  REQUIRE_OK(storage.Rename("/job/b", "/job/c"));  // #3
+  CHECK(storage.faults_injected() == 2);
+}
+
 TEST_CASE("a file system that refuses O_DIRECT gets buffered I/O and one warning") {
   PosixStorage storage;
   StderrCapture capture;
