@@ -39,6 +39,20 @@ SANITIZER_NVCC_FLAGS = select({
     "//conditions:default": "",
 })
 
+# The headers an nvcc-compiled trainer program (a GPU benchmark or check that
+# links the client and drives a real zccd) sees through client/client.h and
+# the bench harness.
+TRAINER_PROGRAM_NVCC_HDRS = [
+    "//bench:harness.h",
+    "//client:client.h",
+    "//common:collective.h",
+    "//copy:device_copier.h",
+    "//cuda:ipc_pull_copier.h",
+    "//format:dtype.h",
+    "//format:tensor_kind.h",
+    "//shm:pull_channel.h",
+]
+
 # What a cc_library linking nvcc objects needs.
 CUDART_LINKOPTS = [
     "-L/usr/local/cuda/lib64",

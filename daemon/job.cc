@@ -278,13 +278,13 @@ absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
   zcc::MutexLock commit_lock(&commit_mu_);
   // Steps whose commit timeout has passed are abandoned now, not at the
   // committer's next round: gc removes every partial older than the timeout.
-  bool committer;
-  {
-    zcc::MutexLock lock(&mu_);
-    committer = committer_;
-  }
-  if (committer) ExpirePending();
+  if (IsCommitter()) ExpirePending();
   return ApplyRetention();
+}
+
+bool Job::IsCommitter() const {
+  zcc::MutexLock lock(&mu_);
+  return committer_;
 }
 
 void Job::Tick() {
@@ -294,12 +294,7 @@ void Job::Tick() {
 }
 
 void Job::TickWork() {
-  bool committer;
-  {
-    zcc::MutexLock lock(&mu_);
-    committer = committer_;
-  }
-  if (!committer) {
+  if (!IsCommitter()) {
     // Another daemon commits this job (or none has registered rank 0 here
     // yet); follow its progress through `latest`.
     auto latest = checkpoint::ReadLatest(options_.job_dir, options_.storage);

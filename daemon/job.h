@@ -120,6 +120,8 @@ class Job {
   void CommitterLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // A housekeeping round's work (see Tick).
   void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether this daemon commits the job (it serves global rank 0).
+  bool IsCommitter() const ABSL_LOCKS_EXCLUDED(mu_);
   // Drops (and removes the partial directory of) every pending step older
   // than the commit timeout.
   void ExpirePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);

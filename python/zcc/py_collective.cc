@@ -28,7 +28,7 @@ absl::StatusOr<std::vector<std::string>> PyCollective::AllGather(absl::string_vi
     py::list all = all_gather_(py::bytes(mine.data(), mine.size()));
     std::vector<std::string> out;
     out.reserve(all.size());
-    for (py::handle h : all) out.push_back(py::cast<std::string>(py::bytes(h.cast<py::bytes>())));
+    for (py::handle h : all) out.push_back(h.cast<std::string>());
     if (out.size() != size_) {
       return absl::DataLossError(absl::StrCat("collective: all_gather gave ", out.size(),
                                               " messages for ", size_, " ranks"));
