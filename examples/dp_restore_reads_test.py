@@ -103,7 +103,7 @@ def main():
         print("4 ranks, one zccd gone: every rank's restore raised UnavailableError, none hung")
     finally:
         for d in daemons:
-            d.stop()
+            d.close()
     print("dp_restore_reads_test: OK")
 
 

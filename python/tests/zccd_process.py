@@ -83,6 +83,12 @@ class Zccd:
         return self.start()
 
     def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Stops zccd and removes everything this object made: its
+        directory, and what a zccd that had to be killed left under its own
+        prefix in /dev/shm."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
         # What a zccd that had to be killed left under this object's own
