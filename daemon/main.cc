@@ -24,8 +24,8 @@
 #include "config/daemon_config.h"
 #include "cuda/ipc_puller.h"
 #include "common/status.h"
-#include "daemon/fault_drills.h"
-#include "daemon/server.h"
+#include "daemon/control/fault_drills.h"
+#include "daemon/control/server.h"
 
 ABSL_FLAG(std::string, config, "", "text-format config file (schema: config/zccd_config.proto); "
                                    "flags given on the command line override it");

@@ -38,14 +38,14 @@ SOURCES=(
   shm/control_block.cc shm/slot_layout.cc
   checkpoint/reader.cc checkpoint/step_files.cc checkpoint/global_index.cc checkpoint/rank_shards.cc
   checkpoint/shard_file_reader.cc checkpoint/read_progress.cc
-  daemon/registration.cc config/daemon_config.cc proto/convert.cc
+  daemon/control/registration.cc config/daemon_config.cc proto/convert.cc
 )
 # The reader's storage layer, whole (it changes often; unused members are not linked).
 for f in storage/*.cc; do
   [[ $f == *_test.cc ]] || SOURCES+=("$f")
 done
 # The shard assigner, once the registration uses it.
-if grep -q '"sharding/shard_assigner.h"' daemon/registration.cc daemon/registration.h; then
+if grep -q '"sharding/shard_assigner.h"' daemon/control/registration.cc daemon/control/registration.h; then
   SOURCES+=(sharding/shard_assigner.cc)
 fi
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/rank_shards.h"
 #include "config/daemon_config.h"
-#include "daemon/registration.h"
+#include "daemon/control/registration.h"
 #include "format/dtype.h"
 #include "fuzz/fuzz_util.h"
 #include "proto/zcc.pb.h"

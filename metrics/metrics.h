@@ -194,7 +194,7 @@ class ZccMetrics {
   // zcc_restore_bytes_read_total: checkpoint bytes restores read from disk.
   Counter& restore_bytes_read() { return *restore_bytes_read_; }
   // zcc_restore_prefetches_total{outcome="used"|"discarded"}: reads of the
-  // newest step begun as a rank registered (daemon/restore_prefetch.h),
+  // newest step begun as a rank registered (daemon/restore/restore_prefetch.h),
   // by whether a restore used them.
   Counter& restore_prefetches(PrefetchOutcome outcome) {
     return *restore_prefetches_[static_cast<int>(outcome)];

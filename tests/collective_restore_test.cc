@@ -5,7 +5,7 @@
 // replicated piece read from zccd by exactly one rank (the others receive it).
 // A rank that cannot restore fails the restore on every rank, naming itself.
 // Without a collective, the four ranks restoring the step from disk at once
-// are served by zccd from one read of each piece (daemon/shared_reads.h),
+// are served by zccd from one read of each piece (daemon/restore/shared_reads.h),
 // counted by its zcc_restore_bytes_read_total.
 #include <catch2/catch.hpp>
 #include <memory>

@@ -1,6 +1,6 @@
 // A trainer that registers with prefetch_restore: zccd begins reading the
 // newest committed step into a staging slot as the registration arrives
-// (daemon/restore_prefetch.h). Real zccd and trainer processes: the restore
+// (daemon/restore/restore_prefetch.h). Real zccd and trainer processes: the restore
 // that follows is served by that read, bit-exact; a damaged piece it finds
 // makes the restore fall back like its own read would; a read the trainer
 // does not use (another step asked for, training without a restore, a job

@@ -1,5 +1,5 @@
 // Test and benchmark helper: the tensors a trainer registered, as zccd holds
-// them (daemon/registered_tensor.h), for a rank that wrote `shards` (whole
+// them (daemon/rank/registered_tensor.h), for a rank that wrote `shards` (whole
 // tensors, every one staged by this rank at its slot offset).
 #ifndef ZCC_DAEMON_TESTING_REGISTERED_H_
 #define ZCC_DAEMON_TESTING_REGISTERED_H_
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "checkpoint/rank_shards.h"
-#include "daemon/registered_tensor.h"
+#include "daemon/rank/registered_tensor.h"
 
 namespace zcc::daemon::testing {
 

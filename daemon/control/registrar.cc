@@ -1,0 +1,413 @@
+#include "daemon/control/registrar.h"
+
+#include <unistd.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "daemon/control/registration.h"
+#include "ema/ema_updater.h"
+#include "format/dtype.h"
+#include "shm/control_block.h"
+#include "shm/pull_channel.h"
+#include "shm/segment.h"
+#include "shm/slot_ring.h"
+
+namespace zcc::daemon {
+namespace {
+
+constexpr uint32_t kMaxWorldSize = 1 << 20;
+// Reserving this much takes tens of milliseconds: more, and the slots after
+// the first are reserved in the background (RankSession::ReserveInBackground).
+constexpr uint64_t kReserveAtOnceBytes = uint64_t{256} << 20;
+
+// The request's fields that need nothing but the request and the config.
+absl::Status CheckRequest(const v1::RegisterRequest& req, const Caller& caller,
+                          const DaemonConfig& config, uint32_t* num_slots) {
+  ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id()));
+  const uid_t self = ::geteuid();
+  if (self != 0 && caller.uid != self) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "zccd runs as uid ", self, " and serves only that user (uid ", caller.uid,
+        " asked); run it as root to serve several users"));
+  }
+  if (req.world_size() == 0 || req.world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", req.world_size(), " is outside [1, ", kMaxWorldSize, "]"));
+  }
+  if (req.rank() >= req.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", req.rank(), " is not below world_size ", req.world_size()));
+  }
+  *num_slots = req.num_slots() == 0 ? config.default_num_slots : req.num_slots();
+  return shm::ValidateNumSlots(*num_slots);
+}
+
+// The EMA of the staged parameters the trainer marked eligible (none when it
+// asked for no EMA), and their indices in `registered`.
+struct EmaPlan {
+  std::unique_ptr<ema::EmaUpdater> updater;
+  std::vector<size_t> index;
+};
+
+absl::StatusOr<EmaPlan> PlanEma(const v1::RegisterRequest& req,
+                                const std::vector<RegisteredTensor>& registered,
+                                const std::function<absl::StatusOr<std::shared_ptr<ema::WorkerGroup>>()>& workers) {
+  EmaPlan plan;
+  if (req.ema_decay() == 0) return plan;
+  if (!(req.ema_decay() > 0 && req.ema_decay() < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ema_decay ", req.ema_decay(), " is outside (0, 1)"));
+  }
+  std::vector<ema::EmaTensorSpec> specs;
+  for (size_t i = 0; i < registered.size(); ++i) {
+    const RegisteredTensor& t = registered[i];
+    if (!t.staged || !t.ema_eligible || t.kind != format::TensorKind::kParam) continue;
+    if (t.dtype != format::DType::kF32 && t.dtype != format::DType::kBF16 &&
+        t.dtype != format::DType::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' is EMA-eligible but ", format::DTypeName(t.dtype),
+          "; an EMA needs F32, BF16 or F16 parameters"));
+    }
+    specs.push_back({t.name, t.dtype, t.nbytes / format::DTypeSize(t.dtype)});
+    plan.index.push_back(i);
+  }
+  ema::EmaOptions options;
+  options.decay = req.ema_decay();
+  options.interval = std::max<uint32_t>(1, req.ema_interval());
+  // zccd's EMA threads, shared by every rank's EMA.
+  ZCC_ASSIGN_OR_RETURN(options.workers, workers());
+  ZCC_ASSIGN_OR_RETURN(plan.updater, ema::EmaUpdater::Create(std::move(specs), options));
+  return plan;
+}
+
+// Where the segment's parts lie.
+struct Geometry {
+  uint32_t num_slots = 0;
+  uint64_t slot_bytes = 0;
+  bool daemon_pull = false;
+  shm::PullGeometry pull;
+  uint64_t pull_offset = 0;  // the channel follows the slots
+  uint64_t segment_bytes = 0;
+  bool reserve_later = false;
+};
+
+// The staging segment of a new session and what it starts with.
+struct Staging {
+  shm::Segment segment;
+  Inheritance inheritance;
+  std::vector<uint32_t> to_reserve;  // slots reserved in the background
+};
+
+// Makes (and reserves) the segment, or adopts the one `inherited` holds;
+// lays out its control block and marks the slots still to be reserved and
+// those holding the predecessor's snapshots.
+absl::StatusOr<Staging> PrepareStaging(const std::string& name, const Geometry& g,
+                                       uid_t owner, uint64_t generation, uint64_t manifest_hash,
+                                       std::optional<RetainedSnapshots::Entry> inherited,
+                                       const std::function<void(const std::string&, uint64_t)>& before_reserve) {
+  std::optional<shm::Segment> segment;
+  Inheritance inheritance;
+  if (inherited.has_value()) {
+    segment.emplace(inherited->session->TakeSegment());
+    inheritance.predecessor = std::move(inherited->session);
+  } else {
+    // A large segment: the control block and slot 0 now, the other slots in
+    // the background, so that registering 1 GB of state does not wait for
+    // 3 GB of staging to be zeroed. A small one whole: every slot is free on
+    // return.
+    const uint64_t now =
+        g.reserve_later ? shm::ControlBlockBytes() + g.slot_bytes : g.segment_bytes;
+    if (before_reserve) before_reserve(name, now);
+    ZCC_ASSIGN_OR_RETURN(shm::Segment created,
+                         shm::Segment::Create(name, g.segment_bytes, owner, now));
+    if (g.daemon_pull && g.reserve_later) {
+      ZCC_RETURN_IF_ERROR(created.Reserve(g.pull_offset, g.pull.bytes));
+    }
+    segment.emplace(std::move(created));
+  }
+  Staging s{std::move(*segment), std::move(inheritance), {}};
+  shm::InitControlBlock(s.segment.control(), g.num_slots, g.slot_bytes, generation, manifest_hash);
+  shm::SlotRing ring(s.segment.control(), g.num_slots);
+  // Every slot but the first (and those adopted with a snapshot) waits for
+  // its memory; an adopted segment's is reserved already, which is quick.
+  if (g.reserve_later) {
+    for (uint32_t slot = 1; slot < g.num_slots; ++slot) {
+      bool held = false;
+      if (inherited.has_value()) {
+        for (const SlotSnapshot& snap : inherited->snapshots) held = held || snap.slot == slot;
+      }
+      if (held) continue;
+      ring.HoldBack(slot);
+      s.to_reserve.push_back(slot);
+    }
+  }
+  if (inherited.has_value()) {
+    // One slot stays free at least, so the trainer can snapshot before it
+    // restores (which lets the held ones go).
+    for (const SlotSnapshot& snap : inherited->snapshots) {
+      if (s.inheritance.held.size() + 1 >= g.num_slots) break;
+      ring.Hold(snap.slot, snap.step);
+      s.inheritance.held.push_back(snap);
+    }
+  }
+  return s;
+}
+
+// Lays out the daemon-pull channel after the slots and attaches the rank to
+// zccd's CUDA engine.
+absl::StatusOr<std::unique_ptr<RankPuller>> AttachPuller(PullService& pull,
+                                                         const v1::RegisterRequest& req,
+                                                         const Caller& caller,
+                                                         const shm::Segment& segment,
+                                                         const Geometry& g) {
+  auto* channel = reinterpret_cast<shm::PullChannel*>(segment.base() + g.pull_offset);
+  shm::InitPullChannel(channel, g.pull, req.cuda_device());
+  PullAttachment a;
+  a.owner = absl::StrCat("job ", req.job_id(), " rank ", req.rank());
+  a.uid = caller.uid;
+  a.device = req.cuda_device();
+  a.mapping.segment_base = segment.base();
+  a.mapping.staging_begin = shm::ControlBlockBytes();
+  a.mapping.staging_end = g.pull_offset;
+  a.mapping.channel = channel;
+  a.mapping.geometry = g.pull;
+  a.on_failure = [owner = a.owner](uint64_t ticket, const absl::Status& why) {
+    ZCC_LOG(WARNING) << owner << ": snapshot copy (ticket " << ticket
+                     << ") failed and was dropped: " << why;
+  };
+  return pull.Attach(std::move(a));
+}
+
+void FillResponse(const Staging& staging, const Geometry& g, uint64_t generation,
+                  const std::string& job_dir, const checkpoint::RankShards& shards,
+                  const std::vector<RegisteredTensor>& registered,
+                  const std::string& pull_unavailable, v1::RegisterResponse* resp) {
+  resp->set_shm_name(staging.segment.name());
+  resp->set_segment_bytes(g.segment_bytes);
+  resp->set_num_slots(g.num_slots);
+  resp->set_slot_bytes(g.slot_bytes);
+  resp->set_slots_offset(shm::ControlBlockBytes());
+  resp->set_generation(generation);
+  resp->set_checkpoint_dir(job_dir);
+  resp->set_manifest_hash(shards.manifest_hash);
+  if (g.daemon_pull) {
+    resp->set_daemon_pull(true);
+    resp->set_pull_channel_offset(g.pull_offset);
+    resp->set_pull_channel_bytes(g.pull.bytes);
+    resp->set_pull_max_sources(g.pull.max_sources);
+    resp->set_pull_regions_per_request(g.pull.regions_per_request);
+  } else {
+    resp->set_daemon_pull_unavailable(pull_unavailable);
+  }
+  for (const RegisteredTensor& t : registered) {
+    v1::TensorPlacement* p = resp->add_placements();
+    p->set_name(t.name);
+    p->set_offset(t.staged ? t.slot_offset : 0);
+    p->set_nbytes(t.nbytes);
+    p->set_staged(t.staged);
+  }
+}
+
+// What a registration will make, worked out from the request before any
+// lock is taken.
+struct RankPlan {
+  Geometry g;
+  std::vector<RegisteredTensor> registered;
+  checkpoint::RankShards shards;
+  std::string job_dir;  // <root>/<job_id>, made for the caller if new
+  EmaPlan ema;
+  std::string pull_unavailable;  // daemon-pull asked for if enabled, and why not
+  // Owned by the trainer's uid, mode 0600: no other user can map the staging
+  // segment (nor its restore and EMA buffers, made for the same owner).
+  uid_t segment_owner = static_cast<uid_t>(-1);
+};
+
+absl::StatusOr<RankPlan> PlanRank(
+    const v1::RegisterRequest& req, const Caller& caller, const Registrar::Deps& d,
+    const std::function<absl::StatusOr<std::shared_ptr<ema::WorkerGroup>>()>& ema_workers) {
+  const DaemonConfig& config = *d.config;
+  RankPlan plan;
+  ZCC_RETURN_IF_ERROR(CheckRequest(req, caller, config, &plan.g.num_slots));
+  uint64_t manifest_hash = 0;
+  ZCC_ASSIGN_OR_RETURN(plan.registered, ParseTensors(req, config, &manifest_hash));
+  ZCC_RETURN_IF_ERROR(AssignStaged(req, &plan.registered));
+  ZCC_ASSIGN_OR_RETURN(plan.shards, ShardsFor(req, &plan.registered, manifest_hash, config));
+  // Checkpoints of this job id under this root belong to whoever made them.
+  ZCC_ASSIGN_OR_RETURN(plan.job_dir, d.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller));
+  ZCC_ASSIGN_OR_RETURN(plan.ema, PlanEma(req, plan.registered, ema_workers));
+  Geometry& g = plan.g;
+  g.slot_bytes = plan.shards.layout.slot_bytes;
+  if (g.slot_bytes > (~uint64_t{0}) / shm::kMaxSlots) {
+    return absl::InvalidArgumentError("registration is too large");
+  }
+  ZCC_ASSIGN_OR_RETURN(g.daemon_pull, d.pull->Decide(req, &plan.pull_unavailable));
+  g.pull = shm::PullGeometryFor(static_cast<uint32_t>(req.tensors_size()));
+  g.pull_offset = shm::SegmentBytes(g.num_slots, g.slot_bytes);
+  g.segment_bytes = g.pull_offset + (g.daemon_pull ? g.pull.bytes : 0);
+  g.reserve_later = g.segment_bytes > kReserveAtOnceBytes;
+  plan.segment_owner = ::geteuid() == 0 ? caller.uid : static_cast<uid_t>(-1);
+  return plan;
+}
+
+// The job table's question: may this rank join (or found) its job?
+AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& caller,
+                              const RankPlan& plan, const Registrar::Deps& d) {
+  const DaemonConfig& config = *d.config;
+  AdmitRequest admit;
+  admit.job_id = req.job_id();
+  admit.rank = req.rank();
+  admit.world_size = req.world_size();
+  admit.job_dir = plan.job_dir;
+  admit.uid = caller.uid;
+  admit.make_job = [&req, &caller, &plan, &d, &config] {
+    JobOptions options;
+    options.job_id = req.job_id();
+    options.world_size = req.world_size();
+    options.job_dir = plan.job_dir;
+    options.retention.keep_last = req.keep_last() > 0 ? req.keep_last() : config.keep_last;
+    options.retention.keep_every = config.keep_every;
+    options.commit_timeout = config.commit_timeout;
+    options.owner = {caller.uid, caller.gid};
+    options.metrics = d.metrics;
+    options.storage = d.shard_storage;
+    return std::make_shared<Job>(std::move(options));
+  };
+  admit.segment_bytes = plan.g.segment_bytes;
+  admit.manifest_hash = plan.shards.manifest_hash;
+  admit.num_slots = plan.g.num_slots;
+  admit.slot_bytes = plan.g.slot_bytes;
+  admit.segment_owner = plan.segment_owner;
+  admit.staging_budget_bytes = config.staging_budget_bytes;
+  admit.alive = [&config](const RankSession& s) {
+    return !s.ClientProcessGone() && s.ClientAlive(config.client_timeout);
+  };
+  return admit;
+}
+
+RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& caller,
+                                  const RankPlan& plan, uint64_t generation, const Job& job,
+                                  const Registrar::Deps& d) {
+  RankSessionOptions options;
+  options.job_dir = plan.job_dir;
+  options.num_slots = plan.g.num_slots;
+  options.save_every = req.save_every();
+  options.persist_on_failure = req.persist_on_failure();
+  // The kernel's word for the pid (in zccd's pid namespace), not the request's.
+  options.pid = caller.pid;
+  options.generation = generation;
+  options.metrics = d.metrics;
+  options.ema_interval = req.ema_interval();
+  options.segment_owner = plan.segment_owner;
+  options.fs_owner = job.options().owner;
+  options.io.storage = d.shard_storage;
+  options.write_pool = d.write_pool;
+  return options;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterRequest& req,
+                                                         const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(RankPlan plan,
+                       PlanRank(req, caller, d_, [this] { return EmaWorkers(); }));
+  RetirePredecessors(req, plan.job_dir, caller);
+  ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
+  const uint64_t generation = admission.generation();
+  const Geometry& g = plan.g;
+
+  // Outside every daemon-wide lock from here: the reservation of a large
+  // segment takes a while.
+  ZCC_ASSIGN_OR_RETURN(
+      Staging staging,
+      PrepareStaging(absl::StrCat(d_.config->shm_prefix, ".", req.job_id(), ".r", req.rank(), ".g",
+                                  generation),
+                     g, plan.segment_owner, generation, plan.shards.manifest_hash,
+                     std::move(admission.inherited()), d_.before_reserve));
+  v1::RegisterResponse resp;
+  FillResponse(staging, g, generation, plan.job_dir, plan.shards, plan.registered,
+               plan.pull_unavailable, &resp);
+  resp.set_daemon_heartbeat_interval_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(d_.config->heartbeat_interval)));
+  std::unique_ptr<RankPuller> puller;
+  if (g.daemon_pull) {
+    ZCC_ASSIGN_OR_RETURN(puller, AttachPuller(*d_.pull, req, caller, staging.segment, g));
+  }
+  if (!staging.inheritance.held.empty()) {
+    ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank()
+                  << ": adopted the previous trainer's staging segment with "
+                  << staging.inheritance.held.size()
+                  << " snapshot(s) for a restore from memory, newest step "
+                  << staging.inheritance.held.front().step;
+  }
+
+  const std::shared_ptr<Job>& job = admission.job();
+  Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
+  auto session = std::make_shared<RankSession>(
+      plan.shards, plan.registered, std::move(staging.segment),
+      SessionOptions(req, caller, plan, generation, *job, d_),
+      [job_ptr](const PersistEvent& event) { job_ptr->OnPersisted(event); },
+      std::move(plan.ema.updater), std::move(plan.ema.index), std::move(staging.inheritance));
+  if (puller != nullptr) session->AttachPuller(std::move(puller));
+  session->ReserveInBackground(std::move(staging.to_reserve));
+  // Before the reserver starts, so that it waits for the read.
+  if (req.prefetch_restore()) d_.restores->StartPrefetch(*job, *session, req.rank());
+  session->Start();
+  std::shared_ptr<RankSession> replaced = job->PutRank(session);
+  d_.housekeeper->PublishSessions();
+  if (replaced != nullptr) {
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
+                     << ": replacing the registration of pid " << replaced->options().pid
+                     << ", whose trainer is gone";
+    replaced->Stop();
+  }
+  ZCC_LOG(INFO) << "registered job " << req.job_id() << " rank " << req.rank() << "/"
+                << req.world_size() << " uid " << caller.uid << " pid " << caller.pid << ": "
+                << req.tensors_size() << " tensors, " << g.num_slots << " slots of "
+                << g.slot_bytes << " bytes"
+                << (g.daemon_pull
+                        ? absl::StrCat(", daemon-pull on CUDA device ", req.cuda_device())
+                        : std::string());
+  return resp;
+}
+
+absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> Registrar::EmaWorkers() {
+  zcc::MutexLock lock(&ema_mu_);
+  if (ema_workers_ == nullptr) {
+    ZCC_ASSIGN_OR_RETURN(std::unique_ptr<ema::WorkerGroup> group,
+                         ema::WorkerGroup::Create(static_cast<int>(d_.config->ema_threads)));
+    ema_workers_ = std::move(group);
+  }
+  return ema_workers_;
+}
+
+void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
+                                   const Caller& caller) {
+  // A trainer restarted faster than the housekeeping round noticed its
+  // predecessor's death: retire the old registration first (its
+  // checkpoint-on-failure, so a restore right after sees that step; its
+  // snapshots kept for a restore from memory). A job resumed in another
+  // layout (world size) retires every dead rank of the old one, so that the
+  // old job, then idle, is replaced by the admission instead of refusing it.
+  std::shared_ptr<Job> found = d_.jobs->Find(req.job_id());
+  if (found == nullptr || !found->Authorize(caller.uid).ok()) return;
+  std::vector<std::shared_ptr<RankSession>> predecessors;
+  if (found->options().world_size != req.world_size() || found->options().job_dir != job_dir) {
+    predecessors = found->Ranks();
+  } else if (std::shared_ptr<RankSession> p = found->FindRank(req.rank())) {
+    predecessors.push_back(p);
+  }
+  const absl::Duration timeout = d_.config->client_timeout;
+  for (const std::shared_ptr<RankSession>& p : predecessors) {
+    if (p->ClientProcessGone() || !p->ClientAlive(timeout)) {
+      d_.housekeeper->RetireNow(found, p, timeout);
+    }
+  }
+}
+
+}  // namespace zcc::daemon

@@ -1,0 +1,83 @@
+// The registrar: turns a trainer's RegisterRequest into a running rank
+// session. It validates the request, retires a dead predecessor of the rank,
+// has the job table admit the registration (budget, adoption of what the
+// predecessor left in memory), then, outside every daemon-wide lock, creates
+// and reserves the staging segment (posix_fallocate: about 0.1 s a GB), lays
+// out the control block, attaches the daemon-pull channel, starts the session
+// and installs it in its job. One large registration therefore never stalls
+// another job's requests, the status service or the watchdog.
+//
+// Thread-safety: Register may be called concurrently (two registrations of
+// one rank: the second is refused while the first is in flight).
+// Ownership: borrows everything in Deps, which must outlive it.
+#ifndef ZCC_DAEMON_CONTROL_REGISTRAR_H_
+#define ZCC_DAEMON_CONTROL_REGISTRAR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "config/daemon_config.h"
+#include "daemon/control/caller.h"
+#include "daemon/jobs/housekeeper.h"
+#include "daemon/jobs/job_table.h"
+#include "daemon/pull/pull_service.h"
+#include "daemon/restore/restore_service.h"
+#include "daemon/rank/write_pool.h"
+#include "ema/worker_group.h"
+#include "metrics/metrics.h"
+#include "proto/zcc.pb.h"
+#include "storage/storage.h"
+
+namespace zcc::daemon {
+
+class Registrar {
+ public:
+  struct Deps {
+    const DaemonConfig* config = nullptr;
+    metrics::ZccMetrics* metrics = nullptr;
+    storage::Storage* shard_storage = nullptr;  // null: the default POSIX storage
+    WritePool* write_pool = nullptr;            // zccd's writer threads
+    JobTable* jobs = nullptr;
+    PullService* pull = nullptr;
+    RestoreService* restores = nullptr;
+    Housekeeper* housekeeper = nullptr;
+    // <root>/<job_id> for the caller, made if new (daemon::ResolveJobDir).
+    std::function<absl::StatusOr<std::string>(const std::string& root, const std::string& job_id,
+                                              const Caller& caller)>
+        resolve_job_dir;
+    // Called before a new staging segment's memory is reserved, with its
+    // name and the bytes reserved at once: a hook for fault drills (a
+    // reservation that stalls).
+    std::function<void(const std::string& segment, uint64_t bytes)> before_reserve;
+  };
+
+  explicit Registrar(Deps deps) : d_(std::move(deps)) {}
+  Registrar(const Registrar&) = delete;
+  Registrar& operator=(const Registrar&) = delete;
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                const Caller& caller);
+
+ private:
+  // zccd's EMA threads (ema_threads, the updating rank's ingest thread one
+  // of them), shared by every rank's EMA: started with the first EMA.
+  absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> EmaWorkers() ABSL_LOCKS_EXCLUDED(ema_mu_);
+  // Retires the rank's predecessor (and, for a job resumed in another
+  // layout, every rank of the old one) whose trainer is gone, at once.
+  void RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
+                          const Caller& caller);
+
+  Deps d_;
+  zcc::Mutex ema_mu_;
+  std::shared_ptr<ema::WorkerGroup> ema_workers_ ABSL_GUARDED_BY(ema_mu_);
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_CONTROL_REGISTRAR_H_

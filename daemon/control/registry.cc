@@ -1,0 +1,341 @@
+#include "daemon/control/registry.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/retention.h"
+#include "common/file_util.h"
+#include "storage/posix_storage.h"
+#include "storage/whole_file.h"
+#include "common/fs_identity.h"
+#include "common/instance_lock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "daemon/jobs/job_directory.h"
+#include "format/manifest.h"
+#include "shm/segment.h"
+
+namespace zcc::daemon {
+namespace {
+
+constexpr char kVersion[] = "zccd 0.1.0";
+
+}  // namespace
+
+Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
+                   PullEngineFactory pull_engine, std::function<void(const std::string&, uint64_t)> before_reserve)
+    : config_(std::move(config)),
+      shard_storage_(shard_storage),
+      started_(absl::Now()),
+      write_pool_(static_cast<int>(config_.writer_threads)),
+      jobs_(started_),
+      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_, shard_storage_),
+      pull_(config_.daemon_pull, std::move(pull_engine)),
+      housekeeper_(config_, &metrics_,
+                   Housekeeper::Registry{[this] { return jobs_.All(); },
+                                         [this] { return jobs_.StagingBytes(); },
+                                         [this] {
+                                           jobs_.DropIdle();
+                                           restores_.ExpireSharedReads();
+                                         }}),
+      registrar_(Registrar::Deps{
+          &config_, &metrics_, shard_storage_, &write_pool_, &jobs_, &pull_, &restores_,
+          &housekeeper_,
+          [this](const std::string& root, const std::string& job_id, const Caller& caller) {
+            return ResolveJobDir(root, job_id, caller, true);
+          },
+          std::move(before_reserve)}) {}
+
+Registry::~Registry() { Shutdown(); }
+
+absl::Status Registry::Start() {
+  // One zccd per prefix: the segments under it are this zccd's alone, so
+  // those found now were left by a previous instance, which is gone (the
+  // kernel released its lock). A zccd beside a live one refuses to start
+  // instead of removing the live one's memory tier and its trainers' slots.
+  ZCC_ASSIGN_OR_RETURN(
+      InstanceLock lock,
+      InstanceLock::Acquire(ShmPrefixLockPath(config_.shm_prefix),
+                            absl::StrCat("shared-memory prefix '", config_.shm_prefix, "'")));
+  prefix_lock_.emplace(std::move(lock));
+  const std::vector<std::string> stale = shm::Segment::ListWithPrefix(config_.shm_prefix + ".");
+  size_t removed = 0;
+  for (const std::string& name : stale) {
+    const absl::Status st = shm::Segment::Remove(name);
+    if (st.ok()) {
+      ++removed;
+    } else if (!absl::IsNotFound(st)) {
+      // Not fatal: the name stays taken (a registration that draws it fails
+      // and the trainer registers again with the next generation).
+      ZCC_LOG(WARNING) << "could not remove stale staging segment: " << st;
+    }
+  }
+  if (removed > 0) {
+    ZCC_LOG(WARNING) << "removed " << removed << " of " << stale.size()
+                     << " stale staging segment(s) left by a previous zccd instance";
+  }
+  ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(config_.default_root), "default checkpoint root"));
+  ZCC_RETURN_IF_ERROR(ScopedFsIdentity::Probe());
+  RecoverJobDirectories(config_);
+  housekeeper_.Start();
+  return absl::OkStatus();
+}
+
+void Registry::BeginShutdown() {
+  shutting_down_.store(true);
+  for (const std::shared_ptr<Job>& job : jobs_.All()) {
+    for (const auto& session : job->Ranks()) session->InterruptWaits();
+  }
+}
+
+void Registry::Shutdown() {
+  if (stopped_.exchange(true)) return;
+  housekeeper_.StopWork();
+  std::map<std::string, std::shared_ptr<Job>> jobs = jobs_.Close();
+  for (auto& [id, job] : jobs) {
+    for (auto& session : job->Ranks()) session->Stop();
+  }
+  // The commits the last writes made possible.
+  for (auto& [id, job] : jobs) job->AwaitCommitter();
+  jobs.clear();
+  housekeeper_.StopHeartbeats();
+}
+
+absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested_root,
+                                                    const std::string& job_id,
+                                                    const Caller& caller, bool create) const {
+  JobDirRequest request;
+  request.root = requested_root;
+  request.job_id = job_id;
+  request.owner = {caller.uid, caller.gid};
+  request.create = create;
+  request.is_registered_job_dir = [this](const std::string& dir) { return jobs_.HasJobDir(dir); };
+  return daemon::ResolveJobDir(config_, request);
+}
+
+absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req,
+                                                        const Caller& caller) {
+  if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
+  return registrar_.Register(req, caller);
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Registry::FindJob(const std::string& job_id,
+                                                       const Caller& caller) const {
+  ZCC_RETURN_IF_ERROR(ValidateJobId(job_id));
+  std::shared_ptr<Job> job = jobs_.Find(job_id);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not registered here"));
+  }
+  ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
+  return job;
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> Registry::FindSession(
+    const std::string& job_id, uint32_t rank, uint64_t generation, const Caller& caller) const {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id, caller));
+  std::shared_ptr<RankSession> session = job->FindRank(rank);
+  if (session == nullptr) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " of job '", job_id,
+                                            "' is not registered"));
+  }
+  if (session->options().generation != generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " of job '", job_id, "' was registered again since (stale generation)"));
+  }
+  return std::make_pair(job, session);
+}
+
+absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  auto& [job, session] = found;
+  // Drain first: snapshots already published are persisted and reported to
+  // the job while the rank still belongs to it, and what they made
+  // committable is committed before the trainer's close returns.
+  session->Stop();
+  job->AwaitCommitter();
+  // A trainer that asks (it expects to be started again: a launcher's
+  // restart) leaves its snapshots for a restore from memory, kept before the
+  // rank leaves the job, which housekeeping would drop as idle otherwise.
+  // A clean close releases the staging memory with the session.
+  if (req.keep_snapshots()) {
+    housekeeper_.Retain(*job, session);
+  } else {
+    ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": closed; releasing "
+                  << session->segment_bytes() << " bytes of staging memory";
+  }
+  if (job->RemoveRank(req.rank(), req.generation()) == nullptr) {
+    return absl::NotFoundError("registration already removed");
+  }
+  housekeeper_.PublishSessions();  // drops the list's reference to the session
+  jobs_.DropIfIdle(req.job_id(), job.get());
+  ZCC_LOG(INFO) << "unregistered job " << req.job_id() << " rank " << req.rank();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
+                                                      const Caller& caller,
+                                                      std::function<bool()> client_gone) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  auto& [job, session] = found;
+  ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
+  return restores_.Restore(*job, *session, req, [this, &client_gone] {
+    return shutting_down_.load() || (client_gone && client_gone());
+  });
+}
+
+absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(
+    const v1::RestoreCandidatesRequest& req, const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  auto& [job, session] = found;
+  return restores_.Candidates(*job, *session, req.owned_only());
+}
+
+absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& req,
+                                                      const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  auto& [job, session] = found;
+  // A trainer waiting for the EMA to include its last snapshot asks once
+  // and is answered when it does (or when its wait is up).
+  constexpr double kMaxEmaWaitS = 300;
+  const double wait_s = std::isfinite(req.wait_s()) ? std::clamp(req.wait_s(), 0.0, kMaxEmaWaitS) : 0;
+  return session->CopyEma(restores_.BufferName("ema", req.job_id(), req.rank(), req.generation()),
+                          req.has_min_step() ? req.min_step() : -1,
+                          absl::Now() + absl::Seconds(wait_s));
+}
+
+absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  auto& [job, session] = found;
+  ZCC_ASSIGN_OR_RETURN(int64_t step, session->restore_buffers().Remove(req.restore_id()));
+  job->EndRestore(req.rank(), step);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::SaveNowResponse> Registry::SaveNow(const v1::SaveNowRequest& req,
+                                                      const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(req.job_id(), caller));
+  v1::SaveNowResponse resp;
+  for (auto& session : job->Ranks()) {
+    session->RequestSave();
+    resp.set_ranks_flagged(resp.ranks_flagged() + 1);
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::PutJobFileResponse> Registry::PutJobFile(const v1::PutJobFileRequest& req,
+                                                            const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(req.job_id(), caller));
+  ZCC_RETURN_IF_ERROR(ValidateJobFileName(req.name()));
+  if (req.content().size() > kMaxJobFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job file '", req.name(), "' is ",
+                                                   req.content().size(), " bytes; the limit is ",
+                                                   kMaxJobFileBytes));
+  }
+  // With the job owner's identity, like every write into the job directory.
+  ScopedFsIdentity as_owner(job->options().owner);
+  // Through the daemon's storage, beside the checkpoints (the job directory
+  // is 0750: what it holds is as private).
+  storage::Storage& fs = storage::StorageOrDefault(shard_storage_);
+  const std::string dir = JoinPath(job->options().job_dir, kJobMetadataDirName);
+  ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
+  const std::string path = JoinPath(dir, req.name());
+  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, req.content()));
+  ZCC_LOG(INFO) << "job " << req.job_id() << ": stored " << path << " (" << req.content().size()
+                << " bytes)";
+  v1::PutJobFileResponse resp;
+  resp.set_path(path);
+  return resp;
+}
+
+absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
+    const v1::CollectGarbageRequest& req, const Caller& caller) {
+  ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id()));
+  auto registered = FindJob(req.job_id(), caller);
+  if (!registered.ok() && registered.status().code() != absl::StatusCode::kNotFound) {
+    return registered.status();
+  }
+  std::shared_ptr<Job> job = registered.ok() ? *registered : nullptr;
+  std::string job_dir;
+  checkpoint::RetentionResult result;
+  if (job != nullptr && req.checkpoint_root().empty()) {
+    job_dir = job->options().job_dir;
+    ZCC_ASSIGN_OR_RETURN(result, job->CollectGarbage());
+  } else {
+    ZCC_ASSIGN_OR_RETURN(job_dir, ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, false));
+    ScopedFsIdentity as_owner(DirOwner(job_dir));
+    checkpoint::RetentionPolicy policy;
+    policy.keep_last = config_.keep_last;
+    policy.keep_every = config_.keep_every;
+    ZCC_ASSIGN_OR_RETURN(result,
+                         checkpoint::ApplyRetention(job_dir, policy, checkpoint::RetentionGuard(),
+                                                   config_.commit_timeout, shard_storage_));
+  }
+  v1::CollectGarbageResponse resp;
+  for (int64_t step : result.removed_steps) resp.add_removed_steps(step);
+  for (const std::string& p : result.removed_partials) resp.add_removed_partials(p);
+  auto kept = checkpoint::ListCommittedSteps(job_dir, shard_storage_);
+  if (kept.ok()) {
+    for (int64_t step : *kept) resp.add_kept_steps(step);
+  }
+  return resp;
+}
+
+v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Caller& caller) const {
+  v1::StatusResponse resp;
+  resp.set_version(kVersion);
+  resp.set_pid(::getpid());
+  resp.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const std::shared_ptr<Job>& job : jobs_.All()) {
+    // Other users' jobs are private: not even their ids are shown.
+    if ((req.job_id().empty() || req.job_id() == job->options().job_id) &&
+        job->Authorize(caller.uid).ok()) {
+      jobs.push_back(job);
+    }
+  }
+  pull_.FillStatus(&resp);
+  for (const auto& job : jobs) job->FillStatus(resp.add_jobs());
+  return resp;
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
+    const v1::ListCheckpointsRequest& req, const Caller& caller) const {
+  ZCC_ASSIGN_OR_RETURN(std::string job_dir,
+                       ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, false));
+  ScopedFsIdentity as_owner(DirOwner(job_dir));
+  if (std::shared_ptr<Job> job = jobs_.Find(req.job_id());
+      job != nullptr && job->options().job_dir == job_dir) {
+    ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
+  }
+  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                       checkpoint::ListCommittedSteps(job_dir, shard_storage_));
+  auto latest = checkpoint::ReadLatest(job_dir, shard_storage_);
+  v1::ListCheckpointsResponse resp;
+  for (int64_t step : steps) {
+    const std::string dir = JoinPath(job_dir, format::StepDirName(step));
+    auto record = checkpoint::ReadCommitRecord(dir, shard_storage_);
+    v1::CheckpointInfo* info = resp.add_checkpoints();
+    info->set_step(step);
+    info->set_path(dir);
+    info->set_is_latest(latest.ok() && *latest == step);
+    if (record.ok()) {
+      info->set_world_size(record->world_size);
+      info->set_total_bytes(record->total_bytes);
+      info->set_committed_at(record->committed_at);
+    }
+  }
+  return resp;
+}
+
+bool Registry::Healthy() const { return housekeeper_.Healthy(); }
+
+}  // namespace zcc::daemon

@@ -1,0 +1,139 @@
+// The daemon's table of jobs and the operations of the control and status
+// services on it: registration (creating the staging segment), restore,
+// save-now, status and listing. Background work (heartbeats, noticing dead
+// trainers, commit retries, retiring dead ranks) is daemon/housekeeper's;
+// restores are daemon/restore_service's.
+//
+// Every request field is validated here; errors carry a message meant for the
+// user. Nothing committed on disk is modified by a failed request.
+//
+// Thread-safety: all public methods may be called concurrently.
+#ifndef ZCC_DAEMON_CONTROL_REGISTRY_H_
+#define ZCC_DAEMON_CONTROL_REGISTRY_H_
+
+#include <atomic>
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/instance_lock.h"
+#include "common/mutex.h"
+#include "config/daemon_config.h"
+#include "daemon/control/caller.h"
+#include "daemon/jobs/housekeeper.h"
+#include "daemon/jobs/job.h"
+#include "daemon/jobs/job_table.h"
+#include "daemon/pull/pull_service.h"
+#include "daemon/control/registrar.h"
+#include "daemon/restore/restore_service.h"
+#include "daemon/rank/write_pool.h"
+#include "metrics/metrics.h"
+#include "proto/zcc.pb.h"
+#include "storage/storage.h"
+
+namespace zcc::daemon {
+
+// Trust (DESIGN.md section 7): a job belongs to the uid that registered it.
+// Only that uid (or root) may register more of its ranks, unregister, restore,
+// save, collect garbage, list its checkpoints or see it in the status. zccd
+// running as root creates each staging segment owned by the job's uid (mode
+// 0600) and hands the job's checkpoint directory to that uid (mode 0750); zccd
+// running as an ordinary user serves only that user.
+class Registry {
+ public:
+  // `config` must have passed ValidateConfig. Ranks write their shards
+  // through `shard_storage` (borrowed, outlives the registry; null = the
+  // default POSIX storage): a fault-injecting one for drills and tests.
+  // `pull_engine` makes the CUDA engine for daemon-pull registrations (null:
+  // none in this build; they are refused, or get the trainer's own copier).
+  // `before_reserve` (optional) runs before a registration reserves its
+  // staging memory, with the bytes: a hook for fault drills.
+  explicit Registry(DaemonConfig config, storage::Storage* shard_storage = nullptr,
+                    PullEngineFactory pull_engine = nullptr,
+                    std::function<void(const std::string&, uint64_t)> before_reserve = nullptr);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Claims the shm prefix for this zccd (FailedPrecondition, naming the
+  // holder, while another zccd has it), removes the stale segments a previous
+  // instance left under it, creates the default root, starts housekeeping.
+  absl::Status Start();
+  // New registrations and restores are refused, restores in progress stop
+  // at their next check (between steps and between shard files), and a
+  // ReadEma waiting for a step answers now.
+  void BeginShutdown();
+  // Stops every rank (draining READY slots and finishing in-flight writes),
+  // attempts the commits that became possible, removes all segments.
+  void Shutdown();
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request, const Caller& caller);
+  absl::Status Unregister(const v1::UnregisterRequest& request, const Caller& caller);
+  // `client_gone` (optional) says when the caller stopped waiting (deadline,
+  // cancellation): the restore then stops at its next check, like at shutdown.
+  absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request, const Caller& caller,
+                                              std::function<bool()> client_gone = nullptr);
+  absl::Status RestoreDone(const v1::RestoreDoneRequest& request, const Caller& caller);
+  absl::StatusOr<v1::RestoreCandidatesResponse> RestoreCandidates(
+      const v1::RestoreCandidatesRequest& request, const Caller& caller);
+  absl::StatusOr<v1::ReadEmaResponse> ReadEma(const v1::ReadEmaRequest& request,
+                                              const Caller& caller);
+  absl::StatusOr<v1::SaveNowResponse> SaveNow(const v1::SaveNowRequest& request, const Caller& caller);
+  // Stores a file with the caller's job (<job dir>/metadata/<name>).
+  absl::StatusOr<v1::PutJobFileResponse> PutJobFile(const v1::PutJobFileRequest& request,
+                                                    const Caller& caller);
+  absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage(
+      const v1::CollectGarbageRequest& request, const Caller& caller);
+  v1::StatusResponse GetStatus(const v1::StatusRequest& request, const Caller& caller) const;
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
+      const v1::ListCheckpointsRequest& request, const Caller& caller) const;
+
+  const DaemonConfig& config() const { return config_; }
+  metrics::ZccMetrics& metrics() { return metrics_; }
+  // False when the housekeeping thread has not completed a round recently
+  // (the systemd watchdog stops being fed, and systemd restarts zccd).
+  bool Healthy() const;
+
+ private:
+  // <root>/<job_id> for `caller` (daemon::ResolveJobDir, knowing the
+  // registered jobs' directories).
+  absl::StatusOr<std::string> ResolveJobDir(const std::string& requested_root,
+                                            const std::string& job_id, const Caller& caller,
+                                            bool create) const;
+  absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> FindSession(
+      const std::string& job_id, uint32_t rank, uint64_t generation, const Caller& caller) const;
+  // The registered job, if `caller` may act on it.
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id,
+                                               const Caller& caller) const;
+  const DaemonConfig config_;
+  storage::Storage* const shard_storage_;
+  // Held from Start() for the registry's life: the shm prefix is ours.
+  std::optional<InstanceLock> prefix_lock_;
+  const absl::Time started_;
+  metrics::ZccMetrics metrics_;
+  // Before the jobs: outlives every rank writer that posts to it.
+  WritePool write_pool_;
+
+  JobTable jobs_;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> stopped_{false};
+
+  RestoreService restores_;
+  PullService pull_;
+
+  // Its threads use everything above, and stop before it goes.
+  Housekeeper housekeeper_;
+  Registrar registrar_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_CONTROL_REGISTRY_H_

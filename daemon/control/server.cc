@@ -1,0 +1,329 @@
+#include "daemon/control/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/fd.h"
+#include "common/file_util.h"
+#include "common/grpc_status.h"
+#include "common/instance_lock.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "config/config_file.h"
+#include "daemon/control/registry.h"
+#include "daemon/control/unix_listener.h"
+#include "metrics/http_exporter.h"
+#include "metrics/textfile_writer.h"
+#include "proto/message_limits.h"
+#include "proto/zcc.grpc.pb.h"
+#include "systemd/notify.h"
+
+namespace zcc::daemon {
+namespace {
+
+// The caller of an RPC, from the credentials zccd recorded when it accepted
+// the connection. Unknown peers (which cannot happen on the unix socket) are
+// refused rather than trusted.
+absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* ctx, const PeerTable* peers) {
+  auto creds = peers->Lookup(ctx->peer());
+  if (!creds.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat("unknown peer ", ctx->peer()));
+  }
+  return Caller{creds->uid, creds->gid, creds->pid};
+}
+
+#define ZCC_CALLER_OR_DENY(ctx)                                        \
+  auto caller_or = CallerOf(ctx, peers_);                              \
+  if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());        \
+  const Caller& caller = *caller_or
+
+#define ZCC_STATUS_CALLER(ctx)                                                         \
+  auto caller_or = peers_ == nullptr ? absl::StatusOr<Caller>(Caller{}) : CallerOf(ctx, peers_); \
+  if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());                        \
+  const Caller& caller = *caller_or
+
+template <typename T>
+grpc::Status Reply(const absl::StatusOr<T>& result, T* out) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *out = *result;
+  return grpc::Status::OK;
+}
+
+// Counts refused control requests in zcc_errors_total{kind="rpc"}.
+grpc::Status Counted(Registry* registry, grpc::Status status) {
+  if (!status.ok()) registry->metrics().errors(metrics::ErrorKind::kRpc).Increment();
+  return status;
+}
+
+class ControlService final : public v1::Control::Service {
+ public:
+  ControlService(Registry* registry, const PeerTable* peers) : registry_(registry), peers_(peers) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                        v1::RegisterResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->Register(*req, caller), resp));
+  }
+  grpc::Status Unregister(grpc::ServerContext* ctx, const v1::UnregisterRequest* req,
+                          v1::UnregisterResponse*) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, ToGrpcStatus(registry_->Unregister(*req, caller)));
+  }
+  grpc::Status Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
+                       v1::RestoreResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->Restore(*req, caller, [ctx] { return ctx->IsCancelled(); }), resp));
+  }
+  grpc::Status RestoreDone(grpc::ServerContext* ctx, const v1::RestoreDoneRequest* req,
+                           v1::RestoreDoneResponse*) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(*req, caller)));
+  }
+  grpc::Status RestoreCandidates(grpc::ServerContext* ctx, const v1::RestoreCandidatesRequest* req,
+                                 v1::RestoreCandidatesResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->RestoreCandidates(*req, caller), resp));
+  }
+  grpc::Status ReadEma(grpc::ServerContext* ctx, const v1::ReadEmaRequest* req,
+                       v1::ReadEmaResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->ReadEma(*req, caller), resp));
+  }
+  grpc::Status PutJobFile(grpc::ServerContext* ctx, const v1::PutJobFileRequest* req,
+                          v1::PutJobFileResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->PutJobFile(*req, caller), resp));
+  }
+
+  grpc::Status SaveNow(grpc::ServerContext* ctx, const v1::SaveNowRequest* req,
+                       v1::SaveNowResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->SaveNow(*req, caller), resp));
+  }
+  grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::CollectGarbageRequest* req,
+                              v1::CollectGarbageResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->CollectGarbage(*req, caller), resp));
+  }
+
+ private:
+  Registry* registry_;
+  const PeerTable* peers_;
+};
+
+class StatusService final : public v1::Status::Service {
+ public:
+  // peers == nullptr: the read-only TCP listener, whose callers act as root.
+  StatusService(Registry* registry, const PeerTable* peers) : registry_(registry), peers_(peers) {}
+
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest* req,
+                         v1::StatusResponse* resp) override {
+    ZCC_STATUS_CALLER(ctx);
+    *resp = registry_->GetStatus(*req, caller);
+    return grpc::Status::OK;
+  }
+  grpc::Status ListCheckpoints(grpc::ServerContext* ctx, const v1::ListCheckpointsRequest* req,
+                               v1::ListCheckpointsResponse* resp) override {
+    ZCC_STATUS_CALLER(ctx);
+    return Reply(registry_->ListCheckpoints(*req, caller), resp);
+  }
+
+ private:
+  Registry* registry_;
+  const PeerTable* peers_;
+};
+
+// True when something accepts connections on the unix socket `path`.
+bool SocketIsLive(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return false;
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  return ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
+std::string ParentDir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+struct Server::Impl {
+  DaemonConfig config;
+  // Held while this zccd owns the socket path (set first in Start).
+  std::optional<InstanceLock> socket_lock;
+  PeerTable peers;
+  std::unique_ptr<UnixListener> listener;
+  std::unique_ptr<Registry> registry;
+  std::unique_ptr<ControlService> control;
+  std::unique_ptr<StatusService> status;
+  std::unique_ptr<StatusService> tcp_status;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<grpc::Server> tcp_server;
+  int tcp_port = 0;
+  std::optional<metrics::HttpExporter> http_exporter;
+  std::optional<metrics::TextfileWriter> textfile_writer;
+  std::optional<systemd::Watchdog> watchdog;
+
+  zcc::Mutex mu;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+
+  ~Impl() { Stop(); }
+
+  // Idempotent; a second caller waits until the first has finished.
+  void Stop() {
+    {
+      zcc::MutexLock lock(&mu);
+      if (stopping) {
+        mu.Await(absl::Condition(&stopped));
+        return;
+      }
+      stopping = true;
+    }
+    (void)systemd::NotifyStopping();
+    if (watchdog.has_value()) watchdog->Stop();
+    if (listener != nullptr) listener->Stop();  // no new connections
+    if (tcp_server != nullptr) {
+      tcp_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      tcp_server.reset();
+    }
+    // Long requests (restores) give up at their next check instead of
+    // holding the shutdown.
+    if (registry != nullptr) registry->BeginShutdown();
+    if (grpc_server != nullptr) {
+      ZCC_LOG(INFO) << "shutting down: finishing in-flight requests and writes";
+      grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      grpc_server->Wait();
+      grpc_server.reset();
+    }
+    if (registry != nullptr) registry->Shutdown();
+    // Exporters last: the final rendering includes the shutdown's writes.
+    if (http_exporter.has_value()) http_exporter->Stop();
+    if (textfile_writer.has_value()) textfile_writer->Stop();
+    if (socket_lock.has_value()) ::unlink(config.socket_path.c_str());
+    zcc::MutexLock lock(&mu);
+    stopped = true;
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::Server(Server&&) noexcept = default;
+Server& Server::operator=(Server&&) noexcept = default;
+Server::~Server() = default;
+
+const DaemonConfig& Server::config() const { return impl_->config; }
+
+int Server::status_tcp_port() const { return impl_->tcp_port; }
+int Server::metrics_http_port() const {
+  return impl_->http_exporter.has_value() ? impl_->http_exporter->port() : 0;
+}
+
+absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options) {
+  config = WithDefaults(std::move(config));
+  ZCC_RETURN_IF_ERROR(ValidateConfig(config));
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+
+  ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(ParentDir(config.socket_path)), "socket directory"));
+  // The socket is this zccd's from here on; one that fails to claim it must
+  // not remove it on the way out (the live one's trainers would lose it).
+  ZCC_ASSIGN_OR_RETURN(InstanceLock socket_lock,
+                       InstanceLock::Acquire(config.socket_path + ".lock",
+                                             absl::StrCat("socket ", config.socket_path)));
+  impl->socket_lock.emplace(std::move(socket_lock));
+  // A zccd from before these locks may still serve it.
+  if (SocketIsLive(config.socket_path)) {
+    impl->socket_lock.reset();
+    return absl::AlreadyExistsError(
+        absl::StrCat("another zccd is serving ", config.socket_path));
+  }
+  if (::unlink(config.socket_path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", config.socket_path));
+  }
+
+  impl->registry =
+      std::make_unique<Registry>(config, options.shard_storage, options.pull_engine,
+                                 options.before_reserve);
+  ZCC_RETURN_IF_ERROR(impl->registry->Start());
+  impl->control = std::make_unique<ControlService>(impl->registry.get(), &impl->peers);
+  impl->status = std::make_unique<StatusService>(impl->registry.get(), &impl->peers);
+
+  // The standard grpc.health.v1 service on every server built from here on.
+  grpc::EnableDefaultHealthCheckService(true);
+  // zccd accepts on the unix socket itself (UnixListener) to learn each
+  // connection's credentials; gRPC serves the accepted connections.
+  grpc::ServerBuilder builder;
+  builder.RegisterService(impl->control.get());
+  builder.RegisterService(impl->status.get());
+  builder.SetMaxReceiveMessageSize(v1::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(v1::kMaxMessageBytes);
+  impl->grpc_server = builder.BuildAndStart();
+  if (impl->grpc_server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on unix:", config.socket_path));
+  }
+  ZCC_ASSIGN_OR_RETURN(impl->listener, UnixListener::Bind(config.socket_path, config.socket_mode));
+  impl->listener->Start(impl->grpc_server.get(), &impl->peers);
+
+  if (!options.status_tcp_listen.empty()) {
+    impl->tcp_status = std::make_unique<StatusService>(impl->registry.get(), nullptr);
+    grpc::ServerBuilder tcp;
+    tcp.AddListeningPort(options.status_tcp_listen, grpc::InsecureServerCredentials(),
+                         &impl->tcp_port);
+    tcp.RegisterService(impl->tcp_status.get());
+    impl->tcp_server = tcp.BuildAndStart();
+    if (impl->tcp_server == nullptr || impl->tcp_port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve status on ", options.status_tcp_listen));
+    }
+    ZCC_LOG(INFO) << "read-only status and health on " << options.status_tcp_listen
+                  << " (port " << impl->tcp_port << ")";
+  }
+  Registry* registry = impl->registry.get();
+  auto render = [registry] { return registry->metrics().RenderPrometheusText(); };
+  if (!options.metrics_http_listen.empty()) {
+    ZCC_ASSIGN_OR_RETURN(config::HostPort hp, config::ParseHostPort(options.metrics_http_listen));
+    metrics::HttpExporterOptions http;
+    http.host = hp.host;
+    http.port = hp.port;
+    ZCC_ASSIGN_OR_RETURN(auto exporter, metrics::HttpExporter::Start(http, render));
+    impl->http_exporter.emplace(std::move(exporter));
+    ZCC_LOG(INFO) << "metrics on http://" << hp.host << ":" << impl->http_exporter->port()
+                  << "/metrics";
+  }
+  if (!options.metrics_textfile_dir.empty()) {
+    metrics::TextfileWriterOptions textfile;
+    textfile.dir = options.metrics_textfile_dir;
+    textfile.interval = options.metrics_textfile_interval;
+    ZCC_ASSIGN_OR_RETURN(auto writer, metrics::TextfileWriter::Start(textfile, render));
+    impl->textfile_writer.emplace(std::move(writer));
+  }
+  ZCC_ASSIGN_OR_RETURN(auto watchdog,
+                       systemd::Watchdog::Start([registry] { return registry->Healthy(); }));
+  impl->watchdog.emplace(std::move(watchdog));
+  (void)systemd::NotifyReady();
+  ZCC_LOG(INFO) << "zccd serving on unix:" << config.socket_path << ", default root "
+                << config.default_root;
+  return Server(std::move(impl));
+}
+
+void Server::Wait() {
+  zcc::MutexLock lock(&impl_->mu);
+  impl_->mu.Await(absl::Condition(&impl_->stopped));
+}
+
+void Server::Shutdown() { impl_->Stop(); }
+
+}  // namespace zcc::daemon

@@ -1,0 +1,391 @@
+#include "daemon/jobs/job.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "checkpoint/committer.h"
+#include "checkpoint/reader.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "format/manifest.h"
+#include "storage/posix_storage.h"
+
+namespace zcc::daemon {
+
+Job::Job(JobOptions options) : options_(std::move(options)) {
+  {
+    // The committer's first round reads `latest` (the constructor runs where
+    // no disk I/O may: under the job table's lock).
+    zcc::MutexLock lock(&mu_);
+    tick_due_ = true;
+    ++asked_;
+  }
+  committer_thread_ = std::thread([this] { CommitterLoop(); });
+}
+
+Job::~Job() {
+  // Sessions call back into this object from their writer threads: stop them
+  // before the members go. The committer finishes what they asked for.
+  for (const auto& session : Ranks()) session->Stop();
+  {
+    zcc::MutexLock lock(&mu_);
+    stop_committer_ = true;
+  }
+  committer_thread_.join();
+}
+
+void Job::CommitterLoop() {
+  // Commits and retention write the job's directory as its owner.
+  ScopedFsIdentity as_owner(options_.owner);
+  auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return commit_up_to_ >= 0 || tick_due_ || stop_committer_;
+  };
+  zcc::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(&has_work));
+    const int64_t up_to = std::exchange(commit_up_to_, -1);
+    const bool tick = std::exchange(tick_due_, false);
+    if (up_to < 0 && !tick) return;  // stop_committer_, and nothing left to do
+    const uint64_t taken = asked_;
+    mu_.Unlock();
+    {
+      zcc::MutexLock commit_lock(&commit_mu_);
+      if (up_to >= 0) CommitPending(up_to);
+      if (tick) TickWork();
+    }
+    mu_.Lock();
+    done_ = taken;
+  }
+}
+
+void Job::AwaitCommitter() {
+  zcc::MutexLock lock(&mu_);
+  const uint64_t target = asked_;
+  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ >= target; };
+  mu_.Await(absl::Condition(&done));
+}
+
+absl::Status Job::Authorize(uid_t uid) const {
+  if (uid == 0 || uid == options_.owner.uid) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("job '", options_.job_id,
+                                                  "' belongs to another user"));
+}
+
+std::shared_ptr<RankSession> Job::FindRank(uint32_t rank) const {
+  zcc::MutexLock lock(&mu_);
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? nullptr : it->second;
+}
+
+bool Job::AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time deadline) const {
+  struct Gone {
+    const std::map<uint32_t, std::shared_ptr<RankSession>>* ranks;
+    uint32_t rank;
+    const RankSession* session;
+    bool operator()() const {
+      auto it = ranks->find(rank);
+      return it == ranks->end() || it->second.get() != session;
+    }
+  };
+  zcc::MutexLock lock(&mu_);
+  Gone gone{&ranks_, rank, session};
+  return mu_.AwaitWithDeadline(absl::Condition(&gone), deadline);
+}
+
+std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
+  zcc::MutexLock lock(&mu_);
+  if (session->shards().rank == 0) committer_ = true;
+  auto& slot = ranks_[session->shards().rank];
+  std::swap(slot, session);
+  return session;
+}
+
+std::shared_ptr<RankSession> Job::RemoveRank(uint32_t rank, uint64_t generation) {
+  zcc::MutexLock lock(&mu_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second->options().generation != generation) return nullptr;
+  auto session = std::move(it->second);
+  ranks_.erase(it);
+  return session;
+}
+
+std::vector<std::shared_ptr<RankSession>> Job::Ranks() const {
+  zcc::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<RankSession>> out;
+  for (const auto& [rank, session] : ranks_) out.push_back(session);
+  return out;
+}
+
+bool Job::idle() const {
+  zcc::MutexLock lock(&mu_);
+  return ranks_.empty() && pending_.empty();
+}
+
+void Job::OnPersisted(const PersistEvent& event) {
+  zcc::MutexLock lock(&mu_);
+  metrics::ZccMetrics* m = options_.metrics;
+  if (!event.status.ok()) {
+    if (m != nullptr) m->errors(metrics::ErrorKind::kWrite).Increment();
+    SetError(absl::StrCat("rank ", event.rank, " could not write step ", event.step, ": ",
+                          event.status.message()));
+    return;
+  }
+  if (m != nullptr) {
+    m->bytes_written().Increment(event.stats.bytes);
+    m->checkpoint_seconds().Observe(event.stats.seconds);
+  }
+  ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
+                 << event.step << ": " << event.stats.bytes << " bytes";
+  if (!committer_) {
+    // Another daemon commits; this one only reports what it wrote.
+    last_checkpoint_ = event.stats;
+    return;
+  }
+  // A rank whose persist report arrives after another rank's report already
+  // committed the step has nothing left to do.
+  if (recently_committed_.count(event.step) > 0) return;
+  const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
+  auto [it, inserted] = write_start_.emplace(event.step, started);
+  if (!inserted && started < it->second) it->second = started;
+  pending_.emplace(event.step, absl::Now());
+  commit_up_to_ = std::max(commit_up_to_, event.step);  // the committer's next
+  ++asked_;
+}
+
+void Job::CommitPending(int64_t up_to) {
+  std::vector<int64_t> steps;
+  {
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [step, since] : pending_) {
+      if (step <= up_to) steps.push_back(step);
+    }
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!TryCommit(steps[i])) continue;
+    for (size_t j = 0; j < i; ++j) {
+      DropPending(steps[j], absl::StrCat("superseded by the commit of step ", steps[i],
+                                         " before every rank wrote it"));
+    }
+  }
+}
+
+void Job::DropPending(int64_t step, const std::string& why) {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (pending_.erase(step) == 0) return;
+    write_start_.erase(step);
+  }
+  ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " " << why;
+  const absl::Status removed =
+      storage::StorageOrDefault(options_.storage)
+          .RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
+  if (!removed.ok()) ZCC_LOG(WARNING) << removed;
+}
+
+bool Job::TryCommit(int64_t step) {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (recently_committed_.count(step) > 0 || pending_.count(step) == 0) {
+      pending_.erase(step);
+      return false;
+    }
+  }
+  // The commit's disk work runs without mu_: status, restores and other
+  // ranks' reports go on meanwhile (commit_mu_ keeps commits in order).
+  const absl::Time commit_start = absl::Now();
+  auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size,
+                                      options_.storage);
+  zcc::ReleasableMutexLock lock(&mu_);
+  if (!result.ok()) {
+    if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kCommit).Increment();
+    SetError(absl::StrCat("commit of step ", step, " failed: ", result.status().message()));
+    pending_.erase(step);
+    write_start_.erase(step);
+    return false;
+  }
+  if (result->outcome != checkpoint::CommitOutcome::kCommitted) return false;
+
+  const absl::Time now = absl::Now();
+  const absl::Duration commit_time = now - commit_start;
+  auto started = write_start_.find(step);
+  checkpoint::WriteStats written;
+  written.bytes = result->total_bytes;
+  written.seconds =
+      absl::ToDoubleSeconds(now - (started != write_start_.end() ? started->second : commit_start));
+  if (options_.metrics != nullptr) {
+    options_.metrics->commit_latency_seconds().ObserveDuration(commit_time);
+  }
+  pending_.erase(step);
+  write_start_.erase(step);
+  recently_committed_.insert(step);
+  while (recently_committed_.size() > 64) recently_committed_.erase(recently_committed_.begin());
+  last_committed_step_ = step;
+  last_checkpoint_ = written;
+  const double gbps = written.seconds > 0 ? written.bytes / written.seconds / 1e9 : 0;
+  ZCC_LOG(INFO) << absl::StrFormat(
+      "checkpoint job=%s step=%d bytes=%d seconds=%.3f GB/s=%.2f commit_ms=%.1f", options_.job_id,
+      step, written.bytes, written.seconds, gbps, absl::ToDoubleMilliseconds(commit_time));
+  lock.Release();
+
+  auto retained = ApplyRetention();
+  if (!retained.ok()) {
+    zcc::MutexLock relock(&mu_);
+    SetError(absl::StrCat("retention failed: ", retained.status().message()));
+  }
+  return true;
+}
+
+absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
+  // A step pinned by a restore stays; one taken for removal can no longer be
+  // pinned (BeginRestore does not wait for it).
+  checkpoint::RetentionGuard guard;
+  guard.may_remove = [this](int64_t step) {
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [rank, restoring] : restoring_) {
+      if (restoring == step) return false;
+    }
+    removing_.insert(step);
+    return true;
+  };
+  guard.done = [this](int64_t step) {
+    zcc::MutexLock lock(&mu_);
+    removing_.erase(step);
+  };
+  // A step some rank here persisted and that waits for the others is the
+  // commit timeout's to drop (DropPending), not retention's.
+  guard.may_remove_partial = [this](int64_t step) {
+    zcc::MutexLock lock(&mu_);
+    return pending_.count(step) == 0;
+  };
+  ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
+                       checkpoint::ApplyRetention(options_.job_dir, options_.retention, guard,
+                                                  options_.commit_timeout, options_.storage));
+  if (!result.removed_steps.empty() || !result.removed_partials.empty()) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": retention removed "
+                  << result.removed_steps.size() << " step(s) and "
+                  << result.removed_partials.size() << " abandoned partial(s)";
+  }
+  return result;
+}
+
+absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
+  ScopedFsIdentity as_owner(options_.owner);
+  // After the commit in progress, if any (retention runs one at a time).
+  zcc::MutexLock commit_lock(&commit_mu_);
+  // Steps whose commit timeout has passed are abandoned now, not at the
+  // committer's next round: gc removes every partial older than the timeout.
+  if (IsCommitter()) ExpirePending();
+  return ApplyRetention();
+}
+
+bool Job::IsCommitter() const {
+  zcc::MutexLock lock(&mu_);
+  return committer_;
+}
+
+void Job::Tick() {
+  zcc::MutexLock lock(&mu_);
+  tick_due_ = true;
+  ++asked_;
+}
+
+void Job::TickWork() {
+  if (!IsCommitter()) {
+    // Another daemon commits this job (or none has registered rank 0 here
+    // yet); follow its progress through `latest`.
+    auto latest = checkpoint::ReadLatest(options_.job_dir, options_.storage);
+    zcc::MutexLock lock(&mu_);
+    if (latest.ok()) last_committed_step_ = *latest;
+    return;
+  }
+  ExpirePending();
+  int64_t newest = -1;
+  {
+    zcc::MutexLock lock(&mu_);
+    if (pending_.empty()) return;
+    newest = pending_.rbegin()->first;
+  }
+  CommitPending(newest);
+}
+
+void Job::ExpirePending() {
+  std::vector<int64_t> expired;
+  {
+    zcc::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (const auto& [step, since] : pending_) {
+      if (now - since > options_.commit_timeout) expired.push_back(step);
+    }
+    for (int64_t step : expired) {
+      if (options_.metrics != nullptr) {
+        options_.metrics->errors(metrics::ErrorKind::kCommitTimeout).Increment();
+      }
+      SetError(absl::StrCat("commit of step ", step, " timed out after ",
+                            absl::FormatDuration(options_.commit_timeout),
+                            " waiting for other ranks' manifests; it will be removed"));
+    }
+  }
+  for (int64_t step : expired) DropPending(step, "abandoned: commit timed out");
+}
+
+void Job::BeginRestore(uint32_t rank, int64_t step) {
+  zcc::MutexLock lock(&mu_);
+  restoring_.insert({rank, step});
+}
+
+void Job::EndRestore(uint32_t rank, int64_t step) {
+  zcc::MutexLock lock(&mu_);
+  auto it = restoring_.find({rank, step});
+  if (it != restoring_.end()) restoring_.erase(it);
+}
+
+void Job::SetError(std::string error) {
+  ZCC_LOG(ERROR) << "job " << options_.job_id << ": " << error;
+  last_error_ = std::move(error);
+}
+
+void Job::FillStatus(v1::JobStatus* out) const {
+  std::map<uint32_t, std::shared_ptr<RankSession>> ranks;
+  zcc::ReleasableMutexLock lock(&mu_);
+  ranks = ranks_;
+  out->set_job_id(options_.job_id);
+  out->set_world_size(options_.world_size);
+  out->set_checkpoint_dir(options_.job_dir);
+  out->set_last_committed_step(last_committed_step_);
+  out->set_last_checkpoint_bytes(last_checkpoint_.bytes);
+  out->set_last_checkpoint_seconds(last_checkpoint_.seconds);
+  out->set_last_checkpoint_gbps(
+      last_checkpoint_.seconds > 0 ? last_checkpoint_.bytes / last_checkpoint_.seconds / 1e9 : 0);
+  for (const auto& [step, since] : pending_) out->add_pending_commits(format::StepDirName(step));
+  out->set_last_error(last_error_);
+  lock.Release();
+  for (const auto& [rank, session] : ranks) {
+    const RankCounters c = session->counters();
+    v1::RankStatus* r = out->add_ranks();
+    r->set_rank(rank);
+    r->set_pid(session->options().pid);
+    r->set_client_alive(!session->ClientProcessGone());
+    r->set_last_snapshot_step(c.last_snapshot_step);
+    r->set_last_persisted_step(c.last_persisted_step);
+    r->set_snapshots_ingested(c.snapshots_ingested);
+    r->set_snapshots_skipped(c.snapshots_skipped);
+    r->set_persist_failures(c.persist_failures);
+    r->set_bytes_per_snapshot(session->shards().layout.slot_bytes);
+    r->set_slots_in_use(c.slots_in_use);
+    r->set_last_error(c.last_error);
+    r->set_last_ema_step(c.last_ema_step);
+    r->set_ema_skipped_nonfinite(c.ema_skipped_nonfinite);
+    r->set_ema_tensors(c.ema_tensors);
+    r->set_daemon_pull(c.daemon_pull);
+    r->set_pulls(c.pulls.pulls);
+    r->set_pull_failures(c.pulls.failed);
+    r->set_pull_bytes(c.pulls.bytes);
+  }
+  retained_.FillStatus(out, absl::Now());
+}
+
+}  // namespace zcc::daemon

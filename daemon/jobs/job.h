@@ -1,0 +1,172 @@
+// One training job as this daemon sees it: the ranks registered here, and,
+// when global rank 0 is one of them, the commit of every step the job's ranks
+// persist (DESIGN.md section 5).
+//
+// The job's committer is a thread of its own: rank writers report a persist
+// and go on, the housekeeper's tick only asks for a round, and the commit's
+// disk work (fsyncs, renames, retention's removals) runs there, so a commit
+// stalled on a slow disk holds up neither this job's writers nor any other
+// job, the housekeeping round or the watchdog. A restore pins its step
+// (BeginRestore) without waiting for a commit: retention skips pinned steps.
+//
+// Thread-safety: all methods may be called concurrently (writer threads report
+// persists, RPC handlers add and remove ranks, the housekeeper ticks).
+#ifndef ZCC_DAEMON_JOBS_JOB_H_
+#define ZCC_DAEMON_JOBS_JOB_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "checkpoint/retention.h"
+#include "common/fs_identity.h"
+#include "common/mutex.h"
+#include "daemon/rank/rank_session.h"
+#include "daemon/memory/retained_snapshots.h"
+#include "metrics/metrics.h"
+#include "proto/zcc.pb.h"
+#include "storage/storage.h"
+
+namespace zcc::daemon {
+
+struct JobOptions {
+  std::string job_id;
+  uint32_t world_size = 1;
+  std::string job_dir;
+  checkpoint::RetentionPolicy retention;
+  absl::Duration commit_timeout = absl::Minutes(10);
+  // The uid (and primary gid) that registered the job: its checkpoints are
+  // written, committed and removed with that identity (job_directory.h).
+  FsOwner owner;
+  metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the job
+  // Where commits write (borrowed; outlives the job); null = the default
+  // POSIX storage.
+  storage::Storage* storage = nullptr;
+};
+
+class Job {
+ public:
+  explicit Job(JobOptions options);
+  ~Job();
+
+  const JobOptions& options() const { return options_; }
+  // OK when `uid` may act on this job: its owner, or root.
+  absl::Status Authorize(uid_t uid) const;
+
+  std::shared_ptr<RankSession> FindRank(uint32_t rank) const;
+  // Installs `session` for its rank, returning the one it replaces (if any).
+  std::shared_ptr<RankSession> PutRank(std::shared_ptr<RankSession> session);
+  // Removes the rank if its generation matches; returns the removed session.
+  std::shared_ptr<RankSession> RemoveRank(uint32_t rank, uint64_t generation);
+  // Waits until `session` no longer serves its rank (removed or replaced),
+  // at most until `deadline`; returns whether it is gone.
+  bool AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time deadline) const;
+  std::vector<std::shared_ptr<RankSession>> Ranks() const;
+  // No ranks registered and no commit pending.
+  bool idle() const;
+  // Idle, and no snapshots retained for a restore from memory: the job can
+  // be dropped.
+  bool droppable() const { return idle() && retained_.empty(); }
+
+  // Snapshots of ranks whose trainer died or exited, for a restore from
+  // memory when the rank registers again.
+  RetainedSnapshots& retained() { return retained_; }
+
+  // From a rank's writer thread after each persist attempt: the committer
+  // tries the step (and older pending ones) next.
+  void OnPersisted(const PersistEvent& event);
+  // Periodic (the housekeeper): asks the committer for a round that retries
+  // commits waiting for other daemons' ranks and expires those older than the
+  // commit timeout, or, where another daemon commits, follows `latest`.
+  // Returns at once.
+  void Tick();
+  // Waits until the committer has done what was asked of it before the call
+  // (a closing trainer's last commit; shutdown).
+  void AwaitCommitter() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A step being restored is never removed by retention, from BeginRestore
+  // until the matching EndRestore (one retention is removing already goes:
+  // the restore then finds it gone and falls back, as for any step gone).
+  void BeginRestore(uint32_t rank, int64_t step);
+  void EndRestore(uint32_t rank, int64_t step);
+
+  void FillStatus(v1::JobStatus* out) const;
+
+  // Applies the retention policy now (zccctl gc); also runs after every commit.
+  absl::StatusOr<checkpoint::RetentionResult> CollectGarbage();
+
+ private:
+  // Tries the pending steps up to and including `up_to`, oldest first, so that
+  // `latest` only moves forward. Once a step commits, older pending steps
+  // that still miss a rank are superseded: dropped and their partials removed.
+  void CommitPending(int64_t up_to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // True when `step` committed.
+  bool TryCommit(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropPending(int64_t step, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void SetError(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<checkpoint::RetentionResult> ApplyRetention()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // The committer thread: waits for work (commit_up_to_, tick_due_), does it.
+  void CommitterLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
+  // A housekeeping round's work (see Tick).
+  void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether this daemon commits the job (it serves global rank 0).
+  bool IsCommitter() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops (and removes the partial directory of) every pending step older
+  // than the commit timeout.
+  void ExpirePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const JobOptions options_;
+
+  // Held across a commit's and retention's disk work, so commits run one at a
+  // time and in order; never needed by status or rank bookkeeping.
+  zcc::Mutex commit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Guards the job's state; never held across disk I/O.
+  mutable zcc::Mutex mu_;
+  std::map<uint32_t, std::shared_ptr<RankSession>> ranks_ ABSL_GUARDED_BY(mu_);
+  // Set once global rank 0 registers here: this daemon then commits the job's
+  // steps, including those still pending after rank 0 unregistered.
+  bool committer_ ABSL_GUARDED_BY(mu_) = false;
+  // Steps some local rank persisted and that are not committed yet, with the
+  // time the first local rank finished.
+  std::map<int64_t, absl::Time> pending_ ABSL_GUARDED_BY(mu_);
+  // When this daemon's first rank began writing each pending step.
+  std::map<int64_t, absl::Time> write_start_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> recently_committed_ ABSL_GUARDED_BY(mu_);
+  std::multiset<std::pair<uint32_t, int64_t>> restoring_ ABSL_GUARDED_BY(mu_);  // (rank, step)
+  // Steps retention is removing now (they are no longer pinned by a restore).
+  std::set<int64_t> removing_ ABSL_GUARDED_BY(mu_);
+  // The committer's work: commit pending steps up to this one (-1: none),
+  // a tick round; whether it is at work; stop once idle.
+  int64_t commit_up_to_ ABSL_GUARDED_BY(mu_) = -1;
+  bool tick_due_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
+  // Requests made of the committer, and how many of them it has done (it
+  // takes all those waiting at once): AwaitCommitter waits for the ones made
+  // before it was called, not for later ones.
+  uint64_t asked_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The last committed step as a whole: all its shard bytes, and the time from
+  // the first rank's write start here to the commit (for a non-committing
+  // daemon: what its own ranks wrote and how long the slowest took).
+  checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  RetainedSnapshots retained_;
+  // Last: it uses everything above, and is joined before it goes.
+  std::thread committer_thread_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_JOBS_JOB_H_

@@ -1,0 +1,196 @@
+#include "daemon/jobs/job_table.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace zcc::daemon {
+
+Admission::Admission(Admission&& other) noexcept
+    : table_(std::exchange(other.table_, nullptr)),
+      job_id_(std::move(other.job_id_)),
+      rank_(other.rank_),
+      job_(std::move(other.job_)),
+      generation_(other.generation_),
+      inherited_(std::move(other.inherited_)) {}
+
+Admission::~Admission() {
+  if (table_ != nullptr) table_->Finish(job_id_, rank_);
+}
+
+JobTable::JobTable(absl::Time started) {
+  zcc::MutexLock lock(&mu_);
+  next_generation_ = (static_cast<uint64_t>(absl::ToUnixMicros(started)) << 8) | 1;
+}
+
+std::shared_ptr<Job> JobTable::Find(const std::string& job_id) const {
+  zcc::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<Job>> JobTable::All() const {
+  zcc::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Job>> jobs;
+  jobs.reserve(jobs_.size());
+  for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  return jobs;
+}
+
+bool JobTable::HasJobDir(const std::string& dir) const {
+  zcc::MutexLock lock(&mu_);
+  for (const auto& [id, job] : jobs_) {
+    if (job->options().job_dir == dir) return true;
+  }
+  return false;
+}
+
+uint64_t JobTable::StagingBytes() const {
+  zcc::MutexLock lock(&mu_);
+  return StagingBytesLocked();
+}
+
+uint64_t JobTable::StagingBytesLocked() const {
+  uint64_t total = 0;
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& session : job->Ranks()) total += session->segment_bytes();
+    total += job->retained().bytes();
+  }
+  for (const auto& [key, bytes] : in_flight_) total += bytes;
+  return total;
+}
+
+bool JobTable::InFlightLocked(const std::string& job_id) const {
+  auto it = in_flight_.lower_bound({job_id, 0});
+  return it != in_flight_.end() && it->first.first == job_id;
+}
+
+void JobTable::DropIdle() {
+  // Destroyed after the lock is released: a job's destructor joins its
+  // committer, which may be finishing a retention on the disk.
+  std::vector<std::shared_ptr<Job>> dropped;
+  zcc::MutexLock lock(&mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second->droppable() && !InFlightLocked(it->first)) {
+      dropped.push_back(std::move(it->second));
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void JobTable::DropIfIdle(const std::string& job_id, const Job* job) {
+  std::shared_ptr<Job> dropped;  // destroyed after the lock is released (DropIdle)
+  zcc::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end() && it->second.get() == job && job->droppable() &&
+      !InFlightLocked(job_id)) {
+    dropped = std::move(it->second);
+    jobs_.erase(it);
+  }
+}
+
+std::map<std::string, std::shared_ptr<Job>> JobTable::Close() {
+  zcc::MutexLock lock(&mu_);
+  closed_ = true;
+  return std::exchange(jobs_, {});
+}
+
+bool JobTable::DropOneRetainedLocked(std::vector<RetainedSnapshots::Entry>* dropped) {
+  for (const auto& [id, job] : jobs_) {
+    if (std::optional<RetainedSnapshots::Entry> entry = job->retained().TakeFirstToExpire()) {
+      dropped->push_back(std::move(*entry));
+      ZCC_LOG(WARNING) << "job " << id
+                       << ": dropped a rank's retained snapshots to make room in the staging "
+                          "budget for a registration";
+      return true;
+    }
+  }
+  return false;
+}
+
+void JobTable::Finish(const std::string& job_id, uint32_t rank) {
+  zcc::MutexLock lock(&mu_);
+  in_flight_.erase({job_id, rank});
+}
+
+absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
+  // Destroyed after the lock is released (they unmap and remove segments):
+  // a replaced idle job with what it retained, retained snapshots dropped for
+  // room or not adopted.
+  std::shared_ptr<Job> dropped_job;
+  std::vector<RetainedSnapshots::Entry> dropped;
+  zcc::MutexLock lock(&mu_);
+  if (closed_) return absl::UnavailableError("zccd is shutting down");
+  std::shared_ptr<Job>& job = jobs_[r.job_id];
+  // A job whose ranks have all left and whose steps are all committed or
+  // dropped is replaced by a registration with another world size or
+  // directory: the job resumed with another layout (its checkpoints restore
+  // into any layout).
+  if (job != nullptr && job->Authorize(r.uid).ok() && job->idle() && !InFlightLocked(r.job_id) &&
+      (job->options().world_size != r.world_size || job->options().job_dir != r.job_dir)) {
+    ZCC_LOG(INFO) << "job " << r.job_id << " re-registered with world_size " << r.world_size
+                  << " (was " << job->options().world_size << ")";
+    dropped_job = std::move(job);
+  }
+  if (job == nullptr) {
+    job = r.make_job();
+  } else if (absl::Status st = job->Authorize(r.uid); !st.ok()) {
+    return st;
+  } else if (job->options().world_size != r.world_size || job->options().job_dir != r.job_dir) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", r.job_id, "' is already registered with world_size ", job->options().world_size,
+        " at ", job->options().job_dir, "; this request has ", r.world_size, " at ", r.job_dir,
+        " (two jobs cannot share an id)"));
+  }
+  if (in_flight_.count({r.job_id, r.rank}) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("rank ", r.rank, " of job '", r.job_id,
+                                                 "' is being registered by another request"));
+  }
+  std::shared_ptr<RankSession> existing = job->FindRank(r.rank);
+  if (existing != nullptr && r.alive(*existing)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "rank ", r.rank, " of job '", r.job_id, "' is already registered by pid ",
+        existing->options().pid, ", which is still alive"));
+  }
+  // What the rank's previous trainer left in memory: adopted when it was
+  // registered with the same tensors and slots, so its snapshots can be
+  // restored from memory (and no new segment is made); dropped otherwise.
+  std::optional<RetainedSnapshots::Entry> inherited = job->retained().Take(r.rank);
+  if (inherited.has_value()) {
+    const RankSession& old = *inherited->session;
+    if (old.shards().manifest_hash != r.manifest_hash || old.options().num_slots != r.num_slots ||
+        old.shards().layout.slot_bytes != r.slot_bytes ||
+        old.options().segment_owner != r.segment_owner || old.segment_bytes() != r.segment_bytes) {
+      ZCC_LOG(INFO) << "job " << r.job_id << " rank " << r.rank
+                    << ": the snapshots kept from the previous trainer do not match this "
+                       "registration (other tensors or slots); dropping them";
+      dropped.push_back(std::move(*inherited));
+      inherited.reset();
+    }
+  }
+  const uint64_t needed = inherited.has_value() ? 0 : r.segment_bytes;
+  const uint64_t replacing = existing ? existing->segment_bytes() : 0;
+  uint64_t in_use = StagingBytesLocked() - replacing;
+  // Retained snapshots give way to a registration: the oldest go first.
+  while (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes &&
+         DropOneRetainedLocked(&dropped)) {
+    in_use = StagingBytesLocked() - replacing;
+  }
+  if (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes) {
+    if (inherited.has_value()) dropped.push_back(std::move(*inherited));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use, " of the ",
+        r.staging_budget_bytes, "-byte budget are in use"));
+  }
+  in_flight_[{r.job_id, r.rank}] = needed;
+  // Released by its destructor, which takes the lock: never destroyed here.
+  Admission admission(this, r.job_id, r.rank);
+  admission.job_ = job;
+  admission.generation_ = next_generation_++;
+  admission.inherited_ = std::move(inherited);
+  return admission;
+}
+
+}  // namespace zcc::daemon

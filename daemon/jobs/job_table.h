@@ -1,0 +1,141 @@
+// The daemon's registered jobs by id, the staging memory they hold, and the
+// registrations in flight: the one table every control request looks jobs
+// up in.
+//
+// A registration is admitted here (Admit: the job found, made or replaced,
+// the rank checked free, the predecessor's snapshots adopted or dropped, the
+// staging budget checked and the generation drawn) and then reserves its
+// memory outside the table's lock: its bytes count as in flight until it is
+// installed or fails (Admission's destructor), so that registrations that
+// reserve at the same time cannot overrun the budget, and its job is not
+// dropped as idle meanwhile.
+//
+// Thread-safety: thread-safe. The lock is never held across I/O or memory
+// reservation; it is taken before a Job's own lock and RetainedSnapshots'.
+#ifndef ZCC_DAEMON_JOBS_JOB_TABLE_H_
+#define ZCC_DAEMON_JOBS_JOB_TABLE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "daemon/jobs/job.h"
+#include "daemon/memory/retained_snapshots.h"
+
+namespace zcc::daemon {
+
+class JobTable;
+
+// What Admit needs to know of a registration.
+struct AdmitRequest {
+  std::string job_id;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  std::string job_dir;
+  uid_t uid = 0;
+  // Makes the job when there is none (or an idle one is replaced).
+  std::function<std::shared_ptr<Job>()> make_job;
+  // The staging segment the registration needs, and what a predecessor's
+  // retained segment must match to be adopted instead.
+  uint64_t segment_bytes = 0;
+  uint64_t manifest_hash = 0;
+  uint32_t num_slots = 0;
+  uint64_t slot_bytes = 0;
+  uid_t segment_owner = static_cast<uid_t>(-1);
+  // 0 = no budget.
+  uint64_t staging_budget_bytes = 0;
+  // Whether the rank's current session, if any, is still served by a live
+  // trainer (a registration then is refused).
+  std::function<bool(const RankSession&)> alive;
+};
+
+// An admitted registration, in flight until destroyed (then its bytes and
+// its mark on the rank are released). Move-only.
+class Admission {
+ public:
+  Admission(Admission&& other) noexcept;
+  Admission& operator=(Admission&&) = delete;
+  ~Admission();
+
+  const std::shared_ptr<Job>& job() const { return job_; }
+  uint64_t generation() const { return generation_; }
+  // The previous trainer's retained segment and snapshots, when they match.
+  std::optional<RetainedSnapshots::Entry>& inherited() { return inherited_; }
+
+ private:
+  friend class JobTable;
+  Admission(JobTable* table, std::string job_id, uint32_t rank) noexcept
+      : table_(table), job_id_(std::move(job_id)), rank_(rank) {}
+
+  JobTable* table_;
+  std::string job_id_;
+  uint32_t rank_;
+  std::shared_ptr<Job> job_;
+  uint64_t generation_ = 0;
+  std::optional<RetainedSnapshots::Entry> inherited_;
+};
+
+class JobTable {
+ public:
+  // Generations start from `started` (unique across daemon restarts, so a
+  // client holding an old one can never address a new registration).
+  explicit JobTable(absl::Time started);
+
+  std::shared_ptr<Job> Find(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::shared_ptr<Job>> All() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a registered job checkpoints into `dir`.
+  bool HasJobDir(const std::string& dir) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Segments of the registered ranks, retained snapshots, and registrations
+  // in flight.
+  uint64_t StagingBytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Removes the droppable jobs that have no registration in flight.
+  void DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes `job` if it is still registered as `job_id` and droppable.
+  void DropIfIdle(const std::string& job_id, const Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Refuses admissions from now on and hands every job over (shutdown).
+  std::map<std::string, std::shared_ptr<Job>> Close() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Admits a registration (see the file comment). Refused: Unavailable
+  // after Close, PermissionDenied for another uid's job, FailedPrecondition
+  // for a job registered with another world size or directory, AlreadyExists
+  // while a live trainer serves the rank or another registration of it is
+  // in flight, ResourceExhausted over the staging budget. What the
+  // admission dropped (an idle job it replaced, retained snapshots given up
+  // for room or not adopted) is destroyed outside the lock, before return.
+  absl::StatusOr<Admission> Admit(AdmitRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  friend class Admission;
+  void Finish(const std::string& job_id, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool InFlightLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes out one rank's retained snapshots (the one that expires first in
+  // the first job that has some) into `dropped`; false when none is left.
+  bool DropOneRetainedLocked(std::vector<RetainedSnapshots::Entry>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable zcc::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Registrations admitted and not yet installed, by (job, rank), with the
+  // bytes each will reserve.
+  std::map<std::pair<std::string, uint32_t>, uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_JOBS_JOB_TABLE_H_

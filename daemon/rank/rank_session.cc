@@ -1,0 +1,321 @@
+#include "daemon/rank/rank_session.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/futex.h"
+#include "common/log.h"
+#include "common/thread_priority.h"
+#include "common/status.h"
+
+namespace zcc::daemon {
+
+using shm::ControlBlock;
+
+namespace {
+
+std::vector<RegisteredTensor> EmaSources(const std::vector<RegisteredTensor>& registered,
+                                         const std::vector<size_t>& ema_index) {
+  std::vector<RegisteredTensor> sources;
+  sources.reserve(ema_index.size());
+  for (size_t i : ema_index) sources.push_back(registered[i]);
+  return sources;
+}
+
+}  // namespace
+
+RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
+                         shm::Segment segment, RankSessionOptions options,
+                         PersistCallback on_persisted, std::unique_ptr<ema::EmaUpdater> ema,
+                         std::vector<size_t> ema_index, Inheritance inherited)
+    : shards_(std::move(shards)),
+      registered_(std::move(registered)),
+      options_(std::move(options)),
+      slots_(std::move(segment), options_.num_slots, shards_.layout.slot_bytes),
+      registered_ns_(shm::MonotonicNanos()),
+      pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)),
+      ema_(std::move(ema), EmaSources(registered_, ema_index), shards_.job_id, shards_.rank,
+           options_.ema_interval, options_.metrics),
+      held_(std::move(inherited)),
+      writer_(RankWriteTarget{&shards_, &slots_, options_.job_dir, options_.fs_owner, options_.io,
+                              std::move(on_persisted),
+                              [this](const std::string& error) { SetError(error); }},
+              options_.write_pool) {}
+
+RankSession::~RankSession() { Stop(); }
+
+void RankSession::Start() {
+  thread_ = std::thread([this] { IngestLoop(); });
+  slots_.StartReserving();
+}
+
+void RankSession::ReserveInBackground(std::vector<uint32_t> slots) {
+  slots_.ReserveInBackground(std::move(slots),
+                             [this](const std::string& error) { SetError(error); });
+}
+
+void RankSession::AttachPuller(std::unique_ptr<RankPuller> puller) {
+  puller_ = std::move(puller);
+}
+
+void RankSession::Stop() {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  // No more copies out of the trainer's memory, and its handles closed,
+  // before anything else happens to the segment; no more reads into it.
+  if (puller_ != nullptr) puller_->Stop();
+  stopping_.store(true);
+  InterruptWaits();  // a ReadEma waiting for a step answers now
+  TakePrefetch().reset();
+  slots_.StopReserving();
+  slots_.RingDoorbell();
+  if (thread_.joinable()) thread_.join();
+  // Ingest has handed over its last write; the writer finishes it and leaves.
+  writer_.Stop();
+  slots_.Close();
+  restore_buffers_.Clear();
+}
+
+void RankSession::Heartbeat() { slots_.Heartbeat(); }
+
+bool RankSession::ClientAlive(absl::Duration timeout) const {
+  uint64_t last = slots_.ClientHeartbeatNs();
+  const uint64_t now = shm::MonotonicNanos();
+  // No heartbeat yet, or one from the future (garbage): count from registration.
+  if (last < registered_ns_ || last > now) last = registered_ns_;
+  return absl::Nanoseconds(now - last) < timeout;
+}
+
+bool RankSession::ClientProcessGone() const {
+  return pid_visible_ && ::kill(options_.pid, 0) != 0 && errno == ESRCH;
+}
+
+void RankSession::IngestLoop() {
+  ControlBlock* cb = slots_.control();
+  while (true) {
+    const uint32_t bell = cb->doorbell.load(std::memory_order_acquire);
+    const bool worked = IngestReadySlots();
+    if (stopping_.load()) {
+      // Drain what the client published before the stop, then leave.
+      while (IngestReadySlots()) {
+      }
+      return;
+    }
+    if (!worked) FutexWait(&cb->doorbell, bell, absl::Seconds(1));
+  }
+}
+
+bool RankSession::IngestReadySlots() {
+  std::vector<absl::Status> bad;
+  const std::vector<shm::ReadySlot> ready = slots_.Ready(&bad);
+  for (const absl::Status& st : bad) {
+    SetError(absl::StrCat("bad control block from the trainer: ", st.message()));
+  }
+  bool worked = false;
+  for (const shm::ReadySlot& seen : ready) {
+    // What the slot holds is read after the take: the trainer may have
+    // handed it to a due step and published it again since `seen`.
+    auto slot = slots_.Take(seen.index);
+    if (!slot.ok()) {
+      if (slot.status().code() == absl::StatusCode::kDataLoss) {
+        SetError(absl::StrCat("bad control block from the trainer: ", slot.status().message()));
+        slots_.Free(seen.index);
+      }
+      continue;
+    }
+    if (!Process(*slot)) slots_.Free(slot->index);  // else the writer frees it
+    worked = true;
+  }
+  return worked;
+}
+
+bool RankSession::Process(const shm::ReadySlot& slot) {
+  snapshots_ingested_.fetch_add(1);
+  last_snapshot_step_.store(slot.step);
+  if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
+  if (std::optional<EmaProblem> problem =
+          ema_.Update(slots_.data(slot.index), shards_.layout.slot_bytes, slot.step)) {
+    if (problem->log) {
+      SetError(std::move(problem->message));
+    } else {
+      zcc::MutexLock lock(&mu_);
+      last_error_ = std::move(problem->message);
+    }
+  }
+  // The trainer went on without restoring from memory: what it left is of
+  // no more use. (One atomic load per snapshot once it is released.)
+  if (held_.any()) ReleaseHeld();
+  // Nor is a read begun for a restore it did not ask for (cancelled within a
+  // chunk; its slot goes back to the trainer).
+  if (has_prefetch_.load(std::memory_order_relaxed)) {
+    if (std::unique_ptr<RestorePrefetch> unused = TakePrefetch()) {
+      ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank
+                    << ": the trainer snapshotted without restoring; the read begun at "
+                       "registration is dropped";
+    }
+  }
+  slots_.NoteIngested(slot);
+  if (slot.kind != shm::SnapshotKind::kFull) return false;
+  const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
+  if (!due && !save_requested_.exchange(false)) return false;
+  if (due) save_requested_.store(false);
+  SubmitWrite(slot, /*on_failure=*/false);
+  return true;
+}
+
+void RankSession::SubmitWrite(const shm::ReadySlot& slot, bool on_failure) {
+  writer_.Submit([&] {
+    WriteJob job;
+    job.slot = slot;
+    job.on_failure = on_failure;
+    ema_.CopyForWrite(&job);
+    return job;
+  });
+}
+
+absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name,
+                                                        int64_t min_step, absl::Time deadline) {
+  ZCC_RETURN_IF_ERROR(restore_buffers_.CheckRoom());
+  if (min_step >= 0) ema_.AwaitStep(min_step, deadline);
+  ZCC_ASSIGN_OR_RETURN(auto copied, ema_.CopyToSegment(shm_name, options_.segment_owner));
+  auto& [segment, resp] = copied;
+  resp.set_restore_id(restore_buffers_.Add(std::move(segment), resp.step()));
+  return std::move(resp);
+}
+
+absl::Status RankSession::RestoreEma(const std::string& step_dir,
+                                     const checkpoint::GroupedIndex& index, int64_t step) {
+  // Through the daemon's storage, like the rank's writes.
+  checkpoint::IoOptions io;
+  io.storage = options_.io.storage;
+  return ema_.Restore(step_dir, index, step, io);
+}
+
+void RankSession::SetError(std::string error) {
+  ZCC_LOG(ERROR) << "job " << shards_.job_id << " rank " << shards_.rank << ": " << error;
+  zcc::MutexLock lock(&mu_);
+  last_error_ = std::move(error);
+}
+
+std::optional<int64_t> RankSession::PersistNewestOnFailure() {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (stopped_) return std::nullopt;
+  }
+  // The ingest thread may be mid-way through a slot; it is stopped below, and
+  // draining here under its own CAS discipline is safe alongside it.
+  while (IngestReadySlots()) {
+  }
+  // A due step ingest handed over is written first.
+  writer_.AwaitIdle();
+  const std::optional<SlotSnapshot> newest = slots_.NewestFull();
+  if (!newest.has_value() || newest->step <= writer_.last_persisted_step()) return std::nullopt;
+  // Claim the slot so nothing can change it while it is written; a slot the
+  // trainer had taken again holds a torn copy and is left alone.
+  if (!slots_.ClaimForWrite(newest->slot, newest->step)) return std::nullopt;
+  const shm::ReadySlot slot{newest->slot, newest->step, shm::SnapshotKind::kFull, 0};
+  SubmitWrite(slot, /*on_failure=*/true);
+  writer_.AwaitIdle();
+  return writer_.last_persisted_step() == newest->step ? newest->step : std::optional<int64_t>();
+}
+
+std::vector<int64_t> RankSession::MemorySteps() const { return held_.Steps(); }
+
+std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const { return held_.Slot(step); }
+
+absl::Status RankSession::TakePredecessorEma(int64_t step) {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> predecessor, held_.TakePredecessorForEma());
+  if (predecessor != nullptr) ema_.AdoptFrom(predecessor->ema_, step);
+  return absl::OkStatus();
+}
+
+void RankSession::ReleaseHeld(std::optional<int64_t> restored) {
+  for (const SlotSnapshot& s : held_.Release()) {
+    slots_.SetIntact(s.slot, restored == s.step ? s.step : -1);
+    slots_.Free(s.slot);
+  }
+}
+
+bool RankSession::AllStaged() const {
+  for (const RegisteredTensor& t : registered_) {
+    if (!t.staged) return false;
+  }
+  return true;
+}
+
+std::vector<SlotSnapshot> RankSession::IntactSnapshots() const {
+  std::vector<SlotSnapshot> intact = held_.List();
+  for (const SlotSnapshot& s : slots_.IntactFree()) intact.push_back(s);
+  std::sort(intact.begin(), intact.end(),
+            [](const SlotSnapshot& a, const SlotSnapshot& b) { return a.step > b.step; });
+  // One snapshot per step, or none: two of one step would be two timelines,
+  // and which one the trainer last followed cannot be told.
+  std::vector<SlotSnapshot> unique;
+  for (size_t i = 0; i < intact.size(); ++i) {
+    const bool twin = (i > 0 && intact[i - 1].step == intact[i].step) ||
+                      (i + 1 < intact.size() && intact[i + 1].step == intact[i].step);
+    if (twin) {
+      ZCC_LOG(ERROR) << "job " << shards_.job_id << " rank " << shards_.rank
+                     << ": two snapshots of step " << intact[i].step
+                     << " in memory; neither is kept";
+      continue;
+    }
+    unique.push_back(intact[i]);
+  }
+  return unique;
+}
+
+void RankSession::SetPrefetch(std::unique_ptr<RestorePrefetch> prefetch) {
+  std::unique_ptr<RestorePrefetch> unused;  // cancelled outside the lock
+  zcc::MutexLock lock(&mu_);
+  if (stopped_) {
+    unused = std::move(prefetch);
+    return;
+  }
+  unused = std::move(prefetch_);
+  prefetch_ = std::move(prefetch);
+  has_prefetch_.store(prefetch_ != nullptr);
+}
+
+std::unique_ptr<RestorePrefetch> RankSession::TakePrefetch() {
+  zcc::MutexLock lock(&mu_);
+  has_prefetch_.store(false);
+  return std::move(prefetch_);
+}
+
+shm::Segment RankSession::TakeSegment() { return slots_.TakeSegment(); }
+
+RankCounters RankSession::counters() const {
+  RankCounters c;
+  const ControlBlock* cb = slots_.control();
+  c.last_snapshot_step = last_snapshot_step_.load();
+  c.last_persisted_step = writer_.last_persisted_step();
+  c.snapshots_ingested = snapshots_ingested_.load();
+  c.snapshots_skipped = cb->snapshots_skipped.load(std::memory_order_relaxed);
+  c.persist_failures = writer_.persist_failures();
+  // Published by the EMA's users: a status query never waits for an EMA
+  // update, copy or restore.
+  c.last_ema_step = ema_.last_step();
+  c.ema_skipped_nonfinite = ema_.skipped_nonfinite();
+  c.ema_tensors = ema_.num_tensors();
+  c.slots_in_use = slots_.InUse();
+  if (puller_ != nullptr) {
+    c.daemon_pull = true;
+    c.pulls = puller_->Stats();
+  }
+  zcc::MutexLock lock(&mu_);
+  c.last_error = last_error_;
+  return c;
+}
+
+}  // namespace zcc::daemon

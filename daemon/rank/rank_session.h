@@ -1,0 +1,268 @@
+// One registered trainer rank: its lifecycle and the ingest thread that turns
+// READY slots into EMA updates and writes. What it is made of has owners of
+// its own: the staging slots (daemon/rank/staging_slots.h), the EMA
+// (daemon/rank/rank_ema.h), the writer (daemon/rank/rank_writer.h) and what it holds
+// from the previous trainer (daemon/rank/held_snapshots.h).
+//
+// Ingest: a dedicated thread sleeps on the segment's doorbell futex, takes
+// READY slots in publication order (kReady -> kIngesting), folds them into
+// the EMA (daemon/rank/rank_ema.h) and frees them (-> kFree, free bell). A slot
+// whose step is due (every `save_every` steps, or after RequestSave) goes to
+// the rank's writer (daemon/rank/rank_writer.h) instead, with a copy of the EMA as
+// of that step, and stays kIngesting until its shards are written. Meanwhile
+// ingest goes on with the other slots, so a checkpoint being written stalls
+// neither the trainer nor the EMA as long as one slot is free; one write runs
+// per rank at a time (a step that falls due while the previous write still
+// runs waits for it). One slow disk therefore only holds up its own rank.
+// Every word read from shared memory is validated.
+//
+// Restore from memory: when a trainer dies or exits, its stopped session is
+// kept for a while (daemon/memory/retained_snapshots.h) with the FULL snapshots
+// still intact in its staging segment. A trainer of the same rank that
+// registers again with the same tensors gets a session that adopts that
+// segment: the snapshots stay in their slots, held (kIngesting) until the
+// trainer has restored (RestoreDone) or publishes a snapshot of its own, and
+// the predecessor's EMA goes to the new session when one of them is restored.
+//
+// Thread-safety: all public methods may be called from any thread.
+// Ownership: owns the segment (removed when the session is destroyed).
+#ifndef ZCC_DAEMON_RANK_RANK_SESSION_H_
+#define ZCC_DAEMON_RANK_RANK_SESSION_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "checkpoint/io_options.h"
+#include "checkpoint/rank_shards.h"
+#include "checkpoint/shard_writer.h"
+#include "common/fs_identity.h"
+#include "cuda/ipc_puller.h"
+#include "common/mutex.h"
+#include "daemon/rank/held_snapshots.h"
+#include "daemon/rank/rank_ema.h"
+#include "daemon/rank/rank_writer.h"
+#include "daemon/rank/registered_tensor.h"
+#include "daemon/restore/restore_buffers.h"
+#include "daemon/restore/restore_prefetch.h"
+#include "daemon/rank/staging_slots.h"
+#include "ema/ema_updater.h"
+#include "format/dtype.h"
+#include "metrics/metrics.h"
+#include "proto/zcc.pb.h"
+#include "shm/control_block.h"
+#include "shm/segment.h"
+#include "shm/slot_ring.h"
+#include "storage/aligned_buffer.h"
+
+namespace zcc::daemon {
+
+struct RankSessionOptions {
+  std::string job_dir;
+  uint32_t num_slots = 2;
+  uint32_t save_every = 0;  // 0 = persist only on request
+  bool persist_on_failure = false;
+  int32_t pid = 0;
+  metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the session
+  uint32_t ema_interval = 1;  // EMA every N-th snapshotted step (0 = every step)
+  uint64_t generation = 0;
+  // Owner of every segment this rank's client maps (staging, restore and EMA
+  // buffers): the trainer's uid when zccd runs as root, -1 (zccd's own)
+  // otherwise.
+  uid_t segment_owner = static_cast<uid_t>(-1);
+  // The job's owner, whose file-system identity writes the shards.
+  FsOwner fs_owner;
+  // How shards are written (tests pass a slow or faulty storage).
+  checkpoint::IoOptions io;
+  // zccd's writer threads (borrowed, outlive the session); null: a thread of
+  // the session's own (tests).
+  WritePool* write_pool = nullptr;
+};
+
+struct RankCounters {
+  int64_t last_snapshot_step = -1;
+  int64_t last_persisted_step = -1;
+  int64_t last_ema_step = -1;
+  uint64_t ema_skipped_nonfinite = 0;
+  uint64_t ema_tensors = 0;
+  uint64_t snapshots_ingested = 0;
+  uint64_t snapshots_skipped = 0;   // as counted by the client
+  uint64_t persist_failures = 0;
+  uint32_t slots_in_use = 0;
+  bool client_alive = true;
+  std::string last_error;
+  // Daemon-pull only.
+  bool daemon_pull = false;
+  PullerStats pulls;
+};
+
+class RankSession {
+ public:
+  // `shards` describes the staged tensors (what this rank writes);
+  // `registered` every tensor the trainer registered, in its order.
+  // `ema` (may be null) keeps the EMA of the tensors `registered[ema_index[i]]`
+  // (staged parameters).
+  RankSession(checkpoint::RankShards shards, std::vector<RegisteredTensor> registered,
+              shm::Segment segment, RankSessionOptions options, PersistCallback on_persisted,
+              std::unique_ptr<ema::EmaUpdater> ema = nullptr, std::vector<size_t> ema_index = {},
+              Inheritance inherited = {});
+  ~RankSession();
+  RankSession(const RankSession&) = delete;
+  RankSession& operator=(const RankSession&) = delete;
+
+  void Start();
+  // Daemon-pull: `puller` serves this session's channel until Stop(). Call
+  // before Start().
+  void AttachPuller(std::unique_ptr<RankPuller> puller);
+  // The slots `slots`, held back (SlotRing::HoldBack), get their memory
+  // reserved on a thread of their own after Start() and are then freed for
+  // the client: registering costs the reservation of one slot, not of all.
+  // A slot whose memory cannot be had stays held back (logged, last_error).
+  // Call before Start().
+  void ReserveInBackground(std::vector<uint32_t> slots);
+
+  // The staging segment and its slots.
+  StagingSlots& slots() { return slots_; }
+  const StagingSlots& slots() const { return slots_; }
+  // Ingests what is already READY, finishes the write in progress, stops the
+  // threads and tells the client the registration is closed. Idempotent.
+  void Stop();
+
+  // Persist the next FULL snapshot regardless of save_every.
+  void RequestSave() { save_requested_.store(true); }
+
+  // The trainer is gone: ingests what it published, then persists its newest
+  // complete FULL snapshot if that is newer than the last persisted step and
+  // its slot was not taken again (a slot the trainer was filling when it died
+  // is never used). Call before Stop(); returns the step persisted, if any.
+  std::optional<int64_t> PersistNewestOnFailure();
+
+  // True for the first caller only: that caller retires this session (the
+  // trainer is gone), so a rank found dead twice is retired once.
+  bool BeginRetirement() { return !retiring_.exchange(true); }
+
+  // Daemon heartbeat into the control block; called periodically.
+  void Heartbeat();
+  // False once the trainer's heartbeat is older than `timeout` (measured from
+  // registration until the first heartbeat).
+  bool ClientAlive(absl::Duration timeout) const;
+  // True when the registering process is known to be gone. Only answers true
+  // when the pid was visible to the daemon at registration (same pid
+  // namespace); otherwise liveness rests on heartbeats alone.
+  bool ClientProcessGone() const;
+
+  // The restore and EMA buffers filled for this rank's client, kept until it
+  // has copied them out; dropped when the session stops.
+  RestoreBuffers& restore_buffers() { return restore_buffers_; }
+
+  const checkpoint::RankShards& shards() const { return shards_; }
+  const std::vector<RegisteredTensor>& registered() const { return registered_; }
+
+  // Copies the current EMA into a new segment `shm_name` (kept as a restore
+  // buffer until the client releases it), once it has folded in `min_step`
+  // or a newer one or `deadline` passed (min_step < 0: at once).
+  // FailedPrecondition without an EMA.
+  absl::StatusOr<v1::ReadEmaResponse> CopyEma(const std::string& shm_name, int64_t min_step = -1,
+                                              absl::Time deadline = absl::InfinitePast());
+
+  // Ends the waits of requests (a ReadEma for a step), now and later.
+  void InterruptWaits() { ema_.Interrupt(); }
+
+  // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
+  // shards). OK and a no-op without an EMA; a checkpoint without EMA tensors
+  // leaves the EMA to start afresh (logged).
+  absl::Status RestoreEma(const std::string& step_dir, const checkpoint::GroupedIndex& index,
+                          int64_t step);
+  // ---- restore from memory ----
+  // Steps of the snapshots held from the previous trainer, newest first.
+  std::vector<int64_t> MemorySteps() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The slot holding `step` from the previous trainer, if it is held.
+  std::optional<uint32_t> HeldSlot(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives this session the previous trainer's EMA, for a restore of `step`
+  // from memory. OK and a no-op without an EMA; an EMA the predecessor did
+  // not have, or kept of other tensors or with another decay, starts afresh
+  // (logged).
+  absl::Status TakePredecessorEma(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the held slots and drops the predecessor (the trainer restored, or
+  // went on without restoring). Idempotent. The snapshot of `restored` (the
+  // step the trainer restored from memory) stays accounted as intact in its
+  // slot until the trainer claims it, for a successor should this trainer
+  // die first; the others are forgotten: they belong to a timeline the
+  // trainer has left (a step it replays must never be served from them).
+  void ReleaseHeld(std::optional<int64_t> restored = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
+  // True when every registered tensor is staged: a restore from memory can
+  // then serve all of them (a replica another rank writes is not in the slot).
+  bool AllStaged() const;
+  // After Stop(): the FULL snapshots intact in the staging segment, newest
+  // first (ingested, and their slot not taken again by the trainer; those
+  // still held from a predecessor).
+  std::vector<SlotSnapshot> IntactSnapshots() const ABSL_LOCKS_EXCLUDED(mu_);
+  // After Stop(): hands the staging segment over to a successor session.
+  shm::Segment TakeSegment();
+
+  // The read begun at registration for the restore that usually follows
+  // (daemon/restore/restore_prefetch.h): kept until a restore takes it, or discarded
+  // (cancelled, its slot freed) when the trainer snapshots first or the
+  // session stops.
+  void SetPrefetch(std::unique_ptr<RestorePrefetch> prefetch) ABSL_LOCKS_EXCLUDED(mu_);
+  std::unique_ptr<RestorePrefetch> TakePrefetch() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const RankSessionOptions& options() const { return options_; }
+  uint64_t segment_bytes() const { return slots_.segment_bytes(); }
+  RankCounters counters() const;
+
+ private:
+  void IngestLoop();
+  // Returns true if it processed at least one slot.
+  bool IngestReadySlots();
+  // Updates the EMA from the slot; returns true when the slot's step is due
+  // and the slot went to the writer (which frees it), false when the caller
+  // frees it.
+  bool Process(const shm::ReadySlot& slot);
+  void SetError(std::string error);
+  // Submits `slot` to the writer with a copy of the EMA as of its step.
+  void SubmitWrite(const shm::ReadySlot& slot, bool on_failure);
+
+  const checkpoint::RankShards shards_;
+  const std::vector<RegisteredTensor> registered_;
+  const RankSessionOptions options_;
+  StagingSlots slots_;
+  const uint64_t registered_ns_;
+  const bool pid_visible_;
+  RankEma ema_;
+  HeldSnapshots held_;
+
+  std::atomic<bool> save_requested_{false};
+  std::atomic<bool> retiring_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> last_snapshot_step_{-1};
+  // True while prefetch_ is set: lets the ingest loop skip TakePrefetch's lock.
+  std::atomic<bool> has_prefetch_{false};
+  std::atomic<uint64_t> snapshots_ingested_{0};
+  std::thread thread_;
+
+  mutable zcc::Mutex mu_;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  RestoreBuffers restore_buffers_;
+  std::unique_ptr<RestorePrefetch> prefetch_ ABSL_GUARDED_BY(mu_);
+  // Set before Start(), stopped (not destroyed: its counts stay) by Stop().
+  std::unique_ptr<RankPuller> puller_;
+  // Last: declared after everything a write touches, so it is destroyed (and
+  // its thread joined) first.
+  RankWriter writer_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_RANK_RANK_SESSION_H_

@@ -1,0 +1,426 @@
+// RankSession's ingest and writer stages, driven through a real staging
+// segment the way a trainer drives it (claim a free slot, fill it, publish it,
+// ring the doorbell), with a disk the test can stall.
+#include "daemon/rank/rank_session.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "checkpoint/reader.h"
+#include "common/file_util.h"
+#include "common/futex.h"
+#include "common/mutex.h"
+#include "common/testing/eventually.h"
+#include "common/testing/status_matchers.h"
+#include "common/testing/temp_dir.h"
+#include "config/daemon_config.h"
+#include "daemon/control/registration.h"
+#include "ema/ema_updater.h"
+#include "format/manifest.h"
+#include "shm/control_block.h"
+#include "shm/slot_ring.h"
+#include "storage/posix_storage.h"
+#include "storage/storage_wrapper.h"
+
+namespace zcc::daemon {
+namespace {
+
+using shm::SlotState;
+
+constexpr uint32_t S(SlotState s) { return static_cast<uint32_t>(s); }
+constexpr int kTensors = 2;
+constexpr int kElements = 4096;
+constexpr float kDecay = 0.5f;
+
+// A disk that stalls while the test holds its gate closed: opening a file for
+// writing waits until the gate opens.
+class GatedStorage final : public storage::StorageWrapper {
+ public:
+  GatedStorage() : StorageWrapper(storage::DefaultStorage()) {}
+  void SetOpen(bool open) {
+    MutexLock lock(&mu_);
+    open_ = open;
+  }
+  // Whether a writer is waiting at the closed gate, within `timeout`.
+  bool AwaitBlockedWriter(absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&blocked_), timeout);
+  }
+
+  absl::StatusOr<std::unique_ptr<storage::File>> OpenForWrite(
+      const std::string& path, const storage::OpenOptions& options) override {
+    {
+      MutexLock lock(&mu_);
+      blocked_ = !open_;
+      mu_.Await(absl::Condition(&open_));
+      blocked_ = false;
+    }
+    return base()->OpenForWrite(path, options);
+  }
+
+ private:
+  Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  bool blocked_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// What a trainer writes into tensor `t` at `step`.
+float Value(int t, int64_t step, int i) { return static_cast<float>(step * 10 + t) + i * 1e-3f; }
+
+// One rank of a one-rank job with kTensors EMA-eligible f32 parameters, its
+// session started on a fresh segment, persisting every `save_every` steps.
+class TestRank {
+ public:
+  // `reserve_later`: slot 1's memory is reserved by the session in the
+  // background, as the registry does for large segments.
+  TestRank(const std::string& root, uint32_t save_every, storage::Storage* storage,
+           bool reserve_later = false) {
+    v1::RegisterRequest req;
+    req.set_job_id("job");
+    req.set_rank(0);
+    req.set_world_size(1);
+    req.set_num_slots(2);
+    req.set_save_every(save_every);
+    req.set_ema_decay(kDecay);
+    for (int t = 0; t < kTensors; ++t) {
+      v1::TensorSpec* spec = req.add_tensors();
+      spec->set_name(absl::StrCat("w", t));
+      spec->set_dtype(v1::F32);
+      spec->add_shape(kElements);
+      spec->set_kind(v1::PARAM);
+      spec->set_ema_eligible(true);
+    }
+    DaemonConfig config;
+    config.default_root = root;
+    uint64_t hash = 0;
+    auto registered = ParseTensors(req, config, &hash);
+    REQUIRE_OK(registered);
+    REQUIRE_OK(AssignStaged(req, &*registered));
+    auto shards = ShardsFor(req, &*registered, hash, config);
+    REQUIRE_OK(shards);
+    offsets_.clear();
+    std::vector<ema::EmaTensorSpec> specs;
+    std::vector<size_t> ema_index;
+    for (size_t i = 0; i < registered->size(); ++i) {
+      offsets_.push_back((*registered)[i].slot_offset);
+      specs.push_back({(*registered)[i].name, format::DType::kF32, kElements});
+      ema_index.push_back(i);
+    }
+    std::vector<ema::EmaTensorSpec> specs_for_restart = specs;
+    ema::EmaOptions ema_options;
+    ema_options.decay = kDecay;
+    auto ema = ema::EmaUpdater::Create(std::move(specs), ema_options);
+    REQUIRE_OK(ema);
+    slot_bytes_ = shards->layout.slot_bytes;
+    // Tests run in pid namespaces: the pid alone may repeat between runs.
+    const std::string name =
+        absl::StrCat("zcc_rs_test.", ::getpid(), ".", absl::GetCurrentTimeNanos(), ".", ++count_);
+    name_ = name;
+    auto segment = shm::Segment::Create(
+        name, shm::SegmentBytes(2, slot_bytes_), static_cast<uid_t>(-1),
+        reserve_later ? shm::ControlBlockBytes() + slot_bytes_ : ~uint64_t{0});
+    REQUIRE_OK(segment);
+    shm::InitControlBlock(segment->control(), 2, slot_bytes_, 1, shards->manifest_hash);
+    cb_ = segment->control();
+    if (reserve_later) shm::SlotRing(cb_, 2).HoldBack(1);
+    RankSessionOptions options;
+    options.job_dir = JoinPath(root, "job");
+    options.num_slots = 2;
+    options.save_every = save_every;
+    options.io.storage = storage;
+    options.io.direct_io = false;
+    REQUIRE_OK(MakeDirs(options.job_dir));
+    shards_ = *shards;
+    registered_ = *registered;
+    options_ = options;
+    ema_index_ = ema_index;
+    specs_ = std::move(specs_for_restart);
+    session_ = std::make_shared<RankSession>(
+        *shards, *registered, std::move(*segment), options,
+        [this](const PersistEvent& e) {
+          MutexLock lock(&mu_);
+          persisted_.push_back(e.status.ok() ? e.step : -1);
+        },
+        std::move(*ema), ema_index);
+    if (reserve_later) session_->ReserveInBackground({1});
+    session_->Start();
+  }
+  ~TestRank() { session_->Stop(); }
+
+  const std::string& segment_name() const { return name_; }
+  shm::ControlBlock* cb() const { return cb_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+
+  // The trainer dies and another registers the same tensors: the session
+  // stops, and a new one adopts its segment holding its intact snapshots
+  // (at most `hold` of them, newest first), as the registry does. Returns
+  // the steps held.
+  std::vector<int64_t> RestartAdopting(size_t hold) {
+    session_->Stop();
+    std::shared_ptr<RankSession> old = session_;
+    std::vector<SlotSnapshot> intact = old->IntactSnapshots();
+    shm::Segment segment = old->TakeSegment();
+    shm::InitControlBlock(segment.control(), 2, slot_bytes_, 2, shards_.manifest_hash);
+    cb_ = segment.control();
+    Inheritance inherited;
+    inherited.predecessor = old;
+    shm::SlotRing ring(cb_, 2);
+    for (const SlotSnapshot& s : intact) {
+      if (inherited.held.size() == hold) break;
+      ring.Hold(s.slot, s.step);
+      inherited.held.push_back(s);
+    }
+    std::vector<int64_t> steps;
+    for (const SlotSnapshot& s : inherited.held) steps.push_back(s.step);
+    ema::EmaOptions ema_options;
+    ema_options.decay = kDecay;
+    auto ema = ema::EmaUpdater::Create(specs_, ema_options);
+    REQUIRE_OK(ema);
+    session_ = std::make_shared<RankSession>(shards_, registered_, std::move(segment), options_,
+                                             [](const PersistEvent&) {}, std::move(*ema),
+                                             ema_index_, std::move(inherited));
+    session_->Start();
+    return steps;
+  }
+
+  // As the client: claim a free slot (waiting up to `timeout` for one), fill
+  // it with step's values, publish it. False when no slot came free.
+  bool Snapshot(int64_t step, absl::Duration timeout = absl::Seconds(10), float salt = 0) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      const uint32_t bell = cb_->free_bell.load(std::memory_order_acquire);
+      for (uint32_t i = 0; i < 2; ++i) {
+        uint32_t expected = S(SlotState::kFree);
+        if (!cb_->slots[i].state.compare_exchange_strong(expected, S(SlotState::kFilling))) {
+          continue;
+        }
+        uint8_t* slot = session_->slots().data(i);
+        for (int t = 0; t < kTensors; ++t) {
+          float* f = reinterpret_cast<float*>(slot + offsets_[t]);
+          for (int k = 0; k < kElements; ++k) f[k] = Value(t, step, k) + salt;
+        }
+        cb_->slots[i].step.store(step, std::memory_order_relaxed);
+        cb_->slots[i].kind.store(static_cast<uint32_t>(shm::SnapshotKind::kFull));
+        cb_->slots[i].seq.store(cb_->next_seq.fetch_add(1));
+        cb_->slots[i].state.store(S(SlotState::kReady), std::memory_order_release);
+        cb_->doorbell.fetch_add(1, std::memory_order_release);
+        FutexWakeAll(&cb_->doorbell);
+        return true;
+      }
+      if (absl::Now() > deadline) return false;
+      FutexWait(&cb_->free_bell, bell, absl::Milliseconds(50));
+    }
+  }
+
+  bool AwaitEmaStep(int64_t step, absl::Duration timeout) {
+    return testing::Eventually([&] { return session_->counters().last_ema_step >= step; },
+                               timeout, absl::Milliseconds(2));
+  }
+  bool AwaitPersisted(size_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return persisted_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+  std::vector<int64_t> persisted() {
+    MutexLock lock(&mu_);
+    return persisted_;
+  }
+  RankSession& session() { return *session_; }
+
+ private:
+  static inline int count_ = 0;
+  shm::ControlBlock* cb_ = nullptr;
+  uint64_t slot_bytes_ = 0;
+  std::string name_;
+  std::vector<uint64_t> offsets_;
+  checkpoint::RankShards shards_;
+  std::vector<RegisteredTensor> registered_;
+  RankSessionOptions options_;
+  std::vector<size_t> ema_index_;
+  std::vector<ema::EmaTensorSpec> specs_;
+  std::shared_ptr<RankSession> session_;
+  Mutex mu_;
+  std::vector<int64_t> persisted_ ABSL_GUARDED_BY(mu_);
+};
+
+// The EMA after steps 1..n of Value(), starting from step 1's values.
+std::vector<float> ReferenceEma(int t, int64_t n) {
+  std::vector<float> ema(kElements);
+  for (int k = 0; k < kElements; ++k) ema[k] = Value(t, 1, k);
+  for (int64_t s = 2; s <= n; ++s) {
+    for (int k = 0; k < kElements; ++k) ema[k] = kDecay * ema[k] + (1 - kDecay) * Value(t, s, k);
+  }
+  return ema;
+}
+
+TEST_CASE("a slot whose memory is reserved in the background reaches the client when it is") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, 0, nullptr, /*reserve_later=*/true);
+  shm::SlotRing ring(rank.cb(), 2);
+  // Slot 0 at once; slot 1 once the session has reserved it.
+  REQUIRE(testing::Eventually([&] { return ring.FreeCount() == 2; }, absl::Seconds(10)));
+  struct stat st;
+  REQUIRE(stat(("/dev/shm/" + rank.segment_name()).c_str(), &st) == 0);
+  CHECK(static_cast<uint64_t>(st.st_blocks) * 512 == shm::SegmentBytes(2, rank.slot_bytes()));
+  for (int64_t step = 1; step <= 4; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(testing::Eventually([&] { return rank.session().counters().snapshots_ingested == 4; },
+                              absl::Seconds(10)));
+}
+
+TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, once") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  for (int64_t step = 1; step <= 5; ++step) {
+    REQUIRE(rank.Snapshot(step));
+    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
+  }
+  // Two slots, reused oldest first: steps 4 and 5 are intact; one is held
+  // (the registry leaves the trainer a free slot).
+  CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
+  RankSession& session = rank.session();
+  CHECK(session.MemorySteps() == std::vector<int64_t>{5});
+  REQUIRE(session.HeldSlot(5).has_value());
+  CHECK_FALSE(session.HeldSlot(4).has_value());
+  const uint8_t* slot = session.slots().data(*session.HeldSlot(5));
+  for (int t = 0; t < kTensors; ++t) {
+    INFO("tensor " << t);
+    const float* f = reinterpret_cast<const float*>(slot + session.registered()[t].slot_offset);
+    CHECK(f[7] == Value(t, 5, 7));
+  }
+  CHECK(session.counters().last_ema_step == -1);  // a fresh EMA until a restore takes the old one
+  REQUIRE_OK(session.TakePredecessorEma(5));
+  CHECK(session.counters().last_ema_step == 5);
+  // A second restore from memory keeps it (the take is a swap).
+  REQUIRE_OK(session.TakePredecessorEma(5));
+  CHECK(session.counters().last_ema_step == 5);
+  // Restored: the held slot goes back to the trainer; the memory is gone.
+  session.ReleaseHeld(/*restored=*/5);
+  CHECK(session.MemorySteps().empty());
+  CHECK(session.counters().slots_in_use == 0);
+  // The successor dies before snapshotting: step 5 is still in the freed
+  // slot, and the next successor holds it again, with the EMA taken over.
+  CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  REQUIRE_OK(rank.session().TakePredecessorEma(5));
+  CHECK(rank.session().counters().last_ema_step == 5);
+  // Once the trainer snapshots, what it inherited is released.
+  REQUIRE(rank.Snapshot(6));
+  REQUIRE(rank.AwaitEmaStep(6, absl::Seconds(10)));
+  CHECK(rank.session().MemorySteps().empty());
+}
+
+TEST_CASE("a step replayed after a restart is served from the new snapshot, never the old one") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  REQUIRE(rank.Snapshot(4));
+  REQUIRE(rank.Snapshot(5));
+  REQUIRE(rank.AwaitEmaStep(5, absl::Seconds(10)));
+  CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
+  // The new trainer does not restore step 5 from memory: it went back to an
+  // older step (say from disk) and replays step 5 with other values; its
+  // snapshot releases what it inherited.
+  REQUIRE(rank.Snapshot(5, absl::Seconds(10), /*salt=*/1000));
+  REQUIRE(testing::Eventually([&] { return rank.session().MemorySteps().empty(); },
+                              absl::Seconds(10), absl::Milliseconds(2)));
+  REQUIRE(testing::Eventually(
+      [&] { return rank.session().counters().snapshots_ingested >= 1; }, absl::Seconds(10),
+      absl::Milliseconds(2)));
+  // It dies: the successor holds step 5 once, with the replayed values.
+  CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  const RankSession& next = rank.session();
+  const uint8_t* slot = next.slots().data(*next.HeldSlot(5));
+  const float* f = reinterpret_cast<const float*>(slot + next.registered()[0].slot_offset);
+  CHECK(f[3] == Value(0, 5, 3) + 1000);
+}
+
+// Opens the gate when it goes out of scope (before the rank it is declared
+// after stops, which waits for the write in progress).
+struct OpenAtEnd {
+  GatedStorage* disk;
+  ~OpenAtEnd() { disk->SetOpen(true); }
+};
+
+TEST_CASE("a checkpoint being written stalls neither the trainer nor the EMA") {
+  const std::string root = testing::TempDir();
+  GatedStorage disk;
+  TestRank rank(root, /*save_every=*/10, &disk);
+  OpenAtEnd open_at_end{&disk};
+
+  REQUIRE(rank.Snapshot(1));
+  REQUIRE(rank.AwaitEmaStep(1, absl::Seconds(10)));
+  disk.SetOpen(false);
+  rank.session().RequestSave();
+  REQUIRE(rank.Snapshot(2));  // goes to the writer, which blocks on the disk
+  REQUIRE(disk.AwaitBlockedWriter(absl::Seconds(10)));
+
+  // With step 2's slot held by the stalled write, the other slot keeps
+  // cycling: every snapshot is taken and folded into the EMA.
+  for (int64_t step = 3; step <= 9; ++step) {
+    INFO("step " << step);
+    REQUIRE(rank.Snapshot(step, absl::Seconds(10)));
+    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
+  }
+  CHECK(rank.persisted().empty());
+  CHECK(rank.session().counters().last_persisted_step == -1);
+
+  disk.SetOpen(true);
+  REQUIRE(rank.AwaitPersisted(1, absl::Seconds(30)));
+  CHECK(rank.persisted() == std::vector<int64_t>{2});
+  REQUIRE(rank.Snapshot(10));  // due
+  REQUIRE(rank.AwaitPersisted(2, absl::Seconds(30)));
+  CHECK(rank.persisted() == std::vector<int64_t>{2, 10});
+
+  // Step 2's EMA shard holds the EMA as of step 2, not of the steps ingested
+  // while it waited for the disk.
+  const std::string step_dir = JoinPath(root, "job/step-00000002.partial");
+  for (int t = 0; t < kTensors; ++t) {
+    std::vector<float> ema(kElements);
+    REQUIRE_OK(checkpoint::ReadRankTensors(
+        step_dir, 0,
+        {{absl::StrCat("w", t), "ema", format::DType::kF32, {kElements},
+          reinterpret_cast<uint8_t*>(ema.data()), ema.size() * sizeof(float)}}));
+    const std::vector<float> want = ReferenceEma(t, 2);
+    float worst = 0;
+    for (int k = 0; k < kElements; ++k) worst = std::max(worst, std::abs(ema[k] - want[k]));
+    CHECK(worst < 1e-3f);  // the EMA of step 9 is about 60 away
+  }
+}
+
+TEST_CASE("persist-on-failure waits for a write in progress, then writes the newest snapshot") {
+  const std::string root = testing::TempDir();
+  GatedStorage disk;
+  TestRank rank(root, /*save_every=*/4, &disk);
+  OpenAtEnd open_at_end{&disk};
+  for (int64_t step = 1; step <= 3; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitEmaStep(3, absl::Seconds(10)));
+  disk.SetOpen(false);
+  REQUIRE(rank.Snapshot(4));  // due
+  REQUIRE(disk.AwaitBlockedWriter(absl::Seconds(10)));
+  REQUIRE(rank.Snapshot(5));
+  REQUIRE(rank.AwaitEmaStep(5, absl::Seconds(10)));
+
+  // The trainer dies now; the daemon persists its newest snapshot (5) once
+  // the write of 4 is through.
+  std::optional<int64_t> saved;
+  std::thread failure([&] { saved = rank.session().PersistNewestOnFailure(); });
+  absl::SleepFor(absl::Milliseconds(50));
+  disk.SetOpen(true);
+  failure.join();
+  CHECK(saved == std::optional<int64_t>(5));
+  CHECK(rank.persisted() == std::vector<int64_t>{4, 5});
+  CHECK(rank.session().counters().last_persisted_step == 5);
+}
+
+}  // namespace
+}  // namespace zcc::daemon

@@ -1,0 +1,96 @@
+#include "daemon/rank/rank_writer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zcc::daemon {
+
+struct RankWriter::State {
+  explicit State(RankWriteTarget t) : target(std::move(t)) {}
+
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !job.has_value() && !writing; }
+  // The pool's task: the queued job, written.
+  void RunQueued() ABSL_LOCKS_EXCLUDED(mu);
+  void Write(WriteJob job);
+
+  const RankWriteTarget target;
+  std::atomic<int64_t> last_persisted_step{-1};
+  std::atomic<uint64_t> persist_failures{0};
+  zcc::Mutex mu;
+  std::optional<WriteJob> job ABSL_GUARDED_BY(mu);
+  bool writing ABSL_GUARDED_BY(mu) = false;
+};
+
+RankWriter::RankWriter(RankWriteTarget target, WritePool* pool)
+    : state_(std::make_shared<State>(std::move(target))),
+      own_pool_(pool == nullptr ? std::make_unique<WritePool>(1) : nullptr),
+      pool_(pool != nullptr ? pool : own_pool_.get()) {}
+
+RankWriter::~RankWriter() { Stop(); }
+
+void RankWriter::Submit(absl::FunctionRef<WriteJob()> make) {
+  {
+    zcc::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(state_.get(), &State::Idle));
+    state_->job = make();
+  }
+  pool_->Post([state = state_] { state->RunQueued(); });
+}
+
+void RankWriter::AwaitIdle() {
+  zcc::MutexLock lock(&state_->mu);
+  state_->mu.Await(absl::Condition(state_.get(), &State::Idle));
+}
+
+int64_t RankWriter::last_persisted_step() const { return state_->last_persisted_step.load(); }
+uint64_t RankWriter::persist_failures() const { return state_->persist_failures.load(); }
+
+void RankWriter::State::RunQueued() {
+  WriteJob queued;
+  {
+    zcc::MutexLock lock(&mu);
+    if (!job.has_value()) return;
+    queued = std::move(*job);
+    job.reset();
+    writing = true;
+  }
+  Write(std::move(queued));
+  zcc::MutexLock lock(&mu);
+  writing = false;
+}
+
+void RankWriter::State::Write(WriteJob job) {
+  const int64_t step = job.slot.step;
+  PersistEvent event;
+  event.rank = target.shards->rank;
+  event.step = step;
+  {
+    ScopedFsIdentity as_owner(target.fs_owner);
+    auto stats = checkpoint::WriteRankShards(target.job_dir, step, *target.shards,
+                                             target.slots->data(job.slot.index), target.io,
+                                             job.ema_shards);
+    if (stats.ok()) {
+      event.stats = *stats;
+      last_persisted_step.store(step);
+    } else {
+      event.status = stats.status();
+      persist_failures.fetch_add(1);
+      // The trainer's client reports the failure itself (step first: it
+      // reads the count, then the step).
+      shm::ControlBlock* cb = target.slots->control();
+      cb->last_failed_step.store(step, std::memory_order_relaxed);
+      cb->persist_failures.fetch_add(1, std::memory_order_release);
+      target.on_error(absl::StrCat(job.on_failure ? "persist-on-failure" : "persist", " of step ",
+                                    step, " failed: ", stats.status().message()));
+    }
+  }
+  // The EMA copy lives only while a write needs it.
+  job.ema_copy = storage::AlignedBuffer();
+  job.ema_shards.clear();
+  target.slots->Free(job.slot.index);
+  // Commit and retention do not need the slot: reported once it is free.
+  target.on_persisted(event);
+}
+
+}  // namespace zcc::daemon

@@ -1,0 +1,107 @@
+// The writer stage of one rank: a one-deep queue and the thread that writes a
+// checkpoint step's shards from a staging slot, so ingest (and with it the
+// EMA and the free slots the trainer needs) never waits for the disk. The
+// writer owns the write: the shards with the job owner's identity, the
+// failure counts the trainer reads from the control block, the slot freed
+// after, and the outcome reported to the job's committer.
+//
+// The writes run on zccd's writer threads (daemon/rank/write_pool.h), shared by
+// every rank. One write runs per rank at a time. Submit waits until the writer is idle,
+// then builds the job under the writer's lock, so two submitters (ingest and
+// persist-on-failure) never both find it idle, and the EMA copy a job carries
+// exists for one job at a time (zccd's steady-state memory is the EMA, not
+// twice the EMA).
+//
+// Thread-safety: all methods may be called from any thread; the write
+// function runs on the writer thread only.
+#ifndef ZCC_DAEMON_RANK_RANK_WRITER_H_
+#define ZCC_DAEMON_RANK_RANK_WRITER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "checkpoint/io_options.h"
+#include "checkpoint/rank_shards.h"
+#include "checkpoint/shard_writer.h"
+#include "common/fs_identity.h"
+#include "common/mutex.h"
+#include "daemon/rank/staging_slots.h"
+#include "daemon/rank/write_pool.h"
+#include "shm/slot_ring.h"
+#include "storage/aligned_buffer.h"
+
+namespace zcc::daemon {
+
+// One step to write. The slot is held (kIngesting) until the write function
+// frees it; the EMA as of the step travels with the job and dies with it.
+struct WriteJob {
+  shm::ReadySlot slot;
+  bool on_failure = false;  // persist-on-failure's write
+  storage::AlignedBuffer ema_copy;            // the EMA tensors back to back
+  std::vector<checkpoint::ExtraShard> ema_shards;  // describing ema_copy
+};
+
+// Reported after every persist attempt, from the writer thread.
+struct PersistEvent {
+  uint32_t rank = 0;
+  int64_t step = 0;
+  absl::Status status;
+  checkpoint::WriteStats stats;
+};
+using PersistCallback = std::function<void(const PersistEvent&)>;
+
+// What the writer writes for, and where its outcomes go.
+struct RankWriteTarget {
+  const checkpoint::RankShards* shards = nullptr;  // borrowed; outlives the writer
+  StagingSlots* slots = nullptr;                   // borrowed; outlives the writer
+  std::string job_dir;
+  FsOwner fs_owner;        // whose file-system identity writes the shards
+  checkpoint::IoOptions io;  // how (tests pass a slow or faulty storage)
+  // After each attempt, with its slot already free.
+  PersistCallback on_persisted;
+  // A failed write, described for the rank's status.
+  std::function<void(const std::string&)> on_error;
+};
+
+class RankWriter {
+ public:
+  // Writes on `pool` (borrowed, outlives the writer), or, where it is null,
+  // on a thread of the writer's own (tests).
+  RankWriter(RankWriteTarget target, WritePool* pool = nullptr);
+  ~RankWriter();  // Stop()
+  RankWriter(const RankWriter&) = delete;
+  RankWriter& operator=(const RankWriter&) = delete;
+
+  // Waits until nothing is queued or running, then queues `make()`'s job.
+  // `make` runs under the writer's lock: it must not call back into the
+  // writer (it may take locks acquired after it, e.g. the EMA's).
+  void Submit(absl::FunctionRef<WriteJob()> make);
+  // Returns once nothing is queued or running.
+  void AwaitIdle();
+  // Finishes the queued job, if any. Idempotent.
+  void Stop() { AwaitIdle(); }
+
+  int64_t last_persisted_step() const;
+  uint64_t persist_failures() const;
+
+ private:
+  // What the pool's task and the writer share: the task may still be
+  // leaving the lock when the writer, idle, is destroyed.
+  struct State;
+
+  std::shared_ptr<State> state_;
+  std::unique_ptr<WritePool> own_pool_;  // where no pool was given
+  WritePool* const pool_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_RANK_RANK_WRITER_H_

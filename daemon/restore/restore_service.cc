@@ -1,0 +1,386 @@
+#include "daemon/restore/restore_service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "checkpoint/committer.h"
+#include "checkpoint/io_options.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/step_check.h"
+#include "common/file_util.h"
+#include "common/fs_identity.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "daemon/restore/restorer.h"
+#include "format/manifest.h"
+#include "shm/control_block.h"
+
+namespace zcc::daemon {
+
+namespace {
+
+checkpoint::IoOptions ReadingThrough(storage::Storage* storage) {
+  checkpoint::IoOptions io;
+  io.storage = storage;
+  return io;
+}
+
+}  // namespace
+
+RestoreService::RestoreService(std::string shm_prefix, uint64_t max_slot_bytes,
+                               metrics::ZccMetrics* metrics, storage::Storage* storage)
+    : shm_prefix_(std::move(shm_prefix)),
+      max_slot_bytes_(max_slot_bytes),
+      metrics_(metrics),
+      read_io_(ReadingThrough(storage)),
+      checks_(metrics, read_io_) {}
+
+std::string RestoreService::BufferName(const char* what, const std::string& job_id, uint32_t rank,
+                                       uint64_t generation) {
+  return absl::StrCat(shm_prefix_, ".", job_id, ".r", rank, ".", what, ".g", generation, ".",
+                      next_buffer_seq_.fetch_add(1));
+}
+
+namespace {
+
+// Held snapshots serve a restore only when it wants just what the rank
+// stages, or the rank stages everything.
+std::vector<int64_t> ServableMemorySteps(const RankSession& session, bool owned_only) {
+  if (!owned_only && !session.AllStaged()) return {};
+  return session.MemorySteps();
+}
+
+}  // namespace
+
+void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank) {
+  // The trainer snapshots into the other slots meanwhile; a restore from
+  // memory needs no read.
+  if (session.options().num_slots < 2 || !session.MemorySteps().empty()) return;
+  // Nothing committed (a new job): no slot is held even for a moment, so a
+  // first snapshot right after the registration finds it free.
+  const std::string job_dir = job.options().job_dir;
+  {
+    ScopedFsIdentity as_owner(job.options().owner);
+    auto committed = checkpoint::ListCommittedSteps(job_dir, read_io_.storage);
+    if (!committed.ok() || committed->empty()) return;
+  }
+  std::optional<uint32_t> slot = session.slots().TakeForRestore();
+  if (!slot.has_value()) return;
+  // From now until the read ends (or nothing is to be read): the background
+  // reservation of the trainer's other slots waits for it.
+  auto reading = std::make_shared<std::unique_ptr<StagingSlots::RestoreRead>>(
+      std::make_unique<StagingSlots::RestoreRead>(session.slots()));
+  auto choose = [this, &job, job_dir, rank]()
+      -> absl::StatusOr<std::optional<RestorePrefetch::Chosen>> {
+    ScopedFsIdentity as_owner(job.options().owner);
+    auto choice = checkpoint::ChooseRestoreStep(
+        job_dir, -1, [this](const std::string& dir) { return checks_.Check(dir); }, INT64_MAX,
+        read_io_.storage);
+    if (choice.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
+    if (!choice.ok()) return choice.status();
+    RestorePrefetch::Chosen chosen;
+    chosen.step = choice->step;
+    chosen.step_dir = JoinPath(job_dir, format::StepDirName(choice->step));
+    ZCC_ASSIGN_OR_RETURN(chosen.index, checks_.Index(chosen.step_dir));
+    // Kept from retention while read, like a restore's step.
+    job.BeginRestore(rank, chosen.step);
+    return chosen;
+  };
+  auto read = [this, &job, &session, slot = *slot, reading](
+                  const RestorePrefetch::Chosen& chosen, const std::function<bool()>& cancelled) {
+    ScopedFsIdentity as_owner(job.options().owner);
+    auto read = ReadIntoSlot(chosen.step_dir, *chosen.index, session.registered(),
+                             session.slots().data(slot), read_io_, cancelled);
+    reading->reset();
+    return read;
+  };
+  auto finish = [this, &job, &session, rank, slot = *slot, reading](
+                    const std::optional<RestorePrefetch::Chosen>& chosen, bool slot_taken) {
+    reading->reset();
+    if (chosen.has_value()) job.EndRestore(rank, chosen->step);
+    if (slot_taken) return;
+    if (chosen.has_value()) {
+      metrics_->restore_prefetches(metrics::PrefetchOutcome::kDiscarded).Increment();
+    }
+    session.slots().ReleaseRestore(slot);
+  };
+  session.SetPrefetch(std::make_unique<RestorePrefetch>(*slot, std::move(choose), std::move(read),
+                                                        std::move(finish)));
+}
+
+absl::StatusOr<v1::RestoreCandidatesResponse> RestoreService::Candidates(Job& job,
+                                                                         RankSession& session,
+                                                                         bool owned_only) {
+  v1::RestoreCandidatesResponse resp;
+  for (int64_t step : ServableMemorySteps(session, owned_only)) resp.add_memory_steps(step);
+  ScopedFsIdentity as_owner(job.options().owner);
+  auto committed = checkpoint::ListCommittedSteps(job.options().job_dir, read_io_.storage);
+  if (!committed.ok() && committed.status().code() != absl::StatusCode::kNotFound) {
+    return committed.status();
+  }
+  if (committed.ok()) {
+    for (auto it = committed->rbegin(); it != committed->rend(); ++it) resp.add_disk_steps(*it);
+  }
+  return resp;
+}
+
+v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
+                                                      const v1::RestoreRequest& req,
+                                                      uint32_t slot, int64_t step) {
+  // The EMA goes with the snapshot: the previous trainer's, as of its death.
+  if (absl::Status st = session.TakePredecessorEma(step); !st.ok()) {
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << st.message();
+  }
+  const uint64_t slot_bytes = session.shards().layout.slot_bytes;
+  v1::RestoreResponse resp;
+  resp.set_step(step);
+  resp.set_source(v1::RESTORE_SOURCE_MEMORY);
+  resp.set_shm_name(session.slots().name());
+  resp.set_segment_bytes(session.segment_bytes());
+  resp.set_data_offset(shm::ControlBlockBytes() + uint64_t{slot} * slot_bytes);
+  for (const RegisteredTensor& t : session.registered()) {
+    v1::TensorPlacement* p = resp.add_placements();
+    p->set_name(t.name);
+    p->set_offset(t.staged ? t.slot_offset : 0);
+    p->set_nbytes(t.nbytes);
+    p->set_staged(t.staged);
+  }
+  // Done once the client has copied it out: the held slots go back to it.
+  resp.set_restore_id(session.restore_buffers().Add(
+      std::nullopt, step, [&session, step] { session.ReleaseHeld(step); }));
+  metrics_->restores(metrics::RestoreSource::kMemory).Increment();
+  ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restoring step " << step
+                << " from memory (the previous trainer's snapshot)";
+  return resp;
+}
+
+std::optional<SlotSnapshot> RestoreService::ServedFromMemory(Job& job, RankSession& session,
+                                                             const v1::RestoreRequest& req) {
+  // From memory when the step asked for is held, or, asked for the newest,
+  // when the newest held snapshot is at least as new as the newest commit.
+  const std::vector<int64_t> in_memory = ServableMemorySteps(session, req.owned_only());
+  if (in_memory.empty()) return std::nullopt;
+  int64_t want = req.step();
+  if (want < 0) {
+    auto committed = checkpoint::ListCommittedSteps(job.options().job_dir, read_io_.storage);
+    const int64_t newest_disk = committed.ok() && !committed->empty() ? committed->back() : -1;
+    if (in_memory.front() >= newest_disk) want = in_memory.front();
+  }
+  if (want < 0) return std::nullopt;
+  std::optional<uint32_t> slot = session.HeldSlot(want);
+  if (!slot.has_value()) return std::nullopt;
+  return SlotSnapshot{*slot, want};
+}
+
+absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
+    Job& job, RankSession& session, const v1::RestoreRequest& req,
+    const std::function<bool()>& cancelled) {
+  const std::string& job_dir = job.options().job_dir;
+  // Read with the job owner's identity: nothing planted in the directory can
+  // make zccd read what that user could not.
+  ScopedFsIdentity as_owner(job.options().owner);
+  // A read begun at registration serves this restore when it is of the step
+  // chosen below (and of what this restore wants); otherwise it is dropped,
+  // its slot freed, before anything else is read.
+  std::unique_ptr<RestorePrefetch> prefetch = session.TakePrefetch();
+  if (std::optional<SlotSnapshot> held = ServedFromMemory(job, session, req)) {
+    return RestoreFromMemory(session, req, held->slot, held->step);
+  }
+  // Each rejected step once, in the order found (a step rejected in one
+  // round is rejected again, from the cache, in the next).
+  std::vector<std::string> skipped;
+  auto skip = [&](const std::string& why) {
+    if (std::find(skipped.begin(), skipped.end(), why) != skipped.end()) return;
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
+                     << ": restore skipped " << why;
+    skipped.push_back(why);
+  };
+  // The choice checks metadata only; a piece that does not match its
+  // checksum shows while it is read. Such a step is marked bad and the choice
+  // made again, so a restore of the newest step falls back to the next older
+  // one that reads back intact. Each round rejects one more step, so this
+  // ends.
+  int64_t requested = req.step() < 0 ? -1 : req.step();
+  int64_t at_most = INT64_MAX;
+  for (;;) {
+    if (cancelled()) return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
+    ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice,
+                         checkpoint::ChooseRestoreStep(
+                             job_dir, requested,
+                             [this](const std::string& dir) { return checks_.Check(dir); },
+                             at_most, read_io_.storage));
+    for (const std::string& why : choice.rejected) skip(why);
+    const std::string step_name = format::StepDirName(choice.step);
+    const std::string step_dir = JoinPath(job_dir, step_name);
+    std::unique_ptr<RestorePrefetch> ahead;
+    if (prefetch != nullptr && (req.owned_only() || session.AllStaged())) {
+      std::optional<RestorePrefetch::Chosen> read_ahead = prefetch->AwaitChoice(cancelled);
+      if (read_ahead.has_value() && read_ahead->step_dir == step_dir) ahead = std::move(prefetch);
+    }
+    prefetch.reset();
+    auto resp = RestoreStep(job, session, req, step_dir, choice.step, cancelled, ahead.get());
+    ahead.reset();  // its slot is the restore's now, or freed
+    if (resp.ok()) metrics_->restores(metrics::RestoreSource::kDisk).Increment();
+    if (resp.ok()) {
+      for (const std::string& why : skipped) resp->add_skipped_steps(why);
+      return resp;
+    }
+    const bool damaged = resp.status().code() == absl::StatusCode::kDataLoss ||
+                         resp.status().code() == absl::StatusCode::kNotFound;
+    if (!damaged) return Annotate(resp.status(), absl::StrCat("restore of ", step_name));
+    // Remembered whether or not this request falls back, so that no later
+    // restore reads the step again.
+    const absl::Status why(resp.status().code(),
+                           absl::StrCat("damaged, found while reading it: ", resp.status().message()));
+    checks_.MarkDamaged(step_dir, why);
+    if (req.step() >= 0 && !req.allow_older()) {
+      return Annotate(why, absl::StrCat("restore of ", step_name));
+    }
+    // Only older steps from here on (an explicit step's fallback never
+    // lands on a newer one).
+    requested = -1;
+    at_most = choice.step - 1;
+    // (The next round's choice rejects it with these same words: skip() then
+    // leaves them out.)
+    skipped.push_back(absl::StrCat(step_name, ": ", why.message()));
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << step_name
+                     << " is " << why.message() << "; falling back to an older step";
+  }
+}
+
+void RestoreService::PlaceInSlot(RankSession& session, uint32_t slot,
+                                 v1::RestoreResponse* resp) const {
+  resp->set_shm_name(session.slots().name());
+  resp->set_segment_bytes(session.segment_bytes());
+  resp->set_data_offset(session.slots().Offset(slot));
+  for (const RegisteredTensor& t : session.registered()) {
+    v1::TensorPlacement* p = resp->add_placements();
+    p->set_name(t.name);
+    p->set_offset(t.staged ? t.slot_offset : 0);
+    p->set_nbytes(t.nbytes);
+    p->set_staged(t.staged);
+  }
+}
+
+absl::StatusOr<uint64_t> RestoreService::ReadIntoStaging(
+    RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
+    const checkpoint::GroupedIndex& index, const std::function<bool()>& cancelled,
+    RestorePrefetch* ahead, std::optional<uint32_t>* slot) {
+  absl::StatusOr<uint64_t> read = uint64_t{0};
+  if (ahead != nullptr) {
+    // Read since registration: wait for what is left of it.
+    std::optional<absl::StatusOr<uint64_t>> taken = ahead->TakeRead(cancelled);
+    if (!taken.has_value()) {
+      return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
+    }
+    *slot = ahead->slot();
+    read = *std::move(taken);
+    metrics_->restore_prefetches(metrics::PrefetchOutcome::kUsed).Increment();
+  } else if (req.owned_only() || session.AllStaged()) {
+    *slot = session.slots().TakeForRestore();
+    if (slot->has_value()) {
+      StagingSlots::RestoreRead reading(session.slots());
+      read = ReadIntoSlot(step_dir, index, session.registered(), session.slots().data(**slot),
+                          read_io_, cancelled);
+    }
+  }
+  if (!read.ok() && slot->has_value()) {
+    session.slots().ReleaseRestore(**slot);
+    slot->reset();
+  }
+  return read;
+}
+
+absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
+    Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
+    int64_t step, const std::function<bool()>& cancelled, RestorePrefetch* ahead) {
+  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record,
+                       checkpoint::ReadCommitRecord(step_dir, read_io_.storage));
+  // Any world size and layout: the step describes global tensors.
+  const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
+  // The step is kept from retention while it is read.
+  job.BeginRestore(req.rank(), step);
+  absl::Cleanup end_restore = [&job, &req, step] { job.EndRestore(req.rank(), step); };
+  const absl::Time read_start = absl::Now();
+  auto failed = [this](absl::Status st) {
+    metrics_->errors(metrics::ErrorKind::kRestore).Increment();
+    return st;
+  };
+  auto index = checks_.Index(step_dir);
+  if (!index.ok()) return failed(index.status());
+  // Outside every lock: the only read of the tensor data, each piece checked
+  // as it arrives. Straight into a free staging slot when it holds all that
+  // is asked for (the client has it mapped and, on a GPU, registered); into
+  // a buffer of its own otherwise. On failure nothing is handed out: the
+  // slot is freed, the buffer's segment removed (its handle did it).
+  v1::RestoreResponse resp;
+  std::optional<uint32_t> slot;
+  std::optional<shm::Segment> buffer_segment;
+  absl::StatusOr<uint64_t> read =
+      ReadIntoStaging(session, req, step_dir, **index, cancelled, ahead, &slot);
+  if (read.ok() && slot.has_value()) {
+    PlaceInSlot(session, *slot, &resp);
+  } else if (read.ok()) {
+    const std::vector<RegisteredTensor>& registered = session.registered();
+    auto buffer = ReadRestoreBuffer(step_dir, **index, registered, shm_name, max_slot_bytes_,
+                                    session.options().segment_owner, read_io_, cancelled,
+                                    req.owned_only(), &shared_reads_);
+    read = buffer.ok() ? absl::StatusOr<uint64_t>(buffer->bytes_read) : buffer.status();
+    if (buffer.ok()) {
+      resp.set_shm_name(shm_name);
+      resp.set_segment_bytes(buffer->segment.size());
+      resp.set_data_offset(buffer->data_offset);
+      for (size_t i = 0; i < registered.size(); ++i) {
+        v1::TensorPlacement* p = resp.add_placements();
+        p->set_name(registered[i].name);
+        p->set_offset(buffer->offsets[i]);
+        p->set_nbytes(registered[i].nbytes);
+        p->set_staged(buffer->restored[i]);
+      }
+      buffer_segment.emplace(std::move(buffer->segment));
+    }
+  }
+  const absl::Duration read_time = absl::Now() - read_start;
+  metrics_->restore_seconds().ObserveDuration(read_time);
+  if (!read.ok()) {
+    // A prefetch the cancellation cut short is not a restore error.
+    if (absl::IsCancelled(read.status()) && ahead != nullptr) return read.status();
+    return failed(read.status());
+  }
+  metrics_->restore_bytes_read().Increment(*read);
+  if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
+    if (slot.has_value()) session.slots().ReleaseRestore(*slot);
+    return failed(Annotate(st, "the EMA"));
+  }
+  resp.set_step(step);
+  resp.set_source(v1::RESTORE_SOURCE_DISK);
+  // Once the client has copied it out: the slot goes back, and snapshots
+  // held in memory are of no more use (the trainer restored from disk).
+  resp.set_restore_id(session.restore_buffers().Add(
+      std::move(buffer_segment), step, [&session, slot] {
+        if (slot.has_value()) session.slots().ReleaseRestore(*slot);
+        session.ReleaseHeld();
+      }));
+  // Read ahead: the read's own time, and how much of it this restore waited.
+  const double seconds = absl::ToDoubleSeconds(ahead != nullptr ? ahead->ReadTime() : read_time);
+  ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
+                << format::StepDirName(step) << " into "
+                << (slot.has_value() ? absl::StrCat("staging slot ", *slot) : shm_name)
+                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s", *read / 1e9, seconds,
+                                   seconds > 0 ? *read / seconds / 1e9 : 0.0)
+                << (ahead != nullptr
+                        ? absl::StrFormat("; read ahead from the registration on, %.2f s of it "
+                                          "waited for by the restore)",
+                                          absl::ToDoubleSeconds(read_time))
+                        : std::string(")"));
+  return resp;
+}
+
+}  // namespace zcc::daemon
