@@ -200,6 +200,39 @@ TEST_CASE("a commit whose rename fails (EIO) leaves the older step latest; retri
   CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 20));
 }
 
+TEST_CASE("a commit whose write of latest fails is finished by the retry, never moved back") {
+  storage::MemoryStorage memory;
+  Prepare(memory, {"", std::make_pair(10, 10), 20, 20});
+  storage::FaultPlan plan;
+  plan.eio_on_rename = 5;  // after the step directory's rename (#4): `latest`
+  storage::FaultInjectingStorage faulty(&memory, plan);
+  CHECK_FALSE(TryCommit(kJobDir, kJob, 20, kWorld, &faulty).ok());
+  CHECK(*ReadLatest(kJobDir, &memory) == 10);
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 20));
+
+  // Tried again, the commit finds step-20/ committed and no partial: it
+  // writes `latest` and reports the step committed with its bytes.
+  faulty.SetPlan({});
+  auto retried = TryCommit(kJobDir, kJob, 20, kWorld, &faulty);
+  REQUIRE_OK(retried);
+  CHECK(retried->outcome == CommitOutcome::kCommitted);
+  CHECK(retried->total_bytes > 0);
+  CHECK(*ReadLatest(kJobDir, &memory) == 20);
+  // Once `latest` is there, a late attempt is a no-op: nothing to commit.
+  auto again = TryCommit(kJobDir, kJob, 20, kWorld, &faulty);
+  REQUIRE_OK(again);
+  CHECK(again->outcome == CommitOutcome::kWaiting);
+  // An older committed step never moves `latest` back.
+  auto older = TryCommit(kJobDir, kJob, 10, kWorld, &faulty);
+  REQUIRE_OK(older);
+  CHECK(older->outcome == CommitOutcome::kWaiting);
+  CHECK(*ReadLatest(kJobDir, &memory) == 20);
+  // Nor does a step directory another job (or world size) committed.
+  auto other_world = TryCommit(kJobDir, kJob, 20, kWorld + 1, &faulty);
+  REQUIRE_OK(other_world);
+  CHECK(other_world->outcome == CommitOutcome::kWaiting);
+}
+
 TEST_CASE("recovery removes the debris a real file system may keep: temporaries, partials, "
           "removals cut short") {
   storage::MemoryStorage fs;

@@ -1,6 +1,7 @@
 #include "checkpoint/committer.h"
 
 #include <map>
+#include <optional>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,40 @@ absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
   return fs.RemoveTree(superseded);
 }
 
+// A commit that renamed step-N/ into place but failed to write `latest`
+// (EIO, ENOSPC) left step-N/ committed and `latest` older. When the commit of
+// step N is tried again, its partial is gone: this finishes that commit by
+// writing `latest`, if step-N/ holds this job's COMMITTED for `world_size`
+// ranks and `latest` names an older step (or none). Anything else (a step
+// that was never renamed, `latest` already at or past N) is left alone and
+// answers nullopt.
+absl::StatusOr<std::optional<CommitResult>> FinishRenamedStep(storage::Storage& fs,
+                                                              const std::string& job_dir,
+                                                              const std::string& job_id,
+                                                              int64_t step, uint32_t world_size) {
+  const std::string final_dir = JoinPath(job_dir, format::StepDirName(step));
+  if (!storage::Exists(fs, JoinPath(final_dir, format::kCommittedFileName))) return std::nullopt;
+  auto record = ReadCommitRecord(final_dir, &fs);
+  if (!record.ok() || record->job_id != job_id || record->step != step ||
+      record->world_size != world_size) {
+    return std::nullopt;
+  }
+  auto latest = ReadLatest(job_dir, &fs);
+  if (latest.ok() && *latest >= step) return std::nullopt;
+  if (!latest.ok() && !absl::IsNotFound(latest.status()) && !absl::IsDataLoss(latest.status())) {
+    return latest.status();
+  }
+  ZCC_LOG(WARNING) << final_dir << " is committed but latest names "
+                   << (latest.ok() ? format::StepDirName(*latest) : std::string("no step"))
+                   << " (an earlier attempt failed after the rename); finishing the commit";
+  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(job_dir, format::kLatestFileName),
+                                               absl::StrCat(format::StepDirName(step), "\n")));
+  CommitResult result;
+  result.outcome = CommitOutcome::kCommitted;
+  result.manifests_present = world_size;
+  result.total_bytes = record->total_bytes;
+  return result;
+}
 
 }  // namespace
 
@@ -65,6 +100,11 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
     if (storage::Exists(fs, JoinPath(partial, format::ManifestFileName(r)))) {
       ++result.manifests_present;
     }
+  }
+  if (result.manifests_present == 0 && !storage::Exists(fs, partial)) {
+    ZCC_ASSIGN_OR_RETURN(std::optional<CommitResult> finished,
+                         FinishRenamedStep(fs, job_dir, job_id, step, world_size));
+    if (finished.has_value()) return *finished;
   }
   if (result.manifests_present < world_size) return result;
 
