@@ -201,8 +201,15 @@ bool FaultInjectingStorage::SyncFails() {
   return true;
 }
 
+void FaultInjectingStorage::DelayNameOp(const std::string& path) const {
+  if (!Covers(path)) return;
+  const absl::Duration d = Delay();
+  if (d > absl::ZeroDuration()) absl::SleepFor(d);
+}
+
 bool FaultInjectingStorage::NameOpFails(const std::string& path, bool sync_dir) {
   if (!Covers(path)) return false;
+  DelayNameOp(path);
   zcc::MutexLock lock(&mu_);
   const bool fails = sync_dir ? plan_.fail_sync_dir : ++renames_ == plan_.eio_on_rename;
   if (fails) ++faults_;
@@ -228,6 +235,31 @@ absl::Status FaultInjectingStorage::Exchange(const std::string& a, const std::st
     return ErrnoToStatus(EIO, absl::StrCat("exchange ", a, " and ", b, " (injected fault)"));
   }
   return base()->Exchange(a, b);
+}
+
+absl::Status FaultInjectingStorage::MakeDirs(const std::string& path) {
+  DelayNameOp(path);
+  return base()->MakeDirs(path);
+}
+
+absl::Status FaultInjectingStorage::Remove(const std::string& path) {
+  DelayNameOp(path);
+  return base()->Remove(path);
+}
+
+absl::Status FaultInjectingStorage::RemoveTree(const std::string& path) {
+  DelayNameOp(path);
+  return base()->RemoveTree(path);
+}
+
+absl::StatusOr<FileInfo> FaultInjectingStorage::Stat(const std::string& path) {
+  DelayNameOp(path);
+  return base()->Stat(path);
+}
+
+absl::StatusOr<std::vector<std::string>> FaultInjectingStorage::List(const std::string& path) {
+  DelayNameOp(path);
+  return base()->List(path);
 }
 
 OpenOptions FaultInjectingStorage::AdjustOpen(const std::string& path, const OpenOptions& options) {

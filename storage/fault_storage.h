@@ -51,7 +51,9 @@ struct FaultPlan {
   // Asking for direct I/O gets a buffered file, as on a file system that
   // refuses O_DIRECT (with the same one WARNING line per storage).
   bool refuse_direct_io = false;
-  // Added before every request and sync: a slow disk.
+  // Added before every request and sync, and before every name operation
+  // (mkdir, directory sync, rename, exchange, remove, stat, list) on a path
+  // the plan covers: a slow or hung disk.
   absl::Duration op_delay = absl::ZeroDuration();
 };
 
@@ -90,13 +92,21 @@ class FaultInjectingStorage final : public StorageWrapper {
   absl::Status SyncDir(const std::string& path) override;
   absl::Status Rename(const std::string& from, const std::string& to) override;
   absl::Status Exchange(const std::string& a, const std::string& b) override;
-  // MakeDirs, Remove, RemoveTree, Stat and List pass through.
+  // These fail only as the base does; they are delayed like the rest.
+  absl::Status MakeDirs(const std::string& path) override;
+  absl::Status Remove(const std::string& path) override;
+  absl::Status RemoveTree(const std::string& path) override;
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> List(const std::string& path) override;
 
  private:
   friend class FaultInjectingFile;
 
   // What to do with one request: forward `bytes` of it, or fail it with errno
   // `fail_errno` (non-zero).
+  // Sleeps op_delay when the plan covers `path` (a name operation).
+  void DelayNameOp(const std::string& path) const;
+
   struct Decision {
     size_t bytes = 0;
     int fail_errno = 0;

@@ -519,6 +519,22 @@ TEST_CASE("fault wrapper: fdatasync failure, refused O_DIRECT, slow disk, path f
   REQUIRE_OK(WriteChunks(storage, JoinPath(dir, "slow.bin"), data, 4 << 10));
   CHECK(absl::Now() - start >= absl::Milliseconds(4 * 20 + 20));  // 4 writes and a sync
   CHECK(storage.write_requests() == 4);
+
+  // Name operations on covered paths are slow too (a hung file system
+  // holds up a stat or a listing as much as a write); others are not.
+  REQUIRE_OK(storage.MakeDirs(JoinPath(dir, "fast")));
+  start = absl::Now();
+  REQUIRE_OK(storage.Stat(JoinPath(dir, "fast.bin")).status());
+  REQUIRE_OK(storage.List(JoinPath(dir, "fast")).status());
+  REQUIRE_OK(storage.RemoveTree(JoinPath(dir, "fast")));
+  CHECK(absl::Now() - start < absl::Milliseconds(20));
+  start = absl::Now();
+  REQUIRE_OK(storage.MakeDirs(JoinPath(dir, "slowdir")));
+  REQUIRE_OK(storage.Stat(JoinPath(dir, "slow.bin")).status());
+  REQUIRE_OK(storage.List(JoinPath(dir, "slowdir")).status());
+  REQUIRE_OK(storage.Remove(JoinPath(dir, "slow.bin")));
+  REQUIRE_OK(storage.RemoveTree(JoinPath(dir, "slowdir")));
+  CHECK(absl::Now() - start >= absl::Milliseconds(5 * 20));
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 // trainer processes: a registration's reservation of staging memory held up
 // by the fault drill ZCCD_INJECT_RESERVE_DELAY_MS, a restore's metadata check
 // and a commit's write of COMMITTED held up by a slow disk
-// (ZCCD_INJECT_STORAGE_FAULTS on that step's files). While either is stalled, another job registers, snapshots,
-// checkpoints and restores, the status service answers, housekeeping
-// notices a dead trainer, and the systemd watchdog is fed.
+// (ZCCD_INJECT_STORAGE_FAULTS on that step's files), and a job forgotten while
+// its committer's read of `latest` hangs. While each is stalled, another job
+// registers, snapshots, checkpoints and restores, the status service
+// answers, housekeeping notices a dead trainer, and the systemd watchdog is
+// fed.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -156,7 +158,11 @@ void CheckOtherWorkGoesOn(const Daemon& daemon, NotifySocket& notify, Subprocess
 
   // Housekeeping goes on: the killed trainer's registration is dropped.
   const bool noticed = Eventually(
-      [&] { return absl::StrContains(daemon.LatestLog(), "dropping its registration"); },
+      [&] {
+        const std::string log = daemon.LatestLog();
+        const size_t at = log.find("job doomedjob rank 0: trainer pid");
+        return at != std::string::npos && log.find("dropping its registration", at) != std::string::npos;
+      },
       stall / 2, absl::Milliseconds(10));
   // The watchdog is fed (every 200 ms while healthy).
   const int pings = notify.CountPings(absl::Seconds(1));
@@ -310,6 +316,54 @@ TEST_CASE("a commit stalled on a slow disk holds up no other job, status, housek
   REQUIRE(WaitForPath(JobDir(daemon, "stalljob") + "/step-00000008/COMMITTED", absl::Seconds(30)));
   // (Step 2 committed first, in order; retention has removed it since.)
   CHECK(absl::StrContains(daemon.LatestLog(), "checkpoint job=stalljob step=2 "));
+  checkpointed.client.reset();
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("a job forgotten while its committer is stalled on a hung file system holds up no "
+          "housekeeping, other job, status or watchdog") {
+  // Rank 1 of a 2-rank job whose rank 0 registers elsewhere: each
+  // housekeeping round has this job's committer follow the job's progress
+  // by reading `latest`, which the slow disk holds up. Once its trainer is
+  // gone, a round forgets the job while that read is in flight; the wait
+  // for its committer belongs on the reaper, not on the housekeeping thread.
+  constexpr int kDelayMs = 6000;
+  const std::string dir = ShortTempDir("stall-forget");
+  NotifySocket notify(dir + "/notify.sock");
+  REQUIRE(notify.bound());
+  Daemon daemon(dir, {{"--client_timeout_s=30", "--retain_snapshots_s=0"}, "", "zccd",
+                      {notify.env(), "WATCHDOG_USEC=400000",
+                       absl::StrCat("ZCCD_INJECT_STORAGE_FAULTS=path=dropjob/latest,op_delay_ms=",
+                                    kDelayMs)}});
+  REQUIRE(daemon.Start());
+  InProcessJob checkpointed = Register(daemon, "fastjob", 1.0f);
+  REQUIRE(checkpointed.client->Snapshot(1) == SnapshotResult::kEnqueued);
+  REQUIRE(WaitForPath(JobDir(daemon, "fastjob") + "/step-00000001/COMMITTED", absl::Seconds(30)));
+  auto doomed = StartDoomed(daemon, dir);
+  auto dropper = StartTrainer(daemon, dir, "dropper",
+                              {"--job=dropjob", "--rank=1", "--world=2", "--steps=3",
+                               "--save_every=0", "--pause_at=1", "--daemon_timeout_s=30"});
+  REQUIRE(dropper->WaitForOutput("paused", absl::Seconds(60)));
+  // What rank 0's zccd, on another node, has committed by now.
+  {
+    std::FILE* latest = std::fopen((JobDir(daemon, "dropjob") + "/latest").c_str(), "w");
+    REQUIRE(latest != nullptr);
+    std::fputs("step-00000001\n", latest);
+    REQUIRE(std::fclose(latest) == 0);
+  }
+  dropper->Signal(SIGKILL);
+  REQUIRE(dropper->Wait(absl::Seconds(5)).has_value());
+  REQUIRE(Eventually(
+      [&] { return absl::StrContains(daemon.LatestLog(), "job dropjob: forgotten"); },
+      absl::Seconds(60), absl::Milliseconds(5)));
+  const absl::Time stall_start = absl::Now();
+  // The round that forgot the job asked its committer for a read of
+  // `latest` just before (at most one round, 0.5 s, earlier), so the read
+  // and the wait for it last until kDelayMs after that: the checks are done
+  // well within it.
+  CheckOtherWorkGoesOn(daemon, notify, *doomed, checkpointed, stall_start,
+                       absl::Milliseconds(kDelayMs - 1000),
+                       [&] { return absl::Now() - stall_start < absl::Milliseconds(kDelayMs - 1000); });
   checkpointed.client.reset();
   REQUIRE(daemon.Stop() == 0);
 }

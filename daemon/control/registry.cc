@@ -44,8 +44,8 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                    Housekeeper::Registry{[this] { return jobs_.All(); },
                                          [this] { return jobs_.StagingBytes(); },
                                          [this] {
-                                           jobs_.DropIdle();
                                            restores_.ExpireSharedReads();
+                                           return jobs_.DropIdle();
                                          }}),
       registrar_(Registrar::Deps{
           &config_, &metrics_, shard_storage_, &write_pool_, &jobs_, &pull_, &restores_,
@@ -176,7 +176,8 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
     return absl::NotFoundError("registration already removed");
   }
   housekeeper_.PublishSessions();  // drops the list's reference to the session
-  jobs_.DropIfIdle(req.job_id(), job.get());
+  housekeeper_.LetGo(jobs_.DropIfIdle(req.job_id(), job.get()));
+  housekeeper_.LetGo(std::move(job));  // the trainer's close never joins a committer
   ZCC_LOG(INFO) << "unregistered job " << req.job_id() << " rank " << req.rank();
   return absl::OkStatus();
 }

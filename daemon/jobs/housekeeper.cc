@@ -95,8 +95,18 @@ void Housekeeper::ReaperLoop() {
       next = std::move(reap_queue_.front());
       reap_queue_.pop_front();
     }
-    Retire(next);
+    if (next.session != nullptr) Retire(next);
+    // (A job handed over by LetGo, if this was its last reference, is
+    // destroyed here: its committer is joined on this thread.)
   }
+}
+
+void Housekeeper::LetGo(std::shared_ptr<Job> job) {
+  if (job == nullptr) return;
+  zcc::MutexLock lock(&reap_mu_);
+  // Once the reaper is stopping (shutdown), the reference goes here, after
+  // the lock is released (`job` is destroyed last).
+  if (!reap_stop_) reap_queue_.push_back({std::move(job), nullptr});
 }
 
 void Housekeeper::Retire(const Retirement& r) {
@@ -151,7 +161,8 @@ void Housekeeper::HousekeepingLoop() {
     metrics_->staging_bytes().Set(static_cast<double>(registry_.staging_bytes()));
     size_t ranks = 0;
     uint64_t retained_bytes = 0;
-    for (const auto& job : registry_.jobs()) {
+    std::vector<std::shared_ptr<Job>> jobs = registry_.jobs();
+    for (const auto& job : jobs) {
       retained_bytes += job->retained().bytes();
       for (const auto& session : job->Ranks()) {
         ++ranks;
@@ -184,7 +195,12 @@ void Housekeeper::HousekeepingLoop() {
     metrics_->retained_snapshot_bytes().Set(static_cast<double>(retained_bytes));
     last_round_ns_.store(absl::GetCurrentTimeNanos());
     PublishSessions();
-    registry_.drop_idle_jobs();
+    // The round's references, and the jobs forgotten now, are let go of on
+    // the reaper thread: one of them may be a job's last.
+    for (std::shared_ptr<Job>& dropped : registry_.drop_idle_jobs()) {
+      jobs.push_back(std::move(dropped));
+    }
+    for (std::shared_ptr<Job>& job : jobs) LetGo(std::move(job));
     work_mu_.Lock();
   }
 }

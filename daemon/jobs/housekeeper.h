@@ -8,7 +8,9 @@
 //    Tick), republishes the session list and forgets idle jobs;
 //  * reaper: retires the ranks housekeeping found dead, one at a time
 //    (checkpoint-on-failure, on the rank's writer, then the registration is
-//    dropped), so a failure write never holds up other jobs' commits.
+//    dropped), so a failure write never holds up other jobs' commits; and
+//    lets go of job references (LetGo), so the housekeeping thread never
+//    destroys a Job, whose destructor joins the job's committer.
 //
 // Thread-safety: PublishSessions and Healthy may be called from any thread.
 // Ownership: owns its threads (joined by Stop*/the destructor); borrows the
@@ -42,7 +44,8 @@ class Housekeeper {
   struct Registry {
     std::function<std::vector<std::shared_ptr<Job>>()> jobs;  // registered now
     std::function<uint64_t()> staging_bytes;                  // all segments
-    std::function<void()> drop_idle_jobs;  // forget jobs with no rank and nothing pending
+    // Forgets jobs with no rank and nothing pending; returns them.
+    std::function<std::vector<std::shared_ptr<Job>>()> drop_idle_jobs;
   };
 
   Housekeeper(const DaemonConfig& config, metrics::ZccMetrics* metrics, Registry registry);
@@ -70,11 +73,16 @@ class Housekeeper {
   // Keeps the snapshots of `stopped` (removed from `job`) in memory for
   // retain_snapshots, so its rank's next trainer restores them from memory.
   void Retain(Job& job, std::shared_ptr<RankSession> stopped);
+  // Lets go of `job` on the reaper thread, where the wait for its committer
+  // (when this is the last reference) holds up no housekeeping round, no
+  // RPC and no trainer's close. Null is ignored.
+  void LetGo(std::shared_ptr<Job> job);
   // False when housekeeping has not completed a round recently (the systemd
   // watchdog stops being fed, and systemd restarts zccd).
   bool Healthy() const;
 
  private:
+  // A rank to retire, or (session null) a job reference to let go of.
   struct Retirement {
     std::shared_ptr<Job> job;
     std::shared_ptr<RankSession> session;

@@ -65,30 +65,37 @@ bool JobTable::InFlightLocked(const std::string& job_id) const {
   return it != in_flight_.end() && it->first.first == job_id;
 }
 
-void JobTable::DropIdle() {
-  // Destroyed after the lock is released: a job's destructor joins its
-  // committer, which may be finishing a retention on the disk.
+std::vector<std::shared_ptr<Job>> JobTable::DropIdle() {
   std::vector<std::shared_ptr<Job>> dropped;
   zcc::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->second->droppable() && !InFlightLocked(it->first)) {
+      LogForgotten(it->first);
       dropped.push_back(std::move(it->second));
       it = jobs_.erase(it);
     } else {
       ++it;
     }
   }
+  return dropped;
 }
 
-void JobTable::DropIfIdle(const std::string& job_id, const Job* job) {
-  std::shared_ptr<Job> dropped;  // destroyed after the lock is released (DropIdle)
+std::shared_ptr<Job> JobTable::DropIfIdle(const std::string& job_id, const Job* job) {
   zcc::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it != jobs_.end() && it->second.get() == job && job->droppable() &&
-      !InFlightLocked(job_id)) {
-    dropped = std::move(it->second);
-    jobs_.erase(it);
+  if (it == jobs_.end() || it->second.get() != job || !job->droppable() ||
+      InFlightLocked(job_id)) {
+    return nullptr;
   }
+  LogForgotten(job_id);
+  std::shared_ptr<Job> dropped = std::move(it->second);
+  jobs_.erase(it);
+  return dropped;
+}
+
+void JobTable::LogForgotten(const std::string& job_id) {
+  ZCC_LOG(INFO) << "job " << job_id
+                << ": forgotten (no rank registered, no commit pending, no snapshot retained)";
 }
 
 std::map<std::string, std::shared_ptr<Job>> JobTable::Close() {

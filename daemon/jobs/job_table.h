@@ -101,10 +101,16 @@ class JobTable {
   // in flight.
   uint64_t StagingBytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Removes the droppable jobs that have no registration in flight.
-  void DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
-  // Removes `job` if it is still registered as `job_id` and droppable.
-  void DropIfIdle(const std::string& job_id, const Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the droppable jobs that have no registration in flight, and
+  // returns them. A job's destructor joins its committer, which may be in the
+  // middle of a disk operation (a tick's read of `latest` on a hung file
+  // system): the caller lets them go where such a wait holds up nobody (the
+  // housekeeper's reaper thread, Housekeeper::LetGo).
+  std::vector<std::shared_ptr<Job>> DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes `job` if it is still registered as `job_id` and droppable, and
+  // returns it (null when it was not removed); see DropIdle.
+  std::shared_ptr<Job> DropIfIdle(const std::string& job_id, const Job* job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses admissions from now on and hands every job over (shutdown).
   std::map<std::string, std::shared_ptr<Job>> Close() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -122,6 +128,7 @@ class JobTable {
   void Finish(const std::string& job_id, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool InFlightLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void LogForgotten(const std::string& job_id);
   // Takes out one rank's retained snapshots (the one that expires first in
   // the first job that has some) into `dropped`; false when none is left.
   bool DropOneRetainedLocked(std::vector<RetainedSnapshots::Entry>* dropped)
