@@ -183,6 +183,12 @@ struct Server::Impl {
 
   ~Impl() { Stop(); }
 
+  // The steps of Server::Start, in order.
+  absl::Status ClaimSocket();
+  absl::Status ServeControl();
+  absl::Status ServeStatusOverTcp(const std::string& listen);
+  absl::Status StartExporters(const ServerOptions& options);
+
   // Idempotent; a second caller waits until the first has finished.
   void Stop() {
     {
@@ -236,80 +242,17 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
   ZCC_RETURN_IF_ERROR(ValidateConfig(config));
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-
-  ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(ParentDir(config.socket_path)), "socket directory"));
-  // The socket is this zccd's from here on; one that fails to claim it must
-  // not remove it on the way out (the live one's trainers would lose it).
-  ZCC_ASSIGN_OR_RETURN(InstanceLock socket_lock,
-                       InstanceLock::Acquire(config.socket_path + ".lock",
-                                             absl::StrCat("socket ", config.socket_path)));
-  impl->socket_lock.emplace(std::move(socket_lock));
-  // A zccd from before these locks may still serve it.
-  if (SocketIsLive(config.socket_path)) {
-    impl->socket_lock.reset();
-    return absl::AlreadyExistsError(
-        absl::StrCat("another zccd is serving ", config.socket_path));
-  }
-  if (::unlink(config.socket_path.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", config.socket_path));
-  }
-
+  ZCC_RETURN_IF_ERROR(impl->ClaimSocket());
   impl->registry =
       std::make_unique<Registry>(config, options.shard_storage, options.pull_engine,
                                  options.before_reserve);
   ZCC_RETURN_IF_ERROR(impl->registry->Start());
-  impl->control = std::make_unique<ControlService>(impl->registry.get(), &impl->peers);
-  impl->status = std::make_unique<StatusService>(impl->registry.get(), &impl->peers);
-
-  // The standard grpc.health.v1 service on every server built from here on.
-  grpc::EnableDefaultHealthCheckService(true);
-  // zccd accepts on the unix socket itself (UnixListener) to learn each
-  // connection's credentials; gRPC serves the accepted connections.
-  grpc::ServerBuilder builder;
-  builder.RegisterService(impl->control.get());
-  builder.RegisterService(impl->status.get());
-  builder.SetMaxReceiveMessageSize(v1::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(v1::kMaxMessageBytes);
-  impl->grpc_server = builder.BuildAndStart();
-  if (impl->grpc_server == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot serve on unix:", config.socket_path));
-  }
-  ZCC_ASSIGN_OR_RETURN(impl->listener, UnixListener::Bind(config.socket_path, config.socket_mode));
-  impl->listener->Start(impl->grpc_server.get(), &impl->peers);
-
+  ZCC_RETURN_IF_ERROR(impl->ServeControl());
   if (!options.status_tcp_listen.empty()) {
-    impl->tcp_status = std::make_unique<StatusService>(impl->registry.get(), nullptr);
-    grpc::ServerBuilder tcp;
-    tcp.AddListeningPort(options.status_tcp_listen, grpc::InsecureServerCredentials(),
-                         &impl->tcp_port);
-    tcp.RegisterService(impl->tcp_status.get());
-    impl->tcp_server = tcp.BuildAndStart();
-    if (impl->tcp_server == nullptr || impl->tcp_port == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve status on ", options.status_tcp_listen));
-    }
-    ZCC_LOG(INFO) << "read-only status and health on " << options.status_tcp_listen
-                  << " (port " << impl->tcp_port << ")";
+    ZCC_RETURN_IF_ERROR(impl->ServeStatusOverTcp(options.status_tcp_listen));
   }
+  ZCC_RETURN_IF_ERROR(impl->StartExporters(options));
   Registry* registry = impl->registry.get();
-  auto render = [registry] { return registry->metrics().RenderPrometheusText(); };
-  if (!options.metrics_http_listen.empty()) {
-    ZCC_ASSIGN_OR_RETURN(config::HostPort hp, config::ParseHostPort(options.metrics_http_listen));
-    metrics::HttpExporterOptions http;
-    http.host = hp.host;
-    http.port = hp.port;
-    ZCC_ASSIGN_OR_RETURN(auto exporter, metrics::HttpExporter::Start(http, render));
-    impl->http_exporter.emplace(std::move(exporter));
-    ZCC_LOG(INFO) << "metrics on http://" << hp.host << ":" << impl->http_exporter->port()
-                  << "/metrics";
-  }
-  if (!options.metrics_textfile_dir.empty()) {
-    metrics::TextfileWriterOptions textfile;
-    textfile.dir = options.metrics_textfile_dir;
-    textfile.interval = options.metrics_textfile_interval;
-    ZCC_ASSIGN_OR_RETURN(auto writer, metrics::TextfileWriter::Start(textfile, render));
-    impl->textfile_writer.emplace(std::move(writer));
-  }
   ZCC_ASSIGN_OR_RETURN(auto watchdog,
                        systemd::Watchdog::Start([registry] { return registry->Healthy(); }));
   impl->watchdog.emplace(std::move(watchdog));
@@ -317,6 +260,83 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
   ZCC_LOG(INFO) << "zccd serving on unix:" << config.socket_path << ", default root "
                 << config.default_root;
   return Server(std::move(impl));
+}
+
+absl::Status Server::Impl::ClaimSocket() {
+  ZCC_RETURN_IF_ERROR(Annotate(MakeDirs(ParentDir(config.socket_path)), "socket directory"));
+  // The socket is this zccd's from here on; one that fails to claim it must
+  // not remove it on the way out (the live one's trainers would lose it).
+  ZCC_ASSIGN_OR_RETURN(InstanceLock lock,
+                       InstanceLock::Acquire(config.socket_path + ".lock",
+                                             absl::StrCat("socket ", config.socket_path)));
+  socket_lock.emplace(std::move(lock));
+  // A zccd from before these locks may still serve it.
+  if (SocketIsLive(config.socket_path)) {
+    socket_lock.reset();
+    return absl::AlreadyExistsError(
+        absl::StrCat("another zccd is serving ", config.socket_path));
+  }
+  if (::unlink(config.socket_path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", config.socket_path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::Impl::ServeControl() {
+  control = std::make_unique<ControlService>(registry.get(), &peers);
+  status = std::make_unique<StatusService>(registry.get(), &peers);
+  // The standard grpc.health.v1 service on every server built from here on.
+  grpc::EnableDefaultHealthCheckService(true);
+  // zccd accepts on the unix socket itself (UnixListener) to learn each
+  // connection's credentials; gRPC serves the accepted connections.
+  grpc::ServerBuilder builder;
+  builder.RegisterService(control.get());
+  builder.RegisterService(status.get());
+  builder.SetMaxReceiveMessageSize(v1::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(v1::kMaxMessageBytes);
+  grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on unix:", config.socket_path));
+  }
+  ZCC_ASSIGN_OR_RETURN(listener, UnixListener::Bind(config.socket_path, config.socket_mode));
+  listener->Start(grpc_server.get(), &peers);
+  return absl::OkStatus();
+}
+
+absl::Status Server::Impl::ServeStatusOverTcp(const std::string& listen) {
+  tcp_status = std::make_unique<StatusService>(registry.get(), nullptr);
+  grpc::ServerBuilder tcp;
+  tcp.AddListeningPort(listen, grpc::InsecureServerCredentials(), &tcp_port);
+  tcp.RegisterService(tcp_status.get());
+  tcp_server = tcp.BuildAndStart();
+  if (tcp_server == nullptr || tcp_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve status on ", listen));
+  }
+  ZCC_LOG(INFO) << "read-only status and health on " << listen << " (port " << tcp_port << ")";
+  return absl::OkStatus();
+}
+
+absl::Status Server::Impl::StartExporters(const ServerOptions& options) {
+  Registry* r = registry.get();
+  auto render = [r] { return r->metrics().RenderPrometheusText(); };
+  if (!options.metrics_http_listen.empty()) {
+    ZCC_ASSIGN_OR_RETURN(config::HostPort hp, config::ParseHostPort(options.metrics_http_listen));
+    metrics::HttpExporterOptions http;
+    http.host = hp.host;
+    http.port = hp.port;
+    ZCC_ASSIGN_OR_RETURN(auto exporter, metrics::HttpExporter::Start(http, render));
+    http_exporter.emplace(std::move(exporter));
+    ZCC_LOG(INFO) << "metrics on http://" << hp.host << ":" << http_exporter->port()
+                  << "/metrics";
+  }
+  if (!options.metrics_textfile_dir.empty()) {
+    metrics::TextfileWriterOptions textfile;
+    textfile.dir = options.metrics_textfile_dir;
+    textfile.interval = options.metrics_textfile_interval;
+    ZCC_ASSIGN_OR_RETURN(auto writer, metrics::TextfileWriter::Start(textfile, render));
+    textfile_writer.emplace(std::move(writer));
+  }
+  return absl::OkStatus();
 }
 
 void Server::Wait() {

@@ -298,6 +298,30 @@ absl::StatusOr<uint64_t> RestoreService::ReadIntoStaging(
   return read;
 }
 
+absl::StatusOr<uint64_t> RestoreService::ReadIntoBuffer(
+    RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
+    const checkpoint::GroupedIndex& index, const std::string& shm_name,
+    const std::function<bool()>& cancelled, v1::RestoreResponse* resp,
+    std::optional<shm::Segment>* segment) {
+  const std::vector<RegisteredTensor>& registered = session.registered();
+  ZCC_ASSIGN_OR_RETURN(RestoreBuffer buffer,
+                       ReadRestoreBuffer(step_dir, index, registered, shm_name, max_slot_bytes_,
+                                         session.options().segment_owner, read_io_, cancelled,
+                                         req.owned_only(), &shared_reads_));
+  resp->set_shm_name(shm_name);
+  resp->set_segment_bytes(buffer.segment.size());
+  resp->set_data_offset(buffer.data_offset);
+  for (size_t i = 0; i < registered.size(); ++i) {
+    v1::TensorPlacement* p = resp->add_placements();
+    p->set_name(registered[i].name);
+    p->set_offset(buffer.offsets[i]);
+    p->set_nbytes(registered[i].nbytes);
+    p->set_staged(buffer.restored[i]);
+  }
+  segment->emplace(std::move(buffer.segment));
+  return buffer.bytes_read;
+}
+
 absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
     int64_t step, const std::function<bool()>& cancelled, RestorePrefetch* ahead) {
@@ -328,24 +352,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   if (read.ok() && slot.has_value()) {
     PlaceInSlot(session, *slot, &resp);
   } else if (read.ok()) {
-    const std::vector<RegisteredTensor>& registered = session.registered();
-    auto buffer = ReadRestoreBuffer(step_dir, **index, registered, shm_name, max_slot_bytes_,
-                                    session.options().segment_owner, read_io_, cancelled,
-                                    req.owned_only(), &shared_reads_);
-    read = buffer.ok() ? absl::StatusOr<uint64_t>(buffer->bytes_read) : buffer.status();
-    if (buffer.ok()) {
-      resp.set_shm_name(shm_name);
-      resp.set_segment_bytes(buffer->segment.size());
-      resp.set_data_offset(buffer->data_offset);
-      for (size_t i = 0; i < registered.size(); ++i) {
-        v1::TensorPlacement* p = resp.add_placements();
-        p->set_name(registered[i].name);
-        p->set_offset(buffer->offsets[i]);
-        p->set_nbytes(registered[i].nbytes);
-        p->set_staged(buffer->restored[i]);
-      }
-      buffer_segment.emplace(std::move(buffer->segment));
-    }
+    read = ReadIntoBuffer(session, req, step_dir, **index, shm_name, cancelled, &resp,
+                          &buffer_segment);
   }
   const absl::Duration read_time = absl::Now() - read_start;
   metrics_->restore_seconds().ObserveDuration(read_time);
