@@ -31,6 +31,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/io_pipeline.h"
 #include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -154,7 +155,9 @@ absl::Status CheckOptions(const ExportOptions& options) {
 }
 
 // The extra files' base names, checked: regular files, plain names that
-// collide with nothing the export writes.
+// collide with nothing the export writes. (They are the user's local files,
+// named on the command line: checked where they are, not through the
+// export's storage.)
 absl::StatusOr<std::vector<std::string>> CheckExtraFiles(const std::vector<std::string>& paths,
                                                          const std::set<std::string>& taken) {
   std::vector<std::string> names;
@@ -182,21 +185,21 @@ absl::StatusOr<std::vector<std::string>> CheckExtraFiles(const std::vector<std::
 
 // The regular files in the job's metadata directory (<job dir>/metadata,
 // beside the step directory), by name, except those `given` replaces.
-absl::StatusOr<std::vector<std::string>> JobFiles(const std::string& step_dir,
+absl::StatusOr<std::vector<std::string>> JobFiles(storage::Storage& storage,
+                                                  const std::string& step_dir,
                                                   const std::vector<std::string>& given) {
   std::string trimmed = step_dir;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
   const size_t slash = trimmed.find_last_of('/');
   const std::string job_dir = slash == std::string::npos ? "." : trimmed.substr(0, slash);
   const std::string dir = JoinPath(job_dir, kJobMetadataDirName);
-  if (!PathExists(dir)) return std::vector<std::string>();
+  if (!storage::Exists(storage, dir)) return std::vector<std::string>();
   std::set<std::string> replaced;
   for (const std::string& path : given) {
     const size_t s = path.find_last_of('/');
     replaced.insert(s == std::string::npos ? path : path.substr(s + 1));
   }
-  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(dir));
-  std::sort(names.begin(), names.end());
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List(dir));
   std::vector<std::string> out;
   for (const std::string& name : names) {
     // (".tmp." names are a write zccd did not finish.)
@@ -204,9 +207,13 @@ absl::StatusOr<std::vector<std::string>> JobFiles(const std::string& step_dir,
         absl::StrContains(name, ".tmp.")) {
       continue;
     }
-    struct stat st;
     const std::string path = JoinPath(dir, name);
-    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    auto info = storage.Stat(path);
+    if (!info.ok() || info->is_dir) continue;
+    // Ownership, not I/O: a link planted among the job's files (which zccd
+    // writes as regular files) is never followed into an export.
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) continue;
     out.push_back(path);
   }
   return out;
@@ -230,33 +237,38 @@ bool IsTempFileName(const std::string& name) {
   return absl::StartsWith(name, ".") && absl::EndsWith(name, kTempSuffix);
 }
 
+// Removes directory `dir`, which this export created, when nothing is in it.
+void RemoveIfEmpty(storage::Storage& storage, const std::string& dir) {
+  auto names = storage.List(dir);
+  if (names.ok() && names->empty()) (void)storage.RemoveTree(dir);
+}
+
 // Makes out_dir ready: created when missing (*created), refused when not empty
 // without `force`, or when it lies inside the step directory.
-absl::Status PrepareOutDir(const std::string& step_dir, const std::string& out_dir, bool force,
-                           bool* created) {
+absl::Status PrepareOutDir(storage::Storage& storage, const std::string& step_dir,
+                           const std::string& out_dir, bool force, bool* created) {
   *created = false;
-  struct stat st;
-  if (::stat(out_dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
+  const absl::StatusOr<storage::FileInfo> info = storage.Stat(out_dir);
+  if (info.ok()) {
+    if (!info->is_dir) {
       return absl::FailedPreconditionError(absl::StrCat(out_dir, " exists and is not a directory"));
     }
-    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(out_dir));
+    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List(out_dir));
     if (!names.empty() && !force) {
-      std::sort(names.begin(), names.end());
       return absl::FailedPreconditionError(
           absl::StrCat(out_dir, " is not empty (", names.size(),
                        names.size() == 1 ? " entry: '" : " entries, e.g. '", names.front(),
                        "'); export into a new or empty directory, or pass --force to write into it"));
     }
-  } else if (errno == ENOENT) {
-    ZCC_RETURN_IF_ERROR(MakeDirs(out_dir));
+  } else if (absl::IsNotFound(info.status())) {
+    ZCC_RETURN_IF_ERROR(storage.MakeDirs(out_dir));
     *created = true;
   } else {
-    return ErrnoToStatus(errno, out_dir);
+    return info.status();
   }
   ZCC_ASSIGN_OR_RETURN(bool inside, IsUnderRoot(out_dir, step_dir));
   if (inside) {
-    if (*created) ::rmdir(out_dir.c_str());
+    if (*created) RemoveIfEmpty(storage, out_dir);
     *created = false;
     return absl::InvalidArgumentError(
         absl::StrCat(out_dir, " lies inside the step directory ", step_dir));
@@ -492,7 +504,7 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
   report.kind = KindOf(options.what);
 
   // The step: its index, checked (every global tensor tiled exactly once).
-  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir));
+  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir, &storage));
   // An incomplete EMA tensor is left out (--what ema then writes the
   // parameter itself, as for a parameter without an EMA).
   std::vector<std::string> incomplete_ema;
@@ -567,13 +579,13 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
   // given; a given file replaces a job file of the same name.
   std::vector<std::string> extra_paths;
   if (options.job_files) {
-    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(step_dir, options.extra_files));
+    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(storage, step_dir, options.extra_files));
   }
   extra_paths.insert(extra_paths.end(), options.extra_files.begin(), options.extra_files.end());
   ZCC_ASSIGN_OR_RETURN(report.extra_files, CheckExtraFiles(extra_paths, written_names));
 
   bool created = false;
-  ZCC_RETURN_IF_ERROR(PrepareOutDir(step_dir, out_dir, options.force, &created));
+  ZCC_RETURN_IF_ERROR(PrepareOutDir(storage, step_dir, out_dir, options.force, &created));
   absl::Status st = [&]() -> absl::Status {
     TempFiles temps(&storage, out_dir);
     // (temporary path, final name), renamed in this order.
@@ -624,7 +636,7 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
       // temporary files an interrupted export left.
       std::set<std::string> keep;
       for (const auto& [tmp, name] : renames) keep.insert(name);
-      ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(out_dir));
+      ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List(out_dir));
       bool removed = false;
       for (const std::string& name : names) {
         if (keep.count(name) > 0 || !(IsWeightFileName(name) || IsTempFileName(name))) continue;
@@ -636,7 +648,7 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
     return absl::OkStatus();
   }();
   if (!st.ok()) {
-    if (created) ::rmdir(out_dir.c_str());  // only if nothing else is in it
+    if (created) RemoveIfEmpty(storage, out_dir);
     return st;
   }
   report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
