@@ -103,6 +103,12 @@ class Storage {
  public:
   virtual ~Storage() = default;
 
+  // True when a file written and synced appears at its name whole or not at
+  // all, and a file never synced not at all (an object store's PUT or
+  // completed multipart upload): WriteFileAtomic then writes in place, with
+  // no temporary name and no rename.
+  virtual bool atomic_file_writes() const { return false; }
+
   // Creates `path` (mode 0644) or truncates it, for writing.
   virtual absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,
                                                              const OpenOptions& options) = 0;

@@ -18,7 +18,9 @@ namespace zcc::storage {
 
 // Replaces `path` with `content` atomically and durably: written to a
 // temporary name beside it, synced, renamed over `path`, and the directory
-// synced. A failure leaves `path` as it was (and no temporary file).
+// synced; or, where the storage's synced files appear whole or not at all
+// (atomic_file_writes: an object store), written in place. A failure leaves
+// `path` as it was (and no temporary file).
 absl::Status WriteFileAtomic(Storage& storage, const std::string& path, absl::string_view content);
 
 // The whole of a small file. FailedPrecondition when it holds more than

@@ -23,6 +23,8 @@ APT_PACKAGES=(
   python3-numpy              # the safetensors format checks (tools/testing/find_python.sh)
   python3-pip                # pip for /usr/bin/python3 (safetensors, below)
   clang libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for fuzz/
+  libcurl4-openssl-dev       # the object-store client (HTTP, AWS SigV4 signing: storage/s3)
+  libpugixml-dev             # S3's XML replies (storage/s3)
 )
 PIP_PACKAGES=(safetensors numpy)
 
@@ -56,21 +58,31 @@ if ((${#need_pip[@]})); then
   "$PY" -m pip install -q "${need_pip[@]}"
 fi
 
-# The Python tests, examples and benchmarks run on PyTorch 2.x from PyPI, in
-# the virtual environment $ZCC_VENV (tools/python_env.sh) made from Debian's
-# /usr/bin/python3 with exactly tools/requirements-torch.txt. The copy of the
-# requirements written last marks it complete: a venv without it (pip failed
-# half way) or with other pins is made again.
-source "$(dirname "$0")/python_env.sh"
-requirements="$(dirname "$0")/requirements-torch.txt"
-if ! cmp -s "$requirements" "$ZCC_VENV/zcc-requirements.txt"; then
-  echo "setup: making $ZCC_VENV (PyTorch 2.x from PyPI; $(grep -c '==' "$requirements") pinned packages, about 1 min)"
-  rm -rf "$ZCC_VENV"
-  mkdir -p "$(dirname "$ZCC_VENV")"
-  /usr/bin/python3 -m venv "$ZCC_VENV"
-  if ! "$ZCC_VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"; then
-    echo "setup: pip could not install $requirements into $ZCC_VENV" >&2
+# Makes virtual environment $1 from Debian's /usr/bin/python3 with exactly
+# the pins of requirements file $2 ($3 says what it is for). The copy of the
+# requirements written last marks it complete: one without it (pip failed half
+# way) or with other pins is made again.
+make_venv() {
+  local venv=$1 requirements=$2 what=$3
+  cmp -s "$requirements" "$venv/zcc-requirements.txt" && return 0
+  echo "setup: making $venv ($what; $(grep -c '==' "$requirements") pinned packages)"
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  /usr/bin/python3 -m venv "$venv"
+  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"; then
+    echo "setup: pip could not install $requirements into $venv" >&2
     exit 1
   fi
-  cp "$requirements" "$ZCC_VENV/zcc-requirements.txt"
-fi
+  cp "$requirements" "$venv/zcc-requirements.txt"
+}
+
+# The Python tests, examples and benchmarks run on PyTorch 2.x from PyPI, in
+# $ZCC_VENV (tools/python_env.sh), about 1 min to make.
+source "$(dirname "$0")/python_env.sh"
+make_venv "$ZCC_VENV" "$(dirname "$0")/requirements-torch.txt" "PyTorch 2.x from PyPI"
+
+# The S3-compatible server the object-store tests run against (moto's
+# standalone server, with request signatures checked: tools/s3/test_server.py),
+# in an environment of its own, $ZCC_S3_VENV (default ~/.cache/zcc/s3-venv).
+ZCC_S3_VENV="${ZCC_S3_VENV:-$HOME/.cache/zcc/s3-venv}"
+make_venv "$ZCC_S3_VENV" "$(dirname "$0")/requirements-s3.txt" "moto's S3 server from PyPI"

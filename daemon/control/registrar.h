@@ -28,7 +28,7 @@
 #include "daemon/jobs/job_table.h"
 #include "daemon/pull/pull_service.h"
 #include "daemon/restore/restore_service.h"
-#include "daemon/rank/write_pool.h"
+#include "common/task_pool.h"
 #include "ema/worker_group.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
@@ -42,7 +42,7 @@ class Registrar {
     const DaemonConfig* config = nullptr;
     metrics::ZccMetrics* metrics = nullptr;
     storage::Storage* shard_storage = nullptr;  // null: the default POSIX storage
-    WritePool* write_pool = nullptr;            // zccd's writer threads
+    TaskPool* write_pool = nullptr;            // zccd's writer threads
     JobTable* jobs = nullptr;
     PullService* pull = nullptr;
     RestoreService* restores = nullptr;

@@ -34,7 +34,7 @@
 #include "daemon/pull/pull_service.h"
 #include "daemon/control/registrar.h"
 #include "daemon/restore/restore_service.h"
-#include "daemon/rank/write_pool.h"
+#include "common/task_pool.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 #include "storage/storage.h"
@@ -120,7 +120,7 @@ class Registry {
   const absl::Time started_;
   metrics::ZccMetrics metrics_;
   // Before the jobs: outlives every rank writer that posts to it.
-  WritePool write_pool_;
+  TaskPool write_pool_;
 
   JobTable jobs_;
   std::atomic<bool> shutting_down_{false};

@@ -86,7 +86,7 @@ struct RankSessionOptions {
   checkpoint::IoOptions io;
   // zccd's writer threads (borrowed, outlive the session); null: a thread of
   // the session's own (tests).
-  WritePool* write_pool = nullptr;
+  TaskPool* write_pool = nullptr;
 };
 
 struct RankCounters {

@@ -22,9 +22,9 @@ struct RankWriter::State {
   bool writing ABSL_GUARDED_BY(mu) = false;
 };
 
-RankWriter::RankWriter(RankWriteTarget target, WritePool* pool)
+RankWriter::RankWriter(RankWriteTarget target, TaskPool* pool)
     : state_(std::make_shared<State>(std::move(target))),
-      own_pool_(pool == nullptr ? std::make_unique<WritePool>(1) : nullptr),
+      own_pool_(pool == nullptr ? std::make_unique<TaskPool>(1) : nullptr),
       pool_(pool != nullptr ? pool : own_pool_.get()) {}
 
 RankWriter::~RankWriter() { Stop(); }

@@ -5,7 +5,7 @@
 // failure counts the trainer reads from the control block, the slot freed
 // after, and the outcome reported to the job's committer.
 //
-// The writes run on zccd's writer threads (daemon/rank/write_pool.h), shared by
+// The writes run on zccd's writer threads (common/task_pool.h), shared by
 // every rank. One write runs per rank at a time. Submit waits until the writer is idle,
 // then builds the job under the writer's lock, so two submitters (ingest and
 // persist-on-failure) never both find it idle, and the EMA copy a job carries
@@ -34,7 +34,7 @@
 #include "common/fs_identity.h"
 #include "common/mutex.h"
 #include "daemon/rank/staging_slots.h"
-#include "daemon/rank/write_pool.h"
+#include "common/task_pool.h"
 #include "shm/slot_ring.h"
 #include "storage/aligned_buffer.h"
 
@@ -75,7 +75,7 @@ class RankWriter {
  public:
   // Writes on `pool` (borrowed, outlives the writer), or, where it is null,
   // on a thread of the writer's own (tests).
-  RankWriter(RankWriteTarget target, WritePool* pool = nullptr);
+  RankWriter(RankWriteTarget target, TaskPool* pool = nullptr);
   ~RankWriter();  // Stop()
   RankWriter(const RankWriter&) = delete;
   RankWriter& operator=(const RankWriter&) = delete;
@@ -98,8 +98,8 @@ class RankWriter {
   struct State;
 
   std::shared_ptr<State> state_;
-  std::unique_ptr<WritePool> own_pool_;  // where no pool was given
-  WritePool* const pool_;
+  std::unique_ptr<TaskPool> own_pool_;  // where no pool was given
+  TaskPool* const pool_;
 };
 
 }  // namespace zcc::daemon

@@ -1,13 +1,13 @@
-#include "daemon/rank/write_pool.h"
+#include "common/task_pool.h"
 
 #include <algorithm>
 #include <utility>
 
-namespace zcc::daemon {
+namespace zcc {
 
-WritePool::WritePool(int threads) : size_(std::max(threads, 1)) {}
+TaskPool::TaskPool(int threads) : size_(std::max(threads, 1)) {}
 
-WritePool::~WritePool() {
+TaskPool::~TaskPool() {
   std::vector<std::thread> threads;
   {
     zcc::MutexLock lock(&mu_);
@@ -17,7 +17,7 @@ WritePool::~WritePool() {
   for (std::thread& t : threads) t.join();
 }
 
-void WritePool::Post(std::function<void()> task) {
+void TaskPool::Post(std::function<void()> task) {
   zcc::MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
   if (threads_.empty()) {
@@ -25,7 +25,7 @@ void WritePool::Post(std::function<void()> task) {
   }
 }
 
-void WritePool::Loop() {
+void TaskPool::Loop() {
   for (;;) {
     std::function<void()> task;
     {
@@ -40,4 +40,4 @@ void WritePool::Loop() {
   }
 }
 
-}  // namespace zcc::daemon
+}  // namespace zcc

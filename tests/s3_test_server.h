@@ -1,0 +1,30 @@
+// An S3-compatible server for tests: tools/s3/test_server.py (moto's
+// standalone server with request signatures checked) in a child process,
+// from the virtual environment tools/setup.sh makes ($ZCC_S3_VENV, default
+// ~/.cache/zcc/s3-venv). A test that needs it fails, saying how to set it
+// up, when it is missing: it is never skipped.
+#ifndef ZCC_TESTS_S3_TEST_SERVER_H_
+#define ZCC_TESTS_S3_TEST_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tests/process_harness.h"
+
+namespace zcc::testing {
+
+struct S3TestServer {
+  std::string endpoint;    // http://127.0.0.1:PORT
+  std::string access_key;  // of the server's one user, allowed everything
+  std::string secret_key;
+  std::string bucket;      // made for the test
+  std::unique_ptr<Subprocess> process;
+};
+
+// Starts one, its log in `log_dir`; waits until it serves.
+absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir);
+
+}  // namespace zcc::testing
+
+#endif  // ZCC_TESTS_S3_TEST_SERVER_H_
