@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -9,7 +10,10 @@
 
 namespace zcc::testing {
 
-absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir) {
+namespace {
+
+// The S3 environment's interpreter, or why there is none.
+absl::StatusOr<std::string> S3Python() {
   const char* venv = std::getenv("ZCC_S3_VENV");
   const char* home = std::getenv("HOME");
   const std::string python =
@@ -20,16 +24,27 @@ absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no ", python, ": the S3 test server's environment is missing (tools/setup.sh makes it)"));
   }
-  // The script, from the test's runfiles.
+  return python;
+}
+
+// A script of tools/s3, from the test's runfiles.
+std::string Script(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  const std::string script =
-      srcdir != nullptr ? absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "zcc",
-                                       "/tools/s3/test_server.py")
-                        : "tools/s3/test_server.py";
+  return srcdir != nullptr ? absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "zcc",
+                                          "/tools/s3/", name)
+                           : absl::StrCat("tools/s3/", name);
+}
+
+}  // namespace
+
+absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir) {
+  auto python = S3Python();
+  if (!python.ok()) return python.status();
   S3TestServer s;
-  s.process = std::make_unique<Subprocess>(std::vector<std::string>{python, script},
-                                           absl::StrCat(log_dir, "/s3_test_server.log"));
+  s.process = std::make_unique<Subprocess>(
+      std::vector<std::string>{*python, Script("test_server.py")},
+      absl::StrCat(log_dir, "/s3_test_server.log"));
   if (!s.process->WaitForOutput("ready", absl::Seconds(90))) {
     return absl::UnavailableError(
         absl::StrCat("the S3 test server did not start:\n", s.process->Output()));
@@ -44,6 +59,24 @@ absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir) {
         absl::StrCat("the S3 test server said too little:\n", s.process->Output()));
   }
   return s;
+}
+
+absl::StatusOr<S3FaultProxy> StartS3FaultProxy(const std::string& log_dir,
+                                               const std::string& upstream, int slowdown) {
+  static std::atomic<int> proxies{0};  // a log of its own each
+  auto python = S3Python();
+  if (!python.ok()) return python.status();
+  S3FaultProxy p;
+  p.process = std::make_unique<Subprocess>(
+      std::vector<std::string>{*python, Script("fault_proxy.py"), "--upstream", upstream,
+                               "--slowdown", absl::StrCat(slowdown)},
+      absl::StrCat(log_dir, "/s3_fault_proxy.", proxies.fetch_add(1), ".log"));
+  if (!p.process->WaitForOutput("ready", absl::Seconds(30))) {
+    return absl::UnavailableError(
+        absl::StrCat("the S3 fault proxy did not start:\n", p.process->Output()));
+  }
+  p.endpoint = p.process->Values()["endpoint"];
+  return p;
 }
 
 }  // namespace zcc::testing

@@ -25,6 +25,16 @@ struct S3TestServer {
 // Starts one, its log in `log_dir`; waits until it serves.
 absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir);
 
+// A proxy in front of `upstream` (tools/s3/fault_proxy.py) that answers the
+// first `slowdown` requests with 503 SlowDown, then forwards every request
+// unchanged (signatures still verify upstream).
+struct S3FaultProxy {
+  std::string endpoint;
+  std::unique_ptr<Subprocess> process;
+};
+absl::StatusOr<S3FaultProxy> StartS3FaultProxy(const std::string& log_dir,
+                                               const std::string& upstream, int slowdown);
+
 }  // namespace zcc::testing
 
 #endif  // ZCC_TESTS_S3_TEST_SERVER_H_

@@ -187,6 +187,37 @@ TEST_CASE("S3: conditional writes (If-Match on the ETag, If-None-Match)") {
   CHECK(*client.GetRange(server.bucket, key, 6, buf, sizeof(buf)) == 0);
 }
 
+TEST_CASE("S3: SlowDown (503) is retried with backoff until the store recovers, or the deadline") {
+  S3TestServer& server = Server();
+  const std::string dir = ::zcc::testing::TempDir();
+  {
+    auto proxy = ::zcc::testing::StartS3FaultProxy(dir, server.endpoint, 3);
+    REQUIRE_OK(proxy);
+    Endpoint through = EndpointOf(server);
+    through.url = proxy->endpoint;
+    S3Client client(through, CredentialsOf(server));
+    REQUIRE_OK(client.Put(server.bucket, Unique("throttled"), "payload"));
+    CHECK(client.retries() == 3);
+  }
+  {
+    auto proxy = ::zcc::testing::StartS3FaultProxy(dir, server.endpoint, 1000);
+    REQUIRE_OK(proxy);
+    Endpoint through = EndpointOf(server);
+    through.url = proxy->endpoint;
+    through.retry_deadline = absl::Milliseconds(500);
+    S3Client client(through, CredentialsOf(server));
+    const absl::Time start = absl::Now();
+    auto put = client.Put(server.bucket, Unique("never"), "payload");
+    REQUIRE_FALSE(put.ok());
+    CHECK(put.status().code() == absl::StatusCode::kUnavailable);
+    INFO(put.status().message());
+    CHECK(absl::StrContains(put.status().message(), "SlowDown"));
+    CHECK(absl::StrContains(put.status().message(), "gave up after"));
+    CHECK(client.retries() >= 2);
+    CHECK(absl::Now() - start < absl::Seconds(5));
+  }
+}
+
 TEST_CASE("S3: a missing bucket is a clear NotFound") {
   S3TestServer& server = Server();
   S3Client client(EndpointOf(server), CredentialsOf(server));
