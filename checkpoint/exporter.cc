@@ -10,6 +10,8 @@
 #include <set>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -35,6 +37,9 @@
 
 namespace zcc::checkpoint {
 namespace {
+
+constexpr char kConfigFileName[] = "config.json";
+constexpr uint64_t kMaxConfigBytes = 16 << 20;
 
 constexpr char kSingleFileName[] = "model.safetensors";
 constexpr char kTempSuffix[] = ".zcc-partial";
@@ -187,7 +192,8 @@ absl::StatusOr<std::vector<std::string>> CheckExtraFiles(const std::vector<std::
 // beside the step directory), by name, except those `given` replaces.
 absl::StatusOr<std::vector<std::string>> JobFiles(storage::Storage& storage,
                                                   const std::string& step_dir,
-                                                  const std::vector<std::string>& given) {
+                                                  const std::vector<std::string>& given,
+                                                  bool given_replaces) {
   std::string trimmed = step_dir;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
   const size_t slash = trimmed.find_last_of('/');
@@ -203,9 +209,13 @@ absl::StatusOr<std::vector<std::string>> JobFiles(storage::Storage& storage,
   std::vector<std::string> out;
   for (const std::string& name : names) {
     // (".tmp." names are a write zccd did not finish.)
-    if (!ValidateJobFileName(name).ok() || replaced.count(name) > 0 ||
-        absl::StrContains(name, ".tmp.")) {
-      continue;
+    if (!ValidateJobFileName(name).ok() || absl::StrContains(name, ".tmp.")) continue;
+    if (replaced.count(name) > 0) {
+      if (given_replaces) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--extra-file ", name, " would replace the ", name, " stored with the job (",
+          JoinPath(dir, name), "); pass --force to replace it, or --no-job-files to leave the "
+          "job's files out"));
     }
     const std::string path = JoinPath(dir, name);
     auto info = storage.Stat(path);
@@ -328,6 +338,24 @@ absl::Status WriteSmallFile(storage::Storage& storage, const std::string& path,
   ZCC_RETURN_IF_ERROR(storage::WriteAt(*file, 0, text.data(), text.size()));
   ZCC_RETURN_IF_ERROR(file->Sync());
   return file->Close();
+}
+
+// Copies a Hugging Face config.json, its "torch_dtype" (and "dtype", where
+// present: transformers 5's name) set to `dtype`'s torch name.
+absl::Status WriteConfigWithDType(storage::Storage& storage, const std::string& from,
+                                  const std::string& to, format::DType dtype) {
+  ZCC_ASSIGN_OR_RETURN(std::string text, storage::ReadWholeFile(storage, from, kMaxConfigBytes));
+  nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(from, " is not a JSON object; cannot set its torch_dtype for --dtype"));
+  }
+  const char* name = dtype == format::DType::kBF16  ? "bfloat16"
+                     : dtype == format::DType::kF16 ? "float16"
+                                                    : "float32";
+  config["torch_dtype"] = name;
+  if (config.contains("dtype")) config["dtype"] = name;
+  return WriteSmallFile(storage, to, config.dump(2) + "\n");
 }
 
 // Streams one planned shard into `path`.
@@ -579,7 +607,7 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
   // given; a given file replaces a job file of the same name.
   std::vector<std::string> extra_paths;
   if (options.job_files) {
-    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(storage, step_dir, options.extra_files));
+    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(storage, step_dir, options.extra_files, options.force));
   }
   extra_paths.insert(extra_paths.end(), options.extra_files.begin(), options.extra_files.end());
   ZCC_ASSIGN_OR_RETURN(report.extra_files, CheckExtraFiles(extra_paths, written_names));
@@ -592,7 +620,11 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
     std::vector<std::pair<std::string, std::string>> renames;
     for (size_t e = 0; e < extra_paths.size(); ++e) {
       const std::string tmp = temps.Add(report.extra_files[e]);
-      ZCC_RETURN_IF_ERROR(CopyFile(storage, extra_paths[e], tmp));
+      if (options.dtype.has_value() && report.extra_files[e] == kConfigFileName) {
+        ZCC_RETURN_IF_ERROR(WriteConfigWithDType(storage, extra_paths[e], tmp, *options.dtype));
+      } else {
+        ZCC_RETURN_IF_ERROR(CopyFile(storage, extra_paths[e], tmp));
+      }
       renames.emplace_back(tmp, report.extra_files[e]);
     }
     ShardStreamer streamer(step_dir, index, tensors, options, &report);

@@ -107,14 +107,18 @@ struct ExportOptions {
   // refused.
   std::vector<std::string> extra_files;
   // Also copy the files the trainer stored with the job (Client::PutJobFile:
-  // <job dir>/metadata/, beside the step directory); a file in extra_files
-  // of the same name replaces one.
+  // <job dir>/metadata/, beside the step directory). A file in extra_files
+  // of the same name is refused (FailedPrecondition naming both), unless
+  // `force`: then the given file replaces the stored one. With `dtype` set,
+  // a config.json's "torch_dtype" (and "dtype", where present) is set to the
+  // exported dtype, so that from_pretrained loads the weights as written.
   bool job_files = true;
   // Write into an out_dir that is not empty: files with the export's names
   // are replaced, weight files of an earlier export that this one does not
   // write (model*.safetensors, the index) and leftover temporary files of an
   // interrupted export are removed (as transformers' save_pretrained does);
   // other files are left alone. Without it a non-empty out_dir is refused.
+  // (It also lets an extra file replace a stored job file of its name.)
   bool force = false;
   // Bytes read in one go (several small tensors at once, so that each shard
   // file's header is opened and checked once per batch, not once per tensor);

@@ -504,12 +504,19 @@ TEST_CASE("files stored with the job are exported next to the weights") {
                                                  "model.safetensors"});
   CHECK(*ReadFileToString(JoinPath(out, "config.json"), 1 << 10) == "{\"model_type\": \"job\"}");
 
-  // A given file replaces the job's file of that name; --no-job-files copies none.
+  // A given file of a stored file's name is refused: it would replace it
+  // silently; with --force it replaces it. --no-job-files copies none.
   const std::string given = JoinPath(TempDir(), "config.json");
   REQUIRE_OK(WriteFileAtomic(given, "{\"model_type\": \"given\"}"));
   options.extra_files = {given};
   const std::string out2 = JoinPath(TempDir(), "hf2");
+  auto refused = ExportStep(step.dir, out2, options);
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "--force"));
+  CHECK_FALSE(PathExists(out2));
+  options.force = true;
   REQUIRE_OK(ExportStep(step.dir, out2, options));
+  options.force = false;
   CHECK(*ReadFileToString(JoinPath(out2, "config.json"), 1 << 10) == "{\"model_type\": \"given\"}");
   CHECK(PathExists(JoinPath(out2, "generation_config.json")));
   options.extra_files.clear();
@@ -517,6 +524,67 @@ TEST_CASE("files stored with the job are exported next to the weights") {
   const std::string out3 = JoinPath(TempDir(), "hf3");
   REQUIRE_OK(ExportStep(step.dir, out3, options));
   CHECK(Entries(out3) == std::vector<std::string>{"model.safetensors"});
+}
+
+TEST_CASE("--dtype sets the exported config.json's torch_dtype (and dtype)") {
+  Step step;
+  const std::string metadata = JoinPath(JoinPath(step.root, "job"), "metadata");
+  REQUIRE_OK(MakeDirs(metadata));
+  REQUIRE_OK(WriteFileAtomic(JoinPath(metadata, "config.json"),
+                             "{\"model_type\": \"llama\", \"torch_dtype\": \"float32\", "
+                             "\"dtype\": \"float32\", \"hidden_size\": 8}"));
+  ExportOptions options;
+  options.dtype = DType::kBF16;
+  const std::string out = JoinPath(TempDir(), "bf16");
+  REQUIRE_OK(ExportStep(step.dir, out, options));
+  auto config = nlohmann::json::parse(*ReadFileToString(JoinPath(out, "config.json"), 1 << 10));
+  CHECK(config["torch_dtype"] == "bfloat16");
+  CHECK(config["dtype"] == "bfloat16");
+  CHECK(config["hidden_size"] == 8);
+  CHECK(config["model_type"] == "llama");
+  // Without --dtype the file is copied byte for byte.
+  options.dtype.reset();
+  const std::string kept = JoinPath(TempDir(), "kept");
+  REQUIRE_OK(ExportStep(step.dir, kept, options));
+  CHECK(*ReadFileToString(JoinPath(kept, "config.json"), 1 << 10) ==
+        *ReadFileToString(JoinPath(metadata, "config.json"), 1 << 10));
+  // A config that is not JSON cannot be given a dtype: a clear error.
+  REQUIRE_OK(WriteFileAtomic(JoinPath(metadata, "config.json"), "not json"));
+  options.dtype = DType::kF16;
+  auto bad = ExportStep(step.dir, JoinPath(TempDir(), "bad"), options);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a step is named by its directory, its job directory or the job's latest") {
+  Step step;
+  const std::string job_dir = JoinPath(step.root, "job");
+  auto direct = ResolveStepDir(step.dir);
+  REQUIRE_OK(direct);
+  CHECK(direct->dir == step.dir);
+  CHECK(direct->how.empty());
+  auto by_job = ResolveStepDir(job_dir + "/");
+  REQUIRE_OK(by_job);
+  CHECK(by_job->dir == step.dir);
+  CHECK(by_job->step == 7);
+  CHECK(absl::StrContains(by_job->how, "latest"));
+  auto by_latest = ResolveStepDir(JoinPath(job_dir, "latest"));
+  REQUIRE_OK(by_latest);
+  CHECK(by_latest->dir == step.dir);
+  // Without latest: the newest committed step.
+  REQUIRE(::unlink(JoinPath(job_dir, "latest").c_str()) == 0);
+  auto newest = ResolveStepDir(job_dir);
+  REQUIRE_OK(newest);
+  CHECK(newest->dir == step.dir);
+  CHECK(absl::StrContains(newest->how, "newest committed"));
+  // A step never committed, nothing committed, nothing there.
+  REQUIRE_OK(MakeDirs(JoinPath(job_dir, "step-00000009")));
+  CHECK(ResolveStepDir(JoinPath(job_dir, "step-00000009")).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  const std::string empty_job = JoinPath(TempDir(), "empty-job");
+  REQUIRE_OK(MakeDirs(empty_job));
+  CHECK(ResolveStepDir(empty_job).status().code() == absl::StatusCode::kNotFound);
+  CHECK(ResolveStepDir(JoinPath(empty_job, "nope")).status().code() ==
+        absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("a full disk while writing leaves no file under a final name") {

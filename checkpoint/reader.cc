@@ -47,6 +47,54 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage*
   return *step;
 }
 
+absl::StatusOr<ResolvedStep> ResolveStepDir(const std::string& path, storage::Storage* fs) {
+  storage::Storage& s = storage::StorageOrDefault(fs);
+  std::string trimmed = path;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  ZCC_ASSIGN_OR_RETURN(const storage::FileInfo info, s.Stat(trimmed));
+  const size_t slash = trimmed.find_last_of('/');
+  const std::string base = slash == std::string::npos ? trimmed : trimmed.substr(slash + 1);
+  const std::string parent =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : trimmed.substr(0, slash));
+  auto committed = [&s](const std::string& dir) {
+    return storage::Exists(s, JoinPath(dir, format::kCommittedFileName));
+  };
+  if (!info.is_dir) {
+    if (base != format::kLatestFileName) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, " is a file; give a step directory, a job directory or a job's latest"));
+    }
+    ZCC_ASSIGN_OR_RETURN(const int64_t step, ReadLatest(parent, &s));
+    const std::string dir = JoinPath(parent, format::StepDirName(step));
+    if (!committed(dir)) {
+      return absl::NotFoundError(absl::StrCat(path, " names ", format::StepDirName(step),
+                                              ", which holds no COMMITTED"));
+    }
+    return ResolvedStep{dir, step, absl::StrCat("the step ", path, " names")};
+  }
+  if (committed(trimmed)) {
+    auto step = format::ParseStepDirName(base);
+    return ResolvedStep{trimmed, step.ok() ? *step : -1, ""};
+  }
+  if (format::ParseStepDirName(base).ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " holds no COMMITTED: the step was never committed"));
+  }
+  // A job directory.
+  if (auto latest = ReadLatest(trimmed, &s); latest.ok()) {
+    const std::string dir = JoinPath(trimmed, format::StepDirName(*latest));
+    if (committed(dir)) {
+      return ResolvedStep{dir, *latest, absl::StrCat("the step ", trimmed, "/latest names")};
+    }
+  }
+  ZCC_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, ListCommittedSteps(trimmed, &s));
+  if (steps.empty()) {
+    return absl::NotFoundError(absl::StrCat(path, " holds no committed step"));
+  }
+  return ResolvedStep{JoinPath(trimmed, format::StepDirName(steps.back())), steps.back(),
+                      absl::StrCat("the newest committed step of ", trimmed)};
+}
+
 absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir,
                                                       storage::Storage* fs) {
   const std::string path = JoinPath(step_dir, format::kCommittedFileName);

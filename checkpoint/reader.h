@@ -36,6 +36,20 @@ absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_d
 // DataLoss when it does not name a step directory.
 absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage* fs = nullptr);
 
+// What a path given for a step names (zccctl export and verify): a step
+// directory holding COMMITTED; a job directory (its newest committed step:
+// the one `latest` names when that one is committed, else the newest with
+// COMMITTED); or a job's `latest` file (the step it names). NotFound when
+// there is nothing there or no committed step; FailedPrecondition for a step
+// directory without COMMITTED.
+struct ResolvedStep {
+  std::string dir;
+  int64_t step = -1;
+  std::string how;  // "" for a step directory given as such; else how it was chosen
+};
+absl::StatusOr<ResolvedStep> ResolveStepDir(const std::string& path,
+                                            storage::Storage* fs = nullptr);
+
 // Reads and validates COMMITTED of a step directory.
 absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir,
                                                       storage::Storage* fs = nullptr);

@@ -5,10 +5,12 @@
 //   zccctl [--socket PATH] save JOB
 //   zccctl [--socket PATH] [--json] gc JOB [--root ROOT]
 //   zccctl [--socket PATH] watch [JOB] [--interval S] [--count N]
-//   zccctl verify STEP_DIR            (offline: reads the files, no daemon)
-//   zccctl [--json] export STEP_DIR OUT_DIR [--what model|ema|optim]
+//   zccctl verify STEP            (offline: reads the files, no daemon)
+//   zccctl [--json] export STEP OUT_DIR [--what model|ema|optim]
 //          [--dtype bf16|f16|f32|keep] [--max-shard-size 5GB] [--extra-file PATH]...
 //          [--force]                  (offline: a Hugging Face checkpoint)
+// STEP: a step directory, a job directory (its newest committed step) or a
+// job's latest file.
 //
 // Exit codes: 0 success, 1 the daemon or the check reported an error,
 // 2 usage error, 3 zccd not reachable.
@@ -49,20 +51,25 @@ const char kUsage[] =
     "  gc JOB [--root R]     apply the retention policy now, remove abandoned partials\n"
     "  watch [JOB]           live status, refreshed every --interval seconds (default 2)\n"
     "                        until interrupted, or --count times\n"
-    "  verify STEP_DIR       check a checkpoint's manifests and checksums offline\n"
-    "  export STEP_DIR OUT_DIR\n"
+    "  verify STEP           check a checkpoint's manifests and checksums offline\n"
+    "                        (STEP: a step directory, a job directory for its newest\n"
+    "                        committed step, or a job's latest file)\n"
+    "  export STEP OUT_DIR\n"
     "                        write a committed step as a Hugging Face checkpoint (whole\n"
     "                        tensors, model-0000k-of-0000n.safetensors + index, or\n"
     "                        model.safetensors when one shard), offline, streaming:\n"
     "      --what model|ema|optim   which tensors (default model; ema: the EMA under the\n"
     "                               parameter names, parameters without one as they are)\n"
-    "      --dtype bf16|f16|f32|keep  convert floating tensors (default keep)\n"
+    "      --dtype bf16|f16|f32|keep  convert floating tensors (default keep); the\n"
+    "                               exported config.json's torch_dtype says so\n"
     "      --max-shard-size SIZE    e.g. 5GB (default), 500MB, 1GiB\n"
     "      --extra-file PATH        copy a file into OUT_DIR (config.json, tokenizer\n"
     "                               files); repeatable; the files the trainer stored\n"
-    "                               with the job (PutJobFile) are copied too\n"
+    "                               with the job (PutJobFile) are copied too; one\n"
+    "                               of the same name is an error without --force\n"
     "      --no-job-files           do not copy the job's stored files\n"
-    "      --force                  write into a non-empty OUT_DIR\n"
+    "      --force                  write into a non-empty OUT_DIR; let an --extra-file\n"
+    "                               replace the job's stored file of its name\n"
     "exit codes: 0 ok, 1 error reported, 2 usage, 3 zccd not reachable\n";
 
 int Fail(const grpc::Status& st) {
@@ -153,7 +160,21 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
   }
 }
 
-int Verify(const std::string& dir, bool json) {
+// The step directory `path` names (a step, a job directory: its newest
+// committed step, or a job's latest), said on stderr when it was chosen; the
+// path itself when it names none (the command then reports why).
+std::string StepDirOf(const std::string& path, const char* doing) {
+  auto resolved = zcc::checkpoint::ResolveStepDir(path);
+  if (!resolved.ok()) return path;
+  if (!resolved->how.empty()) {
+    std::fprintf(stderr, "zccctl: %s %s (%s)\n", doing, resolved->dir.c_str(),
+                 resolved->how.c_str());
+  }
+  return resolved->dir;
+}
+
+int Verify(const std::string& path, bool json) {
+  const std::string dir = StepDirOf(path, "verifying");
   auto report = zcc::checkpoint::VerifyStep(dir);
   if (!report.ok()) {
     if (json) {
@@ -207,7 +228,7 @@ int ExportUsage(const std::string& message) {
 // Offline: writes a committed step as a Hugging Face checkpoint. Progress on
 // stderr (a line per shard), the summary on stdout.
 int RunExport(const Options& o) {
-  const std::string& step_dir = o.args[1];
+  const std::string step_dir = StepDirOf(o.args[1], "exporting");
   const std::string& out_dir = o.args[2];
   zcc::checkpoint::ExportOptions options;
   options.force = o.force;

@@ -108,7 +108,7 @@ phase "import zcc, zcc.torch from $package (and zcc without torch)"
 
 help=$("$venv/bin/zccd" --help 2>&1) || true  # Abseil's --help exits 1
 grep -q -- "--shm_prefix" <<<"$help" || fail "zccd --help lists no flags:"$'\n'"$help"
-"$venv/bin/zccctl" --help | grep -q "verify STEP_DIR" || fail "zccctl --help"
+"$venv/bin/zccctl" --help | grep -q "verify STEP " || fail "zccctl --help"
 shopt -s nullglob
 elf_files=("$package"/_zcc*.so "$package"/bin/*)
 shopt -u nullglob
