@@ -298,7 +298,9 @@ class Client {
   absl::StatusOr<int64_t> ReadEma(const std::vector<EmaOutput>& outputs, int64_t min_step = -1,
                                   absl::Duration wait = absl::ZeroDuration());
 
-  // Asks zccd to persist the next full snapshot of every rank of the job on this node.
+  // Asks zccd to persist the next full snapshot it takes in from each rank of
+  // the job on this node (one already enqueued and not yet taken in counts:
+  // usually the newest).
   absl::Status SaveNow();
 
   // Stores a file with the job (the model's config.json, tokenizer files):

@@ -132,11 +132,18 @@ TEST_CASE("a step that not every rank wrote is never committed nor restored") {
 }
 
 bool WaitIngested(const std::string& dir, const Daemon& daemon, int step) {
-  const std::string ingested = absl::StrCat("\"last_snapshot_step\": \"", step, "\"");
   return Eventually(
       [&] {
         auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
-        return code == 0 && absl::StrContains(out, ingested);
+        if (code != 0) return false;
+        const auto status = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+        if (!status.is_object()) return false;
+        for (const auto& job : status.value("jobs", nlohmann::json::array())) {
+          for (const auto& rank : job.value("ranks", nlohmann::json::array())) {
+            if (rank.value("last_snapshot_step", int64_t{-2}) == step) return true;
+          }
+        }
+        return false;
       },
       absl::Seconds(30), absl::Milliseconds(20));
 }
@@ -224,7 +231,7 @@ TEST_CASE("snapshots are skipped and counted while the daemon cannot keep up") {
   auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
   REQUIRE(code == 0);
   auto status = nlohmann::json::parse(out);
-  CHECK(std::stoi(status["jobs"][0]["ranks"][0]["snapshots_skipped"].get<std::string>()) ==
+  CHECK(status["jobs"][0]["ranks"][0]["snapshots_skipped"].get<int64_t>() ==
         std::stoi(v["skipped_no_slot"]));
   REQUIRE(t->Wait(absl::Seconds(30)) == 0);
   REQUIRE(daemon.Stop() == 0);
@@ -318,8 +325,8 @@ TEST_CASE("zccctl status, list and verify against a live daemon") {
   auto status = nlohmann::json::parse(out);
   REQUIRE(status["jobs"].size() == 1);
   CHECK(status["jobs"][0]["job_id"] == "itest");
-  CHECK(status["jobs"][0]["last_committed_step"] == "10");
-  CHECK(status["jobs"][0]["ranks"][0]["last_persisted_step"] == "10");
+  CHECK(status["jobs"][0]["last_committed_step"] == 10);  // numbers, not strings
+  CHECK(status["jobs"][0]["ranks"][0]["last_persisted_step"] == 10);
   std::tie(code, out) = Zccctl(dir, daemon, {"status"});
   CHECK(code == 0);
   CHECK(absl::StrContains(out, "job itest"));
@@ -328,7 +335,8 @@ TEST_CASE("zccctl status, list and verify against a live daemon") {
   REQUIRE(code == 0);
   auto list = nlohmann::json::parse(out);
   REQUIRE(list["checkpoints"].size() == 2);
-  CHECK(list["checkpoints"][1]["step"] == "10");
+  CHECK(list["checkpoints"][1]["step"] == 10);
+  CHECK(list["checkpoints"][1]["total_bytes"].is_number());
   CHECK(list["checkpoints"][1]["is_latest"] == true);
   std::tie(code, out) = Zccctl(dir, daemon, {"list", "itest"});
   CHECK(absl::StrContains(out, "(latest)"));
@@ -432,7 +440,7 @@ TEST_CASE("a checkpoint that cannot be written shows in the trainer's stats and 
   CHECK(code == 0);
   CHECK(absl::StrContains(out, "CHECKPOINTS FAILING: rank 0, 1 failed write(s)"));
   std::tie(code, out) = Zccctl(dir, daemon, {"--json", "status"});
-  CHECK(nlohmann::json::parse(out)["jobs"][0]["ranks"][0]["persist_failures"] == "1");
+  CHECK(nlohmann::json::parse(out)["jobs"][0]["ranks"][0]["persist_failures"] == 1);
   CHECK(t->Wait(absl::Seconds(30)) == 0);
   REQUIRE(daemon.Stop() == 0);
 }
@@ -555,7 +563,7 @@ TEST_CASE("status answers while a commit and a restore hang on the disk; SIGTERM
     auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "stuckc"});
     if (code != 0) return false;
     job = nlohmann::json::parse(out)["jobs"][0];
-    return job["ranks"][0]["last_persisted_step"] == "5";
+    return job["ranks"][0]["last_persisted_step"] == 5;
   }, absl::Seconds(30)));
 
   // A restore stuck reading a shard of a committed step.
@@ -635,8 +643,8 @@ TEST_CASE("a shard write stalled longer than the client's daemon timeout costs n
   INFO(out << daemon.Log());
   REQUIRE(code == 0);
   const nlohmann::json rank = nlohmann::json::parse(out)["jobs"][0]["ranks"][0];
-  CHECK(rank["last_persisted_step"] == "-1");
-  CHECK(std::stoll(rank["last_snapshot_step"].get<std::string>()) >= 115);
+  CHECK(rank["last_persisted_step"] == -1);
+  CHECK(rank["last_snapshot_step"].get<int64_t>() >= 115);
   REQUIRE(t->Wait(absl::Seconds(120)) == 0);
   INFO(t->Output() << daemon.Log());
   auto v = t->Values();
@@ -1035,8 +1043,8 @@ TEST_CASE("retained snapshots show in status and give way to a registration that
   }, absl::Seconds(30)));
   INFO(status.dump() << daemon.Log());
   const nlohmann::json& kept = status["jobs"][0]["retained"][0];
-  CHECK(kept["steps"][0] == "5");
-  CHECK(std::stoull(kept["bytes"].get<std::string>()) > (15u << 20));
+  CHECK(kept["steps"][0] == 5);
+  CHECK(kept["bytes"].get<uint64_t>() > (15u << 20));
   {
     auto [code, text] = Zccctl(dir, daemon, {"status", "a"});
     CHECK(code == 0);

@@ -27,7 +27,10 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/exporter.h"
 #include "checkpoint/reader.h"
@@ -47,7 +50,8 @@ const char kUsage[] =
     "commands:\n"
     "  status [JOB]          daemon and job status\n"
     "  list JOB [--root R]   committed checkpoints of JOB\n"
-    "  save JOB              persist the next snapshot of every local rank of JOB\n"
+    "  save JOB              persist the next full snapshot zccd takes in from every\n"
+    "                        local rank of JOB (one already enqueued counts)\n"
     "  gc JOB [--root R]     apply the retention policy now, remove abandoned partials\n"
     "  watch [JOB]           live status, refreshed every --interval seconds (default 2)\n"
     "                        until interrupted, or --count times\n"
@@ -80,14 +84,44 @@ int Fail(const grpc::Status& st) {
              : kExitError;
 }
 
+// Proto3's JSON mapping writes 64-bit integers as strings (JavaScript's
+// numbers lose precision past 2^53); scripts reading zccctl expect numbers
+// for steps and byte counts, and every such value here fits a double well.
+// Turns them back into numbers, field by field, as `type` describes `json`.
+void NumbersFor64BitFields(const google::protobuf::Descriptor& type, nlohmann::json& json) {
+  if (!json.is_object()) return;
+  for (auto& [name, value] : json.items()) {
+    const google::protobuf::FieldDescriptor* field = type.FindFieldByName(name);
+    if (field == nullptr) continue;
+    auto each = [&](nlohmann::json& v) {
+      using Cpp = google::protobuf::FieldDescriptor::CppType;
+      if (field->cpp_type() == Cpp::CPPTYPE_MESSAGE) {
+        NumbersFor64BitFields(*field->message_type(), v);
+      } else if (v.is_string() && field->cpp_type() == Cpp::CPPTYPE_INT64) {
+        int64_t n;
+        if (absl::SimpleAtoi(v.get<std::string>(), &n)) v = n;
+      } else if (v.is_string() && field->cpp_type() == Cpp::CPPTYPE_UINT64) {
+        uint64_t n;
+        if (absl::SimpleAtoi(v.get<std::string>(), &n)) v = n;
+      }
+    };
+    if (value.is_array()) {
+      for (nlohmann::json& v : value) each(v);
+    } else {
+      each(value);
+    }
+  }
+}
+
 void PrintJson(const google::protobuf::Message& msg) {
   std::string out;
   google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
   opts.always_print_primitive_fields = true;
   opts.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(msg, &out, opts);
-  std::printf("%s\n", out.c_str());
+  nlohmann::json json = nlohmann::json::parse(out);
+  NumbersFor64BitFields(*msg.GetDescriptor(), json);
+  std::printf("%s\n", json.dump(2).c_str());
 }
 
 std::string Step(int64_t step) { return step < 0 ? "-" : absl::StrCat(step); }
@@ -385,7 +419,8 @@ int RunSave(const Options& o, Daemon& d) {
   const grpc::Status st = d.Call(d.control(), &zcc::v1::Control::Stub::SaveNow, req, &resp);
   if (!st.ok()) return Fail(st);
   return Report(o, resp, [](const zcc::v1::SaveNowResponse& r) {
-    std::printf("%u rank(s) will persist their next snapshot\n", r.ranks_flagged());
+    std::printf("%u rank(s) will persist the next full snapshot zccd takes in from them\n",
+                r.ranks_flagged());
   });
 }
 

@@ -371,7 +371,10 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self.client.put_job_file(name, bytes(content))
 
     def save_now(self):
-        """Asks zccd to persist the next full snapshot of every rank."""
+        """Asks zccd to persist the next full snapshot it takes in from each
+        rank of this job on this node. A snapshot already enqueued and not
+        yet taken in counts, so it is usually the newest one: the step just
+        passed to ``step()``, or the one after it."""
         self.client.save_now()
 
     def status(self):
@@ -379,6 +382,10 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         return self.client.status()
 
     def flush(self, timeout=60.0):
+        """Blocks until every snapshot enqueued so far has been handed to
+        zccd (or dropped because zccd went away), at most ``timeout``
+        seconds. It does not wait for checkpoints to be written: the status's
+        ``last_committed_step`` says which step is on disk."""
         self.client.flush(timeout)
 
     def close(self, keep_snapshots=False):
