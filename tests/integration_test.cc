@@ -167,6 +167,18 @@ TEST_CASE("a trainer that closes releases its staging memory at once; one that a
   REQUIRE(kept->Wait(absl::Seconds(60)) == 0);
   CHECK(absl::StrContains(kept->Output(), "close=ok"));
   CHECK(!ShmSegments(prefix + ".kept.").empty());
+  // Status shows what the job holds: nothing staged for live ranks, its
+  // retained segment's bytes.
+  {
+    auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "kept"});
+    REQUIRE(code == 0);
+    const auto job = nlohmann::json::parse(out)["jobs"][0];
+    CHECK(job["staging_bytes"] == 0);
+    CHECK(job["retained_bytes"].get<uint64_t>() > 0);
+    CHECK(job["retained_bytes"] == job["retained"][0]["bytes"]);
+    std::tie(code, out) = Zccctl(dir, daemon, {"status", "kept"});
+    CHECK(absl::StrContains(out, "retained for restarted trainers"));
+  }
   auto restore = StartTrainer(daemon, dir, "restore", {"--mode=restore", "--job=kept",
                                                        "--expect_step=4", "--expect_from=memory"});
   REQUIRE(restore->Wait(absl::Seconds(60)) == 0);
@@ -327,9 +339,13 @@ TEST_CASE("zccctl status, list and verify against a live daemon") {
   CHECK(status["jobs"][0]["job_id"] == "itest");
   CHECK(status["jobs"][0]["last_committed_step"] == 10);  // numbers, not strings
   CHECK(status["jobs"][0]["ranks"][0]["last_persisted_step"] == 10);
+  // The live job's staging memory: its ranks' segments.
+  CHECK(status["jobs"][0]["staging_bytes"].get<uint64_t>() > 0);
+  CHECK(status["jobs"][0]["staging_bytes"] == status["jobs"][0]["ranks"][0]["staging_bytes"]);
   std::tie(code, out) = Zccctl(dir, daemon, {"status"});
   CHECK(code == 0);
   CHECK(absl::StrContains(out, "job itest"));
+  CHECK(absl::StrContains(out, "staging memory "));
 
   std::tie(code, out) = Zccctl(dir, daemon, {"--json", "list", "itest"});
   REQUIRE(code == 0);

@@ -152,6 +152,13 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
                   job.last_checkpoint_gbps());
     }
     std::printf("\n");
+    // What the job holds in /dev/shm here: what a node must plan memory for.
+    std::printf("  staging memory %.2f GB for %d rank(s) here", job.staging_bytes() / 1e9,
+                job.ranks_size());
+    if (job.retained_bytes() > 0) {
+      std::printf(" + %.2f GB retained for restarted trainers", job.retained_bytes() / 1e9);
+    }
+    std::printf("\n");
     if (job.pending_commits_size() > 0) {
       std::printf("  pending commits:");
       for (const auto& p : job.pending_commits()) std::printf(" %s", p.c_str());

@@ -363,9 +363,12 @@ void Job::FillStatus(v1::JobStatus* out) const {
   for (const auto& [step, since] : pending_) out->add_pending_commits(format::StepDirName(step));
   out->set_last_error(last_error_);
   lock.Release();
+  uint64_t staging = 0;
   for (const auto& [rank, session] : ranks) {
     const RankCounters c = session->counters();
     v1::RankStatus* r = out->add_ranks();
+    r->set_staging_bytes(session->segment_bytes());
+    staging += session->segment_bytes();
     r->set_rank(rank);
     r->set_pid(session->options().pid);
     r->set_client_alive(!session->ClientProcessGone());
@@ -385,6 +388,8 @@ void Job::FillStatus(v1::JobStatus* out) const {
     r->set_pull_failures(c.pulls.failed);
     r->set_pull_bytes(c.pulls.bytes);
   }
+  out->set_staging_bytes(staging);
+  out->set_retained_bytes(retained_.bytes());
   retained_.FillStatus(out, absl::Now());
 }
 
