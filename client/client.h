@@ -212,6 +212,10 @@ struct RestoreOptions {
 struct RestoreResult {
   int64_t step = -1;
   bool from_memory = false;            // zccd's memory, not the disk
+  // The newest step zccd's EMA of this rank has folded in after the restore
+  // (-1 without an EMA). From memory it can be ahead of `step`: the previous
+  // trainer's EMA went on, and the steps replayed are not folded in twice.
+  int64_t ema_step = -1;
   std::vector<bool> restored;          // per registered tensor, in order
   std::vector<std::string> skipped_steps;  // newer steps passed over, with why
   // Per registered tensor: it arrived through RestoreOptions::collective from

@@ -107,6 +107,7 @@ absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, voi
   RestoreResult result;
   result.step = resp.step();
   result.from_memory = resp.source() == v1::RESTORE_SOURCE_MEMORY;
+  result.ema_step = resp.has_ema_step() ? resp.ema_step() : -1;
   result.skipped_steps.assign(resp.skipped_steps().begin(), resp.skipped_steps().end());
   absl::Status copied = CheckRestorePlacements(resp, refs, options.owned_only);
   // From memory, the bytes are in this client's own staging segment, already

@@ -193,6 +193,40 @@ TEST_CASE("a trainer that closes releases its staging memory at once; one that a
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a restore says which step the EMA is at: ahead after one from memory, the step's own "
+          "from disk") {
+  const std::string dir = ShortTempDir("it-emastep");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  // Steps 1-4, step 2 and 4 committed with their EMA; the snapshots of steps
+  // 2-4 are kept in memory when the trainer closes.
+  auto trained = StartTrainer(daemon, dir, "train",
+                              {"--job=emastep", "--steps=4", "--save_every=2", "--ema_decay=0.9",
+                               "--close=keep"});
+  REQUIRE(trained->Wait(absl::Seconds(60)) == 0);
+  // Step 3 from memory: the previous trainer's EMA has folded in step 4.
+  auto from_memory = StartTrainer(daemon, dir, "memory",
+                                  {"--mode=restore", "--job=emastep", "--ema_decay=0.9",
+                                   "--restore_step=3", "--expect_step=3", "--expect_from=memory"});
+  REQUIRE(from_memory->Wait(absl::Seconds(60)) == 0);
+  INFO(from_memory->Output());
+  CHECK(from_memory->Values()["restored_ema_step"] == "4");
+  // Step 2 from disk: its own EMA.
+  auto from_disk = StartTrainer(daemon, dir, "disk",
+                                {"--mode=restore", "--job=emastep", "--ema_decay=0.9",
+                                 "--restore_step=2", "--expect_step=2", "--expect_from=disk"});
+  REQUIRE(from_disk->Wait(absl::Seconds(60)) == 0);
+  INFO(from_disk->Output());
+  CHECK(from_disk->Values()["restored_ema_step"] == "2");
+  // Without an EMA: -1.
+  auto plain = StartTrainer(daemon, dir, "plain",
+                            {"--mode=restore", "--job=emastep", "--restore_step=2",
+                             "--expect_step=2"});
+  REQUIRE(plain->Wait(absl::Seconds(60)) == 0);
+  CHECK(plain->Values()["restored_ema_step"] == "-1");
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("a checkpoint step takes over a slot whose ordinary snapshot is not ingested yet") {
   const std::string dir = ShortTempDir("it-takeover");
   Daemon daemon(dir);

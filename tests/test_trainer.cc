@@ -240,7 +240,8 @@ int main(int argc, char** argv) {
     }
     const int64_t* step = &result->step;
     const char* from = result->from_memory ? "memory" : "disk";
-    std::printf("restored_step=%" PRId64 " restored_from=%s\n", *step, from);
+    std::printf("restored_step=%" PRId64 " restored_from=%s restored_ema_step=%" PRId64 "\n", *step,
+                from, result->ema_step);
     std::vector<Tensor> expected = Model(rank);
     SetStep(expected, *step);
     int bad = 0;

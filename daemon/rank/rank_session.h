@@ -203,6 +203,10 @@ class RankSession {
   // True when every registered tensor is staged: a restore from memory can
   // then serve all of them (a replica another rank writes is not in the slot).
   bool AllStaged() const;
+  // The newest step the EMA has folded in; nullopt without an EMA.
+  std::optional<int64_t> ema_step() const {
+    return ema_.enabled() ? std::optional<int64_t>(ema_.last_step()) : std::nullopt;
+  }
   // After Stop(): the FULL snapshots intact in the staging segment, newest
   // first (ingested, and their slot not taken again by the trainer; those
   // still held from a predecessor).

@@ -142,6 +142,9 @@ v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
   v1::RestoreResponse resp;
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
+  if (const std::optional<int64_t> ema = session.ema_step(); ema.has_value()) {
+    resp.set_ema_step(*ema);
+  }
   resp.set_shm_name(session.slots().name());
   resp.set_segment_bytes(session.segment_bytes());
   resp.set_data_offset(shm::ControlBlockBytes() + uint64_t{slot} * slot_bytes);
@@ -369,6 +372,9 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   }
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_DISK);
+  if (const std::optional<int64_t> ema = session.ema_step(); ema.has_value()) {
+    resp.set_ema_step(*ema);
+  }
   // Once the client has copied it out: the slot goes back, and snapshots
   // held in memory are of no more use (the trainer restored from disk).
   resp.set_restore_id(session.restore_buffers().Add(

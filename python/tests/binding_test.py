@@ -603,6 +603,40 @@ def test_close_releases_staging_memory_unless_asked_to_keep_it():
         assert d.stop() == 0, d.log()
 
 
+def test_restore_from_memory_says_the_ema_is_ahead():
+    """A restore from memory of an older step than the previous trainer
+    reached keeps that trainer's EMA (steps replayed are not folded in twice):
+    ckpt.ema_step says which step the EMA is at, and a warning says it is
+    ahead of the restored step."""
+    with Zccd("emaahead") as d:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ck = Checkpointer(model, opt, job_id="emaahead", socket=d.socket, root=d.root,
+                          ema_decay=0.9)
+        for step in (1, 2, 3):
+            model(torch.randn(2, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            assert ck.step(step) == "enqueued", ck.client.stats()
+        ck.ema_state_dict()  # waits until the EMA has folded in step 3
+        assert ck.ema_step == 3, ck.ema_step
+        ck.close(keep_snapshots=True)
+
+        model2 = torch.nn.Linear(16, 16)
+        opt2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+        with Checkpointer(model2, opt2, job_id="emaahead", socket=d.socket, root=d.root,
+                          ema_decay=0.9) as ck2:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert ck2.restore(step=2) == 2
+            assert ck2.restored_from == "memory", ck2.restored_from
+            assert ck2.ema_step == 3, ck2.ema_step
+            assert any("folded in steps up to 3" in str(w.message) for w in caught), \
+                [str(w.message) for w in caught]
+        assert d.stop() == 0, d.log()
+
+
 def test_a_new_jobs_first_step_right_after_construction_is_taken():
     """A Checkpointer registers with prefetch_restore by default; in a job
     with nothing committed zccd holds no slot for it, so a step() at once

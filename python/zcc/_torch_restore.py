@@ -5,6 +5,8 @@ back. With a process group every rank restores the same step (agreed over the
 group); with replicas each restores the pieces it writes and receives the rest
 from the ranks that read them, so the job reads the checkpoint once."""
 
+import warnings
+
 import torch
 
 import zcc
@@ -109,8 +111,7 @@ class Restoring:
                                                      allow_older=step is None)
             except zcc.NotFoundError:
                 return None
-            self.restored_from = result["source"]
-            return result["step"]
+            return self._restored(result)
         try:
             result = self.client.restore_together(target, self._stream(), self.rank,
                                                   self.world_size, self._all_gather,
@@ -123,7 +124,20 @@ class Restoring:
             if unavailable is not None:
                 raise unavailable
             raise
+        return self._restored(result)
+
+    def _restored(self, result):
+        """Notes where the restore came from and the step of zccd's EMA now,
+        warning when that is ahead of the restored step; returns the step."""
         self.restored_from = result["source"]
+        ema_step = result.get("ema_step", -1)
+        if self.ema_decay > 0 and ema_step >= 0:
+            self.ema_step = ema_step
+            if ema_step > result["step"]:
+                warnings.warn(
+                    "zcc restored step %d from memory with an EMA that has folded in steps up "
+                    "to %d (the previous trainer's); steps replayed are not folded in twice"
+                    % (result["step"], ema_step))
         return result["step"]
 
     def _all_gather(self, mine):

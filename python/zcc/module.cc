@@ -326,6 +326,7 @@ class PyClient {
     py::dict out;
     out["step"] = r.step;
     out["source"] = r.from_memory ? "memory" : "disk";
+    out["ema_step"] = r.ema_step;
     py::list restored;
     for (bool b : r.restored) restored.append(b);
     out["restored"] = restored;
@@ -349,6 +350,7 @@ class PyClient {
     py::dict out;
     out["step"] = r.step;
     out["source"] = r.from_memory ? "memory" : "disk";
+    out["ema_step"] = r.ema_step;
     out["restored"] = py::cast(r.restored);
     out["received"] = py::cast(r.received);
     py::list skipped;

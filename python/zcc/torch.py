@@ -181,7 +181,11 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         pieces = []  # (name, Piece, kind, ema_eligible)
         self._params = collections.OrderedDict(self.model.named_parameters())
         self._param_names = {id(p): name for name, p in self._params.items()}
-        self.ema_step = None  # the step of the EMA ema_state_dict() returned last
+        # The step zccd's EMA is at: after restore(), what it has folded in
+        # (ahead of the restored step after a restore from memory whose
+        # previous trainer went further; a warning says so); after
+        # ema_state_dict(), the step of the EMA it returned.
+        self.ema_step = None
         self._dtensor_params = {}  # name -> the DTensor parameter (for ema_state_dict)
         for name, p in self._params.items():
             piece = torch_layout.piece_of("parameter " + name, p.detach(), rank, self._plain_members)
