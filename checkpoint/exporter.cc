@@ -256,7 +256,8 @@ void RemoveIfEmpty(storage::Storage& storage, const std::string& dir) {
 // Makes out_dir ready: created when missing (*created), refused when not empty
 // without `force`, or when it lies inside the step directory.
 absl::Status PrepareOutDir(storage::Storage& storage, const std::string& step_dir,
-                           const std::string& out_dir, bool force, bool* created) {
+                           const std::string& out_dir, bool force, bool same_storage,
+                           bool* created) {
   *created = false;
   const absl::StatusOr<storage::FileInfo> info = storage.Stat(out_dir);
   if (info.ok()) {
@@ -276,7 +277,9 @@ absl::Status PrepareOutDir(storage::Storage& storage, const std::string& step_di
   } else {
     return info.status();
   }
-  ZCC_ASSIGN_OR_RETURN(bool inside, IsUnderRoot(out_dir, step_dir));
+  // (A step in another storage, an object store, cannot contain out_dir.)
+  ZCC_ASSIGN_OR_RETURN(bool inside,
+                       same_storage ? IsUnderRoot(out_dir, step_dir) : absl::StatusOr<bool>(false));
   if (inside) {
     if (*created) RemoveIfEmpty(storage, out_dir);
     *created = false;
@@ -312,9 +315,10 @@ absl::Status WriteConverted(storage::File& file, const uint8_t* src, uint64_t el
 }
 
 // Copies the file at `from` to `to` through a 1 MiB buffer.
-absl::Status CopyFile(storage::Storage& storage, const std::string& from, const std::string& to) {
+absl::Status CopyFile(storage::Storage& from_storage, const std::string& from,
+                      storage::Storage& storage, const std::string& to) {
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> in,
-                       storage.OpenForRead(from, storage::OpenOptions{}));
+                       from_storage.OpenForRead(from, storage::OpenOptions{}));
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> out,
                        storage.OpenForWrite(to, storage::OpenOptions{}));
   storage::AlignedBuffer buffer = storage::AlignedBuffer::Uninitialized(size_t{1} << 20);
@@ -342,9 +346,11 @@ absl::Status WriteSmallFile(storage::Storage& storage, const std::string& path,
 
 // Copies a Hugging Face config.json, its "torch_dtype" (and "dtype", where
 // present: transformers 5's name) set to `dtype`'s torch name.
-absl::Status WriteConfigWithDType(storage::Storage& storage, const std::string& from,
-                                  const std::string& to, format::DType dtype) {
-  ZCC_ASSIGN_OR_RETURN(std::string text, storage::ReadWholeFile(storage, from, kMaxConfigBytes));
+absl::Status WriteConfigWithDType(storage::Storage& from_storage, const std::string& from,
+                                  storage::Storage& storage, const std::string& to,
+                                  format::DType dtype) {
+  ZCC_ASSIGN_OR_RETURN(std::string text,
+                       storage::ReadWholeFile(from_storage, from, kMaxConfigBytes));
   nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(
@@ -526,13 +532,17 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
                                         const ExportOptions& options) {
   const absl::Time start = absl::Now();
   ZCC_RETURN_IF_ERROR(CheckOptions(options));
-  storage::Storage& storage =
+  // The step (and the job's stored files) are read through `in`; out_dir is
+  // written through `storage`; --extra-file paths are local files.
+  storage::Storage& in =
       options.io.storage != nullptr ? *options.io.storage : *storage::DefaultStorage();
+  storage::Storage& storage = options.out_storage != nullptr ? *options.out_storage : in;
+  storage::Storage& local = *storage::DefaultStorage();
   ExportReport report;
   report.kind = KindOf(options.what);
 
   // The step: its index, checked (every global tensor tiled exactly once).
-  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir, &storage));
+  ZCC_ASSIGN_OR_RETURN(format::StepIndex index, LoadStepIndex(step_dir, &in));
   // An incomplete EMA tensor is left out (--what ema then writes the
   // parameter itself, as for a parameter without an EMA).
   std::vector<std::string> incomplete_ema;
@@ -607,23 +617,37 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
   // given; a given file replaces a job file of the same name.
   std::vector<std::string> extra_paths;
   if (options.job_files) {
-    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(storage, step_dir, options.extra_files, options.force));
+    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(in, step_dir, options.extra_files, options.force));
   }
+  const size_t job_file_count = extra_paths.size();  // read through `in`; the rest are local
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> given_names,
+                       CheckExtraFiles(options.extra_files, written_names));
   extra_paths.insert(extra_paths.end(), options.extra_files.begin(), options.extra_files.end());
-  ZCC_ASSIGN_OR_RETURN(report.extra_files, CheckExtraFiles(extra_paths, written_names));
+  for (size_t e = 0; e < job_file_count; ++e) {
+    const std::string name = extra_paths[e].substr(extra_paths[e].find_last_of('/') + 1);
+    if (written_names.count(name) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the job's file ", extra_paths[e], " is named like a file the export writes itself"));
+    }
+    report.extra_files.push_back(name);
+  }
+  report.extra_files.insert(report.extra_files.end(), given_names.begin(), given_names.end());
 
   bool created = false;
-  ZCC_RETURN_IF_ERROR(PrepareOutDir(storage, step_dir, out_dir, options.force, &created));
+  ZCC_RETURN_IF_ERROR(
+      PrepareOutDir(storage, step_dir, out_dir, options.force, /*same_storage=*/&in == &storage,
+                    &created));
   absl::Status st = [&]() -> absl::Status {
     TempFiles temps(&storage, out_dir);
     // (temporary path, final name), renamed in this order.
     std::vector<std::pair<std::string, std::string>> renames;
     for (size_t e = 0; e < extra_paths.size(); ++e) {
       const std::string tmp = temps.Add(report.extra_files[e]);
+      storage::Storage& from = e < job_file_count ? in : local;
       if (options.dtype.has_value() && report.extra_files[e] == kConfigFileName) {
-        ZCC_RETURN_IF_ERROR(WriteConfigWithDType(storage, extra_paths[e], tmp, *options.dtype));
+        ZCC_RETURN_IF_ERROR(WriteConfigWithDType(from, extra_paths[e], storage, tmp, *options.dtype));
       } else {
-        ZCC_RETURN_IF_ERROR(CopyFile(storage, extra_paths[e], tmp));
+        ZCC_RETURN_IF_ERROR(CopyFile(from, extra_paths[e], storage, tmp));
       }
       renames.emplace_back(tmp, report.extra_files[e]);
     }

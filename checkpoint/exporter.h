@@ -128,8 +128,12 @@ struct ExportOptions {
   // block splits) is assembled from pieces read into a staging buffer of at
   // most this many bytes at a time (a larger piece is read alone); ReadBoxes.
   uint64_t staging_bytes = uint64_t{32} << 20;
-  // How the step is read and out_dir written (storage, direct I/O, queue depth).
+  // How the step is read, with the job's stored files (storage, direct I/O,
+  // queue depth), and out_dir written.
   IoOptions io = {nullptr, true, 4, size_t{4} << 20};
+  // Where out_dir is written, when not where the step is read (an export
+  // from an object store into a local folder). --extra-file paths are local.
+  storage::Storage* out_storage = nullptr;
   // Called after each shard file is complete (progress reporting), on the
   // calling thread.
   std::function<void(const ExportedShard&)> on_shard;

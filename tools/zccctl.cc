@@ -10,7 +10,8 @@
 //          [--dtype bf16|f16|f32|keep] [--max-shard-size 5GB] [--extra-file PATH]...
 //          [--force]                  (offline: a Hugging Face checkpoint)
 // STEP: a step directory, a job directory (its newest committed step) or a
-// job's latest file.
+// job's latest file, local or in an S3-compatible store (s3://bucket/key;
+// endpoint and credentials from the AWS variables: storage/s3/s3_location.h).
 //
 // Exit codes: 0 success, 1 the daemon or the check reported an error,
 // 2 usage error, 3 zccd not reachable.
@@ -30,12 +31,17 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/exporter.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/step_check.h"
 #include "common/default_paths.h"
+#include "common/status.h"
+#include "storage/posix_storage.h"
+#include "storage/s3/s3_location.h"
 #include "proto/zcc.grpc.pb.h"
 
 namespace {
@@ -57,7 +63,9 @@ const char kUsage[] =
     "                        until interrupted, or --count times\n"
     "  verify STEP           check a checkpoint's manifests and checksums offline\n"
     "                        (STEP: a step directory, a job directory for its newest\n"
-    "                        committed step, or a job's latest file)\n"
+    "                        committed step, or a job's latest file; local, or\n"
+    "                        s3://bucket/key with AWS_ENDPOINT_URL, AWS_REGION and\n"
+    "                        the AWS credentials of the environment or ~/.aws)\n"
     "  export STEP OUT_DIR\n"
     "                        write a committed step as a Hugging Face checkpoint (whole\n"
     "                        tensors, model-0000k-of-0000n.safetensors + index, or\n"
@@ -201,22 +209,67 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
   }
 }
 
-// The step directory `path` names (a step, a job directory: its newest
+// Where a step operand lives: a local path, or an s3:// URL (then `s3`
+// holds the store, and `path` the URL's key as a path of its storage).
+struct StepSource {
+  std::unique_ptr<zcc::storage::s3::S3Location> s3;
+  std::string path;
+  zcc::storage::Storage* storage() { return s3 != nullptr ? &s3->storage() : nullptr; }
+  std::string Name(const std::string& p) const { return s3 != nullptr ? s3->Url(p) : p; }
+};
+
+absl::StatusOr<StepSource> OpenStepSource(const std::string& operand) {
+  StepSource source;
+  source.path = operand;
+  if (!absl::StartsWith(operand, "s3://")) return source;
+  ZCC_ASSIGN_OR_RETURN(zcc::storage::s3::Endpoint endpoint,
+                       zcc::storage::s3::EndpointFromEnvironment());
+  ZCC_ASSIGN_OR_RETURN(zcc::storage::s3::Credentials credentials,
+                       zcc::storage::s3::LoadCredentials());
+  ZCC_ASSIGN_OR_RETURN(source.s3, zcc::storage::s3::S3Location::Open(operand, endpoint,
+                                                                    std::move(credentials)));
+  source.path = source.s3->path();
+  return source;
+}
+
+// The step directory `source` names (a step, a job directory: its newest
 // committed step, or a job's latest), said on stderr when it was chosen; the
 // path itself when it names none (the command then reports why).
-std::string StepDirOf(const std::string& path, const char* doing) {
-  auto resolved = zcc::checkpoint::ResolveStepDir(path);
-  if (!resolved.ok()) return path;
+std::string StepDirOf(StepSource& source, const char* doing) {
+  auto resolved = zcc::checkpoint::ResolveStepDir(source.path, source.storage());
+  if (!resolved.ok()) return source.path;
   if (!resolved->how.empty()) {
-    std::fprintf(stderr, "zccctl: %s %s (%s)\n", doing, resolved->dir.c_str(),
-                 resolved->how.c_str());
+    std::string how = resolved->how;
+    if (source.s3 != nullptr) {  // paths of the store, said as URLs
+      std::string root = source.path;
+      while (root.size() > 1 && root.back() == '/') root.pop_back();
+      how = absl::StrReplaceAll(how, {{" " + root, " " + source.Name(root)}});
+    }
+    std::fprintf(stderr, "zccctl: %s %s (%s)\n", doing, source.Name(resolved->dir).c_str(),
+                 how.c_str());
   }
   return resolved->dir;
 }
 
-int Verify(const std::string& path, bool json) {
-  const std::string dir = StepDirOf(path, "verifying");
-  auto report = zcc::checkpoint::VerifyStep(dir);
+// How a step is read: through the object store, or the local disk.
+zcc::checkpoint::IoOptions ReadOptions(StepSource& source) {
+  zcc::checkpoint::IoOptions io;
+  io.storage = source.storage();
+  if (source.s3 != nullptr) io.direct_io = false;
+  return io;
+}
+
+int Verify(const std::string& operand, bool json) {
+  auto opened = OpenStepSource(operand);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "zccctl: %s: %s\n", operand.c_str(),
+                 std::string(opened.status().message()).c_str());
+    return kExitError;
+  }
+  StepSource& source = *opened;
+  const std::string dir_path = StepDirOf(source, "verifying");
+  const std::string dir = source.Name(dir_path);
+  auto report = zcc::checkpoint::VerifyStep(dir_path, ReadOptions(source));
   if (!report.ok()) {
     if (json) {
       std::printf("{\"ok\": false, \"error\": \"%s\"}\n",
@@ -269,9 +322,21 @@ int ExportUsage(const std::string& message) {
 // Offline: writes a committed step as a Hugging Face checkpoint. Progress on
 // stderr (a line per shard), the summary on stdout.
 int RunExport(const Options& o) {
-  const std::string step_dir = StepDirOf(o.args[1], "exporting");
+  auto opened = OpenStepSource(o.args[1]);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "zccctl: export %s: %s\n", o.args[1].c_str(),
+                 std::string(opened.status().message()).c_str());
+    return kExitError;
+  }
+  StepSource& source = *opened;
+  const std::string step_dir = StepDirOf(source, "exporting");
   const std::string& out_dir = o.args[2];
   zcc::checkpoint::ExportOptions options;
+  if (source.s3 != nullptr) {
+    // From the store into a local folder.
+    options.io = ReadOptions(source);
+    options.out_storage = zcc::storage::DefaultStorage();
+  }
   options.force = o.force;
   options.job_files = !o.no_job_files;
   for (const auto& [flag, value] : o.export_flags) {
@@ -304,7 +369,7 @@ int RunExport(const Options& o) {
       std::printf("{\"ok\": false, \"error\": \"%s\"}\n",
                   absl::CHexEscape(report.status().message()).c_str());
     } else {
-      std::fprintf(stderr, "zccctl: export %s: FAILED: %s\n", step_dir.c_str(),
+      std::fprintf(stderr, "zccctl: export %s: FAILED: %s\n", source.Name(step_dir).c_str(),
                    std::string(report.status().message()).c_str());
     }
     return kExitError;

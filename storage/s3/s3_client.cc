@@ -332,8 +332,9 @@ namespace {
 // be retried.
 absl::Status ErrorOf(const std::string& what, long http, const std::string& body, bool* retry) {
   const StoreError e = ParseError(body);
+  // (A HEAD's reply has no body: only its status says what went wrong.)
   const std::string detail =
-      e.code.empty() ? absl::StrCat("HTTP ", http)
+      e.code.empty() ? absl::StrCat("HTTP ", http, http == 403 ? " Forbidden" : "")
                      : absl::StrCat(e.code, e.message.empty() ? "" : ": ", e.message, " (HTTP ",
                                     http, ")");
   const std::string msg = absl::StrCat(what, ": ", detail);
