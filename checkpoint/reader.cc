@@ -47,6 +47,22 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage*
   return *step;
 }
 
+absl::StatusOr<std::vector<CommittedStep>> ListCheckpoints(const std::string& job_dir,
+                                                           storage::Storage* fs) {
+  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir, fs));
+  auto latest = ReadLatest(job_dir, fs);
+  std::vector<CommittedStep> out;
+  for (int64_t step : steps) {
+    CommittedStep s;
+    s.step = step;
+    s.dir = JoinPath(job_dir, format::StepDirName(step));
+    s.is_latest = latest.ok() && *latest == step;
+    if (auto record = ReadCommitRecord(s.dir, fs); record.ok()) s.record = *std::move(record);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 absl::StatusOr<ResolvedStep> ResolveStepDir(const std::string& path, storage::Storage* fs) {
   storage::Storage& s = storage::StorageOrDefault(fs);
   std::string trimmed = path;

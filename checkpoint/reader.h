@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,18 @@ absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_d
 // The step named by <job_dir>/latest. NotFound when there is no such file,
 // DataLoss when it does not name a step directory.
 absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage* fs = nullptr);
+
+// The committed steps of a job directory, ascending, with their COMMITTED
+// records (nullopt when one cannot be read: listed anyway) and which one
+// `latest` names. What zccd's ListCheckpoints and zccctl's offline list show.
+struct CommittedStep {
+  int64_t step = -1;
+  std::string dir;
+  bool is_latest = false;
+  std::optional<format::CommitRecord> record;
+};
+absl::StatusOr<std::vector<CommittedStep>> ListCheckpoints(const std::string& job_dir,
+                                                           storage::Storage* fs = nullptr);
 
 // What a path given for a step names (zccctl export and verify): a step
 // directory holding COMMITTED; a job directory (its newest committed step:

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/testing/sliced_step.h"
@@ -103,6 +105,22 @@ TEST_CASE("zccctl verifies and exports a step from an S3 store into a local fold
   CHECK(absl::StrContains(verified.output, url + "/step-00000007: OK (4 ranks"));
   CHECK(absl::StrContains(verified.output, "verifying " + url + "/step-00000007 (the step " + url +
                                                "/latest names)"));
+
+  // list, offline: the store's committed steps, as zccd lists a job's.
+  Run listed = Zccctl(dir, server, {"--json", "list", url}, server.secret_key);
+  INFO(listed.output);
+  REQUIRE(listed.code == 0);
+  const size_t json_at = listed.output.find('{');
+  REQUIRE(json_at != std::string::npos);
+  const auto list = nlohmann::json::parse(listed.output.substr(json_at));
+  REQUIRE(list["checkpoints"].size() == 1);
+  CHECK(list["checkpoints"][0]["step"] == 7);
+  CHECK(list["checkpoints"][0]["is_latest"] == true);
+  CHECK(list["checkpoints"][0]["world_size"] == 4);
+  CHECK(list["checkpoints"][0]["path"] == url + "/step-00000007");
+  Run local_list = Zccctl(dir, server, {"list", job_dir}, server.secret_key);
+  CHECK(local_list.code == 0);
+  CHECK(absl::StrContains(local_list.output, job_dir + "/step-00000007  (latest)"));
 
   const std::string from_store = JoinPath(dir, "hf-from-store");
   Run exported = Zccctl(dir, server, {"export", url + "/step-00000007", from_store, "--dtype", "bf16"},

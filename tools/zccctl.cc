@@ -2,6 +2,7 @@
 //
 //   zccctl [--socket PATH] [--json] status [JOB]
 //   zccctl [--socket PATH] [--json] list JOB [--root ROOT]
+//   zccctl [--json] list JOB_DIR|s3://BUCKET/JOB_KEY   (offline)
 //   zccctl [--socket PATH] save JOB
 //   zccctl [--socket PATH] [--json] gc JOB [--root ROOT]
 //   zccctl [--socket PATH] watch [JOB] [--interval S] [--count N]
@@ -30,32 +31,26 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/exporter.h"
-#include "checkpoint/reader.h"
-#include "checkpoint/step_check.h"
 #include "common/default_paths.h"
-#include "common/status.h"
-#include "storage/posix_storage.h"
-#include "storage/s3/s3_location.h"
 #include "proto/zcc.grpc.pb.h"
+#include "tools/zccctl_steps.h"
 
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitError = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitUnreachable = 3;
+using zcc::zccctl::kExitError;
+using zcc::zccctl::kExitOk;
+using zcc::zccctl::kExitUnreachable;
+using zcc::zccctl::kExitUsage;
 
 const char kUsage[] =
     "usage: zccctl [--socket PATH] [--json] COMMAND [ARGS]\n"
     "commands:\n"
     "  status [JOB]          daemon and job status\n"
     "  list JOB [--root R]   committed checkpoints of JOB\n"
+    "  list DIR|s3://URL     committed checkpoints of a job directory, offline\n"
     "  save JOB              persist the next full snapshot zccd takes in from every\n"
     "                        local rank of JOB (one already enqueued counts)\n"
     "  gc JOB [--root R]     apply the retention policy now, remove abandoned partials\n"
@@ -209,93 +204,6 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
   }
 }
 
-// Where a step operand lives: a local path, or an s3:// URL (then `s3`
-// holds the store, and `path` the URL's key as a path of its storage).
-struct StepSource {
-  std::unique_ptr<zcc::storage::s3::S3Location> s3;
-  std::string path;
-  zcc::storage::Storage* storage() { return s3 != nullptr ? &s3->storage() : nullptr; }
-  std::string Name(const std::string& p) const { return s3 != nullptr ? s3->Url(p) : p; }
-};
-
-absl::StatusOr<StepSource> OpenStepSource(const std::string& operand) {
-  StepSource source;
-  source.path = operand;
-  if (!absl::StartsWith(operand, "s3://")) return source;
-  ZCC_ASSIGN_OR_RETURN(zcc::storage::s3::Endpoint endpoint,
-                       zcc::storage::s3::EndpointFromEnvironment());
-  ZCC_ASSIGN_OR_RETURN(zcc::storage::s3::Credentials credentials,
-                       zcc::storage::s3::LoadCredentials());
-  ZCC_ASSIGN_OR_RETURN(source.s3, zcc::storage::s3::S3Location::Open(operand, endpoint,
-                                                                    std::move(credentials)));
-  source.path = source.s3->path();
-  return source;
-}
-
-// The step directory `source` names (a step, a job directory: its newest
-// committed step, or a job's latest), said on stderr when it was chosen; the
-// path itself when it names none (the command then reports why).
-std::string StepDirOf(StepSource& source, const char* doing) {
-  auto resolved = zcc::checkpoint::ResolveStepDir(source.path, source.storage());
-  if (!resolved.ok()) return source.path;
-  if (!resolved->how.empty()) {
-    std::string how = resolved->how;
-    if (source.s3 != nullptr) {  // paths of the store, said as URLs
-      std::string root = source.path;
-      while (root.size() > 1 && root.back() == '/') root.pop_back();
-      how = absl::StrReplaceAll(how, {{" " + root, " " + source.Name(root)}});
-    }
-    std::fprintf(stderr, "zccctl: %s %s (%s)\n", doing, source.Name(resolved->dir).c_str(),
-                 how.c_str());
-  }
-  return resolved->dir;
-}
-
-// How a step is read: through the object store, or the local disk.
-zcc::checkpoint::IoOptions ReadOptions(StepSource& source) {
-  zcc::checkpoint::IoOptions io;
-  io.storage = source.storage();
-  if (source.s3 != nullptr) io.direct_io = false;
-  return io;
-}
-
-int Verify(const std::string& operand, bool json) {
-  auto opened = OpenStepSource(operand);
-  if (!opened.ok()) {
-    std::fprintf(stderr, "zccctl: %s: %s\n", operand.c_str(),
-                 std::string(opened.status().message()).c_str());
-    return kExitError;
-  }
-  StepSource& source = *opened;
-  const std::string dir_path = StepDirOf(source, "verifying");
-  const std::string dir = source.Name(dir_path);
-  auto report = zcc::checkpoint::VerifyStep(dir_path, ReadOptions(source));
-  if (!report.ok()) {
-    if (json) {
-      std::printf("{\"ok\": false, \"error\": \"%s\"}\n",
-                  absl::CHexEscape(report.status().message()).c_str());
-    } else {
-      std::fprintf(stderr, "zccctl: %s: FAILED: %s\n", dir.c_str(),
-                   std::string(report.status().message()).c_str());
-    }
-    return kExitError;
-  }
-  if (json) {
-    std::printf(
-        "{\"ok\": true, \"ranks\": %u, \"tensors\": %llu, \"global_tensors\": %llu, "
-        "\"bytes\": %llu}\n",
-        report->ranks, static_cast<unsigned long long>(report->tensors),
-        static_cast<unsigned long long>(report->global_tensors),
-        static_cast<unsigned long long>(report->bytes_checked));
-  } else {
-    std::printf("%s: OK (%u ranks, %llu pieces of %llu global tensors, %.3f GB checked)\n",
-                dir.c_str(), report->ranks, static_cast<unsigned long long>(report->tensors),
-                static_cast<unsigned long long>(report->global_tensors),
-                report->bytes_checked / 1e9);
-  }
-  return kExitOk;
-}
-
 struct Options {
   std::string socket = zcc::DefaultSocketPath();
   std::string root;
@@ -314,96 +222,15 @@ struct Options {
   }
 };
 
-int ExportUsage(const std::string& message) {
-  std::fprintf(stderr, "zccctl: export: %s\n", message.c_str());
-  return kExitUsage;
-}
-
-// Offline: writes a committed step as a Hugging Face checkpoint. Progress on
-// stderr (a line per shard), the summary on stdout.
-int RunExport(const Options& o) {
-  auto opened = OpenStepSource(o.args[1]);
-  if (!opened.ok()) {
-    std::fprintf(stderr, "zccctl: export %s: %s\n", o.args[1].c_str(),
-                 std::string(opened.status().message()).c_str());
-    return kExitError;
-  }
-  StepSource& source = *opened;
-  const std::string step_dir = StepDirOf(source, "exporting");
-  const std::string& out_dir = o.args[2];
-  zcc::checkpoint::ExportOptions options;
-  if (source.s3 != nullptr) {
-    // From the store into a local folder.
-    options.io = ReadOptions(source);
-    options.out_storage = zcc::storage::DefaultStorage();
-  }
-  options.force = o.force;
-  options.job_files = !o.no_job_files;
-  for (const auto& [flag, value] : o.export_flags) {
-    absl::Status st;
-    if (flag == "--what") {
-      auto what = zcc::checkpoint::ParseExportWhat(value);
-      if (what.ok()) options.what = *what;
-      st = what.status();
-    } else if (flag == "--dtype") {
-      auto dtype = zcc::checkpoint::ParseExportDType(value);
-      if (dtype.ok()) options.dtype = *dtype;
-      st = dtype.status();
-    } else if (flag == "--max-shard-size") {
-      auto size = zcc::checkpoint::ParseByteSize(value);
-      if (size.ok()) options.max_shard_bytes = *size;
-      st = size.status();
-    } else {  // --extra-file
-      options.extra_files.push_back(value);
-    }
-    if (!st.ok()) return ExportUsage(std::string(st.message()));
-  }
-  options.on_shard = [](const zcc::checkpoint::ExportedShard& s) {
-    std::fprintf(stderr, "[%zu/%zu] %s: %llu tensors, %.1f MB, %.0f MB/s\n", s.index, s.count,
-                 s.file.c_str(), static_cast<unsigned long long>(s.tensors), s.bytes / 1e6,
-                 s.seconds > 0 ? s.bytes / 1e6 / s.seconds : 0.0);
-  };
-  auto report = zcc::checkpoint::ExportStep(step_dir, out_dir, options);
-  if (!report.ok()) {
-    if (o.json) {
-      std::printf("{\"ok\": false, \"error\": \"%s\"}\n",
-                  absl::CHexEscape(report.status().message()).c_str());
-    } else {
-      std::fprintf(stderr, "zccctl: export %s: FAILED: %s\n", source.Name(step_dir).c_str(),
-                   std::string(report.status().message()).c_str());
-    }
-    return kExitError;
-  }
-  const double gbps = report->seconds > 0 ? report->file_bytes / 1e9 / report->seconds : 0;
-  if (report->params_without_ema > 0) {
-    std::fprintf(stderr, "note: %llu parameter(s) without an EMA exported as they are\n",
-                 static_cast<unsigned long long>(report->params_without_ema));
-  }
-  if (o.json) {
-    std::printf(
-        "{\"ok\": true, \"kind\": \"%s\", \"tensors\": %llu, \"shards\": %zu, "
-        "\"total_size\": %llu, \"bytes\": %llu, \"bytes_read\": %llu, \"seconds\": %.3f, "
-        "\"gbps\": %.3f, \"indexed\": %s, \"peak_buffer_bytes\": %llu, "
-        "\"params_without_ema\": %llu}\n",
-        report->kind.c_str(), static_cast<unsigned long long>(report->tensors),
-        report->shards.size(), static_cast<unsigned long long>(report->tensor_bytes),
-        static_cast<unsigned long long>(report->file_bytes),
-        static_cast<unsigned long long>(report->bytes_read), report->seconds, gbps,
-        report->indexed ? "true" : "false",
-        static_cast<unsigned long long>(report->peak_buffer_bytes),
-        static_cast<unsigned long long>(report->params_without_ema));
-  } else {
-    std::printf(
-        "exported %llu %s tensors in %zu shard(s) to %s: %.3f GB written (%.3f GB read and "
-        "verified) in %.2fs (%.2f GB/s)\n",
-        static_cast<unsigned long long>(report->tensors), report->kind.c_str(),
-        report->shards.size(), out_dir.c_str(), report->file_bytes / 1e9,
-        report->bytes_read / 1e9, report->seconds, gbps);
-  }
-  return kExitOk;
-}
-
 // zccd's two services over its unix socket; every call has a 10 s deadline.
+// Offline: a committed step as a Hugging Face checkpoint (zccctl_steps.h).
+int RunExport(const Options& o) {
+  return zcc::zccctl::ExportCommand(
+      {o.args[1], o.args[2], o.json, o.force, o.no_job_files, o.export_flags});
+}
+
+int RunVerify(const Options& o) { return zcc::zccctl::VerifyCommand(o.operand(), o.json); }
+
 class Daemon {
  public:
   explicit Daemon(const std::string& socket)
@@ -466,6 +293,29 @@ int RunWatch(const Options& o, Daemon& d) {
   return kExitOk;
 }
 
+void PrintCheckpoints(const zcc::v1::ListCheckpointsResponse& r) {
+  std::printf("%-10s %-7s %-12s %-22s %s\n", "step", "ranks", "GB", "committed", "path");
+  for (const auto& c : r.checkpoints()) {
+    std::printf("%-10lld %-7u %-12.3f %-22s %s%s\n", static_cast<long long>(c.step()),
+                c.world_size(), c.total_bytes() / 1e9, c.committed_at().c_str(),
+                c.path().c_str(), c.is_latest() ? "  (latest)" : "");
+  }
+}
+
+// list with a job directory or an s3:// URL instead of a job id: read from
+// the files, without zccd.
+int ListOffline(const Options& o) {
+  auto source = zcc::zccctl::OpenStepSource(o.operand());
+  absl::StatusOr<zcc::v1::ListCheckpointsResponse> listed =
+      source.ok() ? zcc::zccctl::ListCommitted(*source) : source.status();
+  if (!listed.ok()) {
+    std::fprintf(stderr, "zccctl: list %s: %s\n", o.operand().c_str(),
+                 std::string(listed.status().message()).c_str());
+    return kExitError;
+  }
+  return Report(o, *listed, PrintCheckpoints);
+}
+
 int RunList(const Options& o, Daemon& d) {
   zcc::v1::ListCheckpointsRequest req;
   req.set_job_id(o.operand());
@@ -474,14 +324,7 @@ int RunList(const Options& o, Daemon& d) {
   const grpc::Status st =
       d.Call(d.status(), &zcc::v1::Status::Stub::ListCheckpoints, req, &resp);
   if (!st.ok()) return Fail(st);
-  return Report(o, resp, [](const zcc::v1::ListCheckpointsResponse& r) {
-    std::printf("%-10s %-7s %-12s %-22s %s\n", "step", "ranks", "GB", "committed", "path");
-    for (const auto& c : r.checkpoints()) {
-      std::printf("%-10lld %-7u %-12.3f %-22s %s%s\n", static_cast<long long>(c.step()),
-                  c.world_size(), c.total_bytes() / 1e9, c.committed_at().c_str(),
-                  c.path().c_str(), c.is_latest() ? "  (latest)" : "");
-    }
-  });
+  return Report(o, resp, PrintCheckpoints);
 }
 
 int RunSave(const Options& o, Daemon& d) {
@@ -513,7 +356,6 @@ int RunGc(const Options& o, Daemon& d) {
   });
 }
 
-int RunVerify(const Options& o) { return Verify(o.operand(), o.json); }
 
 struct Command {
   const char* name;
@@ -600,6 +442,8 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     if (c.offline != nullptr) return c.offline(o);
+    // A job directory or an s3:// URL instead of a job id: offline.
+    if (c.run == RunList && absl::StrContains(o.operand(), "/")) return ListOffline(o);
     Daemon daemon(o.socket);
     return c.run(o, daemon);
   }

@@ -317,21 +317,18 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
       job != nullptr && job->options().job_dir == job_dir) {
     ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
   }
-  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                       checkpoint::ListCommittedSteps(job_dir, shard_storage_));
-  auto latest = checkpoint::ReadLatest(job_dir, shard_storage_);
+  ZCC_ASSIGN_OR_RETURN(std::vector<checkpoint::CommittedStep> steps,
+                       checkpoint::ListCheckpoints(job_dir, shard_storage_));
   v1::ListCheckpointsResponse resp;
-  for (int64_t step : steps) {
-    const std::string dir = JoinPath(job_dir, format::StepDirName(step));
-    auto record = checkpoint::ReadCommitRecord(dir, shard_storage_);
+  for (const checkpoint::CommittedStep& s : steps) {
     v1::CheckpointInfo* info = resp.add_checkpoints();
-    info->set_step(step);
-    info->set_path(dir);
-    info->set_is_latest(latest.ok() && *latest == step);
-    if (record.ok()) {
-      info->set_world_size(record->world_size);
-      info->set_total_bytes(record->total_bytes);
-      info->set_committed_at(record->committed_at);
+    info->set_step(s.step);
+    info->set_path(s.dir);
+    info->set_is_latest(s.is_latest);
+    if (s.record.has_value()) {
+      info->set_world_size(s.record->world_size);
+      info->set_total_bytes(s.record->total_bytes);
+      info->set_committed_at(s.record->committed_at);
     }
   }
   return resp;
