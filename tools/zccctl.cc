@@ -3,6 +3,7 @@
 //   zccctl [--socket PATH] [--json] status [JOB]
 //   zccctl [--socket PATH] [--json] list JOB [--root ROOT]
 //   zccctl [--json] list JOB_DIR|s3://BUCKET/JOB_KEY   (offline)
+//   zccctl [--json] gc JOB_DIR|s3://BUCKET/JOB_KEY [--older-than S]   (offline)
 //   zccctl [--socket PATH] save JOB
 //   zccctl [--socket PATH] [--json] gc JOB [--root ROOT]
 //   zccctl [--socket PATH] watch [JOB] [--interval S] [--count N]
@@ -34,6 +35,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/default_paths.h"
 #include "proto/zcc.grpc.pb.h"
 #include "tools/zccctl_steps.h"
@@ -54,6 +56,10 @@ const char kUsage[] =
     "  save JOB              persist the next full snapshot zccd takes in from every\n"
     "                        local rank of JOB (one already enqueued counts)\n"
     "  gc JOB [--root R]     apply the retention policy now, remove abandoned partials\n"
+    "  gc DIR|s3://URL [--older-than S]\n"
+    "                        offline: remove what interrupted writes left (uncommitted\n"
+    "                        steps, temporary files; incomplete uploads in a store)\n"
+    "                        older than S seconds (default 3600); keeps every committed step\n"
     "  watch [JOB]           live status, refreshed every --interval seconds (default 2)\n"
     "                        until interrupted, or --count times\n"
     "  verify STEP           check a checkpoint's manifests and checksums offline\n"
@@ -214,6 +220,7 @@ struct Options {
   std::vector<std::pair<std::string, std::string>> export_flags;
   bool force = false;
   bool no_job_files = false;
+  double older_than_s = -1;  // gc DIR|URL: what interrupted writes left, this old (default 3600)
   std::vector<std::string> args;  // the command and its operands
   // The operand after the command (a job id), or "" when there is none.
   const std::string& operand() const {
@@ -397,6 +404,12 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->count = std::atol(argv[++i]);
     } else if (IsExportFlag(a) && i + 1 < argc) {
       o->export_flags.emplace_back(a, argv[++i]);
+    } else if (a == "--older-than" && i + 1 < argc) {
+      o->older_than_s = std::atof(argv[++i]);
+      if (!(o->older_than_s >= 0)) {
+        std::fprintf(stderr, "zccctl: --older-than must be a number of seconds >= 0\n");
+        return kExitUsage;
+      }
     } else if (a == "--force") {
       o->force = true;
     } else if (a == "--no-job-files") {
@@ -444,6 +457,14 @@ int main(int argc, char** argv) {
     if (c.offline != nullptr) return c.offline(o);
     // A job directory or an s3:// URL instead of a job id: offline.
     if (c.run == RunList && absl::StrContains(o.operand(), "/")) return ListOffline(o);
+    if (c.run == RunGc && absl::StrContains(o.operand(), "/")) {
+      return zcc::zccctl::GcCommand(
+          o.operand(), absl::Seconds(o.older_than_s >= 0 ? o.older_than_s : 3600), o.json);
+    }
+    if (o.older_than_s >= 0) {
+      std::fprintf(stderr, "zccctl: --older-than belongs to gc of a job directory or URL\n");
+      return kExitUsage;
+    }
     Daemon daemon(o.socket);
     return c.run(o, daemon);
   }

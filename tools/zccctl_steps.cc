@@ -1,6 +1,8 @@
 #include "tools/zccctl_steps.h"
 
+#include <cstdint>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "checkpoint/exporter.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/retention.h"
 #include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/status.h"
@@ -184,6 +187,39 @@ int ExportCommand(const ExportRequest& o) {
         static_cast<unsigned long long>(report->tensors), report->kind.c_str(),
         report->shards.size(), out_dir.c_str(), report->file_bytes / 1e9,
         report->bytes_read / 1e9, report->seconds, gbps);
+  }
+  return kExitOk;
+}
+
+int GcCommand(const std::string& operand, absl::Duration older_than, bool json) {
+  auto fail = [&operand](const absl::Status& st) {
+    std::fprintf(stderr, "zccctl: gc %s: %s\n", operand.c_str(), std::string(st.message()).c_str());
+    return kExitError;
+  };
+  auto source = OpenStepSource(operand);
+  if (!source.ok()) return fail(source.status());
+  // Every committed step kept: only what no commit finished goes.
+  checkpoint::RetentionPolicy keep_all;
+  keep_all.keep_last = UINT32_MAX;
+  auto removed = checkpoint::ApplyRetention(source->path, keep_all, std::set<int64_t>{},
+                                            older_than, source->storage());
+  if (!removed.ok()) return fail(removed.status());
+  size_t aborted = 0;
+  if (source->s3 != nullptr) {
+    auto uploads = source->s3->storage().AbortUploads(source->path, absl::Now() - older_than);
+    if (!uploads.ok()) return fail(uploads.status());
+    aborted = *uploads;
+  }
+  if (json) {
+    std::printf("{\"ok\": true, \"removed_partials\": %zu, \"aborted_uploads\": %zu}\n",
+                removed->removed_partials.size(), aborted);
+  } else {
+    for (const std::string& p : removed->removed_partials) {
+      std::printf("removed %s\n", source->Name(JoinPath(source->path, p)).c_str());
+    }
+    std::printf("%zu uncommitted director(ies) or temporary file(s) removed, %zu incomplete "
+                "upload(s) aborted\n",
+                removed->removed_partials.size(), aborted);
   }
   return kExitOk;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "checkpoint/io_options.h"
 #include "proto/zcc.pb.h"
 #include "storage/s3/s3_location.h"
@@ -47,6 +48,14 @@ struct ExportRequest {
 // export STEP OUT_DIR: progress on stderr (a line per shard), the summary on
 // stdout.
 int ExportCommand(const ExportRequest& request);
+
+// gc DIR|URL: removes what interrupted writes left in a job directory, older
+// than `older_than`: uncommitted step directories (step-N.partial, a step-N/
+// without COMMITTED), temporary files of atomic writes, and in a store the
+// incomplete multipart uploads. Committed steps are all kept (retention is
+// zccd's, with the job's policy). Offline: run it when no job writes there,
+// or with an age longer than a commit can take.
+int GcCommand(const std::string& operand, absl::Duration older_than, bool json);
 
 // The committed steps of the job directory `source` names, as zccd's
 // ListCheckpoints answers them.

@@ -32,7 +32,7 @@ class S3Location {
                                                           Endpoint endpoint,
                                                           Credentials credentials);
 
-  Storage& storage() { return *storage_; }
+  S3Storage& storage() { return *storage_; }
   // The URL's key as a path of storage(): "/" + key.
   const std::string& path() const { return path_; }
   // A path of storage() as an s3:// URL again, for messages.

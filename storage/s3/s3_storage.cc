@@ -415,11 +415,27 @@ absl::StatusOr<FileInfo> S3Storage::Stat(const std::string& path) {
     return info;
   }
   if (!absl::IsNotFound(object.status())) return object.status();
-  ZCC_ASSIGN_OR_RETURN(Listing under, client_->List(options_.bucket, key + "/", "", 1));
+  ZCC_ASSIGN_OR_RETURN(Listing under, client_->List(options_.bucket, key + "/", ""));
   if (under.objects.empty()) return absl::NotFoundError(absl::StrCat("stat ", path, ": nothing there"));
   info.is_dir = true;
-  info.modified = under.objects.front().modified;
+  // A directory changes when anything under it does: its newest object.
+  info.modified = absl::InfinitePast();
+  for (const ObjectInfo& o : under.objects) info.modified = std::max(info.modified, o.modified);
   return info;
+}
+
+absl::StatusOr<size_t> S3Storage::AbortUploads(const std::string& path, absl::Time started_before) {
+  ZCC_RETURN_IF_ERROR(CheckPath(path));
+  const std::string key = Key(path);
+  ZCC_ASSIGN_OR_RETURN(std::vector<MultipartUpload> uploads,
+                       client_->ListMultipart(options_.bucket, key.empty() ? "" : key + "/"));
+  size_t aborted = 0;
+  for (const MultipartUpload& u : uploads) {
+    if (u.initiated >= started_before) continue;
+    ZCC_RETURN_IF_ERROR(client_->AbortMultipart(options_.bucket, u.key, u.upload_id));
+    ++aborted;
+  }
+  return aborted;
 }
 
 absl::StatusOr<std::vector<std::string>> S3Storage::List(const std::string& path) {

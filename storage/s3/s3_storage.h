@@ -71,6 +71,11 @@ class S3Storage final : public Storage {
   absl::StatusOr<FileInfo> Stat(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> List(const std::string& path) override;
 
+  // Aborts the multipart uploads under directory `path` started before
+  // `started_before` (what a writer killed mid-upload left: never visible,
+  // but billed); returns how many.
+  absl::StatusOr<size_t> AbortUploads(const std::string& path, absl::Time started_before);
+
  private:
   friend class S3WriteFile;
   friend class S3ReadFile;
