@@ -326,9 +326,16 @@ absl::Status S3Storage::CheckPath(const std::string& path) const {
 }
 
 absl::Status S3Storage::CheckDir(const std::string& path) {
-  ZCC_ASSIGN_OR_RETURN(FileInfo info, Stat(path));
-  if (!info.is_dir) return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
-  return absl::OkStatus();
+  // One key under it is enough (Stat would list them all for the newest
+  // time, and a job's directory holds every step's objects).
+  const std::string key = Key(path);
+  if (key.empty()) return absl::OkStatus();
+  ZCC_ASSIGN_OR_RETURN(Listing under, client_->List(options_.bucket, key + "/", "", 1));
+  if (!under.objects.empty()) return absl::OkStatus();
+  if (client_->Head(options_.bucket, key).ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  }
+  return absl::NotFoundError(absl::StrCat(path, ": no such directory"));
 }
 
 absl::StatusOr<std::unique_ptr<File>> S3Storage::OpenForWrite(const std::string& path,
