@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "common/status.h"
 #include "format/manifest.h"
+#include "proto/checkpoint_info.h"
 #include "storage/posix_storage.h"
 
 namespace zcc::zccctl {
@@ -229,15 +230,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> ListCommitted(StepSource& source) {
   ZCC_ASSIGN_OR_RETURN(std::vector<checkpoint::CommittedStep> steps,
                        checkpoint::ListCheckpoints(source.path, source.storage()));
   for (const checkpoint::CommittedStep& s : steps) {
-    v1::CheckpointInfo* info = resp.add_checkpoints();
-    info->set_step(s.step);
-    info->set_path(source.Name(s.dir));
-    info->set_is_latest(s.is_latest);
-    if (s.record.has_value()) {
-      info->set_world_size(s.record->world_size);
-      info->set_total_bytes(s.record->total_bytes);
-      info->set_committed_at(s.record->committed_at);
-    }
+    proto::FillCheckpointInfo(s, source.Name(s.dir), resp.add_checkpoints());
   }
   return resp;
 }

@@ -13,8 +13,6 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "common/file_util.h"
-#include "storage/posix_storage.h"
-#include "storage/whole_file.h"
 #include "common/fs_identity.h"
 #include "common/instance_lock.h"
 #include "common/log.h"
@@ -22,7 +20,10 @@
 #include "common/validate.h"
 #include "daemon/jobs/job_directory.h"
 #include "format/manifest.h"
+#include "proto/checkpoint_info.h"
 #include "shm/segment.h"
+#include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::daemon {
 namespace {
@@ -321,15 +322,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
                        checkpoint::ListCheckpoints(job_dir, shard_storage_));
   v1::ListCheckpointsResponse resp;
   for (const checkpoint::CommittedStep& s : steps) {
-    v1::CheckpointInfo* info = resp.add_checkpoints();
-    info->set_step(s.step);
-    info->set_path(s.dir);
-    info->set_is_latest(s.is_latest);
-    if (s.record.has_value()) {
-      info->set_world_size(s.record->world_size);
-      info->set_total_bytes(s.record->total_bytes);
-      info->set_committed_at(s.record->committed_at);
-    }
+    proto::FillCheckpointInfo(s, s.dir, resp.add_checkpoints());
   }
   return resp;
 }
