@@ -10,9 +10,6 @@
 
 namespace zcc::testing {
 
-namespace {
-
-// The S3 environment's interpreter, or why there is none.
 absl::StatusOr<std::string> S3Python() {
   const char* venv = std::getenv("ZCC_S3_VENV");
   const char* home = std::getenv("HOME");
@@ -27,23 +24,12 @@ absl::StatusOr<std::string> S3Python() {
   return python;
 }
 
-// A script of tools/s3, from the test's runfiles.
-std::string Script(const std::string& name) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return srcdir != nullptr ? absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "zcc",
-                                          "/tools/s3/", name)
-                           : absl::StrCat("tools/s3/", name);
-}
-
-}  // namespace
-
 absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir) {
   auto python = S3Python();
   if (!python.ok()) return python.status();
   S3TestServer s;
   s.process = std::make_unique<Subprocess>(
-      std::vector<std::string>{*python, Script("test_server.py")},
+      std::vector<std::string>{*python, Runfile("tools/s3/test_server.py")},
       absl::StrCat(log_dir, "/s3_test_server.log"));
   if (!s.process->WaitForOutput("ready", absl::Seconds(90))) {
     return absl::UnavailableError(
@@ -68,7 +54,7 @@ absl::StatusOr<S3FaultProxy> StartS3FaultProxy(const std::string& log_dir,
   if (!python.ok()) return python.status();
   S3FaultProxy p;
   p.process = std::make_unique<Subprocess>(
-      std::vector<std::string>{*python, Script("fault_proxy.py"), "--upstream", upstream,
+      std::vector<std::string>{*python, Runfile("tools/s3/fault_proxy.py"), "--upstream", upstream,
                                "--slowdown", absl::StrCat(slowdown)},
       absl::StrCat(log_dir, "/s3_fault_proxy.", proxies.fetch_add(1), ".log"));
   if (!p.process->WaitForOutput("ready", absl::Seconds(30))) {

@@ -22,6 +22,10 @@ struct S3TestServer {
   std::unique_ptr<Subprocess> process;
 };
 
+// The interpreter of the S3 test server's environment, or
+// FailedPrecondition saying how to make it.
+absl::StatusOr<std::string> S3Python();
+
 // Starts one, its log in `log_dir`; waits until it serves.
 absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir);
 

@@ -83,12 +83,9 @@ double ZccDownload(storage::Storage& s3, const std::string& path, storage::Align
 double Boto3(const testing::S3TestServer& server, const std::string& log_dir, const char* op,
              const std::string& key, const std::string& file) {
   static int n = 0;
-  const char* home = std::getenv("HOME");
-  const char* venv = std::getenv("ZCC_S3_VENV");
-  const std::string python = venv != nullptr && *venv != '\0'
-                                 ? absl::StrCat(venv, "/bin/python")
-                                 : absl::StrCat(home ? home : "", "/.cache/zcc/s3-venv/bin/python");
-  testing::Subprocess p({python, testing::Runfile("bench/s3/boto3_transfer.py"), op,
+  auto python = testing::S3Python();
+  if (!python.ok()) return -1;
+  testing::Subprocess p({*python, testing::Runfile("bench/s3/boto3_transfer.py"), op,
                          server.endpoint, server.bucket, key, file},
                         absl::StrCat(log_dir, "/boto3.", n++, ".log"), -1,
                         {"AWS_ACCESS_KEY_ID=" + server.access_key,

@@ -255,7 +255,8 @@ std::string S3Client::Url(const std::string& bucket, const std::string& key,
   return url;
 }
 
-absl::StatusOr<S3Client::Response> S3Client::SendOnce(const Request& req) {
+absl::StatusOr<S3Client::Response> S3Client::SendOnce(const Request& req, bool* retryable) {
+  *retryable = false;
   std::unique_ptr<Connection> conn = TakeConnection();
   if (conn->get() == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
   CURL* c = conn->get();
@@ -315,13 +316,10 @@ absl::StatusOr<S3Client::Response> S3Client::SendOnce(const Request& req) {
   if (rc != CURLE_OK) {
     const std::string why = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
     // The connection is dropped with the handle: it may be half-used.
-    absl::Status st = t.overflow ? absl::OutOfRangeError(absl::StrCat(
-                                       req.What(), ": the reply is larger than expected"))
-                                 : absl::UnavailableError(absl::StrCat(req.What(), ": ", why));
-    if (!RetryableCurl(rc) || t.overflow) {
-      return absl::Status(st.code(), absl::StrCat(st.message(), " [not retried]"));
-    }
-    return st;
+    *retryable = RetryableCurl(rc) && !t.overflow;
+    return t.overflow ? absl::DataLossError(
+                            absl::StrCat(req.What(), ": the reply is larger than asked for"))
+                      : absl::UnavailableError(absl::StrCat(req.What(), ": ", why));
   }
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &resp.http);
   resp.dst_bytes = t.dst_bytes;
@@ -362,15 +360,14 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& req) {
   absl::Duration backoff = kFirstBackoff;
   thread_local std::mt19937_64 rng(std::random_device{}());
   for (int attempt = 1;; ++attempt) {
-    absl::StatusOr<Response> r = SendOnce(req);
-    absl::Status error;
     bool retry = false;
+    absl::StatusOr<Response> r = SendOnce(req, &retry);
+    absl::Status error;
     if (r.ok()) {
       if (r->http >= 200 && r->http < 300) return r;
       error = ErrorOf(req.What(), r->http, r->body, &retry);
     } else {
       error = r.status();
-      retry = !absl::EndsWith(error.message(), "[not retried]");
     }
     if (!retry) return error;
     // Full jitter: a random wait up to the backoff, which doubles.
@@ -406,7 +403,7 @@ absl::StatusOr<size_t> S3Client::GetRange(const std::string& bucket, const std::
   req.dst = dst;
   req.dst_size = n;
   absl::StatusOr<Response> resp = Send(req);
-  if (absl::IsOutOfRange(resp.status()) && !absl::StrContains(resp.status().message(), "larger")) {
+  if (absl::IsOutOfRange(resp.status())) {
     return 0;  // 416: the range starts at or past the end
   }
   if (!resp.ok()) return resp.status();

@@ -126,7 +126,8 @@ class S3Client {
 
   // Sends `request`, retrying what may be retried, until the deadline.
   absl::StatusOr<Response> Send(const Request& request);
-  absl::StatusOr<Response> SendOnce(const Request& request);
+  // One attempt; on a transport error, *retryable says whether to try again.
+  absl::StatusOr<Response> SendOnce(const Request& request, bool* retryable);
   std::string Url(const std::string& bucket, const std::string& key,
                   const std::string& query) const;
   std::unique_ptr<Connection> TakeConnection();

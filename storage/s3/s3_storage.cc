@@ -118,12 +118,8 @@ class S3WriteFile final : public File {
       ZCC_RETURN_IF_ERROR(first_error());
       return Record(storage_->client().Put(storage_->options().bucket, key_, tail_).status());
     }
-    bool no_part;
-    {
-      zcc::MutexLock lock(&mu_);
-      no_part = etags_.empty();
-    }
-    if (!tail_.empty() || no_part) StartPart(std::move(tail_));
+    // (An upload is started with its first part: the tail, if any, is the last.)
+    if (!tail_.empty()) StartPart(std::move(tail_));
     tail_.clear();
     AwaitParts(0);
     ZCC_RETURN_IF_ERROR(first_error());
