@@ -5,8 +5,13 @@
 // never anything else; every step directory with COMMITTED holds one whole
 // step (never a mix of two, never a part); and recovery at start leaves only
 // committed steps and a `latest` that names one.
+//
+// The same cuts run on an object store's model (no rename; a step is written
+// and committed in place, in step-N/): every step with COMMITTED is one whole
+// step there too, and `latest` names the older step or the new one.
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +20,7 @@
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/recovery.h"
+#include "checkpoint/retention.h"
 #include "checkpoint/shard_writer.h"
 #include "checkpoint/step_check.h"
 #include "checkpoint/testing/synthetic_rank.h"
@@ -24,6 +30,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/fault_storage.h"
 #include "storage/memory_storage.h"
+#include "storage/testing/object_store_model.h"
 #include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
@@ -49,7 +56,7 @@ IoOptions On(storage::Storage& fs) {
 }
 
 // Every rank's shards and manifest of `step`, with the bytes of `seed`.
-void WritePartial(storage::MemoryStorage& fs, int64_t step, int64_t seed) {
+void WritePartial(storage::Storage& fs, int64_t step, int64_t seed) {
   for (uint32_t r = 0; r < kWorld; ++r) {
     SyntheticRank rank(r, kWorld, Specs(), 0, kJob);
     rank.Fill(seed);
@@ -75,6 +82,22 @@ struct Scenario {
   std::optional<std::pair<int64_t, int64_t>> committed;  // step, seed before the commit
   int64_t step = 0;                                     // the commit cut short
   int64_t seed = 0;
+  // On an object store's model: written and committed in place.
+  bool in_place = false;
+};
+
+// The storage the commit goes through: `fs` itself, or an object store's
+// model over it.
+class Through {
+ public:
+  Through(storage::MemoryStorage& fs, bool in_place) : fs_(fs), model_(&fs), in_place_(in_place) {}
+  storage::Storage& operator*() { return in_place_ ? static_cast<storage::Storage&>(model_) : fs_; }
+  storage::Storage* get() { return &**this; }
+
+ private:
+  storage::MemoryStorage& fs_;
+  storage::testing::ObjectStoreModel model_;
+  const bool in_place_;
 };
 
 // The state before the commit: the older step committed, the new one's
@@ -83,13 +106,14 @@ void Prepare(storage::MemoryStorage& fs, const Scenario& s) {
   REQUIRE_OK(fs.MakeDirs(kJobDir));
   REQUIRE_OK(fs.SyncDir("/"));
   REQUIRE_OK(fs.SyncDir("/ckpt"));
+  Through via(fs, s.in_place);
   if (s.committed.has_value()) {
-    WritePartial(fs, s.committed->first, s.committed->second);
-    auto done = TryCommit(kJobDir, kJob, s.committed->first, kWorld, &fs);
+    WritePartial(*via, s.committed->first, s.committed->second);
+    auto done = TryCommit(kJobDir, kJob, s.committed->first, kWorld, via.get());
     REQUIRE_OK(done);
     REQUIRE(done->outcome == CommitOutcome::kCommitted);
   }
-  WritePartial(fs, s.step, s.seed);
+  WritePartial(*via, s.step, s.seed);
 }
 
 void CheckAfterCrash(storage::MemoryStorage& fs, const Scenario& s, bool commit_returned_ok) {
@@ -117,9 +141,18 @@ void CheckAfterCrash(storage::MemoryStorage& fs, const Scenario& s, bool commit_
     const bool new_one = step == s.step && Holds(fs, dir, s.seed);
     CHECK((old_one || new_one));
   }
-  // What `latest` names is there and whole.
-  if (latest.ok()) {
+  // What `latest` names is there and whole. In place, a step committed
+  // again is uncommitted from its first rank's write until COMMITTED is
+  // back: restores fall back to an older step meanwhile.
+  const bool recommit = s.committed.has_value() && s.committed->first == s.step;
+  if (latest.ok() && !(s.in_place && recommit)) {
     CHECK(std::find(steps->begin(), steps->end(), *latest) != steps->end());
+  }
+  if (s.in_place) {
+    // zccd recovers nothing at start in a store (gc and retention remove
+    // steps left without COMMITTED once old): the cut leaves the step to
+    // retry, as the retry below shows.
+    return;
   }
   // Recovery at start: nothing but committed steps and `latest` is left.
   auto recovered = RecoverJobDir(kJobDir, absl::ZeroDuration(), &fs);
@@ -146,8 +179,9 @@ void CutAtEveryChange(const Scenario& s) {
   {
     storage::MemoryStorage fs;
     Prepare(fs, s);
+    Through via(fs, s.in_place);
     const uint64_t before = fs.changes();
-    auto done = TryCommit(kJobDir, kJob, s.step, kWorld, &fs);
+    auto done = TryCommit(kJobDir, kJob, s.step, kWorld, via.get());
     REQUIRE_OK(done);
     REQUIRE(done->outcome == CommitOutcome::kCommitted);
     total = fs.changes() - before;
@@ -158,11 +192,20 @@ void CutAtEveryChange(const Scenario& s) {
     INFO(s.name << ": the storage died after " << k << " of the commit's " << total << " changes");
     storage::MemoryStorage fs;
     Prepare(fs, s);
+    Through via(fs, s.in_place);
     fs.CrashAfter(k);
-    const auto result = TryCommit(kJobDir, kJob, s.step, kWorld, &fs);
+    const auto result = TryCommit(kJobDir, kJob, s.step, kWorld, via.get());
     CHECK(result.ok() == (k == total));
     fs.Crash();
     CheckAfterCrash(fs, s, result.ok());
+    if (s.in_place && !result.ok()) {
+      // The rank files survived the cut: the commit tried again completes.
+      auto retried = TryCommit(kJobDir, kJob, s.step, kWorld, via.get());
+      REQUIRE_OK(retried);
+      CHECK(retried->outcome == CommitOutcome::kCommitted);
+      CHECK(*ReadLatest(kJobDir, &fs) == s.step);
+      CHECK(Holds(fs, JoinPath(kJobDir, format::StepDirName(s.step)), s.seed));
+    }
   }
 }
 
@@ -176,6 +219,41 @@ TEST_CASE("the same step committed again (a resumed run) is old or new at every 
 
 TEST_CASE("a job's first commit cut at any change: no latest, or the step whole") {
   CutAtEveryChange({"first commit", std::nullopt, 10, 10});
+}
+
+TEST_CASE("in place (an object store): a commit cut at any change leaves latest old or new") {
+  CutAtEveryChange({"in place: step 20 after step 10", std::make_pair(10, 10), 20, 20, true});
+}
+
+TEST_CASE("in place: the same step committed again is uncommitted, never mixed, until done") {
+  CutAtEveryChange({"in place: step 10 replaced", std::make_pair(10, 10), 10, 11, true});
+}
+
+TEST_CASE("in place: a job's first commit cut at any change: no latest, or the step whole") {
+  CutAtEveryChange({"in place: first commit", std::nullopt, 10, 10, true});
+}
+
+TEST_CASE("in place: retention leaves a step being written, and removes it once abandoned") {
+  storage::MemoryStorage memory;
+  Prepare(memory, {"", std::make_pair(10, 10), 20, 20, true});
+  storage::testing::ObjectStoreModel store(&memory);
+  // step-20/ holds every rank's files but no COMMITTED yet: young, it stays.
+  auto young = ApplyRetention(kJobDir, RetentionPolicy{}, std::set<int64_t>{}, absl::Hours(1),
+                              &store);
+  REQUIRE_OK(young);
+  CHECK(young->removed_partials.empty());
+  CHECK(storage::Exists(memory, JoinPath(kJobDir, "step-00000020")));
+  auto committed = TryCommit(kJobDir, kJob, 20, kWorld, &store);
+  REQUIRE_OK(committed);
+  CHECK(committed->outcome == CommitOutcome::kCommitted);
+  CHECK(memory.List(JoinPath(kJobDir, "step-00000020"))->size() > 2 * kWorld);
+  // A step never committed is removed once older than a commit may take.
+  WritePartial(store, 30, 30);
+  auto old = ApplyRetention(kJobDir, RetentionPolicy{}, std::set<int64_t>{}, absl::ZeroDuration(),
+                            &store);
+  REQUIRE_OK(old);
+  CHECK(old->removed_partials == std::vector<std::string>{"step-00000030"});
+  CHECK(*ListCommittedSteps(kJobDir, &store) == std::vector<int64_t>{10, 20});
 }
 
 TEST_CASE("a commit whose rename fails (EIO) leaves the older step latest; retried, it commits") {

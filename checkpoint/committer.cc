@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/global_index.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_dirs.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -94,14 +95,16 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                                        storage::Storage* storage) {
   // Everything the commit reads and changes goes through `storage`.
   storage::Storage& fs = storage::StorageOrDefault(storage);
-  const std::string partial = JoinPath(job_dir, format::PartialStepDirName(step));
+  // step-N.partial/, or step-N/ itself where steps commit in place.
+  const std::string partial = WritingStepDir(fs, job_dir, step);
+  const bool in_place = CommitsInPlace(fs);
   CommitResult result;
   for (uint32_t r = 0; r < world_size; ++r) {
     if (storage::Exists(fs, JoinPath(partial, format::ManifestFileName(r)))) {
       ++result.manifests_present;
     }
   }
-  if (result.manifests_present == 0 && !storage::Exists(fs, partial)) {
+  if (result.manifests_present == 0 && (in_place || !storage::Exists(fs, partial))) {
     ZCC_ASSIGN_OR_RETURN(std::optional<CommitResult> finished,
                          FinishRenamedStep(fs, job_dir, job_id, step, world_size));
     if (finished.has_value()) return *finished;
@@ -192,7 +195,9 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                                                format::EncodeCommitRecord(record)));
 
   const std::string final_dir = JoinPath(job_dir, format::StepDirName(step));
-  if (storage::Exists(fs, final_dir)) {
+  if (in_place) {
+    // COMMITTED, written last and whole, was the commit.
+  } else if (storage::Exists(fs, final_dir)) {
     ZCC_RETURN_IF_ERROR(ReplaceStep(fs, job_dir, partial, final_dir));
   } else {
     ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));

@@ -10,6 +10,12 @@
 // A crash at any point leaves either the old state or the new one visible:
 // restore only ever picks directories named step-N that contain COMMITTED.
 //
+// On an object store (no rename; step_dirs.h) the ranks wrote into step-N/
+// itself: the same checks, then the index files and COMMITTED are written
+// there (each object appears whole or not at all), COMMITTED last, and then
+// `latest`. A step-N/ without COMMITTED is never restored, so a crash at any
+// point again leaves the old state or the new one.
+//
 // Thread-safety: stateless; callers serialise commits of the same job.
 #ifndef ZCC_CHECKPOINT_COMMITTER_H_
 #define ZCC_CHECKPOINT_COMMITTER_H_

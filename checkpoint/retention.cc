@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_dirs.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -34,11 +35,12 @@ Debris Classify(storage::Storage& fs, const std::string& job_dir, const std::str
     if (absl::EndsWith(name, ".partial") || absl::EndsWith(name, ".superseded")) {
       return Debris::kPartial;
     }
-    // A step directory without COMMITTED is a retention removal cut short.
+    // A step directory without COMMITTED is a retention removal cut short;
+    // where steps commit in place, it may also be one still being written.
     if (format::ParseStepDirName(name).ok() &&
         absl::IsNotFound(fs.Stat(JoinPath(JoinPath(job_dir, name), format::kCommittedFileName))
                              .status())) {
-      return Debris::kUncommittedStep;
+      return CommitsInPlace(fs) ? Debris::kPartial : Debris::kUncommittedStep;
     }
     return Debris::kNone;
   }

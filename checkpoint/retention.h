@@ -47,8 +47,9 @@ struct RetentionGuard {
 // directories a removal left without COMMITTED, and temporary files of an
 // atomic write (latest.tmp.*) whose last modification is older than
 // `partial_max_age` are removed too: a commit that did not complete in that
-// time is abandoned. Everything goes through `fs` (null: the default POSIX
-// storage).
+// time is abandoned. Where steps commit in place (an object store,
+// step_dirs.h) a step-N/ without COMMITTED is such a partial step. Everything
+// goes through `fs` (null: the default POSIX storage).
 absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                const RetentionPolicy& policy,
                                                const RetentionGuard& guard,

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "checkpoint/shard_file_writer.h"
+#include "checkpoint/step_dirs.h"
 #include "common/file_util.h"
 #include "common/status.h"
 #include "format/manifest.h"
@@ -18,6 +19,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/io_pipeline.h"
 #include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -159,6 +161,8 @@ absl::StatusOr<uint64_t> WriteExtraFile(storage::Storage& storage, const std::st
 // directory fsync'ed, so it is either absent or complete and durable.
 absl::Status WriteManifest(storage::Storage& storage, const std::string& dir,
                            const std::string& path, absl::string_view text) {
+  // An object store's write appears whole or not at all, in place.
+  if (storage.atomic_file_writes()) return storage::WriteFileAtomic(storage, path, text);
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   absl::Status st = [&]() -> absl::Status {
     ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file,
@@ -242,7 +246,16 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
                                            const std::vector<ExtraShard>& extra) {
   storage::Storage& storage =
       options.storage != nullptr ? *options.storage : *storage::DefaultStorage();
-  const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
+  const std::string dir = WritingStepDir(storage, job_dir, step);
+  if (CommitsInPlace(storage)) {
+    // The step committed before (training resumed from an older one): its
+    // files are about to be overwritten, so it is no longer committed from
+    // now on. Restores fall back to older steps until this commit is done.
+    const absl::Status uncommitted = storage.Remove(JoinPath(dir, format::kCommittedFileName));
+    if (!uncommitted.ok() && !absl::IsNotFound(uncommitted)) {
+      return Annotate(uncommitted, absl::StrCat("writing step ", step, " of rank ", shards.rank));
+    }
+  }
   absl::StatusOr<WriteStats> stats =
       WriteRankFiles(storage, dir, step, shards, slot, options, extra);
   if (!stats.ok()) {

@@ -9,6 +9,11 @@
 // files it created and leaves no manifest for the rank, so the step cannot
 // commit; nothing outside step-N.partial/ is touched.
 //
+// On an object store (no rename; checkpoint/step_dirs.h) the same files go
+// into step-N/ itself, and a COMMITTED left there by an earlier commit of
+// the step is removed first: from then on the step is uncommitted until
+// this attempt's commit writes COMMITTED again.
+//
 // Thread-safety: stateless; concurrent calls for different ranks are safe.
 #ifndef ZCC_CHECKPOINT_SHARD_WRITER_H_
 #define ZCC_CHECKPOINT_SHARD_WRITER_H_

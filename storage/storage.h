@@ -109,6 +109,11 @@ class Storage {
   // no temporary name and no rename.
   virtual bool atomic_file_writes() const { return false; }
 
+  // False where Rename and Exchange answer Unimplemented (an object store):
+  // a checkpoint's step is then written and committed in place, in step-N/
+  // itself, with COMMITTED written last (checkpoint/committer.h).
+  virtual bool renames() const { return true; }
+
   // Creates `path` (mode 0644) or truncates it, for writing.
   virtual absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,
                                                              const OpenOptions& options) = 0;

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_dirs.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -180,9 +181,10 @@ void Job::DropPending(int64_t step, const std::string& why) {
     write_start_.erase(step);
   }
   ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " " << why;
-  const absl::Status removed =
-      storage::StorageOrDefault(options_.storage)
-          .RemoveTree(JoinPath(options_.job_dir, format::PartialStepDirName(step)));
+  storage::Storage& fs = storage::StorageOrDefault(options_.storage);
+  // Where steps commit in place this is step-N/ without its COMMITTED (the
+  // ranks removed an earlier commit's before writing).
+  const absl::Status removed = fs.RemoveTree(checkpoint::WritingStepDir(fs, options_.job_dir, step));
   if (!removed.ok()) ZCC_LOG(WARNING) << removed;
 }
 

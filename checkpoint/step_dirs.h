@@ -1,0 +1,34 @@
+// Where a step's files are while its ranks write them.
+//
+// On a file system, ranks write into step-N.partial/ and the commit renames
+// it to step-N/ once every rank's manifest is there. An object store has no
+// rename (storage::Storage::renames() is false): ranks write into step-N/
+// itself, and the step is committed when COMMITTED appears in it, written
+// last. Readers only ever take a step-N/ that holds COMMITTED, on either.
+//
+// Thread-safety: stateless functions.
+#ifndef ZCC_CHECKPOINT_STEP_DIRS_H_
+#define ZCC_CHECKPOINT_STEP_DIRS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "common/file_util.h"
+#include "format/manifest.h"
+#include "storage/storage.h"
+
+namespace zcc::checkpoint {
+
+// True when steps of `fs` are written and committed in place.
+inline bool CommitsInPlace(const storage::Storage& fs) { return !fs.renames(); }
+
+// The directory ranks write step `step` of `job_dir` into.
+inline std::string WritingStepDir(const storage::Storage& fs, const std::string& job_dir,
+                                  int64_t step) {
+  return JoinPath(job_dir, CommitsInPlace(fs) ? format::StepDirName(step)
+                                              : format::PartialStepDirName(step));
+}
+
+}  // namespace zcc::checkpoint
+
+#endif  // ZCC_CHECKPOINT_STEP_DIRS_H_
