@@ -97,7 +97,7 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   storage::Storage& fs = storage::StorageOrDefault(storage);
   // step-N.partial/, or step-N/ itself where steps commit in place.
   const std::string partial = WritingStepDir(fs, job_dir, step);
-  const bool in_place = CommitsInPlace(fs);
+  const bool in_place = CommitsInPlace(fs, job_dir);
   CommitResult result;
   for (uint32_t r = 0; r < world_size; ++r) {
     if (storage::Exists(fs, JoinPath(partial, format::ManifestFileName(r)))) {

@@ -40,7 +40,7 @@ Debris Classify(storage::Storage& fs, const std::string& job_dir, const std::str
     if (format::ParseStepDirName(name).ok() &&
         absl::IsNotFound(fs.Stat(JoinPath(JoinPath(job_dir, name), format::kCommittedFileName))
                              .status())) {
-      return CommitsInPlace(fs) ? Debris::kPartial : Debris::kUncommittedStep;
+      return CommitsInPlace(fs, job_dir) ? Debris::kPartial : Debris::kUncommittedStep;
     }
     return Debris::kNone;
   }

@@ -162,7 +162,7 @@ absl::StatusOr<uint64_t> WriteExtraFile(storage::Storage& storage, const std::st
 absl::Status WriteManifest(storage::Storage& storage, const std::string& dir,
                            const std::string& path, absl::string_view text) {
   // An object store's write appears whole or not at all, in place.
-  if (storage.atomic_file_writes()) return storage::WriteFileAtomic(storage, path, text);
+  if (storage.atomic_file_writes(path)) return storage::WriteFileAtomic(storage, path, text);
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   absl::Status st = [&]() -> absl::Status {
     ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file,
@@ -247,7 +247,7 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
   storage::Storage& storage =
       options.storage != nullptr ? *options.storage : *storage::DefaultStorage();
   const std::string dir = WritingStepDir(storage, job_dir, step);
-  if (CommitsInPlace(storage)) {
+  if (CommitsInPlace(storage, job_dir)) {
     // The step committed before (training resumed from an older one): its
     // files are about to be overwritten, so it is no longer committed from
     // now on. Restores fall back to older steps until this commit is done.

@@ -2,7 +2,7 @@
 //
 // On a file system, ranks write into step-N.partial/ and the commit renames
 // it to step-N/ once every rank's manifest is there. An object store has no
-// rename (storage::Storage::renames() is false): ranks write into step-N/
+// rename (storage::Storage::renames is false): ranks write into step-N/
 // itself, and the step is committed when COMMITTED appears in it, written
 // last. Readers only ever take a step-N/ that holds COMMITTED, on either.
 //
@@ -19,13 +19,15 @@
 
 namespace zcc::checkpoint {
 
-// True when steps of `fs` are written and committed in place.
-inline bool CommitsInPlace(const storage::Storage& fs) { return !fs.renames(); }
+// True when steps of `job_dir` in `fs` are written and committed in place.
+inline bool CommitsInPlace(const storage::Storage& fs, const std::string& job_dir) {
+  return !fs.renames(job_dir);
+}
 
 // The directory ranks write step `step` of `job_dir` into.
 inline std::string WritingStepDir(const storage::Storage& fs, const std::string& job_dir,
                                   int64_t step) {
-  return JoinPath(job_dir, CommitsInPlace(fs) ? format::StepDirName(step)
+  return JoinPath(job_dir, CommitsInPlace(fs, job_dir) ? format::StepDirName(step)
                                               : format::PartialStepDirName(step));
 }
 

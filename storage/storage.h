@@ -103,16 +103,18 @@ class Storage {
  public:
   virtual ~Storage() = default;
 
-  // True when a file written and synced appears at its name whole or not at
-  // all, and a file never synced not at all (an object store's PUT or
+  // True when a file written and synced at `path` appears there whole or
+  // not at all, and a file never synced not at all (an object store's PUT or
   // completed multipart upload): WriteFileAtomic then writes in place, with
-  // no temporary name and no rename.
-  virtual bool atomic_file_writes() const { return false; }
+  // no temporary name and no rename. (Asked of a path, because a storage
+  // may route paths to different backends: storage/routed_storage.h.)
+  virtual bool atomic_file_writes(const std::string& path) const { return false; }
 
-  // False where Rename and Exchange answer Unimplemented (an object store):
-  // a checkpoint's step is then written and committed in place, in step-N/
-  // itself, with COMMITTED written last (checkpoint/committer.h).
-  virtual bool renames() const { return true; }
+  // False where Rename and Exchange under `path` answer Unimplemented (an
+  // object store): a checkpoint's step is then written and committed in
+  // place, in step-N/ itself, with COMMITTED written last
+  // (checkpoint/step_dirs.h).
+  virtual bool renames(const std::string& path) const { return true; }
 
   // Creates `path` (mode 0644) or truncates it, for writing.
   virtual absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,

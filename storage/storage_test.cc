@@ -24,7 +24,9 @@
 #include "storage/io_pipeline.h"
 #include "storage/memory_storage.h"
 #include "storage/posix_storage.h"
+#include "storage/routed_storage.h"
 #include "storage/testing/conformance.h"
+#include "storage/testing/object_store_model.h"
 #include "storage/whole_file.h"
 
 namespace zcc::storage {
@@ -91,6 +93,49 @@ TEST_CASE("storage conformance: memory") {
   CheckStorageConformance(storage, "/work");
   CHECK(storage.OpenForRead("relative", {}).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(storage.MakeDirs("/a/../b").code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("storage conformance: routed to a storage under a URL, and to an object store's model") {
+  MemoryStorage base;
+  MemoryStorage routed;
+  testing::ObjectStoreModel store(&routed);
+  RoutedStorage storage(&base);
+  storage.AddRoute("mem://bucket/ckpt", &routed, "/keys");
+  storage.AddRoute("store://bucket/", &store, "/");
+  REQUIRE_OK(routed.MakeDirs("/keys"));
+  CheckStorageConformance(storage, "mem://bucket/ckpt");
+  CHECK(storage.renames("mem://bucket/ckpt/x"));
+  // Everything went to the routed storage, under its own path.
+  CHECK(base.List("/")->empty());
+  CHECK_FALSE(routed.List("/keys")->empty());
+
+  CheckStorageConformance(storage, "store://bucket/work");
+  CHECK_FALSE(storage.renames("store://bucket/work"));
+  CHECK(storage.atomic_file_writes("store://bucket/work/f"));
+  CHECK_FALSE(storage.atomic_file_writes("/work/f"));
+  CHECK(storage.renames("/work"));
+}
+
+TEST_CASE("routed storage: whole components, the longest prefix, no rename across storages") {
+  MemoryStorage base;
+  MemoryStorage a;
+  MemoryStorage b;
+  RoutedStorage storage(&base);
+  storage.AddRoute("s3://bucket/ckpt", &a, "/a");
+  storage.AddRoute("s3://bucket/ckpt/big/", &b, "/b");
+  REQUIRE_OK(storage.MakeDirs("s3://bucket/ckpt/job"));
+  REQUIRE_OK(storage.MakeDirs("s3://bucket/ckpt/big/job"));
+  // Not under a route: the base's, which takes absolute paths only.
+  CHECK(absl::IsInvalidArgument(storage.MakeDirs("s3://bucket/ckpt2/job")));
+  CHECK(a.Stat("/a/job").ok());
+  CHECK(b.Stat("/b/job").ok());
+  CHECK(absl::IsNotFound(a.Stat("/a/big/job").status()));
+  REQUIRE_OK(WriteFileAtomic(storage, "s3://bucket/ckpt/job/f", "x"));
+  CHECK(absl::IsUnimplemented(storage.Rename("s3://bucket/ckpt/job/f", "s3://bucket/ckpt/big/f")));
+  CHECK(absl::IsUnimplemented(
+      storage.Exchange("s3://bucket/ckpt/job/f", "s3://bucket/ckpt/big/job")));
+  REQUIRE_OK(storage.Rename("s3://bucket/ckpt/job/f", "s3://bucket/ckpt/job/g"));
+  CHECK(a.Stat("/a/job/g").ok());
 }
 
 TEST_CASE("storage conformance: fault wrapper over memory") {

@@ -29,8 +29,10 @@ class StorageWrapper : public Storage {
                                                     const OpenOptions& options) override {
     return base_->OpenForRead(path, options);
   }
-  bool atomic_file_writes() const override { return base_->atomic_file_writes(); }
-  bool renames() const override { return base_->renames(); }
+  bool atomic_file_writes(const std::string& path) const override {
+    return base_->atomic_file_writes(path);
+  }
+  bool renames(const std::string& path) const override { return base_->renames(path); }
   absl::Status MakeDirs(const std::string& path) override { return base_->MakeDirs(path); }
   absl::Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
   absl::Status Rename(const std::string& from, const std::string& to) override {

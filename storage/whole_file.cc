@@ -24,7 +24,7 @@ absl::Status WriteAndSync(Storage& storage, const std::string& path, absl::strin
 
 absl::Status WriteFileAtomic(Storage& storage, const std::string& path, absl::string_view content) {
   // Where a synced file appears whole or not at all, in place.
-  if (storage.atomic_file_writes()) return WriteAndSync(storage, path, content);
+  if (storage.atomic_file_writes(path)) return WriteAndSync(storage, path, content);
   // Unique per call: two threads writing the same path never share a
   // temporary file (the last rename wins, whole).
   static std::atomic<uint64_t> sequence{0};

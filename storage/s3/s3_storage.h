@@ -57,8 +57,8 @@ class S3Storage final : public Storage {
   // The object key of `path` (absolute).
   std::string Key(const std::string& path) const;
 
-  bool atomic_file_writes() const override { return true; }
-  bool renames() const override { return false; }
+  bool atomic_file_writes(const std::string&) const override { return true; }
+  bool renames(const std::string&) const override { return false; }
   absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,
                                                      const OpenOptions& options) override;
   absl::StatusOr<std::unique_ptr<File>> OpenForRead(const std::string& path,

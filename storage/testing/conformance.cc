@@ -143,12 +143,13 @@ void CheckStorageConformance(Storage& storage, const std::string& dir) {
   const std::string moved = JoinPath(dir, "moved.bin");
   const absl::Status renamed = storage.Rename(path, moved);
   const bool renames = !absl::IsUnimplemented(renamed);
+  CHECK(renames == storage.renames(dir));  // says what it does
   if (renames) {
     REQUIRE_OK(renamed);
     REQUIRE_OK(storage.SyncDir(dir));
     CHECK(storage.OpenForRead(path, {}).status().code() == absl::StatusCode::kNotFound);
   } else {
-    CHECK(storage.atomic_file_writes());  // then written files must appear whole
+    CHECK(storage.atomic_file_writes(path));  // then written files must appear whole
     REQUIRE_OK(storage.Remove(path));
     REQUIRE_OK(WriteFileAtomic(storage, moved, "moved"));
   }

@@ -67,7 +67,9 @@ absl::Status ObjectStoreModel::Rename(const std::string& from, const std::string
   return absl::UnimplementedError(absl::StrCat("an object store cannot rename ", from));
 }
 
-absl::Status ObjectStoreModel::Exchange(const std::string& a, const std::string&) {
+absl::Status ObjectStoreModel::Exchange(const std::string& a, const std::string& b) {
+  ZCC_RETURN_IF_ERROR(Stat(a).status());
+  ZCC_RETURN_IF_ERROR(Stat(b).status());
   return absl::UnimplementedError(absl::StrCat("an object store cannot exchange ", a));
 }
 

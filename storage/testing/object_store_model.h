@@ -21,8 +21,8 @@ class ObjectStoreModel final : public StorageWrapper {
  public:
   explicit ObjectStoreModel(Storage* base) : StorageWrapper(base) {}
 
-  bool atomic_file_writes() const override { return true; }
-  bool renames() const override { return false; }
+  bool atomic_file_writes(const std::string&) const override { return true; }
+  bool renames(const std::string&) const override { return false; }
   absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,
                                                      const OpenOptions& options) override;
   absl::Status MakeDirs(const std::string& path) override;

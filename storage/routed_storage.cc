@@ -1,0 +1,146 @@
+#include "storage/routed_storage.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace zcc::storage {
+namespace {
+
+// A routed storage's file, known by the path it was opened with.
+class RoutedFile final : public File {
+ public:
+  RoutedFile(std::unique_ptr<File> base, std::string path)
+      : base_(std::move(base)), path_(std::move(path)) {}
+
+  const std::string& path() const override { return path_; }
+  bool direct() const override { return base_->direct(); }
+  uint32_t queue_depth() const override { return base_->queue_depth(); }
+  uint32_t in_flight() const override { return base_->in_flight(); }
+  absl::Status SubmitWrite(uint64_t offset, const void* src, size_t n, uint64_t tag) override {
+    return base_->SubmitWrite(offset, src, n, tag);
+  }
+  absl::Status SubmitRead(uint64_t offset, void* dst, size_t n, uint64_t tag) override {
+    return base_->SubmitRead(offset, dst, n, tag);
+  }
+  absl::StatusOr<IoCompletion> WaitForCompletion() override { return base_->WaitForCompletion(); }
+  bool HasCompletion() const override { return base_->HasCompletion(); }
+  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
+  absl::Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+  absl::Status Sync() override { return base_->Sync(); }
+  absl::Status Close() override { return base_->Close(); }
+
+ private:
+  std::unique_ptr<File> base_;
+  const std::string path_;
+};
+
+absl::StatusOr<std::unique_ptr<File>> Named(absl::StatusOr<std::unique_ptr<File>> file,
+                                            const std::string& path) {
+  if (!file.ok() || (*file)->path() == path) return file;
+  return std::unique_ptr<File>(std::make_unique<RoutedFile>(*std::move(file), path));
+}
+
+}  // namespace
+
+void RoutedStorage::AddRoute(const std::string& prefix, Storage* target,
+                             const std::string& target_path) {
+  std::string key = prefix;
+  while (key.size() > 1 && key.back() == '/') key.pop_back();
+  zcc::MutexLock lock(&mu_);
+  routes_[key] = Route{target, target_path};
+}
+
+RoutedStorage::Resolved RoutedStorage::Resolve(const std::string& path) const {
+  zcc::MutexLock lock(&mu_);
+  // The longest prefix first: map order puts "a/b" after "a", so walk back
+  // from the first key past `path`.
+  auto it = routes_.upper_bound(path);
+  while (it != routes_.begin()) {
+    --it;
+    const std::string& prefix = it->first;
+    if (absl::StartsWith(path, prefix) &&
+        (path.size() == prefix.size() || path[prefix.size()] == '/')) {
+      std::string rest = path.substr(prefix.size());
+      std::string target = it->second.target_path;
+      if (!rest.empty() && !target.empty() && target.back() == '/') rest.erase(0, 1);
+      return {it->second.target, target + rest};
+    }
+  }
+  return {base_, path};
+}
+
+bool RoutedStorage::atomic_file_writes(const std::string& path) const {
+  const Resolved r = Resolve(path);
+  return r.fs->atomic_file_writes(r.path);
+}
+
+bool RoutedStorage::renames(const std::string& path) const {
+  const Resolved r = Resolve(path);
+  return r.fs->renames(r.path);
+}
+
+absl::StatusOr<std::unique_ptr<File>> RoutedStorage::OpenForWrite(const std::string& path,
+                                                                  const OpenOptions& options) {
+  const Resolved r = Resolve(path);
+  return Named(r.fs->OpenForWrite(r.path, options), path);
+}
+
+absl::StatusOr<std::unique_ptr<File>> RoutedStorage::OpenForRead(const std::string& path,
+                                                                 const OpenOptions& options) {
+  const Resolved r = Resolve(path);
+  return Named(r.fs->OpenForRead(r.path, options), path);
+}
+
+absl::Status RoutedStorage::MakeDirs(const std::string& path) {
+  const Resolved r = Resolve(path);
+  return r.fs->MakeDirs(r.path);
+}
+
+absl::Status RoutedStorage::SyncDir(const std::string& path) {
+  const Resolved r = Resolve(path);
+  return r.fs->SyncDir(r.path);
+}
+
+absl::Status RoutedStorage::Rename(const std::string& from, const std::string& to) {
+  const Resolved a = Resolve(from);
+  const Resolved b = Resolve(to);
+  if (a.fs != b.fs) {
+    return absl::UnimplementedError(absl::StrCat("cannot rename ", from, " to ", to,
+                                                 ": they are in different storages"));
+  }
+  return a.fs->Rename(a.path, b.path);
+}
+
+absl::Status RoutedStorage::Exchange(const std::string& x, const std::string& y) {
+  const Resolved a = Resolve(x);
+  const Resolved b = Resolve(y);
+  if (a.fs != b.fs) {
+    return absl::UnimplementedError(absl::StrCat("cannot exchange ", x, " and ", y,
+                                                 ": they are in different storages"));
+  }
+  return a.fs->Exchange(a.path, b.path);
+}
+
+absl::Status RoutedStorage::Remove(const std::string& path) {
+  const Resolved r = Resolve(path);
+  return r.fs->Remove(r.path);
+}
+
+absl::Status RoutedStorage::RemoveTree(const std::string& path) {
+  const Resolved r = Resolve(path);
+  return r.fs->RemoveTree(r.path);
+}
+
+absl::StatusOr<FileInfo> RoutedStorage::Stat(const std::string& path) {
+  const Resolved r = Resolve(path);
+  return r.fs->Stat(r.path);
+}
+
+absl::StatusOr<std::vector<std::string>> RoutedStorage::List(const std::string& path) {
+  const Resolved r = Resolve(path);
+  return r.fs->List(r.path);
+}
+
+}  // namespace zcc::storage
