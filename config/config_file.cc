@@ -220,7 +220,7 @@ void CheckFields(const FullConfig& c, Problems& p) {
     p.Add("default_root", absl::StrCat("must be an absolute path, got ", Quote(d.default_root)));
   }
   for (size_t i = 0; i < d.allowed_roots.size(); ++i) {
-    if (!IsAbsolute(d.allowed_roots[i])) {
+    if (!IsAbsolute(d.allowed_roots[i]) && !absl::StartsWith(d.allowed_roots[i], "s3://")) {
       p.Add("allowed_roots", static_cast<int>(i),
             absl::StrCat("must be an absolute path, got ", Quote(d.allowed_roots[i])));
     }
@@ -333,7 +333,18 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
   if (proto.has_socket_mode()) d.socket_mode = proto.socket_mode();
   if (proto.has_default_root()) d.default_root = proto.default_root();
   if (proto.allowed_roots_size() > 0) {
-    d.allowed_roots.assign(proto.allowed_roots().begin(), proto.allowed_roots().end());
+    d.allowed_roots.clear();
+    d.object_store_roots.clear();
+    for (const std::string& root : proto.allowed_roots()) daemon::AddAllowedRoot(d, root);
+  }
+  for (const auto& r : proto.object_store_roots()) {
+    daemon::ObjectStoreRoot root;
+    root.url = r.url();
+    root.endpoint_url = r.endpoint_url();
+    root.region = r.region();
+    root.addressing = r.addressing();
+    root.profile = r.profile();
+    d.object_store_roots.push_back(root);
   }
   if (proto.has_shm_prefix()) d.shm_prefix = proto.shm_prefix();
   if (proto.has_default_num_slots()) d.default_num_slots = proto.default_num_slots();
@@ -545,6 +556,20 @@ std::string DefaultConfigText(const FullConfig& config) {
   }
   for (const std::string& root : d.allowed_roots) {
     absl::StrAppend(&out, "allowed_roots: ", Quote(root), "\n");
+  }
+  absl::StrAppend(&out, "# Object-store roots (s3://bucket/prefix), each with its endpoint,\n"
+                        "# region, addressing and credentials profile (empty: environment).\n");
+  if (d.object_store_roots.empty()) {
+    absl::StrAppend(&out, "# object_store_roots { url: ", Quote("s3://bucket/zcc"),
+                    " endpoint_url: ", Quote("http://10.0.0.5:9000"), " }\n");
+  }
+  for (const daemon::ObjectStoreRoot& r : d.object_store_roots) {
+    absl::StrAppend(&out, "object_store_roots {\n  url: ", Quote(r.url), "\n");
+    if (!r.endpoint_url.empty()) absl::StrAppend(&out, "  endpoint_url: ", Quote(r.endpoint_url), "\n");
+    if (!r.region.empty()) absl::StrAppend(&out, "  region: ", Quote(r.region), "\n");
+    if (!r.addressing.empty()) absl::StrAppend(&out, "  addressing: ", Quote(r.addressing), "\n");
+    if (!r.profile.empty()) absl::StrAppend(&out, "  profile: ", Quote(r.profile), "\n");
+    absl::StrAppend(&out, "}\n");
   }
   absl::StrAppend(&out, "\n");
 

@@ -7,7 +7,9 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "shm/control_block.h"
 
 namespace zcc::daemon {
@@ -24,6 +26,42 @@ std::string DefaultCheckpointRoot() {
   }
   return absl::StrCat("/tmp/zcc-", ::geteuid(), "/checkpoints");
 }
+
+void AddAllowedRoot(DaemonConfig& config, const std::string& root) {
+  if (absl::StartsWith(root, "s3://")) {
+    ObjectStoreRoot store;
+    store.url = root;
+    config.object_store_roots.push_back(store);
+    return;
+  }
+  config.allowed_roots.push_back(root);
+}
+
+namespace {
+
+// What is wrong with an object-store root's settings, if anything.
+std::string CheckObjectStoreRoot(const ObjectStoreRoot& r) {
+  const std::string where = absl::StrCat("object-store root '", r.url, "'");
+  if (!absl::StartsWith(r.url, "s3://")) return absl::StrCat(where, " must be an s3:// URL");
+  const absl::string_view rest = absl::string_view(r.url).substr(5);
+  const absl::string_view bucket = rest.substr(0, rest.find('/'));
+  if (bucket.empty()) return absl::StrCat(where, " names no bucket (s3://bucket/prefix)");
+  for (absl::string_view part : absl::StrSplit(rest, '/')) {
+    if (part == "." || part == "..") return absl::StrCat(where, " may not hold . or ..");
+  }
+  if (absl::StrContains(rest, "//")) return absl::StrCat(where, " may not hold an empty name");
+  if (!r.endpoint_url.empty() && !absl::StartsWith(r.endpoint_url, "http://") &&
+      !absl::StartsWith(r.endpoint_url, "https://")) {
+    return absl::StrCat(where, ": endpoint_url must start with http:// or https://, got '",
+                        r.endpoint_url, "'");
+  }
+  if (!r.addressing.empty() && r.addressing != "path" && r.addressing != "virtual") {
+    return absl::StrCat(where, ": addressing must be path or virtual, got '", r.addressing, "'");
+  }
+  return "";
+}
+
+}  // namespace
 
 DaemonConfig WithDefaults(DaemonConfig config) {
   if (config.socket_path.empty()) config.socket_path = DefaultSocketPath();
@@ -47,6 +85,9 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     if (root.empty() || root[0] != '/') {
       errors.push_back(absl::StrCat("allowed root '", root, "' must be an absolute path"));
     }
+  }
+  for (const ObjectStoreRoot& root : c.object_store_roots) {
+    if (std::string why = CheckObjectStoreRoot(root); !why.empty()) errors.push_back(why);
   }
   if (c.shm_prefix.empty() || c.shm_prefix.size() > 32 ||
       c.shm_prefix.find_first_not_of(

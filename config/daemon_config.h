@@ -12,6 +12,21 @@
 
 namespace zcc::daemon {
 
+// A checkpoint root in an S3-compatible object store. Jobs name it (or a
+// prefix under it) as their root, "s3://bucket/prefix/...". Settings left
+// empty come from zccd's environment, as the AWS tools take them.
+struct ObjectStoreRoot {
+  std::string url;           // s3://bucket[/prefix]
+  // Scheme, host and port, e.g. "http://10.0.0.5:9000". Empty:
+  // AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS S3 in `region`.
+  std::string endpoint_url;
+  std::string region;      // empty: AWS_REGION, AWS_DEFAULT_REGION, else us-east-1
+  std::string addressing;  // "path", "virtual"; empty: path with an endpoint_url
+  // The shared credentials file's profile for this root. Empty: the
+  // environment's keys (AWS_ACCESS_KEY_ID ...), else AWS_PROFILE or default.
+  std::string profile;
+};
+
 struct DaemonConfig {
   // Unix-domain socket for the control and status services.
   std::string socket_path;
@@ -20,6 +35,9 @@ struct DaemonConfig {
   std::string default_root;
   // Roots a job may name. Empty = only default_root.
   std::vector<std::string> allowed_roots;
+  // Object-store roots a job may name (AddAllowedRoot puts s3:// roots
+  // here).
+  std::vector<ObjectStoreRoot> object_store_roots;
   // Shared-memory object names start with "<shm_prefix>."; stale objects with
   // this prefix are removed at start, so two daemons on one machine need
   // different prefixes.
@@ -62,6 +80,10 @@ std::string DefaultSocketPath();
 // /var/lib/zcc/checkpoints for root; $XDG_DATA_HOME/zcc/checkpoints or
 // ~/.local/share/zcc/checkpoints otherwise.
 std::string DefaultCheckpointRoot();
+
+// Adds `root` to allowed_roots, or, for an s3:// URL, to object_store_roots
+// with its settings from the environment.
+void AddAllowedRoot(DaemonConfig& config, const std::string& root);
 
 // Fills empty paths with the defaults above.
 DaemonConfig WithDefaults(DaemonConfig config);

@@ -35,7 +35,9 @@ ABSL_FLAG(std::string, socket, "", "unix socket path (default: /run/zcc/zccd.soc
 ABSL_FLAG(std::string, root, "", "default checkpoint root (default: /var/lib/zcc/checkpoints "
                                  "as root, else ~/.local/share/zcc/checkpoints)");
 ABSL_FLAG(std::string, allowed_roots, "",
-          "comma-separated roots jobs may checkpoint under (default: the default root)");
+          "comma-separated roots jobs may checkpoint under (default: the default root); "
+          "s3://bucket/prefix names an object-store root, with its endpoint, region and "
+          "credentials from the AWS_* environment");
 ABSL_FLAG(std::string, shm_prefix, "zcc", "prefix of this daemon's shared-memory segment names");
 ABSL_FLAG(uint32_t, slots, 3, "default staging slots per rank (2..8; 3 lets snapshots and the "
           "EMA go on while a checkpoint is written)");
@@ -89,8 +91,9 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("root")) d.default_root = absl::GetFlag(FLAGS_root);
   if (Given("allowed_roots")) {
     d.allowed_roots.clear();
+    d.object_store_roots.clear();
     for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_allowed_roots), ',', absl::SkipEmpty())) {
-      d.allowed_roots.emplace_back(r);
+      zcc::daemon::AddAllowedRoot(d, std::string(r));
     }
   }
   if (Given("shm_prefix")) d.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);

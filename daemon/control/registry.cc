@@ -35,7 +35,8 @@ constexpr char kVersion[] = "zccd 0.1.0";
 Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                    PullEngineFactory pull_engine, std::function<void(const std::string&, uint64_t)> before_reserve)
     : config_(std::move(config)),
-      shard_storage_(shard_storage),
+      stores_(config_.object_store_roots, shard_storage),
+      shard_storage_(stores_.storage()),
       started_(absl::Now()),
       write_pool_(static_cast<int>(config_.writer_threads)),
       jobs_(started_),
@@ -120,6 +121,8 @@ absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested
   request.owner = {caller.uid, caller.gid};
   request.create = create;
   request.is_registered_job_dir = [this](const std::string& dir) { return jobs_.HasJobDir(dir); };
+  request.stores = &stores_;
+  request.storage = shard_storage_;
   return daemon::ResolveJobDir(config_, request);
 }
 

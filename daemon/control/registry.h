@@ -31,6 +31,7 @@
 #include "daemon/jobs/housekeeper.h"
 #include "daemon/jobs/job.h"
 #include "daemon/jobs/job_table.h"
+#include "daemon/jobs/object_store_roots.h"
 #include "daemon/pull/pull_service.h"
 #include "daemon/control/registrar.h"
 #include "daemon/restore/restore_service.h"
@@ -114,6 +115,9 @@ class Registry {
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id,
                                                const Caller& caller) const;
   const DaemonConfig config_;
+  // The object-store roots, over the local storage given.
+  ObjectStoreRoots stores_;
+  // Every checkpoint path, local or in a store (stores_.storage()).
   storage::Storage* const shard_storage_;
   // Held from Start() for the registry's life: the shm prefix is ours.
   std::optional<InstanceLock> prefix_lock_;

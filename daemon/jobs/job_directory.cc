@@ -8,7 +8,10 @@
 #include <cerrno>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/recovery.h"
@@ -19,6 +22,7 @@
 #include "common/status.h"
 #include "common/validate.h"
 #include "format/manifest.h"
+#include "storage/whole_file.h"
 
 namespace zcc::daemon {
 namespace {
@@ -102,6 +106,75 @@ absl::Status CreateJobDir(const std::string& job_dir, bool in_allowed_root, cons
   return absl::OkStatus();
 }
 
+// The uid an OWNER object names; DataLoss for anything else.
+absl::StatusOr<uid_t> ParseOwner(const std::string& path, absl::string_view text) {
+  absl::string_view rest = absl::StripAsciiWhitespace(text);
+  uint32_t uid = 0;
+  if (!absl::ConsumePrefix(&rest, "uid ") || !absl::SimpleAtoi(rest, &uid)) {
+    return absl::DataLossError(absl::StrCat(path, " does not name an owner ('uid N')"));
+  }
+  return static_cast<uid_t>(uid);
+}
+
+// Whether something is at `path`; the store's error (denied, unreachable)
+// when it cannot tell.
+absl::StatusOr<bool> Present(storage::Storage& fs, const std::string& path) {
+  auto info = fs.Stat(path);
+  if (info.ok()) return true;
+  if (absl::IsNotFound(info.status())) return false;
+  return info.status();
+}
+
+// ResolveJobDir for a root in an object store.
+absl::StatusOr<std::string> ResolveStoreJobDir(const JobDirRequest& req) {
+  if (req.stores == nullptr || req.storage == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "checkpoint root ", req.root, " is an object store; this zccd has no object-store root"));
+  }
+  ZCC_RETURN_IF_ERROR(req.stores->CheckRoot(req.root));
+  storage::Storage& fs = *req.storage;
+  std::string root = req.root;
+  while (!root.empty() && root.back() == '/') root.pop_back();
+  // The root may not be a job's directory (one with an owner), nor lie in one.
+  for (std::string dir = root; dir.size() > 5 && req.stores->CheckRoot(dir).ok();
+       dir = ParentOf(dir)) {
+    ZCC_ASSIGN_OR_RETURN(const bool owned, Present(fs, JoinPath(dir, kOwnerFileName)));
+    if (owned || (req.is_registered_job_dir && req.is_registered_job_dir(dir))) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "checkpoint root ", req.root, " lies inside the checkpoint directory of a job (", dir,
+          "); choose a root outside every job's directory"));
+    }
+  }
+  const std::string job_dir = JoinPath(root, req.job_id);
+  const std::string owner_path = JoinPath(job_dir, kOwnerFileName);
+  auto text = storage::ReadWholeFile(fs, owner_path, 256);
+  if (text.ok()) {
+    ZCC_ASSIGN_OR_RETURN(const uid_t uid, ParseOwner(owner_path, *text));
+    if (req.owner.uid != 0 && uid != req.owner.uid) {
+      return absl::PermissionDeniedError(absl::StrCat(job_dir, " belongs to another user"));
+    }
+    return job_dir;
+  }
+  if (!absl::IsNotFound(text.status())) {
+    return Annotate(text.status(), absl::StrCat("reading the owner of ", job_dir));
+  }
+  if (!req.create) {
+    ZCC_ASSIGN_OR_RETURN(const bool present, Present(fs, job_dir));
+    if (!present) {
+      return absl::NotFoundError(absl::StrCat("no checkpoints for job '", req.job_id, "' under ",
+                                              req.root));
+    }
+    return job_dir;
+  }
+  // A new job directory (or one other tools wrote): the caller's.
+  absl::Status created = fs.MakeDirs(job_dir);
+  if (created.ok()) {
+    created = storage::WriteFileAtomic(fs, owner_path, absl::StrCat("uid ", req.owner.uid, "\n"));
+  }
+  ZCC_RETURN_IF_ERROR(Annotate(created, absl::StrCat("creating ", job_dir)));
+  return job_dir;
+}
+
 }  // namespace
 
 bool LooksLikeJobDirectory(const std::string& dir) {
@@ -118,6 +191,7 @@ bool LooksLikeJobDirectory(const std::string& dir) {
 absl::StatusOr<std::string> ResolveJobDir(const DaemonConfig& config, const JobDirRequest& req) {
   ZCC_RETURN_IF_ERROR(ValidateJobId(req.job_id));
   const std::string root = req.root.empty() ? config.default_root : req.root;
+  if (IsObjectStoreUrl(root)) return ResolveStoreJobDir(req);
   if (root[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint root '", root,
                                                    "' must be an absolute path"));

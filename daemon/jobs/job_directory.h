@@ -24,21 +24,30 @@
 #include "absl/status/statusor.h"
 #include "common/fs_identity.h"
 #include "config/daemon_config.h"
+#include "daemon/jobs/object_store_roots.h"
+#include "storage/storage.h"
 
 namespace zcc::daemon {
+
+// The object in a job directory of an object store that says whose it is.
+inline constexpr char kOwnerFileName[] = "OWNER";
 
 // True for a directory that holds a job's checkpoints: it has a `latest`
 // entry or a step directory (committed or partial).
 bool LooksLikeJobDirectory(const std::string& dir);
 
 struct JobDirRequest {
-  std::string root;  // as requested; empty = the default root
+  std::string root;  // as requested; empty = the default root; or an s3:// URL
   std::string job_id;
   FsOwner owner;     // the caller
   bool create = false;
   // True for directories of jobs registered now (which may not have
   // committed anything yet).
   std::function<bool(const std::string&)> is_registered_job_dir;
+  // zccd's object-store roots (null: none), for a root that is a URL.
+  const ObjectStoreRoots* stores = nullptr;
+  // Where the stores' job directories are read and written (routed).
+  storage::Storage* storage = nullptr;
 };
 
 // <canonical root>/<job_id> after checking the root: absolute, existing, under
@@ -46,6 +55,13 @@ struct JobDirRequest {
 // `create` a missing job directory is made (0750, the owner's); without it
 // NotFound. An existing one must resolve inside the root, hold no other job's
 // directory, and belong to the caller (or the caller is root).
+//
+// An s3:// root must be, or lie under, one of zccd's object-store roots; the
+// job directory is then "<root>/<job_id>" in the store. A store has no file
+// owners: the job directory's OWNER object, written when zccd creates the
+// job there, names the uid it belongs to, and only that uid (or root) may
+// use it afterwards. A job directory found without OWNER (written by other
+// tools) goes to the first caller, who gets OWNER written.
 absl::StatusOr<std::string> ResolveJobDir(const DaemonConfig& config, const JobDirRequest& request);
 
 // OK when `uid` may act on checkpoints in `job_dir`: root, or its owner.

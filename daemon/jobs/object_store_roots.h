@@ -1,0 +1,62 @@
+// zccd's object-store roots (DaemonConfig::object_store_roots): each opened
+// once at start, with its endpoint and credentials, and reached by its URL
+// through one storage for all of zccd's checkpoint I/O (a RoutedStorage:
+// "s3://bucket/prefix/..." to that root's store, every other path to the
+// local storage). A job on such a root has the directory
+// "s3://bucket/prefix/<job_id>", and its writers, commits, retention,
+// restores and status take that path like a local one; steps there commit
+// in place (checkpoint/step_dirs.h).
+//
+// A root that cannot be opened (no credentials found) does not stop zccd:
+// its error is given to each registration that names it.
+//
+// Thread-safety: thread-safe after construction. Ownership: owns the roots'
+// clients and storages; borrows `local`, which must outlive it.
+#ifndef ZCC_DAEMON_JOBS_OBJECT_STORE_ROOTS_H_
+#define ZCC_DAEMON_JOBS_OBJECT_STORE_ROOTS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "config/daemon_config.h"
+#include "storage/routed_storage.h"
+#include "storage/s3/s3_location.h"
+#include "storage/storage.h"
+
+namespace zcc::daemon {
+
+// True for a checkpoint root that names an object store.
+bool IsObjectStoreUrl(const std::string& root);
+
+class ObjectStoreRoots {
+ public:
+  // `env` looks up zccd's environment (null: getenv).
+  ObjectStoreRoots(const std::vector<ObjectStoreRoot>& roots, storage::Storage* local,
+                   const storage::s3::EnvLookup& env = nullptr);
+
+  // Every path of zccd's checkpoints: local ones and the roots' URLs.
+  storage::Storage* storage() { return &routed_; }
+
+  // OK when `url` is a configured root or lies under one that opened;
+  // PermissionDenied when it is under none, FailedPrecondition (with the
+  // reason) when its root could not be opened.
+  absl::Status CheckRoot(const std::string& url) const;
+
+  // The configured roots' URLs, for messages.
+  std::vector<std::string> Urls() const;
+
+ private:
+  struct Root {
+    std::string url;  // without a trailing slash
+    std::unique_ptr<storage::s3::S3Location> location;
+    absl::Status error;  // why it could not be opened
+  };
+  std::vector<Root> roots_;
+  storage::RoutedStorage routed_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_JOBS_OBJECT_STORE_ROOTS_H_
