@@ -256,6 +256,51 @@ TEST_CASE("in place: retention leaves a step being written, and removes it once 
   CHECK(*ListCommittedSteps(kJobDir, &store) == std::vector<int64_t>{10, 20});
 }
 
+TEST_CASE("in place: a late commit never moves latest back, an abandoned timeline is superseded, "
+          "a racing commit is seen") {
+  storage::MemoryStorage memory;
+  REQUIRE_OK(memory.MakeDirs(kJobDir));
+  storage::testing::ObjectStoreModel store(&memory);
+  auto commit = [&](int64_t step, absl::Time write_began) {
+    auto done = TryCommit(kJobDir, kJob, step, kWorld, &store, write_began);
+    REQUIRE_OK(done);
+    CHECK(done->outcome == CommitOutcome::kCommitted);
+  };
+  WritePartial(store, 20, 20);
+  commit(20, absl::Now());
+  CHECK(*ReadLatest(kJobDir, &store) == 20);
+
+  // Step 10 began before step 20 was committed and finishes now: committed,
+  // but `latest` stays at 20.
+  WritePartial(store, 10, 10);
+  commit(10, absl::Now() - absl::Hours(1));
+  CHECK(*ReadLatest(kJobDir, &store) == 20);
+  CHECK(*ListCommittedSteps(kJobDir, &store) == std::vector<int64_t>{10, 20});
+
+  // Training resumed from step 10 after step 20 was committed: step 15
+  // supersedes the abandoned step 20.
+  WritePartial(store, 15, 15);
+  commit(15, absl::Now() + absl::Hours(1));
+  CHECK(*ReadLatest(kJobDir, &store) == 15);
+
+  // Another committer swaps in step 30 between this commit's read of
+  // `latest` and its conditional write: the write fails, the commit reads
+  // again and leaves the newer step.
+  WritePartial(store, 30, 30);
+  WritePartial(store, 25, 25);
+  bool raced = false;
+  store.BeforeConditionalWrite([&] {
+    if (raced) return;
+    raced = true;
+    commit(30, absl::InfiniteFuture());
+  });
+  commit(25, absl::Now() - absl::Hours(1));
+  CHECK(raced);
+  CHECK(*ReadLatest(kJobDir, &store) == 30);
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000030"), 30));
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000025"), 25));
+}
+
 TEST_CASE("a commit whose rename fails (EIO) leaves the older step latest; retried, it commits") {
   storage::MemoryStorage memory;
   Prepare(memory, {"", std::make_pair(10, 10), 20, 20});

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -88,11 +89,62 @@ absl::StatusOr<std::optional<CommitResult>> FinishRenamedStep(storage::Storage& 
   return result;
 }
 
+// Whether the commit of the step `latest` names (`newer`, past the step
+// being committed) happened after `write_began`: then the commit now
+// finishing is late and leaves `latest` alone. A newer step committed
+// before (a timeline abandoned when training resumed from an older step) is
+// superseded. COMMITTED's time has whole seconds: within a second of
+// `write_began` it counts as after (never moving `latest` back wrongly).
+bool CommittedAfter(storage::Storage& fs, const std::string& job_dir, int64_t newer,
+                    absl::Time write_began) {
+  if (write_began == absl::InfiniteFuture()) return false;
+  auto record = ReadCommitRecord(JoinPath(job_dir, format::StepDirName(newer)), &fs);
+  if (!record.ok()) return false;  // not a committed step: nothing to keep
+  absl::Time at;
+  std::string error;
+  if (!absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", record->committed_at, &at, &error)) return true;
+  return at + absl::Seconds(1) > write_began;
+}
+
+// Points `latest` at `step` (see TryCommit). Where the storage swaps a
+// file conditionally (an object store, several zccds) the write is a
+// compare-and-swap on what was read, tried again when another writer came
+// first; elsewhere one committer per job writes it.
+absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64_t step,
+                         absl::Time write_began) {
+  const std::string path = JoinPath(job_dir, format::kLatestFileName);
+  const std::string content = absl::StrCat(format::StepDirName(step), "\n");
+  for (int attempt = 0;; ++attempt) {
+    auto current = fs.ReadVersioned(path, 4096);
+    if (absl::IsUnimplemented(current.status())) {
+      return storage::WriteFileAtomic(fs, path, content);
+    }
+    if (!current.ok() && !absl::IsNotFound(current.status())) return current.status();
+    if (current.ok()) {
+      auto named = format::ParseStepDirName(absl::StripAsciiWhitespace(current->content));
+      if (named.ok() && *named == step) return absl::OkStatus();
+      if (named.ok() && *named > step && CommittedAfter(fs, job_dir, *named, write_began)) {
+        ZCC_LOG(WARNING) << path << " names " << format::StepDirName(*named)
+                         << ", committed after " << format::StepDirName(step)
+                         << " began to be written: this late commit leaves it there";
+        return absl::OkStatus();
+      }
+    }
+    const absl::Status written = fs.WriteIfVersion(path, content, current.ok() ? current->version : "");
+    if (!absl::IsFailedPrecondition(written)) return written;
+    if (attempt >= 16) {
+      return absl::AbortedError(absl::StrCat(path, " kept changing under the commit of step ",
+                                             step, "; giving up after ", attempt + 1, " tries"));
+    }
+    // Another commit wrote it first: decide again on what it wrote.
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,
-                                       storage::Storage* storage) {
+                                       storage::Storage* storage, absl::Time write_began) {
   // Everything the commit reads and changes goes through `storage`.
   storage::Storage& fs = storage::StorageOrDefault(storage);
   // step-N.partial/, or step-N/ itself where steps commit in place.
@@ -203,8 +255,7 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
     ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));
     ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
   }
-  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(job_dir, format::kLatestFileName),
-                                               absl::StrCat(format::StepDirName(step), "\n")));
+  ZCC_RETURN_IF_ERROR(PointLatest(fs, job_dir, step, write_began));
   result.outcome = CommitOutcome::kCommitted;
   return result;
 }

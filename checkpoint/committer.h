@@ -24,6 +24,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "storage/storage.h"
 
 namespace zcc::checkpoint {
@@ -39,9 +40,19 @@ struct CommitResult {
   uint64_t total_bytes = 0;  // all shard files of the step
 };
 
+// `write_began`: when the step's first rank began writing it, for where
+// `latest` names a newer step. Where the storage swaps files conditionally
+// (an object store, where zccds on several nodes may commit) `latest` then
+// moves back to this step only if that newer step was committed before
+// this one began (a timeline abandoned when training resumed from an older
+// step); a commit that finishes after a newer one leaves `latest` alone,
+// and two commits racing for it never interleave. InfiniteFuture (the
+// default): every newer step counts as abandoned, as on a file system,
+// where one committer per job writes `latest`.
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,
-                                       storage::Storage* storage = nullptr);
+                                       storage::Storage* storage = nullptr,
+                                       absl::Time write_began = absl::InfiniteFuture());
 
 }  // namespace zcc::checkpoint
 

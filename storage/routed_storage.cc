@@ -143,4 +143,16 @@ absl::StatusOr<std::vector<std::string>> RoutedStorage::List(const std::string& 
   return r.fs->List(r.path);
 }
 
+absl::StatusOr<VersionedFile> RoutedStorage::ReadVersioned(const std::string& path,
+                                                           uint64_t max_bytes) {
+  const Resolved r = Resolve(path);
+  return r.fs->ReadVersioned(r.path, max_bytes);
+}
+
+absl::Status RoutedStorage::WriteIfVersion(const std::string& path, const std::string& content,
+                                           const std::string& version) {
+  const Resolved r = Resolve(path);
+  return r.fs->WriteIfVersion(r.path, content, version);
+}
+
 }  // namespace zcc::storage

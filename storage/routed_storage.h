@@ -50,6 +50,10 @@ class RoutedStorage final : public Storage {
   absl::Status RemoveTree(const std::string& path) override;
   absl::StatusOr<FileInfo> Stat(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> List(const std::string& path) override;
+  absl::StatusOr<VersionedFile> ReadVersioned(const std::string& path,
+                                              uint64_t max_bytes) override;
+  absl::Status WriteIfVersion(const std::string& path, const std::string& content,
+                              const std::string& version) override;
 
  private:
   struct Route {

@@ -61,6 +61,12 @@ struct IoCompletion {
   size_t bytes = 0;
 };
 
+// A small file's content with its version (an object store's ETag).
+struct VersionedFile {
+  std::string content;
+  std::string version;
+};
+
 struct FileInfo {
   bool is_dir = false;
   uint64_t size = 0;  // a file's bytes
@@ -140,6 +146,22 @@ class Storage {
   // The names in directory `path`, sorted, without "." and "..". NotFound
   // when there is no such directory.
   virtual absl::StatusOr<std::vector<std::string>> List(const std::string& path) = 0;
+
+  // Compare-and-swap of a small file, where the backend has one (an object
+  // store's conditional write): ReadVersioned reads the file (at most
+  // `max_bytes`; NotFound when absent) with its version, and WriteIfVersion
+  // replaces it whole only if its version is still `version` (empty: only
+  // if nothing is there), FailedPrecondition when it changed meanwhile. By
+  // default Unimplemented: on a file system one writer per job (the
+  // committer) writes such files with WriteFileAtomic.
+  virtual absl::StatusOr<VersionedFile> ReadVersioned(const std::string& path,
+                                                      uint64_t max_bytes) {
+    return absl::UnimplementedError("no versioned files here");
+  }
+  virtual absl::Status WriteIfVersion(const std::string& path, const std::string& content,
+                                      const std::string& version) {
+    return absl::UnimplementedError("no versioned files here");
+  }
 };
 
 }  // namespace zcc::storage

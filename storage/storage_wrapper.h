@@ -47,6 +47,14 @@ class StorageWrapper : public Storage {
   absl::StatusOr<std::vector<std::string>> List(const std::string& path) override {
     return base_->List(path);
   }
+  absl::StatusOr<VersionedFile> ReadVersioned(const std::string& path,
+                                              uint64_t max_bytes) override {
+    return base_->ReadVersioned(path, max_bytes);
+  }
+  absl::Status WriteIfVersion(const std::string& path, const std::string& content,
+                              const std::string& version) override {
+    return base_->WriteIfVersion(path, content, version);
+  }
 
  private:
   Storage* const base_;

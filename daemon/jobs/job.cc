@@ -189,18 +189,22 @@ void Job::DropPending(int64_t step, const std::string& why) {
 }
 
 bool Job::TryCommit(int64_t step) {
+  // When this daemon's first rank began writing the step (a commit that
+  // finishes after a newer one never moves `latest` back to it).
+  absl::Time write_began = absl::InfiniteFuture();
   {
     zcc::MutexLock lock(&mu_);
     if (recently_committed_.count(step) > 0 || pending_.count(step) == 0) {
       pending_.erase(step);
       return false;
     }
+    if (auto it = write_start_.find(step); it != write_start_.end()) write_began = it->second;
   }
   // The commit's disk work runs without mu_: status, restores and other
   // ranks' reports go on meanwhile (commit_mu_ keeps commits in order).
   const absl::Time commit_start = absl::Now();
   auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size,
-                                      options_.storage);
+                                      options_.storage, write_began);
   zcc::ReleasableMutexLock lock(&mu_);
   if (!result.ok()) {
     if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kCommit).Increment();

@@ -462,4 +462,36 @@ absl::StatusOr<std::vector<std::string>> S3Storage::List(const std::string& path
   return std::vector<std::string>(names.begin(), names.end());
 }
 
+absl::StatusOr<VersionedFile> S3Storage::ReadVersioned(const std::string& path,
+                                                       uint64_t max_bytes) {
+  ZCC_RETURN_IF_ERROR(CheckPath(path));
+  const std::string key = Key(path);
+  ZCC_ASSIGN_OR_RETURN(const ObjectInfo info, client_->Head(options_.bucket, key));
+  if (info.size > max_bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is ", info.size, " bytes; at most ", max_bytes, " expected"));
+  }
+  // Replaced between the HEAD and the GET, the content is newer than the
+  // ETag: a write conditional on that ETag then fails, as it should.
+  VersionedFile file;
+  file.version = info.etag;
+  file.content.resize(info.size);
+  ZCC_ASSIGN_OR_RETURN(const size_t got,
+                       client_->GetRange(options_.bucket, key, 0, file.content.data(), info.size));
+  file.content.resize(got);
+  return file;
+}
+
+absl::Status S3Storage::WriteIfVersion(const std::string& path, const std::string& content,
+                                       const std::string& version) {
+  ZCC_RETURN_IF_ERROR(CheckPath(path));
+  PutCondition condition;
+  if (version.empty()) {
+    condition.if_none_match = true;
+  } else {
+    condition.if_match = version;
+  }
+  return client_->Put(options_.bucket, Key(path), content, condition).status();
+}
+
 }  // namespace zcc::storage::s3

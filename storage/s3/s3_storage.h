@@ -71,6 +71,12 @@ class S3Storage final : public Storage {
   absl::Status RemoveTree(const std::string& path) override;
   absl::StatusOr<FileInfo> Stat(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> List(const std::string& path) override;
+  // The object's ETag is its version (S3's conditional writes: If-Match,
+  // If-None-Match).
+  absl::StatusOr<VersionedFile> ReadVersioned(const std::string& path,
+                                              uint64_t max_bytes) override;
+  absl::Status WriteIfVersion(const std::string& path, const std::string& content,
+                              const std::string& version) override;
 
   // Aborts the multipart uploads under directory `path` started before
   // `started_before` (what a writer killed mid-upload left: never visible,

@@ -187,6 +187,31 @@ TEST_CASE("S3: conditional writes (If-Match on the ETag, If-None-Match)") {
   CHECK(*client.GetRange(server.bucket, key, 6, buf, sizeof(buf)) == 0);
 }
 
+TEST_CASE("S3Storage: a compare-and-swap of a small file on its ETag") {
+  S3TestServer& server = Server();
+  S3Client client(EndpointOf(server), CredentialsOf(server));
+  S3StorageOptions options;
+  options.bucket = server.bucket;
+  options.prefix = Unique("versioned");
+  S3Storage storage(&client, options);
+  REQUIRE_OK(storage.MakeDirs("/job"));
+  CHECK(absl::IsNotFound(storage.ReadVersioned("/job/latest", 100).status()));
+  // Created only where nothing is.
+  REQUIRE_OK(storage.WriteIfVersion("/job/latest", "step-1", ""));
+  CHECK(absl::IsFailedPrecondition(storage.WriteIfVersion("/job/latest", "step-9", "")));
+  auto first = storage.ReadVersioned("/job/latest", 100);
+  REQUIRE_OK(first);
+  CHECK(first->content == "step-1");
+  // Replaced by one who read the current version; then that version is old.
+  REQUIRE_OK(storage.WriteIfVersion("/job/latest", "step-2", first->version));
+  CHECK(absl::IsFailedPrecondition(storage.WriteIfVersion("/job/latest", "step-0", first->version)));
+  auto second = storage.ReadVersioned("/job/latest", 100);
+  REQUIRE_OK(second);
+  CHECK(second->content == "step-2");
+  CHECK(second->version != first->version);
+  CHECK(absl::IsFailedPrecondition(storage.ReadVersioned("/job/latest", 3).status()));
+}
+
 TEST_CASE("S3: SlowDown (503) is retried with backoff until the store recovers, or the deadline") {
   S3TestServer& server = Server();
   const std::string dir = ::zcc::testing::TempDir();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status.h"
+#include "storage/whole_file.h"
 
 namespace zcc::storage::testing {
 namespace {
@@ -81,6 +82,26 @@ absl::Status ObjectStoreModel::Remove(const std::string& path) {
 absl::Status ObjectStoreModel::RemoveTree(const std::string& path) {
   ZCC_RETURN_IF_ERROR(base()->RemoveTree(path));
   return Persist(DirName(path));
+}
+
+absl::StatusOr<VersionedFile> ObjectStoreModel::ReadVersioned(const std::string& path,
+                                                              uint64_t max_bytes) {
+  VersionedFile file;
+  ZCC_ASSIGN_OR_RETURN(file.content, ReadWholeFile(*this, path, max_bytes));
+  file.version = absl::StrCat("v:", file.content);
+  return file;
+}
+
+absl::Status ObjectStoreModel::WriteIfVersion(const std::string& path, const std::string& content,
+                                              const std::string& version) {
+  if (before_write_) before_write_();
+  auto now = ReadVersioned(path, uint64_t{1} << 20);
+  if (!now.ok() && !absl::IsNotFound(now.status())) return now.status();
+  const std::string current = now.ok() ? now->version : "";
+  if (current != version) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " changed: precondition failed"));
+  }
+  return WriteFileAtomic(*this, path, content);
 }
 
 }  // namespace zcc::storage::testing
