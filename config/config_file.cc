@@ -225,6 +225,11 @@ void CheckFields(const FullConfig& c, Problems& p) {
             absl::StrCat("must be an absolute path, got ", Quote(d.allowed_roots[i])));
     }
   }
+  for (size_t i = 0; i < d.object_store_roots.size(); ++i) {
+    if (std::string why = daemon::CheckObjectStoreRoot(d.object_store_roots[i]); !why.empty()) {
+      p.Add("object_store_roots", static_cast<int>(i), why);
+    }
+  }
   if (d.shm_prefix.empty() || d.shm_prefix.size() > 32 ||
       d.shm_prefix.find_first_not_of(
           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {

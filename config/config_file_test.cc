@@ -267,6 +267,42 @@ TEST_CASE("relative paths are refused, each with its own message") {
              Catch::Contains("must be shorter than 108 bytes"));
 }
 
+TEST_CASE("object-store roots: s3:// allowed roots and object_store_roots with their settings") {
+  absl::StatusOr<FullConfig> c = ParseConfigText(
+      "allowed_roots: \"/mnt/ckpt\"\n"
+      "allowed_roots: \"s3://bucket/zcc\"\n"
+      "object_store_roots { url: \"s3://other/x\" endpoint_url: \"http://10.0.0.5:9000\" "
+      "region: \"eu-west-1\" addressing: \"path\" profile: \"zccd\" }\n",
+      "zccd.conf");
+  REQUIRE_OK(c);
+  CHECK(c->daemon.allowed_roots == std::vector<std::string>{"/mnt/ckpt"});
+  REQUIRE(c->daemon.object_store_roots.size() == 2);
+  CHECK(c->daemon.object_store_roots[0].url == "s3://bucket/zcc");
+  CHECK(c->daemon.object_store_roots[0].endpoint_url.empty());
+  const daemon::ObjectStoreRoot& other = c->daemon.object_store_roots[1];
+  CHECK(other.url == "s3://other/x");
+  CHECK(other.endpoint_url == "http://10.0.0.5:9000");
+  CHECK(other.region == "eu-west-1");
+  CHECK(other.addressing == "path");
+  CHECK(other.profile == "zccd");
+  // The printed default configuration shows them, and reads back the same.
+  auto again = ParseConfigText(DefaultConfigText(*c), "printed.conf");
+  REQUIRE_OK(again);
+  REQUIRE(again->daemon.object_store_roots.size() == 2);
+  CHECK(again->daemon.object_store_roots[1].profile == "zccd");
+
+  auto bad = ParseConfigText(
+      "object_store_roots { url: \"s3:///nobucket\" }\n"
+      "object_store_roots { url: \"s3://b/x\" addressing: \"sideways\" }\n"
+      "object_store_roots { url: \"s3://b/y\" endpoint_url: \"10.0.0.5:9000\" }\n",
+      "zccd.conf");
+  REQUIRE_FALSE(bad.ok());
+  const std::string message(bad.status().message());
+  CHECK(absl::StrContains(message, "names no bucket"));
+  CHECK(absl::StrContains(message, "addressing must be path or virtual"));
+  CHECK(absl::StrContains(message, "endpoint_url must start with http:// or https://"));
+}
+
 TEST_CASE("listen addresses must be host:port with a valid port") {
   for (const char* good : {"127.0.0.1:7070", "0.0.0.0:9464", "localhost:1", "zccd.example.com:65535",
                            "[::1]:7070", "[::]:0", "10.1.2.3:0"}) {

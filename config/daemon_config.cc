@@ -37,9 +37,6 @@ void AddAllowedRoot(DaemonConfig& config, const std::string& root) {
   config.allowed_roots.push_back(root);
 }
 
-namespace {
-
-// What is wrong with an object-store root's settings, if anything.
 std::string CheckObjectStoreRoot(const ObjectStoreRoot& r) {
   const std::string where = absl::StrCat("object-store root '", r.url, "'");
   if (!absl::StartsWith(r.url, "s3://")) return absl::StrCat(where, " must be an s3:// URL");
@@ -60,8 +57,6 @@ std::string CheckObjectStoreRoot(const ObjectStoreRoot& r) {
   }
   return "";
 }
-
-}  // namespace
 
 DaemonConfig WithDefaults(DaemonConfig config) {
   if (config.socket_path.empty()) config.socket_path = DefaultSocketPath();

@@ -85,6 +85,9 @@ std::string DefaultCheckpointRoot();
 // with its settings from the environment.
 void AddAllowedRoot(DaemonConfig& config, const std::string& root);
 
+// What is wrong with an object-store root's settings ("" when nothing).
+std::string CheckObjectStoreRoot(const ObjectStoreRoot& root);
+
 // Fills empty paths with the defaults above.
 DaemonConfig WithDefaults(DaemonConfig config);
 

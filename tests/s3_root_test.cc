@@ -128,6 +128,13 @@ TEST_CASE("zccd writes, commits and restores a job straight in an object store")
   REQUIRE_OK(names);
   CHECK(*names == std::vector<std::string>{"OWNER", "latest", "step-00000005", "step-00000010"});
 
+  // zccctl lists the job through zccd, as on a local root.
+  auto [code, listed] = Zccctl(dir, daemon, {"list", "itest", "--root", root});
+  INFO(listed);
+  CHECK(code == 0);
+  CHECK(absl::StrContains(listed, "step-00000010"));
+  CHECK(absl::StrContains(listed, "latest"));
+
   // New trainers restore the newest step from the store, bit-exact.
   auto restore = Trainers(daemon, dir, root, {0, 1}, 2, "restore",
                           {"--mode=restore", "--expect_step=10", "--expect_from=disk"});
