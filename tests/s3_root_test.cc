@@ -15,6 +15,7 @@
 #include "checkpoint/step_check.h"
 #include "common/file_util.h"
 #include "common/testing/eventually.h"
+#include "common/testing/free_port.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "format/manifest.h"
@@ -150,6 +151,23 @@ TEST_CASE("zccd writes, commits and restores a job straight in an object store")
   CHECK(*checkpoint::ReadLatest(job, &store.storage) == 15);
   REQUIRE_OK(checkpoint::VerifyStep(JoinPath(job, "step-00000015"), store.Io()).status());
 
+  // A byte of step 15 damaged in the store: the restore finds it by its
+  // checksum and falls back to step 10.
+  const std::string shard = JoinPath(job, "step-00000015/model-r00001.safetensors");
+  auto bytes = storage::ReadWholeFile(store.storage, shard, uint64_t{1} << 30);
+  REQUIRE_OK(bytes);
+  (*bytes)[bytes->size() - 100] ^= 0x40;
+  REQUIRE_OK(storage::WriteFileAtomic(store.storage, shard, *bytes));
+  // The ranks restore together (a step one of them cannot read is left by
+  // all of them).
+  auto fallback = Trainers(daemon, dir, root, {0, 1}, 2, "fallback",
+                           {"--mode=restore", "--expect_step=10", "--expect_from=disk",
+                            absl::StrCat("--collective=127.0.0.1:", FreeTcpPort())});
+  WaitAll(fallback, daemon.Log());
+  CHECK(fallback[0]->Values()["mismatched_tensors"] == "0");
+  CHECK(fallback[1]->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(daemon.Log(), "step-00000015"));
+
   REQUIRE(daemon.Stop() == 0);
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
 }
@@ -189,6 +207,74 @@ TEST_CASE("two zccds with no shared file system commit one 4-rank job in the sto
   for (auto& t : back_b) CHECK(t->Values()["mismatched_tensors"] == "0");
   REQUIRE(a.Stop() == 0);
   REQUIRE(b.Stop() == 0);
+}
+
+// zccctl without a daemon, with the store's endpoint and keys.
+std::pair<int, std::string> OfflineZccctl(const std::string& dir, const S3TestServer& server,
+                                          std::vector<std::string> args) {
+  static int n = 0;
+  std::vector<std::string> argv = {Runfile("tools/zccctl")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Subprocess p(argv, absl::StrCat(dir, "/zccctl-offline.", n++, ".log"), -1,
+               {"AWS_ENDPOINT_URL=" + server.endpoint, "AWS_ACCESS_KEY_ID=" + server.access_key,
+                "AWS_SECRET_ACCESS_KEY=" + server.secret_key, "AWS_REGION=us-east-1"});
+  const int code = p.Wait(absl::Seconds(120)).value_or(-1);
+  return {code, p.Output()};
+}
+
+TEST_CASE("zccd killed mid-upload: no step committed from it; gc aborts and removes what it left") {
+  const std::string dir = ShortTempDir("s3-kill");
+  auto started = StartS3TestServer(dir);
+  REQUIRE_OK(started);
+  S3TestServer& server = *started;
+  Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
+  REQUIRE(daemon.Start());
+  const std::string root = RootUrl(server);
+  // Step 5 commits; step 10 (256 MiB of shards) is cut by the kill.
+  auto first = Trainers(daemon, dir, root, {0}, 1, "first", {"--steps=5", "--block"});
+  WaitAll(first, daemon.Log());
+  auto big = Trainers(daemon, dir, root, {0}, 1, "big",
+                      {"--start=6", "--steps=5", "--block", "--tensors=8", "--kib=16384",
+                       "--wait_commit=false"});
+  Store store(server);
+  const std::string job_key = "ckpt/itest/";
+  // Until a multipart upload of step 10 is under way in the store.
+  const bool uploading = Eventually(
+      [&] {
+        auto uploads = store.client.ListMultipart(server.bucket, job_key + "step-00000010/");
+        return uploads.ok() && !uploads->empty();
+      },
+      absl::Seconds(60), absl::Milliseconds(5));
+  INFO(daemon.Log() << big[0]->Output());
+  REQUIRE(uploading);
+  daemon.Kill();
+  big[0]->Wait(absl::Seconds(30));
+
+  // Nothing of step 10 is committed; step 5 is whole and latest.
+  auto steps = checkpoint::ListCommittedSteps("/ckpt/itest", &store.storage);
+  REQUIRE_OK(steps);
+  CHECK(*steps == std::vector<int64_t>{5});
+  CHECK(*checkpoint::ReadLatest("/ckpt/itest", &store.storage) == 5);
+  REQUIRE_OK(checkpoint::VerifyStep("/ckpt/itest/step-00000005", store.Io()).status());
+
+  // gc removes the uncommitted step and aborts the uploads it left.
+  auto [code, out] = OfflineZccctl(dir, server, {"gc", root + "/itest", "--older-than", "0"});
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(absl::StrContains(out, "removed " + root + "/itest/step-00000010"));
+  auto left = store.client.ListMultipart(server.bucket, job_key);
+  REQUIRE_OK(left);
+  CHECK(left->empty());
+  CHECK(*store.storage.List("/ckpt/itest") ==
+        std::vector<std::string>{"OWNER", "latest", "step-00000005"});
+
+  // A new zccd restores step 5 from the store.
+  REQUIRE(daemon.Start());
+  auto restore = Trainers(daemon, dir, root, {0}, 1, "restore",
+                          {"--mode=restore", "--expect_step=5", "--expect_from=disk"});
+  WaitAll(restore, daemon.Log());
+  CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
 }
 
 TEST_CASE("wrong credentials for the store: a clear refusal, no secret shown") {
