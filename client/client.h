@@ -99,6 +99,13 @@ struct TensorRef {
   std::vector<int64_t> box_offset;
 };
 
+// Keys of an S3-compatible store (AWS's names).
+struct StoreCredentials {
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;  // temporary credentials only
+};
+
 struct ClientOptions {
   std::string socket_path;      // empty: zccd's default for this user
   std::string job_id;
@@ -108,6 +115,10 @@ struct ClientOptions {
   uint32_t save_every = 0;      // persist every N-th step; 0 = only on SaveNow
   uint32_t keep_last = 0;       // committed steps kept; 0 = daemon default
   std::string checkpoint_root;  // empty: the daemon's default root
+  // For an s3:// checkpoint_root: the job's own keys for the store, which
+  // zccd uses for this job's directory alone and keeps in memory only.
+  // Empty access_key_id: zccd's own credentials for that root.
+  StoreCredentials store_credentials;
   Backpressure backpressure = Backpressure::kSkip;
   // zccd keeps an fp32 EMA of the EMA-eligible parameters this rank writes:
   // ema = decay * ema + (1 - decay) * param, every ema_interval-th snapshot.

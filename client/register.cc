@@ -39,6 +39,12 @@ v1::RegisterRequest MakeRegisterRequest(const ClientOptions& options,
   req.set_save_every(options.save_every);
   req.set_keep_last(options.keep_last);
   req.set_checkpoint_root(options.checkpoint_root);
+  if (!options.store_credentials.access_key_id.empty()) {
+    v1::StoreCredentials* c = req.mutable_store_credentials();
+    c->set_access_key_id(options.store_credentials.access_key_id);
+    c->set_secret_access_key(options.store_credentials.secret_access_key);
+    c->set_session_token(options.store_credentials.session_token);
+  }
   req.set_pid(::getpid());
   req.set_ema_decay(options.ema_decay);
   req.set_ema_interval(options.ema_interval);

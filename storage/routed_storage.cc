@@ -52,6 +52,14 @@ void RoutedStorage::AddRoute(const std::string& prefix, Storage* target,
   routes_[key] = Route{target, target_path};
 }
 
+void RoutedStorage::RemoveRoute(const std::string& prefix, const Storage* target) {
+  std::string key = prefix;
+  while (key.size() > 1 && key.back() == '/') key.pop_back();
+  zcc::MutexLock lock(&mu_);
+  auto it = routes_.find(key);
+  if (it != routes_.end() && it->second.target == target) routes_.erase(it);
+}
+
 RoutedStorage::Resolved RoutedStorage::Resolve(const std::string& path) const {
   zcc::MutexLock lock(&mu_);
   // The longest prefix first: map order puts "a/b" after "a", so walk back

@@ -35,6 +35,8 @@ class RoutedStorage final : public Storage {
   // `prefix` and every path under it go to `target`, as `target_path`
   // followed by the rest of the path. A route added again replaces the old.
   void AddRoute(const std::string& prefix, Storage* target, const std::string& target_path);
+  // Removes the route of `prefix` if it still goes to `target`.
+  void RemoveRoute(const std::string& prefix, const Storage* target);
 
   bool atomic_file_writes(const std::string& path) const override;
   bool renames(const std::string& path) const override;

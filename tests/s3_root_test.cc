@@ -4,7 +4,10 @@
 // restore them bit-exact from the store. Two zccds with separate local roots
 // (no shared file system) commit one 4-rank job together through the store.
 // Wrong credentials are a clear error that shows no secret.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -274,6 +277,59 @@ TEST_CASE("zccd killed mid-upload: no step committed from it; gc aborts and remo
                           {"--mode=restore", "--expect_step=5", "--expect_from=disk"});
   WaitAll(restore, daemon.Log());
   CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("a job's own credentials: used for its directory alone, never for another uid's job") {
+  const std::string dir = ShortTempDir("s3-jobkeys");
+  ::chmod(dir.c_str(), 0755);  // the other uid's trainer writes its log here
+  auto started = StartS3TestServer(dir);
+  REQUIRE_OK(started);
+  S3TestServer& server = *started;
+  // zccd knows the store's endpoint but has no keys of its own.
+  DaemonOptions options = StoreDaemon(dir, server, "");
+  options.env = {"AWS_ENDPOINT_URL=" + server.endpoint, "AWS_REGION=us-east-1",
+                 "AWS_SHARED_CREDENTIALS_FILE=" + JoinPath(dir, "no-such-file")};
+  Daemon daemon(dir, options);
+  REQUIRE(daemon.Start());
+  const std::string root = RootUrl(server);
+  CHECK(absl::StrContains(daemon.Log(), "zccd has no credentials of its own"));
+
+  // Without keys of its own the job is refused, saying what to do.
+  auto keyless = Trainers(daemon, dir, root, {0}, 1, "keyless", {"--steps=2"});
+  CHECK(keyless[0]->Wait(absl::Seconds(60)) != 0);
+  CHECK(absl::StrContains(keyless[0]->Output(), "pass the job's own (store_credentials)"));
+
+  // With them, it checkpoints and restores through its own client.
+  const std::vector<std::string> keys = {"--store_key_id=" + server.access_key,
+                                         "--store_secret=" + server.secret_key};
+  std::vector<std::string> train_flags = {"--steps=10", "--block"};
+  train_flags.insert(train_flags.end(), keys.begin(), keys.end());
+  auto train = Trainers(daemon, dir, root, {0, 1}, 2, "train", train_flags);
+  WaitAll(train, daemon.Log());
+  CHECK(train[0]->Values()["committed"] == "10");
+  std::vector<std::string> restore_flags = {"--mode=restore", "--expect_step=10",
+                                            "--expect_from=disk"};
+  restore_flags.insert(restore_flags.end(), keys.begin(), keys.end());
+  auto restore = Trainers(daemon, dir, root, {0, 1}, 2, "restore", restore_flags);
+  WaitAll(restore, daemon.Log());
+  CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
+  CHECK_FALSE(absl::StrContains(daemon.Log(), server.secret_key));
+
+  // Another uid with the same keys cannot use this job's directory: its
+  // OWNER names uid 0.
+  // (The runfiles live under root's home: the binary goes where uid 4242
+  // can run it.)
+  const std::string trainer = JoinPath(dir, "test_trainer");
+  REQUIRE(std::system(("cp " + Runfile("tests/test_trainer") + " " + trainer + " && chmod 0755 " +
+                       trainer).c_str()) == 0);
+  std::vector<std::string> argv = {trainer, "--socket=" + daemon.socket(),
+                                   "--root=" + root, "--steps=2"};
+  argv.insert(argv.end(), keys.begin(), keys.end());
+  Subprocess other(argv, JoinPath(dir, "other-uid.log"), 4242);
+  CHECK(other.Wait(absl::Seconds(60)) != 0);
+  INFO(other.Output());
+  CHECK(absl::StrContains(other.Output(), "belongs to another user"));
   REQUIRE(daemon.Stop() == 0);
 }
 

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "common/validate.h"
 #include "daemon/control/registration.h"
+#include "daemon/jobs/object_store_roots.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
 #include "shm/control_block.h"
@@ -226,6 +227,8 @@ struct RankPlan {
   // Owned by the trainer's uid, mode 0600: no other user can map the staging
   // segment (nor its restore and EMA buffers, made for the same owner).
   uid_t segment_owner = static_cast<uid_t>(-1);
+  // The job's own route to its store, when it brought credentials.
+  std::shared_ptr<void> store_route;
 };
 
 absl::StatusOr<RankPlan> PlanRank(
@@ -238,8 +241,19 @@ absl::StatusOr<RankPlan> PlanRank(
   ZCC_ASSIGN_OR_RETURN(plan.registered, ParseTensors(req, config, &manifest_hash));
   ZCC_RETURN_IF_ERROR(AssignStaged(req, &plan.registered));
   ZCC_ASSIGN_OR_RETURN(plan.shards, ShardsFor(req, &plan.registered, manifest_hash, config));
+  // The job's own credentials for a store: its directory is reached with
+  // them (and only it), from the owner check on.
+  if (req.has_store_credentials()) {
+    if (!IsObjectStoreUrl(req.checkpoint_root())) {
+      return absl::InvalidArgumentError(
+          "store_credentials are for an s3:// checkpoint root; this job's root is not one");
+    }
+    ZCC_ASSIGN_OR_RETURN(plan.store_route,
+                         d.route_job(req.checkpoint_root(), req.job_id(), req.store_credentials()));
+  }
   // Checkpoints of this job id under this root belong to whoever made them.
-  ZCC_ASSIGN_OR_RETURN(plan.job_dir, d.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller));
+  ZCC_ASSIGN_OR_RETURN(plan.job_dir, d.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller,
+                                                       plan.store_route != nullptr));
   ZCC_ASSIGN_OR_RETURN(plan.ema, PlanEma(req, plan.registered, ema_workers));
   Geometry& g = plan.g;
   g.slot_bytes = plan.shards.layout.slot_bytes;
@@ -276,6 +290,7 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
     options.owner = {caller.uid, caller.gid};
     options.metrics = d.metrics;
     options.storage = d.shard_storage;
+    options.store_route = plan.store_route;
     return std::make_shared<Job>(std::move(options));
   };
   admit.segment_bytes = plan.g.segment_bytes;

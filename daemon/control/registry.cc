@@ -52,8 +52,19 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
       registrar_(Registrar::Deps{
           &config_, &metrics_, shard_storage_, &write_pool_, &jobs_, &pull_, &restores_,
           &housekeeper_,
-          [this](const std::string& root, const std::string& job_id, const Caller& caller) {
-            return ResolveJobDir(root, job_id, caller, true);
+          [this](const std::string& root, const std::string& job_id, const Caller& caller,
+                 bool job_credentials) {
+            return ResolveJobDir(root, job_id, caller, true, job_credentials);
+          },
+          [this](const std::string& root, const std::string& job_id,
+                 const v1::StoreCredentials& c) -> absl::StatusOr<std::shared_ptr<void>> {
+            storage::s3::Credentials credentials;
+            credentials.access_key_id = c.access_key_id();
+            credentials.secret_access_key = c.secret_access_key();
+            credentials.session_token = c.session_token();
+            ZCC_ASSIGN_OR_RETURN(std::shared_ptr<ObjectStoreRoots::JobRoute> route,
+                                 stores_.RouteJob(root, job_id, std::move(credentials)));
+            return std::shared_ptr<void>(std::move(route));
           },
           std::move(before_reserve)}) {}
 
@@ -114,7 +125,8 @@ void Registry::Shutdown() {
 
 absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested_root,
                                                     const std::string& job_id,
-                                                    const Caller& caller, bool create) const {
+                                                    const Caller& caller, bool create,
+                                                    bool job_credentials) const {
   JobDirRequest request;
   request.root = requested_root;
   request.job_id = job_id;
@@ -122,6 +134,7 @@ absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested
   request.create = create;
   request.is_registered_job_dir = [this](const std::string& dir) { return jobs_.HasJobDir(dir); };
   request.stores = &stores_;
+  request.job_credentials = job_credentials;
   request.storage = shard_storage_;
   return daemon::ResolveJobDir(config_, request);
 }

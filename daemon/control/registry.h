@@ -108,7 +108,7 @@ class Registry {
   // registered jobs' directories).
   absl::StatusOr<std::string> ResolveJobDir(const std::string& requested_root,
                                             const std::string& job_id, const Caller& caller,
-                                            bool create) const;
+                                            bool create, bool job_credentials = false) const;
   absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> FindSession(
       const std::string& job_id, uint32_t rank, uint64_t generation, const Caller& caller) const;
   // The registered job, if `caller` may act on it.

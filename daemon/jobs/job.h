@@ -50,6 +50,9 @@ struct JobOptions {
   // Where commits write (borrowed; outlives the job); null = the default
   // POSIX storage.
   storage::Storage* storage = nullptr;
+  // Held while the job lives: its own route to an object store with the
+  // credentials its trainer gave (ObjectStoreRoots::RouteJob); null: none.
+  std::shared_ptr<void> store_route;
 };
 
 class Job {

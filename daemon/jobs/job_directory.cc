@@ -131,7 +131,7 @@ absl::StatusOr<std::string> ResolveStoreJobDir(const JobDirRequest& req) {
     return absl::PermissionDeniedError(absl::StrCat(
         "checkpoint root ", req.root, " is an object store; this zccd has no object-store root"));
   }
-  ZCC_RETURN_IF_ERROR(req.stores->CheckRoot(req.root));
+  ZCC_RETURN_IF_ERROR(req.stores->CheckRoot(req.root, req.job_credentials));
   storage::Storage& fs = *req.storage;
   std::string root = req.root;
   while (!root.empty() && root.back() == '/') root.pop_back();

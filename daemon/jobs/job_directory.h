@@ -46,6 +46,8 @@ struct JobDirRequest {
   std::function<bool(const std::string&)> is_registered_job_dir;
   // zccd's object-store roots (null: none), for a root that is a URL.
   const ObjectStoreRoots* stores = nullptr;
+  // The job brings its own credentials for the store (routed already).
+  bool job_credentials = false;
   // Where the stores' job directories are read and written (routed).
   storage::Storage* storage = nullptr;
 };

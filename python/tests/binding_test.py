@@ -129,6 +129,34 @@ def test_connect_validates_options():
         assert c.copier == "host"
 
 
+def test_store_credentials_are_checked_and_reach_zccd():
+    connect = zcc.connect
+    raises(ValueError, connect, "j", socket_path=NO_DAEMON,
+           store_credentials={"aws_access_key_id": "AKIAEXAMPLE"}, match="aws_secret_access_key")
+    raises(ValueError, connect, "j", socket_path=NO_DAEMON,
+           store_credentials={"key": "k", "secret": "s"}, match="unknown keys")
+    raises(TypeError, connect, "j", socket_path=NO_DAEMON, store_credentials=("k", "s"))
+    saved = {k: os.environ.pop(k, None) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    try:
+        raises(ValueError, connect, "j", socket_path=NO_DAEMON, store_credentials="environment",
+               match="AWS_ACCESS_KEY_ID")
+    finally:
+        for k, v in saved.items():
+            if v is not None:
+                os.environ[k] = v
+    # zccd gets them, and refuses them for a root that is not an object store,
+    # without ever showing the secret.
+    secret = "secretNeverShown0123456789"
+    with Zccd("keys") as d:
+        with connect("kj", socket_path=d.socket, checkpoint_root=d.root,
+                     store_credentials={"aws_access_key_id": "AKIAEXAMPLE",
+                                        "aws_secret_access_key": secret}) as c:
+            e = raises(zcc.InvalidArgumentError, c.register_tensors,
+                       [zcc.TensorSpec("w", np.zeros(4, np.float32))], match="s3://")
+            assert secret not in str(e)
+        assert secret not in d.log()
+
+
 def test_bad_registrations():
     with zcc.connect("j", socket_path=NO_DAEMON) as c:
         a, b = np.zeros(4, np.float32), np.zeros(4, np.float32)

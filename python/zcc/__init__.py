@@ -59,6 +59,7 @@ one thread (the trainer's); ``stats()`` may be called from any thread.
 """
 
 import importlib
+import os
 
 # The package version: zcc's one place for it (tools/wheel/ names the wheel from it).
 __version__ = "0.1.0"
@@ -149,7 +150,7 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
             keep_last=0, checkpoint_root="", backpressure="skip", ema_decay=0.0,
             ema_interval=1, persist_on_failure=False, copier=None, rpc_timeout=30.0,
             heartbeat_interval=0.25, daemon_timeout=3.0, reconnect_max_backoff=5.0,
-            restore_timeout=1800.0, prefetch_restore=False):
+            restore_timeout=1800.0, prefetch_restore=False, store_credentials=None):
     """Creates a :class:`Client`; zccd need not be running.
 
     The keyword arguments are ``zcc::ClientOptions``'s fields (client/client.h)
@@ -162,7 +163,14 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
     ``heartbeat_interval``, ``daemon_timeout``, ``reconnect_max_backoff``,
     ``restore_timeout`` (one restore's deadline), ``prefetch_restore`` (a
     restart that restores at once: zccd begins reading the newest checkpoint
-    as the tensors register, so that restore finds it read or under way).
+    as the tensors register, so that restore finds it read or under way),
+    ``store_credentials`` (for an ``s3://`` ``checkpoint_root``: this job's
+    own keys for the store, which zccd uses for this job's directory alone
+    and keeps in memory only: a dict with boto3's names
+    ``aws_access_key_id``, ``aws_secret_access_key`` and optionally
+    ``aws_session_token``, or "environment" for this process's
+    ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``;
+    None: zccd's own credentials for that root).
 
     ``copier`` chooses the copy backend: None or "host" for the host copier
     (memcpy on a copy thread; host tensors only), :func:`cuda_copier` for
@@ -175,4 +183,31 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
     return _connect(job_id, socket_path, rank, world_size, num_slots, save_every, keep_last,
                     checkpoint_root, backpressure, ema_decay, ema_interval, persist_on_failure,
                     copier, rpc_timeout, heartbeat_interval, daemon_timeout,
-                    reconnect_max_backoff, restore_timeout, prefetch_restore)
+                    reconnect_max_backoff, restore_timeout, prefetch_restore,
+                    _store_keys(store_credentials))
+
+
+def _store_keys(credentials):
+    """store_credentials as (key id, secret[, token]), or None."""
+    if credentials is None:
+        return None
+    if credentials == "environment":
+        key_id = os.environ.get("AWS_ACCESS_KEY_ID", "")
+        secret = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+        if not key_id or not secret:
+            raise ValueError("store_credentials='environment' needs AWS_ACCESS_KEY_ID and "
+                             "AWS_SECRET_ACCESS_KEY in this process's environment")
+        token = os.environ.get("AWS_SESSION_TOKEN", "")
+    elif isinstance(credentials, dict):
+        unknown = set(credentials) - {"aws_access_key_id", "aws_secret_access_key",
+                                      "aws_session_token"}
+        if unknown:
+            raise ValueError(f"store_credentials: unknown keys {sorted(unknown)}")
+        key_id = credentials.get("aws_access_key_id", "")
+        secret = credentials.get("aws_secret_access_key", "")
+        token = credentials.get("aws_session_token", "") or ""
+        if not key_id or not secret:
+            raise ValueError("store_credentials needs aws_access_key_id and aws_secret_access_key")
+    else:
+        raise TypeError("store_credentials: None, 'environment' or a dict of boto3's key names")
+    return (key_id, secret, token) if token else (key_id, secret)

@@ -506,8 +506,20 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
                                   double ema_decay, int64_t ema_interval, bool persist_on_failure,
                                   py::handle copier, double rpc_timeout, double heartbeat_interval,
                                   double daemon_timeout, double reconnect_max_backoff,
-                                  double restore_timeout, bool prefetch_restore) {
+                                  double restore_timeout, bool prefetch_restore,
+                                  py::handle store_credentials) {
   ClientOptions o;
+  if (!store_credentials.is_none()) {
+    // (access key id, secret[, session token]), made by zcc.connect.
+    auto keys = store_credentials.cast<std::vector<std::string>>();
+    if (keys.size() < 2 || keys.size() > 3 || keys[0].empty() || keys[1].empty()) {
+      throw StatusError(absl::InvalidArgumentError(
+          "store_credentials: an access key id and its secret (and a session token)"));
+    }
+    o.store_credentials.access_key_id = keys[0];
+    o.store_credentials.secret_access_key = keys[1];
+    if (keys.size() == 3) o.store_credentials.session_token = keys[2];
+  }
   o.socket_path = socket_path;
   o.job_id = job_id;
   o.rank = U32(rank, "rank");
@@ -696,7 +708,7 @@ void DefineModule(py::module_& m) {
         py::arg("copier") = py::none(), py::arg("rpc_timeout") = 30.0,
         py::arg("heartbeat_interval") = 0.25, py::arg("daemon_timeout") = 3.0,
         py::arg("reconnect_max_backoff") = 5.0, py::arg("restore_timeout") = 1800.0,
-        py::arg("prefetch_restore") = false);
+        py::arg("prefetch_restore") = false, py::arg("store_credentials") = py::none());
   m.def("describe_tensor", &DescribeTensor, py::arg("tensor"),
         "What zcc would register for `tensor`: dtype, shape, data pointer, bytes, memory "
         "kind and the protocol it was read through. Raises like register_tensors would.");
