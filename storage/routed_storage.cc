@@ -4,35 +4,19 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "storage/storage_wrapper.h"
 
 namespace zcc::storage {
 namespace {
 
 // A routed storage's file, known by the path it was opened with.
-class RoutedFile final : public File {
+class RoutedFile final : public FileWrapper {
  public:
   RoutedFile(std::unique_ptr<File> base, std::string path)
-      : base_(std::move(base)), path_(std::move(path)) {}
-
+      : FileWrapper(std::move(base)), path_(std::move(path)) {}
   const std::string& path() const override { return path_; }
-  bool direct() const override { return base_->direct(); }
-  uint32_t queue_depth() const override { return base_->queue_depth(); }
-  uint32_t in_flight() const override { return base_->in_flight(); }
-  absl::Status SubmitWrite(uint64_t offset, const void* src, size_t n, uint64_t tag) override {
-    return base_->SubmitWrite(offset, src, n, tag);
-  }
-  absl::Status SubmitRead(uint64_t offset, void* dst, size_t n, uint64_t tag) override {
-    return base_->SubmitRead(offset, dst, n, tag);
-  }
-  absl::StatusOr<IoCompletion> WaitForCompletion() override { return base_->WaitForCompletion(); }
-  bool HasCompletion() const override { return base_->HasCompletion(); }
-  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
-  absl::Status Truncate(uint64_t size) override { return base_->Truncate(size); }
-  absl::Status Sync() override { return base_->Sync(); }
-  absl::Status Close() override { return base_->Close(); }
 
  private:
-  std::unique_ptr<File> base_;
   const std::string path_;
 };
 

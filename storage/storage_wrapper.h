@@ -1,6 +1,7 @@
 // StorageWrapper: a Storage that passes every call to another one, for
 // wrappers that change a few of them (a fault injector, a test's stalled
-// disk) to derive from, the way leveldb's EnvWrapper is used.
+// disk) to derive from, the way leveldb's EnvWrapper is used. FileWrapper is
+// the same for a File (it owns the file it wraps).
 //
 // Thread-safety: as the wrapped Storage. Ownership: borrows `base`, which
 // must outlive the wrapper.
@@ -9,11 +10,39 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "storage/storage.h"
 
 namespace zcc::storage {
+
+class FileWrapper : public File {
+ public:
+  explicit FileWrapper(std::unique_ptr<File> base) : base_(std::move(base)) {}
+
+  File& base() const { return *base_; }
+
+  const std::string& path() const override { return base_->path(); }
+  bool direct() const override { return base_->direct(); }
+  uint32_t queue_depth() const override { return base_->queue_depth(); }
+  uint32_t in_flight() const override { return base_->in_flight(); }
+  absl::Status SubmitWrite(uint64_t offset, const void* src, size_t n, uint64_t tag) override {
+    return base_->SubmitWrite(offset, src, n, tag);
+  }
+  absl::Status SubmitRead(uint64_t offset, void* dst, size_t n, uint64_t tag) override {
+    return base_->SubmitRead(offset, dst, n, tag);
+  }
+  absl::StatusOr<IoCompletion> WaitForCompletion() override { return base_->WaitForCompletion(); }
+  bool HasCompletion() const override { return base_->HasCompletion(); }
+  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
+  absl::Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+  absl::Status Sync() override { return base_->Sync(); }
+  absl::Status Close() override { return base_->Close(); }
+
+ private:
+  std::unique_ptr<File> base_;
+};
 
 class StorageWrapper : public Storage {
  public:

@@ -12,33 +12,16 @@ namespace zcc::storage::testing {
 namespace {
 
 // A written file: durable, entry included, once synced.
-class StoreFile final : public File {
+class StoreFile final : public FileWrapper {
  public:
   StoreFile(std::unique_ptr<File> base, std::function<absl::Status()> persist)
-      : base_(std::move(base)), persist_(std::move(persist)) {}
-
-  const std::string& path() const override { return base_->path(); }
-  bool direct() const override { return base_->direct(); }
-  uint32_t queue_depth() const override { return base_->queue_depth(); }
-  uint32_t in_flight() const override { return base_->in_flight(); }
-  absl::Status SubmitWrite(uint64_t offset, const void* src, size_t n, uint64_t tag) override {
-    return base_->SubmitWrite(offset, src, n, tag);
-  }
-  absl::Status SubmitRead(uint64_t offset, void* dst, size_t n, uint64_t tag) override {
-    return base_->SubmitRead(offset, dst, n, tag);
-  }
-  absl::StatusOr<IoCompletion> WaitForCompletion() override { return base_->WaitForCompletion(); }
-  bool HasCompletion() const override { return base_->HasCompletion(); }
-  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
-  absl::Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+      : FileWrapper(std::move(base)), persist_(std::move(persist)) {}
   absl::Status Sync() override {
-    ZCC_RETURN_IF_ERROR(base_->Sync());
+    ZCC_RETURN_IF_ERROR(base().Sync());
     return persist_();
   }
-  absl::Status Close() override { return base_->Close(); }
 
  private:
-  std::unique_ptr<File> base_;
   std::function<absl::Status()> persist_;
 };
 
