@@ -106,10 +106,8 @@ bool CommittedAfter(storage::Storage& fs, const std::string& job_dir, int64_t ne
   return at + absl::Seconds(1) > write_began;
 }
 
-// Points `latest` at `step` (see TryCommit). Where the storage swaps a
-// file conditionally (an object store, several zccds) the write is a
-// compare-and-swap on what was read, tried again when another writer came
-// first; elsewhere one committer per job writes it.
+}  // namespace
+
 absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64_t step,
                          absl::Time write_began) {
   const std::string path = JoinPath(job_dir, format::kLatestFileName);
@@ -140,7 +138,6 @@ absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64
   }
 }
 
-}  // namespace
 
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,

@@ -54,6 +54,14 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
                                        storage::Storage* storage = nullptr,
                                        absl::Time write_began = absl::InfiniteFuture());
 
+// Points `latest` of `job_dir` at committed step `step`, as TryCommit does
+// last (see there for `write_began`). Where the storage swaps a file
+// conditionally (an object store, several zccds) the write is a
+// compare-and-swap on what was read, tried again when another writer came
+// first; elsewhere one committer per job writes it.
+absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64_t step,
+                         absl::Time write_began);
+
 }  // namespace zcc::checkpoint
 
 #endif  // ZCC_CHECKPOINT_COMMITTER_H_

@@ -1,0 +1,155 @@
+// The tiered mode's upload: a step committed on the local root, copied to an
+// object store (its model over memory, reached by URL as zccd reaches it)
+// and committed there; cut at every change the store sees, it leaves the
+// store's earlier state or the new step whole, and the upload tried again
+// completes.
+#include "checkpoint/step_upload.h"
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/committer.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/shard_writer.h"
+#include "checkpoint/step_check.h"
+#include "checkpoint/testing/synthetic_rank.h"
+#include "common/file_util.h"
+#include "common/testing/status_matchers.h"
+#include "format/manifest.h"
+#include "storage/aligned_buffer.h"
+#include "storage/memory_storage.h"
+#include "storage/routed_storage.h"
+#include "storage/testing/object_store_model.h"
+
+namespace zcc::checkpoint {
+namespace {
+
+using testing::SyntheticRank;
+using testing::TensorSpec;
+
+constexpr char kLocal[] = "/local/job";
+constexpr char kStore[] = "s3://bucket/ckpt/job";
+constexpr char kJob[] = "job";
+constexpr uint32_t kWorld = 2;
+
+std::vector<TensorSpec> Specs() {
+  return {{"w", format::DType::kF32, {256, 96}},
+          {"b", format::DType::kBF16, {1000}},
+          {"m", format::DType::kF32, {256, 96}, format::TensorKind::kOptim}};
+}
+
+// A local disk and a store, one storage over both as in zccd.
+struct Tiers {
+  Tiers() : model(&store_memory), fs(&local) {
+    fs.AddRoute("s3://bucket", &model, "/");
+    REQUIRE_OK(local.MakeDirs(kLocal));
+    REQUIRE_OK(model.MakeDirs("/ckpt"));
+  }
+  IoOptions Io() {
+    IoOptions io;
+    io.storage = &fs;
+    return io;
+  }
+  void Commit(int64_t step, int64_t seed) {
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      SyntheticRank rank(r, kWorld, Specs(), 0, kJob);
+      rank.Fill(seed);
+      REQUIRE_OK(WriteRankShards(kLocal, step, rank.shards(), rank.slot(), Io()).status());
+    }
+    auto done = TryCommit(kLocal, kJob, step, kWorld, &fs);
+    REQUIRE_OK(done);
+    REQUIRE(done->outcome == CommitOutcome::kCommitted);
+  }
+  // Whether `dir` reads back, whole and verified, as the bytes of `seed`.
+  bool Holds(const std::string& dir, int64_t seed) {
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      SyntheticRank expect(r, kWorld, Specs(), 0, kJob);
+      expect.Fill(seed);
+      storage::AlignedBuffer got(expect.slot_bytes());
+      if (!ReadRankTensors(dir, r, expect.Targets(got.data()), Io()).ok()) return false;
+      if (!expect.SameTensors(got.data())) return false;
+    }
+    return VerifyStep(dir, Io()).ok();
+  }
+
+  storage::MemoryStorage local;
+  storage::MemoryStorage store_memory;
+  storage::testing::ObjectStoreModel model;
+  storage::RoutedStorage fs;
+};
+
+TEST_CASE("a committed local step is uploaded and committed in the store") {
+  Tiers t;
+  t.Commit(10, 10);
+  auto up = UploadStep(t.fs, kLocal, 10, kStore);
+  REQUIRE_OK(up);
+  CHECK(up->files == 2 * 2 + 2 + 3);  // model and optim shards, manifests, index files, COMMITTED
+  CHECK(up->bytes > 2 * 256 * 96 * 4 * 2);
+  CHECK(*ReadLatest(kStore, &t.fs) == 10);
+  CHECK(*ListCommittedSteps(kStore, &t.fs) == std::vector<int64_t>{10});
+  CHECK(t.Holds(JoinPath(kStore, "step-00000010"), 10));
+
+  // A step not committed locally is refused; nothing changes in the store.
+  SyntheticRank rank(0, kWorld, Specs(), 0, kJob);
+  rank.Fill(20);
+  REQUIRE_OK(WriteRankShards(kLocal, 20, rank.shards(), rank.slot(), t.Io()).status());
+  CHECK(absl::IsFailedPrecondition(UploadStep(t.fs, kLocal, 20, kStore).status()));
+  CHECK(*ListCommittedSteps(kStore, &t.fs) == std::vector<int64_t>{10});
+
+  // The step committed again locally (a resumed run): the store's copy is
+  // replaced by the new one.
+  t.Commit(10, 11);
+  REQUIRE_OK(UploadStep(t.fs, kLocal, 10, kStore).status());
+  CHECK(t.Holds(JoinPath(kStore, "step-00000010"), 11));
+}
+
+TEST_CASE("an upload cut at any change leaves the store's older state or the new step whole") {
+  uint64_t total = 0;
+  {
+    Tiers t;
+    t.Commit(10, 10);
+    REQUIRE_OK(UploadStep(t.fs, kLocal, 10, kStore).status());
+    t.Commit(20, 20);
+    const uint64_t before = t.store_memory.changes();
+    REQUIRE_OK(UploadStep(t.fs, kLocal, 20, kStore).status());
+    total = t.store_memory.changes() - before;
+  }
+  REQUIRE(total > 10);
+  for (uint64_t k = 0; k < total; ++k) {
+    INFO("the store died after " << k << " of the upload's " << total << " changes");
+    Tiers t;
+    t.Commit(10, 10);
+    REQUIRE_OK(UploadStep(t.fs, kLocal, 10, kStore).status());
+    t.Commit(20, 20);
+    t.store_memory.CrashAfter(k);
+    CHECK_FALSE(UploadStep(t.fs, kLocal, 20, kStore).ok());
+    t.store_memory.Crash();
+    auto latest = ReadLatest(kStore, &t.fs);
+    REQUIRE_OK(latest);
+    CHECK((*latest == 10 || *latest == 20));
+    auto steps = ListCommittedSteps(kStore, &t.fs);
+    REQUIRE_OK(steps);
+    for (int64_t step : *steps) {
+      CHECK(t.Holds(JoinPath(kStore, format::StepDirName(step)), step));
+    }
+    // Tried again, the upload completes.
+    REQUIRE_OK(UploadStep(t.fs, kLocal, 20, kStore).status());
+    CHECK(*ReadLatest(kStore, &t.fs) == 20);
+    CHECK(t.Holds(JoinPath(kStore, "step-00000020"), 20));
+  }
+}
+
+TEST_CASE("an upload stops when cancelled, committing nothing") {
+  Tiers t;
+  t.Commit(10, 10);
+  const std::function<bool()> cancelled = [] { return true; };
+  UploadOptions options;
+  options.cancelled = &cancelled;
+  CHECK(absl::IsCancelled(UploadStep(t.fs, kLocal, 10, kStore, options).status()));
+  CHECK(ListCommittedSteps(kStore, &t.fs).value_or(std::vector<int64_t>{-1}).empty());
+}
+
+}  // namespace
+}  // namespace zcc::checkpoint
