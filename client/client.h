@@ -119,6 +119,12 @@ struct ClientOptions {
   // zccd uses for this job's directory alone and keeps in memory only.
   // Empty access_key_id: zccd's own credentials for that root.
   StoreCredentials store_credentials;
+  // The tiered mode: checkpoints go to checkpoint_root (a local root) first,
+  // and zccd uploads each committed step to this object-store root
+  // (s3://bucket/prefix) in the background, keeping upload_keep_last steps
+  // there (0: zccd's keep_last). Empty: no upload.
+  std::string upload_root;
+  uint32_t upload_keep_last = 0;
   Backpressure backpressure = Backpressure::kSkip;
   // zccd keeps an fp32 EMA of the EMA-eligible parameters this rank writes:
   // ema = decay * ema + (1 - decay) * param, every ema_interval-th snapshot.

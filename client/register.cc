@@ -39,6 +39,8 @@ v1::RegisterRequest MakeRegisterRequest(const ClientOptions& options,
   req.set_save_every(options.save_every);
   req.set_keep_last(options.keep_last);
   req.set_checkpoint_root(options.checkpoint_root);
+  req.set_upload_root(options.upload_root);
+  req.set_upload_keep_last(options.upload_keep_last);
   if (!options.store_credentials.access_key_id.empty()) {
     v1::StoreCredentials* c = req.mutable_store_credentials();
     c->set_access_key_id(options.store_credentials.access_key_id);

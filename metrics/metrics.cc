@@ -289,6 +289,8 @@ absl::string_view ErrorKindName(ErrorKind kind) {
       return "ema";
     case ErrorKind::kRpc:
       return "rpc";
+    case ErrorKind::kUpload:
+      return "upload";
   }
   return "unknown";
 }
@@ -337,6 +339,11 @@ ZccMetrics::ZccMetrics() {
       "zcc_retained_snapshot_bytes",
       "Staging memory holding dead or departed ranks' snapshots for a restore from memory.");
   registered_ranks_ = &registry_.AddGauge("zcc_registered_ranks", "Ranks currently registered.");
+  upload_bytes_ = &registry_.AddCounter(
+      "zcc_upload_bytes_total", "Bytes of committed steps uploaded to object stores (tiered mode).");
+  upload_lag_seconds_ = &registry_.AddGauge(
+      "zcc_upload_lag_seconds",
+      "Longest wait of any job's oldest locally committed step for its object store.");
   for (int i = 0; i < kNumErrorKinds; ++i) {
     errors_[i] = &registry_.AddCounter(
         "zcc_errors_total", "Errors by kind.",

@@ -153,8 +153,9 @@ enum class ErrorKind {
   kClientTimeout,  // a trainer stopped sending heartbeats and was dropped
   kEma,            // an EMA update failed
   kRpc,            // a control request was refused for a reason other than the above
+  kUpload,         // the tiered mode's upload of a step to the object store failed
 };
-inline constexpr int kNumErrorKinds = 8;
+inline constexpr int kNumErrorKinds = 9;
 absl::string_view ErrorKindName(ErrorKind kind);
 
 // Where a restore came from: zcc_restores_total{source=...}.
@@ -207,6 +208,11 @@ class ZccMetrics {
   Gauge& retained_snapshot_bytes() { return *retained_snapshot_bytes_; }
   // zcc_registered_ranks: ranks currently registered.
   Gauge& registered_ranks() { return *registered_ranks_; }
+  // zcc_upload_bytes_total: bytes the tiered mode uploaded to object stores.
+  Counter& upload_bytes() { return *upload_bytes_; }
+  // zcc_upload_lag_seconds: the longest any job's oldest locally committed
+  // step has waited for its object store (the durability lag; 0: none).
+  Gauge& upload_lag_seconds() { return *upload_lag_seconds_; }
   // zcc_errors_total{kind="..."}.
   Counter& errors(ErrorKind kind) { return *errors_[static_cast<int>(kind)]; }
 
@@ -229,6 +235,8 @@ class ZccMetrics {
   Gauge* staging_bytes_;
   Gauge* retained_snapshot_bytes_;
   Gauge* registered_ranks_;
+  Counter* upload_bytes_;
+  Gauge* upload_lag_seconds_;
   Counter* errors_[kNumErrorKinds];
 };
 

@@ -4,6 +4,7 @@
 // restore them bit-exact from the store. Two zccds with separate local roots
 // (no shared file system) commit one 4-rank job together through the store.
 // Wrong credentials are a clear error that shows no secret.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
@@ -210,6 +211,96 @@ TEST_CASE("two zccds with no shared file system commit one 4-rank job in the sto
   for (auto& t : back_b) CHECK(t->Values()["mismatched_tensors"] == "0");
   REQUIRE(a.Stop() == 0);
   REQUIRE(b.Stop() == 0);
+}
+
+TEST_CASE("tiered: checkpoints on the local root, uploaded in the background, each tier with "
+          "its retention; a lost local root restores from the store") {
+  const std::string dir = ShortTempDir("s3-tiered");
+  auto started = StartS3TestServer(dir);
+  REQUIRE_OK(started);
+  S3TestServer& server = *started;
+  DaemonOptions options = StoreDaemon(dir, server, server.secret_key);
+  options.extra_flags.push_back("--keep_last=2");  // the local root's
+  Daemon daemon(dir, options);
+  REQUIRE(daemon.Start());
+  const std::string store_root = RootUrl(server);
+  const std::vector<std::string> tiered = {"--upload_root=" + store_root, "--upload_keep_last=4"};
+
+  std::vector<std::string> flags = {"--steps=30", "--block"};
+  flags.insert(flags.end(), tiered.begin(), tiered.end());
+  auto train = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "train", flags);
+  WaitAll(train, daemon.Log());
+  CHECK(train[0]->Values()["committed"] == "30");
+
+  // The store catches up in the background: step 30 there, committed and
+  // verified; at most 4 steps kept there, 2 here.
+  Store store(server);
+  const std::string job = "/ckpt/itest";
+  const bool uploaded = Eventually(
+      [&] {
+        auto latest = checkpoint::ReadLatest(job, &store.storage);
+        return latest.ok() && *latest == 30;
+      },
+      absl::Seconds(60), absl::Milliseconds(20));
+  INFO(daemon.Log());
+  REQUIRE(uploaded);
+  REQUIRE_OK(checkpoint::VerifyStep(JoinPath(job, "step-00000030"), store.Io()).status());
+  auto in_store = checkpoint::ListCommittedSteps(job, &store.storage);
+  REQUIRE_OK(in_store);
+  CHECK(in_store->back() == 30);
+  CHECK(in_store->size() <= 4);
+  const std::string local_job = JoinPath(daemon.root(), "itest");
+  CHECK(*checkpoint::ListCommittedSteps(local_job) == std::vector<int64_t>{25, 30});
+  CHECK(absl::StrContains(daemon.Log(), "upload job=itest step=30"));
+
+  // A lost local root (a replaced node's disk): the newest step comes back
+  // from the store, bit-exact.
+  REQUIRE_OK(RemoveTree(local_job));
+  std::vector<std::string> restore_flags = {"--mode=restore", "--expect_step=30",
+                                            "--expect_from=disk"};
+  restore_flags.insert(restore_flags.end(), tiered.begin(), tiered.end());
+  auto restore = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "restore", restore_flags);
+  WaitAll(restore, daemon.Log());
+  CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
+  CHECK(restore[1]->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(daemon.Log(), "restoring from " + RootUrl(server) + "/itest"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("tiered: status shows the durability lag; list shows which step is where") {
+  const std::string dir = ShortTempDir("s3-lag");
+  auto started = StartS3TestServer(dir);
+  REQUIRE_OK(started);
+  S3TestServer& server = *started;
+  Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
+  REQUIRE(daemon.Start());
+  const std::string store_root = RootUrl(server);
+  // A trainer that stays registered after its last step, so that the job
+  // (and its status) is there to be read.
+  auto train = Trainers(daemon, dir, daemon.root(), {0}, 1, "train",
+                        {"--steps=10", "--block", "--upload_root=" + store_root,
+                         "--linger_ms=20000"});
+  Store store(server);
+  REQUIRE(Eventually(
+      [&] {
+        auto latest = checkpoint::ReadLatest("/ckpt/itest", &store.storage);
+        return latest.ok() && *latest == 10;
+      },
+      absl::Seconds(60), absl::Milliseconds(20)));
+  auto [code, status] = Zccctl(dir, daemon, {"status", "itest"});
+  INFO(status);
+  CHECK(code == 0);
+  CHECK(absl::StrContains(status, "uploaded to " + store_root + "/itest: step 10"));
+  auto [list_code, listed] = Zccctl(dir, daemon, {"list", "itest"});
+  INFO(listed);
+  CHECK(list_code == 0);
+  CHECK(absl::StrContains(listed, "[local+store]"));
+  auto [json_code, json] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+  CHECK(json_code == 0);
+  CHECK(absl::StrContains(json, "\"last_uploaded_step\": 10"));
+  train[0]->Signal(SIGTERM);
+  train[0]->Wait(absl::Seconds(30));
+  REQUIRE(daemon.Stop() == 0);
 }
 
 // zccctl without a daemon, with the store's endpoint and keys.

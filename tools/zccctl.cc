@@ -168,6 +168,19 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
       std::printf(" + %.2f GB retained for restarted trainers", job.retained_bytes() / 1e9);
     }
     std::printf("\n");
+    if (!job.upload_dir().empty()) {
+      // The tiered mode: how far the store is behind (the durability lag).
+      std::printf("  uploaded to %s: step %s", job.upload_dir().c_str(),
+                  Step(job.last_uploaded_step()).c_str());
+      if (job.upload_pending_step() >= 0) {
+        std::printf(", step %s waiting %.1f s", Step(job.upload_pending_step()).c_str(),
+                    job.upload_lag_seconds());
+      }
+      std::printf("\n");
+      if (!job.upload_error().empty()) {
+        std::printf("  UPLOAD FAILING: %s\n", job.upload_error().c_str());
+      }
+    }
     if (job.pending_commits_size() > 0) {
       std::printf("  pending commits:");
       for (const auto& p : job.pending_commits()) std::printf(" %s", p.c_str());
@@ -303,9 +316,10 @@ int RunWatch(const Options& o, Daemon& d) {
 void PrintCheckpoints(const zcc::v1::ListCheckpointsResponse& r) {
   std::printf("%-10s %-7s %-12s %-22s %s\n", "step", "ranks", "GB", "committed", "path");
   for (const auto& c : r.checkpoints()) {
-    std::printf("%-10lld %-7u %-12.3f %-22s %s%s\n", static_cast<long long>(c.step()),
+    const std::string tier = c.tier().empty() ? "" : "  [" + c.tier() + "]";
+    std::printf("%-10lld %-7u %-12.3f %-22s %s%s%s\n", static_cast<long long>(c.step()),
                 c.world_size(), c.total_bytes() / 1e9, c.committed_at().c_str(),
-                c.path().c_str(), c.is_latest() ? "  (latest)" : "");
+                c.path().c_str(), c.is_latest() ? "  (latest)" : "", tier.c_str());
   }
 }
 

@@ -229,6 +229,8 @@ struct RankPlan {
   uid_t segment_owner = static_cast<uid_t>(-1);
   // The job's own route to its store, when it brought credentials.
   std::shared_ptr<void> store_route;
+  // The tiered mode: the job's directory in the store (empty: none).
+  std::string upload_dir;
 };
 
 absl::StatusOr<RankPlan> PlanRank(
@@ -241,19 +243,35 @@ absl::StatusOr<RankPlan> PlanRank(
   ZCC_ASSIGN_OR_RETURN(plan.registered, ParseTensors(req, config, &manifest_hash));
   ZCC_RETURN_IF_ERROR(AssignStaged(req, &plan.registered));
   ZCC_ASSIGN_OR_RETURN(plan.shards, ShardsFor(req, &plan.registered, manifest_hash, config));
+  // The tiered mode: a local root, uploaded to a store.
+  const bool tiered = !req.upload_root().empty();
+  if (tiered && !IsObjectStoreUrl(req.upload_root())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "upload_root ", req.upload_root(), " is not an object store (s3://bucket/prefix)"));
+  }
+  if (tiered && IsObjectStoreUrl(req.checkpoint_root())) {
+    return absl::InvalidArgumentError(
+        "upload_root is for a job that checkpoints to a local root first; this job's "
+        "checkpoint_root is an object store already");
+  }
+  const std::string& store_root = tiered ? req.upload_root() : req.checkpoint_root();
   // The job's own credentials for a store: its directory is reached with
   // them (and only it), from the owner check on.
   if (req.has_store_credentials()) {
-    if (!IsObjectStoreUrl(req.checkpoint_root())) {
+    if (!IsObjectStoreUrl(store_root)) {
       return absl::InvalidArgumentError(
-          "store_credentials are for an s3:// checkpoint root; this job's root is not one");
+          "store_credentials are for an s3:// checkpoint_root or upload_root; this job has none");
     }
     ZCC_ASSIGN_OR_RETURN(plan.store_route,
-                         d.route_job(req.checkpoint_root(), req.job_id(), req.store_credentials()));
+                         d.route_job(store_root, req.job_id(), req.store_credentials()));
   }
   // Checkpoints of this job id under this root belong to whoever made them.
   ZCC_ASSIGN_OR_RETURN(plan.job_dir, d.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller,
                                                        plan.store_route != nullptr));
+  if (tiered) {
+    ZCC_ASSIGN_OR_RETURN(plan.upload_dir, d.resolve_job_dir(req.upload_root(), req.job_id(),
+                                                            caller, plan.store_route != nullptr));
+  }
   ZCC_ASSIGN_OR_RETURN(plan.ema, PlanEma(req, plan.registered, ema_workers));
   Geometry& g = plan.g;
   g.slot_bytes = plan.shards.layout.slot_bytes;
@@ -278,6 +296,7 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
   admit.rank = req.rank();
   admit.world_size = req.world_size();
   admit.job_dir = plan.job_dir;
+  admit.upload_dir = plan.upload_dir;
   admit.uid = caller.uid;
   admit.make_job = [&req, &caller, &plan, &d, &config] {
     JobOptions options;
@@ -291,6 +310,10 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
     options.metrics = d.metrics;
     options.storage = d.shard_storage;
     options.store_route = plan.store_route;
+    options.upload_dir = plan.upload_dir;
+    options.upload_retention.keep_last =
+        req.upload_keep_last() > 0 ? req.upload_keep_last() : config.keep_last;
+    options.upload_retention.keep_every = config.keep_every;
     return std::make_shared<Job>(std::move(options));
   };
   admit.segment_bytes = plan.g.segment_bytes;

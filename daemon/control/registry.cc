@@ -330,15 +330,41 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
   ZCC_ASSIGN_OR_RETURN(std::string job_dir,
                        ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, false));
   ScopedFsIdentity as_owner(DirOwner(job_dir));
+  std::string upload_dir;  // a registered tiered job's store
   if (std::shared_ptr<Job> job = jobs_.Find(req.job_id());
       job != nullptr && job->options().job_dir == job_dir) {
     ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
+    upload_dir = job->options().upload_dir;
   }
   ZCC_ASSIGN_OR_RETURN(std::vector<checkpoint::CommittedStep> steps,
                        checkpoint::ListCheckpoints(job_dir, shard_storage_));
   v1::ListCheckpointsResponse resp;
-  for (const checkpoint::CommittedStep& s : steps) {
-    proto::FillCheckpointInfo(s, s.dir, resp.add_checkpoints());
+  if (upload_dir.empty()) {
+    for (const checkpoint::CommittedStep& s : steps) {
+      proto::FillCheckpointInfo(s, s.dir, resp.add_checkpoints());
+    }
+    return resp;
+  }
+  // Which step is where: here, in the store, or both.
+  std::map<int64_t, std::pair<checkpoint::CommittedStep, std::string>> by_step;
+  for (checkpoint::CommittedStep& s : steps) by_step[s.step] = {std::move(s), "local"};
+  auto stored = checkpoint::ListCheckpoints(upload_dir, shard_storage_);
+  if (!stored.ok() && !absl::IsNotFound(stored.status())) return stored.status();
+  if (stored.ok()) {
+    for (checkpoint::CommittedStep& s : *stored) {
+      auto it = by_step.find(s.step);
+      if (it != by_step.end()) {
+        it->second.second = "local+store";
+      } else {
+        s.is_latest = false;  // `latest` is the local root's
+        by_step[s.step] = {std::move(s), "store"};
+      }
+    }
+  }
+  for (const auto& [step, entry] : by_step) {
+    v1::CheckpointInfo* info = resp.add_checkpoints();
+    proto::FillCheckpointInfo(entry.first, entry.first.dir, info);
+    info->set_tier(entry.second);
   }
   return resp;
 }

@@ -1,5 +1,6 @@
 #include "daemon/jobs/housekeeper.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -162,6 +163,9 @@ void Housekeeper::HousekeepingLoop() {
     size_t ranks = 0;
     uint64_t retained_bytes = 0;
     std::vector<std::shared_ptr<Job>> jobs = registry_.jobs();
+    double upload_lag = 0;
+    for (const auto& job : jobs) upload_lag = std::max(upload_lag, job->UploadLagSeconds());
+    metrics_->upload_lag_seconds().Set(upload_lag);
     for (const auto& job : jobs) {
       retained_bytes += job->retained().bytes();
       for (const auto& session : job->Ranks()) {

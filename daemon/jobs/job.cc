@@ -18,6 +18,18 @@
 namespace zcc::daemon {
 
 Job::Job(JobOptions options) : options_(std::move(options)) {
+  if (!options_.upload_dir.empty()) {
+    UploaderOptions upload;
+    upload.job_id = options_.job_id;
+    upload.job_dir = options_.job_dir;
+    upload.upload_dir = options_.upload_dir;
+    upload.retention = options_.upload_retention;
+    upload.commit_timeout = options_.commit_timeout;
+    upload.owner = options_.owner;
+    upload.storage = &storage::StorageOrDefault(options_.storage);
+    upload.metrics = options_.metrics;
+    uploader_ = std::make_unique<JobUploader>(std::move(upload));
+  }
   {
     // The committer's first round reads `latest` (the constructor runs where
     // no disk I/O may: under the job table's lock).
@@ -122,6 +134,8 @@ std::vector<std::shared_ptr<RankSession>> Job::Ranks() const {
 }
 
 bool Job::idle() const {
+  // A step still to be uploaded keeps the job (its trainers may be gone).
+  if (uploader_ != nullptr && uploader_->Busy()) return false;
   zcc::MutexLock lock(&mu_);
   return ranks_.empty() && pending_.empty();
 }
@@ -236,6 +250,8 @@ bool Job::TryCommit(int64_t step) {
       "checkpoint job=%s step=%d bytes=%d seconds=%.3f GB/s=%.2f commit_ms=%.1f", options_.job_id,
       step, written.bytes, written.seconds, gbps, absl::ToDoubleMilliseconds(commit_time));
   lock.Release();
+  // The tiered mode: to the store, in the background.
+  if (uploader_ != nullptr) uploader_->OnCommitted(step, write_began);
 
   auto retained = ApplyRetention();
   if (!retained.ok()) {
@@ -250,6 +266,7 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
   // pinned (BeginRestore does not wait for it).
   checkpoint::RetentionGuard guard;
   guard.may_remove = [this](int64_t step) {
+    if (uploader_ != nullptr && uploader_->Uploading(step)) return false;
     zcc::MutexLock lock(&mu_);
     for (const auto& [rank, restoring] : restoring_) {
       if (restoring == step) return false;
@@ -397,6 +414,11 @@ void Job::FillStatus(v1::JobStatus* out) const {
   out->set_staging_bytes(staging);
   out->set_retained_bytes(retained_.bytes());
   retained_.FillStatus(out, absl::Now());
+  if (uploader_ != nullptr) uploader_->FillStatus(out);
+}
+
+double Job::UploadLagSeconds() const {
+  return uploader_ != nullptr ? uploader_->LagSeconds() : 0;
 }
 
 }  // namespace zcc::daemon

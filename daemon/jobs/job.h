@@ -29,6 +29,7 @@
 #include "checkpoint/retention.h"
 #include "common/fs_identity.h"
 #include "common/mutex.h"
+#include "daemon/jobs/job_uploader.h"
 #include "daemon/rank/rank_session.h"
 #include "daemon/memory/retained_snapshots.h"
 #include "metrics/metrics.h"
@@ -53,6 +54,11 @@ struct JobOptions {
   // Held while the job lives: its own route to an object store with the
   // credentials its trainer gave (ObjectStoreRoots::RouteJob); null: none.
   std::shared_ptr<void> store_route;
+  // The tiered mode: the job's directory in an object store, where each step
+  // committed here is uploaded (job_uploader.h), and the store's retention.
+  // Empty: no upload.
+  std::string upload_dir;
+  checkpoint::RetentionPolicy upload_retention;
 };
 
 class Job {
@@ -73,7 +79,7 @@ class Job {
   // at most until `deadline`; returns whether it is gone.
   bool AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time deadline) const;
   std::vector<std::shared_ptr<RankSession>> Ranks() const;
-  // No ranks registered and no commit pending.
+  // No ranks registered, no commit pending, no step waiting for the upload.
   bool idle() const;
   // Idle, and no snapshots retained for a restore from memory: the job can
   // be dropped.
@@ -102,6 +108,8 @@ class Job {
   void EndRestore(uint32_t rank, int64_t step);
 
   void FillStatus(v1::JobStatus* out) const;
+  // The tiered mode's durability lag (job_uploader.h); 0 without uploads.
+  double UploadLagSeconds() const;
 
   // Applies the retention policy now (zccctl gc); also runs after every commit.
   absl::StatusOr<checkpoint::RetentionResult> CollectGarbage();
@@ -166,6 +174,8 @@ class Job {
   checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   RetainedSnapshots retained_;
+  // The tiered mode's uploader (null: no upload_dir); fed by commits.
+  std::unique_ptr<JobUploader> uploader_;
   // Last: it uses everything above, and is joined before it goes.
   std::thread committer_thread_;
 };

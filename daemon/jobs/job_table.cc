@@ -131,12 +131,16 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   zcc::MutexLock lock(&mu_);
   if (closed_) return absl::UnavailableError("zccd is shutting down");
   std::shared_ptr<Job>& job = jobs_[r.job_id];
+  auto elsewhere = [&r](const Job& j) {
+    return j.options().world_size != r.world_size || j.options().job_dir != r.job_dir ||
+           j.options().upload_dir != r.upload_dir;
+  };
   // A job whose ranks have all left and whose steps are all committed or
   // dropped is replaced by a registration with another world size or
   // directory: the job resumed with another layout (its checkpoints restore
   // into any layout).
   if (job != nullptr && job->Authorize(r.uid).ok() && job->idle() && !InFlightLocked(r.job_id) &&
-      (job->options().world_size != r.world_size || job->options().job_dir != r.job_dir)) {
+      elsewhere(*job)) {
     ZCC_LOG(INFO) << "job " << r.job_id << " re-registered with world_size " << r.world_size
                   << " (was " << job->options().world_size << ")";
     dropped_job = std::move(job);
@@ -145,11 +149,14 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
     job = r.make_job();
   } else if (absl::Status st = job->Authorize(r.uid); !st.ok()) {
     return st;
-  } else if (job->options().world_size != r.world_size || job->options().job_dir != r.job_dir) {
+  } else if (elsewhere(*job)) {
+    auto place = [](const std::string& dir, const std::string& upload) {
+      return upload.empty() ? dir : absl::StrCat(dir, " (uploaded to ", upload, ")");
+    };
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", r.job_id, "' is already registered with world_size ", job->options().world_size,
-        " at ", job->options().job_dir, "; this request has ", r.world_size, " at ", r.job_dir,
-        " (two jobs cannot share an id)"));
+        " at ", place(job->options().job_dir, job->options().upload_dir), "; this request has ",
+        r.world_size, " at ", place(r.job_dir, r.upload_dir), " (two jobs cannot share an id)"));
   }
   if (in_flight_.count({r.job_id, r.rank}) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("rank ", r.rank, " of job '", r.job_id,

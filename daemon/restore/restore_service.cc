@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -125,9 +126,15 @@ absl::StatusOr<v1::RestoreCandidatesResponse> RestoreService::Candidates(Job& jo
   if (!committed.ok() && committed.status().code() != absl::StatusCode::kNotFound) {
     return committed.status();
   }
-  if (committed.ok()) {
-    for (auto it = committed->rbegin(); it != committed->rend(); ++it) resp.add_disk_steps(*it);
+  std::set<int64_t> steps;
+  if (committed.ok()) steps.insert(committed->begin(), committed->end());
+  if (!job.options().upload_dir.empty()) {
+    // A tiered job's steps in its store restore too (Restore reads there
+    // what the local root lacks).
+    auto stored = checkpoint::ListCommittedSteps(job.options().upload_dir, read_io_.storage);
+    if (stored.ok()) steps.insert(stored->begin(), stored->end());
   }
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) resp.add_disk_steps(*it);
   return resp;
 }
 
@@ -212,16 +219,38 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   // ends.
   int64_t requested = req.step() < 0 ? -1 : req.step();
   int64_t at_most = INT64_MAX;
+  // The local root first; a tiered job's store when it has no step to give,
+  // or when the store's `latest` is newer (the local copy was lost).
+  std::string tier_dir = job_dir;
+  if (const std::string& upload_dir = job.options().upload_dir;
+      !upload_dir.empty() && requested < 0) {
+    auto here = checkpoint::ReadLatest(job_dir, read_io_.storage);
+    auto there = checkpoint::ReadLatest(upload_dir, read_io_.storage);
+    if (there.ok() && (!here.ok() || *there > *here)) {
+      tier_dir = upload_dir;
+      ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": the store's latest ("
+                    << format::StepDirName(*there) << ") is newer than the local root's; "
+                    << "restoring from " << upload_dir;
+    }
+  }
+  bool other_tier_tried = false;
   for (;;) {
     if (cancelled()) return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
-    ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice,
-                         checkpoint::ChooseRestoreStep(
-                             job_dir, requested,
-                             [this](const std::string& dir) { return checks_.Check(dir); },
-                             at_most, read_io_.storage));
+    absl::StatusOr<checkpoint::RestoreChoice> chosen = checkpoint::ChooseRestoreStep(
+        tier_dir, requested, [this](const std::string& dir) { return checks_.Check(dir); },
+        at_most, read_io_.storage);
+    const std::string& upload_dir = job.options().upload_dir;
+    if (absl::IsNotFound(chosen.status()) && !upload_dir.empty() && !other_tier_tried) {
+      tier_dir = tier_dir == job_dir ? upload_dir : job_dir;
+      other_tier_tried = true;
+      ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": "
+                    << chosen.status().message() << "; restoring from " << tier_dir;
+      continue;
+    }
+    ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice, std::move(chosen));
     for (const std::string& why : choice.rejected) skip(why);
     const std::string step_name = format::StepDirName(choice.step);
-    const std::string step_dir = JoinPath(job_dir, step_name);
+    const std::string step_dir = JoinPath(tier_dir, step_name);
     std::unique_ptr<RestorePrefetch> ahead;
     if (prefetch != nullptr && (req.owned_only() || session.AllStaged())) {
       std::optional<RestorePrefetch::Chosen> read_ahead = prefetch->AwaitChoice(cancelled);

@@ -1,0 +1,89 @@
+// The tiered mode's uploader of one job (RegisterRequest.upload_root): each
+// step the job commits on its local root is copied to its directory in an
+// object store and committed there (checkpoint/step_upload.h), on a thread
+// of its own, so that neither the trainer, the rank writers nor the commits
+// ever wait for the network. Only the newest committed step is uploaded: one
+// that commits while an older one waits supersedes it. A failed upload is
+// tried again after a backoff (or when the next step commits). The store's
+// retention (keep_last there) runs after each upload.
+//
+// The durability lag, the time the oldest step committed here has waited for
+// the store, is in the job's status and zccd's metrics. At start it catches
+// up: a local `latest` newer than the store's (an upload that a stopped zccd
+// did not finish) is uploaded first.
+//
+// Thread-safety: all methods may be called concurrently. The destructor
+// cancels an upload in progress (within a chunk) and joins the thread.
+#ifndef ZCC_DAEMON_JOBS_JOB_UPLOADER_H_
+#define ZCC_DAEMON_JOBS_JOB_UPLOADER_H_
+
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "checkpoint/retention.h"
+#include "common/fs_identity.h"
+#include "common/mutex.h"
+#include "metrics/metrics.h"
+#include "proto/zcc.pb.h"
+#include "storage/storage.h"
+
+namespace zcc::daemon {
+
+struct UploaderOptions {
+  std::string job_id;
+  std::string job_dir;     // the local root's job directory
+  std::string upload_dir;  // the job's directory in the store (an s3:// URL)
+  checkpoint::RetentionPolicy retention;  // in the store
+  absl::Duration commit_timeout = absl::Minutes(10);  // age of store debris
+  absl::Duration retry_after = absl::Seconds(30);
+  FsOwner owner;  // reads the local step as the job's owner
+  storage::Storage* storage = nullptr;         // routed: both paths; borrowed
+  metrics::ZccMetrics* metrics = nullptr;      // borrowed; may be null
+};
+
+class JobUploader {
+ public:
+  explicit JobUploader(UploaderOptions options);
+  ~JobUploader();
+  JobUploader(const JobUploader&) = delete;
+  JobUploader& operator=(const JobUploader&) = delete;
+
+  // `step` committed on the local root now; its first rank began writing it
+  // at `write_began`.
+  void OnCommitted(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
+  // True while `step` is being uploaded (local retention keeps it).
+  bool Uploading(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // True while a committed step waits for the store (and has not failed).
+  bool Busy() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Seconds the oldest step committed here has waited for the store (0: none).
+  double LagSeconds() const ABSL_LOCKS_EXCLUDED(mu_);
+  void FillStatus(v1::JobStatus* out) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // What the store lacks of the local root at start (see above).
+  void CatchUp() ABSL_LOCKS_EXCLUDED(mu_);
+  void Upload(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const UploaderOptions options_;
+  mutable zcc::Mutex mu_;
+  // The newest step committed here and not yet in the store (-1: none),
+  // when its write began, and when the oldest step still waiting committed.
+  int64_t wanted_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time wanted_write_began_ ABSL_GUARDED_BY(mu_);
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  int64_t uploading_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t uploaded_ ABSL_GUARDED_BY(mu_) = -1;
+  // After a failure: not before this time, unless a newer step commits.
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: it uses everything above
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_JOBS_JOB_UPLOADER_H_
