@@ -155,6 +155,11 @@ def test_store_credentials_are_checked_and_reach_zccd():
                        [zcc.TensorSpec("w", np.zeros(4, np.float32))], match="s3://")
             assert secret not in str(e)
         assert secret not in d.log()
+        # The tiered mode's root must be an object store.
+        with connect("tj", socket_path=d.socket, checkpoint_root=d.root,
+                     upload_root="/not/a/store") as c:
+            raises(zcc.InvalidArgumentError, c.register_tensors,
+                   [zcc.TensorSpec("w", np.zeros(4, np.float32))], match="not an object store")
 
 
 def test_bad_registrations():

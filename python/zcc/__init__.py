@@ -150,7 +150,8 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
             keep_last=0, checkpoint_root="", backpressure="skip", ema_decay=0.0,
             ema_interval=1, persist_on_failure=False, copier=None, rpc_timeout=30.0,
             heartbeat_interval=0.25, daemon_timeout=3.0, reconnect_max_backoff=5.0,
-            restore_timeout=1800.0, prefetch_restore=False, store_credentials=None):
+            restore_timeout=1800.0, prefetch_restore=False, store_credentials=None,
+            upload_root="", upload_keep_last=0):
     """Creates a :class:`Client`; zccd need not be running.
 
     The keyword arguments are ``zcc::ClientOptions``'s fields (client/client.h)
@@ -170,7 +171,10 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
     ``aws_access_key_id``, ``aws_secret_access_key`` and optionally
     ``aws_session_token``, or "environment" for this process's
     ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``;
-    None: zccd's own credentials for that root).
+    None: zccd's own credentials for that root), ``upload_root`` (the tiered
+    mode: checkpoints go to ``checkpoint_root`` first and zccd uploads each
+    committed step to this ``s3://bucket/prefix`` in the background, keeping
+    ``upload_keep_last`` steps there; ``store_credentials`` then apply to it).
 
     ``copier`` chooses the copy backend: None or "host" for the host copier
     (memcpy on a copy thread; host tensors only), :func:`cuda_copier` for
@@ -184,7 +188,7 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
                     checkpoint_root, backpressure, ema_decay, ema_interval, persist_on_failure,
                     copier, rpc_timeout, heartbeat_interval, daemon_timeout,
                     reconnect_max_backoff, restore_timeout, prefetch_restore,
-                    _store_keys(store_credentials))
+                    _store_keys(store_credentials), upload_root, upload_keep_last)
 
 
 def _store_keys(credentials):
