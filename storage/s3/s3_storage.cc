@@ -164,20 +164,25 @@ class S3WriteFile final : public File {
           path_, ": a write at ", offset, " where the object ends at ", end,
           " (objects are written in order)"));
     }
-    tail_.append(static_cast<const char*>(src), n);
     const size_t part = std::max(storage_->options().part_bytes, kMinPartBytes);
-    while (tail_.size() >= part + kHeldBack) {
-      if (upload_id_.empty()) {
-        auto id = storage_->client().CreateMultipart(storage_->options().bucket, key_);
-        if (!id.ok()) return Record(id.status());
-        upload_id_ = *id;
-      }
-      // At most `concurrency` parts of this file in flight (its memory).
-      AwaitParts(storage_->options().concurrency - 1);
-      StartPart(tail_.substr(0, part));
-      tail_.erase(0, part);
-      uploaded_ += part;
+    if (tail_.capacity() < part + n + kHeldBack) tail_.reserve(part + n + kHeldBack);
+    tail_.append(static_cast<const char*>(src), n);
+    if (tail_.size() < part + kHeldBack) return absl::OkStatus();
+    if (upload_id_.empty()) {
+      auto id = storage_->client().CreateMultipart(storage_->options().bucket, key_);
+      if (!id.ok()) return Record(id.status());
+      upload_id_ = *id;
     }
+    // At most `concurrency` parts of this file in flight (its memory).
+    AwaitParts(storage_->options().concurrency - 1);
+    // All but the held-back bytes go as one part (parts need not be of one
+    // size, only at least 5 MiB but the last): the part is the buffer the
+    // requests were appended to, moved, not copied again.
+    std::string held(tail_, tail_.size() - kHeldBack);
+    tail_.resize(tail_.size() - kHeldBack);
+    uploaded_ += tail_.size();
+    StartPart(std::move(tail_));
+    tail_ = std::move(held);
     return absl::OkStatus();
   }
 

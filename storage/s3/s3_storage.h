@@ -12,10 +12,11 @@
 //  * Buffered files (OpenOptions::direct false: small files, any offsets)
 //    are held in memory and uploaded at Sync.
 //  * Direct files are streamed: written in order (each request at the end of
-//    what was written), uploaded in parts of part_bytes while the writer goes
-//    on, up to `concurrency` requests in flight; the last 4 KiB written stay
-//    in memory until Sync so that a Truncate of the padding of the last
-//    block still works.
+//    what was written), uploaded in parts while the writer goes on, up to
+//    `concurrency` requests in flight: a part is what was appended once
+//    part_bytes are there (whole requests, copied once), but the last 4 KiB
+//    written, which stay in memory until Sync so that a Truncate of the
+//    padding of the last block still works.
 //  * Reads are ranged GETs, up to queue_depth in flight per file.
 // Names: Rename and Exchange are Unimplemented (the commit protocol does
 // without them on an object store); Remove deletes an object; RemoveTree
@@ -41,7 +42,8 @@ namespace zcc::storage::s3 {
 struct S3StorageOptions {
   std::string bucket;
   std::string prefix;  // keys under it; no slash at either end; may be empty
-  // Multipart part size of streamed files (S3's minimum is 5 MiB).
+  // Least multipart part size of streamed files (S3's minimum is 5 MiB); a
+  // part holds whole write requests, so it may be up to one request larger.
   size_t part_bytes = size_t{16} << 20;
   // Requests in flight at once (part uploads, ranged reads) over all files.
   int concurrency = 8;
