@@ -164,10 +164,12 @@ class S3WriteFile final : public File {
           path_, ": a write at ", offset, " where the object ends at ", end,
           " (objects are written in order)"));
     }
-    const size_t part = std::max(storage_->options().part_bytes, kMinPartBytes);
-    if (tail_.capacity() < part + n + kHeldBack) tail_.reserve(part + n + kHeldBack);
+    // A part once part_bytes are there (the held-back bytes included, so that
+    // requests of part_bytes make parts of about that size).
+    const size_t part = std::max(storage_->options().part_bytes, kMinPartBytes + kHeldBack);
+    if (tail_.capacity() < part + n) tail_.reserve(part + n);
     tail_.append(static_cast<const char*>(src), n);
-    if (tail_.size() < part + kHeldBack) return absl::OkStatus();
+    if (tail_.size() < part) return absl::OkStatus();
     if (upload_id_.empty()) {
       auto id = storage_->client().CreateMultipart(storage_->options().bucket, key_);
       if (!id.ok()) return Record(id.status());
