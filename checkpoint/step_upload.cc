@@ -34,6 +34,7 @@ absl::StatusOr<UploadStats> UploadStep(storage::Storage& fs, const std::string& 
   UploadStats stats;
   storage::CopyOptions copy;
   copy.cancelled = options.cancelled;
+  copy.background = true;  // the store's requests never compete with training
   for (const std::string& name : names) {
     if (name == format::kCommittedFileName) continue;
     ZCC_ASSIGN_OR_RETURN(const uint64_t bytes,

@@ -15,4 +15,23 @@ void MakeThisThreadBackground() {
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
 }
 
+IdlePriority::IdlePriority() {
+  struct sched_param param = {};
+  saved_ = pthread_getschedparam(pthread_self(), &policy_, &param) == 0;
+  priority_ = param.sched_priority;
+  MakeThisThreadIdle();
+}
+
+IdlePriority::~IdlePriority() {
+  if (!saved_) return;
+  struct sched_param param = {};
+  param.sched_priority = priority_;
+  (void)pthread_setschedparam(pthread_self(), policy_, &param);
+}
+
+void MakeThisThreadIdle() {
+  struct sched_param param = {};
+  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
+}
+
 }  // namespace zcc

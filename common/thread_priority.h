@@ -12,6 +12,26 @@ namespace zcc {
 
 void MakeThisThreadBackground();
 
+// Marks the calling thread as work for otherwise idle cores (SCHED_IDLE): it
+// runs only when no other thread of any priority wants the CPU (zccd's
+// tiered upload, which must never slow a trainer down).
+void MakeThisThreadIdle();
+
+// The calling thread at idle priority for this object's life, then back to
+// the scheduling it had (a pool thread running one background task).
+class IdlePriority {
+ public:
+  IdlePriority();
+  ~IdlePriority();
+  IdlePriority(const IdlePriority&) = delete;
+  IdlePriority& operator=(const IdlePriority&) = delete;
+
+ private:
+  int policy_ = 0;
+  int priority_ = 0;
+  bool saved_ = false;
+};
+
 }  // namespace zcc
 
 #endif  // ZCC_COMMON_THREAD_PRIORITY_H_

@@ -23,6 +23,7 @@ absl::StatusOr<uint64_t> CopyFile(Storage& from, const std::string& from_path, S
   OpenOptions write_options;
   write_options.direct = true;  // whole aligned chunks; streamed by an object store
   write_options.queue_depth = options.queue_depth;
+  write_options.background = options.background;
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<File> out, to.OpenForWrite(to_path, write_options));
   std::vector<AlignedBuffer> buffers;
   for (uint32_t i = 0; i < options.queue_depth; ++i) {

@@ -26,6 +26,8 @@ struct CopyOptions {
   uint32_t queue_depth = 4;
   // Asked between chunks; true stops the copy with Cancelled (null: never).
   const std::function<bool()>* cancelled = nullptr;
+  // The destination's writes as background work (OpenOptions::background).
+  bool background = false;
 };
 
 // Copies `from_path` of `from` to `to_path` of `to` (created or replaced);

@@ -51,6 +51,10 @@ struct OpenOptions {
   bool direct = false;
   // How many requests the file may have in flight; 1 = synchronous.
   uint32_t queue_depth = 1;
+  // Work that must never slow anything else down (zccd's tiered upload): a
+  // backend that moves the bytes on threads of its own runs them at idle
+  // priority (common/thread_priority.h).
+  bool background = false;
 };
 
 struct IoCompletion {

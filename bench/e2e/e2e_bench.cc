@@ -81,6 +81,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -473,8 +474,9 @@ struct Context {
   std::string upload_root;
 };
 
-// What zccd's log says it uploaded: "upload job=... step=N" lines.
-int UploadsLogged(const std::string& log_path) {
+// What zccd's log says it uploaded: "upload job=... step=N" lines, and
+// whether step `step` is among them.
+int UploadsLogged(const std::string& log_path, int64_t step = -1, bool* found = nullptr) {
   std::string text;
   if (FILE* f = std::fopen(log_path.c_str(), "r")) {
     char buf[4096];
@@ -487,6 +489,7 @@ int UploadsLogged(const std::string& log_path) {
        at = text.find("upload job=", at + 1)) {
     ++count;
   }
+  if (found != nullptr) *found = absl::StrContains(text, absl::StrCat(" step=", step, " bytes="));
   return count;
 }
 
@@ -626,7 +629,18 @@ RunResult Run(Context& ctx, Compute& compute, Variant variant, const std::string
     // The EMA: fp32 per bf16 parameter element, two buffers (kDoubleBuffer).
     r.ema_bytes = 2 * 4 * s.param_elements;
     r.daemon_held = r.staging_bytes + r.ema_bytes;
-    r.uploads = UploadsLogged(daemon->log_path());
+    if (tiered) {
+      // Counted as the run ends; then drained, so that the store's work
+      // never falls into another variant's measurement.
+      r.uploads = UploadsLogged(daemon->log_path());
+      bool done = false;
+      const absl::Time until = absl::Now() + absl::Minutes(5);
+      while (absl::Now() < until && (UploadsLogged(daemon->log_path(), last_save, &done), !done)) {
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+      if (!done) std::fprintf(stderr, "e2e_bench: %s: step %d was not uploaded\n", tag.c_str(),
+                              static_cast<int>(last_save));
+    }
     client.reset();
     daemon->Stop();
   }

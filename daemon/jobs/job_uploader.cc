@@ -9,6 +9,7 @@
 #include "checkpoint/step_upload.h"
 #include "format/manifest.h"
 #include "common/log.h"
+#include "common/thread_priority.h"
 
 namespace zcc::daemon {
 
@@ -78,6 +79,9 @@ void JobUploader::FillStatus(v1::JobStatus* out) const {
 void JobUploader::Loop() {
   // The local step is read as the job's owner.
   ScopedFsIdentity as_owner(options_.owner);
+  // Reading the local step and handing it to the store's requests runs on
+  // cores nothing else wants.
+  MakeThisThreadIdle();
   CatchUp();
   zcc::MutexLock lock(&mu_);
   while (true) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 
 namespace zcc::storage::s3 {
 namespace {
@@ -68,8 +70,13 @@ class CompletionQueue {
 // A file being written: in memory (buffered), or streamed in parts (direct).
 class S3WriteFile final : public File {
  public:
-  S3WriteFile(S3Storage* storage, std::string path, std::string key, bool streamed)
-      : storage_(storage), path_(std::move(path)), key_(std::move(key)), streamed_(streamed) {}
+  S3WriteFile(S3Storage* storage, std::string path, std::string key, bool streamed,
+              bool background)
+      : storage_(storage),
+        path_(std::move(path)),
+        key_(std::move(key)),
+        streamed_(streamed),
+        background_(background) {}
   ~S3WriteFile() override { (void)Close(); }
 
   const std::string& path() const override { return path_; }
@@ -198,6 +205,10 @@ class S3WriteFile final : public File {
     }
     auto body = std::make_shared<std::string>(std::move(bytes));
     storage_->pool_.Post([this, number, body] {
+      // A background file's part at idle priority, the pool's thread back to
+      // normal after it.
+      std::optional<IdlePriority> idle;
+      if (background_) idle.emplace();
       auto etag = storage_->client().UploadPart(storage_->options().bucket, key_, upload_id_,
                                                 number, *body);
       zcc::MutexLock lock(&mu_);
@@ -232,6 +243,7 @@ class S3WriteFile final : public File {
   const std::string path_;
   const std::string key_;
   const bool streamed_;
+  const bool background_;
   CompletionQueue done_;
   uint32_t in_flight_ = 0;
   bool sealed_ = false;
@@ -345,7 +357,8 @@ absl::StatusOr<std::unique_ptr<File>> S3Storage::OpenForWrite(const std::string&
                                                               const OpenOptions& options) {
   ZCC_RETURN_IF_ERROR(CheckPath(path));
   ZCC_RETURN_IF_ERROR(CheckDir(Parent(path)));
-  return std::unique_ptr<File>(new S3WriteFile(this, path, Key(path), options.direct));
+  return std::unique_ptr<File>(
+      new S3WriteFile(this, path, Key(path), options.direct, options.background));
 }
 
 absl::StatusOr<std::unique_ptr<File>> S3Storage::OpenForRead(const std::string& path,
