@@ -141,8 +141,9 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
     impl_->registrations.fetch_add(1);
   } else {
     impl_->last_error = std::string(session.status().message());
-    ZCC_LOG(WARNING) << "zcc client: zccd is not reachable (" << session.status().message()
-                     << "); training continues without snapshots until it is";
+    ZCC_LOG(WARNING) << "zcc client: cannot register with zccd now ("
+                     << session.status().message()
+                     << "); training continues without snapshots and registers again with backoff";
   }
   return absl::OkStatus();
 }

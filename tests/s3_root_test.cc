@@ -424,6 +424,36 @@ TEST_CASE("a job's own credentials: used for its directory alone, never for anot
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("the store throttles and connections are cut mid-upload: zccd sends again, the step "
+          "commits whole") {
+  const std::string dir = ShortTempDir("s3-cut");
+  auto started = StartS3TestServer(dir);
+  REQUIRE_OK(started);
+  S3TestServer& server = *started;
+  // Between zccd and the store: 3 SlowDowns, then 4 uploads cut halfway.
+  auto proxy = StartS3FaultProxy(dir, server.endpoint, /*slowdown=*/3, /*cut=*/4);
+  REQUIRE_OK(proxy);
+  DaemonOptions options = StoreDaemon(dir, server, server.secret_key);
+  options.env[0] = "AWS_ENDPOINT_URL=" + proxy->endpoint;
+  Daemon daemon(dir, options);
+  REQUIRE(daemon.Start());
+  const std::string root = RootUrl(server);
+  auto train = Trainers(daemon, dir, root, {0, 1}, 2, "train", {"--steps=5", "--block"});
+  WaitAll(train, daemon.Log());
+  CHECK(train[0]->Values()["committed"] == "5");
+  const std::string injected = proxy->process->Output();
+  INFO(injected);
+  CHECK(absl::StrContains(injected, "injected 3\n"));
+  CHECK(absl::StrContains(injected, "injected 7 (cut)"));
+  Store store(server);
+  REQUIRE_OK(checkpoint::VerifyStep("/ckpt/itest/step-00000005", store.Io()).status());
+  auto restore = Trainers(daemon, dir, root, {0, 1}, 2, "restore",
+                          {"--mode=restore", "--expect_step=5", "--expect_from=disk"});
+  WaitAll(restore, daemon.Log());
+  CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("wrong credentials for the store: a clear refusal, no secret shown") {
   const std::string dir = ShortTempDir("s3-creds");
   auto started = StartS3TestServer(dir);

@@ -48,14 +48,15 @@ absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir) {
 }
 
 absl::StatusOr<S3FaultProxy> StartS3FaultProxy(const std::string& log_dir,
-                                               const std::string& upstream, int slowdown) {
+                                               const std::string& upstream, int slowdown,
+                                               int cut) {
   static std::atomic<int> proxies{0};  // a log of its own each
   auto python = S3Python();
   if (!python.ok()) return python.status();
   S3FaultProxy p;
   p.process = std::make_unique<Subprocess>(
       std::vector<std::string>{*python, Runfile("tools/s3/fault_proxy.py"), "--upstream", upstream,
-                               "--slowdown", absl::StrCat(slowdown)},
+                               "--slowdown", absl::StrCat(slowdown), "--cut", absl::StrCat(cut)},
       absl::StrCat(log_dir, "/s3_fault_proxy.", proxies.fetch_add(1), ".log"));
   if (!p.process->WaitForOutput("ready", absl::Seconds(30))) {
     return absl::UnavailableError(

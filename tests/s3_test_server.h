@@ -30,14 +30,16 @@ absl::StatusOr<std::string> S3Python();
 absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir);
 
 // A proxy in front of `upstream` (tools/s3/fault_proxy.py) that answers the
-// first `slowdown` requests with 503 SlowDown, then forwards every request
-// unchanged (signatures still verify upstream).
+// first `slowdown` requests with 503 SlowDown and cuts the connection of the
+// first `cut` large uploads halfway through their bodies, then forwards
+// every request unchanged (signatures still verify upstream).
 struct S3FaultProxy {
   std::string endpoint;
   std::unique_ptr<Subprocess> process;
 };
 absl::StatusOr<S3FaultProxy> StartS3FaultProxy(const std::string& log_dir,
-                                               const std::string& upstream, int slowdown);
+                                               const std::string& upstream, int slowdown,
+                                               int cut = 0);
 
 }  // namespace zcc::testing
 

@@ -189,6 +189,38 @@ TEST_CASE("S3: conditional writes (If-Match on the ETag, If-None-Match)") {
   CHECK(*client.GetRange(server.bucket, key, 6, buf, sizeof(buf)) == 0);
 }
 
+TEST_CASE("S3: parts whose connection is cut mid-body are sent again; the object is whole") {
+  S3TestServer& server = Server();
+  const std::string dir = ::zcc::testing::TempDir();
+  auto proxy = ::zcc::testing::StartS3FaultProxy(dir, server.endpoint, 0, /*cut=*/2);
+  REQUIRE_OK(proxy);
+  Endpoint through = EndpointOf(server);
+  through.url = proxy->endpoint;
+  S3Client client(through, CredentialsOf(server));
+  S3StorageOptions options;
+  options.bucket = server.bucket;
+  options.prefix = Unique("cut");
+  options.part_bytes = 5 << 20;
+  S3Storage storage(&client, options);
+  REQUIRE_OK(storage.MakeDirs("/d"));
+  std::string data(12 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + i / 4096);
+  OpenOptions direct;
+  direct.direct = true;
+  {
+    auto file = storage.OpenForWrite("/d/cut.bin", direct);
+    REQUIRE_OK(file);
+    REQUIRE_OK(WriteAt(**file, 0, data.data(), data.size()));
+    REQUIRE_OK((*file)->Sync());
+    REQUIRE_OK((*file)->Close());
+  }
+  CHECK(client.retries() >= 2);
+  CHECK(absl::StrContains(proxy->process->Output(), "injected 2 (cut)"));
+  auto back = ReadWholeFile(storage, "/d/cut.bin", 1 << 30);
+  REQUIRE_OK(back);
+  CHECK(*back == data);
+}
+
 TEST_CASE("S3Storage: a compare-and-swap of a small file on its ETag") {
   S3TestServer& server = Server();
   S3Client client(EndpointOf(server), CredentialsOf(server));
