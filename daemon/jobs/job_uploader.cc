@@ -121,6 +121,16 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
                   << " bytes=" << uploaded->bytes << " seconds=" << uploaded->seconds
                   << " to " << options_.upload_dir;
     if (options_.metrics != nullptr) options_.metrics->upload_bytes().Increment(uploaded->bytes);
+    {
+      // In the store from now on (retention there comes after).
+      zcc::MutexLock lock(&mu_);
+      uploaded_ = step;
+      error_.clear();
+      if (wanted_ == step) {
+        wanted_ = -1;
+        waiting_since_ = absl::InfiniteFuture();
+      }
+    }
     auto retained = checkpoint::ApplyRetention(options_.upload_dir, options_.retention,
                                                checkpoint::RetentionGuard(),
                                                options_.commit_timeout, options_.storage);
@@ -128,7 +138,9 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
       ZCC_LOG(WARNING) << "job " << options_.job_id << ": retention in " << options_.upload_dir
                        << " failed: " << retained.status();
     }
-  } else if (!absl::IsCancelled(uploaded.status())) {
+    return;
+  }
+  if (!absl::IsCancelled(uploaded.status())) {
     ZCC_LOG(WARNING) << "job " << options_.job_id << ": upload of step " << step << " to "
                      << options_.upload_dir << " failed: " << uploaded.status();
     if (options_.metrics != nullptr) {
@@ -136,15 +148,6 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
     }
   }
   zcc::MutexLock lock(&mu_);
-  if (uploaded.ok()) {
-    uploaded_ = step;
-    error_.clear();
-    if (wanted_ == step) {
-      wanted_ = -1;
-      waiting_since_ = absl::InfiniteFuture();
-    }
-    return;
-  }
   if (absl::IsFailedPrecondition(uploaded.status()) && wanted_ == step) {
     // The local step is gone (retention removed it first): nothing to send;
     // a newer one comes with the next commit.
