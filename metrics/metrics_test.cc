@@ -245,6 +245,8 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
       {"zcc_restore_bytes_read_total", "counter"},
       {"zcc_restore_prefetches_total", "counter"},
       {"zcc_retained_snapshot_bytes", "gauge"},
+      {"zcc_upload_bytes_total", "counter"},
+      {"zcc_upload_lag_seconds", "gauge"},
   };
   CHECK(e.types == expected);
   for (const auto& [name, type] : e.types) {

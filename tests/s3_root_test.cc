@@ -484,6 +484,12 @@ TEST_CASE("wrong credentials for the store: a clear refusal, no secret shown") {
                             "elsewhere", {"--steps=2"});
   CHECK(elsewhere[0]->Wait(absl::Seconds(60)) != 0);
   CHECK(absl::StrContains(elsewhere[0]->Output(), "not under an object-store root"));
+  // Nor may a root climb out of the configured one: "s3://bucket/ckpt/../x"
+  // would reach "x" once an HTTP client squashes the path.
+  auto climbing = Trainers(daemon, dir, RootUrl(server) + "/../other", {0}, 1, "climbing",
+                           {"--steps=2"});
+  CHECK(climbing[0]->Wait(absl::Seconds(60)) != 0);
+  CHECK(absl::StrContains(climbing[0]->Output(), "may not hold an empty name, '.' or '..'"));
   REQUIRE(daemon.Stop() == 0);
 }
 

@@ -1,5 +1,6 @@
 #include "daemon/jobs/object_store_roots.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iterator>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "storage/posix_storage.h"
@@ -115,6 +117,15 @@ const ObjectStoreRoots::Root* ObjectStoreRoots::Find(const std::string& url) con
 }
 
 absl::Status ObjectStoreRoots::CheckRoot(const std::string& url, bool job_credentials) const {
+  // "." and ".." would be squashed on the way (HTTP clients normalize URL
+  // paths) and reach keys outside the root; an empty name is no key's.
+  const absl::string_view rest = absl::string_view(url).substr(std::min<size_t>(url.size(), 5));
+  for (absl::string_view part : absl::StrSplit(WithoutTrailingSlash(std::string(rest)), '/')) {
+    if (part.empty() || part == "." || part == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint root ", url, " may not hold an empty name, '.' or '..'"));
+    }
+  }
   const Root* root = Find(url);
   if (root == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(
