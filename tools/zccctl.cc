@@ -135,6 +135,19 @@ void PrintJson(const google::protobuf::Message& msg) {
 
 std::string Step(int64_t step) { return step < 0 ? "-" : absl::StrCat(step); }
 
+// The tiered mode: how far the store is behind (the durability lag).
+void PrintUpload(const zcc::v1::JobStatus& job) {
+  if (job.upload_dir().empty()) return;
+  std::printf("  uploaded to %s: step %s", job.upload_dir().c_str(),
+              Step(job.last_uploaded_step()).c_str());
+  if (job.upload_pending_step() >= 0) {
+    std::printf(", step %s waiting %.1f s", Step(job.upload_pending_step()).c_str(),
+                job.upload_lag_seconds());
+  }
+  std::printf("\n");
+  if (!job.upload_error().empty()) std::printf("  UPLOAD FAILING: %s\n", job.upload_error().c_str());
+}
+
 void PrintStatus(const zcc::v1::StatusResponse& s) {
   std::printf("%s  pid %d  up %.0fs  %d job(s)\n", s.version().c_str(), s.pid(),
               s.uptime_seconds(), s.jobs_size());
@@ -168,19 +181,7 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
       std::printf(" + %.2f GB retained for restarted trainers", job.retained_bytes() / 1e9);
     }
     std::printf("\n");
-    if (!job.upload_dir().empty()) {
-      // The tiered mode: how far the store is behind (the durability lag).
-      std::printf("  uploaded to %s: step %s", job.upload_dir().c_str(),
-                  Step(job.last_uploaded_step()).c_str());
-      if (job.upload_pending_step() >= 0) {
-        std::printf(", step %s waiting %.1f s", Step(job.upload_pending_step()).c_str(),
-                    job.upload_lag_seconds());
-      }
-      std::printf("\n");
-      if (!job.upload_error().empty()) {
-        std::printf("  UPLOAD FAILING: %s\n", job.upload_error().c_str());
-      }
-    }
+    PrintUpload(job);
     if (job.pending_commits_size() > 0) {
       std::printf("  pending commits:");
       for (const auto& p : job.pending_commits()) std::printf(" %s", p.c_str());

@@ -10,8 +10,8 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
+#include "daemon/control/job_placement.h"
 #include "daemon/control/registration.h"
-#include "daemon/jobs/object_store_roots.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
 #include "shm/control_block.h"
@@ -243,35 +243,11 @@ absl::StatusOr<RankPlan> PlanRank(
   ZCC_ASSIGN_OR_RETURN(plan.registered, ParseTensors(req, config, &manifest_hash));
   ZCC_RETURN_IF_ERROR(AssignStaged(req, &plan.registered));
   ZCC_ASSIGN_OR_RETURN(plan.shards, ShardsFor(req, &plan.registered, manifest_hash, config));
-  // The tiered mode: a local root, uploaded to a store.
-  const bool tiered = !req.upload_root().empty();
-  if (tiered && !IsObjectStoreUrl(req.upload_root())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "upload_root ", req.upload_root(), " is not an object store (s3://bucket/prefix)"));
-  }
-  if (tiered && IsObjectStoreUrl(req.checkpoint_root())) {
-    return absl::InvalidArgumentError(
-        "upload_root is for a job that checkpoints to a local root first; this job's "
-        "checkpoint_root is an object store already");
-  }
-  const std::string& store_root = tiered ? req.upload_root() : req.checkpoint_root();
-  // The job's own credentials for a store: its directory is reached with
-  // them (and only it), from the owner check on.
-  if (req.has_store_credentials()) {
-    if (!IsObjectStoreUrl(store_root)) {
-      return absl::InvalidArgumentError(
-          "store_credentials are for an s3:// checkpoint_root or upload_root; this job has none");
-    }
-    ZCC_ASSIGN_OR_RETURN(plan.store_route,
-                         d.route_job(store_root, req.job_id(), req.store_credentials()));
-  }
-  // Checkpoints of this job id under this root belong to whoever made them.
-  ZCC_ASSIGN_OR_RETURN(plan.job_dir, d.resolve_job_dir(req.checkpoint_root(), req.job_id(), caller,
-                                                       plan.store_route != nullptr));
-  if (tiered) {
-    ZCC_ASSIGN_OR_RETURN(plan.upload_dir, d.resolve_job_dir(req.upload_root(), req.job_id(),
-                                                            caller, plan.store_route != nullptr));
-  }
+  ZCC_ASSIGN_OR_RETURN(JobPlacement place,
+                       PlaceJob(req, caller, d.resolve_job_dir, d.route_job));
+  plan.job_dir = std::move(place.job_dir);
+  plan.upload_dir = std::move(place.upload_dir);
+  plan.store_route = std::move(place.store_route);
   ZCC_ASSIGN_OR_RETURN(plan.ema, PlanEma(req, plan.registered, ema_workers));
   Geometry& g = plan.g;
   g.slot_bytes = plan.shards.layout.slot_bytes;

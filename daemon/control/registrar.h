@@ -24,6 +24,7 @@
 #include "common/mutex.h"
 #include "config/daemon_config.h"
 #include "daemon/control/caller.h"
+#include "daemon/control/job_placement.h"
 #include "daemon/jobs/housekeeper.h"
 #include "daemon/jobs/job_table.h"
 #include "daemon/pull/pull_service.h"
@@ -47,16 +48,9 @@ class Registrar {
     PullService* pull = nullptr;
     RestoreService* restores = nullptr;
     Housekeeper* housekeeper = nullptr;
-    // <root>/<job_id> for the caller, made if new (daemon::ResolveJobDir);
-    // `job_credentials`: the job routed its own to the store (route_job).
-    std::function<absl::StatusOr<std::string>(const std::string& root, const std::string& job_id,
-                                              const Caller& caller, bool job_credentials)>
-        resolve_job_dir;
-    // The job's own credentials for an object-store root, routed while the
-    // handle lives (ObjectStoreRoots::RouteJob).
-    std::function<absl::StatusOr<std::shared_ptr<void>>(
-        const std::string& root, const std::string& job_id, const v1::StoreCredentials&)>
-        route_job;
+    // Where jobs' checkpoints go (job_placement.h).
+    ResolveJobDirFn resolve_job_dir;
+    RouteJobFn route_job;
     // Called before a new staging segment's memory is reserved, with its
     // name and the bytes reserved at once: a hook for fault drills (a
     // reservation that stalls).

@@ -122,6 +122,21 @@ void JobTable::Finish(const std::string& job_id, uint32_t rank) {
   in_flight_.erase({job_id, rank});
 }
 
+namespace {
+
+// Whether `r` registers into `job` as it is: its world size and places.
+bool SamePlace(const Job& job, const AdmitRequest& r) {
+  return job.options().world_size == r.world_size && job.options().job_dir == r.job_dir &&
+         job.options().upload_dir == r.upload_dir;
+}
+
+// "<dir>" or "<dir> (uploaded to <store>)", for messages.
+std::string PlaceName(const std::string& dir, const std::string& upload) {
+  return upload.empty() ? dir : absl::StrCat(dir, " (uploaded to ", upload, ")");
+}
+
+}  // namespace
+
 absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   // Destroyed after the lock is released (they unmap and remove segments):
   // a replaced idle job with what it retained, retained snapshots dropped for
@@ -131,10 +146,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   zcc::MutexLock lock(&mu_);
   if (closed_) return absl::UnavailableError("zccd is shutting down");
   std::shared_ptr<Job>& job = jobs_[r.job_id];
-  auto elsewhere = [&r](const Job& j) {
-    return j.options().world_size != r.world_size || j.options().job_dir != r.job_dir ||
-           j.options().upload_dir != r.upload_dir;
-  };
+  auto elsewhere = [&r](const Job& j) { return !SamePlace(j, r); };
   // A job whose ranks have all left and whose steps are all committed or
   // dropped is replaced by a registration with another world size or
   // directory: the job resumed with another layout (its checkpoints restore
@@ -150,13 +162,11 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   } else if (absl::Status st = job->Authorize(r.uid); !st.ok()) {
     return st;
   } else if (elsewhere(*job)) {
-    auto place = [](const std::string& dir, const std::string& upload) {
-      return upload.empty() ? dir : absl::StrCat(dir, " (uploaded to ", upload, ")");
-    };
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", r.job_id, "' is already registered with world_size ", job->options().world_size,
-        " at ", place(job->options().job_dir, job->options().upload_dir), "; this request has ",
-        r.world_size, " at ", place(r.job_dir, r.upload_dir), " (two jobs cannot share an id)"));
+        " at ", PlaceName(job->options().job_dir, job->options().upload_dir),
+        "; this request has ", r.world_size, " at ", PlaceName(r.job_dir, r.upload_dir),
+        " (two jobs cannot share an id)"));
   }
   if (in_flight_.count({r.job_id, r.rank}) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("rank ", r.rank, " of job '", r.job_id,

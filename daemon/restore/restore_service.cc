@@ -19,6 +19,7 @@
 #include "common/fs_identity.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/restore/restore_tiers.h"
 #include "daemon/restore/restorer.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
@@ -122,18 +123,9 @@ absl::StatusOr<v1::RestoreCandidatesResponse> RestoreService::Candidates(Job& jo
   v1::RestoreCandidatesResponse resp;
   for (int64_t step : ServableMemorySteps(session, owned_only)) resp.add_memory_steps(step);
   ScopedFsIdentity as_owner(job.options().owner);
-  auto committed = checkpoint::ListCommittedSteps(job.options().job_dir, read_io_.storage);
-  if (!committed.ok() && committed.status().code() != absl::StatusCode::kNotFound) {
-    return committed.status();
-  }
-  std::set<int64_t> steps;
-  if (committed.ok()) steps.insert(committed->begin(), committed->end());
-  if (!job.options().upload_dir.empty()) {
-    // A tiered job's steps in its store restore too (Restore reads there
-    // what the local root lacks).
-    auto stored = checkpoint::ListCommittedSteps(job.options().upload_dir, read_io_.storage);
-    if (stored.ok()) steps.insert(stored->begin(), stored->end());
-  }
+  ZCC_ASSIGN_OR_RETURN(const std::set<int64_t> steps,
+                       RestoreTiers::AllSteps(job.options().job_dir, job.options().upload_dir,
+                                              read_io_.storage));
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) resp.add_disk_steps(*it);
   return resp;
 }
@@ -219,38 +211,26 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   // ends.
   int64_t requested = req.step() < 0 ? -1 : req.step();
   int64_t at_most = INT64_MAX;
-  // The local root first; a tiered job's store when it has no step to give,
-  // or when the store's `latest` is newer (the local copy was lost).
-  std::string tier_dir = job_dir;
-  if (const std::string& upload_dir = job.options().upload_dir;
-      !upload_dir.empty() && requested < 0) {
-    auto here = checkpoint::ReadLatest(job_dir, read_io_.storage);
-    auto there = checkpoint::ReadLatest(upload_dir, read_io_.storage);
-    if (there.ok() && (!here.ok() || *there > *here)) {
-      tier_dir = upload_dir;
-      ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": the store's latest ("
-                    << format::StepDirName(*there) << ") is newer than the local root's; "
-                    << "restoring from " << upload_dir;
-    }
+  // The local root, and a tiered job's store (restore_tiers.h).
+  RestoreTiers tiers(job_dir, job.options().upload_dir, requested, read_io_.storage);
+  if (!tiers.why_store_first().empty()) {
+    ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": "
+                  << tiers.why_store_first() << "; restoring from " << tiers.current();
   }
-  bool other_tier_tried = false;
   for (;;) {
     if (cancelled()) return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
     absl::StatusOr<checkpoint::RestoreChoice> chosen = checkpoint::ChooseRestoreStep(
-        tier_dir, requested, [this](const std::string& dir) { return checks_.Check(dir); },
+        tiers.current(), requested, [this](const std::string& dir) { return checks_.Check(dir); },
         at_most, read_io_.storage);
-    const std::string& upload_dir = job.options().upload_dir;
-    if (absl::IsNotFound(chosen.status()) && !upload_dir.empty() && !other_tier_tried) {
-      tier_dir = tier_dir == job_dir ? upload_dir : job_dir;
-      other_tier_tried = true;
+    if (absl::IsNotFound(chosen.status()) && tiers.Next()) {
       ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": "
-                    << chosen.status().message() << "; restoring from " << tier_dir;
+                    << chosen.status().message() << "; restoring from " << tiers.current();
       continue;
     }
     ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice, std::move(chosen));
     for (const std::string& why : choice.rejected) skip(why);
     const std::string step_name = format::StepDirName(choice.step);
-    const std::string step_dir = JoinPath(tier_dir, step_name);
+    const std::string step_dir = JoinPath(tiers.current(), step_name);
     std::unique_ptr<RestorePrefetch> ahead;
     if (prefetch != nullptr && (req.owned_only() || session.AllStaged())) {
       std::optional<RestorePrefetch::Chosen> read_ahead = prefetch->AwaitChoice(cancelled);

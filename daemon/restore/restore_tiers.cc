@@ -1,0 +1,46 @@
+#include "daemon/restore/restore_tiers.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/reader.h"
+#include "format/manifest.h"
+
+namespace zcc::daemon {
+
+RestoreTiers::RestoreTiers(std::string job_dir, std::string upload_dir, int64_t requested,
+                           storage::Storage* fs)
+    : job_dir_(std::move(job_dir)), upload_dir_(std::move(upload_dir)), current_(job_dir_) {
+  if (upload_dir_.empty() || requested >= 0) return;
+  auto here = checkpoint::ReadLatest(job_dir_, fs);
+  auto there = checkpoint::ReadLatest(upload_dir_, fs);
+  if (there.ok() && (!here.ok() || *there > *here)) {
+    current_ = upload_dir_;
+    why_store_first_ = absl::StrCat("the store's latest (", format::StepDirName(*there),
+                                    ") is newer than the local root's");
+  }
+}
+
+bool RestoreTiers::Next() {
+  if (upload_dir_.empty() || switched_) return false;
+  switched_ = true;
+  current_ = current_ == job_dir_ ? upload_dir_ : job_dir_;
+  return true;
+}
+
+absl::StatusOr<std::set<int64_t>> RestoreTiers::AllSteps(const std::string& job_dir,
+                                                         const std::string& upload_dir,
+                                                         storage::Storage* fs) {
+  std::set<int64_t> steps;
+  auto committed = checkpoint::ListCommittedSteps(job_dir, fs);
+  if (!committed.ok() && !absl::IsNotFound(committed.status())) return committed.status();
+  if (committed.ok()) steps.insert(committed->begin(), committed->end());
+  if (!upload_dir.empty()) {
+    // The store's steps restore too (a restore reads there what is not here).
+    auto stored = checkpoint::ListCommittedSteps(upload_dir, fs);
+    if (stored.ok()) steps.insert(stored->begin(), stored->end());
+  }
+  return steps;
+}
+
+}  // namespace zcc::daemon

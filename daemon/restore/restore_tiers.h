@@ -1,0 +1,49 @@
+// Where a restore of a tiered job (RegisterRequest.upload_root) reads: the
+// local root first, the object store when the local root has no step to give
+// or its `latest` is older than the store's (a replaced node's disk). Jobs
+// without a store have one tier, the local root.
+//
+// Thread-safety: not thread-safe; one per restore.
+#ifndef ZCC_DAEMON_RESTORE_RESTORE_TIERS_H_
+#define ZCC_DAEMON_RESTORE_RESTORE_TIERS_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "storage/storage.h"
+
+namespace zcc::daemon {
+
+class RestoreTiers {
+ public:
+  // `upload_dir` empty: no store. `requested` < 0: the newest step.
+  RestoreTiers(std::string job_dir, std::string upload_dir, int64_t requested,
+               storage::Storage* fs);
+
+  // The job directory to choose a step from now.
+  const std::string& current() const { return current_; }
+  // After the current tier had no step (NotFound): the other tier, once;
+  // false when there is none left to try.
+  bool Next();
+
+  // Why the store was chosen first ("" when it was not), for the log.
+  const std::string& why_store_first() const { return why_store_first_; }
+
+  // Every committed step of both tiers (a collective restore agrees on one).
+  static absl::StatusOr<std::set<int64_t>> AllSteps(const std::string& job_dir,
+                                                    const std::string& upload_dir,
+                                                    storage::Storage* fs);
+
+ private:
+  const std::string job_dir_;
+  const std::string upload_dir_;
+  std::string current_;
+  bool switched_ = false;
+  std::string why_store_first_;
+};
+
+}  // namespace zcc::daemon
+
+#endif  // ZCC_DAEMON_RESTORE_RESTORE_TIERS_H_
