@@ -69,8 +69,11 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
                               std::vector<AlignedBuffer>* bounce) {
   const std::string& path = file.path();
   const uint64_t align = file.direct() ? kDirectIoAlignment : 1;
-  const uint64_t chunk =
-      std::max<uint64_t>(AlignDown(options.chunk_bytes, kDirectIoAlignment), kDirectIoAlignment);
+  // At least what the file serves best (an object store's ranged reads).
+  const uint64_t chunk = std::max<uint64_t>(
+      AlignDown(std::max<uint64_t>(options.chunk_bytes, file.preferred_request_bytes()),
+                kDirectIoAlignment),
+      kDirectIoAlignment);
   for (const TensorReadRequest& r : requests) {
     if (End(r) > file_size || End(r) < Begin(r)) {
       return absl::DataLossError(absl::StrCat("tensor '", r.tensor->name, "' lies outside ", path));

@@ -89,6 +89,10 @@ class File {
   // How many requests may be in flight at once (>= 1).
   virtual uint32_t queue_depth() const = 0;
   virtual uint32_t in_flight() const = 0;
+  // The request size this file serves best, 0 for no preference: an object
+  // store's reads each cost a round trip and a server's work, so readers
+  // make their requests at least this large there.
+  virtual size_t preferred_request_bytes() const { return 0; }
 
   // Starts a transfer of `n` bytes at `offset`. The buffer must stay valid and
   // unchanged until the request's completion is returned. FailedPrecondition

@@ -27,6 +27,7 @@ class FileWrapper : public File {
   bool direct() const override { return base_->direct(); }
   uint32_t queue_depth() const override { return base_->queue_depth(); }
   uint32_t in_flight() const override { return base_->in_flight(); }
+  size_t preferred_request_bytes() const override { return base_->preferred_request_bytes(); }
   absl::Status SubmitWrite(uint64_t offset, const void* src, size_t n, uint64_t tag) override {
     return base_->SubmitWrite(offset, src, n, tag);
   }

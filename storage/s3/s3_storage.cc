@@ -273,6 +273,9 @@ class S3ReadFile final : public File {
   bool direct() const override { return false; }
   uint32_t queue_depth() const override { return queue_depth_; }
   uint32_t in_flight() const override { return in_flight_; }
+  size_t preferred_request_bytes() const override {
+    return storage_->options().read_request_bytes;
+  }
 
   absl::Status SubmitWrite(uint64_t, const void*, size_t, uint64_t) override {
     return absl::FailedPreconditionError(absl::StrCat(path_, " is open for reading"));

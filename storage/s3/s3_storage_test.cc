@@ -130,6 +130,10 @@ TEST_CASE("S3: a streamed file goes up in parts; one closed without Sync leaves 
   auto back = ReadWholeFile(storage, "/d/big.bin", 1 << 30);
   REQUIRE_OK(back);
   CHECK(*back == std::string(reinterpret_cast<const char*>(data.data()), size));
+  // Readers are told to ask for large ranges.
+  auto reading = storage.OpenForRead("/d/big.bin", {});
+  REQUIRE_OK(reading);
+  CHECK((*reading)->preferred_request_bytes() == options.read_request_bytes);
   // A write out of order is refused.
   {
     auto file = storage.OpenForWrite("/d/gap.bin", direct);
