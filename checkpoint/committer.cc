@@ -80,8 +80,8 @@ absl::StatusOr<std::optional<CommitResult>> FinishRenamedStep(storage::Storage& 
   ZCC_LOG(WARNING) << final_dir << " is committed but latest names "
                    << (latest.ok() ? format::StepDirName(*latest) : std::string("no step"))
                    << " (an earlier attempt failed after the rename); finishing the commit";
-  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(job_dir, format::kLatestFileName),
-                                               absl::StrCat(format::StepDirName(step), "\n")));
+  // Forward only (latest is older here); a compare-and-swap on a store.
+  ZCC_RETURN_IF_ERROR(PointLatest(fs, job_dir, step, absl::InfiniteFuture()));
   CommitResult result;
   result.outcome = CommitOutcome::kCommitted;
   result.manifests_present = world_size;

@@ -28,19 +28,26 @@ absl::StatusOr<std::unique_ptr<File>> Named(absl::StatusOr<std::unique_ptr<File>
 
 }  // namespace
 
+namespace {
+
+// A route's key: its prefix without trailing slashes.
+std::string RouteKey(std::string prefix) {
+  while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+  return prefix;
+}
+
+}  // namespace
+
 void RoutedStorage::AddRoute(const std::string& prefix, Storage* target,
                              const std::string& target_path) {
-  std::string key = prefix;
-  while (key.size() > 1 && key.back() == '/') key.pop_back();
+  const std::string key = RouteKey(prefix);
   zcc::MutexLock lock(&mu_);
   routes_[key] = Route{target, target_path};
 }
 
 void RoutedStorage::RemoveRoute(const std::string& prefix, const Storage* target) {
-  std::string key = prefix;
-  while (key.size() > 1 && key.back() == '/') key.pop_back();
   zcc::MutexLock lock(&mu_);
-  auto it = routes_.find(key);
+  auto it = routes_.find(RouteKey(prefix));
   if (it != routes_.end() && it->second.target == target) routes_.erase(it);
 }
 

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -71,6 +72,13 @@ DaemonOptions StoreDaemon(const std::string& dir, const S3TestServer& server,
   return o;
 }
 
+// The S3 test server, its log in `dir`; the test stops when it cannot start.
+S3TestServer StartedServer(const std::string& dir) {
+  auto started = StartS3TestServer(dir);
+  REQUIRE_OK(started);
+  return *std::move(started);
+}
+
 std::string RootUrl(const S3TestServer& server) {
   return absl::StrCat("s3://", server.bucket, "/ckpt");
 }
@@ -100,9 +108,7 @@ void WaitAll(std::vector<std::unique_ptr<Subprocess>>& trainers, const std::stri
 
 TEST_CASE("zccd writes, commits and restores a job straight in an object store") {
   const std::string dir = ShortTempDir("s3-root");
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
   REQUIRE(daemon.Start());
   const std::string root = RootUrl(server);
@@ -178,9 +184,7 @@ TEST_CASE("zccd writes, commits and restores a job straight in an object store")
 
 TEST_CASE("two zccds with no shared file system commit one 4-rank job in the store") {
   const std::string dir = ShortTempDir("s3-two");
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   // Each node's zccd with its own local root, socket and shared memory.
   Daemon a(dir, StoreDaemon(dir, server, server.secret_key, "node-a"));
   Daemon b(dir, StoreDaemon(dir, server, server.secret_key, "node-b"));
@@ -216,9 +220,7 @@ TEST_CASE("two zccds with no shared file system commit one 4-rank job in the sto
 TEST_CASE("tiered: checkpoints on the local root, uploaded in the background, each tier with "
           "its retention; a lost local root restores from the store") {
   const std::string dir = ShortTempDir("s3-tiered");
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   DaemonOptions options = StoreDaemon(dir, server, server.secret_key);
   options.extra_flags.push_back("--keep_last=2");  // the local root's
   Daemon daemon(dir, options);
@@ -275,9 +277,7 @@ TEST_CASE("tiered: checkpoints on the local root, uploaded in the background, ea
 
 TEST_CASE("tiered: status shows the durability lag; list shows which step is where") {
   const std::string dir = ShortTempDir("s3-lag");
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
   REQUIRE(daemon.Start());
   const std::string store_root = RootUrl(server);
@@ -327,9 +327,7 @@ std::pair<int, std::string> OfflineZccctl(const std::string& dir, const S3TestSe
 
 TEST_CASE("zccd killed mid-upload: no step committed from it; gc aborts and removes what it left") {
   const std::string dir = ShortTempDir("s3-kill");
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
   REQUIRE(daemon.Start());
   const std::string root = RootUrl(server);
@@ -383,9 +381,7 @@ TEST_CASE("zccd killed mid-upload: no step committed from it; gc aborts and remo
 TEST_CASE("a job's own credentials: used for its directory alone, never for another uid's job") {
   const std::string dir = ShortTempDir("s3-jobkeys");
   ::chmod(dir.c_str(), 0755);  // the other uid's trainer writes its log here
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   // zccd knows the store's endpoint but has no keys of its own.
   DaemonOptions options = StoreDaemon(dir, server, "");
   options.env = {"AWS_ENDPOINT_URL=" + server.endpoint, "AWS_REGION=us-east-1",
@@ -436,9 +432,7 @@ TEST_CASE("a job's own credentials: used for its directory alone, never for anot
 TEST_CASE("the store throttles and connections are cut mid-upload: zccd sends again, the step "
           "commits whole") {
   const std::string dir = ShortTempDir("s3-cut");
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   // Between zccd and the store: 3 SlowDowns, then 4 uploads cut halfway.
   auto proxy = StartS3FaultProxy(dir, server.endpoint, /*slowdown=*/3, /*cut=*/4);
   REQUIRE_OK(proxy);
@@ -465,9 +459,7 @@ TEST_CASE("the store throttles and connections are cut mid-upload: zccd sends ag
 
 TEST_CASE("wrong credentials for the store: a clear refusal, no secret shown") {
   const std::string dir = ShortTempDir("s3-creds");
-  auto started = StartS3TestServer(dir);
-  REQUIRE_OK(started);
-  S3TestServer& server = *started;
+  S3TestServer server = StartedServer(dir);
   const std::string wrong = "wrongSecretKeyThatMustNeverBePrinted0000";
   Daemon daemon(dir, StoreDaemon(dir, server, wrong));
   REQUIRE(daemon.Start());

@@ -145,7 +145,7 @@ absl::StatusOr<std::string> ResolveStoreJobDir(const JobDirRequest& req) {
           "); choose a root outside every job's directory"));
     }
   }
-  const std::string job_dir = JoinPath(root, req.job_id);
+  const std::string job_dir = StoreJobDir(req.root, req.job_id);
   const std::string owner_path = JoinPath(job_dir, kOwnerFileName);
   auto text = storage::ReadWholeFile(fs, owner_path, 256);
   if (text.ok()) {

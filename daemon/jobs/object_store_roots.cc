@@ -51,6 +51,10 @@ storage::s3::EnvLookup RootEnvironment(const ObjectStoreRoot& root,
 
 bool IsObjectStoreUrl(const std::string& root) { return absl::StartsWith(root, "s3://"); }
 
+std::string StoreJobDir(const std::string& root_url, const std::string& job_id) {
+  return absl::StrCat(WithoutTrailingSlash(root_url), "/", job_id);
+}
+
 // A job's own client and storage for its directory, routed while it lives.
 class ObjectStoreRoots::JobRoute {
  public:
@@ -152,7 +156,7 @@ absl::StatusOr<std::shared_ptr<ObjectStoreRoots::JobRoute>> ObjectStoreRoots::Ro
     return absl::InvalidArgumentError("store_credentials need an access key id and its secret");
   }
   const Root* root = Find(root_url);
-  const std::string job_dir = absl::StrCat(WithoutTrailingSlash(root_url), "/", job_id);
+  const std::string job_dir = StoreJobDir(root_url, job_id);
   zcc::MutexLock lock(&mu_);
   for (auto it = job_routes_.begin(); it != job_routes_.end();) {  // jobs gone
     it = it->second.expired() ? job_routes_.erase(it) : std::next(it);

@@ -39,6 +39,11 @@ namespace zcc::daemon {
 // True for a checkpoint root that names an object store.
 bool IsObjectStoreUrl(const std::string& root);
 
+// A job's directory under an object-store root: "<root>/<job_id>", the
+// root without trailing slashes. The one spelling of it, for the routes and
+// the job's resolution alike.
+std::string StoreJobDir(const std::string& root_url, const std::string& job_id);
+
 class ObjectStoreRoots {
  public:
   // `env` looks up zccd's environment (null: getenv).
