@@ -1,5 +1,6 @@
 #include "checkpoint/reshard.h"
 
+#include <cstring>
 #include <map>
 #include <new>
 #include <utility>
@@ -47,6 +48,10 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
   for (size_t i = 0; i < targets.size(); ++i) {
     const BoxTarget& t = targets[i];
     const auto it = by_key.find(std::make_pair(t.kind, t.name));
+    if (it == by_key.end() && t.optional) {
+      std::memset(t.dst, 0, format::Volume(t.box) * format::DTypeSize(t.dtype));
+      continue;
+    }
     if (it == by_key.end()) {
       return absl::FailedPreconditionError(
           absl::StrCat(t.kind, " tensor '", t.name, "' is not in ", step_dir));

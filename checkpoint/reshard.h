@@ -33,6 +33,8 @@ struct BoxTarget {
   std::vector<int64_t> global_shape;
   format::Box box;
   uint8_t* dst = nullptr;
+  // A step that lacks the tensor fills `dst` with zeros instead of failing.
+  bool optional = false;
 };
 
 struct ReshardStats {

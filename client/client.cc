@@ -122,6 +122,10 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
     if (*nbytes > 0 && t.data == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no data pointer"));
     }
+    if (t.optional && t.kind != TensorKind::kExtra) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': only EXTRA tensors may be optional"));
+    }
   }
   {
     zcc::MutexLock lock(&impl_->mu);

@@ -97,6 +97,11 @@ struct TensorRef {
   // restores into any other tiling, and `zccctl export` writes whole tensors.
   std::vector<int64_t> global_shape;
   std::vector<int64_t> box_offset;
+  // kExtra only: a step without this tensor restores anyway, the tensor
+  // filled with zeros and named in RestoreResult::missing (the per-rank state
+  // of a rank the job that wrote the step did not have). Any other tensor a
+  // step lacks fails the restore.
+  bool optional = false;
 };
 
 // Keys of an S3-compatible store (AWS's names).
@@ -238,6 +243,9 @@ struct RestoreResult {
   // Per registered tensor: it arrived through RestoreOptions::collective from
   // another rank rather than from zccd (empty without a collective).
   std::vector<bool> received;
+  // Optional tensors (TensorRef::optional) the step does not hold: filled
+  // with zeros.
+  std::vector<std::string> missing;
 };
 
 // The steps this rank can restore, each newest first.

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -108,10 +110,38 @@ struct Stubs {
   }
 };
 
+// A restore zccd has read and checked that the client has not copied into
+// the trainer's tensors yet (Client::Impl::FetchRestore): the ranks of a job
+// restoring together copy only once every rank has its step. The buffer is
+// zccd's until CopyOut, or the destructor, says the client is done with it.
+struct PendingRestore {
+  std::shared_ptr<Session> session;
+  std::shared_ptr<const Stubs> stubs;
+  std::vector<TensorRef> refs;
+  v1::RestoreResponse resp;
+  std::optional<shm::Segment> buffer;  // a restore buffer; empty: the session's segment
+  RestoreResult result;
+  std::function<absl::Status()> release;  // RestoreDone; run once
+
+  PendingRestore() = default;
+  PendingRestore(const PendingRestore&) = delete;
+  PendingRestore& operator=(const PendingRestore&) = delete;
+  ~PendingRestore() {
+    if (release) (void)release();
+  }
+  absl::Status Release() {
+    if (!release) return absl::OkStatus();
+    auto once = std::move(release);
+    release = nullptr;
+    return once();
+  }
+};
+
 }  // namespace client_internal
 
 // Client::Impl belongs to zcc::Client; its parts live in client_internal.
 using client_internal::PendingCopy;
+using client_internal::PendingRestore;
 using client_internal::Session;
 using client_internal::Stubs;
 
@@ -183,6 +213,13 @@ struct Client::Impl {
   }
 
   // Tells zccd the client is done with a restore or EMA buffer.
+  // Asks zccd for the step `options` name (collective aside) and checks its
+  // reply against the registration; nothing is copied yet.
+  absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options);
+  // Copies a fetched restore into the tensors (on `stream`) and releases its
+  // buffer; returns what was restored.
+  absl::StatusOr<RestoreResult> CopyOut(PendingRestore& pending, void* stream);
+
   absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
     auto done = AddressedTo<v1::RestoreDoneRequest>(s);
     done.set_restore_id(id);

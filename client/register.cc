@@ -69,6 +69,7 @@ v1::RegisterRequest MakeRegisterRequest(const ClientOptions& options,
     for (int64_t d : t.box_offset) spec->add_box_offset(d);
     spec->set_kind(ToProto(t.kind));
     spec->set_ema_eligible(t.ema_eligible);
+    spec->set_optional(t.optional);
     v1::ReplicaGroup* replica = spec->mutable_replica();
     replica->set_kind(ToProto(t.replica.kind));
     replica->set_group_size(t.replica.group_size);

@@ -79,74 +79,84 @@ absl::Status CheckRestorePlacements(const v1::RestoreResponse& resp,
 
 absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, void* stream) {
   if (options.collective != nullptr) return RestoreTogether(options, stream);
-  Impl& im = *impl_;
-  std::shared_ptr<Session> s = im.CurrentSession();
-  if (s == nullptr) {
-    zcc::MutexLock lock(&im.mu);
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<PendingRestore> pending, impl_->FetchRestore(options));
+  return impl_->CopyOut(*pending, stream);
+}
+
+absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
+    const RestoreOptions& restore) {
+  auto pending = std::make_unique<PendingRestore>();
+  pending->session = CurrentSession();
+  if (pending->session == nullptr) {
+    zcc::MutexLock lock(&mu);
     return absl::UnavailableError(absl::StrCat("not registered with zccd: ",
-                                               im.last_error.empty() ? "call RegisterTensors first"
-                                                                     : im.last_error));
+                                               last_error.empty() ? "call RegisterTensors first"
+                                                                  : last_error));
   }
-  std::vector<TensorRef> refs;
+  const Session& s = *pending->session;
   {
-    zcc::MutexLock lock(&im.mu);
-    refs = im.tensors;
+    zcc::MutexLock lock(&mu);
+    pending->refs = tensors;
   }
-  auto req = im.AddressedTo<v1::RestoreRequest>(*s);
-  req.set_step(options.step);
-  req.set_owned_only(options.owned_only);
-  req.set_allow_older(options.allow_older);
-  v1::RestoreResponse resp;
+  auto req = AddressedTo<v1::RestoreRequest>(s);
+  req.set_step(restore.step);
+  req.set_owned_only(restore.owned_only);
+  req.set_allow_older(restore.allow_older);
+  v1::RestoreResponse& resp = pending->resp;
   // Its own deadline: reading a large checkpoint takes longer than an RPC.
-  auto ctx = im.Context(im.options.restore_timeout);
-  const std::shared_ptr<const Stubs> stubs = im.GetStubs();
-  ZCC_RETURN_IF_ERROR(FromGrpcStatus(stubs->control->Restore(ctx.get(), req, &resp)));
+  auto ctx = Context(options.restore_timeout);
+  pending->stubs = GetStubs();
+  ZCC_RETURN_IF_ERROR(FromGrpcStatus(pending->stubs->control->Restore(ctx.get(), req, &resp)));
+  pending->release = [this, stubs = pending->stubs, session = pending->session,
+                      id = resp.restore_id()] { return ReleaseBuffer(*stubs, *session, id); };
   for (const std::string& why : resp.skipped_steps()) {
     ZCC_LOG(WARNING) << "zcc client: restore skipped " << why;
   }
-  RestoreResult result;
+  RestoreResult& result = pending->result;
   result.step = resp.step();
   result.from_memory = resp.source() == v1::RESTORE_SOURCE_MEMORY;
   result.ema_step = resp.has_ema_step() ? resp.ema_step() : -1;
   result.skipped_steps.assign(resp.skipped_steps().begin(), resp.skipped_steps().end());
-  absl::Status copied = CheckRestorePlacements(resp, refs, options.owned_only);
+  result.missing.assign(resp.missing().begin(), resp.missing().end());
+  for (const v1::TensorPlacement& p : resp.placements()) result.restored.push_back(p.staged());
+  ZCC_RETURN_IF_ERROR(CheckRestorePlacements(resp, pending->refs, restore.owned_only));
   // From memory, the bytes are in this client's own staging segment, already
   // mapped (and registered with the copier); otherwise in a buffer of their own.
-  const bool own_segment = resp.shm_name() == s->resp.shm_name();
-  if (copied.ok() && own_segment && resp.segment_bytes() != s->segment.size()) {
-    copied = absl::DataLossError("zccd's restore reply has the wrong size for the staging segment");
-  }
-  std::optional<shm::Segment> buffer;
-  if (copied.ok() && !own_segment) {
-    auto opened = shm::Segment::Open(resp.shm_name(), resp.segment_bytes());
-    if (opened.ok()) {
-      buffer.emplace(std::move(*opened));
-    } else {
-      copied = opened.status();
+  if (resp.shm_name() == s.resp.shm_name()) {
+    if (resp.segment_bytes() != s.segment.size()) {
+      return absl::DataLossError("zccd's restore reply has the wrong size for the staging segment");
     }
+  } else {
+    ZCC_ASSIGN_OR_RETURN(shm::Segment opened, shm::Segment::Open(resp.shm_name(), resp.segment_bytes()));
+    pending->buffer.emplace(std::move(opened));
   }
+  return pending;
+}
+
+absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, void* stream) {
+  const Session& s = *pending.session;
+  const v1::RestoreResponse& resp = pending.resp;
+  const bool own_segment = !pending.buffer.has_value();
+  const shm::Segment& from = own_segment ? s.segment : *pending.buffer;
+  const uint8_t* base = from.base() + resp.data_offset();
+  std::vector<CopyRegion> regions;
+  for (size_t i = 0; i < pending.refs.size(); ++i) {
+    const v1::TensorPlacement& p = resp.placements(i);
+    if (p.staged()) regions.push_back(CopyRegion{base + p.offset(), pending.refs[i].data, p.nbytes()});
+  }
+  absl::Status copied = absl::OkStatus();
+  if (!own_segment) copied = s.copier->RegisterHostMemory(from.base(), from.size());
   if (copied.ok()) {
-    const shm::Segment& from = own_segment ? s->segment : *buffer;
-    const uint8_t* base = from.base() + resp.data_offset();
-    std::vector<CopyRegion> regions;
-    for (size_t i = 0; i < refs.size(); ++i) {
-      const v1::TensorPlacement& p = resp.placements(i);
-      result.restored.push_back(p.staged());
-      if (p.staged()) regions.push_back(CopyRegion{base + p.offset(), refs[i].data, p.nbytes()});
-    }
-    if (!own_segment) copied = s->copier->RegisterHostMemory(from.base(), from.size());
-    if (copied.ok()) {
-      copied = s->copier->CopyToDevice(regions, stream);
-      if (!own_segment) {
-        const absl::Status unpinned = s->copier->UnregisterHostMemory(from.base());
-        if (copied.ok()) copied = unpinned;
-      }
+    copied = s.copier->CopyToDevice(regions, stream);
+    if (!own_segment) {
+      const absl::Status unpinned = s.copier->UnregisterHostMemory(from.base());
+      if (copied.ok()) copied = unpinned;
     }
   }
-  const absl::Status released = im.ReleaseBuffer(*stubs, *s, resp.restore_id());
+  const absl::Status released = pending.Release();
   ZCC_RETURN_IF_ERROR(copied);
   ZCC_RETURN_IF_ERROR(released);
-  return result;
+  return std::move(pending.result);
 }
 
 absl::StatusOr<int64_t> Client::ReadEma(const std::vector<EmaOutput>& outputs, int64_t min_step,

@@ -26,14 +26,15 @@
 namespace zcc {
 namespace {
 
-// "E" + this rank's error, to gather; empty when ok.
+// "E<code> <message>" of this rank's error, to gather; empty when ok.
 std::string ErrorMessage(const absl::Status& st) {
-  return st.ok() ? "" : absl::StrCat("E", st.ToString());
+  return st.ok() ? "" : absl::StrCat("E", static_cast<int>(st.code()), " ", st.message());
 }
 
 // The first error among the gathered messages: this rank's own, else the
-// lowest failing rank's, as Unavailable naming every rank that failed. OK
-// when none failed.
+// lowest failing rank's, with its code (a layout problem on one rank is
+// FailedPrecondition on every rank, not a connection error), naming every
+// rank that failed. OK when none failed.
 absl::Status FirstError(const std::vector<std::string>& all, const absl::Status& mine,
                         absl::string_view what) {
   if (!mine.ok()) return mine;
@@ -42,11 +43,20 @@ absl::Status FirstError(const std::vector<std::string>& all, const absl::Status&
     if (!all[r].empty() && all[r][0] == 'E') failed.push_back(r);
   }
   if (failed.empty()) return absl::OkStatus();
-  const std::string first = absl::StrCat("rank ", failed[0], " failed ", what, ": ",
-                                         all[failed[0]].substr(1));
-  if (failed.size() == 1) return absl::UnavailableError(first);
-  return absl::UnavailableError(
-      absl::StrCat("ranks ", absl::StrJoin(failed, ", "), " failed; ", first));
+  absl::string_view theirs = absl::string_view(all[failed[0]]).substr(1);
+  const size_t space = theirs.find(' ');
+  int code = 0;
+  absl::StatusCode status_code = absl::StatusCode::kUnavailable;
+  if (space != absl::string_view::npos && absl::SimpleAtoi(theirs.substr(0, space), &code) &&
+      code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    status_code = static_cast<absl::StatusCode>(code);
+    theirs.remove_prefix(space + 1);
+  }
+  std::string text = absl::StrCat("rank ", failed[0], " failed ", what, ": ", theirs);
+  if (failed.size() > 1) {
+    text = absl::StrCat("ranks ", absl::StrJoin(failed, ", "), " failed; ", text);
+  }
+  return absl::Status(status_code, text);
 }
 
 std::string PieceKey(const TensorRef& t) {
@@ -131,7 +141,8 @@ absl::Status ShareMissingPieces(Collective& c, const std::vector<TensorRef>& ref
   std::map<std::string, size_t> index;  // piece -> registered tensor
   std::string message;
   for (size_t i = 0; i < refs.size(); ++i) {
-    if (refs[i].kind == TensorKind::kExtra) continue;  // per rank, restored by each
+    // Per-rank state is restored by its rank alone.
+    if (refs[i].kind == TensorKind::kExtra && refs[i].replica.group_size <= 1) continue;
     const std::string key = PieceKey(refs[i]);
     index[key] = i;
     absl::StrAppend(&message, result->restored[i] ? "H " : "W ", PieceBytes(refs[i]), " ", key,
@@ -214,25 +225,30 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
     alone.allow_older = true;
   }
 
-  // 2. Restore it; ranks that got different steps (a damaged one fell back)
-  // agree on the oldest and restore again.
-  absl::StatusOr<RestoreResult> result;
+  // 2. Have zccd read and check it; ranks that got different steps (a
+  // damaged one fell back) agree on the oldest and ask again. Nothing is
+  // copied into the tensors until every rank holds the same step, so a
+  // restore that fails on any rank leaves every rank's tensors untouched.
+  std::unique_ptr<PendingRestore> pending;
   for (int round = 0;; ++round) {
     alone.step = target;
-    result = Restore(alone, stream);
-    const bool none = absl::IsNotFound(result.status());
-    std::string message = none ? "N" : ErrorMessage(result.status());
-    if (result.ok()) message = absl::StrCat("S", result->step);
+    absl::StatusOr<std::unique_ptr<PendingRestore>> fetched = impl_->FetchRestore(alone);
+    const bool none = absl::IsNotFound(fetched.status());
+    std::string message = none ? "N" : ErrorMessage(fetched.status());
+    if (fetched.ok()) message = absl::StrCat("S", (*fetched)->result.step);
     ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
-    ZCC_RETURN_IF_ERROR(FirstError(all, none ? absl::OkStatus() : result.status(),
+    ZCC_RETURN_IF_ERROR(FirstError(all, none ? absl::OkStatus() : fetched.status(),
                                    absl::StrCat("to restore step ", target)));
     ZCC_ASSIGN_OR_RETURN(const RoundOutcome o, ParseRoundOutcome(all));
-    if (o.missing == static_cast<int64_t>(all.size())) return result.status();
+    if (o.missing == static_cast<int64_t>(all.size())) return fetched.status();
     if (o.missing > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           o.missing, " rank(s) found nothing to restore where the others restored step ", o.high));
     }
-    if (o.low == o.high) break;
+    if (o.low == o.high) {
+      pending = *std::move(fetched);
+      break;
+    }
     if (round >= 16) {
       return absl::AbortedError("the ranks did not agree on a step to restore");
     }
@@ -240,12 +256,14 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
     alone.allow_older = false;
   }
 
-  // 3. Every piece a rank did not restore, from the lowest rank that did.
-  std::vector<TensorRef> refs;
-  {
-    zcc::MutexLock lock(&impl_->mu);
-    refs = impl_->tensors;
-  }
+  // 3. Into the tensors, then every piece a rank did not restore, from the
+  // lowest rank that did.
+  const std::vector<TensorRef> refs = pending->refs;
+  absl::StatusOr<RestoreResult> result = impl_->CopyOut(*pending, stream);
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> copied,
+                       c.AllGather(ErrorMessage(result.status())));
+  ZCC_RETURN_IF_ERROR(FirstError(copied, result.status(),
+                                 absl::StrCat("to copy step ", target, " into its tensors")));
   if (result->restored.size() != refs.size()) {
     return absl::InternalError("restore result does not match the registration");
   }

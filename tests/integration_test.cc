@@ -761,6 +761,12 @@ TEST_CASE("bad requests get clear errors and committed checkpoints stay intact")
        grpc::INVALID_ARGUMENT, "dtype"},
       {"no kind", [](auto& r) { r.mutable_tensors(0)->set_kind(v1::TENSOR_KIND_UNSPECIFIED); },
        grpc::INVALID_ARGUMENT, "kind"},
+      {"optional parameter",
+       [](auto& r) {
+         r.mutable_tensors(0)->set_kind(v1::PARAM);
+         r.mutable_tensors(0)->set_optional(true);
+       },
+       grpc::INVALID_ARGUMENT, "only EXTRA tensors may be optional"},
       {"absurd shape",
        [](auto& r) {
          r.mutable_tensors(0)->set_shape(0, int64_t{1} << 40);

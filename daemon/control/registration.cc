@@ -54,6 +54,12 @@ absl::StatusOr<std::vector<RegisteredTensor>> ParseTensors(const v1::RegisterReq
     if (!nbytes.ok()) return fail(nbytes.status());
     t.nbytes = *nbytes;
     t.ema_eligible = spec.ema_eligible();
+    t.optional = spec.optional();
+    if (t.optional && t.kind != format::TensorKind::kExtra) {
+      // A parameter or optimizer state restored as zeros would train on
+      // silently from a model that is not the checkpoint's.
+      return fail(absl::InvalidArgumentError("only EXTRA tensors may be optional"));
+    }
     const bool sliced = spec.global_shape_size() != 0 || spec.box_offset_size() != 0;
     if (!sliced) {
       t.global_shape = t.shape;

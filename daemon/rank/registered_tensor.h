@@ -22,6 +22,9 @@ struct RegisteredTensor {
   format::TensorKind kind = format::TensorKind::kParam;
   uint64_t nbytes = 0;
   bool ema_eligible = false;
+  // An EXTRA tensor a step may lack: restored as zeros then, and named in
+  // the restore's reply (TensorSpec.optional).
+  bool optional = false;
   bool staged = true;
   uint64_t slot_offset = 0;  // valid when staged
   // The piece is [box_offset, box_offset + shape) of the global tensor of

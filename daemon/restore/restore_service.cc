@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/io_options.h"
@@ -381,6 +382,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   }
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_DISK);
+  const std::vector<std::string> missing = MissingOptional(**index, session.registered());
+  for (const std::string& name : missing) resp.add_missing(name);
   if (const std::optional<int64_t> ema = session.ema_step(); ema.has_value()) {
     resp.set_ema_step(*ema);
   }
@@ -402,7 +405,12 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
                         ? absl::StrFormat("; read ahead from the registration on, %.2f s of it "
                                           "waited for by the restore)",
                                           absl::ToDoubleSeconds(read_time))
-                        : std::string(")"));
+                        : std::string(")"))
+                << (missing.empty() ? ""
+                                    : absl::StrCat("; ", missing.size(),
+                                                   " optional tensor(s) not in the step, "
+                                                   "restored as zeros: ",
+                                                   absl::StrJoin(missing, ", ")));
   return resp;
 }
 

@@ -4,6 +4,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,7 +36,7 @@ absl::StatusOr<uint64_t> ReadInto(const std::string& step_dir, const checkpoint:
     if (!wanted[i]) continue;
     const RegisteredTensor& t = registered[i];
     targets.push_back({format::TensorKindName(t.kind), t.name, t.dtype, t.global(), t.box(),
-                       base + offsets[i]});
+                       base + offsets[i], t.optional});
   }
   // A restore of hundreds of GB takes minutes: say how far it has come.
   checkpoint::ReadProgress progress(absl::StrCat("restore of ", step_dir));
@@ -177,6 +179,20 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                        ReadShared(step_dir, step, registered, wanted, buffer, shm_name, *shared,
                                   io, cancelled));
   return buffer;
+}
+
+std::vector<std::string> MissingOptional(const checkpoint::GroupedIndex& step,
+                                         const std::vector<RegisteredTensor>& registered) {
+  std::vector<std::string> missing;
+  std::set<std::pair<absl::string_view, absl::string_view>> held;
+  for (const RegisteredTensor& t : registered) {
+    if (!t.optional) continue;
+    if (held.empty()) {
+      for (const checkpoint::GlobalTensor& g : step.tensors) held.emplace(g.kind, g.name);
+    }
+    if (held.count({format::TensorKindName(t.kind), t.name}) == 0) missing.push_back(t.name);
+  }
+  return missing;
 }
 
 }  // namespace zcc::daemon

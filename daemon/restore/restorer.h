@@ -66,6 +66,12 @@ absl::StatusOr<uint64_t> ReadIntoSlot(const std::string& step_dir,
                                       uint8_t* slot, const checkpoint::IoOptions& io,
                                       const std::function<bool()>& cancelled = nullptr);
 
+// The optional tensors of `registered` (RegisteredTensor::optional) that
+// `step` does not hold, in registration order: the reads above fill them
+// with zeros.
+std::vector<std::string> MissingOptional(const checkpoint::GroupedIndex& step,
+                                         const std::vector<RegisteredTensor>& registered);
+
 }  // namespace zcc::daemon
 
 #endif  // ZCC_DAEMON_RESTORE_RESTORER_H_

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -178,6 +179,35 @@ TEST_CASE("a restore reads each tensor byte of the rank once, checking it as it 
                                  kMaxSlotBytes, kNoOwner, step.io);
   REQUIRE_OK(again);
   CHECK(step.counting.bytes_read() >= 2 * tensor_bytes);
+}
+
+TEST_CASE("an optional EXTRA tensor the step lacks is restored as zeros and named; a required one fails") {
+  SyntheticRank rank(0, 1, Specs());
+  CountedStep step(rank);
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step.dir, step.io, &grouped));
+  // A rank the writing job did not have: its per-rank state is not in the step.
+  std::vector<RegisteredTensor> registered = Registered(rank);
+  RegisteredTensor absent = registered.back();
+  absent.name = "zcc.r00001.rng";
+  absent.optional = true;
+  registered.push_back(absent);
+  auto buffer = ReadRestoreBuffer(step.dir, *grouped, registered, SegmentName("optional"),
+                                  kMaxSlotBytes, kNoOwner, step.io);
+  REQUIRE_OK(buffer);
+  CHECK(SameAsSlot(rank, *buffer));  // everything the step holds, as written
+  const uint8_t* zeros = buffer->segment.base() + buffer->data_offset + buffer->offsets.back();
+  CHECK(std::all_of(zeros, zeros + absent.nbytes, [](uint8_t b) { return b == 0; }));
+  CHECK(MissingOptional(*grouped, registered) == std::vector<std::string>{"zcc.r00001.rng"});
+  // Present optional tensors are not missing, and restore as written.
+  registered.back().optional = false;
+  registered[registered.size() - 2].optional = true;
+  CHECK(MissingOptional(*grouped, {registered[registered.size() - 2]}).empty());
+  // Not optional: the restore is refused, naming it.
+  auto refused = ReadRestoreBuffer(step.dir, *grouped, registered, SegmentName("required"),
+                                   kMaxSlotBytes, kNoOwner, step.io);
+  REQUIRE(absl::IsFailedPrecondition(refused.status()));
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("zcc.r00001.rng"));
 }
 
 TEST_CASE("ranks restoring one step together on a node read each box once between them") {

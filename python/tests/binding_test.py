@@ -174,6 +174,8 @@ def test_bad_registrations():
         raises(ValueError, c.register_tensors, [zcc.TensorSpec("dev", FakeCudaArray())],
                match="device memory")
         raises(ValueError, zcc.TensorSpec, "w", a, kind="weights", match="not one of")
+        raises(ValueError, c.register_tensors, [zcc.TensorSpec("p", a, optional=True)],
+               match="only EXTRA tensors may be optional")
         raises(TypeError, c.register_tensors, [("w", a)])
         # Nothing was registered by the failures: a good registration works once.
         c.register_tensors([zcc.TensorSpec("w", a, kind="param", ema_eligible=True),
@@ -356,6 +358,26 @@ def test_sliced_tensors_restore_into_another_layout():
             assert c.restore() == 1
             assert np.array_equal(col[:, 0], full[:, rank]), col
             c.close()
+        # Per-rank state of a rank the step's job did not have: optional
+        # EXTRA tensors come back as zeros, named in "missing"; the rest as
+        # written. Not optional, the restore is refused, nothing copied.
+        whole[:] = 0
+        mine = np.full(8, 7, np.uint8)
+        c = connect(0, 1)
+        c.register_tensors([zcc.TensorSpec("w", whole),
+                            zcc.TensorSpec("zcc.r00005.state", mine, kind="extra", optional=True)])
+        got = c.restore_tensors()
+        assert got["step"] == 1 and got["missing"] == ["zcc.r00005.state"], got
+        assert np.array_equal(whole, full) and not mine.any(), (whole, mine)
+        c.close()
+        whole[:] = 0
+        mine[:] = 7
+        c = connect(0, 1)
+        c.register_tensors([zcc.TensorSpec("w", whole),
+                            zcc.TensorSpec("zcc.r00005.state", mine, kind="extra")])
+        raises(zcc.FailedPreconditionError, c.restore_tensors, match="zcc.r00005.state")
+        assert not whole.any() and (mine == 7).all(), (whole, mine)
+        c.close()
         # Files stored with the job land in its directory (export copies them).
         c = connect(0, 1)
         c.register_tensors([zcc.TensorSpec("w", whole)])

@@ -4,10 +4,13 @@ against a real zccd; see dtensor_worker.py for what each run checks.
 
   FSDP2 over 4 ranks (uneven shards, one rank holding no rows of the head)
     -> the same 4 ranks from zccd's memory, FSDP2 over 2 ranks, 1 plain rank
-  TP over 2 ranks -> FSDP2 over 2 ranks, 1 plain rank
+  TP over 2 ranks -> FSDP2 over 2 ranks, TP over 4 ranks, 1 plain rank
   FSDP2 x TP on a 2 x 2 mesh -> TP over 2 ranks, 1 plain rank
-Every restore must reproduce the saved global model and AdamW state element
-for element. Then a model with a resized or an added parameter is refused
+  FSDP2 on 1 rank -> 2 ranks -> 4 ranks (each trained on and checkpointed) -> 3
+Every restore must reproduce the saved global model, AdamW and LR scheduler
+state element for element, and give each rank the generators and user_state
+its rank saved (a rank new to the job: its own generators, rank 0's
+user_state). Then a model with a resized or an added parameter is refused
 with nothing overwritten, and so are a Partial placement, FSDP1, a
 non-contiguous local shard and a tensor on a device zcc cannot copy.
 """
@@ -44,7 +47,7 @@ def main():
         common = ["--socket", d.socket, "--root", d.root, "--steps", "4", "--expect-step", "4"]
         cases = [
             ("fsdp", 4, [(4, "fsdp", "memory"), (2, "fsdp", "disk"), (1, "single", "disk")]),
-            ("tp", 2, [(2, "fsdp", "disk"), (1, "single", "disk")]),
+            ("tp", 2, [(2, "fsdp", "disk"), (4, "tp", "disk"), (1, "single", "disk")]),
             ("fsdp_tp", 4, [(2, "tp", "disk"), (1, "single", "disk")]),
         ]
         for layout, nproc, restores in cases:
@@ -56,10 +59,31 @@ def main():
             for n, into, source in restores:
                 lines = torchrun(n, ["restore", "--layout", into, "--expect-from", source] + job + common)
                 assert len(lines) == n, lines  # every rank checked the whole state
-        for change in ("resized", "extra"):
-            lines = torchrun(2, ["changed", "--layout", "fsdp", "--job", "fsdp", "--change", change]
+        # A job that grows and shrinks: FSDP2 on 1 rank, resumed on 2, then 4,
+        # then 3, each resume checked and trained on before the next.
+        grow = os.path.join(out, "grow")
+        os.makedirs(grow)
+        refs = [os.path.join(grow, "ref%d" % i) for i in range(4)]
+        for r in refs:
+            os.makedirs(r)
+        job = ["--job", "grow", "--layout", "fsdp", "--socket", d.socket, "--root", d.root]
+        torchrun(1, ["save"] + job + ["--steps", "4", "--ref", refs[0]])
+        d.wait_latest("grow", 4)
+        for i, (n, step) in enumerate([(2, 4), (4, 6)]):
+            lines = torchrun(n, ["resume"] + job + ["--expect-step", str(step), "--steps",
+                                                    str(step + 2), "--ref", refs[i],
+                                                    "--new-ref", refs[i + 1]])
+            assert len([l for l in lines if l.startswith("restored")]) == n, lines
+            d.wait_latest("grow", step + 2)
+        lines = torchrun(3, ["restore"] + job + ["--expect-step", "8", "--ref", refs[2]])
+        assert len(lines) == 3, lines
+        # (Only the last rank's model changed: plain models, so that building
+        # their full state runs the same collectives on both ranks.)
+        for change, layout in (("resized", "fsdp"), ("extra", "fsdp"), ("extra_last", "single")):
+            lines = torchrun(2, ["changed", "--layout", layout, "--job", "fsdp", "--change", change]
                              + common)
             assert len(lines) == 2 and all("FailedPrecondition" in l for l in lines), lines
+            assert all("gate" in l for l in lines) or change != "extra_last", lines
         lines = torchrun(1, ["refused", "--job", "refused"] + common)
         assert len(lines) == 4, lines
         assert d.stop() == 0, d.log()

@@ -64,19 +64,58 @@ class Restoring:
         if self.scheduler is not None and sched is not None:
             self.scheduler.load_state_dict(
                 _plain_state.restore_hyperparameter(self.scheduler.state_dict(), sched))
-        torch.set_rng_state(self._rng.clone())
-        if "python_random" in trainer:
-            _rng_state.set_python_rng_state(trainer["python_random"])
-        _rng_state.set_numpy_rng_state(trainer.get("numpy_random"))
-        if trainer.get("cuda_rng") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
-                                          for s in trainer["cuda_rng"]])
-        user = self._blobs["user_state"].read()
-        if user is not None:
-            self.user_state.clear()
-            self.user_state.update(user)
+        self._restore_rank_state(trainer.get("world_size", self.world_size))
         self._last_step = got
         return got
+
+    def _restore_rank_state(self, saved_world):
+        """This rank's RNG states and user_state, when the checkpoint has
+        them. A job that grew finds none for its new ranks: they keep their
+        random generators as seeded and take rank 0's user_state (a counter
+        such as the epoch must agree across ranks). A job that shrank leaves
+        the state of the ranks it lost behind; rank 0 says so."""
+        names = self._rank_state_names
+        missing = self._missing_state
+        own = not any(names[what] in missing for what in ("torch_rng", "rng_state", "user_state"))
+        self.restored_rank_state = own
+        if names["torch_rng"] not in missing:
+            torch.set_rng_state(self._rng.clone())
+        rng = self._blobs["rng_state"].read() if names["rng_state"] not in missing else None
+        if rng is not None:
+            _rng_state.set_python_rng_state(rng["python_random"])
+            _rng_state.set_numpy_rng_state(rng.get("numpy_random"))
+            if rng.get("cuda_rng") and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
+                                              for s in rng["cuda_rng"]])
+        user_blob = self._blobs["user_state"]
+        if self.world_size > saved_world and self._job_wide:
+            # Every rank knows saved_world (job-wide state): all take part.
+            dist = self._process_group()
+            if dist is not None:
+                # A copy (on the CPU .to() would hand the blob itself to
+                # the broadcast, overwriting this rank's own state).
+                flat = user_blob.tensor.to(self._collective_device(dist), copy=True)
+                dist.broadcast(flat, src=0)
+                if names["user_state"] in missing:
+                    user_blob.tensor.copy_(flat.cpu())
+                    missing = missing - {names["user_state"]}
+        if names["user_state"] not in missing:
+            user = user_blob.read()
+            if user is not None:
+                self.user_state.clear()
+                self.user_state.update(user)
+        if not own:
+            warnings.warn(
+                "zcc: step %d was written by %d rank(s); rank %d had no state of its own in it: "
+                "its random generators stay as seeded%s"
+                % (self._restoring_step, saved_world, self.rank,
+                   "" if names["user_state"] in missing else ", its user_state is rank 0's"))
+        elif self.rank == 0 and saved_world > self.world_size:
+            warnings.warn(
+                "zcc: step %d was written by %d ranks; the RNG states and user_state of ranks "
+                "%d-%d are not restored on %d rank(s)"
+                % (self._restoring_step, saved_world, self.world_size, saved_world - 1,
+                   self.world_size))
 
     def _process_group(self):
         dist = torch.distributed
@@ -127,9 +166,12 @@ class Restoring:
         return self._restored(result)
 
     def _restored(self, result):
-        """Notes where the restore came from and the step of zccd's EMA now,
-        warning when that is ahead of the restored step; returns the step."""
+        """Notes where the restore came from, the optional state the step
+        lacks and the step of zccd's EMA now, warning when that is ahead of
+        the restored step; returns the step."""
         self.restored_from = result["source"]
+        self._missing_state = frozenset(result.get("missing", ()))
+        self._restoring_step = result["step"]
         ema_step = result.get("ema_step", -1)
         if self.ema_decay > 0 and ema_step >= 0:
             self.ema_step = ema_step

@@ -185,6 +185,7 @@ struct TensorSpec {
   // A piece of a global tensor (TensorRef::global_shape/box_offset).
   std::vector<int64_t> global_shape;
   std::vector<int64_t> box_offset;
+  bool optional = false;  // TensorRef::optional
 };
 
 // What the binding remembers of a registered tensor (for read_ema).
@@ -287,6 +288,7 @@ class PyClient {
       ref.replica = spec.replica;
       ref.global_shape = spec.global_shape;
       ref.box_offset = spec.box_offset;
+      ref.optional = spec.optional;
       uint64_t elements = 1;
       for (int64_t d : ref.shape) elements *= static_cast<uint64_t>(d < 0 ? 0 : d);
       registered[spec.name] = Registered{ref.dtype, ref.shape, elements, spec.ema_eligible};
@@ -315,7 +317,8 @@ class PyClient {
   }
 
   // Restore with RestoreOptions: {"step", "source" ("memory"|"disk"),
-  // "restored" (per registered tensor, in order), "skipped"}.
+  // "restored" (per registered tensor, in order), "skipped", "missing"
+  // (optional tensors the step lacks, filled with zeros)}.
   py::dict RestoreTensors(int64_t step, uintptr_t stream, bool owned_only, bool allow_older) {
     RestoreOptions options;
     options.step = step;
@@ -333,6 +336,7 @@ class PyClient {
     py::list skipped;
     for (const std::string& why : r.skipped_steps) skipped.append(why);
     out["skipped"] = skipped;
+    out["missing"] = py::cast(r.missing);
     return out;
   }
 
@@ -356,6 +360,7 @@ class PyClient {
     py::list skipped;
     for (const std::string& why : r.skipped_steps) skipped.append(why);
     out["skipped"] = skipped;
+    out["missing"] = py::cast(r.missing);
     return out;
   }
 
@@ -622,15 +627,18 @@ void DefineModule(py::module_& m) {
                          "C-contiguous, writable), kind, EMA eligibility and replica group. "
                          "A piece of a larger global tensor (tensor parallel, FSDP shard) gives "
                          "global_shape and offset (where the piece starts, per dimension); the "
-                         "checkpoint then restores into any other layout.")
+                         "checkpoint then restores into any other layout. An optional EXTRA "
+                         "tensor may be absent from a step: it is restored as zeros and named "
+                         "in the restore's \"missing\" list.")
       .def(py::init([](std::string name, py::object tensor, py::handle kind, bool ema_eligible,
                        py::object replica, std::optional<std::vector<int64_t>> global_shape,
-                       std::optional<std::vector<int64_t>> offset) {
+                       std::optional<std::vector<int64_t>> offset, bool optional) {
              TensorSpec s;
              s.name = std::move(name);
              s.tensor = std::move(tensor);
              s.kind = ParseEnum(kind, kTensorKinds, "tensor kind");
              s.ema_eligible = ema_eligible;
+             s.optional = optional;
              if (!replica.is_none()) s.replica = replica.cast<ReplicaGroup>();
              if (global_shape.has_value() != offset.has_value()) {
                throw StatusError(absl::InvalidArgumentError(absl::StrCat(
@@ -644,13 +652,15 @@ void DefineModule(py::module_& m) {
            }),
            py::arg("name"), py::arg("tensor"), py::arg("kind") = TensorKind::kParam,
            py::arg("ema_eligible") = false, py::arg("replica") = py::none(),
-           py::arg("global_shape") = py::none(), py::arg("offset") = py::none())
+           py::arg("global_shape") = py::none(), py::arg("offset") = py::none(),
+           py::arg("optional") = false)
       .def_readonly("global_shape", &TensorSpec::global_shape)
       .def_readonly("offset", &TensorSpec::box_offset)
       .def_readonly("name", &TensorSpec::name)
       .def_readonly("tensor", &TensorSpec::tensor)
       .def_readonly("kind", &TensorSpec::kind)
       .def_readonly("ema_eligible", &TensorSpec::ema_eligible)
+      .def_readonly("optional", &TensorSpec::optional)
       .def_readonly("replica", &TensorSpec::replica)
       .def("__repr__", [](const TensorSpec& s) {
         return absl::StrCat("TensorSpec('", s.name, "', kind=", static_cast<int>(s.kind),
@@ -667,7 +677,8 @@ void DefineModule(py::module_& m) {
            py::arg("stream") = 0, py::arg("owned_only") = false, py::arg("allow_older") = false,
            "Restore with its details: a dict with step, source ('memory' or 'disk'), restored "
            "(per registered tensor: filled; False only with owned_only) and skipped (newer "
-           "steps passed over, with why).")
+           "steps passed over, with why) and missing (optional tensors the step lacks, "
+           "filled with zeros).")
       .def("restore_together", &PyClient::RestoreTogether, py::arg("step"), py::arg("stream"),
            py::arg("rank"), py::arg("size"), py::arg("all_gather"), py::arg("broadcast_many"),
            "Restore with the job's ranks together (every rank calls it): all_gather(bytes) -> "

@@ -44,17 +44,30 @@ What is registered (once, in the constructor; names are checkpoint keys):
   instead of updating it is handled the same way at every ``step()`` (copy,
   then rebind), only slower. Training numerics are therefore unchanged; the
   resume test checks this bit for bit.
-* small per-rank state, kind EXTRA, in fixed-size byte buffers
-  ``zcc.rNNNNN.<what>`` registered once and rewritten at every ``step()``:
-  ``torch_rng`` (``torch.get_rng_state()``), ``trainer_state`` (step, the
-  optimizer's param_groups without their params, non-tensor optimizer state,
-  Python/NumPy/CUDA RNG states), ``scheduler`` (``scheduler.state_dict()``)
-  and ``user_state`` (the ``user_state`` dict). These are pickled plain data
-  (None, bool, int, float, str, bytes, and lists, tuples, dicts and sets of
-  them) and unpickled by a loader that refuses everything else, so restoring
-  never runs code from the checkpoint. Callables in a scheduler's state dict
-  (OneCycleLR's ``anneal_func`` in PyTorch 1.13) are left out: the scheduler
-  constructed on resume has its own. ``extra_bytes`` bounds each blob.
+* small state, kind EXTRA, in fixed-size byte buffers registered once and
+  rewritten at every ``step()``. The job's state, written once for the whole
+  job: ``zcc.trainer_state`` (step, world size, the optimizer's param_groups
+  without their params, non-tensor optimizer state) and ``zcc.scheduler``
+  (``scheduler.state_dict()``). Each rank's own, ``zcc.rNNNNN.<what>``:
+  ``torch_rng`` (``torch.get_rng_state()``), ``rng_state`` (Python, NumPy and
+  CUDA generators) and ``user_state`` (the ``user_state`` dict). These are
+  pickled plain data (None, bool, int, float, str, bytes, and lists, tuples,
+  dicts and sets of them) and unpickled by a loader that refuses everything
+  else, so restoring never runs code from the checkpoint. Callables in a
+  scheduler's state dict (OneCycleLR's ``anneal_func`` in PyTorch 1.13) are
+  left out: the scheduler constructed on resume has its own. ``extra_bytes``
+  bounds each blob. With ``replica="none"`` or a replica group of the
+  caller's, ranks may hold different optimizers, and the trainer state and
+  scheduler are per rank too (``zcc.rNNNNN.trainer_state``): such a
+  checkpoint restores on the same number of ranks only.
+
+World size: a checkpoint restores on any number of ranks. Rank r restores
+the per-rank state rank r wrote. A job that grew has ranks the checkpoint
+has no state for: they keep their random generators as their script seeded
+them and take rank 0's ``user_state`` (so that counters such as the epoch
+agree); ``ckpt.restored_rank_state`` is False on them and a warning says so.
+A job that shrank leaves the per-rank state of the ranks it lost behind, and
+rank 0 warns.
 
 Fencing: zcc copies the registered tensors after ``step()`` returns, while the
 trainer goes on. The next ``optimizer.step()`` must not overwrite them before
@@ -67,7 +80,7 @@ Replicas: with ``world_size > 1`` plain (non-DTensor) parameters, buffers and
 optimizer state are registered as DATA_PARALLEL replicas (DDP keeps them
 identical), so each is written once per group; pass ``replica="none"`` when
 ranks hold distinct plain tensors (pipeline stages; give them distinct
-names). The EXTRA blobs are per rank.
+names).
 
 Sharded models: DTensor parameters, buffers and optimizer state (FSDP2's
 ``fully_shard``, tensor parallelism's ``parallelize_module``, both on a 2-D
@@ -174,6 +187,10 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         # placements say where its copies are.
         self._plain_members = self._plain_replica_members()
         self.restored_from = None  # "memory" or "disk" after restore()
+        # After restore(): whether this rank's own RNG states and user_state
+        # came back (False on a rank the writing job did not have).
+        self.restored_rank_state = None
+        self._missing_state = frozenset()
         self._stream_device = None
         self._last_step = None
         self._ema_kept = None  # names whose EMA this rank's zccd keeps (replicas)
@@ -218,14 +235,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                   for (n, _, kind, eligible), piece in zip(pieces, placed)]
         specs = self._specs_of(pieces)
 
-        prefix = "zcc.r%05d." % rank
-        self._rng = torch.get_rng_state().clone()
-        specs.append(zcc.TensorSpec(prefix + "torch_rng", self._rng, kind="extra"))
-        self._blobs = {}
-        for what in ("trainer_state", "scheduler", "user_state"):
-            self._blobs[what] = _plain_state.Blob(prefix + what, extra_bytes)
-            specs.append(zcc.TensorSpec(prefix + what, self._blobs[what].tensor, kind="extra"))
-
+        specs += self._state_specs(extra_bytes)
         if self._stream_device is not None and "copier" not in connect_kwargs:
             # CUDA tensors: the CUDA copier of their device (loads the runtime).
             connect_kwargs["copier"] = zcc.cuda_copier(device=self._stream_device.index or 0)
@@ -266,6 +276,36 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         if replica == "none":
             return zcc.ReplicaGroup()
         raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
+
+    def _state_specs(self, extra_bytes):
+        """The EXTRA blobs (module docstring): the job's trainer state and
+        scheduler once for the whole job, each rank's RNG and user_state as
+        its own, optional (a rank the writing job did not have finds none)."""
+        world = tuple(range(self.world_size))
+        # Job-wide state is written once when every rank holds the same
+        # optimizer (DDP, FSDP2, TP); with replica="none" or a group of the
+        # caller's, ranks may train different parts, and each keeps its own.
+        self._job_wide = self.world_size == 1 or self._plain_members == world
+        rank_prefix = "zcc.r%05d." % self.rank
+        job_prefix = "zcc." if self._job_wide else rank_prefix
+        job_replica = zcc.ReplicaGroup("data_parallel", self.world_size, self.rank) \
+            if self._job_wide and self.world_size > 1 else zcc.ReplicaGroup()
+        self._blobs = {}
+        specs = []
+        for what in ("trainer_state", "scheduler"):
+            self._blobs[what] = _plain_state.Blob(job_prefix + what, extra_bytes)
+            specs.append(zcc.TensorSpec(job_prefix + what, self._blobs[what].tensor, kind="extra",
+                                        replica=job_replica))
+        self._rng = torch.get_rng_state().clone()
+        self._rank_state_names = {"torch_rng": rank_prefix + "torch_rng"}
+        specs.append(zcc.TensorSpec(rank_prefix + "torch_rng", self._rng, kind="extra",
+                                    optional=True))
+        for what in ("rng_state", "user_state"):
+            self._blobs[what] = _plain_state.Blob(rank_prefix + what, extra_bytes)
+            self._rank_state_names[what] = rank_prefix + what
+            specs.append(zcc.TensorSpec(rank_prefix + what, self._blobs[what].tensor, kind="extra",
+                                        optional=True))
+        return specs
 
     def _plain_replica_members(self):
         group = self._replica
@@ -315,10 +355,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
 
     def _trainer_state(self, step):
         opt = self.optimizer
-        state = {"format": 1, "step": int(step), "python_random": _rng_state.python_rng_state(),
-                 "numpy_random": _rng_state.numpy_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda_rng"] = [bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+        state = {"format": 2, "step": int(step), "world_size": self.world_size}
         if opt is not None:
             # Tensor-valued hyperparameters (lr=torch.tensor(...), betas
             # of tensors) are stored as plain data and copied back in place.
@@ -329,6 +366,16 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             state["nontensor_state"] = {
                 i: {k: v for k, v in opt.state[p].items() if not torch.is_tensor(v)}
                 for i, p in enumerate(self._opt_params) if self._bound[i] and p in opt.state}
+        return state
+
+    @staticmethod
+    def _rng_state():
+        """This rank's Python, NumPy and CUDA generators (torch's CPU one is a
+        tensor of its own)."""
+        state = {"python_random": _rng_state.python_rng_state(),
+                 "numpy_random": _rng_state.numpy_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda_rng"] = [bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
         return state
 
     def _scheduler_state(self):
@@ -355,6 +402,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self._rng.copy_(torch.get_rng_state())
         self._blobs["trainer_state"].write(self._trainer_state(step))
         self._blobs["scheduler"].write(self._scheduler_state())
+        self._blobs["rng_state"].write(self._rng_state())
         self._blobs["user_state"].write(dict(self.user_state))
         self._last_step = step
         return self.client.snapshot(step, kind, self._stream())
