@@ -1,7 +1,8 @@
 """Resume exactness of examples/train_mlp.py with a real zccd.
 
 Runs, all to step 40 (save_every=10, EMA decay 0.9, BatchNorm buffers, AdamW +
-OneCycleLR, dropout and data drawn from the torch RNG):
+OneCycleLR, dropout from the torch RNG, batches from torchdata's
+StatefulDataLoader shuffling a fixed dataset):
 
   baseline     without zcc at all
   full         with zcc, uninterrupted
@@ -89,7 +90,7 @@ def main():
     with Zccd("resume") as d:
         common = ["--socket", d.socket, "--root", d.root, "--steps", str(STEPS),
                   "--save-every", "10", "--ema-decay", "0.9", "--batchnorm",
-                  "--backpressure", "block"]
+                  "--backpressure", "block", "--dataloader"]
 
         baseline, _, _ = run(common + ["--no-zcc"])
         full, vals, log = run(common + ["--job", "full", "--dump", os.path.join(out, "full")])

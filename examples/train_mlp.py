@@ -57,6 +57,9 @@ def parse_args(argv):
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--ema-decay", type=float, default=0.99)
     p.add_argument("--batchnorm", action="store_true", help="BatchNorm instead of LayerNorm")
+    p.add_argument("--dataloader", action="store_true",
+                   help="draw batches from a fixed dataset through torchdata's "
+                        "StatefulDataLoader (checkpointed: a resume goes on at the next batch)")
     p.add_argument("--backpressure", default="skip", choices=["skip", "block"],
                    help="block: never skip a snapshot (the EMA then sees every step)")
     p.add_argument("--persist-on-failure", action="store_true",
@@ -93,6 +96,16 @@ def main(argv):
                                                     total_steps=args.steps)
     torch.manual_seed(args.seed * 1000 + rank + 1)  # each rank draws its own data
     user_state = {"samples_seen": 0}
+    loader, batches = None, None
+    if args.dataloader:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        # 2048 samples, shuffled by the loader's own generator: 64 batches
+        # of 32 an epoch. (torchdata 0.11 resumes within an epoch exactly; the
+        # epochs after a resumed one are shuffled otherwise than without the
+        # resume, whether the loader has a generator or draws from torch's.)
+        samples = torch.randn(2048, IN, generator=torch.Generator().manual_seed(99))
+        loader = StatefulDataLoader(samples, batch_size=args.batch, shuffle=True, drop_last=True,
+                                    generator=torch.Generator().manual_seed(7 + rank))
 
     ckpt = None
     start = 1
@@ -105,7 +118,8 @@ def main(argv):
                             ema_decay=args.ema_decay, scheduler=scheduler,
                             user_state=user_state, backpressure=args.backpressure,
                             persist_on_failure=args.persist_on_failure,
-                            connect_timeout=args.connect_timeout)
+                            connect_timeout=args.connect_timeout,
+                            state={"dataloader": loader} if loader is not None else None)
         restored = ckpt.restore()
         print("restored=%s from=%s samples_seen=%d"
               % (restored, ckpt.restored_from, user_state["samples_seen"]), flush=True)
@@ -114,7 +128,13 @@ def main(argv):
 
     trained.train()
     for step in range(start, args.steps + 1):
-        x = torch.randn(args.batch, IN)
+        if loader is None:
+            x = torch.randn(args.batch, IN)
+        else:
+            x = next(batches, None) if batches is not None else None
+            while x is None:  # the first batch, or a new epoch (a resumed one can be spent)
+                batches = iter(loader)
+                x = next(batches, None)
         y = (x @ teacher).argmax(dim=1)
         loss = F.cross_entropy(trained(x), y)
         optimizer.zero_grad(set_to_none=True)

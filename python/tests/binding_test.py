@@ -877,6 +877,91 @@ def test_user_state_must_be_plain_and_fit():
         raises(ValueError, ck.step, 3, match="extra_bytes")
 
 
+class Counter:
+    """A Stateful of this test's own: plain data, a tensor, a NumPy array."""
+
+    def __init__(self):
+        self.n, self.t, self.a = 0, torch.zeros(3), np.zeros(2, np.int64)
+
+    def state_dict(self):
+        return {"n": self.n, "t": self.t.clone(), "a": self.a.copy(), "np": np.int64(self.n)}
+
+    def load_state_dict(self, sd):
+        assert torch.is_tensor(sd["t"]) and isinstance(sd["a"], np.ndarray), sd
+        self.n, self.t, self.a = sd["n"], sd["t"], sd["a"]
+
+
+def test_stateful_objects_resume_exactly():
+    """Checkpointer(state={...}): torchdata's StatefulDataLoader resumes at
+    the batch after the snapshot, a Stateful of plain data, a tensor and an
+    array comes back exactly; what cannot be stored is refused at
+    construction, a state that outgrows its blob at step() with the size to ask."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    import warnings
+    warnings.filterwarnings("ignore", message=".*set_vital.*")
+
+    def loader():
+        return StatefulDataLoader(list(range(50)), batch_size=4, shuffle=True,
+                                  generator=torch.Generator().manual_seed(5))
+
+    with Zccd("stateful") as d:
+        model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+        dl, counter = loader(), Counter()
+        with Checkpointer(model, opt, job_id="sf", socket=d.socket, root=d.root, save_every=1,
+                          backpressure="block", state={"data": dl, "counter": counter}) as ck:
+            it = iter(dl)
+            for step in range(1, 17):  # over an epoch's end (13 batches)
+                batch = next(it, None)
+                if batch is None:
+                    it = iter(dl)
+                    batch = next(it)
+                counter.n, counter.t[:] = step, float(step)
+                counter.a[:] = [step, -step]
+                assert ck.step(step) == "enqueued"
+            want = [next(it).tolist() for _ in range(3)]
+            ck.flush()
+            d.wait_latest("sf", 16)
+        model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+        dl, counter = loader(), Counter()
+        with Checkpointer(model, opt, job_id="sf", socket=d.socket, root=d.root,
+                          state={"data": dl, "counter": counter}) as ck:
+            assert ck.restore() == 16 and ck.restored_rank_state
+            it = iter(dl)
+            assert [next(it).tolist() for _ in range(3)] == want
+            assert counter.n == 16 and torch.equal(counter.t, torch.full((3,), 16.0))
+            assert counter.a.tolist() == [16, -16]
+        assert d.stop() == 0, d.log()
+
+    class Opaque:
+        def state_dict(self):
+            return {"fn": len}
+
+        def load_state_dict(self, sd):
+            pass
+
+    model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+    raises(TypeError, Checkpointer, model, opt, job_id="sf", socket=NO_DAEMON,
+           state={"x": Opaque()}, match="plain data")
+    raises(TypeError, Checkpointer, model, opt, job_id="sf", socket=NO_DAEMON,
+           state={"x": object()}, match="without state_dict")
+    raises(ValueError, Checkpointer, model, opt, job_id="sf", socket=NO_DAEMON,
+           state={"a/b": Counter()}, match="state name")
+    # Sized at twice its state at construction, at least extra_bytes.
+    counter = Counter()
+    with Checkpointer(model, opt, job_id="sf", socket=NO_DAEMON, state={"c": counter},
+                      extra_bytes=4096) as ck:
+        assert ck._blobs["state.c"].tensor.numel() == 4096
+        counter.t = torch.zeros(4000)
+        e = raises(ValueError, ck.step, 1, match="zcc state 'zcc.r00000.state.c' needs 16142 bytes")
+        assert "holds 4096" in str(e) and "extra_bytes=32768" in str(e), str(e)
+    big = Counter()
+    big.t = torch.zeros(10000)
+    with Checkpointer(model, opt, job_id="sf", socket=NO_DAEMON, state={"c": big},
+                      extra_bytes=4096) as ck:
+        assert ck._blobs["state.c"].tensor.numel() >= 80000
+        ck.step(1)
+
+
 def test_state_loader_refuses_code():
     blob = Blob("test", 1024)
     blob.write({"a": [1, 2]})

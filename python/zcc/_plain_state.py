@@ -52,6 +52,9 @@ class PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("zcc state holds only plain data; refusing %s.%s" % (module, name))
 
 
+_PAGE = 4096
+
+
 class Blob:
     """A fixed-size uint8 tensor registered as EXTRA: 8-byte length + pickle."""
 
@@ -60,13 +63,25 @@ class Blob:
         self.tensor = torch.zeros(capacity, dtype=torch.uint8)
         self._view = self.tensor.numpy()  # shares memory
 
+    @classmethod
+    def sized_for(cls, name, value, minimum):
+        """A Blob for `value` and what it grows into: twice its pickle, in
+        whole pages, and at least `minimum` bytes. Raises TypeError now for
+        what cannot be stored at all."""
+        check_plain(value, name)
+        need = len(pickle.dumps(value, protocol=4)) + _LEN_BYTES
+        return cls(name, max(int(minimum), -(-2 * need // _PAGE) * _PAGE))
+
     def write(self, value):
         check_plain(value, self.name)
         payload = pickle.dumps(value, protocol=4)
         need = len(payload) + _LEN_BYTES
         if need > len(self._view):
-            raise ValueError("zcc state '%s' needs %d bytes; its buffer holds %d (raise "
-                             "Checkpointer(extra_bytes=...))" % (self.name, need, len(self._view)))
+            raise ValueError("zcc state '%s' needs %d bytes; its buffer holds %d, sized when the "
+                             "Checkpointer was built (twice the state then, at least extra_bytes): "
+                             "pass Checkpointer(extra_bytes=%d) or more; this step was not "
+                             "snapshotted" % (self.name, need, len(self._view),
+                                              -(-2 * need // _PAGE) * _PAGE))
         self._view[:_LEN_BYTES] = list(len(payload).to_bytes(_LEN_BYTES, "little"))
         self._view[_LEN_BYTES:need] = numpy.frombuffer(payload, dtype=numpy.uint8)
 
@@ -80,6 +95,7 @@ class Blob:
 
 
 _TENSOR_TAG = "__zcc_tensor__"
+_NDARRAY_TAG = "__zcc_ndarray__"
 
 
 def plain_hyperparameter(value):
@@ -89,6 +105,11 @@ def plain_hyperparameter(value):
         t = value.detach().cpu().contiguous()
         return {_TENSOR_TAG: (str(t.dtype).replace("torch.", ""), list(t.shape),
                               t.reshape(-1).view(torch.uint8).numpy().tobytes())}
+    if isinstance(value, numpy.ndarray):
+        a = numpy.ascontiguousarray(value)
+        return {_NDARRAY_TAG: (a.dtype.str, list(a.shape), a.tobytes())}
+    if isinstance(value, numpy.generic):  # a NumPy scalar: its Python value
+        return value.item()
     if isinstance(value, (list, tuple)):
         return type(value)(plain_hyperparameter(v) for v in value)
     if isinstance(value, dict):
@@ -109,6 +130,11 @@ def restore_hyperparameter(current, saved):
             current.copy_(t)
             return current
         return t
+    if isinstance(saved, dict) and set(saved) == {_NDARRAY_TAG}:
+        dtype, shape, raw = saved[_NDARRAY_TAG]
+        if numpy.dtype(dtype).hasobject:
+            raise zcc.DataLossError("zcc state holds an array of Python objects")
+        return numpy.frombuffer(raw, dtype=numpy.dtype(dtype)).reshape(shape).copy()
     if isinstance(saved, (list, tuple)):
         currents = current if isinstance(current, (list, tuple)) and len(current) == len(saved) \
             else [None] * len(saved)

@@ -39,7 +39,7 @@ class Restoring:
         trainer = self._blobs["trainer_state"].read() or {}
         opt = self.optimizer
         if opt is not None:
-            bound = set(trainer.get("bound", []))
+            bound = {i for i, b in enumerate(trainer.get("bound", b"")) if b}
             nontensor = trainer.get("nontensor_state", {})
             for i, p in enumerate(self._opt_params):
                 if i in bound:
@@ -76,7 +76,7 @@ class Restoring:
         the state of the ranks it lost behind; rank 0 says so."""
         names = self._rank_state_names
         missing = self._missing_state
-        own = not any(names[what] in missing for what in ("torch_rng", "rng_state", "user_state"))
+        own = not any(name in missing for name in names.values())
         self.restored_rank_state = own
         if names["torch_rng"] not in missing:
             torch.set_rng_state(self._rng.clone())
@@ -104,15 +104,23 @@ class Restoring:
             if user is not None:
                 self.user_state.clear()
                 self.user_state.update(user)
+        for name, obj in self.state.items():
+            what = "state." + name
+            if names[what] in missing:
+                continue
+            value = self._blobs[what].read()
+            if value is not None:
+                obj.load_state_dict(_plain_state.restore_hyperparameter(None, value))
         if not own:
             warnings.warn(
                 "zcc: step %d was written by %d rank(s); rank %d had no state of its own in it: "
-                "its random generators stay as seeded%s"
+                "its random generators and `state` objects stay as they were%s"
                 % (self._restoring_step, saved_world, self.rank,
                    "" if names["user_state"] in missing else ", its user_state is rank 0's"))
         elif self.rank == 0 and saved_world > self.world_size:
             warnings.warn(
-                "zcc: step %d was written by %d ranks; the RNG states and user_state of ranks "
+                "zcc: step %d was written by %d ranks; the RNG states, user_state and `state` "
+                "objects of ranks "
                 "%d-%d are not restored on %d rank(s)"
                 % (self._restoring_step, saved_world, self.world_size, saved_world - 1,
                    self.world_size))

@@ -50,13 +50,16 @@ What is registered (once, in the constructor; names are checkpoint keys):
   without their params, non-tensor optimizer state) and ``zcc.scheduler``
   (``scheduler.state_dict()``). Each rank's own, ``zcc.rNNNNN.<what>``:
   ``torch_rng`` (``torch.get_rng_state()``), ``rng_state`` (Python, NumPy and
-  CUDA generators) and ``user_state`` (the ``user_state`` dict). These are
+  CUDA generators), ``user_state`` (the ``user_state`` dict) and
+  ``state.<name>`` (each ``state`` object's ``state_dict()``, its tensors and
+  NumPy arrays tagged as dtype, shape and bytes). These are
   pickled plain data (None, bool, int, float, str, bytes, and lists, tuples,
   dicts and sets of them) and unpickled by a loader that refuses everything
   else, so restoring never runs code from the checkpoint. Callables in a
   scheduler's state dict (OneCycleLR's ``anneal_func`` in PyTorch 1.13) are
-  left out: the scheduler constructed on resume has its own. ``extra_bytes``
-  bounds each blob. With ``replica="none"`` or a replica group of the
+  left out: the scheduler constructed on resume has its own. Each blob is
+  sized at construction to twice what it holds then, at least
+  ``extra_bytes``. With ``replica="none"`` or a replica group of the
   caller's, ranks may hold different optimizers, and the trainer state and
   scheduler are per rank too (``zcc.rNNNNN.trainer_state``): such a
   checkpoint restores on the same number of ranks only.
@@ -125,6 +128,25 @@ def _env_int(names, default):
     return default
 
 
+def _stateful_objects(state):
+    """Checkpointer's `state` argument, checked: names as checkpoint keys take
+    them, objects with state_dict() and load_state_dict()."""
+    if state is None:
+        return {}
+    if not isinstance(state, dict):
+        raise TypeError("state must be a dict {name: object with state_dict() and "
+                        "load_state_dict()}, not %s" % type(state).__name__)
+    for name, obj in state.items():
+        if not isinstance(name, str) or not name or \
+                not all(c.isalnum() or c in "_.-" for c in name):
+            raise ValueError("state name %r: use letters, digits, '_', '.' and '-'" % (name,))
+        if not (callable(getattr(obj, "state_dict", None)) and
+                callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError("state[%r] is a %s without state_dict() and load_state_dict()"
+                            % (name, type(obj).__name__))
+    return dict(state)
+
+
 class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                    _torch_ema.EmaReading):
     """Registers a model, its optimizer and small trainer state with zcc.
@@ -144,7 +166,14 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         updates this same dict in place.
       replica: "data_parallel" (default when world_size > 1), "none", or a
         ``zcc.ReplicaGroup`` for the model and optimizer tensors.
-      extra_bytes: capacity of each EXTRA blob.
+      state: {name: object} of objects with ``state_dict()`` and
+        ``load_state_dict()`` (PyTorch's ``Stateful``: torchdata's
+        ``StatefulDataLoader``, samplers, a ``GradScaler``, your own), this
+        rank's own, saved at every ``step()`` and loaded by ``restore()``.
+        Their state dicts may hold plain data and tensors (stored exactly);
+        anything else is refused here, at construction.
+      extra_bytes: the least capacity of each EXTRA blob; each is sized at
+        construction to twice what it holds then.
       fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
       connect_timeout: how long ``restore()`` waits for the registration.
       prefetch_restore: zccd begins reading the newest checkpoint as this
@@ -161,7 +190,8 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
 
     def __init__(self, model, optimizer=None, *, job_id, save_every=0, ema_decay=0.0,
                  ema_interval=1, rank=None, world_size=None, socket=None, root=None,
-                 scheduler=None, user_state=None, replica=None, extra_bytes=64 << 10,
+                 scheduler=None, user_state=None, state=None, replica=None,
+                 extra_bytes=64 << 10,
                  fence_optimizer_step=True, connect_timeout=30.0, prefetch_restore=True,
                  **connect_kwargs):
         if rank is None:
@@ -179,6 +209,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.user_state = user_state if user_state is not None else {}
+        self.state = _stateful_objects(state)
         self.ema_decay = ema_decay
         self.ema_interval = max(1, ema_interval)
         self.connect_timeout = connect_timeout
@@ -292,20 +323,31 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             if self._job_wide and self.world_size > 1 else zcc.ReplicaGroup()
         self._blobs = {}
         specs = []
+        # Sized for what they hold now, the trainer state as if every
+        # optimizer state were bound already (it is after the first step).
+        initial = {"trainer_state": self._trainer_state(0, all_bound=True),
+                   "scheduler": self._scheduler_state()}
         for what in ("trainer_state", "scheduler"):
-            self._blobs[what] = _plain_state.Blob(job_prefix + what, extra_bytes)
+            self._blobs[what] = _plain_state.Blob.sized_for(job_prefix + what, initial[what],
+                                                           extra_bytes)
             specs.append(zcc.TensorSpec(job_prefix + what, self._blobs[what].tensor, kind="extra",
                                         replica=job_replica))
         self._rng = torch.get_rng_state().clone()
         self._rank_state_names = {"torch_rng": rank_prefix + "torch_rng"}
         specs.append(zcc.TensorSpec(rank_prefix + "torch_rng", self._rng, kind="extra",
                                     optional=True))
-        for what in ("rng_state", "user_state"):
-            self._blobs[what] = _plain_state.Blob(rank_prefix + what, extra_bytes)
+        initial = {"rng_state": self._rng_state(), "user_state": dict(self.user_state)}
+        initial.update(("state." + name, self._stateful_state(name)) for name in self.state)
+        for what, value in initial.items():
+            self._blobs[what] = _plain_state.Blob.sized_for(rank_prefix + what, value, extra_bytes)
             self._rank_state_names[what] = rank_prefix + what
             specs.append(zcc.TensorSpec(rank_prefix + what, self._blobs[what].tensor, kind="extra",
                                         optional=True))
         return specs
+
+    def _stateful_state(self, name):
+        """The state dict of ``state[name]`` as plain data (tensors tagged)."""
+        return _plain_state.plain_hyperparameter(self.state[name].state_dict())
 
     def _plain_replica_members(self):
         group = self._replica
@@ -353,7 +395,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         """Waits until enqueued copies have read the tensors (before updating them)."""
         self.client.fence(self._stream())
 
-    def _trainer_state(self, step):
+    def _trainer_state(self, step, all_bound=False):
         opt = self.optimizer
         state = {"format": 2, "step": int(step), "world_size": self.world_size}
         if opt is not None:
@@ -362,10 +404,16 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             state["param_groups"] = [{k: _plain_state.plain_hyperparameter(v) for k, v in g.items()
                                       if k != "params"} for g in opt.param_groups]
             state["optimizer_step_count"] = getattr(opt, "_step_count", None)
-            state["bound"] = [i for i, b in enumerate(self._bound) if b]
-            state["nontensor_state"] = {
-                i: {k: v for k, v in opt.state[p].items() if not torch.is_tensor(v)}
-                for i, p in enumerate(self._opt_params) if self._bound[i] and p in opt.state}
+            # One byte per optimizer parameter: a list of indices of a
+            # model with 10^5 parameters would not fit a small blob.
+            state["bound"] = bytes(1 if all_bound or b else 0 for b in self._bound)
+            nontensor = {}
+            for i, p in enumerate(self._opt_params):
+                if self._bound[i] and p in opt.state:
+                    plain = {k: v for k, v in opt.state[p].items() if not torch.is_tensor(v)}
+                    if plain:
+                        nontensor[i] = plain
+            state["nontensor_state"] = nontensor
         return state
 
     @staticmethod
@@ -404,6 +452,8 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self._blobs["scheduler"].write(self._scheduler_state())
         self._blobs["rng_state"].write(self._rng_state())
         self._blobs["user_state"].write(dict(self.user_state))
+        for name in self.state:
+            self._blobs["state." + name].write(self._stateful_state(name))
         self._last_step = step
         return self.client.snapshot(step, kind, self._stream())
 
