@@ -34,13 +34,17 @@ def binding_block(code, d):
 
 
 def checkpointer_block(code, d):
-    """zcc.torch's loop: a model, an optimizer and a scheduler, two steps."""
+    """zcc.torch's loop: a model, an optimizer, a scheduler and a data
+    loader, two steps."""
     code = code.replace("socket=..., root=..., rank=..., world_size=...",
                         "socket=%r, root=%r, rank=0, world_size=1" % (d.socket, d.root))
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-    return code, {"model": model, "optimizer": optimizer, "scheduler": scheduler, "steps": 2}
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    loader = StatefulDataLoader(torch.randn(16, 8), batch_size=4)
+    return code, {"model": model, "optimizer": optimizer, "scheduler": scheduler, "steps": 2,
+                  "loader": loader}
 
 
 def three_lines_block(code, d):
