@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs bench/torch/torch_bench.py (zcc.torch against torch.distributed.checkpoint
-# and torch.save/torch.load; see its docstring) with PyTorch 2.x and the built zcc
-# package from this target's runfiles:
+# and torch.save/torch.load; see its docstring), or step_cost_bench.py for the
+# target of that name, with PyTorch 2.x and the built zcc package from this
+# target's runfiles:
 #
 #   bazel run --config=opt //bench/torch:torch_bench -- [--quick] [--only=PATTERN]
 #
@@ -21,4 +22,6 @@ fi
 export PYTHONPATH="$runfiles/python:$runfiles/python/tests"
 export ZCC_ZCCD="${ZCC_ZCCD:-$runfiles/daemon/zccd}"
 export PYTHONDONTWRITEBYTECODE=1
-exec "$python" -u "$runfiles/bench/torch/torch_bench.py" "$@"
+# The script of the target's name: torch_bench.py, step_cost_bench.py.
+script="$(basename "$0").py"
+exec "$python" -u "$runfiles/bench/torch/$script" "$@"

@@ -561,8 +561,11 @@ def test_lr_scheduler_in_either_order():
                 fence = ck.fence
                 ck.fence = lambda: (fences.append(1), fence())
                 train(model, opt, 3, ckpt=ck, sched=sched)
-                # Each optimizer.step fenced once (ckpt.step fences too).
-                assert len(fences) == 6, (scheduler_first, len(fences))
+                # Each optimizer.step fenced once; ckpt.step need not fence
+                # again (nothing was enqueued since).
+                assert len(fences) == 3, (scheduler_first, len(fences))
+                ck.step(4)  # without an optimizer.step since the last snapshot: it fences
+                assert len(fences) == 4, (scheduler_first, len(fences))
         before = [p.detach().clone() for p in model.parameters()]
         opt.step()  # after close: no fence, still steps
         assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())), scheduler_first
@@ -859,6 +862,75 @@ def test_random_states_come_back_exactly():
     assert random.getstate() == old_format
     zcc._rng_state.set_python_rng_state(zcc._rng_state.python_rng_state())
     assert random.getstate() == old_format
+
+
+class Replacing(torch.optim.Optimizer):
+    """An optimizer that puts a new state tensor in place at every step (as
+    some third-party ones do), instead of updating it."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "acc" not in state:
+                    state["acc"] = torch.zeros_like(p)
+                state["acc"] = state["acc"] + p.grad  # a new tensor
+                p.sub_(group["lr"] * state["acc"])
+
+
+def test_state_tensors_replaced_every_step_are_followed():
+    """Each step() finds the optimizer's new state tensors, copies them into
+    the registered buffers and binds those: the checkpoint of a step holds
+    that step's state, and a restore gives it back."""
+    with Zccd("replacing") as d:
+        model, opt = make(Replacing)
+        with Checkpointer(model, opt, job_id="rep", socket=d.socket, root=d.root, save_every=1,
+                          backpressure="block") as ck:
+            train(model, opt, 4, ckpt=ck)
+            want = {n: opt.state[p]["acc"].clone() for n, p in model.named_parameters()}
+            ck.flush()
+            d.wait_latest("rep", 4)
+        model, opt = make(Replacing)
+        with Checkpointer(model, opt, job_id="rep", socket=d.socket, root=d.root) as ck:
+            assert ck.restore() == 4
+            for n, p in model.named_parameters():
+                assert torch.equal(opt.state[p]["acc"], want[n]), n
+
+
+def test_numpy_state_read_only_when_it_moved():
+    """zcc reads NumPy's global generator again only when its MT19937 words
+    moved; whatever moved it (draws, a cached Gaussian, seed, set_state, a
+    bit generator swapped in), what it returns equals np.random.get_state()."""
+    from zcc import _rng_state
+
+    def same():
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        got = _rng_state.numpy_rng_state()
+        assert got == (name, keys.astype("<u4").tobytes(), int(pos), int(has_gauss),
+                       float(cached)), "NumPy state differs"
+
+    np.random.seed(3)
+    same()
+    assert _rng_state._numpy_rng._address is not None  # the fast path is in use
+    for draw in (lambda: np.random.rand(5), lambda: np.random.standard_normal(),
+                 lambda: np.random.randint(0, 9, 700), lambda: np.random.seed(4),
+                 lambda: np.random.set_state(np.random.get_state())):
+        draw()
+        same()
+        same()  # unchanged: served from what was read
+    saved = np.random.mtrand._rand._bit_generator
+    np.random.set_bit_generator(np.random.MT19937(11))
+    try:
+        same()
+        np.random.rand(2)
+        same()
+    finally:
+        np.random.set_bit_generator(saved)
+    same()
 
 
 def test_user_state_must_be_plain_and_fit():

@@ -21,28 +21,47 @@ _SEQUENCES = (list, tuple, set, frozenset)
 
 
 def check_plain(value, where):
-    """Raises TypeError unless `value` is plain data the safe loader accepts."""
-    # The fast path, taken every step: a scalar, or a flat sequence of scalars
-    # (Python's RNG state is a tuple of 625 ints), checked without building a
-    # path string per element.
+    """Raises TypeError unless `value` is plain data the safe loader accepts,
+    naming where the first value that is not lies. Exact types: a subclass
+    (an OrderedDict, an IntEnum) pickles as its class, which the loader would
+    refuse at restore."""
     kind = type(value)
     if kind in _PLAIN_SCALAR_TYPES:
         return
-    if kind in _SEQUENCES and _PLAIN_SCALAR_TYPES.issuperset(map(type, value)):
-        return
-    if isinstance(value, _PLAIN_SCALARS):
-        return
-    if isinstance(value, _SEQUENCES):
+    if kind in _SEQUENCES:
+        if _PLAIN_SCALAR_TYPES.issuperset(map(type, value)):
+            return
         for i, v in enumerate(value):
             check_plain(v, "%s[%d]" % (where, i))
         return
-    if isinstance(value, dict):
+    if kind is dict:
         for k, v in value.items():
             check_plain(k, "%s key" % where)
             check_plain(v, "%s[%r]" % (where, k))
         return
     raise TypeError("%s is a %s; zcc stores only plain data (None, bool, int, float, str, bytes "
                     "and lists/tuples/dicts/sets of them)" % (where, type(value).__name__))
+
+
+class _PlainPickler(pickle.Pickler):
+    """Pickles plain data only. The C pickler writes None, bool, int, float,
+    str, bytes, list, tuple, set, frozenset and dict (exact types) itself and
+    asks reducer_override about everything else: refused, so nothing the
+    loader below would refuse is ever written, checked at C speed."""
+
+    def reducer_override(self, obj):
+        raise TypeError("not plain data: %s" % type(obj).__name__)
+
+
+def dumps_plain(value, where):
+    """`value` pickled, or TypeError naming the first value that is not plain."""
+    out = io.BytesIO()
+    try:
+        _PlainPickler(out, protocol=4).dump(value)
+    except TypeError:
+        check_plain(value, where)  # says where
+        raise
+    return out.getvalue()
 
 
 class PlainUnpickler(pickle.Unpickler):
@@ -62,19 +81,18 @@ class Blob:
         self.name = name
         self.tensor = torch.zeros(capacity, dtype=torch.uint8)
         self._view = self.tensor.numpy()  # shares memory
+        self._bytes = memoryview(self._view)  # byte copies without NumPy's per-call work
 
     @classmethod
     def sized_for(cls, name, value, minimum):
         """A Blob for `value` and what it grows into: twice its pickle, in
         whole pages, and at least `minimum` bytes. Raises TypeError now for
         what cannot be stored at all."""
-        check_plain(value, name)
-        need = len(pickle.dumps(value, protocol=4)) + _LEN_BYTES
+        need = len(dumps_plain(value, name)) + _LEN_BYTES
         return cls(name, max(int(minimum), -(-2 * need // _PAGE) * _PAGE))
 
     def write(self, value):
-        check_plain(value, self.name)
-        payload = pickle.dumps(value, protocol=4)
+        payload = dumps_plain(value, self.name)
         need = len(payload) + _LEN_BYTES
         if need > len(self._view):
             raise ValueError("zcc state '%s' needs %d bytes; its buffer holds %d, sized when the "
@@ -82,8 +100,8 @@ class Blob:
                              "pass Checkpointer(extra_bytes=%d) or more; this step was not "
                              "snapshotted" % (self.name, need, len(self._view),
                                               -(-2 * need // _PAGE) * _PAGE))
-        self._view[:_LEN_BYTES] = list(len(payload).to_bytes(_LEN_BYTES, "little"))
-        self._view[_LEN_BYTES:need] = numpy.frombuffer(payload, dtype=numpy.uint8)
+        self._bytes[:_LEN_BYTES] = len(payload).to_bytes(_LEN_BYTES, "little")
+        self._bytes[_LEN_BYTES:need] = payload
 
     def read(self):
         n = int.from_bytes(self._view[:_LEN_BYTES].tobytes(), "little")
@@ -101,6 +119,8 @@ _NDARRAY_TAG = "__zcc_ndarray__"
 def plain_hyperparameter(value):
     """A param_group value as plain data: tensors (PyTorch 2.x accepts a
     tensor lr, and betas of tensors) become tagged (dtype, shape, bytes)."""
+    if type(value) in _PLAIN_SCALAR_TYPES:  # most values: nothing to do
+        return value
     if torch.is_tensor(value):
         t = value.detach().cpu().contiguous()
         return {_TENSOR_TAG: (str(t.dtype).replace("torch.", ""), list(t.shape),

@@ -3,6 +3,7 @@ before the optimizer has any (zcc._optim_state), bound to the registered
 buffers once the optimizer creates it, and optimizer.step wrapped with the
 fence that keeps it from overwriting tensors zcc is still copying."""
 
+import operator
 import weakref
 
 import torch
@@ -13,6 +14,14 @@ from zcc import torch_layout
 # The attribute an LR scheduler sets on the optimizer.step it wraps and looks
 # for at its first step: PyTorch 1.x's counting wrapper, then 2.x's.
 _LR_SCHEDULER_STEP_MARKERS = ("_with_counter", "_wrapped_by_lr_sched")
+
+# torch.optim classes (exact: a subclass may do otherwise) whose step updates
+# every state tensor in place and never puts another in its place: once their
+# state is bound, step() checks only that the container and the number of
+# parameters with state are unchanged, not every entry (a check that costs a
+# model with thousands of parameters tens of microseconds a step).
+_UPDATES_IN_PLACE = frozenset({torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD,
+                               torch.optim.RMSprop, torch.optim.Adagrad})
 
 
 class OptimizerBinding:
@@ -86,6 +95,8 @@ class OptimizerBinding:
     def _bind_optimizer_state(self):
         if self.optimizer is None:
             return
+        if self._state_as_bound():
+            return
         state = self.optimizer.state
         for i, p in enumerate(self._opt_params):
             current = state.get(p)
@@ -111,3 +122,55 @@ class OptimizerBinding:
                 buf.copy_(value)
                 current[key] = buf
             self._bound[i] = True
+        self._remember_binding()
+
+    def _remember_binding(self):
+        """Notes the optimizer's state as bound now, for _state_as_bound()
+        and the trainer state's non-tensor entries."""
+        state = self.optimizer.state
+        dicts, nontensor = [], []
+        pair_dicts, keys, bufs = [], [], []  # flat, for one C-level check
+        for i, p in enumerate(self._opt_params):
+            if not self._bound[i]:
+                continue
+            current = state[p]
+            dicts.append(current)
+            for key, buf in self._opt_bufs[i].items():
+                pair_dicts.append(current)
+                keys.append(key)
+                bufs.append(buf)
+            plain = [k for k, v in current.items() if not torch.is_tensor(v)]
+            if plain:
+                nontensor.append((i, current, plain))
+        self._binding = (state, len(state), dicts, [len(d) for d in dicts],
+                         (pair_dicts, keys, bufs), nontensor,
+                         bytes(1 if b else 0 for b in self._bound),
+                         type(self.optimizer) in _UPDATES_IN_PLACE)
+
+    def _state_as_bound(self):
+        """True when the optimizer's state is as the last binding left it: the
+        same container with as many parameters, each bound parameter's dict
+        with as many entries and our buffers under their keys. Then nothing
+        needs binding, and its non-tensor entries are under the same keys.
+        For the optimizers of _UPDATES_IN_PLACE, the container and its size.
+        (A dict of a parameter replaced by another one is missed: nothing in
+        PyTorch's optimizers does that; load_state_dict replaces the whole
+        container, and Checkpointer.restore forgets the binding.)"""
+        b = self._binding
+        if b is None:
+            return False
+        state = self.optimizer.state
+        if state is not b[0] or len(state) != b[1]:
+            return False
+        if b[7]:
+            return True
+        if list(map(len, b[2])) != b[3]:
+            return False
+        # Every registered key still holds our buffer: map and all loop in C
+        # (a Python loop over thousands of entries costs the trainer).
+        pair_dicts, keys, bufs = b[4]
+        return all(map(operator.is_, map(dict.get, pair_dicts, keys), bufs))
+
+    def _nontensor_state(self):
+        """The bound parameters' non-tensor optimizer state, {index: {key: value}}."""
+        return {i: {k: current[k] for k in keys} for i, current, keys in self._binding[5]}

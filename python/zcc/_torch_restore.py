@@ -58,6 +58,7 @@ class Restoring:
                 for g, saved in zip(opt.param_groups, groups):
                     for k, v in saved.items():
                         g[k] = _plain_state.restore_hyperparameter(g.get(k), v)
+            self._remember_binding()  # the state dicts are new ones
             if trainer.get("optimizer_step_count") is not None:
                 opt._step_count = trainer["optimizer_step_count"]
         sched = self._blobs["scheduler"].read()

@@ -258,6 +258,8 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self._opt_params = []      # optimizer params, in param_groups order
         self._opt_bufs = []        # per param: {key: registered tensor}
         self._bound = []           # per param: the optimizer's state uses our buffers
+        self._binding = None       # the optimizer's state as last bound (_torch_optim)
+        self._fenced = False       # no copy enqueued since the last fence
         if optimizer is not None:
             pieces += self._materialise_optimizer_state()
         placed = torch_layout.gather_members([(n, piece) for n, piece, _, _ in pieces], rank,
@@ -394,6 +396,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
     def fence(self):
         """Waits until enqueued copies have read the tensors (before updating them)."""
         self.client.fence(self._stream())
+        self._fenced = True
 
     def _trainer_state(self, step, all_bound=False):
         opt = self.optimizer
@@ -406,14 +409,12 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             state["optimizer_step_count"] = getattr(opt, "_step_count", None)
             # One byte per optimizer parameter: a list of indices of a
             # model with 10^5 parameters would not fit a small blob.
-            state["bound"] = bytes(1 if all_bound or b else 0 for b in self._bound)
-            nontensor = {}
-            for i, p in enumerate(self._opt_params):
-                if self._bound[i] and p in opt.state:
-                    plain = {k: v for k, v in opt.state[p].items() if not torch.is_tensor(v)}
-                    if plain:
-                        nontensor[i] = plain
-            state["nontensor_state"] = nontensor
+            if all_bound:
+                state["bound"] = b"\1" * len(self._bound)
+                state["nontensor_state"] = {}
+            else:
+                state["bound"] = self._binding[6]
+                state["nontensor_state"] = self._nontensor_state()
         return state
 
     @staticmethod
@@ -437,7 +438,8 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         """Snapshots `step` (after optimizer.step()): returns "enqueued",
         "skipped_no_slot" or "skipped_disconnected". Costs a fence (usually
         already passed), shadow copies of the buffers and a few small pickles."""
-        self.fence()
+        if not self._fenced:  # (the wrapped optimizer.step has fenced since the last snapshot)
+            self.fence()
         self._bind_optimizer_state()
         if self._unzeroed:
             for i, tensors in self._unzeroed.items():
@@ -455,6 +457,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         for name in self.state:
             self._blobs["state." + name].write(self._stateful_state(name))
         self._last_step = step
+        self._fenced = False  # from here on, copies may be reading the tensors
         return self.client.snapshot(step, kind, self._stream())
 
     # --------------------------------------------------------------- restore
