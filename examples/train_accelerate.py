@@ -1,0 +1,106 @@
+"""Trains a tiny Hugging Face Llama (built from a config, no download) with a
+training loop run by Accelerate on the CPU, checkpointed with zcc.accelerate.
+
+    python3 train_accelerate.py --socket /tmp/zcc-example/zccd.sock \\
+        --root /tmp/zcc-example/ckpt --steps 30 --save-every 10
+
+Run again with the same arguments and it resumes from the newest checkpoint
+(zccd's memory of a trainer that died, or disk): the model, AdamW, the
+schedule, the random generators and the data loader's position, so that
+every step after the resume has the loss the uninterrupted run had. Each step
+prints "step=N loss=<float.hex()>".
+"""
+
+import argparse
+import os
+import signal
+import sys
+import warnings
+
+import torch
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--job", default="accelerate", help="zcc job id")
+    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""), help="zccd socket")
+    p.add_argument("--root", default=os.environ.get("ZCC_ROOT", ""), help="checkpoint root")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--no-zcc", action="store_true", help="train without checkpointing")
+    p.add_argument("--pause-after", type=int, default=0,
+                   help="after this step: flush, print 'paused', and wait to be killed")
+    return p.parse_args(argv)
+
+
+def main(argv):
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*set_vital.*")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, set_seed
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    set_seed(0)
+    # A stateful loader (its position is checkpointed) whose shuffle comes
+    # from a seed of its own and the epoch, not from a draw of torch's
+    # generator when an epoch's iterator is made: a resumed iterator must
+    # shuffle as the interrupted one did.
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=True, use_seedable_sampler=True))
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, attention_dropout=0.1)
+    model = LlamaForCausalLM(config)
+    # 400 sequences of 17 tokens: 50 batches of 8 an epoch, shuffled.
+    tokens = torch.randint(0, 256, (400, 17), generator=torch.Generator().manual_seed(1))
+    # Its own generator: a new iterator draws a seed for its workers from
+    # the loader's generator, not from torch's, which the dropout draws from
+    # (a resumed iterator is made at another step than the interrupted one).
+    loader = torch.utils.data.DataLoader(tokens, batch_size=8, shuffle=True,
+                                         generator=torch.Generator().manual_seed(2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+
+    ckpt = None
+    start = 1
+    if not args.no_zcc:
+        import zcc.accelerate
+        ckpt = zcc.accelerate.Checkpointer(accelerator, model, optimizer, job_id=args.job,
+                                           socket=args.socket, root=args.root,
+                                           save_every=args.save_every, scheduler=scheduler,
+                                           dataloader=loader, backpressure="block")
+        restored = ckpt.restore()
+        print("restored=%s from=%s" % (restored, ckpt.restored_from), flush=True)
+        start = (restored or 0) + 1
+
+    model.train()
+    batches = None
+    for step in range(start, args.steps + 1):
+        batch = next(batches, None) if batches is not None else None
+        while batch is None:  # the first batch, or a new epoch
+            batches = iter(loader)
+            batch = next(batches, None)
+        loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:]).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        result = ckpt.step(step) if ckpt is not None else "off"
+        print("step=%d loss=%s batch=%d snapshot=%s" % (step, loss.item().hex(), int(batch.sum()),
+                                                        result), flush=True)
+        if step == args.pause_after:
+            ckpt.flush()
+            print("paused", flush=True)
+            while True:
+                signal.pause()  # the test kills this process here
+    if ckpt is not None:
+        ckpt.flush()
+        ckpt.close()
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
