@@ -1,0 +1,106 @@
+"""zcc.hf.ZccCallback with a real zccd and transformers.Trainer:
+examples/train_hf_trainer.py (a tiny Llama built from a config, the Trainer
+on the CPU, AdamW with a linear schedule and warmup, attention dropout,
+the Trainer's shuffling sampler) trained to step 30:
+
+  baseline  without zcc
+  resumed   with ZccCallback (save_every=10), SIGKILLed while paused after
+            step 17 (step 10 committed, its checkpoint-10 folder written),
+            restarted with trainer.train(resume_from_checkpoint=True): the
+            Trainer resumes from checkpoint-10, zcc restores step 10
+
+Every loss after the resume and the final weights must equal the baseline's
+bit for bit, and those before the kill too (zcc changes nothing). Then a
+folder whose step zccd no longer has fails the resume with the reason.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from safetensors.torch import load_file
+
+from resume_test import parse
+from zccd_process import Zccd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "train_hf_trainer.py")
+STEPS = 30
+
+
+def run(args, expect_rc=0, timeout=300):
+    p = subprocess.run([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if p.returncode != expect_rc:
+        raise AssertionError("train_hf_trainer.py %s exited %d:\n%s"
+                             % (" ".join(args), p.returncode, p.stdout))
+    return parse(p.stdout)[0], p.stdout
+
+
+def run_and_kill(args, timeout=120):
+    p = subprocess.Popen([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if line.startswith("paused"):
+                break
+        else:
+            raise AssertionError("trainer exited before pausing:\n" + "".join(out))
+    finally:
+        p.kill()
+        p.wait(timeout)
+    return parse("".join(out))[0], "".join(out)
+
+
+def same_weights(a, b):
+    x, y = load_file(a), load_file(b)
+    assert x.keys() == y.keys(), (sorted(x), sorted(y))
+    bad = [k for k in x if not x[k].equal(y[k])]
+    assert not bad, "final weights differ: %s" % bad
+    return len(x)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="zcchf.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+    with Zccd("hftrainer") as d:
+        common = ["--socket", d.socket, "--root", d.root, "--steps", str(STEPS)]
+        baseline, log = run(common + ["--no-zcc", "--out", os.path.join(tmp, "base"),
+                                      "--dump", os.path.join(tmp, "base.safetensors")])
+        assert sorted(baseline) == list(range(1, STEPS + 1)), log
+        out = os.path.join(tmp, "out")
+        first, log = run_and_kill(common + ["--out", out, "--pause-after", "17"])
+        assert "steps not committed: []" in log, log
+        assert sorted(first) == list(range(1, 18)), log
+        bad = [s for s in first if first[s] != baseline[s]]
+        assert not bad, "zcc changed the losses at steps %s" % bad
+        assert sorted(os.listdir(out)) == ["checkpoint-10"], os.listdir(out)
+        folder = os.path.join(out, "checkpoint-10")
+        assert {"trainer_state.json", "rng_state.pth", "model.safetensors.index.json",
+                "zcc.json"} <= set(os.listdir(folder)), os.listdir(folder)
+        second, log = run(common + ["--out", out, "--dump", os.path.join(tmp, "zcc.safetensors")])
+        assert "resume=True" in log, log
+        assert sorted(second) == list(range(11, STEPS + 1)), log
+        bad = [s for s in second if second[s] != baseline[s]]
+        assert not bad, "losses after resuming differ at steps %s\n%s" % (bad, log)
+        n = same_weights(os.path.join(tmp, "base.safetensors"), os.path.join(tmp, "zcc.safetensors"))
+        # The finished run left the folders of its last committed steps.
+        assert sorted(os.listdir(out)) == ["checkpoint-20", "checkpoint-30"], os.listdir(out)
+        print("resumed: SIGKILL after step 17, Trainer resumed from checkpoint-10 with zcc's step "
+              "10, losses 11..%d and %d final weights bit-identical to the run without zcc"
+              % (STEPS, n))
+
+        # A folder naming a step zccd does not have: the resume stops with why.
+        shutil.rmtree(os.path.join(d.root, "hf-trainer", "step-00000030"))
+        _, log = run(common + ["--out", out, "--steps", str(STEPS + 5)], expect_rc=1)
+        assert "cannot restore" in log and "checkpoint-<step>" in log, log
+        print("a checkpoint folder whose zcc step is gone: refused with the reason")
+        assert d.stop() == 0, d.log()
+    print("hf_trainer_resume_test: OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Trains a tiny Hugging Face Llama (built from a config, no download) with
+transformers.Trainer on the CPU, checkpointed by zcc.hf.ZccCallback.
+
+    python3 train_hf_trainer.py --socket /tmp/zcc-example/zccd.sock \\
+        --root /tmp/zcc-example/ckpt --out /tmp/zcc-example/hf-out --steps 30
+
+Run again with the same arguments and it resumes through the Trainer's own
+flow (``trainer.train(resume_from_checkpoint=True)``) from the newest step
+zccd committed: the Trainer skips the batches already trained on, zcc brings
+back the model, AdamW, the schedule and the generators. Each optimizer step
+prints "step=N loss=<float.hex()>" (the exact loss, not the rounded one the
+Trainer logs); --dump FILE writes the final weights.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import warnings
+
+import torch
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--job", default="hf-trainer", help="zcc job id")
+    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""), help="zccd socket")
+    p.add_argument("--root", default=os.environ.get("ZCC_ROOT", ""), help="checkpoint root")
+    p.add_argument("--out", required=True, help="the Trainer's output_dir")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--no-zcc", action="store_true", help="train without checkpointing")
+    p.add_argument("--pause-after", type=int, default=0,
+                   help="after this step: wait for zccd's commits, print 'paused', wait to be "
+                        "killed")
+    p.add_argument("--dump", default="", help="write the final weights here (safetensors)")
+    return p.parse_args(argv)
+
+
+class Sequences(torch.utils.data.Dataset):
+    def __init__(self):
+        self.tokens = torch.randint(0, 256, (400, 17), generator=torch.Generator().manual_seed(1))
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.tokens[i, :-1], "labels": self.tokens[i, 1:]}
+
+
+def main(argv):
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
+                              TrainingArguments)
+    from transformers.trainer_utils import set_seed
+
+    class ExactLoss(Trainer):
+        """Prints each micro-batch's loss exactly (one per step here)."""
+
+        def compute_loss(self, model, inputs, *a, **k):
+            loss = super().compute_loss(model, inputs, *a, **k)
+            value = loss[0] if isinstance(loss, tuple) else loss
+            print("step=%d loss=%s" % (self.state.global_step + 1, value.item().hex()), flush=True)
+            return loss
+
+    set_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, attention_dropout=0.1)
+    model = LlamaForCausalLM(config)
+    training = TrainingArguments(output_dir=args.out, max_steps=args.steps,
+                                 per_device_train_batch_size=8, learning_rate=3e-3,
+                                 lr_scheduler_type="linear", warmup_steps=3, save_strategy="no",
+                                 logging_steps=1000, report_to=[], use_cpu=True, seed=0,
+                                 dataloader_num_workers=0, disable_tqdm=True)
+    callbacks = []
+    zcc_callback = None
+    if not args.no_zcc:
+        from zcc.hf import ZccCallback
+        zcc_callback = ZccCallback(job_id=args.job, save_every=args.save_every,
+                                   socket=args.socket, root=args.root, backpressure="block")
+        callbacks.append(zcc_callback)
+
+    class Pause(TrainerCallback):
+        def on_step_end(self, a, state, control, **kwargs):
+            if state.global_step == args.pause_after:
+                left = zcc_callback.flush(a)
+                print("paused (steps not committed: %s)" % left, flush=True)
+                while True:
+                    signal.pause()  # the test kills this process here
+
+    if args.pause_after:
+        callbacks.append(Pause())
+    trainer = ExactLoss(model=model, args=training, train_dataset=Sequences(), callbacks=callbacks)
+    resume = not args.no_zcc and any(n.startswith("checkpoint-") for n in
+                                     (os.listdir(args.out) if os.path.isdir(args.out) else []))
+    print("resume=%s" % resume, flush=True)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    if args.dump:
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+                  args.dump)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
