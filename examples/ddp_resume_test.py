@@ -19,7 +19,8 @@ import tempfile
 
 from safetensors import safe_open
 
-from resume_test import parse, same_tensors
+from resume_test import same_tensors
+from trainer_runs import parse
 from zccd_process import Zccd
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -16,13 +16,11 @@ folder whose step zccd no longer has fails the resume with the reason.
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 from safetensors.torch import load_file
 
-from resume_test import parse
+import trainer_runs
 from zccd_process import Zccd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,30 +28,9 @@ SCRIPT = os.path.join(HERE, "train_hf_trainer.py")
 STEPS = 30
 
 
-def run(args, expect_rc=0, timeout=300):
-    p = subprocess.run([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    if p.returncode != expect_rc:
-        raise AssertionError("train_hf_trainer.py %s exited %d:\n%s"
-                             % (" ".join(args), p.returncode, p.stdout))
-    return parse(p.stdout)[0], p.stdout
-
-
-def run_and_kill(args, timeout=120):
-    p = subprocess.Popen([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    out = []
-    try:
-        for line in p.stdout:
-            out.append(line)
-            if line.startswith("paused"):
-                break
-        else:
-            raise AssertionError("trainer exited before pausing:\n" + "".join(out))
-    finally:
-        p.kill()
-        p.wait(timeout)
-    return parse("".join(out))[0], "".join(out)
+def run(args, expect_rc=0):
+    losses, _, out = trainer_runs.run(SCRIPT, args, expect_rc=expect_rc)
+    return losses, out
 
 
 def same_weights(a, b):
@@ -72,7 +49,8 @@ def main():
                                       "--dump", os.path.join(tmp, "base.safetensors")])
         assert sorted(baseline) == list(range(1, STEPS + 1)), log
         out = os.path.join(tmp, "out")
-        first, log = run_and_kill(common + ["--out", out, "--pause-after", "17"])
+        first, log = trainer_runs.run_and_kill(SCRIPT, common + ["--out", out,
+                                                                 "--pause-after", "17"])
         assert "steps not committed: []" in log, log
         assert sorted(first) == list(range(1, 18)), log
         bad = [s for s in first if first[s] != baseline[s]]

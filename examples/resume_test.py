@@ -21,12 +21,11 @@ EMA, and with SKIP a slow moment could drop one from one run but not another.
 """
 
 import os
-import subprocess
-import sys
 import tempfile
 
 from safetensors.torch import load_file
 
+import trainer_runs
 from zccd_process import Zccd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,43 +33,13 @@ SCRIPT = os.path.join(HERE, "train_mlp.py")
 STEPS = 40
 
 
-def parse(output):
-    losses, values = {}, {}
-    for line in output.splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if "step" in fields and "loss" in fields:
-            losses[int(fields["step"])] = fields["loss"]
-        for k in ("restored", "from", "ema_step", "ema_tensors", "samples_seen"):
-            if k in fields:
-                values[k] = fields[k]
-    return losses, values
-
-
 def run(args, timeout=300):
-    p = subprocess.run([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise AssertionError("train_mlp.py %s failed (%d):\n%s" % (" ".join(args), p.returncode, p.stdout))
-    return parse(p.stdout) + (p.stdout,)
+    return trainer_runs.run(SCRIPT, args, timeout=timeout)
 
 
 def run_and_kill(args, timeout=120):
     """Starts a trainer that pauses after a step, SIGKILLs it there, reaps it."""
-    p = subprocess.Popen([sys.executable, "-u", SCRIPT] + args, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    out = []
-    try:
-        for line in p.stdout:
-            out.append(line)
-            if line.strip() == "paused":
-                break
-        else:
-            raise AssertionError("trainer exited before pausing:\n" + "".join(out))
-    finally:
-        p.kill()  # SIGKILL: no cleanup, no unregister
-        p.wait(timeout)
-    assert p.returncode == -9, p.returncode
-    return parse("".join(out))[0]
+    return trainer_runs.run_and_kill(SCRIPT, args, timeout=timeout)[0]
 
 
 def tensors_bytes(path):

@@ -11,26 +11,17 @@ every step after the resume has the loss the uninterrupted run had. Each step
 prints "step=N loss=<float.hex()>".
 """
 
-import argparse
-import os
 import signal
 import sys
 import warnings
 
 import torch
 
+import integration_common
+
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--job", default="accelerate", help="zcc job id")
-    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""), help="zccd socket")
-    p.add_argument("--root", default=os.environ.get("ZCC_ROOT", ""), help="checkpoint root")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--no-zcc", action="store_true", help="train without checkpointing")
-    p.add_argument("--pause-after", type=int, default=0,
-                   help="after this step: flush, print 'paused', and wait to be killed")
-    return p.parse_args(argv)
+    return integration_common.parser(__doc__.split("\n")[0], "accelerate").parse_args(argv)
 
 
 def main(argv):
@@ -40,7 +31,6 @@ def main(argv):
     torch.set_num_threads(1)
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, set_seed
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     set_seed(0)
     # A stateful loader (its position is checkpointed) whose shuffle comes
@@ -49,10 +39,7 @@ def main(argv):
     # shuffle as the interrupted one did.
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
         use_stateful_dataloader=True, use_seedable_sampler=True))
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, attention_dropout=0.1)
-    model = LlamaForCausalLM(config)
+    model = integration_common.tiny_llama()
     # 400 sequences of 17 tokens: 50 batches of 8 an epoch, shuffled.
     tokens = torch.randint(0, 256, (400, 17), generator=torch.Generator().manual_seed(1))
     # Its own generator: a new iterator draws a seed for its workers from

@@ -12,7 +12,6 @@ prints "step=N loss=<float.hex()>" (the exact loss, not the rounded one the
 Trainer logs); --dump FILE writes the final weights.
 """
 
-import argparse
 import os
 import signal
 import sys
@@ -20,19 +19,12 @@ import warnings
 
 import torch
 
+import integration_common
+
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--job", default="hf-trainer", help="zcc job id")
-    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""), help="zccd socket")
-    p.add_argument("--root", default=os.environ.get("ZCC_ROOT", ""), help="checkpoint root")
+    p = integration_common.parser(__doc__.split("\n")[0], "hf-trainer")
     p.add_argument("--out", required=True, help="the Trainer's output_dir")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--no-zcc", action="store_true", help="train without checkpointing")
-    p.add_argument("--pause-after", type=int, default=0,
-                   help="after this step: wait for zccd's commits, print 'paused', wait to be "
-                        "killed")
     p.add_argument("--dump", default="", help="write the final weights here (safetensors)")
     return p.parse_args(argv)
 
@@ -53,8 +45,7 @@ def main(argv):
     warnings.filterwarnings("ignore")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
-                              TrainingArguments)
+    from transformers import Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_utils import set_seed
 
     class ExactLoss(Trainer):
@@ -67,10 +58,7 @@ def main(argv):
             return loss
 
     set_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, attention_dropout=0.1)
-    model = LlamaForCausalLM(config)
+    model = integration_common.tiny_llama()
     training = TrainingArguments(output_dir=args.out, max_steps=args.steps,
                                  per_device_train_batch_size=8, learning_rate=3e-3,
                                  lr_scheduler_type="linear", warmup_steps=3, save_strategy="no",

@@ -11,26 +11,17 @@ resume has the loss the uninterrupted run had. Each optimizer step prints
 "step=N loss=<float.hex()>".
 """
 
-import argparse
-import os
 import signal
 import sys
 import warnings
 
 import torch
 
+import integration_common
+
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--job", default="lightning", help="zcc job id")
-    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""), help="zccd socket")
-    p.add_argument("--root", default=os.environ.get("ZCC_ROOT", ""), help="checkpoint root")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--no-zcc", action="store_true", help="train without checkpointing")
-    p.add_argument("--pause-after", type=int, default=0,
-                   help="after this step: flush, print 'paused', and wait to be killed")
-    return p.parse_args(argv)
+    return integration_common.parser(__doc__.split("\n")[0], "lightning").parse_args(argv)
 
 
 def main(argv):
@@ -40,16 +31,11 @@ def main(argv):
     torch.set_num_threads(1)
     import lightning.pytorch as pl
     from torchdata.stateful_dataloader import StatefulDataLoader
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     class Module(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                                 num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=64,
-                                 attention_dropout=0.1)
-            self.llama = LlamaForCausalLM(config)
+            self.llama = integration_common.tiny_llama()
 
         def training_step(self, batch, batch_idx):
             loss = self.llama(input_ids=batch[:, :-1], labels=batch[:, 1:]).loss

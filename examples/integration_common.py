@@ -1,0 +1,29 @@
+"""What the integration examples (train_accelerate.py, train_hf_trainer.py,
+train_lightning.py) share: their command line, and the tiny Llama they
+train, built from a config (no download)."""
+
+import argparse
+import os
+
+
+def parser(description, job):
+    """The examples' common flags; each adds its own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--job", default=job, help="zcc job id")
+    p.add_argument("--socket", default=os.environ.get("ZCC_SOCKET", ""), help="zccd socket")
+    p.add_argument("--root", default=os.environ.get("ZCC_ROOT", ""), help="checkpoint root")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--no-zcc", action="store_true", help="train without checkpointing")
+    p.add_argument("--pause-after", type=int, default=0,
+                   help="after this step: flush, print 'paused', and wait to be killed")
+    return p
+
+
+def tiny_llama():
+    """A two-layer Llama with attention dropout (the random generators matter)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        attention_dropout=0.1))

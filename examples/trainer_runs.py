@@ -1,0 +1,92 @@
+"""Running an example trainer as the resume tests do: to the end, or until it
+pauses after a step and is SIGKILLed there; and the resume check that the
+integration tests share (a run without zcc, then SIGKILL and resume from
+zccd's memory and, after a zccd restart, from disk, every later loss equal).
+
+The trainers print "step=N loss=<float.hex()>" per step, "paused" (or a line
+starting with it) when paused, and "restored=... from=..." and similar
+fields, which parse() collects.
+"""
+
+import subprocess
+import sys
+
+_FIELDS = ("restored", "from", "ema_step", "ema_tensors", "samples_seen")
+
+
+def parse(output):
+    """({step: loss}, {field: value}) of a trainer's output."""
+    losses, values = {}, {}
+    for line in output.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "step" in fields and "loss" in fields:
+            losses[int(fields["step"])] = fields["loss"]
+        for k in _FIELDS:
+            if k in fields:
+                values[k] = fields[k]
+    return losses, values
+
+
+def run(script, args, expect_rc=0, timeout=300):
+    """Runs `script` to its end: (losses, values, output)."""
+    p = subprocess.run([sys.executable, "-u", script] + args, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if p.returncode != expect_rc:
+        raise AssertionError("%s %s exited %d:\n%s" % (script, " ".join(args), p.returncode,
+                                                       p.stdout))
+    return parse(p.stdout) + (p.stdout,)
+
+
+def run_and_kill(script, args, timeout=120):
+    """Starts a trainer that pauses after a step, SIGKILLs it there (no
+    cleanup, no unregister) and reaps it: (losses, output)."""
+    p = subprocess.Popen([sys.executable, "-u", script] + args, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if line.startswith("paused"):
+                break
+        else:
+            raise AssertionError("trainer exited before pausing:\n" + "".join(out))
+    finally:
+        p.kill()
+        p.wait(timeout)
+    assert p.returncode == -9, p.returncode
+    return parse("".join(out))[0], "".join(out)
+
+
+def check_kill_and_resume(script, zccd, steps=30, pause_after=17, save_every=10):
+    """The integration tests' check, on `script` (which takes --socket,
+    --root, --steps, --save-every, --no-zcc, --job and --pause-after) and a
+    running `zccd`: the losses of a run without zcc; then, for a trainer
+    SIGKILLed while paused after `pause_after`, restarted once with zccd
+    still up (restores `pause_after` from its memory) and once after a zccd
+    restart (restores the last save_every step from disk): every loss
+    before the kill and after the resume equals the run without zcc."""
+    common = ["--socket", zccd.socket, "--root", zccd.root, "--steps", str(steps),
+              "--save-every", str(save_every)]
+    baseline, _, log = run(script, common + ["--no-zcc"])
+    assert sorted(baseline) == list(range(1, steps + 1)), log
+    assert len(set(baseline.values())) > steps // 2, "the losses hardly change: %s" % log
+    saved = pause_after // save_every * save_every
+    for job, expect, source in (("killed", pause_after, "memory"), ("restarted", saved, "disk")):
+        first, log = run_and_kill(script, common + ["--job", job, "--pause-after",
+                                                    str(pause_after)])
+        assert sorted(first) == list(range(1, pause_after + 1)), log
+        bad = [s for s in first if first[s] != baseline[s]]
+        assert not bad, "%s: zcc changed the losses at steps %s" % (job, bad)
+        zccd.wait_latest(job, saved)
+        if job == "restarted":
+            assert zccd.stop() == 0, zccd.log()
+            zccd.start()
+        second, vals, log = run(script, common + ["--job", job])
+        assert vals["restored"] == str(expect), (vals, log, zccd.log())
+        assert vals["from"] == source, (vals, log)
+        assert sorted(second) == list(range(expect + 1, steps + 1)), log
+        bad = [s for s in second if second[s] != baseline[s]]
+        assert not bad, "%s: losses after resuming differ at steps %s\n%s" % (job, bad, log)
+        print("%s: SIGKILL after step %d, restored step %d from %s, losses %d..%d "
+              "bit-identical to the run without zcc"
+              % (job, pause_after, expect, source, expect + 1, steps))
