@@ -5,7 +5,7 @@ the built package and the zccd fixture on PYTHONPATH and points $ZCCD at the
 built daemon; every test gets those as data.
 """
 
-def zcc_py_test(name, script, data = [], size = "medium"):
+def zcc_py_test(name, script, data = [], size = "medium", args = []):
     """A test that runs `script` (a path in the workspace) with run_python.sh.
 
     Args:
@@ -13,12 +13,13 @@ def zcc_py_test(name, script, data = [], size = "medium"):
       script: the .py file, as a label in the calling package.
       data: further files the script reads (other modules it imports).
       size: the test size.
+      args: arguments after the script's path.
     """
     native.sh_test(
         name = name,
         size = size,
         srcs = ["//python/tests:run_python.sh"],
-        args = ["%s/%s" % (native.package_name(), script)],
+        args = ["%s/%s" % (native.package_name(), script)] + args,
         data = [
             script,
             "//daemon:zccd",

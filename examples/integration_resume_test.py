@@ -1,7 +1,11 @@
-"""zcc.accelerate with a real zccd: examples/train_accelerate.py (a tiny Llama
-built from a config, an Accelerate training loop on the CPU, AdamW, a
-LambdaLR schedule, attention dropout, a shuffling data loader made stateful
-by Accelerate) trained to step 30:
+"""An integration example with a real zccd, SIGKILLed and resumed:
+
+    integration_resume_test.py train_accelerate.py   (zcc.accelerate)
+    integration_resume_test.py train_lightning.py    (zcc.lightning)
+
+The example (a tiny Llama built from a config, trained on the CPU with
+AdamW, a LambdaLR schedule, attention dropout and a stateful loader that
+shuffles with a generator of its own) runs to step 30:
 
   baseline   without zcc
   killed     with zcc (save_every=10), SIGKILLed while paused after step 17,
@@ -16,18 +20,18 @@ position all came back), and zcc must not change the losses before it
 """
 
 import os
+import sys
 
 from trainer_runs import check_kill_and_resume
 from zccd_process import Zccd
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_accelerate.py")
-
 
 def main():
-    with Zccd("accel") as d:
-        check_kill_and_resume(SCRIPT, d)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), sys.argv[1])
+    with Zccd("integration") as d:
+        check_kill_and_resume(script, d)
         assert d.stop() == 0, d.log()
-    print("accelerate_resume_test: OK")
+    print("integration_resume_test %s: OK" % sys.argv[1])
 
 
 if __name__ == "__main__":
