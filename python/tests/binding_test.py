@@ -966,7 +966,7 @@ class Counter:
 def test_stateful_objects_resume_exactly():
     """Checkpointer(state={...}): torchdata's StatefulDataLoader resumes at
     the batch after the snapshot, a Stateful of plain data, a tensor and an
-    array comes back exactly; what cannot be stored is refused at
+    array comes back exactly, and so does a torch.Generator; what cannot be stored is refused at
     construction, a state that outgrows its blob at step() with the size to ask."""
     from torchdata.stateful_dataloader import StatefulDataLoader
     import warnings
@@ -979,8 +979,10 @@ def test_stateful_objects_resume_exactly():
     with Zccd("stateful") as d:
         model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
         dl, counter = loader(), Counter()
+        gen = torch.Generator().manual_seed(9)
         with Checkpointer(model, opt, job_id="sf", socket=d.socket, root=d.root, save_every=1,
-                          backpressure="block", state={"data": dl, "counter": counter}) as ck:
+                          backpressure="block",
+                          state={"data": dl, "counter": counter, "gen": gen}) as ck:
             it = iter(dl)
             for step in range(1, 17):  # over an epoch's end (13 batches)
                 batch = next(it, None)
@@ -990,18 +992,22 @@ def test_stateful_objects_resume_exactly():
                 counter.n, counter.t[:] = step, float(step)
                 counter.a[:] = [step, -step]
                 assert ck.step(step) == "enqueued"
+            torch.rand(3, generator=gen)  # moved before the last snapshot
+            assert ck.step(17) == "enqueued"
             want = [next(it).tolist() for _ in range(3)]
+            want_gen = torch.rand(4, generator=gen)
             ck.flush()
-            d.wait_latest("sf", 16)
+            d.wait_latest("sf", 17)
         model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
-        dl, counter = loader(), Counter()
+        dl, counter, gen = loader(), Counter(), torch.Generator().manual_seed(0)
         with Checkpointer(model, opt, job_id="sf", socket=d.socket, root=d.root,
-                          state={"data": dl, "counter": counter}) as ck:
-            assert ck.restore() == 16 and ck.restored_rank_state
+                          state={"data": dl, "counter": counter, "gen": gen}) as ck:
+            assert ck.restore() == 17 and ck.restored_rank_state
             it = iter(dl)
             assert [next(it).tolist() for _ in range(3)] == want
             assert counter.n == 16 and torch.equal(counter.t, torch.full((3,), 16.0))
             assert counter.a.tolist() == [16, -16]
+            assert torch.equal(torch.rand(4, generator=gen), want_gen)
         assert d.stop() == 0, d.log()
 
     class Opaque:

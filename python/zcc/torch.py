@@ -128,14 +128,30 @@ def _env_int(names, default):
     return default
 
 
+class _GeneratorState:
+    """A torch.Generator (a data loader's own, say) as a Stateful."""
+
+    def __init__(self, generator):
+        self.generator = generator
+
+    def state_dict(self):
+        return {"generator_state": self.generator.get_state()}
+
+    def load_state_dict(self, state):
+        self.generator.set_state(state["generator_state"])
+
+
 def _stateful_objects(state):
     """Checkpointer's `state` argument, checked: names as checkpoint keys take
-    them, objects with state_dict() and load_state_dict()."""
+    them, objects with state_dict() and load_state_dict() (a torch.Generator
+    is taken as one: its get_state()/set_state())."""
     if state is None:
         return {}
     if not isinstance(state, dict):
         raise TypeError("state must be a dict {name: object with state_dict() and "
                         "load_state_dict()}, not %s" % type(state).__name__)
+    state = {name: _GeneratorState(obj) if isinstance(obj, torch.Generator) else obj
+             for name, obj in state.items()}
     for name, obj in state.items():
         if not isinstance(name, str) or not name or \
                 not all(c.isalnum() or c in "_.-" for c in name):
@@ -169,7 +185,8 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
       state: {name: object} of objects with ``state_dict()`` and
         ``load_state_dict()`` (PyTorch's ``Stateful``: torchdata's
         ``StatefulDataLoader``, samplers, a ``GradScaler``, your own), this
-        rank's own, saved at every ``step()`` and loaded by ``restore()``.
+        rank's own, saved at every ``step()`` and loaded by ``restore()``; a
+        ``torch.Generator`` is taken too (its ``get_state()``).
         Their state dicts may hold plain data and tensors (stored exactly);
         anything else is refused here, at construction.
       extra_bytes: the least capacity of each EXTRA blob; each is sized at

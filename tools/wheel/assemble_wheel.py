@@ -25,7 +25,14 @@ NAME = "zcc"
 SUMMARY = "Zero-cost checkpointing for training jobs: the zcc client, zcc.torch and zccd"
 REQUIRES_PYTHON = ">=3.11,<3.12"  # _zcc.so is built for Debian 12's python3.11
 REQUIRES = ["numpy", "safetensors"]
-EXTRAS = {"torch": ["torch>=2.6"]}  # zcc.torch; `import zcc` needs no torch
+# zcc.torch; `import zcc` needs no torch. The integrations' lower bounds are
+# the versions their tests run (tools/requirements-torch.txt).
+EXTRAS = {
+    "torch": ["torch>=2.6"],
+    "hf": ["torch>=2.6", "transformers>=5.23"],               # zcc.hf
+    "accelerate": ["torch>=2.6", "accelerate>=1.15"],         # zcc.accelerate
+    "lightning": ["torch>=2.6", "lightning>=2.6"],            # zcc.lightning
+}
 DESCRIPTION = """\
 zcc takes checkpoints of a training job without stalling it: the trainer enqueues
 copies of its tensors into shared-memory staging slots, and a per-node daemon, zccd,

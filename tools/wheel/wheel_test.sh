@@ -84,9 +84,17 @@ if grep -qE 'lib(asan|tsan)' <<<"$(ldd "$site/zcc/_zcc.so" 2>/dev/null || true)"
   echo "SKIP: a sanitizer build (its _zcc.so links the runtime); the wheel is checked in plain builds"
   exit 0
 fi
-requires=$("$py" -c 'import importlib.metadata as m; print(sorted(m.requires("zcc")))')
-[[ $requires == "['numpy', 'safetensors', 'torch>=2.6; extra == \"torch\"']" ]] ||
-  fail "zcc's requirements are $requires"
+requires=$("$py" -c 'import importlib.metadata as m; print("\n".join(sorted(m.requires("zcc"))))')
+want='accelerate>=1.15; extra == "accelerate"
+lightning>=2.6; extra == "lightning"
+numpy
+safetensors
+torch>=2.6; extra == "accelerate"
+torch>=2.6; extra == "hf"
+torch>=2.6; extra == "lightning"
+torch>=2.6; extra == "torch"
+transformers>=5.23; extra == "hf"'
+[[ $requires == "$want" ]] || fail "zcc's requirements are: $requires"
 [[ -x $venv/bin/zccd && -x $venv/bin/zccctl ]] || fail "pip made no zccd/zccctl in $venv/bin"
 # Only the CUDA copier's module may need the CUDA runtime: `import zcc` must
 # work on machines without it.
