@@ -64,6 +64,18 @@ def dumps_plain(value, where):
     return out.getvalue()
 
 
+def part_sizes(parts):
+    """"name N bytes, ..." of a dict's pickled parts, largest first, nested
+    dicts under "state" by their own names (to say which part outgrew a blob)."""
+    sizes = []
+    for name, value in parts.items():
+        if name == "state" and type(value) is dict:
+            sizes += [("state " + n, len(dumps_plain(v, n))) for n, v in value.items()]
+        else:
+            sizes.append((name, len(dumps_plain(value, name))))
+    return ", ".join("%s %d bytes" % (n, b) for n, b in sorted(sizes, key=lambda x: -x[1]))
+
+
 class PlainUnpickler(pickle.Unpickler):
     """Loads plain data only: no class or function is ever looked up."""
 

@@ -36,7 +36,8 @@ class Restoring:
             return None
         for b, shadow in self._buffers:
             b.copy_(shadow)
-        trainer = self._blobs["trainer_state"].read() or {}
+        job = self._blobs["job"].read() or {}
+        trainer = job.get("trainer") or {}
         opt = self.optimizer
         if opt is not None:
             bound = {i for i, b in enumerate(trainer.get("bound", b"")) if b}
@@ -61,7 +62,7 @@ class Restoring:
             self._remember_binding()  # the state dicts are new ones
             if trainer.get("optimizer_step_count") is not None:
                 opt._step_count = trainer["optimizer_step_count"]
-        sched = self._blobs["scheduler"].read()
+        sched = job.get("scheduler")
         if self.scheduler is not None and sched is not None:
             self.scheduler.load_state_dict(
                 _plain_state.restore_hyperparameter(self.scheduler.state_dict(), sched))
@@ -81,43 +82,43 @@ class Restoring:
         self.restored_rank_state = own
         if names["torch_rng"] not in missing:
             torch.set_rng_state(self._rng.clone())
-        rng = self._blobs["rng_state"].read() if names["rng_state"] not in missing else None
-        if rng is not None:
-            _rng_state.set_python_rng_state(rng["python_random"])
-            _rng_state.set_numpy_rng_state(rng.get("numpy_random"))
-            if rng.get("cuda_rng") and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
-                                              for s in rng["cuda_rng"]])
-        user_blob = self._blobs["user_state"]
+        blob = self._blobs["rank"]
+        mine = blob.read() if names["rank_state"] not in missing else None
+        user_from_rank0 = None
         if self.world_size > saved_world and self._job_wide:
             # Every rank knows saved_world (job-wide state): all take part.
             dist = self._process_group()
             if dist is not None:
                 # A copy (on the CPU .to() would hand the blob itself to
                 # the broadcast, overwriting this rank's own state).
-                flat = user_blob.tensor.to(self._collective_device(dist), copy=True)
+                flat = blob.tensor.to(self._collective_device(dist), copy=True)
                 dist.broadcast(flat, src=0)
-                if names["user_state"] in missing:
-                    user_blob.tensor.copy_(flat.cpu())
-                    missing = missing - {names["user_state"]}
-        if names["user_state"] not in missing:
-            user = user_blob.read()
-            if user is not None:
-                self.user_state.clear()
-                self.user_state.update(user)
+                if mine is None:
+                    received = _plain_state.Blob(blob.name + " (rank 0's)", flat.numel())
+                    received.tensor.copy_(flat.cpu())
+                    user_from_rank0 = (received.read() or {}).get("user_state")
+        if mine is not None:
+            rng = mine.get("rng") or {}
+            if "python_random" in rng:
+                _rng_state.set_python_rng_state(rng["python_random"])
+            _rng_state.set_numpy_rng_state(rng.get("numpy_random"))
+            if rng.get("cuda_rng") and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
+                                              for s in rng["cuda_rng"]])
+        user = mine.get("user_state") if mine is not None else user_from_rank0
+        if user is not None:
+            self.user_state.clear()
+            self.user_state.update(user)
+        saved_objects = (mine or {}).get("state") or {}
         for name, obj in self.state.items():
-            what = "state." + name
-            if names[what] in missing:
-                continue
-            value = self._blobs[what].read()
-            if value is not None:
-                obj.load_state_dict(_plain_state.restore_hyperparameter(None, value))
+            if name in saved_objects:
+                obj.load_state_dict(_plain_state.restore_hyperparameter(None, saved_objects[name]))
         if not own:
             warnings.warn(
                 "zcc: step %d was written by %d rank(s); rank %d had no state of its own in it: "
                 "its random generators and `state` objects stay as they were%s"
                 % (self._restoring_step, saved_world, self.rank,
-                   "" if names["user_state"] in missing else ", its user_state is rank 0's"))
+                   ", its user_state is rank 0's" if user_from_rank0 is not None else ""))
         elif self.rank == 0 and saved_world > self.world_size:
             warnings.warn(
                 "zcc: step %d was written by %d ranks; the RNG states, user_state and `state` "

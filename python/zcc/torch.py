@@ -45,24 +45,24 @@ What is registered (once, in the constructor; names are checkpoint keys):
   then rebind), only slower. Training numerics are therefore unchanged; the
   resume test checks this bit for bit.
 * small state, kind EXTRA, in fixed-size byte buffers registered once and
-  rewritten at every ``step()``. The job's state, written once for the whole
-  job: ``zcc.trainer_state`` (step, world size, the optimizer's param_groups
-  without their params, non-tensor optimizer state) and ``zcc.scheduler``
-  (``scheduler.state_dict()``). Each rank's own, ``zcc.rNNNNN.<what>``:
-  ``torch_rng`` (``torch.get_rng_state()``), ``rng_state`` (Python, NumPy and
-  CUDA generators), ``user_state`` (the ``user_state`` dict) and
-  ``state.<name>`` (each ``state`` object's ``state_dict()``, its tensors and
-  NumPy arrays tagged as dtype, shape and bytes). These are
-  pickled plain data (None, bool, int, float, str, bytes, and lists, tuples,
-  dicts and sets of them) and unpickled by a loader that refuses everything
-  else, so restoring never runs code from the checkpoint. Callables in a
-  scheduler's state dict (OneCycleLR's ``anneal_func`` in PyTorch 1.13) are
-  left out: the scheduler constructed on resume has its own. Each blob is
-  sized at construction to twice what it holds then, at least
-  ``extra_bytes``. With ``replica="none"`` or a replica group of the
-  caller's, ranks may hold different optimizers, and the trainer state and
-  scheduler are per rank too (``zcc.rNNNNN.trainer_state``): such a
-  checkpoint restores on the same number of ranks only.
+  rewritten at every ``step()``. The job's, written once for the whole job:
+  ``zcc.trainer_state`` (step, world size, the optimizer's param_groups
+  without their params, non-tensor optimizer state, and
+  ``scheduler.state_dict()``). Each rank's own: ``zcc.rNNNNN.torch_rng``
+  (``torch.get_rng_state()``) and ``zcc.rNNNNN.rank_state`` (the Python,
+  NumPy and CUDA generators, the ``user_state`` dict, and each ``state``
+  object's ``state_dict()`` with its tensors and NumPy arrays tagged as
+  dtype, shape and bytes). These are pickled plain data (None, bool, int,
+  float, str, bytes, and lists, tuples, dicts and sets of them) and unpickled
+  by a loader that refuses everything else, so restoring never runs code from
+  the checkpoint. Callables in a scheduler's state dict (OneCycleLR's
+  ``anneal_func`` in PyTorch 1.13) are left out: the scheduler constructed on
+  resume has its own. Each blob is sized at construction to twice what it
+  holds then, at least ``extra_bytes``; one outgrown later fails ``step()``
+  naming its parts by size. With ``replica="none"`` or a replica group of
+  the caller's, ranks may hold different optimizers, and the trainer state is
+  per rank too (``zcc.rNNNNN.trainer_state``): such a checkpoint restores on
+  the same number of ranks only.
 
 World size: a checkpoint restores on any number of ranks. Rank r restores
 the per-rank state rank r wrote. A job that grew has ranks the checkpoint
@@ -340,29 +340,36 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         job_prefix = "zcc." if self._job_wide else rank_prefix
         job_replica = zcc.ReplicaGroup("data_parallel", self.world_size, self.rank) \
             if self._job_wide and self.world_size > 1 else zcc.ReplicaGroup()
-        self._blobs = {}
-        specs = []
-        # Sized for what they hold now, the trainer state as if every
-        # optimizer state were bound already (it is after the first step).
-        initial = {"trainer_state": self._trainer_state(0, all_bound=True),
-                   "scheduler": self._scheduler_state()}
-        for what in ("trainer_state", "scheduler"):
-            self._blobs[what] = _plain_state.Blob.sized_for(job_prefix + what, initial[what],
-                                                           extra_bytes)
-            specs.append(zcc.TensorSpec(job_prefix + what, self._blobs[what].tensor, kind="extra",
-                                        replica=job_replica))
         self._rng = torch.get_rng_state().clone()
-        self._rank_state_names = {"torch_rng": rank_prefix + "torch_rng"}
-        specs.append(zcc.TensorSpec(rank_prefix + "torch_rng", self._rng, kind="extra",
-                                    optional=True))
-        initial = {"rng_state": self._rng_state(), "user_state": dict(self.user_state)}
-        initial.update(("state." + name, self._stateful_state(name)) for name in self.state)
-        for what, value in initial.items():
-            self._blobs[what] = _plain_state.Blob.sized_for(rank_prefix + what, value, extra_bytes)
-            self._rank_state_names[what] = rank_prefix + what
-            specs.append(zcc.TensorSpec(rank_prefix + what, self._blobs[what].tensor, kind="extra",
-                                        optional=True))
-        return specs
+        self._rank_state_names = {"torch_rng": rank_prefix + "torch_rng",
+                                  "rank_state": rank_prefix + "rank_state"}
+        # One pickle each for the job's state and for the rank's (a blob
+        # written costs the trainer a pickler and a copy per step). Sized for
+        # what they hold now, the trainer state as if every optimizer state
+        # were bound already (it is after the first step).
+        self._blobs = {
+            "job": _plain_state.Blob.sized_for(job_prefix + "trainer_state",
+                                               self._job_state(0, all_bound=True), extra_bytes),
+            "rank": _plain_state.Blob.sized_for(rank_prefix + "rank_state", self._rank_state(),
+                                                extra_bytes),
+        }
+        return [
+            zcc.TensorSpec(job_prefix + "trainer_state", self._blobs["job"].tensor, kind="extra",
+                           replica=job_replica),
+            zcc.TensorSpec(rank_prefix + "torch_rng", self._rng, kind="extra", optional=True),
+            zcc.TensorSpec(rank_prefix + "rank_state", self._blobs["rank"].tensor, kind="extra",
+                           optional=True),
+        ]
+
+    def _job_state(self, step, all_bound=False):
+        """The job's state blob: the trainer state and the scheduler's."""
+        return {"trainer": self._trainer_state(step, all_bound), "scheduler": self._scheduler_state()}
+
+    def _rank_state(self):
+        """The rank's state blob: its generators (torch's CPU one aside),
+        user_state and each `state` object's state dict."""
+        return {"rng": self._rng_state(), "user_state": dict(self.user_state),
+                "state": {name: self._stateful_state(name) for name in self.state}}
 
     def _stateful_state(self, name):
         """The state dict of ``state[name]`` as plain data (tensors tagged)."""
@@ -467,12 +474,12 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         for b, shadow in self._buffers:
             shadow.copy_(b)
         self._rng.copy_(torch.get_rng_state())
-        self._blobs["trainer_state"].write(self._trainer_state(step))
-        self._blobs["scheduler"].write(self._scheduler_state())
-        self._blobs["rng_state"].write(self._rng_state())
-        self._blobs["user_state"].write(dict(self.user_state))
-        for name in self.state:
-            self._blobs["state." + name].write(self._stateful_state(name))
+        for blob, parts in ((self._blobs["job"], self._job_state(step)),
+                            (self._blobs["rank"], self._rank_state())):
+            try:
+                blob.write(parts)
+            except ValueError as e:  # outgrown: say which part grew
+                raise ValueError("%s; its parts: %s" % (e, _plain_state.part_sizes(parts))) from None
         self._last_step = step
         self._fenced = False  # from here on, copies may be reading the tensors
         return self.client.snapshot(step, kind, self._stream())
