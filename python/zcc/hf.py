@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 
 import torch
 from transformers import TrainerCallback
@@ -82,6 +83,15 @@ class ZccCallback(TrainerCallback):
             return
         if optimizer is None:
             raise ValueError("ZccCallback: the Trainer passed no optimizer")
+        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+            raise ValueError("ZccCallback: the Trainer's DeepSpeed and FSDP paths load "
+                             "checkpoints their own way; ZccCallback supports DDP and "
+                             "single-process training (for FSDP2, use zcc.torch.Checkpointer in "
+                             "your own loop)")
+        if str(getattr(args, "save_strategy", "no")).split(".")[-1].lower() != "no":
+            warnings.warn("ZccCallback: the Trainer writes checkpoints of its own too "
+                          "(save_strategy=%s); pass save_strategy=\"no\" to leave them to zcc"
+                          % args.save_strategy)
         every = self.save_every or (args.save_steps if args.save_steps and args.save_steps >= 1
                                     else 0)
         self._save_every = int(every)
