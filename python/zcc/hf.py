@@ -26,9 +26,9 @@ generators, checked piece by piece. A folder whose step zccd cannot restore
 is an error naming it, raised before anything trains. Folders beyond the
 newest ``keep_folders`` are removed (zccd's own retention keeps the steps).
 
-A marker folder is written by the main process (rank 0) only, once zccd
-reports its step committed: a crash before that resumes from the folder
-before. The Trainer's DeepSpeed and FSDP paths load checkpoints their own
+A folder is written by the main process (rank 0) once zccd reports its step
+committed, with the generator files every rank wrote for that step before
+its snapshot: a crash before that resumes from the folder before. The Trainer's DeepSpeed and FSDP paths load checkpoints their own
 way and are not supported here; DDP and single-process training are.
 """
 
@@ -72,7 +72,7 @@ class ZccCallback(TrainerCallback):
         self.commit_wait = commit_wait
         self.checkpointer_kwargs = checkpointer_kwargs
         self.ckpt = None
-        self._pending = []  # (step, trainer_state_json, rng_states) awaiting commit
+        self._pending = []  # rank 0: (step, trainer_state_json) awaiting commit
         self._last_check = 0.0
 
     # ------------------------------------------------------------------ events
@@ -123,9 +123,14 @@ class ZccCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
+        if self._save_every and step % self._save_every == 0:
+            # Every rank's generators, as this step's snapshot takes them,
+            # written before the snapshot: once zccd has committed the step
+            # (which needs every rank's snapshot) every rank's file is there.
+            self._write_rng(args, step)
+            if args.process_index == 0:
+                self._pending.append((step, self._trainer_state_json(state)))
         self.ckpt.step(step)
-        if self._save_every and step % self._save_every == 0 and args.process_index == 0:
-            self._pending.append((step, self._trainer_state_json(state), self._rng_states()))
         if self._pending and time.monotonic() - self._last_check >= 1.0:
             self._write_committed(args)
 
@@ -174,20 +179,37 @@ class ZccCallback(TrainerCallback):
             return  # zccd away: try later
         ready = [p for p in self._pending if p[0] <= committed]
         self._pending = [p for p in self._pending if p[0] > committed]
-        for step, trainer_state, rng in ready:
-            self._write_folder(args, step, trainer_state, rng)
+        for step, trainer_state in ready:
+            self._write_folder(args, step, trainer_state)
         if ready:
             self._prune(args)
 
-    def _write_folder(self, args, step, trainer_state, rng):
+    @staticmethod
+    def _rng_dir(args, step):
+        return os.path.join(args.output_dir, ".zcc-rng-%d" % step)
+
+    def _write_rng(self, args, step):
+        """This rank's generators for step `step`'s folder, named as the
+        Trainer looks for them."""
+        where = self._rng_dir(args, step)
+        os.makedirs(where, exist_ok=True)
+        name = "rng_state.pth" if args.world_size <= 1 else "rng_state_%d.pth" % args.process_index
+        tmp = os.path.join(where, "." + name)
+        torch.save(self._rng_states(), tmp)
+        os.replace(tmp, os.path.join(where, name))
+
+    def _write_folder(self, args, step, trainer_state):
         final = os.path.join(args.output_dir, "checkpoint-%d" % step)
         tmp = os.path.join(args.output_dir, ".zcc-checkpoint-%d.tmp" % step)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
             f.write(trainer_state)
-        name = "rng_state.pth" if args.world_size <= 1 else "rng_state_%d.pth" % args.process_index
-        torch.save(rng, os.path.join(tmp, name))
+        rng_dir = self._rng_dir(args, step)
+        for name in os.listdir(rng_dir) if os.path.isdir(rng_dir) else []:
+            if name.startswith("rng_state"):
+                os.replace(os.path.join(rng_dir, name), os.path.join(tmp, name))
+        shutil.rmtree(rng_dir, ignore_errors=True)
         # The Trainer loads weights from an index before training starts;
         # this one maps every weight to an empty file, and the callback fills
         # the model from zccd right after.
@@ -213,3 +235,14 @@ class ZccCallback(TrainerCallback):
                     continue
         for _, path in sorted(ours)[:-self.keep_folders]:
             shutil.rmtree(path, ignore_errors=True)
+        # Generators of saved steps that never got a folder (their commit
+        # failed): those older than the newest folder.
+        newest = max((step for step, _ in ours), default=-1)
+        for name in os.listdir(args.output_dir):
+            if name.startswith(".zcc-rng-"):
+                try:
+                    step = int(name[len(".zcc-rng-"):])
+                except ValueError:
+                    continue
+                if step < newest:
+                    shutil.rmtree(os.path.join(args.output_dir, name), ignore_errors=True)
