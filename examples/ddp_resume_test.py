@@ -12,15 +12,12 @@ step behind, where both must agree on step 24.
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 
 from safetensors import safe_open
 
+import trainer_runs
 from resume_test import same_tensors
-from trainer_runs import parse
 from zccd_process import Zccd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,54 +25,19 @@ SCRIPT = os.path.join(HERE, "train_mlp.py")
 STEPS, WORLD = 30, 2
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = trainer_runs.free_port
 
 
 def start_ranks(args, world=WORLD):
-    port = str(free_port())
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, "-u", SCRIPT] + args, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    return procs
+    return trainer_runs.start_ranks(SCRIPT, args, world)
 
 
 def run_ranks(args, timeout=300, world=WORLD):
-    procs = start_ranks(args, world)
-    results = []
-    for rank, p in enumerate(procs):
-        out, _ = p.communicate(timeout=timeout)
-        if p.returncode != 0:
-            for q in procs:
-                q.kill()
-            raise AssertionError("rank %d of %s failed (%d):\n%s" % (rank, args, p.returncode, out))
-        results.append(parse(out))
-    return results
+    return trainer_runs.run_ranks(SCRIPT, args, world, timeout=timeout)
 
 
 def run_ranks_and_kill(args, timeout=120, world=WORLD):
-    procs = start_ranks(args, world)
-    losses = []
-    try:
-        for rank, p in enumerate(procs):
-            out = []
-            for line in p.stdout:
-                out.append(line)
-                if line.strip() == "paused":
-                    break
-            else:
-                raise AssertionError("rank %d exited before pausing:\n%s" % (rank, "".join(out)))
-            losses.append(parse("".join(out))[0])
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout)
-    return losses
+    return trainer_runs.run_ranks_and_kill(SCRIPT, args, world, timeout=timeout)
 
 
 def main():

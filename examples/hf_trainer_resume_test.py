@@ -10,8 +10,9 @@ the Trainer's shuffling sampler) trained to step 30:
             Trainer resumes from checkpoint-10, zcc restores step 10
 
 Every loss after the resume and the final weights must equal the baseline's
-bit for bit, and those before the kill too (zcc changes nothing). Then a
-folder whose step zccd no longer has fails the resume with the reason.
+bit for bit, and those before the kill too (zcc changes nothing). The same
+with two DDP ranks (gloo), each rank's losses compared. Then a folder whose
+step zccd no longer has fails the resume with the reason.
 """
 
 import os
@@ -70,6 +71,27 @@ def main():
         print("resumed: SIGKILL after step 17, Trainer resumed from checkpoint-10 with zcc's step "
               "10, losses 11..%d and %d final weights bit-identical to the run without zcc"
               % (STEPS, n))
+
+        # Two DDP ranks: the folder holds each rank's generators, and each
+        # rank's losses after the resume are the uninterrupted run's.
+        ddp = os.path.join(tmp, "ddp")
+        two = common + ["--job", "hf-ddp", "--out", ddp]
+        base2 = trainer_runs.run_ranks(SCRIPT, common + ["--no-zcc", "--out",
+                                                         os.path.join(tmp, "base2")], 2)
+        first2 = trainer_runs.run_ranks_and_kill(SCRIPT, two + ["--pause-after", "17"], 2)
+        for rank in range(2):
+            bad = [s for s in first2[rank] if first2[rank][s] != base2[rank][0][s]]
+            assert not bad, "rank %d: zcc changed the losses at steps %s" % (rank, bad)
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
+            os.listdir(os.path.join(ddp, "checkpoint-10"))), os.listdir(ddp)
+        second2 = trainer_runs.run_ranks(SCRIPT, two, 2)
+        for rank in range(2):
+            losses = second2[rank][0]
+            assert sorted(losses) == list(range(11, STEPS + 1)), (rank, sorted(losses))
+            bad = [s for s in losses if losses[s] != base2[rank][0][s]]
+            assert not bad, "rank %d: losses after resuming differ at steps %s" % (rank, bad)
+        print("two DDP ranks: resumed from checkpoint-10 with both ranks' generators, every "
+              "rank's losses 11..%d bit-identical" % STEPS)
 
         # A folder naming a step zccd does not have: the resume stops with why.
         shutil.rmtree(os.path.join(d.root, "hf-trainer", "step-00000030"))

@@ -58,12 +58,14 @@ def main(argv):
             return loss
 
     set_seed(0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun: DDP over gloo
     model = integration_common.tiny_llama()
     training = TrainingArguments(output_dir=args.out, max_steps=args.steps,
                                  per_device_train_batch_size=8, learning_rate=3e-3,
                                  lr_scheduler_type="linear", warmup_steps=3, save_strategy="no",
                                  logging_steps=1000, report_to=[], use_cpu=True, seed=0,
-                                 dataloader_num_workers=0, disable_tqdm=True)
+                                 dataloader_num_workers=0, disable_tqdm=True,
+                                 ddp_backend="gloo" if world > 1 else None)
     callbacks = []
     zcc_callback = None
     if not args.no_zcc:
@@ -87,7 +89,7 @@ def main(argv):
                                      (os.listdir(args.out) if os.path.isdir(args.out) else []))
     print("resume=%s" % resume, flush=True)
     trainer.train(resume_from_checkpoint=True if resume else None)
-    if args.dump:
+    if args.dump and trainer.is_world_process_zero():
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
                   args.dump)

@@ -8,6 +8,8 @@ starting with it) when paused, and "restored=... from=..." and similar
 fields, which parse() collects.
 """
 
+import os
+import socket
 import subprocess
 import sys
 
@@ -55,6 +57,61 @@ def run_and_kill(script, args, timeout=120):
         p.wait(timeout)
     assert p.returncode == -9, p.returncode
     return parse("".join(out))[0], "".join(out)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(script, args, world):
+    """`world` processes of `script`, ranks of one job (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT as torchrun sets them)."""
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, "-u", script] + args, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    return procs
+
+
+def run_ranks(script, args, world, timeout=300):
+    """Runs the ranks to their end: [(losses, values)] by rank."""
+    procs = start_ranks(script, args, world)
+    results = []
+    for rank, p in enumerate(procs):
+        out, _ = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            for q in procs:
+                q.kill()
+            raise AssertionError("rank %d of %s failed (%d):\n%s" % (rank, args, p.returncode, out))
+        results.append(parse(out))
+    return results
+
+
+def run_ranks_and_kill(script, args, world, timeout=120):
+    """Starts the ranks, SIGKILLs them all once every one has paused:
+    [losses] by rank."""
+    procs = start_ranks(script, args, world)
+    losses = []
+    try:
+        for rank, p in enumerate(procs):
+            out = []
+            for line in p.stdout:
+                out.append(line)
+                if line.startswith("paused"):
+                    break
+            else:
+                raise AssertionError("rank %d exited before pausing:\n%s" % (rank, "".join(out)))
+            losses.append(parse("".join(out))[0])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout)
+    return losses
 
 
 def check_kill_and_resume(script, zccd, steps=30, pause_after=17, save_every=10):
