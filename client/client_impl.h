@@ -126,8 +126,14 @@ struct PendingRestore {
   PendingRestore() = default;
   PendingRestore(const PendingRestore&) = delete;
   PendingRestore& operator=(const PendingRestore&) = delete;
+  // A restore dropped unread (the ranks chose another step, or failed):
+  // zccd is told, and if it cannot be, it frees the buffer when the client
+  // goes away; worth a line in the log either way.
   ~PendingRestore() {
-    if (release) (void)release();
+    const absl::Status released = Release();
+    if (!released.ok()) {
+      ZCC_LOG(WARNING) << "zcc client: could not release an unused restore buffer: " << released;
+    }
   }
   absl::Status Release() {
     if (!release) return absl::OkStatus();

@@ -3,6 +3,7 @@ before the optimizer has any (zcc._optim_state), bound to the registered
 buffers once the optimizer creates it, and optimizer.step wrapped with the
 fence that keeps it from overwriting tensors zcc is still copying."""
 
+import collections
 import operator
 import weakref
 
@@ -20,6 +21,16 @@ _LR_SCHEDULER_STEP_MARKERS = ("_with_counter", "_wrapped_by_lr_sched")
 # state is bound, step() checks only that the container and the number of
 # parameters with state are unchanged, not every entry (a check that costs a
 # model with thousands of parameters tens of microseconds a step).
+# The optimizer's state as the last binding left it (_remember_binding):
+#   container, size:  optimizer.state and how many parameters had state
+#   dicts, lengths:   each bound parameter's state dict and its entry count
+#   pairs:            (dicts, keys, buffers), flat: each registered entry
+#   nontensor:        (index, dict, keys) of the non-tensor entries
+#   bound:            one byte per optimizer parameter, 1 where bound
+#   in_place:         the optimizer is one of _UPDATES_IN_PLACE
+_Binding = collections.namedtuple(
+    "_Binding", "container size dicts lengths pairs nontensor bound in_place")
+
 _UPDATES_IN_PLACE = frozenset({torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD,
                                torch.optim.RMSprop, torch.optim.Adagrad})
 
@@ -142,10 +153,10 @@ class OptimizerBinding:
             plain = [k for k, v in current.items() if not torch.is_tensor(v)]
             if plain:
                 nontensor.append((i, current, plain))
-        self._binding = (state, len(state), dicts, [len(d) for d in dicts],
-                         (pair_dicts, keys, bufs), nontensor,
-                         bytes(1 if b else 0 for b in self._bound),
-                         type(self.optimizer) in _UPDATES_IN_PLACE)
+        self._binding = _Binding(state, len(state), dicts, [len(d) for d in dicts],
+                                 (pair_dicts, keys, bufs), nontensor,
+                                 bytes(1 if b else 0 for b in self._bound),
+                                 type(self.optimizer) in _UPDATES_IN_PLACE)
 
     def _state_as_bound(self):
         """True when the optimizer's state is as the last binding left it: the
@@ -160,17 +171,17 @@ class OptimizerBinding:
         if b is None:
             return False
         state = self.optimizer.state
-        if state is not b[0] or len(state) != b[1]:
+        if state is not b.container or len(state) != b.size:
             return False
-        if b[7]:
+        if b.in_place:
             return True
-        if list(map(len, b[2])) != b[3]:
+        if list(map(len, b.dicts)) != b.lengths:
             return False
         # Every registered key still holds our buffer: map and all loop in C
         # (a Python loop over thousands of entries costs the trainer).
-        pair_dicts, keys, bufs = b[4]
+        pair_dicts, keys, bufs = b.pairs
         return all(map(operator.is_, map(dict.get, pair_dicts, keys), bufs))
 
     def _nontensor_state(self):
         """The bound parameters' non-tensor optimizer state, {index: {key: value}}."""
-        return {i: {k: current[k] for k in keys} for i, current, keys in self._binding[5]}
+        return {i: {k: current[k] for k in keys} for i, current, keys in self._binding.nontensor}

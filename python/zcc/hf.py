@@ -74,6 +74,7 @@ class ZccCallback(TrainerCallback):
         self.ckpt = None
         self._pending = []  # rank 0: (step, trainer_state_json) awaiting commit
         self._last_check = 0.0
+        self._status_error = None  # the last failed status query's reason
 
     # ------------------------------------------------------------------ events
 
@@ -175,8 +176,13 @@ class ZccCallback(TrainerCallback):
         self._last_check = time.monotonic()
         try:
             committed = self.ckpt.client.checkpoint_status()["last_committed_step"]
-        except Exception:
-            return  # zccd away: try later
+        except Exception as e:  # zccd away: tried again later, said once per reason
+            if str(e) != self._status_error:
+                self._status_error = str(e)
+                warnings.warn("ZccCallback: cannot ask zccd which steps are committed (%s); "
+                              "their checkpoint folders wait" % e)
+            return
+        self._status_error = None
         ready = [p for p in self._pending if p[0] <= committed]
         self._pending = [p for p in self._pending if p[0] > committed]
         for step, trainer_state in ready:

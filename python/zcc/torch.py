@@ -437,7 +437,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                 state["bound"] = b"\1" * len(self._bound)
                 state["nontensor_state"] = {}
             else:
-                state["bound"] = self._binding[6]
+                state["bound"] = self._binding.bound
                 state["nontensor_state"] = self._nontensor_state()
         return state
 
