@@ -24,6 +24,7 @@ def zcc_py_test(name, script, data = [], size = "medium", args = []):
             script,
             "//daemon:zccd",
             "//python/tests:zccd_process",
+            "//python/tests:zcc_testing",
             "//python/zcc",
         ] + data,
     )
