@@ -349,6 +349,7 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     root.region = r.region();
     root.addressing = r.addressing();
     root.profile = r.profile();
+    root.ca_bundle = r.ca_bundle();
     d.object_store_roots.push_back(root);
   }
   if (proto.has_shm_prefix()) d.shm_prefix = proto.shm_prefix();
@@ -563,7 +564,8 @@ std::string DefaultConfigText(const FullConfig& config) {
     absl::StrAppend(&out, "allowed_roots: ", Quote(root), "\n");
   }
   absl::StrAppend(&out, "# Object-store roots (s3://bucket/prefix), each with its endpoint,\n"
-                        "# region, addressing and credentials profile (empty: environment).\n");
+                        "# region, addressing, credentials profile and CA bundle (empty:\n"
+                        "# environment).\n");
   if (d.object_store_roots.empty()) {
     absl::StrAppend(&out, "# object_store_roots { url: ", Quote("s3://bucket/zcc"),
                     " endpoint_url: ", Quote("http://10.0.0.5:9000"), " }\n");
@@ -574,6 +576,7 @@ std::string DefaultConfigText(const FullConfig& config) {
     if (!r.region.empty()) absl::StrAppend(&out, "  region: ", Quote(r.region), "\n");
     if (!r.addressing.empty()) absl::StrAppend(&out, "  addressing: ", Quote(r.addressing), "\n");
     if (!r.profile.empty()) absl::StrAppend(&out, "  profile: ", Quote(r.profile), "\n");
+    if (!r.ca_bundle.empty()) absl::StrAppend(&out, "  ca_bundle: ", Quote(r.ca_bundle), "\n");
     absl::StrAppend(&out, "}\n");
   }
   absl::StrAppend(&out, "\n");

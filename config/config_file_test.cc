@@ -272,7 +272,8 @@ TEST_CASE("object-store roots: s3:// allowed roots and object_store_roots with t
       "allowed_roots: \"/mnt/ckpt\"\n"
       "allowed_roots: \"s3://bucket/zcc\"\n"
       "object_store_roots { url: \"s3://other/x\" endpoint_url: \"http://10.0.0.5:9000\" "
-      "region: \"eu-west-1\" addressing: \"path\" profile: \"zccd\" }\n",
+      "region: \"eu-west-1\" addressing: \"path\" profile: \"zccd\" "
+      "ca_bundle: \"/etc/zcc/store-ca.pem\" }\n",
       "zccd.conf");
   REQUIRE_OK(c);
   CHECK(c->daemon.allowed_roots == std::vector<std::string>{"/mnt/ckpt"});
@@ -285,22 +286,26 @@ TEST_CASE("object-store roots: s3:// allowed roots and object_store_roots with t
   CHECK(other.region == "eu-west-1");
   CHECK(other.addressing == "path");
   CHECK(other.profile == "zccd");
+  CHECK(other.ca_bundle == "/etc/zcc/store-ca.pem");
   // The printed default configuration shows them, and reads back the same.
   auto again = ParseConfigText(DefaultConfigText(*c), "printed.conf");
   REQUIRE_OK(again);
   REQUIRE(again->daemon.object_store_roots.size() == 2);
   CHECK(again->daemon.object_store_roots[1].profile == "zccd");
+  CHECK(again->daemon.object_store_roots[1].ca_bundle == "/etc/zcc/store-ca.pem");
 
   auto bad = ParseConfigText(
       "object_store_roots { url: \"s3:///nobucket\" }\n"
       "object_store_roots { url: \"s3://b/x\" addressing: \"sideways\" }\n"
-      "object_store_roots { url: \"s3://b/y\" endpoint_url: \"10.0.0.5:9000\" }\n",
+      "object_store_roots { url: \"s3://b/y\" endpoint_url: \"10.0.0.5:9000\" }\n"
+      "object_store_roots { url: \"s3://b/z\" ca_bundle: \"ca.pem\" }\n",
       "zccd.conf");
   REQUIRE_FALSE(bad.ok());
   const std::string message(bad.status().message());
   CHECK(absl::StrContains(message, "names no bucket"));
   CHECK(absl::StrContains(message, "addressing must be path or virtual"));
   CHECK(absl::StrContains(message, "endpoint_url must start with http:// or https://"));
+  CHECK(absl::StrContains(message, "ca_bundle must be an absolute path"));
 }
 
 TEST_CASE("listen addresses must be host:port with a valid port") {

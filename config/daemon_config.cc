@@ -52,6 +52,9 @@ std::string CheckObjectStoreRoot(const ObjectStoreRoot& r) {
     return absl::StrCat(where, ": endpoint_url must start with http:// or https://, got '",
                         r.endpoint_url, "'");
   }
+  if (!r.ca_bundle.empty() && !absl::StartsWith(r.ca_bundle, "/")) {
+    return absl::StrCat(where, ": ca_bundle must be an absolute path, got '", r.ca_bundle, "'");
+  }
   if (!r.addressing.empty() && r.addressing != "path" && r.addressing != "virtual") {
     return absl::StrCat(where, ": addressing must be path or virtual, got '", r.addressing, "'");
   }

@@ -25,6 +25,9 @@ struct ObjectStoreRoot {
   // The shared credentials file's profile for this root. Empty: the
   // environment's keys (AWS_ACCESS_KEY_ID ...), else AWS_PROFILE or default.
   std::string profile;
+  // A PEM file of CA certificates for https. Empty: AWS_CA_BUNDLE, else the
+  // system's bundle (storage/s3/s3_location.h).
+  std::string ca_bundle;
 };
 
 struct DaemonConfig {

@@ -15,6 +15,8 @@ _PROBE = """
 import sys, sysconfig
 if sys.implementation.name != "cpython":
     raise SystemExit("zcc's extension modules are built for CPython, not " + sys.implementation.name)
+if sys.version_info < (3, 10):
+    raise SystemExit("zcc needs CPython 3.10 or newer, not %d.%d" % sys.version_info[:2])
 print(sysconfig.get_paths()["include"])
 print("cp%d%d" % sys.version_info[:2])
 print("%d.%d" % sys.version_info[:2])

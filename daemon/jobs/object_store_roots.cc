@@ -36,6 +36,7 @@ storage::s3::EnvLookup RootEnvironment(const ObjectStoreRoot& root,
       return root.region.c_str();
     }
     if (!root.addressing.empty() && n == "ZCC_S3_ADDRESSING") return root.addressing.c_str();
+    if (!root.ca_bundle.empty() && n == "AWS_CA_BUNDLE") return root.ca_bundle.c_str();
     if (!root.profile.empty()) {
       // The root's profile, not keys meant for something else.
       if (n == "AWS_PROFILE") return root.profile.c_str();

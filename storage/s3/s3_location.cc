@@ -1,12 +1,24 @@
 #include "storage/s3/s3_location.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace zcc::storage::s3 {
+
+std::string SystemCaBundle() {
+  for (const char* path : {"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                           "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem"}) {
+    if (::access(path, R_OK) == 0) return path;
+  }
+  return "";
+}
 
 absl::StatusOr<Endpoint> EndpointFromEnvironment(const EnvLookup& lookup) {
   const EnvLookup env = lookup ? lookup : [](const char* name) { return std::getenv(name); };
@@ -22,6 +34,14 @@ absl::StatusOr<Endpoint> EndpointFromEnvironment(const EnvLookup& lookup) {
   if (e.url.empty()) e.url = get("AWS_ENDPOINT_URL");
   e.path_style = !e.url.empty();
   if (e.url.empty()) e.url = absl::StrCat("https://s3.", e.region, ".amazonaws.com");
+  e.ca_file = get("AWS_CA_BUNDLE");
+  if (e.ca_file.empty()) {
+    e.ca_file = SystemCaBundle();
+  } else if (::access(e.ca_file.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AWS_CA_BUNDLE (or the root's ca_bundle) names ", e.ca_file,
+        ", which cannot be read: ", std::strerror(errno)));
+  }
   const std::string addressing = get("ZCC_S3_ADDRESSING");
   if (addressing == "path") {
     e.path_style = true;

@@ -22,8 +22,18 @@ namespace zcc::storage::s3 {
 // The endpoint the environment names: AWS S3 in the region (virtual-hosted
 // addressing) unless AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL names another
 // store (path-style addressing, what MinIO, Ceph and moto expect, unless
-// ZCC_S3_ADDRESSING=virtual). InvalidArgument for a bad ZCC_S3_ADDRESSING.
+// ZCC_S3_ADDRESSING=virtual). Its CA bundle is AWS_CA_BUNDLE, else the
+// system's (SystemCaBundle). InvalidArgument for a bad ZCC_S3_ADDRESSING or
+// an AWS_CA_BUNDLE that names no readable file.
 absl::StatusOr<Endpoint> EndpointFromEnvironment(const EnvLookup& env = nullptr);
+
+// The first of the places Linux distributions keep their CA bundle that
+// exists: /etc/ssl/certs/ca-certificates.crt (Debian, Ubuntu, Arch),
+// /etc/pki/tls/certs/ca-bundle.crt (RHEL, Fedora), /etc/ssl/ca-bundle.pem
+// (SUSE), /etc/ssl/cert.pem (Alpine); empty when none does (libcurl's built-in
+// default then applies). zcc's wheel carries a libcurl built on Debian, whose
+// built-in path other distributions lack: hence the search.
+std::string SystemCaBundle();
 
 class S3Location {
  public:

@@ -2,13 +2,13 @@
 """Writes zcc's wheel (the binary distribution format of PEP 427) from built files.
 
     assemble_wheel.py --out_dir DIR --tag cp311-cp311-linux_x86_64 \\
-        --file zcc/__init__.py=SRC ... --program SRC ...
+        --license LICENSE --file zcc/__init__.py=SRC ... --program SRC ...
 
 writes DIR/zcc-<version>-<tag>.whl holding
     zcc/...                   each --file at its path (the package; _zcc*.so included)
     zcc/bin/<name>            each --program, executable
     zcc-<version>.dist-info/  METADATA, WHEEL, entry_points.txt (a console command
-                              per program: zcc.programs:<name>), RECORD
+                              per program: zcc.programs:<name>), LICENSE, RECORD
 The version is __version__ in zcc/__init__.py. Python's zipfile only: no build
 backend. Entries are sorted and dated 1980-01-01, so equal inputs give equal bytes.
 """
@@ -23,7 +23,23 @@ import zipfile
 
 NAME = "zcc"
 SUMMARY = "Zero-cost checkpointing for training jobs: the zcc client, zcc.torch and zccd"
-REQUIRES_PYTHON = ">=3.11,<3.12"  # _zcc.so is built for Debian 12's python3.11
+# Each wheel's tag names the one CPython its _zcc.so is built for
+# (tools/build_wheel.sh builds one per CPython); the Python code runs on these.
+REQUIRES_PYTHON = ">=3.10"
+LICENSE = "Apache-2.0"
+CLASSIFIERS = [
+    "Development Status :: 3 - Alpha",
+    "Intended Audience :: Science/Research",
+    "License :: OSI Approved :: Apache Software License",
+    "Operating System :: POSIX :: Linux",
+    "Programming Language :: C++",
+    "Programming Language :: Python :: 3",
+    "Programming Language :: Python :: 3.10",
+    "Programming Language :: Python :: 3.11",
+    "Programming Language :: Python :: 3.12",
+    "Programming Language :: Python :: 3.13",
+    "Topic :: Scientific/Engineering :: Artificial Intelligence",
+]
 REQUIRES = ["numpy", "safetensors"]
 # zcc.torch; `import zcc` needs no torch. The integrations' lower bounds are
 # the versions their tests run (tools/requirements-torch.txt).
@@ -38,10 +54,23 @@ zcc takes checkpoints of a training job without stalling it: the trainer enqueue
 copies of its tensors into shared-memory staging slots, and a per-node daemon, zccd,
 writes them as safetensors shards, commits them atomically and restores them.
 
-This wheel holds the Python client (`zcc`, `zcc.torch`) and the programs `zccd` and
-`zccctl` (console commands of the same names). It is built for Debian 12 on x86-64
-and uses Debian's shared gRPC, Protobuf and Abseil libraries: see "Install into your
-own environment" in zcc's README.md for the runtime packages.
+This wheel holds the Python client (`zcc`, `zcc.torch`, and `zcc.hf`, `zcc.accelerate`,
+`zcc.lightning` for Hugging Face's Trainer, Accelerate and Lightning) and the programs
+`zccd` and `zccctl` (console commands of the same names). Its manylinux form carries
+the shared libraries it needs (gRPC, Protobuf, Abseil, libcurl and theirs) in
+`zcc.libs/`, so nothing but the C and C++ runtimes must be installed where it runs.
+
+    pip install 'zcc[torch]'          # extras: torch, hf, accelerate, lightning
+    zccd --root ~/zcc-ckpt &
+
+```python
+from zcc.torch import Checkpointer
+ckpt = Checkpointer(model, optimizer, job_id="my-run", save_every=100)
+start = (ckpt.restore() or 0) + 1
+for step in range(start, steps + 1):
+    ...  # forward, backward, optimizer.step()
+    ckpt.step(step)
+```
 """
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
@@ -65,7 +94,9 @@ def read_version(package_files):
 
 def metadata(version):
     lines = ["Metadata-Version: 2.1", "Name: " + NAME, "Version: " + version,
-             "Summary: " + SUMMARY, "Requires-Python: " + REQUIRES_PYTHON]
+             "Summary: " + SUMMARY, "License: " + LICENSE]
+    lines += ["Classifier: " + c for c in CLASSIFIERS]
+    lines.append("Requires-Python: " + REQUIRES_PYTHON)
     lines += ["Requires-Dist: " + r for r in REQUIRES]
     for extra, requires in sorted(EXTRAS.items()):
         lines.append("Provides-Extra: " + extra)
@@ -104,6 +135,7 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out_dir", required=True)
     p.add_argument("--tag", required=True, help="python-abi-platform, e.g. cp311-cp311-linux_x86_64")
+    p.add_argument("--license", required=True, help="the license text, written into dist-info")
     p.add_argument("--file", action="append", default=[], help="ARCNAME=SOURCE, ARCNAME under zcc/")
     p.add_argument("--program", action="append", default=[], help="an executable for zcc/bin/")
     args = p.parse_args(argv)
@@ -141,6 +173,8 @@ def main(argv):
         "%s = %s.programs:%s\n" % (name, NAME, name) for name in programs)
     wheel.add(dist_info + "/entry_points.txt", entry_points.encode())
     wheel.add(dist_info + "/top_level.txt", (NAME + "\n").encode())
+    with open(args.license, "rb") as f:
+        wheel.add(dist_info + "/LICENSE", f.read())
     wheel.close(dist_info + "/RECORD")
     print("wrote %s (%d bytes)" % (wheel_path, os.path.getsize(wheel_path)))
 

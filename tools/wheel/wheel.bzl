@@ -11,6 +11,7 @@ def _zcc_wheel_impl(ctx):
     args = ctx.actions.args()
     args.add("--out_dir", out.path)
     args.add("--tag", ctx.attr.tag)
+    args.add("--license", ctx.file.license.path)
     prefix = ctx.attr.package_root + "/"
     for f in ctx.files.package:
         if not f.short_path.startswith(prefix):
@@ -21,7 +22,7 @@ def _zcc_wheel_impl(ctx):
     ctx.actions.run(
         executable = ctx.executable._assemble,
         arguments = [args],
-        inputs = ctx.files.package + ctx.files.programs,
+        inputs = ctx.files.package + ctx.files.programs + [ctx.file.license],
         outputs = [out],
         mnemonic = "ZccWheel",
         progress_message = "Assembling zcc's wheel %s" % out.short_path,
@@ -32,6 +33,11 @@ zcc_wheel = rule(
     implementation = _zcc_wheel_impl,
     doc = "A directory holding zcc's wheel (see assemble_wheel.py for its contents).",
     attrs = {
+        "license": attr.label(
+            allow_single_file = True,
+            mandatory = True,
+            doc = "The license text, written into the wheel's dist-info.",
+        ),
         "package": attr.label_list(
             allow_files = True,
             doc = "The Python package's files (.py and extension modules), placed at " +
