@@ -66,26 +66,16 @@ if [[ -z $pybind11 ]] ||
   exit 1
 fi
 
-# Every CPython 3.10-3.13 this machine has, one interpreter per version.
-find_pythons() {
-  local minor py found=()
-  local pyenv_root
-  pyenv_root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
-  for minor in 10 11 12 13; do
-    py=""
-    for candidate in $(ls -d "$pyenv_root"/versions/3."$minor".* 2>/dev/null | sort -V -r); do
-      [[ -x $candidate/bin/python3 ]] && { py=$candidate/bin/python3; break; }
-    done
-    [[ -z $py && -x /usr/bin/python3.$minor ]] && py=/usr/bin/python3.$minor
-    [[ -z $py ]] && py=$(command -v "python3.$minor" || true)
-    [[ -n $py ]] && found+=("$py")
-  done
-  echo "${found[@]}"
-}
+source "$repo/tools/wheel/pythons.sh"
 if ((all)); then
-  read -r -a more <<<"$(find_pythons)"
-  [[ ${#more[@]} -gt 0 ]] || { echo "build_wheel.sh: --all-pythons found no CPython 3.10-3.13" >&2; exit 1; }
-  pythons+=("${more[@]}")
+  for version in "${ZCC_WHEEL_PYTHON_VERSIONS[@]}"; do
+    if py=$(zcc_find_python "$version"); then
+      pythons+=("$py")
+    else
+      echo "build_wheel.sh: no CPython $version found (pyenv, /usr/bin, PATH): no wheel for it" >&2
+    fi
+  done
+  [[ ${#pythons[@]} -gt 0 ]] || { echo "build_wheel.sh: --all-pythons found no CPython 3.10-3.13" >&2; exit 1; }
 fi
 [[ ${#pythons[@]} -gt 0 ]] || pythons=(/usr/bin/python3)
 

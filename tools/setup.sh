@@ -25,6 +25,7 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for fuzz/
   libcurl4-openssl-dev       # the object-store client (HTTP, AWS SigV4 signing: storage/s3)
   libpugixml-dev             # S3's XML replies (storage/s3)
+  debootstrap                # a minimal Debian root in which the portable wheels are tested
 )
 PIP_PACKAGES=(safetensors numpy)
 

@@ -2,7 +2,8 @@
 # Sets up the machine (tools/setup.sh) and runs the whole test suite: unit
 # tests of every module, Python tests, integration, scenario, isolation, ops
 # and crash tests that start real zccd and trainer processes, a short fuzz
-# run, and clang's thread-safety analysis. Ends with one line
+# run, clang's thread-safety analysis, and the portable wheels (one per
+# CPython, tools/wheel/portable_test.sh). Ends with one line
 # "N passed, M failed" counting test cases; exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,19 @@ if bash tools/thread_safety.sh 2>&1 | tail -30; then
 else
   failed=$((failed + 1))
 fi
+# The portable wheels: built for every CPython 3.10-3.13, installed into fresh
+# venvs here and in a minimal Debian root file system (its checks are cases).
+wheel_start=$(date +%s)
+wheel_out=$(bash tools/wheel/portable_test.sh 2>&1)
+grep -E "^(PASS|FAIL|==|portable_test)" <<<"$wheel_out" | cut -c1-400
+if line=$(grep -E "^portable_test: [0-9]+ passed, [0-9]+ failed$" <<<"$wheel_out"); then
+  passed=$((passed + $(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line")))
+  failed=$((failed + $(sed -E 's/.*, ([0-9]+) failed/\1/' <<<"$line")))
+else
+  tail -30 <<<"$wheel_out"
+  failed=$((failed + 1))
+fi
+echo "portable wheels: $(( $(date +%s) - wheel_start ))s"
 echo "test wall time: $(( $(date +%s) - start ))s"
 if ((${#not_run[@]} > 0)); then
   echo "not run in this build (they need nvcc): ${not_run[*]}"

@@ -153,7 +153,7 @@ bundle_python() {
   mkdir -p "$headers/python" "$headers/pybind11"
   cp -r "$include"/. "$headers/python/"
   cp -r "$pybind11/pybind11" "$headers/pybind11/"
-  # -I comes before the BUILD file's -isystem of Debian's python3.11 headers.
+  # -I comes before the -isystem of @zcc_python's headers (Debian's python3.11).
   local copts="--per_file_copt=python/zcc/.*\\.cc@-I$headers/python,-I$headers/pybind11"
   bazel "${startup[@]}" build "${flags[@]}" "$copts" //python/zcc:_zcc.so //python/zcc:_zcc_cuda.so
   local bin
