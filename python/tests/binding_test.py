@@ -719,7 +719,7 @@ def test_stateful_objects_resume_exactly():
     counter = Counter()
     with Checkpointer(model, opt, job_id="sf", socket=NO_DAEMON, state={"c": counter},
                       extra_bytes=4096) as ck:
-        capacity = ck._blobs["rank"].tensor.numel()
+        capacity = ck._blobs["rank"].array.size
         assert 4096 < capacity < 65536, capacity
         ck.step(1)
         counter.t = torch.zeros(capacity // 4)
@@ -730,7 +730,7 @@ def test_stateful_objects_resume_exactly():
     big.t = torch.zeros(10000)
     with Checkpointer(model, opt, job_id="sf", socket=NO_DAEMON, state={"c": big},
                       extra_bytes=4096) as ck:
-        assert ck._blobs["rank"].tensor.numel() >= 80000
+        assert ck._blobs["rank"].array.size >= 80000
         ck.step(1)
 
 
@@ -739,8 +739,8 @@ def test_state_loader_refuses_code():
     blob.write({"a": [1, 2]})
     assert blob.read() == {"a": [1, 2]}
     payload = pickle.dumps(torch.nn.Linear)  # needs a class lookup
-    blob._view[:8] = list(len(payload).to_bytes(8, "little"))
-    blob._view[8:8 + len(payload)] = np.frombuffer(payload, np.uint8)
+    blob.array[:8] = list(len(payload).to_bytes(8, "little"))
+    blob.array[8:8 + len(payload)] = np.frombuffer(payload, np.uint8)
     raises(pickle.UnpicklingError, blob.read, match="refusing")
 
 

@@ -2,7 +2,9 @@
 against a real zccd, with what the README leaves to the reader (a model, an
 optimizer, arrays to register, "..." placeholders for the daemon's socket and
 root) bound first. A README that names a function, keyword or return value
-the package does not have fails here."""
+the package does not have fails here. Blocks that begin "import paddle" run
+under Paddle's environment (readme_test.py --paddle, //python/tests:
+readme_paddle_test); the others under PyTorch's."""
 
 import os
 import re
@@ -10,10 +12,13 @@ import sys
 import traceback
 
 import numpy as np
-import torch
 
 import zcc
 from zccd_process import Zccd
+
+PADDLE = sys.argv[1:] == ["--paddle"]
+if not PADDLE:
+    import torch
 
 RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", "."), "zcc")
 READMES = ("README.md", "python/README.md")
@@ -71,6 +76,15 @@ def three_lines_block(code, d):
                   "batch": lambda: torch.randn(4, 8)}
 
 
+def paddle_block(code, d):
+    """zcc.paddle's loop: zccd's socket and root from $ZCC_SOCKET and
+    $ZCC_ROOT, two steps."""
+    os.environ["ZCC_SOCKET"] = d.socket
+    os.environ["ZCC_ROOT"] = d.root
+    assert "range(start, 1001)" in code, code
+    return code.replace("range(start, 1001)", "range(start, 3)"), {}
+
+
 def main():
     found = []
     for readme in READMES:
@@ -79,10 +93,16 @@ def main():
     prepare = {("python/README.md", "import numpy as np, zcc"): binding_block,
                ("python/README.md", "from zcc.torch import Checkpointer"): checkpointer_block,
                ("README.md", "from zcc.torch import Checkpointer"): three_lines_block}
+    if PADDLE:
+        prepare = {("python/README.md", "import paddle"): paddle_block}
     ran = 0
     failed = []
     for i, (readme, code) in enumerate(found):
         first = code.strip().splitlines()[0]
+        if (first == "import paddle") != PADDLE:
+            print("%s block %d (%s): run by the %s environment's readme test"
+                  % (readme, i, first, "PyTorch" if PADDLE else "Paddle"))
+            continue
         if (readme, first) not in prepare:
             failed.append("%s block %r: no preparation for it in readme_test.py" % (readme, first))
             continue

@@ -6,13 +6,23 @@
 # tools/requirements-torch.txt). The built package comes from the runfiles:
 # PYTHONPATH gets python/ (zcc/ with _zcc.so), python/tests/ (zccd_process)
 # and examples/; $ZCCD is the built //daemon:zccd.
+# With --paddle first: Paddle instead, $ZCC_PADDLE_VENV (default
+# ~/.cache/zcc/paddle-venv, tools/requirements-paddle.txt).
 set -euo pipefail
 runfiles="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-zcc}"
-python="${ZCC_TORCH_PYTHON:-${ZCC_VENV:-$HOME/.cache/zcc/venv}/bin/python}"
+if [[ ${1:-} == --paddle ]]; then
+  shift
+  python="${ZCC_PADDLE_VENV:-$HOME/.cache/zcc/paddle-venv}/bin/python"
+  framework=paddle
+  what="(run tools/setup.sh, or set ZCC_PADDLE_VENV)"
+else
+  python="${ZCC_TORCH_PYTHON:-${ZCC_VENV:-$HOME/.cache/zcc/venv}/bin/python}"
+  framework=torch
+  what="(run tools/setup.sh, or set ZCC_TORCH_PYTHON)"
+fi
 
-if ! "$python" -c "import torch, numpy, safetensors" >/dev/null 2>&1; then
-  echo "FAIL: $python cannot import torch, numpy and safetensors (run tools/setup.sh," \
-    "or set ZCC_TORCH_PYTHON)" >&2
+if ! "$python" -c "import $framework, numpy, safetensors" >/dev/null 2>&1; then
+  echo "FAIL: $python cannot import $framework, numpy and safetensors $what" >&2
   exit 1
 fi
 
@@ -35,7 +45,7 @@ fi
 export PYTHONPATH="$runfiles/python:$runfiles/python/tests:$runfiles/examples"
 export ZCCD="$runfiles/daemon/zccd"
 export PYTHONDONTWRITEBYTECODE=1
-echo "using $python ($("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'))"
+echo "using $python ($("$python" -c "import sys, $framework; print(sys.version.split()[0], '$framework', $framework.__version__)" 2>/dev/null))"
 script="$runfiles/$1"
 shift
 exec "$python" -u "$script" "$@"

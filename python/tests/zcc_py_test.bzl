@@ -5,7 +5,7 @@ the built package and the zccd fixture on PYTHONPATH and points $ZCCD at the
 built daemon; every test gets those as data.
 """
 
-def zcc_py_test(name, script, data = [], size = "medium", args = []):
+def zcc_py_test(name, script, data = [], size = "medium", args = [], framework = "torch"):
     """A test that runs `script` (a path in the workspace) with run_python.sh.
 
     Args:
@@ -14,12 +14,16 @@ def zcc_py_test(name, script, data = [], size = "medium", args = []):
       data: further files the script reads (other modules it imports).
       size: the test size.
       args: arguments after the script's path.
+      framework: "torch" (the PyTorch environment) or "paddle" (Paddle's).
     """
+    if framework not in ("torch", "paddle"):
+        fail("framework must be torch or paddle, not %s" % framework)
     native.sh_test(
         name = name,
         size = size,
         srcs = ["//python/tests:run_python.sh"],
-        args = ["%s/%s" % (native.package_name(), script)] + args,
+        args = (["--paddle"] if framework == "paddle" else []) +
+               ["%s/%s" % (native.package_name(), script)] + args,
         data = [
             script,
             "//daemon:zccd",

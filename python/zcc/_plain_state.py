@@ -1,14 +1,15 @@
-"""Plain data for zcc.torch's EXTRA blobs: what may be stored (None, bool,
-int, float, str, bytes and lists, tuples, dicts and sets of them), a loader
-that refuses everything else (restoring never runs code from a checkpoint),
-the fixed-size blob a Checkpointer registers, and tensor-valued optimizer
-hyperparameters written as plain data and put back in place."""
+"""Plain data for the Checkpointers' EXTRA blobs (zcc.torch, zcc.paddle):
+what may be stored (None, bool, int, float, str, bytes and lists, tuples,
+dicts and sets of them), a loader that refuses everything else (restoring
+never runs code from a checkpoint), the fixed-size blob a Checkpointer
+registers, and tensors in state (optimizer hyperparameters, a data loader's
+state dict) written as plain data and put back in place. Framework-neutral:
+a framework's tensors go through its TensorCodec."""
 
 import io
 import pickle
 
 import numpy
-import torch
 
 import zcc
 
@@ -87,13 +88,12 @@ _PAGE = 4096
 
 
 class Blob:
-    """A fixed-size uint8 tensor registered as EXTRA: 8-byte length + pickle."""
+    """A fixed-size uint8 array registered as EXTRA: 8-byte length + pickle."""
 
     def __init__(self, name, capacity):
         self.name = name
-        self.tensor = torch.zeros(capacity, dtype=torch.uint8)
-        self._view = self.tensor.numpy()  # shares memory
-        self._bytes = memoryview(self._view)  # byte copies without NumPy's per-call work
+        self.array = numpy.zeros(capacity, dtype=numpy.uint8)
+        self._bytes = memoryview(self.array)  # byte copies without NumPy's per-call work
 
     @classmethod
     def sized_for(cls, name, value, minimum):
@@ -106,62 +106,76 @@ class Blob:
     def write(self, value):
         payload = dumps_plain(value, self.name)
         need = len(payload) + _LEN_BYTES
-        if need > len(self._view):
+        if need > len(self.array):
             raise ValueError("zcc state '%s' needs %d bytes; its buffer holds %d, sized when the "
                              "Checkpointer was built (twice the state then, at least extra_bytes): "
                              "pass Checkpointer(extra_bytes=%d) or more; this step was not "
-                             "snapshotted" % (self.name, need, len(self._view),
+                             "snapshotted" % (self.name, need, len(self.array),
                                               -(-2 * need // _PAGE) * _PAGE))
         self._bytes[:_LEN_BYTES] = len(payload).to_bytes(_LEN_BYTES, "little")
         self._bytes[_LEN_BYTES:need] = payload
 
     def read(self):
-        n = int.from_bytes(self._view[:_LEN_BYTES].tobytes(), "little")
+        n = int.from_bytes(self.array[:_LEN_BYTES].tobytes(), "little")
         if n == 0:
             return None
-        if n > len(self._view) - _LEN_BYTES:
+        if n > len(self.array) - _LEN_BYTES:
             raise zcc.DataLossError("zcc state '%s' holds a bad length %d" % (self.name, n))
-        return PlainUnpickler(io.BytesIO(self._view[_LEN_BYTES:_LEN_BYTES + n].tobytes())).load()
+        return PlainUnpickler(io.BytesIO(self.array[_LEN_BYTES:_LEN_BYTES + n].tobytes())).load()
 
 
 _TENSOR_TAG = "__zcc_tensor__"
 _NDARRAY_TAG = "__zcc_ndarray__"
 
 
-def plain_hyperparameter(value):
-    """A param_group value as plain data: tensors (PyTorch 2.x accepts a
-    tensor lr, and betas of tensors) become tagged (dtype, shape, bytes)."""
+class TensorCodec:
+    """How a framework's tensors are written as plain data and read back
+    (zcc.torch's and zcc.paddle's): a tensor becomes (dtype name, shape,
+    bytes) under a tag."""
+
+    def is_tensor(self, value):
+        raise NotImplementedError
+
+    def to_plain(self, tensor):
+        """(dtype name, shape list, raw bytes) of a tensor."""
+        raise NotImplementedError
+
+    def from_plain(self, current, dtype, shape, raw):
+        """The saved tensor: written into `current` in place when it is a
+        tensor of that dtype and shape (whatever holds it then sees the
+        restored value), else a new one."""
+        raise NotImplementedError
+
+
+def plain_hyperparameter(value, codec=None):
+    """`value` as plain data: `codec`'s tensors (PyTorch 2.x accepts a tensor
+    lr, and betas of tensors) and NumPy arrays become tagged (dtype, shape,
+    bytes), NumPy scalars their Python values."""
     if type(value) in _PLAIN_SCALAR_TYPES:  # most values: nothing to do
         return value
-    if torch.is_tensor(value):
-        t = value.detach().cpu().contiguous()
-        return {_TENSOR_TAG: (str(t.dtype).replace("torch.", ""), list(t.shape),
-                              t.reshape(-1).view(torch.uint8).numpy().tobytes())}
+    if codec is not None and codec.is_tensor(value):
+        return {_TENSOR_TAG: codec.to_plain(value)}
     if isinstance(value, numpy.ndarray):
         a = numpy.ascontiguousarray(value)
         return {_NDARRAY_TAG: (a.dtype.str, list(a.shape), a.tobytes())}
     if isinstance(value, numpy.generic):  # a NumPy scalar: its Python value
         return value.item()
     if isinstance(value, (list, tuple)):
-        return type(value)(plain_hyperparameter(v) for v in value)
+        return type(value)(plain_hyperparameter(v, codec) for v in value)
     if isinstance(value, dict):
-        return {k: plain_hyperparameter(v) for k, v in value.items()}
+        return {k: plain_hyperparameter(v, codec) for k, v in value.items()}
     return value
 
 
-@torch.no_grad()
-def restore_hyperparameter(current, saved):
-    """`saved` (from _plain_hyperparameter) as the value to put in a param
-    group whose value is `current`: a tensor is filled in place, so whatever
-    holds it (a scheduler, a fused kernel) sees the restored value."""
+def restore_hyperparameter(current, saved, codec=None):
+    """`saved` (from plain_hyperparameter) as the value to put where
+    `current` is: a tensor is filled in place by `codec`, so whatever holds
+    it (a scheduler, a fused kernel) sees the restored value."""
     if isinstance(saved, dict) and set(saved) == {_TENSOR_TAG}:
+        if codec is None:
+            raise zcc.FailedPreconditionError("zcc state holds a tensor and no framework reads it")
         dtype, shape, raw = saved[_TENSOR_TAG]
-        t = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).reshape(shape) \
-            if raw else torch.empty(shape, dtype=getattr(torch, dtype))
-        if torch.is_tensor(current) and current.shape == t.shape and current.dtype == t.dtype:
-            current.copy_(t)
-            return current
-        return t
+        return codec.from_plain(current, dtype, list(shape), raw)
     if isinstance(saved, dict) and set(saved) == {_NDARRAY_TAG}:
         dtype, shape, raw = saved[_NDARRAY_TAG]
         if numpy.dtype(dtype).hasobject:
@@ -170,8 +184,8 @@ def restore_hyperparameter(current, saved):
     if isinstance(saved, (list, tuple)):
         currents = current if isinstance(current, (list, tuple)) and len(current) == len(saved) \
             else [None] * len(saved)
-        return type(saved)(restore_hyperparameter(c, v) for c, v in zip(currents, saved))
+        return type(saved)(restore_hyperparameter(c, v, codec) for c, v in zip(currents, saved))
     if isinstance(saved, dict):
         currents = current if isinstance(current, dict) else {}
-        return {k: restore_hyperparameter(currents.get(k), v) for k, v in saved.items()}
+        return {k: restore_hyperparameter(currents.get(k), v, codec) for k, v in saved.items()}
     return saved

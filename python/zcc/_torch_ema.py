@@ -2,35 +2,15 @@
 state dict (DTensor parameters' EMA as DTensors placed like them)."""
 
 import collections
-import warnings
 
 import torch
 
-import zcc
 from zcc import torch_layout
 
 
 class EmaReading:
     """The EMA half of Checkpointer (a mixin: it works on the Checkpointer's
     registration)."""
-
-    def _kept_ema_names(self):
-        if self._ema_kept is not None:
-            return self._ema_kept
-        try:
-            self.client.read_ema(self._ema_names)
-            self._ema_kept = list(self._ema_names)
-        except zcc.NotFoundError:
-            # Replicated parameters: zccd keeps the EMA of those this rank writes.
-            kept = []
-            for name in self._ema_names:
-                try:
-                    self.client.read_ema([name])
-                    kept.append(name)
-                except zcc.NotFoundError:
-                    pass
-            self._ema_kept = kept
-        return self._ema_kept
 
     def ema_state_dict(self, timeout=30.0, include_buffers=True):
         """zccd's fp32 EMA of the parameters, as {name: float32 tensor}, once it
@@ -39,18 +19,8 @@ class EmaReading:
         parameters whose EMA this rank's zccd keeps. A DTensor parameter's EMA
         is a DTensor of the same placements (an FSDP2 model loads the dict). include_buffers adds the
         model's current buffers so that the result loads with load_state_dict."""
-        if self.ema_decay <= 0:
-            raise zcc.FailedPreconditionError("the Checkpointer was created without ema_decay")
-        self.client.flush()
-        last = self.client.stats()["last_published_step"]
-        target = last - last % self.ema_interval if last >= 0 else -1
+        _, arrays = self._read_ema(timeout)
         names = self._kept_ema_names()
-        # zccd folds snapshots in as it ingests them: it answers once the EMA
-        # includes `target`, or after `timeout` with the EMA as it is.
-        ema_step, arrays = self.client.read_ema(names, min_step=target, timeout=timeout)
-        if ema_step < target:
-            warnings.warn("zcc EMA is at step %d; the last published snapshot is step %d"
-                          % (ema_step, last))
         out = collections.OrderedDict((n, torch.from_numpy(arrays[n])) for n in names)
         for name, p in self._dtensor_params.items():
             # A sharded parameter's EMA as a DTensor placed like it, so that
@@ -69,5 +39,4 @@ class EmaReading:
             for name, b in self.model.named_buffers():
                 if name in state_keys:
                     out[name] = b.detach().clone()
-        self.ema_step = ema_step
         return out

@@ -11,7 +11,6 @@ import torch
 
 import zcc
 from zcc import _plain_state
-from zcc import _rng_state
 
 
 class Restoring:
@@ -58,14 +57,14 @@ class Restoring:
                         % (len(groups), len(opt.param_groups)))
                 for g, saved in zip(opt.param_groups, groups):
                     for k, v in saved.items():
-                        g[k] = _plain_state.restore_hyperparameter(g.get(k), v)
+                        g[k] = _plain_state.restore_hyperparameter(g.get(k), v, self._codec)
             self._remember_binding()  # the state dicts are new ones
             if trainer.get("optimizer_step_count") is not None:
                 opt._step_count = trainer["optimizer_step_count"]
         sched = job.get("scheduler")
         if self.scheduler is not None and sched is not None:
             self.scheduler.load_state_dict(
-                _plain_state.restore_hyperparameter(self.scheduler.state_dict(), sched))
+                _plain_state.restore_hyperparameter(self.scheduler.state_dict(), sched, self._codec))
         self._restore_rank_state(trainer.get("world_size", self.world_size))
         self._last_step = got
         return got
@@ -91,28 +90,16 @@ class Restoring:
             if dist is not None:
                 # A copy (on the CPU .to() would hand the blob itself to
                 # the broadcast, overwriting this rank's own state).
-                flat = blob.tensor.to(self._collective_device(dist), copy=True)
+                flat = torch.from_numpy(blob.array).to(self._collective_device(dist), copy=True)
                 dist.broadcast(flat, src=0)
                 if mine is None:
                     received = _plain_state.Blob(blob.name + " (rank 0's)", flat.numel())
-                    received.tensor.copy_(flat.cpu())
+                    received.array[:] = flat.cpu().numpy()
                     user_from_rank0 = (received.read() or {}).get("user_state")
-        if mine is not None:
-            rng = mine.get("rng") or {}
-            if "python_random" in rng:
-                _rng_state.set_python_rng_state(rng["python_random"])
-            _rng_state.set_numpy_rng_state(rng.get("numpy_random"))
-            if rng.get("cuda_rng") and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
-                                              for s in rng["cuda_rng"]])
-        user = mine.get("user_state") if mine is not None else user_from_rank0
-        if user is not None:
-            self.user_state.clear()
-            self.user_state.update(user)
-        saved_objects = (mine or {}).get("state") or {}
-        for name, obj in self.state.items():
-            if name in saved_objects:
-                obj.load_state_dict(_plain_state.restore_hyperparameter(None, saved_objects[name]))
+        rng = self._apply_rank_state(mine, user_from_rank0)
+        if rng.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
+                                          for s in rng["cuda_rng"]])
         if not own:
             warnings.warn(
                 "zcc: step %d was written by %d rank(s); rank %d had no state of its own in it: "
@@ -174,23 +161,6 @@ class Restoring:
                 raise unavailable
             raise
         return self._restored(result)
-
-    def _restored(self, result):
-        """Notes where the restore came from, the optional state the step
-        lacks and the step of zccd's EMA now, warning when that is ahead of
-        the restored step; returns the step."""
-        self.restored_from = result["source"]
-        self._missing_state = frozenset(result.get("missing", ()))
-        self._restoring_step = result["step"]
-        ema_step = result.get("ema_step", -1)
-        if self.ema_decay > 0 and ema_step >= 0:
-            self.ema_step = ema_step
-            if ema_step > result["step"]:
-                warnings.warn(
-                    "zcc restored step %d from memory with an EMA that has folded in steps up "
-                    "to %d (the previous trainer's); steps replayed are not folded in twice"
-                    % (result["step"], ema_step))
-        return result["step"]
 
     def _all_gather(self, mine):
         """Every rank's `mine` (bytes), by rank: RestoreTogether's all-gather."""

@@ -110,22 +110,17 @@ import threading
 import torch
 
 import zcc
+from zcc import _checkpointer
 from zcc import _plain_state
 from zcc import _prefault
 from zcc import _rng_state
+from zcc import _torch_codec
 from zcc import _torch_ema
 from zcc import _torch_optim
 from zcc import _torch_restore
 from zcc import torch_layout
 
 __all__ = ["Checkpointer"]
-
-
-def _env_int(names, default):
-    for n in names:
-        if os.environ.get(n, "") != "":
-            return int(os.environ[n])
-    return default
 
 
 class _GeneratorState:
@@ -142,29 +137,14 @@ class _GeneratorState:
 
 
 def _stateful_objects(state):
-    """Checkpointer's `state` argument, checked: names as checkpoint keys take
-    them, objects with state_dict() and load_state_dict() (a torch.Generator
-    is taken as one: its get_state()/set_state())."""
-    if state is None:
-        return {}
-    if not isinstance(state, dict):
-        raise TypeError("state must be a dict {name: object with state_dict() and "
-                        "load_state_dict()}, not %s" % type(state).__name__)
-    state = {name: _GeneratorState(obj) if isinstance(obj, torch.Generator) else obj
-             for name, obj in state.items()}
-    for name, obj in state.items():
-        if not isinstance(name, str) or not name or \
-                not all(c.isalnum() or c in "_.-" for c in name):
-            raise ValueError("state name %r: use letters, digits, '_', '.' and '-'" % (name,))
-        if not (callable(getattr(obj, "state_dict", None)) and
-                callable(getattr(obj, "load_state_dict", None))):
-            raise TypeError("state[%r] is a %s without state_dict() and load_state_dict()"
-                            % (name, type(obj).__name__))
-    return dict(state)
+    """Checkpointer's `state` argument, checked (a torch.Generator is taken
+    as a Stateful: its get_state()/set_state())."""
+    return _checkpointer.stateful_objects(
+        state, lambda obj: _GeneratorState(obj) if isinstance(obj, torch.Generator) else obj)
 
 
 class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
-                   _torch_ema.EmaReading):
+                   _torch_ema.EmaReading, _checkpointer.CheckpointerBase):
     """Registers a model, its optimizer and small trainer state with zcc.
 
     Args:
@@ -212,9 +192,9 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                  fence_optimizer_step=True, connect_timeout=30.0, prefetch_restore=True,
                  **connect_kwargs):
         if rank is None:
-            rank = _env_int(["RANK"], 0)
+            rank = _checkpointer.env_int(["RANK"], 0)
         if world_size is None:
-            world_size = _env_int(["WORLD_SIZE"], 1)
+            world_size = _checkpointer.env_int(["WORLD_SIZE"], 1)
         if socket is None:
             socket = os.environ.get("ZCC_SOCKET", "")
         if root is None:
@@ -230,6 +210,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self.ema_decay = ema_decay
         self.ema_interval = max(1, ema_interval)
         self.connect_timeout = connect_timeout
+        self._codec = _torch_codec.CODEC
         self._replica = self._replica_group(replica)
         # The ranks holding copies of a plain (non-DTensor) tensor; a DTensor's
         # placements say where its copies are.
@@ -354,11 +335,12 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                                                 extra_bytes),
         }
         return [
-            zcc.TensorSpec(job_prefix + "trainer_state", self._blobs["job"].tensor, kind="extra",
+            zcc.TensorSpec(job_prefix + "trainer_state", torch.from_numpy(self._blobs["job"].array),
+                           kind="extra",
                            replica=job_replica),
             zcc.TensorSpec(rank_prefix + "torch_rng", self._rng, kind="extra", optional=True),
-            zcc.TensorSpec(rank_prefix + "rank_state", self._blobs["rank"].tensor, kind="extra",
-                           optional=True),
+            zcc.TensorSpec(rank_prefix + "rank_state", torch.from_numpy(self._blobs["rank"].array),
+                           kind="extra", optional=True),
         ]
 
     def _job_state(self, step, all_bound=False):
@@ -370,10 +352,6 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         user_state and each `state` object's state dict."""
         return {"rng": self._rng_state(), "user_state": dict(self.user_state),
                 "state": {name: self._stateful_state(name) for name in self.state}}
-
-    def _stateful_state(self, name):
-        """The state dict of ``state[name]`` as plain data (tensors tagged)."""
-        return _plain_state.plain_hyperparameter(self.state[name].state_dict())
 
     def _plain_replica_members(self):
         group = self._replica
@@ -428,8 +406,9 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         if opt is not None:
             # Tensor-valued hyperparameters (lr=torch.tensor(...), betas
             # of tensors) are stored as plain data and copied back in place.
-            state["param_groups"] = [{k: _plain_state.plain_hyperparameter(v) for k, v in g.items()
-                                      if k != "params"} for g in opt.param_groups]
+            state["param_groups"] = [{k: _plain_state.plain_hyperparameter(v, self._codec)
+                                      for k, v in g.items() if k != "params"}
+                                     for g in opt.param_groups]
             state["optimizer_step_count"] = getattr(opt, "_step_count", None)
             # One byte per optimizer parameter: a list of indices of a
             # model with 10^5 parameters would not fit a small blob.
@@ -455,7 +434,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         if self.scheduler is None:
             return None
         return _plain_state.plain_hyperparameter({k: v for k, v in self.scheduler.state_dict().items()
-                                      if not callable(v)})
+                                                  if not callable(v)}, self._codec)
 
     @torch.no_grad()
     def step(self, step, kind="full"):
@@ -474,48 +453,13 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         for b, shadow in self._buffers:
             shadow.copy_(b)
         self._rng.copy_(torch.get_rng_state())
-        for blob, parts in ((self._blobs["job"], self._job_state(step)),
-                            (self._blobs["rank"], self._rank_state())):
-            try:
-                blob.write(parts)
-            except ValueError as e:  # outgrown: say which part grew
-                raise ValueError("%s; its parts: %s" % (e, _plain_state.part_sizes(parts))) from None
+        self._write_blobs(((self._blobs["job"], self._job_state(step)),
+                           (self._blobs["rank"], self._rank_state())))
         self._last_step = step
         self._fenced = False  # from here on, copies may be reading the tensors
         return self.client.snapshot(step, kind, self._stream())
 
-    # --------------------------------------------------------------- restore
-
-    def wait_connected(self, timeout=None):
-        """Waits until the client is registered with zccd; False on timeout."""
-        return self.client.wait_connected(self.connect_timeout if timeout is None else timeout)
-
     # ----------------------------------------------------------------- other
-
-    def put_job_file(self, name, content):
-        """Stores a small file with the job (bytes; a Hugging Face config.json,
-        tokenizer files): ``zccctl export`` writes it next to the weights.
-        Waits up to connect_timeout for the registration."""
-        self.wait_connected()
-        self.client.put_job_file(name, bytes(content))
-
-    def save_now(self):
-        """Asks zccd to persist the next full snapshot it takes in from each
-        rank of this job on this node. A snapshot already enqueued and not
-        yet taken in counts, so it is usually the newest one: the step just
-        passed to ``step()``, or the one after it."""
-        self.client.save_now()
-
-    def status(self):
-        """The client's counters and the daemon's checkpoint status (a dict)."""
-        return self.client.status()
-
-    def flush(self, timeout=60.0):
-        """Blocks until every snapshot enqueued so far has been handed to
-        zccd (or dropped because zccd went away), at most ``timeout``
-        seconds. It does not wait for checkpoints to be written: the status's
-        ``last_committed_step`` says which step is on disk."""
-        self.client.flush(timeout)
 
     def close(self, keep_snapshots=False):
         """Publishes snapshots in flight, unregisters and releases the tensors.
@@ -536,10 +480,3 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         # keeps calling ours, which stops fencing once the client is closed.)
         self._wrapped_step = None
         self.client.close(keep_snapshots=keep_snapshots)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close(keep_snapshots=exc_type is not None)
-        return False

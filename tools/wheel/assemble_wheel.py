@@ -48,6 +48,7 @@ EXTRAS = {
     "hf": ["torch>=2.6", "transformers>=5.23"],               # zcc.hf
     "accelerate": ["torch>=2.6", "accelerate>=1.15"],         # zcc.accelerate
     "lightning": ["torch>=2.6", "lightning>=2.6"],            # zcc.lightning
+    "paddle": ["paddlepaddle>=3.0"],                          # zcc.paddle
 }
 DESCRIPTION = """\
 zcc takes checkpoints of a training job without stalling it: the trainer enqueues

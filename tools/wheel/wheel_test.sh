@@ -88,6 +88,7 @@ requires=$("$py" -c 'import importlib.metadata as m; print("\n".join(sorted(m.re
 want='accelerate>=1.15; extra == "accelerate"
 lightning>=2.6; extra == "lightning"
 numpy
+paddlepaddle>=3.0; extra == "paddle"
 safetensors
 torch>=2.6; extra == "accelerate"
 torch>=2.6; extra == "hf"

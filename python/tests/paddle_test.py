@@ -1,0 +1,171 @@
+"""Tests of zcc.paddle with PaddlePaddle's CPU wheel (Paddle's own venv).
+
+Trainers are real processes (paddle_worker.py) killed with SIGKILL and run
+again: for Momentum, SGD, Adam and AdamW the resumed run equals the
+uninterrupted one element for element (parameters, BatchNorm statistics,
+accumulators, zccd's EMA, learning rate, generators, `state` and user_state),
+restored from zccd's memory and, after a zccd restart, from disk. In this
+process: a changed model is refused naming the tensor before anything is
+written; multi-precision master weights are registered and restored; a
+parameter moved after construction is refused; an accumulator the optimizer
+replaced is copied back.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import paddle
+
+import zcc
+from zcc.paddle import Checkpointer
+from zcc_testing import raises, run_tests
+from zccd_process import Zccd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 8
+
+
+def worker(d, job, optimizer, out=None, kill_after=0, save_every=2):
+    """Runs paddle_worker.py; returns (exit code, its output)."""
+    cmd = [sys.executable, "-u", os.path.join(HERE, "paddle_worker.py"), "--socket", d.socket,
+           "--root", d.root, "--job", job, "--optimizer", optimizer, "--steps", str(STEPS),
+           "--save-every", str(save_every), "--kill-after", str(kill_after)]
+    if out:
+        cmd += ["--out", out]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
+                       env=dict(os.environ, GLOG_minloglevel="2"))
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def losses(output):
+    return {int(line.split()[1]): line.split()[2] for line in output.splitlines()
+            if line.startswith("loss ")}
+
+
+def restored_line(output):
+    return next(line for line in output.splitlines() if line.startswith("restored="))
+
+
+def same_state(ref, got, what):
+    a, b = np.load(ref), np.load(got)
+    assert sorted(a.files) == sorted(b.files), (what, sorted(a.files), sorted(b.files))
+    for name in a.files:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), \
+            "%s: %s differs after the resume" % (what, name)
+    return len(a.files)
+
+
+def test_killed_trainers_resume_exactly_from_memory():
+    tmp = tempfile.mkdtemp(prefix="zccpd")
+    with Zccd("pdmem") as d:
+        for optimizer in ("momentum", "sgd", "adam", "adamw"):
+            ref = os.path.join(tmp, optimizer + "-ref.npz")
+            code, ref_out = worker(d, "ref-" + optimizer, optimizer, out=ref)
+            assert code == 0, ref_out
+            job = "kill-" + optimizer
+            code, out = worker(d, job, optimizer, kill_after=5)
+            assert code == -9, (code, out)
+            got = os.path.join(tmp, optimizer + "-resumed.npz")
+            code, out = worker(d, job, optimizer, out=got)
+            assert code == 0, out
+            assert restored_line(out) == "restored=5 from=memory", out
+            want = {s: v for s, v in losses(ref_out).items() if s > 5}
+            assert losses(out) == want, (optimizer, losses(out), want)
+            n = same_state(ref, got, optimizer)
+            if optimizer != "sgd":
+                assert any(".velocity" in k or ".moment1" in k for k in np.load(got).files)
+            print("  %s: resumed at 5 from memory, %d arrays bit-exact" % (optimizer, n))
+
+
+def test_resume_from_disk_after_a_zccd_restart():
+    tmp = tempfile.mkdtemp(prefix="zccpd")
+    with Zccd("pddisk") as d:
+        ref = os.path.join(tmp, "ref.npz")
+        code, ref_out = worker(d, "ref", "adamw", out=ref)
+        assert code == 0, ref_out
+        code, out = worker(d, "disk", "adamw", kill_after=5)
+        assert code == -9, out
+        d.wait_latest("disk", 4)
+        d.stop()
+        d.start()  # a fresh zccd: nothing in memory
+        got = os.path.join(tmp, "got.npz")
+        code, out = worker(d, "disk", "adamw", out=got)
+        assert code == 0, out
+        assert restored_line(out) == "restored=4 from=disk", out
+        assert losses(out) == {s: v for s, v in losses(ref_out).items() if s > 4}
+        same_state(ref, got, "adamw from disk")
+
+
+def _mlp(hidden=8, seed=3):
+    paddle.seed(seed)
+    return paddle.nn.Sequential(paddle.nn.Linear(4, hidden), paddle.nn.Linear(hidden, 2))
+
+
+def test_a_changed_model_is_refused_before_anything_is_written():
+    with Zccd("pdchg") as d:
+        m = _mlp()
+        opt = paddle.optimizer.Adam(parameters=m.parameters())
+        with Checkpointer(m, opt, job_id="chg", socket=d.socket, root=d.root, save_every=1) as ck:
+            ck.step(1)
+            ck.flush()
+        d.wait_latest("chg", 1)
+        other = _mlp(hidden=5, seed=4)
+        before = {k: v.numpy().copy() for k, v in other.state_dict().items()}
+        opt = paddle.optimizer.Adam(parameters=other.parameters())
+        with Checkpointer(other, opt, job_id="chg", socket=d.socket, root=d.root) as ck:
+            e = raises(zcc.FailedPreconditionError, ck.restore)
+            assert "0.weight" in str(e) or "0.bias" in str(e), str(e)
+        for k, v in other.state_dict().items():
+            assert np.array_equal(v.numpy(), before[k]), k
+
+
+def test_multi_precision_master_weights_are_registered_and_restored():
+    class Half(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.w = self.create_parameter([4, 3], dtype="float16")
+
+    with Zccd("pdmp") as d:
+        m = Half()
+        opt = paddle.optimizer.AdamW(parameters=m.parameters(), multi_precision=True)
+        with Checkpointer(m, opt, job_id="mp", socket=d.socket, root=d.root, save_every=1) as ck:
+            names = {name: t for _, _, t, name in ck._accumulators}
+            master = names["optimizer.master_weight.w"]
+            assert master.dtype == paddle.float32
+            want = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
+            paddle.assign(paddle.to_tensor(want), output=master)
+            paddle.assign(paddle.full([4, 3], 0.25), output=names["optimizer.state.w.moment1"])
+            ck.step(1)
+            ck.flush()
+        d.wait_latest("mp", 1)
+        m2 = Half()
+        opt2 = paddle.optimizer.AdamW(parameters=m2.parameters(), multi_precision=True)
+        with Checkpointer(m2, opt2, job_id="mp", socket=d.socket, root=d.root) as ck:
+            assert ck.restore() == 1
+            names = {name: t for _, _, t, name in ck._accumulators}
+            assert np.array_equal(names["optimizer.master_weight.w"].numpy(), want)
+            assert np.all(names["optimizer.state.w.moment1"].numpy() == 0.25)
+            # The optimizer's own dicts hold the restored tensors.
+            assert opt2._master_weights[m2.w.name] is names["optimizer.master_weight.w"]
+
+
+def test_a_moved_parameter_is_refused_and_a_replaced_accumulator_followed():
+    with Zccd("pdmv") as d:
+        m = _mlp()
+        opt = paddle.optimizer.Momentum(parameters=m.parameters(), momentum=0.9)
+        with Checkpointer(m, opt, job_id="mv", socket=d.socket, root=d.root, save_every=1) as ck:
+            key, ours = next((n, t) for _, _, t, n in ck._accumulators)
+            by_param, pname = next((bp, pn) for bp, pn, _, n in ck._accumulators if n == key)
+            replacement = paddle.full(ours.shape, 2.0)
+            by_param[pname] = replacement  # as an optimizer that allocates anew would
+            ck.step(1)
+            assert by_param[pname] is ours and np.all(ours.numpy() == 2.0)
+            m.to(dtype="float64")
+            raises(zcc.FailedPreconditionError, ck.step, 2, match="moved to other memory")
+
+
+if __name__ == "__main__":
+    run_tests(globals())

@@ -1,0 +1,182 @@
+"""What zcc.torch's and zcc.paddle's Checkpointers share, framework-neutral:
+the environment's rank and world size, `state` objects checked, the small
+state blobs written at step() and applied at restore() (Python and NumPy
+generators, user_state, `state` objects), where a restore came from, the
+EMA names zccd keeps for this rank, and the methods that only talk to the
+client."""
+
+import os
+import warnings
+
+import zcc
+from zcc import _plain_state
+from zcc import _rng_state
+
+
+def env_int(names, default):
+    """The first of the environment variables `names` that is set, as an int."""
+    for n in names:
+        if os.environ.get(n, "") != "":
+            return int(os.environ[n])
+    return default
+
+
+def stateful_objects(state, adapt=None):
+    """A Checkpointer's `state` argument, checked: names as checkpoint keys
+    take them, objects with state_dict() and load_state_dict(); `adapt` may
+    turn an object into one first (a framework's random generator)."""
+    if state is None:
+        return {}
+    if not isinstance(state, dict):
+        raise TypeError("state must be a dict {name: object with state_dict() and "
+                        "load_state_dict()}, not %s" % type(state).__name__)
+    if adapt is not None:
+        state = {name: adapt(obj) for name, obj in state.items()}
+    for name, obj in state.items():
+        if not isinstance(name, str) or not name or \
+                not all(c.isalnum() or c in "_.-" for c in name):
+            raise ValueError("state name %r: use letters, digits, '_', '.' and '-'" % (name,))
+        if not (callable(getattr(obj, "state_dict", None)) and
+                callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError("state[%r] is a %s without state_dict() and load_state_dict()"
+                            % (name, type(obj).__name__))
+    return dict(state)
+
+
+class CheckpointerBase:
+    """The framework-neutral half of a Checkpointer (a mixin). It expects
+    self.client, self.connect_timeout, self.ema_decay, self.user_state,
+    self.state ({name: object}), self._codec (the framework's
+    _plain_state.TensorCodec) and self._ema_names."""
+
+    # ---------------------------------------------------------- small state
+
+    def _stateful_state(self, name):
+        """The state dict of ``state[name]`` as plain data (tensors tagged)."""
+        return _plain_state.plain_hyperparameter(self.state[name].state_dict(), self._codec)
+
+    @staticmethod
+    def _write_blobs(pairs):
+        """Writes each (Blob, parts) pair; an outgrown blob names its parts
+        by size."""
+        for blob, parts in pairs:
+            try:
+                blob.write(parts)
+            except ValueError as e:  # outgrown: say which part grew
+                raise ValueError("%s; its parts: %s" % (e, _plain_state.part_sizes(parts))) from None
+
+    def _apply_rank_state(self, mine, user_from_elsewhere=None):
+        """Puts back what a rank-state blob holds: the Python and NumPy
+        generators, user_state (or `user_from_elsewhere` when this rank has
+        none) and each `state` object. Returns the blob's generator dict, for
+        the framework's own generators."""
+        rng = (mine or {}).get("rng") or {}
+        if mine is not None:
+            if "python_random" in rng:
+                _rng_state.set_python_rng_state(rng["python_random"])
+            _rng_state.set_numpy_rng_state(rng.get("numpy_random"))
+        user = mine.get("user_state") if mine is not None else user_from_elsewhere
+        if user is not None:
+            self.user_state.clear()
+            self.user_state.update(user)
+        saved_objects = (mine or {}).get("state") or {}
+        for name, obj in self.state.items():
+            if name in saved_objects:
+                obj.load_state_dict(
+                    _plain_state.restore_hyperparameter(None, saved_objects[name], self._codec))
+        return rng
+
+    # -------------------------------------------------------------- restore
+
+    def _restored(self, result):
+        """Notes where the restore came from, the optional state the step
+        lacks and the step of zccd's EMA now, warning when that is ahead of
+        the restored step; returns the step."""
+        self.restored_from = result["source"]
+        self._missing_state = frozenset(result.get("missing", ()))
+        self._restoring_step = result["step"]
+        ema_step = result.get("ema_step", -1)
+        if self.ema_decay > 0 and ema_step >= 0:
+            self.ema_step = ema_step
+            if ema_step > result["step"]:
+                warnings.warn(
+                    "zcc restored step %d from memory with an EMA that has folded in steps up "
+                    "to %d (the previous trainer's); steps replayed are not folded in twice"
+                    % (result["step"], ema_step))
+        return result["step"]
+
+    def _kept_ema_names(self):
+        """The EMA-eligible names whose EMA this rank's zccd keeps (with
+        replicas, those this rank writes)."""
+        if self._ema_kept is not None:
+            return self._ema_kept
+        try:
+            self.client.read_ema(self._ema_names)
+            self._ema_kept = list(self._ema_names)
+        except zcc.NotFoundError:
+            kept = []
+            for name in self._ema_names:
+                try:
+                    self.client.read_ema([name])
+                    kept.append(name)
+                except zcc.NotFoundError:
+                    pass
+            self._ema_kept = kept
+        return self._ema_kept
+
+    def _read_ema(self, timeout):
+        """(step, {name: float32 NumPy array}) of zccd's EMA once it includes
+        the last snapshot this client published (waits up to `timeout`; warns
+        and returns it as it is after that)."""
+        if self.ema_decay <= 0:
+            raise zcc.FailedPreconditionError("the Checkpointer was created without ema_decay")
+        self.client.flush()
+        last = self.client.stats()["last_published_step"]
+        target = last - last % self.ema_interval if last >= 0 else -1
+        names = self._kept_ema_names()
+        # zccd folds snapshots in as it ingests them: it answers once the EMA
+        # includes `target`, or after `timeout` with the EMA as it is.
+        ema_step, arrays = self.client.read_ema(names, min_step=target, timeout=timeout)
+        if ema_step < target:
+            warnings.warn("zcc EMA is at step %d; the last published snapshot is step %d"
+                          % (ema_step, last))
+        self.ema_step = ema_step
+        return ema_step, arrays
+
+    # ---------------------------------------------------------------- other
+
+    def wait_connected(self, timeout=None):
+        """Waits until the client is registered with zccd; False on timeout."""
+        return self.client.wait_connected(self.connect_timeout if timeout is None else timeout)
+
+    def put_job_file(self, name, content):
+        """Stores a small file with the job (bytes; a Hugging Face config.json,
+        tokenizer files): ``zccctl export`` writes it next to the weights.
+        Waits up to connect_timeout for the registration."""
+        self.wait_connected()
+        self.client.put_job_file(name, bytes(content))
+
+    def save_now(self):
+        """Asks zccd to persist the next full snapshot it takes in from each
+        rank of this job on this node. A snapshot already enqueued and not
+        yet taken in counts, so it is usually the newest one: the step just
+        passed to ``step()``, or the one after it."""
+        self.client.save_now()
+
+    def status(self):
+        """The client's counters and the daemon's checkpoint status (a dict)."""
+        return self.client.status()
+
+    def flush(self, timeout=60.0):
+        """Blocks until every snapshot enqueued so far has been handed to
+        zccd (or dropped because zccd went away), at most ``timeout``
+        seconds. It does not wait for checkpoints to be written: the status's
+        ``last_committed_step`` says which step is on disk."""
+        self.client.flush(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(keep_snapshots=exc_type is not None)
+        return False

@@ -1,0 +1,522 @@
+"""zcc.paddle: checkpoint a Paddle (3.x, dygraph) training loop with zcc.
+
+    from zcc.paddle import Checkpointer
+
+    ckpt = Checkpointer(model, optimizer, job_id="mlp", save_every=100, ema_decay=0.999)
+    start = (ckpt.restore() or 0) + 1          # None: nothing to restore, start fresh
+    for step in range(start, steps + 1):
+        loss = model(x).mean()
+        loss.backward()
+        optimizer.step()                       # zcc fences first (see below)
+        optimizer.clear_grad()
+        scheduler.step()
+        ckpt.step(step)                        # enqueue the snapshot; microseconds
+    eval_model.set_state_dict(ckpt.ema_state_dict())
+    ckpt.close()
+
+The same shape as zcc.torch.Checkpointer, and the same checkpoint format: a
+step is safetensors shards under the model's state-dict keys, so `zccctl
+export` and any safetensors reader see the model whichever framework wrote it.
+
+What is registered (once, in the constructor; names are checkpoint keys):
+
+* every trainable parameter (``stop_gradient`` False) under its state-dict
+  key, kind PARAM, EMA-eligible when float32/float16/bfloat16, registered in
+  place: zcc copies straight from the parameter's memory. The rest of the
+  model's state dict (BatchNorm's ``_mean`` and ``_variance``, which Paddle
+  keeps as parameters that the forward pass updates, and persistable
+  buffers) is PARAM too, staged through a shadow copy refreshed at
+  ``step()``, since no fence protects what the forward pass writes.
+* the optimizer's accumulators, kind OPTIM, as
+  ``optimizer.state.<key>.<accumulator>`` (Momentum's ``velocity``; Adam's
+  and AdamW's ``moment1``, ``moment2``, ``beta1_pow_acc``,
+  ``beta2_pow_acc``; any optimizer's, by the names it gives them), and with
+  ``multi_precision`` the fp32 master weights of float16/bfloat16
+  parameters as ``optimizer.master_weight.<key>``. Paddle creates them at
+  the first ``optimizer.step()``; the constructor has the optimizer create
+  them now, with the values its first step would give them (zeros, the beta
+  powers), so that they are registered once and nothing is copied per step.
+  Paddle updates them in place; one the optimizer replaced is copied back
+  into the registered tensor at ``step()`` (and the optimizer given it).
+* small state, kind EXTRA (zcc.torch's layout): ``zcc.trainer_state`` for
+  the job (step, world size, the learning rate and the LR scheduler's
+  ``state_dict()``; the optimizer's own scheduler unless ``scheduler=``
+  names another), and each rank's own, optional ``zcc.rNNNNN.rank_state``:
+  Paddle's generators (``paddle.get_rng_state()``, and the CUDA ones when
+  Paddle has a GPU), Python's and NumPy's, ``user_state`` and each ``state``
+  object's ``state_dict()``, as plain data read back by a loader that
+  refuses everything else (restoring never runs code from the checkpoint).
+
+Fencing: zcc copies the registered tensors after ``step()`` returns, while
+the trainer goes on; the constructor wraps ``optimizer.step`` with ``fence()``
+so the next update waits until the copies have read them. Code that updates
+parameters or accumulators outside ``optimizer.step()`` calls ``ckpt.fence()``
+first. Loading weights (``set_state_dict``, ``set_value``) copies into the
+parameters' memory and is fine at any time; a parameter that moves to other
+memory after the Checkpointer is built (``Layer.to()`` casting it or moving it
+to another device) is refused at ``step()`` and ``restore()``: build the
+Checkpointer after such a move.
+
+Replicas: with ``world_size > 1`` (``paddle.DataParallel``; ranks from
+``PADDLE_TRAINER_ID``/``PADDLE_TRAINERS_NUM``, else ``RANK``/``WORLD_SIZE``)
+the parameters, buffers and accumulators are registered as DATA_PARALLEL
+replicas, written once per group, and so is the job's trainer state.
+
+Devices: CPU tensors use the host copier; GPU tensors (one device per rank)
+the CUDA copier of their device, ordered on Paddle's current stream.
+
+Thread-safety: a Checkpointer belongs to the training thread.
+"""
+
+import collections
+import os
+import warnings
+
+import numpy
+import paddle
+
+import zcc
+from zcc import _checkpointer
+from zcc import _plain_state
+from zcc import _rng_state
+
+__all__ = ["Checkpointer"]
+
+_EMA_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
+
+
+class PaddleCodec(_plain_state.TensorCodec):
+    """Paddle tensors in plain state (a data loader's or a scheduler's)."""
+
+    def is_tensor(self, value):
+        return isinstance(value, paddle.Tensor)
+
+    def to_plain(self, tensor):
+        if tensor.dtype == paddle.bfloat16:
+            raise TypeError("a bfloat16 tensor in zcc state: store it as float32")
+        a = numpy.ascontiguousarray(tensor.detach().cpu().numpy())
+        return (str(tensor.dtype).replace("paddle.", ""), list(a.shape), a.tobytes())
+
+    def from_plain(self, current, dtype, shape, raw):
+        a = numpy.frombuffer(raw, dtype=numpy.dtype(dtype)).reshape(shape).copy()
+        if isinstance(current, paddle.Tensor) and list(current.shape) == shape and \
+                str(current.dtype).replace("paddle.", "") == dtype:
+            paddle.assign(paddle.to_tensor(a, place=current.place), output=current)
+            return current
+        return paddle.to_tensor(a)
+
+
+_CODEC = PaddleCodec()
+
+
+def _generator_states():
+    """Paddle's CPU generators (and CUDA ones, where there is a GPU) as plain
+    data: each GeneratorState's own pickled form."""
+    state = {"cpu": [s.__getstate__() for s in paddle.get_rng_state()]}
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        state["cuda"] = [s.__getstate__() for s in paddle.get_cuda_rng_state()]
+    return state
+
+
+def _set_generator_states(saved):
+    def rebuilt(states):
+        out = []
+        for s in states:
+            cls = type(paddle.get_rng_state()[0])
+            obj = cls.__new__(cls)
+            obj.__setstate__(tuple(s))
+            out.append(obj)
+        return out
+
+    if saved.get("cpu"):
+        paddle.set_rng_state(rebuilt(saved["cpu"]))
+    if saved.get("cuda") and paddle.is_compiled_with_cuda() and \
+            paddle.device.cuda.device_count() > 0:
+        paddle.set_cuda_rng_state(rebuilt(saved["cuda"]))
+
+
+def _detached(t):
+    """The tensor zcc reads: a parameter without its autograd (same memory)."""
+    return t.detach() if not t.stop_gradient else t
+
+
+class Checkpointer(_checkpointer.CheckpointerBase):
+    """Registers a Paddle model, its optimizer and small trainer state with zcc.
+
+    Args:
+      model: the ``paddle.nn.Layer`` (a ``paddle.DataParallel`` is unwrapped).
+      optimizer: a ``paddle.optimizer.Optimizer`` over the model's
+        parameters, or None.
+      job_id: the zcc job (checkpoints go to ``<root>/<job_id>/``).
+      save_every: persist every N-th step (0: only on ``save_now()``).
+      ema_decay: zccd's EMA of the parameters (0: none); ``ema_interval``.
+      rank, world_size: default ``$PADDLE_TRAINER_ID``/``$PADDLE_TRAINERS_NUM``
+        (``paddle.distributed.launch``), else ``$RANK``/``$WORLD_SIZE``, else 0/1.
+      socket: zccd's socket (default ``$ZCC_SOCKET``, else zccd's default).
+      root: checkpoint root (default ``$ZCC_ROOT``, else the daemon's).
+      scheduler: an ``paddle.optimizer.lr.LRScheduler`` whose state is
+        checkpointed (default: the optimizer's learning rate, when it is one).
+      user_state: a dict of plain data checkpointed with every step; restore()
+        updates this same dict in place.
+      state: {name: object} with ``state_dict()`` and ``load_state_dict()``
+        (or ``set_state_dict()``), this rank's own, saved at every ``step()``
+        and loaded by ``restore()``; plain data and Paddle/NumPy tensors.
+      replica: "data_parallel" (default when world_size > 1), "none", or a
+        ``zcc.ReplicaGroup`` for the model and optimizer tensors.
+      extra_bytes: the least capacity of each EXTRA blob; each is sized at
+        construction to twice what it holds then.
+      fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
+      connect_timeout: how long ``restore()`` waits for the registration.
+      prefetch_restore, backpressure, keep_last, num_slots, copier and any
+        other ``zcc.connect`` keyword: as for zcc.torch.Checkpointer.
+    """
+
+    def __init__(self, model, optimizer=None, *, job_id, save_every=0, ema_decay=0.0,
+                 ema_interval=1, rank=None, world_size=None, socket=None, root=None,
+                 scheduler=None, user_state=None, state=None, replica=None,
+                 extra_bytes=64 << 10, fence_optimizer_step=True, connect_timeout=30.0,
+                 prefetch_restore=True, **connect_kwargs):
+        if rank is None:
+            rank = _checkpointer.env_int(["PADDLE_TRAINER_ID", "RANK"], 0)
+        if world_size is None:
+            world_size = _checkpointer.env_int(["PADDLE_TRAINERS_NUM", "WORLD_SIZE"], 1)
+        if socket is None:
+            socket = os.environ.get("ZCC_SOCKET", "")
+        if root is None:
+            root = os.environ.get("ZCC_ROOT", "")
+        self.rank = rank
+        self.world_size = world_size
+        self.model = getattr(model, "_layers", model) if isinstance(model, paddle.DataParallel) \
+            else model
+        self.optimizer = optimizer
+        if scheduler is None and optimizer is not None and \
+                isinstance(getattr(optimizer, "_learning_rate", None),
+                           paddle.optimizer.lr.LRScheduler):
+            scheduler = optimizer._learning_rate
+        self.scheduler = scheduler
+        self.user_state = user_state if user_state is not None else {}
+        self.state = _checkpointer.stateful_objects(state, _Loadable.wrap)
+        self.ema_decay = ema_decay
+        self.ema_interval = max(1, ema_interval)
+        self.connect_timeout = connect_timeout
+        self._codec = _CODEC
+        self.restored_from = None
+        self.restored_rank_state = None
+        self.ema_step = None
+        self._missing_state = frozenset()
+        self._ema_kept = None
+        self._fenced = False
+        self._device = None  # the GPU the tensors are on, if any
+        self._replica = self._replica_group(replica)
+
+        specs = []
+        self._params = collections.OrderedDict()   # key -> trainable parameter
+        self._watched = []   # (what, tensor, address): memory that must not move
+        self._shadows = []   # (the model's tensor, its shadow)
+        key_of = {}          # the parameter's Paddle name -> its state-dict key
+        trainable = {id(p) for _, p in self.model.named_parameters() if not p.stop_gradient}
+        for key, t in self.model.state_dict().items():
+            self._note_device(key, t)
+            if id(t) in trainable:
+                self._params[key] = t
+                key_of[t.name] = key
+                view = _detached(t)
+                self._watched.append(("parameter " + key, t, t.data_ptr()))
+                specs.append(zcc.TensorSpec(key, view, kind="param", replica=self._replica,
+                                            ema_eligible=ema_decay > 0 and t.dtype in _EMA_DTYPES))
+            else:
+                shadow = paddle.assign(_detached(t))
+                self._shadows.append((t, shadow))
+                specs.append(zcc.TensorSpec(key, shadow, kind="param", replica=self._replica))
+
+        self._accumulators = []  # (the optimizer's dict, its key, our tensor, spec name)
+        if optimizer is not None:
+            specs += self._register_optimizer_state(key_of)
+        specs += self._state_specs(extra_bytes)
+
+        if self._device is not None and "copier" not in connect_kwargs:
+            connect_kwargs["copier"] = zcc.cuda_copier(device=self._device)
+        self.client = zcc.connect(job_id, socket_path=socket, rank=rank, world_size=world_size,
+                                  save_every=save_every, checkpoint_root=root,
+                                  ema_decay=ema_decay, ema_interval=self.ema_interval,
+                                  prefetch_restore=prefetch_restore, **connect_kwargs)
+        try:
+            self.client.register_tensors(specs)
+        except BaseException:
+            self.client.close()
+            raise
+        self._specs = specs
+        self._ema_names = [s.name for s in specs if s.ema_eligible]
+        self._wrapped_step = None
+        if optimizer is not None and fence_optimizer_step:
+            self._wrap_optimizer_step()
+
+    # ----------------------------------------------------------------- setup
+
+    def _replica_group(self, replica):
+        if isinstance(replica, zcc.ReplicaGroup):
+            return replica
+        if replica is None:
+            replica = "data_parallel" if self.world_size > 1 else "none"
+        if replica == "data_parallel":
+            return zcc.ReplicaGroup("data_parallel", self.world_size, self.rank)
+        if replica == "none":
+            return zcc.ReplicaGroup()
+        raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
+
+    def _note_device(self, key, t):
+        place = t.place
+        if place.is_cpu_place():
+            return
+        if not place.is_gpu_place():
+            raise ValueError("tensor '%s' is on %s; zcc.paddle copies from the CPU or a GPU"
+                             % (key, place))
+        device = place.gpu_device_id()
+        if self._device is not None and device != self._device:
+            raise ValueError("tensor '%s' is on GPU %d and others on GPU %d; a Checkpointer "
+                             "copies from one device (one per rank)" % (key, device, self._device))
+        self._device = device
+
+    def _optimizer_params(self):
+        params = []
+        for entry in self.optimizer._parameter_list or []:
+            params += list(entry["params"]) if isinstance(entry, dict) else [entry]
+        return params
+
+    def _register_optimizer_state(self, key_of):
+        """The optimizer's accumulators (and master weights), created now
+        with the values its first step would give them, as OPTIM specs."""
+        opt = self.optimizer
+        params = [p for p in self._optimizer_params() if not p.stop_gradient]
+        for p in params:
+            if p.name not in key_of:
+                raise ValueError("the optimizer updates parameter '%s', which is not a trainable "
+                                 "parameter of the model" % p.name)
+        if params:
+            block = paddle.static.default_main_program().global_block()
+            opt._create_accumulators(block, params)
+        masters = getattr(opt, "_master_weights", None) or {}
+        # With multi_precision the accumulators of a float16/bfloat16
+        # parameter are keyed by its fp32 master weight's name.
+        owner = dict(key_of)
+        owner.update({m.name: key_of[pname] for pname, m in masters.items() if pname in key_of})
+        specs = []
+        for acc_name, by_param in sorted(opt._accumulators.items()):
+            for pname, t in sorted(by_param.items()):
+                if pname not in owner:
+                    continue  # another model's (an optimizer shared between models)
+                name = "optimizer.state.%s.%s" % (owner[pname], acc_name)
+                self._note_device(name, t)
+                self._accumulators.append((by_param, pname, t, name))
+                specs.append(zcc.TensorSpec(name, _detached(t), kind="optim",
+                                            replica=self._replica))
+        for pname, t in sorted(masters.items()):
+            if pname in key_of:
+                name = "optimizer.master_weight.%s" % key_of[pname]
+                self._note_device(name, t)
+                self._accumulators.append((opt._master_weights, pname, t, name))
+                specs.append(zcc.TensorSpec(name, _detached(t), kind="optim",
+                                            replica=self._replica))
+        return specs
+
+    def _state_specs(self, extra_bytes):
+        """The EXTRA blobs: the job's trainer state once for the whole job,
+        each rank's own state optional (a rank the writing job did not have
+        finds none)."""
+        rank_prefix = "zcc.r%05d." % self.rank
+        job_wide = self.world_size == 1 or (
+            self._replica.kind == zcc.ReplicaKind.DATA_PARALLEL and
+            self._replica.group_size == self.world_size)
+        job_prefix = "zcc." if job_wide else rank_prefix
+        job_replica = zcc.ReplicaGroup("data_parallel", self.world_size, self.rank) \
+            if job_wide and self.world_size > 1 else zcc.ReplicaGroup()
+        self._rank_state_name = rank_prefix + "rank_state"
+        self._blobs = {
+            "job": _plain_state.Blob.sized_for(job_prefix + "trainer_state", self._job_state(0),
+                                               extra_bytes),
+            "rank": _plain_state.Blob.sized_for(self._rank_state_name, self._rank_state(),
+                                                extra_bytes),
+        }
+        return [
+            zcc.TensorSpec(job_prefix + "trainer_state", self._blobs["job"].array, kind="extra",
+                           replica=job_replica),
+            zcc.TensorSpec(self._rank_state_name, self._blobs["rank"].array, kind="extra",
+                           optional=True),
+        ]
+
+    def _job_state(self, step):
+        state = {"format": 1, "framework": "paddle", "step": int(step),
+                 "world_size": self.world_size}
+        if self.optimizer is not None:
+            state["lr"] = float(self.optimizer.get_lr())
+        if self.scheduler is not None:
+            state["scheduler"] = _plain_state.plain_hyperparameter(
+                {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)},
+                self._codec)
+        return state
+
+    def _rank_state(self):
+        return {"rng": {"paddle": _generator_states(),
+                        "python_random": _rng_state.python_rng_state(),
+                        "numpy_random": _rng_state.numpy_rng_state()},
+                "user_state": dict(self.user_state),
+                "state": {name: self._stateful_state(name) for name in self.state}}
+
+    def _wrap_optimizer_step(self):
+        opt = self.optimizer
+        original = opt.step
+        self._previous_step_attr = opt.__dict__.get("step")
+
+        def step(*args, **kwargs):
+            if self._wrapped_step is not None:
+                self.fence()
+            return original(*args, **kwargs)
+
+        self._wrapped_step = step
+        opt.step = step
+
+    # -------------------------------------------------------------- training
+
+    def _stream(self):
+        if self._device is None or self.client.copier == "host":
+            return 0
+        return paddle.device.current_stream(paddle.CUDAPlace(self._device)).cuda_stream
+
+    def fence(self):
+        """Waits until enqueued copies have read the tensors (before updating them)."""
+        self.client.fence(self._stream())
+        self._fenced = True
+
+    def _check_memory(self):
+        for what, t, address in self._watched:
+            if t.data_ptr() != address:
+                raise zcc.FailedPreconditionError(
+                    "%s moved to other memory after the Checkpointer was built (Layer.to() "
+                    "cast it or moved it to another device): zcc would copy the old memory. "
+                    "Build the Checkpointer after the move" % what)
+        for by_param, pname, ours, _ in self._accumulators:
+            current = by_param.get(pname)
+            if current is not ours:  # the optimizer replaced it: ours takes its value
+                if current is not None:
+                    paddle.assign(current, output=ours)
+                by_param[pname] = ours
+
+    @paddle.no_grad()
+    def step(self, step, kind="full"):
+        """Snapshots `step` (after optimizer.step()): returns "enqueued",
+        "skipped_no_slot" or "skipped_disconnected"."""
+        if not self._fenced:
+            self.fence()
+        self._check_memory()
+        for t, shadow in self._shadows:
+            paddle.assign(t, output=shadow)
+        self._write_blobs(((self._blobs["job"], self._job_state(step)),
+                           (self._blobs["rank"], self._rank_state())))
+        self._fenced = False
+        return self.client.snapshot(step, kind, self._stream())
+
+    # --------------------------------------------------------------- restore
+
+    @paddle.no_grad()
+    def restore(self, step=None):
+        """Restores the newest committed checkpoint (or `step`) into the model,
+        the optimizer's accumulators, the scheduler, the generators,
+        user_state and `state` objects, and zccd's EMA. Returns the step, or
+        None when the job has no checkpoint yet. A model that differs from
+        the checkpoint's is refused (FailedPreconditionError naming the
+        tensor) before any tensor is written. Raises zcc.UnavailableError
+        when zccd cannot be reached within connect_timeout."""
+        if not self.wait_connected():
+            raise zcc.UnavailableError("not registered with zccd after %.1f s: %s"
+                                       % (self.connect_timeout, self.client.stats()["last_error"]))
+        self.fence()
+        self._check_memory()
+        try:
+            result = self.client.restore_tensors(zcc.LATEST if step is None else step,
+                                                 self._stream(), allow_older=step is None)
+        except zcc.NotFoundError:
+            return None
+        got = self._restored(result)
+        for t, shadow in self._shadows:
+            paddle.assign(shadow, output=t)
+        job = self._blobs["job"].read() or {}
+        if job.get("framework") not in (None, "paddle"):
+            raise zcc.FailedPreconditionError(
+                "step %d was written by zcc.%s; zcc.paddle restores its own trainer state only"
+                % (got, job.get("framework")))
+        if self.scheduler is not None and job.get("scheduler") is not None:
+            self.scheduler.set_state_dict(_plain_state.restore_hyperparameter(
+                self.scheduler.state_dict(), job["scheduler"], self._codec))
+        elif self.optimizer is not None and job.get("lr") is not None and \
+                not isinstance(self.optimizer._learning_rate, paddle.optimizer.lr.LRScheduler):
+            self.optimizer.set_lr(job["lr"])
+        own = self._rank_state_name not in self._missing_state
+        self.restored_rank_state = own
+        mine = self._blobs["rank"].read() if own else None
+        rng = self._apply_rank_state(mine)
+        if rng.get("paddle"):
+            _set_generator_states(rng["paddle"])
+        saved_world = job.get("world_size", self.world_size)
+        if not own:
+            warnings.warn("zcc: step %d was written by %d rank(s); rank %d had no state of its "
+                          "own in it: its generators, user_state and `state` objects stay as "
+                          "they were" % (got, saved_world, self.rank))
+        elif self.rank == 0 and saved_world > self.world_size:
+            warnings.warn("zcc: step %d was written by %d ranks; the generators, user_state and "
+                          "`state` objects of ranks %d-%d are not restored on %d rank(s)"
+                          % (got, saved_world, self.world_size, saved_world - 1, self.world_size))
+        return got
+
+    # ------------------------------------------------------------------- EMA
+
+    def ema_state_dict(self, timeout=30.0, include_buffers=True):
+        """zccd's fp32 EMA of the parameters, as {key: float32 paddle.Tensor},
+        once it includes the last snapshot this client published (waits up
+        to `timeout`; warns and returns the EMA as it is after that). With
+        replicas, only the parameters whose EMA this rank's zccd keeps.
+        include_buffers adds the rest of the model's state dict as it is now,
+        so that the result loads with ``set_state_dict``."""
+        _, arrays = self._read_ema(timeout)
+        out = collections.OrderedDict(
+            (n, paddle.to_tensor(arrays[n])) for n in self._kept_ema_names())
+        if include_buffers:
+            for t, _ in self._shadows:
+                key = next(k for k, v in self.model.state_dict().items() if v is t)
+                out[key] = paddle.assign(_detached(t))
+        return out
+
+    # ----------------------------------------------------------------- other
+
+    def close(self, keep_snapshots=False):
+        """Publishes snapshots in flight, unregisters and releases the tensors
+        (zccd keeps the newest snapshots for a trainer started next when
+        keep_snapshots=True, and when a ``with`` block ends by an exception)."""
+        opt = self.optimizer
+        if self._wrapped_step is not None and opt.__dict__.get("step") is self._wrapped_step:
+            if self._previous_step_attr is None:
+                del opt.step
+            else:
+                opt.step = self._previous_step_attr
+        self._wrapped_step = None
+        self.client.close(keep_snapshots=keep_snapshots)
+
+
+class _Loadable:
+    """A `state` object with Paddle's set_state_dict() and no
+    load_state_dict() (LRScheduler, a Layer), as one with both."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def state_dict(self):
+        return self.obj.state_dict()
+
+    def load_state_dict(self, state):
+        self.obj.set_state_dict(state)
+
+    @classmethod
+    def wrap(cls, obj):
+        if callable(getattr(obj, "load_state_dict", None)) or \
+                not callable(getattr(obj, "set_state_dict", None)):
+            return obj
+        return cls(obj)
