@@ -4,14 +4,16 @@ Trainers are real processes (paddle_worker.py) killed with SIGKILL and run
 again: for Momentum, SGD, Adam and AdamW the resumed run equals the
 uninterrupted one element for element (parameters, BatchNorm statistics,
 accumulators, zccd's EMA, learning rate, generators, `state` and user_state),
-restored from zccd's memory and, after a zccd restart, from disk. In this
-process: a changed model is refused naming the tensor before anything is
-written; multi-precision master weights are registered and restored; a
+restored from zccd's memory and, after a zccd restart, from disk. Two
+data-parallel ranks (gloo) write each replicated tensor once and resume
+together from zccd's memory. In this process: a changed model is refused
+naming the tensor before anything is written; multi-precision master weights are registered and restored; a
 parameter moved after construction is refused; an accumulator the optimizer
 replaced is copied back.
 """
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,16 +30,48 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 8
 
 
-def worker(d, job, optimizer, out=None, kill_after=0, save_every=2):
-    """Runs paddle_worker.py; returns (exit code, its output)."""
+def _command(d, job, optimizer, out, kill_after, save_every, rank=0, world=1):
     cmd = [sys.executable, "-u", os.path.join(HERE, "paddle_worker.py"), "--socket", d.socket,
            "--root", d.root, "--job", job, "--optimizer", optimizer, "--steps", str(STEPS),
-           "--save-every", str(save_every), "--kill-after", str(kill_after)]
-    if out:
-        cmd += ["--out", out]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
+           "--save-every", str(save_every), "--kill-after", str(kill_after),
+           "--rank", str(rank), "--world", str(world)]
+    return cmd + (["--out", out] if out else [])
+
+
+def worker(d, job, optimizer, out=None, kill_after=0, save_every=2):
+    """Runs paddle_worker.py; returns (exit code, its output)."""
+    p = subprocess.run(_command(d, job, optimizer, out, kill_after, save_every),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
                        env=dict(os.environ, GLOG_minloglevel="2"))
     return p.returncode, p.stdout.decode(errors="replace")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ranks(d, job, world, outs=None, kill_after=0):
+    """Runs `world` ranks of paddle_worker.py at once, in the environment
+    paddle.distributed.launch gives its workers (gloo on the CPU);
+    [(exit code, output)] by rank."""
+    master = "127.0.0.1:%d" % _free_port()
+    endpoints = ["127.0.0.1:%d" % _free_port() for _ in range(world)]
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, GLOG_minloglevel="2", PADDLE_MASTER=master,
+                   PADDLE_TRAINER_ID=str(r), PADDLE_TRAINERS_NUM=str(world),
+                   PADDLE_GLOBAL_RANK=str(r), PADDLE_GLOBAL_SIZE=str(world),
+                   PADDLE_LOCAL_RANK=str(r), PADDLE_LOCAL_SIZE=str(world),
+                   PADDLE_RANK_IN_NODE=str(r), PADDLE_NNODES="1",
+                   PADDLE_CURRENT_ENDPOINT=endpoints[r],
+                   PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),
+                   PADDLE_DISTRI_BACKEND="gloo")
+        procs.append(subprocess.Popen(
+            _command(d, job, "adamw", outs[r] if outs else None, kill_after, 2, r, world),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env))
+    return [(p.wait(300), p.stdout.read().decode(errors="replace")) for p in procs]
 
 
 def losses(output):
@@ -97,6 +131,38 @@ def test_resume_from_disk_after_a_zccd_restart():
         assert restored_line(out) == "restored=4 from=disk", out
         assert losses(out) == {s: v for s, v in losses(ref_out).items() if s > 4}
         same_state(ref, got, "adamw from disk")
+
+
+def test_data_parallel_replicas_are_written_once_and_resume_exactly():
+    tmp = tempfile.mkdtemp(prefix="zccpd")
+    with Zccd("pddp") as d:
+        ref = [os.path.join(tmp, "ref%d.npz" % r) for r in range(2)]
+        assert all(code == 0 for code, _ in ranks(d, "dpref", 2, ref))
+        for code, out in ranks(d, "dp", 2, kill_after=5):
+            assert code == -9, out
+        got = [os.path.join(tmp, "got%d.npz" % r) for r in range(2)]
+        runs = ranks(d, "dp", 2, got)
+        for r, (code, out) in enumerate(runs):
+            assert code == 0, out
+            # Agreed over the process group: step 5 from zccd's memory, each
+            # rank reading the pieces it writes and receiving the others.
+            assert restored_line(out) == "restored=5 from=memory", out
+            same_state(ref[r], got[r], "rank %d" % r)
+        # Each replicated tensor once in the step; each rank's state once.
+        step = os.path.join(d.root, "dpref", "step-00000008")
+        from safetensors import safe_open
+        names = []
+        for f in sorted(os.listdir(step)):
+            # model-/optim-*.safetensors, and extra-*.bin (safetensors of U8
+            # blobs); the EMA has shards of its own.
+            if f.endswith((".safetensors", ".bin")) and not f.startswith("ema-"):
+                with safe_open(os.path.join(step, f), "np") as st:
+                    names += list(st.keys())
+        assert len(names) == len(set(names)), sorted(names)
+        assert "0.weight" in names and "optimizer.state.0.weight.moment1" in names, names
+        assert {"zcc.r00000.rank_state", "zcc.r00001.rank_state", "zcc.trainer_state"} <= \
+            set(names), names
+        print("  2 ranks: %d tensors in step 8, each once; resumed at 5 bit-exact" % len(names))
 
 
 def _mlp(hidden=8, seed=3):

@@ -1,7 +1,7 @@
 """A Paddle trainer checkpointed with zcc.paddle, started by paddle_test.py.
 
     python paddle_worker.py --socket S --root R --job J --optimizer adamw \\
-        --steps 8 --save-every 2 [--kill-after K] --out OUT.npz
+        --steps 8 --save-every 2 [--kill-after K] [--rank R --world W] --out OUT.npz
 
 Builds an MLP with BatchNorm and Dropout (its forward pass draws from Paddle's
 generator), the optimizer named, a StepDecay schedule, a `state` object and a
@@ -14,7 +14,10 @@ not taken in yet may be replaced, and the EMA then depends on timing).
 Otherwise it
 writes OUT.npz: every registered tensor (the model's state dict, the
 optimizer's accumulators, by checkpoint name), zccd's EMA, the learning rate,
-the counter and the user_state.
+the counter and the user_state. Ranks of a --world W job (Paddle's
+launcher environment, set by the test) join Paddle's process group and train
+the same model on the same batches: data-parallel replicas, as
+paddle.DataParallel keeps them.
 """
 
 import argparse
@@ -79,14 +82,19 @@ def main():
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--save-every", type=int, default=2)
     ap.add_argument("--kill-after", type=int, default=0)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--world", type=int, default=1)
     args = ap.parse_args()
 
+    if args.world > 1:
+        paddle.distributed.init_parallel_env()  # gloo on the CPU: restore() agrees over it
     model, opt, sched = build(args.optimizer)
     counter = Counter()
     user_state = {"epoch": 0}
     ck = Checkpointer(model, opt, job_id=args.job, socket=args.socket, root=args.root,
                       save_every=args.save_every, ema_decay=0.9, state={"counter": counter},
-                      user_state=user_state, backpressure="block")
+                      user_state=user_state, backpressure="block", rank=args.rank,
+                      world_size=args.world)
     restored = ck.restore()
     print("restored=%s from=%s" % (restored, ck.restored_from), flush=True)
     if restored is not None:

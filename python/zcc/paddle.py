@@ -60,7 +60,12 @@ Checkpointer after such a move.
 Replicas: with ``world_size > 1`` (``paddle.DataParallel``; ranks from
 ``PADDLE_TRAINER_ID``/``PADDLE_TRAINERS_NUM``, else ``RANK``/``WORLD_SIZE``)
 the parameters, buffers and accumulators are registered as DATA_PARALLEL
-replicas, written once per group, and so is the job's trainer state.
+replicas, written once per group, and so is the job's trainer state. With
+Paddle's process group initialised (``paddle.distributed.init_parallel_env()``,
+gloo on the CPU) ``restore()`` runs on every rank together: the newest step
+every rank can restore, from zccd's memory or disk, each rank reading the
+pieces it writes and receiving the others over the group (CPU tensors).
+Without one, each rank restores the newest committed step on its own.
 
 Devices: CPU tensors use the host copier; GPU tensors (one device per rank)
 the CUDA copier of their device, ordered on Paddle's current stream.
@@ -69,6 +74,7 @@ Thread-safety: a Checkpointer belongs to the training thread.
 """
 
 import collections
+import ctypes
 import os
 import warnings
 
@@ -431,10 +437,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                                        % (self.connect_timeout, self.client.stats()["last_error"]))
         self.fence()
         self._check_memory()
-        try:
-            result = self.client.restore_tensors(zcc.LATEST if step is None else step,
-                                                 self._stream(), allow_older=step is None)
-        except zcc.NotFoundError:
+        result = self._restore_tensors(step)
+        if result is None:
             return None
         got = self._restored(result)
         for t, shadow in self._shadows:
@@ -466,6 +470,79 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                           "`state` objects of ranks %d-%d are not restored on %d rank(s)"
                           % (got, saved_world, self.world_size, saved_world - 1, self.world_size))
         return got
+
+    def _process_group(self):
+        dist = paddle.distributed
+        if self.world_size <= 1 or not dist.is_initialized():
+            return None
+        return dist
+
+    def _restore_tensors(self, step):
+        """Fills the registered tensors; returns restore_tensors' dict (None:
+        nothing to restore). With Paddle's process group the ranks restore
+        together (Client::RestoreTogether, as zcc.torch does): the newest
+        step every rank can restore, from zccd's memory or disk, each rank
+        reading only the pieces it writes and receiving the rest from the
+        rank that read them. Several ranks without a process group cannot
+        agree on a step only some zccds hold in memory: each restores the
+        newest committed step (the same on every rank: a commit is atomic
+        across them)."""
+        target = zcc.LATEST if step is None else step
+        dist = self._process_group()
+        if dist is not None and self._device is None:
+            try:
+                return self.client.restore_together(target, self._stream(), self.rank,
+                                                    self.world_size, self._all_gather,
+                                                    self._broadcast_many)
+            except zcc.NotFoundError:
+                return None
+        alone = self.world_size == 1
+        if not alone and step is None:
+            committed = self.client.restore_candidates().get("disk", [])
+            if not committed:
+                return None
+            target = committed[0]
+            warnings.warn("zcc: %d ranks without paddle.distributed's process group (or on "
+                          "GPUs) restore the newest committed step, %d, each on its own; "
+                          "call paddle.distributed.init_parallel_env() before restore() to "
+                          "restore from zccd's memory and read each piece once"
+                          % (self.world_size, target))
+        try:
+            return self.client.restore_tensors(target, self._stream(), allow_older=alone and
+                                               step is None)
+        except zcc.NotFoundError:
+            return None
+
+    def _all_gather(self, mine):
+        """Every rank's `mine` (bytes), by rank: RestoreTogether's all-gather."""
+        everyone = []
+        paddle.distributed.all_gather_object(everyone, bytes(mine))
+        return everyone
+
+    @staticmethod
+    def _host_bytes(address, n):
+        """A writable NumPy view of n bytes of host memory at `address` (a
+        registered CPU tensor's)."""
+        return numpy.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(address))
+
+    def _broadcast_many(self, pieces, root):
+        """RestoreTogether's broadcasts from `root`: `pieces` are (address,
+        nbytes) of registered tensors (address 0 where this rank keeps no
+        copy), sent packed in one broadcast over the process group."""
+        flat = numpy.empty(sum(n for _, n in pieces), dtype=numpy.uint8)
+        offset = 0
+        if self.rank == root:
+            for address, n in pieces:
+                flat[offset:offset + n] = self._host_bytes(address, n)
+                offset += n
+        packed = paddle.to_tensor(flat)
+        paddle.distributed.broadcast(packed, src=root)
+        if self.rank != root:
+            received = packed.numpy()
+            for address, n in pieces:
+                if address:
+                    self._host_bytes(address, n)[:] = received[offset:offset + n]
+                offset += n
 
     # ------------------------------------------------------------------- EMA
 
