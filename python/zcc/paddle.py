@@ -218,7 +218,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         specs = []
         self._params = collections.OrderedDict()   # key -> trainable parameter
         self._watched = []   # (what, tensor, address): memory that must not move
-        self._shadows = []   # (the model's tensor, its shadow)
+        self._shadows = []   # (state-dict key, the model's tensor, its shadow)
         key_of = {}          # the parameter's Paddle name -> its state-dict key
         trainable = {id(p) for _, p in self.model.named_parameters() if not p.stop_gradient}
         for key, t in self.model.state_dict().items():
@@ -232,7 +232,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                                             ema_eligible=ema_decay > 0 and t.dtype in _EMA_DTYPES))
             else:
                 shadow = paddle.assign(_detached(t))
-                self._shadows.append((t, shadow))
+                self._shadows.append((key, t, shadow))
                 specs.append(zcc.TensorSpec(key, shadow, kind="param", replica=self._replica))
 
         self._accumulators = []  # (the optimizer's dict, its key, our tensor, spec name)
@@ -414,7 +414,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         if not self._fenced:
             self.fence()
         self._check_memory()
-        for t, shadow in self._shadows:
+        for _, t, shadow in self._shadows:
             paddle.assign(t, output=shadow)
         self._write_blobs(((self._blobs["job"], self._job_state(step)),
                            (self._blobs["rank"], self._rank_state())))
@@ -441,7 +441,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         if result is None:
             return None
         got = self._restored(result)
-        for t, shadow in self._shadows:
+        for _, t, shadow in self._shadows:
             paddle.assign(shadow, output=t)
         job = self._blobs["job"].read() or {}
         if job.get("framework") not in (None, "paddle"):
@@ -557,8 +557,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         out = collections.OrderedDict(
             (n, paddle.to_tensor(arrays[n])) for n in self._kept_ema_names())
         if include_buffers:
-            for t, _ in self._shadows:
-                key = next(k for k, v in self.model.state_dict().items() if v is t)
+            for key, t, _ in self._shadows:
                 out[key] = paddle.assign(_detached(t))
         return out
 
