@@ -14,6 +14,12 @@ if [[ ${1:-} == --paddle ]]; then
   shift
   python="${ZCC_PADDLE_VENV:-$HOME/.cache/zcc/paddle-venv}/bin/python"
   framework=paddle
+  # With $TEST_TMPDIR in its environment (Bazel sets it), PaddlePaddle 3.3
+  # aborts at exit with a double free in an exit handler, and its SIGABRT
+  # handler then deadlocks in malloc: even `python -c "import paddle"` never
+  # exits (reproduced outside Bazel with that variable alone). Paddle's tests
+  # run without it (zcc's tests keep their files under /tmp).
+  unset TEST_TMPDIR
   what="(run tools/setup.sh, or set ZCC_PADDLE_VENV)"
 else
   python="${ZCC_TORCH_PYTHON:-${ZCC_VENV:-$HOME/.cache/zcc/venv}/bin/python}"
