@@ -52,10 +52,11 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def ranks(d, job, world, outs=None, kill_after=0):
-    """Runs `world` ranks of paddle_worker.py at once, in the environment
-    paddle.distributed.launch gives its workers (gloo on the CPU);
-    [(exit code, output)] by rank."""
+def launch(commands):
+    """Runs one process per rank (commands[r] for rank r) at once, in the
+    environment paddle.distributed.launch gives its workers (gloo on the
+    CPU); [(exit code, output)] by rank."""
+    world = len(commands)
     master = "127.0.0.1:%d" % _free_port()
     endpoints = ["127.0.0.1:%d" % _free_port() for _ in range(world)]
     procs = []
@@ -68,10 +69,15 @@ def ranks(d, job, world, outs=None, kill_after=0):
                    PADDLE_CURRENT_ENDPOINT=endpoints[r],
                    PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),
                    PADDLE_DISTRI_BACKEND="gloo")
-        procs.append(subprocess.Popen(
-            _command(d, job, "adamw", outs[r] if outs else None, kill_after, 2, r, world),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env))
+        procs.append(subprocess.Popen(commands[r], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=env))
     return [(p.wait(300), p.stdout.read().decode(errors="replace")) for p in procs]
+
+
+def ranks(d, job, world, outs=None, kill_after=0):
+    """Runs `world` ranks of paddle_worker.py (AdamW) together."""
+    return launch([_command(d, job, "adamw", outs[r] if outs else None, kill_after, 2, r, world)
+                   for r in range(world)])
 
 
 def losses(output):

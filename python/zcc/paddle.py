@@ -67,6 +67,12 @@ every rank can restore, from zccd's memory or disk, each rank reading the
 pieces it writes and receiving the others over the group (CPU tensors).
 Without one, each rank restores the newest committed step on its own.
 
+Data-parallel MoE: ``moe=zcc.paddle.Experts(prefix, experts_per_rank, ep_size)``
+names the model's experts; each is checkpointed under its global expert id
+(``<prefix>.<id>.<rest>``, its optimizer state likewise) in a replica group of
+the data-parallel ranks holding it, so it is written once, and restored by id
+on any other expert-parallel degree or number of ranks.
+
 Devices: CPU tensors use the host copier; GPU tensors (one device per rank)
 the CUDA copier of their device, ordered on Paddle's current stream.
 
@@ -86,7 +92,7 @@ from zcc import _checkpointer
 from zcc import _plain_state
 from zcc import _rng_state
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "Experts"]
 
 _EMA_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
 
@@ -169,6 +175,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         and loaded by ``restore()``; plain data and Paddle/NumPy tensors.
       replica: "data_parallel" (default when world_size > 1), "none", or a
         ``zcc.ReplicaGroup`` for the model and optimizer tensors.
+      moe: a ``zcc.paddle.Experts`` (or a list of them): the model's
+        experts, checkpointed under their global expert ids (see Experts).
       extra_bytes: the least capacity of each EXTRA blob; each is sized at
         construction to twice what it holds then.
       fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
@@ -179,7 +187,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
 
     def __init__(self, model, optimizer=None, *, job_id, save_every=0, ema_decay=0.0,
                  ema_interval=1, rank=None, world_size=None, socket=None, root=None,
-                 scheduler=None, user_state=None, state=None, replica=None,
+                 scheduler=None, user_state=None, state=None, replica=None, moe=None,
                  extra_bytes=64 << 10, fence_optimizer_step=True, connect_timeout=30.0,
                  prefetch_restore=True, **connect_kwargs):
         if rank is None:
@@ -215,25 +223,41 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         self._device = None  # the GPU the tensors are on, if any
         self._replica = self._replica_group(replica)
 
+        self.moe = [] if moe is None else list(moe) if isinstance(moe, (list, tuple)) else [moe]
+        for m in self.moe:
+            if not isinstance(m, Experts):
+                raise TypeError("moe takes zcc.paddle.Experts, not %s" % type(m).__name__)
+            m._place(self.rank, self.world_size)
+
         specs = []
-        self._params = collections.OrderedDict()   # key -> trainable parameter
+        self._params = collections.OrderedDict()   # checkpoint key -> trainable parameter
         self._watched = []   # (what, tensor, address): memory that must not move
-        self._shadows = []   # (state-dict key, the model's tensor, its shadow)
-        key_of = {}          # the parameter's Paddle name -> its state-dict key
+        self._shadows = []   # (checkpoint key, the model's tensor, its shadow)
+        key_of = {}          # the parameter's Paddle name -> its checkpoint key
+        self._group_of = {}  # checkpoint key -> its replica group
         trainable = {id(p) for _, p in self.model.named_parameters() if not p.stop_gradient}
-        for key, t in self.model.state_dict().items():
+        for local_key, t in self.model.state_dict().items():
+            key, group = local_key, self._replica
+            for m in self.moe:
+                found = m._global(local_key)
+                if found is not None:
+                    key, group = found
+                    break
+            if key in self._group_of:
+                raise ValueError("two tensors of the model are checkpointed as '%s'" % key)
+            self._group_of[key] = group
             self._note_device(key, t)
             if id(t) in trainable:
                 self._params[key] = t
                 key_of[t.name] = key
                 view = _detached(t)
-                self._watched.append(("parameter " + key, t, t.data_ptr()))
-                specs.append(zcc.TensorSpec(key, view, kind="param", replica=self._replica,
+                self._watched.append(("parameter " + local_key, t, t.data_ptr()))
+                specs.append(zcc.TensorSpec(key, view, kind="param", replica=group,
                                             ema_eligible=ema_decay > 0 and t.dtype in _EMA_DTYPES))
             else:
                 shadow = paddle.assign(_detached(t))
                 self._shadows.append((key, t, shadow))
-                specs.append(zcc.TensorSpec(key, shadow, kind="param", replica=self._replica))
+                specs.append(zcc.TensorSpec(key, shadow, kind="param", replica=group))
 
         self._accumulators = []  # (the optimizer's dict, its key, our tensor, spec name)
         if optimizer is not None:
@@ -315,14 +339,14 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                 self._note_device(name, t)
                 self._accumulators.append((by_param, pname, t, name))
                 specs.append(zcc.TensorSpec(name, _detached(t), kind="optim",
-                                            replica=self._replica))
+                                            replica=self._group_of[owner[pname]]))
         for pname, t in sorted(masters.items()):
             if pname in key_of:
                 name = "optimizer.master_weight.%s" % key_of[pname]
                 self._note_device(name, t)
                 self._accumulators.append((opt._master_weights, pname, t, name))
                 specs.append(zcc.TensorSpec(name, _detached(t), kind="optim",
-                                            replica=self._replica))
+                                            replica=self._group_of[key_of[pname]]))
         return specs
 
     def _state_specs(self, extra_bytes):
@@ -575,6 +599,72 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                 opt.step = self._previous_step_attr
         self._wrapped_step = None
         self.client.close(keep_snapshots=keep_snapshots)
+
+
+class Experts:
+    """Data-parallel MoE: where a model's experts live, so that each is
+    checkpointed under its global expert id, written once however many
+    data-parallel replicas hold it, and restored by id into any other
+    expert-parallel degree.
+
+    The layout of the seeds (PaddleNLP's and PaddleFormers' DP-MoE): ranks
+    form ``world_size // ep_size`` data-parallel groups of ``ep_size`` ranks
+    each (rank = dp_index * ep_size + ep_rank); the experts are split across
+    the ranks of a group, ``experts_per_rank`` each, so rank r holds global
+    experts ``ep_rank * experts_per_rank + i`` for local i; the same expert on
+    the other groups is its data-parallel replica. A state-dict key
+    ``<prefix>.<i>.<rest>`` of the model is checkpointed as
+    ``<prefix>.<global id>.<rest>`` (its optimizer state likewise), in an
+    expert replica group of the ranks holding that expert. Restoring on
+    another layout (``ep_size=1`` and every expert on every rank, or one
+    process) reads each expert by its global name.
+
+      Experts("moe.experts", experts_per_rank=2, ep_size=2)
+
+    Dense parameters (everything else) stay replicated over the whole job.
+    Expert ids must stay below 2**31.
+    """
+
+    def __init__(self, prefix, experts_per_rank, ep_size=1):
+        if not prefix or prefix.endswith("."):
+            raise ValueError("Experts prefix %r: the state-dict key before the expert index, "
+                             "without a trailing '.'" % (prefix,))
+        if experts_per_rank < 1 or ep_size < 1:
+            raise ValueError("experts_per_rank and ep_size must be at least 1")
+        self.prefix = prefix
+        self.experts_per_rank = int(experts_per_rank)
+        self.ep_size = int(ep_size)
+        self.ep_rank = self.dp_index = None
+        self.dp_size = 1
+
+    def _place(self, rank, world_size):
+        if world_size % self.ep_size:
+            raise ValueError("ep_size %d does not divide the world size %d"
+                             % (self.ep_size, world_size))
+        self.ep_rank = rank % self.ep_size
+        self.dp_index = rank // self.ep_size
+        self.dp_size = world_size // self.ep_size
+
+    def global_id(self, local_index):
+        """The global expert id of this rank's expert `local_index`."""
+        if not 0 <= local_index < self.experts_per_rank:
+            raise ValueError("local expert %d: this rank holds %d experts under %s"
+                             % (local_index, self.experts_per_rank, self.prefix))
+        return self.ep_rank * self.experts_per_rank + local_index
+
+    def _global(self, key):
+        """(checkpoint key, replica group) of a state-dict key under the
+        prefix, or None for any other key."""
+        head = self.prefix + "."
+        if not key.startswith(head):
+            return None
+        local, dot, rest = key[len(head):].partition(".")
+        if not local.isdigit() or not dot:
+            return None
+        expert = self.global_id(int(local))
+        group = zcc.ReplicaGroup("expert_data_parallel", self.dp_size, self.dp_index,
+                                 expert_id=expert) if self.dp_size > 1 else zcc.ReplicaGroup()
+        return "%s%d.%s" % (head, expert, rest), group
 
 
 class _Loadable:
