@@ -6,7 +6,8 @@ uninterrupted one element for element (parameters, BatchNorm statistics,
 accumulators, zccd's EMA, learning rate, generators, `state` and user_state),
 restored from zccd's memory and, after a zccd restart, from disk. Two
 data-parallel ranks (gloo) write each replicated tensor once and resume
-together from zccd's memory. In this process: a changed model is refused
+together from zccd's memory; a job grown from one rank to two gives the new
+rank rank 0's user_state. In this process: a changed model is refused
 naming the tensor before anything is written; multi-precision master weights are registered and restored; a
 parameter moved after construction is refused; an accumulator the optimizer
 replaced is copied back.
@@ -86,7 +87,14 @@ def losses(output):
 
 
 def restored_line(output):
-    return next(line for line in output.splitlines() if line.startswith("restored="))
+    """"restored=<step> from=<where>" of a worker's output."""
+    line = next(line for line in output.splitlines() if line.startswith("restored="))
+    return " ".join(line.split()[:2])
+
+
+def restored_fields(output):
+    line = next(line for line in output.splitlines() if line.startswith("restored="))
+    return dict(f.split("=", 1) for f in line.split())
 
 
 def same_state(ref, got, what):
@@ -169,6 +177,22 @@ def test_data_parallel_replicas_are_written_once_and_resume_exactly():
         assert {"zcc.r00000.rank_state", "zcc.r00001.rank_state", "zcc.trainer_state"} <= \
             set(names), names
         print("  2 ranks: %d tensors in step 8, each once; resumed at 5 bit-exact" % len(names))
+
+
+def test_a_grown_job_gives_new_ranks_rank_0s_user_state():
+    with Zccd("pdgrow") as d:
+        code, out = worker(d, "grow", "adamw", kill_after=4)  # one rank; step 4 committed
+        assert code == -9, out
+        d.wait_latest("grow", 4)
+        runs = ranks(d, "grow", 2)
+        for r, (code, out) in enumerate(runs):
+            assert code == 0, out
+            fields = restored_fields(out)
+            assert fields["restored"] == "4", out
+            # The epoch (user_state) is rank 0's on both; only rank 0 had state of its own.
+            assert fields["epoch"] == str(4 // 3), out
+            assert fields["own_state"] == ("True" if r == 0 else "False"), out
+        assert "rank 1 had no state of its own" in runs[1][1], runs[1][1]
 
 
 def _mlp(hidden=8, seed=3):

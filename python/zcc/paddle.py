@@ -481,14 +481,26 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         own = self._rank_state_name not in self._missing_state
         self.restored_rank_state = own
         mine = self._blobs["rank"].read() if own else None
-        rng = self._apply_rank_state(mine)
+        saved_world = job.get("world_size", self.world_size)
+        user_from_rank0 = None
+        dist = self._process_group()
+        if self.world_size > saved_world and dist is not None:
+            # A job that grew: its new ranks take rank 0's user_state (a
+            # counter such as the epoch must agree). Every rank knows
+            # saved_world (the job's state), so all take part.
+            box = [dict((mine or {}).get("user_state") or {}) if self.rank == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            if not own:
+                user_from_rank0 = box[0]
+        rng = self._apply_rank_state(mine, user_from_rank0)
         if rng.get("paddle"):
             _set_generator_states(rng["paddle"])
-        saved_world = job.get("world_size", self.world_size)
         if not own:
             warnings.warn("zcc: step %d was written by %d rank(s); rank %d had no state of its "
-                          "own in it: its generators, user_state and `state` objects stay as "
-                          "they were" % (got, saved_world, self.rank))
+                          "own in it: its generators and `state` objects stay as they were%s"
+                          % (got, saved_world, self.rank,
+                             ", its user_state is rank 0's" if user_from_rank0 is not None
+                             else ", and so does its user_state"))
         elif self.rank == 0 and saved_world > self.world_size:
             warnings.warn("zcc: step %d was written by %d ranks; the generators, user_state and "
                           "`state` objects of ranks %d-%d are not restored on %d rank(s)"
