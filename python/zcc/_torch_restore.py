@@ -88,14 +88,12 @@ class Restoring:
             # Every rank knows saved_world (job-wide state): all take part.
             dist = self._process_group()
             if dist is not None:
-                # A copy (on the CPU .to() would hand the blob itself to
-                # the broadcast, overwriting this rank's own state).
-                flat = torch.from_numpy(blob.array).to(self._collective_device(dist), copy=True)
-                dist.broadcast(flat, src=0)
+                # Rank 0's user_state as an object: each rank's blob is sized
+                # for its own state, so the blobs need not be equal in size.
+                box = [dict((mine or {}).get("user_state") or {}) if self.rank == 0 else None]
+                dist.broadcast_object_list(box, src=0)
                 if mine is None:
-                    received = _plain_state.Blob(blob.name + " (rank 0's)", flat.numel())
-                    received.array[:] = flat.cpu().numpy()
-                    user_from_rank0 = (received.read() or {}).get("user_state")
+                    user_from_rank0 = box[0]
         rng = self._apply_rank_state(mine, user_from_rank0)
         if rng.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8)
