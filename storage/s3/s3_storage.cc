@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_priority.h"
@@ -77,7 +78,13 @@ class S3WriteFile final : public File {
         key_(std::move(key)),
         streamed_(streamed),
         background_(background) {}
-  ~S3WriteFile() override { (void)Close(); }
+  // Dropped without Close (an error path of its owner): the upload is
+  // aborted, and an error the owner never saw is logged, not lost.
+  ~S3WriteFile() override {
+    if (absl::Status st = Close(); !st.ok()) {
+      ZCC_LOG(WARNING) << path_ << ": dropped unclosed after an error: " << st;
+    }
+  }
 
   const std::string& path() const override { return path_; }
   bool direct() const override { return false; }
@@ -147,8 +154,15 @@ class S3WriteFile final : public File {
     closed_ = true;
     AwaitParts(0);
     if (!upload_id_.empty()) {
-      // Never completed: nothing of it may become visible, nor linger.
-      (void)storage_->client().AbortMultipart(storage_->options().bucket, key_, upload_id_);
+      // Never completed: nothing of it may become visible, nor linger. An
+      // abort that fails leaves the parts stored until `zccctl gc` aborts
+      // the upload: say so, without failing the close (nothing is visible).
+      if (absl::Status st =
+              storage_->client().AbortMultipart(storage_->options().bucket, key_, upload_id_);
+          !st.ok()) {
+        ZCC_LOG(WARNING) << path_ << ": could not abort the unfinished multipart upload "
+                         << upload_id_ << " (zccctl gc removes it): " << st;
+      }
       upload_id_.clear();
     }
     return first_error();

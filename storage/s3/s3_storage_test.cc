@@ -160,6 +160,14 @@ TEST_CASE("S3: a streamed file goes up in parts; one closed without Sync leaves 
     REQUIRE_OK((*file)->Close());
   }
   CHECK(storage.Stat("/d/abandoned.bin").status().code() == absl::StatusCode::kNotFound);
+  // Dropped without Close after parts went up (an owner's error path): the
+  // same.
+  {
+    auto file = storage.OpenForWrite("/d/dropped.bin", direct);
+    REQUIRE_OK(file);
+    REQUIRE_OK(WriteAt(**file, 0, data.data(), options.part_bytes + 8192));
+  }
+  CHECK(storage.Stat("/d/dropped.bin").status().code() == absl::StatusCode::kNotFound);
   auto uploads = client.ListMultipart(server.bucket, options.prefix + "/");
   REQUIRE_OK(uploads);
   CHECK(uploads->empty());
