@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -329,10 +330,11 @@ absl::StatusOr<S3Client::Response> S3Client::SendOnce(const Request& req, bool* 
 
 namespace {
 
-// The status of a reply that is not a success; `retry` says whether it may
-// be retried.
-absl::Status ErrorOf(const std::string& what, long http, const std::string& body, bool* retry) {
-  const StoreError e = ParseError(body);
+constexpr char kStoreErrorCodeUrl[] = "type.zcc/storage.s3.StoreErrorCode";
+
+// The status of a reply that is not a success, by its HTTP status and the
+// store's error; `retry` says whether it may be retried.
+absl::Status StatusOfReply(const std::string& what, long http, const StoreError& e, bool* retry) {
   // (A HEAD's reply has no body: only its status says what went wrong.)
   const std::string detail =
       e.code.empty() ? absl::StrCat("HTTP ", http, http == 403 ? " Forbidden" : "")
@@ -353,7 +355,20 @@ absl::Status ErrorOf(const std::string& what, long http, const std::string& body
   return absl::InvalidArgumentError(msg);
 }
 
+// The same with the store's error code attached (StoreErrorCode).
+absl::Status ErrorOf(const std::string& what, long http, const std::string& body, bool* retry) {
+  const StoreError e = ParseError(body);
+  absl::Status status = StatusOfReply(what, http, e, retry);
+  if (!e.code.empty()) status.SetPayload(kStoreErrorCodeUrl, absl::Cord(e.code));
+  return status;
+}
+
 }  // namespace
+
+std::string StoreErrorCode(const absl::Status& status) {
+  const auto code = status.GetPayload(kStoreErrorCodeUrl);  // absl::optional<absl::Cord>
+  return code.has_value() ? std::string(*code) : std::string();
+}
 
 absl::StatusOr<S3Client::Response> S3Client::Send(const Request& req) {
   const absl::Time deadline = absl::Now() + endpoint_.retry_deadline;
@@ -374,8 +389,12 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& req) {
     std::uniform_int_distribution<int64_t> pick(0, absl::ToInt64Microseconds(backoff));
     const absl::Duration wait = absl::Microseconds(pick(rng));
     if (absl::Now() + wait > deadline) {
-      return absl::Status(error.code(),
-                          absl::StrCat(error.message(), " (gave up after ", attempt, " attempts)"));
+      absl::Status gave_up(error.code(), absl::StrCat(error.message(), " (gave up after ",
+                                                      attempt, " attempts)"));
+      error.ForEachPayload([&gave_up](absl::string_view url, const absl::Cord& payload) {
+        gave_up.SetPayload(url, payload);
+      });
+      return gave_up;
     }
     {
       zcc::MutexLock lock(&mu_);
@@ -465,7 +484,9 @@ absl::StatusOr<Listing> S3Client::List(const std::string& bucket, const std::str
 
 absl::Status S3Client::Delete(const std::string& bucket, const std::string& key) {
   absl::StatusOr<Response> resp = Send(Request{"DELETE", bucket, key});
-  if (absl::IsNotFound(resp.status()) && !absl::StrContains(resp.status().message(), "Bucket")) {
+  // A key that is not there is deleted already; a bucket that is not there
+  // is an error (the root is misconfigured).
+  if (absl::IsNotFound(resp.status()) && StoreErrorCode(resp.status()) != "NoSuchBucket") {
     return absl::OkStatus();
   }
   return resp.status();

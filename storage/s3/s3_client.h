@@ -142,6 +142,10 @@ class S3Client {
   uint64_t retries_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// The store's error code ("NoSuchBucket", "NoSuchKey", ...) an S3Client
+// status carries, or "" for none (a transport error, a reply without a body).
+std::string StoreErrorCode(const absl::Status& status);
+
 // What an S3 URI names: s3://bucket/prefix (the prefix without slashes at
 // either end; may be empty). InvalidArgument for anything else.
 struct S3Url {

@@ -296,6 +296,13 @@ TEST_CASE("S3: a missing bucket is a clear NotFound") {
   REQUIRE_FALSE(put.ok());
   CHECK(put.status().code() == absl::StatusCode::kNotFound);
   CHECK(absl::StrContains(put.status().message(), "NoSuchBucket"));
+  CHECK(StoreErrorCode(put.status()) == "NoSuchBucket");
+  // Deleting from a missing bucket is an error; deleting a missing key is
+  // not, whatever the key is called.
+  absl::Status gone = client.Delete("no-such-bucket-zcc", "k");
+  CHECK(absl::IsNotFound(gone));
+  CHECK(StoreErrorCode(gone) == "NoSuchBucket");
+  CHECK_OK(client.Delete(server.bucket, Unique("NoSuchBucket") + "/Bucket-named-key"));
 }
 
 TEST_CASE("S3 URLs: bucket and prefix, and what is refused") {
