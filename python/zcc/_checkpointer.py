@@ -7,6 +7,7 @@ client."""
 
 import os
 import warnings
+import weakref
 
 import zcc
 from zcc import _plain_state
@@ -46,8 +47,64 @@ def stateful_objects(state, adapt=None):
 class CheckpointerBase:
     """The framework-neutral half of a Checkpointer (a mixin). It expects
     self.client, self.connect_timeout, self.ema_decay, self.user_state,
-    self.state ({name: object}), self._codec (the framework's
-    _plain_state.TensorCodec) and self._ema_names."""
+    self.state ({name: object}), self.optimizer, self.rank, self.world_size,
+    self._codec (the framework's _plain_state.TensorCodec) and _stream()
+    (the framework's current stream for the copier, 0 on the host)."""
+
+    # --------------------------------------------------------------- setup
+
+    def _replica_group(self, replica):
+        """The replica group of the model's (non-sharded) tensors."""
+        if isinstance(replica, zcc.ReplicaGroup):
+            return replica
+        if replica is None:
+            replica = "data_parallel" if self.world_size > 1 else "none"
+        if replica == "data_parallel":
+            return zcc.ReplicaGroup("data_parallel", self.world_size, self.rank)
+        if replica == "none":
+            return zcc.ReplicaGroup()
+        raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
+
+    def _register(self, specs):
+        """Registers `specs` with the connected client (closing it if zccd
+        refuses them)."""
+        try:
+            self.client.register_tensors(specs)
+        except BaseException:
+            self.client.close()
+            raise
+        self._specs = specs
+        self._ema_names = [s.name for s in specs if s.ema_eligible]
+
+    def _wrap_optimizer_step(self, markers=()):
+        """Makes optimizer.step fence first, as a bound method (a scheduler
+        created afterwards may wrap it again) that holds the Checkpointer
+        weakly and stops fencing once the client is closed. `markers`: the
+        attributes of the step being wrapped to carry over (PyTorch's LR
+        schedulers mark the step they wrap, and warn when it is replaced)."""
+        opt = self.optimizer
+        previous = opt.step  # bound method, or a scheduler's counting wrapper
+        self._previous_step_attr = opt.__dict__.get("step")
+        ref = weakref.ref(self)
+
+        def step(_opt, *args, **kwargs):
+            ckpt = ref()
+            if ckpt is not None and not ckpt.client.closed:
+                ckpt.fence()
+            return previous(*args, **kwargs)
+
+        for marker in markers:
+            if getattr(previous, marker, False):
+                setattr(step, marker, True)
+        self._wrapped_step = step.__get__(opt, type(opt))
+        opt.step = self._wrapped_step
+
+    # ------------------------------------------------------------ training
+
+    def fence(self):
+        """Waits until enqueued copies have read the tensors (before updating them)."""
+        self.client.fence(self._stream())
+        self._fenced = True
 
     # ---------------------------------------------------------- small state
 
@@ -173,6 +230,26 @@ class CheckpointerBase:
         seconds. It does not wait for checkpoints to be written: the status's
         ``last_committed_step`` says which step is on disk."""
         self.client.flush(timeout)
+
+    def close(self, keep_snapshots=False):
+        """Publishes snapshots in flight, unregisters and releases the tensors.
+        zccd releases this rank's staging memory at once, unless
+        keep_snapshots=True: then it keeps the newest snapshots for
+        retain_snapshots_s, so that a trainer started next (a launcher's
+        restart) restores from memory. Leaving a ``with`` block by an exception
+        keeps them, and so does a Checkpointer that is never closed (a script
+        that dies), as for a trainer that crashed."""
+        opt = self.optimizer
+        if self._wrapped_step is not None and opt is not None and \
+                opt.__dict__.get("step") is self._wrapped_step:
+            if self._previous_step_attr is None:
+                del opt.step
+            else:
+                opt.step = self._previous_step_attr
+        # (A wrapper installed on top of ours, e.g. by a later LR scheduler,
+        # keeps calling ours, which stops fencing once the client is closed.)
+        self._wrapped_step = None
+        self.client.close(keep_snapshots=keep_snapshots)
 
     def __enter__(self):
         return self

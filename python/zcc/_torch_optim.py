@@ -5,7 +5,6 @@ fence that keeps it from overwriting tensors zcc is still copying."""
 
 import collections
 import operator
-import weakref
 
 import torch
 
@@ -81,26 +80,8 @@ class OptimizerBinding:
         return pieces
 
     def _wrap_optimizer_step(self):
-        opt = self.optimizer
-        previous = opt.step  # bound method, or a scheduler's counting wrapper
-        self._previous_step_attr = opt.__dict__.get("step")
-        ref = weakref.ref(self)
-
-        def step(_opt, *args, **kwargs):
-            ckpt = ref()
-            if ckpt is not None and not ckpt.client.closed:
-                ckpt.fence()
-            return previous(*args, **kwargs)
-
-        # When ours calls an LR scheduler's wrapper, carry its marker: the
-        # scheduler warns about an overridden optimizer.step otherwise.
-        for marker in _LR_SCHEDULER_STEP_MARKERS:
-            if getattr(previous, marker, False):
-                setattr(step, marker, True)
-        # A bound method, so that an LR scheduler created afterwards can wrap
-        # it again (PyTorch's schedulers read step.__func__, 1.x also __self__).
-        self._wrapped_step = step.__get__(opt, type(opt))
-        opt.step = self._wrapped_step
+        # (CheckpointerBase's, carrying the LR schedulers' markers.)
+        super()._wrap_optimizer_step(markers=_LR_SCHEDULER_STEP_MARKERS)
 
     @torch.no_grad()
     def _bind_optimizer_state(self):

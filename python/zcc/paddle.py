@@ -285,29 +285,12 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                                   save_every=save_every, checkpoint_root=root,
                                   ema_decay=ema_decay, ema_interval=self.ema_interval,
                                   prefetch_restore=prefetch_restore, **connect_kwargs)
-        try:
-            self.client.register_tensors(specs)
-        except BaseException:
-            self.client.close()
-            raise
-        self._specs = specs
-        self._ema_names = [s.name for s in specs if s.ema_eligible]
+        self._register(specs)
         self._wrapped_step = None
         if optimizer is not None and fence_optimizer_step:
             self._wrap_optimizer_step()
 
     # ----------------------------------------------------------------- setup
-
-    def _replica_group(self, replica):
-        if isinstance(replica, zcc.ReplicaGroup):
-            return replica
-        if replica is None:
-            replica = "data_parallel" if self.world_size > 1 else "none"
-        if replica == "data_parallel":
-            return zcc.ReplicaGroup("data_parallel", self.world_size, self.rank)
-        if replica == "none":
-            return zcc.ReplicaGroup()
-        raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
 
     def _note_device(self, key, t):
         place = t.place
@@ -407,30 +390,12 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                 "user_state": dict(self.user_state),
                 "state": {name: self._stateful_state(name) for name in self.state}}
 
-    def _wrap_optimizer_step(self):
-        opt = self.optimizer
-        original = opt.step
-        self._previous_step_attr = opt.__dict__.get("step")
-
-        def step(*args, **kwargs):
-            if self._wrapped_step is not None:
-                self.fence()
-            return original(*args, **kwargs)
-
-        self._wrapped_step = step
-        opt.step = step
-
     # -------------------------------------------------------------- training
 
     def _stream(self):
         if self._device is None or self.client.copier == "host":
             return 0
         return paddle.device.current_stream(paddle.CUDAPlace(self._device)).cuda_stream
-
-    def fence(self):
-        """Waits until enqueued copies have read the tensors (before updating them)."""
-        self.client.fence(self._stream())
-        self._fenced = True
 
     def _check_memory(self):
         for what, t, address in self._watched:
@@ -611,21 +576,6 @@ class Checkpointer(_checkpointer.CheckpointerBase):
             for key, t, _ in self._shadows:
                 out[key] = paddle.assign(_detached(t))
         return out
-
-    # ----------------------------------------------------------------- other
-
-    def close(self, keep_snapshots=False):
-        """Publishes snapshots in flight, unregisters and releases the tensors
-        (zccd keeps the newest snapshots for a trainer started next when
-        keep_snapshots=True, and when a ``with`` block ends by an exception)."""
-        opt = self.optimizer
-        if self._wrapped_step is not None and opt.__dict__.get("step") is self._wrapped_step:
-            if self._previous_step_attr is None:
-                del opt.step
-            else:
-                opt.step = self._previous_step_attr
-        self._wrapped_step = None
-        self.client.close(keep_snapshots=keep_snapshots)
 
 
 class Experts:

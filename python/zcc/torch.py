@@ -279,13 +279,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         fresh = [t for ts in self._unzeroed.values() for t in ts if t.device.type == "cpu"]
         if fresh:
             threading.Thread(target=_prefault.prefault, args=(fresh,), daemon=True).start()
-        try:
-            self.client.register_tensors(specs)
-        except BaseException:
-            self.client.close()
-            raise
-        self._specs = specs
-        self._ema_names = [s.name for s in specs if s.ema_eligible]
+        self._register(specs)
         # With a process group, each replica (DDP's, or a DTensor's Replicate
         # placements) restores only the pieces it writes and receives the rest
         # over the group, so the job reads the checkpoint once: the registered
@@ -296,17 +290,6 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             self._wrap_optimizer_step()
 
     # ----------------------------------------------------------------- setup
-
-    def _replica_group(self, replica):
-        if isinstance(replica, zcc.ReplicaGroup):
-            return replica
-        if replica is None:
-            replica = "data_parallel" if self.world_size > 1 else "none"
-        if replica == "data_parallel":
-            return zcc.ReplicaGroup("data_parallel", self.world_size, self.rank)
-        if replica == "none":
-            return zcc.ReplicaGroup()
-        raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
 
     def _state_specs(self, extra_bytes):
         """The EXTRA blobs (module docstring): the job's trainer state and
@@ -395,11 +378,6 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             return 0
         return torch.cuda.current_stream(self._stream_device).cuda_stream
 
-    def fence(self):
-        """Waits until enqueued copies have read the tensors (before updating them)."""
-        self.client.fence(self._stream())
-        self._fenced = True
-
     def _trainer_state(self, step, all_bound=False):
         opt = self.optimizer
         state = {"format": 2, "step": int(step), "world_size": self.world_size}
@@ -458,25 +436,3 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self._last_step = step
         self._fenced = False  # from here on, copies may be reading the tensors
         return self.client.snapshot(step, kind, self._stream())
-
-    # ----------------------------------------------------------------- other
-
-    def close(self, keep_snapshots=False):
-        """Publishes snapshots in flight, unregisters and releases the tensors.
-        zccd releases this rank's staging memory at once, unless
-        keep_snapshots=True: then it keeps the newest snapshots for
-        retain_snapshots_s, so that a trainer started next (a launcher's
-        restart) restores from memory. Leaving a ``with`` block by an exception
-        keeps them, and so does a Checkpointer that is never closed (a script
-        that dies), as for a trainer that crashed."""
-        opt = self.optimizer
-        if self._wrapped_step is not None and opt is not None and \
-                opt.__dict__.get("step") is self._wrapped_step:
-            if self._previous_step_attr is None:
-                del opt.step
-            else:
-                opt.step = self._previous_step_attr
-        # (A wrapper installed on top of ours, e.g. by a later LR scheduler,
-        # keeps calling ours, which stops fencing once the client is closed.)
-        self._wrapped_step = None
-        self.client.close(keep_snapshots=keep_snapshots)
