@@ -244,6 +244,15 @@ void CheckFields(const FullConfig& c, Problems& p) {
           absl::StrCat("must be at least ", shm::kPageBytes, ", got ", d.max_slot_bytes));
   }
   if (d.max_tensors_per_rank == 0) p.Add("max_tensors_per_rank", "must be at least 1, got 0");
+  if (d.staging_budget_bytes > 0 && d.staging_pool_bytes > d.staging_budget_bytes) {
+    p.Add("staging_pool_bytes", absl::StrCat("must fit in staging_budget_bytes (",
+                                             d.staging_budget_bytes, "), got ",
+                                             d.staging_pool_bytes));
+  }
+  if (d.staging_pool_entry_bytes > 0 && d.staging_pool_entry_bytes < shm::kPageBytes) {
+    p.Add("staging_pool_entry_bytes", absl::StrCat("must be 0 or at least ", shm::kPageBytes,
+                                                   ", got ", d.staging_pool_entry_bytes));
+  }
   if (d.keep_last == 0) p.Add("keep_last", "must be at least 1, got 0");
 
   auto check_duration = [&p](absl::string_view field, absl::Duration value, absl::Duration max) {
@@ -356,6 +365,10 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
   if (proto.has_default_num_slots()) d.default_num_slots = proto.default_num_slots();
   if (proto.has_max_slot_bytes()) d.max_slot_bytes = proto.max_slot_bytes();
   if (proto.has_staging_budget_bytes()) d.staging_budget_bytes = proto.staging_budget_bytes();
+  if (proto.has_staging_pool_bytes()) d.staging_pool_bytes = proto.staging_pool_bytes();
+  if (proto.has_staging_pool_entry_bytes()) {
+    d.staging_pool_entry_bytes = proto.staging_pool_entry_bytes();
+  }
   if (proto.has_max_tensors_per_rank()) d.max_tensors_per_rank = proto.max_tensors_per_rank();
   if (proto.has_keep_last()) d.keep_last = proto.keep_last();
   if (proto.has_keep_every()) d.keep_every = proto.keep_every();
@@ -590,6 +603,12 @@ std::string DefaultConfigText(const FullConfig& config) {
       "max_slot_bytes: ", d.max_slot_bytes, "\n",
       "# All staging memory of this daemon together, bytes; 0 = no limit.\n",
       "staging_budget_bytes: ", d.staging_budget_bytes, "\n",
+      "# Staging memory made ready before trainers register (allocated, zeroed,\n"
+      "# mapped), bytes; within the budget, given back under memory pressure.\n"
+      "# 0 = none. Its pieces: staging_pool_entry_bytes (0 = sized by the\n"
+      "# registrations, 1 GiB at first).\n",
+      "staging_pool_bytes: ", d.staging_pool_bytes, "\n",
+      "staging_pool_entry_bytes: ", d.staging_pool_entry_bytes, "\n",
       "max_tensors_per_rank: ", d.max_tensors_per_rank, "\n\n");
 
   absl::StrAppend(&out, "# Retention: the newest keep_last steps, and every keep_every-th (0 = off).\n",

@@ -47,6 +47,8 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.default_num_slots == y.default_num_slots);
   CHECK(x.max_slot_bytes == y.max_slot_bytes);
   CHECK(x.staging_budget_bytes == y.staging_budget_bytes);
+  CHECK(x.staging_pool_bytes == y.staging_pool_bytes);
+  CHECK(x.staging_pool_entry_bytes == y.staging_pool_entry_bytes);
   CHECK(x.max_tensors_per_rank == y.max_tensors_per_rank);
   CHECK(x.keep_last == y.keep_last);
   CHECK(x.keep_every == y.keep_every);
@@ -93,6 +95,8 @@ TEST_CASE("a file setting every field is applied over the base") {
     default_num_slots: 4
     max_slot_bytes: 1073741824
     staging_budget_bytes: 68719476736
+    staging_pool_bytes: 8589934592
+    staging_pool_entry_bytes: 2147483648
     max_tensors_per_rank: 5000
     keep_last: 5
     keep_every: 1000
@@ -121,6 +125,8 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.default_num_slots == 4);
   CHECK(d.max_slot_bytes == (1ull << 30));
   CHECK(d.staging_budget_bytes == (64ull << 30));
+  CHECK(d.staging_pool_bytes == (8ull << 30));
+  CHECK(d.staging_pool_entry_bytes == (2ull << 30));
   CHECK(d.max_tensors_per_rank == 5000);
   CHECK(d.keep_last == 5);
   CHECK(d.keep_every == 1000);
@@ -225,6 +231,15 @@ TEST_CASE("every out-of-range field is reported, one line each, with its positio
        }) {
     CHECK(std::find(lines.begin(), lines.end(), expected) != lines.end());
   }
+}
+
+TEST_CASE("a staging pool larger than the staging budget is refused") {
+  CHECK_THAT(ParseError("staging_budget_bytes: 1048576\nstaging_pool_bytes: 2097152\n"),
+             Catch::Equals("zccd.conf:2:1: staging_pool_bytes: must fit in staging_budget_bytes "
+                           "(1048576), got 2097152"));
+  CHECK_THAT(ParseError("staging_pool_entry_bytes: 100\n"),
+             Catch::Equals("zccd.conf:1:1: staging_pool_entry_bytes: must be 0 or at least 4096, "
+                           "got 100"));
 }
 
 TEST_CASE("negative, zero and non-finite durations are refused") {

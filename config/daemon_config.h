@@ -52,6 +52,11 @@ struct DaemonConfig {
   uint64_t max_slot_bytes = 256ull << 30;
   // Upper bound on all staging memory of this daemon together; 0 = no limit.
   uint64_t staging_budget_bytes = 0;
+  // Staging memory made ready before registrations (daemon/memory/
+  // staging_pool.h); 0 = none. Within staging_budget_bytes.
+  uint64_t staging_pool_bytes = 0;
+  // Each piece of it; 0 = sized by the registrations.
+  uint64_t staging_pool_entry_bytes = 0;
   uint32_t max_tensors_per_rank = 1 << 20;
   uint32_t keep_last = 3;
   uint32_t keep_every = 0;

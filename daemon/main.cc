@@ -44,6 +44,10 @@ ABSL_FLAG(uint32_t, slots, 3, "default staging slots per rank (2..8; 3 lets snap
 ABSL_FLAG(uint32_t, keep_last, 3, "committed steps kept per job");
 ABSL_FLAG(uint32_t, keep_every, 0, "also keep every N-th step (0 = off)");
 ABSL_FLAG(uint64_t, staging_budget_mb, 0, "staging memory limit for all ranks (0 = none)");
+ABSL_FLAG(uint64_t, staging_pool_mb, 0, "staging memory made ready before trainers register "
+          "(within the budget; 0 = none)");
+ABSL_FLAG(uint64_t, staging_pool_entry_mb, 0, "size of each piece of the staging pool "
+          "(0 = sized by the registrations)");
 ABSL_FLAG(double, commit_timeout_s, 600, "seconds a commit may wait for all ranks");
 ABSL_FLAG(double, stop_timeout_s, 90, "seconds zccd may take to stop after SIGTERM before it "
           "abandons requests or writes that do not finish (keep below TimeoutStopSec)");
@@ -101,6 +105,10 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("keep_last")) d.keep_last = absl::GetFlag(FLAGS_keep_last);
   if (Given("keep_every")) d.keep_every = absl::GetFlag(FLAGS_keep_every);
   if (Given("staging_budget_mb")) d.staging_budget_bytes = absl::GetFlag(FLAGS_staging_budget_mb) << 20;
+  if (Given("staging_pool_mb")) d.staging_pool_bytes = absl::GetFlag(FLAGS_staging_pool_mb) << 20;
+  if (Given("staging_pool_entry_mb")) {
+    d.staging_pool_entry_bytes = absl::GetFlag(FLAGS_staging_pool_entry_mb) << 20;
+  }
   if (Given("commit_timeout_s")) d.commit_timeout = absl::Seconds(absl::GetFlag(FLAGS_commit_timeout_s));
   if (Given("stop_timeout_s")) d.stop_timeout = absl::Seconds(absl::GetFlag(FLAGS_stop_timeout_s));
   if (Given("client_timeout_s")) d.client_timeout = absl::Seconds(absl::GetFlag(FLAGS_client_timeout_s));

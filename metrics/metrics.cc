@@ -335,6 +335,9 @@ ZccMetrics::ZccMetrics() {
       {{"outcome", "discarded"}});
   staging_bytes_ = &registry_.AddGauge("zcc_staging_bytes",
                                        "Shared memory currently allocated for staging, bytes.");
+  staging_pool_bytes_ = &registry_.AddGauge(
+      "zcc_staging_pool_bytes",
+      "Staging memory made ready before registrations (allocated and mapped), not yet taken.");
   retained_snapshot_bytes_ = &registry_.AddGauge(
       "zcc_retained_snapshot_bytes",
       "Staging memory holding dead or departed ranks' snapshots for a restore from memory.");

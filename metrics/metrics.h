@@ -203,6 +203,9 @@ class ZccMetrics {
   // zcc_staging_bytes: shared memory currently allocated for staging
   // (retained snapshots included).
   Gauge& staging_bytes() { return *staging_bytes_; }
+  // zcc_staging_pool_bytes: staging memory made ready before registrations
+  // (allocated and mapped), not yet taken.
+  Gauge& staging_pool_bytes() { return *staging_pool_bytes_; }
   // zcc_retained_snapshot_bytes: staging memory holding the snapshots of
   // ranks whose trainer died or exited, kept for a restore from memory.
   Gauge& retained_snapshot_bytes() { return *retained_snapshot_bytes_; }
@@ -233,6 +236,7 @@ class ZccMetrics {
   Counter* restore_bytes_read_;
   Counter* restore_prefetches_[2];
   Gauge* staging_bytes_;
+  Gauge* staging_pool_bytes_;
   Gauge* retained_snapshot_bytes_;
   Gauge* registered_ranks_;
   Counter* upload_bytes_;

@@ -40,6 +40,24 @@ class Segment {
   // `expected_bytes`. Never removes the name.
   static absl::StatusOr<Segment> Open(const std::string& name, uint64_t expected_bytes);
 
+  // Makes the first `bytes` of the mapping present in this process's page
+  // tables, allocating (zeroing) what is not reserved yet, so that nothing
+  // after it stops at a page fault there: a direct read into the memory, a
+  // copy. Unimplemented on a kernel without MADV_POPULATE_WRITE
+  // (before 5.14), where it does nothing. Writes no byte.
+  absl::Status Populate(uint64_t offset, uint64_t bytes) const;
+
+  // Gives a segment this handle created a new name and owner (the pool's
+  // memory handed to a registration): AlreadyExists when `new_name` is
+  // taken. The mapping and the memory are kept.
+  absl::Status Rename(const std::string& new_name, uid_t owner_uid);
+
+  // Changes the size of a segment this handle created to `bytes`, keeping
+  // what the mapping already holds (and its page tables), and reserves its
+  // first `reserve_bytes` as Create does (fast where reserved already); the
+  // rest must fit in /dev/shm's free space now.
+  absl::Status Resize(uint64_t bytes, uint64_t reserve_bytes);
+
   // Removes the shared-memory object `name` (stale segments after a daemon
   // crash): NotFound when there is none, the kernel's reason when it cannot
   // be removed (another uid's object in a sticky /dev/shm, say).

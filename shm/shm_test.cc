@@ -107,6 +107,52 @@ TEST_CASE("a segment reserves a prefix now and the rest on request; what cannot 
   CHECK(access(("/dev/shm/" + huge).c_str(), F_OK) != 0);  // removed again
 }
 
+TEST_CASE("a segment renamed and resized keeps its memory, its mapping and its bytes") {
+  const std::string pooled = UniqueName("pooled");
+  const std::string named = UniqueName("named");
+  const std::string taken = UniqueName("taken");
+  const uint64_t bytes = ControlBlockBytes() + 4 * kPageBytes;
+  auto seg = Segment::Create(pooled, bytes);
+  REQUIRE_OK(seg);
+  const absl::Status populated = seg->Populate(0, bytes);
+  CHECK((populated.ok() || absl::IsUnimplemented(populated)));
+  CHECK(seg->Populate(kPageBytes, bytes).code() == absl::StatusCode::kInvalidArgument);
+  seg->base()[bytes - 1] = 0x5a;
+
+  // A taken name is never replaced.
+  auto other = Segment::Create(taken, bytes);
+  REQUIRE_OK(other);
+  CHECK(seg->Rename(taken, static_cast<uid_t>(-1)).code() == absl::StatusCode::kAlreadyExists);
+  CHECK(seg->name() == pooled);
+
+  REQUIRE_OK(seg->Rename(named, geteuid()));
+  CHECK(seg->name() == named);
+  CHECK(Segment::ListWithPrefix(pooled).empty());
+  // Larger: what was written stays, the new part is zero and reserved as asked.
+  REQUIRE_OK(seg->Resize(bytes + 8 * kPageBytes, bytes + 2 * kPageBytes));
+  CHECK(seg->size() == bytes + 8 * kPageBytes);
+  CHECK(AllocatedBytes(named) == bytes + 2 * kPageBytes);
+  CHECK(seg->base()[bytes - 1] == 0x5a);
+  CHECK(seg->base()[bytes + 8 * kPageBytes - 1] == 0);
+  {
+    auto opened = Segment::Open(named, bytes + 8 * kPageBytes);
+    REQUIRE_OK(opened);
+    CHECK(opened->base()[bytes - 1] == 0x5a);
+  }
+  // Smaller: the tail goes, with its memory.
+  REQUIRE_OK(seg->Resize(ControlBlockBytes() + kPageBytes, ~uint64_t{0}));
+  CHECK(seg->size() == ControlBlockBytes() + kPageBytes);
+  CHECK(AllocatedBytes(named) == ControlBlockBytes() + kPageBytes);
+  seg->base()[seg->size() - 1] = 1;
+  CHECK(seg->Resize(16, 16).code() == absl::StatusCode::kInvalidArgument);
+  // Only the creator renames or resizes.
+  auto opened = Segment::Open(named, ControlBlockBytes() + kPageBytes);
+  REQUIRE_OK(opened);
+  CHECK(opened->Rename(pooled, static_cast<uid_t>(-1)).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(opened->Resize(bytes, bytes).code() == absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("slot ring: a held-back slot is the daemon's until it frees it") {
   alignas(ControlBlock) unsigned char mem[sizeof(ControlBlock)];
   auto* cb = reinterpret_cast<ControlBlock*>(mem);

@@ -1122,6 +1122,58 @@ TEST_CASE("retained snapshots show in status and give way to a registration that
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("the staging pool makes memory ready within the budget, a registration takes it, "
+          "and it gives way to a registration that needs the budget") {
+  const std::string dir = ShortTempDir("it-pool");
+  // Each rank below: 2 slots of 9 MB, 18.9 MB. The pool: 3 pieces of 8 MiB,
+  // within the 40 MiB budget; a second rank needs all of what the pool holds.
+  Daemon daemon(dir, {{"--staging_budget_mb=40", "--staging_pool_mb=24",
+                       "--staging_pool_entry_mb=8"}});
+  REQUIRE(daemon.Start());
+  auto pool_status = [&] {
+    auto [code, out] = Zccctl(dir, daemon, {"--json", "status"});
+    REQUIRE(code == 0);
+    const nlohmann::json s = nlohmann::json::parse(out);
+    auto field = [&s](const char* name) -> uint64_t {
+      return s.contains(name) ? s[name].get<uint64_t>() : 0;
+    };
+    return std::pair<uint64_t, uint64_t>{field("staging_pool_bytes"), field("staging_pool_taken")};
+  };
+  REQUIRE(Eventually([&] { return pool_status().first == (24u << 20); }, absl::Seconds(30)));
+  {
+    auto [code, text] = Zccctl(dir, daemon, {"status"});
+    CHECK(code == 0);
+    CHECK_THAT(text, Catch::Contains("staging pool: 0.03 of 0.03 GB ready for the next "
+                                     "registrations (0 taken)"));
+  }
+  const std::vector<std::string> model = {"--kib=1024", "--tensors=6", "--slots=2"};
+  auto a = StartTrainer(daemon, dir, "a", Concat({"--job=a", "--steps=6", "--save_every=3", "--pause_at=3"}, model));
+  REQUIRE(a->WaitForOutput("paused", absl::Seconds(60)));
+  INFO(daemon.Log());
+  CHECK(absl::StrContains(daemon.Log(), "bytes it needs at once came from the staging pool"));
+  // One piece taken; none made again so soon after (the restores that
+  // follow registrations come first).
+  CHECK(pool_status() == std::pair<uint64_t, uint64_t>{16u << 20, 1});
+
+  // 18.9 + 18.9 MB of segments and the pool's 16 MiB do not fit in 40 MiB:
+  // the pool gives way, the registration is not refused.
+  auto b = StartTrainer(daemon, dir, "b", Concat({"--job=b", "--steps=3", "--save_every=3"}, model));
+  CHECK(b->Wait(absl::Seconds(60)) == 0);
+  INFO(b->Output());
+  CHECK(b->Values()["registered"] == "1");
+  CHECK(pool_status() == std::pair<uint64_t, uint64_t>{0, 2});
+  a->Signal(SIGUSR1);
+  CHECK(a->Wait(absl::Seconds(60)) == 0);
+  INFO(a->Output());
+  // Both trained and checkpointed from the pool's memory.
+  REQUIRE(WaitLatest(JobDir(daemon, "a"), 6));
+  REQUIRE_OK(checkpoint::VerifyStep(JobDir(daemon, "a") + "/step-00000006"));
+  REQUIRE_OK(checkpoint::VerifyStep(JobDir(daemon, "b") + "/step-00000003"));
+  REQUIRE(daemon.Stop() == 0);
+  // Nothing of the pool is left behind.
+  CHECK(shm::Segment::ListWithPrefix(daemon.shm_prefix() + ".pool").empty());
+}
+
 TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persisted and committed") {
   const std::string dir = ShortTempDir("it-onfail");
   Daemon daemon(dir);

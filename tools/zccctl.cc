@@ -151,6 +151,11 @@ void PrintUpload(const zcc::v1::JobStatus& job) {
 void PrintStatus(const zcc::v1::StatusResponse& s) {
   std::printf("%s  pid %d  up %.0fs  %d job(s)\n", s.version().c_str(), s.pid(),
               s.uptime_seconds(), s.jobs_size());
+  if (s.staging_pool_target_bytes() > 0) {
+    std::printf("staging pool: %.2f of %.2f GB ready for the next registrations (%llu taken)\n",
+                s.staging_pool_bytes() / 1e9, s.staging_pool_target_bytes() / 1e9,
+                static_cast<unsigned long long>(s.staging_pool_taken()));
+  }
   // Daemon-pull: what zccd's CUDA contexts cost, per device.
   if (s.daemon_pull_enabled()) {
     std::printf("daemon-pull: on%s%s\n", s.daemon_pull_unavailable().empty() ? "" : ", unusable: ",

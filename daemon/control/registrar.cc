@@ -225,7 +225,11 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
   admit.num_slots = plan.g.num_slots;
   admit.slot_bytes = plan.g.slot_bytes;
   admit.segment_owner = plan.segment_owner;
+  admit.reserve_now_bytes = plan.g.reserve_later
+                                ? shm::ControlBlockBytes() + plan.g.slot_bytes
+                                : plan.g.segment_bytes;
   admit.staging_budget_bytes = config.staging_budget_bytes;
+  admit.pool = d.staging_pool;
   admit.alive = [&config](const RankSession& s) {
     return !s.ClientProcessGone() && s.ClientAlive(config.client_timeout);
   };
@@ -270,7 +274,8 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
       PrepareStaging(absl::StrCat(d_.config->shm_prefix, ".", req.job_id(), ".r", req.rank(), ".g",
                                   generation),
                      g, plan.segment_owner, generation, plan.shards.manifest_hash,
-                     std::move(admission.inherited()), d_.before_reserve));
+                     std::move(admission.inherited()), std::move(admission.pooled()),
+                     d_.before_reserve));
   v1::RegisterResponse resp;
   FillResponse(staging, g, generation, plan.job_dir, plan.shards, plan.registered,
                plan.pull_unavailable, &resp);

@@ -48,6 +48,7 @@ class Registrar {
     PullService* pull = nullptr;
     RestoreService* restores = nullptr;
     Housekeeper* housekeeper = nullptr;
+    StagingPool* staging_pool = nullptr;  // null: none
     // Where jobs' checkpoints go (job_placement.h).
     ResolveJobDirFn resolve_job_dir;
     RouteJobFn route_job;

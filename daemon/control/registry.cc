@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/validate.h"
 #include "daemon/jobs/job_directory.h"
+#include "daemon/memory/system_room.h"
 #include "format/manifest.h"
 #include "proto/checkpoint_info.h"
 #include "shm/segment.h"
@@ -40,6 +41,20 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
       started_(absl::Now()),
       write_pool_(static_cast<int>(config_.writer_threads)),
       jobs_(started_),
+      staging_pool_(StagingPool::Options{
+          config_.shm_prefix + ".pool", config_.staging_pool_bytes,
+          config_.staging_pool_entry_bytes,
+          [this](uint64_t pooled) {
+            uint64_t room = PoolRoom(ReadSystemMemory(), pooled);
+            if (const uint64_t budget = config_.staging_budget_bytes; budget > 0) {
+              const uint64_t used = jobs_.StagingBytes();
+              room = std::min(room, budget > used ? budget - used : 0);
+            }
+            return room;
+          },
+          [this](uint64_t pooled) {
+            metrics_.staging_pool_bytes().Set(static_cast<double>(pooled));
+          }}),
       restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_, shard_storage_),
       pull_(config_.daemon_pull, std::move(pull_engine)),
       housekeeper_(config_, &metrics_,
@@ -48,10 +63,11 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                                          [this] {
                                            restores_.ExpireSharedReads();
                                            return jobs_.DropIdle();
-                                         }}),
+                                         },
+                                         [this] { staging_pool_.Recheck(); }}),
       registrar_(Registrar::Deps{
           &config_, &metrics_, shard_storage_, &write_pool_, &jobs_, &pull_, &restores_,
-          &housekeeper_,
+          &housekeeper_, &staging_pool_,
           [this](const std::string& root, const std::string& job_id, const Caller& caller,
                  bool job_credentials) {
             return ResolveJobDir(root, job_id, caller, true, job_credentials);
@@ -100,6 +116,7 @@ absl::Status Registry::Start() {
   ZCC_RETURN_IF_ERROR(ScopedFsIdentity::Probe());
   RecoverJobDirectories(config_);
   housekeeper_.Start();
+  staging_pool_.Start();
   return absl::OkStatus();
 }
 
@@ -321,6 +338,9 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
     }
   }
   pull_.FillStatus(&resp);
+  resp.set_staging_pool_bytes(staging_pool_.bytes());
+  resp.set_staging_pool_target_bytes(config_.staging_pool_bytes);
+  resp.set_staging_pool_taken(staging_pool_.taken());
   for (const auto& job : jobs) job->FillStatus(resp.add_jobs());
   return resp;
 }

@@ -36,6 +36,7 @@
 #include "daemon/control/registrar.h"
 #include "daemon/restore/restore_service.h"
 #include "common/task_pool.h"
+#include "daemon/memory/staging_pool.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 #include "storage/storage.h"
@@ -127,6 +128,8 @@ class Registry {
   TaskPool write_pool_;
 
   JobTable jobs_;
+  // Uses jobs_ (the budget left), and stops before it goes.
+  StagingPool staging_pool_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<bool> stopped_{false};
 

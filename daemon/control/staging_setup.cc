@@ -1,7 +1,9 @@
 #include "daemon/control/staging_setup.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "common/log.h"
 #include "common/status.h"
 #include "shm/control_block.h"
 #include "shm/slot_ring.h"
@@ -14,26 +16,44 @@ namespace zcc::daemon {
 absl::StatusOr<Staging> PrepareStaging(const std::string& name, const Geometry& g,
                                        uid_t owner, uint64_t generation, uint64_t manifest_hash,
                                        std::optional<RetainedSnapshots::Entry> inherited,
+                                       std::optional<shm::Segment> pooled,
                                        const std::function<void(const std::string&, uint64_t)>& before_reserve) {
   std::optional<shm::Segment> segment;
   Inheritance inheritance;
+  // A large segment: the control block and slot 0 now, the other slots in
+  // the background, so that registering 1 GB of state does not wait for
+  // 3 GB of staging to be zeroed. A small one whole: every slot is free on
+  // return.
+  const uint64_t now = g.reserve_later ? shm::ControlBlockBytes() + g.slot_bytes : g.segment_bytes;
   if (inherited.has_value()) {
     segment.emplace(inherited->session->TakeSegment());
     inheritance.predecessor = std::move(inherited->session);
   } else {
-    // A large segment: the control block and slot 0 now, the other slots in
-    // the background, so that registering 1 GB of state does not wait for
-    // 3 GB of staging to be zeroed. A small one whole: every slot is free on
-    // return.
-    const uint64_t now =
-        g.reserve_later ? shm::ControlBlockBytes() + g.slot_bytes : g.segment_bytes;
     if (before_reserve) before_reserve(name, now);
-    ZCC_ASSIGN_OR_RETURN(shm::Segment created,
-                         shm::Segment::Create(name, g.segment_bytes, owner, now));
-    if (g.daemon_pull && g.reserve_later) {
-      ZCC_RETURN_IF_ERROR(created.Reserve(g.pull_offset, g.pull.bytes));
+    if (pooled.has_value()) {
+      // Allocated and mapped already: renamed, resized, and only what lies
+      // beyond it reserved now.
+      const uint64_t ready = pooled->size();
+      absl::Status st = pooled->Rename(name, owner);
+      if (st.ok()) st = pooled->Resize(g.segment_bytes, now);
+      if (st.ok()) {
+        ZCC_LOG(INFO) << name << ": " << std::min(ready, now) << " of the " << now
+                      << " bytes it needs at once came from the staging pool";
+        segment.emplace(*std::move(pooled));
+      } else {
+        ZCC_LOG(WARNING) << name << ": the staging pool's memory could not be used (" << st
+                         << "); making it anew";
+        pooled.reset();  // removed, under whichever name it has
+      }
     }
-    segment.emplace(std::move(created));
+    if (!segment.has_value()) {
+      ZCC_ASSIGN_OR_RETURN(shm::Segment created,
+                           shm::Segment::Create(name, g.segment_bytes, owner, now));
+      segment.emplace(std::move(created));
+    }
+    if (g.daemon_pull && g.reserve_later) {
+      ZCC_RETURN_IF_ERROR(segment->Reserve(g.pull_offset, g.pull.bytes));
+    }
   }
   Staging s{std::move(*segment), std::move(inheritance), {}};
   shm::InitControlBlock(s.segment.control(), g.num_slots, g.slot_bytes, generation, manifest_hash);

@@ -38,12 +38,14 @@ struct Staging {
   std::vector<uint32_t> to_reserve;  // slots reserved in the background
 };
 
-// Makes (and reserves) the segment, or adopts the one `inherited` holds;
-// lays out its control block and marks the slots still to be reserved and
-// those holding the predecessor's snapshots.
+// Makes (and reserves) the segment, from `pooled` memory made ready before
+// when there is some, or adopts the one `inherited` holds; lays out its
+// control block and marks the slots still to be reserved and those holding
+// the predecessor's snapshots.
 absl::StatusOr<Staging> PrepareStaging(const std::string& name, const Geometry& g,
                                        uid_t owner, uint64_t generation, uint64_t manifest_hash,
                                        std::optional<RetainedSnapshots::Entry> inherited,
+                                       std::optional<shm::Segment> pooled,
                                        const std::function<void(const std::string&, uint64_t)>& before_reserve);
 
 }  // namespace zcc::daemon

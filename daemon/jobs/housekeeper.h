@@ -46,6 +46,8 @@ class Housekeeper {
     std::function<uint64_t()> staging_bytes;                  // all segments
     // Forgets jobs with no rank and nothing pending; returns them.
     std::function<std::vector<std::shared_ptr<Job>>()> drop_idle_jobs;
+    // Has the staging pool ask again how much it may hold.
+    std::function<void()> recheck_pool;
   };
 
   Housekeeper(const DaemonConfig& config, metrics::ZccMetrics* metrics, Registry registry);

@@ -12,7 +12,8 @@ Admission::Admission(Admission&& other) noexcept
       rank_(other.rank_),
       job_(std::move(other.job_)),
       generation_(other.generation_),
-      inherited_(std::move(other.inherited_)) {}
+      inherited_(std::move(other.inherited_)),
+      pooled_(std::move(other.pooled_)) {}
 
 Admission::~Admission() {
   if (table_ != nullptr) table_->Finish(job_id_, rank_);
@@ -143,6 +144,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   // room or not adopted.
   std::shared_ptr<Job> dropped_job;
   std::vector<RetainedSnapshots::Entry> dropped;
+  std::vector<shm::Segment> released_pool;  // the staging pool's, for the budget
   zcc::MutexLock lock(&mu_);
   if (closed_) return absl::UnavailableError("zccd is shutting down");
   std::shared_ptr<Job>& job = jobs_[r.job_id];
@@ -196,11 +198,24 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   }
   const uint64_t needed = inherited.has_value() ? 0 : r.segment_bytes;
   const uint64_t replacing = existing ? existing->segment_bytes() : 0;
-  uint64_t in_use = StagingBytesLocked() - replacing;
-  // Retained snapshots give way to a registration: the oldest go first.
+  // A new segment starts from the pool's memory: that entry becomes part of
+  // `needed` (and leaves the pool).
+  std::optional<shm::Segment> pooled;
+  if (!inherited.has_value() && r.pool != nullptr) {
+    pooled = r.pool->Take(r.reserve_now_bytes, r.segment_bytes);
+  }
+  const uint64_t pool_bytes = r.pool != nullptr ? r.pool->bytes() : 0;
+  uint64_t in_use = StagingBytesLocked() - replacing + pool_bytes;
+  // The pool gives way to a registration first (it holds no data), then
+  // retained snapshots, the oldest first.
+  if (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes && pool_bytes > 0) {
+    const uint64_t excess = in_use + needed - r.staging_budget_bytes;
+    released_pool = r.pool->ReleaseDownTo(pool_bytes > excess ? pool_bytes - excess : 0);
+    in_use = StagingBytesLocked() - replacing + r.pool->bytes();
+  }
   while (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes &&
          DropOneRetainedLocked(&dropped)) {
-    in_use = StagingBytesLocked() - replacing;
+    in_use = StagingBytesLocked() - replacing + (r.pool != nullptr ? r.pool->bytes() : 0);
   }
   if (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes) {
     if (inherited.has_value()) dropped.push_back(std::move(*inherited));
@@ -214,6 +229,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   admission.job_ = job;
   admission.generation_ = next_generation_++;
   admission.inherited_ = std::move(inherited);
+  admission.pooled_ = std::move(pooled);
   return admission;
 }
 

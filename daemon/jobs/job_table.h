@@ -33,6 +33,7 @@
 #include "common/mutex.h"
 #include "daemon/jobs/job.h"
 #include "daemon/memory/retained_snapshots.h"
+#include "daemon/memory/staging_pool.h"
 
 namespace zcc::daemon {
 
@@ -55,8 +56,13 @@ struct AdmitRequest {
   uint32_t num_slots = 0;
   uint64_t slot_bytes = 0;
   uid_t segment_owner = static_cast<uid_t>(-1);
+  // Of segment_bytes, what the registration reserves at once.
+  uint64_t reserve_now_bytes = 0;
   // 0 = no budget.
   uint64_t staging_budget_bytes = 0;
+  // Staging memory made ready before (null: none): a new segment is taken
+  // from it, and it gives way first when the registration needs the budget.
+  StagingPool* pool = nullptr;
   // Whether the rank's current session, if any, is still served by a live
   // trainer (a registration then is refused).
   std::function<bool(const RankSession&)> alive;
@@ -74,6 +80,9 @@ class Admission {
   uint64_t generation() const { return generation_; }
   // The previous trainer's retained segment and snapshots, when they match.
   std::optional<RetainedSnapshots::Entry>& inherited() { return inherited_; }
+  // Memory from the staging pool for the new segment (none when a retained
+  // one is adopted, or the pool had none).
+  std::optional<shm::Segment>& pooled() { return pooled_; }
 
  private:
   friend class JobTable;
@@ -86,6 +95,7 @@ class Admission {
   std::shared_ptr<Job> job_;
   uint64_t generation_ = 0;
   std::optional<RetainedSnapshots::Entry> inherited_;
+  std::optional<shm::Segment> pooled_;
 };
 
 class JobTable {

@@ -17,9 +17,9 @@ def prefault(tensors):
     page. Their 2 MiB-aligned interiors are first marked for transparent huge
     pages (MADV_HUGEPAGE; where the system allows them only on request): 512
     times fewer faults, and fewer TLB misses in every optimizer step after.
-    Runs on a thread of its own during registration and whatever comes next
-    (a restore waits for zccd's disk read meanwhile); it writes nothing, so
-    nothing needs to wait for it."""
+    Runs on a thread of its own after the registration, during whatever
+    comes next (a restore waits for zccd's disk read meanwhile); it writes
+    nothing, so nothing needs to wait for it."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
