@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -20,12 +21,12 @@ namespace zcc::testing {
 namespace {
 
 // A zccd whose restores read the disk (it keeps no departed trainer's
-// snapshots), with its metrics on a port of its own; trains 15 steps
-// (checkpoints at 5, 10 and 15) when `train`.
+// snapshots), with its metrics on a port of its own (and `flags`); trains 15
+// steps (checkpoints at 5, 10 and 15) when `train`.
 struct Setup {
-  explicit Setup(const std::string& name, bool train = true)
-      : dir(ShortTempDir(name)),
-        daemon(dir, {{"--retain_snapshots_s=0", "--metrics_listen=127.0.0.1:0"}}) {
+  explicit Setup(const std::string& name, bool train = true,
+                 std::vector<std::string> flags = {})
+      : dir(ShortTempDir(name)), daemon(dir, DaemonOptions{WithDefaults(std::move(flags))}) {
     REQUIRE(daemon.Start());
     port = PortFromLog(daemon, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
     REQUIRE(port > 0);
@@ -33,6 +34,11 @@ struct Setup {
       auto t = StartTrainer(daemon, dir, "train", {"--steps=15"});
       REQUIRE(t->Wait(absl::Seconds(60)) == 0);
     }
+  }
+  static std::vector<std::string> WithDefaults(std::vector<std::string> flags) {
+    flags.push_back("--retain_snapshots_s=0");
+    flags.push_back("--metrics_listen=127.0.0.1:0");
+    return flags;
   }
   double Prefetches(const std::string& outcome) const {
     return MetricValue(port,
@@ -65,7 +71,10 @@ TEST_CASE("a restarted trainer restores the step zccd began reading as it regist
 }
 
 TEST_CASE("a damaged piece found by the read ahead: the restore falls back to the older step") {
-  Setup s("pf-dmg");
+  // The restoring trainer's staging comes from zccd's staging pool, made
+  // ready after the training's registration took the first piece: the read
+  // ahead goes into memory made before, and its damage is found all the same.
+  Setup s("pf-dmg", true, {"--staging_pool_mb=64", "--staging_pool_entry_mb=16"});
   // One byte of tensor data in step 15 changes on disk; its metadata still
   // checks out, so the read ahead chooses it and finds the damage.
   {
@@ -87,6 +96,7 @@ TEST_CASE("a damaged piece found by the read ahead: the restore falls back to th
   CHECK(absl::StrContains(r->Output(), "restore skipped step-00000015: damaged, found while "
                                        "reading it: checksum mismatch"));
   CHECK(absl::StrContains(s.daemon.Log(), "falling back to an older step"));
+  CHECK(absl::StrContains(s.daemon.Log(), "came from the staging pool"));
   CHECK(s.Prefetches("used") == 1);
   REQUIRE(s.daemon.Stop() == 0);
 }
