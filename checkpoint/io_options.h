@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "format/manifest.h"
 #include "storage/storage.h"
 
 namespace zcc::checkpoint {
@@ -33,6 +34,10 @@ struct IoOptions {
   // true (null: never), so that an abandoned read of many GB ends within a
   // chunk. Borrowed: must outlive the call.
   const std::function<bool()>* cancelled = nullptr;
+  // Reads call it with each piece (a tensor of a shard file) whose bytes
+  // matched its checksum, from the reading thread, once the bytes are at
+  // their destination (null: nobody). Borrowed: must outlive the call.
+  const std::function<void(const format::ManifestTensor& piece)>* verified = nullptr;
 };
 
 }  // namespace zcc::checkpoint

@@ -33,7 +33,8 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
                                        const std::vector<GlobalTensor>& tensors,
                                        const std::vector<BoxTarget>& targets,
                                        const IoOptions& options, uint64_t staging_bytes,
-                                       const std::function<bool()>& cancelled) {
+                                       const std::function<bool()>& cancelled,
+                                       const std::function<void(size_t target)>& target_done) {
   auto check_cancelled = [&cancelled]() -> absl::Status {
     if (cancelled && cancelled()) return absl::CancelledError("read of the checkpoint cancelled");
     return absl::OkStatus();
@@ -45,11 +46,17 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
   // Plan every read before doing any.
   std::vector<PieceRead> direct;
   std::map<const format::ManifestTensor*, std::vector<Copy>> staged;  // piece -> copies
+  // For target_done: the targets each direct piece fills, the staged copies
+  // each target still waits for, and those complete before any read.
+  absl::flat_hash_map<const format::ManifestTensor*, std::vector<size_t>> direct_targets;
+  std::vector<size_t> copies_left(targets.size(), 0);
+  std::vector<size_t> done_at_once;
   for (size_t i = 0; i < targets.size(); ++i) {
     const BoxTarget& t = targets[i];
     const auto it = by_key.find(std::make_pair(t.kind, t.name));
     if (it == by_key.end() && t.optional) {
       std::memset(t.dst, 0, format::Volume(t.box) * format::DTypeSize(t.dtype));
+      done_at_once.push_back(i);
       continue;
     }
     if (it == by_key.end()) {
@@ -68,6 +75,7 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
     for (const format::ManifestTensor* p : g.pieces) {
       if (p->box_offset == t.box.offset && p->shape == t.box.shape) {
         direct.push_back({p, t.dst});
+        direct_targets[p].push_back(i);
         covered = format::Volume(t.box);
         break;
       }
@@ -75,7 +83,9 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
       if (!region.has_value()) continue;
       covered += format::Volume(*region);
       staged[p].push_back({i, *std::move(region)});
+      ++copies_left[i];
     }
+    if (covered == 0 && format::Volume(t.box) == 0) done_at_once.push_back(i);
     // The pieces tile the global tensor (GroupPieces), so their
     // intersections with the box cover it exactly; anything else is a bug.
     if (covered != format::Volume(t.box)) {
@@ -94,8 +104,20 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
 
   ReshardStats stats;
   ZCC_RETURN_IF_ERROR(check_cancelled());
+  IoOptions read_options = options;
+  std::function<void(const format::ManifestTensor&)> verified;
+  if (target_done) {
+    for (size_t i : done_at_once) target_done(i);
+    verified = [&](const format::ManifestTensor& piece) {
+      if (options.verified != nullptr) (*options.verified)(piece);
+      const auto it = direct_targets.find(&piece);
+      if (it == direct_targets.end()) return;  // a staged piece: done once copied
+      for (size_t i : it->second) target_done(i);
+    };
+    read_options.verified = &verified;
+  }
   const PiecesByFile by_file = IndexPiecesByFile(index);
-  ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, by_file, direct, options));
+  ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, by_file, direct, read_options));
   stats.direct_pieces = direct.size();
   for (const PieceRead& r : direct) stats.bytes_read += r.piece->nbytes;
 
@@ -124,7 +146,7 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
       reads.push_back({piece, buffer.data() + offset});
       offset += piece->nbytes;
     }
-    ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, by_file, reads, options));
+    ZCC_RETURN_IF_ERROR(ReadPieces(step_dir, index, by_file, reads, read_options));
     for (size_t k = 0; k < batch.size(); ++k) {
       const format::ManifestTensor* piece = batch[k].first;
       const format::Box piece_box{piece->box_offset, piece->shape};
@@ -132,6 +154,7 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
       for (const Copy& c : *batch[k].second) {
         const BoxTarget& t = targets[c.target];
         format::CopyBoxRegion(reads[k].dst, piece_box, t.dst, t.box, c.region, elem);
+        if (target_done && --copies_left[c.target] == 0) target_done(c.target);
       }
       stats.bytes_read += piece->nbytes;
     }

@@ -51,14 +51,18 @@ struct ReshardStats {
 // a buffer of its size: ResourceExhausted when that cannot be allocated).
 // Cancelled once `cancelled()` (when given) turns true, checked between
 // batches. With options.progress, the bytes it is going to read are added to
-// its plan and reported as they are read.
+// its plan and reported as they are read. `target_done` (when given) is called
+// with each target's index once all of its bytes are in place and checked,
+// from the reading thread, as the read goes on.
 absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
                                        const format::StepIndex& index,
                                        const std::vector<GlobalTensor>& tensors,
                                        const std::vector<BoxTarget>& targets,
                                        const IoOptions& options,
                                        uint64_t staging_bytes = uint64_t{256} << 20,
-                                       const std::function<bool()>& cancelled = nullptr);
+                                       const std::function<bool()>& cancelled = nullptr,
+                                       const std::function<void(size_t target)>& target_done =
+                                           nullptr);
 
 }  // namespace zcc::checkpoint
 

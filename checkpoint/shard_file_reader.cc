@@ -82,6 +82,11 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
       return Mismatch(r, path);
     }
   }
+  if (options.verified != nullptr) {
+    for (const TensorReadRequest& r : requests) {
+      if (r.tensor->nbytes == 0) (*options.verified)(*r.tensor);
+    }
+  }
   requests.erase(std::remove_if(requests.begin(), requests.end(),
                                 [](const TensorReadRequest& r) { return r.tensor->nbytes == 0; }),
                  requests.end());
@@ -196,6 +201,7 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
         if (from == Begin(r) && to == End(r)) {
           if (format::Xxh3(src, to - from) != r.tensor->xxh3) return Mismatch(r, path);
           run.cursor = k + 1;
+          if (options.verified != nullptr) (*options.verified)(*r.tensor);
           continue;
         }
         format::Xxh3Stream& stream = partial[k];
@@ -204,6 +210,7 @@ absl::Status ReadShardTensors(storage::File& file, uint64_t file_size,
           if (stream.Digest() != r.tensor->xxh3) return Mismatch(r, path);
           partial.erase(k);
           run.cursor = k + 1;
+          if (options.verified != nullptr) (*options.verified)(*r.tensor);
         }
       }
       if (options.progress != nullptr) options.progress->AddRead(p.end - p.begin);

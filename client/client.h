@@ -229,6 +229,16 @@ struct RestoreOptions {
   // replicated piece once. An error on any rank fails Restore on every rank.
   // owned_only is implied. Null: this rank restores alone.
   Collective* collective = nullptr;
+  // Per registered tensor (empty: none): tensors that nothing reads until
+  // Restore returns, and which may be written before the whole step is
+  // read (a trainer's fresh optimizer buffers, say). Each is copied out of
+  // the staging slot as soon as zccd has read and checked its bytes, while
+  // zccd reads the rest, instead of after the whole step: on a fast disk the
+  // copy hides behind the read. Nothing unchecked is ever written to them,
+  // but if the step then turns out damaged elsewhere they hold its checked
+  // bytes until the fallback's overwrite them, and if the restore fails they
+  // keep them. Ignored with a collective.
+  std::vector<bool> early_copy;
 };
 
 struct RestoreResult {

@@ -224,7 +224,10 @@ struct Client::Impl {
   absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options);
   // Copies a fetched restore into the tensors (on `stream`) and releases its
   // buffer; returns what was restored.
-  absl::StatusOr<RestoreResult> CopyOut(PendingRestore& pending, void* stream);
+  // `copied` (per registered tensor; may be null): tensors the early copy
+  // (early_copy.h) already took from the same read, left out.
+  absl::StatusOr<RestoreResult> CopyOut(PendingRestore& pending, void* stream,
+                                        const std::vector<bool>* copied = nullptr);
 
   absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
     auto done = AddressedTo<v1::RestoreDoneRequest>(s);

@@ -26,6 +26,10 @@ void InitControlBlock(ControlBlock* cb, uint32_t num_slots, uint64_t slot_bytes,
   cb->next_seq.store(1);  // 0: a slot never published
   cb->persist_failures.store(0);
   cb->last_failed_step.store(-1);
+  cb->restore_bell.store(0);
+  cb->restore_slot.store(0);
+  cb->restore_attempt.store(0);
+  cb->restore_ready.store(0);
   for (SlotHeader& s : cb->slots) {
     s.state.store(static_cast<uint32_t>(SlotState::kFree));
     s.kind.store(0);

@@ -24,7 +24,7 @@
 namespace zcc::shm {
 
 inline constexpr uint64_t kMagic = 0x316d68735f63637aULL;  // "zcc_shm1" little-endian
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint32_t kMaxSlots = 8;
 inline constexpr uint32_t kMinSlots = 2;
 inline constexpr uint64_t kPageBytes = 4096;
@@ -78,6 +78,14 @@ struct alignas(64) ControlBlock {
   // checkpoint without asking (Client::Stats, and an error in its log).
   std::atomic<uint64_t> persist_failures;
   std::atomic<int64_t> last_failed_step;
+
+  // Daemon -> client: how far zccd's read of a step into a staging slot has
+  // come (shm/restore_progress.h), so that the client copies what is checked
+  // while the rest is read. restore_bell is the futex word.
+  alignas(64) std::atomic<uint32_t> restore_bell;
+  std::atomic<uint32_t> restore_slot;
+  std::atomic<uint64_t> restore_attempt;
+  std::atomic<uint64_t> restore_ready;
 
   SlotHeader slots[kMaxSlots];
 };

@@ -11,6 +11,7 @@
 #include "common/futex.h"
 #include "common/testing/status_matchers.h"
 #include "shm/control_block.h"
+#include "shm/restore_progress.h"
 #include "shm/segment.h"
 #include "shm/slot_layout.h"
 #include "shm/slot_ring.h"
@@ -151,6 +152,28 @@ TEST_CASE("a segment renamed and resized keeps its memory, its mapping and its b
   CHECK(opened->Rename(pooled, static_cast<uid_t>(-1)).code() ==
         absl::StatusCode::kFailedPrecondition);
   CHECK(opened->Resize(bytes, bytes).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("restore progress: each read is an attempt of its own, and a stale one publishes "
+          "nothing") {
+  ControlBlock cb;
+  InitControlBlock(&cb, 3, kPageBytes, 1, 2);
+  CHECK(ReadRestoreProgress(cb).attempt == 0);
+  const uint32_t bell = cb.restore_bell.load();
+  const uint64_t first = BeginRestoreRead(&cb, 1);
+  CHECK(cb.restore_bell.load() != bell);  // a waiting client wakes
+  PublishRestoreReady(&cb, first, 4);
+  RestoreProgress p = ReadRestoreProgress(cb);
+  CHECK((p.attempt == first && p.slot == 1 && p.ready == 4));
+  // A fallback's read into slot 2: counted from 0 again.
+  const uint64_t second = BeginRestoreRead(&cb, 2);
+  CHECK(second > first);
+  p = ReadRestoreProgress(cb);
+  CHECK((p.attempt == second && p.slot == 2 && p.ready == 0));
+  PublishRestoreReady(&cb, first, 9);  // the old read, late: ignored
+  CHECK(ReadRestoreProgress(cb).ready == 0);
+  PublishRestoreReady(&cb, second, 2);
+  CHECK(ReadRestoreProgress(cb).ready == 2);
 }
 
 TEST_CASE("slot ring: a held-back slot is the daemon's until it frees it") {

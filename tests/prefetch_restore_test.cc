@@ -101,6 +101,54 @@ TEST_CASE("a damaged piece found by the read ahead: the restore falls back to th
   REQUIRE(s.daemon.Stop() == 0);
 }
 
+// Step 15's optimizer file loses its last byte: its other tensors were read,
+// checked and (early_copy) copied into the trainer's optimizer tensors before
+// the damage showed.
+void DamageLastByte(const Setup& s, const std::string& file) {
+  std::fstream f(JobDir(s.daemon) + "/step-00000015/" + file,
+                 std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(-1, std::ios::end);
+  const char c = static_cast<char>(f.get() ^ 0x5a);
+  f.seekp(-1, std::ios::end);
+  f.put(c);
+}
+
+TEST_CASE("tensors copied as they are checked: a step damaged near its end falls back, and "
+          "nothing of it stays") {
+  Setup s("pf-early");
+  DamageLastByte(s, "optim-r00000.safetensors");
+  SECTION("read ahead") {
+    auto r = StartTrainer(s.daemon, s.dir, "restore",
+                          {"--mode=restore", "--prefetch_restore", "--early_copy",
+                           "--expect_step=10"});
+    REQUIRE(r->Wait(absl::Seconds(60)) == 0);
+    INFO(r->Output() << s.daemon.Log());
+    // Every tensor holds step 10, bit for bit, the early copies of step
+    // 15's optimizer tensors overwritten.
+    CHECK(r->Values()["restored_step"] == "10");
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+    CHECK(absl::StrContains(s.daemon.Log(), "falling back to an older step"));
+  }
+  SECTION("read by the restore") {
+    auto r = StartTrainer(s.daemon, s.dir, "restore",
+                          {"--mode=restore", "--early_copy", "--expect_step=10"});
+    REQUIRE(r->Wait(absl::Seconds(60)) == 0);
+    INFO(r->Output() << s.daemon.Log());
+    CHECK(r->Values()["restored_step"] == "10");
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+  }
+  SECTION("no fallback: the restore fails, and only the early-copy tensors were written") {
+    auto r = StartTrainer(s.daemon, s.dir, "restore",
+                          {"--mode=restore", "--early_copy", "--restore_step=15"});
+    CHECK(r->Wait(absl::Seconds(60)) != 0);
+    INFO(r->Output() << s.daemon.Log());
+    CHECK(r->Values()["changed_tensors_not_early"] == "0");
+    CHECK(absl::StrContains(r->Output(), "checksum mismatch"));
+  }
+  REQUIRE(s.daemon.Stop() == 0);
+}
+
 TEST_CASE("a read ahead the trainer does not use is dropped and its slot given back") {
   Setup s("pf-drop");
   SECTION("the trainer asks for an older step") {

@@ -56,6 +56,9 @@ ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after t
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
 ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
 ABSL_FLAG(bool, persist_on_failure, false, "ask zccd to persist the newest snapshot if this process dies");
+ABSL_FLAG(bool, early_copy, false,
+          "restore: the optimizer tensors are copied as zccd checks them "
+          "(RestoreOptions::early_copy); a failed restore prints how many others changed");
 ABSL_FLAG(bool, prefetch_restore, false,
           "ask zccd to begin reading the newest checkpoint as this trainer registers");
 ABSL_FLAG(bool, check_ema, false, "train: read zccd's live EMA after the last step and compare it "
@@ -232,7 +235,20 @@ int main(int argc, char** argv) {
       collective = std::move(*made);
       restore.collective = collective.get();
     }
+    std::vector<Tensor> before;
+    if (absl::GetFlag(FLAGS_early_copy)) {
+      before = model;
+      for (const Tensor& t : model) restore.early_copy.push_back(t.spec.kind == zcc::TensorKind::kOptim);
+    }
     auto result = (*client)->Restore(restore);
+    if (!result.ok() && !before.empty()) {
+      // Only the early-copy tensors may have been written.
+      int changed = 0;
+      for (size_t i = 0; i < model.size(); ++i) {
+        changed += !restore.early_copy[i] && model[i].bytes != before[i].bytes;
+      }
+      std::printf("changed_tensors_not_early=%d\n", changed);
+    }
     if (!result.ok()) return Fail("restore", result.status());
     if (device) FromDevice(model);
     if (collective != nullptr) {

@@ -22,8 +22,10 @@
 #include "common/status.h"
 #include "daemon/restore/restore_tiers.h"
 #include "daemon/restore/restorer.h"
+#include "daemon/restore/slot_read_publisher.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
+#include "shm/restore_progress.h"
 
 namespace zcc::daemon {
 
@@ -99,8 +101,11 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
   auto read = [this, &job, &session, slot = *slot, reading](
                   const RestorePrefetch::Chosen& chosen, const std::function<bool()>& cancelled) {
     ScopedFsIdentity as_owner(job.options().owner);
+    // The client may copy out what is checked while the rest is read.
+    SlotReadPublisher progress(session.slots().control(), slot, session.registered());
     auto read = ReadIntoSlot(chosen.step_dir, *chosen.index, session.registered(),
-                             session.slots().data(slot), read_io_, cancelled);
+                             session.slots().data(slot), read_io_, cancelled,
+                             [&progress](size_t i) { progress.Checked(i); });
     reading->reset();
     return read;
   };
@@ -270,6 +275,11 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
 
 void RestoreService::PlaceInSlot(RankSession& session, uint32_t slot,
                                  v1::RestoreResponse* resp) const {
+  // The read that filled the slot was the last one published (reads of a
+  // rank's slots come one at a time): a client that copied from that attempt
+  // as it went need not copy those tensors again.
+  const shm::RestoreProgress progress = shm::ReadRestoreProgress(*session.slots().control());
+  if (progress.attempt > 0 && progress.slot == slot) resp->set_restore_attempt(progress.attempt);
   resp->set_shm_name(session.slots().name());
   resp->set_segment_bytes(session.segment_bytes());
   resp->set_data_offset(session.slots().Offset(slot));
@@ -300,8 +310,9 @@ absl::StatusOr<uint64_t> RestoreService::ReadIntoStaging(
     *slot = session.slots().TakeForRestore();
     if (slot->has_value()) {
       StagingSlots::RestoreRead reading(session.slots());
+      SlotReadPublisher progress(session.slots().control(), **slot, session.registered());
       read = ReadIntoSlot(step_dir, index, session.registered(), session.slots().data(**slot),
-                          read_io_, cancelled);
+                          read_io_, cancelled, [&progress](size_t i) { progress.Checked(i); });
     }
   }
   if (!read.ok() && slot->has_value()) {

@@ -30,14 +30,19 @@ absl::StatusOr<uint64_t> ReadInto(const std::string& step_dir, const checkpoint:
                                   const std::vector<bool>& wanted,
                                   const std::vector<uint64_t>& offsets, uint8_t* base,
                                   const checkpoint::IoOptions& io,
-                                  const std::function<bool()>& cancelled) {
+                                  const std::function<bool()>& cancelled,
+                                  const std::function<void(size_t registered)>& checked = nullptr) {
   std::vector<checkpoint::BoxTarget> targets;
+  std::vector<size_t> registered_of;  // per target
   for (size_t i = 0; i < registered.size(); ++i) {
     if (!wanted[i]) continue;
     const RegisteredTensor& t = registered[i];
     targets.push_back({format::TensorKindName(t.kind), t.name, t.dtype, t.global(), t.box(),
                        base + offsets[i], t.optional});
+    registered_of.push_back(i);
   }
+  std::function<void(size_t)> target_done;
+  if (checked) target_done = [&](size_t target) { checked(registered_of[target]); };
   // A restore of hundreds of GB takes minutes: say how far it has come.
   checkpoint::ReadProgress progress(absl::StrCat("restore of ", step_dir));
   checkpoint::IoOptions read_io = io;
@@ -46,7 +51,7 @@ absl::StatusOr<uint64_t> ReadInto(const std::string& step_dir, const checkpoint:
   if (read_io.cancelled == nullptr && cancelled) read_io.cancelled = &cancelled;
   ZCC_ASSIGN_OR_RETURN(checkpoint::ReshardStats stats,
                        checkpoint::ReadBoxes(step_dir, step.index, step.tensors, targets, read_io,
-                                             uint64_t{256} << 20, cancelled));
+                                             uint64_t{256} << 20, cancelled, target_done));
   if (cancelled && cancelled()) {
     return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
   }
@@ -126,14 +131,15 @@ absl::StatusOr<uint64_t> ReadIntoSlot(const std::string& step_dir,
                                       const checkpoint::GroupedIndex& step,
                                       const std::vector<RegisteredTensor>& registered,
                                       uint8_t* slot, const checkpoint::IoOptions& io,
-                                      const std::function<bool()>& cancelled) {
+                                      const std::function<bool()>& cancelled,
+                                      const std::function<void(size_t registered)>& checked) {
   std::vector<bool> wanted;
   std::vector<uint64_t> offsets;
   for (const RegisteredTensor& t : registered) {
     wanted.push_back(t.staged);
     offsets.push_back(t.staged ? t.slot_offset : 0);
   }
-  return ReadInto(step_dir, step, registered, wanted, offsets, slot, io, cancelled);
+  return ReadInto(step_dir, step, registered, wanted, offsets, slot, io, cancelled, checked);
 }
 
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,

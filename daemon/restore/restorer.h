@@ -59,12 +59,15 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
 // Reads the staged tensors of `registered` (those this rank writes) from
 // `step_dir` into the staging slot at `slot`, at their slot offsets, like
 // ReadRestoreBuffer; returns the bytes read. On an error the slot holds a
-// partial read: the caller frees it without handing it out.
-absl::StatusOr<uint64_t> ReadIntoSlot(const std::string& step_dir,
-                                      const checkpoint::GroupedIndex& step,
-                                      const std::vector<RegisteredTensor>& registered,
-                                      uint8_t* slot, const checkpoint::IoOptions& io,
-                                      const std::function<bool()>& cancelled = nullptr);
+// partial read: the caller frees it without handing it out. `checked` (when
+// given) is called with the index into `registered` of each tensor whose bytes
+// are in the slot and match their checksums, as the read goes on (from the
+// reading thread), so that they can be copied out before the rest is read.
+absl::StatusOr<uint64_t> ReadIntoSlot(
+    const std::string& step_dir, const checkpoint::GroupedIndex& step,
+    const std::vector<RegisteredTensor>& registered, uint8_t* slot,
+    const checkpoint::IoOptions& io, const std::function<bool()>& cancelled = nullptr,
+    const std::function<void(size_t registered)>& checked = nullptr);
 
 // The optional tensors of `registered` (RegisteredTensor::optional) that
 // `step` does not hold, in registration order: the reads above fill them

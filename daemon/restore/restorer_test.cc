@@ -303,6 +303,65 @@ TEST_CASE("a piece that fails its checksum fails the read; no restore buffer is 
   CHECK_FALSE(shm::Segment::Open(name, 1).ok());
 }
 
+// Flips a byte in the middle of piece `name`'s bytes.
+void DamagePiece(const std::string& step_dir, const std::string& name) {
+  auto index = checkpoint::LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  const auto piece = std::find_if(index->pieces.begin(), index->pieces.end(),
+                                  [&name](const format::ManifestTensor& p) { return p.name == name; });
+  REQUIRE(piece != index->pieces.end());
+  const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
+  uint8_t b = 0;
+  REQUIRE(::pread(fd, &b, 1, at) == 1);
+  b ^= 0xff;
+  REQUIRE(::pwrite(fd, &b, 1, at) == 1);
+  ::close(fd);
+}
+
+TEST_CASE("a read into a slot reports each tensor once its bytes are in place and checked, never "
+          "a damaged one") {
+  SyntheticRank rank(0, 1, Specs());
+  const std::string step_dir = WriteStep(zcc::testing::TempDir(), 10, rank);
+  const std::vector<RegisteredTensor> registered = Registered(rank);
+  uint64_t slot_bytes = 0;
+  for (const RegisteredTensor& t : registered) {
+    slot_bytes = std::max(slot_bytes, t.slot_offset + t.nbytes);
+  }
+  storage::AlignedBuffer slot = storage::AlignedBuffer::Uninitialized(slot_bytes);
+  auto read = [&](std::vector<size_t>* checked) {
+    std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+    REQUIRE_OK(checkpoint::CheckStepMetadata(step_dir, checkpoint::IoOptions(), &grouped));
+    return ReadIntoSlot(step_dir, *grouped, registered, slot.data(), checkpoint::IoOptions(),
+                        nullptr, [&](size_t i) {
+                          // In place and intact when reported.
+                          const checkpoint::RankTensor& t = rank.shards().tensors[i];
+                          CHECK(std::memcmp(slot.data() + registered[i].slot_offset,
+                                            rank.slot() + t.slot_offset, t.nbytes) == 0);
+                          checked->push_back(i);
+                        });
+  };
+  std::vector<size_t> checked;
+  REQUIRE_OK(read(&checked));
+  std::sort(checked.begin(), checked.end());
+  std::vector<size_t> all(registered.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  CHECK(checked == all);  // each once
+
+  // A damaged piece: the read fails, and that tensor is never reported.
+  DamagePiece(step_dir, "r0/embed.exp_avg");
+  size_t damaged = registered.size();
+  for (size_t i = 0; i < registered.size(); ++i) {
+    if (registered[i].name == "r0/embed.exp_avg") damaged = i;
+  }
+  REQUIRE(damaged < registered.size());
+  checked.clear();
+  auto failed = read(&checked);
+  REQUIRE_STATUS_CODE(failed, absl::StatusCode::kDataLoss);
+  CHECK(std::find(checked.begin(), checked.end(), damaged) == checked.end());
+}
+
 TEST_CASE("a restore cancelled while it reads stops within a chunk; no restore buffer is left") {
   SyntheticRank rank(0, 1, Specs());
   CountedStep step(rank);

@@ -142,7 +142,8 @@ class Restoring:
                 raise unavailable
             try:
                 result = self.client.restore_tensors(target, self._stream(),
-                                                     allow_older=step is None)
+                                                     allow_older=step is None,
+                                                     early_copy=self._early_copy)
             except zcc.NotFoundError:
                 return None
             return self._restored(result)

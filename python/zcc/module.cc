@@ -319,11 +319,13 @@ class PyClient {
   // Restore with RestoreOptions: {"step", "source" ("memory"|"disk"),
   // "restored" (per registered tensor, in order), "skipped", "missing"
   // (optional tensors the step lacks, filled with zeros)}.
-  py::dict RestoreTensors(int64_t step, uintptr_t stream, bool owned_only, bool allow_older) {
+  py::dict RestoreTensors(int64_t step, uintptr_t stream, bool owned_only, bool allow_older,
+                          const std::vector<bool>& early_copy) {
     RestoreOptions options;
     options.step = step;
     options.owned_only = owned_only;
     options.allow_older = allow_older;
+    options.early_copy = early_copy;
     RestoreResult r = ValueOrThrow(CallWithoutGil(
         [&](Client& c) { return c.Restore(options, reinterpret_cast<void*>(stream)); }));
     py::dict out;
@@ -675,10 +677,13 @@ void DefineModule(py::module_& m) {
       .def("restore", &PyClient::Restore, py::arg("step") = kLatestStep, py::arg("stream") = 0)
       .def("restore_tensors", &PyClient::RestoreTensors, py::arg("step") = kLatestStep,
            py::arg("stream") = 0, py::arg("owned_only") = false, py::arg("allow_older") = false,
+           py::arg("early_copy") = std::vector<bool>{},
            "Restore with its details: a dict with step, source ('memory' or 'disk'), restored "
            "(per registered tensor: filled; False only with owned_only) and skipped (newer "
            "steps passed over, with why) and missing (optional tensors the step lacks, "
-           "filled with zeros).")
+           "filled with zeros). early_copy (per registered tensor, in order; empty: none): "
+           "tensors nothing reads until the restore returns, copied as soon as zccd has "
+           "checked them while it reads the rest (see RestoreOptions::early_copy).")
       .def("restore_together", &PyClient::RestoreTogether, py::arg("step"), py::arg("stream"),
            py::arg("rank"), py::arg("size"), py::arg("all_gather"), py::arg("broadcast_many"),
            "Restore with the job's ranks together (every rank calls it): all_gather(bytes) -> "

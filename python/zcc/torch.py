@@ -284,6 +284,12 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         fresh = [t for ts in self._unzeroed.values() for t in ts if t.device.type == "cpu"]
         if fresh:
             threading.Thread(target=_prefault.prefault, args=(fresh,), daemon=True).start()
+        # The same fresh buffers hold nothing anyone reads before the restore
+        # binds them (step() zeroes those left unbound): a restore copies each
+        # as soon as zccd has checked it, while it reads the rest.
+        fresh_ptrs = {t.data_ptr() for t in fresh}
+        self._early_copy = [torch.is_tensor(s.tensor) and s.tensor.data_ptr() in fresh_ptrs
+                            for s in specs] if fresh else []
         # With a process group, each replica (DDP's, or a DTensor's Replicate
         # placements) restores only the pieces it writes and receives the rest
         # over the group, so the job reads the checkpoint once: the registered
