@@ -50,6 +50,19 @@ struct Setup {
   int port = 0;
 };
 
+// One byte of step 15's `file` changes on disk, its last: its metadata still
+// checks out, so the step is chosen and the damage found while it is read,
+// after the file's other tensors were read and checked.
+void DamageLastByte(const Setup& s, const std::string& file) {
+  std::fstream f(JobDir(s.daemon) + "/step-00000015/" + file,
+                 std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(-1, std::ios::end);
+  const char c = static_cast<char>(f.get() ^ 0x5a);
+  f.seekp(-1, std::ios::end);
+  f.put(c);
+}
+
 TEST_CASE("a restarted trainer restores the step zccd began reading as it registered") {
   Setup s("pf-used");
   auto r = StartTrainer(s.daemon, s.dir, "restore",
@@ -75,17 +88,7 @@ TEST_CASE("a damaged piece found by the read ahead: the restore falls back to th
   // ready after the training's registration took the first piece: the read
   // ahead goes into memory made before, and its damage is found all the same.
   Setup s("pf-dmg", true, {"--staging_pool_mb=64", "--staging_pool_entry_mb=16"});
-  // One byte of tensor data in step 15 changes on disk; its metadata still
-  // checks out, so the read ahead chooses it and finds the damage.
-  {
-    std::fstream f(JobDir(s.daemon) + "/step-00000015/model-r00000.safetensors",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f.good());
-    f.seekg(-1, std::ios::end);
-    const char c = static_cast<char>(f.get() ^ 0x5a);
-    f.seekp(-1, std::ios::end);
-    f.put(c);
-  }
+  DamageLastByte(s, "model-r00000.safetensors");
   auto r = StartTrainer(s.daemon, s.dir, "restore",
                         {"--mode=restore", "--prefetch_restore", "--expect_step=10"});
   REQUIRE(r->Wait(absl::Seconds(60)) == 0);
@@ -99,19 +102,6 @@ TEST_CASE("a damaged piece found by the read ahead: the restore falls back to th
   CHECK(absl::StrContains(s.daemon.Log(), "came from the staging pool"));
   CHECK(s.Prefetches("used") == 1);
   REQUIRE(s.daemon.Stop() == 0);
-}
-
-// Step 15's optimizer file loses its last byte: its other tensors were read,
-// checked and (early_copy) copied into the trainer's optimizer tensors before
-// the damage showed.
-void DamageLastByte(const Setup& s, const std::string& file) {
-  std::fstream f(JobDir(s.daemon) + "/step-00000015/" + file,
-                 std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f.good());
-  f.seekg(-1, std::ios::end);
-  const char c = static_cast<char>(f.get() ^ 0x5a);
-  f.seekp(-1, std::ios::end);
-  f.put(c);
 }
 
 TEST_CASE("tensors copied as they are checked: a step damaged near its end falls back, and "

@@ -99,6 +99,18 @@ bool SameAsSlot(SyntheticRank& rank, const RestoreBuffer& buffer) {
 }
 
 // Flips a byte in the middle of the step's largest piece; returns its name.
+// Flips a byte in the middle of `piece`'s bytes.
+void FlipByteIn(const std::string& step_dir, const format::ManifestTensor& piece) {
+  const int fd = ::open(JoinPath(step_dir, piece.file).c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  const off_t at = static_cast<off_t>(piece.offset + piece.nbytes / 2);
+  uint8_t b = 0;
+  REQUIRE(::pread(fd, &b, 1, at) == 1);
+  b ^= 0xff;
+  REQUIRE(::pwrite(fd, &b, 1, at) == 1);
+  ::close(fd);
+}
+
 std::string DamageLargestPiece(const std::string& step_dir) {
   auto index = checkpoint::LoadStepIndex(step_dir);
   REQUIRE_OK(index);
@@ -106,14 +118,7 @@ std::string DamageLargestPiece(const std::string& step_dir) {
   for (const auto& p : index->pieces) {
     if (p.nbytes > piece->nbytes) piece = &p;
   }
-  const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
-  REQUIRE(fd >= 0);
-  const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
-  uint8_t b = 0;
-  REQUIRE(::pread(fd, &b, 1, at) == 1);
-  b ^= 0xff;
-  REQUIRE(::pwrite(fd, &b, 1, at) == 1);
-  ::close(fd);
+  FlipByteIn(step_dir, *piece);
   return piece->name;
 }
 
@@ -310,14 +315,7 @@ void DamagePiece(const std::string& step_dir, const std::string& name) {
   const auto piece = std::find_if(index->pieces.begin(), index->pieces.end(),
                                   [&name](const format::ManifestTensor& p) { return p.name == name; });
   REQUIRE(piece != index->pieces.end());
-  const int fd = ::open(JoinPath(step_dir, piece->file).c_str(), O_RDWR);
-  REQUIRE(fd >= 0);
-  const off_t at = static_cast<off_t>(piece->offset + piece->nbytes / 2);
-  uint8_t b = 0;
-  REQUIRE(::pread(fd, &b, 1, at) == 1);
-  b ^= 0xff;
-  REQUIRE(::pwrite(fd, &b, 1, at) == 1);
-  ::close(fd);
+  FlipByteIn(step_dir, *piece);
 }
 
 TEST_CASE("a read into a slot reports each tensor once its bytes are in place and checked, never "
