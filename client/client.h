@@ -237,7 +237,8 @@ struct RestoreOptions {
   // copy hides behind the read. Nothing unchecked is ever written to them,
   // but if the step then turns out damaged elsewhere they hold its checked
   // bytes until the fallback's overwrite them, and if the restore fails they
-  // keep them. Ignored with a collective.
+  // keep them. With a collective, each rank copies the pieces it reads
+  // itself this way.
   std::vector<bool> early_copy;
 };
 

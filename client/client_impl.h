@@ -122,6 +122,9 @@ struct PendingRestore {
   std::optional<shm::Segment> buffer;  // a restore buffer; empty: the session's segment
   RestoreResult result;
   std::function<absl::Status()> release;  // RestoreDone; run once
+  // Per registered tensor: copied from this very read while it went on
+  // (RestoreOptions::early_copy); CopyOut leaves them out.
+  std::vector<bool> copied_early;
 
   PendingRestore() = default;
   PendingRestore(const PendingRestore&) = delete;
@@ -224,10 +227,13 @@ struct Client::Impl {
   absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options);
   // Copies a fetched restore into the tensors (on `stream`) and releases its
   // buffer; returns what was restored.
-  // `copied` (per registered tensor; may be null): tensors the early copy
-  // (early_copy.h) already took from the same read, left out.
-  absl::StatusOr<RestoreResult> CopyOut(PendingRestore& pending, void* stream,
-                                        const std::vector<bool>* copied = nullptr);
+  // Leaves out the tensors pending.copied_early names.
+  absl::StatusOr<RestoreResult> CopyOut(PendingRestore& pending, void* stream);
+  // FetchRestore, with the tensors options.early_copy marks copied out as
+  // zccd checks them (early_copy.h); those that need no copy from the reply
+  // are named in the result's copied_early.
+  absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestoreCopyingEarly(
+      const RestoreOptions& options, void* stream);
 
   absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
     auto done = AddressedTo<v1::RestoreDoneRequest>(s);

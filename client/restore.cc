@@ -80,32 +80,41 @@ absl::Status CheckRestorePlacements(const v1::RestoreResponse& resp,
 
 absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, void* stream) {
   if (options.collective != nullptr) return RestoreTogether(options, stream);
-  // Copies out what zccd has checked while it reads the rest.
-  std::optional<client_internal::EarlyCopy> early;
-  std::vector<TensorRef> refs;  // the tensors the early copy writes (outlives it)
-  if (std::find(options.early_copy.begin(), options.early_copy.end(), true) !=
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<PendingRestore> pending,
+                       impl_->FetchRestoreCopyingEarly(options, stream));
+  return impl_->CopyOut(*pending, stream);
+}
+
+absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyingEarly(
+    const RestoreOptions& options, void* stream) {
+  if (std::find(options.early_copy.begin(), options.early_copy.end(), true) ==
       options.early_copy.end()) {
-    std::shared_ptr<Session> s = impl_->CurrentSession();
-    {
-      zcc::MutexLock lock(&impl_->mu);
-      refs = impl_->tensors;
-    }
-    if (options.early_copy.size() != refs.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RestoreOptions::early_copy has ", options.early_copy.size(), " entries for ",
-          refs.size(), " registered tensors"));
-    }
-    if (s != nullptr) early.emplace(*s, refs, options.early_copy, stream);
+    return FetchRestore(options);
   }
-  absl::StatusOr<std::unique_ptr<PendingRestore>> pending = impl_->FetchRestore(options);
-  client_internal::EarlyCopy::Copied copied;
-  if (early.has_value()) copied = early->Stop();
+  std::shared_ptr<Session> s = CurrentSession();
+  std::vector<TensorRef> refs;  // the tensors the early copy writes (outlives it)
+  {
+    zcc::MutexLock lock(&mu);
+    refs = tensors;
+  }
+  if (options.early_copy.size() != refs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RestoreOptions::early_copy has ", options.early_copy.size(), " entries for ",
+        refs.size(), " registered tensors"));
+  }
+  if (s == nullptr) return FetchRestore(options);  // fails: not registered
+  // Copies out what zccd has checked while it reads the rest.
+  client_internal::EarlyCopy early(*s, refs, options.early_copy, stream);
+  absl::StatusOr<std::unique_ptr<PendingRestore>> pending = FetchRestore(options);
+  client_internal::EarlyCopy::Copied copied = early.Stop();
   if (!pending.ok()) return pending.status();
   // Served from the read copied from: those tensors are in place already.
-  const bool reuse = copied.attempt != 0 && copied.status.ok() && !(*pending)->buffer.has_value() &&
-                     (*pending)->resp.restore_attempt() == copied.attempt &&
-                     (*pending)->session.get() == &early->session();
-  return impl_->CopyOut(**pending, stream, reuse ? &copied.tensors : nullptr);
+  PendingRestore& p = **pending;
+  if (copied.attempt != 0 && copied.status.ok() && !p.buffer.has_value() &&
+      p.resp.restore_attempt() == copied.attempt && p.session == s) {
+    p.copied_early = std::move(copied.tensors);
+  }
+  return pending;
 }
 
 absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
@@ -158,8 +167,7 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
   return pending;
 }
 
-absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, void* stream,
-                                                    const std::vector<bool>* early) {
+absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, void* stream) {
   const Session& s = *pending.session;
   const v1::RestoreResponse& resp = pending.resp;
   const bool own_segment = !pending.buffer.has_value();
@@ -168,7 +176,7 @@ absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, voi
   std::vector<CopyRegion> regions;
   for (size_t i = 0; i < pending.refs.size(); ++i) {
     const v1::TensorPlacement& p = resp.placements(i);
-    if (early != nullptr && i < early->size() && (*early)[i]) continue;  // copied, same read
+    if (i < pending.copied_early.size() && pending.copied_early[i]) continue;  // same read
     if (p.staged()) regions.push_back(CopyRegion{base + p.offset(), pending.refs[i].data, p.nbytes()});
   }
   absl::Status copied = absl::OkStatus();

@@ -226,13 +226,15 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   }
 
   // 2. Have zccd read and check it; ranks that got different steps (a
-  // damaged one fell back) agree on the oldest and ask again. Nothing is
-  // copied into the tensors until every rank holds the same step, so a
-  // restore that fails on any rank leaves every rank's tensors untouched.
+  // damaged one fell back) agree on the oldest and ask again. Nothing but
+  // the early-copy tensors (RestoreOptions::early_copy, checked bytes only)
+  // is copied into the tensors until every rank holds the same step, so a
+  // restore that fails on any rank leaves every other tensor untouched.
   std::unique_ptr<PendingRestore> pending;
   for (int round = 0;; ++round) {
     alone.step = target;
-    absl::StatusOr<std::unique_ptr<PendingRestore>> fetched = impl_->FetchRestore(alone);
+    absl::StatusOr<std::unique_ptr<PendingRestore>> fetched =
+        impl_->FetchRestoreCopyingEarly(alone, stream);
     const bool none = absl::IsNotFound(fetched.status());
     std::string message = none ? "N" : ErrorMessage(fetched.status());
     if (fetched.ok()) message = absl::StrCat("S", (*fetched)->result.step);

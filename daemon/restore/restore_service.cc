@@ -233,6 +233,19 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
                     << chosen.status().message() << "; restoring from " << tiers.current();
       continue;
     }
+    // An explicit step that may fall back, found unrestorable before any
+    // read (another rank's read marked it damaged, say, as ranks restoring
+    // together ask for one step each): the next older one, as if this
+    // restore had found the damage itself.
+    if (absl::IsNotFound(chosen.status()) && requested >= 0 && req.allow_older()) {
+      const std::string why(chosen.status().message());
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << why
+                       << "; falling back to an older step";
+      skipped.push_back(why);
+      at_most = std::min(at_most, requested - 1);
+      requested = -1;
+      continue;
+    }
     ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice, std::move(chosen));
     for (const std::string& why : choice.rejected) skip(why);
     const std::string step_name = format::StepDirName(choice.step);

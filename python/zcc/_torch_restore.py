@@ -150,7 +150,8 @@ class Restoring:
         try:
             result = self.client.restore_together(target, self._stream(), self.rank,
                                                   self.world_size, self._all_gather,
-                                                  self._broadcast_many)
+                                                  self._broadcast_many,
+                                                  early_copy=self._early_copy)
         except zcc.NotFoundError:
             if unavailable is not None:
                 raise unavailable

@@ -346,11 +346,13 @@ class PyClient {
   // (Client::RestoreTogether): the dict also says which tensors arrived from
   // another rank ("received").
   py::dict RestoreTogether(int64_t step, uintptr_t stream, uint32_t rank, uint32_t size,
-                           py::object all_gather, py::object broadcast_many) {
+                           py::object all_gather, py::object broadcast_many,
+                           const std::vector<bool>& early_copy) {
     python::PyCollective collective(rank, size, std::move(all_gather), std::move(broadcast_many));
     RestoreOptions options;
     options.step = step;
     options.collective = &collective;
+    options.early_copy = early_copy;
     RestoreResult r = ValueOrThrow(CallWithoutGil(
         [&](Client& c) { return c.Restore(options, reinterpret_cast<void*>(stream)); }));
     py::dict out;
@@ -686,10 +688,12 @@ void DefineModule(py::module_& m) {
            "checked them while it reads the rest (see RestoreOptions::early_copy).")
       .def("restore_together", &PyClient::RestoreTogether, py::arg("step"), py::arg("stream"),
            py::arg("rank"), py::arg("size"), py::arg("all_gather"), py::arg("broadcast_many"),
+           py::arg("early_copy") = std::vector<bool>{},
            "Restore with the job's ranks together (every rank calls it): all_gather(bytes) -> "
            "list of bytes and broadcast_many([(address, nbytes), ...], root) carry the "
            "protocol (zcc.torch passes torch.distributed ones). The dict of restore_tensors, "
-           "plus received (per registered tensor: it came from another rank).")
+           "plus received (per registered tensor: it came from another rank). early_copy: as "
+           "restore_tensors', for the pieces this rank reads.")
       .def("restore_candidates", &PyClient::RestoreCandidatesDict, py::arg("owned_only") = false,
            "The steps restore can serve this rank, newest first: {'memory': [...], "
            "'disk': [...]}.")
