@@ -18,7 +18,10 @@
 //   (g) raw O_DIRECT reads of the same shard files, one after the other,
 //       into a reused 64 MiB ring (the row's reference), and, to tell the
 //       cost of filling fresh memory from zcc's own, into fresh shared-memory
-//       segments created like zccd's restore buffers (an informing row).
+//       segments created like zccd's restore buffers (an informing row);
+//   (h) (f) with every rank's restore buffer taken from a staging pool
+//       (daemon/memory/staging_pool.h) made ready before the round, as zccd
+//       does with staging_pool_mb: restore_cold_pool_vs_odirect.
 // (a)/(b), (d)/(e) and (f)/(g) alternate over several rounds (medians
 // reported), since a virtual disk's speed drifts; the page cache is dropped
 // between phases (every file fsynced and evicted with
@@ -37,6 +40,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +57,7 @@
 #include "checkpoint/shard_writer.h"
 #include "checkpoint/step_check.h"
 #include "common/file_util.h"
+#include "daemon/memory/staging_pool.h"
 #include "daemon/rank/registered_tensor.h"
 #include "daemon/restore/restorer.h"
 #include "daemon/testing/registered.h"
@@ -312,7 +317,8 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "buffered write + fsync: %.2f GB/s (%.2f s)\n", buffered, buffered_s);
   ::unlink(raw_path.c_str());
 
-  std::vector<double> zcc_w, raw_w, zcc_r, raw_r, cold_zcc, cold_raw, cold_raw_shm, cold_two_pass;
+  std::vector<double> zcc_w, raw_w, zcc_r, raw_r, cold_zcc, cold_raw, cold_raw_shm, cold_two_pass,
+      cold_pool;
   std::vector<std::vector<zcc::daemon::RegisteredTensor>> registered;
   for (const RankShards& r : ranks) registered.push_back(zcc::daemon::testing::RegisteredFor(r));
   std::fprintf(stderr, "page cache: fsync + posix_fadvise(DONTNEED) per file%s\n",
@@ -426,7 +432,38 @@ int main(int argc, char** argv) {
     // `full_verify`: the restore path before it read the step once, with
     // VerifyStep (every shard of every rank hashed) instead of the metadata
     // check; an informing row.
-    auto restore_cold_path = [&](bool full_verify) {
+    // (h): the pool holds a piece per rank, each the rank's buffer; made
+    // ready (outside the clock) before the round's pool variant.
+    uint64_t piece = 0;
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      uint64_t bytes = 0;
+      for (const auto& t : registered[r]) bytes += (t.nbytes + 4095) / 4096 * 4096;
+      piece = std::max(piece, zcc::shm::SegmentBytes(1, bytes));
+    }
+    zcc::daemon::StagingPool::Options pool_options;
+    pool_options.name_prefix = absl::StrCat("zcc-persist-bench.", ::getpid(), ".pool");
+    pool_options.target_bytes = piece * kRanks;
+    pool_options.entry_bytes = piece;
+    pool_options.room = [](uint64_t) { return ~uint64_t{0}; };
+    pool_options.refill_after = absl::ZeroDuration();
+    zcc::daemon::StagingPool pool(pool_options);
+    pool.Start();
+    auto pool_ready = [&] {
+      pool.Recheck();
+      while (pool.bytes() < pool_options.target_bytes) absl::SleepFor(absl::Milliseconds(10));
+    };
+    const zcc::daemon::MakeSegment from_pool = [&pool](const std::string& name, uint64_t bytes,
+                                                       uid_t owner)
+        -> absl::StatusOr<zcc::shm::Segment> {
+      std::optional<zcc::shm::Segment> taken = pool.Take(0, bytes);
+      if (!taken.has_value()) return zcc::shm::Segment::Create(name, bytes, owner);
+      absl::Status st = taken->Rename(name, owner);
+      if (st.ok()) st = taken->Resize(bytes, bytes);
+      if (!st.ok()) return st;
+      return *std::move(taken);
+    };
+    auto restore_cold_path = [&](bool full_verify, bool pooled = false) {
+      if (pooled) pool_ready();
       DropCaches(files);
       const absl::Time start = absl::Now();
       std::shared_ptr<const ckpt::GroupedIndex> grouped;
@@ -441,7 +478,8 @@ int main(int argc, char** argv) {
       for (uint32_t r = 0; r < kRanks; ++r) {
         auto buffer = zcc::daemon::ReadRestoreBuffer(
             step_dir, *grouped, registered[r], absl::StrCat("zcc-persist-bench.", ::getpid(), ".r", r),
-            uint64_t{1} << 40, static_cast<uid_t>(-1), ckpt::IoOptions());
+            uint64_t{1} << 40, static_cast<uid_t>(-1), ckpt::IoOptions(), nullptr, false, nullptr,
+            pooled ? from_pool : nullptr);
         if (!buffer.ok()) Die(std::string(buffer.status().message()));
         bytes += buffer->bytes_read;
         buffers.push_back(*std::move(buffer));
@@ -449,10 +487,11 @@ int main(int argc, char** argv) {
       const double s = absl::ToDoubleSeconds(absl::Now() - start);
       const zcc::daemon::RestoreBuffer* last = &buffers.back();
       if (bytes != data_bytes) Die("the restore path read another byte count than the tensors");
-      (full_verify ? cold_two_pass : cold_zcc).push_back(bytes / s / 1e9);
-      std::fprintf(stderr, "round %d zcc restore path, cold (%s + ReadRestoreBuffer): "
+      (pooled ? cold_pool : full_verify ? cold_two_pass : cold_zcc).push_back(bytes / s / 1e9);
+      std::fprintf(stderr, "round %d zcc restore path, cold (%s + ReadRestoreBuffer%s): "
                    "%.2f GB/s (%.2f s)\n", round,
-                   full_verify ? "VerifyStep" : "metadata check", bytes / s / 1e9, s);
+                   full_verify ? "VerifyStep" : "metadata check",
+                   pooled ? ", buffers from a staging pool" : "", bytes / s / 1e9, s);
       const RankShards& lr = ranks[kRanks - 1];
       const uint8_t* base = last->segment.base() + last->data_offset;
       for (size_t i = 0; i < lr.tensors.size(); ++i) {
@@ -501,9 +540,11 @@ int main(int argc, char** argv) {
       restore_cold_raw();
       restore_cold_raw_shm();
       restore_cold_path(false);
+      restore_cold_path(false, /*pooled=*/true);
       restore_cold_path(true);
     } else {
       restore_cold_path(true);
+      restore_cold_path(false, /*pooled=*/true);
       restore_cold_path(false);
       restore_cold_raw_shm();
       restore_cold_raw();
@@ -532,6 +573,7 @@ int main(int argc, char** argv) {
   Emit({"persist_vs_buffered_fsync", zw, buffered, 0, "", "GB/s"});
   Emit({"restore_vs_raw_read", zr, rr, 0, ">= 0.8", "GB/s"});
   Emit({"restore_cold_vs_odirect", Median(cold_zcc), Median(cold_raw), 0, ">= 0.8", "GB/s"});
+  Emit({"restore_cold_pool_vs_odirect", Median(cold_pool), Median(cold_raw), 0, ">= 0.8", "GB/s"});
   Emit({"restore_cold_vs_odirect_into_fresh_shm", Median(cold_zcc), Median(cold_raw_shm), 0, "",
         "GB/s"});
   Emit({"restore_cold_vs_verify_then_read", Median(cold_zcc), Median(cold_two_pass), 0, "",

@@ -55,7 +55,8 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
           [this](uint64_t pooled) {
             metrics_.staging_pool_bytes().Set(static_cast<double>(pooled));
           }}),
-      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_, shard_storage_),
+      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_, shard_storage_,
+                &staging_pool_),
       pull_(config_.daemon_pull, std::move(pull_engine)),
       housekeeper_(config_, &metrics_,
                    Housekeeper::Registry{[this] { return jobs_.All(); },

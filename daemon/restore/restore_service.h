@@ -32,6 +32,7 @@
 #include "checkpoint/global_index.h"
 #include "common/mutex.h"
 #include "daemon/jobs/job.h"
+#include "daemon/memory/staging_pool.h"
 #include "daemon/rank/rank_session.h"
 #include "daemon/restore/restore_prefetch.h"
 #include "checkpoint/io_options.h"
@@ -49,8 +50,10 @@ class RestoreService {
   // `metrics` is borrowed and outlives the service.
   // Restores read through `storage` (borrowed, outlives the service; null =
   // the default POSIX storage): the daemon's, fault-injecting in drills.
+  // Restore buffers come from `pool` (borrowed, outlives the service; null:
+  // none) when it has memory ready.
   RestoreService(std::string shm_prefix, uint64_t max_slot_bytes, metrics::ZccMetrics* metrics,
-                 storage::Storage* storage = nullptr);
+                 storage::Storage* storage = nullptr, StagingPool* pool = nullptr);
 
   // Restores `session`'s rank of `job` (whose caller was authorised) from the
   // step `req` names, or the newest that reads back intact. Stops with
@@ -83,6 +86,10 @@ class RestoreService {
                          uint64_t generation);
 
  private:
+  // A restore buffer's segment: from the staging pool when it has memory
+  // ready, else made anew.
+  absl::StatusOr<shm::Segment> MakeBuffer(const std::string& name, uint64_t bytes,
+                                          uid_t owner) const;
   // The held snapshot a restore is served from, if any (call with the job
   // owner's identity).
   std::optional<SlotSnapshot> ServedFromMemory(Job& job, RankSession& session,
@@ -123,6 +130,7 @@ class RestoreService {
   const std::string shm_prefix_;
   const uint64_t max_slot_bytes_;
   metrics::ZccMetrics* const metrics_;
+  StagingPool* const pool_;
   // How restores read: through the daemon's storage.
   const checkpoint::IoOptions read_io_;
   std::atomic<uint64_t> next_buffer_seq_{1};

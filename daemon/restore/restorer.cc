@@ -149,7 +149,8 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 uint64_t max_bytes, uid_t owner,
                                                 const checkpoint::IoOptions& io,
                                                 const std::function<bool()>& cancelled,
-                                                bool owned_only, SharedReads* shared) {
+                                                bool owned_only, SharedReads* shared,
+                                                const MakeSegment& make_segment) {
   auto check_cancelled = [&cancelled]() -> absl::Status {
     if (cancelled && cancelled()) {
       return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
@@ -167,8 +168,14 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
     if (wanted.back()) inputs.push_back({t.name, t.nbytes, t.kind});
   }
   ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, max_bytes));
+  const uint64_t segment_bytes = shm::SegmentBytes(1, layout.slot_bytes);
   ZCC_ASSIGN_OR_RETURN(shm::Segment segment,
-                       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes), owner));
+                       make_segment ? make_segment(shm_name, segment_bytes, owner)
+                                    : shm::Segment::Create(shm_name, segment_bytes, owner));
+  if (segment.size() != segment_bytes) {
+    return absl::InternalError(absl::StrCat("restore buffer ", shm_name, " is ", segment.size(),
+                                            " bytes, not ", segment_bytes));
+  }
   RestoreBuffer buffer{std::move(segment), shm::ControlBlockBytes(), {}, wanted};
   uint8_t* base = buffer.segment.base() + buffer.data_offset;
 

@@ -46,6 +46,11 @@ struct RestoreBuffer {
 // writes them; replicas another rank writes are left out). `shared`: the
 // ranks restoring the step on this node at the same time read each box once
 // between them (daemon/restore/shared_reads.h); bytes_read counts this rank's reads.
+// `make_segment` makes the segment (its name, size and owner; zero memory, as
+// shm::Segment::Create's, which it is when null): memory made ready before,
+// from zccd's staging pool.
+using MakeSegment =
+    std::function<absl::StatusOr<shm::Segment>(const std::string& name, uint64_t bytes, uid_t owner)>;
 absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const checkpoint::GroupedIndex& step,
                                                 const std::vector<RegisteredTensor>& registered,
@@ -54,7 +59,8 @@ absl::StatusOr<RestoreBuffer> ReadRestoreBuffer(const std::string& step_dir,
                                                 const checkpoint::IoOptions& io,
                                                 const std::function<bool()>& cancelled = nullptr,
                                                 bool owned_only = false,
-                                                SharedReads* shared = nullptr);
+                                                SharedReads* shared = nullptr,
+                                                const MakeSegment& make_segment = nullptr);
 
 // Reads the staged tensors of `registered` (those this rank writes) from
 // `step_dir` into the staging slot at `slot`, at their slot offsets, like

@@ -360,6 +360,32 @@ TEST_CASE("a read into a slot reports each tensor once its bytes are in place an
   CHECK(std::find(checked.begin(), checked.end(), damaged) == checked.end());
 }
 
+TEST_CASE("a restore buffer can be made of memory made ready before") {
+  SyntheticRank rank(0, 1, Specs());
+  CountedStep step(rank);
+  std::shared_ptr<const checkpoint::GroupedIndex> grouped;
+  REQUIRE_OK(checkpoint::CheckStepMetadata(step.dir, checkpoint::IoOptions(), &grouped));
+  const std::string name = SegmentName("made");
+  std::vector<std::string> asked;
+  auto buffer = ReadRestoreBuffer(
+      step.dir, *grouped, Registered(rank), name, kMaxSlotBytes, kNoOwner, step.io, nullptr,
+      false, nullptr, [&](const std::string& n, uint64_t bytes, uid_t owner) {
+        asked.push_back(n);
+        return shm::Segment::Create(n, bytes, owner);
+      });
+  REQUIRE_OK(buffer);
+  CHECK(asked == std::vector<std::string>{name});
+  CHECK(SameAsSlot(rank, *buffer));
+  // A maker that hands back the wrong size is refused, its segment removed.
+  auto wrong = ReadRestoreBuffer(
+      step.dir, *grouped, Registered(rank), SegmentName("wrong"), kMaxSlotBytes, kNoOwner, step.io,
+      nullptr, false, nullptr, [&](const std::string& n, uint64_t bytes, uid_t owner) {
+        return shm::Segment::Create(n, bytes + 4096, owner);
+      });
+  REQUIRE_STATUS_CODE(wrong, absl::StatusCode::kInternal);
+  CHECK(shm::Segment::ListWithPrefix(SegmentName("wrong")).empty());
+}
+
 TEST_CASE("a restore cancelled while it reads stops within a chunk; no restore buffer is left") {
   SyntheticRank rank(0, 1, Specs());
   CountedStep step(rank);
