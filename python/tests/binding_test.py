@@ -537,6 +537,85 @@ def test_fresh_optimizer_buffers_hold_zeros():
                         key, i)
 
 
+def _state_of(model, opt):
+    """Parameters and optimizer state, cloned, in order."""
+    params = [p.detach().clone() for p in model.parameters()]
+    state = [{k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state.get(p, {}).items()}
+             for p in model.parameters()]
+    return params, state
+
+
+def _same_state(model, opt, expected, what):
+    params, state = expected
+    for i, (p, q) in enumerate(zip(model.parameters(), params)):
+        assert torch.equal(p, q), "%s: parameter %d differs" % (what, i)
+        got = opt.state.get(p, {})
+        assert got.keys() == state[i].keys(), (what, i, sorted(got), sorted(state[i]))
+        for k, v in state[i].items():
+            assert torch.equal(got[k], v) if torch.is_tensor(v) else got[k] == v, (what, i, k)
+
+
+def test_restore_copies_fresh_optimizer_state_as_zccd_checks_it_and_nothing_of_a_damaged_step_stays():
+    """zcc.torch has its fresh optimizer buffers copied as soon as zccd has
+    checked them, while the rest is read (early_copy). A step damaged at the
+    end of its optimizer file, after the other tensors were copied, falls back
+    to the step before bit for bit; with nowhere to fall back, restore()
+    raises, the parameters are untouched, and training on gives what a
+    Checkpointer that never restored gives."""
+    def one_step(model, opt, seed):
+        torch.manual_seed(seed)
+        loss = (model(torch.randn(8, 6)) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    adamw = lambda p: torch.optim.AdamW(p, lr=0.01)
+    with Zccd("early", extra_flags=["--retain_snapshots_s=0"]) as d:
+        model, opt = make(adamw)
+        with Checkpointer(model, opt, job_id="early", socket=d.socket, root=d.root,
+                          save_every=1) as ck:
+            one_step(model, opt, 1)
+            ck.step(1)
+            at_step1 = _state_of(model, opt)
+            one_step(model, opt, 2)
+            ck.step(2)
+            ck.flush()
+            d.wait_latest("early", 2)
+        optim_file = os.path.join(d.root, "early", "step-00000002", "optim-r00000.safetensors")
+        with open(optim_file, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0x5A]))
+
+        model2, opt2 = make(adamw, seed=4)
+        with Checkpointer(model2, opt2, job_id="early", socket=d.socket, root=d.root) as ck2:
+            assert any(ck2._early_copy) and not all(ck2._early_copy), ck2._early_copy
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert ck2.restore() == 1
+            _same_state(model2, opt2, at_step1, "fallback to step 1")
+
+        # A step zccd already found damaged is refused by name, not taken for
+        # "nothing to restore".
+        model3, opt3 = make(adamw, seed=5)
+        with Checkpointer(model3, opt3, job_id="early", socket=d.socket, root=d.root) as ck3:
+            raises(zcc.NotFoundError, ck3.restore, step=2, match="damaged")
+        # A new zccd finds the damage while it reads, after the optimizer
+        # file's other tensors were checked and copied.
+        d.stop()
+        d.start()
+        before = _state_of(model3, opt3)
+        with Checkpointer(model3, opt3, job_id="early", socket=d.socket, root=d.root) as ck3:
+            raises(zcc.DataLossError, ck3.restore, step=2, match="checksum mismatch")
+            _same_state(model3, opt3, before, "after the failed restore")
+            one_step(model3, opt3, 3)
+            ck3.step(1)
+        model4, opt4 = make(adamw, seed=5)
+        one_step(model4, opt4, 3)
+        _same_state(model3, opt3, _state_of(model4, opt4), "training on after the failed restore")
+
+
 def test_existing_optimizer_state_is_registered_as_is():
     """A Checkpointer created after training started registers the
     optimizer's own state tensors: no probe, no copies."""

@@ -21,8 +21,10 @@ class Restoring:
     def restore(self, step=None):
         """Restores the newest committed checkpoint (or `step`) into the model,
         optimizer, scheduler, RNG states and user_state, and zccd's EMA.
-        Returns the step, or None when the job has no checkpoint yet. Raises
-        zcc.UnavailableError when zccd cannot be reached within connect_timeout."""
+        Returns the step, or None when the job has no checkpoint yet (without
+        `step`; a `step` that cannot be restored raises zcc.NotFoundError, or
+        the error its read found). Raises zcc.UnavailableError when zccd
+        cannot be reached within connect_timeout."""
         unavailable = None
         if not self.wait_connected():
             unavailable = zcc.UnavailableError(
@@ -126,7 +128,8 @@ class Restoring:
 
     def _restore_tensors(self, step, unavailable=None):
         """Fills the registered tensors; returns the step (None: nothing to
-        restore). With a process group every rank restores the same step,
+        restore; an explicit `step` that cannot be restored raises
+        zcc.NotFoundError instead). With a process group every rank restores the same step,
         through the protocol C++ trainers use (Client::RestoreTogether, over
         torch.distributed here): without `step`, the newest one every rank can
         restore (from zccd's memory or from disk); a rank that finds it
@@ -145,6 +148,8 @@ class Restoring:
                                                      allow_older=step is None,
                                                      early_copy=self._early_copy)
             except zcc.NotFoundError:
+                if step is not None:
+                    raise  # the step asked for: not "nothing to restore"
                 return None
             return self._restored(result)
         try:
@@ -155,6 +160,8 @@ class Restoring:
         except zcc.NotFoundError:
             if unavailable is not None:
                 raise unavailable
+            if step is not None:
+                raise
             return None
         except Exception:
             if unavailable is not None:

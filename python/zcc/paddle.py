@@ -432,7 +432,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         """Restores the newest committed checkpoint (or `step`) into the model,
         the optimizer's accumulators, the scheduler, the generators,
         user_state and `state` objects, and zccd's EMA. Returns the step, or
-        None when the job has no checkpoint yet. A model that differs from
+        None when the job has no checkpoint yet (without `step`; a `step` that
+        cannot be restored raises zcc.NotFoundError). A model that differs from
         the checkpoint's is refused (FailedPreconditionError naming the
         tensor) before any tensor is written. Raises zcc.UnavailableError
         when zccd cannot be reached within connect_timeout."""
@@ -511,6 +512,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                                                     self.world_size, self._all_gather,
                                                     self._broadcast_many)
             except zcc.NotFoundError:
+                if step is not None:
+                    raise  # the step asked for: not "nothing to restore"
                 return None
         alone = self.world_size == 1
         if not alone and step is None:
@@ -527,6 +530,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
             return self.client.restore_tensors(target, self._stream(), allow_older=alone and
                                                step is None)
         except zcc.NotFoundError:
+            if step is not None:
+                raise
             return None
 
     def _all_gather(self, mine):
