@@ -17,34 +17,33 @@ namespace zcc::storage {
 
 // Passes requests to the base file unless the storage's plan says otherwise;
 // failed requests complete with their error on the next wait.
-class FaultInjectingFile final : public File {
+// Forwards what it does not change (FileWrapper): path, alignment, queue depth,
+// request size, Size and Truncate.
+class FaultInjectingFile final : public FileWrapper {
  public:
   FaultInjectingFile(std::unique_ptr<File> base, FaultInjectingStorage* owner, bool covered)
-      : base_(std::move(base)), owner_(owner), covered_(covered) {}
+      : FileWrapper(std::move(base)), owner_(owner), covered_(covered) {}
 
-  const std::string& path() const override { return base_->path(); }
-  bool direct() const override { return base_->direct(); }
-  uint32_t queue_depth() const override { return base_->queue_depth(); }
   uint32_t in_flight() const override {
-    return base_->in_flight() + static_cast<uint32_t>(failed_.size());
+    return base().in_flight() + static_cast<uint32_t>(failed_.size());
   }
 
   absl::Status SubmitWrite(uint64_t offset, const void* src, size_t n, uint64_t tag) override {
     ZCC_RETURN_IF_ERROR(CheckRoom());
-    if (!covered_) return base_->SubmitWrite(offset, src, n, tag);
+    if (!covered_) return base().SubmitWrite(offset, src, n, tag);
     Sleep();
     const FaultInjectingStorage::Decision d = owner_->DecideWrite(n, direct());
     if (d.fail_errno != 0) return Fail(d.fail_errno, "write", offset, tag);
-    return base_->SubmitWrite(offset, src, d.bytes, tag);
+    return base().SubmitWrite(offset, src, d.bytes, tag);
   }
 
   absl::Status SubmitRead(uint64_t offset, void* dst, size_t n, uint64_t tag) override {
     ZCC_RETURN_IF_ERROR(CheckRoom());
-    if (!covered_) return base_->SubmitRead(offset, dst, n, tag);
+    if (!covered_) return base().SubmitRead(offset, dst, n, tag);
     Sleep();
     const FaultInjectingStorage::Decision d = owner_->DecideRead(n, direct());
     if (d.fail_errno != 0) return Fail(d.fail_errno, "read", offset, tag);
-    return base_->SubmitRead(offset, dst, d.bytes, tag);
+    return base().SubmitRead(offset, dst, d.bytes, tag);
   }
 
   absl::StatusOr<IoCompletion> WaitForCompletion() override {
@@ -53,13 +52,10 @@ class FaultInjectingFile final : public File {
       failed_.pop_front();
       return c;
     }
-    return base_->WaitForCompletion();
+    return base().WaitForCompletion();
   }
 
-  bool HasCompletion() const override { return !failed_.empty() || base_->HasCompletion(); }
-
-  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
-  absl::Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+  bool HasCompletion() const override { return !failed_.empty() || base().HasCompletion(); }
 
   absl::Status Sync() override {
     if (covered_) {
@@ -68,12 +64,12 @@ class FaultInjectingFile final : public File {
         return zcc::ErrnoToStatus(EIO, absl::StrCat("fdatasync ", path(), " (injected fault)"));
       }
     }
-    return base_->Sync();
+    return base().Sync();
   }
 
   absl::Status Close() override {
     failed_.clear();
-    return base_->Close();
+    return base().Close();
   }
 
  private:
@@ -99,7 +95,6 @@ class FaultInjectingFile final : public File {
     if (d > absl::ZeroDuration()) absl::SleepFor(d);
   }
 
-  std::unique_ptr<File> base_;
   FaultInjectingStorage* const owner_;
   const bool covered_;
   std::deque<IoCompletion> failed_;
