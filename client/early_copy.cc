@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/futex.h"
 #include "shm/restore_progress.h"
 
 namespace zcc::client_internal {
@@ -20,9 +19,7 @@ EarlyCopy::~EarlyCopy() { Stop(); }
 EarlyCopy::Copied EarlyCopy::Stop() {
   if (thread_.joinable()) {
     stop_.store(true);
-    shm::ControlBlock* cb = session_.cb();
-    cb->restore_bell.fetch_add(1, std::memory_order_release);
-    FutexWakeAll(&cb->restore_bell);
+    shm::WakeRestoreWaiters(session_.cb());
     thread_.join();
   }
   return copied_;
@@ -59,7 +56,7 @@ void EarlyCopy::Run() {
       if (!copied_.status.ok()) copied_.tensors.assign(refs_.size(), false);
     }
     if (stop_.load()) break;
-    FutexWait(&cb->restore_bell, bell, absl::InfiniteDuration());
+    shm::WaitForRestoreProgress(cb, bell);
   }
 }
 

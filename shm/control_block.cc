@@ -27,6 +27,7 @@ void InitControlBlock(ControlBlock* cb, uint32_t num_slots, uint64_t slot_bytes,
   cb->persist_failures.store(0);
   cb->last_failed_step.store(-1);
   cb->restore_bell.store(0);
+  cb->restore_waiters.store(0);
   cb->restore_slot.store(0);
   cb->restore_attempt.store(0);
   cb->restore_ready.store(0);

@@ -83,6 +83,11 @@ struct alignas(64) ControlBlock {
   // come (shm/restore_progress.h), so that the client copies what is checked
   // while the rest is read. restore_bell is the futex word.
   alignas(64) std::atomic<uint32_t> restore_bell;
+  // Client -> daemon: threads sleeping on restore_bell. zccd makes the wake-up
+  // system call only when there are some (a rank of 100k small tensors would
+  // otherwise pay one per tensor); a waiter that comes late sees the bell
+  // moved and does not sleep.
+  std::atomic<uint32_t> restore_waiters;
   std::atomic<uint32_t> restore_slot;
   std::atomic<uint64_t> restore_attempt;
   std::atomic<uint64_t> restore_ready;

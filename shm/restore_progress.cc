@@ -10,16 +10,30 @@ uint64_t BeginRestoreRead(ControlBlock* cb, uint32_t slot) {
   cb->restore_ready.store(0, std::memory_order_relaxed);
   cb->restore_slot.store(slot, std::memory_order_relaxed);
   const uint64_t attempt = cb->restore_attempt.fetch_add(1, std::memory_order_acq_rel) + 1;
-  cb->restore_bell.fetch_add(1, std::memory_order_release);
-  FutexWakeAll(&cb->restore_bell);
+  WakeRestoreWaiters(cb);
   return attempt;
+}
+
+void WakeRestoreWaiters(ControlBlock* cb) {
+  // Sequentially consistent with the waiter's count and its read of the bell
+  // (WaitForRestoreProgress): either it sees the bell moved, or this sees it
+  // waiting.
+  cb->restore_bell.fetch_add(1, std::memory_order_seq_cst);
+  if (cb->restore_waiters.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&cb->restore_bell);
+}
+
+void WaitForRestoreProgress(ControlBlock* cb, uint32_t seen) {
+  cb->restore_waiters.fetch_add(1, std::memory_order_seq_cst);
+  if (cb->restore_bell.load(std::memory_order_seq_cst) == seen) {
+    FutexWait(&cb->restore_bell, seen, absl::InfiniteDuration());
+  }
+  cb->restore_waiters.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void PublishRestoreReady(ControlBlock* cb, uint64_t attempt, uint64_t ready) {
   if (cb->restore_attempt.load(std::memory_order_acquire) != attempt) return;
   cb->restore_ready.store(ready, std::memory_order_release);
-  cb->restore_bell.fetch_add(1, std::memory_order_release);
-  FutexWakeAll(&cb->restore_bell);
+  WakeRestoreWaiters(cb);
 }
 
 RestoreProgress ReadRestoreProgress(const ControlBlock& cb) {

@@ -10,7 +10,8 @@
 // raises the count of checked tensors. A client reads the three words with
 // ReadRestoreProgress, which retries until they belong to one attempt, and
 // sleeps on restore_bell (a futex word zccd increments on every change).
-// Restore's reply names the attempt it was served from: a client that copied
+// A client sleeps through WaitForRestoreProgress, which zccd's publications
+// wake. Restore's reply names the attempt it was served from: a client that copied
 // from another (a read ahead that was dropped, a step that turned out
 // damaged) copies everything again from what the reply names.
 //
@@ -38,6 +39,11 @@ uint64_t BeginRestoreRead(ControlBlock* cb, uint32_t slot);
 void PublishRestoreReady(ControlBlock* cb, uint64_t attempt, uint64_t ready);
 // The client: the progress of the newest attempt, consistent.
 RestoreProgress ReadRestoreProgress(const ControlBlock& cb);
+// The client: sleeps until restore_bell is no longer `seen` (a publication,
+// or WakeRestoreWaiters).
+void WaitForRestoreProgress(ControlBlock* cb, uint32_t seen);
+// Moves the bell and wakes every sleeper (the client stopping its own waiter).
+void WakeRestoreWaiters(ControlBlock* cb);
 
 }  // namespace zcc::shm
 

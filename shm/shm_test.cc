@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -174,6 +175,16 @@ TEST_CASE("restore progress: each read is an attempt of its own, and a stale one
   CHECK(ReadRestoreProgress(cb).ready == 0);
   PublishRestoreReady(&cb, second, 2);
   CHECK(ReadRestoreProgress(cb).ready == 2);
+
+  // A sleeping client wakes at the next publication; one that would sleep
+  // on a bell already moved does not sleep.
+  const uint32_t seen = cb.restore_bell.load();
+  std::thread waiter([&] { WaitForRestoreProgress(&cb, seen); });
+  while (cb.restore_waiters.load() == 0) std::this_thread::yield();
+  PublishRestoreReady(&cb, second, 3);
+  waiter.join();
+  CHECK(cb.restore_waiters.load() == 0);
+  WaitForRestoreProgress(&cb, seen);  // returns at once
 }
 
 TEST_CASE("slot ring: a held-back slot is the daemon's until it frees it") {
