@@ -107,6 +107,10 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyin
   client_internal::EarlyCopy early(*s, refs, options.early_copy, stream);
   absl::StatusOr<std::unique_ptr<PendingRestore>> pending = FetchRestore(options);
   client_internal::EarlyCopy::Copied copied = early.Stop();
+  if (!copied.status.ok()) {
+    ZCC_LOG(WARNING) << "zcc client: copying as zccd checked failed (" << copied.status
+                     << "); copying after the whole step instead";
+  }
   if (!pending.ok()) return pending.status();
   // Served from the read copied from: those tensors are in place already.
   PendingRestore& p = **pending;

@@ -10,9 +10,6 @@
 // check restores whatever step the job's newest checkpoint holds.
 //
 // Exit status: 0 when the restore matches, 1 on any mismatch or error.
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdlib>
@@ -32,6 +29,7 @@
 #include "absl/time/time.h"
 #include "bench/disk_io.h"
 #include "client/client.h"
+#include "common/file_util.h"
 #include "copy/host_copier.h"
 
 ABSL_FLAG(std::string, socket, "", "zccd socket (default: zccd's default for this user)");
@@ -178,26 +176,13 @@ int Die(const std::string& what, const absl::Status& st) {
   return 1;
 }
 
-// The regular files of a step directory (shards, manifests, index).
+// The files of a step directory (shards, manifests, index); none when it
+// cannot be listed.
 std::vector<std::string> StepFiles(const std::string& step_dir) {
   std::vector<std::string> files;
-  std::vector<std::string> dirs = {step_dir};
-  while (!dirs.empty()) {
-    const std::string dir = dirs.back();
-    dirs.pop_back();
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) continue;
-    while (struct dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
-      const std::string path = dir + "/" + name;
-      struct stat st;
-      if (::stat(path.c_str(), &st) != 0) continue;
-      if (S_ISDIR(st.st_mode)) dirs.push_back(path);
-      if (S_ISREG(st.st_mode)) files.push_back(path);
-    }
-    ::closedir(d);
-  }
+  auto names = zcc::ListDir(step_dir);
+  if (!names.ok()) return files;
+  for (const std::string& name : *names) files.push_back(zcc::JoinPath(step_dir, name));
   return files;
 }
 

@@ -40,7 +40,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -453,14 +452,8 @@ int main(int argc, char** argv) {
       while (pool.bytes() < pool_options.target_bytes) absl::SleepFor(absl::Milliseconds(10));
     };
     const zcc::daemon::MakeSegment from_pool = [&pool](const std::string& name, uint64_t bytes,
-                                                       uid_t owner)
-        -> absl::StatusOr<zcc::shm::Segment> {
-      std::optional<zcc::shm::Segment> taken = pool.Take(0, bytes);
-      if (!taken.has_value()) return zcc::shm::Segment::Create(name, bytes, owner);
-      absl::Status st = taken->Rename(name, owner);
-      if (st.ok()) st = taken->Resize(bytes, bytes);
-      if (!st.ok()) return st;
-      return *std::move(taken);
+                                                       uid_t owner) {
+      return pool.MakeSegment(name, bytes, owner);
     };
     auto restore_cold_path = [&](bool full_verify, bool pooled = false) {
       if (pooled) pool_ready();

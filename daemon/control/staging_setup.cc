@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/memory/staging_pool.h"
 #include "shm/control_block.h"
 #include "shm/slot_ring.h"
 
@@ -34,16 +35,15 @@ absl::StatusOr<Staging> PrepareStaging(const std::string& name, const Geometry& 
       // Allocated and mapped already: renamed, resized, and only what lies
       // beyond it reserved now.
       const uint64_t ready = pooled->size();
-      absl::Status st = pooled->Rename(name, owner);
-      if (st.ok()) st = pooled->Resize(g.segment_bytes, now);
-      if (st.ok()) {
+      absl::StatusOr<shm::Segment> adopted =
+          StagingPool::Adopt(*std::move(pooled), name, g.segment_bytes, now, owner);
+      if (adopted.ok()) {
         ZCC_LOG(INFO) << name << ": " << std::min(ready, now) << " of the " << now
                       << " bytes it needs at once came from the staging pool";
-        segment.emplace(*std::move(pooled));
+        segment.emplace(*std::move(adopted));
       } else {
-        ZCC_LOG(WARNING) << name << ": the staging pool's memory could not be used (" << st
-                         << "); making it anew";
-        pooled.reset();  // removed, under whichever name it has
+        ZCC_LOG(WARNING) << name << ": the staging pool's memory could not be used ("
+                         << adopted.status() << "); making it anew";
       }
     }
     if (!segment.has_value()) {

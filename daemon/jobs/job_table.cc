@@ -204,23 +204,24 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   if (!inherited.has_value() && r.pool != nullptr) {
     pooled = r.pool->Take(r.reserve_now_bytes, r.segment_bytes);
   }
-  const uint64_t pool_bytes = r.pool != nullptr ? r.pool->bytes() : 0;
-  uint64_t in_use = StagingBytesLocked() - replacing + pool_bytes;
+  auto pool_bytes = [&r] { return r.pool != nullptr ? r.pool->bytes() : 0; };
+  auto in_use = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return StagingBytesLocked() - replacing + pool_bytes();
+  };
+  auto over_budget = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return r.staging_budget_bytes > 0 && in_use() + needed > r.staging_budget_bytes;
+  };
   // The pool gives way to a registration first (it holds no data), then
   // retained snapshots, the oldest first.
-  if (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes && pool_bytes > 0) {
-    const uint64_t excess = in_use + needed - r.staging_budget_bytes;
-    released_pool = r.pool->ReleaseDownTo(pool_bytes > excess ? pool_bytes - excess : 0);
-    in_use = StagingBytesLocked() - replacing + r.pool->bytes();
+  if (over_budget() && pool_bytes() > 0) {
+    const uint64_t excess = in_use() + needed - r.staging_budget_bytes;
+    released_pool = r.pool->ReleaseDownTo(pool_bytes() > excess ? pool_bytes() - excess : 0);
   }
-  while (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes &&
-         DropOneRetainedLocked(&dropped)) {
-    in_use = StagingBytesLocked() - replacing + (r.pool != nullptr ? r.pool->bytes() : 0);
-  }
-  if (r.staging_budget_bytes > 0 && in_use + needed > r.staging_budget_bytes) {
+  while (over_budget() && DropOneRetainedLocked(&dropped)) continue;
+  if (over_budget()) {
     if (inherited.has_value()) dropped.push_back(std::move(*inherited));
     return absl::ResourceExhaustedError(absl::StrCat(
-        "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use, " of the ",
+        "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use(), " of the ",
         r.staging_budget_bytes, "-byte budget are in use"));
   }
   in_flight_[{r.job_id, r.rank}] = needed;

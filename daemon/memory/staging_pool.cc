@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "common/thread_priority.h"
 
 namespace zcc::daemon {
@@ -91,6 +92,25 @@ std::optional<shm::Segment> StagingPool::Take(uint64_t now, uint64_t total) {
   }
   Changed();
   return taken;
+}
+
+absl::StatusOr<shm::Segment> StagingPool::Adopt(shm::Segment pooled, const std::string& name,
+                                                 uint64_t bytes, uint64_t reserve_bytes,
+                                                 uid_t owner) {
+  ZCC_RETURN_IF_ERROR(pooled.Rename(name, owner));
+  ZCC_RETURN_IF_ERROR(pooled.Resize(bytes, reserve_bytes));
+  return pooled;
+}
+
+absl::StatusOr<shm::Segment> StagingPool::MakeSegment(const std::string& name, uint64_t bytes,
+                                                      uid_t owner) {
+  if (std::optional<shm::Segment> pooled = Take(0, bytes); pooled.has_value()) {
+    absl::StatusOr<shm::Segment> adopted = Adopt(*std::move(pooled), name, bytes, bytes, owner);
+    if (adopted.ok()) return adopted;
+    ZCC_LOG(WARNING) << name << ": the staging pool's memory could not be used ("
+                     << adopted.status() << "); making it anew";
+  }
+  return shm::Segment::Create(name, bytes, owner);
 }
 
 std::vector<shm::Segment> StagingPool::TakeOutDownTo(uint64_t keep) {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "shm/segment.h"
@@ -71,6 +72,18 @@ class StagingPool {
   // being larger than `total` (else the smallest one), or nullopt when the
   // pool is empty. Learns `now` as the size of the entries to make next.
   std::optional<shm::Segment> Take(uint64_t now, uint64_t total) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Makes `pooled` (an entry Take returned) the segment `name`: owned by
+  // `owner`, `bytes` long, its first `reserve_bytes` reserved (fast where
+  // the entry's memory lies). On an error the entry is gone (removed under
+  // whichever name it had).
+  static absl::StatusOr<shm::Segment> Adopt(shm::Segment pooled, const std::string& name,
+                                            uint64_t bytes, uint64_t reserve_bytes, uid_t owner);
+
+  // A segment as shm::Segment::Create makes it (zero, all reserved), from an
+  // entry when the pool has one (a restore buffer's memory), else anew.
+  absl::StatusOr<shm::Segment> MakeSegment(const std::string& name, uint64_t bytes, uid_t owner)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Takes entries out until at most `keep` bytes are pooled, the largest
   // first, and returns them: the caller drops them (their memory freed) after

@@ -49,20 +49,6 @@ RestoreService::RestoreService(std::string shm_prefix, uint64_t max_slot_bytes,
       read_io_(ReadingThrough(storage)),
       checks_(metrics, read_io_) {}
 
-absl::StatusOr<shm::Segment> RestoreService::MakeBuffer(const std::string& name, uint64_t bytes,
-                                                        uid_t owner) const {
-  if (pool_ != nullptr) {
-    if (std::optional<shm::Segment> pooled = pool_->Take(0, bytes); pooled.has_value()) {
-      absl::Status st = pooled->Rename(name, owner);
-      if (st.ok()) st = pooled->Resize(bytes, bytes);
-      if (st.ok()) return *std::move(pooled);
-      ZCC_LOG(WARNING) << name << ": the staging pool's memory could not be used (" << st
-                       << "); making it anew";
-    }
-  }
-  return shm::Segment::Create(name, bytes, owner);
-}
-
 std::string RestoreService::BufferName(const char* what, const std::string& job_id, uint32_t rank,
                                        uint64_t generation) {
   return absl::StrCat(shm_prefix_, ".", job_id, ".r", rank, ".", what, ".g", generation, ".",
@@ -362,9 +348,11 @@ absl::StatusOr<uint64_t> RestoreService::ReadIntoBuffer(
       ReadRestoreBuffer(step_dir, index, registered, shm_name, max_slot_bytes_,
                         session.options().segment_owner, read_io_, cancelled, req.owned_only(),
                         &shared_reads_,
-                        [this](const std::string& name, uint64_t bytes, uid_t owner) {
-                          return MakeBuffer(name, bytes, owner);
-                        }));
+                        pool_ == nullptr ? MakeSegment()
+                                         : [this](const std::string& name, uint64_t bytes,
+                                                  uid_t owner) {
+                                             return pool_->MakeSegment(name, bytes, owner);
+                                           }));
   resp->set_shm_name(shm_name);
   resp->set_segment_bytes(buffer.segment.size());
   resp->set_data_offset(buffer.data_offset);

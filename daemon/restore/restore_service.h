@@ -86,10 +86,6 @@ class RestoreService {
                          uint64_t generation);
 
  private:
-  // A restore buffer's segment: from the staging pool when it has memory
-  // ready, else made anew.
-  absl::StatusOr<shm::Segment> MakeBuffer(const std::string& name, uint64_t bytes,
-                                          uid_t owner) const;
   // The held snapshot a restore is served from, if any (call with the job
   // owner's identity).
   std::optional<SlotSnapshot> ServedFromMemory(Job& job, RankSession& session,
