@@ -197,7 +197,10 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     FutexWait(&cb->free_bell, bell, im.options.heartbeat_interval);
   }
   const auto& regions = kind == SnapshotKind::kFull ? s->full_regions[slot] : s->ema_regions[slot];
-  auto ticket = s->copier->Enqueue(regions, stream);
+  // At once unless this slot is still being pinned (a snapshot right after
+  // the registration).
+  const absl::Status pinned = s->pins->Await(s->slot(static_cast<uint32_t>(slot)), s->resp.slot_bytes());
+  auto ticket = pinned.ok() ? s->copier->Enqueue(regions, stream) : absl::StatusOr<CopyTicket>(pinned);
   if (!ticket.ok()) {
     ring.Abandon(static_cast<uint32_t>(slot));
     im.SetError(absl::StrCat("enqueue copy: ", ticket.status().message()));

@@ -23,6 +23,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "client/staging_pins.h"
 #include "copy/device_copier.h"
 #include "proto/message_limits.h"
 #include "proto/zcc.grpc.pb.h"
@@ -58,12 +59,20 @@ struct Session {
   std::vector<std::vector<CopyRegion>> full_regions;  // per slot
   std::vector<std::vector<CopyRegion>> ema_regions;   // per slot
   std::atomic<bool> dead{false};
+  // The segment pinned for the copier in the background, slot by slot;
+  // copies out of or into a slot wait for its piece. Declared after the
+  // segment: unregistered before it is unmapped.
+  std::unique_ptr<StagingPins> pins;
 
+  // Starts pinning the segment: the control block with slot 0 (where zccd
+  // puts a restore), then each further slot.
   Session(v1::RegisterResponse r, shm::Segment s, std::shared_ptr<DeviceCopier> c)
-      : resp(std::move(r)), segment(std::move(s)), copier(std::move(c)) {}
-  ~Session() {
-    const absl::Status st = copier->UnregisterHostMemory(segment.base());
-    if (!st.ok()) ZCC_LOG(WARNING) << "unregister staging memory: " << st;
+      : resp(std::move(r)), segment(std::move(s)), copier(std::move(c)) {
+    std::vector<size_t> cuts;
+    for (uint32_t i = 1; i < num_slots(); ++i) {
+      cuts.push_back(static_cast<size_t>(slot(i) - segment.base()));
+    }
+    pins = std::make_unique<StagingPins>(copier, segment.base(), segment.size(), std::move(cuts));
   }
   shm::ControlBlock* cb() const { return segment.control(); }
   absl::Duration DaemonTimeout(absl::Duration configured) const {

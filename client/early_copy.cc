@@ -52,7 +52,10 @@ void EarlyCopy::Run() {
         copied_.tensors[i] = true;
       }
       next = std::max(next, ready);
-      if (!regions.empty()) copied_.status = session_.copier->CopyToDevice(regions, stream_);
+      if (!regions.empty()) {
+        copied_.status = session_.pins->Await(base, reg.slot_bytes());
+        if (copied_.status.ok()) copied_.status = session_.copier->CopyToDevice(regions, stream_);
+      }
       if (!copied_.status.ok()) copied_.tensors.assign(refs_.size(), false);
     }
     if (stop_.load()) break;

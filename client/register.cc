@@ -181,7 +181,7 @@ absl::StatusOr<std::shared_ptr<client_internal::Session>> Client::Impl::Register
     ZCC_LOG(INFO) << "zcc client: copying on the trainer's side: "
                   << resp.daemon_pull_unavailable();
   }
-  ZCC_RETURN_IF_ERROR(session_copier->RegisterHostMemory(segment.base(), segment.size()));
+  // Pinning starts here and goes on in the background (StagingPins).
   auto s = std::make_shared<client_internal::Session>(std::move(resp), std::move(segment),
                                                       session_copier);
   PlanRegions(refs, s.get());

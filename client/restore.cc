@@ -183,8 +183,13 @@ absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, voi
     if (i < pending.copied_early.size() && pending.copied_early[i]) continue;  // same read
     if (p.staged()) regions.push_back(CopyRegion{base + p.offset(), pending.refs[i].data, p.nbytes()});
   }
-  absl::Status copied = absl::OkStatus();
-  if (!own_segment) copied = s.copier->RegisterHostMemory(from.base(), from.size());
+  // From the session's segment: the pieces holding the step pinned first.
+  size_t extent = 0;
+  for (const CopyRegion& r : regions) {
+    extent = std::max<size_t>(extent, static_cast<const uint8_t*>(r.src) + r.nbytes - base);
+  }
+  absl::Status copied = own_segment ? s.pins->Await(base, extent)
+                                    : s.copier->RegisterHostMemory(from.base(), from.size());
   if (copied.ok()) {
     copied = s.copier->CopyToDevice(regions, stream);
     if (!own_segment) {

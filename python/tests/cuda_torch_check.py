@@ -8,8 +8,14 @@ copier by itself; then with copier=zcc.daemon_pull(0) against a zccd started
 with --daemon_pull, zccd copying the tensors over CUDA IPC. Each time it
 snapshots every step (the trainer-side cost of ckpt.step() is printed, in
 microseconds), commits, and restores into a freshly initialised model on the
-GPU with every parameter and optimizer state equal. Exits 0 with "no CUDA
-device" where torch sees none.
+GPU with every parameter and optimizer state equal. Then a cold restore:
+a larger model (--cold_mib of parameters, AdamW's state besides) persisted,
+zccd restarted and the page cache dropped (where the node allows it) before
+each restore, so that the step comes from disk; the restore into fresh
+optimizer buffers with the host-to-device copies overlapping zccd's read
+(early copy) and without, both exact, timed against torch.load of the same
+state onto the GPU from a cold file. Exits 0 with "no CUDA device" where
+torch sees none.
 """
 
 import argparse
@@ -76,16 +82,122 @@ def check(args, variant):
              statistics.median(costs), max(costs), ckpt2.restored_from))
 
 
+def drop_caches():
+    """True when the page cache could be dropped (root on most nodes)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def build_cold(seed, mib):
+    torch.manual_seed(seed)
+    layers = max(1, mib * 2**20 // (4096 * 4096 * 4))
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(layers)]).cuda()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def state_of(model, opt):
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            {i: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
+             for i, s in enumerate(opt.state.values())})
+
+
+def assert_equal(model, opt, want):
+    want_model, want_opt = want
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want_model[k]), k
+    assert len(opt.state) == len(want_opt), (len(opt.state), len(want_opt))
+    for i, s in enumerate(opt.state.values()):
+        for k, v in s.items():
+            if torch.is_tensor(v):
+                assert torch.equal(v, want_opt[i][k]), (i, k)
+
+
+def check_cold(args):
+    """Construction + restore from disk after a zccd restart, with and
+    without early copy, against torch.load of the same state (cold file)."""
+    from zcc.torch import Checkpointer
+    with Zccd("gpucold", binary=args.zccd) as d:
+        model, opt = build_cold(0, args.cold_mib)
+        ckpt = Checkpointer(model, opt, job_id="cold", socket=d.socket, root=d.root,
+                            save_every=2, backpressure="block")
+        for step in (1, 2):
+            model(torch.randn(64, 4096, device="cuda")).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            ckpt.step(step)
+        ckpt.flush()
+        torch.cuda.synchronize()
+        d.wait_latest("cold", 2)
+        want = state_of(model, opt)
+        nbytes = sum(v.numel() * v.element_size() for v in want[0].values()) + sum(
+            v.numel() * v.element_size() for s in want[1].values() for v in s.values())
+        ckpt.close()
+        ref_path = os.path.join(d.dir, "torch_save.pt")
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, ref_path)
+        del model, opt, ckpt
+        torch.cuda.empty_cache()
+        dropped = True
+        times = {"early copy": [], "copy after the read": [], "torch.load": []}
+        for _ in range(args.cold_rounds):
+            for variant in ("copy after the read", "early copy"):
+                d.stop()
+                dropped = drop_caches() and dropped
+                d.start()
+                model2, opt2 = build_cold(1, args.cold_mib)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                ckpt2 = Checkpointer(model2, opt2, job_id="cold", socket=d.socket, root=d.root)
+                if variant != "early copy":
+                    ckpt2._early_copy = []
+                assert ckpt2.restore() == 2
+                torch.cuda.synchronize()
+                times[variant].append(time.perf_counter() - start)
+                assert ckpt2.restored_from == "disk", ckpt2.restored_from
+                assert_equal(model2, opt2, want)
+                ckpt2.close()
+                del model2, opt2, ckpt2
+                torch.cuda.empty_cache()
+            model3, opt3 = build_cold(1, args.cold_mib)
+            dropped = drop_caches() and dropped
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            loaded = torch.load(ref_path, map_location="cuda")
+            model3.load_state_dict(loaded["model"])
+            opt3.load_state_dict(loaded["optim"])
+            torch.cuda.synchronize()
+            times["torch.load"].append(time.perf_counter() - start)
+            del model3, opt3, loaded
+            torch.cuda.empty_cache()
+        assert d.stop() == 0, d.log()
+    best = {k: min(v) for k, v in times.items()}
+    print("cuda_torch_check: cold restore of %.2f GB (model + AdamW) onto %s, zccd restarted, "
+          "page cache %s: construction + restore, best of %d: copy after the read %.3f s, "
+          "early copy %.3f s, torch.load %.3f s (early copy %.2fx torch.load)"
+          % (nbytes / 1e9, torch.cuda.get_device_name(),
+             "dropped" if dropped else "NOT dropped (not allowed here)", args.cold_rounds,
+             best["copy after the read"], best["early copy"], best["torch.load"],
+             best["torch.load"] / best["early copy"]))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--zccd", default=os.environ.get("ZCCD", "zccd"))
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--cold_mib", type=int, default=256,
+                   help="parameters of the cold-restore model (AdamW adds twice that)")
+    p.add_argument("--cold_rounds", type=int, default=2)
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("cuda_torch_check: no CUDA device; nothing to check")
         return 0
     for variant in ("cuda", "daemon_pull"):
         check(args, variant)
+    check_cold(args)
     return 0
 
 
