@@ -7,8 +7,8 @@ A model and AdamW on cuda:0, twice: the Checkpointer must pick the CUDA
 copier by itself; then with copier=zcc.daemon_pull(0) against a zccd started
 with --daemon_pull, zccd copying the tensors over CUDA IPC. Each time it
 snapshots every step (the trainer-side cost of ckpt.step() is printed, in
-microseconds), commits, and restores into a freshly initialised model on the
-GPU with every parameter and optimizer state equal. Then a cold restore:
+microseconds), commits, and restores from zccd's memory into a freshly
+initialised model on the GPU with every parameter and optimizer state equal. Then a cold restore:
 a larger model (--cold_mib of parameters, AdamW's state besides) persisted,
 zccd restarted and the page cache dropped (where the node allows it) before
 each restore, so that the step comes from disk; the restore into fresh
@@ -61,12 +61,14 @@ def check(args, variant):
         want = {k: v.clone() for k, v in model.state_dict().items()}
         want_opt = {i: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
                     for i, s in enumerate(opt.state.values())}
-        ckpt.close()
+        # Kept in zccd's memory, as for a launcher's restart: restored from there.
+        ckpt.close(keep_snapshots=True)
         model2, opt2 = build(1)
         ckpt2 = Checkpointer(model2, opt2, job_id="gpu", socket=d.socket, root=d.root,
                              ema_decay=0.99, **extra)
         assert ckpt2.restore() == args.steps
         torch.cuda.synchronize()
+        assert ckpt2.restored_from == "memory", ckpt2.restored_from
         for k, v in model2.state_dict().items():
             assert torch.equal(v, want[k]), k
         for i, s in enumerate(opt2.state.values()):
