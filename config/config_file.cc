@@ -37,6 +37,8 @@ constexpr double kMaxClientTimeoutS = 24 * 3600;
 constexpr double kMinTextfileIntervalS = 1;
 constexpr double kMaxTextfileIntervalS = 3600;
 constexpr size_t kSunPathBytes = 108;
+constexpr uint64_t kMinReplicaBudgetBytes = 1 << 20;
+constexpr size_t kMaxPeerNameBytes = 253;
 
 // Records the parser's first error (0-based position, as the tokenizer counts).
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
@@ -199,6 +201,59 @@ bool IsDnsName(absl::string_view host) {
 
 bool IsWildcard(const HostPort& hp) { return hp.host == "0.0.0.0" || hp.host == "::"; }
 
+// A peer's node_name or failure_domain: at most 253 bytes from [A-Za-z0-9._-].
+void CheckPeerName(absl::string_view field, const std::string& name, Problems& p) {
+  if (name.size() > kMaxPeerNameBytes) {
+    p.Add(field, absl::StrCat("must be at most ", kMaxPeerNameBytes, " bytes, got ", name.size()));
+  } else if (name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                    "0123456789._-") != std::string::npos) {
+    p.Add(field, absl::StrCat("must be characters from [A-Za-z0-9._-] only, got ", Quote(name)));
+  }
+}
+
+// The peer service's fields. The files and the budget are checked against
+// listen: without it the service is off.
+void CheckPeer(const daemon::PeerConfig& peer, Problems& p) {
+  const bool on = !peer.listen.empty();
+  if (on) {
+    if (absl::StatusOr<HostPort> addr = ParseHostPort(peer.listen); !addr.ok()) {
+      p.Add("peer.listen", addr.status().message());
+    }
+  }
+  std::vector<std::string> set;
+  std::vector<std::string> missing;
+  const std::pair<const char*, const std::string*> files[] = {
+      {"cert_file", &peer.cert_file}, {"key_file", &peer.key_file}, {"ca_file", &peer.ca_file}};
+  for (const auto& [name, file] : files) {
+    const std::string& value = *file;
+    if (value.empty()) {
+      missing.push_back(name);
+      continue;
+    }
+    set.push_back(name);
+    const std::string field = absl::StrCat("peer.", name);
+    if (!IsAbsolute(value)) {
+      p.Add(field, absl::StrCat("must be an absolute path, got ", Quote(value)));
+    } else if (!on) {
+      p.Add(field, "set without peer.listen (the peer service is off)");
+    }
+  }
+  if (peer.insecure && !set.empty()) {
+    p.Add("peer.insecure", absl::StrCat("true together with ", absl::StrJoin(set, ", "),
+                                        ": choose one (plaintext, or mutual TLS)"));
+  } else if (on && !peer.insecure && !missing.empty()) {
+    p.Add("peer.listen", absl::StrCat("needs cert_file, key_file and ca_file (mutual TLS), or "
+                                      "insecure: true (tests only); missing ",
+                                      absl::StrJoin(missing, ", ")));
+  }
+  if (on && peer.replica_budget_bytes < kMinReplicaBudgetBytes) {
+    p.Add("peer.replica_budget_bytes", absl::StrCat("must be at least ", kMinReplicaBudgetBytes,
+                                                    " (1 MiB), got ", peer.replica_budget_bytes));
+  }
+  CheckPeerName("peer.node_name", peer.node_name, p);
+  CheckPeerName("peer.failure_domain", peer.failure_domain, p);
+}
+
 // Field checks shared by the file loader and ValidateFullConfig.
 void CheckFields(const FullConfig& c, Problems& p) {
   const daemon::DaemonConfig& d = c.daemon;
@@ -281,6 +336,7 @@ void CheckFields(const FullConfig& c, Problems& p) {
                        absl::ToInt64Milliseconds(d.heartbeat_interval), " ms), got ",
                        FormatDouble(absl::ToDoubleSeconds(d.client_timeout)), " s"));
   }
+  CheckPeer(d.peer, p);
 
   absl::StatusOr<HostPort> status_addr = absl::NotFoundError("off");
   absl::StatusOr<HostPort> metrics_addr = absl::NotFoundError("off");
@@ -382,6 +438,18 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     MergeSeconds("client_timeout_s", proto.client_timeout_s(), &d.client_timeout, p);
   }
   if (proto.has_daemon_pull()) d.daemon_pull = proto.daemon_pull();
+  if (proto.has_peer()) {
+    const DaemonConfigProto::Peer& q = proto.peer();
+    daemon::PeerConfig& peer = d.peer;
+    if (q.has_listen()) peer.listen = q.listen();
+    if (q.has_cert_file()) peer.cert_file = q.cert_file();
+    if (q.has_key_file()) peer.key_file = q.key_file();
+    if (q.has_ca_file()) peer.ca_file = q.ca_file();
+    if (q.has_insecure()) peer.insecure = q.insecure();
+    if (q.has_node_name()) peer.node_name = q.node_name();
+    if (q.has_failure_domain()) peer.failure_domain = q.failure_domain();
+    if (q.has_replica_budget_bytes()) peer.replica_budget_bytes = q.replica_budget_bytes();
+  }
   if (proto.has_retain_snapshots_s()) {
     MergeSeconds("retain_snapshots_s", proto.retain_snapshots_s(), &d.retain_snapshots, p);
   }
@@ -501,14 +569,25 @@ absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_
   }
 
   const std::string source(source_name);
+  // A field of a nested message is named by its path ("peer.listen").
   Problems problems([&](absl::string_view field, int index) -> Location {
-    const google::protobuf::FieldDescriptor* fd =
-        DaemonConfigProto::descriptor()->FindFieldByName(std::string(field));
-    if (fd != nullptr) {
+    const google::protobuf::Message* message = &proto;
+    const google::protobuf::TextFormat::ParseInfoTree* tree = &locations;
+    const std::vector<std::string> path = absl::StrSplit(field, '.');
+    for (size_t k = 0; k < path.size() && tree != nullptr; ++k) {
+      const google::protobuf::FieldDescriptor* fd =
+          message->GetDescriptor()->FindFieldByName(path[k]);
+      if (fd == nullptr) break;
+      if (k + 1 < path.size()) {
+        if (fd->is_repeated() || fd->message_type() == nullptr) break;
+        tree = tree->GetTreeForNested(fd, -1);
+        message = &message->GetReflection()->GetMessage(*message, fd);
+        continue;
+      }
       const int i = fd->is_repeated() ? index : -1;
-      const int count = fd->is_repeated() ? proto.GetReflection()->FieldSize(proto, fd) : 1;
+      const int count = fd->is_repeated() ? message->GetReflection()->FieldSize(*message, fd) : 1;
       if (!fd->is_repeated() || (i >= 0 && i < count)) {
-        const auto loc = locations.GetLocation(fd, i);
+        const auto loc = tree->GetLocation(fd, i);
         if (loc.line >= 0) {
           return {loc.line, absl::StrCat(source, ":", loc.line + 1, ":", loc.column + 1, ": ")};
         }
@@ -638,6 +717,38 @@ std::string DefaultConfigText(const FullConfig& config) {
                "/var/lib/prometheus/node-exporter");
   absl::StrAppend(&out, "metrics_textfile_interval_s: ",
                   FormatDouble(absl::ToDoubleSeconds(o.metrics_textfile_interval)), "\n\n");
+
+  // The peer block: commented out as a whole while it holds the defaults.
+  const daemon::PeerConfig& peer = d.peer;
+  const daemon::PeerConfig default_peer;
+  const bool peer_default = peer.listen.empty() && peer.cert_file.empty() &&
+                            peer.key_file.empty() && peer.ca_file.empty() &&
+                            peer.insecure == default_peer.insecure && peer.node_name.empty() &&
+                            peer.failure_domain.empty() &&
+                            peer.replica_budget_bytes == default_peer.replica_budget_bytes;
+  const std::string lead = peer_default ? "# " : "";
+  auto peer_field = [&](absl::string_view name, const std::string& value,
+                        absl::string_view example) {
+    if (value.empty()) {
+      absl::StrAppend(&out, lead, peer_default ? "  " : "  # ", name, ": ", Quote(example), "\n");
+    } else {
+      absl::StrAppend(&out, lead, "  ", name, ": ", Quote(value), "\n");
+    }
+  };
+  absl::StrAppend(&out,
+                  "# Peer service, zccd to zccd over TCP: replicas of other nodes' snapshots in\n"
+                  "# memory (empty listen: off). Mutual TLS with the three PEM files, or\n"
+                  "# insecure: true (tests only). node_name empty: the host name.\n",
+                  lead, "peer {\n");
+  peer_field("listen", peer.listen, "0.0.0.0:7071");
+  peer_field("cert_file", peer.cert_file, "/etc/zcc/peer/node.crt");
+  peer_field("key_file", peer.key_file, "/etc/zcc/peer/node.key");
+  peer_field("ca_file", peer.ca_file, "/etc/zcc/peer/ca.crt");
+  if (!peer_default) absl::StrAppend(&out, "  insecure: ", peer.insecure ? "true" : "false", "\n");
+  peer_field("node_name", peer.node_name, "node-1");
+  peer_field("failure_domain", peer.failure_domain, "rack-1");
+  absl::StrAppend(&out, lead, "  # Memory for replicas held for other nodes, bytes.\n", lead,
+                  "  replica_budget_bytes: ", peer.replica_budget_bytes, "\n", lead, "}\n\n");
 
   absl::StrAppend(&out, "# DEBUG, INFO, WARNING or ERROR.\n", "log_level: ", Quote(o.log_level),
                   "\n", "# zccd's threads for EMA updates, shared by all ranks (1..256).\n",

@@ -57,6 +57,14 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.retain_snapshots == y.retain_snapshots);
   CHECK(x.daemon_pull == y.daemon_pull);
   CHECK(x.heartbeat_interval == y.heartbeat_interval);
+  CHECK(x.peer.listen == y.peer.listen);
+  CHECK(x.peer.cert_file == y.peer.cert_file);
+  CHECK(x.peer.key_file == y.peer.key_file);
+  CHECK(x.peer.ca_file == y.peer.ca_file);
+  CHECK(x.peer.insecure == y.peer.insecure);
+  CHECK(x.peer.node_name == y.peer.node_name);
+  CHECK(x.peer.failure_domain == y.peer.failure_domain);
+  CHECK(x.peer.replica_budget_bytes == y.peer.replica_budget_bytes);
   CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
   CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);
   CHECK(a.ops.metrics_textfile_dir == b.ops.metrics_textfile_dir);
@@ -104,6 +112,16 @@ TEST_CASE("a file setting every field is applied over the base") {
     client_timeout_s: 45
     retain_snapshots_s: 90
     heartbeat_interval_ms: 250
+    peer {
+      listen: "0.0.0.0:7071"
+      cert_file: "/etc/zcc/peer/node.crt"
+      key_file: "/etc/zcc/peer/node.key"
+      ca_file: "/etc/zcc/peer/ca.crt"
+      insecure: false
+      node_name: "node-17.example"
+      failure_domain: "rack_3"
+      replica_budget_bytes: 2147483648
+    }
     status_tcp_listen: "[::1]:7070"
     metrics_http_listen: "0.0.0.0:9464"
     metrics_textfile_dir: "/var/lib/node_exporter/textfile"
@@ -134,6 +152,14 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.client_timeout == absl::Seconds(45));
   CHECK(d.retain_snapshots == absl::Seconds(90));
   CHECK(d.heartbeat_interval == absl::Milliseconds(250));
+  CHECK(d.peer.listen == "0.0.0.0:7071");
+  CHECK(d.peer.cert_file == "/etc/zcc/peer/node.crt");
+  CHECK(d.peer.key_file == "/etc/zcc/peer/node.key");
+  CHECK(d.peer.ca_file == "/etc/zcc/peer/ca.crt");
+  CHECK_FALSE(d.peer.insecure);
+  CHECK(d.peer.node_name == "node-17.example");
+  CHECK(d.peer.failure_domain == "rack_3");
+  CHECK(d.peer.replica_budget_bytes == (2ull << 30));
   CHECK(c->ops.status_tcp_listen == "[::1]:7070");
   CHECK(c->ops.metrics_http_listen == "0.0.0.0:9464");
   CHECK(c->ops.metrics_textfile_dir == "/var/lib/node_exporter/textfile");
@@ -358,6 +384,137 @@ TEST_CASE("listen addresses must be host:port with a valid port") {
                            "zccd.conf"));
 }
 
+TEST_CASE("peer: fields left out of the block keep the base value") {
+  FullConfig base;
+  base.daemon.peer.node_name = "base-node";
+  base.daemon.peer.replica_budget_bytes = 1ull << 30;
+  absl::StatusOr<FullConfig> c = ParseConfigText(
+      "peer {\n  listen: \"127.0.0.1:0\"\n  insecure: true\n}\n", "zccd.conf", base);
+  REQUIRE_OK(c);
+  CHECK(c->daemon.peer.listen == "127.0.0.1:0");
+  CHECK(c->daemon.peer.insecure);
+  CHECK(c->daemon.peer.node_name == "base-node");
+  CHECK(c->daemon.peer.replica_budget_bytes == (1ull << 30));
+  CHECK(c->daemon.peer.cert_file.empty());
+  // Off (no listen): the built-in defaults pass, and so do names and a budget alone.
+  CHECK_OK(ParseConfigText("peer { node_name: \"n1\" replica_budget_bytes: 1 }\n", "zccd.conf"));
+  CHECK(FullConfig{}.daemon.peer.replica_budget_bytes == (8ull << 30));
+}
+
+TEST_CASE("peer: each bad field is reported with its position") {
+  // listen needs TLS files or insecure; what is missing is named.
+  CHECK_THAT(ParseError("peer {\n  listen: \"0.0.0.0:7071\"\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.listen: needs cert_file, key_file and ca_file "
+                           "(mutual TLS), or insecure: true (tests only); missing cert_file, "
+                           "key_file, ca_file"));
+  CHECK_THAT(ParseError("peer {\n  listen: \"0.0.0.0:7071\"\n  key_file: \"/k.pem\"\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.listen: needs cert_file, key_file and ca_file "
+                           "(mutual TLS), or insecure: true (tests only); missing cert_file, "
+                           "ca_file"));
+  CHECK_THAT(ParseError("peer { listen: \"localhost\" insecure: true }\n"),
+             Catch::Equals("zccd.conf:1:8: peer.listen: must be host:port, e.g. 127.0.0.1:9464, "
+                           "got \"localhost\" (no port)"));
+  CHECK_THAT(ParseError("peer { listen: \"127.0.0.1:70000\" insecure: true }\n"),
+             Catch::Contains("zccd.conf:1:8: peer.listen: port must be a number in [0, 65535]"));
+  // Plaintext and TLS files: choose one.
+  CHECK_THAT(ParseError("peer {\n  listen: \"127.0.0.1:0\"\n  cert_file: \"/c.pem\"\n"
+                        "  ca_file: \"/ca.pem\"\n  insecure: true\n}\n"),
+             Catch::Equals("zccd.conf:5:3: peer.insecure: true together with cert_file, ca_file: "
+                           "choose one (plaintext, or mutual TLS)"));
+  // Files without listen.
+  const std::string off = ParseError(
+      "peer {\n  cert_file: \"/c.pem\"\n  key_file: \"/k.pem\"\n  ca_file: \"/ca.pem\"\n}\n");
+  CHECK_THAT(off, Catch::Equals(
+                      "zccd.conf:2:3: peer.cert_file: set without peer.listen (the peer service is off)\n"
+                      "zccd.conf:3:3: peer.key_file: set without peer.listen (the peer service is off)\n"
+                      "zccd.conf:4:3: peer.ca_file: set without peer.listen (the peer service is off)"));
+  CHECK_THAT(ParseError("peer {\n  listen: \"127.0.0.1:0\"\n  cert_file: \"/c.pem\"\n"
+                        "  key_file: \"node.key\"\n  ca_file: \"/ca.pem\"\n}\n"),
+             Catch::Equals("zccd.conf:4:3: peer.key_file: must be an absolute path, got \"node.key\""));
+  // The replica budget, with the service on.
+  CHECK_THAT(ParseError("peer { listen: \"127.0.0.1:0\" insecure: true replica_budget_bytes: 1048575 }\n"),
+             Catch::Equals("zccd.conf:1:45: peer.replica_budget_bytes: must be at least 1048576 "
+                           "(1 MiB), got 1048575"));
+  CHECK_OK(ParseConfigText(
+      "peer { listen: \"127.0.0.1:0\" insecure: true replica_budget_bytes: 1048576 }\n", "zccd.conf"));
+  // Names.
+  CHECK_THAT(ParseError("peer { node_name: \"node 1\" }\n"),
+             Catch::Equals("zccd.conf:1:8: peer.node_name: must be characters from [A-Za-z0-9._-] "
+                           "only, got \"node 1\""));
+  CHECK_THAT(ParseError("peer {\n  failure_domain: \"rack/3\"\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.failure_domain: must be characters from "
+                           "[A-Za-z0-9._-] only, got \"rack/3\""));
+  CHECK_THAT(ParseError(absl::StrCat("peer { node_name: \"", std::string(254, 'n'), "\" }\n")),
+             Catch::Equals("zccd.conf:1:8: peer.node_name: must be at most 253 bytes, got 254"));
+  CHECK_OK(ParseConfigText(absl::StrCat("peer { node_name: \"", std::string(253, 'n'), "\" }\n"),
+                           "zccd.conf"));
+}
+
+TEST_CASE("peer: every problem is reported at once, in file order") {
+  const std::string msg = ParseError(
+      "keep_last: 0\n"                        // 1
+      "peer {\n"                              // 2
+      "  listen: \"0.0.0.0:7071\"\n"          // 3
+      "  cert_file: \"c.pem\"\n"              // 4
+      "  node_name: \"a:b\"\n"                // 5
+      "  failure_domain: \"rack 3\"\n"        // 6
+      "  replica_budget_bytes: 0\n"           // 7
+      "}\n");
+  INFO(msg);
+  const std::vector<std::string> lines = absl::StrSplit(msg, '\n');
+  CHECK(lines == std::vector<std::string>{
+                     "zccd.conf:1:1: keep_last: must be at least 1, got 0",
+                     "zccd.conf:3:3: peer.listen: needs cert_file, key_file and ca_file (mutual "
+                     "TLS), or insecure: true (tests only); missing key_file, ca_file",
+                     "zccd.conf:4:3: peer.cert_file: must be an absolute path, got \"c.pem\"",
+                     "zccd.conf:5:3: peer.node_name: must be characters from [A-Za-z0-9._-] only, "
+                     "got \"a:b\"",
+                     "zccd.conf:6:3: peer.failure_domain: must be characters from [A-Za-z0-9._-] "
+                     "only, got \"rack 3\"",
+                     "zccd.conf:7:3: peer.replica_budget_bytes: must be at least 1048576 (1 MiB), "
+                     "got 0",
+                 });
+}
+
+TEST_CASE("peer: overrides (the command line) over the file; values not from the file have no position") {
+  const std::string text = "peer {\n  listen: \"0.0.0.0:7071\"\n  node_name: \"file-node\"\n}\n";
+  CHECK_THAT(std::string(ParseConfigText(text, "zccd.conf").status().message()),
+             Catch::StartsWith("zccd.conf:2:3: peer.listen: needs cert_file"));
+  // As --peer_insecure --node_name=flag-node --replica_budget_mb=64 would.
+  absl::StatusOr<FullConfig> c =
+      ParseConfigText(text, "zccd.conf", FullConfig{}, [](FullConfig& config) {
+        config.daemon.peer.insecure = true;
+        config.daemon.peer.node_name = "flag-node";
+        config.daemon.peer.replica_budget_bytes = 64ull << 20;
+      });
+  REQUIRE_OK(c);
+  CHECK(c->daemon.peer.listen == "0.0.0.0:7071");
+  CHECK(c->daemon.peer.insecure);
+  CHECK(c->daemon.peer.node_name == "flag-node");
+  CHECK(c->daemon.peer.replica_budget_bytes == (64ull << 20));
+  // As --peer_cert=cert.pem over a file without it.
+  CHECK(ParseConfigText(text, "zccd.conf", FullConfig{},
+                        [](FullConfig& config) {
+                          config.daemon.peer.insecure = true;
+                          config.daemon.peer.cert_file = "cert.pem";
+                        })
+            .status()
+            .message() ==
+        "zccd.conf: peer.cert_file: must be an absolute path, got \"cert.pem\"\n"
+        "zccd.conf: peer.insecure: true together with cert_file: choose one (plaintext, or "
+        "mutual TLS)");
+
+  FullConfig config;
+  config.daemon.peer.listen = "127.0.0.1:7071";
+  config.daemon.peer.ca_file = "/ca.pem";
+  CHECK(ValidateFullConfig(config).message() ==
+        "peer.listen: needs cert_file, key_file and ca_file (mutual TLS), or insecure: true "
+        "(tests only); missing cert_file, key_file");
+  config.daemon.peer.cert_file = "/c.pem";
+  config.daemon.peer.key_file = "/k.pem";
+  CHECK_OK(ValidateFullConfig(config));
+}
+
 TEST_CASE("removed settings still load, each named with its line as ignored") {
   absl::StatusOr<FullConfig> c = ParseConfigText(
       "keep_last: 2\nio_threads: 16\n  default_backpressure: BLOCK\n", "zccd.conf");
@@ -417,9 +574,51 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     const std::string text = DefaultConfigText(daemon::DaemonConfig{});
     CHECK_THAT(text, Catch::Contains("# socket_path: "));
     CHECK_THAT(text, Catch::Contains("# status_tcp_listen: \"127.0.0.1:7070\""));
+    CHECK_THAT(text, Catch::Contains("# peer {\n"
+                                     "#   listen: \"0.0.0.0:7071\"\n"
+                                     "#   cert_file: \"/etc/zcc/peer/node.crt\"\n"
+                                     "#   key_file: \"/etc/zcc/peer/node.key\"\n"
+                                     "#   ca_file: \"/etc/zcc/peer/ca.crt\"\n"
+                                     "#   node_name: \"node-1\"\n"
+                                     "#   failure_domain: \"rack-1\"\n"));
+    CHECK_THAT(text, Catch::Contains("#   replica_budget_bytes: 8589934592\n# }\n"));
     absl::StatusOr<FullConfig> back = ParseConfigText(text, "default.conf");
     REQUIRE_OK(back);
     RequireSameConfig(*back, FullConfig{});
+  }
+  SECTION("the commented-out peer block, uncommented, loads") {
+    const std::string text = DefaultConfigText(daemon::DaemonConfig{});
+    std::string block;
+    bool in_block = false;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (line == "# peer {") in_block = true;
+      if (in_block) absl::StrAppend(&block, line.substr(2), "\n");
+      if (line == "# }") break;
+    }
+    INFO(block);
+    absl::StatusOr<FullConfig> c = ParseConfigText(block, "peer.conf");
+    REQUIRE_OK(c);
+    CHECK(c->daemon.peer.listen == "0.0.0.0:7071");
+    CHECK(c->daemon.peer.cert_file == "/etc/zcc/peer/node.crt");
+    CHECK(c->daemon.peer.key_file == "/etc/zcc/peer/node.key");
+    CHECK(c->daemon.peer.ca_file == "/etc/zcc/peer/ca.crt");
+    CHECK(c->daemon.peer.node_name == "node-1");
+    CHECK(c->daemon.peer.failure_domain == "rack-1");
+    CHECK(c->daemon.peer.replica_budget_bytes == (8ull << 30));
+  }
+  SECTION("a peer block with some fields set: the empty ones stay commented out") {
+    FullConfig config;
+    config.daemon.peer.listen = "127.0.0.1:0";
+    config.daemon.peer.insecure = true;
+    config.daemon.peer.replica_budget_bytes = 1ull << 20;
+    const std::string text = DefaultConfigText(config);
+    INFO(text);
+    CHECK_THAT(text, Catch::Contains("\npeer {\n  listen: \"127.0.0.1:0\"\n"
+                                     "  # cert_file: \"/etc/zcc/peer/node.crt\"\n"));
+    CHECK_THAT(text, Catch::Contains("\n  insecure: true\n"));
+    absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");
+    REQUIRE_OK(back);
+    RequireSameConfig(*back, config);
   }
   SECTION("every field changed, with strings that need escaping") {
     FullConfig config;
@@ -438,6 +637,13 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     d.commit_timeout = absl::Milliseconds(1500);
     d.client_timeout = absl::Seconds(0.1);
     d.heartbeat_interval = absl::Milliseconds(20);
+    d.peer.listen = "[::]:7071";
+    d.peer.cert_file = "/etc/zcc/peer \"a\".crt";
+    d.peer.key_file = "/etc/zcc/peer/node.key";
+    d.peer.ca_file = "/etc/zcc/peer/ca.crt";
+    d.peer.node_name = "node-7.example";
+    d.peer.failure_domain = "rack_2";
+    d.peer.replica_budget_bytes = 3ull << 30;
     config.ops.status_tcp_listen = "[::]:7070";
     config.ops.metrics_http_listen = "127.0.0.1:9464";
     config.ops.metrics_textfile_dir = "/var/lib/node_exporter";
@@ -497,6 +703,7 @@ TEST_CASE("deploy/zccd.conf.example loads and sets what it says") {
   CHECK(c->ops.status_tcp_listen == "127.0.0.1:7070");
   CHECK(c->ops.metrics_http_listen == "127.0.0.1:9464");
   CHECK(c->daemon.keep_last >= 1);
+  CHECK(c->daemon.peer.listen.empty());  // the peer block is commented out
 }
 
 TEST_CASE("the zccd.conf of the Kubernetes ConfigMap loads") {

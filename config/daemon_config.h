@@ -30,6 +30,31 @@ struct ObjectStoreRoot {
   std::string ca_bundle;
 };
 
+// The peer service (zccd to zccd over TCP, DESIGN.md 5c): replicas of other
+// nodes' snapshot pieces held in this zccd's memory, served back after a node
+// is lost. Off unless `listen` is set.
+struct PeerConfig {
+  // host:port on TCP; empty = off. Port 0 picks a free port (tests).
+  std::string listen;
+  // PEM files: this zccd's certificate (chain) and private key, and the
+  // cluster's CA. Both sides of every peer connection present a certificate
+  // the CA signed (mutual TLS); a zccd without one can neither push nor pull.
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+  // Plaintext without authentication instead of TLS: tests only, never set
+  // together with the files above.
+  bool insecure = false;
+  // This zccd's name among its peers; empty = the host name.
+  std::string node_name;
+  // The failure domain this node belongs to (a rack, a power feed); replicas
+  // go to other domains. Empty = the node is a domain of its own.
+  std::string failure_domain;
+  // Memory for replicas held for other nodes, bytes; the oldest are dropped
+  // first when a new one needs the room.
+  uint64_t replica_budget_bytes = 8ull << 30;
+};
+
 struct DaemonConfig {
   // Unix-domain socket for the control and status services.
   std::string socket_path;
@@ -79,6 +104,7 @@ struct DaemonConfig {
   // Serve trainers that ask zccd to copy their device tensors (copy_backend
   // cuda_ipc, and auto): one CUDA context per GPU in zccd.
   bool daemon_pull = false;
+  PeerConfig peer;
 };
 
 // /run/zcc/zccd.sock for root; $XDG_RUNTIME_DIR/zcc/zccd.sock or

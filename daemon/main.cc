@@ -63,6 +63,17 @@ ABSL_FLAG(std::string, metrics_listen, "", "host:port serving Prometheus metrics
                                            "(empty = off)");
 ABSL_FLAG(std::string, metrics_textfile_dir, "", "node_exporter textfile collector directory "
                                                  "(empty = off)");
+ABSL_FLAG(std::string, peer_listen, "", "host:port of the peer service (zccd to zccd: replicas of "
+                                        "other nodes' snapshots; empty = off)");
+ABSL_FLAG(std::string, peer_cert, "", "PEM file of this zccd's peer certificate (chain)");
+ABSL_FLAG(std::string, peer_key, "", "PEM file of the peer certificate's private key");
+ABSL_FLAG(std::string, peer_ca, "", "PEM file of the CA that signs every peer's certificate");
+ABSL_FLAG(bool, peer_insecure, false, "peer service in plaintext without authentication instead "
+          "of mutual TLS (tests only)");
+ABSL_FLAG(std::string, node_name, "", "this zccd's name among its peers (empty = the host name)");
+ABSL_FLAG(std::string, failure_domain, "", "this node's failure domain (a rack, a power feed); "
+          "replicas go to other domains (empty = a domain of its own)");
+ABSL_FLAG(uint64_t, replica_budget_mb, 8192, "memory for replicas held for other nodes");
 ABSL_FLAG(std::string, log_level, "INFO", "DEBUG, INFO, WARNING or ERROR");
 
 namespace {
@@ -119,6 +130,16 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("status_listen")) c.ops.status_tcp_listen = absl::GetFlag(FLAGS_status_listen);
   if (Given("metrics_listen")) c.ops.metrics_http_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (Given("metrics_textfile_dir")) c.ops.metrics_textfile_dir = absl::GetFlag(FLAGS_metrics_textfile_dir);
+  if (Given("peer_listen")) d.peer.listen = absl::GetFlag(FLAGS_peer_listen);
+  if (Given("peer_cert")) d.peer.cert_file = absl::GetFlag(FLAGS_peer_cert);
+  if (Given("peer_key")) d.peer.key_file = absl::GetFlag(FLAGS_peer_key);
+  if (Given("peer_ca")) d.peer.ca_file = absl::GetFlag(FLAGS_peer_ca);
+  if (Given("peer_insecure")) d.peer.insecure = absl::GetFlag(FLAGS_peer_insecure);
+  if (Given("node_name")) d.peer.node_name = absl::GetFlag(FLAGS_node_name);
+  if (Given("failure_domain")) d.peer.failure_domain = absl::GetFlag(FLAGS_failure_domain);
+  if (Given("replica_budget_mb")) {
+    d.peer.replica_budget_bytes = absl::GetFlag(FLAGS_replica_budget_mb) << 20;
+  }
   if (Given("log_level")) c.ops.log_level = absl::GetFlag(FLAGS_log_level);
 }
 

@@ -338,6 +338,8 @@ ZccMetrics::ZccMetrics() {
   staging_pool_bytes_ = &registry_.AddGauge(
       "zcc_staging_pool_bytes",
       "Staging memory made ready before registrations (allocated and mapped), not yet taken.");
+  peer_replica_bytes_ = &registry_.AddGauge(
+      "zcc_peer_replica_bytes", "Memory holding replicas of other nodes' snapshot pieces, bytes.");
   retained_snapshot_bytes_ = &registry_.AddGauge(
       "zcc_retained_snapshot_bytes",
       "Staging memory holding dead or departed ranks' snapshots for a restore from memory.");

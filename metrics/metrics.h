@@ -206,6 +206,9 @@ class ZccMetrics {
   // zcc_staging_pool_bytes: staging memory made ready before registrations
   // (allocated and mapped), not yet taken.
   Gauge& staging_pool_bytes() { return *staging_pool_bytes_; }
+  // zcc_peer_replica_bytes: memory holding replicas of other nodes'
+  // snapshot pieces (the peer service).
+  Gauge& peer_replica_bytes() { return *peer_replica_bytes_; }
   // zcc_retained_snapshot_bytes: staging memory holding the snapshots of
   // ranks whose trainer died or exited, kept for a restore from memory.
   Gauge& retained_snapshot_bytes() { return *retained_snapshot_bytes_; }
@@ -237,6 +240,7 @@ class ZccMetrics {
   Counter* restore_prefetches_[2];
   Gauge* staging_bytes_;
   Gauge* staging_pool_bytes_;
+  Gauge* peer_replica_bytes_;
   Gauge* retained_snapshot_bytes_;
   Gauge* registered_ranks_;
   Counter* upload_bytes_;

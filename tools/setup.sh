@@ -26,6 +26,7 @@ APT_PACKAGES=(
   libcurl4-openssl-dev       # the object-store client (HTTP, AWS SigV4 signing: storage/s3)
   libpugixml-dev             # S3's XML replies (storage/s3)
   debootstrap                # a minimal Debian root in which the portable wheels are tested
+  openssl                    # test certificates for the peer service's mutual TLS
 )
 PIP_PACKAGES=(safetensors numpy)
 

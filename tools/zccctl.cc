@@ -156,6 +156,16 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
                 s.staging_pool_bytes() / 1e9, s.staging_pool_target_bytes() / 1e9,
                 static_cast<unsigned long long>(s.staging_pool_taken()));
   }
+  if (s.has_peer()) {
+    const zcc::v1::PeerStatus& p = s.peer();
+    std::printf("peer service: node %s%s%s, port %d (%s); replicas held for other nodes: %u "
+                "piece(s), %.2f of %.2f GB (%llu dropped for room)\n",
+                p.node().c_str(), p.failure_domain().empty() ? "" : " in ",
+                p.failure_domain().c_str(), p.port(),
+                p.tls() ? "mutual TLS" : "PLAINTEXT, insecure", p.replicas_held(),
+                p.replica_bytes_held() / 1e9, p.replica_budget_bytes() / 1e9,
+                static_cast<unsigned long long>(p.replicas_dropped()));
+  }
   // Daemon-pull: what zccd's CUDA contexts cost, per device.
   if (s.daemon_pull_enabled()) {
     std::printf("daemon-pull: on%s%s\n", s.daemon_pull_unavailable().empty() ? "" : ", unusable: ",

@@ -41,6 +41,10 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
       started_(absl::Now()),
       write_pool_(static_cast<int>(config_.writer_threads)),
       jobs_(started_),
+      replicas_(config_.peer.replica_budget_bytes,
+                [this](uint64_t held) {
+                  metrics_.peer_replica_bytes().Set(static_cast<double>(held));
+                }),
       staging_pool_(StagingPool::Options{
           config_.shm_prefix + ".pool", config_.staging_pool_bytes,
           config_.staging_pool_entry_bytes,
@@ -325,6 +329,11 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
   return resp;
 }
 
+void Registry::SetPeerEndpoint(v1::PeerStatus endpoint) {
+  zcc::MutexLock lock(&peer_mu_);
+  peer_endpoint_ = std::move(endpoint);
+}
+
 v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Caller& caller) const {
   v1::StatusResponse resp;
   resp.set_version(kVersion);
@@ -342,6 +351,17 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
   resp.set_staging_pool_bytes(staging_pool_.bytes());
   resp.set_staging_pool_target_bytes(config_.staging_pool_bytes);
   resp.set_staging_pool_taken(staging_pool_.taken());
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    if (peer_endpoint_.has_value()) {
+      v1::PeerStatus* peer = resp.mutable_peer();
+      *peer = *peer_endpoint_;
+      peer->set_replica_bytes_held(replicas_.bytes_held());
+      peer->set_replica_budget_bytes(replicas_.budget_bytes());
+      peer->set_replicas_held(static_cast<uint32_t>(replicas_.pieces_held()));
+      peer->set_replicas_dropped(replicas_.pieces_dropped());
+    }
+  }
   for (const auto& job : jobs) job->FillStatus(resp.add_jobs());
   return resp;
 }

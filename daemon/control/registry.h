@@ -37,6 +37,7 @@
 #include "daemon/restore/restore_service.h"
 #include "common/task_pool.h"
 #include "daemon/memory/staging_pool.h"
+#include "daemon/peer/replica_store.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 #include "storage/storage.h"
@@ -100,6 +101,12 @@ class Registry {
 
   const DaemonConfig& config() const { return config_; }
   metrics::ZccMetrics& metrics() { return metrics_; }
+  // The replicas of other nodes' snapshot pieces this zccd holds (served by
+  // the peer listener when config.peer.listen is set).
+  peer::ReplicaStore& replicas() { return replicas_; }
+  // Where the peer listener serves, for the status (and the registrations
+  // to come); set once it listens.
+  void SetPeerEndpoint(v1::PeerStatus endpoint);
   // False when the housekeeping thread has not completed a round recently
   // (the systemd watchdog stops being fed, and systemd restarts zccd).
   bool Healthy() const;
@@ -128,6 +135,9 @@ class Registry {
   TaskPool write_pool_;
 
   JobTable jobs_;
+  peer::ReplicaStore replicas_;
+  mutable zcc::Mutex peer_mu_;
+  std::optional<v1::PeerStatus> peer_endpoint_ ABSL_GUARDED_BY(peer_mu_);
   // Uses jobs_ (the budget left), and stops before it goes.
   StagingPool staging_pool_;
   std::atomic<bool> shutting_down_{false};

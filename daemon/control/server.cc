@@ -21,6 +21,7 @@
 #include "config/config_file.h"
 #include "daemon/control/registry.h"
 #include "daemon/control/unix_listener.h"
+#include "daemon/peer/peer_listener.h"
 #include "metrics/http_exporter.h"
 #include "metrics/textfile_writer.h"
 #include "proto/message_limits.h"
@@ -173,6 +174,7 @@ struct Server::Impl {
   std::unique_ptr<grpc::Server> grpc_server;
   std::unique_ptr<grpc::Server> tcp_server;
   int tcp_port = 0;
+  std::unique_ptr<peer::PeerListener> peer_listener;
   std::optional<metrics::HttpExporter> http_exporter;
   std::optional<metrics::TextfileWriter> textfile_writer;
   std::optional<systemd::Watchdog> watchdog;
@@ -206,6 +208,7 @@ struct Server::Impl {
       tcp_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       tcp_server.reset();
     }
+    if (peer_listener != nullptr) peer_listener->Stop();
     // Long requests (restores) give up at their next check instead of
     // holding the shutdown.
     if (registry != nullptr) registry->BeginShutdown();
@@ -233,6 +236,9 @@ Server::~Server() = default;
 const DaemonConfig& Server::config() const { return impl_->config; }
 
 int Server::status_tcp_port() const { return impl_->tcp_port; }
+int Server::peer_port() const {
+  return impl_->peer_listener != nullptr ? impl_->peer_listener->port() : 0;
+}
 int Server::metrics_http_port() const {
   return impl_->http_exporter.has_value() ? impl_->http_exporter->port() : 0;
 }
@@ -250,6 +256,16 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
   ZCC_RETURN_IF_ERROR(impl->ServeControl());
   if (!options.status_tcp_listen.empty()) {
     ZCC_RETURN_IF_ERROR(impl->ServeStatusOverTcp(options.status_tcp_listen));
+  }
+  if (!config.peer.listen.empty()) {
+    ZCC_ASSIGN_OR_RETURN(impl->peer_listener,
+                         peer::PeerListener::Start(config.peer, &impl->registry->replicas()));
+    v1::PeerStatus endpoint;
+    endpoint.set_node(impl->peer_listener->node_name());
+    endpoint.set_failure_domain(impl->peer_listener->failure_domain());
+    endpoint.set_port(impl->peer_listener->port());
+    endpoint.set_tls(impl->peer_listener->tls());
+    impl->registry->SetPeerEndpoint(std::move(endpoint));
   }
   ZCC_RETURN_IF_ERROR(impl->StartExporters(options));
   Registry* registry = impl->registry.get();

@@ -53,6 +53,8 @@ class Server {
   int status_tcp_port() const;
   // The metrics HTTP port (0 when off).
   int metrics_http_port() const;
+  // The peer service's TCP port (0 when off: config.peer.listen empty).
+  int peer_port() const;
 
   Server(Server&&) noexcept;
   Server& operator=(Server&&) noexcept;

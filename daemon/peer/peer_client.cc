@@ -1,0 +1,137 @@
+#include "daemon/peer/peer_client.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "daemon/peer/replica_proto.h"
+#include "format/checksum.h"
+
+namespace zcc::daemon::peer {
+namespace {
+
+std::unique_ptr<grpc::ClientContext> ContextWithin(absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+absl::Status FromPeer(const std::string& target, const grpc::Status& st) {
+  const absl::Status s = FromGrpcStatus(st);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("peer ", target, ": ", s.message()));
+}
+
+}  // namespace
+
+PeerClient::PeerClient(const std::string& target, std::shared_ptr<grpc::ChannelCredentials> creds)
+    : target_(target),
+      channel_(grpc::CreateChannel(target, std::move(creds))),
+      stub_(v1::Peer::NewStub(channel_)) {}
+
+absl::StatusOr<v1::PeerHelloResponse> PeerClient::Hello(const std::string& node,
+                                                        const std::string& failure_domain,
+                                                        absl::Duration timeout) {
+  v1::PeerHelloRequest req;
+  req.set_node(node);
+  req.set_failure_domain(failure_domain);
+  v1::PeerHelloResponse resp;
+  auto ctx = ContextWithin(timeout);
+  const absl::Status st = FromPeer(target_, stub_->Hello(ctx.get(), req, &resp));
+  if (!st.ok()) return st;
+  return resp;
+}
+
+absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
+                              absl::Duration timeout) {
+  auto ctx = ContextWithin(timeout);
+  v1::PushReplicaResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::ReplicaChunk>> writer =
+      stub_->PushReplica(ctx.get(), &resp);
+  v1::ReplicaChunk chunk;
+  v1::ReplicaHeader* header = chunk.mutable_header();
+  *header->mutable_key() = ToProto(key);
+  header->set_nbytes(nbytes);
+  header->set_xxh3(format::Xxh3(data, nbytes));
+  bool sent = writer->Write(chunk);
+  const auto* bytes = static_cast<const char*>(data);
+  for (size_t off = 0; sent && off < nbytes; off += kReplicaChunkBytes) {
+    chunk.Clear();
+    chunk.set_data(bytes + off, std::min(kReplicaChunkBytes, nbytes - off));
+    sent = writer->Write(chunk);
+  }
+  // A write fails when the peer has ended the call: Finish says why.
+  writer->WritesDone();
+  return FromPeer(target_, writer->Finish());
+}
+
+absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Duration timeout) {
+  auto ctx = ContextWithin(timeout);
+  v1::PullReplicaRequest req;
+  *req.mutable_key() = ToProto(key);
+  std::unique_ptr<grpc::ClientReader<v1::ReplicaChunk>> reader = stub_->PullReplica(ctx.get(), req);
+  v1::ReplicaChunk chunk;
+  absl::Status bad;
+  std::string bytes;
+  uint64_t nbytes = 0, xxh3 = 0;
+  const bool got_header = reader->Read(&chunk);
+  if (!got_header) {
+    // Nothing came: the call's status says why.
+  } else if (!chunk.has_header() || !(FromProto(chunk.header().key()) == key)) {
+    bad = absl::DataLossError("its reply did not begin with this piece's header");
+  } else {
+    nbytes = chunk.header().nbytes();
+    xxh3 = chunk.header().xxh3();
+    format::Xxh3Stream sum;
+    while (bad.ok() && reader->Read(&chunk)) {
+      if (chunk.part_case() != v1::ReplicaChunk::kData ||
+          chunk.data().size() > nbytes - bytes.size()) {
+        bad = absl::DataLossError(absl::StrCat("it sent more than the ", nbytes,
+                                               " bytes its header announced"));
+        break;
+      }
+      sum.Update(chunk.data().data(), chunk.data().size());
+      bytes.append(chunk.data());
+    }
+    if (bad.ok() && bytes.size() == nbytes && sum.Digest() != xxh3) {
+      bad = absl::DataLossError("its bytes do not match the piece's checksum");
+    }
+  }
+  if (!bad.ok()) ctx->TryCancel();
+  const absl::Status finished = FromPeer(target_, reader->Finish());
+  if (!bad.ok()) {
+    return absl::DataLossError(absl::StrCat("peer ", target_, " served piece '", key.piece,
+                                            "' of step ", key.step, " damaged: ", bad.message()));
+  }
+  if (!finished.ok()) return finished;
+  if (!got_header) {
+    return absl::DataLossError(absl::StrCat("peer ", target_, " answered a pull of piece '",
+                                            key.piece, "' with nothing"));
+  }
+  if (bytes.size() != nbytes) {
+    return absl::DataLossError(absl::StrCat("peer ", target_, " served piece '", key.piece,
+                                            "' of step ", key.step, " short: ", bytes.size(),
+                                            " of ", nbytes, " bytes"));
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::vector<ReplicaInfo>> PeerClient::List(const std::string& job_id, uint32_t uid,
+                                                          absl::Duration timeout) {
+  v1::ListReplicasRequest req;
+  req.set_job_id(job_id);
+  req.set_uid(uid);
+  v1::ListReplicasResponse resp;
+  auto ctx = ContextWithin(timeout);
+  const absl::Status st = FromPeer(target_, stub_->ListReplicas(ctx.get(), req, &resp));
+  if (!st.ok()) return st;
+  std::vector<ReplicaInfo> out;
+  for (const v1::ReplicaHeader& h : resp.replicas()) {
+    out.push_back(ReplicaInfo{FromProto(h.key()), h.nbytes(), h.xxh3(), h.from_node(), {}});
+  }
+  return out;
+}
+
+}  // namespace zcc::daemon::peer

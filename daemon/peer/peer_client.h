@@ -1,0 +1,49 @@
+// A connection to another zccd's Peer service (proto/peer.proto): pushes
+// pieces there and pulls them back, each checked end to end (XXH3 of the
+// bytes computed here on push, checked here on pull: a peer that serves
+// damaged or short bytes gets DataLoss, never a piece).
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef ZCC_DAEMON_PEER_PEER_CLIENT_H_
+#define ZCC_DAEMON_PEER_PEER_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/peer/replica_store.h"
+#include "proto/peer.grpc.pb.h"
+
+namespace zcc::daemon::peer {
+
+class PeerClient {
+ public:
+  // `target` is host:port; `creds` from LoadPeerCredentials. With TLS the
+  // peer's certificate must name the host in `target`.
+  PeerClient(const std::string& target, std::shared_ptr<grpc::ChannelCredentials> creds);
+
+  const std::string& target() const { return target_; }
+
+  absl::StatusOr<v1::PeerHelloResponse> Hello(const std::string& node,
+                                              const std::string& failure_domain,
+                                              absl::Duration timeout);
+  // Sends `nbytes` at `data` as the piece `key`, in chunks.
+  absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, absl::Duration timeout);
+  // The piece's bytes, checked against the size and XXH3 the peer sent first.
+  absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout);
+  absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,
+                                                absl::Duration timeout);
+
+ private:
+  const std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Peer::Stub> stub_;
+};
+
+}  // namespace zcc::daemon::peer
+
+#endif  // ZCC_DAEMON_PEER_PEER_CLIENT_H_

@@ -1,0 +1,145 @@
+#include "daemon/peer/peer_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/validate.h"
+#include "daemon/peer/replica_proto.h"
+#include "format/checksum.h"
+
+namespace zcc::daemon::peer {
+
+absl::Status ValidateReplicaKey(const ReplicaKey& key) {
+  if (absl::Status st = ValidateJobId(key.job_id); !st.ok()) return st;
+  if (absl::Status st = ValidateTensorName(key.piece); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("replica piece: ", st.message()));
+  }
+  if (key.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("replica step ", key.step, " is negative"));
+  }
+  return absl::OkStatus();
+}
+
+std::string PeerIdentity(const grpc::ServerContext& ctx) {
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    std::vector<std::string> names;
+    for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
+      names.emplace_back(name.data(), name.size());
+    }
+    if (!names.empty()) return absl::StrJoin(names, ",");
+  }
+  return ctx.peer();
+}
+
+grpc::Status PeerService::Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
+                                v1::PeerHelloResponse* resp) {
+  ZCC_LOG(DEBUG) << "peer: hello from " << PeerIdentity(*ctx) << " (node '" << req->node()
+                 << "', failure domain '" << req->failure_domain() << "')";
+  resp->set_node(node_);
+  resp->set_failure_domain(failure_domain_);
+  resp->set_replica_budget_bytes(store_->budget_bytes());
+  resp->set_replica_bytes_held(store_->bytes_held());
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
+                                      grpc::ServerReader<v1::ReplicaChunk>* reader,
+                                      v1::PushReplicaResponse* resp) {
+  const std::string from = PeerIdentity(*ctx);
+  auto refuse = [&](const absl::Status& why) {
+    ZCC_LOG(WARNING) << "peer: refused a replica from " << from << ": " << why;
+    return ToGrpcStatus(why);
+  };
+  v1::ReplicaChunk chunk;
+  if (!reader->Read(&chunk) || !chunk.has_header()) {
+    return refuse(absl::InvalidArgumentError("a push must begin with the piece's header"));
+  }
+  const v1::ReplicaHeader header = chunk.header();
+  Replica replica;
+  replica.info.key = FromProto(header.key());
+  if (absl::Status st = ValidateReplicaKey(replica.info.key); !st.ok()) return refuse(st);
+  // Refused before any byte is read: a piece that cannot be kept.
+  if (header.nbytes() > store_->budget_bytes()) {
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat("a piece of ", header.nbytes(), " bytes is larger than this zccd's replica "
+                     "budget (", store_->budget_bytes(), " bytes)")));
+  }
+  replica.bytes.reserve(header.nbytes());
+  format::Xxh3Stream sum;
+  while (reader->Read(&chunk)) {
+    if (chunk.part_case() != v1::ReplicaChunk::kData) {
+      return refuse(absl::InvalidArgumentError("after its header, a push carries only bytes"));
+    }
+    const std::string& data = chunk.data();
+    if (data.size() > header.nbytes() - replica.bytes.size()) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "more bytes than the header's ", header.nbytes(), " for piece '",
+          replica.info.key.piece, "'")));
+    }
+    sum.Update(data.data(), data.size());
+    replica.bytes.append(data);
+  }
+  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "push cancelled");
+  if (replica.bytes.size() != header.nbytes()) {
+    return refuse(absl::DataLossError(absl::StrCat("piece '", replica.info.key.piece, "' ended after ",
+                                                   replica.bytes.size(), " of its ",
+                                                   header.nbytes(), " bytes")));
+  }
+  if (sum.Digest() != header.xxh3()) {
+    return refuse(absl::DataLossError(absl::StrCat("piece '", replica.info.key.piece,
+                                                   "' does not match its checksum")));
+  }
+  replica.info.xxh3 = header.xxh3();
+  replica.info.from_node = from;
+  replica.info.received = absl::Now();
+  if (absl::Status st = store_->Put(std::move(replica)); !st.ok()) return refuse(st);
+  resp->set_replica_bytes_held(store_->bytes_held());
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::PullReplica(grpc::ServerContext* ctx, const v1::PullReplicaRequest* req,
+                                      grpc::ServerWriter<v1::ReplicaChunk>* writer) {
+  const ReplicaKey key = FromProto(req->key());
+  if (absl::Status st = ValidateReplicaKey(key); !st.ok()) return ToGrpcStatus(st);
+  auto held = store_->Get(key);
+  if (!held.ok()) return ToGrpcStatus(held.status());
+  const Replica& r = **held;
+  v1::ReplicaChunk chunk;
+  v1::ReplicaHeader* header = chunk.mutable_header();
+  *header->mutable_key() = ToProto(r.info.key);
+  header->set_nbytes(r.bytes.size());
+  header->set_xxh3(r.info.xxh3);
+  header->set_from_node(r.info.from_node);
+  if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "puller went away");
+  for (size_t off = 0; off < r.bytes.size(); off += kReplicaChunkBytes) {
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "pull cancelled");
+    chunk.Clear();
+    chunk.set_data(r.bytes.substr(off, std::min(kReplicaChunkBytes, r.bytes.size() - off)));
+    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "puller went away");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::ListReplicas(grpc::ServerContext*, const v1::ListReplicasRequest* req,
+                                       v1::ListReplicasResponse* resp) {
+  if (absl::Status st = ValidateJobId(req->job_id()); !st.ok()) return ToGrpcStatus(st);
+  for (const ReplicaInfo& info : store_->List(req->job_id(), req->uid())) {
+    v1::ReplicaHeader* h = resp->add_replicas();
+    *h->mutable_key() = ToProto(info.key);
+    h->set_nbytes(info.nbytes);
+    h->set_xxh3(info.xxh3);
+    h->set_from_node(info.from_node);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace zcc::daemon::peer

@@ -1,0 +1,43 @@
+// The Peer service (proto/peer.proto) over a ReplicaStore: what other zccds
+// push here is checked (key, size, XXH3) before it is kept, and served back
+// only for the job and uid it was pushed for. Served on the TCP listener of
+// config.peer, whose credentials (mutual TLS) keep out any caller without
+// the cluster's certificate before these handlers run.
+#ifndef ZCC_DAEMON_PEER_PEER_SERVICE_H_
+#define ZCC_DAEMON_PEER_PEER_SERVICE_H_
+
+#include <string>
+
+#include "daemon/peer/replica_store.h"
+#include "proto/peer.grpc.pb.h"
+
+namespace zcc::daemon::peer {
+
+class PeerService final : public v1::Peer::Service {
+ public:
+  // `store` is borrowed and outlives the service.
+  PeerService(std::string node, std::string failure_domain, ReplicaStore* store)
+      : node_(std::move(node)), failure_domain_(std::move(failure_domain)), store_(store) {}
+
+  grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
+                     v1::PeerHelloResponse* resp) override;
+  grpc::Status PushReplica(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicaChunk>* reader,
+                           v1::PushReplicaResponse* resp) override;
+  grpc::Status PullReplica(grpc::ServerContext* ctx, const v1::PullReplicaRequest* req,
+                           grpc::ServerWriter<v1::ReplicaChunk>* writer) override;
+  grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest* req,
+                            v1::ListReplicasResponse* resp) override;
+
+ private:
+  const std::string node_;
+  const std::string failure_domain_;
+  ReplicaStore* const store_;
+};
+
+// Who is calling: the names in its certificate (subject alternative names,
+// else the common name), or its address on a plaintext listener.
+std::string PeerIdentity(const grpc::ServerContext& ctx);
+
+}  // namespace zcc::daemon::peer
+
+#endif  // ZCC_DAEMON_PEER_PEER_SERVICE_H_

@@ -1,0 +1,264 @@
+#include "daemon/peer/peer_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+#include "daemon/peer/peer_client.h"
+#include "daemon/peer/peer_credentials.h"
+#include "daemon/peer/replica_proto.h"
+#include "format/checksum.h"
+
+namespace zcc::daemon::peer {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(20);
+
+// The CA, node-a, node-b and a rogue node signed by another CA
+// (tools/testing/make_test_certs.sh), made once per test binary.
+const std::string& CertDir() {
+  static const std::string dir = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const char* src = std::getenv("TEST_SRCDIR");
+    REQUIRE(tmp != nullptr);
+    REQUIRE(src != nullptr);
+    std::string d = absl::StrCat(tmp, "/certs");
+    const std::string cmd =
+        absl::StrCat(src, "/zcc/tools/testing/make_test_certs.sh ", d, " node-a node-b");
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    return d;
+  }();
+  return dir;
+}
+
+PeerConfig Tls(const std::string& node, const std::string& ca = "ca") {
+  PeerConfig c;
+  c.cert_file = absl::StrCat(CertDir(), "/", node, ".pem");
+  c.key_file = absl::StrCat(CertDir(), "/", node, ".key");
+  c.ca_file = absl::StrCat(CertDir(), "/", ca, ".pem");
+  return c;
+}
+
+// A Peer service on 127.0.0.1 with the given credentials.
+struct PeerServer {
+  ReplicaStore store;
+  PeerService service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  PeerServer(const PeerConfig& config, uint64_t budget = 64 << 20)
+      : store(budget), service("node-a", "rack-1", &store) {
+    auto creds = LoadPeerCredentials(config);
+    REQUIRE_OK(creds.status());
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", creds->server, &port);
+    b.RegisterService(&service);
+    server = b.BuildAndStart();
+    REQUIRE(server != nullptr);
+    REQUIRE(port != 0);
+  }
+  ~PeerServer() { server->Shutdown(); }
+  std::string target() const { return absl::StrCat("127.0.0.1:", port); }
+};
+
+PeerClient ClientOf(const PeerServer& s, const PeerConfig& config) {
+  auto creds = LoadPeerCredentials(config);
+  REQUIRE_OK(creds.status());
+  return PeerClient(s.target(), creds->channel);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::string out;
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  REQUIRE(f != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+std::string Pattern(size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + 7) % 251);
+  return s;
+}
+
+const ReplicaKey kKey{"llama", 1000, 3, 20, "model.layers.0.mlp.w1"};
+
+TEST_CASE("peer service: a piece pushed over mutual TLS comes back exactly") {
+  PeerServer a(Tls("node-a"));
+  PeerClient b = ClientOf(a, Tls("node-b"));
+  auto hello = b.Hello("node-b", "rack-2", kTimeout);
+  REQUIRE_OK(hello.status());
+  CHECK(hello->node() == "node-a");
+  CHECK(hello->failure_domain() == "rack-1");
+  // Several chunks and a partial last one.
+  const std::string bytes = Pattern(3 * kReplicaChunkBytes + 12345);
+  REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), kTimeout));
+  CHECK(a.store.bytes_held() == bytes.size());
+  auto back = b.Pull(kKey, kTimeout);
+  REQUIRE_OK(back.status());
+  CHECK(*back == bytes);
+  auto listed = b.List("llama", 1000, kTimeout);
+  REQUIRE_OK(listed.status());
+  REQUIRE(listed->size() == 1);
+  CHECK((*listed)[0].key == kKey);
+  CHECK((*listed)[0].nbytes == bytes.size());
+  CHECK((*listed)[0].xxh3 == format::Xxh3(bytes.data(), bytes.size()));
+  // The pusher's name from its certificate.
+  CHECK((*listed)[0].from_node.find("node-b") != std::string::npos);
+  // An empty piece is a piece too.
+  const ReplicaKey empty{"llama", 1000, 3, 20, "rng"};
+  REQUIRE_OK(b.Push(empty, "", 0, kTimeout));
+  auto none = b.Pull(empty, kTimeout);
+  REQUIRE_OK(none.status());
+  CHECK(none->empty());
+}
+
+TEST_CASE("peer service: a zccd without the cluster's certificate can neither push nor pull") {
+  PeerServer a(Tls("node-a"));
+  PeerClient b = ClientOf(a, Tls("node-b"));
+  const std::string bytes = Pattern(1000);
+  REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), kTimeout));
+
+  // Signed by another CA (it trusts the cluster's CA, so only its own
+  // certificate is wrong).
+  PeerConfig rogue = Tls("rogue");
+  PeerClient r = ClientOf(a, rogue);
+  CHECK_FALSE(r.Hello("rogue", "", kTimeout).ok());
+  CHECK_FALSE(r.Push(ReplicaKey{"llama", 1000, 3, 21, "x"}, "evil", 4, kTimeout).ok());
+  CHECK_FALSE(r.Pull(kKey, kTimeout).ok());
+  CHECK_FALSE(r.List("llama", 1000, kTimeout).ok());
+  CHECK(a.store.bytes_held() == bytes.size());
+
+  // No certificate at all.
+  grpc::SslCredentialsOptions anonymous;
+  anonymous.pem_root_certs = ReadFile(Tls("node-b").ca_file);
+  PeerClient anon(a.target(), grpc::SslCredentials(anonymous));
+  CHECK_FALSE(anon.Hello("anon", "", kTimeout).ok());
+  CHECK_FALSE(anon.Pull(kKey, kTimeout).ok());
+
+  // Plaintext against the TLS listener.
+  PeerClient plain(a.target(), grpc::InsecureChannelCredentials());
+  CHECK_FALSE(plain.Pull(kKey, kTimeout).ok());
+
+  // And the other way: a listener with the rogue certificate is not trusted
+  // by a zccd of the cluster, which sends it nothing.
+  PeerServer impostor(Tls("rogue", "ca"));
+  PeerClient fooled = ClientOf(impostor, Tls("node-b"));
+  CHECK_FALSE(fooled.Push(kKey, bytes.data(), bytes.size(), kTimeout).ok());
+  CHECK(impostor.store.bytes_held() == 0);
+}
+
+TEST_CASE("peer service: a piece is served only for the job and uid it was pushed for") {
+  PeerServer a(Tls("node-a"));
+  PeerClient b = ClientOf(a, Tls("node-b"));
+  const std::string bytes = Pattern(5000);
+  REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), kTimeout));
+  ReplicaKey other_uid = kKey;
+  other_uid.uid = 1001;
+  CHECK(b.Pull(other_uid, kTimeout).status().code() == absl::StatusCode::kNotFound);
+  ReplicaKey other_job = kKey;
+  other_job.job_id = "other";
+  CHECK(b.Pull(other_job, kTimeout).status().code() == absl::StatusCode::kNotFound);
+  auto listed = b.List("llama", 1001, kTimeout);
+  REQUIRE_OK(listed.status());
+  CHECK(listed->empty());
+}
+
+TEST_CASE("peer service: damaged bytes from a peer are refused, by either side") {
+  PeerConfig insecure;
+  insecure.insecure = true;
+  PeerServer a(insecure);
+  PeerClient b = ClientOf(a, insecure);
+
+  SECTION("a peer that serves bytes not matching their checksum") {
+    Replica bad;
+    bad.info.key = kKey;
+    bad.bytes = Pattern(3000);
+    bad.info.xxh3 = format::Xxh3(bad.bytes.data(), bad.bytes.size());
+    bad.bytes[1234] ^= 1;  // flipped after the checksum: memory gone bad
+    REQUIRE_OK(a.store.Put(std::move(bad)));
+    const auto pulled = b.Pull(kKey, kTimeout);
+    CHECK(pulled.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(pulled.status().message()), Catch::Contains("checksum"));
+  }
+
+  auto stub = v1::Peer::NewStub(grpc::CreateChannel(a.target(), grpc::InsecureChannelCredentials()));
+  auto push = [&](uint64_t nbytes, uint64_t xxh3, const std::string& data,
+                  const ReplicaKey& key = kKey) {
+    grpc::ClientContext ctx;
+    v1::PushReplicaResponse resp;
+    auto w = stub->PushReplica(&ctx, &resp);
+    v1::ReplicaChunk c;
+    *c.mutable_header()->mutable_key() = ToProto(key);
+    c.mutable_header()->set_nbytes(nbytes);
+    c.mutable_header()->set_xxh3(xxh3);
+    w->Write(c);
+    c.Clear();
+    c.set_data(data);
+    w->Write(c);
+    w->WritesDone();
+    return w->Finish();
+  };
+  const std::string data = Pattern(100);
+  const uint64_t sum = format::Xxh3(data.data(), data.size());
+
+  SECTION("a push whose bytes do not match its checksum") {
+    CHECK(push(100, sum ^ 1, data).error_code() == grpc::StatusCode::DATA_LOSS);
+  }
+  SECTION("a push that ends short") {
+    CHECK(push(200, sum, data).error_code() == grpc::StatusCode::DATA_LOSS);
+  }
+  SECTION("a push with more bytes than its header says") {
+    CHECK(push(50, sum, data).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  SECTION("a push with a bad job id or piece name") {
+    CHECK(push(100, sum, data, ReplicaKey{"../etc", 1000, 0, 1, "w"}).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(push(100, sum, data, ReplicaKey{"job", 1000, 0, -1, "w"}).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  SECTION("a piece larger than the budget is refused before its bytes are read") {
+    CHECK(push(uint64_t{1} << 40, sum, data).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  SECTION("a push that does not begin with a header") {
+    grpc::ClientContext ctx;
+    v1::PushReplicaResponse resp;
+    auto w = stub->PushReplica(&ctx, &resp);
+    v1::ReplicaChunk c;
+    c.set_data(data);
+    w->Write(c);
+    w->WritesDone();
+    CHECK(w->Finish().error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // Whatever a section pushed was refused: only the first section's piece
+  // (put into the store directly) is held.
+  CHECK(a.store.bytes_held() == (a.store.List("llama", 1000).empty() ? 0 : 3000));
+  CHECK(a.store.List("llama", 1000).size() <= 1);
+}
+
+TEST_CASE("peer credentials: missing or malformed files are named") {
+  PeerConfig c = Tls("node-a");
+  c.cert_file = "/nonexistent/node.pem";
+  auto missing = LoadPeerCredentials(c);
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(missing.status().message()), Catch::Contains("/nonexistent/node.pem"));
+  c = Tls("node-a");
+  c.ca_file = c.key_file + ".not-there";
+  CHECK_FALSE(LoadPeerCredentials(c).ok());
+  c = Tls("node-a");
+  c.ca_file = "/etc/hostname";
+  auto not_pem = LoadPeerCredentials(c);
+  CHECK_THAT(std::string(not_pem.status().message()), Catch::Contains("no PEM block"));
+}
+
+}  // namespace
+}  // namespace zcc::daemon::peer

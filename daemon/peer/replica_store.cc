@@ -1,0 +1,118 @@
+#include "daemon/peer/replica_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace zcc::daemon::peer {
+
+void ReplicaStore::DropLocked(const ReplicaKey& key) {
+  auto it = held_.find(key);
+  if (it == held_.end()) return;
+  by_age_.erase(AgeOf(*it->second));
+  bytes_held_ -= it->second->bytes.size();
+  held_.erase(it);
+}
+
+absl::Status ReplicaStore::Put(Replica replica) {
+  const uint64_t n = replica.bytes.size();
+  if (n > budget_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a piece of ", n, " bytes is larger than this zccd's replica budget (",
+                     budget_bytes_, " bytes)"));
+  }
+  replica.info.nbytes = n;
+  auto piece = std::make_shared<const Replica>(std::move(replica));
+  uint64_t held = 0;
+  {
+    zcc::MutexLock lock(&mu_);
+    ZCC_RETURN_IF_ERROR(PutLocked(std::move(piece)));
+    held = bytes_held_;
+  }
+  Changed(held);
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
+  const ReplicaKey& key = piece->info.key;
+  const uint64_t n = piece->bytes.size();
+  uint64_t replaced = 0;
+  if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
+  // Plan the eviction before dropping anything: only pieces older than this
+  // one may make room for it.
+  uint64_t room = budget_bytes_ - (bytes_held_ - replaced);
+  std::vector<ReplicaKey> victims;
+  for (auto it = by_age_.begin(); room < n && it != by_age_.end(); ++it) {
+    const ReplicaKey& k = it->second;
+    if (k == key) continue;
+    if (k.step >= key.step) break;
+    victims.push_back(k);
+    room += held_.at(k)->bytes.size();
+  }
+  if (room < n) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no room for a piece of ", n, " bytes of step ", key.step, ": this zccd holds ",
+        bytes_held_, " of its ", budget_bytes_, " bytes for replicas, for steps as new or newer"));
+  }
+  for (const ReplicaKey& k : victims) DropLocked(k);
+  pieces_dropped_ += victims.size();
+  DropLocked(key);
+  by_age_.emplace(AgeOf(*piece), key);
+  bytes_held_ += n;
+  held_.emplace(key, std::move(piece));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Replica>> ReplicaStore::Get(const ReplicaKey& key) const {
+  zcc::MutexLock lock(&mu_);
+  auto it = held_.find(key);
+  if (it == held_.end()) {
+    return absl::NotFoundError(absl::StrCat("no replica of ", key.job_id, " rank ", key.rank,
+                                            " step ", key.step, " piece '", key.piece, "'"));
+  }
+  return it->second;
+}
+
+std::vector<ReplicaInfo> ReplicaStore::List(const std::string& job_id, uint32_t uid) const {
+  std::vector<ReplicaInfo> out;
+  zcc::MutexLock lock(&mu_);
+  for (auto it = held_.lower_bound(ReplicaKey{job_id, uid, 0, INT64_MIN, ""});
+       it != held_.end() && it->first.job_id == job_id && it->first.uid == uid; ++it) {
+    out.push_back(it->second->info);
+  }
+  return out;
+}
+
+uint64_t ReplicaStore::ShrinkTo(uint64_t target) {
+  uint64_t dropped = 0, held = 0;
+  {
+    zcc::MutexLock lock(&mu_);
+    while (bytes_held_ > target && !by_age_.empty()) {
+      const ReplicaKey k = by_age_.begin()->second;
+      dropped += held_.at(k)->bytes.size();
+      DropLocked(k);
+      ++pieces_dropped_;
+    }
+    held = bytes_held_;
+  }
+  if (dropped > 0) Changed(held);
+  return dropped;
+}
+
+size_t ReplicaStore::pieces_held() const {
+  zcc::MutexLock lock(&mu_);
+  return held_.size();
+}
+
+uint64_t ReplicaStore::bytes_held() const {
+  zcc::MutexLock lock(&mu_);
+  return bytes_held_;
+}
+
+uint64_t ReplicaStore::pieces_dropped() const {
+  zcc::MutexLock lock(&mu_);
+  return pieces_dropped_;
+}
+
+}  // namespace zcc::daemon::peer

@@ -1,0 +1,108 @@
+// Pieces of other nodes' snapshots held in this zccd's memory (the peer
+// tier, DESIGN.md 5c), within a byte budget: when a new piece needs the
+// room, the pieces of the oldest steps go first. Each piece is stored only
+// after its bytes matched the checksum it was pushed with, and served only
+// for the job and uid it was pushed for.
+//
+// Thread-safety: every method may be called from any thread. A piece handed
+// out by Get stays valid while the caller holds it, even if it is dropped
+// from the store meanwhile.
+#ifndef ZCC_DAEMON_PEER_REPLICA_STORE_H_
+#define ZCC_DAEMON_PEER_REPLICA_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+
+namespace zcc::daemon::peer {
+
+struct ReplicaKey {
+  std::string job_id;
+  uint32_t uid = 0;
+  uint32_t rank = 0;
+  int64_t step = 0;
+  std::string piece;
+
+  auto Tie() const { return std::tie(job_id, uid, rank, step, piece); }
+  bool operator<(const ReplicaKey& o) const { return Tie() < o.Tie(); }
+  bool operator==(const ReplicaKey& o) const { return Tie() == o.Tie(); }
+};
+
+// What is known of a held piece.
+struct ReplicaInfo {
+  ReplicaKey key;
+  uint64_t nbytes = 0;
+  uint64_t xxh3 = 0;  // of the bytes, checked when they arrived
+  std::string from_node;
+  absl::Time received;
+};
+
+struct Replica {
+  ReplicaInfo info;
+  std::string bytes;
+};
+
+class ReplicaStore {
+ public:
+  // `on_change` (optional) is told the bytes held after each change (a
+  // gauge), outside the store's lock.
+  explicit ReplicaStore(uint64_t budget_bytes, std::function<void(uint64_t)> on_change = nullptr)
+      : budget_bytes_(budget_bytes), on_change_(std::move(on_change)) {}
+
+  // Keeps `replica` (its bytes already checked; info.nbytes is set from
+  // them), replacing a piece of the
+  // same key, dropping the pieces of the oldest steps (of any job) while it
+  // would not fit. ResourceExhausted, keeping everything held, when the
+  // piece alone is larger than the budget or only newer pieces could make
+  // room for it (a late piece of an old step never evicts newer ones).
+  absl::Status Put(Replica replica);
+
+  // The piece, or NotFound (also for a uid other than the one it was pushed
+  // for: whether another uid's job exists is not told).
+  absl::StatusOr<std::shared_ptr<const Replica>> Get(const ReplicaKey& key) const;
+
+  // The pieces held for `job_id` and `uid`, in key order.
+  std::vector<ReplicaInfo> List(const std::string& job_id, uint32_t uid) const;
+
+  // Drops the pieces of the oldest steps until at most `target` bytes are
+  // held; returns the bytes dropped.
+  uint64_t ShrinkTo(uint64_t target);
+
+  uint64_t budget_bytes() const { return budget_bytes_; }
+  uint64_t bytes_held() const;
+  size_t pieces_held() const;
+  uint64_t pieces_dropped() const;
+
+ private:
+  // Eviction order: oldest step first, then the earliest received.
+  using Age = std::tuple<int64_t, absl::Time, ReplicaKey>;
+  static Age AgeOf(const Replica& r) { return {r.info.key.step, r.info.received, r.info.key}; }
+  void DropLocked(const ReplicaKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutLocked(std::shared_ptr<const Replica> piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void Changed(uint64_t held) const {
+    if (on_change_) on_change_(held);
+  }
+
+  const uint64_t budget_bytes_;
+  const std::function<void(uint64_t)> on_change_;
+  mutable zcc::Mutex mu_;
+  std::map<ReplicaKey, std::shared_ptr<const Replica>> held_ ABSL_GUARDED_BY(mu_);
+  std::map<Age, ReplicaKey> by_age_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pieces_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace zcc::daemon::peer
+
+#endif  // ZCC_DAEMON_PEER_REPLICA_STORE_H_

@@ -1,0 +1,95 @@
+#include "daemon/peer/replica_store.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+
+namespace zcc::daemon::peer {
+namespace {
+
+Replica Piece(int64_t step, const std::string& name, size_t n, uint32_t uid = 1000,
+              const std::string& job = "job") {
+  Replica r;
+  r.info.key = ReplicaKey{job, uid, 0, step, name};
+  r.info.received = absl::Now();
+  r.bytes.assign(n, static_cast<char>('a' + step % 26));
+  return r;
+}
+
+TEST_CASE("replica store: keeps pieces within its budget, the oldest steps dropped first") {
+  ReplicaStore store(100);
+  REQUIRE_OK(store.Put(Piece(1, "w", 40)));
+  REQUIRE_OK(store.Put(Piece(2, "w", 40)));
+  CHECK(store.bytes_held() == 80);
+  // Step 3 needs 40: step 1 goes, step 2 stays.
+  REQUIRE_OK(store.Put(Piece(3, "w", 40)));
+  CHECK(store.bytes_held() == 80);
+  CHECK(store.pieces_dropped() == 1);
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).status().code() == absl::StatusCode::kNotFound);
+  auto two = store.Get(ReplicaKey{"job", 1000, 0, 2, "w"});
+  REQUIRE_OK(two.status());
+  CHECK((*two)->bytes == std::string(40, 'c'));
+  CHECK((*two)->info.nbytes == 40);
+}
+
+TEST_CASE("replica store: a late piece of an old step never evicts newer ones") {
+  ReplicaStore store(100);
+  REQUIRE_OK(store.Put(Piece(5, "a", 60)));
+  const absl::Status late = store.Put(Piece(4, "a", 60));
+  CHECK(late.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(store.bytes_held() == 60);
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 5, "a"}).status());
+  // Larger than the whole budget: refused, nothing dropped.
+  CHECK(store.Put(Piece(9, "b", 101)).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(store.bytes_held() == 60);
+}
+
+TEST_CASE("replica store: a piece pushed again replaces the old bytes") {
+  ReplicaStore store(100);
+  REQUIRE_OK(store.Put(Piece(1, "a", 60)));
+  Replica again = Piece(1, "a", 70);
+  again.bytes.assign(70, 'z');
+  REQUIRE_OK(store.Put(std::move(again)));
+  CHECK(store.bytes_held() == 70);
+  CHECK((*store.Get(ReplicaKey{"job", 1000, 0, 1, "a"}))->bytes == std::string(70, 'z'));
+}
+
+TEST_CASE("replica store: pieces are found only under the job and uid they came with") {
+  ReplicaStore store(1000);
+  REQUIRE_OK(store.Put(Piece(1, "a", 10, 1000, "job")));
+  REQUIRE_OK(store.Put(Piece(1, "b", 10, 1000, "job")));
+  REQUIRE_OK(store.Put(Piece(1, "a", 10, 1001, "job")));
+  REQUIRE_OK(store.Put(Piece(1, "a", 10, 1000, "other")));
+  CHECK(store.Get(ReplicaKey{"job", 1002, 0, 1, "a"}).status().code() == absl::StatusCode::kNotFound);
+  const auto listed = store.List("job", 1000);
+  REQUIRE(listed.size() == 2);
+  CHECK(listed[0].key.piece == "a");
+  CHECK(listed[1].key.piece == "b");
+  CHECK(listed[0].nbytes == 10);
+  CHECK(store.List("job", 1001).size() == 1);
+  CHECK(store.List("nobody", 1000).empty());
+}
+
+TEST_CASE("replica store: shrinks to a target, oldest first") {
+  ReplicaStore store(1000);
+  for (int64_t step = 1; step <= 5; ++step) REQUIRE_OK(store.Put(Piece(step, "w", 100)));
+  CHECK(store.ShrinkTo(250) == 300);
+  CHECK(store.bytes_held() == 200);
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 3, "w"}).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 4, "w"}).status());
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 5, "w"}).status());
+}
+
+TEST_CASE("replica store: a piece handed out outlives its eviction") {
+  ReplicaStore store(100);
+  REQUIRE_OK(store.Put(Piece(1, "w", 80)));
+  auto held = store.Get(ReplicaKey{"job", 1000, 0, 1, "w"});
+  REQUIRE_OK(held.status());
+  REQUIRE_OK(store.Put(Piece(2, "w", 80)));
+  CHECK((*held)->bytes == std::string(80, 'b'));
+}
+
+}  // namespace
+}  // namespace zcc::daemon::peer
