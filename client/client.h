@@ -351,6 +351,21 @@ class Client {
   // once after registering, not per step.
   absl::Status PutJobFile(const std::string& name, const std::string& content);
 
+  // The peer tier (DESIGN.md 5c): where other zccds reach the zccd this
+  // rank registered with (host:port; empty when its peer service is off, or
+  // before the registration).
+  std::string PeerAddress() const;
+  // Tells zccd the peer address of every rank's zccd, indexed by rank (what
+  // the ranks' PeerAddress() gave, exchanged over the trainers' own
+  // collective); empty entries are left out. Returns the addresses of the
+  // zccds that hold this node's replicas of the job's pieces. An RPC: once
+  // after registering.
+  absl::StatusOr<std::vector<std::string>> SetJobPeers(const std::vector<std::string>& by_rank);
+  // Both steps for a C++ trainer: all-gathers PeerAddress() over
+  // `collective` (every rank calls it) and reports the list. Nothing is sent
+  // when no rank's zccd has a peer service.
+  absl::StatusOr<std::vector<std::string>> ShareJobPeers(Collective& collective);
+
   // Blocks until every snapshot enqueued so far has been handed to zccd (or
   // dropped because the daemon went away), at most `timeout`.
   absl::Status Flush(absl::Duration timeout = absl::Seconds(60));

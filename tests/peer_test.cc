@@ -3,12 +3,16 @@
 // checked, a caller without the cluster's certificate refused, status and
 // metrics showing what a zccd holds for others, and bad peer settings
 // refused at start with the file or field named.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/eventually.h"
+#include "common/testing/free_port.h"
 #include "common/testing/temp_dir.h"
 #include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_credentials.h"
@@ -21,8 +25,8 @@ constexpr absl::Duration kTimeout = absl::Seconds(20);
 
 std::string MakeCerts(const std::string& dir) {
   const std::string certs = dir + "/certs";
-  const std::string cmd =
-      absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", certs, " node-a node-b");
+  const std::string cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", certs,
+                                       " node-a node-b node-c");
   REQUIRE(std::system(cmd.c_str()) == 0);
   return certs;
 }
@@ -106,6 +110,70 @@ TEST_CASE("two zccds with the cluster's certificates hold each other's pieces") 
 
   CHECK(a.Stop() == 0);
   CHECK(b.Stop() == 0);
+}
+
+TEST_CASE("a job's trainers tell their zccds the job's nodes; each knows its buddy and who is up") {
+  const std::string dir = ShortTempDir("it-peerjob");
+  const std::string certs = MakeCerts(dir);
+  // Three "nodes" sharing one checkpoint root; node-a and node-c in rack-1.
+  const std::string root = dir + "/ckpt";
+  Daemon a(dir, {PeerFlags(certs, "node-a", "rack-1"), root, "zccd-a"});
+  Daemon b(dir, {PeerFlags(certs, "node-b", "rack-2"), root, "zccd-b"});
+  Daemon c(dir, {PeerFlags(certs, "node-c", "rack-1"), root, "zccd-c"});
+  REQUIRE(a.Start());
+  REQUIRE(b.Start());
+  REQUIRE(c.Start());
+  const char* kPort = R"(peer service on \S+ \(port (\d+), mutual TLS\))";
+  const std::string addr_a = absl::StrCat("127.0.0.1:", PortFromLog(a, kPort));
+  const std::string addr_b = absl::StrCat("127.0.0.1:", PortFromLog(b, kPort));
+  const std::string addr_c = absl::StrCat("127.0.0.1:", PortFromLog(c, kPort));
+
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  int rank = 0;
+  for (Daemon* d : {&a, &b, &c}) {
+    trainers.push_back(StartTrainer(
+        *d, dir, absl::StrCat("rank", rank),
+        {"--job=peers", absl::StrCat("--rank=", rank), "--world=3", "--steps=2", "--save_every=0",
+         "--share_peers", "--collective=" + collective, "--linger_ms=60000"}));
+    ++rank;
+  }
+  const std::string want[] = {addr_a, addr_b, addr_c};
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(trainers[r]->WaitForOutput("peer_address=" + want[r] + " buddies=", absl::Seconds(60)));
+  }
+
+  // Once A has heard from every peer: node-b is its buddy (the only node in
+  // another rack), node-c is up, both named from their own answers.
+  std::string out;
+  auto status_shows = [&](const std::vector<std::string>& needles) {
+    return zcc::testing::Eventually(
+        [&] {
+          out = Zccctl(dir, a, {"status"}).second;
+          for (const std::string& n : needles) {
+            if (!absl::StrContains(out, n)) return false;
+          }
+          return true;
+        },
+        absl::Seconds(30));
+  };
+  CHECK(status_shows({"peers:", addr_a + "  ranks 0  this zccd",
+                      addr_b + " (node-b in rack-2)  ranks 1  up", addr_c + " (node-c in rack-1)  ranks 2  up"}));
+  INFO(out);
+  CHECK(absl::StrContains(out, "ranks 1  up, seen"));
+  std::string line_b = out.substr(out.find(addr_b + " (node-b"));
+  line_b = line_b.substr(0, line_b.find('\n'));
+  CHECK(absl::StrContains(line_b, "[buddy]"));
+  std::string line_c = out.substr(out.find(addr_c + " (node-c"));
+  line_c = line_c.substr(0, line_c.find('\n'));
+  CHECK_FALSE(absl::StrContains(line_c, "[buddy]"));
+
+  // Node B is lost: A sees it down, and says since when it last answered.
+  b.Kill();
+  CHECK(status_shows({addr_b + " (node-b in rack-2)  ranks 1  DOWN, seen"}));
+  for (auto& t : trainers) t->Signal(SIGKILL);
+  CHECK(a.Stop() == 0);
+  CHECK(c.Stop() == 0);
 }
 
 TEST_CASE("zccd refuses peer settings it cannot serve, naming what is wrong") {

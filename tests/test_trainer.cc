@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/tcp_collective.h"
@@ -69,6 +70,9 @@ ABSL_FLAG(std::string, collective, "",
           "restore: restore together with the other ranks through a TcpCollective whose rank 0 "
           "listens on this host:port");
 ABSL_FLAG(int, linger_ms, 0, "train: stay registered this long after the last step");
+ABSL_FLAG(bool, share_peers, false,
+          "after registering: exchange the zccds' peer addresses over the --collective and "
+          "report them (Client::ShareJobPeers); prints peer_address= and buddies=");
 ABSL_FLAG(std::string, close, "",
           "train: at the end, Client::Close with keep_snapshots 'keep' or 'release' ('': no "
           "Close; the destructor keeps them) and print close=<status>");
@@ -220,21 +224,31 @@ int main(int argc, char** argv) {
   if (absl::Status st = (*client)->RegisterTensors(Refs(model)); !st.ok()) return Fail("register", st);
   std::printf("registered=%d\n", (*client)->Stats().connected ? 1 : 0);
 
+  // The job's TcpCollective (--collective), made once for whatever needs it.
+  std::unique_ptr<zcc::TcpCollective> collective;
+  if (!absl::GetFlag(FLAGS_collective).empty()) {
+    zcc::TcpCollectiveOptions co;
+    co.rank = static_cast<uint32_t>(rank);
+    co.size = static_cast<uint32_t>(absl::GetFlag(FLAGS_world));
+    co.address = absl::GetFlag(FLAGS_collective);
+    co.timeout = absl::Seconds(60);
+    auto made = zcc::TcpCollective::Create(co);
+    if (!made.ok()) return Fail("collective", made.status());
+    collective = std::move(*made);
+  }
+  if (absl::GetFlag(FLAGS_share_peers)) {
+    if (collective == nullptr) return Fail("share_peers", absl::InvalidArgumentError("needs --collective"));
+    auto buddies = (*client)->ShareJobPeers(*collective);
+    if (!buddies.ok()) return Fail("share_peers", buddies.status());
+    std::printf("peer_address=%s buddies=%s\n", (*client)->PeerAddress().c_str(),
+                absl::StrJoin(*buddies, ",").c_str());
+    std::fflush(stdout);
+  }
+
   if (absl::GetFlag(FLAGS_mode) == "restore") {
     zcc::RestoreOptions restore;
     restore.step = absl::GetFlag(FLAGS_restore_step);
-    std::unique_ptr<zcc::TcpCollective> collective;
-    if (!absl::GetFlag(FLAGS_collective).empty()) {
-      zcc::TcpCollectiveOptions co;
-      co.rank = static_cast<uint32_t>(rank);
-      co.size = static_cast<uint32_t>(absl::GetFlag(FLAGS_world));
-      co.address = absl::GetFlag(FLAGS_collective);
-      co.timeout = absl::Seconds(60);
-      auto made = zcc::TcpCollective::Create(co);
-      if (!made.ok()) return Fail("collective", made.status());
-      collective = std::move(*made);
-      restore.collective = collective.get();
-    }
+    restore.collective = collective.get();
     std::vector<Tensor> before;
     if (absl::GetFlag(FLAGS_early_copy)) {
       before = model;

@@ -35,6 +35,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/default_paths.h"
 #include "proto/zcc.grpc.pb.h"
@@ -148,6 +149,32 @@ void PrintUpload(const zcc::v1::JobStatus& job) {
   if (!job.upload_error().empty()) std::printf("  UPLOAD FAILING: %s\n", job.upload_error().c_str());
 }
 
+// The peer tier: the job's zccds, whether each answers, which hold this
+// node's replicas.
+void PrintJobPeers(const zcc::v1::JobStatus& job) {
+  if (job.peers().empty()) return;
+  std::printf("  peers:\n");
+  for (const auto& p : job.peers()) {
+    std::string ranks;
+    for (uint32_t r : p.ranks()) absl::StrAppend(&ranks, ranks.empty() ? "" : ",", r);
+    std::string state = p.self() ? "this zccd" : p.up() ? "up" : "DOWN";
+    if (!p.self() && p.seconds_since_seen() >= 0) {
+      absl::StrAppend(&state, absl::StrFormat(", seen %.0f s ago", p.seconds_since_seen()));
+    } else if (!p.self() && !p.up()) {
+      absl::StrAppend(&state, ", never answered");
+    }
+    if (!p.self() && !p.up() && !p.error().empty()) absl::StrAppend(&state, ": ", p.error());
+    std::string who = p.address();
+    if (!p.node().empty()) {
+      absl::StrAppend(&who, " (", p.node(),
+                      p.failure_domain().empty() ? "" : absl::StrCat(" in ", p.failure_domain()),
+                      ")");
+    }
+    std::printf("    %s  ranks %s  %s%s\n", who.c_str(), ranks.c_str(), state.c_str(),
+                p.buddy() ? "  [buddy]" : "");
+  }
+}
+
 void PrintStatus(const zcc::v1::StatusResponse& s) {
   std::printf("%s  pid %d  up %.0fs  %d job(s)\n", s.version().c_str(), s.pid(),
               s.uptime_seconds(), s.jobs_size());
@@ -197,6 +224,7 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
     }
     std::printf("\n");
     PrintUpload(job);
+    PrintJobPeers(job);
     if (job.pending_commits_size() > 0) {
       std::printf("  pending commits:");
       for (const auto& p : job.pending_commits()) std::printf(" %s", p.c_str());

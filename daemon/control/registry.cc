@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
+#include "daemon/peer/buddies.h"
 #include "daemon/jobs/job_directory.h"
 #include "daemon/memory/system_room.h"
 #include "format/manifest.h"
@@ -28,6 +29,11 @@
 
 namespace zcc::daemon {
 namespace {
+
+// Buddies per node for the pieces without another copy (a `replicas`
+// setting once replication lands).
+constexpr uint32_t kReplicas = 1;
+
 
 constexpr char kVersion[] = "zccd 0.1.0";
 
@@ -164,7 +170,10 @@ absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested
 absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req,
                                                         const Caller& caller) {
   if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
-  return registrar_.Register(req, caller);
+  ZCC_ASSIGN_OR_RETURN(v1::RegisterResponse resp, registrar_.Register(req, caller));
+  zcc::MutexLock lock(&peer_mu_);
+  resp.set_peer_address(peer_address_);
+  return resp;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Registry::FindJob(const std::string& job_id,
@@ -329,9 +338,93 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
   return resp;
 }
 
-void Registry::SetPeerEndpoint(v1::PeerStatus endpoint) {
+void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
+                               std::shared_ptr<grpc::ChannelCredentials> creds) {
+  peer::PeerDirectory::Options options;
+  options.self_node = endpoint.node();
+  options.self_failure_domain = endpoint.failure_domain();
+  auto directory = std::make_shared<peer::PeerDirectory>(options, std::move(creds));
   zcc::MutexLock lock(&peer_mu_);
   peer_endpoint_ = std::move(endpoint);
+  peer_address_ = std::move(address);
+  peer_directory_ = std::move(directory);
+}
+
+std::vector<std::string> Registry::Buddies(const Job& job, const peer::PeerDirectory& directory,
+                                           const std::string& self) const {
+  std::vector<peer::NodeInfo> nodes;
+  for (const auto& [address, ranks] : job.peers().Nodes()) {
+    const auto state = directory.State(address);
+    nodes.push_back({address, state.has_value() ? state->failure_domain : ""});
+  }
+  std::string self_domain;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    if (peer_endpoint_.has_value()) self_domain = peer_endpoint_->failure_domain();
+  }
+  return peer::ChooseBuddies({self, self_domain}, nodes, kReplicas);
+}
+
+absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPeersRequest& req,
+                                                             const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  const std::shared_ptr<Job>& job = found.first;
+  std::shared_ptr<peer::PeerDirectory> directory;
+  std::string self;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    directory = peer_directory_;
+    self = peer_address_;
+  }
+  if (directory == nullptr) {
+    return absl::FailedPreconditionError(
+        "this zccd's peer service is off (config peer.listen): it cannot take part in the "
+        "peer tier");
+  }
+  std::vector<peer::JobPeer> peers;
+  for (const v1::JobPeer& p : req.peers()) peers.push_back({p.rank(), p.address()});
+  ZCC_RETURN_IF_ERROR(job->peers().Set(std::move(peers), job->options().world_size));
+  for (const auto& [address, ranks] : job->peers().Nodes()) {
+    if (address != self) directory->Watch(address);
+  }
+  v1::SetJobPeersResponse resp;
+  for (const std::string& b : Buddies(*job, *directory, self)) resp.add_buddies(b);
+  return resp;
+}
+
+void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
+  std::shared_ptr<peer::PeerDirectory> directory;
+  std::string self;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    directory = peer_directory_;
+    self = peer_address_;
+  }
+  if (directory == nullptr) return;
+  const std::vector<std::string> buddies = Buddies(job, *directory, self);
+  const absl::Time now = absl::Now();
+  for (const auto& [address, ranks] : job.peers().Nodes()) {
+    v1::JobPeerStatus* p = out->add_peers();
+    p->set_address(address);
+    for (uint32_t r : ranks) p->add_ranks(r);
+    p->set_self(address == self);
+    p->set_buddy(std::find(buddies.begin(), buddies.end(), address) != buddies.end());
+    p->set_seconds_since_seen(-1);
+    if (p->self()) {
+      p->set_up(true);
+      p->set_seconds_since_seen(0);
+      continue;
+    }
+    if (const auto state = directory->State(address); state.has_value()) {
+      p->set_node(state->node);
+      p->set_failure_domain(state->failure_domain);
+      p->set_up(state->up);
+      if (state->last_seen != absl::InfinitePast()) {
+        p->set_seconds_since_seen(absl::ToDoubleSeconds(now - state->last_seen));
+      }
+      p->set_error(state->error);
+    }
+  }
 }
 
 v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Caller& caller) const {
@@ -362,7 +455,11 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
       peer->set_replicas_dropped(replicas_.pieces_dropped());
     }
   }
-  for (const auto& job : jobs) job->FillStatus(resp.add_jobs());
+  for (const auto& job : jobs) {
+    v1::JobStatus* js = resp.add_jobs();
+    job->FillStatus(js);
+    FillPeerStatus(*job, js);
+  }
   return resp;
 }
 

@@ -37,6 +37,7 @@
 #include "daemon/restore/restore_service.h"
 #include "common/task_pool.h"
 #include "daemon/memory/staging_pool.h"
+#include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
@@ -93,6 +94,8 @@ class Registry {
   // Stores a file with the caller's job (<job dir>/metadata/<name>).
   absl::StatusOr<v1::PutJobFileResponse> PutJobFile(const v1::PutJobFileRequest& request,
                                                     const Caller& caller);
+  absl::StatusOr<v1::SetJobPeersResponse> SetJobPeers(const v1::SetJobPeersRequest& request,
+                                                       const Caller& caller);
   absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage(
       const v1::CollectGarbageRequest& request, const Caller& caller);
   v1::StatusResponse GetStatus(const v1::StatusRequest& request, const Caller& caller) const;
@@ -104,9 +107,11 @@ class Registry {
   // The replicas of other nodes' snapshot pieces this zccd holds (served by
   // the peer listener when config.peer.listen is set).
   peer::ReplicaStore& replicas() { return replicas_; }
-  // Where the peer listener serves, for the status (and the registrations
-  // to come); set once it listens.
-  void SetPeerEndpoint(v1::PeerStatus endpoint);
+  // Where the peer listener serves (`endpoint` for the status, `address`
+  // for the trainers and other zccds) and the credentials of connections to
+  // other zccds; set once it listens, before the control service starts.
+  void SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
+                       std::shared_ptr<grpc::ChannelCredentials> creds);
   // False when the housekeeping thread has not completed a round recently
   // (the systemd watchdog stops being fed, and systemd restarts zccd).
   bool Healthy() const;
@@ -136,8 +141,16 @@ class Registry {
 
   JobTable jobs_;
   peer::ReplicaStore replicas_;
+  // The job's buddies, from its membership and what the directory knows of
+  // each node's failure domain.
+  std::vector<std::string> Buddies(const Job& job, const peer::PeerDirectory& directory,
+                                   const std::string& self) const;
+  void FillPeerStatus(const Job& job, v1::JobStatus* out) const;
+
   mutable zcc::Mutex peer_mu_;
   std::optional<v1::PeerStatus> peer_endpoint_ ABSL_GUARDED_BY(peer_mu_);
+  std::string peer_address_ ABSL_GUARDED_BY(peer_mu_);
+  std::shared_ptr<peer::PeerDirectory> peer_directory_ ABSL_GUARDED_BY(peer_mu_);
   // Uses jobs_ (the budget left), and stops before it goes.
   StagingPool staging_pool_;
   std::atomic<bool> shutting_down_{false};

@@ -110,6 +110,11 @@ class ControlService final : public v1::Control::Service {
     ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->SaveNow(*req, caller), resp));
   }
+  grpc::Status SetJobPeers(grpc::ServerContext* ctx, const v1::SetJobPeersRequest* req,
+                           v1::SetJobPeersResponse* resp) override {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->SetJobPeers(*req, caller), resp));
+  }
   grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::CollectGarbageRequest* req,
                               v1::CollectGarbageResponse* resp) override {
     ZCC_CALLER_OR_DENY(ctx);
@@ -189,6 +194,7 @@ struct Server::Impl {
   absl::Status ClaimSocket();
   absl::Status ServeControl();
   absl::Status ServeStatusOverTcp(const std::string& listen);
+  absl::Status ServePeers();
   absl::Status StartExporters(const ServerOptions& options);
 
   // Idempotent; a second caller waits until the first has finished.
@@ -253,19 +259,11 @@ absl::StatusOr<Server> Server::Start(DaemonConfig config, ServerOptions options)
       std::make_unique<Registry>(config, options.shard_storage, options.pull_engine,
                                  options.before_reserve);
   ZCC_RETURN_IF_ERROR(impl->registry->Start());
+  // Before the control service: registrations are told the peer address.
+  if (!config.peer.listen.empty()) ZCC_RETURN_IF_ERROR(impl->ServePeers());
   ZCC_RETURN_IF_ERROR(impl->ServeControl());
   if (!options.status_tcp_listen.empty()) {
     ZCC_RETURN_IF_ERROR(impl->ServeStatusOverTcp(options.status_tcp_listen));
-  }
-  if (!config.peer.listen.empty()) {
-    ZCC_ASSIGN_OR_RETURN(impl->peer_listener,
-                         peer::PeerListener::Start(config.peer, &impl->registry->replicas()));
-    v1::PeerStatus endpoint;
-    endpoint.set_node(impl->peer_listener->node_name());
-    endpoint.set_failure_domain(impl->peer_listener->failure_domain());
-    endpoint.set_port(impl->peer_listener->port());
-    endpoint.set_tls(impl->peer_listener->tls());
-    impl->registry->SetPeerEndpoint(std::move(endpoint));
   }
   ZCC_RETURN_IF_ERROR(impl->StartExporters(options));
   Registry* registry = impl->registry.get();
@@ -329,6 +327,24 @@ absl::Status Server::Impl::ServeStatusOverTcp(const std::string& listen) {
     return absl::UnavailableError(absl::StrCat("cannot serve status on ", listen));
   }
   ZCC_LOG(INFO) << "read-only status and health on " << listen << " (port " << tcp_port << ")";
+  return absl::OkStatus();
+}
+
+absl::Status Server::Impl::ServePeers() {
+  ZCC_ASSIGN_OR_RETURN(peer_listener,
+                       peer::PeerListener::Start(config.peer, &registry->replicas()));
+  // Where other zccds reach it: the listen address, or the node's name when
+  // that is a wildcard.
+  ZCC_ASSIGN_OR_RETURN(config::HostPort hp, config::ParseHostPort(config.peer.listen));
+  std::string host = hp.ipv6 ? absl::StrCat("[", hp.host, "]") : hp.host;
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = peer_listener->node_name();
+  v1::PeerStatus endpoint;
+  endpoint.set_node(peer_listener->node_name());
+  endpoint.set_failure_domain(peer_listener->failure_domain());
+  endpoint.set_port(peer_listener->port());
+  endpoint.set_tls(peer_listener->tls());
+  registry->SetPeerEndpoint(std::move(endpoint), absl::StrCat(host, ":", peer_listener->port()),
+                            peer_listener->channel_credentials());
   return absl::OkStatus();
 }
 

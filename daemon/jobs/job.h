@@ -29,6 +29,7 @@
 #include "checkpoint/retention.h"
 #include "common/fs_identity.h"
 #include "common/mutex.h"
+#include "daemon/peer/job_peers.h"
 #include "daemon/jobs/job_uploader.h"
 #include "daemon/rank/rank_session.h"
 #include "daemon/memory/retained_snapshots.h"
@@ -67,6 +68,9 @@ class Job {
   ~Job();
 
   const JobOptions& options() const { return options_; }
+  // The job's membership in the peer tier (SetJobPeers).
+  peer::JobPeers& peers() { return peers_; }
+  const peer::JobPeers& peers() const { return peers_; }
   // OK when `uid` may act on this job: its owner, or root.
   absl::Status Authorize(uid_t uid) const;
 
@@ -174,6 +178,7 @@ class Job {
   checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   RetainedSnapshots retained_;
+  peer::JobPeers peers_;
   // The tiered mode's uploader (null: no upload_dir); fed by commits.
   std::unique_ptr<JobUploader> uploader_;
   // Last: it uses everything above, and is joined before it goes.

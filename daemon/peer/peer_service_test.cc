@@ -12,6 +12,8 @@
 #include "common/testing/status_matchers.h"
 #include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_credentials.h"
+#include "daemon/peer/peer_directory.h"
+#include "common/testing/eventually.h"
 #include "daemon/peer/replica_proto.h"
 #include "format/checksum.h"
 
@@ -243,6 +245,31 @@ TEST_CASE("peer service: damaged bytes from a peer are refused, by either side")
   // (put into the store directly) is held.
   CHECK(a.store.bytes_held() == (a.store.List("llama", 1000).empty() ? 0 : 3000));
   CHECK(a.store.List("llama", 1000).size() <= 1);
+}
+
+TEST_CASE("peer directory: probes the peers it watches, up and down") {
+  auto server = std::make_unique<PeerServer>(Tls("node-a"));
+  const std::string target = server->target();
+  auto creds = LoadPeerCredentials(Tls("node-b"));
+  REQUIRE_OK(creds.status());
+  PeerDirectory::Options options;
+  options.self_node = "node-b";
+  options.self_failure_domain = "rack-2";
+  options.probe_interval = absl::Milliseconds(100);
+  options.probe_timeout = absl::Milliseconds(500);
+  PeerDirectory dir(options, creds->channel);
+  CHECK_FALSE(dir.State(target).has_value());
+  dir.Watch(target);
+  REQUIRE(zcc::testing::Eventually([&] { return dir.State(target)->up; }, absl::Seconds(10)));
+  CHECK(dir.State(target)->node == "node-a");
+  CHECK(dir.State(target)->failure_domain == "rack-1");
+  CHECK(dir.State(target)->last_seen > absl::Now() - absl::Seconds(10));
+  // Its client is the one the directory keeps.
+  CHECK(dir.Client(target) == dir.Client(target));
+  server.reset();
+  REQUIRE(zcc::testing::Eventually([&] { return !dir.State(target)->up; }, absl::Seconds(10)));
+  CHECK_FALSE(dir.State(target)->error.empty());
+  CHECK(dir.State(target)->node == "node-a");  // what it was when last seen
 }
 
 TEST_CASE("peer credentials: missing or malformed files are named") {

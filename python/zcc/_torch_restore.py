@@ -169,6 +169,20 @@ class Restoring:
             raise
         return self._restored(result)
 
+    def _share_job_peers(self):
+        """Where each rank's zccd serves its peers, all-gathered over the
+        process group and told to this rank's zccd, which learns the job's
+        nodes from it; returns the zccds holding this node's replicas ([]
+        without a process group or a peer service). Collective only where
+        this rank's zccd has a peer service: the zccds of one job are
+        configured alike (peer.listen on all of them, or on none)."""
+        mine = self.client.peer_address
+        dist = self._process_group()
+        if dist is None or not mine:
+            return []
+        everyone = [b.decode() for b in self._all_gather(mine.encode())]
+        return self.client.set_job_peers(everyone)
+
     def _all_gather(self, mine):
         """Every rank's `mine` (bytes), by rank: RestoreTogether's all-gather."""
         everyone = [None] * self.world_size

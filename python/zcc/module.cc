@@ -391,6 +391,12 @@ class PyClient {
     ThrowIfError(CallWithoutGil([&](Client& c) { return c.SaveNow(); }));
   }
 
+  std::string PeerAddress() const { return Get()->PeerAddress(); }
+
+  std::vector<std::string> SetJobPeers(const std::vector<std::string>& by_rank) {
+    return ValueOrThrow(CallWithoutGil([&](Client& c) { return c.SetJobPeers(by_rank); }));
+  }
+
   bool WaitConnected(double timeout_s) {
     if (!(timeout_s >= 0)) throw py::value_error("timeout must be a number of seconds >= 0");
     const absl::Duration timeout =
@@ -699,6 +705,13 @@ void DefineModule(py::module_& m) {
            "'disk': [...]}.")
       .def("flush", &PyClient::Flush, py::arg("timeout") = 60.0)
       .def("save_now", &PyClient::SaveNow)
+      .def_property_readonly("peer_address", &PyClient::PeerAddress,
+                             "Where other zccds reach this rank's zccd (host:port); empty when "
+                             "its peer service is off.")
+      .def("set_job_peers", &PyClient::SetJobPeers, py::arg("by_rank"),
+           "Tells zccd every rank's zccd peer address (a list indexed by rank, empty strings "
+           "left out), exchanged over the job's process group; returns the zccds that hold "
+           "this node's replicas.")
       .def("put_job_file", &PyClient::PutJobFile, py::arg("name"), py::arg("content"),
            "Stores a file (bytes) with the job, e.g. the model's config.json; zccctl export "
            "writes it next to the weights.")

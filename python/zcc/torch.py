@@ -275,6 +275,9 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                                   ema_decay=ema_decay, ema_interval=self.ema_interval,
                                   prefetch_restore=prefetch_restore, **connect_kwargs)
         self._register(specs)
+        # The peer tier's membership (DESIGN.md 5c): the zccds' addresses,
+        # exchanged over the process group and reported to each zccd.
+        self.peer_buddies = self._share_job_peers()
         # Faulting in a GB of fresh buffers takes a while: on another core,
         # during the restore that usually follows (its wait for zccd's read).
         # Not during the registration: the faults hold the process's memory
