@@ -137,12 +137,12 @@ Daemon::~Daemon() {
 }
 
 bool Daemon::Start() {
-  std::vector<std::string> argv = {Runfile(options_.binary),
-                                   "--socket=" + socket_,
-                                   "--root=" + root_,
-                                   "--shm_prefix=" + shm_prefix_,
-                                   "--client_timeout_s=5",
-                                   "--commit_timeout_s=60"};
+  std::vector<std::string> argv = options_.wrapper;
+  for (std::string a : {Runfile(options_.binary), "--socket=" + socket_, "--root=" + root_,
+                        "--shm_prefix=" + shm_prefix_, std::string("--client_timeout_s=5"),
+                        std::string("--commit_timeout_s=60")}) {
+    argv.push_back(std::move(a));
+  }
   for (const auto& f : options_.extra_flags) argv.push_back(f);
   process_ = std::make_unique<Subprocess>(
       argv, absl::StrCat(dir_, "/", options_.name, ".", starts_++, ".log"), -1, options_.env);
@@ -188,9 +188,13 @@ std::string Daemon::Log() const {
 }
 
 std::unique_ptr<Subprocess> StartTrainer(const Daemon& daemon, const std::string& log_dir,
-                                         const std::string& tag, std::vector<std::string> flags) {
-  std::vector<std::string> argv = {Runfile("tests/test_trainer"), "--socket=" + daemon.socket(),
-                                   "--root=" + daemon.root()};
+                                         const std::string& tag, std::vector<std::string> flags,
+                                         const std::vector<std::string>& wrapper) {
+  std::vector<std::string> argv = wrapper;
+  for (std::string a : {Runfile("tests/test_trainer"), "--socket=" + daemon.socket(),
+                        "--root=" + daemon.root()}) {
+    argv.push_back(std::move(a));
+  }
   for (auto& f : flags) argv.push_back(std::move(f));
   return std::make_unique<Subprocess>(argv, absl::StrCat(log_dir, "/", tag, ".log"));
 }

@@ -53,6 +53,8 @@ struct DaemonOptions {
   std::string name = "zccd";  // socket and log file names inside the directory
   std::vector<std::string> env;  // extra "NAME=value" environment entries
   std::string binary = "daemon/zccd";  // workspace-relative
+  // Runs zccd under this argv prefix (a node's `ip netns exec`); empty: as is.
+  std::vector<std::string> wrapper;
 };
 
 // A zccd with its own socket, shm prefix and checkpoint root.
@@ -87,8 +89,10 @@ class Daemon {
 };
 
 // Runs the test trainer; flags are "--name=value" strings.
+// `wrapper`: an argv prefix to run it under (a node's `ip netns exec`).
 std::unique_ptr<Subprocess> StartTrainer(const Daemon& daemon, const std::string& log_dir,
-                                         const std::string& tag, std::vector<std::string> flags);
+                                         const std::string& tag, std::vector<std::string> flags,
+                                         const std::vector<std::string>& wrapper = {});
 
 // Names under /dev/shm that start with `prefix`.
 std::vector<std::string> ShmSegments(const std::string& prefix);

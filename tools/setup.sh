@@ -27,6 +27,7 @@ APT_PACKAGES=(
   libpugixml-dev             # S3's XML replies (storage/s3)
   debootstrap                # a minimal Debian root in which the portable wheels are tested
   openssl                    # test certificates for the peer service's mutual TLS
+  iproute2                   # network namespaces: the multi-node tests' nodes
 )
 PIP_PACKAGES=(safetensors numpy)
 

@@ -1,0 +1,129 @@
+// The peer tier across "nodes": zccds and trainers in network namespaces on
+// one machine (tests/netns_cluster.h), each node with its own address, its
+// own zccd (socket, shm prefix, node-local root) and the cluster's
+// certificates for that address. A job with one rank per node tells its
+// zccds the job's nodes; each learns its buddy, sees the others up, sees a
+// partitioned node go down and come back, and a lost node stay down.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/testing/eventually.h"
+#include "common/testing/temp_dir.h"
+#include "tests/netns_cluster.h"
+#include "tests/process_harness.h"
+
+namespace zcc::testing {
+namespace {
+
+constexpr int kPeerPort = 7071;  // every node has its own network: one port for all
+
+// Node i's line in `zccctl status` of another zccd contains all of `needles`
+// within `timeout`.
+bool StatusShows(const std::string& dir, const Daemon& d, const std::vector<std::string>& needles,
+                 std::string* out) {
+  return Eventually(
+      [&] {
+        *out = Zccctl(dir, d, {"status"}).second;
+        for (const std::string& n : needles) {
+          if (!absl::StrContains(*out, n)) return false;
+        }
+        return true;
+      },
+      absl::Seconds(40));
+}
+
+TEST_CASE("three nodes in network namespaces: membership, buddies, a partition and a lost node") {
+  auto made = NetnsCluster::Create(3);
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  NetnsCluster& net = **made;
+  const std::string dir = ShortTempDir("it-mn");
+  const char* names[] = {"node-a", "node-b", "node-c"};
+  const char* racks[] = {"rack-1", "rack-2", "rack-1"};
+  std::string certs_cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", dir,
+                                       "/certs");
+  for (int i = 0; i < 3; ++i) absl::StrAppend(&certs_cmd, " ", names[i], "=", net.ip(i));
+  REQUIRE(RunCommand(certs_cmd).ok());
+
+  std::vector<std::unique_ptr<Daemon>> zccds;
+  std::vector<std::string> addr;
+  for (int i = 0; i < 3; ++i) {
+    const std::string certs = dir + "/certs/";
+    DaemonOptions o;
+    o.name = names[i];
+    o.root = absl::StrCat(dir, "/", names[i], "-root");  // node-local
+    o.wrapper = net.Exec(i);
+    o.extra_flags = {absl::StrCat("--peer_listen=", net.ip(i), ":", kPeerPort),
+                     "--peer_cert=" + certs + names[i] + ".pem",
+                     "--peer_key=" + certs + names[i] + ".key", "--peer_ca=" + certs + "ca.pem",
+                     std::string("--node_name=") + names[i],
+                     std::string("--failure_domain=") + racks[i]};
+    zccds.push_back(std::make_unique<Daemon>(dir, o));
+    REQUIRE(zccds.back()->Start());
+    addr.push_back(absl::StrCat(net.ip(i), ":", kPeerPort));
+  }
+
+  // One rank per node; the ranks' collective over the bridge.
+  const std::string collective = absl::StrCat(net.ip(0), ":7072");
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int r = 0; r < 3; ++r) {
+    trainers.push_back(StartTrainer(
+        *zccds[r], dir, absl::StrCat("rank", r),
+        {"--job=mn", absl::StrCat("--rank=", r), "--world=3", "--steps=2", "--save_every=0",
+         "--share_peers", "--collective=" + collective, "--linger_ms=120000"},
+        net.Exec(r)));
+  }
+  for (int r = 0; r < 3; ++r) {
+    INFO(trainers[r]->Output());
+    REQUIRE(trainers[r]->WaitForOutput("peer_address=" + addr[r] + " buddies=", absl::Seconds(60)));
+  }
+
+  // node-a sees both others up, named from their answers over the bridge;
+  // node-b (the only other rack) holds its replicas.
+  const Daemon& a = *zccds[0];
+  std::string out;
+  CHECK(StatusShows(dir, a,
+                    {addr[0] + "  ranks 0  this zccd",
+                     addr[1] + " (node-b in rack-2)  ranks 1  up, seen",
+                     addr[2] + " (node-c in rack-1)  ranks 2  up, seen"},
+                    &out));
+  INFO(out);
+  CHECK(absl::StrContains(out, "ranks 1  up, seen"));
+  std::string b_line = out.substr(out.find(addr[1] + " (node-b"));
+  CHECK(absl::StrContains(b_line.substr(0, b_line.find('\n')), "[buddy]"));
+  // node-b's buddy: the next node after it in address order, node-c (both
+  // others are in another rack).
+  CHECK(StatusShows(dir, *zccds[1],
+                    {addr[0] + " (node-a in rack-1)  ranks 0  up",
+                     addr[2] + " (node-c in rack-1)  ranks 2  up"},
+                    &out));
+  std::string c_line = out.substr(out.find(addr[2] + " (node-c"));
+  CHECK(absl::StrContains(c_line.substr(0, c_line.find('\n')), "[buddy]"));
+  std::string a_line = out.substr(out.find(addr[0] + " (node-a"));
+  CHECK_FALSE(absl::StrContains(a_line.substr(0, a_line.find('\n')), "[buddy]"));
+
+  // A partition: node-b's link down, then up again.
+  REQUIRE(net.SetLink(1, false).ok());
+  CHECK(StatusShows(dir, a, {addr[1] + " (node-b in rack-2)  ranks 1  DOWN, seen"}, &out));
+  REQUIRE(net.SetLink(1, true).ok());
+  CHECK(StatusShows(dir, a, {addr[1] + " (node-b in rack-2)  ranks 1  up, seen"}, &out));
+
+  // node-c is lost: its trainer and zccd killed, its network gone.
+  trainers[2]->Signal(SIGKILL);
+  zccds[2]->Kill();
+  REQUIRE(net.Remove(2).ok());
+  CHECK(StatusShows(dir, a, {addr[2] + " (node-c in rack-1)  ranks 2  DOWN, seen"}, &out));
+
+  for (auto& t : trainers) t->Signal(SIGKILL);
+  CHECK(zccds[0]->Stop() == 0);
+  CHECK(zccds[1]->Stop() == 0);
+}
+
+}  // namespace
+}  // namespace zcc::testing
