@@ -39,6 +39,9 @@ constexpr double kMaxTextfileIntervalS = 3600;
 constexpr size_t kSunPathBytes = 108;
 constexpr uint64_t kMinReplicaBudgetBytes = 1 << 20;
 constexpr size_t kMaxPeerNameBytes = 253;
+constexpr uint32_t kMaxReplicateEvery = 1000000;
+constexpr uint32_t kMaxReplicas = 8;
+constexpr uint64_t kMinReplicateBytesPerS = 1 << 20;
 
 // Records the parser's first error (0-based position, as the tokenizer counts).
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
@@ -212,7 +215,8 @@ void CheckPeerName(absl::string_view field, const std::string& name, Problems& p
 }
 
 // The peer service's fields. The files and the budget are checked against
-// listen: without it the service is off.
+// listen: without it the service is off. Names and the replication settings
+// are checked either way.
 void CheckPeer(const daemon::PeerConfig& peer, Problems& p) {
   const bool on = !peer.listen.empty();
   if (on) {
@@ -252,6 +256,19 @@ void CheckPeer(const daemon::PeerConfig& peer, Problems& p) {
   }
   CheckPeerName("peer.node_name", peer.node_name, p);
   CheckPeerName("peer.failure_domain", peer.failure_domain, p);
+  if (peer.replicate_every > kMaxReplicateEvery) {
+    p.Add("peer.replicate_every", absl::StrCat("must be at most ", kMaxReplicateEvery, ", got ",
+                                               peer.replicate_every));
+  }
+  if (peer.replicas < 1 || peer.replicas > kMaxReplicas) {
+    p.Add("peer.replicas",
+          absl::StrCat("must be in [1, ", kMaxReplicas, "], got ", peer.replicas));
+  }
+  if (peer.replicate_bytes_per_s > 0 && peer.replicate_bytes_per_s < kMinReplicateBytesPerS) {
+    p.Add("peer.replicate_bytes_per_s",
+          absl::StrCat("must be 0 or at least ", kMinReplicateBytesPerS, " (1 MiB/s), got ",
+                       peer.replicate_bytes_per_s));
+  }
 }
 
 // Field checks shared by the file loader and ValidateFullConfig.
@@ -449,6 +466,9 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     if (q.has_node_name()) peer.node_name = q.node_name();
     if (q.has_failure_domain()) peer.failure_domain = q.failure_domain();
     if (q.has_replica_budget_bytes()) peer.replica_budget_bytes = q.replica_budget_bytes();
+    if (q.has_replicate_every()) peer.replicate_every = q.replicate_every();
+    if (q.has_replicas()) peer.replicas = q.replicas();
+    if (q.has_replicate_bytes_per_s()) peer.replicate_bytes_per_s = q.replicate_bytes_per_s();
   }
   if (proto.has_retain_snapshots_s()) {
     MergeSeconds("retain_snapshots_s", proto.retain_snapshots_s(), &d.retain_snapshots, p);
@@ -725,7 +745,10 @@ std::string DefaultConfigText(const FullConfig& config) {
                             peer.key_file.empty() && peer.ca_file.empty() &&
                             peer.insecure == default_peer.insecure && peer.node_name.empty() &&
                             peer.failure_domain.empty() &&
-                            peer.replica_budget_bytes == default_peer.replica_budget_bytes;
+                            peer.replica_budget_bytes == default_peer.replica_budget_bytes &&
+                            peer.replicate_every == default_peer.replicate_every &&
+                            peer.replicas == default_peer.replicas &&
+                            peer.replicate_bytes_per_s == default_peer.replicate_bytes_per_s;
   const std::string lead = peer_default ? "# " : "";
   auto peer_field = [&](absl::string_view name, const std::string& value,
                         absl::string_view example) {
@@ -748,7 +771,13 @@ std::string DefaultConfigText(const FullConfig& config) {
   peer_field("node_name", peer.node_name, "node-1");
   peer_field("failure_domain", peer.failure_domain, "rack-1");
   absl::StrAppend(&out, lead, "  # Memory for replicas held for other nodes, bytes.\n", lead,
-                  "  replica_budget_bytes: ", peer.replica_budget_bytes, "\n", lead, "}\n\n");
+                  "  replica_budget_bytes: ", peer.replica_budget_bytes, "\n");
+  absl::StrAppend(
+      &out, lead, "  # Every how many snapshots a step is replicated; 0 = at each checkpoint step.\n",
+      lead, "  replicate_every: ", peer.replicate_every, "\n", lead,
+      "  # Buddies each node's replicas go to (1..8).\n", lead, "  replicas: ", peer.replicas, "\n",
+      lead, "  # The most bytes per second replication sends; 0 = no cap.\n", lead,
+      "  replicate_bytes_per_s: ", peer.replicate_bytes_per_s, "\n", lead, "}\n\n");
 
   absl::StrAppend(&out, "# DEBUG, INFO, WARNING or ERROR.\n", "log_level: ", Quote(o.log_level),
                   "\n", "# zccd's threads for EMA updates, shared by all ranks (1..256).\n",

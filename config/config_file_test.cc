@@ -65,6 +65,9 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.peer.node_name == y.peer.node_name);
   CHECK(x.peer.failure_domain == y.peer.failure_domain);
   CHECK(x.peer.replica_budget_bytes == y.peer.replica_budget_bytes);
+  CHECK(x.peer.replicate_every == y.peer.replicate_every);
+  CHECK(x.peer.replicas == y.peer.replicas);
+  CHECK(x.peer.replicate_bytes_per_s == y.peer.replicate_bytes_per_s);
   CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
   CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);
   CHECK(a.ops.metrics_textfile_dir == b.ops.metrics_textfile_dir);
@@ -121,6 +124,9 @@ TEST_CASE("a file setting every field is applied over the base") {
       node_name: "node-17.example"
       failure_domain: "rack_3"
       replica_budget_bytes: 2147483648
+      replicate_every: 10
+      replicas: 2
+      replicate_bytes_per_s: 104857600
     }
     status_tcp_listen: "[::1]:7070"
     metrics_http_listen: "0.0.0.0:9464"
@@ -160,6 +166,9 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.peer.node_name == "node-17.example");
   CHECK(d.peer.failure_domain == "rack_3");
   CHECK(d.peer.replica_budget_bytes == (2ull << 30));
+  CHECK(d.peer.replicate_every == 10);
+  CHECK(d.peer.replicas == 2);
+  CHECK(d.peer.replicate_bytes_per_s == (100ull << 20));
   CHECK(c->ops.status_tcp_listen == "[::1]:7070");
   CHECK(c->ops.metrics_http_listen == "0.0.0.0:9464");
   CHECK(c->ops.metrics_textfile_dir == "/var/lib/node_exporter/textfile");
@@ -388,6 +397,9 @@ TEST_CASE("peer: fields left out of the block keep the base value") {
   FullConfig base;
   base.daemon.peer.node_name = "base-node";
   base.daemon.peer.replica_budget_bytes = 1ull << 30;
+  base.daemon.peer.replicate_every = 5;
+  base.daemon.peer.replicas = 3;
+  base.daemon.peer.replicate_bytes_per_s = 50ull << 20;
   absl::StatusOr<FullConfig> c = ParseConfigText(
       "peer {\n  listen: \"127.0.0.1:0\"\n  insecure: true\n}\n", "zccd.conf", base);
   REQUIRE_OK(c);
@@ -395,10 +407,16 @@ TEST_CASE("peer: fields left out of the block keep the base value") {
   CHECK(c->daemon.peer.insecure);
   CHECK(c->daemon.peer.node_name == "base-node");
   CHECK(c->daemon.peer.replica_budget_bytes == (1ull << 30));
+  CHECK(c->daemon.peer.replicate_every == 5);
+  CHECK(c->daemon.peer.replicas == 3);
+  CHECK(c->daemon.peer.replicate_bytes_per_s == (50ull << 20));
   CHECK(c->daemon.peer.cert_file.empty());
   // Off (no listen): the built-in defaults pass, and so do names and a budget alone.
   CHECK_OK(ParseConfigText("peer { node_name: \"n1\" replica_budget_bytes: 1 }\n", "zccd.conf"));
   CHECK(FullConfig{}.daemon.peer.replica_budget_bytes == (8ull << 30));
+  CHECK(FullConfig{}.daemon.peer.replicate_every == 0);
+  CHECK(FullConfig{}.daemon.peer.replicas == 1);
+  CHECK(FullConfig{}.daemon.peer.replicate_bytes_per_s == 0);
 }
 
 TEST_CASE("peer: each bad field is reported with its position") {
@@ -448,6 +466,21 @@ TEST_CASE("peer: each bad field is reported with its position") {
              Catch::Equals("zccd.conf:1:8: peer.node_name: must be at most 253 bytes, got 254"));
   CHECK_OK(ParseConfigText(absl::StrCat("peer { node_name: \"", std::string(253, 'n'), "\" }\n"),
                            "zccd.conf"));
+  // Replication: checked with the service on or off.
+  CHECK_THAT(ParseError("peer {\n  replicate_every: 1000001\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.replicate_every: must be at most 1000000, got "
+                           "1000001"));
+  CHECK_OK(ParseConfigText("peer { replicate_every: 1000000 }\n", "zccd.conf"));
+  CHECK_THAT(ParseError("peer { replicas: 0 }\n"),
+             Catch::Equals("zccd.conf:1:8: peer.replicas: must be in [1, 8], got 0"));
+  CHECK_THAT(ParseError("peer { listen: \"127.0.0.1:0\" insecure: true replicas: 9 }\n"),
+             Catch::Equals("zccd.conf:1:45: peer.replicas: must be in [1, 8], got 9"));
+  CHECK_OK(ParseConfigText("peer { replicas: 8 }\n", "zccd.conf"));
+  CHECK_THAT(ParseError("peer {\n  replicate_bytes_per_s: 1048575\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.replicate_bytes_per_s: must be 0 or at least "
+                           "1048576 (1 MiB/s), got 1048575"));
+  CHECK_OK(ParseConfigText("peer { replicate_bytes_per_s: 1048576 }\n", "zccd.conf"));
+  CHECK_OK(ParseConfigText("peer { replicate_bytes_per_s: 0 replicate_every: 0 }\n", "zccd.conf"));
 }
 
 TEST_CASE("peer: every problem is reported at once, in file order") {
@@ -459,6 +492,9 @@ TEST_CASE("peer: every problem is reported at once, in file order") {
       "  node_name: \"a:b\"\n"                // 5
       "  failure_domain: \"rack 3\"\n"        // 6
       "  replica_budget_bytes: 0\n"           // 7
+      "  replicate_every: 2000000\n"         // 8
+      "  replicas: 0\n"                      // 9
+      "  replicate_bytes_per_s: 1\n"         // 10
       "}\n");
   INFO(msg);
   const std::vector<std::string> lines = absl::StrSplit(msg, '\n');
@@ -473,6 +509,10 @@ TEST_CASE("peer: every problem is reported at once, in file order") {
                      "only, got \"rack 3\"",
                      "zccd.conf:7:3: peer.replica_budget_bytes: must be at least 1048576 (1 MiB), "
                      "got 0",
+                     "zccd.conf:8:3: peer.replicate_every: must be at most 1000000, got 2000000",
+                     "zccd.conf:9:3: peer.replicas: must be in [1, 8], got 0",
+                     "zccd.conf:10:3: peer.replicate_bytes_per_s: must be 0 or at least 1048576 "
+                     "(1 MiB/s), got 1",
                  });
 }
 
@@ -480,18 +520,33 @@ TEST_CASE("peer: overrides (the command line) over the file; values not from the
   const std::string text = "peer {\n  listen: \"0.0.0.0:7071\"\n  node_name: \"file-node\"\n}\n";
   CHECK_THAT(std::string(ParseConfigText(text, "zccd.conf").status().message()),
              Catch::StartsWith("zccd.conf:2:3: peer.listen: needs cert_file"));
-  // As --peer_insecure --node_name=flag-node --replica_budget_mb=64 would.
+  // As --peer_insecure --node_name=flag-node --replica_budget_mb=64 --replicate_every=4
+  // --replicas=2 --replicate_mb_s=200 would.
   absl::StatusOr<FullConfig> c =
       ParseConfigText(text, "zccd.conf", FullConfig{}, [](FullConfig& config) {
         config.daemon.peer.insecure = true;
         config.daemon.peer.node_name = "flag-node";
         config.daemon.peer.replica_budget_bytes = 64ull << 20;
+        config.daemon.peer.replicate_every = 4;
+        config.daemon.peer.replicas = 2;
+        config.daemon.peer.replicate_bytes_per_s = 200ull << 20;
       });
   REQUIRE_OK(c);
   CHECK(c->daemon.peer.listen == "0.0.0.0:7071");
   CHECK(c->daemon.peer.insecure);
   CHECK(c->daemon.peer.node_name == "flag-node");
   CHECK(c->daemon.peer.replica_budget_bytes == (64ull << 20));
+  CHECK(c->daemon.peer.replicate_every == 4);
+  CHECK(c->daemon.peer.replicas == 2);
+  CHECK(c->daemon.peer.replicate_bytes_per_s == (200ull << 20));
+  // As --replicas=0 over the file: no position.
+  CHECK(ParseConfigText(text, "zccd.conf", FullConfig{},
+                        [](FullConfig& config) {
+                          config.daemon.peer.insecure = true;
+                          config.daemon.peer.replicas = 0;
+                        })
+            .status()
+            .message() == "zccd.conf: peer.replicas: must be in [1, 8], got 0");
   // As --peer_cert=cert.pem over a file without it.
   CHECK(ParseConfigText(text, "zccd.conf", FullConfig{},
                         [](FullConfig& config) {
@@ -513,6 +568,9 @@ TEST_CASE("peer: overrides (the command line) over the file; values not from the
   config.daemon.peer.cert_file = "/c.pem";
   config.daemon.peer.key_file = "/k.pem";
   CHECK_OK(ValidateFullConfig(config));
+  config.daemon.peer.replicate_bytes_per_s = 1000;
+  CHECK(ValidateFullConfig(config).message() ==
+        "peer.replicate_bytes_per_s: must be 0 or at least 1048576 (1 MiB/s), got 1000");
 }
 
 TEST_CASE("removed settings still load, each named with its line as ignored") {
@@ -581,7 +639,10 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
                                      "#   ca_file: \"/etc/zcc/peer/ca.crt\"\n"
                                      "#   node_name: \"node-1\"\n"
                                      "#   failure_domain: \"rack-1\"\n"));
-    CHECK_THAT(text, Catch::Contains("#   replica_budget_bytes: 8589934592\n# }\n"));
+    CHECK_THAT(text, Catch::Contains("#   replica_budget_bytes: 8589934592\n"));
+    CHECK_THAT(text, Catch::Contains("#   replicate_every: 0\n"));
+    CHECK_THAT(text, Catch::Contains("#   replicas: 1\n"));
+    CHECK_THAT(text, Catch::Contains("#   replicate_bytes_per_s: 0\n# }\n"));
     absl::StatusOr<FullConfig> back = ParseConfigText(text, "default.conf");
     REQUIRE_OK(back);
     RequireSameConfig(*back, FullConfig{});
@@ -605,17 +666,35 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     CHECK(c->daemon.peer.node_name == "node-1");
     CHECK(c->daemon.peer.failure_domain == "rack-1");
     CHECK(c->daemon.peer.replica_budget_bytes == (8ull << 30));
+    CHECK(c->daemon.peer.replicate_every == 0);
+    CHECK(c->daemon.peer.replicas == 1);
+    CHECK(c->daemon.peer.replicate_bytes_per_s == 0);
   }
   SECTION("a peer block with some fields set: the empty ones stay commented out") {
     FullConfig config;
     config.daemon.peer.listen = "127.0.0.1:0";
     config.daemon.peer.insecure = true;
     config.daemon.peer.replica_budget_bytes = 1ull << 20;
+    config.daemon.peer.replicas = 2;
     const std::string text = DefaultConfigText(config);
     INFO(text);
     CHECK_THAT(text, Catch::Contains("\npeer {\n  listen: \"127.0.0.1:0\"\n"
                                      "  # cert_file: \"/etc/zcc/peer/node.crt\"\n"));
     CHECK_THAT(text, Catch::Contains("\n  insecure: true\n"));
+    CHECK_THAT(text, Catch::Contains("\n  replicate_every: 0\n"));
+    CHECK_THAT(text, Catch::Contains("\n  replicas: 2\n"));
+    CHECK_THAT(text, Catch::Contains("\n  replicate_bytes_per_s: 0\n}\n"));
+    absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");
+    REQUIRE_OK(back);
+    RequireSameConfig(*back, config);
+  }
+  SECTION("a replication setting alone writes the block, the service still off") {
+    FullConfig config;
+    config.daemon.peer.replicate_every = 3;
+    const std::string text = DefaultConfigText(config);
+    INFO(text);
+    CHECK_THAT(text, Catch::Contains("\npeer {\n  # listen: \"0.0.0.0:7071\"\n"));
+    CHECK_THAT(text, Catch::Contains("\n  replicate_every: 3\n"));
     absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");
     REQUIRE_OK(back);
     RequireSameConfig(*back, config);
@@ -644,6 +723,9 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     d.peer.node_name = "node-7.example";
     d.peer.failure_domain = "rack_2";
     d.peer.replica_budget_bytes = 3ull << 30;
+    d.peer.replicate_every = 1000000;
+    d.peer.replicas = 8;
+    d.peer.replicate_bytes_per_s = 1ull << 20;
     config.ops.status_tcp_listen = "[::]:7070";
     config.ops.metrics_http_listen = "127.0.0.1:9464";
     config.ops.metrics_textfile_dir = "/var/lib/node_exporter";

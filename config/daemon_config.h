@@ -53,6 +53,13 @@ struct PeerConfig {
   // Memory for replicas held for other nodes, bytes; the oldest are dropped
   // first when a new one needs the room.
   uint64_t replica_budget_bytes = 8ull << 30;
+  // Every how many snapshots a rank's step is replicated to its buddies:
+  // 0 = at each step the job checkpoints (its save_every), 1 = every step.
+  uint32_t replicate_every = 0;
+  // Buddies each node's replicas go to.
+  uint32_t replicas = 1;
+  // The most bytes per second replication sends from this zccd; 0 = no cap.
+  uint64_t replicate_bytes_per_s = 0;
 };
 
 struct DaemonConfig {

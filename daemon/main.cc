@@ -74,6 +74,11 @@ ABSL_FLAG(std::string, node_name, "", "this zccd's name among its peers (empty =
 ABSL_FLAG(std::string, failure_domain, "", "this node's failure domain (a rack, a power feed); "
           "replicas go to other domains (empty = a domain of its own)");
 ABSL_FLAG(uint64_t, replica_budget_mb, 8192, "memory for replicas held for other nodes");
+ABSL_FLAG(uint32_t, replicate_every, 0, "replicate a rank's step to its buddies every this many "
+          "snapshots (0 = at each step the job checkpoints, 1 = every step)");
+ABSL_FLAG(uint32_t, replicas, 1, "buddies each node's replicas go to (1..8)");
+ABSL_FLAG(uint64_t, replicate_mb_s, 0, "the most MB per second replication sends from this zccd "
+          "(0 = no cap)");
 ABSL_FLAG(std::string, log_level, "INFO", "DEBUG, INFO, WARNING or ERROR");
 
 namespace {
@@ -139,6 +144,11 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("failure_domain")) d.peer.failure_domain = absl::GetFlag(FLAGS_failure_domain);
   if (Given("replica_budget_mb")) {
     d.peer.replica_budget_bytes = absl::GetFlag(FLAGS_replica_budget_mb) << 20;
+  }
+  if (Given("replicate_every")) d.peer.replicate_every = absl::GetFlag(FLAGS_replicate_every);
+  if (Given("replicas")) d.peer.replicas = absl::GetFlag(FLAGS_replicas);
+  if (Given("replicate_mb_s")) {
+    d.peer.replicate_bytes_per_s = absl::GetFlag(FLAGS_replicate_mb_s) << 20;
   }
   if (Given("log_level")) c.ops.log_level = absl::GetFlag(FLAGS_log_level);
 }

@@ -35,7 +35,7 @@ bool StatusShows(const std::string& dir, const Daemon& d, const std::vector<std:
         }
         return true;
       },
-      absl::Seconds(40));
+      absl::Seconds(40), absl::Milliseconds(200));
 }
 
 TEST_CASE("three nodes in network namespaces: membership, buddies, a partition and a lost node") {
@@ -120,6 +120,79 @@ TEST_CASE("three nodes in network namespaces: membership, buddies, a partition a
   REQUIRE(net.Remove(2).ok());
   CHECK(StatusShows(dir, a, {addr[2] + " (node-c in rack-1)  ranks 2  DOWN, seen"}, &out));
 
+  for (auto& t : trainers) t->Signal(SIGKILL);
+  CHECK(zccds[0]->Stop() == 0);
+  CHECK(zccds[1]->Stop() == 0);
+}
+
+// Replication across the bridge while the trainers train: a partition of
+// the buddy's link skips no snapshot, the lag grows and shows, and the
+// replication catches up once the link is back.
+TEST_CASE("two nodes replicate every step; a partition makes lag, not skipped snapshots") {
+  auto made = NetnsCluster::Create(2);
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  NetnsCluster& net = **made;
+  const std::string dir = ShortTempDir("it-mnrep");
+  const char* names[] = {"node-a", "node-b"};
+  const char* racks[] = {"rack-1", "rack-2"};
+  std::string certs_cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", dir,
+                                       "/certs");
+  for (int i = 0; i < 2; ++i) absl::StrAppend(&certs_cmd, " ", names[i], "=", net.ip(i));
+  REQUIRE(RunCommand(certs_cmd).ok());
+  std::vector<std::unique_ptr<Daemon>> zccds;
+  for (int i = 0; i < 2; ++i) {
+    const std::string certs = dir + "/certs/";
+    DaemonOptions o;
+    o.name = names[i];
+    o.root = absl::StrCat(dir, "/", names[i], "-root");
+    o.wrapper = net.Exec(i);
+    o.extra_flags = {absl::StrCat("--peer_listen=", net.ip(i), ":", kPeerPort),
+                     "--peer_cert=" + certs + names[i] + ".pem",
+                     "--peer_key=" + certs + names[i] + ".key", "--peer_ca=" + certs + "ca.pem",
+                     std::string("--node_name=") + names[i],
+                     std::string("--failure_domain=") + racks[i], "--replicate_every=1"};
+    zccds.push_back(std::make_unique<Daemon>(dir, o));
+    REQUIRE(zccds.back()->Start());
+  }
+  const std::string collective = absl::StrCat(net.ip(0), ":7072");
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    // 300 steps of 100 ms: half a minute of training.
+    trainers.push_back(StartTrainer(
+        *zccds[r], dir, absl::StrCat("rank", r),
+        {"--job=rep", absl::StrCat("--rank=", r), "--world=2", "--steps=300", "--step_ms=100",
+         "--save_every=0", "--share_peers", "--collective=" + collective, "--linger_ms=60000"},
+        net.Exec(r)));
+  }
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("buddies=", absl::Seconds(60)));
+  const Daemon& a = *zccds[0];
+  std::string out;
+  // Replicating: node-a's steps reach node-b.
+  REQUIRE(StatusShows(dir, a, {"replication: step ", "at every buddy"}, &out));
+  REQUIRE(Eventually(
+      [&] {
+        out = Zccctl(dir, a, {"status"}).second;
+        return absl::StrContains(out, "replication:") && !absl::StrContains(out, "step - at");
+      },
+      absl::Seconds(30)));
+  // The partition: the buddy unreachable; the lag grows, and the push in
+  // flight fails once keepalive finds the link dead.
+  REQUIRE(net.SetLink(1, false).ok());
+  CHECK(StatusShows(dir, a, {"lagging"}, &out));
+  CHECK(StatusShows(dir, a, {"REPLICATION FAILING"}, &out));
+  INFO(out);
+  REQUIRE(net.SetLink(1, true).ok());
+  // Training ends; the replication catches up with the newest step.
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(120)));
+  CHECK(StatusShows(dir, a, {"replication: step 300 at every buddy, newest 300"}, &out));
+  // No snapshot was skipped for it.
+  for (auto& t : trainers) {
+    const auto v = t->Values();
+    CHECK(v.at("published") == "300");
+    CHECK(v.at("skipped_no_slot") == "0");
+    CHECK(v.at("skipped_disconnected") == "0");
+  }
   for (auto& t : trainers) t->Signal(SIGKILL);
   CHECK(zccds[0]->Stop() == 0);
   CHECK(zccds[1]->Stop() == 0);

@@ -153,6 +153,17 @@ void PrintUpload(const zcc::v1::JobStatus& job) {
 // node's replicas.
 void PrintJobPeers(const zcc::v1::JobStatus& job) {
   if (job.peers().empty()) return;
+  if (job.replication_newest_step() >= 0) {
+    std::printf("  replication: step %s at every buddy, newest %s", Step(job.replicated_step()).c_str(),
+                Step(job.replication_newest_step()).c_str());
+    if (job.replication_newest_step() > job.replicated_step()) {
+      std::printf(" (lagging %.1f s)", job.replication_lag_seconds());
+    }
+    std::printf(", %.2f GB sent\n", job.replication_bytes_sent() / 1e9);
+    if (!job.replication_error().empty()) {
+      std::printf("  REPLICATION FAILING: %s\n", job.replication_error().c_str());
+    }
+  }
   std::printf("  peers:\n");
   for (const auto& p : job.peers()) {
     std::string ranks;

@@ -253,6 +253,16 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
   options.fs_owner = job.options().owner;
   options.io.storage = d.shard_storage;
   options.write_pool = d.write_pool;
+  if (d.replicate) {
+    // Every replicate_every-th step, or each step the job checkpoints.
+    const uint32_t every = d.config->peer.replicate_every;
+    options.replicate_every = every > 0 ? every : req.save_every();
+    options.on_replicate = [replicate = d.replicate, job_id = req.job_id(),
+                            uid = static_cast<uint32_t>(job.options().owner.uid)](
+                               checkpoint::RankStepBytes step) {
+      replicate(job_id, uid, std::move(step));
+    };
+  }
   return options;
 }
 

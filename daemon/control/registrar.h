@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 #include "config/daemon_config.h"
+#include "checkpoint/rank_step_bytes.h"
 #include "daemon/control/caller.h"
 #include "daemon/control/job_placement.h"
 #include "daemon/jobs/housekeeper.h"
@@ -56,6 +57,10 @@ class Registrar {
     // name and the bytes reserved at once: a hook for fault drills (a
     // reservation that stalls).
     std::function<void(const std::string& segment, uint64_t bytes)> before_reserve;
+    // The peer tier (config.peer.listen set): a rank's step serialized for
+    // its job's buddies, with the job's owner uid; null: no peer tier.
+    std::function<void(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes)>
+        replicate;
   };
 
   explicit Registrar(Deps deps) : d_(std::move(deps)) {}

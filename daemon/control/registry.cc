@@ -30,11 +30,6 @@
 namespace zcc::daemon {
 namespace {
 
-// Buddies per node for the pieces without another copy (a `replicas`
-// setting once replication lands).
-constexpr uint32_t kReplicas = 1;
-
-
 constexpr char kVersion[] = "zccd 0.1.0";
 
 }  // namespace
@@ -93,7 +88,14 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                                  stores_.RouteJob(root, job_id, std::move(credentials)));
             return std::shared_ptr<void>(std::move(route));
           },
-          std::move(before_reserve)}) {}
+          std::move(before_reserve),
+          config_.peer.listen.empty()
+              ? nullptr
+              : std::function<void(const std::string&, uint32_t, checkpoint::RankStepBytes)>(
+                    [this](const std::string& job_id, uint32_t uid,
+                           checkpoint::RankStepBytes step) {
+                      ReplicateStep(job_id, uid, std::move(step));
+                    })}) {}
 
 Registry::~Registry() { Shutdown(); }
 
@@ -344,10 +346,46 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   options.self_node = endpoint.node();
   options.self_failure_domain = endpoint.failure_domain();
   auto directory = std::make_shared<peer::PeerDirectory>(options, std::move(creds));
+  peer::Replicator::Options replicate;
+  replicate.self_node = endpoint.node();
+  replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
+  auto replicator = std::make_shared<peer::Replicator>(
+      replicate, &replicas_, directory.get(),
+      [this](const std::string& job_id) { return BuddiesOf(job_id); });
   zcc::MutexLock lock(&peer_mu_);
   peer_endpoint_ = std::move(endpoint);
   peer_address_ = std::move(address);
   peer_directory_ = std::move(directory);
+  replicator_ = std::move(replicator);
+}
+
+std::vector<std::string> Registry::BuddiesOf(const std::string& job_id) const {
+  std::shared_ptr<Job> job = jobs_.Find(job_id);
+  std::shared_ptr<peer::PeerDirectory> directory;
+  std::string self;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    directory = peer_directory_;
+    self = peer_address_;
+  }
+  if (job == nullptr || directory == nullptr) return {};
+  return Buddies(*job, *directory, self);
+}
+
+void Registry::ReplicateStep(const std::string& job_id, uint32_t uid,
+                             checkpoint::RankStepBytes step) {
+  std::shared_ptr<peer::Replicator> replicator;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    replicator = replicator_;
+  }
+  if (replicator == nullptr) return;
+  const int64_t n = step.step;
+  const uint32_t rank = step.rank;
+  if (absl::Status st = replicator->Enqueue(job_id, uid, std::move(step)); !st.ok()) {
+    ZCC_LOG(WARNING) << "job " << job_id << " rank " << rank << ": step " << n
+                     << " not replicated: " << st;
+  }
 }
 
 std::vector<std::string> Registry::Buddies(const Job& job, const peer::PeerDirectory& directory,
@@ -362,7 +400,7 @@ std::vector<std::string> Registry::Buddies(const Job& job, const peer::PeerDirec
     zcc::MutexLock lock(&peer_mu_);
     if (peer_endpoint_.has_value()) self_domain = peer_endpoint_->failure_domain();
   }
-  return peer::ChooseBuddies({self, self_domain}, nodes, kReplicas);
+  return peer::ChooseBuddies({self, self_domain}, nodes, config_.peer.replicas);
 }
 
 absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPeersRequest& req,
@@ -393,14 +431,26 @@ absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPe
 }
 
 void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
+  out->set_replicated_step(-1);
+  out->set_replication_newest_step(-1);
   std::shared_ptr<peer::PeerDirectory> directory;
+  std::shared_ptr<peer::Replicator> replicator;
   std::string self;
   {
     zcc::MutexLock lock(&peer_mu_);
     directory = peer_directory_;
+    replicator = replicator_;
     self = peer_address_;
   }
   if (directory == nullptr) return;
+  if (replicator != nullptr) {
+    const peer::Replicator::JobStats r = replicator->Stats(job.options().job_id);
+    out->set_replicated_step(r.replicated_step);
+    out->set_replication_newest_step(r.newest_step);
+    out->set_replication_lag_seconds(r.lag_seconds);
+    out->set_replication_bytes_sent(r.bytes_sent);
+    out->set_replication_error(r.last_error);
+  }
   const std::vector<std::string> buddies = Buddies(job, *directory, self);
   const absl::Time now = absl::Now();
   for (const auto& [address, ranks] : job.peers().Nodes()) {

@@ -39,6 +39,7 @@
 #include "daemon/memory/staging_pool.h"
 #include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
+#include "daemon/peer/replicator.h"
 #include "metrics/metrics.h"
 #include "proto/zcc.pb.h"
 #include "storage/storage.h"
@@ -146,11 +147,15 @@ class Registry {
   std::vector<std::string> Buddies(const Job& job, const peer::PeerDirectory& directory,
                                    const std::string& self) const;
   void FillPeerStatus(const Job& job, v1::JobStatus* out) const;
+  std::vector<std::string> BuddiesOf(const std::string& job_id) const;
+  // A rank's step for the peer tier, from its writer thread.
+  void ReplicateStep(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes step);
 
   mutable zcc::Mutex peer_mu_;
   std::optional<v1::PeerStatus> peer_endpoint_ ABSL_GUARDED_BY(peer_mu_);
   std::string peer_address_ ABSL_GUARDED_BY(peer_mu_);
   std::shared_ptr<peer::PeerDirectory> peer_directory_ ABSL_GUARDED_BY(peer_mu_);
+  std::shared_ptr<peer::Replicator> replicator_ ABSL_GUARDED_BY(peer_mu_);
   // Uses jobs_ (the budget left), and stops before it goes.
   StagingPool staging_pool_;
   std::atomic<bool> shutting_down_{false};

@@ -38,6 +38,9 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Start(const PeerConf
   builder.RegisterService(&l->service_);
   // Chunks are 1 MiB; a little room for the header.
   builder.SetMaxReceiveMessageSize(4 << 20);
+  // The peers' keepalive pings (peer_client.cc), every 10 s even when idle.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   l->server_ = builder.BuildAndStart();
   if (l->server_ == nullptr || l->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("peer: cannot listen on ", config.listen));

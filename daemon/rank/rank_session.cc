@@ -46,7 +46,8 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       held_(std::move(inherited)),
       writer_(RankWriteTarget{&shards_, &slots_, options_.job_dir, options_.fs_owner, options_.io,
                               std::move(on_persisted),
-                              [this](const std::string& error) { SetError(error); }},
+                              [this](const std::string& error) { SetError(error); },
+                              options_.on_replicate},
               options_.write_pool) {}
 
 RankSession::~RankSession() { Stop(); }
@@ -167,20 +168,39 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   slots_.NoteIngested(slot);
   if (slot.kind != shm::SnapshotKind::kFull) return false;
   const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
-  if (!due && !save_requested_.exchange(false)) return false;
+  const bool persist = due || save_requested_.exchange(false);
   if (due) save_requested_.store(false);
-  SubmitWrite(slot, /*on_failure=*/false);
-  return true;
+  const bool replicate = options_.on_replicate != nullptr && options_.replicate_every > 0 &&
+                         slot.step % options_.replicate_every == 0;
+  if (persist) {
+    SubmitWrite(slot, /*on_failure=*/false, replicate);
+    return true;
+  }
+  if (!replicate) return false;
+  // Replication alone never waits for the writer (a disk write of an
+  // earlier step): the step is left out, and the lag shows.
+  const bool submitted = writer_.TrySubmit([&] { return MakeWriteJob(slot, false, false, true); });
+  if (!submitted) {
+    replications_skipped_.fetch_add(1);
+    ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
+                  << slot.step << " not replicated: the writer is busy with an earlier step";
+  }
+  return submitted;
 }
 
-void RankSession::SubmitWrite(const shm::ReadySlot& slot, bool on_failure) {
-  writer_.Submit([&] {
-    WriteJob job;
-    job.slot = slot;
-    job.on_failure = on_failure;
-    ema_.CopyForWrite(&job);
-    return job;
-  });
+WriteJob RankSession::MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, bool persist,
+                                   bool replicate) {
+  WriteJob job;
+  job.slot = slot;
+  job.on_failure = on_failure;
+  job.persist = persist;
+  job.replicate = replicate;
+  ema_.CopyForWrite(&job);
+  return job;
+}
+
+void RankSession::SubmitWrite(const shm::ReadySlot& slot, bool on_failure, bool replicate) {
+  writer_.Submit([&] { return MakeWriteJob(slot, on_failure, true, replicate); });
 }
 
 absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_name,

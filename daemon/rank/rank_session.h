@@ -87,6 +87,12 @@ struct RankSessionOptions {
   // zccd's writer threads (borrowed, outlive the session); null: a thread of
   // the session's own (tests).
   TaskPool* write_pool = nullptr;
+  // The peer tier: every `replicate_every`-th full snapshot (0 = none) is
+  // serialized and handed to `on_replicate`, when the writer is free (a step
+  // that finds it writing is not replicated: the lag shows, the trainer
+  // never waits).
+  uint32_t replicate_every = 0;
+  std::function<void(checkpoint::RankStepBytes)> on_replicate;
 };
 
 struct RankCounters {
@@ -235,7 +241,10 @@ class RankSession {
   bool Process(const shm::ReadySlot& slot);
   void SetError(std::string error);
   // Submits `slot` to the writer with a copy of the EMA as of its step.
-  void SubmitWrite(const shm::ReadySlot& slot, bool on_failure);
+  // Waits for the writer to be idle, then hands it the slot to persist
+  // (and to replicate).
+  void SubmitWrite(const shm::ReadySlot& slot, bool on_failure, bool replicate = false);
+  WriteJob MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, bool persist, bool replicate);
 
   const checkpoint::RankShards shards_;
   const std::vector<RegisteredTensor> registered_;
@@ -253,6 +262,8 @@ class RankSession {
   // True while prefetch_ is set: lets the ingest loop skip TakePrefetch's lock.
   std::atomic<bool> has_prefetch_{false};
   std::atomic<uint64_t> snapshots_ingested_{0};
+  // Replication steps left out because the writer was busy.
+  std::atomic<uint64_t> replications_skipped_{0};
   std::thread thread_;
 
   mutable zcc::Mutex mu_;

@@ -38,6 +38,16 @@ void RankWriter::Submit(absl::FunctionRef<WriteJob()> make) {
   pool_->Post([state = state_] { state->RunQueued(); });
 }
 
+bool RankWriter::TrySubmit(absl::FunctionRef<WriteJob()> make) {
+  {
+    zcc::MutexLock lock(&state_->mu);
+    if (!state_->Idle()) return false;
+    state_->job = make();
+  }
+  pool_->Post([state = state_] { state->RunQueued(); });
+  return true;
+}
+
 void RankWriter::AwaitIdle() {
   zcc::MutexLock lock(&state_->mu);
   state_->mu.Await(absl::Condition(state_.get(), &State::Idle));
@@ -65,7 +75,7 @@ void RankWriter::State::Write(WriteJob job) {
   PersistEvent event;
   event.rank = target.shards->rank;
   event.step = step;
-  {
+  if (job.persist) {
     ScopedFsIdentity as_owner(target.fs_owner);
     auto stats = checkpoint::WriteRankShards(target.job_dir, step, *target.shards,
                                              target.slots->data(job.slot.index), target.io,
@@ -85,12 +95,23 @@ void RankWriter::State::Write(WriteJob job) {
                                     step, " failed: ", stats.status().message()));
     }
   }
+  if (job.replicate && target.on_replicate) {
+    // The files a disk write makes, made in memory, for other nodes.
+    auto bytes = checkpoint::SerializeRankStep(step, *target.shards,
+                                               target.slots->data(job.slot.index), job.ema_shards);
+    if (bytes.ok()) {
+      target.on_replicate(*std::move(bytes));
+    } else {
+      target.on_error(absl::StrCat("replication of step ", step, " failed: ",
+                                    bytes.status().message()));
+    }
+  }
   // The EMA copy lives only while a write needs it.
   job.ema_copy = storage::AlignedBuffer();
   job.ema_shards.clear();
   target.slots->Free(job.slot.index);
   // Commit and retention do not need the slot: reported once it is free.
-  target.on_persisted(event);
+  if (job.persist) target.on_persisted(event);
 }
 
 }  // namespace zcc::daemon

@@ -28,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "checkpoint/rank_step_bytes.h"
 #include "checkpoint/io_options.h"
 #include "checkpoint/rank_shards.h"
 #include "checkpoint/shard_writer.h"
@@ -45,6 +46,8 @@ namespace zcc::daemon {
 struct WriteJob {
   shm::ReadySlot slot;
   bool on_failure = false;  // persist-on-failure's write
+  bool persist = true;      // write the step to the job's directory
+  bool replicate = false;   // and/or serialize it for the peer tier (on_replicate)
   storage::AlignedBuffer ema_copy;            // the EMA tensors back to back
   std::vector<checkpoint::ExtraShard> ema_shards;  // describing ema_copy
 };
@@ -69,6 +72,9 @@ struct RankWriteTarget {
   PersistCallback on_persisted;
   // A failed write, described for the rank's status.
   std::function<void(const std::string&)> on_error;
+  // A step serialized for the peer tier (WriteJob::replicate), from the
+  // writer thread with the slot still held; null: none is.
+  std::function<void(checkpoint::RankStepBytes)> on_replicate;
 };
 
 class RankWriter {
@@ -84,6 +90,9 @@ class RankWriter {
   // `make` runs under the writer's lock: it must not call back into the
   // writer (it may take locks acquired after it, e.g. the EMA's).
   void Submit(absl::FunctionRef<WriteJob()> make);
+  // As Submit, but only when the writer is idle now: false (nothing made)
+  // while it writes, so that the caller never waits for a disk.
+  bool TrySubmit(absl::FunctionRef<WriteJob()> make);
   // Returns once nothing is queued or running.
   void AwaitIdle();
   // Finishes the queued job, if any. Idempotent.

@@ -1,0 +1,192 @@
+#include "daemon/peer/replicator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/thread_priority.h"
+#include "format/checksum.h"
+
+namespace zcc::daemon::peer {
+
+Replicator::Replicator(Options options, ReplicaStore* store, PeerDirectory* directory,
+                       BuddiesFn buddies)
+    : options_(std::move(options)), store_(store), directory_(directory), buddies_(std::move(buddies)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Replicator::~Replicator() {
+  {
+    zcc::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
+                                 checkpoint::RankStepBytes step) {
+  std::vector<std::string> names;
+  for (checkpoint::RankStepFile& f : step.files) {
+    Replica r;
+    r.info.key = ReplicaKey{job_id, uid, step.rank, step.step, f.name};
+    r.info.xxh3 = format::Xxh3(f.bytes.data(), f.bytes.size());
+    r.info.from_node = options_.self_node;
+    r.info.received = absl::Now();
+    r.bytes = std::move(f.bytes);
+    if (absl::Status st = store_->Put(std::move(r)); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("keeping step ", step.step, " of rank ",
+                                                  step.rank, " for the peer tier: ", st.message()));
+    }
+    names.push_back(f.name);
+  }
+  zcc::MutexLock lock(&mu_);
+  RankState& rs = jobs_[job_id].ranks[step.rank];
+  rs.uid = uid;
+  if (step.step <= rs.pending_step && rs.pushing) return absl::OkStatus();
+  if (rs.pending_step < 0 || rs.pending_step == rs.replicated_step) rs.pending_since = absl::Now();
+  rs.pending_step = step.step;
+  rs.pending_files = std::move(names);
+  rs.retry_at = absl::InfinitePast();
+  ++enqueued_;
+  return absl::OkStatus();
+}
+
+bool Replicator::NextWork(Work* work, absl::Duration* wait) {
+  const absl::Time now = absl::Now();
+  absl::Time soonest = absl::InfiniteFuture();
+  for (auto& [job_id, js] : jobs_) {
+    for (auto& [rank, rs] : js.ranks) {
+      if (rs.pushing || rs.pending_step < 0 || rs.pending_step == rs.replicated_step) continue;
+      if (rs.retry_at <= now) {
+        *work = {job_id, rank};
+        return true;
+      }
+      soonest = std::min(soonest, rs.retry_at);
+    }
+  }
+  *wait = soonest == absl::InfiniteFuture() ? absl::InfiniteDuration() : soonest - now;
+  return false;
+}
+
+void Replicator::Run() {
+  // Replication never competes with training for the CPU.
+  MakeThisThreadIdle();
+  for (;;) {
+    Work work;
+    uint32_t uid = 0;
+    int64_t step = -1;
+    std::vector<std::string> files;
+    {
+      zcc::MutexLock lock(&mu_);
+      for (;;) {
+        if (stop_) return;
+        absl::Duration wait;
+        if (NextWork(&work, &wait)) break;
+        const uint64_t seen = enqueued_;
+        auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || enqueued_ != seen;
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&woken), wait);
+      }
+      RankState& rs = jobs_[work.first].ranks[work.second];
+      rs.pushing = true;
+      uid = rs.uid;
+      step = rs.pending_step;
+      files = rs.pending_files;
+    }
+    uint64_t sent = 0;
+    const absl::Status pushed = Push(work.first, uid, work.second, step, files, &sent);
+    zcc::MutexLock lock(&mu_);
+    JobState& js = jobs_[work.first];
+    RankState& rs = js.ranks[work.second];
+    rs.pushing = false;
+    js.bytes_sent += sent;
+    if (pushed.ok()) {
+      rs.replicated_step = std::max(rs.replicated_step, step);
+      if (rs.pending_step == step) {
+        rs.pending_files.clear();
+      } else {
+        rs.pending_since = absl::Now();  // a newer step came meanwhile
+      }
+      js.last_error.clear();
+    } else {
+      js.last_error = std::string(pushed.message());
+      if (rs.pending_step == step) rs.retry_at = absl::Now() + options_.retry_after;
+      ZCC_LOG(WARNING) << "job " << work.first << " rank " << work.second << ": step " << step
+                       << " not replicated yet: " << pushed;
+    }
+  }
+}
+
+absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t rank,
+                              int64_t step, const std::vector<std::string>& files,
+                              uint64_t* sent) {
+  const std::vector<std::string> buddies = buddies_(job_id);
+  if (buddies.empty()) {
+    return absl::FailedPreconditionError(
+        "no buddy: the job's ranks have not reported its nodes, or it has no other node");
+  }
+  for (const std::string& buddy : buddies) {
+    std::shared_ptr<PeerClient> client = directory_->Client(buddy);
+    for (const std::string& name : files) {
+      {
+        zcc::MutexLock lock(&mu_);
+        if (stop_) return absl::CancelledError("zccd is stopping");
+      }
+      const ReplicaKey key{job_id, uid, rank, step, name};
+      auto piece = store_->Get(key);
+      if (!piece.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
+            "before it reached ", buddy, " (raise peer.replica_budget_bytes)"));
+      }
+      const std::string& bytes = (*piece)->bytes;
+      ZCC_RETURN_IF_ERROR(client->Push(key, bytes.data(), bytes.size(), options_.push_timeout));
+      *sent += bytes.size();
+      Pace(bytes.size());
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Replicator::Pace(uint64_t bytes) {
+  if (options_.bytes_per_s == 0) return;
+  const double rate = static_cast<double>(options_.bytes_per_s);
+  const absl::Time now = absl::Now();
+  // The accounting starts over after the sender was idle for over a second.
+  if (pace_start_ == absl::InfinitePast() ||
+      pace_start_ + absl::Seconds(pace_bytes_ / rate) < now - absl::Seconds(1)) {
+    pace_start_ = now;
+    pace_bytes_ = 0;
+  }
+  pace_bytes_ += bytes;
+  const absl::Time due = pace_start_ + absl::Seconds(pace_bytes_ / rate);
+  if (due <= now) return;
+  zcc::MutexLock lock(&mu_);
+  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  mu_.AwaitWithTimeout(absl::Condition(&stopping), due - now);
+}
+
+Replicator::JobStats Replicator::Stats(const std::string& job_id) const {
+  JobStats out;
+  zcc::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return out;
+  const absl::Time now = absl::Now();
+  bool first = true;
+  for (const auto& [rank, rs] : it->second.ranks) {
+    out.newest_step = std::max(out.newest_step, rs.pending_step);
+    out.replicated_step = first ? rs.replicated_step : std::min(out.replicated_step, rs.replicated_step);
+    first = false;
+    if (rs.pending_step > rs.replicated_step) {
+      out.lag_seconds = std::max(out.lag_seconds, absl::ToDoubleSeconds(now - rs.pending_since));
+    }
+  }
+  out.bytes_sent = it->second.bytes_sent;
+  out.last_error = it->second.last_error;
+  return out;
+}
+
+}  // namespace zcc::daemon::peer

@@ -1,0 +1,106 @@
+// The peer tier's sender (DESIGN.md 5c): each rank's replicated steps, kept
+// in this zccd's replica store as the owner's own copy and pushed, file by
+// file with the manifest last, to the job's buddies on a thread of its own,
+// at idle priority and within a bandwidth cap. Never on a trainer's path: a
+// step still waiting when a newer step of the same rank arrives is replaced
+// by it (newest first), and a buddy that is slow or gone only makes the lag
+// grow; the push is retried once a newer step or the next round comes.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef ZCC_DAEMON_PEER_REPLICATOR_H_
+#define ZCC_DAEMON_PEER_REPLICATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "checkpoint/rank_step_bytes.h"
+#include "common/mutex.h"
+#include "daemon/peer/peer_directory.h"
+#include "daemon/peer/replica_store.h"
+
+namespace zcc::daemon::peer {
+
+class Replicator {
+ public:
+  struct Options {
+    std::string self_node;
+    uint64_t bytes_per_s = 0;  // 0: no cap
+    absl::Duration push_timeout = absl::Minutes(5);
+    // After a failed round, before the next try of the same step.
+    absl::Duration retry_after = absl::Seconds(2);
+  };
+  // Where a job's pieces go now (empty: nowhere yet).
+  using BuddiesFn = std::function<std::vector<std::string>(const std::string& job_id)>;
+
+  // `store` and `directory` are borrowed and outlive the replicator.
+  Replicator(Options options, ReplicaStore* store, PeerDirectory* directory, BuddiesFn buddies);
+  ~Replicator();
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // Keeps `step`'s files (the owner's copy) and queues them for the buddies.
+  // An error when the store cannot keep them (the replica budget).
+  absl::Status Enqueue(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes step);
+
+  struct JobStats {
+    int64_t newest_step = -1;      // the newest step handed in, of any local rank
+    int64_t replicated_step = -1;  // every local rank's files of it at every buddy
+    double lag_seconds = 0;        // since the oldest step not yet at every buddy was handed in
+    uint64_t bytes_sent = 0;
+    std::string last_error;
+  };
+  JobStats Stats(const std::string& job_id) const;
+
+ private:
+  struct RankState {
+    uint32_t uid = 0;
+    // The step waiting (or being pushed), its files by name, manifest last.
+    int64_t pending_step = -1;
+    std::vector<std::string> pending_files;
+    absl::Time pending_since;
+    absl::Time retry_at;  // InfinitePast: now
+    bool pushing = false;
+    int64_t replicated_step = -1;
+  };
+  struct JobState {
+    std::map<uint32_t, RankState> ranks;
+    uint64_t bytes_sent = 0;
+    std::string last_error;
+  };
+  using Work = std::pair<std::string, uint32_t>;  // job, rank
+
+  void Run();
+  // The next (job, rank) whose step is due, if any; sets `wait` to when one
+  // is due otherwise.
+  bool NextWork(Work* work, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes every file of the rank's pending step to every buddy.
+  absl::Status Push(const std::string& job_id, uint32_t uid, uint32_t rank, int64_t step,
+                    const std::vector<std::string>& files, uint64_t* sent);
+  // Sleeps as long as the bandwidth cap asks after `bytes` more (or until stop).
+  void Pace(uint64_t bytes);
+
+  const Options options_;
+  ReplicaStore* const store_;
+  PeerDirectory* const directory_;
+  const BuddiesFn buddies_;
+
+  mutable zcc::Mutex mu_;
+  std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the thread
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The pace: bytes sent since `pace_start_` (the replicator's thread only).
+  absl::Time pace_start_ = absl::InfinitePast();
+  uint64_t pace_bytes_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace zcc::daemon::peer
+
+#endif  // ZCC_DAEMON_PEER_REPLICATOR_H_
