@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <tuple>
 #include <string>
 
@@ -252,6 +253,74 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
   for (auto& t : trainers) t->Signal(SIGKILL);
   CHECK(a.Stop() == 0);
   CHECK(b.Stop() == 0);
+}
+
+TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacement node") {
+  const std::string dir = ShortTempDir("it-peerlost");
+  const std::string certs = MakeCerts(dir);
+  auto flags = [&](const std::string& node, const std::string& rack) {
+    std::vector<std::string> f = PeerFlags(certs, node, rack);
+    f.push_back("--replicate_every=2");
+    return f;
+  };
+  // Node-local roots: no disk checkpoint at all (save_every 0).
+  Daemon a(dir, {flags("node-a", "rack-1"), dir + "/a-root", "zccd-a"});
+  auto b = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-b", "rack-2"), dir + "/b-root",
+                                                       "zccd-b"});
+  Daemon c(dir, {flags("node-c", "rack-1"), dir + "/c-root", "zccd-c"});
+  REQUIRE(a.Start());
+  REQUIRE(b->Start());
+  REQUIRE(c.Start());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  int rank = 0;
+  for (Daemon* d : {&a, b.get()}) {
+    trainers.push_back(StartTrainer(
+        *d, dir, absl::StrCat("train", rank),
+        {"--job=lost", absl::StrCat("--rank=", rank), "--world=2", "--steps=5", "--save_every=0",
+         "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000"}));
+    ++rank;
+  }
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
+  for (Daemon* d : {&a, b.get()}) {
+    REQUIRE(zcc::testing::Eventually(
+        [&] {
+          return absl::StrContains(Zccctl(dir, *d, {"status"}).second,
+                                   "replication: step 4 at every buddy");
+        },
+        absl::Seconds(30)));
+  }
+  // Node B is lost with everything on it; the job is restarted with rank 1
+  // on node C, which has nothing.
+  for (auto& t : trainers) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());  // reaped: gone for zccd too
+  }
+  b->Kill();
+  b.reset();
+  std::filesystem::remove_all(dir + "/b-root");
+  const std::string again = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> restarted;
+  rank = 0;
+  for (Daemon* d : {&a, &c}) {
+    restarted.push_back(StartTrainer(
+        *d, dir, absl::StrCat("restore", rank),
+        {"--job=lost", absl::StrCat("--rank=", rank), "--world=2", "--mode=restore",
+         "--share_peers", "--collective=" + again, "--expect_step=4"}));
+    ++rank;
+  }
+  for (auto& t : restarted) {
+    const std::optional<int> code = t->Wait(absl::Seconds(120));
+    INFO(t->Output());
+    INFO(c.Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(absl::StrContains(t->Output(), "restored_step=4"));
+    CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
+  }
+  CHECK(absl::StrContains(c.Log(), "step 4 recovered from the peer tier"));
+  CHECK(a.Stop() == 0);
+  CHECK(c.Stop() == 0);
 }
 
 TEST_CASE("zccd refuses peer settings it cannot serve, naming what is wrong") {

@@ -19,6 +19,8 @@
 #include "common/status.h"
 #include "common/validate.h"
 #include "daemon/peer/buddies.h"
+#include "daemon/peer/peer_recovery.h"
+#include "daemon/restore/restore_tiers.h"
 #include "daemon/jobs/job_directory.h"
 #include "daemon/memory/system_room.h"
 #include "format/manifest.h"
@@ -232,12 +234,50 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
   return absl::OkStatus();
 }
 
+void Registry::RecoverFromPeers(Job& job) {
+  std::shared_ptr<peer::PeerDirectory> directory;
+  std::shared_ptr<zcc::Mutex> one_at_a_time;
+  std::string self;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    if (peer_directory_ == nullptr) return;
+    directory = peer_directory_;
+    self = peer_address_;
+    std::shared_ptr<zcc::Mutex>& mu = recovering_[job.options().job_id];
+    if (mu == nullptr) mu = std::make_shared<zcc::Mutex>();
+    one_at_a_time = mu;
+  }
+  peer::RecoverySources sources;
+  sources.own = &replicas_;
+  sources.directory = directory.get();
+  for (const auto& [address, ranks] : job.peers().Nodes()) {
+    if (address != self) sources.peers.push_back(address);
+  }
+  // The job's ranks on this node ask together: the first recovers, the
+  // others then find the step in the job's directory.
+  zcc::MutexLock lock(one_at_a_time.get());
+  ScopedFsIdentity as_owner(job.options().owner);
+  const std::string& job_dir = job.options().job_dir;
+  auto local = RestoreTiers::AllSteps(job_dir, job.options().upload_dir, shard_storage_);
+  if (!local.ok()) return;  // the restore reports it
+  const int64_t newest = local->empty() ? -1 : *local->rbegin();
+  auto recovered = peer::RecoverNewestStep(job.options().job_id,
+                                           static_cast<uint32_t>(job.options().owner.uid), job_dir,
+                                           newest, storage::StorageOrDefault(shard_storage_),
+                                           sources);
+  if (!recovered.ok()) {
+    ZCC_LOG(WARNING) << "job " << job.options().job_id
+                     << ": recovery from the peer tier failed: " << recovered.status();
+  }
+}
+
 absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
                                                       const Caller& caller,
                                                       std::function<bool()> client_gone) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
+  RecoverFromPeers(*job);
   return restores_.Restore(*job, *session, req, [this, &client_gone] {
     return shutting_down_.load() || (client_gone && client_gone());
   });
@@ -247,6 +287,7 @@ absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(
     const v1::RestoreCandidatesRequest& req, const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
+  RecoverFromPeers(*job);
   return restores_.Candidates(*job, *session, req.owned_only());
 }
 

@@ -148,6 +148,9 @@ class Registry {
                                    const std::string& self) const;
   void FillPeerStatus(const Job& job, v1::JobStatus* out) const;
   std::vector<std::string> BuddiesOf(const std::string& job_id) const;
+  // Before a restore chooses its step: the peer tier's newest step, if it
+  // is newer than the job directory's, committed there (peer_recovery.h).
+  void RecoverFromPeers(Job& job);
   // A rank's step for the peer tier, from its writer thread.
   void ReplicateStep(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes step);
 
@@ -156,6 +159,8 @@ class Registry {
   std::string peer_address_ ABSL_GUARDED_BY(peer_mu_);
   std::shared_ptr<peer::PeerDirectory> peer_directory_ ABSL_GUARDED_BY(peer_mu_);
   std::shared_ptr<peer::Replicator> replicator_ ABSL_GUARDED_BY(peer_mu_);
+  // One recovery from the peer tier at a time per job (held across its pulls).
+  std::map<std::string, std::shared_ptr<zcc::Mutex>> recovering_ ABSL_GUARDED_BY(peer_mu_);
   // Uses jobs_ (the budget left), and stops before it goes.
   StagingPool staging_pool_;
   std::atomic<bool> shutting_down_{false};

@@ -1,0 +1,124 @@
+#include "daemon/peer/peer_recovery.h"
+
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/committer.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "format/manifest.h"
+#include "storage/whole_file.h"
+
+namespace zcc::daemon::peer {
+namespace {
+
+constexpr char kSelf[] = "";  // the holder name of this zccd's own memory
+
+// Who holds what: step -> rank -> holder -> the rank's file names there.
+using Holdings = std::map<int64_t, std::map<uint32_t, std::map<std::string, std::set<std::string>>>>;
+
+void Note(Holdings& h, const std::string& holder, const ReplicaInfo& info) {
+  h[info.key.step][info.key.rank][holder].insert(info.key.piece);
+}
+
+absl::StatusOr<std::string> Fetch(const std::string& holder, const ReplicaKey& key,
+                                  const RecoverySources& s) {
+  if (holder == kSelf) {
+    ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const Replica> r, s.own->Get(key));
+    return r->bytes;
+  }
+  return s.directory->Client(holder)->Pull(key, s.timeout);
+}
+
+// Writes every file of `step` (one holder per rank, each with that rank's
+// manifest) into step-N.partial/ and commits it.
+absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::string& job_dir,
+                         int64_t step,
+                         const std::map<uint32_t, std::pair<std::string, std::set<std::string>>>& plan,
+                         uint32_t world, storage::Storage& fs, const RecoverySources& s) {
+  const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
+  ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
+  for (const auto& [rank, source] : plan) {
+    const auto& [holder, files] = source;
+    for (const std::string& name : files) {
+      ZCC_ASSIGN_OR_RETURN(std::string bytes,
+                           Fetch(holder, ReplicaKey{job_id, uid, rank, step, name}, s));
+      ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, name), bytes));
+    }
+  }
+  ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
+                       checkpoint::TryCommit(job_dir, job_id, step, world, &fs));
+  if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
+    return absl::DataLossError(absl::StrCat("only ", result.manifests_present, " of ", world,
+                                            " ranks' manifests arrived"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_id, uint32_t uid,
+                                                         const std::string& job_dir,
+                                                         int64_t newer_than,
+                                                         storage::Storage& fs,
+                                                         const RecoverySources& s) {
+  Holdings held;
+  for (const ReplicaInfo& info : s.own->List(job_id, uid)) Note(held, kSelf, info);
+  for (const std::string& peer : s.peers) {
+    auto listed = s.directory->Client(peer)->List(job_id, uid, absl::Seconds(10));
+    if (!listed.ok()) {
+      ZCC_LOG(WARNING) << "job " << job_id << ": peer " << peer
+                       << " cannot be asked for its replicas: " << listed.status();
+      continue;
+    }
+    for (const ReplicaInfo& info : *listed) Note(held, peer, info);
+  }
+  for (auto it = held.rbegin(); it != held.rend(); ++it) {
+    const int64_t step = it->first;
+    if (step <= newer_than) break;
+    // One holder per rank with that rank's manifest (written last: the
+    // rank's files are all there), and the world size it names.
+    std::map<uint32_t, std::pair<std::string, std::set<std::string>>> plan;
+    std::optional<uint32_t> world;
+    std::string why;
+    for (const auto& [rank, holders] : it->second) {
+      const std::string manifest = format::ManifestFileName(rank);
+      for (const auto& [holder, files] : holders) {
+        if (files.count(manifest) == 0) continue;
+        auto bytes = Fetch(holder, ReplicaKey{job_id, uid, rank, step, manifest}, s);
+        if (!bytes.ok()) {
+          why = std::string(bytes.status().message());
+          continue;
+        }
+        auto decoded = format::DecodeRankManifest(*bytes);
+        if (!decoded.ok()) {
+          why = absl::StrCat("rank ", rank, "'s manifest from ", holder.empty() ? "here" : holder,
+                             ": ", decoded.status().message());
+          continue;
+        }
+        world = decoded->world_size;
+        plan[rank] = {holder, files};
+        break;
+      }
+    }
+    if (!world.has_value() || plan.size() != *world) {
+      ZCC_LOG(INFO) << "job " << job_id << ": step " << step << " of the peer tier is incomplete ("
+                    << plan.size() << " of " << (world.has_value() ? *world : 0)
+                    << " ranks held)" << (why.empty() ? "" : ": ") << why;
+      continue;
+    }
+    const absl::Status made = Materialize(job_id, uid, job_dir, step, plan, *world, fs, s);
+    if (made.ok()) {
+      ZCC_LOG(INFO) << "job " << job_id << ": step " << step
+                    << " recovered from the peer tier into " << job_dir;
+      return step;
+    }
+    ZCC_LOG(WARNING) << "job " << job_id << ": step " << step
+                     << " of the peer tier could not be recovered: " << made;
+  }
+  return std::optional<int64_t>();
+}
+
+}  // namespace zcc::daemon::peer
