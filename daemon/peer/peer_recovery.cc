@@ -32,20 +32,39 @@ absl::StatusOr<std::string> Fetch(const std::string& holder, const ReplicaKey& k
   return s.directory->Client(holder)->Pull(key, s.timeout);
 }
 
-// Writes every file of `step` (one holder per rank, each with that rank's
-// manifest) into step-N.partial/ and commits it.
+// Each rank's holders of a step, in the order they are tried (this zccd
+// first), each with the rank's file names there.
+using Plan = std::map<uint32_t, std::vector<std::pair<std::string, std::set<std::string>>>>;
+
+// Writes every file of `step` into step-N.partial/, each from the first
+// holder that serves it intact, and commits it.
 absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::string& job_dir,
-                         int64_t step,
-                         const std::map<uint32_t, std::pair<std::string, std::set<std::string>>>& plan,
-                         uint32_t world, storage::Storage& fs, const RecoverySources& s) {
+                         int64_t step, const Plan& plan, uint32_t world, storage::Storage& fs,
+                         const RecoverySources& s) {
   const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
   ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
-  for (const auto& [rank, source] : plan) {
-    const auto& [holder, files] = source;
-    for (const std::string& name : files) {
-      ZCC_ASSIGN_OR_RETURN(std::string bytes,
-                           Fetch(holder, ReplicaKey{job_id, uid, rank, step, name}, s));
-      ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, name), bytes));
+  for (const auto& [rank, holders] : plan) {
+    // The names the first holder lists (it holds the rank's manifest: all of them).
+    for (const std::string& name : holders.front().second) {
+      absl::Status last = absl::NotFoundError("no holder");
+      bool written = false;
+      for (const auto& [holder, files] : holders) {
+        if (files.count(name) == 0) continue;
+        auto bytes = Fetch(holder, ReplicaKey{job_id, uid, rank, step, name}, s);
+        if (!bytes.ok()) {
+          // Damaged or gone: the next holder.
+          ZCC_LOG(WARNING) << "job " << job_id << ": " << name << " of step " << step << " from "
+                           << (holder.empty() ? "this zccd" : holder) << ": " << bytes.status();
+          last = bytes.status();
+          continue;
+        }
+        ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, name), *bytes));
+        written = true;
+        break;
+      }
+      if (!written) {
+        return absl::Status(last.code(), absl::StrCat(name, " of rank ", rank, ": ", last.message()));
+      }
     }
   }
   ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
@@ -78,9 +97,9 @@ absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_
   for (auto it = held.rbegin(); it != held.rend(); ++it) {
     const int64_t step = it->first;
     if (step <= newer_than) break;
-    // One holder per rank with that rank's manifest (written last: the
-    // rank's files are all there), and the world size it names.
-    std::map<uint32_t, std::pair<std::string, std::set<std::string>>> plan;
+    // The holders of each rank's manifest (written last: the rank's files
+    // are all there) that decodes, and the world size it names.
+    Plan plan;
     std::optional<uint32_t> world;
     std::string why;
     for (const auto& [rank, holders] : it->second) {
@@ -99,8 +118,7 @@ absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_
           continue;
         }
         world = decoded->world_size;
-        plan[rank] = {holder, files};
-        break;
+        plan[rank].push_back({holder, files});
       }
     }
     if (!world.has_value() || plan.size() != *world) {

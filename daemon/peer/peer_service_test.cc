@@ -13,6 +13,11 @@
 #include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_credentials.h"
 #include "daemon/peer/peer_directory.h"
+#include "daemon/peer/peer_recovery.h"
+#include "checkpoint/rank_step_bytes.h"
+#include "checkpoint/testing/synthetic_rank.h"
+#include "storage/memory_storage.h"
+#include "storage/whole_file.h"
 #include "common/testing/eventually.h"
 #include "daemon/peer/replica_proto.h"
 #include "format/checksum.h"
@@ -270,6 +275,98 @@ TEST_CASE("peer directory: probes the peers it watches, up and down") {
   REQUIRE(zcc::testing::Eventually([&] { return !dir.State(target)->up; }, absl::Seconds(10)));
   CHECK_FALSE(dir.State(target)->error.empty());
   CHECK(dir.State(target)->node == "node-a");  // what it was when last seen
+}
+
+// Rank `rank` of 2 at `step`, as the files a write makes.
+checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step) {
+  checkpoint::testing::SyntheticRank r(rank, 2,
+                                       {{"w", format::DType::kF32, {32, 17}},
+                                        {"m", format::DType::kF32, {32, 17}, format::TensorKind::kOptim}},
+                                       0, "job");
+  r.Fill(step);
+  auto bytes = checkpoint::SerializeRankStep(step, r.shards(), r.slot(), {});
+  REQUIRE_OK(bytes.status());
+  return *bytes;
+}
+
+void Hold(ReplicaStore& store, const checkpoint::RankStepBytes& step, bool damage_shards) {
+  for (const checkpoint::RankStepFile& f : step.files) {
+    Replica r;
+    r.info.key = ReplicaKey{"job", 1000, step.rank, step.step, f.name};
+    r.bytes = f.bytes;
+    r.info.xxh3 = format::Xxh3(r.bytes.data(), r.bytes.size());
+    if (damage_shards && f.name.find("manifest") == std::string::npos) r.bytes[r.bytes.size() / 2] ^= 1;
+    REQUIRE_OK(store.Put(std::move(r)));
+  }
+}
+
+TEST_CASE("peer recovery: the newest complete step, each file from a holder that serves it intact") {
+  PeerConfig insecure;
+  insecure.insecure = true;
+  PeerServer x(insecure), y(insecure);
+  // The holder tried first (the lower address) serves rank 1's shards damaged.
+  PeerServer& bad = x.target() < y.target() ? x : y;
+  PeerServer& good = &bad == &x ? y : x;
+  const auto r0 = StepFiles(0, 4), r1 = StepFiles(1, 4), r1_old = StepFiles(1, 2);
+  ReplicaStore own(64 << 20);
+  Hold(own, r0, false);
+  Hold(own, StepFiles(0, 2), false);
+  Hold(bad.store, r1, true);
+  Hold(good.store, r1, false);
+  Hold(good.store, r1_old, false);
+  auto creds = LoadPeerCredentials(insecure);
+  REQUIRE_OK(creds.status());
+  PeerDirectory::Options options;
+  PeerDirectory directory(options, creds->channel);
+  RecoverySources sources;
+  sources.own = &own;
+  sources.directory = &directory;
+  sources.timeout = kTimeout;
+
+  SECTION("both holders: step 4, with rank 1's shards from the good one") {
+    sources.peers = {bad.target(), good.target()};
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    REQUIRE(got->has_value());
+    CHECK(**got == 4);
+    CHECK(fs.Stat("/ckpt/job/step-00000004/COMMITTED").ok());
+    for (const auto* step : {&r0, &r1}) {
+      for (const auto& f : step->files) {
+        auto bytes = storage::ReadWholeFile(fs, "/ckpt/job/step-00000004/" + f.name, 1 << 30);
+        REQUIRE_OK(bytes.status());
+        CHECK(*bytes == f.bytes);
+      }
+    }
+    // Nothing newer than what the directory has: nothing to do.
+    auto again = RecoverNewestStep("job", 1000, "/ckpt/job", 4, fs, sources);
+    REQUIRE_OK(again.status());
+    CHECK_FALSE(again->has_value());
+  }
+  SECTION("only the damaged holder: step 4 cannot be had whole; step 2 can") {
+    sources.peers = {bad.target()};
+    Hold(bad.store, r1_old, false);
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    REQUIRE(got->has_value());
+    CHECK(**got == 2);
+    CHECK_FALSE(fs.Stat("/ckpt/job/step-00000004/COMMITTED").ok());
+  }
+  SECTION("a rank nobody holds: nothing") {
+    sources.peers = {};
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    CHECK_FALSE(got->has_value());
+  }
+  SECTION("another uid's replicas are not this job's") {
+    sources.peers = {good.target()};
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1001, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    CHECK_FALSE(got->has_value());
+  }
 }
 
 TEST_CASE("peer credentials: missing or malformed files are named") {
