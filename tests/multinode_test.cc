@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -196,6 +197,85 @@ TEST_CASE("two nodes replicate every step; a partition makes lag, not skipped sn
   for (auto& t : trainers) t->Signal(SIGKILL);
   CHECK(zccds[0]->Stop() == 0);
   CHECK(zccds[1]->Stop() == 0);
+}
+
+// The node-loss test of the issue, in namespaces: two nodes train with
+// replication and no disk checkpoint; node B is lost whole (processes,
+// node-local root, network); the job restarts with rank 1 on node C, which
+// restores the replicated step from node A's memory, bit-exact.
+TEST_CASE("a node lost whole: its rank restores on a replacement node from the peer tier") {
+  auto made = NetnsCluster::Create(3);
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  NetnsCluster& net = **made;
+  const std::string dir = ShortTempDir("it-mnlost");
+  const char* names[] = {"node-a", "node-b", "node-c"};
+  const char* racks[] = {"rack-1", "rack-2", "rack-2"};
+  std::string certs_cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", dir,
+                                       "/certs");
+  for (int i = 0; i < 3; ++i) absl::StrAppend(&certs_cmd, " ", names[i], "=", net.ip(i));
+  REQUIRE(RunCommand(certs_cmd).ok());
+  std::vector<std::unique_ptr<Daemon>> zccds;
+  for (int i = 0; i < 3; ++i) {
+    const std::string certs = dir + "/certs/";
+    DaemonOptions o;
+    o.name = names[i];
+    o.root = absl::StrCat(dir, "/", names[i], "-root");
+    o.wrapper = net.Exec(i);
+    o.extra_flags = {absl::StrCat("--peer_listen=", net.ip(i), ":", kPeerPort),
+                     "--peer_cert=" + certs + names[i] + ".pem",
+                     "--peer_key=" + certs + names[i] + ".key", "--peer_ca=" + certs + "ca.pem",
+                     std::string("--node_name=") + names[i],
+                     std::string("--failure_domain=") + racks[i], "--replicate_every=5"};
+    zccds.push_back(std::make_unique<Daemon>(dir, o));
+    REQUIRE(zccds.back()->Start());
+  }
+  auto job = [&](int rank, int node, const std::string& collective,
+                 std::vector<std::string> more) {
+    std::vector<std::string> flags = {"--job=lost", absl::StrCat("--rank=", rank), "--world=2",
+                                      "--share_peers", "--collective=" + collective};
+    for (auto& f : more) flags.push_back(std::move(f));
+    return StartTrainer(*zccds[node], dir, absl::StrCat("rank", rank, "-node", node), flags,
+                        net.Exec(node));
+  };
+  // 23 steps, replicated every 5, never written to disk.
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  const std::string collective = absl::StrCat(net.ip(0), ":7072");
+  trainers.push_back(job(0, 0, collective, {"--steps=23", "--save_every=0", "--block",
+                                            "--linger_ms=120000"}));
+  trainers.push_back(job(1, 1, collective, {"--steps=23", "--save_every=0", "--block",
+                                            "--linger_ms=120000"}));
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(90)));
+  std::string out;
+  for (int i : {0, 1}) {
+    REQUIRE(StatusShows(dir, *zccds[i], {"replication: step 20 at every buddy"}, &out));
+  }
+  // Node B is lost whole; node A's trainer dies with the job.
+  for (auto& t : trainers) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  }
+  zccds[1]->Kill();
+  zccds[1].reset();
+  std::filesystem::remove_all(dir + "/node-b-root");
+  REQUIRE(net.Remove(1).ok());
+
+  // The job restarts: rank 0 on node A, rank 1 on node C.
+  const std::string again = absl::StrCat(net.ip(0), ":7073");
+  std::vector<std::unique_ptr<Subprocess>> restarted;
+  restarted.push_back(job(0, 0, again, {"--mode=restore", "--expect_step=20"}));
+  restarted.push_back(job(1, 2, again, {"--mode=restore", "--expect_step=20"}));
+  for (auto& t : restarted) {
+    const std::optional<int> code = t->Wait(absl::Seconds(120));
+    INFO(t->Output());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(absl::StrContains(t->Output(), "restored_step=20"));
+    CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
+  }
+  CHECK(absl::StrContains(zccds[2]->Log(), "step 20 recovered from the peer tier"));
+  CHECK(zccds[0]->Stop() == 0);
+  CHECK(zccds[2]->Stop() == 0);
 }
 
 }  // namespace
