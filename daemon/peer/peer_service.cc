@@ -123,7 +123,7 @@ grpc::Status PeerService::PullReplica(grpc::ServerContext* ctx, const v1::PullRe
   for (size_t off = 0; off < r.bytes.size(); off += kReplicaChunkBytes) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "pull cancelled");
     chunk.Clear();
-    chunk.set_data(r.bytes.substr(off, std::min(kReplicaChunkBytes, r.bytes.size() - off)));
+    chunk.set_data(r.bytes.data() + off, std::min(kReplicaChunkBytes, r.bytes.size() - off));
     if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "puller went away");
   }
   return grpc::Status::OK;
