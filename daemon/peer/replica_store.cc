@@ -4,12 +4,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "format/manifest.h"
 
 namespace zcc::daemon::peer {
+namespace {
+
+// A rank's manifest, the last piece of its step replication sends: the
+// step is whole here once it is.
+
+bool IsManifest(const ReplicaKey& key) { return key.piece == format::ManifestFileName(key.rank); }
+
+}  // namespace
+
+bool ReplicaStore::SupersededLocked(const ReplicaKey& key) const {
+  auto it = whole_.find(std::make_tuple(key.job_id, key.uid, key.rank));
+  return it != whole_.end() && !it->second.empty() && *it->second.rbegin() > key.step;
+}
 
 void ReplicaStore::DropLocked(const ReplicaKey& key) {
   auto it = held_.find(key);
   if (it == held_.end()) return;
+  if (IsManifest(key)) {
+    auto w = whole_.find(std::make_tuple(key.job_id, key.uid, key.rank));
+    if (w != whole_.end()) {
+      w->second.erase(key.step);
+      if (w->second.empty()) whole_.erase(w);
+    }
+  }
   by_age_.erase(AgeOf(*it->second));
   bytes_held_ -= it->second->bytes.size();
   held_.erase(it);
@@ -40,26 +61,38 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
   uint64_t replaced = 0;
   if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
   // Plan the eviction before dropping anything: only pieces older than this
-  // one may make room for it.
+  // one may make room for it, and only those of a rank whose newer step is
+  // held here whole (its manifest is): the newest complete step of each
+  // rank stays until a newer one is complete.
   uint64_t room = budget_bytes_ - (bytes_held_ - replaced);
-  std::vector<ReplicaKey> victims;
+  std::set<ReplicaKey> victims;
+  auto evict = [&](const ReplicaKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (victims.insert(k).second) room += held_.at(k)->bytes.size();
+  };
   for (auto it = by_age_.begin(); room < n && it != by_age_.end(); ++it) {
     const ReplicaKey& k = it->second;
     if (k == key) continue;
     if (k.step >= key.step) break;
-    victims.push_back(k);
-    room += held_.at(k)->bytes.size();
+    if (!SupersededLocked(k)) continue;
+    evict(k);
+    // Its step is no longer whole here: its manifest goes with it, so that
+    // nobody takes the step for whole.
+    const ReplicaKey manifest{k.job_id, k.uid, k.rank, k.step, format::ManifestFileName(k.rank)};
+    if (held_.count(manifest) > 0) evict(manifest);
   }
   if (room < n) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "no room for a piece of ", n, " bytes of step ", key.step, ": this zccd holds ",
-        bytes_held_, " of its ", budget_bytes_, " bytes for replicas, for steps as new or newer"));
+        bytes_held_, " of its ", budget_bytes_,
+        " bytes for replicas, of newer steps or of the newest step each rank has whole here "
+        "(raise peer.replica_budget_bytes)"));
   }
   for (const ReplicaKey& k : victims) DropLocked(k);
   pieces_dropped_ += victims.size();
   DropLocked(key);
   by_age_.emplace(AgeOf(*piece), key);
   bytes_held_ += n;
+  if (IsManifest(key)) whole_[std::make_tuple(key.job_id, key.uid, key.rank)].insert(key.step);
   held_.emplace(key, std::move(piece));
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -60,11 +61,13 @@ class ReplicaStore {
       : budget_bytes_(budget_bytes), on_change_(std::move(on_change)) {}
 
   // Keeps `replica` (its bytes already checked; info.nbytes is set from
-  // them), replacing a piece of the
-  // same key, dropping the pieces of the oldest steps (of any job) while it
-  // would not fit. ResourceExhausted, keeping everything held, when the
-  // piece alone is larger than the budget or only newer pieces could make
-  // room for it (a late piece of an old step never evicts newer ones).
+  // them), replacing a piece of the same key, dropping the pieces of the
+  // oldest steps (of any job) while it would not fit. Only pieces of a step
+  // older than the new piece's give way, and only where their rank has a
+  // newer step here whole (its manifest, which replication sends last): the
+  // newest complete step of each rank stays until a newer one is complete.
+  // ResourceExhausted, keeping everything held, when the piece alone is
+  // larger than the budget or nothing may give way.
   absl::Status Put(Replica replica);
 
   // The piece, or NotFound (also for a uid other than the one it was pushed
@@ -88,6 +91,8 @@ class ReplicaStore {
   using Age = std::tuple<int64_t, absl::Time, ReplicaKey>;
   static Age AgeOf(const Replica& r) { return {r.info.key.step, r.info.received, r.info.key}; }
   void DropLocked(const ReplicaKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A newer step of the piece's rank is held here whole.
+  bool SupersededLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutLocked(std::shared_ptr<const Replica> piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void Changed(uint64_t held) const {
@@ -99,6 +104,9 @@ class ReplicaStore {
   mutable zcc::Mutex mu_;
   std::map<ReplicaKey, std::shared_ptr<const Replica>> held_ ABSL_GUARDED_BY(mu_);
   std::map<Age, ReplicaKey> by_age_ ABSL_GUARDED_BY(mu_);
+  // The steps each rank (job, uid, rank) has whole here: its manifest held.
+  std::map<std::tuple<std::string, uint32_t, uint32_t>, std::set<int64_t>> whole_
+      ABSL_GUARDED_BY(mu_);
   uint64_t bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pieces_dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };

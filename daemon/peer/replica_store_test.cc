@@ -18,15 +18,23 @@ Replica Piece(int64_t step, const std::string& name, size_t n, uint32_t uid = 10
   return r;
 }
 
+// A step of rank 0 replication sends whole: its data, then its manifest.
+void PutWhole(ReplicaStore& store, int64_t step, size_t n) {
+  REQUIRE_OK(store.Put(Piece(step, "w", n)));
+  REQUIRE_OK(store.Put(Piece(step, "r00000.manifest.json", 1)));
+}
+
 TEST_CASE("replica store: keeps pieces within its budget, the oldest steps dropped first") {
   ReplicaStore store(100);
-  REQUIRE_OK(store.Put(Piece(1, "w", 40)));
-  REQUIRE_OK(store.Put(Piece(2, "w", 40)));
-  CHECK(store.bytes_held() == 80);
-  // Step 3 needs 40: step 1 goes, step 2 stays.
-  REQUIRE_OK(store.Put(Piece(3, "w", 40)));
-  CHECK(store.bytes_held() == 80);
-  CHECK(store.pieces_dropped() == 1);
+  PutWhole(store, 1, 40);
+  PutWhole(store, 2, 40);
+  CHECK(store.bytes_held() == 82);
+  // Step 3 needs 41: step 1 (superseded by step 2, held whole) goes, its
+  // manifest with its data.
+  PutWhole(store, 3, 40);
+  CHECK(store.bytes_held() == 82);
+  CHECK(store.pieces_dropped() == 2);
+  CHECK(store.List("job", 1000).size() == 4);
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).status().code() == absl::StatusCode::kNotFound);
   auto two = store.Get(ReplicaKey{"job", 1000, 0, 2, "w"});
   REQUIRE_OK(two.status());
@@ -34,16 +42,41 @@ TEST_CASE("replica store: keeps pieces within its budget, the oldest steps dropp
   CHECK((*two)->info.nbytes == 40);
 }
 
+TEST_CASE("replica store: the newest whole step of a rank stays until a newer one is whole") {
+  ReplicaStore store(100);
+  PutWhole(store, 1, 60);
+  // Step 2's data would need step 1's room, but step 1 is the newest step
+  // rank 0 has whole here: refused, step 1 kept.
+  const absl::Status no_room = store.Put(Piece(2, "w", 60));
+  CHECK(no_room.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(no_room.message()), Catch::Contains("replica_budget_bytes"));
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).status());
+  // Another rank's newer step does not supersede rank 0's.
+  Replica other = Piece(3, "r00001.manifest.json", 1);
+  other.info.key.rank = 1;
+  REQUIRE_OK(store.Put(std::move(other)));
+  CHECK(store.Put(Piece(4, "w", 60)).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(store.bytes_held() == 62);
+  // With the room for two steps the rotation works.
+  ReplicaStore roomy(130);
+  PutWhole(roomy, 1, 60);
+  PutWhole(roomy, 2, 60);
+  PutWhole(roomy, 3, 60);
+  CHECK(roomy.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_OK(roomy.Get(ReplicaKey{"job", 1000, 0, 3, "w"}).status());
+}
+
 TEST_CASE("replica store: a late piece of an old step never evicts newer ones") {
   ReplicaStore store(100);
   REQUIRE_OK(store.Put(Piece(5, "a", 60)));
+  REQUIRE_OK(store.Put(Piece(6, "r00000.manifest.json", 1)));
   const absl::Status late = store.Put(Piece(4, "a", 60));
   CHECK(late.code() == absl::StatusCode::kResourceExhausted);
-  CHECK(store.bytes_held() == 60);
+  CHECK(store.bytes_held() == 61);
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 5, "a"}).status());
   // Larger than the whole budget: refused, nothing dropped.
   CHECK(store.Put(Piece(9, "b", 101)).code() == absl::StatusCode::kResourceExhausted);
-  CHECK(store.bytes_held() == 60);
+  CHECK(store.bytes_held() == 61);
 }
 
 TEST_CASE("replica store: a piece pushed again replaces the old bytes") {
@@ -85,9 +118,10 @@ TEST_CASE("replica store: shrinks to a target, oldest first") {
 TEST_CASE("replica store: a piece handed out outlives its eviction") {
   ReplicaStore store(100);
   REQUIRE_OK(store.Put(Piece(1, "w", 80)));
+  REQUIRE_OK(store.Put(Piece(2, "r00000.manifest.json", 1)));
   auto held = store.Get(ReplicaKey{"job", 1000, 0, 1, "w"});
   REQUIRE_OK(held.status());
-  REQUIRE_OK(store.Put(Piece(2, "w", 80)));
+  REQUIRE_OK(store.Put(Piece(3, "w", 80)));
   CHECK((*held)->bytes == std::string(80, 'b'));
 }
 
