@@ -323,6 +323,71 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
   CHECK(c.Stop() == 0);
 }
 
+TEST_CASE("a node and its buddy both lost: the restore falls back to disk and says why") {
+  const std::string dir = ShortTempDir("it-peerboth");
+  const std::string certs = MakeCerts(dir);
+  auto flags = [&](const std::string& node, const std::string& rack) {
+    std::vector<std::string> f = PeerFlags(certs, node, rack);
+    f.push_back("--replicate_every=2");
+    return f;
+  };
+  // A shared root: step 4 is committed on disk; steps 2, 4 and 6 replicated.
+  const std::string root = dir + "/ckpt";
+  auto a = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-a", "rack-1"), root, "zccd-a"});
+  auto b = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-b", "rack-2"), root, "zccd-b"});
+  Daemon c(dir, {flags("node-c", "rack-1"), root, "zccd-c"});
+  REQUIRE(a->Start());
+  REQUIRE(b->Start());
+  REQUIRE(c.Start());
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  int rank = 0;
+  for (Daemon* d : {a.get(), b.get()}) {
+    trainers.push_back(StartTrainer(
+        *d, dir, absl::StrCat("train", rank),
+        {"--job=both", absl::StrCat("--rank=", rank), "--world=2", "--steps=7", "--save_every=4",
+         "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000"}));
+    ++rank;
+  }
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
+  REQUIRE(WaitForPath(root + "/both/step-00000004/COMMITTED", absl::Seconds(60)));
+  for (Daemon* d : {a.get(), b.get()}) {
+    REQUIRE(zcc::testing::Eventually(
+        [&] {
+          return absl::StrContains(Zccctl(dir, *d, {"status"}).second,
+                                   "replication: step 6 at every buddy");
+        },
+        absl::Seconds(30)));
+  }
+  // Nodes A and B (each the other's buddy) are both lost; the job restarts
+  // with both ranks on node C.
+  for (auto& t : trainers) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  }
+  a->Kill();
+  b->Kill();
+  a.reset();
+  b.reset();
+  const std::string again = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> restarted;
+  for (int r = 0; r < 2; ++r) {
+    restarted.push_back(StartTrainer(
+        c, dir, absl::StrCat("restore", r),
+        {"--job=both", absl::StrCat("--rank=", r), "--world=2", "--mode=restore",
+         "--share_peers", "--collective=" + again, "--expect_step=4", "--expect_from=disk"}));
+  }
+  for (auto& t : restarted) {
+    const std::optional<int> code = t->Wait(absl::Seconds(120));
+    INFO(t->Output());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
+  }
+  CHECK(absl::StrContains(c.Log(), "the peer tier holds no whole step newer than step 4"));
+  CHECK(c.Stop() == 0);
+}
+
 TEST_CASE("zccd refuses peer settings it cannot serve, naming what is wrong") {
   const std::string dir = ShortTempDir("it-peerbad");
   const std::string certs = MakeCerts(dir);

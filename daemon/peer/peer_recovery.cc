@@ -136,6 +136,10 @@ absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_
     ZCC_LOG(WARNING) << "job " << job_id << ": step " << step
                      << " of the peer tier could not be recovered: " << made;
   }
+  ZCC_LOG(INFO) << "job " << job_id << ": the peer tier holds no whole step newer than "
+                << (newer_than < 0 ? std::string("none") : absl::StrCat("step ", newer_than))
+                << " (this zccd's memory and " << s.peers.size()
+                << " peer(s) asked): the restore uses what the job's directory has";
   return std::optional<int64_t>();
 }
 
