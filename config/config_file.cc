@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,7 @@ constexpr size_t kMaxPeerNameBytes = 253;
 constexpr uint32_t kMaxReplicateEvery = 1000000;
 constexpr uint32_t kMaxReplicas = 8;
 constexpr uint64_t kMinReplicateBytesPerS = 1 << 20;
+constexpr size_t kMaxStaticPeers = 1024;
 
 // Records the parser's first error (0-based position, as the tokenizer counts).
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
@@ -117,7 +119,8 @@ void PointAtName(absl::string_view text, const std::string& message, int* line, 
 // Where a field's value came from. `prefix` starts its messages:
 // "zccd.conf:7:1: " for a field written in the file, "zccd.conf: " for a value
 // from the base, "" when there is no file. `line` orders the messages (-1:
-// not in the file). Index -1 for non-repeated fields.
+// not in the file). Index -1 for non-repeated fields, and for a repeated
+// field as a whole (placed at its first entry).
 struct Location {
   int line = -1;
   std::string prefix;
@@ -214,6 +217,40 @@ void CheckPeerName(absl::string_view field, const std::string& name, Problems& p
   }
 }
 
+// Other zccds' peer addresses: each host:port with a port other than 0, no
+// two for the same host (case aside) and port, at most kMaxStaticPeers.
+void CheckStaticPeers(const std::vector<std::string>& peers, Problems& p) {
+  constexpr absl::string_view kField = "peer.static_peers";
+  if (peers.size() > kMaxStaticPeers) {
+    p.Add(kField, absl::StrCat("must be at most ", kMaxStaticPeers, " entries, got ", peers.size()));
+  }
+  std::map<std::string, size_t> seen;  // "host:port", lower case: its first index
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const int index = static_cast<int>(i);
+    absl::StatusOr<HostPort> addr = ParseHostPort(peers[i]);
+    if (!addr.ok()) {
+      p.Add(kField, index, addr.status().message());
+      continue;
+    }
+    if (addr->port == 0) {
+      p.Add(kField, index, absl::StrCat("port must be in [1, 65535], got 0 in ", Quote(peers[i])));
+      continue;
+    }
+    std::string host = absl::AsciiStrToLower(addr->host);
+    if (struct in6_addr a6; addr->ipv6 && ::inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
+      char text[INET6_ADDRSTRLEN];
+      if (::inet_ntop(AF_INET6, &a6, text, sizeof(text)) != nullptr) host = text;
+    }
+    const auto [it, inserted] = seen.emplace(
+        absl::StrCat(addr->ipv6 ? "[" : "", host, addr->ipv6 ? "]" : "", ":", addr->port), i);
+    if (!inserted) {
+      p.Add(kField, index,
+            absl::StrCat("must not repeat ", kField, "[", it->second, "] (",
+                         Quote(peers[it->second]), "), got ", Quote(peers[i])));
+    }
+  }
+}
+
 // The peer service's fields. The files and the budget are checked against
 // listen: without it the service is off. Names and the replication settings
 // are checked either way.
@@ -269,6 +306,7 @@ void CheckPeer(const daemon::PeerConfig& peer, Problems& p) {
           absl::StrCat("must be 0 or at least ", kMinReplicateBytesPerS, " (1 MiB/s), got ",
                        peer.replicate_bytes_per_s));
   }
+  CheckStaticPeers(peer.static_peers, p);
 }
 
 // Field checks shared by the file loader and ValidateFullConfig.
@@ -469,6 +507,9 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     if (q.has_replicate_every()) peer.replicate_every = q.replicate_every();
     if (q.has_replicas()) peer.replicas = q.replicas();
     if (q.has_replicate_bytes_per_s()) peer.replicate_bytes_per_s = q.replicate_bytes_per_s();
+    if (q.static_peers_size() > 0) {
+      peer.static_peers.assign(q.static_peers().begin(), q.static_peers().end());
+    }
   }
   if (proto.has_retain_snapshots_s()) {
     MergeSeconds("retain_snapshots_s", proto.retain_snapshots_s(), &d.retain_snapshots, p);
@@ -604,9 +645,9 @@ absl::StatusOr<FullConfig> ParseConfigText(absl::string_view text, absl::string_
         message = &message->GetReflection()->GetMessage(*message, fd);
         continue;
       }
-      const int i = fd->is_repeated() ? index : -1;
+      const int i = fd->is_repeated() ? std::max(index, 0) : -1;
       const int count = fd->is_repeated() ? message->GetReflection()->FieldSize(*message, fd) : 1;
-      if (!fd->is_repeated() || (i >= 0 && i < count)) {
+      if (!fd->is_repeated() || i < count) {
         const auto loc = tree->GetLocation(fd, i);
         if (loc.line >= 0) {
           return {loc.line, absl::StrCat(source, ":", loc.line + 1, ":", loc.column + 1, ": ")};
@@ -748,7 +789,8 @@ std::string DefaultConfigText(const FullConfig& config) {
                             peer.replica_budget_bytes == default_peer.replica_budget_bytes &&
                             peer.replicate_every == default_peer.replicate_every &&
                             peer.replicas == default_peer.replicas &&
-                            peer.replicate_bytes_per_s == default_peer.replicate_bytes_per_s;
+                            peer.replicate_bytes_per_s == default_peer.replicate_bytes_per_s &&
+                            peer.static_peers.empty();
   const std::string lead = peer_default ? "# " : "";
   auto peer_field = [&](absl::string_view name, const std::string& value,
                         absl::string_view example) {
@@ -777,7 +819,15 @@ std::string DefaultConfigText(const FullConfig& config) {
       lead, "  replicate_every: ", peer.replicate_every, "\n", lead,
       "  # Buddies each node's replicas go to (1..8).\n", lead, "  replicas: ", peer.replicas, "\n",
       lead, "  # The most bytes per second replication sends; 0 = no cap.\n", lead,
-      "  replicate_bytes_per_s: ", peer.replicate_bytes_per_s, "\n", lead, "}\n\n");
+      "  replicate_bytes_per_s: ", peer.replicate_bytes_per_s, "\n");
+  absl::StrAppend(&out, lead,
+                  "  # Other zccds (host:port of their peer services), one line each; they\n",
+                  lead, "  # count as nodes of every job, for the buddies and for recovery.\n");
+  if (peer.static_peers.empty()) peer_field("static_peers", "", "node-2:7071");
+  for (const std::string& address : peer.static_peers) {
+    absl::StrAppend(&out, lead, "  static_peers: ", Quote(address), "\n");
+  }
+  absl::StrAppend(&out, lead, "}\n\n");
 
   absl::StrAppend(&out, "# DEBUG, INFO, WARNING or ERROR.\n", "log_level: ", Quote(o.log_level),
                   "\n", "# zccd's threads for EMA updates, shared by all ranks (1..256).\n",

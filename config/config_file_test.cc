@@ -68,6 +68,7 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.peer.replicate_every == y.peer.replicate_every);
   CHECK(x.peer.replicas == y.peer.replicas);
   CHECK(x.peer.replicate_bytes_per_s == y.peer.replicate_bytes_per_s);
+  CHECK(x.peer.static_peers == y.peer.static_peers);
   CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
   CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);
   CHECK(a.ops.metrics_textfile_dir == b.ops.metrics_textfile_dir);
@@ -127,6 +128,8 @@ TEST_CASE("a file setting every field is applied over the base") {
       replicate_every: 10
       replicas: 2
       replicate_bytes_per_s: 104857600
+      static_peers: "node-18.example:7071"
+      static_peers: "[fd00::12]:7071"
     }
     status_tcp_listen: "[::1]:7070"
     metrics_http_listen: "0.0.0.0:9464"
@@ -138,6 +141,7 @@ TEST_CASE("a file setting every field is applied over the base") {
   )";
   FullConfig base;
   base.daemon.allowed_roots = {"/replaced"};
+  base.daemon.peer.static_peers = {"replaced:7071"};
   absl::StatusOr<FullConfig> c = ParseConfigText(text, "zccd.conf", base);
   REQUIRE_OK(c);
   const daemon::DaemonConfig& d = c->daemon;
@@ -169,6 +173,8 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.peer.replicate_every == 10);
   CHECK(d.peer.replicas == 2);
   CHECK(d.peer.replicate_bytes_per_s == (100ull << 20));
+  CHECK(d.peer.static_peers ==
+        std::vector<std::string>{"node-18.example:7071", "[fd00::12]:7071"});
   CHECK(c->ops.status_tcp_listen == "[::1]:7070");
   CHECK(c->ops.metrics_http_listen == "0.0.0.0:9464");
   CHECK(c->ops.metrics_textfile_dir == "/var/lib/node_exporter/textfile");
@@ -400,6 +406,7 @@ TEST_CASE("peer: fields left out of the block keep the base value") {
   base.daemon.peer.replicate_every = 5;
   base.daemon.peer.replicas = 3;
   base.daemon.peer.replicate_bytes_per_s = 50ull << 20;
+  base.daemon.peer.static_peers = {"node-2:7071", "node-3:7071"};
   absl::StatusOr<FullConfig> c = ParseConfigText(
       "peer {\n  listen: \"127.0.0.1:0\"\n  insecure: true\n}\n", "zccd.conf", base);
   REQUIRE_OK(c);
@@ -410,6 +417,7 @@ TEST_CASE("peer: fields left out of the block keep the base value") {
   CHECK(c->daemon.peer.replicate_every == 5);
   CHECK(c->daemon.peer.replicas == 3);
   CHECK(c->daemon.peer.replicate_bytes_per_s == (50ull << 20));
+  CHECK(c->daemon.peer.static_peers == std::vector<std::string>{"node-2:7071", "node-3:7071"});
   CHECK(c->daemon.peer.cert_file.empty());
   // Off (no listen): the built-in defaults pass, and so do names and a budget alone.
   CHECK_OK(ParseConfigText("peer { node_name: \"n1\" replica_budget_bytes: 1 }\n", "zccd.conf"));
@@ -417,6 +425,57 @@ TEST_CASE("peer: fields left out of the block keep the base value") {
   CHECK(FullConfig{}.daemon.peer.replicate_every == 0);
   CHECK(FullConfig{}.daemon.peer.replicas == 1);
   CHECK(FullConfig{}.daemon.peer.replicate_bytes_per_s == 0);
+  CHECK(FullConfig{}.daemon.peer.static_peers.empty());
+}
+
+TEST_CASE("peer: static_peers, each entry checked, every problem with its position") {
+  CHECK_OK(ParseConfigText("peer {\n  static_peers: \"node-2:7071\"\n"
+                           "  static_peers: \"10.0.0.3:7071\"\n  static_peers: \"[::1]:7071\"\n"
+                           "  static_peers: \"node-2:7072\"\n}\n",
+                           "zccd.conf"));
+  CHECK_THAT(ParseError("peer {\n  static_peers: \"node-2\"\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.static_peers[0]: must be host:port, e.g. "
+                           "127.0.0.1:9464, got \"node-2\" (no port)"));
+  CHECK_THAT(ParseError("peer { static_peers: \"node-2:7071\" static_peers: \"node-3:0\" }\n"),
+             Catch::Equals("zccd.conf:1:36: peer.static_peers[1]: port must be in [1, 65535], got 0 "
+                           "in \"node-3:0\""));
+  CHECK_THAT(ParseError("peer {\n  static_peers: \"node-2:7071\"\n  static_peers: \"NODE-2:07071\"\n}\n"),
+             Catch::Equals("zccd.conf:3:3: peer.static_peers[1]: must not repeat "
+                           "peer.static_peers[0] (\"node-2:7071\"), got \"NODE-2:07071\""));
+  CHECK_THAT(ParseError("peer { static_peers: [\"[fd00::1]:7071\", \"[fd00:0::1]:7071\"] }\n"),
+             Catch::Contains("peer.static_peers[1]: must not repeat peer.static_peers[0]"));
+  // All of them at once, in file order.
+  const std::string msg = ParseError(
+      "peer {\n"                               // 1
+      "  static_peers: \"node-2:7071\"\n"       // 2
+      "  static_peers: \"bad host:7071\"\n"     // 3
+      "  static_peers: \"node-3:70000\"\n"      // 4
+      "  static_peers: \"node-2:7071\"\n"       // 5
+      "  static_peers: \"10.0.0.4:0\"\n"        // 6
+      "  static_peers: \"\"\n"                  // 7
+      "}\n");
+  INFO(msg);
+  const std::vector<std::string> lines = absl::StrSplit(msg, '\n');
+  CHECK(lines == std::vector<std::string>{
+                     "zccd.conf:3:3: peer.static_peers[1]: bad host \"bad host\" in \"bad host:7071\"",
+                     "zccd.conf:4:3: peer.static_peers[2]: port must be a number in [0, 65535], got "
+                     "\"70000\" in \"node-3:70000\"",
+                     "zccd.conf:5:3: peer.static_peers[3]: must not repeat peer.static_peers[0] "
+                     "(\"node-2:7071\"), got \"node-2:7071\"",
+                     "zccd.conf:6:3: peer.static_peers[4]: port must be in [1, 65535], got 0 in "
+                     "\"10.0.0.4:0\"",
+                     "zccd.conf:7:3: peer.static_peers[5]: must be host:port, e.g. 127.0.0.1:9464, "
+                     "got \"\" (no port)",
+                 });
+  // At most 1024 entries: the list as a whole, placed at its first entry.
+  auto list = [](int n) {
+    std::string text = "keep_last: 3\npeer {\n";
+    for (int i = 0; i < n; ++i) absl::StrAppend(&text, "  static_peers: \"node-", i, ":7071\"\n");
+    return absl::StrCat(text, "}\n");
+  };
+  CHECK_OK(ParseConfigText(list(1024), "zccd.conf"));
+  CHECK_THAT(ParseError(list(1025)),
+             Catch::Equals("zccd.conf:3:3: peer.static_peers: must be at most 1024 entries, got 1025"));
 }
 
 TEST_CASE("peer: each bad field is reported with its position") {
@@ -539,6 +598,28 @@ TEST_CASE("peer: overrides (the command line) over the file; values not from the
   CHECK(c->daemon.peer.replicate_every == 4);
   CHECK(c->daemon.peer.replicas == 2);
   CHECK(c->daemon.peer.replicate_bytes_per_s == (200ull << 20));
+  // As --peer_static=node-2:7071,node-3:7071 over a file listing one; as
+  // --peer_static= (empty) it clears the file's list.
+  const std::string listed = "peer {\n  static_peers: \"file-node:7071\"\n}\n";
+  absl::StatusOr<FullConfig> s =
+      ParseConfigText(listed, "zccd.conf", FullConfig{}, [](FullConfig& config) {
+        config.daemon.peer.static_peers = {"node-2:7071", "node-3:7071"};
+      });
+  REQUIRE_OK(s);
+  CHECK(s->daemon.peer.static_peers == std::vector<std::string>{"node-2:7071", "node-3:7071"});
+  s = ParseConfigText(listed, "zccd.conf", FullConfig{},
+                      [](FullConfig& config) { config.daemon.peer.static_peers.clear(); });
+  REQUIRE_OK(s);
+  CHECK(s->daemon.peer.static_peers.empty());
+  // As --peer_static=node-2:7071,node-2:0 over a file without the list: no position.
+  CHECK(ParseConfigText(text, "zccd.conf", FullConfig{},
+                        [](FullConfig& config) {
+                          config.daemon.peer.insecure = true;
+                          config.daemon.peer.static_peers = {"node-2:7071", "node-2:0"};
+                        })
+            .status()
+            .message() ==
+        "zccd.conf: peer.static_peers[1]: port must be in [1, 65535], got 0 in \"node-2:0\"");
   // As --replicas=0 over the file: no position.
   CHECK(ParseConfigText(text, "zccd.conf", FullConfig{},
                         [](FullConfig& config) {
@@ -571,6 +652,11 @@ TEST_CASE("peer: overrides (the command line) over the file; values not from the
   config.daemon.peer.replicate_bytes_per_s = 1000;
   CHECK(ValidateFullConfig(config).message() ==
         "peer.replicate_bytes_per_s: must be 0 or at least 1048576 (1 MiB/s), got 1000");
+  config.daemon.peer.replicate_bytes_per_s = 0;
+  config.daemon.peer.static_peers = {"node-2:7071", "node-2:7071"};
+  CHECK(ValidateFullConfig(config).message() ==
+        "peer.static_peers[1]: must not repeat peer.static_peers[0] (\"node-2:7071\"), got "
+        "\"node-2:7071\"");
 }
 
 TEST_CASE("removed settings still load, each named with its line as ignored") {
@@ -642,7 +728,8 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     CHECK_THAT(text, Catch::Contains("#   replica_budget_bytes: 8589934592\n"));
     CHECK_THAT(text, Catch::Contains("#   replicate_every: 0\n"));
     CHECK_THAT(text, Catch::Contains("#   replicas: 1\n"));
-    CHECK_THAT(text, Catch::Contains("#   replicate_bytes_per_s: 0\n# }\n"));
+    CHECK_THAT(text, Catch::Contains("#   replicate_bytes_per_s: 0\n"));
+    CHECK_THAT(text, Catch::Contains("#   static_peers: \"node-2:7071\"\n# }\n"));
     absl::StatusOr<FullConfig> back = ParseConfigText(text, "default.conf");
     REQUIRE_OK(back);
     RequireSameConfig(*back, FullConfig{});
@@ -669,6 +756,7 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     CHECK(c->daemon.peer.replicate_every == 0);
     CHECK(c->daemon.peer.replicas == 1);
     CHECK(c->daemon.peer.replicate_bytes_per_s == 0);
+    CHECK(c->daemon.peer.static_peers == std::vector<std::string>{"node-2:7071"});
   }
   SECTION("a peer block with some fields set: the empty ones stay commented out") {
     FullConfig config;
@@ -683,7 +771,8 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     CHECK_THAT(text, Catch::Contains("\n  insecure: true\n"));
     CHECK_THAT(text, Catch::Contains("\n  replicate_every: 0\n"));
     CHECK_THAT(text, Catch::Contains("\n  replicas: 2\n"));
-    CHECK_THAT(text, Catch::Contains("\n  replicate_bytes_per_s: 0\n}\n"));
+    CHECK_THAT(text, Catch::Contains("\n  replicate_bytes_per_s: 0\n"));
+    CHECK_THAT(text, Catch::Contains("\n  # static_peers: \"node-2:7071\"\n}\n"));
     absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");
     REQUIRE_OK(back);
     RequireSameConfig(*back, config);
@@ -695,6 +784,18 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     INFO(text);
     CHECK_THAT(text, Catch::Contains("\npeer {\n  # listen: \"0.0.0.0:7071\"\n"));
     CHECK_THAT(text, Catch::Contains("\n  replicate_every: 3\n"));
+    absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");
+    REQUIRE_OK(back);
+    RequireSameConfig(*back, config);
+  }
+  SECTION("static peers alone write the block, one line each") {
+    FullConfig config;
+    config.daemon.peer.static_peers = {"node-2:7071", "[fd00::3]:7071"};
+    const std::string text = DefaultConfigText(config);
+    INFO(text);
+    CHECK_THAT(text, Catch::Contains("\npeer {\n  # listen: \"0.0.0.0:7071\"\n"));
+    CHECK_THAT(text, Catch::Contains("\n  static_peers: \"node-2:7071\"\n"
+                                     "  static_peers: \"[fd00::3]:7071\"\n}\n"));
     absl::StatusOr<FullConfig> back = ParseConfigText(text, "custom.conf");
     REQUIRE_OK(back);
     RequireSameConfig(*back, config);
@@ -726,6 +827,7 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     d.peer.replicate_every = 1000000;
     d.peer.replicas = 8;
     d.peer.replicate_bytes_per_s = 1ull << 20;
+    d.peer.static_peers = {"node-8.example:7071", "10.0.0.9:7071"};
     config.ops.status_tcp_listen = "[::]:7070";
     config.ops.metrics_http_listen = "127.0.0.1:9464";
     config.ops.metrics_textfile_dir = "/var/lib/node_exporter";
@@ -786,6 +888,7 @@ TEST_CASE("deploy/zccd.conf.example loads and sets what it says") {
   CHECK(c->ops.metrics_http_listen == "127.0.0.1:9464");
   CHECK(c->daemon.keep_last >= 1);
   CHECK(c->daemon.peer.listen.empty());  // the peer block is commented out
+  CHECK(c->daemon.peer.static_peers.empty());
 }
 
 TEST_CASE("the zccd.conf of the Kubernetes ConfigMap loads") {

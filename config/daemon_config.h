@@ -60,6 +60,11 @@ struct PeerConfig {
   uint32_t replicas = 1;
   // The most bytes per second replication sends from this zccd; 0 = no cap.
   uint64_t replicate_bytes_per_s = 0;
+  // Other zccds of the cluster (host:port of their peer services), besides
+  // those the jobs' trainers report: a Kubernetes headless service's
+  // members, a Slurm host list. They count as nodes of every job here, for
+  // the buddies and for recovery.
+  std::vector<std::string> static_peers;
 };
 
 struct DaemonConfig {

@@ -79,6 +79,9 @@ ABSL_FLAG(uint32_t, replicate_every, 0, "replicate a rank's step to its buddies 
 ABSL_FLAG(uint32_t, replicas, 1, "buddies each node's replicas go to (1..8)");
 ABSL_FLAG(uint64_t, replicate_mb_s, 0, "the most MB per second replication sends from this zccd "
           "(0 = no cap)");
+ABSL_FLAG(std::string, peer_static, "", "comma-separated host:port of other zccds' peer services "
+          "(a Kubernetes headless service's members, a Slurm host list); they count as nodes of "
+          "every job, for the buddies and for recovery (empty = none)");
 ABSL_FLAG(std::string, log_level, "INFO", "DEBUG, INFO, WARNING or ERROR");
 
 namespace {
@@ -149,6 +152,13 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("replicas")) d.peer.replicas = absl::GetFlag(FLAGS_replicas);
   if (Given("replicate_mb_s")) {
     d.peer.replicate_bytes_per_s = absl::GetFlag(FLAGS_replicate_mb_s) << 20;
+  }
+  if (Given("peer_static")) {
+    d.peer.static_peers.clear();
+    for (absl::string_view address :
+         absl::StrSplit(absl::GetFlag(FLAGS_peer_static), ',', absl::SkipEmpty())) {
+      d.peer.static_peers.emplace_back(address);
+    }
   }
   if (Given("log_level")) c.ops.log_level = absl::GetFlag(FLAGS_log_level);
 }

@@ -388,6 +388,41 @@ TEST_CASE("a node and its buddy both lost: the restore falls back to disk and sa
   CHECK(c.Stop() == 0);
 }
 
+TEST_CASE("a static peer is a buddy for a job that never reports its nodes") {
+  const std::string dir = ShortTempDir("it-peerstatic");
+  const std::string certs = MakeCerts(dir);
+  Daemon b(dir, {PeerFlags(certs, "node-b", "rack-2"), "", "zccd-b"});
+  REQUIRE(b.Start());
+  const char* kPort = R"(peer service on \S+ \(port (\d+), mutual TLS\))";
+  const std::string addr_b = absl::StrCat("127.0.0.1:", PortFromLog(b, kPort));
+  std::vector<std::string> flags = PeerFlags(certs, "node-a", "rack-1");
+  flags.push_back("--replicate_every=2");
+  flags.push_back("--peer_static=" + addr_b);
+  Daemon a(dir, {flags, "", "zccd-a"});
+  REQUIRE(a.Start());
+  // One rank, no collective, no SetJobPeers.
+  auto t = StartTrainer(a, dir, "solo", {"--job=solo", "--steps=4", "--save_every=0", "--block",
+                                         "--linger_ms=60000"});
+  REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
+  std::string out;
+  REQUIRE(zcc::testing::Eventually(
+      [&] {
+        out = Zccctl(dir, a, {"status"}).second;
+        return absl::StrContains(out, "replication: step 4 at every buddy");
+      },
+      absl::Seconds(30)));
+  INFO(out);
+  CHECK(absl::StrContains(out, addr_b + " (node-b in rack-2)  ranks -  up"));
+  CHECK(absl::StrContains(out, "[buddy]"));
+  auto [code, b_out] = Zccctl(dir, b, {"status"});
+  CHECK(absl::StrContains(b_out, "replicas held for other nodes: "));
+  CHECK_FALSE(absl::StrContains(b_out, "replicas held for other nodes: 0 piece(s)"));
+  t->Signal(SIGKILL);
+  REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  CHECK(a.Stop() == 0);
+  CHECK(b.Stop() == 0);
+}
+
 TEST_CASE("zccd refuses peer settings it cannot serve, naming what is wrong") {
   const std::string dir = ShortTempDir("it-peerbad");
   const std::string certs = MakeCerts(dir);

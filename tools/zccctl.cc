@@ -181,7 +181,8 @@ void PrintJobPeers(const zcc::v1::JobStatus& job) {
                       p.failure_domain().empty() ? "" : absl::StrCat(" in ", p.failure_domain()),
                       ")");
     }
-    std::printf("    %s  ranks %s  %s%s\n", who.c_str(), ranks.c_str(), state.c_str(),
+    std::printf("    %s  ranks %s  %s%s\n", who.c_str(), ranks.empty() ? "-" : ranks.c_str(),
+                state.c_str(),
                 p.buddy() ? "  [buddy]" : "");
   }
 }

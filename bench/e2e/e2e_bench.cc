@@ -34,6 +34,9 @@
 //  * zcc:      snapshot every step (kFull), EMA every step (ema_decay 0.999),
 //              checkpoint every 10 steps, against a zccd started by the
 //              benchmark (a fresh one per run).
+//  * zcc_replicated (sleep only): zcc, plus the peer tier: every 5th step
+//              replicated to a buddy zccd on loopback (plaintext), which the
+//              trainer's zccd knows as a static peer.
 //  * sync_cpp: every 10 steps the trainer thread writes the same tensors as
 //              one safetensors file (buffered write(2) + fsync), then removes
 //              the previous file: what a plain synchronous save costs.
@@ -58,6 +61,9 @@
 // under test), PYTHON (default python3), ZCC_BENCH_SYNC_SAVE_PY (the helper;
 // default: from the runfiles, else bench/e2e/sync_save.py). Flags: --quick,
 // --only=PATTERN (extended regex over "e2e_bench:<row>").
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -98,6 +104,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kSaveEvery = 10;
+// The replicated variant: every 5th snapshot goes to the buddy.
+constexpr int kReplicateEvery = 5;
 // zcc: EMA initialisation, the first checkpoint, first touch of both slots.
 // The others need little (no save in their warm-up: it would only cost time).
 constexpr int kZccWarmupSteps = 10;
@@ -430,12 +438,13 @@ class PySaver {
 
 // ---------------------------------------------------------------- runs
 
-enum class Variant { kNone, kZcc, kZccTiered, kSyncCpp, kSyncPy };
+enum class Variant { kNone, kZcc, kZccTiered, kZccReplicated, kSyncCpp, kSyncPy };
 const char* VariantName(Variant v) {
   switch (v) {
     case Variant::kNone: return "none";
     case Variant::kZcc: return "zcc";
     case Variant::kZccTiered: return "zcc_tiered";
+    case Variant::kZccReplicated: return "zcc_replicated";
     case Variant::kSyncCpp: return "sync_cpp";
     case Variant::kSyncPy: return "sync_py";
   }
@@ -461,6 +470,7 @@ struct RunResult {
   double checkpoint_gbps = 0;
   int64_t committed_step = -1;
   int uploads = 0;  // tiered: steps zccd uploaded during the run
+  int replicated = 0;  // replicated: steps pushed to the buddy during the run
 };
 
 struct Context {
@@ -491,6 +501,40 @@ int UploadsLogged(const std::string& log_path, int64_t step = -1, bool* found = 
   }
   if (found != nullptr) *found = absl::StrContains(text, absl::StrCat(" step=", step, " bytes="));
   return count;
+}
+
+// How many "replicated job=..." lines (one per step pushed to the buddies)
+// zccd's log has.
+int ReplicationsLogged(const std::string& log_path) {
+  std::string text;
+  if (FILE* f = std::fopen(log_path.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+    std::fclose(f);
+  }
+  int count = 0;
+  for (size_t at = text.find("replicated job="); at != std::string::npos;
+       at = text.find("replicated job=", at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// A free TCP port on 127.0.0.1 (for the buddy zccd's peer listener).
+int FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
 }
 
 // Samples zccd's RssAnon + RssFile every 10 ms (VmHWM has no private-only
@@ -541,13 +585,34 @@ RunResult Run(Context& ctx, Compute& compute, Variant variant, const std::string
   RunResult r;
   const State& s = *ctx.state;
   std::unique_ptr<ZccdProcess> daemon;
+  std::unique_ptr<ZccdProcess> buddy;
   std::unique_ptr<Client> client;
   std::unique_ptr<PrivateMemorySampler> sampler;
-  const bool zcc = variant == Variant::kZcc || variant == Variant::kZccTiered;
+  const bool zcc = variant == Variant::kZcc || variant == Variant::kZccTiered ||
+                   variant == Variant::kZccReplicated;
   const bool tiered = variant == Variant::kZccTiered;
+  const bool replicated = variant == Variant::kZccReplicated;
   if (zcc) {
     std::vector<std::string> flags;
     if (tiered) flags.push_back("--allowed_roots=" + ctx.upload_root);
+    if (replicated) {
+      // A buddy zccd on loopback (plaintext: the benchmark measures the
+      // trainer's step, not TLS), holding every 5th step of this one's rank.
+      const int port = FreeLoopbackPort();
+      const std::string budget = absl::StrCat("--replica_budget_mb=",
+                                              3 * (s.data_bytes >> 20) + 64);
+      auto b = ZccdProcess::Start(ctx.dir, tag + "-buddy",
+                                  {absl::StrCat("--peer_listen=127.0.0.1:", port), "--peer_insecure",
+                                   "--node_name=buddy", "--failure_domain=rack-2", budget});
+      if (!b.ok()) Die(std::string(b.status().message()));
+      buddy = std::move(b).value();
+      for (std::string f : {std::string("--peer_listen=127.0.0.1:0"), std::string("--peer_insecure"),
+                            std::string("--node_name=trainer"), std::string("--failure_domain=rack-1"),
+                            absl::StrCat("--replicate_every=", kReplicateEvery),
+                            absl::StrCat("--peer_static=127.0.0.1:", port), budget}) {
+        flags.push_back(std::move(f));
+      }
+    }
     auto d = ZccdProcess::Start(ctx.dir, tag, flags);
     if (!d.ok()) Die(std::string(d.status().message()));
     daemon = std::move(d).value();
@@ -629,6 +694,7 @@ RunResult Run(Context& ctx, Compute& compute, Variant variant, const std::string
     // The EMA: fp32 per bf16 parameter element, two buffers (kDoubleBuffer).
     r.ema_bytes = 2 * 4 * s.param_elements;
     r.daemon_held = r.staging_bytes + r.ema_bytes;
+    if (replicated) r.replicated = ReplicationsLogged(daemon->log_path());
     if (tiered) {
       // Counted as the run ends; then drained, so that the store's work
       // never falls into another variant's measurement.
@@ -643,6 +709,7 @@ RunResult Run(Context& ctx, Compute& compute, Variant variant, const std::string
     }
     client.reset();
     daemon->Stop();
+    if (buddy != nullptr) buddy->Stop();
   }
   return r;
 }
@@ -669,9 +736,11 @@ int main(int argc, char** argv) {
   const bool footprint_row = filter.Wants("daemon_footprint_vs_held");
   for (const std::string& m : modes) {
     std::vector<Variant> vs;
-    for (Variant v : {Variant::kZcc, Variant::kZccTiered, Variant::kSyncCpp, Variant::kSyncPy}) {
-      // The tiered upload stands for a GPU node's: idle host cores.
-      if (v == Variant::kZccTiered && m != "sleep") continue;
+    for (Variant v : {Variant::kZcc, Variant::kZccTiered, Variant::kZccReplicated, Variant::kSyncCpp,
+                      Variant::kSyncPy}) {
+      // The tiered upload and the replication stand for a GPU node's: idle
+      // host cores.
+      if ((v == Variant::kZccTiered || v == Variant::kZccReplicated) && m != "sleep") continue;
       const std::string row = absl::StrCat("e2e_", m, "_step_time_", VariantName(v), "_vs_none");
       const bool want = filter.Wants(row) ||
                         (v == Variant::kZcc && (filter.Wants(absl::StrCat("e2e_", m, "_zcc_snapshots_enqueued")) ||
@@ -742,7 +811,13 @@ int main(int argc, char** argv) {
         const std::string tag = absl::StrCat(mode, "-", VariantName(v), "-r", round);
         const RunResult r = Run(ctx, compute, v, tag);
         std::string extra;
-        if (v == Variant::kZccTiered) {
+        if (v == Variant::kZccReplicated) {
+          extra = absl::StrFormat("; %d step(s) replicated to the buddy during the run (every "
+                                  "%d-th offered), %d/%d measured steps enqueued",
+                                  r.replicated, kReplicateEvery,
+                                  static_cast<int>(r.snapshots_enqueued),
+                                  static_cast<int>(r.snapshots_taken));
+        } else if (v == Variant::kZccTiered) {
           extra = absl::StrFormat("; %d step(s) uploaded to the store during the run, %d/%d "
                                   "measured steps enqueued, checkpoint %.2f GB/s",
                                   r.uploads, static_cast<int>(r.snapshots_enqueued),
@@ -791,7 +866,8 @@ int main(int argc, char** argv) {
       const double mean = Mean(r.step_s);
       const std::string row = absl::StrCat("e2e_", mode, "_step_time_", VariantName(v), "_vs_none");
       if (filter.Wants(row) && mean > 0 && none > 0) {
-        const bool targeted = v == Variant::kZcc || v == Variant::kZccTiered;
+        const bool targeted =
+            v == Variant::kZcc || v == Variant::kZccTiered || v == Variant::kZccReplicated;
         Emit({absl::StrCat(row, " (ratio = none/", VariantName(v), ")"), mean * 1e3, none * 1e3,
               none / mean, targeted ? ">= 0.99" : "", "ms/step"});
       }

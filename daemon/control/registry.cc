@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -250,7 +251,7 @@ void Registry::RecoverFromPeers(Job& job) {
   peer::RecoverySources sources;
   sources.own = &replicas_;
   sources.directory = directory.get();
-  for (const auto& [address, ranks] : job.peers().Nodes()) {
+  for (const std::string& address : NodesOf(job)) {
     if (address != self) sources.peers.push_back(address);
   }
   // The job's ranks on this node ask together: the first recovers, the
@@ -387,6 +388,9 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   options.self_node = endpoint.node();
   options.self_failure_domain = endpoint.failure_domain();
   auto directory = std::make_shared<peer::PeerDirectory>(options, std::move(creds));
+  for (const std::string& p : config_.peer.static_peers) {
+    if (p != address) directory->Watch(p);
+  }
   peer::Replicator::Options replicate;
   replicate.self_node = endpoint.node();
   replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
@@ -398,6 +402,12 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   peer_address_ = std::move(address);
   peer_directory_ = std::move(directory);
   replicator_ = std::move(replicator);
+}
+
+std::vector<std::string> Registry::NodesOf(const Job& job) const {
+  std::set<std::string> nodes(config_.peer.static_peers.begin(), config_.peer.static_peers.end());
+  for (const auto& [address, ranks] : job.peers().Nodes()) nodes.insert(address);
+  return {nodes.begin(), nodes.end()};
 }
 
 std::vector<std::string> Registry::BuddiesOf(const std::string& job_id) const {
@@ -432,7 +442,7 @@ void Registry::ReplicateStep(const std::string& job_id, uint32_t uid,
 std::vector<std::string> Registry::Buddies(const Job& job, const peer::PeerDirectory& directory,
                                            const std::string& self) const {
   std::vector<peer::NodeInfo> nodes;
-  for (const auto& [address, ranks] : job.peers().Nodes()) {
+  for (const std::string& address : NodesOf(job)) {
     const auto state = directory.State(address);
     nodes.push_back({address, state.has_value() ? state->failure_domain : ""});
   }
@@ -463,7 +473,7 @@ absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPe
   std::vector<peer::JobPeer> peers;
   for (const v1::JobPeer& p : req.peers()) peers.push_back({p.rank(), p.address()});
   ZCC_RETURN_IF_ERROR(job->peers().Set(std::move(peers), job->options().world_size));
-  for (const auto& [address, ranks] : job->peers().Nodes()) {
+  for (const std::string& address : NodesOf(*job)) {
     if (address != self) directory->Watch(address);
   }
   v1::SetJobPeersResponse resp;
@@ -494,7 +504,10 @@ void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
   }
   const std::vector<std::string> buddies = Buddies(job, *directory, self);
   const absl::Time now = absl::Now();
-  for (const auto& [address, ranks] : job.peers().Nodes()) {
+  // The job's nodes, and the static peers (no ranks of the job) besides.
+  std::map<std::string, std::vector<uint32_t>> nodes = job.peers().Nodes();
+  for (const std::string& p : config_.peer.static_peers) nodes.emplace(p, std::vector<uint32_t>());
+  for (const auto& [address, ranks] : nodes) {
     v1::JobPeerStatus* p = out->add_peers();
     p->set_address(address);
     for (uint32_t r : ranks) p->add_ranks(r);

@@ -148,6 +148,8 @@ class Registry {
                                    const std::string& self) const;
   void FillPeerStatus(const Job& job, v1::JobStatus* out) const;
   std::vector<std::string> BuddiesOf(const std::string& job_id) const;
+  // The job's nodes (its trainers' report) and the static peers, by address.
+  std::vector<std::string> NodesOf(const Job& job) const;
   // Before a restore chooses its step: the peer tier's newest step, if it
   // is newer than the job directory's, committed there (peer_recovery.h).
   void RecoverFromPeers(Job& job);

@@ -97,7 +97,14 @@ void Replicator::Run() {
       files = rs.pending_files;
     }
     uint64_t sent = 0;
+    const absl::Time began = absl::Now();
     const absl::Status pushed = Push(work.first, uid, work.second, step, files, &sent);
+    if (pushed.ok()) {
+      const double s = absl::ToDoubleSeconds(absl::Now() - began);
+      ZCC_LOG(INFO) << "replicated job=" << work.first << " rank=" << work.second
+                    << " step=" << step << " bytes=" << sent << " seconds=" << s
+                    << " GB/s=" << (s > 0 ? sent / s / 1e9 : 0.0);
+    }
     zcc::MutexLock lock(&mu_);
     JobState& js = jobs_[work.first];
     RankState& rs = js.ranks[work.second];
