@@ -17,7 +17,7 @@ absl::StatusOr<RankStepBytes> SerializeRankStep(int64_t step, const RankShards& 
                                                 const uint8_t* slot,
                                                 const std::vector<ExtraShard>& extra) {
   // The writer itself, into memory: the files are what a disk write makes.
-  storage::MemoryStorage memory;
+  storage::MemoryStorage memory(/*keep_synced=*/false);
   IoOptions io;
   io.storage = &memory;
   io.direct_io = false;
@@ -33,12 +33,9 @@ absl::StatusOr<RankStepBytes> SerializeRankStep(int64_t step, const RankShards& 
   out.rank = shards.rank;
   out.step = step;
   for (const std::string& name : names) {
-    const std::string path = JoinPath(dir, name);
-    ZCC_ASSIGN_OR_RETURN(storage::FileInfo info, memory.Stat(path));
-    ZCC_ASSIGN_OR_RETURN(std::string bytes, storage::ReadWholeFile(memory, path, info.size));
+    // Moved out, not copied.
+    ZCC_ASSIGN_OR_RETURN(std::string bytes, memory.Take(JoinPath(dir, name)));
     out.files.push_back({name, std::move(bytes)});
-    // Each file's memory goes as soon as it is copied out.
-    (void)memory.Remove(path);
   }
   if (out.files.empty() || out.files.back().name != manifest) {
     return absl::InternalError(absl::StrCat("serializing step ", step, " of rank ", shards.rank,

@@ -119,7 +119,7 @@ class MemoryFile final : public File {
   absl::Status Sync() override {
     zcc::MutexLock lock(&storage_->mu_);
     ZCC_RETURN_IF_ERROR(Usable(true));
-    node_->synced = node_->data;
+    if (storage_->keep_synced_) node_->synced = node_->data;
     return absl::OkStatus();
   }
   absl::Status Close() override {
@@ -161,6 +161,23 @@ class MemoryFile final : public File {
 };
 
 MemoryStorage::MemoryStorage() : root_(std::make_shared<Node>(true)) {}
+MemoryStorage::MemoryStorage(bool keep_synced)
+    : root_(std::make_shared<Node>(true)), keep_synced_(keep_synced) {}
+
+absl::StatusOr<std::string> MemoryStorage::Take(const std::string& path) {
+  zcc::MutexLock lock(&mu_);
+  ZCC_RETURN_IF_ERROR(Gate(false));
+  ZCC_ASSIGN_OR_RETURN(NodePtr node, Find(path));
+  if (node->dir) return absl::FailedPreconditionError(absl::StrCat("take ", path, ": a directory"));
+  ZCC_ASSIGN_OR_RETURN(auto parent, Parent(path));
+  ZCC_RETURN_IF_ERROR(Gate(true));
+  std::string data = std::move(node->data);
+  node->data.clear();
+  node->synced.clear();
+  parent.first->entries.erase(parent.second);
+  parent.first->modified = absl::Now();
+  return data;
+}
 MemoryStorage::~MemoryStorage() = default;
 
 absl::Status MemoryStorage::Gate(bool change) {
@@ -261,7 +278,7 @@ absl::Status MemoryStorage::SyncDir(const std::string& path) {
   ZCC_ASSIGN_OR_RETURN(NodePtr node, Find(path));
   if (!node->dir) return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
   ZCC_RETURN_IF_ERROR(Gate(true));
-  node->durable = node->entries;
+  if (keep_synced_) node->durable = node->entries;
   return absl::OkStatus();
 }
 

@@ -33,6 +33,10 @@ namespace zcc::storage {
 class MemoryStorage final : public Storage {
  public:
   MemoryStorage();
+  // keep_synced = false: no copy of what a power cut would keep (Sync and
+  // SyncDir keep nothing; Crash() then loses everything): files in memory
+  // at memcpy speed, for building a step's files there (a replica's).
+  explicit MemoryStorage(bool keep_synced);
   ~MemoryStorage() override;
 
   absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const std::string& path,
@@ -58,6 +62,8 @@ class MemoryStorage final : public Storage {
   // its synced data, every directory to its synced entries; the rest is
   // gone. Files opened before fail from now on; a CrashAfter is cleared.
   void Crash();
+  // Moves the data of the file at `path` out and removes the file (no copy).
+  absl::StatusOr<std::string> Take(const std::string& path);
 
  private:
   friend class MemoryFile;
@@ -76,6 +82,7 @@ class MemoryStorage final : public Storage {
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<uint64_t> crash_at_ ABSL_GUARDED_BY(mu_);  // a count of changes
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  const bool keep_synced_ = true;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;  // Crash() count: files of older epochs fail
 };
 

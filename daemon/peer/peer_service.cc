@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/thread_priority.h"
 #include "common/validate.h"
 #include "daemon/peer/replica_proto.h"
 #include "format/checksum.h"
@@ -54,6 +55,9 @@ grpc::Status PeerService::Hello(grpc::ServerContext* ctx, const v1::PeerHelloReq
 grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
                                       grpc::ServerReader<v1::ReplicaChunk>* reader,
                                       v1::PushReplicaResponse* resp) {
+  // Holding other nodes' pieces is background work: it never takes a core
+  // from this node's trainers, its ingest or its writes.
+  IdlePriority idle;
   const std::string from = PeerIdentity(*ctx);
   auto refuse = [&](const absl::Status& why) {
     ZCC_LOG(WARNING) << "peer: refused a replica from " << from << ": " << why;

@@ -48,7 +48,12 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
                               std::move(on_persisted),
                               [this](const std::string& error) { SetError(error); },
                               options_.on_replicate},
-              options_.write_pool) {}
+              options_.write_pool),
+      replicate_writer_(RankWriteTarget{&shards_, &slots_, options_.job_dir, options_.fs_owner,
+                                        options_.io, [](const PersistEvent&) {},
+                                        [this](const std::string& error) { SetError(error); },
+                                        options_.on_replicate},
+                        options_.write_pool) {}
 
 RankSession::~RankSession() { Stop(); }
 
@@ -81,8 +86,9 @@ void RankSession::Stop() {
   slots_.StopReserving();
   slots_.RingDoorbell();
   if (thread_.joinable()) thread_.join();
-  // Ingest has handed over its last write; the writer finishes it and leaves.
+  // Ingest has handed over its last write; the writers finish it and leave.
   writer_.Stop();
+  replicate_writer_.Stop();
   slots_.Close();
   restore_buffers_.Clear();
 }
@@ -177,13 +183,14 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
     return true;
   }
   if (!replicate) return false;
-  // Replication alone never waits for the writer (a disk write of an
-  // earlier step): the step is left out, and the lag shows.
-  const bool submitted = writer_.TrySubmit([&] { return MakeWriteJob(slot, false, false, true); });
+  // Replication alone has a writer of its own and never waits for it (still
+  // serializing an earlier step): the step is left out, and the lag shows.
+  const bool submitted =
+      replicate_writer_.TrySubmit([&] { return MakeWriteJob(slot, false, false, true); });
   if (!submitted) {
     replications_skipped_.fetch_add(1);
     ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
-                  << slot.step << " not replicated: the writer is busy with an earlier step";
+                  << slot.step << " not replicated: the previous one is still being serialized";
   }
   return submitted;
 }

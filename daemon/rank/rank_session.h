@@ -276,6 +276,9 @@ class RankSession {
   // Last: declared after everything a write touches, so it is destroyed (and
   // its thread joined) first.
   RankWriter writer_;
+  // Steps replicated without being persisted: a writer of their own, so that
+  // a checkpoint never waits for one (and one never waits for a checkpoint).
+  RankWriter replicate_writer_;
 };
 
 }  // namespace zcc::daemon
