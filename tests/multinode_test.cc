@@ -39,36 +39,44 @@ bool StatusShows(const std::string& dir, const Daemon& d, const std::vector<std:
       absl::Seconds(40), absl::Milliseconds(200));
 }
 
+// Node i of `net` with its own zccd: certificates for the nodes' addresses
+// (made once per test), a node-local root, its rack, and `flags` besides.
+std::vector<std::unique_ptr<Daemon>> StartNodes(const NetnsCluster& net, const std::string& dir,
+                                                const std::vector<std::string>& names,
+                                                const std::vector<std::string>& racks,
+                                                const std::vector<std::string>& flags = {}) {
+  std::string certs_cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", dir,
+                                       "/certs");
+  for (size_t i = 0; i < names.size(); ++i) absl::StrAppend(&certs_cmd, " ", names[i], "=", net.ip(i));
+  REQUIRE(RunCommand(certs_cmd).ok());
+  const std::string certs = dir + "/certs/";
+  std::vector<std::unique_ptr<Daemon>> zccds;
+  for (size_t i = 0; i < names.size(); ++i) {
+    DaemonOptions o;
+    o.name = names[i];
+    o.root = absl::StrCat(dir, "/", names[i], "-root");  // node-local
+    o.wrapper = net.Exec(static_cast<int>(i));
+    o.extra_flags = {absl::StrCat("--peer_listen=", net.ip(i), ":", kPeerPort),
+                     "--peer_cert=" + certs + names[i] + ".pem",
+                     "--peer_key=" + certs + names[i] + ".key", "--peer_ca=" + certs + "ca.pem",
+                     "--node_name=" + names[i], "--failure_domain=" + racks[i]};
+    for (const std::string& f : flags) o.extra_flags.push_back(f);
+    zccds.push_back(std::make_unique<Daemon>(dir, o));
+    REQUIRE(zccds.back()->Start());
+  }
+  return zccds;
+}
+
 TEST_CASE("three nodes in network namespaces: membership, buddies, a partition and a lost node") {
   auto made = NetnsCluster::Create(3);
   INFO(made.status().ToString());
   REQUIRE(made.ok());
   NetnsCluster& net = **made;
   const std::string dir = ShortTempDir("it-mn");
-  const char* names[] = {"node-a", "node-b", "node-c"};
-  const char* racks[] = {"rack-1", "rack-2", "rack-1"};
-  std::string certs_cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", dir,
-                                       "/certs");
-  for (int i = 0; i < 3; ++i) absl::StrAppend(&certs_cmd, " ", names[i], "=", net.ip(i));
-  REQUIRE(RunCommand(certs_cmd).ok());
-
-  std::vector<std::unique_ptr<Daemon>> zccds;
+  std::vector<std::unique_ptr<Daemon>> zccds =
+      StartNodes(net, dir, {"node-a", "node-b", "node-c"}, {"rack-1", "rack-2", "rack-1"});
   std::vector<std::string> addr;
-  for (int i = 0; i < 3; ++i) {
-    const std::string certs = dir + "/certs/";
-    DaemonOptions o;
-    o.name = names[i];
-    o.root = absl::StrCat(dir, "/", names[i], "-root");  // node-local
-    o.wrapper = net.Exec(i);
-    o.extra_flags = {absl::StrCat("--peer_listen=", net.ip(i), ":", kPeerPort),
-                     "--peer_cert=" + certs + names[i] + ".pem",
-                     "--peer_key=" + certs + names[i] + ".key", "--peer_ca=" + certs + "ca.pem",
-                     std::string("--node_name=") + names[i],
-                     std::string("--failure_domain=") + racks[i]};
-    zccds.push_back(std::make_unique<Daemon>(dir, o));
-    REQUIRE(zccds.back()->Start());
-    addr.push_back(absl::StrCat(net.ip(i), ":", kPeerPort));
-  }
+  for (int i = 0; i < 3; ++i) addr.push_back(absl::StrCat(net.ip(i), ":", kPeerPort));
 
   // One rank per node; the ranks' collective over the bridge.
   const std::string collective = absl::StrCat(net.ip(0), ":7072");
@@ -135,27 +143,8 @@ TEST_CASE("two nodes replicate every step; a partition makes lag, not skipped sn
   REQUIRE(made.ok());
   NetnsCluster& net = **made;
   const std::string dir = ShortTempDir("it-mnrep");
-  const char* names[] = {"node-a", "node-b"};
-  const char* racks[] = {"rack-1", "rack-2"};
-  std::string certs_cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", dir,
-                                       "/certs");
-  for (int i = 0; i < 2; ++i) absl::StrAppend(&certs_cmd, " ", names[i], "=", net.ip(i));
-  REQUIRE(RunCommand(certs_cmd).ok());
-  std::vector<std::unique_ptr<Daemon>> zccds;
-  for (int i = 0; i < 2; ++i) {
-    const std::string certs = dir + "/certs/";
-    DaemonOptions o;
-    o.name = names[i];
-    o.root = absl::StrCat(dir, "/", names[i], "-root");
-    o.wrapper = net.Exec(i);
-    o.extra_flags = {absl::StrCat("--peer_listen=", net.ip(i), ":", kPeerPort),
-                     "--peer_cert=" + certs + names[i] + ".pem",
-                     "--peer_key=" + certs + names[i] + ".key", "--peer_ca=" + certs + "ca.pem",
-                     std::string("--node_name=") + names[i],
-                     std::string("--failure_domain=") + racks[i], "--replicate_every=1"};
-    zccds.push_back(std::make_unique<Daemon>(dir, o));
-    REQUIRE(zccds.back()->Start());
-  }
+  std::vector<std::unique_ptr<Daemon>> zccds =
+      StartNodes(net, dir, {"node-a", "node-b"}, {"rack-1", "rack-2"}, {"--replicate_every=1"});
   const std::string collective = absl::StrCat(net.ip(0), ":7072");
   std::vector<std::unique_ptr<Subprocess>> trainers;
   for (int r = 0; r < 2; ++r) {
@@ -209,27 +198,9 @@ TEST_CASE("a node lost whole: its rank restores on a replacement node from the p
   REQUIRE(made.ok());
   NetnsCluster& net = **made;
   const std::string dir = ShortTempDir("it-mnlost");
-  const char* names[] = {"node-a", "node-b", "node-c"};
-  const char* racks[] = {"rack-1", "rack-2", "rack-2"};
-  std::string certs_cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", dir,
-                                       "/certs");
-  for (int i = 0; i < 3; ++i) absl::StrAppend(&certs_cmd, " ", names[i], "=", net.ip(i));
-  REQUIRE(RunCommand(certs_cmd).ok());
-  std::vector<std::unique_ptr<Daemon>> zccds;
-  for (int i = 0; i < 3; ++i) {
-    const std::string certs = dir + "/certs/";
-    DaemonOptions o;
-    o.name = names[i];
-    o.root = absl::StrCat(dir, "/", names[i], "-root");
-    o.wrapper = net.Exec(i);
-    o.extra_flags = {absl::StrCat("--peer_listen=", net.ip(i), ":", kPeerPort),
-                     "--peer_cert=" + certs + names[i] + ".pem",
-                     "--peer_key=" + certs + names[i] + ".key", "--peer_ca=" + certs + "ca.pem",
-                     std::string("--node_name=") + names[i],
-                     std::string("--failure_domain=") + racks[i], "--replicate_every=5"};
-    zccds.push_back(std::make_unique<Daemon>(dir, o));
-    REQUIRE(zccds.back()->Start());
-  }
+  std::vector<std::unique_ptr<Daemon>> zccds =
+      StartNodes(net, dir, {"node-a", "node-b", "node-c"}, {"rack-1", "rack-2", "rack-2"},
+                 {"--replicate_every=5"});
   auto job = [&](int rank, int node, const std::string& collective,
                  std::vector<std::string> more) {
     std::vector<std::string> flags = {"--job=lost", absl::StrCat("--rank=", rank), "--world=2",

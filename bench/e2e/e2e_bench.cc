@@ -484,9 +484,8 @@ struct Context {
   std::string upload_root;
 };
 
-// What zccd's log says it uploaded: "upload job=... step=N" lines, and
-// whether step `step` is among them.
-int UploadsLogged(const std::string& log_path, int64_t step = -1, bool* found = nullptr) {
+// A zccd's log, whole ("" if unreadable).
+std::string ReadLog(const std::string& log_path) {
   std::string text;
   if (FILE* f = std::fopen(log_path.c_str(), "r")) {
     char buf[4096];
@@ -494,31 +493,29 @@ int UploadsLogged(const std::string& log_path, int64_t step = -1, bool* found = 
     while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
     std::fclose(f);
   }
+  return text;
+}
+
+int Occurrences(const std::string& text, const std::string& needle) {
   int count = 0;
-  for (size_t at = text.find("upload job="); at != std::string::npos;
-       at = text.find("upload job=", at + 1)) {
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
     ++count;
   }
-  if (found != nullptr) *found = absl::StrContains(text, absl::StrCat(" step=", step, " bytes="));
   return count;
+}
+
+// What zccd's log says it uploaded: "upload job=... step=N" lines, and
+// whether step `step` is among them.
+int UploadsLogged(const std::string& log_path, int64_t step = -1, bool* found = nullptr) {
+  const std::string text = ReadLog(log_path);
+  if (found != nullptr) *found = absl::StrContains(text, absl::StrCat(" step=", step, " bytes="));
+  return Occurrences(text, "upload job=");
 }
 
 // How many "replicated job=..." lines (one per step pushed to the buddies)
 // zccd's log has.
 int ReplicationsLogged(const std::string& log_path) {
-  std::string text;
-  if (FILE* f = std::fopen(log_path.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-    std::fclose(f);
-  }
-  int count = 0;
-  for (size_t at = text.find("replicated job="); at != std::string::npos;
-       at = text.find("replicated job=", at + 1)) {
-    ++count;
-  }
-  return count;
+  return Occurrences(ReadLog(log_path), "replicated job=");
 }
 
 // A free TCP port on 127.0.0.1 (for the buddy zccd's peer listener).
