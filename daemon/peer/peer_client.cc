@@ -63,6 +63,11 @@ absl::StatusOr<v1::PeerHelloResponse> PeerClient::Hello(const std::string& node,
 
 absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
                               absl::Duration timeout) {
+  return Push(key, data, nbytes, format::Xxh3(data, nbytes), timeout);
+}
+
+absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
+                              uint64_t xxh3, absl::Duration timeout) {
   auto ctx = ContextWithin(timeout);
   v1::PushReplicaResponse resp;
   std::unique_ptr<grpc::ClientWriter<v1::ReplicaChunk>> writer =
@@ -71,7 +76,7 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
   v1::ReplicaHeader* header = chunk.mutable_header();
   *header->mutable_key() = ToProto(key);
   header->set_nbytes(nbytes);
-  header->set_xxh3(format::Xxh3(data, nbytes));
+  header->set_xxh3(xxh3);
   bool sent = writer->Write(chunk);
   const auto* bytes = static_cast<const char*>(data);
   for (size_t off = 0; sent && off < nbytes; off += kReplicaChunkBytes) {

@@ -33,6 +33,10 @@ class PeerClient {
                                               absl::Duration timeout);
   // Sends `nbytes` at `data` as the piece `key`, in chunks.
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, absl::Duration timeout);
+  // The same with the bytes' XXH3 already known (a held piece's, computed
+  // when it was kept): the receiver checks the bytes against it.
+  absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, uint64_t xxh3,
+                    absl::Duration timeout);
   // The piece's bytes, checked against the size and XXH3 the peer sent first.
   absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout);
   absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,

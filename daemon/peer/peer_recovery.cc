@@ -1,6 +1,7 @@
 #include "daemon/peer/peer_recovery.h"
 
 #include <map>
+#include <memory>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -23,13 +24,17 @@ void Note(Holdings& h, const std::string& holder, const ReplicaInfo& info) {
   h[info.key.step][info.key.rank][holder].insert(info.key.piece);
 }
 
-absl::StatusOr<std::string> Fetch(const std::string& holder, const ReplicaKey& key,
-                                  const RecoverySources& s) {
+// A piece's bytes: this zccd's own without a copy (the pointer shares the
+// held piece), a peer's as pulled and checked.
+absl::StatusOr<std::shared_ptr<const std::string>> Fetch(const std::string& holder,
+                                                         const ReplicaKey& key,
+                                                         const RecoverySources& s) {
   if (holder == kSelf) {
     ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const Replica> r, s.own->Get(key));
-    return r->bytes;
+    return std::shared_ptr<const std::string>(r, &r->bytes);
   }
-  return s.directory->Client(holder)->Pull(key, s.timeout);
+  ZCC_ASSIGN_OR_RETURN(std::string pulled, s.directory->Client(holder)->Pull(key, s.timeout));
+  return std::make_shared<const std::string>(std::move(pulled));
 }
 
 // Each rank's holders of a step, in the order they are tried (this zccd
@@ -58,7 +63,7 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
           last = bytes.status();
           continue;
         }
-        ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, name), *bytes));
+        ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, name), **bytes));
         written = true;
         break;
       }
@@ -111,7 +116,7 @@ absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_
           why = std::string(bytes.status().message());
           continue;
         }
-        auto decoded = format::DecodeRankManifest(*bytes);
+        auto decoded = format::DecodeRankManifest(**bytes);
         if (!decoded.ok()) {
           why = absl::StrCat("rank ", rank, "'s manifest from ", holder.empty() ? "here" : holder,
                              ": ", decoded.status().message());

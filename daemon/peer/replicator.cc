@@ -149,8 +149,10 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
             "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
             "before it reached ", buddy, " (raise peer.replica_budget_bytes)"));
       }
+      // Its checksum from when it was kept: the bytes are not summed again.
       const std::string& bytes = (*piece)->bytes;
-      ZCC_RETURN_IF_ERROR(client->Push(key, bytes.data(), bytes.size(), options_.push_timeout));
+      ZCC_RETURN_IF_ERROR(client->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
+                                       options_.push_timeout));
       *sent += bytes.size();
       Pace(bytes.size());
     }

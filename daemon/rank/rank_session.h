@@ -278,6 +278,9 @@ class RankSession {
   RankWriter writer_;
   // Steps replicated without being persisted: a writer of their own, so that
   // a checkpoint never waits for one (and one never waits for a checkpoint).
+  // Each writer's job carries its own EMA copy: while both write, zccd holds
+  // the rank's EMA twice besides the live one (RankWriter's one-at-a-time
+  // holds per writer).
   RankWriter replicate_writer_;
 };
 
