@@ -86,6 +86,7 @@ def main(argv):
     if ckpt is not None:
         ckpt.flush()
         ckpt.close()
+    integration_common.finish()
     print("done", flush=True)
 
 

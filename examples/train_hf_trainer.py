@@ -93,6 +93,7 @@ def main(argv):
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
                   args.dump)
+    integration_common.finish()
     print("done", flush=True)
 
 
