@@ -38,7 +38,9 @@ absl::StatusOr<RestoreCandidates> Client::ListRestoreCandidates(bool owned_only)
   auto req = im.AddressedTo<v1::RestoreCandidatesRequest>(*s);
   req.set_owned_only(owned_only);
   v1::RestoreCandidatesResponse resp;
-  auto ctx = im.Context();
+  // A restore's deadline: zccd may first bring the newest step in from the
+  // peer tier or from the memory of the job's previous layout.
+  auto ctx = im.Context(im.options.restore_timeout);
   const std::shared_ptr<const Stubs> stubs = im.GetStubs();
   ZCC_RETURN_IF_ERROR(FromGrpcStatus(stubs->control->RestoreCandidates(ctx.get(), req, &resp)));
   RestoreCandidates out;

@@ -12,6 +12,7 @@
 #include "common/validate.h"
 #include "daemon/control/job_placement.h"
 #include "daemon/control/registration.h"
+#include "daemon/control/relayout.h"
 #include "daemon/control/staging_setup.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
@@ -274,6 +275,7 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                        PlanRank(req, caller, d_, [this] { return EmaWorkers(); }));
   RetirePredecessors(req, plan.job_dir, caller);
   ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
+  WritePreviousLayout(admission);
   const uint64_t generation = admission.generation();
   const Geometry& g = plan.g;
 
@@ -313,7 +315,11 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
   if (puller != nullptr) session->AttachPuller(std::move(puller));
   session->ReserveInBackground(std::move(staging.to_reserve));
   // Before the reserver starts, so that it waits for the read.
-  if (req.prefetch_restore()) d_.restores->StartPrefetch(*job, *session, req.rank());
+  // (Not while the previous layout's newest step is being written: the
+  // restore will want that one.)
+  if (req.prefetch_restore() && !job->relayout_pending()) {
+    d_.restores->StartPrefetch(*job, *session, req.rank());
+  }
   session->Start();
   std::shared_ptr<RankSession> replaced = job->PutRank(session);
   d_.housekeeper->PublishSessions();
@@ -331,6 +337,26 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                         ? absl::StrCat(", daemon-pull on CUDA device ", req.cuda_device())
                         : std::string());
   return resp;
+}
+
+void Registrar::WritePreviousLayout(Admission& admission) {
+  std::shared_ptr<Job> previous = std::move(admission.previous_layout());
+  if (previous == nullptr) return;
+  // On a writer thread: a large state takes longer to write than a
+  // registration may; the job's restores wait for it (Job::AwaitRelayout).
+  d_.write_pool->Post([previous = std::move(previous), job = admission.job(), jobs = d_.jobs,
+                       fs = d_.shard_storage]() mutable {
+    auto written = PersistRetainedStep(*previous, fs);
+    if (!written.ok()) {
+      ZCC_LOG(WARNING) << "job " << job->options().job_id
+                       << ": the snapshots of its previous layout could not be written for the "
+                          "new one (it restores what its directory has): "
+                       << written.status();
+    }
+    previous.reset();  // the snapshots' segments go
+    jobs->RelayoutWritten(job->options().job_id);
+    job->RelayoutDone();
+  });
 }
 
 absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> Registrar::EmaWorkers() {

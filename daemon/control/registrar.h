@@ -79,6 +79,11 @@ class Registrar {
   void RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
                           const Caller& caller);
 
+  // Hands the job this admission replaced with another layout of itself
+  // (if any) to a writer thread, which writes the newest step its ranks
+  // left in memory for the new layout (relayout.h).
+  void WritePreviousLayout(Admission& admission);
+
   Deps d_;
   zcc::Mutex ema_mu_;
   std::shared_ptr<ema::WorkerGroup> ema_workers_ ABSL_GUARDED_BY(ema_mu_);

@@ -150,8 +150,13 @@ void Registry::Shutdown() {
   for (auto& [id, job] : jobs) {
     for (auto& session : job->Ranks()) session->Stop();
   }
-  // The commits the last writes made possible.
-  for (auto& [id, job] : jobs) job->AwaitCommitter();
+  // The commits the last writes made possible, and a previous layout's
+  // step being written for its job (a writer thread's task that uses the
+  // job table).
+  for (auto& [id, job] : jobs) {
+    job->AwaitCommitter();
+    job->AwaitRelayout();
+  }
   jobs.clear();
   housekeeper_.StopHeartbeats();
 }
@@ -278,6 +283,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
+  job->AwaitRelayout();
   RecoverFromPeers(*job);
   return restores_.Restore(*job, *session, req, [this, &client_gone] {
     return shutting_down_.load() || (client_gone && client_gone());
@@ -288,6 +294,7 @@ absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(
     const v1::RestoreCandidatesRequest& req, const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
+  job->AwaitRelayout();
   RecoverFromPeers(*job);
   return restores_.Candidates(*job, *session, req.owned_only());
 }

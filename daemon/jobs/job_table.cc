@@ -13,9 +13,17 @@ Admission::Admission(Admission&& other) noexcept
       job_(std::move(other.job_)),
       generation_(other.generation_),
       inherited_(std::move(other.inherited_)),
-      pooled_(std::move(other.pooled_)) {}
+      pooled_(std::move(other.pooled_)),
+      previous_layout_(std::move(other.previous_layout_)) {}
 
 Admission::~Admission() {
+  // A previous layout nobody wrote (the registration failed first): the
+  // job's other registrations wait no longer.
+  if (previous_layout_ != nullptr) {
+    previous_layout_.reset();
+    job_->RelayoutDone();
+    table_->RelayoutWritten(job_id_);
+  }
   if (table_ != nullptr) table_->Finish(job_id_, rank_);
 }
 
@@ -58,7 +66,13 @@ uint64_t JobTable::StagingBytesLocked() const {
     total += job->retained().bytes();
   }
   for (const auto& [key, bytes] : in_flight_) total += bytes;
+  for (const auto& [id, bytes] : relayout_bytes_) total += bytes;
   return total;
+}
+
+void JobTable::RelayoutWritten(const std::string& job_id) {
+  zcc::MutexLock lock(&mu_);
+  relayout_bytes_.erase(job_id);
 }
 
 bool JobTable::InFlightLocked(const std::string& job_id) const {
@@ -224,10 +238,29 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
         "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use(), " of the ",
         r.staging_budget_bytes, "-byte budget are in use"));
   }
+  // A job replaced by another layout of itself: its ranks' snapshots are
+  // handed to the registration, which has their newest step written into
+  // the job's directory for the new layout (daemon/control/relayout.h),
+  // when the budget holds them until then; they are dropped otherwise.
+  std::shared_ptr<Job> previous_layout;
+  if (dropped_job != nullptr && dropped_job->options().job_dir == r.job_dir &&
+      dropped_job->options().upload_dir == r.upload_dir && !dropped_job->retained().empty()) {
+    const uint64_t held = dropped_job->retained().bytes();
+    if (r.staging_budget_bytes == 0 || in_use() + needed + held <= r.staging_budget_bytes) {
+      relayout_bytes_[r.job_id] = held;
+      previous_layout = std::move(dropped_job);
+      job->ExpectRelayout();
+    } else {
+      ZCC_LOG(WARNING) << "job " << r.job_id << ": the " << held
+                       << " bytes of snapshots its previous layout left in memory do not fit "
+                          "the staging budget beside the new layout; dropped";
+    }
+  }
   in_flight_[{r.job_id, r.rank}] = needed;
   // Released by its destructor, which takes the lock: never destroyed here.
   Admission admission(this, r.job_id, r.rank);
   admission.job_ = job;
+  admission.previous_layout_ = std::move(previous_layout);
   admission.generation_ = next_generation_++;
   admission.inherited_ = std::move(inherited);
   admission.pooled_ = std::move(pooled);

@@ -83,6 +83,11 @@ class Admission {
   // Memory from the staging pool for the new segment (none when a retained
   // one is adopted, or the pool had none).
   std::optional<shm::Segment>& pooled() { return pooled_; }
+  // The job this registration replaced with another layout of itself, with
+  // the snapshots its ranks left in memory (counted in the staging budget
+  // until JobTable::RelayoutWritten); null otherwise. The new job awaits
+  // its RelayoutDone.
+  std::shared_ptr<Job>& previous_layout() { return previous_layout_; }
 
  private:
   friend class JobTable;
@@ -96,6 +101,7 @@ class Admission {
   uint64_t generation_ = 0;
   std::optional<RetainedSnapshots::Entry> inherited_;
   std::optional<shm::Segment> pooled_;
+  std::shared_ptr<Job> previous_layout_;
 };
 
 class JobTable {
@@ -108,8 +114,8 @@ class JobTable {
   std::vector<std::shared_ptr<Job>> All() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a registered job checkpoints into `dir`.
   bool HasJobDir(const std::string& dir) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Segments of the registered ranks, retained snapshots, and registrations
-  // in flight.
+  // Segments of the registered ranks, retained snapshots, registrations in
+  // flight, and previous layouts being written.
   uint64_t StagingBytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes the droppable jobs that have no registration in flight, and
@@ -133,6 +139,9 @@ class JobTable {
   // admission dropped (an idle job it replaced, retained snapshots given up
   // for room or not adopted) is destroyed outside the lock, before return.
   absl::StatusOr<Admission> Admit(AdmitRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  // The previous layout an admission handed over is written (or dropped)
+  // and its memory released: no longer counted in the staging budget.
+  void RelayoutWritten(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class Admission;
@@ -150,6 +159,8 @@ class JobTable {
   // Registrations admitted and not yet installed, by (job, rank), with the
   // bytes each will reserve.
   std::map<std::pair<std::string, uint32_t>, uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  // Previous layouts' snapshots being written for their job's new layout.
+  std::map<std::string, uint64_t> relayout_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -32,6 +32,11 @@ std::optional<RetainedSnapshots::Entry> RetainedSnapshots::Take(uint32_t rank) {
   return entry;
 }
 
+std::map<uint32_t, RetainedSnapshots::Entry> RetainedSnapshots::TakeAll() {
+  zcc::MutexLock lock(&mu_);
+  return std::exchange(entries_, {});
+}
+
 size_t RetainedSnapshots::DropExpired(absl::Time now) {
   std::vector<Entry> dropped;
   {

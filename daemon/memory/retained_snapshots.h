@@ -41,6 +41,8 @@ class RetainedSnapshots {
                             absl::Time expires) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the rank's entry out.
   std::optional<Entry> Take(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes every rank's entry out, by rank.
+  std::map<uint32_t, Entry> TakeAll() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the entries expired at `now`; returns how many.
   size_t DropExpired(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes out the entry that expires first (for the caller to drop where

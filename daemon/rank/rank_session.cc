@@ -256,6 +256,19 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == newest->step ? newest->step : std::optional<int64_t>();
 }
 
+absl::StatusOr<checkpoint::RankStepBytes> RankSession::SerializeRetained(const SlotSnapshot& held) {
+  WriteJob ema;  // only its EMA copy is used
+  if (ema_.enabled() && ema_.last_step() == held.step) {
+    ema_.CopyForWrite(&ema);
+  } else if (ema_.enabled()) {
+    ZCC_LOG(WARNING) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
+                     << held.step << " is written without the EMA, which is of step "
+                     << ema_.last_step();
+  }
+  return checkpoint::SerializeRankStep(held.step, shards_, slots_.data(held.slot),
+                                       ema.ema_shards);
+}
+
 std::vector<int64_t> RankSession::MemorySteps() const { return held_.Steps(); }
 
 std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const { return held_.Slot(step); }

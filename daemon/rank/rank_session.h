@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/io_options.h"
 #include "checkpoint/rank_shards.h"
+#include "checkpoint/rank_step_bytes.h"
 #include "checkpoint/shard_writer.h"
 #include "common/fs_identity.h"
 #include "cuda/ipc_puller.h"
@@ -152,6 +153,11 @@ class RankSession {
   // its slot was not taken again (a slot the trainer was filling when it died
   // is never used). Call before Stop(); returns the step persisted, if any.
   std::optional<int64_t> PersistNewestOnFailure();
+
+  // The files a write of `held` (an intact snapshot of this stopped
+  // session, as RetainedSnapshots keeps it) makes, made in memory: with the
+  // EMA when the EMA is of that step, without it (logged) otherwise.
+  absl::StatusOr<checkpoint::RankStepBytes> SerializeRetained(const SlotSnapshot& held);
 
   // True for the first caller only: that caller retires this session (the
   // trainer is gone), so a rank found dead twice is retired once.

@@ -7,6 +7,7 @@ against a real zccd; see dtensor_worker.py for what each run checks.
   TP over 2 ranks -> FSDP2 over 2 ranks, TP over 4 ranks, 1 plain rank
   FSDP2 x TP on a 2 x 2 mesh -> TP over 2 ranks, 1 plain rank
   FSDP2 on 1 rank -> 2 ranks -> 4 ranks (each trained on and checkpointed) -> 3
+  FSDP2 over 4 ranks, newest step only in zccd's memory -> FSDP2 over 2 ranks
 Every restore must reproduce the saved global model, AdamW and LR scheduler
 state element for element, and give each rank the generators and user_state
 its rank saved (a rank new to the job: its own generators, rank 0's
@@ -59,6 +60,20 @@ def main():
             for n, into, source in restores:
                 lines = torchrun(n, ["restore", "--layout", into, "--expect-from", source] + job + common)
                 assert len(lines) == n, lines  # every rank checked the whole state
+        # Resumed in another layout with its newest step only in zccd's
+        # memory (saved at 4, snapshotted to 6): zccd writes step 6 from the
+        # old layout's memory into the job's directory, and the new layout
+        # restores it, not step 4.
+        ref = os.path.join(out, "relayout")
+        os.makedirs(ref)
+        job = ["--job", "relayout", "--ref", ref, "--socket", d.socket, "--root", d.root]
+        torchrun(4, ["save", "--layout", "fsdp", "--steps", "6", "--save-every", "4"] + job)
+        d.wait_latest("relayout", 4)
+        lines = torchrun(2, ["restore", "--layout", "fsdp", "--expect-step", "6"] + job)
+        assert len(lines) == 2, lines
+        log = d.log()
+        assert "step 6 (" in log and "written from memory and committed" in log, log
+        assert "written without the EMA" not in log, log
         # A job that grows and shrinks: FSDP2 on 1 rank, resumed on 2, then 4,
         # then 3, each resume checked and trained on before the next.
         grow = os.path.join(out, "grow")

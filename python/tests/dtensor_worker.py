@@ -164,8 +164,8 @@ def save(args, rank, world):
     opt, sched = optimizers(model)
     user_state = {"epoch": 0}
     ckpt = Checkpointer(model, opt, job_id=args.job, socket=args.socket, root=args.root,
-                        save_every=args.steps, ema_decay=0.9, backpressure="block",
-                        scheduler=sched, user_state=user_state)
+                        save_every=args.save_every or args.steps, ema_decay=0.9,
+                        backpressure="block", scheduler=sched, user_state=user_state)
     assert ckpt.wait_connected(60), "not connected to zccd"
     torch.manual_seed(100 + rank)
     random.seed(100 + rank)
@@ -308,6 +308,7 @@ def main():
     p.add_argument("--root", default="")
     p.add_argument("--job", default="dtensor")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--save-every", type=int, default=0, help="save: default --steps")
     p.add_argument("--expect-step", type=int, default=4)
     p.add_argument("--expect-from", default="", help="memory or disk (default: either)")
     p.add_argument("--ref", default="")
