@@ -340,6 +340,18 @@ ZccMetrics::ZccMetrics() {
       "Staging memory made ready before registrations (allocated and mapped), not yet taken.");
   peer_replica_bytes_ = &registry_.AddGauge(
       "zcc_peer_replica_bytes", "Memory holding replicas of other nodes' snapshot pieces, bytes.");
+  replication_bytes_sent_ = &registry_.AddCounter(
+      "zcc_replication_bytes_sent_total", "Bytes of replicated steps pushed to buddy zccds.");
+  replication_lag_seconds_ = &registry_.AddGauge(
+      "zcc_replication_lag_seconds",
+      "Longest wait of any job's oldest step not yet replicated to every buddy, seconds.");
+  replication_lag_steps_ = &registry_.AddGauge(
+      "zcc_replication_lag_steps",
+      "Most steps any job's newest replicated step trails its newest step handed in.");
+  peers_[0] = &registry_.AddGauge("zcc_peers", "Other zccds of this node's jobs, by state.",
+                                  {{"state", "down"}});
+  peers_[1] = &registry_.AddGauge("zcc_peers", "Other zccds of this node's jobs, by state.",
+                                  {{"state", "up"}});
   retained_snapshot_bytes_ = &registry_.AddGauge(
       "zcc_retained_snapshot_bytes",
       "Staging memory holding dead or departed ranks' snapshots for a restore from memory.");

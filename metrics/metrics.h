@@ -209,6 +209,17 @@ class ZccMetrics {
   // zcc_peer_replica_bytes: memory holding replicas of other nodes'
   // snapshot pieces (the peer service).
   Gauge& peer_replica_bytes() { return *peer_replica_bytes_; }
+  // zcc_replication_bytes_sent_total: bytes of replicated steps pushed to
+  // buddy zccds (the peer tier).
+  Counter& replication_bytes_sent() { return *replication_bytes_sent_; }
+  // zcc_replication_lag_seconds / zcc_replication_lag_steps: the longest
+  // any job's oldest step not yet at every buddy has waited, and the most
+  // steps any job's newest replicated step trails its newest one handed in.
+  Gauge& replication_lag_seconds() { return *replication_lag_seconds_; }
+  Gauge& replication_lag_steps() { return *replication_lag_steps_; }
+  // zcc_peers{state="up"|"down"}: the other zccds of this node's jobs (and
+  // the static peers), by whether their last probe answered.
+  Gauge& peers(bool up) { return *peers_[up ? 1 : 0]; }
   // zcc_retained_snapshot_bytes: staging memory holding the snapshots of
   // ranks whose trainer died or exited, kept for a restore from memory.
   Gauge& retained_snapshot_bytes() { return *retained_snapshot_bytes_; }
@@ -241,6 +252,10 @@ class ZccMetrics {
   Gauge* staging_bytes_;
   Gauge* staging_pool_bytes_;
   Gauge* peer_replica_bytes_;
+  Counter* replication_bytes_sent_;
+  Gauge* replication_lag_seconds_;
+  Gauge* replication_lag_steps_;
+  Gauge* peers_[2];
   Gauge* retained_snapshot_bytes_;
   Gauge* registered_ranks_;
   Counter* upload_bytes_;

@@ -227,6 +227,11 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   m.restore_bytes_read().Increment(5000);
   m.restore_prefetches(PrefetchOutcome::kUsed).Increment(2);
   m.retained_snapshot_bytes().Set(1 << 20);
+  m.replication_bytes_sent().Increment(777);
+  m.replication_lag_seconds().Set(2.5);
+  m.replication_lag_steps().Set(5);
+  m.peers(true).Set(3);
+  m.peers(false).Set(1);
 
   const Exposition e = Parse(m.RenderPrometheusText());
   const std::map<std::string, std::string> expected = {
@@ -249,6 +254,10 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
       {"zcc_retained_snapshot_bytes", "gauge"},
       {"zcc_upload_bytes_total", "counter"},
       {"zcc_upload_lag_seconds", "gauge"},
+      {"zcc_replication_bytes_sent_total", "counter"},
+      {"zcc_replication_lag_seconds", "gauge"},
+      {"zcc_replication_lag_steps", "gauge"},
+      {"zcc_peers", "gauge"},
   };
   CHECK(e.types == expected);
   for (const auto& [name, type] : e.types) {
@@ -273,6 +282,11 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   CHECK(e.Value("zcc_restore_bytes_read_total") == 5000);
   CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "used"}}) == 2);
   CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "discarded"}}) == 0);
+  CHECK(e.Value("zcc_replication_bytes_sent_total") == 777);
+  CHECK(e.Value("zcc_replication_lag_seconds") == 2.5);
+  CHECK(e.Value("zcc_replication_lag_steps") == 5);
+  CHECK(e.Value("zcc_peers", {{"state", "up"}}) == 3);
+  CHECK(e.Value("zcc_peers", {{"state", "down"}}) == 1);
   CHECK(e.Value("zcc_retained_snapshot_bytes") == (1 << 20));
   // Every error kind is exported from the start.
   std::set<std::string> kinds;

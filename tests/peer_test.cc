@@ -250,9 +250,25 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
     for (const auto& info : *listed) older = older || (info.key.rank == owner && info.key.step == 4);
     CHECK(older);
   }
+  // Prometheus: the bytes pushed, no lag once step 6 is everywhere, the buddy up.
+  const int metrics_a = PortFromLog(a, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
+  const char* kUp = R"(zcc_peers{state="up"})";
+  const char* kDown = R"(zcc_peers{state="down"})";
+  CHECK(MetricValue(metrics_a, "zcc_replication_bytes_sent_total") > 1000);
+  CHECK(zcc::testing::Eventually(
+      [&] {
+        return MetricValue(metrics_a, "zcc_replication_lag_steps") == 0 &&
+               MetricValue(metrics_a, "zcc_replication_lag_seconds") == 0 &&
+               MetricValue(metrics_a, kUp) == 1 && MetricValue(metrics_a, kDown) == 0;
+      },
+      absl::Seconds(15)));
   for (auto& t : trainers) t->Signal(SIGKILL);
-  CHECK(a.Stop() == 0);
   CHECK(b.Stop() == 0);
+  // The buddy gone: down at the next probe.
+  CHECK(zcc::testing::Eventually(
+      [&] { return MetricValue(metrics_a, kUp) == 0 && MetricValue(metrics_a, kDown) == 1; },
+      absl::Seconds(20)));
+  CHECK(a.Stop() == 0);
 }
 
 TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacement node") {

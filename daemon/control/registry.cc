@@ -73,7 +73,8 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                                            restores_.ExpireSharedReads();
                                            return jobs_.DropIdle();
                                          },
-                                         [this] { staging_pool_.Recheck(); }}),
+                                         [this] { staging_pool_.Recheck(); },
+                                         [this] { ExportPeerMetrics(); }}),
       registrar_(Registrar::Deps{
           &config_, &metrics_, shard_storage_, &write_pool_, &jobs_, &pull_, &restores_,
           &housekeeper_, &staging_pool_,
@@ -401,6 +402,7 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   peer::Replicator::Options replicate;
   replicate.self_node = endpoint.node();
   replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
+  replicate.bytes_sent = &metrics_.replication_bytes_sent();
   auto replicator = std::make_shared<peer::Replicator>(
       replicate, &replicas_, directory.get(),
       [this](const std::string& job_id) { return BuddiesOf(job_id); });
@@ -486,6 +488,42 @@ absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPe
   v1::SetJobPeersResponse resp;
   for (const std::string& b : Buddies(*job, *directory, self)) resp.add_buddies(b);
   return resp;
+}
+
+void Registry::ExportPeerMetrics() {
+  std::shared_ptr<peer::PeerDirectory> directory;
+  std::shared_ptr<peer::Replicator> replicator;
+  std::string self;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    directory = peer_directory_;
+    replicator = replicator_;
+    self = peer_address_;
+  }
+  if (directory == nullptr) return;
+  double lag_seconds = 0;
+  int64_t lag_steps = 0;
+  std::set<std::string> up;
+  std::set<std::string> down;
+  for (const std::shared_ptr<Job>& job : jobs_.All()) {
+    if (replicator != nullptr) {
+      const peer::Replicator::JobStats r = replicator->Stats(job->options().job_id);
+      lag_seconds = std::max(lag_seconds, r.lag_seconds);
+      if (r.newest_step >= 0) {
+        lag_steps = std::max(lag_steps, r.newest_step - std::max<int64_t>(r.replicated_step, 0));
+      }
+    }
+    for (const std::string& address : NodesOf(*job)) {
+      if (address == self) continue;
+      const auto state = directory->State(address);
+      (state.has_value() && state->up ? up : down).insert(address);
+    }
+  }
+  for (const std::string& address : up) down.erase(address);
+  metrics_.replication_lag_seconds().Set(lag_seconds);
+  metrics_.replication_lag_steps().Set(static_cast<double>(lag_steps));
+  metrics_.peers(true).Set(static_cast<double>(up.size()));
+  metrics_.peers(false).Set(static_cast<double>(down.size()));
 }
 
 void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {

@@ -146,6 +146,9 @@ class Registry {
   // each node's failure domain.
   std::vector<std::string> Buddies(const Job& job, const peer::PeerDirectory& directory,
                                    const std::string& self) const;
+  // The peer tier's gauges, from the replicator and the peer directory
+  // (the housekeeper, each round).
+  void ExportPeerMetrics() ABSL_LOCKS_EXCLUDED(peer_mu_);
   void FillPeerStatus(const Job& job, v1::JobStatus* out) const;
   std::vector<std::string> BuddiesOf(const std::string& job_id) const;
   // The job's nodes (its trainers' report) and the static peers, by address.

@@ -161,6 +161,7 @@ void Housekeeper::HousekeepingLoop() {
     work_mu_.Unlock();
     metrics_->staging_bytes().Set(static_cast<double>(registry_.staging_bytes()));
     if (registry_.recheck_pool) registry_.recheck_pool();
+    if (registry_.export_peer_metrics) registry_.export_peer_metrics();
     size_t ranks = 0;
     uint64_t retained_bytes = 0;
     std::vector<std::shared_ptr<Job>> jobs = registry_.jobs();

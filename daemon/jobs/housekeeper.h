@@ -48,6 +48,8 @@ class Housekeeper {
     std::function<std::vector<std::shared_ptr<Job>>()> drop_idle_jobs;
     // Has the staging pool ask again how much it may hold.
     std::function<void()> recheck_pool;
+    // Sets the peer tier's gauges (replication lag, peers up and down).
+    std::function<void()> export_peer_metrics;
   };
 
   Housekeeper(const DaemonConfig& config, metrics::ZccMetrics* metrics, Registry registry);

@@ -99,6 +99,7 @@ void Replicator::Run() {
     uint64_t sent = 0;
     const absl::Time began = absl::Now();
     const absl::Status pushed = Push(work.first, uid, work.second, step, files, &sent);
+    if (options_.bytes_sent != nullptr) options_.bytes_sent->Increment(sent);
     if (pushed.ok()) {
       const double s = absl::ToDoubleSeconds(absl::Now() - began);
       ZCC_LOG(INFO) << "replicated job=" << work.first << " rank=" << work.second

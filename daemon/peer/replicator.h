@@ -24,6 +24,7 @@
 #include "common/mutex.h"
 #include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
+#include "metrics/metrics.h"
 
 namespace zcc::daemon::peer {
 
@@ -35,6 +36,8 @@ class Replicator {
     absl::Duration push_timeout = absl::Minutes(5);
     // After a failed round, before the next try of the same step.
     absl::Duration retry_after = absl::Seconds(2);
+    // Counts every byte pushed (zcc_replication_bytes_sent_total); may be null.
+    metrics::Counter* bytes_sent = nullptr;
   };
   // Where a job's pieces go now (empty: nowhere yet).
   using BuddiesFn = std::function<std::vector<std::string>(const std::string& job_id)>;
