@@ -3,12 +3,18 @@ zccds with peer services (node-a and node-c in rack-1, node-b in rack-2), one
 rank on each; zcc.torch exchanges the zccds' peer addresses over the process
 group and reports them, and each rank learns its node's buddy: the next node
 in another rack. A job on zccds without a peer service exchanges nothing.
+Then an FSDP2 job on 4 zccds x 2 ranks loses a zccd whole and restores on
+the other 3 x 2 from the memory tier (node_lost).
 """
 
+import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 from zccd_process import Zccd
 
@@ -16,19 +22,82 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "peers_worker.py")
 
 
-def torchrun(nproc, args):
+def run(nproc, args):
     cmd = [sys.executable, "-W", "ignore::UserWarning", "-m", "torch.distributed.run",
            "--standalone", "--nproc_per_node", str(nproc), WORKER] + args
+    start = time.monotonic()
     p = subprocess.run(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if p.returncode != 0:
         raise AssertionError("torchrun %d x %s failed (%d):\n%s" % (nproc, args, p.returncode, p.stdout))
+    print("%d rank(s) %-10s %5.1f s" % (nproc, args[0], time.monotonic() - start), flush=True)
+    return p.stdout
+
+
+def torchrun(nproc, args):
+    out = run(nproc, ["membership"] + args)
     found = {}
     # (The ranks' lines can run into each other in torchrun's output.)
-    for m in re.finditer(r"rank=(\d+) peer_address=([0-9.:]*) buddies=([0-9.:,]*)", p.stdout):
+    for m in re.finditer(r"rank=(\d+) peer_address=([0-9.:]*) buddies=([0-9.:,]*)", out):
         found[int(m.group(1))] = (m.group(2), m.group(3).split(",") if m.group(3) else [])
-    assert sorted(found) == list(range(nproc)), p.stdout
+    assert sorted(found) == list(range(nproc)), out
     return found
+
+
+def wait_for(what, predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("not within %.0f s: %s" % (timeout, what))
+        time.sleep(0.1)
+
+
+def node_lost():
+    """The issue's test with zcc.torch: FSDP2 over 4 nodes x 2 ranks, a
+    snapshot every step, replicated every 5, no disk checkpoint. Node c is
+    lost whole after step 23 (zccd killed, its root and its shared memory
+    gone); the job restarts on the 3 nodes left, 2 ranks each (another
+    layout), and restores step 20 from the memory tier: parameters, AdamW,
+    scheduler and EMA equal to the state the job had at step 20."""
+    nodes = [("node-a", "rack-1"), ("node-b", "rack-2"), ("node-c", "rack-1"), ("node-d", "rack-2")]
+    zccds = [Zccd("pl%d" % i, extra_flags=["--peer_listen=127.0.0.1:0", "--peer_insecure",
+                                           "--node_name=" + n, "--failure_domain=" + r,
+                                           "--replicate_every=5"])
+             for i, (n, r) in enumerate(nodes)]
+    ref = tempfile.mkdtemp(prefix="zccpl.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+    try:
+        for d in zccds:
+            d.start()
+        def where(ds):
+            return ["--sockets", ",".join(d.socket for d in ds),
+                    "--roots", ",".join(d.root for d in ds), "--per-node", "2", "--job", "lost"]
+        out = run(8, ["save", "--steps", "23", "--ref-step", "20", "--ref", ref] + where(zccds))
+        assert out.count("trained=23") == 8, out
+        lost = zccds[2]
+        # Node c's ranks' step 20 has reached its buddy; 21-23 are not replicated.
+        wait_for("node c's ranks' step 20 replicated", lambda: all(
+            "replicated job=lost rank=%d step=20 " % r in lost.log() for r in (4, 5)))
+        assert all(d.latest("lost") is None for d in zccds)  # nothing on any disk
+        lost.proc.kill()
+        lost.proc.wait()
+        lost.proc = None
+        for name in glob.glob("/dev/shm/%s.*" % lost.shm_prefix):
+            os.remove(name)
+        shutil.rmtree(lost.root)
+        survivors = [d for d in zccds if d is not lost]
+        out = run(6, ["restore", "--expect-step", "20", "--ref", ref] + where(survivors))
+        restored = re.findall(r"rank=(\d+) restored=20 from=(\w+) equal=(\d+)", out)
+        assert sorted(int(r) for r, _, _ in restored) == list(range(6)), out
+        logs = "".join(d.log() for d in survivors)
+        assert "recovered from the peer tier" in logs, logs
+        print("peers_test: node c lost after step 23; 3 x 2 ranks restored step 20 from the "
+              "memory tier (%s tensors equal on every rank)" % restored[0][2])
+        for d in survivors:
+            assert d.stop() == 0, d.log()
+    finally:
+        for d in zccds:
+            d.close()
+        shutil.rmtree(ref, ignore_errors=True)
 
 
 def main():
@@ -61,6 +130,7 @@ def main():
     with Zccd("pe") as d:
         found = torchrun(2, ["--sockets", d.socket, "--roots", d.root, "--job", "nopeers"])
         assert found == {0: ("", []), 1: ("", [])}, found
+    node_lost()
     print("peers_test: OK")
 
 
