@@ -340,6 +340,9 @@ ZccMetrics::ZccMetrics() {
       "Staging memory made ready before registrations (allocated and mapped), not yet taken.");
   peer_replica_bytes_ = &registry_.AddGauge(
       "zcc_peer_replica_bytes", "Memory holding replicas of other nodes' snapshot pieces, bytes.");
+  peer_own_copy_bytes_ = &registry_.AddGauge(
+      "zcc_peer_own_copy_bytes",
+      "Memory holding this node's own replicated steps (kept in two failure domains), bytes.");
   replication_bytes_sent_ = &registry_.AddCounter(
       "zcc_replication_bytes_sent_total", "Bytes of replicated steps pushed to buddy zccds.");
   replication_lag_seconds_ = &registry_.AddGauge(

@@ -209,6 +209,9 @@ class ZccMetrics {
   // zcc_peer_replica_bytes: memory holding replicas of other nodes'
   // snapshot pieces (the peer service).
   Gauge& peer_replica_bytes() { return *peer_replica_bytes_; }
+  // zcc_peer_own_copy_bytes: memory holding this node's own replicated
+  // steps, kept so that each exists in two failure domains.
+  Gauge& peer_own_copy_bytes() { return *peer_own_copy_bytes_; }
   // zcc_replication_bytes_sent_total: bytes of replicated steps pushed to
   // buddy zccds (the peer tier).
   Counter& replication_bytes_sent() { return *replication_bytes_sent_; }
@@ -252,6 +255,7 @@ class ZccMetrics {
   Gauge* staging_bytes_;
   Gauge* staging_pool_bytes_;
   Gauge* peer_replica_bytes_;
+  Gauge* peer_own_copy_bytes_;
   Counter* replication_bytes_sent_;
   Gauge* replication_lag_seconds_;
   Gauge* replication_lag_steps_;

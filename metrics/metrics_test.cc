@@ -246,6 +246,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
       {"zcc_staging_bytes", "gauge"},
       {"zcc_staging_pool_bytes", "gauge"},
       {"zcc_peer_replica_bytes", "gauge"},
+      {"zcc_peer_own_copy_bytes", "gauge"},
       {"zcc_registered_ranks", "gauge"},
       {"zcc_errors_total", "counter"},
       {"zcc_restores_total", "counter"},

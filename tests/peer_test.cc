@@ -94,7 +94,8 @@ TEST_CASE("two zccds with the cluster's certificates hold each other's pieces") 
   CHECK(code == 0);
   CHECK(absl::StrContains(out, "peer service: node node-a in rack-1, port " +
                                    std::to_string(port_a) + " (mutual TLS)"));
-  CHECK(absl::StrContains(out, "1 piece(s), 0.01 of 0.07 GB"));
+  CHECK(absl::StrContains(out, "1 piece(s), 0.01 of 0.07 GB: 1 piece(s), 0.01 GB held for other "
+                                "nodes, 0 piece(s), 0.00 GB this node's own"));
   const int metrics_a = PortFromLog(a, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
   CHECK(MetricValue(metrics_a, "zcc_peer_replica_bytes") == static_cast<double>(bytes.size()));
   const int metrics_b = PortFromLog(b, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
@@ -431,8 +432,11 @@ TEST_CASE("a static peer is a buddy for a job that never reports its nodes") {
   CHECK(absl::StrContains(out, addr_b + " (node-b in rack-2)  ranks -  up"));
   CHECK(absl::StrContains(out, "[buddy]"));
   auto [code, b_out] = Zccctl(dir, b, {"status"});
-  CHECK(absl::StrContains(b_out, "replicas held for other nodes: "));
-  CHECK_FALSE(absl::StrContains(b_out, "replicas held for other nodes: 0 piece(s)"));
+  CHECK(absl::StrContains(b_out, "held for other nodes"));
+  CHECK_FALSE(absl::StrContains(b_out, "GB: 0 piece(s)"));
+  // node-a keeps its own copy of what it replicated (and holds nothing for b).
+  CHECK(absl::StrContains(out, "GB: 0 piece(s), 0.00 GB held for other nodes"));
+  CHECK_FALSE(absl::StrContains(out, "GB held for other nodes, 0 piece(s)"));
   t->Signal(SIGKILL);
   REQUIRE(t->Wait(absl::Seconds(10)).has_value());
   CHECK(a.Stop() == 0);

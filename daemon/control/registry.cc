@@ -46,8 +46,9 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
       write_pool_(static_cast<int>(config_.writer_threads)),
       jobs_(started_),
       replicas_(config_.peer.replica_budget_bytes,
-                [this](uint64_t held) {
-                  metrics_.peer_replica_bytes().Set(static_cast<double>(held));
+                [this](const peer::ReplicaStore::Held& held) {
+                  metrics_.peer_replica_bytes().Set(static_cast<double>(held.bytes - held.own_bytes));
+                  metrics_.peer_own_copy_bytes().Set(static_cast<double>(held.own_bytes));
                 }),
       staging_pool_(StagingPool::Options{
           config_.shm_prefix + ".pool", config_.staging_pool_bytes,
@@ -598,9 +599,12 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
     if (peer_endpoint_.has_value()) {
       v1::PeerStatus* peer = resp.mutable_peer();
       *peer = *peer_endpoint_;
-      peer->set_replica_bytes_held(replicas_.bytes_held());
+      const peer::ReplicaStore::Held held = replicas_.held();
+      peer->set_replica_bytes_held(held.bytes);
       peer->set_replica_budget_bytes(replicas_.budget_bytes());
-      peer->set_replicas_held(static_cast<uint32_t>(replicas_.pieces_held()));
+      peer->set_replicas_held(static_cast<uint32_t>(held.pieces));
+      peer->set_own_copy_bytes(held.own_bytes);
+      peer->set_own_copy_pieces(static_cast<uint32_t>(held.own_pieces));
       peer->set_replicas_dropped(replicas_.pieces_dropped());
     }
   }

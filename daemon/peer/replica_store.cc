@@ -33,6 +33,10 @@ void ReplicaStore::DropLocked(const ReplicaKey& key) {
   }
   by_age_.erase(AgeOf(*it->second));
   bytes_held_ -= it->second->bytes.size();
+  if (it->second->info.own) {
+    own_bytes_held_ -= it->second->bytes.size();
+    --own_pieces_held_;
+  }
   held_.erase(it);
 }
 
@@ -45,11 +49,11 @@ absl::Status ReplicaStore::Put(Replica replica) {
   }
   replica.info.nbytes = n;
   auto piece = std::make_shared<const Replica>(std::move(replica));
-  uint64_t held = 0;
+  Held held;
   {
     zcc::MutexLock lock(&mu_);
     ZCC_RETURN_IF_ERROR(PutLocked(std::move(piece)));
-    held = bytes_held_;
+    held = HeldLocked();
   }
   Changed(held);
   return absl::OkStatus();
@@ -92,6 +96,10 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
   DropLocked(key);
   by_age_.emplace(AgeOf(*piece), key);
   bytes_held_ += n;
+  if (piece->info.own) {
+    own_bytes_held_ += n;
+    ++own_pieces_held_;
+  }
   if (IsManifest(key)) whole_[std::make_tuple(key.job_id, key.uid, key.rank)].insert(key.step);
   held_.emplace(key, std::move(piece));
   return absl::OkStatus();
@@ -118,7 +126,8 @@ std::vector<ReplicaInfo> ReplicaStore::List(const std::string& job_id, uint32_t 
 }
 
 uint64_t ReplicaStore::ShrinkTo(uint64_t target) {
-  uint64_t dropped = 0, held = 0;
+  uint64_t dropped = 0;
+  Held held;
   {
     zcc::MutexLock lock(&mu_);
     while (bytes_held_ > target && !by_age_.empty()) {
@@ -127,7 +136,7 @@ uint64_t ReplicaStore::ShrinkTo(uint64_t target) {
       DropLocked(k);
       ++pieces_dropped_;
     }
-    held = bytes_held_;
+    held = HeldLocked();
   }
   if (dropped > 0) Changed(held);
   return dropped;
@@ -136,6 +145,11 @@ uint64_t ReplicaStore::ShrinkTo(uint64_t target) {
 size_t ReplicaStore::pieces_held() const {
   zcc::MutexLock lock(&mu_);
   return held_.size();
+}
+
+ReplicaStore::Held ReplicaStore::held() const {
+  zcc::MutexLock lock(&mu_);
+  return HeldLocked();
 }
 
 uint64_t ReplicaStore::bytes_held() const {

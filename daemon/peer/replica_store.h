@@ -46,6 +46,9 @@ struct ReplicaInfo {
   uint64_t xxh3 = 0;  // of the bytes, checked when they arrived
   std::string from_node;
   absl::Time received;
+  // This zccd's own replicated step (the owner's copy, kept so that the step
+  // exists in two failure domains), not a piece held for another node.
+  bool own = false;
 };
 
 struct Replica {
@@ -55,9 +58,16 @@ struct Replica {
 
 class ReplicaStore {
  public:
-  // `on_change` (optional) is told the bytes held after each change (a
+  // What the store holds, for status and gauges.
+  struct Held {
+    uint64_t bytes = 0;  // all of it
+    size_t pieces = 0;
+    uint64_t own_bytes = 0;  // of which this zccd's own replicated steps
+    size_t own_pieces = 0;
+  };
+  // `on_change` (optional) is told what is held after each change (a
   // gauge), outside the store's lock.
-  explicit ReplicaStore(uint64_t budget_bytes, std::function<void(uint64_t)> on_change = nullptr)
+  explicit ReplicaStore(uint64_t budget_bytes, std::function<void(const Held&)> on_change = nullptr)
       : budget_bytes_(budget_bytes), on_change_(std::move(on_change)) {}
 
   // Keeps `replica` (its bytes already checked; info.nbytes is set from
@@ -84,6 +94,7 @@ class ReplicaStore {
   uint64_t budget_bytes() const { return budget_bytes_; }
   uint64_t bytes_held() const;
   size_t pieces_held() const;
+  Held held() const;
   uint64_t pieces_dropped() const;
 
  private:
@@ -95,12 +106,15 @@ class ReplicaStore {
   bool SupersededLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutLocked(std::shared_ptr<const Replica> piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void Changed(uint64_t held) const {
+  Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return Held{bytes_held_, held_.size(), own_bytes_held_, own_pieces_held_};
+  }
+  void Changed(const Held& held) const {
     if (on_change_) on_change_(held);
   }
 
   const uint64_t budget_bytes_;
-  const std::function<void(uint64_t)> on_change_;
+  const std::function<void(const Held&)> on_change_;
   mutable zcc::Mutex mu_;
   std::map<ReplicaKey, std::shared_ptr<const Replica>> held_ ABSL_GUARDED_BY(mu_);
   std::map<Age, ReplicaKey> by_age_ ABSL_GUARDED_BY(mu_);
@@ -108,6 +122,8 @@ class ReplicaStore {
   std::map<std::tuple<std::string, uint32_t, uint32_t>, std::set<int64_t>> whole_
       ABSL_GUARDED_BY(mu_);
   uint64_t bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t own_bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t own_pieces_held_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pieces_dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

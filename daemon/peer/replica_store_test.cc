@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "common/testing/status_matchers.h"
@@ -40,6 +41,29 @@ TEST_CASE("replica store: keeps pieces within its budget, the oldest steps dropp
   REQUIRE_OK(two.status());
   CHECK((*two)->bytes == std::string(40, 'c'));
   CHECK((*two)->info.nbytes == 40);
+}
+
+TEST_CASE("replica store: this zccd's own copies are counted apart from what it holds for others") {
+  std::vector<ReplicaStore::Held> seen;
+  ReplicaStore store(1000, [&seen](const ReplicaStore::Held& h) { seen.push_back(h); });
+  Replica own = Piece(1, "w", 100);
+  own.info.own = true;
+  REQUIRE_OK(store.Put(std::move(own)));
+  REQUIRE_OK(store.Put(Piece(1, "x", 30, 1000, "other-job")));
+  ReplicaStore::Held h = store.held();
+  CHECK(h.bytes == 130);
+  CHECK(h.pieces == 2);
+  CHECK(h.own_bytes == 100);
+  CHECK(h.own_pieces == 1);
+  REQUIRE(seen.size() == 2);
+  CHECK(seen.back().own_bytes == 100);
+  // Dropped for room, the own copy leaves the count too.
+  CHECK(store.ShrinkTo(50) == 100);
+  h = store.held();
+  CHECK(h.bytes == 30);
+  CHECK(h.own_bytes == 0);
+  CHECK(h.own_pieces == 0);
+  CHECK(seen.back().own_bytes == 0);
 }
 
 TEST_CASE("replica store: the newest whole step of a rank stays until a newer one is whole") {

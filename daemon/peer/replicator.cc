@@ -33,6 +33,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
     r.info.key = ReplicaKey{job_id, uid, step.rank, step.step, f.name};
     r.info.xxh3 = format::Xxh3(f.bytes.data(), f.bytes.size());
     r.info.from_node = options_.self_node;
+    r.info.own = true;
     r.info.received = absl::Now();
     r.bytes = std::move(f.bytes);
     if (absl::Status st = store_->Put(std::move(r)); !st.ok()) {
