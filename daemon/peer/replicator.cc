@@ -42,8 +42,13 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
     }
     names.push_back(f.name);
   }
+  // Where the job's pieces go now: kept for a push after the job has left
+  // this zccd (a trainer that closes right after its last step).
+  std::vector<std::string> buddies = buddies_(job_id);
   zcc::MutexLock lock(&mu_);
-  RankState& rs = jobs_[job_id].ranks[step.rank];
+  JobState& js = jobs_[job_id];
+  if (!buddies.empty()) js.last_buddies = std::move(buddies);
+  RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
   if (step.step <= rs.pending_step && rs.pushing) return absl::OkStatus();
   if (rs.pending_step < 0 || rs.pending_step == rs.replicated_step) rs.pending_since = absl::Now();
@@ -79,6 +84,7 @@ void Replicator::Run() {
     uint32_t uid = 0;
     int64_t step = -1;
     std::vector<std::string> files;
+    std::vector<std::string> last_buddies;
     {
       zcc::MutexLock lock(&mu_);
       for (;;) {
@@ -91,15 +97,17 @@ void Replicator::Run() {
         };
         mu_.AwaitWithTimeout(absl::Condition(&woken), wait);
       }
-      RankState& rs = jobs_[work.first].ranks[work.second];
+      JobState& js = jobs_[work.first];
+      RankState& rs = js.ranks[work.second];
       rs.pushing = true;
       uid = rs.uid;
       step = rs.pending_step;
       files = rs.pending_files;
+      last_buddies = js.last_buddies;
     }
     uint64_t sent = 0;
     const absl::Time began = absl::Now();
-    const absl::Status pushed = Push(work.first, uid, work.second, step, files, &sent);
+    const absl::Status pushed = Push(work.first, uid, work.second, step, files, last_buddies, &sent);
     if (options_.bytes_sent != nullptr) options_.bytes_sent->Increment(sent);
     if (pushed.ok()) {
       const double s = absl::ToDoubleSeconds(absl::Now() - began);
@@ -131,8 +139,9 @@ void Replicator::Run() {
 
 absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t rank,
                               int64_t step, const std::vector<std::string>& files,
-                              uint64_t* sent) {
-  const std::vector<std::string> buddies = buddies_(job_id);
+                              const std::vector<std::string>& last_buddies, uint64_t* sent) {
+  std::vector<std::string> buddies = buddies_(job_id);
+  if (buddies.empty()) buddies = last_buddies;  // the job has left this zccd
   if (buddies.empty()) {
     return absl::FailedPreconditionError(
         "no buddy: the job's ranks have not reported its nodes, or it has no other node");

@@ -58,6 +58,7 @@ class Replicator {
     double lag_seconds = 0;        // since the oldest step not yet at every buddy was handed in
     uint64_t bytes_sent = 0;
     std::string last_error;
+    std::vector<std::string> last_buddies;  // as last known while the job was here
   };
   JobStats Stats(const std::string& job_id) const;
 
@@ -76,6 +77,7 @@ class Replicator {
     std::map<uint32_t, RankState> ranks;
     uint64_t bytes_sent = 0;
     std::string last_error;
+    std::vector<std::string> last_buddies;  // as last known while the job was here
   };
   using Work = std::pair<std::string, uint32_t>;  // job, rank
 
@@ -84,8 +86,11 @@ class Replicator {
   // is due otherwise.
   bool NextWork(Work* work, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes every file of the rank's pending step to every buddy.
+  // To the job's buddies now, or to `last_buddies` (known when a step was
+  // handed in) once the job has left this zccd.
   absl::Status Push(const std::string& job_id, uint32_t uid, uint32_t rank, int64_t step,
-                    const std::vector<std::string>& files, uint64_t* sent);
+                    const std::vector<std::string>& files,
+                    const std::vector<std::string>& last_buddies, uint64_t* sent);
   // Sleeps as long as the bandwidth cap asks after `bytes` more (or until stop).
   void Pace(uint64_t bytes);
 

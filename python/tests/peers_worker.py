@@ -9,6 +9,9 @@ own node-local root.
         trains dtensor_worker's model under FSDP2 over every rank, a snapshot
         each step and no disk checkpoint, and writes the global model and
         optimizer state of step K to DIR/state.pt (rank 0);
+    peers_worker.py ddp ... --steps N
+        trains a plain model replicated on every rank (data parallel) and
+        prints the bytes of its model and optimizer state;
     peers_worker.py restore --per-node 2 ... --expect-step K --ref DIR
         builds the same model under FSDP2 over this job's ranks, restores, and
         checks that it restored step K equal to DIR/state.pt element for
@@ -75,6 +78,29 @@ def save(args, rank, world):
     ckpt.close()
 
 
+def ddp(args, rank, world):
+    """A data-parallel job (every rank the same plain model): replicated
+    steps carry each parameter and its optimizer state once for the job."""
+    torch.manual_seed(0)  # 6.3 MB of state: large beside each rank's own small blobs
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 256))
+    opt, sched = dw.optimizers(model)
+    ckpt = checkpointer(args, model, opt, rank, world, save_every=0, scheduler=sched,
+                        backpressure="block")
+    for step in range(1, args.steps + 1):
+        g = torch.Generator().manual_seed(step)  # the same batch: the replicas stay identical
+        x, y = torch.randn(8, 256, generator=g), torch.randn(8, 256, generator=g)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        ckpt.step(step)
+    ckpt.flush()
+    state = sum(t.numel() * t.element_size() for t in dw.full_state(model, opt).values())
+    dw.say("rank=%d trained=%d state_bytes=%d" % (rank, args.steps, state))
+    ckpt.close()
+
+
 def restore(args, rank, world):
     model = dw.build("fsdp", world)
     opt, sched = dw.optimizers(model)
@@ -94,7 +120,7 @@ def restore(args, rank, world):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["membership", "save", "restore"])
+    p.add_argument("mode", choices=["membership", "save", "ddp", "restore"])
     p.add_argument("--sockets", required=True)
     p.add_argument("--roots", required=True)
     p.add_argument("--job", required=True)
