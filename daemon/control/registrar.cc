@@ -340,8 +340,9 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
 }
 
 void Registrar::WritePreviousLayout(Admission& admission) {
-  std::shared_ptr<Job> previous = std::move(admission.previous_layout());
-  if (previous == nullptr) return;
+  if (!admission.previous_layout().has_value()) return;
+  auto previous = std::make_shared<PreviousLayout>(std::move(*admission.previous_layout()));
+  admission.previous_layout().reset();
   // On a writer thread: a large state takes longer to write than a
   // registration may; the job's restores wait for it (Job::AwaitRelayout).
   d_.write_pool->Post([previous = std::move(previous), job = admission.job(), jobs = d_.jobs,

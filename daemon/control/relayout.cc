@@ -60,11 +60,11 @@ std::optional<int64_t> NewestCommonStep(
 
 }  // namespace
 
-absl::StatusOr<std::optional<int64_t>> PersistRetainedStep(Job& previous,
+absl::StatusOr<std::optional<int64_t>> PersistRetainedStep(const PreviousLayout& previous,
                                                            storage::Storage* storage) {
   storage::Storage& fs = storage::StorageOrDefault(storage);
-  const JobOptions& o = previous.options();
-  std::map<uint32_t, RetainedSnapshots::Entry> retained = previous.retained().TakeAll();
+  const JobOptions& o = previous.options;
+  const std::map<uint32_t, RetainedSnapshots::Entry>& retained = previous.retained;
   std::map<uint32_t, SlotSnapshot> slots;
   std::string why;
   const std::optional<int64_t> newest = NewestCommonStep(retained, o.world_size, &slots, &why);

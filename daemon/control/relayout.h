@@ -1,5 +1,6 @@
-// A job resumed on this node in another layout (another world size) while
-// its previous layout's snapshots are still in zccd's memory. No rank of the
+// A job resumed on this node in another layout (another world size, or other
+// tensors on every rank) while its previous layout's snapshots are still in
+// zccd's memory. No rank of the
 // new layout can adopt them (a restore from memory needs the same rank and
 // the same tensors), so before the new layout restores, the newest step that
 // every previous rank left in memory, when newer than what the job's
@@ -8,9 +9,9 @@
 // disk: into any layout, every tensor checked, with the usual fallback. The
 // steps since the last disk checkpoint are not lost to the change of layout.
 //
-// Thread-safety: stateless; the caller writes one job's previous layout once
-// (the registration that replaced the job) while the job's other
-// registrations wait (Job::AwaitRelayout).
+// Thread-safety: stateless; the caller writes a previous layout once (the
+// registration it was handed to, JobTable::Admit) while the job's restores
+// wait (Job::AwaitRelayout).
 #ifndef ZCC_DAEMON_CONTROL_RELAYOUT_H_
 #define ZCC_DAEMON_CONTROL_RELAYOUT_H_
 
@@ -18,18 +19,17 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
-#include "daemon/jobs/job.h"
+#include "daemon/jobs/job_table.h"
 #include "storage/storage.h"
 
 namespace zcc::daemon {
 
-// Writes and commits into `previous`'s directory the newest step all of its
-// world's ranks retain, when it is newer than the directory's newest
-// committed step; returns that step, or nullopt when there is none (a rank
-// retained nothing, no common step, or nothing newer: each logged). Takes
-// the retained snapshots out of `previous` (they are dropped with it).
+// Writes and commits into the job's directory the newest step all of the
+// previous layout's ranks retain, when it is newer than the directory's
+// newest committed step; returns that step, or nullopt when there is none (a
+// rank retained nothing, no common step, or nothing newer: each logged).
 // `storage` null: the default POSIX storage.
-absl::StatusOr<std::optional<int64_t>> PersistRetainedStep(Job& previous,
+absl::StatusOr<std::optional<int64_t>> PersistRetainedStep(const PreviousLayout& previous,
                                                            storage::Storage* storage);
 
 }  // namespace zcc::daemon

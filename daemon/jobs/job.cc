@@ -371,4 +371,27 @@ void Job::SetError(std::string error) {
   last_error_ = std::move(error);
 }
 
+void Job::ExpectRelayout() {
+  zcc::MutexLock lock(&relayout_mu_);
+  ++relayouts_pending_;
+}
+
+void Job::RelayoutDone() {
+  zcc::MutexLock lock(&relayout_mu_);
+  --relayouts_pending_;
+}
+
+void Job::AwaitRelayout() const {
+  zcc::MutexLock lock(&relayout_mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(relayout_mu_) {
+    return relayouts_pending_ == 0;
+  };
+  relayout_mu_.Await(absl::Condition(&done));
+}
+
+bool Job::relayout_pending() const {
+  zcc::MutexLock lock(&relayout_mu_);
+  return relayouts_pending_ > 0;
+}
+
 }  // namespace zcc::daemon

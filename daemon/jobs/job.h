@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "checkpoint/retention.h"
 #include "common/fs_identity.h"
@@ -96,16 +95,12 @@ class Job {
 
   // A job resumed in another layout whose previous layout's snapshots are
   // being written into its directory (daemon/control/relayout.h): its
-  // registrations wait for that before they go on to restore. ExpectRelayout
-  // before the job is published; RelayoutDone once, whatever the outcome.
-  void ExpectRelayout() { relayout_ = std::make_unique<absl::Notification>(); }
-  void RelayoutDone() { relayout_->Notify(); }
-  void AwaitRelayout() const {
-    if (relayout_ != nullptr) relayout_->WaitForNotification();
-  }
-  bool relayout_pending() const {
-    return relayout_ != nullptr && !relayout_->HasBeenNotified();
-  }
+  // registrations wait for that before they go on to restore. Each
+  // ExpectRelayout is matched by one RelayoutDone, whatever the outcome.
+  void ExpectRelayout() ABSL_LOCKS_EXCLUDED(relayout_mu_);
+  void RelayoutDone() ABSL_LOCKS_EXCLUDED(relayout_mu_);
+  void AwaitRelayout() const ABSL_LOCKS_EXCLUDED(relayout_mu_);
+  bool relayout_pending() const ABSL_LOCKS_EXCLUDED(relayout_mu_);
 
   // From a rank's writer thread after each persist attempt: the committer
   // tries the step (and older pending ones) next.
@@ -192,8 +187,8 @@ class Job {
   checkpoint::WriteStats last_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   RetainedSnapshots retained_;
-  // Set (if at all) before the job is published, then only notified.
-  std::unique_ptr<absl::Notification> relayout_;
+  mutable zcc::Mutex relayout_mu_;
+  int relayouts_pending_ ABSL_GUARDED_BY(relayout_mu_) = 0;
   peer::JobPeers peers_;
   // The tiered mode's uploader (null: no upload_dir); fed by commits.
   std::unique_ptr<JobUploader> uploader_;

@@ -14,17 +14,25 @@ Admission::Admission(Admission&& other) noexcept
       generation_(other.generation_),
       inherited_(std::move(other.inherited_)),
       pooled_(std::move(other.pooled_)),
-      previous_layout_(std::move(other.previous_layout_)) {}
+      // (A moved-from optional still holds a value: emptied, so that only
+      // this admission answers for it.)
+      previous_layout_(std::exchange(other.previous_layout_, std::nullopt)) {}
 
 Admission::~Admission() {
   // A previous layout nobody wrote (the registration failed first): the
   // job's other registrations wait no longer.
-  if (previous_layout_ != nullptr) {
+  if (table_ != nullptr && previous_layout_.has_value()) {
     previous_layout_.reset();
     job_->RelayoutDone();
     table_->RelayoutWritten(job_id_);
   }
   if (table_ != nullptr) table_->Finish(job_id_, rank_);
+}
+
+uint64_t PreviousLayout::bytes() const {
+  uint64_t n = 0;
+  for (const auto& [rank, entry] : retained) n += entry.session->segment_bytes();
+  return n;
 }
 
 JobTable::JobTable(absl::Time started) {
@@ -159,6 +167,9 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   std::shared_ptr<Job> dropped_job;
   std::vector<RetainedSnapshots::Entry> dropped;
   std::vector<shm::Segment> released_pool;  // the staging pool's, for the budget
+  // The snapshots a previous layout of the job left, for the registration
+  // to have written (below), or dropped with the rest when they do not fit.
+  std::optional<PreviousLayout> previous;
   zcc::MutexLock lock(&mu_);
   if (closed_) return absl::UnavailableError("zccd is shutting down");
   std::shared_ptr<Job>& job = jobs_[r.job_id];
@@ -172,6 +183,11 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
     ZCC_LOG(INFO) << "job " << r.job_id << " re-registered with world_size " << r.world_size
                   << " (was " << job->options().world_size << ")";
     dropped_job = std::move(job);
+    if (dropped_job->options().job_dir == r.job_dir &&
+        dropped_job->options().upload_dir == r.upload_dir && !dropped_job->retained().empty()) {
+      previous = PreviousLayout{dropped_job->options(), dropped_job->retained().TakeAll(),
+                                dropped_job};
+    }
   }
   if (job == nullptr) {
     job = r.make_job();
@@ -196,17 +212,32 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   }
   // What the rank's previous trainer left in memory: adopted when it was
   // registered with the same tensors and slots, so its snapshots can be
-  // restored from memory (and no new segment is made); dropped otherwise.
+  // restored from memory (and no new segment is made). When it was not, and
+  // this zccd holds every rank's (the job resumed in another layout on the
+  // same number of ranks), all of them go to the registration as a previous
+  // layout; otherwise the rank's are dropped.
   std::optional<RetainedSnapshots::Entry> inherited = job->retained().Take(r.rank);
   if (inherited.has_value()) {
     const RankSession& old = *inherited->session;
     if (old.shards().manifest_hash != r.manifest_hash || old.options().num_slots != r.num_slots ||
         old.shards().layout.slot_bytes != r.slot_bytes ||
         old.options().segment_owner != r.segment_owner || old.segment_bytes() != r.segment_bytes) {
+      // (The rank's own entry is out already: every other rank's must be here.)
+      const bool whole = !previous.has_value() &&
+                         job->retained().Ranks().size() + 1 == job->options().world_size;
       ZCC_LOG(INFO) << "job " << r.job_id << " rank " << r.rank
                     << ": the snapshots kept from the previous trainer do not match this "
-                       "registration (other tensors or slots); dropping them";
-      dropped.push_back(std::move(*inherited));
+                       "registration (other tensors or slots)"
+                    << (whole ? "; every rank's are here: their newest step is written for the "
+                                "new layout"
+                              : "; dropping them");
+      if (whole) {
+        std::map<uint32_t, RetainedSnapshots::Entry> all = job->retained().TakeAll();
+        all.emplace(r.rank, std::move(*inherited));
+        previous = PreviousLayout{job->options(), std::move(all), nullptr};
+      } else {
+        dropped.push_back(std::move(*inherited));
+      }
       inherited.reset();
     }
   }
@@ -238,29 +269,26 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
         "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use(), " of the ",
         r.staging_budget_bytes, "-byte budget are in use"));
   }
-  // A job replaced by another layout of itself: its ranks' snapshots are
-  // handed to the registration, which has their newest step written into
-  // the job's directory for the new layout (daemon/control/relayout.h),
-  // when the budget holds them until then; they are dropped otherwise.
-  std::shared_ptr<Job> previous_layout;
-  if (dropped_job != nullptr && dropped_job->options().job_dir == r.job_dir &&
-      dropped_job->options().upload_dir == r.upload_dir && !dropped_job->retained().empty()) {
-    const uint64_t held = dropped_job->retained().bytes();
+  // A previous layout's snapshots go to the registration when the budget
+  // holds them beside it until they are written; they are dropped otherwise.
+  if (previous.has_value()) {
+    const uint64_t held = previous->bytes();
     if (r.staging_budget_bytes == 0 || in_use() + needed + held <= r.staging_budget_bytes) {
-      relayout_bytes_[r.job_id] = held;
-      previous_layout = std::move(dropped_job);
+      relayout_bytes_[r.job_id] += held;
       job->ExpectRelayout();
     } else {
       ZCC_LOG(WARNING) << "job " << r.job_id << ": the " << held
                        << " bytes of snapshots its previous layout left in memory do not fit "
                           "the staging budget beside the new layout; dropped";
+      for (auto& [rank, entry] : previous->retained) dropped.push_back(std::move(entry));
+      previous.reset();
     }
   }
   in_flight_[{r.job_id, r.rank}] = needed;
   // Released by its destructor, which takes the lock: never destroyed here.
   Admission admission(this, r.job_id, r.rank);
   admission.job_ = job;
-  admission.previous_layout_ = std::move(previous_layout);
+  admission.previous_layout_ = std::move(previous);
   admission.generation_ = next_generation_++;
   admission.inherited_ = std::move(inherited);
   admission.pooled_ = std::move(pooled);

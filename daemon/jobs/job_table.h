@@ -68,6 +68,16 @@ struct AdmitRequest {
   std::function<bool(const RankSession&)> alive;
 };
 
+// What a job's previous layout left in this zccd's memory, handed to a
+// registration of its new layout, which has its newest step written into the
+// job's directory (daemon/control/relayout.h).
+struct PreviousLayout {
+  JobOptions options;  // the previous layout's (its world size)
+  std::map<uint32_t, RetainedSnapshots::Entry> retained;  // by rank
+  std::shared_ptr<Job> replaced;  // the job object it left, when replaced (or null)
+  uint64_t bytes() const;
+};
+
 // An admitted registration, in flight until destroyed (then its bytes and
 // its mark on the rank are released). Move-only.
 class Admission {
@@ -83,11 +93,11 @@ class Admission {
   // Memory from the staging pool for the new segment (none when a retained
   // one is adopted, or the pool had none).
   std::optional<shm::Segment>& pooled() { return pooled_; }
-  // The job this registration replaced with another layout of itself, with
-  // the snapshots its ranks left in memory (counted in the staging budget
-  // until JobTable::RelayoutWritten); null otherwise. The new job awaits
-  // its RelayoutDone.
-  std::shared_ptr<Job>& previous_layout() { return previous_layout_; }
+  // The snapshots the job's previous layout left in memory, when this
+  // registration found the job resumed in another layout (another world
+  // size, or other tensors on every rank): counted in the staging budget
+  // until JobTable::RelayoutWritten; the job awaits one RelayoutDone.
+  std::optional<PreviousLayout>& previous_layout() { return previous_layout_; }
 
  private:
   friend class JobTable;
@@ -101,7 +111,7 @@ class Admission {
   uint64_t generation_ = 0;
   std::optional<RetainedSnapshots::Entry> inherited_;
   std::optional<shm::Segment> pooled_;
-  std::shared_ptr<Job> previous_layout_;
+  std::optional<PreviousLayout> previous_layout_;
 };
 
 class JobTable {

@@ -32,6 +32,13 @@ std::optional<RetainedSnapshots::Entry> RetainedSnapshots::Take(uint32_t rank) {
   return entry;
 }
 
+std::vector<uint32_t> RetainedSnapshots::Ranks() const {
+  zcc::MutexLock lock(&mu_);
+  std::vector<uint32_t> ranks;
+  for (const auto& [rank, entry] : entries_) ranks.push_back(rank);
+  return ranks;
+}
+
 std::map<uint32_t, RetainedSnapshots::Entry> RetainedSnapshots::TakeAll() {
   zcc::MutexLock lock(&mu_);
   return std::exchange(entries_, {});

@@ -7,7 +7,8 @@ against a real zccd; see dtensor_worker.py for what each run checks.
   TP over 2 ranks -> FSDP2 over 2 ranks, TP over 4 ranks, 1 plain rank
   FSDP2 x TP on a 2 x 2 mesh -> TP over 2 ranks, 1 plain rank
   FSDP2 on 1 rank -> 2 ranks -> 4 ranks (each trained on and checkpointed) -> 3
-  FSDP2 over 4 ranks, newest step only in zccd's memory -> FSDP2 over 2 ranks
+  FSDP2 over 4 ranks, newest step only in zccd's memory -> FSDP2 over 2 ranks,
+    and -> TP over 4 ranks
 Every restore must reproduce the saved global model, AdamW and LR scheduler
 state element for element, and give each rank the generators and user_state
 its rank saved (a rank new to the job: its own generators, rank 0's
@@ -74,6 +75,16 @@ def main():
         log = d.log()
         assert "step 6 (" in log and "written from memory and committed" in log, log
         assert "written without the EMA" not in log, log
+        # The same on as many ranks in another layout (FSDP2 -> TP over 4):
+        # no rank can adopt its snapshots, and every rank's are here.
+        ref = os.path.join(out, "relayout4")
+        os.makedirs(ref)
+        job = ["--job", "relayout4", "--ref", ref, "--socket", d.socket, "--root", d.root]
+        torchrun(4, ["save", "--layout", "fsdp", "--steps", "6", "--save-every", "4"] + job)
+        d.wait_latest("relayout4", 4)
+        lines = torchrun(4, ["restore", "--layout", "tp", "--expect-step", "6"] + job)
+        assert len(lines) == 4, lines
+        assert "job relayout4: step 6 (" in d.log(), d.log()
         # A job that grows and shrinks: FSDP2 on 1 rank, resumed on 2, then 4,
         # then 3, each resume checked and trained on before the next.
         grow = os.path.join(out, "grow")
