@@ -207,7 +207,8 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
          "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000"}));
     ++rank;
   }
-  // Steps 2, 4 and 6 are replicated; 3 and 6 written to disk and committed.
+  // Steps 2, 4 and 6 are replicated (6 surely: the newest); 3 and 6 written
+  // to disk and committed.
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
   REQUIRE(WaitForPath(root + "/rep/step-00000006/COMMITTED", absl::Seconds(60)));
   std::string out;
@@ -246,10 +247,12 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
     }
     // The shards and the manifest at least.
     CHECK(files >= 2);
-    // Steps 2 and 4 came before it.
-    bool older = false;
-    for (const auto& info : *listed) older = older || (info.key.rank == owner && info.key.step == 4);
-    CHECK(older);
+    // Only every 2nd step is replicated (a step still waiting when a newer
+    // one comes is replaced by it, so 2 and 4 may or may not be held).
+    for (const auto& info : *listed) {
+      INFO(info.key.piece << " of step " << info.key.step);
+      CHECK(info.key.step % 2 == 0);
+    }
   }
   // Prometheus: the bytes pushed, no lag once step 6 is everywhere, the buddy up.
   const int metrics_a = PortFromLog(a, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");

@@ -422,15 +422,9 @@ std::vector<std::string> Registry::NodesOf(const Job& job) const {
 
 std::vector<std::string> Registry::BuddiesOf(const std::string& job_id) const {
   std::shared_ptr<Job> job = jobs_.Find(job_id);
-  std::shared_ptr<peer::PeerDirectory> directory;
-  std::string self;
-  {
-    zcc::MutexLock lock(&peer_mu_);
-    directory = peer_directory_;
-    self = peer_address_;
-  }
-  if (job == nullptr || directory == nullptr) return {};
-  return Buddies(*job, *directory, self);
+  const PeerParts peer = CurrentPeerParts();
+  if (job == nullptr || peer.directory == nullptr) return {};
+  return Buddies(*job, *peer.directory, peer.self);
 }
 
 void Registry::ReplicateStep(const std::string& job_id, uint32_t uid,
@@ -468,13 +462,9 @@ absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPe
                                                              const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   const std::shared_ptr<Job>& job = found.first;
-  std::shared_ptr<peer::PeerDirectory> directory;
-  std::string self;
-  {
-    zcc::MutexLock lock(&peer_mu_);
-    directory = peer_directory_;
-    self = peer_address_;
-  }
+  const PeerParts peer = CurrentPeerParts();
+  const std::shared_ptr<peer::PeerDirectory>& directory = peer.directory;
+  const std::string& self = peer.self;
   if (directory == nullptr) {
     return absl::FailedPreconditionError(
         "this zccd's peer service is off (config peer.listen): it cannot take part in the "
@@ -491,16 +481,13 @@ absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPe
   return resp;
 }
 
+Registry::PeerParts Registry::CurrentPeerParts() const {
+  zcc::MutexLock lock(&peer_mu_);
+  return PeerParts{peer_directory_, replicator_, peer_address_};
+}
+
 void Registry::ExportPeerMetrics() {
-  std::shared_ptr<peer::PeerDirectory> directory;
-  std::shared_ptr<peer::Replicator> replicator;
-  std::string self;
-  {
-    zcc::MutexLock lock(&peer_mu_);
-    directory = peer_directory_;
-    replicator = replicator_;
-    self = peer_address_;
-  }
+  const auto [directory, replicator, self] = CurrentPeerParts();
   if (directory == nullptr) return;
   double lag_seconds = 0;
   int64_t lag_steps = 0;
@@ -530,15 +517,7 @@ void Registry::ExportPeerMetrics() {
 void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
   out->set_replicated_step(-1);
   out->set_replication_newest_step(-1);
-  std::shared_ptr<peer::PeerDirectory> directory;
-  std::shared_ptr<peer::Replicator> replicator;
-  std::string self;
-  {
-    zcc::MutexLock lock(&peer_mu_);
-    directory = peer_directory_;
-    replicator = replicator_;
-    self = peer_address_;
-  }
+  const auto [directory, replicator, self] = CurrentPeerParts();
   if (directory == nullptr) return;
   if (replicator != nullptr) {
     const peer::Replicator::JobStats r = replicator->Stats(job.options().job_id);

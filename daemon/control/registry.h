@@ -146,6 +146,13 @@ class Registry {
   // each node's failure domain.
   std::vector<std::string> Buddies(const Job& job, const peer::PeerDirectory& directory,
                                    const std::string& self) const;
+  // The peer tier's parts as they are now (a null directory: the tier is off).
+  struct PeerParts {
+    std::shared_ptr<peer::PeerDirectory> directory;
+    std::shared_ptr<peer::Replicator> replicator;
+    std::string self;  // this zccd's peer address
+  };
+  PeerParts CurrentPeerParts() const ABSL_LOCKS_EXCLUDED(peer_mu_);
   // The peer tier's gauges, from the replicator and the peer directory
   // (the housekeeper, each round).
   void ExportPeerMetrics() ABSL_LOCKS_EXCLUDED(peer_mu_);

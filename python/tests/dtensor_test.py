@@ -18,6 +18,7 @@ non-contiguous local shard and a tensor on a device zcc cannot copy.
 """
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,29 +63,21 @@ def main():
                 lines = torchrun(n, ["restore", "--layout", into, "--expect-from", source] + job + common)
                 assert len(lines) == n, lines  # every rank checked the whole state
         # Resumed in another layout with its newest step only in zccd's
-        # memory (saved at 4, snapshotted to 6): zccd writes step 6 from the
-        # old layout's memory into the job's directory, and the new layout
-        # restores it, not step 4.
-        ref = os.path.join(out, "relayout")
-        os.makedirs(ref)
-        job = ["--job", "relayout", "--ref", ref, "--socket", d.socket, "--root", d.root]
-        torchrun(4, ["save", "--layout", "fsdp", "--steps", "6", "--save-every", "4"] + job)
-        d.wait_latest("relayout", 4)
-        lines = torchrun(2, ["restore", "--layout", "fsdp", "--expect-step", "6"] + job)
-        assert len(lines) == 2, lines
-        log = d.log()
-        assert "step 6 (" in log and "written from memory and committed" in log, log
-        assert "written without the EMA" not in log, log
-        # The same on as many ranks in another layout (FSDP2 -> TP over 4):
-        # no rank can adopt its snapshots, and every rank's are here.
-        ref = os.path.join(out, "relayout4")
-        os.makedirs(ref)
-        job = ["--job", "relayout4", "--ref", ref, "--socket", d.socket, "--root", d.root]
-        torchrun(4, ["save", "--layout", "fsdp", "--steps", "6", "--save-every", "4"] + job)
-        d.wait_latest("relayout4", 4)
-        lines = torchrun(4, ["restore", "--layout", "tp", "--expect-step", "6"] + job)
-        assert len(lines) == 4, lines
-        assert "job relayout4: step 6 (" in d.log(), d.log()
+        # memory (saved at 4, snapshotted to 6): no rank can adopt its
+        # snapshots, so zccd writes step 6 from the old layout's memory into
+        # the job's directory, and the new layout restores it, not step 4:
+        # on fewer ranks, and on as many ranks in another layout.
+        for name, n, into in (("relayout", 2, "fsdp"), ("relayout4", 4, "tp")):
+            ref = os.path.join(out, name)
+            os.makedirs(ref)
+            job = ["--job", name, "--ref", ref, "--socket", d.socket, "--root", d.root]
+            torchrun(4, ["save", "--layout", "fsdp", "--steps", "6", "--save-every", "4"] + job)
+            d.wait_latest(name, 4)
+            lines = torchrun(n, ["restore", "--layout", into, "--expect-step", "6"] + job)
+            assert len(lines) == n, lines
+            assert re.search(r"job %s: step 6 \(\d+ bytes\) written from memory and committed"
+                             % name, d.log()), d.log()
+        assert "written without the EMA" not in d.log(), d.log()
         # A job that grows and shrinks: FSDP2 on 1 rank, resumed on 2, then 4,
         # then 3, each resume checked and trained on before the next.
         grow = os.path.join(out, "grow")
