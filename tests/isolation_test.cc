@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/testing/eventually.h"
 #include "common/testing/temp_dir.h"
 #include "tests/process_harness.h"
 
@@ -269,6 +270,59 @@ TEST_CASE("a trainer of another uid snapshots, checkpoints, reads its EMA and re
   CHECK(resumed["ema_mismatches"] == "0");
   CHECK(NotOwnedBy(JobDir(daemon, "gamma"), kOtherUid, kOtherUid).empty());
   REQUIRE(daemon.Stop() == 0);
+}
+
+// The peer tier (DESIGN.md 5c) through zccd's control path: another user
+// sees nothing of a user's job there either (neither on the job's node nor on
+// the buddy holding its replicas).
+TEST_CASE("another user sees nothing of a job's peer tier on either node") {
+  if (geteuid() != 0) {
+    WARN("skipped: the isolation test needs root to act as a second uid");
+    return;
+  }
+  const std::string dir = ShortTempDir("it-isopeer");
+  REQUIRE(chmod(dir.c_str(), 0755) == 0);
+  auto peer_flags = [](const std::string& node, const std::string& rack) {
+    return std::vector<std::string>{"--peer_listen=127.0.0.1:0", "--peer_insecure",
+                                    "--node_name=" + node, "--failure_domain=" + rack};
+  };
+  Daemon b(dir, {peer_flags("node-b", "rack-2"), "", "zccd-b"});
+  REQUIRE(b.Start());
+  const std::string addr_b = absl::StrCat(
+      "127.0.0.1:", PortFromLog(b, R"(peer service on \S+ \(port (\d+), PLAINTEXT)"));
+  std::vector<std::string> flags = peer_flags("node-a", "rack-1");
+  flags.push_back("--replicate_every=2");
+  flags.push_back("--peer_static=" + addr_b);
+  Daemon a(dir, {flags, "", "zccd-a"});
+  REQUIRE(a.Start());
+  const std::string zccctl = Exposed(dir, "tools/zccctl");
+
+  auto alpha = StartTrainer(a, dir, "alpha", {"--job=alpha", "--steps=4", "--save_every=0",
+                                              "--block", "--linger_ms=60000"});
+  REQUIRE(alpha->WaitForOutput("published=", absl::Seconds(60)));
+  std::string out;
+  REQUIRE(Eventually(
+      [&] {
+        out = Zccctl(dir, a, {"status"}).second;
+        return absl::StrContains(out, "replication: step 4 at every buddy");
+      },
+      absl::Seconds(30)));
+  // The buddy holds the job's replicas; the other user sees neither the job
+  // nor its replication, on either node.
+  CHECK_FALSE(absl::StrContains(Zccctl(dir, b, {"status"}).second, "GB: 0 piece(s)"));
+  for (const Daemon* d : {&a, &b}) {
+    auto [code, mine] = ZccctlAs(kOtherUid, dir, zccctl, *d, {"--json", "status"});
+    INFO(mine);
+    CHECK(code == 0);
+    CHECK_FALSE(absl::StrContains(mine, "alpha"));
+    CHECK_FALSE(absl::StrContains(mine, "replicat"));
+    std::tie(code, mine) = ZccctlAs(kOtherUid, dir, zccctl, *d, {"status"});
+    CHECK_FALSE(absl::StrContains(mine, "alpha"));
+    CHECK_FALSE(absl::StrContains(mine, "replication:"));
+  }
+  alpha->Signal(SIGKILL);
+  CHECK(a.Stop() == 0);
+  CHECK(b.Stop() == 0);
 }
 
 }  // namespace
