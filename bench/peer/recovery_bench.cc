@@ -222,7 +222,8 @@ int main(int argc, char** argv) {
                 absl::Minutes(3))) {
     Die("step 4 did not reach node-b");
   }
-  const uint64_t held = (*b)->RssBytes() - b_rss_before;
+  const uint64_t b_rss_after = (*b)->RssBytes();
+  const uint64_t held = b_rss_after > b_rss_before ? b_rss_after - b_rss_before : 1;
   KillAndReap(**a);
   a->reset();
 

@@ -354,8 +354,9 @@ void Registrar::WritePreviousLayout(Admission& admission) {
                           "new one (it restores what its directory has): "
                        << written.status();
     }
+    const uint64_t counted = previous->counted_bytes;
     previous.reset();  // the snapshots' segments go
-    jobs->RelayoutWritten(job->options().job_id);
+    jobs->RelayoutWritten(job->options().job_id, counted);
     job->RelayoutDone();
   });
 }

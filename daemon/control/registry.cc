@@ -285,18 +285,24 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
-  job->AwaitRelayout();
-  RecoverFromPeers(*job);
-  return restores_.Restore(*job, *session, req, [this, &client_gone] {
+  auto stop = [this, &client_gone] {
     return shutting_down_.load() || (client_gone && client_gone());
-  });
+  };
+  if (!job->AwaitRelayout(stop)) {
+    return absl::CancelledError("the restore was given up while the job's previous layout was "
+                                "being written");
+  }
+  RecoverFromPeers(*job);
+  return restores_.Restore(*job, *session, req, stop);
 }
 
 absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(
     const v1::RestoreCandidatesRequest& req, const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
-  job->AwaitRelayout();
+  if (!job->AwaitRelayout([this] { return shutting_down_.load(); })) {
+    return absl::UnavailableError("zccd is shutting down");
+  }
   RecoverFromPeers(*job);
   return restores_.Candidates(*job, *session, req.owned_only());
 }
@@ -420,10 +426,11 @@ std::vector<std::string> Registry::NodesOf(const Job& job) const {
   return {nodes.begin(), nodes.end()};
 }
 
-std::vector<std::string> Registry::BuddiesOf(const std::string& job_id) const {
+std::optional<std::vector<std::string>> Registry::BuddiesOf(const std::string& job_id) const {
   std::shared_ptr<Job> job = jobs_.Find(job_id);
+  if (job == nullptr) return std::nullopt;
   const PeerParts peer = CurrentPeerParts();
-  if (job == nullptr || peer.directory == nullptr) return {};
+  if (peer.directory == nullptr) return std::vector<std::string>();
   return Buddies(*job, *peer.directory, peer.self);
 }
 

@@ -157,7 +157,8 @@ class Registry {
   // (the housekeeper, each round).
   void ExportPeerMetrics() ABSL_LOCKS_EXCLUDED(peer_mu_);
   void FillPeerStatus(const Job& job, v1::JobStatus* out) const;
-  std::vector<std::string> BuddiesOf(const std::string& job_id) const;
+  // nullopt: no such job here (any more).
+  std::optional<std::vector<std::string>> BuddiesOf(const std::string& job_id) const;
   // The job's nodes (its trainers' report) and the static peers, by address.
   std::vector<std::string> NodesOf(const Job& job) const;
   // Before a restore chooses its step: the peer tier's newest step, if it

@@ -90,21 +90,32 @@ absl::StatusOr<std::optional<int64_t>> PersistRetainedStep(const PreviousLayout&
   const std::string dir = JoinPath(o.job_dir, format::PartialStepDirName(step));
   ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
   uint64_t bytes = 0;
-  for (const auto& [rank, held] : slots) {
-    // One rank at a time: its files are a copy of its state in memory.
-    ZCC_ASSIGN_OR_RETURN(checkpoint::RankStepBytes files,
-                         retained.at(rank).session->SerializeRetained(held));
-    for (const checkpoint::RankStepFile& f : files.files) {
-      ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, f.name), f.bytes));
+  absl::Status st = [&]() -> absl::Status {
+    for (const auto& [rank, held] : slots) {
+      // One rank at a time: its files are a copy of its state in memory.
+      ZCC_ASSIGN_OR_RETURN(checkpoint::RankStepBytes files,
+                           retained.at(rank).session->SerializeRetained(held));
+      for (const checkpoint::RankStepFile& f : files.files) {
+        ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, f.name), f.bytes));
+      }
+      bytes += files.total_bytes();
     }
-    bytes += files.total_bytes();
-  }
-  ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
-                       checkpoint::TryCommit(o.job_dir, o.job_id, step, o.world_size, &fs));
-  if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
-    return absl::DataLossError(absl::StrCat("step ", step, " written from memory did not commit (",
-                                            result.manifests_present, " of ", o.world_size,
-                                            " ranks' manifests)"));
+    ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
+                         checkpoint::TryCommit(o.job_dir, o.job_id, step, o.world_size, &fs));
+    if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
+      return absl::DataLossError(absl::StrCat("step ", step,
+                                              " written from memory did not commit (",
+                                              result.manifests_present, " of ", o.world_size,
+                                              " ranks' manifests)"));
+    }
+    return absl::OkStatus();
+  }();
+  if (!st.ok()) {
+    // Nothing of it stays for a later write of that step to mix with.
+    if (absl::Status removed = fs.RemoveTree(dir); !removed.ok()) {
+      ZCC_LOG(WARNING) << "job " << o.job_id << ": " << dir << " is left behind: " << removed;
+    }
+    return st;
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
   ZCC_LOG(INFO) << "job " << o.job_id << ": step " << step << " (" << bytes

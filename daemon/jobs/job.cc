@@ -136,6 +136,9 @@ std::vector<std::shared_ptr<RankSession>> Job::Ranks() const {
 bool Job::idle() const {
   // A step still to be uploaded keeps the job (its trainers may be gone).
   if (uploader_ != nullptr && uploader_->Busy()) return false;
+  // Nor is a job whose previous layout is still being written for it
+  // idle: dropped or replaced, a restore could miss that step.
+  if (relayout_pending()) return false;
   zcc::MutexLock lock(&mu_);
   return ranks_.empty() && pending_.empty();
 }
@@ -381,12 +384,17 @@ void Job::RelayoutDone() {
   --relayouts_pending_;
 }
 
-void Job::AwaitRelayout() const {
+bool Job::AwaitRelayout(const std::function<bool()>& stop) const {
   zcc::MutexLock lock(&relayout_mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(relayout_mu_) {
     return relayouts_pending_ == 0;
   };
-  relayout_mu_.Await(absl::Condition(&done));
+  // Woken when the write ends; a second at a time to notice `stop` (a
+  // client gone or zccd stopping has no wake-up of its own).
+  while (!relayout_mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(1))) {
+    if (stop && stop()) return false;
+  }
+  return true;
 }
 
 bool Job::relayout_pending() const {

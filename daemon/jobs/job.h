@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -99,7 +100,10 @@ class Job {
   // ExpectRelayout is matched by one RelayoutDone, whatever the outcome.
   void ExpectRelayout() ABSL_LOCKS_EXCLUDED(relayout_mu_);
   void RelayoutDone() ABSL_LOCKS_EXCLUDED(relayout_mu_);
-  void AwaitRelayout() const ABSL_LOCKS_EXCLUDED(relayout_mu_);
+  // Waits until no write is pending; false when `stop` (asked about once a
+  // second; may be null) said to give up first.
+  bool AwaitRelayout(const std::function<bool()>& stop = nullptr) const
+      ABSL_LOCKS_EXCLUDED(relayout_mu_);
   bool relayout_pending() const ABSL_LOCKS_EXCLUDED(relayout_mu_);
 
   // From a rank's writer thread after each persist attempt: the committer

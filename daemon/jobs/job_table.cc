@@ -1,5 +1,7 @@
 #include "daemon/jobs/job_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -22,9 +24,10 @@ Admission::~Admission() {
   // A previous layout nobody wrote (the registration failed first): the
   // job's other registrations wait no longer.
   if (table_ != nullptr && previous_layout_.has_value()) {
+    const uint64_t counted = previous_layout_->counted_bytes;
     previous_layout_.reset();
+    table_->RelayoutWritten(job_id_, counted);
     job_->RelayoutDone();
-    table_->RelayoutWritten(job_id_);
   }
   if (table_ != nullptr) table_->Finish(job_id_, rank_);
 }
@@ -78,9 +81,12 @@ uint64_t JobTable::StagingBytesLocked() const {
   return total;
 }
 
-void JobTable::RelayoutWritten(const std::string& job_id) {
+void JobTable::RelayoutWritten(const std::string& job_id, uint64_t counted_bytes) {
   zcc::MutexLock lock(&mu_);
-  relayout_bytes_.erase(job_id);
+  auto it = relayout_bytes_.find(job_id);
+  if (it == relayout_bytes_.end()) return;
+  it->second -= std::min(it->second, counted_bytes);
+  if (it->second == 0) relayout_bytes_.erase(it);
 }
 
 bool JobTable::InFlightLocked(const std::string& job_id) const {
@@ -265,6 +271,15 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   while (over_budget() && DropOneRetainedLocked(&dropped)) continue;
   if (over_budget()) {
     if (inherited.has_value()) dropped.push_back(std::move(*inherited));
+    // A previous layout of the same job (the same ranks) stays retained
+    // for a registration that fits (a job replaced drops it with the job).
+    if (previous.has_value() && previous->replaced == nullptr) {
+      for (auto& [rank, entry] : previous->retained) {
+        const absl::Time expires = entry.expires;
+        job->retained().Keep(rank, std::move(entry.session), expires);
+      }
+      previous.reset();
+    }
     return absl::ResourceExhaustedError(absl::StrCat(
         "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use(), " of the ",
         r.staging_budget_bytes, "-byte budget are in use"));
@@ -275,6 +290,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
     const uint64_t held = previous->bytes();
     if (r.staging_budget_bytes == 0 || in_use() + needed + held <= r.staging_budget_bytes) {
       relayout_bytes_[r.job_id] += held;
+      previous->counted_bytes = held;
       job->ExpectRelayout();
     } else {
       ZCC_LOG(WARNING) << "job " << r.job_id << ": the " << held

@@ -75,6 +75,7 @@ struct PreviousLayout {
   JobOptions options;  // the previous layout's (its world size)
   std::map<uint32_t, RetainedSnapshots::Entry> retained;  // by rank
   std::shared_ptr<Job> replaced;  // the job object it left, when replaced (or null)
+  uint64_t counted_bytes = 0;     // in the staging budget until RelayoutWritten
   uint64_t bytes() const;
 };
 
@@ -151,7 +152,8 @@ class JobTable {
   absl::StatusOr<Admission> Admit(AdmitRequest request) ABSL_LOCKS_EXCLUDED(mu_);
   // The previous layout an admission handed over is written (or dropped)
   // and its memory released: no longer counted in the staging budget.
-  void RelayoutWritten(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void RelayoutWritten(const std::string& job_id, uint64_t counted_bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class Admission;

@@ -97,9 +97,10 @@ absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Durati
       [&bytes](uint64_t nbytes) {
         // Room for the whole piece at once: growing by doubling faults in
         // and copies about twice its bytes (measured: 1 GiB pulled in 5.9 s
-        // against 2.3 s). Bounded, since the size comes from the peer: a
-        // larger piece grows as it arrives.
-        constexpr uint64_t kMaxReserve = uint64_t{4} << 30;
+        // against 2.3 s). Bounded, since the size comes from the peer (an
+        // allocation that fails would end zccd): a larger piece grows as it
+        // arrives. Large pieces go to files (PullInto) in recovery.
+        constexpr uint64_t kMaxReserve = uint64_t{256} << 20;
         bytes.reserve(std::min(nbytes, kMaxReserve));
         return absl::OkStatus();
       },

@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
@@ -21,6 +22,7 @@ namespace zcc::daemon::peer {
 namespace {
 
 constexpr char kSelf[] = "";  // the holder name of this zccd's own memory
+constexpr char kPullSuffix[] = ".pull.";  // a file being pulled: <name>.pull.<pid>.<n>
 
 // Who holds what: step -> rank -> holder -> the rank's file names there.
 using Holdings = std::map<int64_t, std::map<uint32_t, std::map<std::string, std::set<std::string>>>>;
@@ -50,7 +52,7 @@ absl::StatusOr<uint64_t> PullToFile(PeerClient& peer, const ReplicaKey& key,
                                     storage::Storage& fs, const std::string& path,
                                     absl::Duration timeout) {
   static std::atomic<uint64_t> sequence{0};
-  const std::string tmp = absl::StrCat(path, ".pull.", ::getpid(), ".", sequence.fetch_add(1));
+  const std::string tmp = absl::StrCat(path, kPullSuffix, ::getpid(), ".", sequence.fetch_add(1));
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file,
                        fs.OpenForWrite(tmp, storage::OpenOptions()));
   uint64_t offset = 0;
@@ -97,6 +99,12 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
                          const RecoverySources& s) {
   const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
   ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
+  // A pull cut short by a crash of an earlier zccd left its temporary file
+  // here: gone before the step can commit with it.
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> present, fs.List(dir));
+  for (const std::string& name : present) {
+    if (absl::StrContains(name, kPullSuffix)) ZCC_RETURN_IF_ERROR(fs.Remove(JoinPath(dir, name)));
+  }
   for (const auto& [rank, holders] : plan) {
     uint64_t bytes = 0;
     const absl::Time began = absl::Now();

@@ -326,6 +326,9 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
   SECTION("both holders: step 4, with rank 1's shards from the good one") {
     sources.peers = {bad.target(), good.target()};
     storage::MemoryStorage fs;
+    // What a zccd that crashed mid-pull left: never committed with the step.
+    REQUIRE_OK(fs.MakeDirs("/ckpt/job/step-00000004.partial"));
+    REQUIRE_OK(storage::WriteFileAtomic(fs, "/ckpt/job/step-00000004.partial/x.pull.1.0", "torn"));
     auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
     REQUIRE_OK(got.status());
     REQUIRE(got->has_value());

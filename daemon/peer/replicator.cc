@@ -44,10 +44,10 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   }
   // Where the job's pieces go now: kept for a push after the job has left
   // this zccd (a trainer that closes right after its last step).
-  std::vector<std::string> buddies = buddies_(job_id);
+  std::optional<std::vector<std::string>> buddies = buddies_(job_id);
   zcc::MutexLock lock(&mu_);
   JobState& js = jobs_[job_id];
-  if (!buddies.empty()) js.last_buddies = std::move(buddies);
+  if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
   if (step.step <= rs.pending_step && rs.pushing) return absl::OkStatus();
@@ -140,8 +140,8 @@ void Replicator::Run() {
 absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t rank,
                               int64_t step, const std::vector<std::string>& files,
                               const std::vector<std::string>& last_buddies, uint64_t* sent) {
-  std::vector<std::string> buddies = buddies_(job_id);
-  if (buddies.empty()) buddies = last_buddies;  // the job has left this zccd
+  // The job's buddies now; the last known once the job has left this zccd.
+  const std::vector<std::string> buddies = buddies_(job_id).value_or(last_buddies);
   if (buddies.empty()) {
     return absl::FailedPreconditionError(
         "no buddy: the job's ranks have not reported its nodes, or it has no other node");

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -39,8 +40,10 @@ class Replicator {
     // Counts every byte pushed (zcc_replication_bytes_sent_total); may be null.
     metrics::Counter* bytes_sent = nullptr;
   };
-  // Where a job's pieces go now (empty: nowhere yet).
-  using BuddiesFn = std::function<std::vector<std::string>(const std::string& job_id)>;
+  // Where a job's pieces go now (empty: nowhere yet); nullopt when the job
+  // is not on this zccd (any more).
+  using BuddiesFn =
+      std::function<std::optional<std::vector<std::string>>(const std::string& job_id)>;
 
   // `store` and `directory` are borrowed and outlive the replicator.
   Replicator(Options options, ReplicaStore* store, PeerDirectory* directory, BuddiesFn buddies);
@@ -58,7 +61,6 @@ class Replicator {
     double lag_seconds = 0;        // since the oldest step not yet at every buddy was handed in
     uint64_t bytes_sent = 0;
     std::string last_error;
-    std::vector<std::string> last_buddies;  // as last known while the job was here
   };
   JobStats Stats(const std::string& job_id) const;
 
@@ -86,8 +88,8 @@ class Replicator {
   // is due otherwise.
   bool NextWork(Work* work, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pushes every file of the rank's pending step to every buddy.
-  // To the job's buddies now, or to `last_buddies` (known when a step was
-  // handed in) once the job has left this zccd.
+  // To the job's buddies now, or, once the job has left this zccd, to
+  // `last_buddies` (known when a step was handed in).
   absl::Status Push(const std::string& job_id, uint32_t uid, uint32_t rank, int64_t step,
                     const std::vector<std::string>& files,
                     const std::vector<std::string>& last_buddies, uint64_t* sent);
