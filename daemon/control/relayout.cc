@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
-#include "checkpoint/rank_step_bytes.h"
 #include "common/file_util.h"
 #include "common/fs_identity.h"
 #include "common/log.h"
@@ -15,7 +14,6 @@
 #include "daemon/restore/restore_tiers.h"
 #include "format/manifest.h"
 #include "storage/posix_storage.h"
-#include "storage/whole_file.h"
 
 namespace zcc::daemon {
 namespace {
@@ -92,13 +90,10 @@ absl::StatusOr<std::optional<int64_t>> PersistRetainedStep(const PreviousLayout&
   uint64_t bytes = 0;
   absl::Status st = [&]() -> absl::Status {
     for (const auto& [rank, held] : slots) {
-      // One rank at a time: its files are a copy of its state in memory.
-      ZCC_ASSIGN_OR_RETURN(checkpoint::RankStepBytes files,
-                           retained.at(rank).session->SerializeRetained(held));
-      for (const checkpoint::RankStepFile& f : files.files) {
-        ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, JoinPath(dir, f.name), f.bytes));
-      }
-      bytes += files.total_bytes();
+      // As each rank's checkpoint writes go: from its slot, at the disk's speed.
+      ZCC_ASSIGN_OR_RETURN(checkpoint::WriteStats written,
+                           retained.at(rank).session->WriteRetained(held, o.job_dir));
+      bytes += written.bytes;
     }
     ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
                          checkpoint::TryCommit(o.job_dir, o.job_id, step, o.world_size, &fs));

@@ -1,11 +1,11 @@
 // A job resumed on this node in another layout (another world size, or other
 // tensors on every rank) while its previous layout's snapshots are still in
-// zccd's memory. No rank of the
-// new layout can adopt them (a restore from memory needs the same rank and
-// the same tensors), so before the new layout restores, the newest step that
-// every previous rank left in memory, when newer than what the job's
-// directory holds, is written there as an ordinary committed step, the very
-// files a checkpoint write makes. The restore then reads it as any step from
+// zccd's memory. No rank of the new layout can adopt them (a restore from
+// memory needs the same rank and the same tensors), so before the new layout
+// restores, the newest step that every previous rank left in memory, when
+// newer than what the job's directory holds, is written there as an ordinary
+// committed step, as each rank's checkpoint write makes it (from its slot,
+// with its I/O, EMA included). The restore then reads it as any step from
 // disk: into any layout, every tensor checked, with the usual fallback. The
 // steps since the last disk checkpoint are not lost to the change of layout.
 //

@@ -256,7 +256,8 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == newest->step ? newest->step : std::optional<int64_t>();
 }
 
-absl::StatusOr<checkpoint::RankStepBytes> RankSession::SerializeRetained(const SlotSnapshot& held) {
+absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnapshot& held,
+                                                                  const std::string& job_dir) {
   WriteJob ema;  // only its EMA copy is used
   if (ema_.enabled() && ema_.last_step() == held.step) {
     ema_.CopyForWrite(&ema);
@@ -265,8 +266,8 @@ absl::StatusOr<checkpoint::RankStepBytes> RankSession::SerializeRetained(const S
                      << held.step << " is written without the EMA, which is of step "
                      << ema_.last_step();
   }
-  return checkpoint::SerializeRankStep(held.step, shards_, slots_.data(held.slot),
-                                       ema.ema_shards);
+  return checkpoint::WriteRankShards(job_dir, held.step, shards_, slots_.data(held.slot),
+                                     options_.io, ema.ema_shards);
 }
 
 std::vector<int64_t> RankSession::MemorySteps() const { return held_.Steps(); }

@@ -154,10 +154,12 @@ class RankSession {
   // is never used). Call before Stop(); returns the step persisted, if any.
   std::optional<int64_t> PersistNewestOnFailure();
 
-  // The files a write of `held` (an intact snapshot of this stopped
-  // session, as RetainedSnapshots keeps it) makes, made in memory: with the
-  // EMA when the EMA is of that step, without it (logged) otherwise.
-  absl::StatusOr<checkpoint::RankStepBytes> SerializeRetained(const SlotSnapshot& held);
+  // Writes `held` (an intact snapshot of this stopped session, as
+  // RetainedSnapshots keeps it) into `job_dir` as a checkpoint write of its
+  // step does, straight from the slot with the session's I/O: with the EMA
+  // when the EMA is of that step, without it (logged) otherwise.
+  absl::StatusOr<checkpoint::WriteStats> WriteRetained(const SlotSnapshot& held,
+                                                       const std::string& job_dir);
 
   // True for the first caller only: that caller retires this session (the
   // trainer is gone), so a rank found dead twice is retired once.
