@@ -257,15 +257,10 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
 }
 
 absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnapshot& held,
-                                                                  const std::string& job_dir) {
+                                                                  const std::string& job_dir,
+                                                                  bool with_ema) {
   WriteJob ema;  // only its EMA copy is used
-  if (ema_.enabled() && ema_.last_step() == held.step) {
-    ema_.CopyForWrite(&ema);
-  } else if (ema_.enabled()) {
-    ZCC_LOG(WARNING) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
-                     << held.step << " is written without the EMA, which is of step "
-                     << ema_.last_step();
-  }
+  if (with_ema && ema_.enabled() && ema_.last_step() == held.step) ema_.CopyForWrite(&ema);
   return checkpoint::WriteRankShards(job_dir, held.step, shards_, slots_.data(held.slot),
                                      options_.io, ema.ema_shards);
 }

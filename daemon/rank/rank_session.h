@@ -156,10 +156,10 @@ class RankSession {
 
   // Writes `held` (an intact snapshot of this stopped session, as
   // RetainedSnapshots keeps it) into `job_dir` as a checkpoint write of its
-  // step does, straight from the slot with the session's I/O: with the EMA
-  // when the EMA is of that step, without it (logged) otherwise.
+  // step does, straight from the slot with the session's I/O, with the EMA
+  // when `with_ema` (the caller checks ema_step() is the snapshot's).
   absl::StatusOr<checkpoint::WriteStats> WriteRetained(const SlotSnapshot& held,
-                                                       const std::string& job_dir);
+                                                       const std::string& job_dir, bool with_ema);
 
   // True for the first caller only: that caller retires this session (the
   // trainer is gone), so a rank found dead twice is retired once.
