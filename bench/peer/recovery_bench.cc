@@ -2,15 +2,15 @@
 // from disk, with real zccds on loopback (plaintext: the transport's TLS cost
 // has rows of its own in peer_bench).
 //
-// node-a trains one rank (a state of 16 f32 tensors, 1 GiB; --quick: 128
-// MiB) with a checkpoint every 4 steps, each also replicated to its buddy,
-// node-b (a static peer in another rack). After step 4 is committed on
+// node-a trains two ranks of one job (8 f32 tensors each, 1 GiB in all;
+// --quick: 128 MiB) with a checkpoint every 4 steps, each also replicated to
+// its buddy, node-b (a static peer in another rack). After step 4 is committed on
 // node-a's disk and held in node-b's memory, node-a is killed (SIGKILL).
 //   * recovery: a replacement zccd, node-c, with an empty root, registers the
-//     rank and restores: it pulls step 4 from node-b, commits it into its
-//     own root, and restores it;
+//     ranks and restores them: it pulls step 4 from node-b, commits it into
+//     its own root, and restores it;
 //   * reference: node-a restarted on its own root (no peer tier) registers
-//     the rank and restores step 4 from its disk.
+//     the ranks and restores step 4 from its disk.
 // Both are timed from the start of the registration to the restore's end,
 // and both restores are checked byte for byte against the trained state.
 // The page cache is warm for both (node-a's files were just written; node-c
@@ -38,6 +38,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -53,7 +54,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kTensors = 16;
+constexpr int kRanks = 2;    // on one node, restored together
+constexpr int kTensors = 8;  // per rank
 constexpr int kSaveEvery = 4;
 constexpr char kJob[] = "recovery";
 
@@ -80,13 +82,14 @@ bool AwaitLog(const ZccdProcess& d, const std::string& text, absl::Duration time
 }
 
 struct State {
+  int rank = 0;
   std::vector<std::vector<float>> tensors;
   uint64_t bytes() const { return uint64_t{tensors.size()} * tensors[0].size() * sizeof(float); }
   std::vector<TensorRef> Refs() {
     std::vector<TensorRef> refs;
     for (size_t i = 0; i < tensors.size(); ++i) {
       TensorRef r;
-      r.name = absl::StrCat("layer", i, ".weight");
+      r.name = absl::StrCat("rank", rank, ".layer", i, ".weight");  // a rank's own tensors
       r.dtype = DType::kF32;
       r.shape = {static_cast<int64_t>(tensors[i].size())};
       r.data = tensors[i].data();
@@ -97,10 +100,12 @@ struct State {
   }
 };
 
-std::unique_ptr<Client> Connect(const ZccdProcess& d, State& state) {
+std::unique_ptr<Client> Connect(const ZccdProcess& d, State& state, int rank) {
   ClientOptions o;
   o.socket_path = d.socket();
   o.job_id = kJob;
+  o.rank = rank;
+  o.world_size = kRanks;
   o.save_every = kSaveEvery;
   o.backpressure = Backpressure::kBlock;
   auto c = Client::Connect(o);
@@ -110,23 +115,39 @@ std::unique_ptr<Client> Connect(const ZccdProcess& d, State& state) {
   return std::move(c).value();
 }
 
-// Seconds from the registration's start to `step` restored into a fresh
-// state, which must then equal `want`.
-double TimedRestore(const ZccdProcess& d, const State& want, int64_t step) {
-  State fresh;
-  fresh.tensors.assign(want.tensors.size(), std::vector<float>(want.tensors[0].size(), 0.f));
-  const auto start = Clock::now();
-  std::unique_ptr<Client> c = Connect(d, fresh);
-  auto got = c->Restore();
-  const double s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!got.ok() || *got != step) {
-    Die(absl::StrCat("restore from ", d.log_path(), ": ",
-                     got.ok() ? absl::StrCat("step ", *got) : got.status().ToString()));
+// Seconds from the registrations' start to `step` restored into fresh
+// states by every rank at once (a thread each), which must then equal `want`.
+double TimedRestore(const ZccdProcess& d, const std::vector<State>& want, int64_t step) {
+  std::vector<State> fresh(want.size());
+  for (size_t r = 0; r < want.size(); ++r) {
+    fresh[r].rank = want[r].rank;
+    fresh[r].tensors.assign(want[r].tensors.size(),
+                            std::vector<float>(want[r].tensors[0].size(), 0.f));
   }
-  for (size_t i = 0; i < want.tensors.size(); ++i) {
-    if (std::memcmp(fresh.tensors[i].data(), want.tensors[i].data(),
-                    want.tensors[i].size() * sizeof(float)) != 0) {
-      Die(absl::StrCat("tensor ", i, " restored from ", d.log_path(), " differs"));
+  std::vector<absl::StatusOr<int64_t>> got(want.size(), absl::UnknownError("not run"));
+  const auto start = Clock::now();
+  {
+    std::vector<std::thread> ranks;
+    for (size_t r = 0; r < want.size(); ++r) {
+      ranks.emplace_back([&, r] {
+        std::unique_ptr<Client> c = Connect(d, fresh[r], static_cast<int>(r));
+        got[r] = c->Restore();
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  for (size_t r = 0; r < want.size(); ++r) {
+    if (!got[r].ok() || *got[r] != step) {
+      Die(absl::StrCat("rank ", r, "'s restore from ", d.log_path(), ": ",
+                       got[r].ok() ? absl::StrCat("step ", *got[r]) : got[r].status().ToString()));
+    }
+    for (size_t i = 0; i < want[r].tensors.size(); ++i) {
+      if (std::memcmp(fresh[r].tensors[i].data(), want[r].tensors[i].data(),
+                      want[r].tensors[i].size() * sizeof(float)) != 0) {
+        Die(absl::StrCat("rank ", r, "'s tensor ", i, " restored from ", d.log_path(),
+                         " differs"));
+      }
     }
   }
   return s;
@@ -171,12 +192,16 @@ int main(int argc, char** argv) {
   const std::string dir = MakeScratchDir("recovery_bench");
   if (dir.empty()) Die("no scratch directory");
   const uint64_t total = quick ? (uint64_t{128} << 20) : (uint64_t{1} << 30);
-  State state;
-  state.tensors.resize(kTensors);
-  for (int i = 0; i < kTensors; ++i) {
-    state.tensors[i].resize(total / kTensors / sizeof(float));
-    for (size_t j = 0; j < state.tensors[i].size(); ++j) {
-      state.tensors[i][j] = static_cast<float>((j * 2654435761u + i) % 1000003) * 1e-3f;
+  std::vector<State> state(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    state[r].rank = r;
+    state[r].tensors.resize(kTensors);
+    for (int i = 0; i < kTensors; ++i) {
+      std::vector<float>& t = state[r].tensors[i];
+      t.resize(total / kRanks / kTensors / sizeof(float));
+      for (size_t j = 0; j < t.size(); ++j) {
+        t[j] = static_cast<float>((j * 2654435761u + i + 7 * r) % 1000003) * 1e-3f;
+      }
     }
   }
   const uint64_t budget_mb = 3 * (total >> 20) + 64;
@@ -204,23 +229,28 @@ int main(int argc, char** argv) {
   auto a = ZccdProcess::Start(dir, "node-a", a_flags);
   if (!a.ok()) Die(std::string(a.status().message()));
   {
-    std::unique_ptr<Client> trainer = Connect(**a, state);
+    std::vector<std::unique_ptr<Client>> trainers;
+    for (int r = 0; r < kRanks; ++r) trainers.push_back(Connect(**a, state[r], r));
     for (int64_t step = 1; step <= kSaveEvery; ++step) {
-      for (auto& t : state.tensors) t[step] += 1.f;
-      if (trainer->Snapshot(step) != SnapshotResult::kEnqueued) Die("a snapshot was not taken");
+      for (int r = 0; r < kRanks; ++r) {
+        for (auto& t : state[r].tensors) t[step] += 1.f;
+        if (trainers[r]->Snapshot(step) != SnapshotResult::kEnqueued) Die("a snapshot was not taken");
+      }
     }
-    (void)trainer->Flush();
+    for (auto& t : trainers) (void)t->Flush();
     const absl::Time until = absl::Now() + absl::Minutes(3);
     for (;;) {
-      auto st = trainer->QueryCheckpointStatus();
+      auto st = trainers[0]->QueryCheckpointStatus();
       if (st.ok() && st->last_committed_step >= kSaveEvery) break;
       if (absl::Now() > until) Die("step 4 was not committed on node-a");
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
-  if (!AwaitLog(**a, absl::StrCat("replicated job=", kJob, " rank=0 step=", kSaveEvery, " "),
-                absl::Minutes(3))) {
-    Die("step 4 did not reach node-b");
+  for (int r = 0; r < kRanks; ++r) {
+    if (!AwaitLog(**a, absl::StrCat("replicated job=", kJob, " rank=", r, " step=", kSaveEvery, " "),
+                  absl::Minutes(3))) {
+      Die("step 4 did not reach node-b");
+    }
   }
   const uint64_t b_rss_after = (*b)->RssBytes();
   const uint64_t held = b_rss_after > b_rss_before ? b_rss_after - b_rss_before : 1;
@@ -245,10 +275,13 @@ int main(int argc, char** argv) {
   (*b)->Stop();
 
   // The TCP reference: the same bytes through one loopback connection.
-  const std::string piece(total / kTensors, '\x5a');
-  const double tcp_s = TcpSeconds(piece, kTensors);
-  const double gb = static_cast<double>(state.bytes()) / 1e9;
-  const std::string what = absl::StrCat(" (", state.bytes() >> 20, " MiB, loopback, warm cache)");
+  const std::string piece(total / kRanks / kTensors, '\x5a');
+  const double tcp_s = TcpSeconds(piece, kRanks * kTensors);
+  uint64_t step_bytes = 0;
+  for (const State& r : state) step_bytes += r.bytes();
+  const double gb = static_cast<double>(step_bytes) / 1e9;
+  const std::string what =
+      absl::StrCat(" (", kRanks, " ranks, ", step_bytes >> 20, " MiB, loopback, warm cache)");
   if (filter.Wants("peer_recovery_vs_disk_restore")) {
     Emit({"peer_recovery_vs_disk_restore (ratio = disk/recovery)" + what, recovery_s, disk_s,
           disk_s / recovery_s, "", "s"});
@@ -258,8 +291,8 @@ int main(int argc, char** argv) {
   }
   if (filter.Wants("peer_memory_held_vs_step_bytes")) {
     Emit({"peer_memory_held_vs_step_bytes (ratio = step/held)" + what,
-          static_cast<double>(held) / (1 << 20), static_cast<double>(state.bytes()) / (1 << 20),
-          static_cast<double>(state.bytes()) / static_cast<double>(held), ">= 0.95", "MiB"});
+          static_cast<double>(held) / (1 << 20), static_cast<double>(step_bytes) / (1 << 20),
+          static_cast<double>(step_bytes) / static_cast<double>(held), ">= 0.95", "MiB"});
   }
   if (std::getenv("ZCC_BENCH_KEEP") == nullptr) RemoveScratchDir(dir);
   return 0;

@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -13,6 +16,7 @@
 #include "checkpoint/committer.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "format/manifest.h"
 #include "storage/io_pipeline.h"
@@ -92,6 +96,47 @@ absl::StatusOr<uint64_t> Place(const std::string& holder, const ReplicaKey& key,
 // first), each with the rank's file names there.
 using Plan = std::map<uint32_t, std::vector<std::pair<std::string, std::set<std::string>>>>;
 
+// Ranks recovered at once (a thread each).
+constexpr size_t kParallelRanks = 4;
+
+// Writes every file of `rank`'s part of `step` into `dir`, each from the
+// first of `holders` that serves it intact.
+absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::string& dir,
+                       int64_t step, uint32_t rank,
+                       const std::vector<std::pair<std::string, std::set<std::string>>>& holders,
+                       storage::Storage& fs, const RecoverySources& s) {
+  uint64_t bytes = 0;
+  const absl::Time began = absl::Now();
+  // The names the first holder lists (it holds the rank's manifest: all of them).
+  for (const std::string& name : holders.front().second) {
+    absl::Status last = absl::NotFoundError("no holder");
+    bool written = false;
+    for (const auto& [holder, files] : holders) {
+      if (files.count(name) == 0) continue;
+      auto placed =
+          Place(holder, ReplicaKey{job_id, uid, rank, step, name}, fs, JoinPath(dir, name), s);
+      if (!placed.ok()) {
+        // Damaged or gone (or not writable here): the next holder.
+        ZCC_LOG(WARNING) << "job " << job_id << ": " << name << " of step " << step << " from "
+                         << (holder.empty() ? "this zccd" : holder) << ": " << placed.status();
+        last = placed.status();
+        continue;
+      }
+      bytes += *placed;
+      written = true;
+      break;
+    }
+    if (!written) {
+      return absl::Status(last.code(), absl::StrCat(name, " of rank ", rank, ": ", last.message()));
+    }
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
+  ZCC_LOG(INFO) << "job " << job_id << ": rank " << rank << " of step " << step << ", " << bytes
+                << " bytes, fetched and written in " << seconds << " s ("
+                << (seconds > 0 ? bytes / seconds / 1e9 : 0) << " GB/s)";
+  return absl::OkStatus();
+}
+
 // Writes every file of `step` into step-N.partial/, each from the first
 // holder that serves it intact, and commits it.
 absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::string& job_dir,
@@ -105,36 +150,32 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
   for (const std::string& name : present) {
     if (absl::StrContains(name, kPullSuffix)) ZCC_RETURN_IF_ERROR(fs.Remove(JoinPath(dir, name)));
   }
-  for (const auto& [rank, holders] : plan) {
-    uint64_t bytes = 0;
-    const absl::Time began = absl::Now();
-    // The names the first holder lists (it holds the rank's manifest: all of them).
-    for (const std::string& name : holders.front().second) {
-      absl::Status last = absl::NotFoundError("no holder");
-      bool written = false;
-      for (const auto& [holder, files] : holders) {
-        if (files.count(name) == 0) continue;
-        auto placed = Place(holder, ReplicaKey{job_id, uid, rank, step, name}, fs,
-                            JoinPath(dir, name), s);
-        if (!placed.ok()) {
-          // Damaged or gone (or not writable here): the next holder.
-          ZCC_LOG(WARNING) << "job " << job_id << ": " << name << " of step " << step << " from "
-                           << (holder.empty() ? "this zccd" : holder) << ": " << placed.status();
-          last = placed.status();
-          continue;
-        }
-        bytes += *placed;
-        written = true;
-        break;
-      }
-      if (!written) {
-        return absl::Status(last.code(), absl::StrCat(name, " of rank ", rank, ": ", last.message()));
+  // The ranks several at a time: on a cluster their holders are different
+  // nodes, and each stream alone leaves the links and disks idle.
+  std::vector<const Plan::value_type*> ranks;
+  for (const auto& entry : plan) ranks.push_back(&entry);
+  std::atomic<size_t> next{0};
+  zcc::Mutex mu;
+  absl::Status first_error;
+  auto worker = [&] {
+    for (size_t i = next.fetch_add(1); i < ranks.size(); i = next.fetch_add(1)) {
+      const absl::Status st = PlaceRank(job_id, uid, dir, step, ranks[i]->first,
+                                        ranks[i]->second, fs, s);
+      if (!st.ok()) {
+        zcc::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = st;
+        next.store(ranks.size());  // the step cannot be had whole: stop
       }
     }
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
-    ZCC_LOG(INFO) << "job " << job_id << ": rank " << rank << " of step " << step << ", " << bytes
-                  << " bytes, fetched and written in " << seconds << " s ("
-                  << (seconds > 0 ? bytes / seconds / 1e9 : 0) << " GB/s)";
+  };
+  std::vector<std::thread> threads;
+  const size_t n = std::min<size_t>(kParallelRanks, ranks.size());
+  for (size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+  worker();
+  for (std::thread& t : threads) t.join();
+  {
+    zcc::MutexLock lock(&mu);
+    ZCC_RETURN_IF_ERROR(first_error);
   }
   ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
   ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
