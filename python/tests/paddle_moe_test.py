@@ -47,8 +47,7 @@ def union(states):
 
 
 def test_dp_moe_resumes_exactly_and_restores_into_other_layouts():
-    tmp = tempfile.mkdtemp(prefix="zccmoe")
-    with Zccd("pdmoe") as d:
+    with tempfile.TemporaryDirectory(prefix="zccmoe") as tmp, Zccd("pdmoe") as d:
         for code, out in moe_ranks(d, "ref", 4, 2, tmp + "/ref"):
             assert code == 0, out
         ref = dumps(tmp + "/ref", 4)

@@ -107,8 +107,7 @@ def same_state(ref, got, what):
 
 
 def test_killed_trainers_resume_exactly_from_memory():
-    tmp = tempfile.mkdtemp(prefix="zccpd")
-    with Zccd("pdmem") as d:
+    with tempfile.TemporaryDirectory(prefix="zccpd") as tmp, Zccd("pdmem") as d:
         for optimizer in ("momentum", "sgd", "adam", "adamw"):
             ref = os.path.join(tmp, optimizer + "-ref.npz")
             code, ref_out = worker(d, "ref-" + optimizer, optimizer, out=ref)
@@ -129,8 +128,7 @@ def test_killed_trainers_resume_exactly_from_memory():
 
 
 def test_resume_from_disk_after_a_zccd_restart():
-    tmp = tempfile.mkdtemp(prefix="zccpd")
-    with Zccd("pddisk") as d:
+    with tempfile.TemporaryDirectory(prefix="zccpd") as tmp, Zccd("pddisk") as d:
         ref = os.path.join(tmp, "ref.npz")
         code, ref_out = worker(d, "ref", "adamw", out=ref)
         assert code == 0, ref_out
@@ -148,8 +146,7 @@ def test_resume_from_disk_after_a_zccd_restart():
 
 
 def test_data_parallel_replicas_are_written_once_and_resume_exactly():
-    tmp = tempfile.mkdtemp(prefix="zccpd")
-    with Zccd("pddp") as d:
+    with tempfile.TemporaryDirectory(prefix="zccpd") as tmp, Zccd("pddp") as d:
         ref = [os.path.join(tmp, "ref%d.npz" % r) for r in range(2)]
         assert all(code == 0 for code, _ in ranks(d, "dpref", 2, ref))
         for code, out in ranks(d, "dp", 2, kill_after=5):
