@@ -230,7 +230,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
         old.options().segment_owner != r.segment_owner || old.segment_bytes() != r.segment_bytes) {
       // (The rank's own entry is out already: every other rank's must be here.)
       const bool whole = !previous.has_value() &&
-                         job->retained().Ranks().size() + 1 == job->options().world_size;
+                         job->retained().size() + 1 == job->options().world_size;
       ZCC_LOG(INFO) << "job " << r.job_id << " rank " << r.rank
                     << ": the snapshots kept from the previous trainer do not match this "
                        "registration (other tensors or slots)"

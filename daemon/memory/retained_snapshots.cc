@@ -32,11 +32,9 @@ std::optional<RetainedSnapshots::Entry> RetainedSnapshots::Take(uint32_t rank) {
   return entry;
 }
 
-std::vector<uint32_t> RetainedSnapshots::Ranks() const {
+size_t RetainedSnapshots::size() const {
   zcc::MutexLock lock(&mu_);
-  std::vector<uint32_t> ranks;
-  for (const auto& [rank, entry] : entries_) ranks.push_back(rank);
-  return ranks;
+  return entries_.size();
 }
 
 std::map<uint32_t, RetainedSnapshots::Entry> RetainedSnapshots::TakeAll() {

@@ -41,8 +41,8 @@ class RetainedSnapshots {
                             absl::Time expires) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the rank's entry out.
   std::optional<Entry> Take(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
-  // The ranks with an entry, in order.
-  std::vector<uint32_t> Ranks() const ABSL_LOCKS_EXCLUDED(mu_);
+  // How many ranks have an entry.
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
   // Takes every rank's entry out, by rank.
   std::map<uint32_t, Entry> TakeAll() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the entries expired at `now`; returns how many.

@@ -142,11 +142,6 @@ uint64_t ReplicaStore::ShrinkTo(uint64_t target) {
   return dropped;
 }
 
-size_t ReplicaStore::pieces_held() const {
-  zcc::MutexLock lock(&mu_);
-  return held_.size();
-}
-
 ReplicaStore::Held ReplicaStore::held() const {
   zcc::MutexLock lock(&mu_);
   return HeldLocked();

@@ -93,7 +93,6 @@ class ReplicaStore {
 
   uint64_t budget_bytes() const { return budget_bytes_; }
   uint64_t bytes_held() const;
-  size_t pieces_held() const;
   Held held() const;
   uint64_t pieces_dropped() const;
 
