@@ -7,6 +7,13 @@
 // leaves the store's step uncommitted, never mixed; retention and gc remove
 // it once old.
 //
+// The node-local tiered mode (a multi-node job whose local root is each
+// node's own disk, no shared file system) has no local commit: each node
+// uploads the files its own ranks wrote of a step (UploadNodeStep), each
+// rank's manifest after its files, and the step is committed in the store
+// by whichever node finds every rank's manifest there, the last to finish
+// its upload.
+//
 // Thread-safety: stateless; callers upload one step of a job at a time.
 #ifndef ZCC_CHECKPOINT_STEP_UPLOAD_H_
 #define ZCC_CHECKPOINT_STEP_UPLOAD_H_
@@ -14,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -41,6 +49,34 @@ struct UploadOptions {
 absl::StatusOr<UploadStats> UploadStep(storage::Storage& fs, const std::string& job_dir,
                                        int64_t step, const std::string& store_job_dir,
                                        const UploadOptions& options = {});
+
+struct NodeUploadResult {
+  UploadStats stats;
+  bool committed = false;          // this upload completed the step in the store
+  uint32_t manifests_present = 0;  // in the store's step after this node's
+};
+
+// Copies the files this node's ranks wrote of `step` (its step-N.partial/
+// under `job_dir`: shard files and rank manifests, no COMMITTED) into
+// `store_job_dir`'s step-N/, manifests last, and then commits the step
+// there when every one of the job's `world_size` ranks' manifests is
+// present (checkpoint::TryCommit: the same checks, index, COMMITTED last,
+// `latest` by a compare-and-swap). A COMMITTED of an earlier commit of the
+// step is removed before anything is copied, and with it every rank's
+// manifest there: that step is dead as a whole, and another node's part of
+// it must not complete the new one. FailedPrecondition when the local step
+// holds no manifest.
+absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std::string& job_dir,
+                                                int64_t step, const std::string& store_job_dir,
+                                                const std::string& job_id, uint32_t world_size,
+                                                const UploadOptions& options = {});
+
+// A rank of this node registered again (a new run of the job): its
+// manifests in the store's uncommitted steps are from an earlier run, and
+// must not complete a step the new run writes again with the other ranks'
+// new parts. Removes them; returns how many.
+absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string& store_job_dir,
+                                         const std::vector<uint32_t>& ranks);
 
 }  // namespace zcc::checkpoint
 

@@ -2,7 +2,8 @@
 // object store (its model over memory, reached by URL as zccd reaches it)
 // and committed there; cut at every change the store sees, it leaves the
 // store's earlier state or the new step whole, and the upload tried again
-// completes.
+// completes. In the node-local mode each node uploads its own ranks' files
+// and the last one to finish commits the step.
 #include "checkpoint/step_upload.h"
 
 #include <catch2/catch.hpp>
@@ -72,6 +73,18 @@ struct Tiers {
       if (!expect.SameTensors(got.data())) return false;
     }
     return VerifyStep(dir, Io()).ok();
+  }
+
+  // Node `node`'s ranks (rank r is on node r) write `step` into that node's
+  // own local root, uncommitted: no node sees the others' files.
+  void WriteOnNode(uint32_t node, int64_t step, int64_t seed) {
+    SyntheticRank rank(node, kWorld, Specs(), 0, kJob);
+    rank.Fill(seed);
+    REQUIRE_OK(WriteRankShards(NodeDir(node), step, rank.shards(), rank.slot(), Io()).status());
+  }
+  static std::string NodeDir(uint32_t node) { return node == 0 ? "/node-a/job" : "/node-b/job"; }
+  absl::StatusOr<NodeUploadResult> UploadNode(uint32_t node, int64_t step) {
+    return UploadNodeStep(fs, NodeDir(node), step, kStore, kJob, kWorld);
   }
 
   storage::MemoryStorage local;
@@ -149,6 +162,115 @@ TEST_CASE("an upload stops when cancelled, committing nothing") {
   options.cancelled = &cancelled;
   CHECK(absl::IsCancelled(UploadStep(t.fs, kLocal, 10, kStore, options).status()));
   CHECK(ListCommittedSteps(kStore, &t.fs).value_or(std::vector<int64_t>{-1}).empty());
+}
+
+TEST_CASE("node-local roots: each node uploads its own ranks' files; the last one commits") {
+  Tiers t;
+  t.WriteOnNode(0, 10, 10);
+  t.WriteOnNode(1, 10, 10);
+  auto a = t.UploadNode(0, 10);
+  REQUIRE_OK(a);
+  CHECK_FALSE(a->committed);
+  CHECK(a->manifests_present == 1);
+  CHECK(a->stats.files == 2 + 1);  // its model and optim shards, its manifest
+  CHECK(ListCommittedSteps(kStore, &t.fs).value_or(std::vector<int64_t>{-1}).empty());
+  auto b = t.UploadNode(1, 10);
+  REQUIRE_OK(b);
+  CHECK(b->committed);
+  CHECK(b->manifests_present == 2);
+  CHECK(*ReadLatest(kStore, &t.fs) == 10);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000010"), 10));
+  // Neither local root ever held a committed step.
+  CHECK(ListCommittedSteps(Tiers::NodeDir(0), &t.fs).value_or(std::vector<int64_t>{}).empty());
+
+  // A node that finished no rank of the step has nothing to send.
+  CHECK(absl::IsFailedPrecondition(t.UploadNode(0, 20).status()));
+
+  // The step written again (a run resumed from an older one): the first
+  // node's upload uncommits it; the second's commits the new bytes.
+  t.WriteOnNode(0, 10, 11);
+  t.WriteOnNode(1, 10, 11);
+  REQUIRE_OK(t.UploadNode(1, 10).status());
+  CHECK(ListCommittedSteps(kStore, &t.fs).value_or(std::vector<int64_t>{-1}).empty());
+  auto again = t.UploadNode(0, 10);
+  REQUIRE_OK(again);
+  CHECK(again->committed);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000010"), 11));
+}
+
+TEST_CASE("node-local roots: a new run forgets its ranks' parts of uncommitted steps, so an "
+          "earlier run's part never completes a step written again") {
+  Tiers t;
+  t.WriteOnNode(0, 10, 10);
+  t.WriteOnNode(1, 10, 10);
+  REQUIRE_OK(t.UploadNode(0, 10).status());
+  REQUIRE_OK(t.UploadNode(1, 10).status());
+  // A run sends node 0's part of step 20 and dies before node 1 sends its.
+  t.WriteOnNode(0, 20, 20);
+  REQUIRE_OK(t.UploadNode(0, 20).status());
+  // The new run's rank 0 registers: its part of step 20 is forgotten; the
+  // committed step 10 keeps every manifest.
+  auto forgot = ForgetRankParts(t.fs, kStore, {0});
+  REQUIRE_OK(forgot);
+  CHECK(*forgot == 1);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000010"), 10));
+  // Step 20 written again: node 1's new part alone does not commit it...
+  t.WriteOnNode(0, 20, 21);
+  t.WriteOnNode(1, 20, 21);
+  auto b = t.UploadNode(1, 20);
+  REQUIRE_OK(b);
+  CHECK_FALSE(b->committed);
+  CHECK(*ReadLatest(kStore, &t.fs) == 10);
+  // ...node 0's new part does, with the new run's bytes only.
+  auto a = t.UploadNode(0, 20);
+  REQUIRE_OK(a);
+  CHECK(a->committed);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000020"), 21));
+  // A store with nothing yet has nothing to forget.
+  CHECK(*ForgetRankParts(t.fs, "s3://bucket/ckpt/other", {0}) == 0);
+}
+
+TEST_CASE("node-local roots: the last node's upload cut at any change leaves the older step or "
+          "the new one whole") {
+  auto prepare = [](Tiers& t) {
+    t.WriteOnNode(0, 10, 10);
+    t.WriteOnNode(1, 10, 10);
+    REQUIRE_OK(t.UploadNode(0, 10).status());
+    REQUIRE_OK(t.UploadNode(1, 10).status());
+    t.WriteOnNode(0, 20, 20);
+    t.WriteOnNode(1, 20, 20);
+    REQUIRE_OK(t.UploadNode(0, 20).status());
+  };
+  uint64_t total = 0;
+  {
+    Tiers t;
+    prepare(t);
+    const uint64_t before = t.store_memory.changes();
+    REQUIRE_OK(t.UploadNode(1, 20).status());
+    total = t.store_memory.changes() - before;
+  }
+  REQUIRE(total > 5);
+  for (uint64_t k = 0; k < total; ++k) {
+    INFO("the store died after " << k << " of the last upload's " << total << " changes");
+    Tiers t;
+    prepare(t);
+    t.store_memory.CrashAfter(k);
+    CHECK_FALSE(t.UploadNode(1, 20).ok());
+    t.store_memory.Crash();
+    auto latest = ReadLatest(kStore, &t.fs);
+    REQUIRE_OK(latest);
+    CHECK((*latest == 10 || *latest == 20));
+    auto steps = ListCommittedSteps(kStore, &t.fs);
+    REQUIRE_OK(steps);
+    for (int64_t step : *steps) {
+      CHECK(t.Holds(JoinPath(kStore, format::StepDirName(step)), step));
+    }
+    auto retried = t.UploadNode(1, 20);
+    REQUIRE_OK(retried);
+    CHECK(retried->committed);
+    CHECK(*ReadLatest(kStore, &t.fs) == 20);
+    CHECK(t.Holds(JoinPath(kStore, "step-00000020"), 20));
+  }
 }
 
 }  // namespace

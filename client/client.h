@@ -130,6 +130,10 @@ struct ClientOptions {
   // there (0: zccd's keep_last). Empty: no upload.
   std::string upload_root;
   uint32_t upload_keep_last = 0;
+  // With upload_root, on node-local disks (no file system the nodes share):
+  // each node's zccd uploads its own ranks' files and the step commits in
+  // the store (RegisterRequest.node_local_root).
+  bool node_local_root = false;
   Backpressure backpressure = Backpressure::kSkip;
   // zccd keeps an fp32 EMA of the EMA-eligible parameters this rank writes:
   // ema = decay * ema + (1 - decay) * param, every ema_interval-th snapshot.

@@ -24,13 +24,18 @@ absl::StatusOr<std::string> S3Python() {
   return python;
 }
 
-absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir) {
+absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir,
+                                               const std::vector<std::string>& wrapper,
+                                               const std::string& host) {
   auto python = S3Python();
   if (!python.ok()) return python.status();
   S3TestServer s;
-  s.process = std::make_unique<Subprocess>(
-      std::vector<std::string>{*python, Runfile("tools/s3/test_server.py")},
-      absl::StrCat(log_dir, "/s3_test_server.log"));
+  std::vector<std::string> argv = wrapper;
+  for (std::string a : {*python, Runfile("tools/s3/test_server.py"), std::string("--host"), host}) {
+    argv.push_back(std::move(a));
+  }
+  s.process = std::make_unique<Subprocess>(std::move(argv),
+                                           absl::StrCat(log_dir, "/s3_test_server.log"));
   if (!s.process->WaitForOutput("ready", absl::Seconds(90))) {
     return absl::UnavailableError(
         absl::StrCat("the S3 test server did not start:\n", s.process->Output()));

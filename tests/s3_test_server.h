@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "tests/process_harness.h"
@@ -26,8 +27,12 @@ struct S3TestServer {
 // FailedPrecondition saying how to make it.
 absl::StatusOr<std::string> S3Python();
 
-// Starts one, its log in `log_dir`; waits until it serves.
-absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir);
+// Starts one, its log in `log_dir`; waits until it serves. `wrapper`: an
+// argv prefix to run it under (a test node's `ip netns exec`), serving on
+// `host` (that node's address).
+absl::StatusOr<S3TestServer> StartS3TestServer(const std::string& log_dir,
+                                               const std::vector<std::string>& wrapper = {},
+                                               const std::string& host = "127.0.0.1");
 
 // A proxy in front of `upstream` (tools/s3/fault_proxy.py) that answers the
 // first `slowdown` requests with 503 SlowDown and cuts the connection of the

@@ -35,6 +35,8 @@ ABSL_FLAG(std::string, job, "itest", "job id");
 ABSL_FLAG(std::string, root, "", "checkpoint root");
 ABSL_FLAG(std::string, upload_root, "", "the tiered mode's object-store root (s3://...)");
 ABSL_FLAG(int, upload_keep_last, 0, "steps kept in the store (0: zccd's keep_last)");
+ABSL_FLAG(bool, node_local_root, false,
+          "the tiered mode on node-local disks: each zccd uploads its own ranks' files");
 ABSL_FLAG(std::string, store_key_id, "", "the job's own access key id for an s3:// root");
 ABSL_FLAG(std::string, store_secret, "", "the job's own secret key for an s3:// root");
 ABSL_FLAG(int, rank, 0, "global rank");
@@ -190,6 +192,7 @@ int main(int argc, char** argv) {
   o.checkpoint_root = absl::GetFlag(FLAGS_root);
   o.upload_root = absl::GetFlag(FLAGS_upload_root);
   o.upload_keep_last = static_cast<uint32_t>(absl::GetFlag(FLAGS_upload_keep_last));
+  o.node_local_root = absl::GetFlag(FLAGS_node_local_root);
   o.store_credentials.access_key_id = absl::GetFlag(FLAGS_store_key_id);
   o.store_credentials.secret_access_key = absl::GetFlag(FLAGS_store_secret);
   o.rank = rank;

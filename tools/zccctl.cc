@@ -139,8 +139,15 @@ std::string Step(int64_t step) { return step < 0 ? "-" : absl::StrCat(step); }
 // The tiered mode: how far the store is behind (the durability lag).
 void PrintUpload(const zcc::v1::JobStatus& job) {
   if (job.upload_dir().empty()) return;
-  std::printf("  uploaded to %s: step %s", job.upload_dir().c_str(),
-              Step(job.last_uploaded_step()).c_str());
+  if (job.upload_node_local()) {
+    // Each node sends its ranks' part; the step commits once all are there.
+    std::printf("  sent to %s (this node's ranks): step %s, committed there: step %s",
+                job.upload_dir().c_str(), Step(job.last_uploaded_step()).c_str(),
+                Step(job.last_committed_step()).c_str());
+  } else {
+    std::printf("  uploaded to %s: step %s", job.upload_dir().c_str(),
+                Step(job.last_uploaded_step()).c_str());
+  }
   if (job.upload_pending_step() >= 0) {
     std::printf(", step %s waiting %.1f s", Step(job.upload_pending_step()).c_str(),
                 job.upload_lag_seconds());

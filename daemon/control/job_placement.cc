@@ -19,6 +19,11 @@ absl::StatusOr<JobPlacement> PlaceJob(const v1::RegisterRequest& req, const Call
         "upload_root is for a job that checkpoints to a local root first; this job's "
         "checkpoint_root is an object store already");
   }
+  if (req.node_local_root() && !tiered) {
+    return absl::InvalidArgumentError(
+        "node_local_root is for the tiered mode: it needs an upload_root (s3://bucket/prefix) "
+        "where the nodes' files of each step meet and commit");
+  }
   const std::string& store_root = tiered ? req.upload_root() : req.checkpoint_root();
   JobPlacement place;
   if (req.has_store_credentials()) {

@@ -202,6 +202,7 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
   admit.world_size = req.world_size();
   admit.job_dir = plan.job_dir;
   admit.upload_dir = plan.upload_dir;
+  admit.node_local_root = req.node_local_root();
   admit.uid = caller.uid;
   admit.make_job = [&req, &caller, &plan, &d, &config] {
     JobOptions options;
@@ -219,6 +220,7 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
     options.upload_retention.keep_last =
         req.upload_keep_last() > 0 ? req.upload_keep_last() : config.keep_last;
     options.upload_retention.keep_every = config.keep_every;
+    options.node_local_root = req.node_local_root();
     return std::make_shared<Job>(std::move(options));
   };
   admit.segment_bytes = plan.g.segment_bytes;

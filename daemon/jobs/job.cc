@@ -28,6 +28,12 @@ Job::Job(JobOptions options) : options_(std::move(options)) {
     upload.owner = options_.owner;
     upload.storage = &storage::StorageOrDefault(options_.storage);
     upload.metrics = options_.metrics;
+    upload.node_local = options_.node_local_root;
+    upload.world_size = options_.world_size;
+    upload.on_store_latest = [this](int64_t step) {
+      zcc::MutexLock lock(&mu_);
+      last_committed_step_ = std::max(last_committed_step_, step);
+    };
     uploader_ = std::make_unique<JobUploader>(std::move(upload));
   }
   {
@@ -112,6 +118,7 @@ bool Job::AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time de
 std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
   zcc::MutexLock lock(&mu_);
   if (session->shards().rank == 0) committer_ = true;
+  if (options_.node_local_root) uploader_->OnRankRegistered(session->shards().rank);
   auto& slot = ranks_[session->shards().rank];
   std::swap(slot, session);
   return session;
@@ -140,7 +147,7 @@ bool Job::idle() const {
   // idle: dropped or replaced, a restore could miss that step.
   if (relayout_pending()) return false;
   zcc::MutexLock lock(&mu_);
-  return ranks_.empty() && pending_.empty();
+  return ranks_.empty() && pending_.empty() && node_steps_.empty();
 }
 
 void Job::OnPersisted(const PersistEvent& event) {
@@ -158,6 +165,10 @@ void Job::OnPersisted(const PersistEvent& event) {
   }
   ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
                  << event.step << ": " << event.stats.bytes << " bytes";
+  if (options_.node_local_root) {
+    OnNodeRankWritten(event);
+    return;
+  }
   if (!committer_) {
     // Another daemon commits; this one only reports what it wrote.
     last_checkpoint_ = event.stats;
@@ -172,6 +183,51 @@ void Job::OnPersisted(const PersistEvent& event) {
   pending_.emplace(event.step, absl::Now());
   commit_up_to_ = std::max(commit_up_to_, event.step);  // the committer's next
   ++asked_;
+}
+
+void Job::OnNodeRankWritten(const PersistEvent& event) {
+  const absl::Time now = absl::Now();
+  const absl::Time began = now - absl::Seconds(event.stats.seconds);
+  auto [it, first] = node_steps_.try_emplace(event.step);
+  NodeStep& s = it->second;
+  if (first) {
+    s.since = now;
+    s.write_began = began;
+  }
+  s.write_began = std::min(s.write_began, began);
+  s.ranks.insert(event.rank);
+  for (const auto& [rank, session] : ranks_) {
+    if (s.ranks.count(rank) == 0) return;  // another rank here is still writing it
+  }
+  // This node's part of the step is whole: the store's now.
+  last_checkpoint_ = event.stats;
+  uploader_->OnNodeWritten(event.step, s.write_began);
+  node_steps_.erase(it);
+}
+
+void Job::ExpireNodeSteps() {
+  std::vector<int64_t> expired;
+  {
+    zcc::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (auto it = node_steps_.begin(); it != node_steps_.end();) {
+      if (now - it->second.since <= options_.commit_timeout) {
+        ++it;
+        continue;
+      }
+      SetError(absl::StrCat("step ", it->first, " was written by ", it->second.ranks.size(),
+                            " of this node's ranks only within ",
+                            absl::FormatDuration(options_.commit_timeout),
+                            "; it is not sent to the store"));
+      expired.push_back(it->first);
+      it = node_steps_.erase(it);
+    }
+  }
+  storage::Storage& fs = storage::StorageOrDefault(options_.storage);
+  for (int64_t step : expired) {
+    const absl::Status removed = fs.RemoveTree(checkpoint::WritingStepDir(fs, options_.job_dir, step));
+    if (!removed.ok() && !absl::IsNotFound(removed)) ZCC_LOG(WARNING) << removed;
+  }
 }
 
 void Job::CommitPending(int64_t up_to) {
@@ -284,8 +340,10 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
   // A step some rank here persisted and that waits for the others is the
   // commit timeout's to drop (DropPending), not retention's.
   guard.may_remove_partial = [this](int64_t step) {
+    // (Node-local root: a step waiting to be sent to the store is one.)
+    if (uploader_ != nullptr && uploader_->Uploading(step)) return false;
     zcc::MutexLock lock(&mu_);
-    return pending_.count(step) == 0;
+    return pending_.count(step) == 0 && node_steps_.count(step) == 0;
   };
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
                        checkpoint::ApplyRetention(options_.job_dir, options_.retention, guard,
@@ -305,6 +363,7 @@ absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
   // Steps whose commit timeout has passed are abandoned now, not at the
   // committer's next round: gc removes every partial older than the timeout.
   if (IsCommitter()) ExpirePending();
+  if (options_.node_local_root) ExpireNodeSteps();
   return ApplyRetention();
 }
 
@@ -320,6 +379,13 @@ void Job::Tick() {
 }
 
 void Job::TickWork() {
+  if (options_.node_local_root) {
+    // Nothing commits here; the store's `latest` is followed while a step
+    // sent from here waits for the other nodes.
+    ExpireNodeSteps();
+    uploader_->FollowStore();
+    return;
+  }
   if (!IsCommitter()) {
     // Another daemon commits this job (or none has registered rank 0 here
     // yet); follow its progress through `latest`.

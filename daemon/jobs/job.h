@@ -61,6 +61,11 @@ struct JobOptions {
   // Empty: no upload.
   std::string upload_dir;
   checkpoint::RetentionPolicy upload_retention;
+  // With upload_dir: job_dir is this node's own (no file system the nodes
+  // share). Nothing commits here: once every rank registered here has
+  // written a step, the uploader sends this node's part of it and the step
+  // commits in the store (job_uploader.h).
+  bool node_local_root = false;
 };
 
 class Job {
@@ -153,6 +158,12 @@ class Job {
   // Drops (and removes the partial directory of) every pending step older
   // than the commit timeout.
   void ExpirePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Node-local root: a rank here wrote `event.step`; once every rank
+  // registered here has, the step goes to the uploader.
+  void OnNodeRankWritten(const PersistEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Node-local root: the steps some rank here wrote longer ago than the
+  // commit timeout while another never did are dropped and removed.
+  void ExpireNodeSteps() ABSL_LOCKS_EXCLUDED(mu_);
 
   const JobOptions options_;
 
@@ -171,6 +182,14 @@ class Job {
   // When this daemon's first rank began writing each pending step.
   std::map<int64_t, absl::Time> write_start_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> recently_committed_ ABSL_GUARDED_BY(mu_);
+  // Node-local root: per step not yet handed to the uploader, the ranks here
+  // that wrote it, when the first finished and when its write began.
+  struct NodeStep {
+    std::set<uint32_t> ranks;
+    absl::Time since;
+    absl::Time write_began;
+  };
+  std::map<int64_t, NodeStep> node_steps_ ABSL_GUARDED_BY(mu_);
   std::multiset<std::pair<uint32_t, int64_t>> restoring_ ABSL_GUARDED_BY(mu_);  // (rank, step)
   // Steps retention is removing now (they are no longer pinned by a restore).
   std::set<int64_t> removing_ ABSL_GUARDED_BY(mu_);

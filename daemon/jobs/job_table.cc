@@ -156,12 +156,14 @@ namespace {
 // Whether `r` registers into `job` as it is: its world size and places.
 bool SamePlace(const Job& job, const AdmitRequest& r) {
   return job.options().world_size == r.world_size && job.options().job_dir == r.job_dir &&
-         job.options().upload_dir == r.upload_dir;
+         job.options().upload_dir == r.upload_dir &&
+         job.options().node_local_root == r.node_local_root;
 }
 
 // "<dir>" or "<dir> (uploaded to <store>)", for messages.
-std::string PlaceName(const std::string& dir, const std::string& upload) {
-  return upload.empty() ? dir : absl::StrCat(dir, " (uploaded to ", upload, ")");
+std::string PlaceName(const std::string& dir, const std::string& upload, bool node_local) {
+  if (upload.empty()) return dir;
+  return absl::StrCat(dir, " (uploaded to ", upload, node_local ? " from each node" : "", ")");
 }
 
 }  // namespace
@@ -202,8 +204,11 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   } else if (elsewhere(*job)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", r.job_id, "' is already registered with world_size ", job->options().world_size,
-        " at ", PlaceName(job->options().job_dir, job->options().upload_dir),
-        "; this request has ", r.world_size, " at ", PlaceName(r.job_dir, r.upload_dir),
+        " at ",
+        PlaceName(job->options().job_dir, job->options().upload_dir,
+                  job->options().node_local_root),
+        "; this request has ", r.world_size, " at ",
+        PlaceName(r.job_dir, r.upload_dir, r.node_local_root),
         " (two jobs cannot share an id)"));
   }
   if (in_flight_.count({r.job_id, r.rank}) > 0) {

@@ -46,6 +46,7 @@ struct AdmitRequest {
   uint32_t world_size = 0;
   std::string job_dir;
   std::string upload_dir;  // the tiered mode's; empty: none
+  bool node_local_root = false;  // the tiered mode on node-local disks
   uid_t uid = 0;
   // Makes the job when there is none (or an idle one is replaced).
   std::function<std::shared_ptr<Job>()> make_job;

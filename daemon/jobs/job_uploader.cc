@@ -1,13 +1,16 @@
 #include "daemon/jobs/job_uploader.h"
 
+#include <algorithm>
 #include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/step_dirs.h"
 #include "checkpoint/step_upload.h"
 #include "format/manifest.h"
+#include "common/file_util.h"
 #include "common/log.h"
 #include "common/thread_priority.h"
 
@@ -36,9 +39,70 @@ void JobUploader::OnCommitted(int64_t step, absl::Time write_began) {
   retry_at_ = absl::InfinitePast();  // try at once
 }
 
+void JobUploader::OnNodeWritten(int64_t step, absl::Time write_began) {
+  zcc::MutexLock lock(&mu_);
+  if (node_queue_.empty() && uploading_ < 0) waiting_since_ = absl::Now();
+  node_queue_[step] = write_began;
+  while (node_queue_.size() > kMaxNodeStepsWaiting) {
+    dropped_.push_back(node_queue_.begin()->first);
+    node_queue_.erase(node_queue_.begin());
+  }
+  retry_at_ = absl::InfinitePast();  // try at once
+}
+
+void JobUploader::OnRankRegistered(uint32_t rank) {
+  zcc::MutexLock lock(&mu_);
+  for (const auto& [step, began] : node_queue_) dropped_.push_back(step);
+  node_queue_.clear();
+  forget_.push_back(rank);
+}
+
+void JobUploader::Forget(const std::vector<uint32_t>& ranks) {
+  auto forgot = checkpoint::ForgetRankParts(*options_.storage, options_.upload_dir, ranks);
+  if (!forgot.ok()) {
+    // Then this run's steps are not sent from here: an earlier run's part
+    // could complete one of them.
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": could not remove an earlier run's parts "
+                     << "of uncommitted steps in " << options_.upload_dir << ": " << forgot.status();
+    zcc::MutexLock lock(&mu_);
+    error_ = absl::StrCat("removing an earlier run's parts: ", forgot.status().message());
+    forget_.insert(forget_.end(), ranks.begin(), ranks.end());
+    retry_at_ = absl::Now() + options_.retry_after;
+    return;
+  }
+  if (*forgot > 0) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": removed " << *forgot
+                  << " manifest(s) an earlier run of this node's ranks left in uncommitted steps "
+                  << "of " << options_.upload_dir;
+  }
+}
+
 bool JobUploader::Busy() const {
   zcc::MutexLock lock(&mu_);
+  if (options_.node_local) {
+    return (!node_queue_.empty() || !forget_.empty() || uploading_ >= 0) && error_.empty();
+  }
   return wanted_ >= 0 && error_.empty();
+}
+
+void JobUploader::FollowStore() {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (!options_.node_local || uploaded_ <= store_latest_) return;
+  }
+  // A step sent from here waits for other nodes' files: one read of the
+  // store's `latest` a round until it is committed (nothing tells us).
+  auto latest = checkpoint::ReadLatest(options_.upload_dir, options_.storage);
+  if (latest.ok()) SawStoreLatest(*latest);
+}
+
+void JobUploader::SawStoreLatest(int64_t step) {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (step <= store_latest_) return;
+    store_latest_ = step;
+  }
+  if (options_.on_store_latest) options_.on_store_latest(step);
 }
 
 void JobUploader::CatchUp() {
@@ -57,12 +121,14 @@ void JobUploader::CatchUp() {
 
 bool JobUploader::Uploading(int64_t step) const {
   zcc::MutexLock lock(&mu_);
-  return uploading_ == step;
+  return uploading_ == step || node_queue_.count(step) > 0;
 }
 
 double JobUploader::LagSeconds() const {
   zcc::MutexLock lock(&mu_);
-  if (wanted_ < 0) return 0;
+  const bool waiting =
+      options_.node_local ? !node_queue_.empty() || uploading_ >= 0 : wanted_ >= 0;
+  if (!waiting) return 0;
   return absl::ToDoubleSeconds(absl::Now() - waiting_since_);
 }
 
@@ -70,8 +136,13 @@ void JobUploader::FillStatus(v1::JobStatus* out) const {
   const double lag = LagSeconds();
   zcc::MutexLock lock(&mu_);
   out->set_upload_dir(options_.upload_dir);
+  out->set_upload_node_local(options_.node_local);
   out->set_last_uploaded_step(uploaded_);
-  out->set_upload_pending_step(wanted_);
+  int64_t pending = wanted_;
+  if (options_.node_local) {
+    pending = !node_queue_.empty() ? node_queue_.rbegin()->first : uploading_;
+  }
+  out->set_upload_pending_step(pending);
   out->set_upload_lag_seconds(lag);
   out->set_upload_error(error_);
 }
@@ -82,11 +153,15 @@ void JobUploader::Loop() {
   // Reading the local step and handing it to the store's requests runs on
   // cores nothing else wants.
   MakeThisThreadIdle();
-  CatchUp();
+  // (The node-local mode has no local commit to catch up with: a step left
+  // half sent by a stopped zccd is the store's debris, removed once old.)
+  if (!options_.node_local) CatchUp();
   zcc::MutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || (wanted_ >= 0 && absl::Now() >= retry_at_);
+      const bool waiting = options_.node_local ? !node_queue_.empty() : wanted_ >= 0;
+      const bool due = absl::Now() >= retry_at_;
+      return stop_ || !dropped_.empty() || (!forget_.empty() && due) || (waiting && due);
     };
     const absl::Time wake = retry_at_;
     if (wake > absl::Now() && wake != absl::InfiniteFuture()) {
@@ -95,15 +170,114 @@ void JobUploader::Loop() {
       mu_.Await(absl::Condition(&ready));
     }
     if (stop_) return;
+    if (!dropped_.empty()) {
+      const std::vector<int64_t> dropped = std::exchange(dropped_, {});
+      mu_.Unlock();
+      RemoveDropped(dropped);
+      mu_.Lock();
+      continue;
+    }
     if (!ready()) continue;
-    const int64_t step = wanted_;
-    const absl::Time write_began = wanted_write_began_;
+    if (!forget_.empty()) {
+      // Before any step of the new run goes out.
+      const std::vector<uint32_t> ranks = std::exchange(forget_, {});
+      mu_.Unlock();
+      Forget(ranks);
+      mu_.Lock();
+      continue;
+    }
+    int64_t step = wanted_;
+    absl::Time write_began = wanted_write_began_;
+    if (options_.node_local) {
+      step = node_queue_.begin()->first;
+      write_began = node_queue_.begin()->second;
+      node_queue_.erase(node_queue_.begin());
+    }
     uploading_ = step;
     mu_.Unlock();
-    Upload(step, write_began);
+    if (options_.node_local) {
+      UploadNode(step, write_began);
+    } else {
+      Upload(step, write_began);
+    }
     mu_.Lock();
     uploading_ = -1;
+    if (options_.node_local && node_queue_.empty()) waiting_since_ = absl::InfiniteFuture();
   }
+}
+
+void JobUploader::RemoveDropped(const std::vector<int64_t>& steps) {
+  for (int64_t step : steps) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step
+                     << " is not sent to the store from this node: " << kMaxNodeStepsWaiting
+                     << " newer steps wait (the store is slower than the checkpoints)";
+    const absl::Status removed = options_.storage->RemoveTree(
+        checkpoint::WritingStepDir(*options_.storage, options_.job_dir, step));
+    if (!removed.ok() && !absl::IsNotFound(removed)) ZCC_LOG(WARNING) << removed;
+  }
+}
+
+void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
+  const std::function<bool()> cancelled = [this] {
+    zcc::MutexLock lock(&mu_);
+    return stop_;
+  };
+  checkpoint::UploadOptions options;
+  options.write_began = write_began;
+  options.cancelled = &cancelled;
+  auto sent = checkpoint::UploadNodeStep(*options_.storage, options_.job_dir, step,
+                                         options_.upload_dir, options_.job_id,
+                                         options_.world_size, options);
+  if (sent.ok()) {
+    ZCC_LOG(INFO) << "upload job=" << options_.job_id << " step=" << step
+                  << " bytes=" << sent->stats.bytes << " seconds=" << sent->stats.seconds
+                  << " to " << options_.upload_dir << " (this node's ranks; "
+                  << (sent->committed ? std::string("committed there")
+                                      : absl::StrCat(sent->manifests_present, " of ",
+                                                     options_.world_size,
+                                                     " ranks there, the last node commits"))
+                  << ")";
+    if (options_.metrics != nullptr) options_.metrics->upload_bytes().Increment(sent->stats.bytes);
+    // In the store now: the local copy has done its part.
+    const absl::Status removed = options_.storage->RemoveTree(
+        checkpoint::WritingStepDir(*options_.storage, options_.job_dir, step));
+    if (!removed.ok()) ZCC_LOG(WARNING) << removed;
+    {
+      zcc::MutexLock lock(&mu_);
+      uploaded_ = std::max(uploaded_, step);
+      error_.clear();
+    }
+    if (sent->committed) {
+      SawStoreLatest(step);
+      auto retained = checkpoint::ApplyRetention(options_.upload_dir, options_.retention,
+                                                 checkpoint::RetentionGuard(),
+                                                 options_.commit_timeout, options_.storage);
+      if (!retained.ok()) {
+        ZCC_LOG(WARNING) << "job " << options_.job_id << ": retention in " << options_.upload_dir
+                         << " failed: " << retained.status();
+      }
+    }
+    return;
+  }
+  if (!absl::IsCancelled(sent.status())) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": upload of this node's part of step "
+                     << step << " to " << options_.upload_dir << " failed: " << sent.status();
+    if (options_.metrics != nullptr) {
+      options_.metrics->errors(metrics::ErrorKind::kUpload).Increment();
+    }
+  }
+  zcc::MutexLock lock(&mu_);
+  error_ = absl::StrCat("upload of step ", step, " failed: ", sent.status().message());
+  // The local step is gone (a gc removed it): nothing to send. Otherwise it
+  // is sent again after the backoff, before newer steps (unless they are
+  // too many by then).
+  if (absl::IsFailedPrecondition(sent.status()) || absl::IsCancelled(sent.status())) return;
+  node_queue_.emplace(step, write_began);
+  while (node_queue_.size() > kMaxNodeStepsWaiting) {
+    dropped_.push_back(node_queue_.begin()->first);
+    node_queue_.erase(node_queue_.begin());
+  }
+  retry_at_ = absl::Now() + options_.retry_after;
 }
 
 void JobUploader::Upload(int64_t step, absl::Time write_began) {

@@ -12,14 +12,29 @@
 // up: a local `latest` newer than the store's (an upload that a stopped zccd
 // did not finish) is uploaded first.
 //
+// On node-local disks (RegisterRequest.node_local_root) no step commits
+// locally: each node's uploader sends the files its own ranks wrote of each
+// step (OnNodeWritten; checkpoint::UploadNodeStep) and the node that finishes
+// last commits the step in the store. Superseding would let nodes pick
+// different steps, none of which every node sends; instead the steps are
+// sent oldest first, and when more than kMaxNodeStepsWaiting wait, the
+// oldest are dropped: every node keeps the newest ones, so the nodes still
+// send common steps. The local copy of a step is removed once it is in the
+// store. The other nodes' commits are seen by reading the store's `latest`
+// at each housekeeping round while a step sent from here is not known to be
+// committed (FollowStore): no node tells another.
+//
 // Thread-safety: all methods may be called concurrently. The destructor
 // cancels an upload in progress (within a chunk) and joins the thread.
 #ifndef ZCC_DAEMON_JOBS_JOB_UPLOADER_H_
 #define ZCC_DAEMON_JOBS_JOB_UPLOADER_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
@@ -42,7 +57,17 @@ struct UploaderOptions {
   FsOwner owner;  // reads the local step as the job's owner
   storage::Storage* storage = nullptr;         // routed: both paths; borrowed
   metrics::ZccMetrics* metrics = nullptr;      // borrowed; may be null
+  // The node-local mode (above): this node's ranks' files of each step, for
+  // a job of `world_size` ranks, committed in the store by the last node.
+  bool node_local = false;
+  uint32_t world_size = 1;
+  // Called (no lock held) with each step the store's `latest` is seen at.
+  std::function<void(int64_t)> on_store_latest;
 };
+
+// Node-local mode: steps written here that wait for the store, beyond the one
+// being sent, before the oldest is dropped.
+inline constexpr size_t kMaxNodeStepsWaiting = 2;
 
 class JobUploader {
  public:
@@ -54,7 +79,21 @@ class JobUploader {
   // `step` committed on the local root now; its first rank began writing it
   // at `write_began`.
   void OnCommitted(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
-  // True while `step` is being uploaded (local retention keeps it).
+  // Node-local mode: every rank of this node has written `step` (its first
+  // began at `write_began`); it goes to the store after those waiting.
+  void OnNodeWritten(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
+  // Node-local mode: `rank` registered here (a new run of the job, or its
+  // first): steps of an earlier run still waiting are dropped, and the
+  // rank's manifests in the store's uncommitted steps are removed
+  // (checkpoint::ForgetRankParts) before anything else is sent, so that
+  // no part of an earlier run completes a step this run writes again.
+  void OnRankRegistered(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // Node-local mode: reads the store's `latest` when a step sent from here
+  // is not known to be committed (the housekeeping round); its outcome goes
+  // to on_store_latest. Does nothing otherwise.
+  void FollowStore() ABSL_LOCKS_EXCLUDED(mu_);
+  // True while `step` is being uploaded, or waits to be in the node-local
+  // mode (local retention keeps it).
   bool Uploading(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
   // True while a committed step waits for the store (and has not failed).
   bool Busy() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -67,6 +106,13 @@ class JobUploader {
   // What the store lacks of the local root at start (see above).
   void CatchUp() ABSL_LOCKS_EXCLUDED(mu_);
   void Upload(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
+  void UploadNode(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes this node's local copies of steps dropped from the queue.
+  void RemoveDropped(const std::vector<int64_t>& steps);
+  // OnRankRegistered's work in the store (on the thread).
+  void Forget(const std::vector<uint32_t>& ranks) ABSL_LOCKS_EXCLUDED(mu_);
+  // The store's `latest` is `step` (or newer): the job's status follows it.
+  void SawStoreLatest(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
   const UploaderOptions options_;
   mutable zcc::Mutex mu_;
@@ -77,6 +123,14 @@ class JobUploader {
   absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int64_t uploading_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t uploaded_ ABSL_GUARDED_BY(mu_) = -1;
+  // Node-local mode: steps written here waiting to be sent (with when their
+  // write began), those dropped whose local copies are still to be removed,
+  // the newest step sent from here, and the newest the store's `latest` was
+  // seen at.
+  std::map<int64_t, absl::Time> node_queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> dropped_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> forget_ ABSL_GUARDED_BY(mu_);  // ranks registered since
+  int64_t store_latest_ ABSL_GUARDED_BY(mu_) = -1;
   // After a failure: not before this time, unless a newer step commits.
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string error_ ABSL_GUARDED_BY(mu_);

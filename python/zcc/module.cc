@@ -523,10 +523,11 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
                                   double daemon_timeout, double reconnect_max_backoff,
                                   double restore_timeout, bool prefetch_restore,
                                   py::handle store_credentials, const std::string& upload_root,
-                                  int64_t upload_keep_last) {
+                                  int64_t upload_keep_last, bool node_local_root) {
   ClientOptions o;
   o.upload_root = upload_root;
   o.upload_keep_last = U32(upload_keep_last, "upload_keep_last");
+  o.node_local_root = node_local_root;
   if (!store_credentials.is_none()) {
     // (access key id, secret[, session token]), made by zcc.connect.
     auto keys = store_credentials.cast<std::vector<std::string>>();
@@ -745,7 +746,8 @@ void DefineModule(py::module_& m) {
         py::arg("heartbeat_interval") = 0.25, py::arg("daemon_timeout") = 3.0,
         py::arg("reconnect_max_backoff") = 5.0, py::arg("restore_timeout") = 1800.0,
         py::arg("prefetch_restore") = false, py::arg("store_credentials") = py::none(),
-        py::arg("upload_root") = "", py::arg("upload_keep_last") = 0);
+        py::arg("upload_root") = "", py::arg("upload_keep_last") = 0,
+        py::arg("node_local_root") = false);
   m.def("describe_tensor", &DescribeTensor, py::arg("tensor"),
         "What zcc would register for `tensor`: dtype, shape, data pointer, bytes, memory "
         "kind and the protocol it was read through. Raises like register_tensors would.");

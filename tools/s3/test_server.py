@@ -38,20 +38,20 @@ def die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
-def free_port():
+def free_port(host):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def wait_listening(port, server, timeout_s=60.0):
+def wait_listening(host, port, server, timeout_s=60.0):
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     while time.monotonic() < deadline:
         if server.poll() is not None:
             sys.exit(f"moto's server exited with {server.returncode} before it listened")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((host, port), timeout=1):
                 return
         except OSError:
             time.sleep(delay)  # a starting process: nothing to wait on but its port
@@ -63,11 +63,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bucket", default="zcc-test")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="the address to serve on (a test node's, in a network namespace)")
     args = ap.parse_args()
-    port = args.port or free_port()
+    port = args.port or free_port(args.host)
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(BOOTSTRAP_REQUESTS))
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "moto.server", "-H", args.host, "-p", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=die_with_parent)
     stop = threading.Event()
@@ -78,8 +80,8 @@ def main():
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     try:
-        wait_listening(port, server)
-        endpoint = f"http://127.0.0.1:{port}"
+        wait_listening(args.host, port, server)
+        endpoint = f"http://{args.host}:{port}"
         iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
                            aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
         iam.create_user(UserName="zcc")

@@ -1,0 +1,239 @@
+// The object-store tier across "nodes" (tests/netns_cluster.h): the store
+// (moto's server, signatures checked) on a node of its own, and a zccd on
+// each of two other nodes with a node-local root, no file system shared
+// between them. A 4-rank job, two ranks a node, checkpoints in the tiered
+// mode on node-local disks: each node sends its own ranks' part of every
+// step, and the step commits in the store once both parts are there. A
+// node cut off from the store holds that step back without losing it; a
+// lost node's ranks restore from the store on the other node, bit-exact.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/testing/eventually.h"
+#include "common/testing/temp_dir.h"
+#include <nlohmann/json.hpp>
+#include "tests/netns_cluster.h"
+#include "tests/process_harness.h"
+#include "tests/s3_test_server.h"
+
+namespace zcc::testing {
+namespace {
+
+constexpr int kStoreNode = 0;
+
+// The store on node 0 and a zccd on each of nodes 1 and 2.
+struct Cluster {
+  Cluster() {
+    auto made = NetnsCluster::Create(3);
+    INFO(made.status().ToString());
+    REQUIRE(made.ok());
+    net = *std::move(made);
+    dir = ShortTempDir("mn-store");
+    auto started = StartS3TestServer(dir, net->Exec(kStoreNode), net->ip(kStoreNode));
+    INFO(started.status().ToString());
+    REQUIRE(started.ok());
+    server = *std::move(started);
+    root_url = absl::StrCat("s3://", server.bucket, "/ckpt");
+    for (int node : {1, 2}) {
+      DaemonOptions o;
+      o.name = absl::StrCat("node", node);
+      o.root = absl::StrCat(dir, "/node", node, "-root");  // node-local
+      o.wrapper = net->Exec(node);
+      o.extra_flags = {"--allowed_roots=" + root_url, "--retain_snapshots_s=0"};
+      o.env = Env();
+      zccds.push_back(std::make_unique<Daemon>(dir, o));
+      REQUIRE(zccds.back()->Start());
+    }
+  }
+  ~Cluster() {
+    for (auto& z : zccds) {
+      if (z != nullptr) z->Stop();
+    }
+  }
+
+  std::vector<std::string> Env() const {
+    return {"AWS_ENDPOINT_URL=" + server.endpoint, "AWS_ACCESS_KEY_ID=" + server.access_key,
+            "AWS_SECRET_ACCESS_KEY=" + server.secret_key, "AWS_REGION=us-east-1"};
+  }
+  Daemon& zccd(int node) { return *zccds[node - 1]; }
+  std::string LocalJobDir(int node) const { return absl::StrCat(dir, "/node", node, "-root/itest"); }
+  std::string Logs() { return zccds[0]->Log() + (zccds[1] ? zccds[1]->Log() : ""); }
+
+  // Trainers of the 4-rank job's `ranks` on `node`, tiered on node-local
+  // disks, with `flags` besides.
+  std::vector<std::unique_ptr<Subprocess>> Ranks(int node, const std::vector<int>& ranks,
+                                                 const std::string& tag,
+                                                 const std::vector<std::string>& flags) {
+    std::vector<std::unique_ptr<Subprocess>> out;
+    for (int rank : ranks) {
+      std::vector<std::string> f = {"--root=" + zccd(node).root(), "--upload_root=" + root_url,
+                                    "--node_local_root", "--upload_keep_last=3",
+                                    absl::StrCat("--rank=", rank), "--world=4"};
+      f.insert(f.end(), flags.begin(), flags.end());
+      out.push_back(StartTrainer(zccd(node), dir, absl::StrCat(tag, "-r", rank, "-n", node), f,
+                                 net->Exec(node)));
+    }
+    return out;
+  }
+  void WaitAll(std::vector<std::unique_ptr<Subprocess>>& trainers) {
+    for (auto& t : trainers) {
+      const std::optional<int> code = t->Wait(absl::Seconds(120));
+      INFO(t->Output() << Logs());
+      REQUIRE(code.has_value());
+      REQUIRE(*code == 0);
+    }
+  }
+  // zccctl on the store's node (the test's own network cannot reach it).
+  std::pair<int, std::string> StoreCtl(std::vector<std::string> args) {
+    static int n = 0;
+    std::vector<std::string> argv = net->Exec(kStoreNode);
+    argv.push_back(Runfile("tools/zccctl"));
+    for (auto& a : args) argv.push_back(std::move(a));
+    Subprocess p(argv, absl::StrCat(dir, "/zccctl-store.", n++, ".log"), -1, Env());
+    const int code = p.Wait(absl::Seconds(60)).value_or(-1);
+    return {code, p.Output()};
+  }
+  // The store's `latest` for the job names `step`, read there.
+  bool StoreLatestIs(int64_t step) {
+    auto [code, out] = StoreCtl({"list", root_url + "/itest"});
+    return code == 0 &&
+           absl::StrContains(out, absl::StrCat(root_url, "/itest/step-",
+                                               absl::StrFormat("%08d", step), "  (latest)"));
+  }
+  // Whether a node's local root holds no step directory (all sent).
+  bool LocalRootEmpty(int node) const {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(LocalJobDir(node), ec)) {
+      if (absl::StartsWith(e.path().filename().string(), "step-")) return false;
+    }
+    return true;
+  }
+
+  std::unique_ptr<NetnsCluster> net;
+  std::string dir;
+  S3TestServer server;
+  std::string root_url;
+  std::vector<std::unique_ptr<Daemon>> zccds;
+};
+
+TEST_CASE("node-local disks: each node sends its ranks' part of a step, the store commits it "
+          "whole, and a lost node's ranks restore from the store") {
+  Cluster c;
+  auto on1 = c.Ranks(1, {0, 1}, "train", {"--steps=20", "--block"});
+  auto on2 = c.Ranks(2, {2, 3}, "train", {"--steps=20", "--block"});
+  c.WaitAll(on2);
+  c.WaitAll(on1);
+  // Rank 0 waited for step 20 to commit: its zccd saw it in the store.
+  CHECK(on1[0]->Values()["committed"] == "20");
+
+  // The store holds every rank of the step, verified byte for byte; its
+  // retention kept 3 steps.
+  auto [verify_code, verified] = c.StoreCtl({"verify", c.root_url + "/itest"});
+  INFO(verified << c.Logs());
+  CHECK(verify_code == 0);
+  CHECK(absl::StrContains(verified, "/itest/step-00000020: OK (4 ranks"));
+  auto [list_code, listed] = c.StoreCtl({"--json", "list", c.root_url + "/itest"});
+  INFO(listed);
+  REQUIRE(list_code == 0);
+  REQUIRE(listed.find('{') != std::string::npos);
+  const auto list = nlohmann::json::parse(listed.substr(listed.find('{')));
+  std::vector<int64_t> steps;
+  for (const auto& cp : list["checkpoints"]) steps.push_back(cp["step"].get<int64_t>());
+  REQUIRE_FALSE(steps.empty());
+  CHECK(steps.back() == 20);
+  CHECK(steps.size() <= 3);
+  // Neither node committed anything locally, and each removed its part once
+  // it was in the store.
+  CHECK(Eventually([&] { return c.LocalRootEmpty(1) && c.LocalRootEmpty(2); }, absl::Seconds(20),
+                   absl::Milliseconds(50)));
+  for (int node : {1, 2}) {
+    CHECK(absl::StrContains(c.zccd(node).Log(), "(this node's ranks; "));
+  }
+  // A node found the other's part there and committed the step.
+  CHECK(absl::StrContains(c.Logs(), "step=20 bytes="));
+  CHECK(absl::StrContains(c.Logs(), "committed there)"));
+
+  // Node 2 is lost with its disk; the job comes back on node 1 alone, every
+  // rank reading the store.
+  c.zccds[1]->Kill();
+  c.zccds[1].reset();
+  std::filesystem::remove_all(c.dir + "/node2-root");
+  auto back = c.Ranks(1, {0, 1, 2, 3}, "restore",
+                      {"--mode=restore", "--expect_step=20", "--expect_from=disk"});
+  c.WaitAll(back);
+  for (auto& t : back) CHECK(t->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(c.zccd(1).Log(), "restoring from " + c.root_url + "/itest"));
+}
+
+TEST_CASE("node-local disks: a node cut off from the store holds its steps back; they "
+          "commit once the link is back") {
+  Cluster c;
+  // One run: paused after step 10, trained on to 20 while node 2 is cut off,
+  // then kept registered while the link comes back.
+  const std::vector<std::string> flags = {"--steps=20", "--block", "--pause_at=10",
+                                          "--wait_commit=false", "--linger_ms=120000"};
+  auto on1 = c.Ranks(1, {0, 1}, "train", flags);
+  auto on2 = c.Ranks(2, {2, 3}, "train", flags);
+  for (auto* group : {&on1, &on2}) {
+    for (auto& t : *group) REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+  }
+  REQUIRE(Eventually([&] { return c.StoreLatestIs(10); }, absl::Seconds(60),
+                     absl::Milliseconds(200)));
+
+  // Node 2 loses its link: its parts of steps 15 and 20 cannot reach the
+  // store, so the store's newest step stays 10 although node 1 sent its.
+  REQUIRE(c.net->SetLink(2, false).ok());
+  for (auto* group : {&on1, &on2}) {
+    for (auto& t : *group) t->Signal(SIGUSR1);
+  }
+  for (auto* group : {&on1, &on2}) {
+    for (auto& t : *group) REQUIRE(t->WaitForOutput("step=20 ", absl::Seconds(60)));
+  }
+  // Node 1 sent its parts of 15 and 20; node 2's wait, and the store's
+  // newest step is still 10.
+  REQUIRE(Eventually([&] { return absl::StrContains(c.zccd(1).Log(), "step=20 bytes="); },
+                     absl::Seconds(30), absl::Milliseconds(50)));
+  CHECK(absl::StrContains(c.zccd(1).Log(), "2 of 4 ranks there, the last node commits"));
+  std::string status;
+  CHECK(Eventually(
+      [&] {
+        status = Zccctl(c.dir, c.zccd(2), {"status"}).second;
+        return absl::StrContains(status, "(this node's ranks): step 10, committed there: step 10") &&
+               absl::StrContains(status, "step 20 waiting");
+      },
+      absl::Seconds(20), absl::Milliseconds(200)));
+  INFO(status);
+  status = Zccctl(c.dir, c.zccd(1), {"status"}).second;
+  CHECK(absl::StrContains(status, "(this node's ranks): step 20, committed there: step 10"));
+  CHECK(c.StoreLatestIs(10));
+  CHECK_FALSE(c.LocalRootEmpty(2));  // node 2 still holds its parts
+
+  // The link is back: node 2's requests, retried meanwhile, get through;
+  // it sends step 15, then 20, and each commits.
+  REQUIRE(c.net->SetLink(2, true).ok());
+  CHECK(Eventually([&] { return c.StoreLatestIs(20); }, absl::Seconds(90),
+                   absl::Milliseconds(500)));
+  for (const char* step : {"15", "20"}) {
+    auto [code, verified] = c.StoreCtl({"verify", c.root_url + "/itest/step-000000" + step});
+    INFO(verified << c.Logs());
+    CHECK(code == 0);
+    CHECK(absl::StrContains(verified, "OK (4 ranks"));
+  }
+  CHECK(Eventually([&] { return c.LocalRootEmpty(2); }, absl::Seconds(20),
+                   absl::Milliseconds(50)));
+  for (auto* group : {&on1, &on2}) {
+    for (auto& t : *group) t->Signal(SIGKILL);
+  }
+}
+
+}  // namespace
+}  // namespace zcc::testing
