@@ -80,6 +80,12 @@ def test_store_credentials_are_checked_and_reach_zccd():
                      upload_root="/not/a/store") as c:
             raises(zcc.InvalidArgumentError, c.register_tensors,
                    [zcc.TensorSpec("w", np.zeros(4, np.float32))], match="not an object store")
+        # Node-local roots are for the tiered mode: without a store to meet
+        # in, the nodes' parts of a step could never commit.
+        with connect("nj", socket_path=d.socket, checkpoint_root=d.root,
+                     node_local_root=True) as c:
+            raises(zcc.InvalidArgumentError, c.register_tensors,
+                   [zcc.TensorSpec("w", np.zeros(4, np.float32))], match="needs an upload_root")
 
 
 def test_bad_registrations():
