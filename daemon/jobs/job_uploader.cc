@@ -86,14 +86,11 @@ bool JobUploader::Busy() const {
 }
 
 void JobUploader::FollowStore() {
-  {
-    zcc::MutexLock lock(&mu_);
-    if (!options_.node_local || uploaded_ <= store_latest_) return;
-  }
   // A step sent from here waits for other nodes' files: one read of the
-  // store's `latest` a round until it is committed (nothing tells us).
-  auto latest = checkpoint::ReadLatest(options_.upload_dir, options_.storage);
-  if (latest.ok()) SawStoreLatest(*latest);
+  // store's `latest` a round until it is committed (nothing tells us), on
+  // the uploader's thread (a partition stalls the read, not the caller).
+  zcc::MutexLock lock(&mu_);
+  if (options_.node_local && uploaded_ > store_latest_) follow_due_ = true;
 }
 
 void JobUploader::SawStoreLatest(int64_t step) {
@@ -161,7 +158,8 @@ void JobUploader::Loop() {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const bool waiting = options_.node_local ? !node_queue_.empty() : wanted_ >= 0;
       const bool due = absl::Now() >= retry_at_;
-      return stop_ || !dropped_.empty() || (!forget_.empty() && due) || (waiting && due);
+      return stop_ || !dropped_.empty() || follow_due_ || (!forget_.empty() && due) ||
+             (waiting && due);
     };
     const absl::Time wake = retry_at_;
     if (wake > absl::Now() && wake != absl::InfiniteFuture()) {
@@ -174,6 +172,14 @@ void JobUploader::Loop() {
       const std::vector<int64_t> dropped = std::exchange(dropped_, {});
       mu_.Unlock();
       RemoveDropped(dropped);
+      mu_.Lock();
+      continue;
+    }
+    if (follow_due_) {
+      follow_due_ = false;
+      mu_.Unlock();
+      auto latest = checkpoint::ReadLatest(options_.upload_dir, options_.storage);
+      if (latest.ok()) SawStoreLatest(*latest);
       mu_.Lock();
       continue;
     }

@@ -88,9 +88,10 @@ class JobUploader {
   // (checkpoint::ForgetRankParts) before anything else is sent, so that
   // no part of an earlier run completes a step this run writes again.
   void OnRankRegistered(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
-  // Node-local mode: reads the store's `latest` when a step sent from here
-  // is not known to be committed (the housekeeping round); its outcome goes
-  // to on_store_latest. Does nothing otherwise.
+  // Node-local mode: has the uploader's thread read the store's `latest`
+  // when a step sent from here is not known to be committed (called each
+  // housekeeping round; returns at once); its outcome goes to
+  // on_store_latest. Does nothing otherwise.
   void FollowStore() ABSL_LOCKS_EXCLUDED(mu_);
   // True while `step` is being uploaded, or waits to be in the node-local
   // mode (local retention keeps it).
@@ -131,6 +132,7 @@ class JobUploader {
   std::vector<int64_t> dropped_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> forget_ ABSL_GUARDED_BY(mu_);  // ranks registered since
   int64_t store_latest_ ABSL_GUARDED_BY(mu_) = -1;
+  bool follow_due_ ABSL_GUARDED_BY(mu_) = false;  // FollowStore asked for a read
   // After a failure: not before this time, unless a newer step commits.
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string error_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,184 @@
+// The uploader of the tiered mode on node-local disks, with a local disk and
+// an object store modelled in memory (reached by URL as zccd reaches it): two
+// nodes' uploaders send their ranks' parts and the last commits; a store
+// slower than the checkpoints drops the oldest waiting step on a node; a
+// failed send is tried again; a rank registered again forgets its earlier
+// run's parts.
+#include "daemon/jobs/job_uploader.h"
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/reader.h"
+#include "checkpoint/shard_writer.h"
+#include "checkpoint/step_dirs.h"
+#include "checkpoint/testing/synthetic_rank.h"
+#include "common/file_util.h"
+#include "common/testing/eventually.h"
+#include "common/testing/status_matchers.h"
+#include "format/manifest.h"
+#include "storage/fault_storage.h"
+#include "storage/memory_storage.h"
+#include "storage/routed_storage.h"
+#include "storage/testing/object_store_model.h"
+
+namespace zcc::daemon {
+namespace {
+
+using checkpoint::testing::SyntheticRank;
+using checkpoint::testing::TensorSpec;
+
+constexpr char kStore[] = "s3://bucket/ckpt/job";
+constexpr char kJob[] = "job";
+constexpr uint32_t kWorld = 2;
+
+std::vector<TensorSpec> Specs() {
+  return {{"w", format::DType::kF32, {64, 32}}, {"m", format::DType::kF32, {64, 32},
+                                                 format::TensorKind::kOptim}};
+}
+
+// Node r holds rank r, on its own local root.
+std::string NodeDir(uint32_t node) { return node == 0 ? "/node-a/job" : "/node-b/job"; }
+
+struct Nodes {
+  Nodes() : model(&store_memory), faults(&model), fs(&local) {
+    fs.AddRoute("s3://bucket", &faults, "/");
+    REQUIRE_OK(model.MakeDirs("/ckpt"));
+  }
+  void Write(uint32_t node, int64_t step) {
+    SyntheticRank rank(node, kWorld, Specs(), 0, kJob);
+    rank.Fill(step);
+    checkpoint::IoOptions io;
+    io.storage = &fs;
+    REQUIRE_OK(checkpoint::WriteRankShards(NodeDir(node), step, rank.shards(), rank.slot(), io)
+                   .status());
+  }
+  bool HasLocal(uint32_t node, int64_t step) {
+    return fs.Stat(checkpoint::WritingStepDir(fs, NodeDir(node), step)).ok();
+  }
+  std::unique_ptr<JobUploader> Uploader(uint32_t node, std::atomic<int64_t>* seen) {
+    UploaderOptions o;
+    o.job_id = kJob;
+    o.job_dir = NodeDir(node);
+    o.upload_dir = kStore;
+    o.retention.keep_last = 10;
+    o.retry_after = absl::Milliseconds(50);
+    o.storage = &fs;
+    o.node_local = true;
+    o.world_size = kWorld;
+    o.on_store_latest = [seen](int64_t step) { seen->store(step); };
+    return std::make_unique<JobUploader>(std::move(o));
+  }
+  int64_t StoreLatest() { return checkpoint::ReadLatest(kStore, &fs).value_or(-1); }
+
+  storage::MemoryStorage local;
+  storage::MemoryStorage store_memory;
+  storage::testing::ObjectStoreModel model;
+  storage::FaultInjectingStorage faults;
+  storage::RoutedStorage fs;
+};
+
+// Rank `rank`'s manifest in the store's step `step`.
+std::string StorePart(int64_t step, uint32_t rank) {
+  return JoinPath(JoinPath(kStore, format::StepDirName(step)), format::ManifestFileName(rank));
+}
+
+bool Soon(const std::function<bool()>& condition) {
+  return testing::Eventually(condition, absl::Seconds(20), absl::Milliseconds(5));
+}
+
+v1::JobStatus StatusOf(const JobUploader& u) {
+  v1::JobStatus s;
+  u.FillStatus(&s);
+  return s;
+}
+
+TEST_CASE("each node sends its part; the last commits; the other follows the store") {
+  Nodes n;
+  std::atomic<int64_t> seen_a{-1}, seen_b{-1};
+  auto a = n.Uploader(0, &seen_a);
+  auto b = n.Uploader(1, &seen_b);
+  n.Write(0, 10);
+  n.Write(1, 10);
+  a->OnNodeWritten(10, absl::Now());
+  REQUIRE(Soon([&] { return StatusOf(*a).last_uploaded_step() == 10; }));
+  CHECK(n.StoreLatest() == -1);  // one part of two
+  CHECK_FALSE(n.HasLocal(0, 10));  // sent: the local copy is gone
+  b->OnNodeWritten(10, absl::Now());
+  REQUIRE(Soon([&] { return n.StoreLatest() == 10; }));
+  CHECK(Soon([&] { return seen_b.load() == 10; }));  // b committed it
+  CHECK(seen_a.load() == -1);
+  // a learns of it at a housekeeping round.
+  a->FollowStore();
+  CHECK(Soon([&] { return seen_a.load() == 10; }));
+  CHECK_FALSE(a->Busy());
+  CHECK(StatusOf(*a).upload_node_local());
+}
+
+TEST_CASE("a store slower than the checkpoints: the oldest waiting step is dropped on the node") {
+  Nodes n;
+  std::atomic<int64_t> seen{-1};
+  storage::FaultPlan slow;
+  slow.op_delay = absl::Milliseconds(30);
+  n.faults.SetPlan(slow);
+  auto a = n.Uploader(0, &seen);
+  for (int64_t step : {10, 20, 30, 40}) n.Write(0, step);
+  a->OnNodeWritten(10, absl::Now());
+  // (Its first write to the store: the thread has taken it from the queue.)
+  REQUIRE(Soon([&] { return n.faults.write_requests() > 0; }));
+  // 10 is on its way; 20, 30 and 40 come: 20 is dropped, with its local copy.
+  for (int64_t step : {20, 30, 40}) a->OnNodeWritten(step, absl::Now());
+  CHECK(StatusOf(*a).upload_pending_step() == 40);
+  CHECK(a->Busy());
+  CHECK(StatusOf(*a).upload_lag_seconds() > 0);
+  REQUIRE(Soon([&] { return StatusOf(*a).last_uploaded_step() == 40 && !a->Busy(); }));
+  CHECK_FALSE(n.HasLocal(0, 20));
+  for (int64_t step : {10, 30, 40}) {
+    INFO("step " << step);
+    CHECK(n.fs.Stat(StorePart(step, 0)).ok());
+    CHECK_FALSE(n.HasLocal(0, step));
+  }
+  CHECK_FALSE(
+      n.fs.Stat(StorePart(20, 0)).ok());
+  CHECK(StatusOf(*a).upload_lag_seconds() == 0);
+}
+
+TEST_CASE("a failed send is shown and tried again; the step stays here until it is sent") {
+  Nodes n;
+  std::atomic<int64_t> seen{-1};
+  storage::FaultPlan failing;
+  failing.eio_on_write = 1;
+  n.faults.SetPlan(failing);
+  auto a = n.Uploader(0, &seen);
+  n.Write(0, 10);
+  a->OnNodeWritten(10, absl::Now());
+  REQUIRE(Soon([&] { return !StatusOf(*a).upload_error().empty(); }));
+  CHECK(n.HasLocal(0, 10));
+  // The store heals; the next try sends it.
+  REQUIRE(Soon([&] { return StatusOf(*a).last_uploaded_step() == 10; }));
+  CHECK(StatusOf(*a).upload_error().empty());
+  CHECK_FALSE(n.HasLocal(0, 10));
+}
+
+TEST_CASE("a rank registered again forgets its parts of uncommitted steps and the old run's "
+          "waiting steps") {
+  Nodes n;
+  std::atomic<int64_t> seen{-1};
+  auto a = n.Uploader(0, &seen);
+  n.Write(0, 10);
+  a->OnNodeWritten(10, absl::Now());
+  REQUIRE(Soon([&] { return StatusOf(*a).last_uploaded_step() == 10; }));
+  const std::string part = StorePart(10, 0);
+  REQUIRE(n.fs.Stat(part).ok());
+  // The run dies before node b sent its part; a new run's rank 0 registers.
+  a->OnRankRegistered(0);
+  CHECK(Soon([&] { return !n.fs.Stat(part).ok(); }));
+  CHECK_FALSE(a->Busy());
+}
+
+}  // namespace
+}  // namespace zcc::daemon
