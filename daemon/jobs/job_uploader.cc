@@ -42,11 +42,7 @@ void JobUploader::OnCommitted(int64_t step, absl::Time write_began) {
 void JobUploader::OnNodeWritten(int64_t step, absl::Time write_began) {
   zcc::MutexLock lock(&mu_);
   if (node_queue_.empty() && uploading_ < 0) waiting_since_ = absl::Now();
-  node_queue_[step] = write_began;
-  while (node_queue_.size() > kMaxNodeStepsWaiting) {
-    dropped_.push_back(node_queue_.begin()->first);
-    node_queue_.erase(node_queue_.begin());
-  }
+  QueueNodeStep(step, write_began);
   retry_at_ = absl::InfinitePast();  // try at once
 }
 
@@ -55,6 +51,31 @@ void JobUploader::OnRankRegistered(uint32_t rank) {
   for (const auto& [step, began] : node_queue_) dropped_.push_back(step);
   node_queue_.clear();
   forget_.push_back(rank);
+}
+
+void JobUploader::QueueNodeStep(int64_t step, absl::Time write_began) {
+  node_queue_.emplace(step, write_began);
+  while (node_queue_.size() > kMaxNodeStepsWaiting) {
+    dropped_.push_back(node_queue_.begin()->first);
+    node_queue_.erase(node_queue_.begin());
+  }
+}
+
+void JobUploader::ApplyStoreRetention() {
+  auto retained = checkpoint::ApplyRetention(options_.upload_dir, options_.retention,
+                                             checkpoint::RetentionGuard(),
+                                             options_.commit_timeout, options_.storage);
+  if (!retained.ok()) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": retention in " << options_.upload_dir
+                     << " failed: " << retained.status();
+  }
+}
+
+void JobUploader::Failed(const std::string& what, const absl::Status& status) {
+  if (absl::IsCancelled(status)) return;  // zccd is stopping
+  ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << what << " to " << options_.upload_dir
+                   << " failed: " << status;
+  if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kUpload).Increment();
 }
 
 void JobUploader::Forget(const std::vector<uint32_t>& ranks) {
@@ -255,34 +276,18 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
     }
     if (sent->committed) {
       SawStoreLatest(step);
-      auto retained = checkpoint::ApplyRetention(options_.upload_dir, options_.retention,
-                                                 checkpoint::RetentionGuard(),
-                                                 options_.commit_timeout, options_.storage);
-      if (!retained.ok()) {
-        ZCC_LOG(WARNING) << "job " << options_.job_id << ": retention in " << options_.upload_dir
-                         << " failed: " << retained.status();
-      }
+      ApplyStoreRetention();
     }
     return;
   }
-  if (!absl::IsCancelled(sent.status())) {
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": upload of this node's part of step "
-                     << step << " to " << options_.upload_dir << " failed: " << sent.status();
-    if (options_.metrics != nullptr) {
-      options_.metrics->errors(metrics::ErrorKind::kUpload).Increment();
-    }
-  }
+  Failed(absl::StrCat("upload of this node's part of step ", step), sent.status());
   zcc::MutexLock lock(&mu_);
   error_ = absl::StrCat("upload of step ", step, " failed: ", sent.status().message());
   // The local step is gone (a gc removed it): nothing to send. Otherwise it
   // is sent again after the backoff, before newer steps (unless they are
   // too many by then).
   if (absl::IsFailedPrecondition(sent.status()) || absl::IsCancelled(sent.status())) return;
-  node_queue_.emplace(step, write_began);
-  while (node_queue_.size() > kMaxNodeStepsWaiting) {
-    dropped_.push_back(node_queue_.begin()->first);
-    node_queue_.erase(node_queue_.begin());
-  }
+  QueueNodeStep(step, write_began);
   retry_at_ = absl::Now() + options_.retry_after;
 }
 
@@ -311,22 +316,10 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
         waiting_since_ = absl::InfiniteFuture();
       }
     }
-    auto retained = checkpoint::ApplyRetention(options_.upload_dir, options_.retention,
-                                               checkpoint::RetentionGuard(),
-                                               options_.commit_timeout, options_.storage);
-    if (!retained.ok()) {
-      ZCC_LOG(WARNING) << "job " << options_.job_id << ": retention in " << options_.upload_dir
-                       << " failed: " << retained.status();
-    }
+    ApplyStoreRetention();
     return;
   }
-  if (!absl::IsCancelled(uploaded.status())) {
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": upload of step " << step << " to "
-                     << options_.upload_dir << " failed: " << uploaded.status();
-    if (options_.metrics != nullptr) {
-      options_.metrics->errors(metrics::ErrorKind::kUpload).Increment();
-    }
-  }
+  Failed(absl::StrCat("upload of step ", step), uploaded.status());
   zcc::MutexLock lock(&mu_);
   if (absl::IsFailedPrecondition(uploaded.status()) && wanted_ == step) {
     // The local step is gone (retention removed it first): nothing to send;

@@ -110,6 +110,12 @@ class JobUploader {
   void UploadNode(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes this node's local copies of steps dropped from the queue.
   void RemoveDropped(const std::vector<int64_t>& steps);
+  // Node-local mode: `step` waits, the oldest dropped beyond the bound.
+  void QueueNodeStep(int64_t step, absl::Time write_began) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The store's retention, after a step committed there.
+  void ApplyStoreRetention();
+  // Logs and counts a failed upload (unless cancelled: zccd is stopping).
+  void Failed(const std::string& what, const absl::Status& status);
   // OnRankRegistered's work in the store (on the thread).
   void Forget(const std::vector<uint32_t>& ranks) ABSL_LOCKS_EXCLUDED(mu_);
   // The store's `latest` is `step` (or newer): the job's status follows it.
