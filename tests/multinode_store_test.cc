@@ -5,7 +5,9 @@
 // mode on node-local disks: each node sends its own ranks' part of every
 // step, and the step commits in the store once both parts are there. A
 // node cut off from the store holds that step back without losing it; a
-// lost node's ranks restore from the store on the other node, bit-exact.
+// lost node's ranks restore from the store on the other node, bit-exact. A
+// job writing straight to the store from both nodes commits there, and each
+// rank restores on the other node.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -73,11 +75,26 @@ struct Cluster {
   std::vector<std::unique_ptr<Subprocess>> Ranks(int node, const std::vector<int>& ranks,
                                                  const std::string& tag,
                                                  const std::vector<std::string>& flags) {
+    return Trainers(node, ranks, tag,
+                    {"--root=" + zccd(node).root(), "--upload_root=" + root_url,
+                     "--node_local_root", "--upload_keep_last=3"},
+                    flags);
+  }
+  // Trainers of the 4-rank job writing straight to the store (no local disk).
+  std::vector<std::unique_ptr<Subprocess>> DirectRanks(int node, const std::vector<int>& ranks,
+                                                       const std::string& tag,
+                                                       const std::vector<std::string>& flags) {
+    return Trainers(node, ranks, tag, {"--root=" + root_url}, flags);
+  }
+  std::vector<std::unique_ptr<Subprocess>> Trainers(int node, const std::vector<int>& ranks,
+                                                    const std::string& tag,
+                                                    const std::vector<std::string>& placement,
+                                                    const std::vector<std::string>& flags) {
     std::vector<std::unique_ptr<Subprocess>> out;
     for (int rank : ranks) {
-      std::vector<std::string> f = {"--root=" + zccd(node).root(), "--upload_root=" + root_url,
-                                    "--node_local_root", "--upload_keep_last=3",
-                                    absl::StrCat("--rank=", rank), "--world=4"};
+      std::vector<std::string> f = placement;
+      f.push_back(absl::StrCat("--rank=", rank));
+      f.push_back("--world=4");
       f.insert(f.end(), flags.begin(), flags.end());
       out.push_back(StartTrainer(zccd(node), dir, absl::StrCat(tag, "-r", rank, "-n", node), f,
                                  net->Exec(node)));
@@ -243,6 +260,32 @@ TEST_CASE("node-local disks: a node cut off from the store holds its steps back;
                    absl::Milliseconds(50)));
   for (auto* group : {&on1, &on2}) {
     for (auto& t : *group) t->Signal(SIGKILL);
+  }
+}
+
+TEST_CASE("straight to the store from two nodes: the step commits there; each rank restores on "
+          "the other node") {
+  Cluster c;
+  auto on1 = c.DirectRanks(1, {0, 1}, "train", {"--steps=10", "--block"});
+  auto on2 = c.DirectRanks(2, {2, 3}, "train", {"--steps=10", "--block"});
+  c.WaitAll(on2);
+  c.WaitAll(on1);
+  CHECK(on1[0]->Values()["committed"] == "10");
+  auto [code, verified] = c.StoreCtl({"verify", c.root_url + "/itest"});
+  INFO(verified << c.Logs());
+  CHECK(code == 0);
+  CHECK(absl::StrContains(verified, "/itest/step-00000010: OK (4 ranks"));
+  // Nothing of the job on either node's disk.
+  CHECK(c.LocalRootEmpty(1));
+  CHECK(c.LocalRootEmpty(2));
+  auto back2 = c.DirectRanks(2, {0, 1}, "restore",
+                             {"--mode=restore", "--expect_step=10", "--expect_from=disk"});
+  auto back1 = c.DirectRanks(1, {2, 3}, "restore",
+                             {"--mode=restore", "--expect_step=10", "--expect_from=disk"});
+  c.WaitAll(back2);
+  c.WaitAll(back1);
+  for (auto* group : {&back1, &back2}) {
+    for (auto& t : *group) CHECK(t->Values()["mismatched_tensors"] == "0");
   }
 }
 
