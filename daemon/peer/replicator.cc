@@ -76,10 +76,41 @@ bool Replicator::NextWork(Work* work, absl::Duration* wait) {
   return false;
 }
 
+void Replicator::ForgetGoneJobs() {
+  std::vector<std::string> idle;  // no push in progress
+  {
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [job_id, js] : jobs_) {
+      bool pushing = false;
+      for (const auto& [rank, rs] : js.ranks) pushing = pushing || rs.pushing;
+      if (!pushing) idle.push_back(job_id);
+    }
+  }
+  for (const std::string& job_id : idle) {
+    if (buddies_(job_id).has_value()) continue;  // still on this zccd
+    zcc::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) continue;
+    bool pending = false;
+    bool pushing = false;
+    for (const auto& [rank, rs] : it->second.ranks) {
+      pending = pending || (rs.pending_step >= 0 && rs.pending_step != rs.replicated_step);
+      pushing = pushing || rs.pushing;
+    }
+    if (pushing || (pending && !it->second.last_buddies.empty())) continue;
+    if (pending) {
+      ZCC_LOG(WARNING) << "job " << job_id << " left this zccd before any buddy was known: its "
+                       << "newest steps are not replicated";
+    }
+    jobs_.erase(it);
+  }
+}
+
 void Replicator::Run() {
   // Replication never competes with training for the CPU.
   MakeThisThreadIdle();
   for (;;) {
+    ForgetGoneJobs();
     Work work;
     uint32_t uid = 0;
     int64_t step = -1;

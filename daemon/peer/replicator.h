@@ -4,7 +4,9 @@
 // at idle priority and within a bandwidth cap. Never on a trainer's path: a
 // step still waiting when a newer step of the same rank arrives is replaced
 // by it (newest first), and a buddy that is slow or gone only makes the lag
-// grow; the push is retried once a newer step or the next round comes.
+// grow; the push is retried once a newer step or the next round comes. A
+// job that has left this zccd is forgotten once its steps are at every
+// buddy, or at once when it never knew a buddy (nothing could send them).
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef ZCC_DAEMON_PEER_REPLICATOR_H_
@@ -93,6 +95,9 @@ class Replicator {
   absl::Status Push(const std::string& job_id, uint32_t uid, uint32_t rank, int64_t step,
                     const std::vector<std::string>& files,
                     const std::vector<std::string>& last_buddies, uint64_t* sent);
+  // Forgets the jobs that have left this zccd with nothing left to push, or
+  // with no buddy ever known (see above). Asks buddies_ without mu_ held.
+  void ForgetGoneJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps as long as the bandwidth cap asks after `bytes` more (or until stop).
   void Pace(uint64_t bytes);
 

@@ -1,0 +1,56 @@
+// The replicator's bookkeeping of jobs: a job that leaves this zccd without
+// a buddy ever known is forgotten (nothing could send its steps), instead of
+// being retried and kept for as long as zccd runs.
+#include "daemon/peer/replicator.h"
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/testing/eventually.h"
+#include "common/testing/status_matchers.h"
+#include "grpcpp/security/credentials.h"
+
+namespace zcc::daemon::peer {
+namespace {
+
+checkpoint::RankStepBytes Step(int64_t step) {
+  checkpoint::RankStepBytes s;
+  s.rank = 0;
+  s.step = step;
+  s.files.push_back({"model-r00000.safetensors", std::string(4096, 'm')});
+  s.files.push_back({"r00000.manifest.json", "{}"});
+  return s;
+}
+
+TEST_CASE("a job that left before any buddy was known is forgotten") {
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  std::atomic<bool> here{true};
+  Replicator::Options options;
+  options.self_node = "self";
+  options.retry_after = absl::Milliseconds(20);
+  Replicator replicator(options, &store, &directory,
+                        [&here](const std::string&) -> std::optional<std::vector<std::string>> {
+                          if (here) return std::vector<std::string>{};
+                          return std::nullopt;
+                        });
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(5)));
+  // While the job is here, its step waits for a buddy, and says why.
+  CHECK(replicator.Stats("j").newest_step == 5);
+  CHECK(testing::Eventually(
+      [&] { return absl::StrContains(replicator.Stats("j").last_error, "no buddy"); },
+      absl::Seconds(10), absl::Milliseconds(5)));
+  CHECK(replicator.Stats("j").replicated_step == -1);
+  // Gone: nothing can send its steps; it is forgotten at the next round.
+  here = false;
+  CHECK(testing::Eventually([&] { return replicator.Stats("j").newest_step == -1; },
+                            absl::Seconds(10), absl::Milliseconds(5)));
+  CHECK(replicator.Stats("j").last_error.empty());
+}
+
+}  // namespace
+}  // namespace zcc::daemon::peer
