@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -171,6 +173,70 @@ TEST_CASE("the pool's room leaves a tenth of memory and of /dev/shm free") {
   CHECK(read.mem_available == 400 * 1024);
   CHECK(read.shm_total > 0);
   std::remove(meminfo.c_str());
+}
+
+TEST_CASE("the pool's room leaves a tenth of its cgroup's memory limit unused") {
+  SystemMemory m;
+  m.mem_total = 1000;
+  m.mem_available = 900;
+  m.shm_total = 1000;
+  m.shm_free = 900;
+  CHECK(PoolRoom(m, 0) == 800);  // no cgroup limit
+  m.cgroup_limit = 100;
+  m.cgroup_usage = 60;
+  CHECK(PoolRoom(m, 0) == 30);   // 100 - 60 - 10
+  CHECK(PoolRoom(m, 20) == 50);  // the pool's own pages are in the usage
+  m.cgroup_usage = 100;
+  CHECK(PoolRoom(m, 0) == 0);
+}
+
+// Writes `text` to `path`, making its directories.
+void WriteFile(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+TEST_CASE("a cgroup's memory limit is read, the tightest of it and its ancestors") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/cgroups.", ::getpid());
+  SystemMemory m;
+  m.mem_total = uint64_t{1} << 40;
+
+  SECTION("cgroup v2: a pod's limit above the container's") {
+    CgroupPaths p{dir + "/v2/self", dir + "/v2/fs"};
+    WriteFile(p.proc_cgroup, "0::/kubepods/pod1/zccd\n");
+    WriteFile(p.root + "/kubepods/memory.max", "max\n");
+    WriteFile(p.root + "/kubepods/memory.current", "9000\n");
+    WriteFile(p.root + "/kubepods/pod1/memory.max", "1000\n");
+    WriteFile(p.root + "/kubepods/pod1/memory.current", "600\n");
+    WriteFile(p.root + "/kubepods/pod1/zccd/memory.max", "2000\n");
+    WriteFile(p.root + "/kubepods/pod1/zccd/memory.current", "400\n");
+    ReadCgroupMemory(p, &m);
+    CHECK(m.cgroup_limit == 1000);
+    CHECK(m.cgroup_usage == 600);
+  }
+  SECTION("cgroup v1: the memory hierarchy") {
+    CgroupPaths p{dir + "/v1/self", dir + "/v1/fs"};
+    WriteFile(p.proc_cgroup, "5:cpu,cpuacct:/job\n4:memory:/job\n0::/\n");
+    WriteFile(p.root + "/memory/job/memory.limit_in_bytes", "500\n");
+    WriteFile(p.root + "/memory/job/memory.usage_in_bytes", "100\n");
+    WriteFile(p.root + "/memory/memory.limit_in_bytes", "9223372036854771712\n");  // none
+    WriteFile(p.root + "/memory/memory.usage_in_bytes", "700\n");
+    ReadCgroupMemory(p, &m);
+    CHECK(m.cgroup_limit == 500);
+    CHECK(m.cgroup_usage == 100);
+  }
+  SECTION("no limit anywhere, or nothing to read") {
+    CgroupPaths p{dir + "/none/self", dir + "/none/fs"};
+    WriteFile(p.proc_cgroup, "0::/user.slice\n");
+    WriteFile(p.root + "/user.slice/memory.max", "max\n");
+    WriteFile(p.root + "/user.slice/memory.current", "123\n");
+    ReadCgroupMemory(p, &m);
+    CHECK(m.cgroup_limit == 0);
+    ReadCgroupMemory(CgroupPaths{dir + "/missing", dir + "/missing"}, &m);
+    CHECK(m.cgroup_limit == 0);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
