@@ -187,6 +187,15 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
     combined.Update(text.data(), text.size());
     manifests.push_back(*std::move(decoded));
   }
+  // One run's manifests only: another run's is left from before this step
+  // was written again, and is replaced when its rank writes the step.
+  for (const format::RankManifest& m : manifests) {
+    if (m.run_id != manifests.front().run_id) {
+      result.mixed_runs = true;
+      result.total_bytes = 0;
+      return result;
+    }
+  }
 
   // Layout-free: the pieces of every global tensor must tile it exactly once
   // (a piece written twice, or by no rank, or ranks that disagree on a

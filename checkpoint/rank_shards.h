@@ -33,6 +33,7 @@ struct RankShards {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint64_t manifest_hash = 0;
+  std::string run_id;  // the job's run (RankManifest::run_id); empty: none given
   std::vector<RankTensor> tensors;  // registration order
   shm::SlotLayout layout;
   // The replica groups the rank is in, with the digest of each group's

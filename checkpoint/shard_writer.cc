@@ -201,6 +201,7 @@ absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::
   manifest.rank = shards.rank;
   manifest.world_size = shards.world_size;
   manifest.manifest_hash = shards.manifest_hash;
+  manifest.run_id = shards.run_id;
   manifest.replica_groups = shards.replica_groups;
 
   WriteStats stats;

@@ -126,6 +126,7 @@ absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std:
                        TryCommit(store_job_dir, job_id, step, world_size, &fs, options.write_began));
   result.committed = commit.outcome == CommitOutcome::kCommitted;
   result.manifests_present = commit.manifests_present;
+  result.mixed_runs = commit.mixed_runs;
   result.stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return result;
 }

@@ -77,10 +77,12 @@ struct Tiers {
 
   // Node `node`'s ranks (rank r is on node r) write `step` into that node's
   // own local root, uncommitted: no node sees the others' files.
-  void WriteOnNode(uint32_t node, int64_t step, int64_t seed) {
+  void WriteOnNode(uint32_t node, int64_t step, int64_t seed, const std::string& run = "") {
     SyntheticRank rank(node, kWorld, Specs(), 0, kJob);
     rank.Fill(seed);
-    REQUIRE_OK(WriteRankShards(NodeDir(node), step, rank.shards(), rank.slot(), Io()).status());
+    RankShards shards = rank.shards();
+    shards.run_id = run;
+    REQUIRE_OK(WriteRankShards(NodeDir(node), step, shards, rank.slot(), Io()).status());
   }
   static std::string NodeDir(uint32_t node) { return node == 0 ? "/node-a/job" : "/node-b/job"; }
   absl::StatusOr<NodeUploadResult> UploadNode(uint32_t node, int64_t step) {
@@ -228,6 +230,29 @@ TEST_CASE("node-local roots: a new run forgets its ranks' parts of uncommitted s
   CHECK(t.Holds(JoinPath(kStore, "step-00000020"), 21));
   // A store with nothing yet has nothing to forget.
   CHECK(*ForgetRankParts(t.fs, "s3://bucket/ckpt/other", {0}) == 0);
+}
+
+TEST_CASE("a step commits only from manifests of one run: an earlier run's part left in the "
+          "store waits to be replaced") {
+  Tiers t;
+  // Run "a" sent node 1's part of step 20 and died; its ranks' forgetting
+  // never ran (node 1 cut off when run "b" began).
+  t.WriteOnNode(1, 20, 20, "a");
+  REQUIRE_OK(t.UploadNode(1, 20).status());
+  // Run "b": node 0's part is there with it, every rank's manifest present,
+  // and yet nothing commits.
+  t.WriteOnNode(0, 20, 21, "b");
+  auto a = t.UploadNode(0, 20);
+  REQUIRE_OK(a);
+  CHECK_FALSE(a->committed);
+  CHECK(a->mixed_runs);
+  CHECK(ReadLatest(kStore, &t.fs).status().code() == absl::StatusCode::kNotFound);
+  // Node 1 sends run "b"'s part: the step commits, of run "b" alone.
+  t.WriteOnNode(1, 20, 21, "b");
+  auto b = t.UploadNode(1, 20);
+  REQUIRE_OK(b);
+  CHECK(b->committed);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000020"), 21));
 }
 
 TEST_CASE("node-local roots: the last node's upload cut at any change leaves the older step or "

@@ -134,6 +134,9 @@ struct ClientOptions {
   // each node's zccd uploads its own ranks' files and the step commits in
   // the store (RegisterRequest.node_local_root).
   bool node_local_root = false;
+  // The job's run, the same on every rank and new for each run
+  // (RegisterRequest.run_id): a step commits only from manifests of one run.
+  std::string run_id;
   Backpressure backpressure = Backpressure::kSkip;
   // zccd keeps an fp32 EMA of the EMA-eligible parameters this rank writes:
   // ema = decay * ema + (1 - decay) * param, every ema_interval-th snapshot.

@@ -42,6 +42,7 @@ v1::RegisterRequest MakeRegisterRequest(const ClientOptions& options,
   req.set_upload_root(options.upload_root);
   req.set_upload_keep_last(options.upload_keep_last);
   req.set_node_local_root(options.node_local_root);
+  req.set_run_id(options.run_id);
   if (!options.store_credentials.access_key_id.empty()) {
     v1::StoreCredentials* c = req.mutable_store_credentials();
     c->set_access_key_id(options.store_credentials.access_key_id);

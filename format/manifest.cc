@@ -313,6 +313,12 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
       return top.Error("rank", absl::StrCat("is ", m.rank, " but world_size is ", m.world_size));
     }
     ZCC_ASSIGN_OR_RETURN(m.manifest_hash, top.Hex("manifest_hash"));
+    if (top.Has("run_id")) {
+      ZCC_ASSIGN_OR_RETURN(m.run_id, top.String("run_id"));
+      if (m.run_id.empty() || m.run_id.size() > kMaxRunIdBytes) {
+        return top.Error("run_id", "must be 1 to 128 bytes");
+      }
+    }
     if (top.Has("replica_groups")) {
       ZCC_ASSIGN_OR_RETURN(const json* groups, top.Array("replica_groups"));
       // At most one group per tensor (a group per global expert id).
@@ -540,6 +546,7 @@ std::string EncodeManifestDocument(const RankManifest& manifest,
   if (!index) root["rank"] = manifest.rank;
   root["world_size"] = manifest.world_size;
   if (!index) root["manifest_hash"] = Hex64(manifest.manifest_hash);
+  if (!index && !manifest.run_id.empty()) root["run_id"] = manifest.run_id;
   if (!index && !manifest.replica_groups.empty()) {
     ordered_json groups = ordered_json::array();
     for (const ReplicaDigest& g : manifest.replica_groups) {

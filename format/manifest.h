@@ -78,6 +78,8 @@ struct ReplicaDigest {
   uint64_t hash = 0;       // XXH3 over the group's tensors (name, dtype, kind, box)
 };
 
+inline constexpr size_t kMaxRunIdBytes = 128;
+
 struct RankManifest {
   int format_version = kFormatVersion;
   std::string job_id;
@@ -85,6 +87,10 @@ struct RankManifest {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint64_t manifest_hash = 0;  // hash of the registration this rank wrote from
+  // The run of the job that wrote it ("run_id"; absent when the trainer gave
+  // none): a step commits only when every rank's manifest names the same run,
+  // so a manifest an earlier run left never completes a step written again.
+  std::string run_id;
   std::vector<ManifestFile> files;
   std::vector<ManifestTensor> tensors;
   std::vector<ReplicaDigest> replica_groups;  // "replica_groups"; absent when none

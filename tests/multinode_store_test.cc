@@ -93,6 +93,7 @@ struct Cluster {
     std::vector<std::unique_ptr<Subprocess>> out;
     for (int rank : ranks) {
       std::vector<std::string> f = placement;
+      f.push_back("--run_id=" + tag);  // each phase of the test is a run of its own
       f.push_back(absl::StrCat("--rank=", rank));
       f.push_back("--world=4");
       f.insert(f.end(), flags.begin(), flags.end());

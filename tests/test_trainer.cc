@@ -35,6 +35,7 @@ ABSL_FLAG(std::string, job, "itest", "job id");
 ABSL_FLAG(std::string, root, "", "checkpoint root");
 ABSL_FLAG(std::string, upload_root, "", "the tiered mode's object-store root (s3://...)");
 ABSL_FLAG(int, upload_keep_last, 0, "steps kept in the store (0: zccd's keep_last)");
+ABSL_FLAG(std::string, run_id, "", "the job's run (the same on every rank of a run)");
 ABSL_FLAG(bool, node_local_root, false,
           "the tiered mode on node-local disks: each zccd uploads its own ranks' files");
 ABSL_FLAG(std::string, store_key_id, "", "the job's own access key id for an s3:// root");
@@ -193,6 +194,7 @@ int main(int argc, char** argv) {
   o.upload_root = absl::GetFlag(FLAGS_upload_root);
   o.upload_keep_last = static_cast<uint32_t>(absl::GetFlag(FLAGS_upload_keep_last));
   o.node_local_root = absl::GetFlag(FLAGS_node_local_root);
+  o.run_id = absl::GetFlag(FLAGS_run_id);
   o.store_credentials.access_key_id = absl::GetFlag(FLAGS_store_key_id);
   o.store_credentials.secret_access_key = absl::GetFlag(FLAGS_store_secret);
   o.rank = rank;

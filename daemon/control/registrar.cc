@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "daemon/control/staging_setup.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
+#include "format/manifest.h"
 #include "shm/control_block.h"
 #include "shm/pull_channel.h"
 #include "shm/segment.h"
@@ -46,6 +48,12 @@ absl::Status CheckRequest(const v1::RegisterRequest& req, const Caller& caller,
   if (req.rank() >= req.world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", req.rank(), " is not below world_size ", req.world_size()));
+  }
+  if (req.run_id().size() > format::kMaxRunIdBytes ||
+      !std::all_of(req.run_id().begin(), req.run_id().end(),
+                   [](char c) { return c > ' ' && c < 127 && c != '"' && c != '\\'; })) {
+    return absl::InvalidArgumentError(
+        "run_id must be at most 128 printable characters without spaces, quotes or backslashes");
   }
   *num_slots = req.num_slots() == 0 ? config.default_num_slots : req.num_slots();
   return shm::ValidateNumSlots(*num_slots);

@@ -215,6 +215,7 @@ absl::StatusOr<checkpoint::RankShards> ShardsFor(const v1::RegisterRequest& req,
   shards.rank = req.rank();
   shards.world_size = req.world_size();
   shards.manifest_hash = manifest_hash;
+  shards.run_id = req.run_id();
   std::vector<shm::LayoutInput> inputs;
   for (const RegisteredTensor& t : *registered) {
     if (!t.staged) continue;

@@ -32,7 +32,7 @@ Job::Job(JobOptions options) : options_(std::move(options)) {
     upload.world_size = options_.world_size;
     upload.on_store_latest = [this](int64_t step) {
       zcc::MutexLock lock(&mu_);
-      last_committed_step_ = std::max(last_committed_step_, step);
+      last_committed_step_ = step;  // back too, when a run resumed from an older step
     };
     uploader_ = std::make_unique<JobUploader>(std::move(upload));
   }
@@ -118,7 +118,12 @@ bool Job::AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time de
 std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
   zcc::MutexLock lock(&mu_);
   if (session->shards().rank == 0) committer_ = true;
-  if (options_.node_local_root) uploader_->OnRankRegistered(session->shards().rank);
+  if (options_.node_local_root) {
+    // A new run (or the job's first): what an earlier run's ranks wrote here
+    // must not make a step of this run whole.
+    node_steps_.clear();
+    uploader_->OnRankRegistered(session->shards().rank);
+  }
   auto& slot = ranks_[session->shards().rank];
   std::swap(slot, session);
   return session;
@@ -340,10 +345,11 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
   // A step some rank here persisted and that waits for the others is the
   // commit timeout's to drop (DropPending), not retention's.
   guard.may_remove_partial = [this](int64_t step) {
-    // (Node-local root: a step waiting to be sent to the store is one.)
-    if (uploader_ != nullptr && uploader_->Uploading(step)) return false;
     zcc::MutexLock lock(&mu_);
-    return pending_.count(step) == 0 && node_steps_.count(step) == 0;
+    if (pending_.count(step) > 0 || node_steps_.count(step) > 0) return false;
+    // (Node-local root: a step waiting to be sent to the store is one; asked
+    // under mu_, which a step's move from node_steps_ to the uploader holds.)
+    return uploader_ == nullptr || !uploader_->Uploading(step);
   };
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
                        checkpoint::ApplyRetention(options_.job_dir, options_.retention, guard,

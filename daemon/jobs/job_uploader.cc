@@ -50,6 +50,7 @@ void JobUploader::OnRankRegistered(uint32_t rank) {
   zcc::MutexLock lock(&mu_);
   for (const auto& [step, began] : node_queue_) dropped_.push_back(step);
   node_queue_.clear();
+  awaiting_commit_ = -1;  // an earlier run's
   forget_.push_back(rank);
 }
 
@@ -61,9 +62,15 @@ void JobUploader::QueueNodeStep(int64_t step, absl::Time write_began) {
   }
 }
 
-void JobUploader::ApplyStoreRetention() {
-  auto retained = checkpoint::ApplyRetention(options_.upload_dir, options_.retention,
-                                             checkpoint::RetentionGuard(),
+void JobUploader::ApplyStoreRetention(int64_t committed) {
+  checkpoint::RetentionGuard guard;
+  if (options_.node_local) {
+    // An uncommitted step newer than the one just committed may be waiting
+    // for a node cut off from the store for longer than the commit timeout:
+    // only those below it are abandoned.
+    guard.may_remove_partial = [committed](int64_t step) { return step < committed; };
+  }
+  auto retained = checkpoint::ApplyRetention(options_.upload_dir, options_.retention, guard,
                                              options_.commit_timeout, options_.storage);
   if (!retained.ok()) {
     ZCC_LOG(WARNING) << "job " << options_.job_id << ": retention in " << options_.upload_dir
@@ -111,14 +118,15 @@ void JobUploader::FollowStore() {
   // store's `latest` a round until it is committed (nothing tells us), on
   // the uploader's thread (a partition stalls the read, not the caller).
   zcc::MutexLock lock(&mu_);
-  if (options_.node_local && uploaded_ > store_latest_) follow_due_ = true;
+  if (options_.node_local && awaiting_commit_ >= 0) follow_due_ = true;
 }
 
 void JobUploader::SawStoreLatest(int64_t step) {
   {
     zcc::MutexLock lock(&mu_);
-    if (step <= store_latest_) return;
-    store_latest_ = step;
+    if (step >= awaiting_commit_) awaiting_commit_ = -1;
+    if (step == store_latest_) return;
+    store_latest_ = step;  // back too, when a run resumed from an older step
   }
   if (options_.on_store_latest) options_.on_store_latest(step);
 }
@@ -259,10 +267,12 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
     ZCC_LOG(INFO) << "upload job=" << options_.job_id << " step=" << step
                   << " bytes=" << sent->stats.bytes << " seconds=" << sent->stats.seconds
                   << " to " << options_.upload_dir << " (this node's ranks; "
-                  << (sent->committed ? std::string("committed there")
-                                      : absl::StrCat(sent->manifests_present, " of ",
-                                                     options_.world_size,
-                                                     " ranks there, the last node commits"))
+                  << (sent->committed    ? std::string("committed there")
+                      : sent->mixed_runs ? std::string("every rank's part there, but not all of "
+                                                       "this run: waiting for the rest of it")
+                                         : absl::StrCat(sent->manifests_present, " of ",
+                                                        options_.world_size,
+                                                        " ranks there, the last node commits"))
                   << ")";
     if (options_.metrics != nullptr) options_.metrics->upload_bytes().Increment(sent->stats.bytes);
     // In the store now: the local copy has done its part.
@@ -271,12 +281,13 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
     if (!removed.ok()) ZCC_LOG(WARNING) << removed;
     {
       zcc::MutexLock lock(&mu_);
-      uploaded_ = std::max(uploaded_, step);
+      uploaded_ = step;
       error_.clear();
+      if (!sent->committed) awaiting_commit_ = step;
     }
     if (sent->committed) {
       SawStoreLatest(step);
-      ApplyStoreRetention();
+      ApplyStoreRetention(step);
     }
     return;
   }
@@ -316,7 +327,7 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
         waiting_since_ = absl::InfiniteFuture();
       }
     }
-    ApplyStoreRetention();
+    ApplyStoreRetention(step);
     return;
   }
   Failed(absl::StrCat("upload of step ", step), uploaded.status());

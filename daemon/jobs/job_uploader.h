@@ -112,8 +112,8 @@ class JobUploader {
   void RemoveDropped(const std::vector<int64_t>& steps);
   // Node-local mode: `step` waits, the oldest dropped beyond the bound.
   void QueueNodeStep(int64_t step, absl::Time write_began) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The store's retention, after a step committed there.
-  void ApplyStoreRetention();
+  // The store's retention, after `committed` committed there.
+  void ApplyStoreRetention(int64_t committed);
   // Logs and counts a failed upload (unless cancelled: zccd is stopping).
   void Failed(const std::string& what, const absl::Status& status);
   // OnRankRegistered's work in the store (on the thread).
@@ -135,6 +135,8 @@ class JobUploader {
   // the newest step sent from here, and the newest the store's `latest` was
   // seen at.
   std::map<int64_t, absl::Time> node_queue_ ABSL_GUARDED_BY(mu_);
+  // The last step sent from here whose commit is not seen yet (-1: none).
+  int64_t awaiting_commit_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> dropped_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> forget_ ABSL_GUARDED_BY(mu_);  // ranks registered since
   int64_t store_latest_ ABSL_GUARDED_BY(mu_) = -1;

@@ -60,13 +60,14 @@ struct Nodes {
   bool HasLocal(uint32_t node, int64_t step) {
     return fs.Stat(checkpoint::WritingStepDir(fs, NodeDir(node), step)).ok();
   }
-  std::unique_ptr<JobUploader> Uploader(uint32_t node, std::atomic<int64_t>* seen) {
+  std::unique_ptr<JobUploader> Uploader(uint32_t node, std::atomic<int64_t>* seen,
+                                        absl::Duration retry_after = absl::Milliseconds(50)) {
     UploaderOptions o;
     o.job_id = kJob;
     o.job_dir = NodeDir(node);
     o.upload_dir = kStore;
     o.retention.keep_last = 10;
-    o.retry_after = absl::Milliseconds(50);
+    o.retry_after = retry_after;
     o.storage = &fs;
     o.node_local = true;
     o.world_size = kWorld;
@@ -153,7 +154,8 @@ TEST_CASE("a failed send is shown and tried again; the step stays here until it 
   storage::FaultPlan failing;
   failing.eio_on_write = 1;
   n.faults.SetPlan(failing);
-  auto a = n.Uploader(0, &seen);
+  // (Tried again a second later: the test sees the failure's state first.)
+  auto a = n.Uploader(0, &seen, absl::Seconds(1));
   n.Write(0, 10);
   a->OnNodeWritten(10, absl::Now());
   REQUIRE(Soon([&] { return !StatusOf(*a).upload_error().empty(); }));

@@ -202,18 +202,29 @@ TEST_CASE("a cgroup's memory limit is read, the tightest of it and its ancestors
   SystemMemory m;
   m.mem_total = uint64_t{1} << 40;
 
-  SECTION("cgroup v2: a pod's limit above the container's") {
+  SECTION("cgroup v2: the pod's limit, larger than the container's but fuller") {
     CgroupPaths p{dir + "/v2/self", dir + "/v2/fs"};
     WriteFile(p.proc_cgroup, "0::/kubepods/pod1/zccd\n");
     WriteFile(p.root + "/kubepods/memory.max", "max\n");
     WriteFile(p.root + "/kubepods/memory.current", "9000\n");
-    WriteFile(p.root + "/kubepods/pod1/memory.max", "1000\n");
-    WriteFile(p.root + "/kubepods/pod1/memory.current", "600\n");
-    WriteFile(p.root + "/kubepods/pod1/zccd/memory.max", "2000\n");
+    WriteFile(p.root + "/kubepods/pod1/memory.max", "3000\n");
+    WriteFile(p.root + "/kubepods/pod1/memory.current", "2900\n");
+    WriteFile(p.root + "/kubepods/pod1/zccd/memory.max", "1000\n");
     WriteFile(p.root + "/kubepods/pod1/zccd/memory.current", "400\n");
     ReadCgroupMemory(p, &m);
+    CHECK(m.cgroup_limit == 3000);
+    CHECK(m.cgroup_usage == 2900);
+  }
+  SECTION("cgroup v2: the container's own limit") {
+    CgroupPaths p{dir + "/v2b/self", dir + "/v2b/fs"};
+    WriteFile(p.proc_cgroup, "0::/pod2/zccd\n");
+    WriteFile(p.root + "/pod2/memory.max", "3000\n");
+    WriteFile(p.root + "/pod2/memory.current", "600\n");
+    WriteFile(p.root + "/pod2/zccd/memory.max", "1000\n");
+    WriteFile(p.root + "/pod2/zccd/memory.current", "400\n");
+    ReadCgroupMemory(p, &m);
     CHECK(m.cgroup_limit == 1000);
-    CHECK(m.cgroup_usage == 600);
+    CHECK(m.cgroup_usage == 400);
   }
   SECTION("cgroup v1: the memory hierarchy") {
     CgroupPaths p{dir + "/v1/self", dir + "/v1/fs"};

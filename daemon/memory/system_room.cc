@@ -62,7 +62,12 @@ void ReadCgroupMemory(const CgroupPaths& paths, SystemMemory* m) {
     if (!limit.has_value() || !usage.has_value()) return;
     // A v1 hierarchy without a limit reports a huge number.
     if (m->mem_total > 0 && *limit >= m->mem_total) return;
-    if (m->cgroup_limit == 0 || *limit < m->cgroup_limit) {
+    // The level with the least left: a larger limit shared with siblings
+    // can be the tighter one.
+    const uint64_t left = *limit > *usage ? *limit - *usage : 0;
+    const uint64_t left_now =
+        m->cgroup_limit > m->cgroup_usage ? m->cgroup_limit - m->cgroup_usage : 0;
+    if (m->cgroup_limit == 0 || left < left_now) {
       m->cgroup_limit = *limit;
       m->cgroup_usage = *usage;
     }

@@ -19,8 +19,8 @@ struct SystemMemory {
   uint64_t mem_available = 0;  // the kernel's estimate; shared memory is not in it
   uint64_t shm_total = 0;
   uint64_t shm_free = 0;
-  // The tightest memory limit of zccd's cgroup and its ancestors (0: none),
-  // and the memory charged where that limit is set.
+  // The memory limit of zccd's cgroup or of an ancestor, the one with the
+  // least left (0: none), and the memory charged where that limit is set.
   uint64_t cgroup_limit = 0;
   uint64_t cgroup_usage = 0;
 };
@@ -38,7 +38,7 @@ SystemMemory ReadSystemMemory(const std::string& meminfo_path = "/proc/meminfo",
                               const std::string& shm_dir = "/dev/shm",
                               const CgroupPaths& cgroup = CgroupPaths());
 
-// The tightest memory limit on the cgroup `paths` names and its ancestors,
+// The memory limit with the least left of the cgroup `paths` names and its ancestors,
 // cgroup v2 (memory.max, memory.current) or v1 (memory.limit_in_bytes,
 // memory.usage_in_bytes), into `m`'s cgroup fields; "max", or a v1 limit
 // no smaller than the machine's memory, is no limit.

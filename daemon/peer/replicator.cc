@@ -47,6 +47,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   std::optional<std::vector<std::string>> buddies = buddies_(job_id);
   zcc::MutexLock lock(&mu_);
   JobState& js = jobs_[job_id];
+  ++js.enqueues;
   if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
@@ -77,20 +78,21 @@ bool Replicator::NextWork(Work* work, absl::Duration* wait) {
 }
 
 void Replicator::ForgetGoneJobs() {
-  std::vector<std::string> idle;  // no push in progress
+  std::vector<std::pair<std::string, uint64_t>> idle;  // no push in progress; its enqueues
   {
     zcc::MutexLock lock(&mu_);
     for (const auto& [job_id, js] : jobs_) {
       bool pushing = false;
       for (const auto& [rank, rs] : js.ranks) pushing = pushing || rs.pushing;
-      if (!pushing) idle.push_back(job_id);
+      if (!pushing) idle.emplace_back(job_id, js.enqueues);
     }
   }
-  for (const std::string& job_id : idle) {
+  for (const auto& [job_id, enqueues] : idle) {
     if (buddies_(job_id).has_value()) continue;  // still on this zccd
     zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) continue;
+    // (A step handed in since: the job came back.)
+    if (it == jobs_.end() || it->second.enqueues != enqueues) continue;
     bool pending = false;
     bool pushing = false;
     for (const auto& [rank, rs] : it->second.ranks) {

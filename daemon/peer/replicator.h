@@ -82,6 +82,7 @@ class Replicator {
     uint64_t bytes_sent = 0;
     std::string last_error;
     std::vector<std::string> last_buddies;  // as last known while the job was here
+    uint64_t enqueues = 0;  // steps handed in: changed since a look means not gone
   };
   using Work = std::pair<std::string, uint32_t>;  // job, rank
 

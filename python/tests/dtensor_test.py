@@ -17,6 +17,7 @@ with nothing overwritten, and so are a Partial placement, FSDP1, a
 non-contiguous local shard and a tensor on a device zcc cannot copy.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -59,6 +60,11 @@ def main():
             job = ["--job", layout, "--ref", ref]
             torchrun(nproc, ["save", "--layout", layout] + job + common)
             d.wait_latest(layout, 4)
+            # Every rank's manifest names the run rank 0 drew and shared.
+            step_dir = os.path.join(d.root, layout, "step-00000004")
+            runs = {json.load(open(os.path.join(step_dir, "r%05d.manifest.json" % r)))["run_id"]
+                    for r in range(nproc)}
+            assert len(runs) == 1 and len(runs.pop()) == 32, step_dir
             for n, into, source in restores:
                 lines = torchrun(n, ["restore", "--layout", into, "--expect-from", source] + job + common)
                 assert len(lines) == n, lines  # every rank checked the whole state

@@ -151,7 +151,7 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
             ema_interval=1, persist_on_failure=False, copier=None, rpc_timeout=30.0,
             heartbeat_interval=0.25, daemon_timeout=3.0, reconnect_max_backoff=5.0,
             restore_timeout=1800.0, prefetch_restore=False, store_credentials=None,
-            upload_root="", upload_keep_last=0, node_local_root=False):
+            upload_root="", upload_keep_last=0, node_local_root=False, run_id=""):
     """Creates a :class:`Client`; zccd need not be running.
 
     The keyword arguments are ``zcc::ClientOptions``'s fields (client/client.h)
@@ -178,7 +178,10 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
     ``node_local_root`` (with ``upload_root``, when ``checkpoint_root`` is each
     node's own disk and the nodes share no file system: each node's zccd
     uploads its own ranks' files and the step commits in the store once every
-    rank's files are there; restores read the store).
+    rank's files are there; restores read the store), ``run_id`` (the job's
+    run, the same on every rank and new for each run: a step commits only
+    from manifests of one run, so a manifest an earlier run left never
+    completes a step written again; zcc.torch's Checkpointer draws one).
 
     ``copier`` chooses the copy backend: None or "host" for the host copier
     (memcpy on a copy thread; host tensors only), :func:`cuda_copier` for
@@ -193,7 +196,7 @@ def connect(job_id, *, socket_path="", rank=0, world_size=1, num_slots=0, save_e
                     copier, rpc_timeout, heartbeat_interval, daemon_timeout,
                     reconnect_max_backoff, restore_timeout, prefetch_restore,
                     _store_keys(store_credentials), upload_root, upload_keep_last,
-                    node_local_root)
+                    node_local_root, run_id)
 
 
 def _store_keys(credentials):

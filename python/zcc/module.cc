@@ -523,11 +523,13 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, const std::string& 
                                   double daemon_timeout, double reconnect_max_backoff,
                                   double restore_timeout, bool prefetch_restore,
                                   py::handle store_credentials, const std::string& upload_root,
-                                  int64_t upload_keep_last, bool node_local_root) {
+                                  int64_t upload_keep_last, bool node_local_root,
+                                  const std::string& run_id) {
   ClientOptions o;
   o.upload_root = upload_root;
   o.upload_keep_last = U32(upload_keep_last, "upload_keep_last");
   o.node_local_root = node_local_root;
+  o.run_id = run_id;
   if (!store_credentials.is_none()) {
     // (access key id, secret[, session token]), made by zcc.connect.
     auto keys = store_credentials.cast<std::vector<std::string>>();
@@ -747,7 +749,7 @@ void DefineModule(py::module_& m) {
         py::arg("reconnect_max_backoff") = 5.0, py::arg("restore_timeout") = 1800.0,
         py::arg("prefetch_restore") = false, py::arg("store_credentials") = py::none(),
         py::arg("upload_root") = "", py::arg("upload_keep_last") = 0,
-        py::arg("node_local_root") = false);
+        py::arg("node_local_root") = false, py::arg("run_id") = "");
   m.def("describe_tensor", &DescribeTensor, py::arg("tensor"),
         "What zcc would register for `tensor`: dtype, shape, data pointer, bytes, memory "
         "kind and the protocol it was read through. Raises like register_tensors would.");

@@ -106,6 +106,7 @@ Thread-safety: a Checkpointer belongs to the training thread.
 import collections
 import os
 import threading
+import uuid
 
 import torch
 
@@ -182,7 +183,9 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         a ``step()`` right after construction could find only slots whose
         memory is still being reserved, and be skipped).
       backpressure, keep_last, num_slots, persist_on_failure, copier, and any
-        other ``zcc.connect`` keyword: passed through.
+        other ``zcc.connect`` keyword: passed through. ``run_id`` is drawn here
+        when not given: rank 0's, shared over the process group (collective),
+        so that a step commits only from the manifests of this run.
     """
 
     def __init__(self, model, optimizer=None, *, job_id, save_every=0, ema_decay=0.0,
@@ -267,6 +270,10 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         specs = self._specs_of(pieces)
 
         specs += self._state_specs(extra_bytes)
+        # This run of the job, the same on every rank (a step commits only
+        # from manifests of one run).
+        if "run_id" not in connect_kwargs:
+            connect_kwargs["run_id"] = self._draw_run_id()
         if self._stream_device is not None and "copier" not in connect_kwargs:
             # CUDA tensors: the CUDA copier of their device (loads the runtime).
             connect_kwargs["copier"] = zcc.cuda_copier(device=self._stream_device.index or 0)
@@ -305,6 +312,20 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             self._wrap_optimizer_step()
 
     # ----------------------------------------------------------------- setup
+
+    def _draw_run_id(self):
+        """A new run id, rank 0's broadcast over the process group (collective
+        where there is one); without one, the launcher's run id and restart
+        count (torchrun's), else none."""
+        dist = torch.distributed
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            box = [uuid.uuid4().hex if self.rank == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        if self.world_size <= 1:
+            return uuid.uuid4().hex
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        return "%s.%s" % (run, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if run else ""
 
     def _state_specs(self, extra_bytes):
         """The EXTRA blobs (module docstring): the job's trainer state and
