@@ -6,6 +6,7 @@ EMA names zccd keeps for this rank, and the methods that only talk to the
 client."""
 
 import os
+import uuid
 import warnings
 import weakref
 
@@ -64,6 +65,23 @@ class CheckpointerBase:
         if replica == "none":
             return zcc.ReplicaGroup()
         raise ValueError("replica must be 'data_parallel', 'none' or a zcc.ReplicaGroup")
+
+    def _draw_run_id(self, dist, launcher_env=None):
+        """This run of the job's id, the same on every rank: rank 0's, sent
+        with `dist.broadcast_object_list` (torch.distributed or
+        paddle.distributed with its process group up; collective), else a
+        fresh one on a single rank, else the launcher's run id and restart
+        count from the environment variables `launcher_env` names, else ""
+        (none: commits do not compare runs)."""
+        if dist is not None:
+            box = [uuid.uuid4().hex if self.rank == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        if self.world_size <= 1:
+            return uuid.uuid4().hex
+        if launcher_env is not None and os.environ.get(launcher_env[0], ""):
+            return "%s.%s" % (os.environ[launcher_env[0]], os.environ.get(launcher_env[1], "0"))
+        return ""
 
     def _register(self, specs):
         """Registers `specs` with the connected client (closing it if zccd

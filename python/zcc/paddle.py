@@ -281,6 +281,10 @@ class Checkpointer(_checkpointer.CheckpointerBase):
 
         if self._device is not None and "copier" not in connect_kwargs:
             connect_kwargs["copier"] = zcc.cuda_copier(device=self._device)
+        # This run of the job, the same on every rank (a step commits only
+        # from manifests of one run).
+        if "run_id" not in connect_kwargs:
+            connect_kwargs["run_id"] = self._draw_run_id(self._process_group())
         self.client = zcc.connect(job_id, socket_path=socket, rank=rank, world_size=world_size,
                                   save_every=save_every, checkpoint_root=root,
                                   ema_decay=ema_decay, ema_interval=self.ema_interval,

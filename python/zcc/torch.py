@@ -106,7 +106,6 @@ Thread-safety: a Checkpointer belongs to the training thread.
 import collections
 import os
 import threading
-import uuid
 
 import torch
 
@@ -273,7 +272,11 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         # This run of the job, the same on every rank (a step commits only
         # from manifests of one run).
         if "run_id" not in connect_kwargs:
-            connect_kwargs["run_id"] = self._draw_run_id()
+            dist = torch.distributed
+            group = dist if world_size > 1 and dist.is_available() and dist.is_initialized() \
+                else None
+            connect_kwargs["run_id"] = self._draw_run_id(
+                group, ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"))
         if self._stream_device is not None and "copier" not in connect_kwargs:
             # CUDA tensors: the CUDA copier of their device (loads the runtime).
             connect_kwargs["copier"] = zcc.cuda_copier(device=self._stream_device.index or 0)
@@ -312,20 +315,6 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             self._wrap_optimizer_step()
 
     # ----------------------------------------------------------------- setup
-
-    def _draw_run_id(self):
-        """A new run id, rank 0's broadcast over the process group (collective
-        where there is one); without one, the launcher's run id and restart
-        count (torchrun's), else none."""
-        dist = torch.distributed
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            box = [uuid.uuid4().hex if self.rank == 0 else None]
-            dist.broadcast_object_list(box, src=0)
-            return box[0]
-        if self.world_size <= 1:
-            return uuid.uuid4().hex
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-        return "%s.%s" % (run, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if run else ""
 
     def _state_specs(self, extra_bytes):
         """The EXTRA blobs (module docstring): the job's trainer state and
