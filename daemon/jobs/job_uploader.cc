@@ -54,6 +54,11 @@ void JobUploader::OnRankRegistered(uint32_t rank) {
   forget_.push_back(rank);
 }
 
+bool JobUploader::Stopping() const {
+  zcc::MutexLock lock(&mu_);
+  return stop_;
+}
+
 void JobUploader::QueueNodeStep(int64_t step, absl::Time write_began) {
   node_queue_.emplace(step, write_began);
   while (node_queue_.size() > kMaxNodeStepsWaiting) {
@@ -253,10 +258,7 @@ void JobUploader::RemoveDropped(const std::vector<int64_t>& steps) {
 }
 
 void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
-  const std::function<bool()> cancelled = [this] {
-    zcc::MutexLock lock(&mu_);
-    return stop_;
-  };
+  const std::function<bool()> cancelled = [this] { return Stopping(); };
   checkpoint::UploadOptions options;
   options.write_began = write_began;
   options.cancelled = &cancelled;
@@ -303,10 +305,7 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
 }
 
 void JobUploader::Upload(int64_t step, absl::Time write_began) {
-  const std::function<bool()> cancelled = [this] {
-    zcc::MutexLock lock(&mu_);
-    return stop_;
-  };
+  const std::function<bool()> cancelled = [this] { return Stopping(); };
   checkpoint::UploadOptions options;
   options.write_began = write_began;
   options.cancelled = &cancelled;

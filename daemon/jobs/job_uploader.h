@@ -112,6 +112,8 @@ class JobUploader {
   void RemoveDropped(const std::vector<int64_t>& steps);
   // Node-local mode: `step` waits, the oldest dropped beyond the bound.
   void QueueNodeStep(int64_t step, absl::Time write_began) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The destructor has asked the thread to stop (an upload's cancel check).
+  bool Stopping() const ABSL_LOCKS_EXCLUDED(mu_);
   // The store's retention, after `committed` committed there.
   void ApplyStoreRetention(int64_t committed);
   // Logs and counts a failed upload (unless cancelled: zccd is stopping).
