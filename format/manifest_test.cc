@@ -119,6 +119,17 @@ TEST_CASE("a rank manifest round-trips through JSON") {
   CHECK(absl::StrContains(text, "\n \"job_id\": \"llama-70b_run.3\""));  // dump(1)
 }
 
+TEST_CASE("a manifest names its run when the trainer gave one, and not otherwise") {
+  RankManifest m = SampleManifest();
+  CHECK_FALSE(json::parse(EncodeRankManifest(m)).contains("run_id"));
+  m.run_id = "3f2a9c1e";
+  const std::string text = EncodeRankManifest(m);
+  CHECK(json::parse(text)["run_id"] == "3f2a9c1e");
+  auto decoded = DecodeRankManifest(text);
+  REQUIRE_OK(decoded);
+  CHECK(decoded->run_id == "3f2a9c1e");
+}
+
 TEST_CASE("a manifest without tensors round-trips") {
   RankManifest m;
   m.job_id = "j";
@@ -157,6 +168,9 @@ TEST_CASE("invalid manifests are refused with a message naming the field") {
       {"hash too short", [](json& j) { j["manifest_hash"] = "abc"; }, "manifest_hash"},
       {"hash uppercase", [](json& j) { j["manifest_hash"] = "FEDCBA9876543210"; }, "manifest_hash"},
       {"hash not hex", [](json& j) { j["manifest_hash"] = "fedcba987654321g"; }, "manifest_hash"},
+      {"empty run id", [](json& j) { j["run_id"] = ""; }, "\"run_id\" must be 1 to 128 bytes"},
+      {"run id too long", [](json& j) { j["run_id"] = std::string(129, 'r'); }, "run_id"},
+      {"run id not a string", [](json& j) { j["run_id"] = 7; }, "run_id"},
       {"files not an array", [](json& j) { j["files"] = json::object(); }, "\"files\""},
       {"file entry not an object", [](json& j) { j["files"][0] = "x"; }, "files[0]"},
       {"file with slash", [](json& j) { j["files"][0]["name"] = "../x.safetensors"; }, "files[0]"},

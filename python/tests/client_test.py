@@ -86,6 +86,11 @@ def test_store_credentials_are_checked_and_reach_zccd():
                      node_local_root=True) as c:
             raises(zcc.InvalidArgumentError, c.register_tensors,
                    [zcc.TensorSpec("w", np.zeros(4, np.float32))], match="needs an upload_root")
+        # A run id is plain printable text (it goes into every manifest).
+        with connect("rj", socket_path=d.socket, checkpoint_root=d.root,
+                     run_id="run 1") as c:
+            raises(zcc.InvalidArgumentError, c.register_tensors,
+                   [zcc.TensorSpec("w", np.zeros(4, np.float32))], match="run_id must be")
 
 
 def test_bad_registrations():
