@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "common/file_util.h"
 #include "format/manifest.h"
 #include "storage/storage.h"
@@ -29,6 +30,14 @@ inline std::string WritingStepDir(const storage::Storage& fs, const std::string&
                                   int64_t step) {
   return JoinPath(job_dir, CommitsInPlace(fs, job_dir) ? format::StepDirName(step)
                                               : format::PartialStepDirName(step));
+}
+
+// Removes the directory ranks write step `step` of `job_dir` into (an
+// abandoned or superseded step's; one already gone is no error).
+inline absl::Status RemoveWritingStepDir(storage::Storage& fs, const std::string& job_dir,
+                                         int64_t step) {
+  const absl::Status removed = fs.RemoveTree(WritingStepDir(fs, job_dir, step));
+  return absl::IsNotFound(removed) ? absl::OkStatus() : removed;
 }
 
 }  // namespace zcc::checkpoint

@@ -88,6 +88,15 @@ struct Tiers {
   absl::StatusOr<NodeUploadResult> UploadNode(uint32_t node, int64_t step) {
     return UploadNodeStep(fs, NodeDir(node), step, kStore, kJob, kWorld);
   }
+  // Both nodes write `step` and send their parts: committed in the store.
+  void CommitFromNodes(int64_t step, int64_t seed) {
+    WriteOnNode(0, step, seed);
+    WriteOnNode(1, step, seed);
+    REQUIRE_OK(UploadNode(0, step).status());
+    auto last = UploadNode(1, step);
+    REQUIRE_OK(last);
+    REQUIRE(last->committed);
+  }
 
   storage::MemoryStorage local;
   storage::MemoryStorage store_memory;
@@ -203,10 +212,7 @@ TEST_CASE("node-local roots: each node uploads its own ranks' files; the last on
 TEST_CASE("node-local roots: a new run forgets its ranks' parts of uncommitted steps, so an "
           "earlier run's part never completes a step written again") {
   Tiers t;
-  t.WriteOnNode(0, 10, 10);
-  t.WriteOnNode(1, 10, 10);
-  REQUIRE_OK(t.UploadNode(0, 10).status());
-  REQUIRE_OK(t.UploadNode(1, 10).status());
+  t.CommitFromNodes(10, 10);
   // A run sends node 0's part of step 20 and dies before node 1 sends its.
   t.WriteOnNode(0, 20, 20);
   REQUIRE_OK(t.UploadNode(0, 20).status());
@@ -258,10 +264,7 @@ TEST_CASE("a step commits only from manifests of one run: an earlier run's part 
 TEST_CASE("node-local roots: the last node's upload cut at any change leaves the older step or "
           "the new one whole") {
   auto prepare = [](Tiers& t) {
-    t.WriteOnNode(0, 10, 10);
-    t.WriteOnNode(1, 10, 10);
-    REQUIRE_OK(t.UploadNode(0, 10).status());
-    REQUIRE_OK(t.UploadNode(1, 10).status());
+    t.CommitFromNodes(10, 10);
     t.WriteOnNode(0, 20, 20);
     t.WriteOnNode(1, 20, 20);
     REQUIRE_OK(t.UploadNode(0, 20).status());

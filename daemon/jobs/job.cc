@@ -230,8 +230,8 @@ void Job::ExpireNodeSteps() {
   }
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
   for (int64_t step : expired) {
-    const absl::Status removed = fs.RemoveTree(checkpoint::WritingStepDir(fs, options_.job_dir, step));
-    if (!removed.ok() && !absl::IsNotFound(removed)) ZCC_LOG(WARNING) << removed;
+    const absl::Status removed = checkpoint::RemoveWritingStepDir(fs, options_.job_dir, step);
+    if (!removed.ok()) ZCC_LOG(WARNING) << removed;
   }
 }
 
@@ -262,7 +262,7 @@ void Job::DropPending(int64_t step, const std::string& why) {
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
   // Where steps commit in place this is step-N/ without its COMMITTED (the
   // ranks removed an earlier commit's before writing).
-  const absl::Status removed = fs.RemoveTree(checkpoint::WritingStepDir(fs, options_.job_dir, step));
+  const absl::Status removed = checkpoint::RemoveWritingStepDir(fs, options_.job_dir, step);
   if (!removed.ok()) ZCC_LOG(WARNING) << removed;
 }
 

@@ -251,9 +251,9 @@ void JobUploader::RemoveDropped(const std::vector<int64_t>& steps) {
     ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step
                      << " is not sent to the store from this node: " << kMaxNodeStepsWaiting
                      << " newer steps wait (the store is slower than the checkpoints)";
-    const absl::Status removed = options_.storage->RemoveTree(
-        checkpoint::WritingStepDir(*options_.storage, options_.job_dir, step));
-    if (!removed.ok() && !absl::IsNotFound(removed)) ZCC_LOG(WARNING) << removed;
+    const absl::Status removed =
+        checkpoint::RemoveWritingStepDir(*options_.storage, options_.job_dir, step);
+    if (!removed.ok()) ZCC_LOG(WARNING) << removed;
   }
 }
 
@@ -278,8 +278,8 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
                   << ")";
     if (options_.metrics != nullptr) options_.metrics->upload_bytes().Increment(sent->stats.bytes);
     // In the store now: the local copy has done its part.
-    const absl::Status removed = options_.storage->RemoveTree(
-        checkpoint::WritingStepDir(*options_.storage, options_.job_dir, step));
+    const absl::Status removed =
+        checkpoint::RemoveWritingStepDir(*options_.storage, options_.job_dir, step);
     if (!removed.ok()) ZCC_LOG(WARNING) << removed;
     {
       zcc::MutexLock lock(&mu_);
