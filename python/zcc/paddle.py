@@ -73,6 +73,21 @@ names the model's experts; each is checkpointed under its global expert id
 the data-parallel ranks holding it, so it is written once, and restored by id
 on any other expert-parallel degree or number of ranks.
 
+State spread over ranks (zcc._paddle_layout): an auto-parallel DistTensor
+(``dist.shard_tensor`` with ``Shard``/``Replicate`` placements on a
+``ProcessMesh``) is registered as its local value, the box of its global
+tensor that this rank holds, with its accumulators placed like it (Paddle's
+first step would place them so); the ranks replicating a piece write it
+once. Fleet's sharding stage 1 (``fleet.distributed_optimizer`` with
+``sharding_degree > 1``; ``DygraphShardingOptimizer``) keeps each
+parameter's optimizer state on the rank that owns the parameter: each rank
+registers the state it holds, found over the process group, so each piece
+is written by its owner. Either restores into any other layout (another
+mesh, sharding degree or number of ranks, or one process), the checkpoint
+holding global tensors. Refused with the reason: ``Partial`` placements,
+sharding with ``split_param`` (flattened slices) or tensor fusion, and
+``group_sharded_parallel``'s optimizer.
+
 Devices: CPU tensors use the host copier; GPU tensors (one device per rank)
 the CUDA copier of their device, ordered on Paddle's current stream.
 
@@ -89,6 +104,8 @@ import paddle
 
 import zcc
 from zcc import _checkpointer
+from zcc import _layout
+from zcc import _paddle_layout
 from zcc import _plain_state
 from zcc import _rng_state
 
@@ -162,6 +179,15 @@ def _set_generator_states(saved):
         paddle.set_cuda_rng_state(rebuilt(saved["cuda"]))
 
 
+def _unwrapped(model):
+    """The layer whose state-dict keys are the model's: the one under
+    paddle.DataParallel and fleet.distributed_model's wrappers."""
+    while isinstance(getattr(model, "_layers", None), paddle.nn.Layer) and \
+            type(model).__module__.startswith("paddle."):
+        model = model._layers
+    return model
+
+
 def _detached(t):
     """The tensor zcc reads: a parameter without its autograd (same memory)."""
     return t.detach() if not t.stop_gradient else t
@@ -171,7 +197,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
     """Registers a Paddle model, its optimizer and small trainer state with zcc.
 
     Args:
-      model: the ``paddle.nn.Layer`` (a ``paddle.DataParallel`` is unwrapped).
+      model: the ``paddle.nn.Layer`` (``paddle.DataParallel`` and
+        ``fleet.distributed_model``'s wrappers are unwrapped).
       optimizer: a ``paddle.optimizer.Optimizer`` over the model's
         parameters, or None.
       job_id: the zcc job (checkpoints go to ``<root>/<job_id>/``).
@@ -215,13 +242,16 @@ class Checkpointer(_checkpointer.CheckpointerBase):
             root = os.environ.get("ZCC_ROOT", "")
         self.rank = rank
         self.world_size = world_size
-        self.model = getattr(model, "_layers", model) if isinstance(model, paddle.DataParallel) \
-            else model
+        self.model = _unwrapped(model)
         self.optimizer = optimizer
-        if scheduler is None and optimizer is not None and \
-                isinstance(getattr(optimizer, "_learning_rate", None),
+        # The optimizer holding the state under fleet's wrappers, and
+        # whether that state is sharded by parameter ownership.
+        self._opt, self._sharded = (None, False) if optimizer is None else \
+            _paddle_layout.inner_optimizer(optimizer, paddle.optimizer.Optimizer)
+        if scheduler is None and self._opt is not None and \
+                isinstance(getattr(self._opt, "_learning_rate", None),
                            paddle.optimizer.lr.LRScheduler):
-            scheduler = optimizer._learning_rate
+            scheduler = self._opt._learning_rate
         self.scheduler = scheduler
         self.user_state = user_state if user_state is not None else {}
         self.state = _checkpointer.stateful_objects(state, _Loadable.wrap)
@@ -244,7 +274,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                 raise TypeError("moe takes zcc.paddle.Experts, not %s" % type(m).__name__)
             m._place(self.rank, self.world_size)
 
-        specs = []
+        pieces = []  # (checkpoint key, Piece, kind, ema_eligible, replica group of a whole tensor)
         self._params = collections.OrderedDict()   # checkpoint key -> trainable parameter
         self._watched = []   # (what, tensor, address): memory that must not move
         self._shadows = []   # (checkpoint key, the model's tensor, its shadow)
@@ -265,19 +295,21 @@ class Checkpointer(_checkpointer.CheckpointerBase):
             if id(t) in trainable:
                 self._params[key] = t
                 key_of[t.name] = key
-                view = _detached(t)
-                self._watched.append(("parameter " + local_key, t, t.data_ptr()))
-                specs.append(zcc.TensorSpec(key, view, kind="param", replica=group,
-                                            ema_eligible=ema_decay > 0 and t.dtype in _EMA_DTYPES))
+                piece = _paddle_layout.piece_of(key, _detached(t), self.rank)
+                self._watched.append(("parameter " + local_key, t, piece.local.data_ptr()))
+                pieces.append((key, piece, "param",
+                               ema_decay > 0 and t.dtype in _EMA_DTYPES, group))
             else:
                 shadow = paddle.assign(_detached(t))
                 self._shadows.append((key, t, shadow))
-                specs.append(zcc.TensorSpec(key, shadow, kind="param", replica=group))
+                pieces.append((key, _paddle_layout.piece_of(key, shadow, self.rank), "param",
+                               False, group))
 
         self._accumulators = []  # (the optimizer's dict, its key, our tensor, spec name)
+        self._owned_state = set()  # sharded optimizer state: the names this rank holds
         if optimizer is not None:
-            specs += self._register_optimizer_state(key_of)
-        specs += self._state_specs(extra_bytes)
+            pieces += self._register_optimizer_state(key_of)
+        specs = self._specs_of(pieces) + self._state_specs(extra_bytes)
 
         if self._device is not None and "copier" not in connect_kwargs:
             connect_kwargs["copier"] = zcc.cuda_copier(device=self._device)
@@ -311,14 +343,16 @@ class Checkpointer(_checkpointer.CheckpointerBase):
 
     def _optimizer_params(self):
         params = []
-        for entry in self.optimizer._parameter_list or []:
+        for entry in self._opt._parameter_list or []:
             params += list(entry["params"]) if isinstance(entry, dict) else [entry]
         return params
 
     def _register_optimizer_state(self, key_of):
         """The optimizer's accumulators (and master weights), created now
-        with the values its first step would give them, as OPTIM specs."""
-        opt = self.optimizer
+        with the values its first step would give them, as pieces: a
+        DistTensor parameter's placed like it (as Paddle's first step would
+        place them), sharded state (fleet's sharding) held by its owners."""
+        opt = self._opt
         params = [p for p in self._optimizer_params() if not p.stop_gradient]
         for p in params:
             if p.name not in key_of:
@@ -328,27 +362,87 @@ class Checkpointer(_checkpointer.CheckpointerBase):
             block = paddle.static.default_main_program().global_block()
             opt._create_accumulators(block, params)
         masters = getattr(opt, "_master_weights", None) or {}
+        self._place_accumulators(params, masters)
         # With multi_precision the accumulators of a float16/bfloat16
         # parameter are keyed by its fp32 master weight's name.
         owner = dict(key_of)
         owner.update({m.name: key_of[pname] for pname, m in masters.items() if pname in key_of})
-        specs = []
+        found = []  # (the optimizer's dict, its key, the tensor, name, the parameter's key)
         for acc_name, by_param in sorted(opt._accumulators.items()):
             for pname, t in sorted(by_param.items()):
-                if pname not in owner:
-                    continue  # another model's (an optimizer shared between models)
-                name = "optimizer.state.%s.%s" % (owner[pname], acc_name)
-                self._note_device(name, t)
-                self._accumulators.append((by_param, pname, t, name))
-                specs.append(zcc.TensorSpec(name, _detached(t), kind="optim",
-                                            replica=self._group_of[owner[pname]]))
+                if pname in owner:  # else another model's (an optimizer shared between models)
+                    found.append((by_param, pname, t, "optimizer.state.%s.%s"
+                                  % (owner[pname], acc_name), owner[pname]))
         for pname, t in sorted(masters.items()):
             if pname in key_of:
-                name = "optimizer.master_weight.%s" % key_of[pname]
-                self._note_device(name, t)
-                self._accumulators.append((opt._master_weights, pname, t, name))
-                specs.append(zcc.TensorSpec(name, _detached(t), kind="optim",
-                                            replica=self._group_of[key_of[pname]]))
+                found.append((opt._master_weights, pname, t,
+                              "optimizer.master_weight.%s" % key_of[pname], key_of[pname]))
+        pieces = []
+        for by_param, pname, t, name, key in found:
+            self._note_device(name, t)
+            self._accumulators.append((by_param, pname, t, name))
+            piece = _paddle_layout.piece_of(name, _detached(t), self.rank)
+            if self._sharded and piece.global_shape is None:
+                self._owned_state.add(name)
+            pieces.append((name, piece, "optim", False, self._group_of[key]))
+        return pieces
+
+    def _place_accumulators(self, params, masters):
+        """A DistTensor parameter's accumulators as DistTensors on its mesh,
+        as Paddle places them at its first step: those of the parameter's
+        shape with its placements, the rest (beta powers) replicated."""
+        opt = self._opt
+        for p in params:
+            if not _paddle_layout.is_dist(p):
+                continue
+            target = masters[p.name].name if p.name in masters else p.name
+            for by_param in opt._accumulators.values():
+                acc = by_param.get(target)
+                if acc is None or _paddle_layout.is_dist(acc):
+                    continue
+                placements = list(p.placements) if list(acc.shape) == list(p.shape) else \
+                    [paddle.distributed.Replicate() for _ in p.process_mesh.shape]
+                placed = paddle.distributed.shard_tensor(acc, mesh=p.process_mesh,
+                                                         placements=placements)
+                placed.name = acc.name
+                by_param[target] = placed
+
+    def _specs_of(self, pieces):
+        """TensorSpecs of (name, Piece, kind, ema_eligible, group): the ranks
+        holding each DistTensor piece and each piece of sharded optimizer
+        state found over the process group (every rank's names, gathered),
+        their replica groups derived from them; a whole tensor in `group`;
+        empty pieces (an uneven shard can leave a rank no rows) left out.
+        Collective with Paddle's process group up: every rank calls it."""
+        dist = self._process_group()
+        keys = [(name, tuple(p.offset), tuple(int(n) for n in p.local.shape))
+                if p.global_shape is not None else (name,) if name in self._owned_state else None
+                for name, p, _, _, _ in pieces]
+        if dist is not None:
+            def all_gather_object(mine):
+                everyone = []
+                dist.all_gather_object(everyone, mine)
+                return everyone
+            found = _layout.holders([k for k in keys if k is not None], all_gather_object,
+                                    self.world_size)
+            pieces = [entry if k is None else (entry[0], entry[1]._replace(members=found[k]))
+                      + entry[2:] for k, entry in zip(keys, pieces)]
+        elif self._owned_state:
+            raise zcc.FailedPreconditionError(
+                "the optimizer's state is sharded over ranks; zcc.paddle finds which ranks hold "
+                "each piece over paddle.distributed's process group: build the Checkpointer "
+                "after fleet.init() or init_parallel_env()")
+        groups = _layout.replica_groups(
+            [p.members for _, p, _, _, _ in pieces if p.members is not None],
+            self.rank, self.world_size)
+        specs = []
+        for name, piece, kind, eligible, group in pieces:
+            if int(piece.local.numel()) == 0:
+                continue
+            replica = group if piece.members is None else groups[piece.members]
+            specs.append(zcc.TensorSpec(name, piece.local, kind=kind, ema_eligible=eligible,
+                                        replica=replica, global_shape=piece.global_shape,
+                                        offset=piece.offset))
         return specs
 
     def _state_specs(self, extra_bytes):
@@ -379,8 +473,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
     def _job_state(self, step):
         state = {"format": 1, "framework": "paddle", "step": int(step),
                  "world_size": self.world_size}
-        if self.optimizer is not None:
-            state["lr"] = float(self.optimizer.get_lr())
+        if self._opt is not None:
+            state["lr"] = float(self._opt.get_lr())
         if self.scheduler is not None:
             state["scheduler"] = _plain_state.plain_hyperparameter(
                 {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)},
@@ -403,7 +497,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
 
     def _check_memory(self):
         for what, t, address in self._watched:
-            if t.data_ptr() != address:
+            if _paddle_layout.local_of(t).data_ptr() != address:
                 raise zcc.FailedPreconditionError(
                     "%s moved to other memory after the Checkpointer was built (Layer.to() "
                     "cast it or moved it to another device): zcc would copy the old memory. "
@@ -423,7 +517,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
             self.fence()
         self._check_memory()
         for _, t, shadow in self._shadows:
-            paddle.assign(t, output=shadow)
+            paddle.assign(_paddle_layout.local_of(t), output=_paddle_layout.local_of(shadow))
         self._write_blobs(((self._blobs["job"], self._job_state(step)),
                            (self._blobs["rank"], self._rank_state())))
         self._fenced = False
@@ -451,7 +545,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
             return None
         got = self._restored(result)
         for _, t, shadow in self._shadows:
-            paddle.assign(shadow, output=t)
+            paddle.assign(_paddle_layout.local_of(shadow), output=_paddle_layout.local_of(t))
         job = self._blobs["job"].read() or {}
         if job.get("framework") not in (None, "paddle"):
             raise zcc.FailedPreconditionError(
@@ -460,9 +554,9 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         if self.scheduler is not None and job.get("scheduler") is not None:
             self.scheduler.set_state_dict(_plain_state.restore_hyperparameter(
                 self.scheduler.state_dict(), job["scheduler"], self._codec))
-        elif self.optimizer is not None and job.get("lr") is not None and \
-                not isinstance(self.optimizer._learning_rate, paddle.optimizer.lr.LRScheduler):
-            self.optimizer.set_lr(job["lr"])
+        elif self._opt is not None and job.get("lr") is not None and \
+                not isinstance(self._opt._learning_rate, paddle.optimizer.lr.LRScheduler):
+            self._opt.set_lr(job["lr"])
         own = self._rank_state_name not in self._missing_state
         self.restored_rank_state = own
         mine = self._blobs["rank"].read() if own else None
@@ -581,6 +675,22 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         _, arrays = self._read_ema(timeout)
         out = collections.OrderedDict(
             (n, paddle.to_tensor(arrays[n])) for n in self._kept_ema_names())
+        for name, p in self._params.items():
+            # A DistTensor parameter's EMA as a DistTensor placed like it,
+            # so that the auto-parallel model loads it (a rank with no rows
+            # of it holds none).
+            if not _paddle_layout.is_dist(p):
+                continue
+            local = p._local_value()
+            if name not in out and int(local.numel()) > 0:
+                continue  # another replica keeps it
+            placed = paddle.assign(_detached(p))  # a copy: never the parameter itself
+            if placed.dtype != paddle.float32:
+                placed = paddle.cast(placed, "float32")
+            if name in out:
+                paddle.assign(out.pop(name).reshape(list(local.shape)),
+                              output=placed._local_value())
+            out[name] = placed
         if include_buffers:
             for key, t, _ in self._shadows:
                 out[key] = paddle.assign(_detached(t))

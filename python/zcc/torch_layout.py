@@ -9,34 +9,18 @@ tensor along ``dim`` (unevenly where the size does not divide: PyTorch's
 ``torch.chunk`` rule), so the local tensor is a box of the global one, and
 every ``Replicate()`` names a mesh dimension whose ranks hold the same box.
 
-Replicas become zcc replica groups, which have the piece written (and read
-back) by one member. zcc keys a rank's groups by kind and id, one group per
-key: the group of the whole job is the data-parallel group; every other set
-of ranks sharing pieces (a tensor-parallel group sharing its layer norms under
-FSDP2 x TP, say) is a group of kind ``expert_data_parallel`` whose id is
-derived from its members, from 2**31 up (real expert ids stay below).
+Replicas become zcc replica groups (zcc._layout says how).
 """
-
-import collections
-import zlib
 
 import torch
 
-import zcc
+from zcc import _layout
+from zcc._layout import Piece, replica_groups  # noqa: F401 (zcc.torch's names)
 
 try:  # public from PyTorch 2.5 (2.4: torch.distributed._tensor)
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover - PyTorch without distributed
     DTensor = None
-
-_SYNTHETIC_GROUP_BASE = 1 << 31
-
-# A piece of a global tensor as this rank holds it.
-#   local:        the tensor zcc copies (contiguous)
-#   global_shape: the global tensor's shape, or None for a whole tensor
-#   offset:       where the piece starts in it, per dimension, or None
-#   members:      the global ranks holding this same piece, sorted
-Piece = collections.namedtuple("Piece", "local global_shape offset members")
 
 
 def is_dtensor(t):
@@ -65,16 +49,8 @@ def _local_shape_and_offset(t):
         shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
         return tuple(shape), tuple(offset)
     mesh = t.device_mesh
-    shape = list(t.shape)
-    offset = [0] * len(shape)
-    for mesh_dim, p in enumerate(t.placements):
-        if p.is_shard():
-            parts = mesh.size(mesh_dim)
-            chunk = -(-shape[p.dim] // parts)
-            start = min(chunk * mesh.get_local_rank(mesh_dim), shape[p.dim])
-            offset[p.dim] += start
-            shape[p.dim] = max(0, min(chunk, shape[p.dim] - start))
-    return tuple(shape), tuple(offset)
+    return _layout.chunk_box(t.shape, tuple(mesh.shape), mesh.get_coordinate(),
+                             [p.dim if p.is_shard() else None for p in t.placements])
 
 
 def _replica_members(t, rank):
@@ -138,43 +114,15 @@ def gather_members(pieces, rank, world_size):
         return [p for _, p in pieces]
     keys = [(name, tuple(p.offset), tuple(p.local.shape)) if p.global_shape is not None else None
             for name, p in pieces]
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, [k for k in keys if k is not None])
-    holders = collections.defaultdict(list)
-    for r, theirs in enumerate(everyone):
-        for k in theirs:
-            holders[k].append(r)
-    return [p if k is None else p._replace(members=tuple(holders[k]))
+
+    def all_gather_object(mine):
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, mine)
+        return everyone
+
+    found = _layout.holders([k for k in keys if k is not None], all_gather_object, world_size)
+    return [p if k is None else p._replace(members=found[k])
             for k, (_, p) in zip(keys, pieces)]
-
-
-def replica_groups(members_list, rank, world_size):
-    """{members: zcc.ReplicaGroup} for the distinct member sets of one rank's
-    pieces, by the rule in the module docstring. Every member of a set
-    derives the same group from it."""
-    world = tuple(range(world_size))
-    groups = {}
-    synthetic = {}
-    for members in members_list:
-        if members in groups:
-            continue
-        if len(members) <= 1:
-            groups[members] = zcc.ReplicaGroup()
-            continue
-        if rank not in members:
-            raise ValueError("rank %d holds a piece whose replicas are ranks %s" % (rank, members))
-        if members == world:
-            groups[members] = zcc.ReplicaGroup("data_parallel", len(members), members.index(rank))
-            continue
-        key = zlib.crc32(repr(members).encode()) & (_SYNTHETIC_GROUP_BASE - 1)
-        if key in synthetic:  # two sets of ranks with one crc: cannot key both
-            raise ValueError("replica groups %s and %s collide; give the Checkpointer "
-                             "replica='none' and distinct names" % (synthetic[key], members))
-        synthetic[key] = members
-        groups[members] = zcc.ReplicaGroup("expert_data_parallel", len(members),
-                                           members.index(rank),
-                                           expert_id=_SYNTHETIC_GROUP_BASE + key)
-    return groups
 
 
 def refuse_fsdp1(model):
