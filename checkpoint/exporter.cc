@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "checkpoint/export_layout.h"
 #include "checkpoint/global_index.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
@@ -68,6 +69,7 @@ struct PlannedTensor {
   format::DType out_dtype = format::DType::kU8;
   uint64_t in_bytes = 0;   // in the step (global dtype)
   uint64_t out_bytes = 0;  // in the export
+  bool transpose = false;  // a 2-D tensor written [cols, rows] (ExportLayout)
 };
 
 struct PlannedShard {
@@ -393,9 +395,14 @@ class ShardStreamer {
       ZCC_RETURN_IF_ERROR(ReadBatch(plan, i, j, at, batch_bytes));
       for (size_t k = i; k < j; ++k) {
         const PlannedTensor& t = plan[k];
+        const uint8_t* src = buffer_.data() + at[k - i];
+        if (t.transpose) {
+          ZCC_RETURN_IF_ERROR(WriteTransposed(*file, src, t, &offset));
+          continue;
+        }
         const uint64_t elements = t.in_bytes / format::DTypeSize(t.global->dtype);
-        ZCC_RETURN_IF_ERROR(WriteConverted(*file, buffer_.data() + at[k - i], elements,
-                                           t.global->dtype, t.out_dtype, ConvertChunk(), &offset));
+        ZCC_RETURN_IF_ERROR(WriteConverted(*file, src, elements, t.global->dtype, t.out_dtype,
+                                           ConvertChunk(), &offset));
       }
       i = j;
     }
@@ -425,6 +432,25 @@ class ShardStreamer {
     return absl::OkStatus();
   }
 
+  // Writes the 2-D tensor `t` at `src` transposed (and converted), a
+  // chunk of its output elements at a time gathered into a second buffer.
+  absl::Status WriteTransposed(storage::File& file, const uint8_t* src, const PlannedTensor& t,
+                               uint64_t* offset) {
+    const uint64_t rows = static_cast<uint64_t>(t.global->global_shape[0]);
+    const uint64_t cols = static_cast<uint64_t>(t.global->global_shape[1]);
+    const size_t in_size = format::DTypeSize(t.global->dtype);
+    if (gather_.size() == 0) gather_ = storage::AlignedBuffer::Uninitialized(kConvertChunkBytes);
+    const uint64_t per_chunk = gather_.size() / std::max(in_size, format::DTypeSize(t.out_dtype));
+    for (uint64_t done = 0; done < rows * cols;) {
+      const uint64_t n = std::min<uint64_t>(per_chunk, rows * cols - done);
+      TransposeRange(src, rows, cols, in_size, done, n, gather_.data());
+      ZCC_RETURN_IF_ERROR(WriteConverted(file, gather_.data(), n, t.global->dtype, t.out_dtype,
+                                         ConvertChunk(), offset));
+      done += n;
+    }
+    return absl::OkStatus();
+  }
+
   storage::AlignedBuffer& ConvertChunk() {
     if (chunk_.size() == 0) chunk_ = storage::AlignedBuffer::Uninitialized(kConvertChunkBytes);
     return chunk_;
@@ -437,6 +463,7 @@ class ShardStreamer {
   ExportReport* const report_;
   storage::AlignedBuffer buffer_;  // reused across batches; grows only
   storage::AlignedBuffer chunk_;
+  storage::AlignedBuffer gather_;  // a transposed tensor's elements, before conversion
 };
 
 }  // namespace
@@ -548,6 +575,21 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
   std::vector<std::string> incomplete_ema;
   ZCC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> tensors, GroupPieces(index, &incomplete_ema));
 
+  // The files the trainer stored with the job (PutJobFile); the export
+  // layout among them is read, not copied.
+  std::vector<std::string> job_paths;
+  if (options.job_files) {
+    ZCC_ASSIGN_OR_RETURN(job_paths, JobFiles(in, step_dir, options.extra_files, options.force));
+  }
+  ExportLayout layout;
+  for (auto it = job_paths.begin(); it != job_paths.end(); ++it) {
+    if (it->substr(it->find_last_of('/') + 1) != kExportLayoutFileName) continue;
+    ZCC_ASSIGN_OR_RETURN(std::string text, storage::ReadWholeFile(in, *it, kMaxConfigBytes));
+    ZCC_ASSIGN_OR_RETURN(layout, ParseExportLayout(text, *it));
+    job_paths.erase(it);
+    break;
+  }
+
   // The plan: tensors in name order, shards, headers.
   std::vector<PlannedTensor> plan;
   // An EMA export is a whole model: parameters without an EMA (integer
@@ -570,6 +612,15 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
                                                                                    : g.dtype;
     ZCC_ASSIGN_OR_RETURN(t.in_bytes, format::TensorBytes(g.dtype, g.global_shape));
     ZCC_ASSIGN_OR_RETURN(t.out_bytes, format::TensorBytes(t.out_dtype, g.global_shape));
+    t.transpose = layout.transpose.count(g.name) > 0;
+    if (t.transpose && g.global_shape.size() != 2) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job's ", kExportLayoutFileName, " asks for tensor '", g.name,
+          "' transposed, but it has ", g.global_shape.size(),
+          " dimensions (only 2-D tensors are transposed); export with --no-job-files to "
+          "write every tensor as the trainer held it"));
+    }
+    report.transposed += t.transpose ? 1 : 0;
     plan.push_back(t);
   }
   if (plan.empty() || (options.what == ExportWhat::kEma && with_ema.empty())) {
@@ -595,7 +646,9 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
     uint64_t data = 0;
     for (size_t i = shard.first; i < shard.end; ++i) {
       const PlannedTensor& t = plan[i];
-      entries.push_back({t.global->name, t.out_dtype, t.global->global_shape, data, data + t.out_bytes});
+      std::vector<int64_t> shape = t.global->global_shape;
+      if (t.transpose) std::swap(shape[0], shape[1]);
+      entries.push_back({t.global->name, t.out_dtype, std::move(shape), data, data + t.out_bytes});
       data += t.out_bytes;
       weight_map[t.global->name] = shard.file;
     }
@@ -613,12 +666,9 @@ absl::StatusOr<ExportReport> ExportStep(const std::string& step_dir, const std::
   for (const PlannedShard& shard : shards) written_names.insert(shard.file);
   written_names.insert(kSingleFileName);
   written_names.insert(format::kModelIndexFileName);
-  // The files the trainer stored with the job (PutJobFile), then the ones
-  // given; a given file replaces a job file of the same name.
-  std::vector<std::string> extra_paths;
-  if (options.job_files) {
-    ZCC_ASSIGN_OR_RETURN(extra_paths, JobFiles(in, step_dir, options.extra_files, options.force));
-  }
+  // The files the trainer stored with the job, then the ones given; a given
+  // file replaces a job file of the same name.
+  std::vector<std::string> extra_paths = std::move(job_paths);
   const size_t job_file_count = extra_paths.size();  // read through `in`; the rest are local
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> given_names,
                        CheckExtraFiles(options.extra_files, written_names));

@@ -112,6 +112,9 @@ struct ExportOptions {
   // `force`: then the given file replaces the stored one. With `dtype` set,
   // a config.json's "torch_dtype" (and "dtype", where present) is set to the
   // exported dtype, so that from_pretrained loads the weights as written.
+  // The job's export layout (export_layout.h: 2-D tensors written
+  // transposed) is read among them, not copied; without job_files every
+  // tensor is written as the trainer held it.
   bool job_files = true;
   // Write into an out_dir that is not empty: files with the export's names
   // are replaced, weight files of an earlier export that this one does not
@@ -145,6 +148,7 @@ struct ExportReport {
   bool indexed = false;                // model.safetensors.index.json written
   uint64_t tensors = 0;
   uint64_t params_without_ema = 0;     // --what ema: tensors taken from the parameters
+  uint64_t transposed = 0;             // written transposed, as the job's export layout asks
   uint64_t tensor_bytes = 0;           // the index's total_size
   uint64_t file_bytes = 0;             // shard files, headers included
   std::vector<std::string> extra_files;  // copied, names in out_dir

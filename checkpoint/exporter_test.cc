@@ -526,6 +526,84 @@ TEST_CASE("files stored with the job are exported next to the weights") {
   CHECK(Entries(out3) == std::vector<std::string>{"model.safetensors"});
 }
 
+// The transpose of the row-major [rows, cols] tensor `bytes` of `size`-byte elements.
+std::string Transposed(const std::string& bytes, int64_t rows, int64_t cols, size_t size) {
+  std::string out(bytes.size(), '\0');
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      std::memcpy(&out[(c * rows + r) * size], &bytes[(r * cols + c) * size], size);
+    }
+  }
+  return out;
+}
+
+TEST_CASE("the job's export layout writes the 2-D tensors it names transposed") {
+  Step step;
+  const std::string metadata = JoinPath(JoinPath(step.root, "job"), "metadata");
+  REQUIRE_OK(MakeDirs(metadata));
+  // A column-split F32 tensor and a row-split BF16 one; a name the step
+  // does not have is no error (another kind's export, another model).
+  REQUIRE_OK(WriteFileAtomic(JoinPath(metadata, "zcc_export.json"),
+                             R"({"transpose": ["model.layers.0.mlp.up_proj.weight",)"
+                             R"( "model.embed_tokens.weight", "lm_head.weight"]})"));
+  std::map<std::string, SlicedTensor> params;
+  for (const SlicedTensor& t : step.Of("param")) params[t.name] = t;
+  for (bool convert : {false, true}) {
+    INFO(convert);
+    ExportOptions options;
+    options.read_batch_bytes = 0;  // one tensor at a time
+    if (convert) options.dtype = DType::kF32;
+    const std::string out = JoinPath(TempDir(), convert ? "f32" : "kept");
+    auto report = ExportStep(step.dir, out, options);
+    REQUIRE_OK(report);
+    CHECK(report->transposed == 2);
+    // The layout is read, not copied.
+    CHECK(Entries(out) == std::vector<std::string>{"model.safetensors"});
+    const Exported e = ReadExport(out, {"model.safetensors"});
+    for (const auto& [name, t] : params) {
+      INFO(name);
+      const ReadTensor& got = e.tensors.at(name);
+      std::string want = Expected(t);
+      std::vector<int64_t> shape = t.global_shape;
+      if (name == "model.layers.0.mlp.up_proj.weight" || name == "model.embed_tokens.weight") {
+        want = Transposed(want, shape[0], shape[1], format::DTypeSize(t.dtype));
+        std::swap(shape[0], shape[1]);
+      }
+      CHECK(got.shape == shape);
+      if (convert && (t.dtype == DType::kBF16 || t.dtype == DType::kF16)) {
+        std::string f32(want.size() * 2, '\0');
+        format::ConvertFloats(t.dtype, DType::kF32,
+                              reinterpret_cast<const uint8_t*>(want.data()),
+                              reinterpret_cast<uint8_t*>(f32.data()), want.size() / 2);
+        want = f32;
+      }
+      CHECK(got.bytes == want);
+    }
+  }
+  // --no-job-files: as the trainer held them.
+  ExportOptions plain;
+  plain.job_files = false;
+  const std::string out = JoinPath(TempDir(), "plain");
+  auto report = ExportStep(step.dir, out, plain);
+  REQUIRE_OK(report);
+  CHECK(report->transposed == 0);
+  const Exported e = ReadExport(out, {"model.safetensors"});
+  CHECK(e.tensors.at("model.embed_tokens.weight").bytes == Expected(params["model.embed_tokens.weight"]));
+
+  // A tensor that is not 2-D, or a layout that is not one: refused, nothing written.
+  REQUIRE_OK(WriteFileAtomic(JoinPath(metadata, "zcc_export.json"),
+                             R"({"transpose": ["model.norm.weight"]})"));
+  auto refused = ExportStep(step.dir, JoinPath(TempDir(), "norm"), ExportOptions{});
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "model.norm.weight"));
+  REQUIRE_OK(WriteFileAtomic(JoinPath(metadata, "zcc_export.json"), R"({"transpose": 3})"));
+  const std::string bad_out = JoinPath(TempDir(), "bad");
+  auto bad = ExportStep(step.dir, bad_out, ExportOptions{});
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(bad.status().message(), "zcc_export.json"));
+  CHECK_FALSE(PathExists(bad_out));
+}
+
 TEST_CASE("--dtype sets the exported config.json's torch_dtype (and dtype)") {
   Step step;
   const std::string metadata = JoinPath(JoinPath(step.root, "job"), "metadata");

@@ -20,6 +20,34 @@ def parser(description, job):
     return p
 
 
+def trainer_callbacks(args, zcc_callback_class, callback_base):
+    """The Trainer examples' callbacks (transformers' or PaddleFormers'):
+    zcc's (unless --no-zcc) and, with --pause-after N, one that flushes
+    zcc after step N, prints "paused", and waits to be killed. Returns
+    (callbacks, zcc's callback or None)."""
+    import signal
+
+    callbacks = []
+    zcc_callback = None
+    if not args.no_zcc:
+        zcc_callback = zcc_callback_class(job_id=args.job, save_every=args.save_every,
+                                          socket=args.socket, root=args.root,
+                                          backpressure="block")
+        callbacks.append(zcc_callback)
+
+    class Pause(callback_base):
+        def on_step_end(self, a, state, control, **kwargs):
+            if state.global_step == args.pause_after:
+                left = zcc_callback.flush(a)
+                print("paused (steps not committed: %s)" % left, flush=True)
+                while True:
+                    signal.pause()  # the test kills this process here
+
+    if args.pause_after:
+        callbacks.append(Pause())
+    return callbacks, zcc_callback
+
+
 def tiny_llama():
     """A two-layer Llama with attention dropout (the random generators matter)."""
     from transformers import LlamaConfig, LlamaForCausalLM

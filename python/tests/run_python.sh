@@ -7,20 +7,28 @@
 # PYTHONPATH gets python/ (zcc/ with _zcc.so), python/tests/ (zccd_process)
 # and examples/; $ZCCD is the built //daemon:zccd.
 # With --paddle first: Paddle instead, $ZCC_PADDLE_VENV (default
-# ~/.cache/zcc/paddle-venv, tools/requirements-paddle.txt).
+# ~/.cache/zcc/paddle-venv, tools/requirements-paddle.txt); with
+# --paddleformers, PaddleFormers' stack, $ZCC_PADDLEFORMERS_VENV (default
+# ~/.cache/zcc/paddleformers-venv, tools/requirements-paddleformers.txt).
 set -euo pipefail
 runfiles="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-zcc}"
-if [[ ${1:-} == --paddle ]]; then
+if [[ ${1:-} == --paddle || ${1:-} == --paddleformers ]]; then
+  if [[ $1 == --paddle ]]; then
+    python="${ZCC_PADDLE_VENV:-$HOME/.cache/zcc/paddle-venv}/bin/python"
+    framework=paddle
+    what="(run tools/setup.sh, or set ZCC_PADDLE_VENV)"
+  else
+    python="${ZCC_PADDLEFORMERS_VENV:-$HOME/.cache/zcc/paddleformers-venv}/bin/python"
+    framework=paddleformers
+    what="(run tools/setup.sh, or set ZCC_PADDLEFORMERS_VENV)"
+  fi
   shift
-  python="${ZCC_PADDLE_VENV:-$HOME/.cache/zcc/paddle-venv}/bin/python"
-  framework=paddle
   # With $TEST_TMPDIR in its environment (Bazel sets it), PaddlePaddle 3.3
   # aborts at exit with a double free in an exit handler, and its SIGABRT
   # handler then deadlocks in malloc: even `python -c "import paddle"` never
   # exits (reproduced outside Bazel with that variable alone). Paddle's tests
   # run without it (zcc's tests keep their files under /tmp).
   unset TEST_TMPDIR
-  what="(run tools/setup.sh, or set ZCC_PADDLE_VENV)"
 else
   python="${ZCC_TORCH_PYTHON:-${ZCC_VENV:-$HOME/.cache/zcc/venv}/bin/python}"
   framework=torch

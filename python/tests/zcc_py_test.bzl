@@ -14,15 +14,16 @@ def zcc_py_test(name, script, data = [], size = "medium", args = [], framework =
       data: further files the script reads (other modules it imports).
       size: the test size.
       args: arguments after the script's path.
-      framework: "torch" (the PyTorch environment) or "paddle" (Paddle's).
+      framework: "torch" (the PyTorch environment), "paddle" (Paddle's) or
+        "paddleformers" (PaddleFormers' stack).
     """
-    if framework not in ("torch", "paddle"):
-        fail("framework must be torch or paddle, not %s" % framework)
+    if framework not in ("torch", "paddle", "paddleformers"):
+        fail("framework must be torch, paddle or paddleformers, not %s" % framework)
     native.sh_test(
         name = name,
         size = size,
         srcs = ["//python/tests:run_python.sh"],
-        args = (["--paddle"] if framework == "paddle" else []) +
+        args = ([] if framework == "torch" else ["--" + framework]) +
                ["%s/%s" % (native.package_name(), script)] + args,
         data = [
             script,

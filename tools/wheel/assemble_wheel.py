@@ -49,6 +49,7 @@ EXTRAS = {
     "accelerate": ["torch>=2.6", "accelerate>=1.15"],         # zcc.accelerate
     "lightning": ["torch>=2.6", "lightning>=2.6"],            # zcc.lightning
     "paddle": ["paddlepaddle>=3.0"],                          # zcc.paddle
+    "paddleformers": ["paddlepaddle>=3.0", "paddleformers>=1.2"],  # zcc.paddleformers
 }
 DESCRIPTION = """\
 zcc takes checkpoints of a training job without stalling it: the trainer enqueues
@@ -56,12 +57,13 @@ copies of its tensors into shared-memory staging slots, and a per-node daemon, z
 writes them as safetensors shards, commits them atomically and restores them.
 
 This wheel holds the Python client (`zcc`, `zcc.torch`, and `zcc.hf`, `zcc.accelerate`,
-`zcc.lightning` for Hugging Face's Trainer, Accelerate and Lightning) and the programs
+`zcc.lightning` for Hugging Face's Trainer, Accelerate and Lightning; `zcc.paddle`, and
+`zcc.paddleformers` for PaddleFormers' Trainer) and the programs
 `zccd` and `zccctl` (console commands of the same names). Its manylinux form carries
 the shared libraries it needs (gRPC, Protobuf, Abseil, libcurl and theirs) in
 `zcc.libs/`, so nothing but the C and C++ runtimes must be installed where it runs.
 
-    pip install 'zcc[torch]'          # extras: torch, hf, accelerate, lightning
+    pip install 'zcc[torch]'          # extras: torch, hf, accelerate, lightning, paddle, paddleformers
     zccd --root ~/zcc-ckpt &
 
 ```python

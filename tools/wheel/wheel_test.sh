@@ -88,7 +88,9 @@ requires=$("$py" -c 'import importlib.metadata as m; print("\n".join(sorted(m.re
 want='accelerate>=1.15; extra == "accelerate"
 lightning>=2.6; extra == "lightning"
 numpy
+paddleformers>=1.2; extra == "paddleformers"
 paddlepaddle>=3.0; extra == "paddle"
+paddlepaddle>=3.0; extra == "paddleformers"
 safetensors
 torch>=2.6; extra == "accelerate"
 torch>=2.6; extra == "hf"

@@ -1,0 +1,106 @@
+"""zcc.paddleformers.ZccCallback with a real zccd and PaddleFormers' Trainer
+(PaddleFormers' venv): examples/train_paddleformers.py (a tiny Llama built
+from a config, the Trainer on the CPU, AdamW with a linear schedule and
+warmup, the Trainer's shuffling sampler) trained to step 30:
+
+  baseline  without zcc
+  resumed   with ZccCallback (save_every=10), SIGKILLed while paused after
+            step 17 (step 10 committed, its checkpoint-10 folder written),
+            restarted with trainer.train(resume_from_checkpoint=
+            get_last_checkpoint(output_dir)): the Trainer resumes from
+            checkpoint-10, zcc restores step 10
+
+Every loss after the resume and the final weights must equal the baseline's
+bit for bit, and those before the kill too (zcc changes nothing). `zccctl
+export` of the last step then loads with PaddleFormers' from_pretrained into
+the trained weights (config.json stored with the job, Linear weights
+transposed as the job's zcc_export.json asks).
+Then a folder whose step zccd no longer has fails the resume with the
+reason.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+import trainer_runs
+from zccd_process import Zccd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "train_paddleformers.py")
+STEPS = 30
+
+
+def run(args, expect_rc=0):
+    losses, _, out = trainer_runs.run(SCRIPT, args, expect_rc=expect_rc)
+    return losses, out
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="zccpf.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+    zccctl = os.path.join(os.path.dirname(os.environ["ZCCD"]), "..", "tools", "zccctl")
+    with Zccd("pftrainer") as d:
+        common = ["--socket", d.socket, "--root", d.root, "--steps", str(STEPS)]
+        baseline, log = run(common + ["--no-zcc", "--out", os.path.join(tmp, "base"),
+                                      "--dump", os.path.join(tmp, "base.npz")])
+        assert sorted(baseline) == list(range(1, STEPS + 1)), log
+        out = os.path.join(tmp, "out")
+        first, log = trainer_runs.run_and_kill(SCRIPT, common + ["--out", out,
+                                                                 "--pause-after", "17"])
+        assert "steps not committed: []" in log, log
+        assert sorted(first) == list(range(1, 18)), log
+        bad = [s for s in first if first[s] != baseline[s]]
+        assert not bad, "zcc changed the losses at steps %s" % bad
+        assert sorted(os.listdir(out)) == ["checkpoint-10"], os.listdir(out)
+        folder = os.path.join(out, "checkpoint-10")
+        assert {"trainer_state.bin", "rng_state_0.pth", "scheduler.pdparams",
+                "model_state.pdparams", "optimizer.pdopt", "zcc.json"} <= \
+            set(os.listdir(folder)), os.listdir(folder)
+        final = os.path.join(tmp, "zcc.npz")
+        second, log = run(common + ["--out", out, "--dump", final])
+        assert "resume=True" in log, log
+        assert sorted(second) == list(range(11, STEPS + 1)), log
+        bad = [s for s in second if second[s] != baseline[s]]
+        assert not bad, "losses after resuming differ at steps %s\n%s" % (bad, log)
+        want, got = np.load(os.path.join(tmp, "base.npz")), np.load(final)
+        assert sorted(want.files) == sorted(got.files)
+        bad = [k for k in want.files if not np.array_equal(want[k], got[k])]
+        assert not bad, "final weights differ: %s" % bad
+        assert sorted(os.listdir(out)) == ["checkpoint-20", "checkpoint-30"], os.listdir(out)
+        print("resumed: SIGKILL after step 17, Trainer resumed from checkpoint-10 with zcc's step "
+              "10, losses 11..%d and %d final weights bit-identical to the run without zcc"
+              % (STEPS, len(want.files)))
+
+        # Exported, the last step loads with from_pretrained into the
+        # trained weights.
+        exported = os.path.join(tmp, "model")
+        exported_log = subprocess.run(
+            [zccctl, "export", os.path.join(d.job_dir("pf-llama"), "latest"), exported],
+            check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
+        assert "config.json" in os.listdir(exported), os.listdir(exported)
+        import paddle
+        from paddleformers.transformers import LlamaForCausalLM
+        paddle.set_device("cpu")
+        model = LlamaForCausalLM.from_pretrained(exported)
+        loaded = {k: v.numpy() for k, v in model.state_dict().items()}
+        assert sorted(loaded) == sorted(got.files), sorted(set(loaded) ^ set(got.files))
+        bad = [k for k in loaded if not np.array_equal(loaded[k], got[k])]
+        assert not bad, "exported weights differ from the trained model: %s" % bad
+        assert "2-D tensor(s) written transposed" in exported_log, exported_log
+        print("zccctl export: from_pretrained loads the %d trained weights (Linear weights "
+              "transposed to Hugging Face's layout)" % len(loaded))
+
+        # A folder naming a step zccd does not have: the resume stops with why.
+        shutil.rmtree(os.path.join(d.root, "pf-llama", "step-00000030"))
+        _, log = run(common + ["--out", out, "--steps", str(STEPS + 5)], expect_rc=1)
+        assert "cannot restore" in log and "checkpoint-<step>" in log, log
+        print("a checkpoint folder whose zcc step is gone: refused with the reason")
+        assert d.stop() == 0, d.log()
+    print("paddleformers_resume_test: OK")
+
+
+if __name__ == "__main__":
+    main()
