@@ -11,7 +11,8 @@ warmup, the Trainer's shuffling sampler) trained to step 30:
             checkpoint-10, zcc restores step 10
 
 Every loss after the resume and the final weights must equal the baseline's
-bit for bit, and those before the kill too (zcc changes nothing). `zccctl
+bit for bit, and those before the kill too (zcc changes nothing). The same
+with two data-parallel ranks (gloo), each rank's losses compared. `zccctl
 export` of the last step then loads with PaddleFormers' from_pretrained into
 the trained weights (config.json stored with the job, Linear weights
 transposed as the job's zcc_export.json asks).
@@ -73,6 +74,28 @@ def main():
         print("resumed: SIGKILL after step 17, Trainer resumed from checkpoint-10 with zcc's step "
               "10, losses 11..%d and %d final weights bit-identical to the run without zcc"
               % (STEPS, len(want.files)))
+
+        # Two data-parallel ranks: the folder holds each rank's generators,
+        # and each rank's losses after the resume are the uninterrupted run's.
+        dp = common + ["--job", "pf-dp", "--out", os.path.join(tmp, "dp")]
+        base2 = trainer_runs.run_ranks(SCRIPT, common + ["--no-zcc", "--out",
+                                                         os.path.join(tmp, "base2")], 2,
+                                       launcher="paddle")
+        first2 = trainer_runs.run_ranks_and_kill(SCRIPT, dp + ["--pause-after", "17"], 2,
+                                                 launcher="paddle")
+        for rank in range(2):
+            bad = [s for s in first2[rank] if first2[rank][s] != base2[rank][0][s]]
+            assert not bad, "rank %d: zcc changed the losses at steps %s" % (rank, bad)
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
+            os.listdir(os.path.join(tmp, "dp", "checkpoint-10"))), os.listdir(tmp)
+        second2 = trainer_runs.run_ranks(SCRIPT, dp, 2, launcher="paddle")
+        for rank in range(2):
+            losses = second2[rank][0]
+            assert sorted(losses) == list(range(11, STEPS + 1)), (rank, sorted(losses))
+            bad = [s for s in losses if losses[s] != base2[rank][0][s]]
+            assert not bad, "rank %d: losses after resuming differ at steps %s" % (rank, bad)
+        print("two data-parallel ranks: resumed from checkpoint-10 with both ranks' generators, "
+              "every rank's losses 11..%d bit-identical" % STEPS)
 
         # Exported, the last step loads with from_pretrained into the
         # trained weights.

@@ -9,7 +9,8 @@ flow (``trainer.train(resume_from_checkpoint=get_last_checkpoint(out))``)
 from the newest step zccd committed: the Trainer skips the batches already trained on, zcc brings
 back the model, AdamW, the schedule and the generators. Each optimizer step
 prints "step=N loss=<float.hex()>" (the exact loss); --dump FILE.npz writes
-the final weights. The job's config.json is stored with it, so
+the final weights. Under paddle.distributed.launch its ranks train data
+parallel (gloo on the CPU). The job's config.json is stored with it, so
 
     zccctl export /tmp/zcc-example/ckpt/pf-llama/latest /tmp/zcc-example/pf-model
 
@@ -69,7 +70,10 @@ def main(argv):
                                  lr_scheduler_type="linear", warmup_steps=3, save_strategy="no",
                                  logging_steps=1000, report_to=[], seed=0,
                                  dataloader_num_workers=0, disable_tqdm=True,
-                                 amp_master_grad=False)
+                                 amp_master_grad=False,
+                                 # Data parallel over the ranks (PaddleFormers'
+                                 # default with several is sharding stage 1).
+                                 sharding="")
     from zcc.paddleformers import ZccCallback
     callbacks, _ = integration_common.trainer_callbacks(args, ZccCallback, TrainerCallback)
     trainer = ExactLoss(model=model, args=training, train_dataset=data, callbacks=callbacks)

@@ -65,22 +65,43 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_ranks(script, args, world):
-    """`world` processes of `script`, ranks of one job (RANK, WORLD_SIZE,
-    MASTER_ADDR/PORT as torchrun sets them)."""
+def _torchrun_env(world):
+    """Each rank's environment as torchrun sets it (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT)."""
     port = str(free_port())
+    return [dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port) for rank in range(world)]
+
+
+def _paddle_env(world):
+    """Each rank's environment as paddle.distributed.launch sets it (gloo on
+    the CPU)."""
+    master = "127.0.0.1:%d" % free_port()
+    endpoints = ["127.0.0.1:%d" % free_port() for _ in range(world)]
+    return [dict(os.environ, GLOG_minloglevel="2", PADDLE_MASTER=master,
+                 PADDLE_TRAINER_ID=str(r), PADDLE_TRAINERS_NUM=str(world),
+                 PADDLE_GLOBAL_RANK=str(r), PADDLE_GLOBAL_SIZE=str(world),
+                 PADDLE_LOCAL_RANK=str(r), PADDLE_LOCAL_SIZE=str(world),
+                 PADDLE_RANK_IN_NODE=str(r), PADDLE_NNODES="1",
+                 PADDLE_CURRENT_ENDPOINT=endpoints[r],
+                 PADDLE_TRAINER_ENDPOINTS=",".join(endpoints), PADDLE_DISTRI_BACKEND="gloo")
+            for r in range(world)]
+
+
+def start_ranks(script, args, world, launcher="torchrun"):
+    """`world` processes of `script`, ranks of one job in the environment
+    `launcher` ("torchrun" or "paddle") gives its workers."""
+    envs = (_paddle_env if launcher == "paddle" else _torchrun_env)(world)
     procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    for env in envs:
         procs.append(subprocess.Popen([sys.executable, "-u", script] + args, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return procs
 
 
-def run_ranks(script, args, world, timeout=300):
+def run_ranks(script, args, world, timeout=300, launcher="torchrun"):
     """Runs the ranks to their end: [(losses, values)] by rank."""
-    procs = start_ranks(script, args, world)
+    procs = start_ranks(script, args, world, launcher)
     results = []
     for rank, p in enumerate(procs):
         out, _ = p.communicate(timeout=timeout)
@@ -92,10 +113,10 @@ def run_ranks(script, args, world, timeout=300):
     return results
 
 
-def run_ranks_and_kill(script, args, world, timeout=120):
+def run_ranks_and_kill(script, args, world, timeout=120, launcher="torchrun"):
     """Starts the ranks, SIGKILLs them all once every one has paused:
     [losses] by rank."""
-    procs = start_ranks(script, args, world)
+    procs = start_ranks(script, args, world, launcher)
     losses = []
     try:
         for rank, p in enumerate(procs):

@@ -35,7 +35,9 @@ optimizer, schedule and generators, checked piece by piece. A folder whose
 step zccd cannot restore is an error naming it, raised before anything
 trains.
 
-Single-process and data-parallel training are supported. The Trainer's
+Single-process and data-parallel training are supported (data parallel
+needs ``sharding=""`` in the TrainingArguments: with several ranks
+PaddleFormers shards the optimizer by default). The Trainer's
 hybrid parallelism (tensor, pipeline or sharding degrees above 1), its auto
 parallel mode and its own zero-cost checkpointing
 (``enable_zero_cost_checkpoint``) load checkpoints their own way and are
