@@ -12,7 +12,8 @@ warmup, the Trainer's shuffling sampler) trained to step 30:
 
 Every loss after the resume and the final weights must equal the baseline's
 bit for bit, and those before the kill too (zcc changes nothing). The same
-with two data-parallel ranks (gloo), each rank's losses compared. `zccctl
+with two data-parallel ranks (gloo), each rank's losses compared, resumed
+under `python -m paddle.distributed.launch`. `zccctl
 export` of the last step then loads with PaddleFormers' from_pretrained into
 the trained weights (config.json stored with the job, Linear weights
 transposed as the job's zcc_export.json asks).
@@ -88,7 +89,8 @@ def main():
             assert not bad, "rank %d: zcc changed the losses at steps %s" % (rank, bad)
         assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
             os.listdir(os.path.join(tmp, "dp", "checkpoint-10"))), os.listdir(tmp)
-        second2 = trainer_runs.run_ranks(SCRIPT, dp, 2, launcher="paddle")
+        # (Resumed as users launch it: python -m paddle.distributed.launch.)
+        second2 = trainer_runs.run_launched(SCRIPT, dp, 2)
         for rank in range(2):
             losses = second2[rank][0]
             assert sorted(losses) == list(range(11, STEPS + 1)), (rank, sorted(losses))
@@ -112,9 +114,19 @@ def main():
         assert sorted(loaded) == sorted(got.files), sorted(set(loaded) ^ set(got.files))
         bad = [k for k in loaded if not np.array_equal(loaded[k], got[k])]
         assert not bad, "exported weights differ from the trained model: %s" % bad
+        # And the same logits as the trained weights give the model built
+        # from the config.
+        trained = LlamaForCausalLM(model.config)
+        trained.set_state_dict({k: paddle.to_tensor(got[k]) for k in got.files})
+        tokens = paddle.to_tensor(np.random.RandomState(5).randint(0, 256, (2, 16)))
+        model.eval()
+        trained.eval()
+        a, b = model(tokens), trained(tokens)
+        a, b = (x[0] if isinstance(x, (tuple, list)) else getattr(x, "logits", x) for x in (a, b))
+        assert np.array_equal(a.numpy(), b.numpy()), "logits differ"
         assert "2-D tensor(s) written transposed" in exported_log, exported_log
         print("zccctl export: from_pretrained loads the %d trained weights (Linear weights "
-              "transposed to Hugging Face's layout)" % len(loaded))
+              "transposed to Hugging Face's layout), identical logits" % len(loaded))
 
         # A folder naming a step zccd does not have: the resume stops with why.
         shutil.rmtree(os.path.join(d.root, "pf-llama", "step-00000030"))

@@ -9,9 +9,11 @@ fields, which parse() collects.
 """
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 _FIELDS = ("restored", "from", "ema_step", "ema_tensors", "samples_seen")
 
@@ -111,6 +113,29 @@ def run_ranks(script, args, world, timeout=300, launcher="torchrun"):
             raise AssertionError("rank %d of %s failed (%d):\n%s" % (rank, args, p.returncode, out))
         results.append(parse(out))
     return results
+
+
+def run_launched(script, args, world, timeout=300):
+    """Runs `world` ranks of `script` under `python -m
+    paddle.distributed.launch` (gloo on the CPU) to their end: [(losses,
+    values)] by rank, from each rank's log (workerlog.<rank>)."""
+    log_dir = tempfile.mkdtemp(prefix="zcclaunch.")
+    try:
+        p = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
+                            str(world), "--master", "127.0.0.1:%d" % free_port(), "--log_dir",
+                            log_dir, script] + args, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        logs = []
+        for rank in range(world):
+            path = os.path.join(log_dir, "workerlog.%d" % rank)
+            logs.append(open(path).read() if os.path.exists(path) else "")
+        if p.returncode != 0:
+            raise AssertionError("paddle.distributed.launch of %s %s exited %d:\n%s\n%s" % (
+                script, " ".join(args), p.returncode, p.stdout[-4000:],
+                "\n".join(log[-4000:] for log in logs)))
+        return [parse(log) for log in logs]
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def run_ranks_and_kill(script, args, world, timeout=120, launcher="torchrun"):

@@ -6,9 +6,10 @@ restore step 5 from zccd's memory and end equal to an uninterrupted run,
 element for element (parameters, AdamW state, EMA, learning rate). The
 uninterrupted run's step 8, where every piece is written once, then
 restores in one process with nothing sharded, equal to the global tensors;
-that process trains on to step 10, and two ranks of the same layout restore
-step 10 from it, each taking its own piece (a DistTensor's rows or columns,
-a sharding rank's parameters' optimizer state).
+that process trains on to step 10, and two ranks of the same layout, started
+by `python -m paddle.distributed.launch`, restore step 10 from it, each
+taking its own piece (a DistTensor's rows, a sharding rank's parameters'
+optimizer state).
 """
 
 import os
@@ -19,18 +20,22 @@ import numpy as np
 from safetensors import safe_open
 
 from paddle_moe_test import dumps, union
-from paddle_test import launch, losses, restored_line
+from paddle_test import launch, launched, losses, restored_line
 from zcc_testing import run_tests
 from zccd_process import Zccd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(d, job, layout, world, out=None, steps=8, kill_after=0):
-    cmd = [sys.executable, "-u", os.path.join(HERE, "paddle_sharded_worker.py"),
-           "--socket", d.socket, "--root", d.root, "--job", job, "--layout", layout,
-           "--steps", str(steps), "--kill-after", str(kill_after)]
-    return launch([cmd + (["--out", out] if out else []) for _ in range(world)])
+def run(d, job, layout, world, out=None, steps=8, kill_after=0, launcher=False):
+    """The worker on `world` ranks, started as paddle.distributed.launch
+    starts its workers (with `launcher`, by the launcher itself)."""
+    args = [os.path.join(HERE, "paddle_sharded_worker.py"), "--socket", d.socket, "--root",
+            d.root, "--job", job, "--layout", layout, "--steps", str(steps),
+            "--kill-after", str(kill_after)] + (["--out", out] if out else [])
+    if launcher:
+        return launched(args, world)
+    return launch([[sys.executable, "-u"] + args for _ in range(world)])
 
 
 def stored_pieces(d, job, step):
@@ -96,7 +101,7 @@ def check_layout(d, tmp, layout):
     # Back to two ranks of the layout: step 10, written by one process,
     # restored piece by piece.
     ten = dumps(tmp + "/one", 1)[0]
-    for code, out in run(d, layout + "-ref", layout, 2, tmp + "/two", steps=10):
+    for code, out in run(d, layout + "-ref", layout, 2, tmp + "/two", steps=10, launcher=True):
         assert code == 0, out
         assert restored_line(out).startswith("restored=10 "), out
     for r, state in enumerate(dumps(tmp + "/two", 2)):

@@ -14,6 +14,7 @@ replaced is copied back.
 """
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,6 +74,28 @@ def launch(commands):
         procs.append(subprocess.Popen(commands[r], stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, env=env))
     return [(p.wait(300), p.stdout.read().decode(errors="replace")) for p in procs]
+
+
+def launched(command, world):
+    """Runs `command` (a script and its arguments) on `world` ranks under
+    `python -m paddle.distributed.launch` (gloo on the CPU), as users start
+    Paddle jobs; [(exit code, the rank's log)] by rank (the launcher's exit
+    code for each: it stops every rank when one fails)."""
+    log_dir = tempfile.mkdtemp(prefix="zcclaunch.")
+    try:
+        p = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
+                            str(world), "--master", "127.0.0.1:%d" % _free_port(), "--log_dir",
+                            log_dir] + command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=300, env=dict(os.environ, GLOG_minloglevel="2"))
+        logs = []
+        for r in range(world):
+            path = os.path.join(log_dir, "workerlog.%d" % r)
+            logs.append(open(path, errors="replace").read() if os.path.exists(path) else "")
+        launcher = p.stdout.decode(errors="replace")
+        return [(p.returncode, log + ("\n[launcher]\n" + launcher[-3000:] if p.returncode else ""))
+                for log in logs]
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def ranks(d, job, world, outs=None, kill_after=0):
