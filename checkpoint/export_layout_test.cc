@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -46,6 +47,28 @@ TEST_CASE("TransposeRange gives any run of the transpose, for every element size
       for (uint64_t first = 0; first < kRows * kCols; first += step) {
         const uint64_t n = std::min(step, kRows * kCols - first);
         TransposeRange(src.data(), kRows, kCols, size, first, n, &got[first * size]);
+      }
+      CHECK(got == want);
+    }
+  }
+}
+
+TEST_CASE("TransposeRange over tiles, partial rows and odd shapes equals the definition") {
+  for (auto [rows, cols] : {std::pair<uint64_t, uint64_t>{37, 53}, {16, 16}, {1, 40}, {40, 1},
+                            {33, 17}}) {
+    INFO(rows << " x " << cols);
+    std::vector<uint16_t> src(rows * cols);
+    for (uint64_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 7 + 1);
+    std::vector<uint16_t> want(src.size());
+    for (uint64_t r = 0; r < rows; ++r) {
+      for (uint64_t c = 0; c < cols; ++c) want[c * rows + r] = src[r * cols + c];
+    }
+    for (uint64_t step : {rows * cols, uint64_t{100}, uint64_t{7}, rows + 1}) {
+      std::vector<uint16_t> got(src.size(), 0xeeee);
+      for (uint64_t first = 0; first < src.size(); first += step) {
+        const uint64_t n = std::min(step, src.size() - first);
+        TransposeRange(reinterpret_cast<const uint8_t*>(src.data()), rows, cols, 2, first, n,
+                       reinterpret_cast<uint8_t*>(&got[first]));
       }
       CHECK(got == want);
     }
