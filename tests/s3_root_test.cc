@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -272,6 +273,68 @@ TEST_CASE("tiered: checkpoints on the local root, uploaded in the background, ea
   CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
   CHECK(restore[1]->Values()["mismatched_tensors"] == "0");
   CHECK(absl::StrContains(daemon.Log(), "restoring from " + RootUrl(server) + "/itest"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("tiered: the step a previous layout left in memory, written for the new one, goes "
+          "to the store too") {
+  const std::string dir = ShortTempDir("s3-relayout");
+  S3TestServer server = StartedServer(dir);
+  DaemonOptions options = StoreDaemon(dir, server, server.secret_key);
+  options.extra_flags.back() = "--retain_snapshots_s=600";  // departed trainers' snapshots kept
+  Daemon daemon(dir, options);
+  REQUIRE(daemon.Start());
+  const std::vector<std::string> tiered = {"--upload_root=" + RootUrl(server)};
+
+  // Two ranks snapshot steps 1..7 (step 5 a checkpoint) and die after 7.
+  std::vector<std::string> flags = {"--steps=7", "--save_every=5", "--block", "--pause_at=7"};
+  flags.insert(flags.end(), tiered.begin(), tiered.end());
+  auto train = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "train", flags);
+  for (auto& t : train) REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+  const bool ingested = Eventually(
+      [&] {
+        auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+        const auto status = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+        if (code != 0 || !status.is_object()) return false;
+        int at_seven = 0;
+        for (const auto& job : status.value("jobs", nlohmann::json::array())) {
+          for (const auto& rank : job.value("ranks", nlohmann::json::array())) {
+            at_seven += rank.value("last_snapshot_step", int64_t{-2}) == 7 ? 1 : 0;
+          }
+        }
+        return at_seven == 2;
+      },
+      absl::Seconds(30), absl::Milliseconds(20));
+  REQUIRE(ingested);
+  for (auto& t : train) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  }
+  Store store(server);
+  const std::string job = "/ckpt/itest";
+  auto latest_is = [&](int64_t step) {
+    return Eventually(
+        [&] {
+          auto latest = checkpoint::ReadLatest(job, &store.storage);
+          return latest.ok() && *latest == step;
+        },
+        absl::Seconds(60), absl::Milliseconds(20));
+  };
+  REQUIRE(latest_is(5));
+
+  // The job resumes on one rank: zccd writes step 7 from the two ranks'
+  // memory into the job's directory for the new layout, which restores it,
+  // and sends it to the store, where it commits.
+  std::vector<std::string> restore_flags = {"--mode=restore", "--expect_step=7",
+                                            "--expect_from=disk"};
+  restore_flags.insert(restore_flags.end(), tiered.begin(), tiered.end());
+  auto restore = Trainers(daemon, dir, daemon.root(), {0}, 1, "restore", restore_flags);
+  WaitAll(restore, daemon.Log());
+  CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
+  INFO(daemon.Log());
+  CHECK(absl::StrContains(daemon.Log(), "from the memory of its previous layout"));
+  REQUIRE(latest_is(7));
+  REQUIRE_OK(checkpoint::VerifyStep(JoinPath(job, "step-00000007"), store.Io()).status());
   REQUIRE(daemon.Stop() == 0);
 }
 

@@ -357,7 +357,9 @@ void Registrar::WritePreviousLayout(Admission& admission) {
   // registration may; the job's restores wait for it (Job::AwaitRelayout).
   d_.write_pool->Post([previous = std::move(previous), job = admission.job(), jobs = d_.jobs,
                        fs = d_.shard_storage]() mutable {
+    const absl::Time began = absl::Now();
     auto written = PersistRetainedStep(*previous, fs);
+    if (written.ok() && written->has_value()) job->OnCommittedOutside(**written, began);
     if (!written.ok()) {
       ZCC_LOG(WARNING) << "job " << job->options().job_id
                        << ": the snapshots of its previous layout could not be written for the "

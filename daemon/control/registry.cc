@@ -269,6 +269,7 @@ void Registry::RecoverFromPeers(Job& job) {
   auto local = RestoreTiers::AllSteps(job_dir, job.options().upload_dir, shard_storage_);
   if (!local.ok()) return;  // the restore reports it
   const int64_t newest = local->empty() ? -1 : *local->rbegin();
+  const absl::Time began = absl::Now();
   auto recovered = peer::RecoverNewestStep(job.options().job_id,
                                            static_cast<uint32_t>(job.options().owner.uid), job_dir,
                                            newest, storage::StorageOrDefault(shard_storage_),
@@ -276,6 +277,8 @@ void Registry::RecoverFromPeers(Job& job) {
   if (!recovered.ok()) {
     ZCC_LOG(WARNING) << "job " << job.options().job_id
                      << ": recovery from the peer tier failed: " << recovered.status();
+  } else if (recovered->has_value()) {
+    job.OnCommittedOutside(**recovered, began);  // the tiered mode sends it to the store
   }
 }
 

@@ -81,6 +81,10 @@ void Job::CommitterLoop() {
   }
 }
 
+void Job::OnCommittedOutside(int64_t step, absl::Time write_began) {
+  if (uploader_ != nullptr) uploader_->OnCommitted(step, write_began);
+}
+
 void Job::AwaitCommitter() {
   zcc::MutexLock lock(&mu_);
   const uint64_t target = asked_;

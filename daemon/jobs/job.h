@@ -119,6 +119,11 @@ class Job {
   // commit timeout, or, where another daemon commits, follows `latest`.
   // Returns at once.
   void Tick();
+  // A step committed into the job's directory by something other than the
+  // committer (a relayout's write of the previous layout's memory, a
+  // recovery from the peer tier): the tiered mode uploads it, whole, in
+  // either mode (JobUploader::OnCommitted); nothing else changes.
+  void OnCommittedOutside(int64_t step, absl::Time write_began);
   // Waits until the committer has done what was asked of it before the call
   // (a closing trainer's last commit; shutdown).
   void AwaitCommitter() ABSL_LOCKS_EXCLUDED(mu_);

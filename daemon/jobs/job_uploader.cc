@@ -113,7 +113,8 @@ void JobUploader::Forget(const std::vector<uint32_t>& ranks) {
 bool JobUploader::Busy() const {
   zcc::MutexLock lock(&mu_);
   if (options_.node_local) {
-    return (!node_queue_.empty() || !forget_.empty() || uploading_ >= 0) && error_.empty();
+    return (wanted_ >= 0 || !node_queue_.empty() || !forget_.empty() || uploading_ >= 0) &&
+           error_.empty();
   }
   return wanted_ >= 0 && error_.empty();
 }
@@ -152,13 +153,14 @@ void JobUploader::CatchUp() {
 
 bool JobUploader::Uploading(int64_t step) const {
   zcc::MutexLock lock(&mu_);
-  return uploading_ == step || node_queue_.count(step) > 0;
+  return uploading_ == step ||
+         (options_.node_local && (wanted_ == step || node_queue_.count(step) > 0));
 }
 
 double JobUploader::LagSeconds() const {
   zcc::MutexLock lock(&mu_);
   const bool waiting =
-      options_.node_local ? !node_queue_.empty() || uploading_ >= 0 : wanted_ >= 0;
+      wanted_ >= 0 || (options_.node_local && (!node_queue_.empty() || uploading_ >= 0));
   if (!waiting) return 0;
   return absl::ToDoubleSeconds(absl::Now() - waiting_since_);
 }
@@ -190,7 +192,7 @@ void JobUploader::Loop() {
   zcc::MutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      const bool waiting = options_.node_local ? !node_queue_.empty() : wanted_ >= 0;
+      const bool waiting = wanted_ >= 0 || (options_.node_local && !node_queue_.empty());
       const bool due = absl::Now() >= retry_at_;
       return stop_ || !dropped_.empty() || follow_due_ || (!forget_.empty() && due) ||
              (waiting && due);
@@ -226,23 +228,28 @@ void JobUploader::Loop() {
       mu_.Lock();
       continue;
     }
+    // A whole committed step (in the node-local mode, one committed here by
+    // a relayout or a peer recovery) before this node's parts.
+    const bool whole = wanted_ >= 0;
     int64_t step = wanted_;
     absl::Time write_began = wanted_write_began_;
-    if (options_.node_local) {
+    if (!whole) {
       step = node_queue_.begin()->first;
       write_began = node_queue_.begin()->second;
       node_queue_.erase(node_queue_.begin());
     }
     uploading_ = step;
     mu_.Unlock();
-    if (options_.node_local) {
-      UploadNode(step, write_began);
-    } else {
+    if (whole) {
       Upload(step, write_began);
+    } else {
+      UploadNode(step, write_began);
     }
     mu_.Lock();
     uploading_ = -1;
-    if (options_.node_local && node_queue_.empty()) waiting_since_ = absl::InfiniteFuture();
+    if (options_.node_local && node_queue_.empty() && wanted_ < 0) {
+      waiting_since_ = absl::InfiniteFuture();
+    }
   }
 }
 
@@ -325,6 +332,9 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
         wanted_ = -1;
         waiting_since_ = absl::InfiniteFuture();
       }
+      // The node-local mode learns what the store's `latest` names from the
+      // store (a newer commit there keeps it).
+      if (options_.node_local) follow_due_ = true;
     }
     ApplyStoreRetention(step);
     return;

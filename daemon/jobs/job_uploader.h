@@ -77,7 +77,10 @@ class JobUploader {
   JobUploader& operator=(const JobUploader&) = delete;
 
   // `step` committed on the local root now; its first rank began writing it
-  // at `write_began`.
+  // at `write_began`. In the node-local mode, where the job's own steps do
+  // not commit locally, a step committed here whole by something else (a
+  // relayout's write of the previous layout's memory, a peer recovery's) is
+  // uploaded whole and committed in the store, before the parts waiting.
   void OnCommitted(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
   // Node-local mode: every rank of this node has written `step` (its first
   // began at `write_began`); it goes to the store after those waiting.

@@ -3,7 +3,7 @@
 // nodes' uploaders send their ranks' parts and the last commits; a store
 // slower than the checkpoints drops the oldest waiting step on a node; a
 // failed send is tried again; a rank registered again forgets its earlier
-// run's parts.
+// run's parts; a step committed on a node whole (a relayout) goes up whole.
 #include "daemon/jobs/job_uploader.h"
 
 #include <catch2/catch.hpp>
@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/shard_writer.h"
+#include "checkpoint/step_check.h"
 #include "checkpoint/step_dirs.h"
 #include "checkpoint/testing/synthetic_rank.h"
 #include "common/file_util.h"
@@ -180,6 +182,45 @@ TEST_CASE("a rank registered again forgets its parts of uncommitted steps and th
   a->OnRankRegistered(0);
   CHECK(Soon([&] { return !n.fs.Stat(part).ok(); }));
   CHECK_FALSE(a->Busy());
+}
+
+TEST_CASE("a step committed here whole (a relayout, a peer recovery) is uploaded whole and "
+          "committed in the store") {
+  Nodes n;
+  std::atomic<int64_t> seen{-1};
+  // Both ranks' shards on node a, committed there (as a relayout writes the
+  // previous layout's memory).
+  for (uint32_t rank = 0; rank < kWorld; ++rank) {
+    SyntheticRank r(rank, kWorld, Specs(), 0, kJob);
+    r.Fill(12);
+    checkpoint::IoOptions io;
+    io.storage = &n.fs;
+    REQUIRE_OK(checkpoint::WriteRankShards(NodeDir(0), 12, r.shards(), r.slot(), io).status());
+  }
+  auto committed = checkpoint::TryCommit(NodeDir(0), kJob, 12, kWorld, &n.fs);
+  REQUIRE_OK(committed);
+  REQUIRE(committed->outcome == checkpoint::CommitOutcome::kCommitted);
+  storage::FaultPlan failing;  // the store's first write fails
+  failing.eio_on_write = 1;
+  n.faults.SetPlan(failing);
+  // (Tried again a second later: the test sees the failure's state first.)
+  auto a = n.Uploader(0, &seen, absl::Seconds(1));
+  a->OnCommitted(12, absl::Now());
+  REQUIRE(Soon([&] { return !StatusOf(*a).upload_error().empty(); }));
+  CHECK(a->Uploading(12));  // local retention keeps it meanwhile
+  CHECK(a->Busy() == false);  // (failed: shown, not busy)
+  REQUIRE(Soon([&] { return n.StoreLatest() == 12; }));
+  // Whole: every rank's manifest, read back checked.
+  CHECK(n.fs.Stat(StorePart(12, 0)).ok());
+  CHECK(n.fs.Stat(StorePart(12, 1)).ok());
+  checkpoint::IoOptions io;
+  io.storage = &n.fs;
+  io.direct_io = false;
+  CHECK_OK(checkpoint::VerifyStep(JoinPath(kStore, format::StepDirName(12)), io));
+  // The node learns the store's latest; its own copy stays (restores read it).
+  CHECK(Soon([&] { return seen.load() == 12; }));
+  CHECK(n.fs.Stat(JoinPath(NodeDir(0), format::StepDirName(12))).ok());
+  CHECK(Soon([&] { return !a->Busy(); }));
 }
 
 }  // namespace
