@@ -217,6 +217,22 @@ void JobUploader::Loop() {
       auto latest = checkpoint::ReadLatest(options_.upload_dir, options_.storage);
       if (latest.ok()) SawStoreLatest(*latest);
       mu_.Lock();
+      // No `latest` yet is no error; anything else is said once per reason
+      // (a partition would otherwise log every round) and again once healed.
+      std::string why;
+      if (!latest.ok() && !absl::IsNotFound(latest.status())) why = latest.status().ToString();
+      if (why != follow_error_) {
+        follow_error_ = why;
+        mu_.Unlock();
+        if (!why.empty()) {
+          ZCC_LOG(WARNING) << "job " << options_.job_id << ": cannot read " << options_.upload_dir
+                           << "'s latest to learn of commits there: " << why;
+        } else {
+          ZCC_LOG(INFO) << "job " << options_.job_id << ": " << options_.upload_dir
+                        << "'s latest can be read again";
+        }
+        mu_.Lock();
+      }
       continue;
     }
     if (!ready()) continue;

@@ -146,6 +146,9 @@ class JobUploader {
   std::vector<uint32_t> forget_ ABSL_GUARDED_BY(mu_);  // ranks registered since
   int64_t store_latest_ ABSL_GUARDED_BY(mu_) = -1;
   bool follow_due_ ABSL_GUARDED_BY(mu_) = false;  // FollowStore asked for a read
+  // Why the last read of the store's `latest` failed ("" after one that did
+  // not): logged when it changes, not every round of a partition.
+  std::string follow_error_ ABSL_GUARDED_BY(mu_);
   // After a failure: not before this time, unless a newer step commits.
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string error_ ABSL_GUARDED_BY(mu_);
