@@ -93,6 +93,27 @@ def main():
         print("two DDP ranks: resumed from checkpoint-10 with both ranks' generators, every "
               "rank's losses 11..%d bit-identical" % STEPS)
 
+        # Training that ran without zcc, with the Trainer's own checkpoints,
+        # then with zcc: the Trainer resumes from its own checkpoint-20, whose
+        # state stands (zcc has no step 20), and zcc goes on from it. Every
+        # loss equals the Trainer's own resume without zcc (which is not the
+        # uninterrupted run's: the Trainer's resume is not exact, zcc's is).
+        own = os.path.join(tmp, "own")
+        _, log = run(common + ["--no-zcc", "--out", own, "--steps", "20",
+                               "--trainer-save-every", "10"])
+        assert sorted(os.listdir(own)) == ["checkpoint-10", "checkpoint-20"], os.listdir(own)
+        mig = os.path.join(tmp, "migrate")
+        shutil.copytree(own, mig)
+        plain, log = run(common + ["--no-zcc", "--trainer-resume", "--out", own])
+        assert sorted(plain) == list(range(21, STEPS + 1)), log
+        third, log = run(common + ["--job", "hf-migrate", "--out", mig])
+        assert "resume=True" in log, log
+        assert third == plain, "zcc changed the Trainer's own resume: %s" % [
+            s for s in third if third.get(s) != plain.get(s)]
+        assert os.path.isfile(os.path.join(mig, "checkpoint-30", "zcc.json")), os.listdir(mig)
+        print("the Trainer's own checkpoint-20, then zcc: resumed from it as without zcc "
+              "(losses 21..%d identical), zcc's checkpoint-30 written" % STEPS)
+
         # A folder naming a step zccd does not have: the resume stops with why.
         shutil.rmtree(os.path.join(d.root, "hf-trainer", "step-00000030"))
         _, log = run(common + ["--out", out, "--steps", str(STEPS + 5)], expect_rc=1)

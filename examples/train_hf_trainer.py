@@ -25,6 +25,10 @@ def parse_args(argv):
     p = integration_common.parser(__doc__.split("\n")[0], "hf-trainer")
     p.add_argument("--out", required=True, help="the Trainer's output_dir")
     p.add_argument("--dump", default="", help="write the final weights here (safetensors)")
+    p.add_argument("--trainer-save-every", type=int, default=0,
+                   help="the Trainer's own checkpoints every N steps (default: none)")
+    p.add_argument("--trainer-resume", action="store_true",
+                   help="resume from the newest checkpoint folder even with --no-zcc")
     return p.parse_args(argv)
 
 
@@ -61,14 +65,16 @@ def main(argv):
     model = integration_common.tiny_llama()
     training = TrainingArguments(output_dir=args.out, max_steps=args.steps,
                                  per_device_train_batch_size=8, learning_rate=3e-3,
-                                 lr_scheduler_type="linear", warmup_steps=3, save_strategy="no",
+                                 lr_scheduler_type="linear", warmup_steps=3,
+                                 save_strategy="steps" if args.trainer_save_every else "no",
+                                 save_steps=args.trainer_save_every or 500,
                                  logging_steps=1000, report_to=[], use_cpu=True, seed=0,
                                  dataloader_num_workers=0, disable_tqdm=True,
                                  ddp_backend="gloo" if world > 1 else None)
     from zcc.hf import ZccCallback
     callbacks, _ = integration_common.trainer_callbacks(args, ZccCallback, TrainerCallback)
     trainer = ExactLoss(model=model, args=training, train_dataset=Sequences(), callbacks=callbacks)
-    resume = not args.no_zcc and any(n.startswith("checkpoint-") for n in
+    resume = (not args.no_zcc or args.trainer_resume) and any(n.startswith("checkpoint-") for n in
                                      (os.listdir(args.out) if os.path.isdir(args.out) else []))
     print("resume=%s" % resume, flush=True)
     trainer.train(resume_from_checkpoint=True if resume else None)

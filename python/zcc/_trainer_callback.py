@@ -13,6 +13,8 @@ framework's placeholders for the weights, and ``zcc.json`` (job and step).
 The main process (rank 0) writes it once zccd reports the step committed:
 a crash before that resumes from the folder before. Folders beyond the
 newest ``keep_folders`` are removed (zccd's own retention keeps the steps).
+A folder the Trainer wrote itself (no ``zcc.json``: training that ran
+without zcc before) is the Trainer's to load; zcc goes on from that state.
 """
 
 import dataclasses
@@ -23,6 +25,23 @@ import time
 import warnings
 
 MARKER = "zcc.json"
+
+
+def is_zcc_folder(path):
+    """Whether the checkpoint folder at `path` is one a ZccCallback wrote."""
+    return os.path.isfile(os.path.join(path, MARKER))
+
+
+def newest_checkpoint_folder(output_dir):
+    """The output_dir's checkpoint-<step> folder of the highest step, or None."""
+    best = None
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
+        head, _, step = name.partition("-")
+        path = os.path.join(output_dir, name)
+        if head == "checkpoint" and step.isdigit() and os.path.isdir(path):
+            if best is None or int(step) > best[0]:
+                best = (int(step), path)
+    return None if best is None else best[1]
 
 
 class TrainerCallbackBase:
@@ -68,6 +87,15 @@ class TrainerCallbackBase:
         self._save_every = int(every)
         self._lr_scheduler = lr_scheduler
         resuming = state.global_step > 0
+        # A folder the Trainer wrote itself (training that ran without zcc
+        # before): the state it loaded from there stands, and zcc goes on
+        # from it.
+        theirs = os.path.join(args.output_dir, "checkpoint-%d" % state.global_step)
+        if resuming and os.path.isdir(theirs) and not is_zcc_folder(theirs):
+            warnings.warn("ZccCallback: the Trainer resumed from %s, a checkpoint it wrote "
+                          "itself; zcc job '%s' goes on from the state it loaded"
+                          % (theirs, self.job_id))
+            resuming = False
         kwargs_ = dict(self.checkpointer_kwargs)
         kwargs_.setdefault("rank", args.process_index)
         kwargs_.setdefault("world_size", args.world_size)

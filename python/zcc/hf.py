@@ -23,7 +23,9 @@ that maps every weight to an empty file, and ``zcc.json`` (job and step).
 at the start of training the callback restores that step from zccd (its
 memory when it still holds it, else disk), model, optimizer, schedule and
 generators, checked piece by piece. A folder whose step zccd cannot restore
-is an error naming it, raised before anything trains. Folders beyond the
+is an error naming it, raised before anything trains; a folder the Trainer
+wrote itself (training without zcc before) it loads as always, and zcc
+goes on from that state. Folders beyond the
 newest ``keep_folders`` are removed (zccd's own retention keeps the steps).
 
 A folder is written by the main process (rank 0) once zccd reports its step

@@ -62,7 +62,7 @@ import numpy as np
 import paddle
 from paddleformers.trainer import TrainerCallback
 
-from zcc._trainer_callback import TrainerCallbackBase
+from zcc._trainer_callback import TrainerCallbackBase, is_zcc_folder, newest_checkpoint_folder
 from zcc.paddle import Checkpointer
 
 __all__ = ["ZccCallback"]
@@ -118,8 +118,11 @@ class ZccCallback(TrainerCallbackBase, TrainerCallback):
         # The folders are in the Trainer's plain layout (model_state.pdparams,
         # optimizer.pdopt), which it reads with load_checkpoint_format unset;
         # its default, "flex_checkpoint", would look for a distributed
-        # checkpoint's metadata instead.
-        if getattr(args, "load_checkpoint_format", None):
+        # checkpoint's metadata instead. Left alone when the newest folder
+        # is one the Trainer wrote itself (training without zcc before).
+        newest = newest_checkpoint_folder(args.output_dir)
+        if getattr(args, "load_checkpoint_format", None) and \
+                (newest is None or is_zcc_folder(newest)):
             args.load_checkpoint_format = ""
 
     def _refuse(self, args):
