@@ -46,50 +46,17 @@ def main():
     tmp = tempfile.mkdtemp(prefix="zcchf.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
     with Zccd("hftrainer") as d:
         common = ["--socket", d.socket, "--root", d.root, "--steps", str(STEPS)]
-        baseline, log = run(common + ["--no-zcc", "--out", os.path.join(tmp, "base"),
-                                      "--dump", os.path.join(tmp, "base.safetensors")])
-        assert sorted(baseline) == list(range(1, STEPS + 1)), log
-        out = os.path.join(tmp, "out")
-        first, log = trainer_runs.run_and_kill(SCRIPT, common + ["--out", out,
-                                                                 "--pause-after", "17"])
-        assert "steps not committed: []" in log, log
-        assert sorted(first) == list(range(1, 18)), log
-        bad = [s for s in first if first[s] != baseline[s]]
-        assert not bad, "zcc changed the losses at steps %s" % bad
-        assert sorted(os.listdir(out)) == ["checkpoint-10"], os.listdir(out)
-        folder = os.path.join(out, "checkpoint-10")
-        assert {"trainer_state.json", "rng_state.pth", "model.safetensors.index.json",
-                "zcc.json"} <= set(os.listdir(folder)), os.listdir(folder)
-        second, log = run(common + ["--out", out, "--dump", os.path.join(tmp, "zcc.safetensors")])
-        assert "resume=True" in log, log
-        assert sorted(second) == list(range(11, STEPS + 1)), log
-        bad = [s for s in second if second[s] != baseline[s]]
-        assert not bad, "losses after resuming differ at steps %s\n%s" % (bad, log)
-        n = same_weights(os.path.join(tmp, "base.safetensors"), os.path.join(tmp, "zcc.safetensors"))
-        # The finished run left the folders of its last committed steps.
-        assert sorted(os.listdir(out)) == ["checkpoint-20", "checkpoint-30"], os.listdir(out)
+        _, out, base_dump, zcc_dump = trainer_runs.check_folder_resume(
+            SCRIPT, common, tmp, ["trainer_state.json", "rng_state.pth",
+                                  "model.safetensors.index.json", "zcc.json"], ".safetensors")
+        n = same_weights(base_dump, zcc_dump)
         print("resumed: SIGKILL after step 17, Trainer resumed from checkpoint-10 with zcc's step "
               "10, losses 11..%d and %d final weights bit-identical to the run without zcc"
               % (STEPS, n))
 
         # Two DDP ranks: the folder holds each rank's generators, and each
         # rank's losses after the resume are the uninterrupted run's.
-        ddp = os.path.join(tmp, "ddp")
-        two = common + ["--job", "hf-ddp", "--out", ddp]
-        base2 = trainer_runs.run_ranks(SCRIPT, common + ["--no-zcc", "--out",
-                                                         os.path.join(tmp, "base2")], 2)
-        first2 = trainer_runs.run_ranks_and_kill(SCRIPT, two + ["--pause-after", "17"], 2)
-        for rank in range(2):
-            bad = [s for s in first2[rank] if first2[rank][s] != base2[rank][0][s]]
-            assert not bad, "rank %d: zcc changed the losses at steps %s" % (rank, bad)
-        assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
-            os.listdir(os.path.join(ddp, "checkpoint-10"))), os.listdir(ddp)
-        second2 = trainer_runs.run_ranks(SCRIPT, two, 2)
-        for rank in range(2):
-            losses = second2[rank][0]
-            assert sorted(losses) == list(range(11, STEPS + 1)), (rank, sorted(losses))
-            bad = [s for s in losses if losses[s] != base2[rank][0][s]]
-            assert not bad, "rank %d: losses after resuming differ at steps %s" % (rank, bad)
+        trainer_runs.check_ranks_folder_resume(SCRIPT, common, tmp, "hf-ddp", "torchrun")
         print("two DDP ranks: resumed from checkpoint-10 with both ranks' generators, every "
               "rank's losses 11..%d bit-identical" % STEPS)
 

@@ -46,56 +46,22 @@ def main():
     zccctl = os.path.join(os.path.dirname(os.environ["ZCCD"]), "..", "tools", "zccctl")
     with Zccd("pftrainer") as d:
         common = ["--socket", d.socket, "--root", d.root, "--steps", str(STEPS)]
-        baseline, log = run(common + ["--no-zcc", "--out", os.path.join(tmp, "base"),
-                                      "--dump", os.path.join(tmp, "base.npz")])
-        assert sorted(baseline) == list(range(1, STEPS + 1)), log
-        out = os.path.join(tmp, "out")
-        first, log = trainer_runs.run_and_kill(SCRIPT, common + ["--out", out,
-                                                                 "--pause-after", "17"])
-        assert "steps not committed: []" in log, log
-        assert sorted(first) == list(range(1, 18)), log
-        bad = [s for s in first if first[s] != baseline[s]]
-        assert not bad, "zcc changed the losses at steps %s" % bad
-        assert sorted(os.listdir(out)) == ["checkpoint-10"], os.listdir(out)
-        folder = os.path.join(out, "checkpoint-10")
-        assert {"trainer_state.bin", "rng_state_0.pth", "scheduler.pdparams",
-                "model_state.pdparams", "optimizer.pdopt", "zcc.json"} <= \
-            set(os.listdir(folder)), os.listdir(folder)
-        final = os.path.join(tmp, "zcc.npz")
-        second, log = run(common + ["--out", out, "--dump", final])
-        assert "resume=True" in log, log
-        assert sorted(second) == list(range(11, STEPS + 1)), log
-        bad = [s for s in second if second[s] != baseline[s]]
-        assert not bad, "losses after resuming differ at steps %s\n%s" % (bad, log)
-        want, got = np.load(os.path.join(tmp, "base.npz")), np.load(final)
+        _, out, base_dump, zcc_dump = trainer_runs.check_folder_resume(
+            SCRIPT, common, tmp, ["trainer_state.bin", "rng_state_0.pth", "scheduler.pdparams",
+                                  "model_state.pdparams", "optimizer.pdopt", "zcc.json"], ".npz")
+        want, got = np.load(base_dump), np.load(zcc_dump)
         assert sorted(want.files) == sorted(got.files)
         bad = [k for k in want.files if not np.array_equal(want[k], got[k])]
         assert not bad, "final weights differ: %s" % bad
-        assert sorted(os.listdir(out)) == ["checkpoint-20", "checkpoint-30"], os.listdir(out)
         print("resumed: SIGKILL after step 17, Trainer resumed from checkpoint-10 with zcc's step "
               "10, losses 11..%d and %d final weights bit-identical to the run without zcc"
               % (STEPS, len(want.files)))
 
         # Two data-parallel ranks: the folder holds each rank's generators,
         # and each rank's losses after the resume are the uninterrupted run's.
-        dp = common + ["--job", "pf-dp", "--out", os.path.join(tmp, "dp")]
-        base2 = trainer_runs.run_ranks(SCRIPT, common + ["--no-zcc", "--out",
-                                                         os.path.join(tmp, "base2")], 2,
-                                       launcher="paddle")
-        first2 = trainer_runs.run_ranks_and_kill(SCRIPT, dp + ["--pause-after", "17"], 2,
-                                                 launcher="paddle")
-        for rank in range(2):
-            bad = [s for s in first2[rank] if first2[rank][s] != base2[rank][0][s]]
-            assert not bad, "rank %d: zcc changed the losses at steps %s" % (rank, bad)
-        assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
-            os.listdir(os.path.join(tmp, "dp", "checkpoint-10"))), os.listdir(tmp)
         # (Resumed as users launch it: python -m paddle.distributed.launch.)
-        second2 = trainer_runs.run_launched(SCRIPT, dp, 2)
-        for rank in range(2):
-            losses = second2[rank][0]
-            assert sorted(losses) == list(range(11, STEPS + 1)), (rank, sorted(losses))
-            bad = [s for s in losses if losses[s] != base2[rank][0][s]]
-            assert not bad, "rank %d: losses after resuming differ at steps %s" % (rank, bad)
+        trainer_runs.check_ranks_folder_resume(SCRIPT, common, tmp, "pf-dp", "paddle",
+                                               resume_launched=True)
         print("two data-parallel ranks: resumed from checkpoint-10 with both ranks' generators, "
               "every rank's losses 11..%d bit-identical" % STEPS)
 

@@ -193,3 +193,63 @@ def check_kill_and_resume(script, zccd, steps=30, pause_after=17, save_every=10)
         print("%s: SIGKILL after step %d, restored step %d from %s, losses %d..%d "
               "bit-identical to the run without zcc"
               % (job, pause_after, expect, source, expect + 1, steps))
+
+
+def check_folder_resume(script, common, tmp, folder_files, dump_ext, steps=30):
+    """The Trainer callbacks' check (zcc.hf, zcc.paddleformers) on `script`
+    (a Trainer example taking --out, --dump, --no-zcc and --pause-after,
+    saving every 10 steps): a run without zcc; a run with it SIGKILLed while
+    paused after step 17, which leaves checkpoint-10 holding `folder_files`
+    and losses equal to the first run's; the same command again, which
+    resumes from checkpoint-10 with every later loss equal and leaves the
+    folders of steps 20 and 30. Returns (baseline losses, output dir, the
+    final weights' dump of the run without zcc and of the resumed one; files
+    ending in `dump_ext`, the caller compares them)."""
+    base_dump = os.path.join(tmp, "base" + dump_ext)
+    baseline, _, log = run(script, common + ["--no-zcc", "--out", os.path.join(tmp, "base"),
+                                             "--dump", base_dump])
+    assert sorted(baseline) == list(range(1, steps + 1)), log
+    out = os.path.join(tmp, "out")
+    first, log = run_and_kill(script, common + ["--out", out, "--pause-after", "17"])
+    assert "steps not committed: []" in log, log
+    assert sorted(first) == list(range(1, 18)), log
+    bad = [s for s in first if first[s] != baseline[s]]
+    assert not bad, "zcc changed the losses at steps %s" % bad
+    assert sorted(os.listdir(out)) == ["checkpoint-10"], os.listdir(out)
+    folder = os.path.join(out, "checkpoint-10")
+    assert set(folder_files) <= set(os.listdir(folder)), os.listdir(folder)
+    zcc_dump = os.path.join(tmp, "zcc" + dump_ext)
+    second, _, log = run(script, common + ["--out", out, "--dump", zcc_dump])
+    assert "resume=True" in log, log
+    assert sorted(second) == list(range(11, steps + 1)), log
+    bad = [s for s in second if second[s] != baseline[s]]
+    assert not bad, "losses after resuming differ at steps %s\n%s" % (bad, log)
+    # The finished run left the folders of its last committed steps.
+    assert sorted(os.listdir(out)) == ["checkpoint-20", "checkpoint-30"], os.listdir(out)
+    return baseline, out, base_dump, zcc_dump
+
+
+def check_ranks_folder_resume(script, common, tmp, job, launcher, resume_launched=False,
+                              steps=30):
+    """check_folder_resume's kill and resume on two ranks of job `job` (each
+    rank's losses compared with a run of two ranks without zcc), started as
+    `launcher` starts them; with `resume_launched`, the resume under `python
+    -m paddle.distributed.launch` itself. The folder must hold both ranks'
+    generators."""
+    out = os.path.join(tmp, job)
+    two = common + ["--job", job, "--out", out]
+    base = run_ranks(script, common + ["--no-zcc", "--out", os.path.join(tmp, job + "-base")],
+                     2, launcher=launcher)
+    first = run_ranks_and_kill(script, two + ["--pause-after", "17"], 2, launcher=launcher)
+    for rank in range(2):
+        bad = [s for s in first[rank] if first[rank][s] != base[rank][0][s]]
+        assert not bad, "rank %d: zcc changed the losses at steps %s" % (rank, bad)
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
+        os.listdir(os.path.join(out, "checkpoint-10"))), os.listdir(out)
+    second = run_launched(script, two, 2) if resume_launched else \
+        run_ranks(script, two, 2, launcher=launcher)
+    for rank in range(2):
+        losses = second[rank][0]
+        assert sorted(losses) == list(range(11, steps + 1)), (rank, sorted(losses))
+        bad = [s for s in losses if losses[s] != base[rank][0][s]]
+        assert not bad, "rank %d: losses after resuming differ at steps %s" % (rank, bad)
