@@ -712,6 +712,55 @@ TEST_CASE("a shard write stalled longer than the client's daemon timeout costs n
   REQUIRE(daemon.Stop(absl::Seconds(90)).has_value());
 }
 
+TEST_CASE("a failed write of the previous layout's snapshots is tried again; the step is not "
+          "lost") {
+  const std::string dir = ShortTempDir("it-relayout");
+  // The first write request into step 7's directory fails (EIO): the write
+  // of step 7 from the old layout's memory fails once.
+  DaemonOptions options;
+  options.env = {"ZCCD_INJECT_STORAGE_FAULTS=path=itest/step-00000007,eio_on_write=1"};
+  Daemon daemon(dir, options);
+  REQUIRE(daemon.Start());
+  // Two ranks snapshot steps 1..7 (step 5 a checkpoint) and die after 7.
+  std::vector<std::unique_ptr<Subprocess>> train;
+  for (int rank = 0; rank < 2; ++rank) {
+    train.push_back(StartTrainer(daemon, dir, absl::StrCat("train", rank),
+                                 {"--steps=7", "--save_every=5", "--block", "--pause_at=7",
+                                  absl::StrCat("--rank=", rank), "--world=2"}));
+  }
+  for (auto& t : train) REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+  const bool ingested = Eventually(
+      [&] {
+        auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
+        const auto status = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+        if (code != 0 || !status.is_object()) return false;
+        int at_seven = 0;
+        for (const auto& job : status.value("jobs", nlohmann::json::array())) {
+          for (const auto& rank : job.value("ranks", nlohmann::json::array())) {
+            at_seven += rank.value("last_snapshot_step", int64_t{-2}) == 7 ? 1 : 0;
+          }
+        }
+        return at_seven == 2;
+      },
+      absl::Seconds(30), absl::Milliseconds(20));
+  REQUIRE(ingested);
+  REQUIRE(WaitForPath(JobDir(daemon, "itest") + "/step-00000005/COMMITTED", absl::Seconds(30)));
+  for (auto& t : train) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  }
+  // The job resumes on one rank: step 7 is written from the two ranks'
+  // memory (the second try) and restored, not step 5.
+  auto r = StartTrainer(daemon, dir, "restore",
+                        {"--mode=restore", "--expect_step=7", "--expect_from=disk"});
+  REQUIRE(r->Wait(absl::Seconds(60)) == 0);
+  INFO(r->Output() << daemon.Log());
+  CHECK(r->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(daemon.Log(), "trying again in 1s"));
+  CHECK(absl::StrContains(daemon.Log(), "written from memory and committed"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("bad requests get clear errors and committed checkpoints stay intact") {
   const std::string dir = ShortTempDir("it-bad");
   Daemon daemon(dir, {{"--staging_budget_mb=64", "--config=" + dir + "/limits.conf"}});

@@ -24,6 +24,13 @@
 #include "shm/slot_ring.h"
 
 namespace zcc::daemon {
+
+namespace {
+
+// How often a failed write of a previous layout's snapshots is tried again.
+constexpr int kRelayoutRetries = 2;
+
+}  // namespace
 namespace {
 
 constexpr uint32_t kMaxWorldSize = 1 << 20;
@@ -358,7 +365,19 @@ void Registrar::WritePreviousLayout(Admission& admission) {
   d_.write_pool->Post([previous = std::move(previous), job = admission.job(), jobs = d_.jobs,
                        fs = d_.shard_storage]() mutable {
     const absl::Time began = absl::Now();
+    // The snapshots are the only copy of their step: a failed write (a
+    // disk's or a store's passing error; PersistRetainedStep leaves nothing
+    // of it behind) is tried again twice, 1 s and then 2 s later, before
+    // they go.
     auto written = PersistRetainedStep(*previous, fs);
+    for (int retry = 1; !written.ok() && retry <= kRelayoutRetries; ++retry) {
+      const absl::Duration wait = absl::Seconds(retry);
+      ZCC_LOG(WARNING) << "job " << job->options().job_id
+                       << ": writing the snapshots of its previous layout for the new one failed ("
+                       << written.status() << "); trying again in " << wait;
+      absl::SleepFor(wait);
+      written = PersistRetainedStep(*previous, fs);
+    }
     if (written.ok() && written->has_value()) job->OnCommittedOutside(**written, began);
     if (!written.ok()) {
       ZCC_LOG(WARNING) << "job " << job->options().job_id
