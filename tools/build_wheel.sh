@@ -81,7 +81,9 @@ fi
 
 cd "$repo"
 source tools/bazel_flags.sh
-flags=("${ZCC_BAZEL_FLAGS[@]}" --config=opt)
+# (No convenience symlinks: bazel-bin keeps naming the last plain build, whose
+# _zcc.so the Python tests and a hand-run of the examples load.)
+flags=("${ZCC_BAZEL_FLAGS[@]}" --config=opt --symlink_prefix=/)
 if ((nocuda)) && [[ " ${ZCC_BAZEL_FLAGS[*]} " != *" --config=nocuda "* ]]; then
   flags+=(--config=nocuda)
 fi
