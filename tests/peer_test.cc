@@ -298,7 +298,12 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
     trainers.push_back(StartTrainer(
         *d, dir, absl::StrCat("train", rank),
         {"--job=lost", absl::StrCat("--rank=", rank), "--world=2", "--steps=5", "--save_every=0",
-         "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000"}));
+         "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
+         // Step 2's replication (the first: connections and TLS handshakes)
+         // done before step 4 is due: replication never waits for itself and
+         // leaves a step out instead, which under a loaded machine's 1.5 s
+         // for step 2 left step 4 out and failed this test once.
+         "--step_ms=1500"}));
     ++rank;
   }
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
