@@ -42,7 +42,16 @@ def run(args, expect_rc=0):
 
 
 def main():
+    # (Paddle's tests run without $TEST_TMPDIR: run_python.sh says why.)
     tmp = tempfile.mkdtemp(prefix="zccpf.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+    try:
+        check(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("paddleformers_resume_test: OK")
+
+
+def check(tmp):
     zccctl = os.path.join(os.path.dirname(os.environ["ZCCD"]), "..", "tools", "zccctl")
     with Zccd("pftrainer") as d:
         common = ["--socket", d.socket, "--root", d.root, "--steps", str(STEPS)]
@@ -100,7 +109,6 @@ def main():
         assert "cannot restore" in log and "checkpoint-<step>" in log, log
         print("a checkpoint folder whose zcc step is gone: refused with the reason")
         assert d.stop() == 0, d.log()
-    print("paddleformers_resume_test: OK")
 
 
 if __name__ == "__main__":
