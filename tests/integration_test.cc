@@ -131,23 +131,6 @@ TEST_CASE("a step that not every rank wrote is never committed nor restored") {
   REQUIRE(daemon.Stop() == 0);
 }
 
-bool WaitIngested(const std::string& dir, const Daemon& daemon, int step) {
-  return Eventually(
-      [&] {
-        auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
-        if (code != 0) return false;
-        const auto status = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
-        if (!status.is_object()) return false;
-        for (const auto& job : status.value("jobs", nlohmann::json::array())) {
-          for (const auto& rank : job.value("ranks", nlohmann::json::array())) {
-            if (rank.value("last_snapshot_step", int64_t{-2}) == step) return true;
-          }
-        }
-        return false;
-      },
-      absl::Seconds(30), absl::Milliseconds(20));
-}
-
 TEST_CASE("a trainer that closes releases its staging memory at once; one that asks keeps its "
           "snapshots for the next") {
   const std::string dir = ShortTempDir("it-close");
@@ -235,7 +218,7 @@ TEST_CASE("a checkpoint step takes over a slot whose ordinary snapshot is not in
                         {"--steps=6", "--save_every=5", "--pause_at=1", "--daemon_timeout_s=30",
                          "--step_ms=5", "--wait_commit=false", "--slots=2"});
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
-  REQUIRE(WaitIngested(dir, daemon, 1));
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 1));
   daemon.process()->Signal(SIGSTOP);
   t->Signal(SIGUSR1);
   REQUIRE(t->WaitForOutput("step=6 ", absl::Seconds(30)));
@@ -292,7 +275,7 @@ TEST_CASE("with Backpressure::kBlock the trainer waits for a slot instead of ski
                          "--block", "--step_ms=5", "--slots=2"});
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(30)));
   // Let the daemon take step 1 first, so both slots are free when it stops.
-  REQUIRE(WaitIngested(dir, daemon, 1));
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 1));
   daemon.process()->Signal(SIGSTOP);
   t->Signal(SIGUSR1);
   REQUIRE(t->WaitForOutput("step=3 ", absl::Seconds(30)));
@@ -729,21 +712,7 @@ TEST_CASE("a failed write of the previous layout's snapshots is tried again; the
                                   absl::StrCat("--rank=", rank), "--world=2"}));
   }
   for (auto& t : train) REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
-  const bool ingested = Eventually(
-      [&] {
-        auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
-        const auto status = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
-        if (code != 0 || !status.is_object()) return false;
-        int at_seven = 0;
-        for (const auto& job : status.value("jobs", nlohmann::json::array())) {
-          for (const auto& rank : job.value("ranks", nlohmann::json::array())) {
-            at_seven += rank.value("last_snapshot_step", int64_t{-2}) == 7 ? 1 : 0;
-          }
-        }
-        return at_seven == 2;
-      },
-      absl::Seconds(30), absl::Milliseconds(20));
-  REQUIRE(ingested);
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 7, 2));
   REQUIRE(WaitForPath(JobDir(daemon, "itest") + "/step-00000005/COMMITTED", absl::Seconds(30)));
   for (auto& t : train) {
     t->Signal(SIGKILL);
@@ -1089,7 +1058,7 @@ TEST_CASE("a trainer killed at a random step restores that step from zccd's memo
   const std::vector<std::string> model = {"--save_every=10", "--ema_decay=0.9", "--block"};
   auto t = StartTrainer(daemon, dir, "train", Concat({"--steps=30", absl::StrCat("--pause_at=", killed_at)}, model));
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
-  REQUIRE(WaitIngested(dir, daemon, killed_at));
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", killed_at));
   t->Signal(SIGKILL);
   REQUIRE(t->Wait(absl::Seconds(10)).has_value());
   // The restarted trainer gets the step it died after, bit-exact, with the
@@ -1232,7 +1201,7 @@ TEST_CASE("checkpoint-on-failure: a killed trainer's newest snapshot is persiste
                         {"--steps=20", "--save_every=5", "--pause_at=7", "--block",
                          "--persist_on_failure"});
   REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
-  REQUIRE(WaitIngested(dir, daemon, 7));
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 7));
   t->Signal(SIGKILL);
   REQUIRE(t->Wait(absl::Seconds(10)).has_value());
   const std::string job_dir = JobDir(daemon);

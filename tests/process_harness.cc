@@ -18,6 +18,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -222,6 +223,24 @@ std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
   Subprocess p(argv, absl::StrCat(dir, "/zccctl.", n++, ".log"), uid);
   auto code = p.Wait(absl::Seconds(60));
   return {code.value_or(-1), p.Output()};
+}
+
+bool WaitSnapshotted(const std::string& dir, const Daemon& d, const std::string& job,
+                     int64_t step, int ranks) {
+  return zcc::testing::Eventually(
+      [&] {
+        auto [code, out] = Zccctl(dir, d, {"--json", "status", job});
+        const auto status = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+        if (code != 0 || !status.is_object()) return false;
+        int at_step = 0;
+        for (const auto& j : status.value("jobs", nlohmann::json::array())) {
+          for (const auto& rank : j.value("ranks", nlohmann::json::array())) {
+            at_step += rank.value("last_snapshot_step", int64_t{-2}) == step ? 1 : 0;
+          }
+        }
+        return at_step >= ranks;
+      },
+      absl::Seconds(30), absl::Milliseconds(20));
 }
 
 bool WaitForPath(const std::string& path, absl::Duration timeout) {

@@ -107,6 +107,11 @@ std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
 
 bool WaitForPath(const std::string& path, absl::Duration timeout);
 
+// Waits up to 30 s until `ranks` ranks of job `job` on `d` have `step` as
+// their newest snapshot zccd took in (zccctl status); false if they do not.
+bool WaitSnapshotted(const std::string& dir, const Daemon& d, const std::string& job,
+                     int64_t step, int ranks = 1);
+
 // The number `pattern`'s group 1 captures in the log of `d`'s latest start,
 // waiting up to 5 s for it to appear (a listener's port zccd logs as it
 // starts); 0 if none.

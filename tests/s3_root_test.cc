@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -291,21 +290,7 @@ TEST_CASE("tiered: the step a previous layout left in memory, written for the ne
   flags.insert(flags.end(), tiered.begin(), tiered.end());
   auto train = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "train", flags);
   for (auto& t : train) REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
-  const bool ingested = Eventually(
-      [&] {
-        auto [code, out] = Zccctl(dir, daemon, {"--json", "status", "itest"});
-        const auto status = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
-        if (code != 0 || !status.is_object()) return false;
-        int at_seven = 0;
-        for (const auto& job : status.value("jobs", nlohmann::json::array())) {
-          for (const auto& rank : job.value("ranks", nlohmann::json::array())) {
-            at_seven += rank.value("last_snapshot_step", int64_t{-2}) == 7 ? 1 : 0;
-          }
-        }
-        return at_seven == 2;
-      },
-      absl::Seconds(30), absl::Milliseconds(20));
-  REQUIRE(ingested);
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 7, 2));
   for (auto& t : train) {
     t->Signal(SIGKILL);
     REQUIRE(t->Wait(absl::Seconds(10)).has_value());
