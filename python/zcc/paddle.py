@@ -276,7 +276,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
 
         pieces = []  # (checkpoint key, Piece, kind, ema_eligible, replica group of a whole tensor)
         self._params = collections.OrderedDict()   # checkpoint key -> trainable parameter
-        self._watched = []   # (what, tensor, address): memory that must not move
+        # (what, tensor, address, DistTensor?): memory that must not move
+        self._watched = []
         self._shadows = []   # (checkpoint key, the model's tensor, its shadow)
         key_of = {}          # the parameter's Paddle name -> its checkpoint key
         self._group_of = {}  # checkpoint key -> its replica group
@@ -296,7 +297,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                 self._params[key] = t
                 key_of[t.name] = key
                 piece = _paddle_layout.piece_of(key, _detached(t), self.rank)
-                self._watched.append(("parameter " + local_key, t, piece.local.data_ptr()))
+                self._watched.append(("parameter " + local_key, t, piece.local.data_ptr(),
+                                      piece.global_shape is not None))
                 pieces.append((key, piece, "param",
                                ema_decay > 0 and t.dtype in _EMA_DTYPES, group))
             else:
@@ -496,8 +498,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         return paddle.device.current_stream(paddle.CUDAPlace(self._device)).cuda_stream
 
     def _check_memory(self):
-        for what, t, address in self._watched:
-            if _paddle_layout.local_of(t).data_ptr() != address:
+        for what, t, address, dist in self._watched:  # (step()'s path: no is_dist() per call)
+            if (t._local_value() if dist else t).data_ptr() != address:
                 raise zcc.FailedPreconditionError(
                     "%s moved to other memory after the Checkpointer was built (Layer.to() "
                     "cast it or moved it to another device): zcc would copy the old memory. "
