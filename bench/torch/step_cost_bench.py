@@ -5,8 +5,10 @@ The model: LlamaForCausalLM built from a small config (no download; --layers
 decoder layers, default 8, hidden 256: 123 parameter tensors), fully_shard per
 decoder layer and at the root over a 1-rank gloo process group (its parameters
 are DTensors, as on any FSDP2 job), AdamW, a LambdaLR schedule, and torchdata's
-StatefulDataLoader passed as ``state``; CPU. A zccd the benchmark starts takes
-the snapshots (default slots, backpressure "skip", no checkpoint writes).
+StatefulDataLoader passed as ``state``; on the CPU with gloo, or with
+--device cuda on the GPU with NCCL (zcc.torch then snapshots through the CUDA
+copier). A zccd the benchmark starts takes the snapshots (default slots,
+backpressure "skip", no checkpoint writes).
 
 Each of --steps training steps (forward, backward, optimizer.step,
 scheduler.step, the next batch) is followed by ``ckpt.step(step)``, whose wall
@@ -40,14 +42,14 @@ def emit(name, value, reference, ratio, target, unit):
     print("BENCH_ROW " + json.dumps(row), flush=True)
 
 
-def build(layers):
+def build(layers, device):
     from torch.distributed.fsdp import fully_shard
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=688,
                          num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
                          max_position_embeddings=128)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config).to(device)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -61,19 +63,24 @@ def main():
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--only", default="", help="(accepted for bench/run.sh)")
     p.add_argument("--profile", action="store_true", help="cProfile of the calls, on stderr")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the model trains (cuda: GPU 0, NCCL; default cpu, gloo)")
     args = p.parse_args()
     steps = args.steps or (60 if args.quick else 200)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
+    torch.distributed.init_process_group("nccl" if args.device == "cuda" else "gloo",
+                                         rank=0, world_size=1)
 
     from torchdata.stateful_dataloader import StatefulDataLoader
     from zcc.torch import Checkpointer
     from zccd_process import Zccd
 
-    model = build(args.layers)
+    model = build(args.layers, args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
     tokens = torch.randint(0, 1024, (4096, 33), generator=torch.Generator().manual_seed(1))
@@ -105,7 +112,7 @@ def main():
             import cProfile
             profile = cProfile.Profile()
         for step in range(1, steps + 6):
-            batch = next(batches)
+            batch = next(batches).to(args.device, non_blocking=True)
             loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:]).loss
             loss.backward()
             opt.step()
@@ -134,10 +141,10 @@ def main():
     snap_us = 1e6 * statistics.median(parts["snapshot"][5:])
     python_us = median_us - fence_us - snap_us
     params = sum(1 for _ in model.parameters())
-    print("step_cost_bench: %d params (DTensors), %d calls: median %.0f us, p90 %.0f us; "
+    print("step_cost_bench: %s, %d params (DTensors), %d calls: median %.0f us, p90 %.0f us; "
           "of a call: fence %.0f us, snapshot %.0f us, Python-side state %.0f us; "
           "snapshots enqueued %s, skipped %s"
-          % (params, len(timed_calls), median_us, p90_us, fence_us, snap_us, python_us,
+          % (args.device, params, len(timed_calls), median_us, p90_us, fence_us, snap_us, python_us,
              stats["snapshots_enqueued"], stats["skipped_no_slot"]), file=sys.stderr)
     emit("torch_checkpointer_step_us_median (ratio = 200 us / median)", median_us, BUDGET_US,
          BUDGET_US / median_us, ">= 1", "us")

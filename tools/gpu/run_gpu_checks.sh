@@ -33,6 +33,10 @@
 #       CUDA model checkpointed through zcc.torch, which picks the CUDA copier,
 #       and restored on the GPU exactly; then the same with daemon-pull
 #       (copier=zcc.daemon_pull(0), the wheel's zccd with --daemon_pull).
+#       With the bundle's modules, where that python3 imports torchdata and
+#       transformers (torchdata's wheel can be carried; see BUILDING.md), also
+#       bench/torch/step_cost_bench.py --device cuda: Checkpointer.step's cost
+#       on a GPU trainer's thread.
 #
 #   tools/gpu/run_gpu_checks.sh python-headers DIR
 #       On the GPU node: copies its python3's C headers (Python.h, pyconfig.h)
@@ -235,6 +239,7 @@ run() {
   # zcc.torch with CUDA tensors: where an interpreter with PyTorch (CUDA) and
   # zcc (the wheel, tools/build_wheel.sh) is given as ZCC_GPU_PYTHON, with the
   # wheel's zccd next to it.
+  local step_cost_rc=0 step_cost_result="NOT RUN (no zcc modules for this python3)"
   local torch_rc=0 torch_result="NOT RUN (no zcc modules in the bundle for this python3, and no ZCC_GPU_PYTHON: see python-headers)"
   if [[ -n ${ZCC_GPU_PYTHON:-} ]]; then
     echo "== cuda_torch_check ($ZCC_GPU_PYTHON)"
@@ -247,9 +252,21 @@ run() {
     local cudart
     cudart=$(python3 -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
     LD_LIBRARY_PATH="${cudart:+$cudart:}$LD_LIBRARY_PATH" PYTHONUNBUFFERED=1 \
-      PYTHONPATH="$PWD/$BUNDLE/python:$PWD/python/tests" python3 python/tests/cuda_torch_check.py \
+      PYTHONPATH="$PWD/$BUNDLE/python:$PWD/python/tests${PYTHONPATH:+:$PYTHONPATH}" python3 python/tests/cuda_torch_check.py \
       --zccd "$PWD/$BUNDLE/bin/zccd" 2>&1 | tee "$log/torch" || torch_rc=${PIPESTATUS[0]}
     torch_result=$([[ $torch_rc -eq 0 ]] && tail -1 "$log/torch" || echo "FAILED (exit $torch_rc)")
+    # What Checkpointer.step costs a GPU trainer's thread (issue 31 item 9):
+    # the FSDP2 Llama of bench/torch/step_cost_bench.py on cuda:0.
+    if python3 -c 'import torchdata.stateful_dataloader, transformers' 2>/dev/null; then
+      echo "== step_cost_bench --device cuda"
+      LD_LIBRARY_PATH="${cudart:+$cudart:}$LD_LIBRARY_PATH" PYTHONUNBUFFERED=1 ZCC_ZCCD="$PWD/$BUNDLE/bin/zccd" \
+        PYTHONPATH="$PWD/$BUNDLE/python:$PWD/python/tests${PYTHONPATH:+:$PYTHONPATH}" python3 bench/torch/step_cost_bench.py \
+        --device cuda 2>&1 | tee "$log/step_cost" || step_cost_rc=${PIPESTATUS[0]}
+      step_cost_result=$([[ $step_cost_rc -eq 0 ]] && grep '^step_cost_bench:' "$log/step_cost" ||
+        echo "FAILED (exit $step_cost_rc)")
+    else
+      step_cost_result="NOT RUN (torchdata or transformers missing for python3: carry their wheels)"
+    fi
   fi
   local nccl_rc=0 nccl_result
   if ldd "$BUNDLE/bin/$NCCL_BINARY" 2>&1 | grep -q 'libnccl.*not found'; then
@@ -291,9 +308,10 @@ run() {
   fi
   echo "$NCCL_BINARY: $nccl_result"
   echo "cuda_torch_check: $torch_result"
+  echo "step_cost_bench: $step_cost_result"
   rm -rf "$log"
   [[ $test_rc -eq 0 && $bench_rc -eq 0 && $torch_rc -eq 0 && $nccl_rc -eq 0 && $pull_rc -eq 0 &&
-    $pull_bench_rc -eq 0 ]]
+    $pull_bench_rc -eq 0 && $step_cost_rc -eq 0 ]]
 }
 
 case "${1:-}" in
