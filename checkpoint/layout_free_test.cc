@@ -202,6 +202,53 @@ TEST_CASE("a tensor the step lacks or holds with another shape is refused before
   CHECK(a == std::vector<uint8_t>(a.size(), 0xEE));
 }
 
+TEST_CASE("an EXTRA blob reads into a larger one with zeros after it, never into a smaller one") {
+  // Blobs (1-D U8 EXTRA tensors: a length, then a pickle) are sized by what
+  // they held when registered: a restore may register them larger or
+  // smaller than the step holds them.
+  const Global blob{"zcc.r00000.rank_state", DType::kU8, {40}, format::TensorKind::kExtra};
+  const std::string root = zcc::testing::TempDir();
+  REQUIRE_OK(WriteStep(root, 5, {{{kNorm, {{0}, {6}}}, {blob, {{0}, {40}}}}}));
+  REQUIRE(TryCommit(root, "job", 5, 1)->outcome == CommitOutcome::kCommitted);
+  const std::string step_dir = JoinPath(root, "step-00000005");
+  auto index = LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  auto tensors = GroupPieces(*index);
+  REQUIRE_OK(tensors);
+  const std::string extra(format::TensorKindName(format::TensorKind::kExtra));
+  std::vector<uint8_t> norm(6 * 4, 0xEE), larger(100, 0xEE);
+  std::vector<BoxTarget> targets = {
+      {"param", kNorm.name, DType::kF32, kNorm.shape, {{0}, {6}}, norm.data()},
+      {extra, blob.name, DType::kU8, {100}, {{0}, {100}}, larger.data()}};
+  REQUIRE_OK(ReadBoxes(step_dir, *index, *tensors, targets, IoOptions()));
+  std::vector<uint8_t> want = PieceBytes(blob, {{0}, {40}}, 5);
+  want.resize(100, 0);
+  CHECK(larger == want);
+  CHECK(norm == PieceBytes(kNorm, {{0}, {6}}, 5));
+  // Staged too (a budget smaller than the blob).
+  larger.assign(100, 0xEE);
+  REQUIRE_OK(ReadBoxes(step_dir, *index, *tensors, {targets[1]}, IoOptions(), 8));
+  CHECK(larger == want);
+
+  // Smaller: refused before anything is written, saying how large it must be.
+  std::vector<uint8_t> smaller(16, 0xEE);
+  norm.assign(norm.size(), 0xEE);
+  targets = {{"param", kNorm.name, DType::kF32, kNorm.shape, {{0}, {6}}, norm.data()},
+             {extra, blob.name, DType::kU8, {16}, {{0}, {16}}, smaller.data()}};
+  auto st = ReadBoxes(step_dir, *index, *tensors, targets, IoOptions());
+  REQUIRE_STATUS_CODE(st, absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(st.status().message(), "at least 40 bytes"));
+  CHECK(norm == std::vector<uint8_t>(norm.size(), 0xEE));
+  CHECK(smaller == std::vector<uint8_t>(smaller.size(), 0xEE));
+  // A part of a blob, or a blob of another kind or dtype, is not a blob.
+  targets = {{extra, blob.name, DType::kU8, {100}, {{0}, {50}}, larger.data()}};
+  REQUIRE_STATUS_CODE(ReadBoxes(step_dir, *index, *tensors, targets, IoOptions()),
+                      absl::StatusCode::kFailedPrecondition);
+  targets = {{"param", kNorm.name, DType::kF32, {8}, {{0}, {8}}, larger.data()}};
+  REQUIRE_STATUS_CODE(ReadBoxes(step_dir, *index, *tensors, targets, IoOptions()),
+                      absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("a step whose pieces leave a gap, overlap or disagree is not committed") {
   const std::string root = zcc::testing::TempDir();
   REQUIRE_OK(WriteStep(root, 1, ThreeRankLayout()));

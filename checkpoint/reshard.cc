@@ -20,6 +20,15 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// Whether a target and the tensor checkpointed under its name are both
+// 1-D U8 EXTRA blobs: their sizes may differ (blobs are sized by what they
+// hold; the leading length says how much of one is used).
+bool BothBlobs(const BoxTarget& t, const GlobalTensor& g) {
+  return t.kind == format::TensorKindName(format::TensorKind::kExtra) &&
+         t.dtype == format::DType::kU8 && g.dtype == format::DType::kU8 &&
+         t.global_shape.size() == 1 && g.global_shape.size() == 1;
+}
+
 // Where one staged piece's intersection with one target goes.
 struct Copy {
   size_t target = 0;
@@ -51,11 +60,14 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
   absl::flat_hash_map<const format::ManifestTensor*, std::vector<size_t>> direct_targets;
   std::vector<size_t> copies_left(targets.size(), 0);
   std::vector<size_t> done_at_once;
+  // Zeroed once every target is checked (nothing is written before): the
+  // targets of optional tensors the step lacks, and blobs' tails.
+  std::vector<std::pair<uint8_t*, size_t>> zeroed;
   for (size_t i = 0; i < targets.size(); ++i) {
     const BoxTarget& t = targets[i];
     const auto it = by_key.find(std::make_pair(t.kind, t.name));
     if (it == by_key.end() && t.optional) {
-      std::memset(t.dst, 0, format::Volume(t.box) * format::DTypeSize(t.dtype));
+      zeroed.emplace_back(t.dst, format::Volume(t.box) * format::DTypeSize(t.dtype));
       done_at_once.push_back(i);
       continue;
     }
@@ -64,36 +76,56 @@ absl::StatusOr<ReshardStats> ReadBoxes(const std::string& step_dir,
           absl::StrCat(t.kind, " tensor '", t.name, "' is not in ", step_dir));
     }
     const GlobalTensor& g = *it->second;
-    if (g.dtype != t.dtype || g.global_shape != t.global_shape) {
+    // The box of the checkpointed tensor this target takes: the target's,
+    // except for a blob registered larger than the one checkpointed, which
+    // takes the checkpointed blob whole and zeros after it.
+    format::Box want = t.box;
+    if (BothBlobs(t, g) && g.global_shape != t.global_shape) {
+      const int64_t saved = g.global_shape[0];
+      const int64_t registered = t.global_shape[0];
+      if (saved > registered || t.box.offset != std::vector<int64_t>{0} ||
+          t.box.shape != t.global_shape) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "extra tensor '", t.name, "' holds ", saved, " bytes in ", step_dir,
+            "; this rank registered it with ", registered,
+            " (blob too small: register it with at least ", saved, " bytes)"));
+      }
+      ZCC_RETURN_IF_ERROR(format::ValidateBox(t.box, t.global_shape));
+      zeroed.emplace_back(t.dst + saved, static_cast<size_t>(registered - saved));
+      want = format::Box{{0}, {saved}};
+    } else if (g.dtype != t.dtype || g.global_shape != t.global_shape) {
       return absl::FailedPreconditionError(absl::StrCat(
           t.kind, " tensor '", t.name, "' was checkpointed as ", format::DTypeName(g.dtype), " ",
           ShapeText(g.global_shape), "; registered as ", format::DTypeName(t.dtype), " ",
           ShapeText(t.global_shape)));
+    } else {
+      ZCC_RETURN_IF_ERROR(format::ValidateBox(t.box, t.global_shape));
     }
-    ZCC_RETURN_IF_ERROR(format::ValidateBox(t.box, t.global_shape));
     uint64_t covered = 0;
     for (const format::ManifestTensor* p : g.pieces) {
-      if (p->box_offset == t.box.offset && p->shape == t.box.shape) {
+      if (p->box_offset == want.offset && p->shape == want.shape) {
         direct.push_back({p, t.dst});
         direct_targets[p].push_back(i);
-        covered = format::Volume(t.box);
+        covered = format::Volume(want);
         break;
       }
-      std::optional<format::Box> region = format::Intersect({p->box_offset, p->shape}, t.box);
+      std::optional<format::Box> region = format::Intersect({p->box_offset, p->shape}, want);
       if (!region.has_value()) continue;
       covered += format::Volume(*region);
       staged[p].push_back({i, *std::move(region)});
       ++copies_left[i];
     }
-    if (covered == 0 && format::Volume(t.box) == 0) done_at_once.push_back(i);
+    if (covered == 0 && format::Volume(want) == 0) done_at_once.push_back(i);
     // The pieces tile the global tensor (GroupPieces), so their
     // intersections with the box cover it exactly; anything else is a bug.
-    if (covered != format::Volume(t.box)) {
+    if (covered != format::Volume(want)) {
       return absl::InternalError(absl::StrCat(t.kind, " tensor '", t.name, "': the pieces cover ",
-                                              covered, " of the box's ", format::Volume(t.box),
+                                              covered, " of the box's ", format::Volume(want),
                                               " elements"));
     }
   }
+
+  for (const auto& [dst, bytes] : zeroed) std::memset(dst, 0, bytes);
 
   if (options.progress != nullptr) {
     uint64_t planned = 0;
