@@ -110,7 +110,9 @@ absl::Status Client::Close(bool keep_snapshots) {
   return unregistered;
 }
 
-absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
+namespace {
+
+absl::Status CheckTensorRefs(const std::vector<TensorRef>& tensors) {
   std::set<std::string> names;
   for (const TensorRef& t : tensors) {
     ZCC_RETURN_IF_ERROR(ValidateTensorName(t.name));
@@ -127,6 +129,13 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
           absl::StrCat("tensor '", t.name, "': only EXTRA tensors may be optional"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
+  ZCC_RETURN_IF_ERROR(CheckTensorRefs(tensors));
   {
     zcc::MutexLock lock(&impl_->mu);
     if (impl_->tensors_registered) {
@@ -148,6 +157,46 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
     ZCC_LOG(WARNING) << "zcc client: cannot register with zccd now ("
                      << session.status().message()
                      << "); training continues without snapshots and registers again with backoff";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::ReplaceTensors(std::vector<TensorRef> tensors) {
+  ZCC_RETURN_IF_ERROR(CheckTensorRefs(tensors));
+  std::shared_ptr<Session> s;
+  {
+    zcc::MutexLock lock(&impl_->mu);
+    if (!impl_->tensors_registered) {
+      return absl::FailedPreconditionError("no tensors are registered with this client yet");
+    }
+    s = impl_->session;
+  }
+  if (s == nullptr || s->dead.load()) {
+    // Not registered now: the background registration takes these.
+    zcc::MutexLock lock(&impl_->mu);
+    impl_->tensors = std::move(tensors);
+    return absl::OkStatus();
+  }
+  // Nothing of the old registration's is left to publish once zccd stops it.
+  ZCC_RETURN_IF_ERROR(Flush());
+  s->being_replaced.store(true);
+  auto fresh = impl_->RegisterOnce(tensors, *impl_->GetStubs(), /*prefetch_restore=*/false,
+                                   s->resp.generation());
+  // Refused, the old registration stays: or, when zccd had stopped it
+  // before the refusal, the heartbeat now drops it and the background
+  // registration takes over.
+  s->being_replaced.store(false);
+  if (!fresh.ok() && !IsTransient(fresh.status())) return fresh.status();
+  if (!fresh.ok()) {
+    impl_->DropSession(s, absl::StrCat("cannot replace the registration now (",
+                                       fresh.status().message(), ")"));
+  }
+  zcc::MutexLock lock(&impl_->mu);
+  impl_->tensors = std::move(tensors);
+  if (fresh.ok()) {
+    s->dead.store(true);  // zccd stopped it; the session object goes below
+    impl_->session = *std::move(fresh);
+    impl_->registrations.fetch_add(1);
   }
   return absl::OkStatus();
 }

@@ -308,6 +308,18 @@ class Client {
   // Stats().connected says when it is registered.
   absl::Status RegisterTensors(std::vector<TensorRef> tensors);
 
+  // Registers `tensors` in place of the registered ones, keeping the rank's
+  // EMA in zccd: for a state blob that outgrew its EXTRA tensor. Only EXTRA
+  // tensors may differ, and only in size (InvalidArgument otherwise). Waits
+  // until the snapshots enqueued so far are handed to zccd, which drains the
+  // old registration's writes before it answers; the snapshots it held are
+  // dropped (the next Snapshot is the new registration's first). On the
+  // training thread, between steps. Refused by zccd (the staging budget,
+  // say), the old registration stays and the error is returned; zccd out of
+  // reach, the client registers `tensors` when it is back, as after
+  // RegisterTensors.
+  absl::Status ReplaceTensors(std::vector<TensorRef> tensors);
+
   // Enqueues a snapshot of `step` after the work already issued on `stream`
   // (device backends; nullptr = default stream) and returns.
   SnapshotResult Snapshot(int64_t step, SnapshotKind kind = SnapshotKind::kFull,

@@ -59,6 +59,9 @@ struct Session {
   std::vector<std::vector<CopyRegion>> full_regions;  // per slot
   std::vector<std::vector<CopyRegion>> ema_regions;   // per slot
   std::atomic<bool> dead{false};
+  // Set while Client::ReplaceTensors has zccd replace this registration:
+  // zccd closing it then is no reason to drop it (the call swaps it).
+  std::atomic<bool> being_replaced{false};
   // The segment pinned for the copier in the background, slot by slot;
   // copies out of or into a slot wait for its piece. Declared after the
   // segment: unregistered before it is unmapped.
@@ -252,10 +255,12 @@ struct Client::Impl {
     return FromGrpcStatus(via.control->RestoreDone(ctx.get(), done, &done_resp));
   }
 
-  // `prefetch_restore`: RegisterRequest's (the first registration only).
+  // `prefetch_restore`: RegisterRequest's (the first registration only);
+  // `replaces_generation`: its also (Client::ReplaceTensors).
   absl::StatusOr<std::shared_ptr<Session>> RegisterOnce(const std::vector<TensorRef>& refs,
                                                        const Stubs& via,
-                                                       bool prefetch_restore = false);
+                                                       bool prefetch_restore = false,
+                                                       uint64_t replaces_generation = 0);
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
   void NotifierLoop();
   // Liveness in both directions and nothing else: writes this client's

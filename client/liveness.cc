@@ -89,7 +89,7 @@ void Client::Impl::HeartbeatLoop() {
       const uint64_t now = shm::MonotonicNanos();
       cb->client_heartbeat_ns.store(now, std::memory_order_relaxed);
       const uint64_t daemon_beat = cb->daemon_heartbeat_ns.load(std::memory_order_relaxed);
-      if (cb->closed.load() != 0) {
+      if (cb->closed.load() != 0 && !s->being_replaced.load()) {
         DropSession(s, "zccd closed this registration");
       } else if (daemon_beat < now &&
                  absl::Nanoseconds(now - daemon_beat) > s->DaemonTimeout(options.daemon_timeout)) {

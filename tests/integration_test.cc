@@ -822,6 +822,47 @@ TEST_CASE("bad requests get clear errors and committed checkpoints stay intact")
   const grpc::Status dup = rpc.Register(GoodRequest("dup"));
   CHECK(dup.error_code() == grpc::ALREADY_EXISTS);
   CHECK(absl::StrContains(dup.error_message(), "already registered"));
+  // A registration replaced in place (RegisterRequest.replaces_generation,
+  // a state blob that grew): only EXTRA blobs may change, only in size, and
+  // only the live registration of that generation is replaced.
+  {
+    auto with_blob = [](int64_t bytes) {
+      v1::RegisterRequest r = GoodRequest("replace");
+      auto* blob = r.add_tensors();
+      blob->set_name("zcc.r00000.rank_state");
+      blob->set_dtype(v1::U8);
+      blob->add_shape(bytes);
+      blob->set_kind(v1::EXTRA);
+      return r;
+    };
+    v1::RegisterResponse registered;
+    REQUIRE(rpc.Register(with_blob(4096), &registered).ok());
+    v1::RegisterRequest wrong = with_blob(8192);
+    wrong.set_replaces_generation(registered.generation() + 1000);
+    grpc::Status st = rpc.Register(wrong);
+    CHECK(st.error_code() == grpc::FAILED_PRECONDITION);
+    CHECK(absl::StrContains(st.error_message(), "no registration of generation"));
+    v1::RegisterRequest param = with_blob(8192);
+    param.set_replaces_generation(registered.generation());
+    param.mutable_tensors(0)->set_shape(0, 32);
+    st = rpc.Register(param);
+    CHECK(st.error_code() == grpc::INVALID_ARGUMENT);
+    CHECK(absl::StrContains(st.error_message(), "more than an EXTRA blob's size"));
+    v1::RegisterRequest fewer = GoodRequest("replace");
+    fewer.set_replaces_generation(registered.generation());
+    CHECK(rpc.Register(fewer).error_code() == grpc::INVALID_ARGUMENT);
+    v1::RegisterRequest nowhere = with_blob(8192);
+    nowhere.set_job_id("never-registered");
+    nowhere.set_replaces_generation(registered.generation());
+    CHECK(rpc.Register(nowhere).error_code() == grpc::FAILED_PRECONDITION);
+    // A larger blob replaces it: a new generation; the old one is gone.
+    v1::RegisterRequest grown = with_blob(8192);
+    grown.set_replaces_generation(registered.generation());
+    v1::RegisterResponse replaced;
+    REQUIRE(rpc.Register(grown, &replaced).ok());
+    CHECK(replaced.generation() != registered.generation());
+    CHECK(rpc.Register(grown).error_code() == grpc::FAILED_PRECONDITION);
+  }
   // Same id, different world size: two jobs cannot share an id.
   v1::RegisterRequest other = GoodRequest("dup");
   other.set_world_size(2);

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -248,10 +249,70 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
                                 : plan.g.segment_bytes;
   admit.staging_budget_bytes = config.staging_budget_bytes;
   admit.pool = d.staging_pool;
-  admit.alive = [&config](const RankSession& s) {
+  admit.alive = [&config, replaces = req.replaces_generation()](const RankSession& s) {
+    // The registration this one replaces (its own trainer's) is taken over.
+    if (replaces != 0 && s.options().generation == replaces) return false;
     return !s.ClientProcessGone() && s.ClientAlive(config.client_timeout);
   };
   return admit;
+}
+
+// Why `after` cannot replace `before` in place (empty: it can): only EXTRA
+// tensors may differ, and only in size (DESIGN.md: state blobs grow).
+std::string ReplacementRefused(const std::vector<RegisteredTensor>& before,
+                               const std::vector<RegisteredTensor>& after) {
+  if (before.size() != after.size()) {
+    return absl::StrCat(after.size(), " tensors instead of ", before.size());
+  }
+  for (size_t i = 0; i < before.size(); ++i) {
+    const RegisteredTensor& a = before[i];
+    const RegisteredTensor& b = after[i];
+    const bool blob = a.kind == format::TensorKind::kExtra && b.kind == a.kind &&
+                      a.shape.size() == 1 && b.shape.size() == 1 && a.global() == a.shape &&
+                      b.global() == b.shape;
+    if (a.name != b.name || a.kind != b.kind || a.dtype != b.dtype ||
+        a.optional != b.optional || a.ema_eligible != b.ema_eligible ||
+        a.staged != b.staged || (!blob && (a.shape != b.shape || a.global() != b.global() ||
+                                           a.box().offset != b.box().offset))) {
+      return absl::StrCat("tensor ", i, " ('", b.name, "') differs from the registered '", a.name,
+                          "' in more than an EXTRA blob's size");
+    }
+  }
+  return "";
+}
+
+// The live session a registration replaces (RegisterRequest's
+// replaces_generation: the same trainer process, only EXTRA blobs' sizes
+// changed), still running; null when it replaces none. Refused:
+// FailedPrecondition when there is no such session, PermissionDenied for
+// another process, InvalidArgument when more than blob sizes changed.
+absl::StatusOr<std::shared_ptr<RankSession>> FindReplaced(
+    const v1::RegisterRequest& req, const std::vector<RegisteredTensor>& registered,
+    const Caller& caller, const JobTable& jobs) {
+  if (req.replaces_generation() == 0) return nullptr;
+  std::shared_ptr<Job> job = jobs.Find(req.job_id());
+  if (job == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", req.job_id(), "' is not registered: there is no registration to replace"));
+  }
+  ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
+  std::shared_ptr<RankSession> old = job->FindRank(req.rank());
+  if (old == nullptr || old->options().generation != req.replaces_generation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", req.rank(), " of job '", req.job_id(), "' holds no registration of generation ",
+        req.replaces_generation(), " to replace"));
+  }
+  if (old->options().pid != caller.pid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "rank ", req.rank(), " of job '", req.job_id(), "' is registered by pid ",
+        old->options().pid, "; only that process may replace its registration"));
+  }
+  if (std::string why = ReplacementRefused(old->registered(), registered); !why.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot replace the registration of rank ", req.rank(), " of job '",
+                     req.job_id(), "' in place: ", why));
+  }
+  return old;
 }
 
 RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& caller,
@@ -290,8 +351,21 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                                                          const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(RankPlan plan,
                        PlanRank(req, caller, d_, [this] { return EmaWorkers(); }));
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> replacing, FindReplaced(req, plan.registered, caller, *d_.jobs));
   RetirePredecessors(req, plan.job_dir, caller);
   ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
+  if (replacing != nullptr) {
+    // Its published snapshots drained (written when due) before its EMA
+    // moves over; its trainer waits in this request meanwhile.
+    replacing->Stop();
+  }
+  // Should the registration fail from here on, the stopped session leaves
+  // the job, so that its trainer's next registration is not refused for it.
+  absl::Cleanup drop_replaced = [&replacing, &admission, &req] {
+    if (replacing != nullptr) {
+      admission.job()->RemoveRank(req.rank(), replacing->options().generation);
+    }
+  };
   WritePreviousLayout(admission);
   const uint64_t generation = admission.generation();
   const Geometry& g = plan.g;
@@ -337,10 +411,22 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
   if (req.prefetch_restore() && !job->relayout_pending()) {
     d_.restores->StartPrefetch(*job, *session, req.rank());
   }
+  if (replacing != nullptr) {
+    const int64_t ema_step = replacing->ema_step().value_or(-1);
+    if (ema_step >= 0) session->AdoptEmaOf(*replacing, ema_step);
+    ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank()
+                  << ": registration replaced in place (a state blob grew)"
+                  << (ema_step >= 0 ? absl::StrCat("; its EMA, at step ", ema_step,
+                                                   ", carried over")
+                                    : std::string())
+                  << "; the old registration's snapshots are dropped";
+  }
   session->Start();
   std::shared_ptr<RankSession> replaced = job->PutRank(session);
   d_.housekeeper->PublishSessions();
-  if (replaced != nullptr) {
+  if (replaced != nullptr && replaced == replacing) {
+    replacing.reset();  // stopped above; its segment goes with it
+  } else if (replaced != nullptr) {
     ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
                      << ": replacing the registration of pid " << replaced->options().pid
                      << ", whose trainer is gone";

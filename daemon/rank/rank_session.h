@@ -207,6 +207,9 @@ class RankSession {
   // not have, or kept of other tensors or with another decay, starts afresh
   // (logged).
   absl::Status TakePredecessorEma(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the EMA of `stopped` (a stopped session of this rank that this
+  // one replaces in place, its EMA at `step`), as TakePredecessorEma does.
+  void AdoptEmaOf(RankSession& stopped, int64_t step) { ema_.AdoptFrom(stopped.ema_, step); }
   // Frees the held slots and drops the predecessor (the trainer restored, or
   // went on without restoring). Idempotent. The snapshot of `restored` (the
   // step the trainer restored from memory) stays accounted as intact in its

@@ -206,7 +206,7 @@ def test_gil_released_while_waiting():
 
 # ------------------------------------------------------------- zcc.torch
 
-def train(model, opt, steps, ckpt=None, sched=None):
+def train(model, opt, steps, ckpt=None, sched=None, before_step=None):
     torch.manual_seed(7)
     for step in range(1, steps + 1):
         x = torch.randn(8, 6)
@@ -216,6 +216,8 @@ def train(model, opt, steps, ckpt=None, sched=None):
         opt.step()
         if sched is not None:
             sched.step()
+        if before_step is not None:
+            before_step(step)
         if ckpt is not None:
             ckpt.step(step)
 
@@ -714,8 +716,14 @@ def test_user_state_must_be_plain_and_fit():
         user["bad"] = list(range(1000)) + [object()]
         raises(TypeError, ck.step, 2, match="['user_state']['bad'][1000] is a object")
         del user["bad"]
+        # Outgrown: the blob grows (no zccd here: registered when one comes).
         user["big"] = "x" * 20000
-        raises(ValueError, ck.step, 3, match="extra_bytes")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ck.step(3)
+        assert ck._blobs["rank"].array.size >= 40000, ck._blobs["rank"].array.size
+        assert any("grew to" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        assert ck._blobs["rank"].read()["user_state"]["big"] == "x" * 20000
 
 
 class Counter:
@@ -794,23 +802,89 @@ def test_stateful_objects_resume_exactly():
     raises(ValueError, Checkpointer, model, opt, job_id="sf", socket=NO_DAEMON,
            state={"a/b": Counter()}, match="state name")
     # The rank's blob is sized at twice its state at construction (at least
-    # extra_bytes); a state that outgrows it names itself.
+    # extra_bytes).
     counter = Counter()
     with Checkpointer(model, opt, job_id="sf", socket=NO_DAEMON, state={"c": counter},
                       extra_bytes=4096) as ck:
         capacity = ck._blobs["rank"].array.size
         assert 4096 < capacity < 65536, capacity
-        ck.step(1)
-        counter.t = torch.zeros(capacity // 4)
-        e = raises(ValueError, ck.step, 2, match="zcc state 'zcc.r00000.rank_state' needs")
-        assert "holds %d" % capacity in str(e) and "extra_bytes=" in str(e), str(e)
-        assert "its parts: state c " in str(e), str(e)  # the largest first
     big = Counter()
     big.t = torch.zeros(10000)
     with Checkpointer(model, opt, job_id="sf", socket=NO_DAEMON, state={"c": big},
                       extra_bytes=4096) as ck:
         assert ck._blobs["rank"].array.size >= 80000
         ck.step(1)
+
+
+def test_state_blobs_grow_in_place():
+    """A state blob its state outgrows is replaced by a larger one at step()
+    (zccd registers the rank again in place: the EMA goes on exactly as in a
+    job whose blobs were large enough from the start); a trainer started
+    afresh, its blobs sized small, restores the grown step; a growth zccd
+    refuses (its staging budget) is an error naming the parts, the step is
+    not snapshotted and the old registration goes on."""
+    flags = ["--retain_snapshots_s=60", "--staging_budget_mb=24"]
+
+    def run(d, job, extra, grow):
+        torch.manual_seed(0)
+        model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
+        user = {"hist": []}
+        ck = Checkpointer(model, opt, job_id=job, socket=d.socket, root=d.root, save_every=4,
+                          ema_decay=0.9, backpressure="block", user_state=user,
+                          extra_bytes=extra)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train(model, opt, 12, ckpt=ck,
+                  before_step=lambda step: user["hist"].append("x" * (3000 * step if grow else 1)))
+        grew = [str(w.message) for w in caught if "grew to" in str(w.message)]
+        ck.flush()
+        d.wait_latest(job, 12)
+        ema = {k: v.clone() for k, v in ck.ema_state_dict(include_buffers=False).items()}
+        want = {k: v.clone() for k, v in model.state_dict().items()}
+        ck.close(keep_snapshots=True)
+        return ema, want, user, grew
+
+    with Zccd("grow", extra_flags=flags) as d:
+        ema, model_at_12, user, grew = run(d, "grows", 4096, True)
+        assert len(grew) >= 3 and "zcc.r00000.rank_state" in grew[0], grew
+        ema_ref, ref_at_12, _, none = run(d, "large", 1 << 20, False)
+        assert not none
+        # Growth re-registers; the training and the EMA are the same.
+        for k in ref_at_12:
+            assert torch.equal(model_at_12[k], ref_at_12[k]), k
+        for k in ema_ref:
+            assert torch.equal(ema[k], ema_ref[k]), k
+
+        # Started afresh, blobs sized for an empty history: the restore grows
+        # them to the step's and brings back every part.
+        model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
+        restored_user = {"hist": []}
+        with Checkpointer(model, opt, job_id="grows", socket=d.socket, root=d.root,
+                          ema_decay=0.9, user_state=restored_user, extra_bytes=4096) as ck:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert ck.restore() == 12
+            assert restored_user == user
+            for k, v in model.state_dict().items():
+                assert torch.equal(v, model_at_12[k]), k
+            got = ck.ema_state_dict(include_buffers=False)
+            for k in ema:
+                assert torch.equal(got[k], ema[k]), k
+
+        # Refused by zccd: a blob of 3 slots x 16 MB does not fit 24 MB.
+        model, opt = make(lambda p: torch.optim.SGD(p, lr=0.1))
+        user = {}
+        with Checkpointer(model, opt, job_id="refused", socket=d.socket, root=d.root,
+                          save_every=1, backpressure="block", user_state=user) as ck:
+            assert ck.step(1) == "enqueued"
+            user["huge"] = b"\x01" * (8 << 20)
+            e = raises(zcc.ResourceExhaustedError, ck.step, 2, match="refused the larger")
+            assert "its parts: user_state" in str(e) and "extra_bytes=" in str(e), str(e)
+            del user["huge"]
+            assert ck.step(3) == "enqueued"
+            ck.flush()
+            d.wait_latest("refused", 3)
+        assert d.stop() == 0, d.log()
 
 
 def test_state_loader_refuses_code():

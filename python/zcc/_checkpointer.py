@@ -6,6 +6,7 @@ EMA names zccd keeps for this rank, and the methods that only talk to the
 client."""
 
 import os
+import re
 import uuid
 import warnings
 import weakref
@@ -130,15 +131,84 @@ class CheckpointerBase:
         """The state dict of ``state[name]`` as plain data (tensors tagged)."""
         return _plain_state.plain_hyperparameter(self.state[name].state_dict(), self._codec)
 
-    @staticmethod
-    def _write_blobs(pairs):
-        """Writes each (Blob, parts) pair; an outgrown blob names its parts
-        by size."""
-        for blob, parts in pairs:
+    def _write_blobs(self, values):
+        """Writes each (blob key, value) pair into its blob; a blob the value
+        outgrew is grown first (_grow_blobs)."""
+        for key, value in values:
             try:
-                blob.write(parts)
-            except ValueError as e:  # outgrown: say which part grew
-                raise ValueError("%s; its parts: %s" % (e, _plain_state.part_sizes(parts))) from None
+                self._blobs[key].write(value)
+            except _plain_state.BlobOutgrown as e:
+                self._grow_blobs({key: _plain_state.blob_bytes(e.need)}, value)
+                self._blobs[key].write_payload(e.payload)
+
+    def _blob_tensor(self, array):
+        """What a TensorSpec of a blob's array holds (the framework's view)."""
+        return array
+
+    def _grow_blobs(self, sizes, value=None):
+        """Replaces each blob `key` of `sizes` with one of that many bytes
+        and registers them with zccd in place of the old ones
+        (Client.replace_tensors: the rank's EMA stays in zccd; the snapshots
+        zccd held of this rank are dropped, the next step() snapshots into
+        the new registration). `value`, when given: what outgrew the blob,
+        named part by part in the error if zccd refuses (the step is then not
+        snapshotted, the old blobs stay)."""
+        grown = dict(self._blobs)
+        for key, size in sizes.items():
+            grown[key] = _plain_state.Blob(self._blobs[key].name, size)
+        by_name = {b.name: grown[key] for key, b in self._blobs.items() if key in sizes}
+        specs = [s if s.name not in by_name else
+                 zcc.TensorSpec(s.name, self._blob_tensor(by_name[s.name].array), kind="extra",
+                                replica=s.replica, optional=s.optional)
+                 for s in self._specs]
+        try:
+            self.client.replace_tensors(specs)
+        except zcc.Error as e:
+            parts = ("; its parts: %s" % _plain_state.part_sizes(value)) \
+                if isinstance(value, dict) else ""
+            raise type(e)(("zcc state %s outgrew %s and zccd refused the larger registration "
+                          "(%s); this step was not snapshotted: pass Checkpointer(extra_bytes=%d) "
+                          "or more%s" % (", ".join(repr(n) for n in by_name),
+                                         "its buffer" if len(by_name) == 1 else "their buffers",
+                                         e, max(sizes.values()), parts)), e.code) from None
+        warnings.warn("zcc: state %s grew to %s bytes (from %s): registered again with zccd in "
+                      "place of the old buffers; the EMA stays, the snapshots zccd held of rank "
+                      "%d are dropped (the next step() is the new registration's first)"
+                      % (", ".join(repr(n) for n in by_name),
+                         "/".join(str(sizes[k]) for k in sizes),
+                         "/".join(str(len(self._blobs[k].array)) for k in sizes), self.rank))
+        self._blobs = grown
+        self._specs = specs
+        self._by_address = None
+
+    _TOO_SMALL = re.compile(r"extra tensor '([^']+)' holds (\d+) bytes in ")
+
+    def _grow_for_restore(self, error):
+        """After a restore refused because blobs were registered smaller
+        than the step holds them (this rank's or another's): grows this
+        rank's named blobs to the step's size and returns True (every rank
+        then restores again); False for any other error."""
+        found = self._TOO_SMALL.findall(str(error))
+        if not found:
+            return False
+        by_name = {b.name: key for key, b in self._blobs.items()}
+        sizes = {by_name[n]: int(size) for n, size in found
+                 if n in by_name and int(size) > len(self._blobs[by_name[n]].array)}
+        if sizes:
+            self._grow_blobs(sizes)
+        return True
+
+    def _restore_growing(self, restore_once):
+        """restore_once() again after growing the blobs a restore found too
+        small (a step written after they grew, restored by a trainer that
+        sized them afresh): at most once per blob and rank that can be
+        named, bounded."""
+        for attempt in range(8):
+            try:
+                return restore_once()
+            except zcc.FailedPreconditionError as e:
+                if attempt == 7 or not self._grow_for_restore(e):
+                    raise
 
     def _apply_rank_state(self, mine, user_from_elsewhere=None):
         """Puts back what a rank-state blob holds: the Python and NumPy

@@ -87,6 +87,21 @@ class PlainUnpickler(pickle.Unpickler):
 _PAGE = 4096
 
 
+class BlobOutgrown(ValueError):
+    """A Blob's value needs more bytes than it holds: `need` (the pickle
+    and its length) and the pickle itself, to write into a larger one."""
+
+    def __init__(self, message, need, payload):
+        super().__init__(message)
+        self.need = need
+        self.payload = payload
+
+
+def blob_bytes(need):
+    """What a blob for `need` bytes is sized to: twice that, in whole pages."""
+    return -(-2 * int(need) // _PAGE) * _PAGE
+
+
 class Blob:
     """A fixed-size uint8 array registered as EXTRA: 8-byte length + pickle."""
 
@@ -101,17 +116,18 @@ class Blob:
         whole pages, and at least `minimum` bytes. Raises TypeError now for
         what cannot be stored at all."""
         need = len(dumps_plain(value, name)) + _LEN_BYTES
-        return cls(name, max(int(minimum), -(-2 * need // _PAGE) * _PAGE))
+        return cls(name, max(int(minimum), blob_bytes(need)))
 
     def write(self, value):
-        payload = dumps_plain(value, self.name)
+        """Writes `value`; BlobOutgrown when it needs more room than this
+        blob has (nothing is written then)."""
+        self.write_payload(dumps_plain(value, self.name))
+
+    def write_payload(self, payload):
         need = len(payload) + _LEN_BYTES
         if need > len(self.array):
-            raise ValueError("zcc state '%s' needs %d bytes; its buffer holds %d, sized when the "
-                             "Checkpointer was built (twice the state then, at least extra_bytes): "
-                             "pass Checkpointer(extra_bytes=%d) or more; this step was not "
-                             "snapshotted" % (self.name, need, len(self.array),
-                                              -(-2 * need // _PAGE) * _PAGE))
+            raise BlobOutgrown("zcc state '%s' needs %d bytes; its buffer holds %d"
+                               % (self.name, need, len(self.array)), need, payload)
         self._bytes[:_LEN_BYTES] = len(payload).to_bytes(_LEN_BYTES, "little")
         self._bytes[_LEN_BYTES:need] = payload
 

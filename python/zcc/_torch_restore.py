@@ -32,7 +32,7 @@ class Restoring:
                 % (self.connect_timeout, self.client.stats()["last_error"]))
         else:
             self.fence()
-        got = self._restore_tensors(step, unavailable)
+        got = self._restore_growing(lambda: self._restore_tensors(step, unavailable))
         if got is None:
             return None
         for b, shadow in self._buffers:

@@ -262,7 +262,12 @@ class PyClient {
 
   bool closed() const { return client_ == nullptr; }
 
-  void RegisterTensors(const std::vector<TensorSpec>& specs) {
+  void RegisterTensors(const std::vector<TensorSpec>& specs) { Register(specs, false); }
+
+  // Client::ReplaceTensors: a state blob outgrew its tensor.
+  void ReplaceTensors(const std::vector<TensorSpec>& specs) { Register(specs, true); }
+
+  void Register(const std::vector<TensorSpec>& specs, bool replace) {
     Get();  // closed: fail before taking any tensor
     std::vector<TensorRef> refs;
     std::vector<py::object> owners;
@@ -295,8 +300,12 @@ class PyClient {
       refs.push_back(std::move(ref));
       owners.push_back(std::move(view->owner));
     }
-    const absl::Status st = CallWithoutGil([&](Client& c) { return c.RegisterTensors(std::move(refs)); });
+    const absl::Status st = CallWithoutGil([&](Client& c) {
+      return replace ? c.ReplaceTensors(std::move(refs)) : c.RegisterTensors(std::move(refs));
+    });
     ThrowIfError(st);
+    // Replaced tensors stay alive until close too (nothing copies from them
+    // after ReplaceTensors returns; they are a few state blobs at most).
     for (py::object& o : owners) keep_alive_.push_back(std::move(o));
     registered_ = std::move(registered);
   }
@@ -682,6 +691,10 @@ void DefineModule(py::module_& m) {
 
   py::class_<PyClient>(m, "Client")
       .def("register_tensors", &PyClient::RegisterTensors, py::arg("tensors"))
+      .def("replace_tensors", &PyClient::ReplaceTensors, py::arg("tensors"),
+           "Registers `tensors` in place of the registered ones (only EXTRA tensors may "
+           "differ, in size), keeping the rank's EMA in zccd: for a state blob that outgrew "
+           "its tensor. The snapshots zccd held of the old registration are dropped.")
       .def("snapshot", &PyClient::Snapshot, py::arg("step"), py::arg("kind") = SnapshotKind::kFull,
            py::arg("stream") = 0)
       .def("fence", &PyClient::Fence, py::arg("stream") = 0)

@@ -220,7 +220,8 @@ class Checkpointer(_checkpointer.CheckpointerBase):
       moe: a ``zcc.paddle.Experts`` (or a list of them): the model's
         experts, checkpointed under their global expert ids (see Experts).
       extra_bytes: the least capacity of each EXTRA blob; each is sized at
-        construction to twice what it holds then.
+        construction to twice what it holds then, and grown when outgrown
+        (as zcc.torch's).
       fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
       connect_timeout: how long ``restore()`` waits for the registration.
       prefetch_restore, backpressure, keep_last, num_slots, copier and any
@@ -520,8 +521,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         self._check_memory()
         for _, t, shadow in self._shadows:
             paddle.assign(_paddle_layout.local_of(t), output=_paddle_layout.local_of(shadow))
-        self._write_blobs(((self._blobs["job"], self._job_state(step)),
-                           (self._blobs["rank"], self._rank_state())))
+        self._write_blobs((("job", self._job_state(step)), ("rank", self._rank_state())))
         self._fenced = False
         return self.client.snapshot(step, kind, self._stream())
 
@@ -542,7 +542,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
                                        % (self.connect_timeout, self.client.stats()["last_error"]))
         self.fence()
         self._check_memory()
-        result = self._restore_tensors(step)
+        result = self._restore_growing(lambda: self._restore_tensors(step))
         if result is None:
             return None
         got = self._restored(result)

@@ -58,9 +58,12 @@ What is registered (once, in the constructor; names are checkpoint keys):
   the checkpoint. Callables in a scheduler's state dict (OneCycleLR's
   ``anneal_func`` in PyTorch 1.13) are left out: the scheduler constructed on
   resume has its own. Each blob is sized at construction to twice what it
-  holds then, at least ``extra_bytes``; one outgrown later fails ``step()``
-  naming its parts by size. With ``replica="none"`` or a replica group of
-  the caller's, ranks may hold different optimizers, and the trainer state is
+  holds then, at least ``extra_bytes``; one outgrown later is replaced by one
+  twice its new size, registered with zccd in place of the old registration
+  (the EMA carried over, the rank's snapshots in zccd dropped; a warning says
+  so), and ``restore()`` grows them to a step's larger ones. With
+  ``replica="none"`` or a replica group of the caller's, ranks may hold
+  different optimizers, and the trainer state is
   per rank too (``zcc.rNNNNN.trainer_state``): such a checkpoint restores on
   the same number of ranks only.
 
@@ -170,7 +173,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         Their state dicts may hold plain data and tensors (stored exactly);
         anything else is refused here, at construction.
       extra_bytes: the least capacity of each EXTRA blob; each is sized at
-        construction to twice what it holds then.
+        construction to twice what it holds then, and grown when outgrown.
       fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
       connect_timeout: how long ``restore()`` waits for the registration.
       prefetch_restore: zccd begins reading the newest checkpoint as this
@@ -351,6 +354,9 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                            kind="extra", optional=True),
         ]
 
+    def _blob_tensor(self, array):
+        return torch.from_numpy(array)
+
     def _job_state(self, step, all_bound=False):
         """The job's state blob: the trainer state and the scheduler's."""
         return {"trainer": self._trainer_state(step, all_bound), "scheduler": self._scheduler_state()}
@@ -456,8 +462,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         for b, shadow in self._buffers:
             shadow.copy_(b)
         self._rng.copy_(torch.get_rng_state())
-        self._write_blobs(((self._blobs["job"], self._job_state(step)),
-                           (self._blobs["rank"], self._rank_state())))
+        self._write_blobs((("job", self._job_state(step)), ("rank", self._rank_state())))
         self._last_step = step
         self._fenced = False  # from here on, copies may be reading the tensors
         return self.client.snapshot(step, kind, self._stream())
