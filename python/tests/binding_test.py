@@ -887,6 +887,60 @@ def test_state_blobs_grow_in_place():
         assert d.stop() == 0, d.log()
 
 
+def _grown_blob_rank(rank, sock, root, phase, port, out):
+    """One of test_grown_blobs_restore_on_two_ranks' ranks (spawned)."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    warnings.simplefilter("ignore")
+    model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
+    user = {"hist": []}
+    ck = Checkpointer(model, opt, job_id="g2", socket=sock, root=root, save_every=4,
+                      ema_decay=0.9, user_state=user, extra_bytes=4096, rank=rank, world_size=2,
+                      backpressure="block")
+    if phase == "train":
+        # Rank 1's state grows four times as fast as rank 0's.
+        train(model, opt, 8, ckpt=ck,
+              before_step=lambda s: user["hist"].append("x" * (2000 * s * (3 * rank + 1))))
+        ck.flush()
+        out.put((rank, 8, user, {k: v.numpy().copy() for k, v in model.state_dict().items()}))
+        ck.close(keep_snapshots=True)
+    else:
+        step = ck.restore()
+        out.put((rank, step, user, {k: v.numpy().copy() for k, v in model.state_dict().items()}))
+        ck.close()
+    dist.destroy_process_group()
+
+
+def test_grown_blobs_restore_on_two_ranks():
+    """Two ranks whose blobs grew at different steps; two fresh ranks, their
+    blobs sized small, restore together (the restore grows each rank's own,
+    then both read again) every rank's state exactly."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    results = {}
+    with Zccd("grow2", extra_flags=["--retain_snapshots_s=60"]) as d:
+        for n, phase in enumerate(("train", "restore")):
+            out = ctx.Queue()
+            ranks = [ctx.Process(target=_grown_blob_rank,
+                                 args=(r, d.socket, d.root, phase, 29500 + os.getpid() % 1000 + n,
+                                       out)) for r in range(2)]
+            for p in ranks:
+                p.start()
+            got = sorted((out.get(timeout=120) for _ in ranks), key=lambda x: x[0])
+            for p in ranks:
+                p.join(60)
+                assert p.exitcode == 0, (phase, p.exitcode, d.log()[-3000:])
+            results[phase] = got
+        assert d.stop() == 0, d.log()
+    for (rank, step, user, model), (_, got_step, got_user, got_model) in zip(results["train"],
+                                                                            results["restore"]):
+        assert got_step == step == 8
+        assert got_user == user and len(user["hist"]) == 8, rank
+        for k in model:
+            assert np.array_equal(got_model[k], model[k]), (rank, k)
+
+
 def test_state_loader_refuses_code():
     blob = Blob("test", 1024)
     blob.write({"a": [1, 2]})
