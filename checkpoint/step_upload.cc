@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/step_dirs.h"
+#include "checkpoint/step_files.h"
 #include "common/file_util.h"
 #include "common/status.h"
 #include "format/manifest.h"
@@ -132,7 +133,8 @@ absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std:
 }
 
 absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string& store_job_dir,
-                                         const std::vector<uint32_t>& ranks) {
+                                         const std::vector<uint32_t>& ranks,
+                                         const std::string& keep_run) {
   auto listed = fs.List(store_job_dir);
   if (absl::IsNotFound(listed.status())) return 0;
   if (!listed.ok()) return listed.status();
@@ -144,6 +146,12 @@ absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string
     if (committed.ok()) continue;
     if (!absl::IsNotFound(committed.status())) return committed.status();
     for (uint32_t rank : ranks) {
+      if (!keep_run.empty()) {
+        auto manifest = ReadRankManifest(dir, rank, &fs);
+        if (absl::IsNotFound(manifest.status())) continue;
+        // (One that cannot be read or decoded is no run's part: removed.)
+        if (manifest.ok() && manifest->run_id == keep_run) continue;
+      }
       const absl::Status st = fs.Remove(JoinPath(dir, format::ManifestFileName(rank)));
       if (st.ok()) {
         ++removed;

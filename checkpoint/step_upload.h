@@ -75,9 +75,13 @@ absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std:
 // A rank of this node registered again (a new run of the job): its
 // manifests in the store's uncommitted steps are from an earlier run, and
 // must not complete a step the new run writes again with the other ranks'
-// new parts. Removes them; returns how many.
+// new parts. Removes them; returns how many. With `keep_run` (the
+// registering run's id), a manifest of that run stays: the same run
+// registered again (its trainer reconnected to a restarted zccd) goes on
+// with the parts it sent.
 absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string& store_job_dir,
-                                         const std::vector<uint32_t>& ranks);
+                                         const std::vector<uint32_t>& ranks,
+                                         const std::string& keep_run = "");
 
 }  // namespace zcc::checkpoint
 

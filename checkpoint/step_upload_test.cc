@@ -23,6 +23,7 @@
 #include "storage/memory_storage.h"
 #include "storage/routed_storage.h"
 #include "storage/testing/object_store_model.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -236,6 +237,33 @@ TEST_CASE("node-local roots: a new run forgets its ranks' parts of uncommitted s
   CHECK(t.Holds(JoinPath(kStore, "step-00000020"), 21));
   // A store with nothing yet has nothing to forget.
   CHECK(*ForgetRankParts(t.fs, "s3://bucket/ckpt/other", {0}) == 0);
+}
+
+TEST_CASE("node-local roots: a rank registered again in the same run keeps the parts that run "
+          "sent; an earlier run's go") {
+  Tiers t;
+  t.WriteOnNode(0, 20, 20, "a");
+  REQUIRE_OK(t.UploadNode(0, 20).status());
+  t.WriteOnNode(0, 30, 30, "b");
+  REQUIRE_OK(t.UploadNode(0, 30).status());
+  // Run "b" registers rank 0 again (a reconnect): run "a"'s part of step 20
+  // goes, run "b"'s of step 30 stays, and node 1's part completes step 30.
+  auto forgot = ForgetRankParts(t.fs, kStore, {0}, "b");
+  REQUIRE_OK(forgot);
+  CHECK(*forgot == 1);
+  CHECK_FALSE(t.fs.Stat(JoinPath(kStore, "step-00000020/" + format::ManifestFileName(0))).ok());
+  CHECK(t.fs.Stat(JoinPath(kStore, "step-00000030/" + format::ManifestFileName(0))).ok());
+  t.WriteOnNode(1, 30, 30, "b");
+  auto b = t.UploadNode(1, 30);
+  REQUIRE_OK(b);
+  CHECK(b->committed);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000030"), 30));
+  // A manifest that cannot be read is no run's: removed.
+  t.WriteOnNode(0, 40, 40, "b");
+  REQUIRE_OK(t.UploadNode(0, 40).status());
+  const std::string bad = JoinPath(kStore, "step-00000040/" + format::ManifestFileName(0));
+  REQUIRE_OK(storage::WriteFileAtomic(t.fs, bad, "{not json"));
+  CHECK(*ForgetRankParts(t.fs, kStore, {0}, "b") == 1);
 }
 
 TEST_CASE("a step commits only from manifests of one run: an earlier run's part left in the "

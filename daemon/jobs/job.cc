@@ -122,11 +122,11 @@ bool Job::AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time de
 std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
   zcc::MutexLock lock(&mu_);
   if (session->shards().rank == 0) committer_ = true;
-  if (options_.node_local_root) {
+  if (options_.node_local_root &&
+      uploader_->OnRankRegistered(session->shards().rank, session->shards().run_id)) {
     // A new run (or the job's first): what an earlier run's ranks wrote here
     // must not make a step of this run whole.
     node_steps_.clear();
-    uploader_->OnRankRegistered(session->shards().rank);
   }
   auto& slot = ranks_[session->shards().rank];
   std::swap(slot, session);

@@ -46,12 +46,20 @@ void JobUploader::OnNodeWritten(int64_t step, absl::Time write_began) {
   retry_at_ = absl::InfinitePast();  // try at once
 }
 
-void JobUploader::OnRankRegistered(uint32_t rank) {
+bool JobUploader::OnRankRegistered(uint32_t rank, const std::string& run_id) {
   zcc::MutexLock lock(&mu_);
-  for (const auto& [step, began] : node_queue_) dropped_.push_back(step);
-  node_queue_.clear();
-  awaiting_commit_ = -1;  // an earlier run's
-  forget_.push_back(rank);
+  auto [it, first] = rank_runs_.try_emplace(rank, run_id);
+  if (!first && !run_id.empty() && it->second == run_id) return false;
+  it->second = run_id;
+  const bool new_run = run_id.empty() || run_id != run_id_;
+  if (new_run) {
+    for (const auto& [step, began] : node_queue_) dropped_.push_back(step);
+    node_queue_.clear();
+    awaiting_commit_ = -1;  // an earlier run's
+    run_id_ = run_id;
+  }
+  forget_[run_id].push_back(rank);
+  return new_run;
 }
 
 bool JobUploader::Stopping() const {
@@ -90,8 +98,8 @@ void JobUploader::Failed(const std::string& what, const absl::Status& status) {
   if (options_.metrics != nullptr) options_.metrics->errors(metrics::ErrorKind::kUpload).Increment();
 }
 
-void JobUploader::Forget(const std::vector<uint32_t>& ranks) {
-  auto forgot = checkpoint::ForgetRankParts(*options_.storage, options_.upload_dir, ranks);
+void JobUploader::Forget(const std::string& run_id, const std::vector<uint32_t>& ranks) {
+  auto forgot = checkpoint::ForgetRankParts(*options_.storage, options_.upload_dir, ranks, run_id);
   if (!forgot.ok()) {
     // Then this run's steps are not sent from here: an earlier run's part
     // could complete one of them.
@@ -99,7 +107,8 @@ void JobUploader::Forget(const std::vector<uint32_t>& ranks) {
                      << "of uncommitted steps in " << options_.upload_dir << ": " << forgot.status();
     zcc::MutexLock lock(&mu_);
     error_ = absl::StrCat("removing an earlier run's parts: ", forgot.status().message());
-    forget_.insert(forget_.end(), ranks.begin(), ranks.end());
+    std::vector<uint32_t>& again = forget_[run_id];
+    again.insert(again.end(), ranks.begin(), ranks.end());
     retry_at_ = absl::Now() + options_.retry_after;
     return;
   }
@@ -237,10 +246,14 @@ void JobUploader::Loop() {
     }
     if (!ready()) continue;
     if (!forget_.empty()) {
-      // Before any step of the new run goes out.
-      const std::vector<uint32_t> ranks = std::exchange(forget_, {});
+      // Before any step of the new run goes out: one pass per run for
+      // every rank registered meanwhile.
+      auto first = forget_.begin();
+      const std::string run_id = first->first;
+      const std::vector<uint32_t> ranks = std::move(first->second);
+      forget_.erase(first);
       mu_.Unlock();
-      Forget(ranks);
+      Forget(run_id, ranks);
       mu_.Lock();
       continue;
     }

@@ -85,12 +85,15 @@ class JobUploader {
   // Node-local mode: every rank of this node has written `step` (its first
   // began at `write_began`); it goes to the store after those waiting.
   void OnNodeWritten(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
-  // Node-local mode: `rank` registered here (a new run of the job, or its
-  // first): steps of an earlier run still waiting are dropped, and the
-  // rank's manifests in the store's uncommitted steps are removed
-  // (checkpoint::ForgetRankParts) before anything else is sent, so that
-  // no part of an earlier run completes a step this run writes again.
-  void OnRankRegistered(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // Node-local mode: `rank` registered here for run `run_id` (empty: none
+  // given). A new run of the job (or its first): steps of an earlier run
+  // still waiting are dropped, and the rank's manifests of other runs in
+  // the store's uncommitted steps are removed (checkpoint::ForgetRankParts)
+  // before anything else is sent, so that no part of an earlier run
+  // completes a step this run writes again. The same run registering the
+  // rank again (its registration replaced in place, a reconnect) changes
+  // nothing: what it wrote and sent stands. Returns whether it is a new run.
+  bool OnRankRegistered(uint32_t rank, const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Node-local mode: has the uploader's thread read the store's `latest`
   // when a step sent from here is not known to be committed (called each
   // housekeeping round; returns at once); its outcome goes to
@@ -122,7 +125,8 @@ class JobUploader {
   // Logs and counts a failed upload (unless cancelled: zccd is stopping).
   void Failed(const std::string& what, const absl::Status& status);
   // OnRankRegistered's work in the store (on the thread).
-  void Forget(const std::vector<uint32_t>& ranks) ABSL_LOCKS_EXCLUDED(mu_);
+  void Forget(const std::string& run_id, const std::vector<uint32_t>& ranks)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The store's `latest` is `step` (or newer): the job's status follows it.
   void SawStoreLatest(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -143,7 +147,11 @@ class JobUploader {
   // The last step sent from here whose commit is not seen yet (-1: none).
   int64_t awaiting_commit_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> dropped_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> forget_ ABSL_GUARDED_BY(mu_);  // ranks registered since
+  // Ranks registered since, by the run they registered for.
+  std::map<std::string, std::vector<uint32_t>> forget_ ABSL_GUARDED_BY(mu_);
+  // The run each rank last registered for, and the newest run.
+  std::map<uint32_t, std::string> rank_runs_ ABSL_GUARDED_BY(mu_);
+  std::string run_id_ ABSL_GUARDED_BY(mu_);
   int64_t store_latest_ ABSL_GUARDED_BY(mu_) = -1;
   bool follow_due_ ABSL_GUARDED_BY(mu_) = false;  // FollowStore asked for a read
   // Why the last read of the store's `latest` failed ("" after one that did

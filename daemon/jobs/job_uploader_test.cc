@@ -179,9 +179,31 @@ TEST_CASE("a rank registered again forgets its parts of uncommitted steps and th
   const std::string part = StorePart(10, 0);
   REQUIRE(n.fs.Stat(part).ok());
   // The run dies before node b sent its part; a new run's rank 0 registers.
-  a->OnRankRegistered(0);
+  CHECK(a->OnRankRegistered(0, ""));
   CHECK(Soon([&] { return !n.fs.Stat(part).ok(); }));
   CHECK_FALSE(a->Busy());
+}
+
+TEST_CASE("a rank registered again in the same run keeps its waiting steps and sent parts") {
+  Nodes n;
+  std::atomic<int64_t> seen{-1};
+  auto a = n.Uploader(0, &seen);
+  CHECK(a->OnRankRegistered(0, "run-1"));  // the run's first registration here
+  n.Write(0, 10);
+  a->OnNodeWritten(10, absl::Now());
+  REQUIRE(Soon([&] { return StatusOf(*a).last_uploaded_step() == 10; }));
+  const std::string part = StorePart(10, 0);
+  REQUIRE(n.fs.Stat(part).ok());
+  // Its registration replaced in place (a state blob grew): nothing changes.
+  CHECK_FALSE(a->OnRankRegistered(0, "run-1"));
+  n.Write(0, 20);
+  a->OnNodeWritten(20, absl::Now());
+  REQUIRE(Soon([&] { return StatusOf(*a).last_uploaded_step() == 20; }));
+  CHECK(n.fs.Stat(part).ok());
+  // Another run: its registration forgets the parts of other runs (these
+  // were written without a run id).
+  CHECK(a->OnRankRegistered(0, "run-2"));
+  CHECK(Soon([&] { return !n.fs.Stat(part).ok(); }));
 }
 
 TEST_CASE("a step committed here whole (a relayout, a peer recovery) is uploaded whole and "
