@@ -276,6 +276,12 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
                   r.rank(), static_cast<unsigned long long>(r.pulls()), r.pull_bytes() / 1e9,
                   static_cast<unsigned long long>(r.pull_failures()));
     }
+    for (const auto& r : job.ranks()) {
+      if (r.replications_skipped() == 0) continue;
+      std::printf("  rank %u peer tier: %llu due step(s) left out while the previous one "
+                  "serialized (each made up for by the next snapshot)\n",
+                  r.rank(), static_cast<unsigned long long>(r.replications_skipped()));
+    }
     if (!job.last_error().empty()) std::printf("  last error: %s\n", job.last_error().c_str());
     std::printf("  %-5s %-8s %-6s %-10s %-10s %-10s %-9s %-8s %-7s %-6s %s\n", "rank", "pid",
                 "alive", "snapshot", "ema", "persisted", "ingested", "skipped", "failed", "slots",

@@ -40,6 +40,7 @@ void Job::FillStatus(v1::JobStatus* out) const {
     r->set_persist_failures(c.persist_failures);
     r->set_bytes_per_snapshot(session->shards().layout.slot_bytes);
     r->set_slots_in_use(c.slots_in_use);
+    r->set_replications_skipped(c.replications_skipped);
     r->set_last_error(c.last_error);
     r->set_last_ema_step(c.last_ema_step);
     r->set_ema_skipped_nonfinite(c.ema_skipped_nonfinite);

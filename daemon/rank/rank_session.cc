@@ -176,10 +176,15 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
   const bool persist = due || save_requested_.exchange(false);
   if (due) save_requested_.store(false);
-  const bool replicate = options_.on_replicate != nullptr && options_.replicate_every > 0 &&
-                         slot.step % options_.replicate_every == 0;
+  const bool due_replica = options_.on_replicate != nullptr && options_.replicate_every > 0 &&
+                           slot.step % options_.replicate_every == 0;
+  // A due step left out (below) is owed: the next full snapshot goes in its
+  // place, as soon as the replication writer is free.
+  const int64_t owed = replication_owed_.load(std::memory_order_relaxed);
+  const bool replicate = due_replica || owed >= 0;
   if (persist) {
     SubmitWrite(slot, /*on_failure=*/false, replicate);
+    if (replicate) PaidReplication(slot.step);
     return true;
   }
   if (!replicate) return false;
@@ -187,12 +192,26 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   // serializing an earlier step): the step is left out, and the lag shows.
   const bool submitted =
       replicate_writer_.TrySubmit([&] { return MakeWriteJob(slot, false, false, true); });
-  if (!submitted) {
+  if (submitted) {
+    PaidReplication(slot.step);
+  } else if (due_replica) {
     replications_skipped_.fetch_add(1);
-    ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
-                  << slot.step << " not replicated: the previous one is still being serialized";
+    if (owed < 0) {
+      ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
+                    << slot.step << " not replicated: the previous one is still being "
+                    << "serialized; the next snapshot after it finishes goes instead";
+    }
+    replication_owed_.store(slot.step, std::memory_order_relaxed);
   }
   return submitted;
+}
+
+void RankSession::PaidReplication(int64_t step) {
+  const int64_t owed = replication_owed_.exchange(-1, std::memory_order_relaxed);
+  if (owed >= 0 && owed != step) {
+    ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank << ": step " << step
+                  << " replicated in place of step " << owed << ", left out";
+  }
 }
 
 WriteJob RankSession::MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, bool persist,
@@ -345,6 +364,7 @@ RankCounters RankSession::counters() const {
   c.ema_skipped_nonfinite = ema_.skipped_nonfinite();
   c.ema_tensors = ema_.num_tensors();
   c.slots_in_use = slots_.InUse();
+  c.replications_skipped = replications_skipped_.load(std::memory_order_relaxed);
   if (puller_ != nullptr) {
     c.daemon_pull = true;
     c.pulls = puller_->Stats();

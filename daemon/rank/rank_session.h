@@ -91,7 +91,8 @@ struct RankSessionOptions {
   // The peer tier: every `replicate_every`-th full snapshot (0 = none) is
   // serialized and handed to `on_replicate`, when the writer is free (a step
   // that finds it writing is not replicated: the lag shows, the trainer
-  // never waits).
+  // never waits; the first full snapshot after the writer frees up is then
+  // replicated in its place).
   uint32_t replicate_every = 0;
   std::function<void(checkpoint::RankStepBytes)> on_replicate;
 };
@@ -106,6 +107,7 @@ struct RankCounters {
   uint64_t snapshots_skipped = 0;   // as counted by the client
   uint64_t persist_failures = 0;
   uint32_t slots_in_use = 0;
+  uint64_t replications_skipped = 0;  // due peer-tier steps left out
   bool client_alive = true;
   std::string last_error;
   // Daemon-pull only.
@@ -246,6 +248,8 @@ class RankSession {
   void IngestLoop();
   // Returns true if it processed at least one slot.
   bool IngestReadySlots();
+  // A snapshot of `step` went to the peer tier: nothing is owed any more.
+  void PaidReplication(int64_t step);
   // Updates the EMA from the slot; returns true when the slot's step is due
   // and the slot went to the writer (which frees it), false when the caller
   // frees it.
@@ -275,6 +279,10 @@ class RankSession {
   std::atomic<uint64_t> snapshots_ingested_{0};
   // Replication steps left out because the writer was busy.
   std::atomic<uint64_t> replications_skipped_{0};
+  // The newest due replication step left out and not yet made up for by a
+  // later snapshot (-1: none). Ingest's (also run by PersistNewestOnFailure
+  // beside the ingest thread: at worst one replication more or less).
+  std::atomic<int64_t> replication_owed_{-1};
   std::thread thread_;
 
   mutable zcc::Mutex mu_;

@@ -85,8 +85,11 @@ class TestRank {
  public:
   // `reserve_later`: slot 1's memory is reserved by the session in the
   // background, as the registry does for large segments.
+  // `on_replicate`, `replicate_every`: the peer tier's (RankSessionOptions).
   TestRank(const std::string& root, uint32_t save_every, storage::Storage* storage,
-           bool reserve_later = false) {
+           bool reserve_later = false,
+           std::function<void(checkpoint::RankStepBytes)> on_replicate = nullptr,
+           uint32_t replicate_every = 0) {
     v1::RegisterRequest req;
     req.set_job_id("job");
     req.set_rank(0);
@@ -141,6 +144,8 @@ class TestRank {
     options.save_every = save_every;
     options.io.storage = storage;
     options.io.direct_io = false;
+    options.on_replicate = std::move(on_replicate);
+    options.replicate_every = replicate_every;
     REQUIRE_OK(MakeDirs(options.job_dir));
     shards_ = *shards;
     registered_ = *registered;
@@ -350,6 +355,47 @@ struct OpenAtEnd {
   GatedStorage* disk;
   ~OpenAtEnd() { disk->SetOpen(true); }
 };
+
+TEST_CASE("a replication step left out while the previous one serializes is made up for by "
+          "the next snapshot") {
+  const std::string root = testing::TempDir();
+  Mutex mu;
+  bool gate_open = false;
+  std::vector<int64_t> replicated;
+  // The first replication waits at a gate, as a slow serialization would.
+  auto on_replicate = [&](checkpoint::RankStepBytes step) {
+    MutexLock lock(&mu);
+    replicated.push_back(step.step);
+    if (replicated.size() == 1) mu.Await(absl::Condition(&gate_open));
+  };
+  TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/1000);
+  auto count = [&] {
+    MutexLock lock(&mu);
+    return replicated.size();
+  };
+  REQUIRE(rank.Snapshot(1000));
+  REQUIRE(testing::Eventually([&] { return count() == 1; }, absl::Seconds(10)));
+  // Step 2000 falls due while step 1000 still serializes: left out, counted.
+  REQUIRE(rank.Snapshot(1001));
+  REQUIRE(rank.Snapshot(2000));
+  REQUIRE(rank.AwaitEmaStep(2000, absl::Seconds(10)));
+  CHECK(rank.session().counters().replications_skipped == 1);
+  {
+    MutexLock lock(&mu);
+    gate_open = true;
+  }
+  // A snapshot after the writer is free goes in its place, long before the
+  // next due step (3000).
+  for (int64_t step = 2001; step < 3000 && count() < 2; ++step) {
+    REQUIRE(rank.Snapshot(step));
+    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
+  }
+  MutexLock lock(&mu);
+  REQUIRE(replicated.size() == 2);
+  CHECK(replicated[0] == 1000);
+  CHECK(replicated[1] > 2000);
+  CHECK(replicated[1] < 3000);
+}
 
 TEST_CASE("a checkpoint being written stalls neither the trainer nor the EMA") {
   const std::string root = testing::TempDir();
