@@ -283,5 +283,46 @@ def test_a_moved_parameter_is_refused_and_a_replaced_accumulator_followed():
             raises(zcc.FailedPreconditionError, ck.step, 2, match="moved to other memory")
 
 
+def test_state_that_outgrows_its_blob_grows_it_and_keeps_the_ema():
+    """As zcc.torch's: a user_state that outgrows its blob gets a larger one
+    (zccd replaces the registration in place, the EMA carried over), and a
+    Checkpointer started afresh with small blobs restores the grown step."""
+    import warnings
+    with Zccd("pdgrow", extra_flags=["--retain_snapshots_s=60"]) as d:
+        m = _mlp()
+        opt = paddle.optimizer.AdamW(parameters=m.parameters(), learning_rate=0.01)
+        user = {"hist": []}
+        with Checkpointer(m, opt, job_id="grow", socket=d.socket, root=d.root, save_every=4,
+                          ema_decay=0.9, user_state=user, extra_bytes=4096,
+                          backpressure="block") as ck:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for step in range(1, 9):
+                    m(paddle.ones([2, 4])).sum().backward()
+                    opt.step()
+                    opt.clear_grad()
+                    user["hist"].append("x" * 3000 * step)
+                    ck.step(step)
+            assert sum("grew to" in str(w.message) for w in caught) >= 2
+            ck.flush()
+            d.wait_latest("grow", 8)
+            ema = {k: v.numpy().copy() for k, v in ck.ema_state_dict(include_buffers=False).items()}
+            want = {k: v.numpy().copy() for k, v in m.state_dict().items()}
+        other = _mlp(seed=4)
+        opt = paddle.optimizer.AdamW(parameters=other.parameters(), learning_rate=0.01)
+        restored = {"hist": []}
+        with Checkpointer(other, opt, job_id="grow", socket=d.socket, root=d.root, ema_decay=0.9,
+                          user_state=restored, extra_bytes=4096) as ck:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert ck.restore() == 8
+            assert restored == user
+            for k, v in other.state_dict().items():
+                assert np.array_equal(v.numpy(), want[k]), k
+            got = ck.ema_state_dict(include_buffers=False)
+            for k in ema:
+                assert np.array_equal(got[k].numpy(), ema[k]), k
+
+
 if __name__ == "__main__":
     run_tests(globals())
