@@ -351,7 +351,8 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                                                          const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(RankPlan plan,
                        PlanRank(req, caller, d_, [this] { return EmaWorkers(); }));
-  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> replacing, FindReplaced(req, plan.registered, caller, *d_.jobs));
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> replacing,
+                       FindReplaced(req, plan.registered, caller, *d_.jobs));
   RetirePredecessors(req, plan.job_dir, caller);
   ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
   if (replacing != nullptr) {
