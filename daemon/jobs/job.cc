@@ -151,12 +151,19 @@ std::vector<std::shared_ptr<RankSession>> Job::Ranks() const {
 
 bool Job::idle() const {
   // A step still to be uploaded keeps the job (its trainers may be gone).
-  if (uploader_ != nullptr && uploader_->Busy()) return false;
+  if (uploader_ != nullptr && uploader_->HasWork()) return false;
   // Nor is a job whose previous layout is still being written for it
   // idle: dropped or replaced, a restore could miss that step.
   if (relayout_pending()) return false;
   zcc::MutexLock lock(&mu_);
   return ranks_.empty() && pending_.empty() && node_steps_.empty();
+}
+
+bool Job::replaceable() const {
+  if (options_.node_local_root && uploader_ != nullptr && uploader_->HasWork()) return false;
+  if (relayout_pending()) return false;
+  zcc::MutexLock lock(&mu_);
+  return ranks_.empty() && pending_.empty();
 }
 
 void Job::OnPersisted(const PersistEvent& event) {

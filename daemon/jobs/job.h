@@ -89,8 +89,19 @@ class Job {
   // at most until `deadline`; returns whether it is gone.
   bool AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time deadline) const;
   std::vector<std::shared_ptr<RankSession>> Ranks() const;
-  // No ranks registered, no commit pending, no step waiting for the upload.
+  // No ranks registered, no commit pending, no step waiting for the upload
+  // (also while its tries fail: they are tried again, and status says why;
+  // a job dropped would leave such steps on this node's disk, unsent).
   bool idle() const;
+  // What a registration of the job in another layout (world size, place)
+  // may replace: no ranks, no commit pending, no previous layout being
+  // written, and, with node-local roots (whose steps reach the store from
+  // the nodes alone), nothing waiting for the store. With a single root an
+  // upload in progress does not stop it: the new job's uploader sends what
+  // the store lacks of the root when it starts.
+  bool replaceable() const;
+  // Steps wait for the store (tiered mode), their last try failed or not.
+  bool sending_to_store() const { return uploader_ != nullptr && uploader_->HasWork(); }
   // Idle, and no snapshots retained for a restore from memory: the job can
   // be dropped.
   bool droppable() const { return idle() && retained_.empty(); }

@@ -186,8 +186,8 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   // dropped is replaced by a registration with another world size or
   // directory: the job resumed with another layout (its checkpoints restore
   // into any layout).
-  if (job != nullptr && job->Authorize(r.uid).ok() && job->idle() && !InFlightLocked(r.job_id) &&
-      elsewhere(*job)) {
+  if (job != nullptr && job->Authorize(r.uid).ok() && job->replaceable() &&
+      !InFlightLocked(r.job_id) && elsewhere(*job)) {
     ZCC_LOG(INFO) << "job " << r.job_id << " re-registered with world_size " << r.world_size
                   << " (was " << job->options().world_size << ")";
     dropped_job = std::move(job);
@@ -202,6 +202,14 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   } else if (absl::Status st = job->Authorize(r.uid); !st.ok()) {
     return st;
   } else if (elsewhere(*job)) {
+    if (job->options().node_local_root && job->Ranks().empty() && job->sending_to_store()) {
+      // (Unavailable: the client registers again with backoff.)
+      return absl::UnavailableError(absl::StrCat(
+          "job '", r.job_id, "' in its previous layout (world_size ", job->options().world_size,
+          ") still has steps to send from this node to ", job->options().upload_dir,
+          "; its registration with world_size ", r.world_size,
+          " waits until they are sent (`zccctl status ", r.job_id, "` shows the upload)"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", r.job_id, "' is already registered with world_size ", job->options().world_size,
         " at ",

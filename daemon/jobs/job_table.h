@@ -144,7 +144,9 @@ class JobTable {
   std::map<std::string, std::shared_ptr<Job>> Close() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Admits a registration (see the file comment). Refused: Unavailable
-  // after Close, PermissionDenied for another uid's job, FailedPrecondition
+  // after Close, or for another layout of a job whose node-local steps
+  // still wait for the store (Job::replaceable), PermissionDenied for
+  // another uid's job, FailedPrecondition
   // for a job registered with another world size or directory, AlreadyExists
   // while a live trainer serves the rank or another registration of it is
   // in flight, ResourceExhausted over the staging budget. What the

@@ -121,11 +121,19 @@ void JobUploader::Forget(const std::string& run_id, const std::vector<uint32_t>&
 
 bool JobUploader::Busy() const {
   zcc::MutexLock lock(&mu_);
+  return HasWorkLocked() && error_.empty();
+}
+
+bool JobUploader::HasWork() const {
+  zcc::MutexLock lock(&mu_);
+  return HasWorkLocked();
+}
+
+bool JobUploader::HasWorkLocked() const {
   if (options_.node_local) {
-    return (wanted_ >= 0 || !node_queue_.empty() || !forget_.empty() || uploading_ >= 0) &&
-           error_.empty();
+    return wanted_ >= 0 || !node_queue_.empty() || !forget_.empty() || uploading_ >= 0;
   }
-  return wanted_ >= 0 && error_.empty();
+  return wanted_ >= 0;
 }
 
 void JobUploader::FollowStore() {

@@ -104,6 +104,8 @@ class JobUploader {
   bool Uploading(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
   // True while a committed step waits for the store (and has not failed).
   bool Busy() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True while anything waits for the store, its last try failed or not.
+  bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
   // Seconds the oldest step committed here has waited for the store (0: none).
   double LagSeconds() const ABSL_LOCKS_EXCLUDED(mu_);
   void FillStatus(v1::JobStatus* out) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -118,6 +120,7 @@ class JobUploader {
   void RemoveDropped(const std::vector<int64_t>& steps);
   // Node-local mode: `step` waits, the oldest dropped beyond the bound.
   void QueueNodeStep(int64_t step, absl::Time write_began) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The destructor has asked the thread to stop (an upload's cancel check).
   bool Stopping() const ABSL_LOCKS_EXCLUDED(mu_);
   // The store's retention, after `committed` committed there.

@@ -1,0 +1,128 @@
+// JobTable::Admit's choices about a job whose ranks have all left, with a
+// local root and an object store modelled in memory (reached by URL as zccd
+// reaches it): a job whose upload fails is kept (its step would otherwise
+// stay on the local disk, unsent), and a registration of the job in another
+// layout replaces it all the same (the new job's uploader sends what the
+// store lacks).
+#include "daemon/jobs/job_table.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "checkpoint/committer.h"
+#include "checkpoint/shard_writer.h"
+#include "checkpoint/testing/synthetic_rank.h"
+#include "common/testing/eventually.h"
+#include "common/testing/status_matchers.h"
+#include "daemon/jobs/job.h"
+#include "storage/fault_storage.h"
+#include "storage/memory_storage.h"
+#include "storage/routed_storage.h"
+#include "storage/testing/object_store_model.h"
+
+namespace zcc::daemon {
+namespace {
+
+using checkpoint::testing::SyntheticRank;
+using checkpoint::testing::TensorSpec;
+
+constexpr char kJob[] = "job";
+constexpr char kLocal[] = "/root/job";
+constexpr char kStore[] = "s3://bucket/ckpt/job";
+
+struct Tiers {
+  Tiers() : model(&store_memory), faults(&model), fs(&local) {
+    fs.AddRoute("s3://bucket", &faults, "/");
+    REQUIRE_OK(model.MakeDirs("/ckpt"));
+  }
+  // Step `step` of a one-rank job, committed on the local root.
+  void CommitLocally(int64_t step) {
+    SyntheticRank rank(0, 1, {{"w", format::DType::kF32, {64, 32}}}, 0, kJob);
+    rank.Fill(step);
+    checkpoint::IoOptions io;
+    io.storage = &fs;
+    REQUIRE_OK(checkpoint::WriteRankShards(kLocal, step, rank.shards(), rank.slot(), io).status());
+    auto commit = checkpoint::TryCommit(kLocal, kJob, step, 1, &fs);
+    REQUIRE_OK(commit);
+    REQUIRE(commit->outcome == checkpoint::CommitOutcome::kCommitted);
+  }
+  // A registration of rank 0 of `world` ranks, uploading to the store.
+  AdmitRequest Request(uint32_t world) {
+    AdmitRequest r;
+    r.job_id = kJob;
+    r.rank = 0;
+    r.world_size = world;
+    r.job_dir = kLocal;
+    r.upload_dir = kStore;
+    r.uid = ::getuid();
+    r.make_job = [this, world] {
+      JobOptions o;
+      o.job_id = kJob;
+      o.world_size = world;
+      o.job_dir = kLocal;
+      o.storage = &fs;
+      o.upload_dir = kStore;
+      o.upload_retention.keep_last = 10;
+      return std::make_shared<Job>(std::move(o));
+    };
+    r.segment_bytes = 1 << 20;
+    r.num_slots = 2;
+    r.slot_bytes = 256 << 10;
+    r.reserve_now_bytes = r.segment_bytes;
+    r.alive = [](const RankSession&) { return false; };
+    return r;
+  }
+
+  storage::MemoryStorage local;
+  storage::MemoryStorage store_memory;
+  storage::testing::ObjectStoreModel model;
+  storage::FaultInjectingStorage faults;
+  storage::RoutedStorage fs;
+};
+
+std::string UploadError(const Job& job) {
+  v1::JobStatus status;
+  job.FillStatus(&status);
+  return status.upload_error();
+}
+
+TEST_CASE("a job whose upload fails is kept and tried again; another layout replaces it") {
+  Tiers t;
+  t.CommitLocally(5);
+  storage::FaultPlan full;  // every write to the store fails
+  full.enospc_after_bytes = 0;
+  t.faults.SetPlan(full);
+  JobTable table(absl::Now());
+  std::shared_ptr<Job> job;
+  {
+    auto admitted = table.Admit(t.Request(1));
+    REQUIRE_OK(admitted);
+    job = admitted->job();
+  }  // the registration goes: the job has no rank
+  // The uploader finds step 5 missing from the store and fails to send it.
+  REQUIRE(testing::Eventually([&] { return !UploadError(*job).empty(); }, absl::Seconds(20),
+                              absl::Milliseconds(5)));
+  // Not idle: housekeeping keeps it (dropped, step 5 would never be sent).
+  CHECK_FALSE(job->idle());
+  CHECK(table.DropIdle().empty());
+  CHECK(table.Find(kJob) == job);
+  // The job registered again on two ranks replaces it: its upload waiting
+  // does not refuse another layout.
+  t.faults.SetPlan(storage::FaultPlan());
+  auto again = table.Admit(t.Request(2));
+  REQUIRE_OK(again);
+  CHECK(again->job() != job);
+  CHECK(again->job()->options().world_size == 2);
+  // And the new job's uploader sends what the store lacks: step 5.
+  CHECK(testing::Eventually(
+      [&] { return checkpoint::ReadLatest(kStore, &t.fs).value_or(-1) == 5; }, absl::Seconds(20),
+      absl::Milliseconds(5)));
+}
+
+}  // namespace
+}  // namespace zcc::daemon
