@@ -34,9 +34,11 @@
 #       and restored on the GPU exactly; then the same with daemon-pull
 #       (copier=zcc.daemon_pull(0), the wheel's zccd with --daemon_pull).
 #       With the bundle's modules, where that python3 imports torchdata and
-#       transformers (torchdata's wheel can be carried; see BUILDING.md), also
-#       bench/torch/step_cost_bench.py --device cuda: Checkpointer.step's cost
-#       on a GPU trainer's thread.
+#       transformers, also bench/torch/step_cost_bench.py --device cuda:
+#       Checkpointer.step's cost on a GPU trainer's thread. The GPU image has
+#       transformers but not torchdata: download its wheel here (pip download
+#       --no-deps --only-binary=:all: --python-version 3.12 -d WHEELS
+#       torchdata==0.11.0, pure Python) and pip install it there first.
 #
 #   tools/gpu/run_gpu_checks.sh python-headers DIR
 #       On the GPU node: copies its python3's C headers (Python.h, pyconfig.h)
