@@ -945,10 +945,47 @@ def test_state_loader_refuses_code():
     blob = Blob("test", 1024)
     blob.write({"a": [1, 2]})
     assert blob.read() == {"a": [1, 2]}
-    payload = pickle.dumps(torch.nn.Linear)  # needs a class lookup
-    blob.array[:8] = list(len(payload).to_bytes(8, "little"))
-    blob.array[8:8 + len(payload)] = np.frombuffer(payload, np.uint8)
-    raises(pickle.UnpicklingError, blob.read, match="refusing")
+    for payload in (pickle.dumps(torch.nn.Linear),  # needs a class lookup
+                    b"\x80\x04cbuiltins\neval\n(V1\ntR.",  # eval("1")
+                    b"\x80\x04cos\ngetcwd\n)R."):
+        blob.array[:8] = list(len(payload).to_bytes(8, "little"))
+        blob.array[8:8 + len(payload)] = np.frombuffer(payload, np.uint8)
+        raises(pickle.UnpicklingError, blob.read, match="refusing")
+
+
+def test_state_pickles_tensors_and_containers_as_plain_data():
+    """A blob stores tensors, NumPy arrays and numbers and container
+    subclasses (what state dicts hold) as plain data, pickled in one pass:
+    they come back as tensors (restore_hyperparameter), arrays, Python numbers
+    and the base containers. A number's subclass is refused, naming where."""
+    import collections
+    import enum
+    from zcc import _plain_state, _torch_codec
+    codec = _torch_codec.CODEC
+    gen = torch.Generator().manual_seed(7)
+    value = {"sampler": collections.OrderedDict(generator=gen.get_state(), yielded=3),
+             "window": torch.arange(6, dtype=torch.bfloat16)[1:5],
+             "strided": torch.arange(12.).reshape(3, 4)[:, 1],
+             "empty": torch.zeros(0, 2), "lr": np.float32(0.5), "n": np.int64(4), "ok": np.bool_(1),
+             "array": np.arange(4, dtype=np.int16), "seen": {1, 2}, "pairs": [(1, "a")]}
+    blob = Blob.sized_for("test", value, 1024, codec)
+    blob.write(value)
+    got = _plain_state.restore_hyperparameter(None, blob.read(), codec)
+    assert type(got["sampler"]) is dict and got["sampler"]["yielded"] == 3
+    assert torch.equal(got["sampler"]["generator"], gen.get_state())
+    for k in ("window", "strided", "empty"):
+        assert got[k].dtype == value[k].dtype and torch.equal(got[k], value[k]), k
+    assert type(got["lr"]) is float and got["lr"] == 0.5
+    assert type(got["n"]) is int and got["n"] == 4 and got["ok"] is True
+    assert got["array"].dtype == np.int16 and np.array_equal(got["array"], value["array"])
+    assert got["seen"] == {1, 2} and got["pairs"] == [(1, "a")]
+
+    class Color(enum.IntEnum):
+        RED = 1
+    raises(TypeError, lambda: blob.write({"a": [0, {"c": Color.RED}]}),
+           match="test['a'][1]['c'] is a Color")
+    raises(TypeError, lambda: blob.write({"f": len}), match="builtin_function_or_method")
+    raises(TypeError, lambda: blob.write({"o": np.array([object()])}), match="ndarray")
 
 
 if __name__ == "__main__":

@@ -283,27 +283,54 @@ def test_block_never_replaces_a_snapshot():
             assert d.stop() == 0, d.log()
 
 
-def test_numpy_state_read_only_when_it_moved():
-    """zcc reads NumPy's global generator again only when its MT19937 words
-    moved; whatever moved it (draws, a cached Gaussian, seed, set_state, a
-    bit generator swapped in), what it returns equals np.random.get_state()."""
+def test_generator_states_read_only_when_they_moved():
+    """zcc reads Python's and NumPy's global generators again only when
+    they moved; whatever moved them (draws, a Gaussian cached or used, seed,
+    set_state, setstate, a bit generator swapped in), what it returns equals
+    their public states."""
+    import random
     from zcc import _rng_state
+
+    states = _rng_state.GeneratorStates()
 
     def same():
         name, keys, pos, has_gauss, cached = np.random.get_state()
-        got = _rng_state.numpy_rng_state()
-        assert got == (name, keys.astype("<u4").tobytes(), int(pos), int(has_gauss),
-                       float(cached)), "NumPy state differs"
+        version, words, gauss = random.getstate()
+        got = states.state()
+        assert got["numpy_random"] == (name, keys.astype("<u4").tobytes(), int(pos),
+                                       int(has_gauss), float(cached)), "NumPy state differs"
+        assert got["python_random"] == (version, b"".join(w.to_bytes(4, "little") for w in words),
+                                        gauss), "Python state differs"
+        return got
 
     np.random.seed(3)
-    same()
-    assert _rng_state._numpy_rng._address is not None  # the fast path is in use
-    for draw in (lambda: np.random.rand(5), lambda: np.random.standard_normal(),
-                 lambda: np.random.randint(0, 9, 700), lambda: np.random.seed(4),
-                 lambda: np.random.set_state(np.random.get_state())):
+    random.seed(3)
+    first = same()
+    assert states._watch is not None  # the fast path is in use
+    assert same() is first  # unchanged: served from what was read
+    draws = (lambda: np.random.rand(5), lambda: np.random.randint(0, 9, 700),
+             lambda: np.random.seed(4), lambda: np.random.set_state(np.random.get_state()),
+             lambda: random.random(), lambda: random.seed(5), lambda: random.getrandbits(9000),
+             lambda: random.setstate(random.getstate()))
+    for draw in draws:
         draw()
         same()
-        same()  # unchanged: served from what was read
+        same()
+    # A Gaussian cached, then used without a word of the generator moving:
+    # NumPy's legacy pair and Python's gauss() alike.
+    for gaussian in (np.random.standard_normal, random.gauss, np.random.standard_normal,
+                     random.gauss):
+        gaussian()
+        same()
+        same()
+    # setstate back to a state with a cached Gaussian and the same words.
+    random.seed(6)
+    random.gauss()
+    with_gauss = random.getstate()
+    random.gauss()  # uses the cached one
+    same()
+    random.setstate(with_gauss)
+    same()
     saved = np.random.mtrand._rand._bit_generator
     np.random.set_bit_generator(np.random.MT19937(11))
     try:
@@ -313,7 +340,6 @@ def test_numpy_state_read_only_when_it_moved():
     finally:
         np.random.set_bit_generator(saved)
     same()
-
 
 
 if __name__ == "__main__":

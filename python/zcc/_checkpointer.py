@@ -128,8 +128,9 @@ class CheckpointerBase:
     # ---------------------------------------------------------- small state
 
     def _stateful_state(self, name):
-        """The state dict of ``state[name]`` as plain data (tensors tagged)."""
-        return _plain_state.plain_hyperparameter(self.state[name].state_dict(), self._codec)
+        """The state dict of ``state[name]`` (its blob's pickler writes the
+        tensors in it as plain data)."""
+        return self.state[name].state_dict()
 
     def _write_blobs(self, values):
         """Writes each (blob key, value) pair into its blob; a blob the value
@@ -155,7 +156,7 @@ class CheckpointerBase:
         snapshotted, the old blobs stay)."""
         grown = dict(self._blobs)
         for key, size in sizes.items():
-            grown[key] = _plain_state.Blob(self._blobs[key].name, size)
+            grown[key] = _plain_state.Blob(self._blobs[key].name, size, self._codec)
         by_name = {b.name: grown[key] for key, b in self._blobs.items() if key in sizes}
         specs = [s if s.name not in by_name else
                  zcc.TensorSpec(s.name, self._blob_tensor(by_name[s.name].array), kind="extra",
@@ -164,7 +165,7 @@ class CheckpointerBase:
         try:
             self.client.replace_tensors(specs)
         except zcc.Error as e:
-            parts = ("; its parts: %s" % _plain_state.part_sizes(value)) \
+            parts = ("; its parts: %s" % _plain_state.part_sizes(value, self._codec)) \
                 if isinstance(value, dict) else ""
             raise type(e)(("zcc state %s outgrew %s and zccd refused the larger registration "
                           "(%s); this step was not snapshotted: pass Checkpointer(extra_bytes=%d) "
@@ -223,7 +224,7 @@ class CheckpointerBase:
         user = mine.get("user_state") if mine is not None else user_from_elsewhere
         if user is not None:
             self.user_state.clear()
-            self.user_state.update(user)
+            self.user_state.update(_plain_state.restore_hyperparameter(None, user, self._codec))
         saved_objects = (mine or {}).get("state") or {}
         for name, obj in self.state.items():
             if name in saved_objects:

@@ -19,68 +19,136 @@ _LEN_BYTES = 8
 
 _PLAIN_SCALAR_TYPES = frozenset(_PLAIN_SCALARS)
 _SEQUENCES = (list, tuple, set, frozenset)
+# The only globals a state pickle names: the containers and numbers that
+# tensors, arrays, NumPy scalars and container subclasses are written as.
+# Called on plain arguments they run no code of the checkpoint's choosing.
+_REBUILDERS = {"dict": dict, "list": list, "tuple": tuple, "set": set, "frozenset": frozenset,
+               "int": int, "float": float, "bool": bool}
+_REBUILDER_TYPES = frozenset(_REBUILDERS.values())
+
+_TENSOR_TAG = "__zcc_tensor__"
+_NDARRAY_TAG = "__zcc_ndarray__"
 
 
-def check_plain(value, where):
-    """Raises TypeError unless `value` is plain data the safe loader accepts,
-    naming where the first value that is not lies. Exact types: a subclass
-    (an OrderedDict, an IntEnum) pickles as its class, which the loader would
-    refuse at restore."""
+def _plain_reduction(obj, codec):
+    """How _StatePickler writes what is not an exact plain type: `codec`'s
+    tensors and NumPy arrays as tagged (dtype, shape, bytes) dicts, NumPy
+    scalars as Python numbers, subclasses of dict, list, tuple, set and
+    frozenset as those; TypeError for anything else."""
+    if codec is not None and codec.is_tensor(obj):
+        return dict, ([(_TENSOR_TAG, codec.to_plain(obj))],)
+    if isinstance(obj, numpy.ndarray):
+        a = numpy.ascontiguousarray(obj)
+        if not a.dtype.hasobject:
+            return dict, ([(_NDARRAY_TAG, (a.dtype.str, list(a.shape), a.tobytes()))],)
+    elif isinstance(obj, numpy.generic):
+        v = obj.item()
+        if type(v) in (bool, int, float):
+            return type(v), (v,)
+    elif isinstance(obj, dict):
+        return dict, (list(obj.items()),)
+    elif isinstance(obj, _SEQUENCES):
+        base = next(b for b in _SEQUENCES if isinstance(obj, b))
+        return base, (base(obj),)
+    elif obj in _REBUILDER_TYPES:  # (the rebuilders above: by name)
+        return NotImplemented
+    raise TypeError("not plain data: %s" % type(obj).__name__)
+
+
+def _storable(value, codec):
+    """Whether _plain_reduction writes `value` itself (not its items)."""
     kind = type(value)
-    if kind in _PLAIN_SCALAR_TYPES:
+    if kind in _PLAIN_SCALAR_TYPES or (codec is not None and codec.is_tensor(value)):
+        return True
+    if isinstance(value, numpy.ndarray):
+        return not value.dtype.hasobject
+    if isinstance(value, numpy.generic):
+        return type(value.item()) in (bool, int, float)
+    return False
+
+
+def check_plain(value, where, codec=None):
+    """Raises TypeError unless `value` can be stored (plain data, `codec`'s
+    tensors, NumPy arrays and numbers, and containers of them), naming where
+    the first value that cannot lies. A subclass of a number or a string (an
+    IntEnum) is refused: it would come back as another type."""
+    if _storable(value, codec):
         return
-    if kind in _SEQUENCES:
-        if _PLAIN_SCALAR_TYPES.issuperset(map(type, value)):
-            return
-        for i, v in enumerate(value):
-            check_plain(v, "%s[%d]" % (where, i))
-        return
-    if kind is dict:
+    if isinstance(value, dict):
         for k, v in value.items():
-            check_plain(k, "%s key" % where)
-            check_plain(v, "%s[%r]" % (where, k))
+            check_plain(k, "%s key" % where, codec)
+            check_plain(v, "%s[%r]" % (where, k), codec)
+        return
+    if isinstance(value, _SEQUENCES):
+        for i, v in enumerate(value):
+            check_plain(v, "%s[%d]" % (where, i), codec)
         return
     raise TypeError("%s is a %s; zcc stores only plain data (None, bool, int, float, str, bytes "
-                    "and lists/tuples/dicts/sets of them)" % (where, type(value).__name__))
+                    "and lists/tuples/dicts/sets of them), tensors and NumPy arrays"
+                    % (where, type(value).__name__))
 
 
-class _PlainPickler(pickle.Pickler):
-    """Pickles plain data only. The C pickler writes None, bool, int, float,
-    str, bytes, list, tuple, set, frozenset and dict (exact types) itself and
-    asks reducer_override about everything else: refused, so nothing the
-    loader below would refuse is ever written, checked at C speed."""
+class _StatePickler(pickle.Pickler):
+    """The C pickler writes None, bool, int, float, str, bytes, list, tuple,
+    set, frozenset and dict (exact types) itself, at C speed, and asks
+    reducer_override about everything else (_plain_reduction): nothing the
+    loader below would refuse is ever written, and state needs no walk in
+    Python before it is pickled."""
+
+    def __init__(self, file, codec):
+        super().__init__(file, protocol=4)
+        self._codec = codec
 
     def reducer_override(self, obj):
-        raise TypeError("not plain data: %s" % type(obj).__name__)
+        return _plain_reduction(obj, self._codec)
 
 
-def dumps_plain(value, where):
-    """`value` pickled, or TypeError naming the first value that is not plain."""
-    out = io.BytesIO()
-    try:
-        _PlainPickler(out, protocol=4).dump(value)
-    except TypeError:
-        check_plain(value, where)  # says where
-        raise
-    return out.getvalue()
+class StateDumper:
+    """Pickles state again and again with one pickler and one buffer."""
+
+    def __init__(self, codec=None):
+        self._out = io.BytesIO()
+        self._pickler = _StatePickler(self._out, codec)
+        self._codec = codec
+
+    def dumps(self, value, where):
+        """`value` pickled, or TypeError naming the first value that cannot be."""
+        out = self._out
+        out.seek(0)
+        out.truncate()
+        self._pickler.clear_memo()
+        try:
+            self._pickler.dump(value)
+        except TypeError:
+            check_plain(value, where, self._codec)  # says where
+            raise
+        return out.getvalue()
 
 
-def part_sizes(parts):
+def dumps_plain(value, where, codec=None):
+    """`value` pickled (StateDumper.dumps), or TypeError naming where it cannot be."""
+    return StateDumper(codec).dumps(value, where)
+
+
+def part_sizes(parts, codec=None):
     """"name N bytes, ..." of a dict's pickled parts, largest first, nested
     dicts under "state" by their own names (to say which part outgrew a blob)."""
     sizes = []
     for name, value in parts.items():
         if name == "state" and type(value) is dict:
-            sizes += [("state " + n, len(dumps_plain(v, n))) for n, v in value.items()]
+            sizes += [("state " + n, len(dumps_plain(v, n, codec))) for n, v in value.items()]
         else:
-            sizes.append((name, len(dumps_plain(value, name))))
+            sizes.append((name, len(dumps_plain(value, name, codec))))
     return ", ".join("%s %d bytes" % (n, b) for n, b in sorted(sizes, key=lambda x: -x[1]))
 
 
 class PlainUnpickler(pickle.Unpickler):
-    """Loads plain data only: no class or function is ever looked up."""
+    """Loads plain data only: no class or function is looked up but the
+    builtin containers and numbers _plain_reduction writes."""
 
     def find_class(self, module, name):
+        if module == "builtins" and name in _REBUILDERS:
+            return _REBUILDERS[name]
         raise pickle.UnpicklingError("zcc state holds only plain data; refusing %s.%s" % (module, name))
 
 
@@ -105,23 +173,25 @@ def blob_bytes(need):
 class Blob:
     """A fixed-size uint8 array registered as EXTRA: 8-byte length + pickle."""
 
-    def __init__(self, name, capacity):
+    def __init__(self, name, capacity, codec=None):
         self.name = name
+        self.codec = codec
         self.array = numpy.zeros(capacity, dtype=numpy.uint8)
         self._bytes = memoryview(self.array)  # byte copies without NumPy's per-call work
+        self._dumper = StateDumper(codec)
 
     @classmethod
-    def sized_for(cls, name, value, minimum):
+    def sized_for(cls, name, value, minimum, codec=None):
         """A Blob for `value` and what it grows into: twice its pickle, in
         whole pages, and at least `minimum` bytes. Raises TypeError now for
         what cannot be stored at all."""
-        need = len(dumps_plain(value, name)) + _LEN_BYTES
-        return cls(name, max(int(minimum), blob_bytes(need)))
+        need = len(dumps_plain(value, name, codec)) + _LEN_BYTES
+        return cls(name, max(int(minimum), blob_bytes(need)), codec)
 
     def write(self, value):
         """Writes `value`; BlobOutgrown when it needs more room than this
         blob has (nothing is written then)."""
-        self.write_payload(dumps_plain(value, self.name))
+        self.write_payload(self._dumper.dumps(value, self.name))
 
     def write_payload(self, payload):
         need = len(payload) + _LEN_BYTES
@@ -138,10 +208,6 @@ class Blob:
         if n > len(self.array) - _LEN_BYTES:
             raise zcc.DataLossError("zcc state '%s' holds a bad length %d" % (self.name, n))
         return PlainUnpickler(io.BytesIO(self.array[_LEN_BYTES:_LEN_BYTES + n].tobytes())).load()
-
-
-_TENSOR_TAG = "__zcc_tensor__"
-_NDARRAY_TAG = "__zcc_ndarray__"
 
 
 class TensorCodec:
@@ -163,28 +229,8 @@ class TensorCodec:
         raise NotImplementedError
 
 
-def plain_hyperparameter(value, codec=None):
-    """`value` as plain data: `codec`'s tensors (PyTorch 2.x accepts a tensor
-    lr, and betas of tensors) and NumPy arrays become tagged (dtype, shape,
-    bytes), NumPy scalars their Python values."""
-    if type(value) in _PLAIN_SCALAR_TYPES:  # most values: nothing to do
-        return value
-    if codec is not None and codec.is_tensor(value):
-        return {_TENSOR_TAG: codec.to_plain(value)}
-    if isinstance(value, numpy.ndarray):
-        a = numpy.ascontiguousarray(value)
-        return {_NDARRAY_TAG: (a.dtype.str, list(a.shape), a.tobytes())}
-    if isinstance(value, numpy.generic):  # a NumPy scalar: its Python value
-        return value.item()
-    if isinstance(value, (list, tuple)):
-        return type(value)(plain_hyperparameter(v, codec) for v in value)
-    if isinstance(value, dict):
-        return {k: plain_hyperparameter(v, codec) for k, v in value.items()}
-    return value
-
-
 def restore_hyperparameter(current, saved, codec=None):
-    """`saved` (from plain_hyperparameter) as the value to put where
+    """`saved` (as a Blob read it back) as the value to put where
     `current` is: a tensor is filled in place by `codec`, so whatever holds
     it (a scheduler, a fused kernel) sees the restored value."""
     if isinstance(saved, dict) and set(saved) == {_TENSOR_TAG}:

@@ -1,10 +1,13 @@
-"""The Python and NumPy random generators' states, as zcc.torch checkpoints
-them (plain data, compact: they go into every snapshot)."""
+"""The Python and NumPy random generators' states, as zcc.torch and
+zcc.paddle checkpoint them (plain data, compact: they go into every
+snapshot), read again only when they moved."""
 
 import ctypes
 import random
 import struct
 import sys
+
+from zcc import _zcc
 
 
 def python_rng_state():
@@ -24,68 +27,13 @@ def set_python_rng_state(state):
     random.setstate((version, tuple(words), gauss))
 
 
-class _NumpyRng:
-    """NumPy's global generator state, read again only when it moved.
-
-    np.random.get_state() costs about 30 us (its state property builds an
-    array), paid at every snapshot. The legacy generator's MT19937 state (624
-    words and a position) lies at the bit generator's ctypes.state_address;
-    while those bytes are unchanged, so is the state (a Gaussian cached by a
-    legacy draw changes them too), and the last state read is returned.
-    The fast path is used only where the bytes at that address were checked
-    to match get_state(); the bit generator read from is held, so its memory
-    stays valid, and one swapped in (np.random.set_bit_generator) is checked
-    again."""
-
-    _MT_BYTES = 624 * 4 + 4
-
-    def __init__(self):
-        self._generator = None  # the bit generator whose state is watched
-        self._address = None
-        self._raw = None
-        self._state = None
-
-    def state(self, np):
-        generator = getattr(np.random.mtrand, "_rand", None)
-        bits = getattr(generator, "_bit_generator", None)
-        if bits is None:  # another NumPy: the public API alone
-            return self._read(np)
-        if bits is not self._generator:
-            self._watch(np, bits)
-        if self._address is None:
-            return self._read(np)
-        raw = ctypes.string_at(self._address, self._MT_BYTES)
-        if raw != self._raw:
-            self._raw = raw
-            self._state = self._read(np)
-        return self._state
-
-    def _watch(self, np, bits):
-        self._generator, self._address, self._raw = bits, None, None
-        try:
-            address = int(bits.ctypes.state_address)
-        except Exception:  # not MT19937, or no ctypes: the public API alone
-            return
-        state = self._read(np)
-        raw = ctypes.string_at(address, self._MT_BYTES)
-        if state[0] == "MT19937" and raw[:-4] == state[1] and \
-                int.from_bytes(raw[-4:], "little", signed=True) == state[2]:
-            self._address, self._raw, self._state = address, raw, state
-
-    @staticmethod
-    def _read(np):
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        return (name, keys.astype("<u4").tobytes(), int(pos), int(has_gauss), float(cached))
-
-
-_numpy_rng = _NumpyRng()
-
-
-def numpy_rng_state():
-    np = sys.modules.get("numpy")
+def numpy_rng_state(np=None):
+    """NumPy's global (legacy) generator's state, None without NumPy."""
+    np = np or sys.modules.get("numpy")
     if np is None:
         return None
-    return _numpy_rng.state(np)
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return (name, keys.astype("<u4").tobytes(), int(pos), int(has_gauss), float(cached))
 
 
 def set_numpy_rng_state(state):
@@ -95,3 +43,88 @@ def set_numpy_rng_state(state):
     name, keys, pos, has_gauss, cached = state
     np.random.set_state((name, np.frombuffer(keys, dtype="<u4").astype(np.uint32), pos, has_gauss,
                          cached))
+
+
+_MT_WORDS = 624
+
+
+class GeneratorStates:
+    """{"python_random": ..., "numpy_random": ...} for a snapshot.
+
+    Reading both through their public APIs costs tens of microseconds at
+    every snapshot, and most training steps draw from neither. Both are
+    MT19937: Python's words and position lie right after the object header
+    of random's hidden Random instance, NumPy's legacy generator's at its
+    bit generator's ctypes.state_address. Where the bytes found there match
+    the public state, a _zcc.MemoryWatch compares them at the next snapshot
+    and the public APIs are read again only when they moved.
+
+    What the words do not hold is checked apart: Python's cached Gaussian
+    (gauss_next, an attribute), and which NumPy module and bit generator are
+    current (np.random.set_bit_generator swaps it). NumPy's cached Gaussian
+    lies outside the words, and its use (the second of a pair of legacy
+    Gaussian draws) changes no word, so a state holding one is always read
+    again; one can appear without a word moving only through set_state."""
+
+    def __init__(self):
+        self._watch = None
+        self._state = None
+        self._gauss = None  # Python's gauss_next in self._state
+        self._np = None
+        self._numpy_rand = None  # NumPy's global RandomState (bit generators swap inside it)
+        self._bits = None  # its bit generator watched
+
+    def state(self):
+        np = sys.modules.get("numpy")
+        if self._watch is not None and np is self._np and \
+                random._inst.gauss_next == self._gauss and \
+                (np is None or self._numpy_rand._bit_generator is self._bits) and \
+                not self._watch.changed():
+            return self._state
+        return self._read(np)
+
+    def _read(self, np):
+        py_state = python_rng_state()
+        np_state = numpy_rng_state(np)
+        self._state = {"python_random": py_state, "numpy_random": np_state}
+        self._gauss = py_state[2]
+        self._np = np
+        self._watch = None
+        ranges = []
+        if self._watchable_python(py_state, ranges) and self._watchable_numpy(np, np_state, ranges):
+            self._watch = _zcc.MemoryWatch(ranges)
+        return self._state
+
+    @staticmethod
+    def _watchable_python(state, ranges):
+        inst = random._inst
+        version, words, _ = state
+        if type(inst) is not random.Random or not isinstance(words, bytes) or \
+                len(words) != 4 * (_MT_WORDS + 1):
+            return False
+        # RandomObject: the header, int index, uint32_t state[624].
+        address = id(inst) + object.__basicsize__
+        raw = ctypes.string_at(address, 4 + 4 * _MT_WORDS)
+        if raw[4:] != words[:-4] or raw[:4] != words[-4:]:
+            return False
+        ranges.append((inst, address, len(raw)))
+        return True
+
+    def _watchable_numpy(self, np, state, ranges):
+        if np is None:
+            return True
+        rand = getattr(getattr(np.random, "mtrand", None), "_rand", None)
+        bits = getattr(rand, "_bit_generator", None)
+        if bits is None or state[0] != "MT19937" or state[3]:  # a cached Gaussian: read each time
+            return False
+        try:
+            address = int(bits.ctypes.state_address)
+        except Exception:  # not MT19937, or no ctypes: the public API alone
+            return False
+        # mt19937_state: uint32_t key[624]; int pos.
+        raw = ctypes.string_at(address, 4 * _MT_WORDS + 4)
+        if raw[:-4] != state[1] or int.from_bytes(raw[-4:], "little", signed=True) != state[2]:
+            return False
+        self._numpy_rand, self._bits = rand, bits
+        ranges.append((bits, address, len(raw)))
+        return True

@@ -36,6 +36,7 @@
 #include "copy/device_copier.h"
 #include "format/dtype.h"
 #include "python/zcc/capsules.h"
+#include "python/zcc/memory_watch.h"
 #include "python/zcc/py_collective.h"
 #include "python/zcc/tensor_view.h"
 
@@ -596,6 +597,7 @@ py::dict DescribeTensor(py::handle obj) {
 
 void DefineModule(py::module_& m) {
   m.doc() = "Binding of the zcc C++ trainer client; use the `zcc` package.";
+  DefineMemoryWatch(m);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

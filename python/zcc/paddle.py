@@ -260,6 +260,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         self.ema_interval = max(1, ema_interval)
         self.connect_timeout = connect_timeout
         self._codec = _CODEC
+        self._generators = _rng_state.GeneratorStates()
         self.restored_from = None
         self.restored_rank_state = None
         self.ema_step = None
@@ -462,9 +463,9 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         self._rank_state_name = rank_prefix + "rank_state"
         self._blobs = {
             "job": _plain_state.Blob.sized_for(job_prefix + "trainer_state", self._job_state(0),
-                                               extra_bytes),
+                                               extra_bytes, self._codec),
             "rank": _plain_state.Blob.sized_for(self._rank_state_name, self._rank_state(),
-                                                extra_bytes),
+                                                extra_bytes, self._codec),
         }
         return [
             zcc.TensorSpec(job_prefix + "trainer_state", self._blobs["job"].array, kind="extra",
@@ -479,15 +480,12 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         if self._opt is not None:
             state["lr"] = float(self._opt.get_lr())
         if self.scheduler is not None:
-            state["scheduler"] = _plain_state.plain_hyperparameter(
-                {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)},
-                self._codec)
+            state["scheduler"] = {k: v for k, v in self.scheduler.state_dict().items()
+                                  if not callable(v)}
         return state
 
     def _rank_state(self):
-        return {"rng": {"paddle": _generator_states(),
-                        "python_random": _rng_state.python_rng_state(),
-                        "numpy_random": _rng_state.numpy_rng_state()},
+        return {"rng": dict(self._generators.state(), paddle=_generator_states()),
                 "user_state": dict(self.user_state),
                 "state": {name: self._stateful_state(name) for name in self.state}}
 

@@ -216,6 +216,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self.ema_interval = max(1, ema_interval)
         self.connect_timeout = connect_timeout
         self._codec = _torch_codec.CODEC
+        self._generators = _rng_state.GeneratorStates()
         self._replica = self._replica_group(replica)
         # The ranks holding copies of a plain (non-DTensor) tensor; a DTensor's
         # placements say where its copies are.
@@ -341,9 +342,10 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         # were bound already (it is after the first step).
         self._blobs = {
             "job": _plain_state.Blob.sized_for(job_prefix + "trainer_state",
-                                               self._job_state(0, all_bound=True), extra_bytes),
+                                               self._job_state(0, all_bound=True), extra_bytes,
+                                               self._codec),
             "rank": _plain_state.Blob.sized_for(rank_prefix + "rank_state", self._rank_state(),
-                                                extra_bytes),
+                                                extra_bytes, self._codec),
         }
         return [
             zcc.TensorSpec(job_prefix + "trainer_state", torch.from_numpy(self._blobs["job"].array),
@@ -415,8 +417,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         if opt is not None:
             # Tensor-valued hyperparameters (lr=torch.tensor(...), betas
             # of tensors) are stored as plain data and copied back in place.
-            state["param_groups"] = [{k: _plain_state.plain_hyperparameter(v, self._codec)
-                                      for k, v in g.items() if k != "params"}
+            state["param_groups"] = [{k: v for k, v in g.items() if k != "params"}
                                      for g in opt.param_groups]
             state["optimizer_step_count"] = getattr(opt, "_step_count", None)
             # One byte per optimizer parameter: a list of indices of a
@@ -429,30 +430,45 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
                 state["nontensor_state"] = self._nontensor_state()
         return state
 
-    @staticmethod
-    def _rng_state():
+    def _rng_state(self):
         """This rank's Python, NumPy and CUDA generators (torch's CPU one is a
         tensor of its own)."""
-        state = {"python_random": _rng_state.python_rng_state(),
-                 "numpy_random": _rng_state.numpy_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state = self._generators.state()
+        if torch.cuda.is_initialized():
+            state = dict(state)
             state["cuda_rng"] = [bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
         return state
 
     def _scheduler_state(self):
         if self.scheduler is None:
             return None
-        return _plain_state.plain_hyperparameter({k: v for k, v in self.scheduler.state_dict().items()
-                                                  if not callable(v)}, self._codec)
+        return {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
 
-    @torch.no_grad()
     def step(self, step, kind="full"):
         """Snapshots `step` (after optimizer.step()): returns "enqueued",
         "skipped_no_slot" or "skipped_disconnected". Costs a fence (usually
         already passed), shadow copies of the buffers and a few small pickles."""
+        # Every Python call here is paid at every training step, with the
+        # CPU's caches cold after the step's compute: BENCHMARKS.md's
+        # Checkpointer.step rows measure it.
         if not self._fenced:  # (the wrapped optimizer.step has fenced since the last snapshot)
             self.fence()
-        self._bind_optimizer_state()
+        b = self._binding
+        if b is None or not b.in_place or self.optimizer.state is not b.container or \
+                len(b.container) != b.size:  # (else nothing to bind: _state_as_bound)
+            self._bind_optimizer_state()
+        if self._unzeroed or self._buffers:
+            self._copy_buffers()
+        self._rng.copy_(torch.get_rng_state())
+        self._write_blobs((("job", self._job_state(step)), ("rank", self._rank_state())))
+        self._last_step = step
+        self._fenced = False  # from here on, copies may be reading the tensors
+        return self.client.snapshot(step, kind, self._stream())
+
+    @torch.no_grad()
+    def _copy_buffers(self):
+        """Zeroes the optimizer state never bound (registered before the
+        first step) and copies the buffers into their shadows."""
         if self._unzeroed:
             for i, tensors in self._unzeroed.items():
                 if not self._bound[i]:
@@ -461,8 +477,3 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             self._unzeroed = {}
         for b, shadow in self._buffers:
             shadow.copy_(b)
-        self._rng.copy_(torch.get_rng_state())
-        self._write_blobs((("job", self._job_state(step)), ("rank", self._rank_state())))
-        self._last_step = step
-        self._fenced = False  # from here on, copies may be reading the tensors
-        return self.client.snapshot(step, kind, self._stream())
