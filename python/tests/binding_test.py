@@ -941,6 +941,30 @@ def test_grown_blobs_restore_on_two_ranks():
             assert np.array_equal(got_model[k], model[k]), (rank, k)
 
 
+def test_state_tensors_written_again_when_they_change():
+    """A state tensor handed back at every step (a sampler's generator
+    state) is served from what was written while it is unchanged; whatever
+    changes it (a torch op, a NumPy view, which autograd does not see, a
+    resize) is written again."""
+    from zcc import _plain_state, _torch_codec
+    codec = _torch_codec.TorchCodec()
+    blob = Blob("test", 4096, codec)
+    t = torch.arange(8, dtype=torch.int32)
+
+    def written():
+        blob.write({"t": t})
+        return _plain_state.restore_hyperparameter(None, blob.read(), codec)["t"]
+
+    assert torch.equal(written(), t)
+    assert torch.equal(written(), t)
+    for change in (lambda: t.add_(1), lambda: t.numpy().__setitem__(3, 99),
+                   lambda: t.resize_(4), lambda: t.resize_(6)):
+        change()
+        want = t.clone()
+        assert torch.equal(written(), want), change
+        assert torch.equal(written(), want), change
+
+
 def test_state_loader_refuses_code():
     blob = Blob("test", 1024)
     blob.write({"a": [1, 2]})

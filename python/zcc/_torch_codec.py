@@ -6,18 +6,35 @@ import ctypes
 import torch
 
 from zcc import _plain_state
+from zcc import _zcc
 
 _DTYPE_NAMES = {}  # torch.float32 -> "float32"
 
+# Tensors written again unchanged are served from what was written
+# (TorchCodec.to_plain): at most this many, of at most this many bytes each.
+_SEEN_TENSORS = 32
+_SEEN_BYTES = 1 << 20
+
 
 class TorchCodec(_plain_state.TensorCodec):
+    def __init__(self):
+        # id -> (tensor, its _version, its shape, MemoryWatch of its bytes, plain)
+        self._seen = {}
+
     def is_tensor(self, value):
         return torch.is_tensor(value)
 
     def to_plain(self, tensor):
-        # The bytes read at the data pointer: a snapshot pays for this (a
-        # data loader's generator state), and each torch call costs more
-        # than the copy.
+        # Every snapshot pays for this (a data loader's sampler hands back the
+        # same generator-state tensor at every step), and each torch call
+        # costs more than the copy: the bytes are read at the data pointer,
+        # and a small CPU tensor written before is served from that unless it
+        # moved (another tensor, an in-place change, a new shape, or any byte
+        # different, however written: a MemoryWatch compares them).
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[0] is tensor and seen[1] == tensor._version and \
+                seen[2] == tensor.shape and not seen[3].changed():
+            return seen[4]
         t = tensor
         if t.device.type != "cpu" or not t.is_contiguous():
             t = t.detach().cpu().contiguous()
@@ -25,7 +42,13 @@ class TorchCodec(_plain_state.TensorCodec):
         if name is None:
             name = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
         n = t.nbytes
-        return name, list(t.shape), ctypes.string_at(t.data_ptr(), n) if n else b""
+        plain = name, list(t.shape), ctypes.string_at(t.data_ptr(), n) if n else b""
+        if t is tensor and 0 < n <= _SEEN_BYTES:
+            if len(self._seen) >= _SEEN_TENSORS:
+                self._seen.clear()
+            self._seen[id(tensor)] = (tensor, tensor._version, tensor.shape,
+                                      _zcc.MemoryWatch([(tensor, t.data_ptr(), n)]), plain)
+        return plain
 
     @torch.no_grad()
     def from_plain(self, current, dtype, shape, raw):
