@@ -146,18 +146,31 @@ absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string
     if (committed.ok()) continue;
     if (!absl::IsNotFound(committed.status())) return committed.status();
     for (uint32_t rank : ranks) {
+      const std::string path = JoinPath(dir, format::ManifestFileName(rank));
+      auto text = storage::ReadWholeFile(fs, path, format::kMaxManifestBytes);
+      if (absl::IsNotFound(text.status())) continue;
+      if (!text.ok()) return text.status();  // (kept: it may be whole)
       if (!keep_run.empty()) {
-        auto manifest = ReadRankManifest(dir, rank, &fs);
-        if (absl::IsNotFound(manifest.status())) continue;
-        // (One that cannot be read or decoded is no run's part: removed.)
+        auto manifest = DecodeManifestFile(path, rank, *text);
+        // (One that cannot be decoded is no run's part: removed.)
         if (manifest.ok() && manifest->run_id == keep_run) continue;
       }
-      const absl::Status st = fs.Remove(JoinPath(dir, format::ManifestFileName(rank)));
-      if (st.ok()) {
-        ++removed;
-      } else if (!absl::IsNotFound(st)) {
-        return st;
+      const absl::Status st = fs.Remove(path);
+      if (absl::IsNotFound(st)) continue;
+      if (!st.ok()) return st;
+      // Another node's upload may have committed the step between the check
+      // above and the removal (the earlier run's last part arriving late):
+      // then the manifest belongs to a committed step, whole without it no
+      // more, and goes back as it was. (A reader in between finds the step
+      // incomplete and passes over it, as it would a damaged one.)
+      // (A step that cannot be checked counts as committed.)
+      auto now_committed = fs.Stat(JoinPath(dir, format::kCommittedFileName));
+      if (!absl::IsNotFound(now_committed.status())) {
+        ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, *text));
+        if (!now_committed.ok()) return now_committed.status();
+        continue;
       }
+      ++removed;
     }
   }
   return removed;

@@ -78,7 +78,8 @@ absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std:
 // new parts. Removes them; returns how many. With `keep_run` (the
 // registering run's id), a manifest of that run stays: the same run
 // registered again (its trainer reconnected to a restarted zccd) goes on
-// with the parts it sent.
+// with the parts it sent. A step another node commits meanwhile keeps every
+// manifest: one removed just as the step was committed is written back.
 absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string& store_job_dir,
                                          const std::vector<uint32_t>& ranks,
                                          const std::string& keep_run = "");

@@ -8,7 +8,9 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/committer.h"
@@ -22,6 +24,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/memory_storage.h"
 #include "storage/routed_storage.h"
+#include "storage/storage_wrapper.h"
 #include "storage/testing/object_store_model.h"
 #include "storage/whole_file.h"
 
@@ -264,6 +267,46 @@ TEST_CASE("node-local roots: a rank registered again in the same run keeps the p
   const std::string bad = JoinPath(kStore, "step-00000040/" + format::ManifestFileName(0));
   REQUIRE_OK(storage::WriteFileAtomic(t.fs, bad, "{not json"));
   CHECK(*ForgetRankParts(t.fs, kStore, {0}, "b") == 1);
+}
+
+// The store as `base` has it, except that removing a file first runs
+// `before_remove` once (another node's upload landing at that moment).
+class RemoveRacingStorage : public storage::StorageWrapper {
+ public:
+  using StorageWrapper::StorageWrapper;
+  std::function<void()> before_remove;
+  absl::Status Remove(const std::string& path) override {
+    if (before_remove) std::exchange(before_remove, nullptr)();
+    return StorageWrapper::Remove(path);
+  }
+};
+
+TEST_CASE("node-local roots: a step another node commits while a rank's earlier-run part is "
+          "being forgotten keeps that part") {
+  Tiers t;
+  // Run "a": node 0 sent its part of step 20; node 1 wrote its part and is
+  // about to send it. Run "b" registers rank 0 on node 0.
+  t.WriteOnNode(0, 20, 20, "a");
+  REQUIRE_OK(t.UploadNode(0, 20).status());
+  t.WriteOnNode(1, 20, 20, "a");
+  RemoveRacingStorage racing(&t.fs);
+  bool committed = false;
+  // Node 1's part lands after the check for COMMITTED, before the removal.
+  racing.before_remove = [&] {
+    auto up = t.UploadNode(1, 20);
+    REQUIRE_OK(up);
+    committed = up->committed;
+  };
+  auto forgot = ForgetRankParts(racing, kStore, {0}, "b");
+  REQUIRE_OK(forgot);
+  REQUIRE(committed);
+  CHECK(*forgot == 0);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000020"), 20));
+  CHECK(*ReadLatest(kStore, &t.fs) == 20);
+  // Without a race, the same forgetting removes the part of an uncommitted step.
+  t.WriteOnNode(0, 30, 30, "a");
+  REQUIRE_OK(t.UploadNode(0, 30).status());
+  CHECK(*ForgetRankParts(racing, kStore, {0}, "b") == 1);
 }
 
 TEST_CASE("a step commits only from manifests of one run: an earlier run's part left in the "
