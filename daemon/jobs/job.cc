@@ -24,6 +24,7 @@ Job::Job(JobOptions options) : options_(std::move(options)) {
     upload.job_dir = options_.job_dir;
     upload.upload_dir = options_.upload_dir;
     upload.retention = options_.upload_retention;
+    upload.retry_after = options_.upload_retry_after;
     upload.commit_timeout = options_.commit_timeout;
     upload.owner = options_.owner;
     upload.storage = &storage::StorageOrDefault(options_.storage);

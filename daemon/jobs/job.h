@@ -61,6 +61,8 @@ struct JobOptions {
   // Empty: no upload.
   std::string upload_dir;
   checkpoint::RetentionPolicy upload_retention;
+  // After a failed upload, before it is tried again.
+  absl::Duration upload_retry_after = absl::Seconds(30);
   // With upload_dir: job_dir is this node's own (no file system the nodes
   // share). Nothing commits here: once every rank registered here has
   // written a step, the uploader sends this node's part of it and the step

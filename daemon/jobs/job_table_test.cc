@@ -51,23 +51,36 @@ struct Tiers {
     REQUIRE_OK(commit);
     REQUIRE(commit->outcome == checkpoint::CommitOutcome::kCommitted);
   }
-  // A registration of rank 0 of `world` ranks, uploading to the store.
-  AdmitRequest Request(uint32_t world) {
+  // Step `step` of rank 0 written on the local root, not committed (as a
+  // node-local root holds its node's part until the store commits it).
+  void WriteNodePart(int64_t step) {
+    SyntheticRank rank(0, 1, {{"w", format::DType::kF32, {64, 32}}}, 0, kJob);
+    rank.Fill(step);
+    checkpoint::IoOptions io;
+    io.storage = &fs;
+    REQUIRE_OK(checkpoint::WriteRankShards(kLocal, step, rank.shards(), rank.slot(), io).status());
+  }
+  // A registration of rank 0 of `world` ranks, uploading to the store (from
+  // a node-local root with `node_local`).
+  AdmitRequest Request(uint32_t world, bool node_local = false) {
     AdmitRequest r;
     r.job_id = kJob;
     r.rank = 0;
     r.world_size = world;
     r.job_dir = kLocal;
     r.upload_dir = kStore;
+    r.node_local_root = node_local;
     r.uid = ::getuid();
-    r.make_job = [this, world] {
+    r.make_job = [this, world, node_local] {
       JobOptions o;
       o.job_id = kJob;
       o.world_size = world;
       o.job_dir = kLocal;
       o.storage = &fs;
       o.upload_dir = kStore;
+      o.node_local_root = node_local;
       o.upload_retention.keep_last = 10;
+      o.upload_retry_after = absl::Milliseconds(100);
       return std::make_shared<Job>(std::move(o));
     };
     r.segment_bytes = 1 << 20;
@@ -122,6 +135,50 @@ TEST_CASE("a job whose upload fails is kept and tried again; another layout repl
   CHECK(testing::Eventually(
       [&] { return checkpoint::ReadLatest(kStore, &t.fs).value_or(-1) == 5; }, absl::Seconds(20),
       absl::Milliseconds(5)));
+}
+
+TEST_CASE("node-local roots: another layout waits (Unavailable, saying why) until this node's "
+          "part of a step is sent, then replaces the job") {
+  Tiers t;
+  storage::FaultPlan full;  // every write to the store fails
+  full.enospc_after_bytes = 0;
+  t.faults.SetPlan(full);
+  JobTable table(absl::Now());
+  std::shared_ptr<Job> job;
+  {
+    auto admitted = table.Admit(t.Request(1, /*node_local=*/true));
+    REQUIRE_OK(admitted);
+    job = admitted->job();
+  }  // the registration goes: the job has no rank
+  // Rank 0 wrote its part of step 5 (the last of this node's ranks): the
+  // uploader tries to send it and fails.
+  t.WriteNodePart(5);
+  PersistEvent written;
+  written.rank = 0;
+  written.step = 5;
+  job->OnPersisted(written);
+  REQUIRE(testing::Eventually([&] { return !UploadError(*job).empty(); }, absl::Seconds(20),
+                              absl::Milliseconds(5)));
+  CHECK(job->sending_to_store());
+  // Another layout is told to wait: this node's part is the only copy of it
+  // the store can get, and the new job could not send it.
+  auto waiting = table.Admit(t.Request(2, true));
+  REQUIRE(absl::IsUnavailable(waiting.status()));
+  CHECK_THAT(std::string(waiting.status().message()),
+             Catch::Contains("still has steps to send from this node to " + std::string(kStore)));
+  CHECK(table.Find(kJob) == job);
+  // The store heals: the part is sent and commits step 5 there; then the new
+  // layout replaces the job.
+  t.faults.SetPlan(storage::FaultPlan());
+  REQUIRE(testing::Eventually(
+      [&] { return checkpoint::ReadLatest(kStore, &t.fs).value_or(-1) == 5; }, absl::Seconds(20),
+      absl::Milliseconds(5)));
+  REQUIRE(testing::Eventually([&] { return !job->sending_to_store(); }, absl::Seconds(20),
+                              absl::Milliseconds(5)));
+  auto again = table.Admit(t.Request(2, true));
+  REQUIRE_OK(again);
+  CHECK(again->job() != job);
+  CHECK(again->job()->options().world_size == 2);
 }
 
 }  // namespace
