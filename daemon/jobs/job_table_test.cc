@@ -42,18 +42,14 @@ struct Tiers {
   }
   // Step `step` of a one-rank job, committed on the local root.
   void CommitLocally(int64_t step) {
-    SyntheticRank rank(0, 1, {{"w", format::DType::kF32, {64, 32}}}, 0, kJob);
-    rank.Fill(step);
-    checkpoint::IoOptions io;
-    io.storage = &fs;
-    REQUIRE_OK(checkpoint::WriteRankShards(kLocal, step, rank.shards(), rank.slot(), io).status());
+    WriteLocally(step);
     auto commit = checkpoint::TryCommit(kLocal, kJob, step, 1, &fs);
     REQUIRE_OK(commit);
     REQUIRE(commit->outcome == checkpoint::CommitOutcome::kCommitted);
   }
   // Step `step` of rank 0 written on the local root, not committed (as a
   // node-local root holds its node's part until the store commits it).
-  void WriteNodePart(int64_t step) {
+  void WriteLocally(int64_t step) {
     SyntheticRank rank(0, 1, {{"w", format::DType::kF32, {64, 32}}}, 0, kJob);
     rank.Fill(step);
     checkpoint::IoOptions io;
@@ -152,7 +148,7 @@ TEST_CASE("node-local roots: another layout waits (Unavailable, saying why) unti
   }  // the registration goes: the job has no rank
   // Rank 0 wrote its part of step 5 (the last of this node's ranks): the
   // uploader tries to send it and fails.
-  t.WriteNodePart(5);
+  t.WriteLocally(5);
   PersistEvent written;
   written.rank = 0;
   written.step = 5;
