@@ -25,22 +25,14 @@
 namespace zcc::daemon::peer {
 namespace {
 
-constexpr char kSelf[] = "";  // the holder name of this zccd's own memory
 constexpr char kPullSuffix[] = ".pull.";  // a file being pulled: <name>.pull.<pid>.<n>
-
-// Who holds what: step -> rank -> holder -> the rank's file names there.
-using Holdings = std::map<int64_t, std::map<uint32_t, std::map<std::string, std::set<std::string>>>>;
-
-void Note(Holdings& h, const std::string& holder, const ReplicaInfo& info) {
-  h[info.key.step][info.key.rank][holder].insert(info.key.piece);
-}
 
 // A piece's bytes: this zccd's own without a copy (the pointer shares the
 // held piece), a peer's as pulled and checked.
 absl::StatusOr<std::shared_ptr<const std::string>> Fetch(const std::string& holder,
                                                          const ReplicaKey& key,
                                                          const RecoverySources& s) {
-  if (holder == kSelf) {
+  if (holder == kThisZccd) {
     ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const Replica> r, s.own->Get(key));
     return std::shared_ptr<const std::string>(r, &r->bytes);
   }
@@ -84,7 +76,7 @@ absl::StatusOr<uint64_t> Place(const std::string& holder, const ReplicaKey& key,
                                const RecoverySources& s) {
   // A peer's piece streams into the file where the storage writes files in
   // parts (an object store writes each whole: through memory).
-  if (holder != kSelf && !fs.atomic_file_writes(path)) {
+  if (holder != kThisZccd && !fs.atomic_file_writes(path)) {
     return PullToFile(*s.directory->Client(holder), key, fs, path, s.timeout);
   }
   ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> bytes, Fetch(holder, key, s));
@@ -194,17 +186,8 @@ absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_
                                                          int64_t newer_than,
                                                          storage::Storage& fs,
                                                          const RecoverySources& s) {
-  Holdings held;
-  for (const ReplicaInfo& info : s.own->List(job_id, uid)) Note(held, kSelf, info);
-  for (const std::string& peer : s.peers) {
-    auto listed = s.directory->Client(peer)->List(job_id, uid, absl::Seconds(10));
-    if (!listed.ok()) {
-      ZCC_LOG(WARNING) << "job " << job_id << ": peer " << peer
-                       << " cannot be asked for its replicas: " << listed.status();
-      continue;
-    }
-    for (const ReplicaInfo& info : *listed) Note(held, peer, info);
-  }
+  const Holdings held =
+      ListHoldings(job_id, uid, TierSources{s.own, s.directory, s.peers}, absl::Seconds(10));
   for (auto it = held.rbegin(); it != held.rend(); ++it) {
     const int64_t step = it->first;
     if (step <= newer_than) break;

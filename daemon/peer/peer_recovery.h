@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/peer/memory_tier.h"
 #include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
 #include "storage/storage.h"

@@ -1,0 +1,230 @@
+// Registry's side of the peer tier (DESIGN.md 5c): the peer endpoint and
+// its replicator, the job's nodes and buddies, replication of a rank's step,
+// recovery of a step from the tier, the job's newest whole step pinned in
+// this zccd's replica memory, and the tier's status and gauges.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/fs_identity.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "daemon/control/registry.h"
+#include "daemon/peer/buddies.h"
+#include "daemon/peer/memory_tier.h"
+#include "daemon/peer/peer_recovery.h"
+#include "daemon/restore/restore_tiers.h"
+#include "storage/posix_storage.h"
+
+namespace zcc::daemon {
+
+void Registry::RecoverFromPeers(Job& job) {
+  std::shared_ptr<peer::PeerDirectory> directory;
+  std::shared_ptr<zcc::Mutex> one_at_a_time;
+  std::string self;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    if (peer_directory_ == nullptr) return;
+    directory = peer_directory_;
+    self = peer_address_;
+    std::shared_ptr<zcc::Mutex>& mu = recovering_[job.options().job_id];
+    if (mu == nullptr) mu = std::make_shared<zcc::Mutex>();
+    one_at_a_time = mu;
+  }
+  peer::RecoverySources sources;
+  sources.own = &replicas_;
+  sources.directory = directory.get();
+  for (const std::string& address : NodesOf(job)) {
+    if (address != self) sources.peers.push_back(address);
+  }
+  // The job's ranks on this node ask together: the first recovers, the
+  // others then find the step in the job's directory.
+  zcc::MutexLock lock(one_at_a_time.get());
+  ScopedFsIdentity as_owner(job.options().owner);
+  const std::string& job_dir = job.options().job_dir;
+  auto local = RestoreTiers::AllSteps(job_dir, job.options().upload_dir, shard_storage_);
+  if (!local.ok()) return;  // the restore reports it
+  const int64_t newest = local->empty() ? -1 : *local->rbegin();
+  const absl::Time began = absl::Now();
+  auto recovered = peer::RecoverNewestStep(job.options().job_id,
+                                           static_cast<uint32_t>(job.options().owner.uid), job_dir,
+                                           newest, storage::StorageOrDefault(shard_storage_),
+                                           sources);
+  if (!recovered.ok()) {
+    ZCC_LOG(WARNING) << "job " << job.options().job_id
+                     << ": recovery from the peer tier failed: " << recovered.status();
+  } else if (recovered->has_value()) {
+    job.OnCommittedOutside(**recovered, began);  // the tiered mode sends it to the store
+  }
+}
+
+void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
+                               std::shared_ptr<grpc::ChannelCredentials> creds) {
+  peer::PeerDirectory::Options options;
+  options.self_node = endpoint.node();
+  options.self_failure_domain = endpoint.failure_domain();
+  auto directory = std::make_shared<peer::PeerDirectory>(options, std::move(creds));
+  for (const std::string& p : config_.peer.static_peers) {
+    if (p != address) directory->Watch(p);
+  }
+  peer::Replicator::Options replicate;
+  replicate.self_node = endpoint.node();
+  replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
+  replicate.bytes_sent = &metrics_.replication_bytes_sent();
+  auto replicator = std::make_shared<peer::Replicator>(
+      replicate, &replicas_, directory.get(),
+      [this](const std::string& job_id) { return BuddiesOf(job_id); });
+  zcc::MutexLock lock(&peer_mu_);
+  peer_endpoint_ = std::move(endpoint);
+  peer_address_ = std::move(address);
+  peer_directory_ = std::move(directory);
+  replicator_ = std::move(replicator);
+}
+
+std::vector<std::string> Registry::NodesOf(const Job& job) const {
+  std::set<std::string> nodes(config_.peer.static_peers.begin(), config_.peer.static_peers.end());
+  for (const auto& [address, ranks] : job.peers().Nodes()) nodes.insert(address);
+  return {nodes.begin(), nodes.end()};
+}
+
+std::optional<std::vector<std::string>> Registry::BuddiesOf(const std::string& job_id) const {
+  std::shared_ptr<Job> job = jobs_.Find(job_id);
+  if (job == nullptr) return std::nullopt;
+  const PeerParts peer = CurrentPeerParts();
+  if (peer.directory == nullptr) return std::vector<std::string>();
+  return Buddies(*job, *peer.directory, peer.self);
+}
+
+void Registry::ReplicateStep(const std::string& job_id, uint32_t uid,
+                             checkpoint::RankStepBytes step) {
+  std::shared_ptr<peer::Replicator> replicator;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    replicator = replicator_;
+  }
+  if (replicator == nullptr) return;
+  const int64_t n = step.step;
+  const uint32_t rank = step.rank;
+  if (absl::Status st = replicator->Enqueue(job_id, uid, std::move(step)); !st.ok()) {
+    ZCC_LOG(WARNING) << "job " << job_id << " rank " << rank << ": step " << n
+                     << " not replicated: " << st;
+  }
+}
+
+std::vector<std::string> Registry::Buddies(const Job& job, const peer::PeerDirectory& directory,
+                                           const std::string& self) const {
+  std::vector<peer::NodeInfo> nodes;
+  for (const std::string& address : NodesOf(job)) {
+    const auto state = directory.State(address);
+    nodes.push_back({address, state.has_value() ? state->failure_domain : ""});
+  }
+  std::string self_domain;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    if (peer_endpoint_.has_value()) self_domain = peer_endpoint_->failure_domain();
+  }
+  return peer::ChooseBuddies({self, self_domain}, nodes, config_.peer.replicas);
+}
+
+absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPeersRequest& req,
+                                                             const Caller& caller) {
+  ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
+  const std::shared_ptr<Job>& job = found.first;
+  const PeerParts peer = CurrentPeerParts();
+  const std::shared_ptr<peer::PeerDirectory>& directory = peer.directory;
+  const std::string& self = peer.self;
+  if (directory == nullptr) {
+    return absl::FailedPreconditionError(
+        "this zccd's peer service is off (config peer.listen): it cannot take part in the "
+        "peer tier");
+  }
+  std::vector<peer::JobPeer> peers;
+  for (const v1::JobPeer& p : req.peers()) peers.push_back({p.rank(), p.address()});
+  ZCC_RETURN_IF_ERROR(job->peers().Set(std::move(peers), job->options().world_size));
+  for (const std::string& address : NodesOf(*job)) {
+    if (address != self) directory->Watch(address);
+  }
+  v1::SetJobPeersResponse resp;
+  for (const std::string& b : Buddies(*job, *directory, self)) resp.add_buddies(b);
+  return resp;
+}
+
+Registry::PeerParts Registry::CurrentPeerParts() const {
+  zcc::MutexLock lock(&peer_mu_);
+  return PeerParts{peer_directory_, replicator_, peer_address_};
+}
+
+void Registry::ExportPeerMetrics() {
+  const auto [directory, replicator, self] = CurrentPeerParts();
+  if (directory == nullptr) return;
+  double lag_seconds = 0;
+  int64_t lag_steps = 0;
+  std::set<std::string> up;
+  std::set<std::string> down;
+  for (const std::shared_ptr<Job>& job : jobs_.All()) {
+    if (replicator != nullptr) {
+      const peer::Replicator::JobStats r = replicator->Stats(job->options().job_id);
+      lag_seconds = std::max(lag_seconds, r.lag_seconds);
+      if (r.newest_step >= 0) {
+        lag_steps = std::max(lag_steps, r.newest_step - std::max<int64_t>(r.replicated_step, 0));
+      }
+    }
+    for (const std::string& address : NodesOf(*job)) {
+      if (address == self) continue;
+      const auto state = directory->State(address);
+      (state.has_value() && state->up ? up : down).insert(address);
+    }
+  }
+  for (const std::string& address : up) down.erase(address);
+  metrics_.replication_lag_seconds().Set(lag_seconds);
+  metrics_.replication_lag_steps().Set(static_cast<double>(lag_steps));
+  metrics_.peers(true).Set(static_cast<double>(up.size()));
+  metrics_.peers(false).Set(static_cast<double>(down.size()));
+}
+
+void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
+  out->set_replicated_step(-1);
+  out->set_replication_newest_step(-1);
+  const auto [directory, replicator, self] = CurrentPeerParts();
+  if (directory == nullptr) return;
+  if (replicator != nullptr) {
+    const peer::Replicator::JobStats r = replicator->Stats(job.options().job_id);
+    out->set_replicated_step(r.replicated_step);
+    out->set_replication_newest_step(r.newest_step);
+    out->set_replication_lag_seconds(r.lag_seconds);
+    out->set_replication_bytes_sent(r.bytes_sent);
+    out->set_replication_error(r.last_error);
+  }
+  const std::vector<std::string> buddies = Buddies(job, *directory, self);
+  const absl::Time now = absl::Now();
+  // The job's nodes, and the static peers (no ranks of the job) besides.
+  std::map<std::string, std::vector<uint32_t>> nodes = job.peers().Nodes();
+  for (const std::string& p : config_.peer.static_peers) nodes.emplace(p, std::vector<uint32_t>());
+  for (const auto& [address, ranks] : nodes) {
+    v1::JobPeerStatus* p = out->add_peers();
+    p->set_address(address);
+    for (uint32_t r : ranks) p->add_ranks(r);
+    p->set_self(address == self);
+    p->set_buddy(std::find(buddies.begin(), buddies.end(), address) != buddies.end());
+    p->set_seconds_since_seen(-1);
+    if (p->self()) {
+      p->set_up(true);
+      p->set_seconds_since_seen(0);
+      continue;
+    }
+    if (const auto state = directory->State(address); state.has_value()) {
+      p->set_node(state->node);
+      p->set_failure_domain(state->failure_domain);
+      p->set_up(state->up);
+      if (state->last_seen != absl::InfinitePast()) {
+        p->set_seconds_since_seen(absl::ToDoubleSeconds(now - state->last_seen));
+      }
+      p->set_error(state->error);
+    }
+  }
+}
+
+}  // namespace zcc::daemon
