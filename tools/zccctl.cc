@@ -170,6 +170,10 @@ void PrintJobPeers(const zcc::v1::JobStatus& job) {
       std::printf(" (lagging %.1f s)", job.replication_lag_seconds());
     }
     std::printf(", %.2f GB sent\n", job.replication_bytes_sent() / 1e9);
+    if (job.memory_tier_step() >= 0) {
+      std::printf("  memory tier: step %s whole (every rank's files in some zccd's memory)\n",
+                  Step(job.memory_tier_step()).c_str());
+    }
     if (!job.replication_error().empty()) {
       std::printf("  REPLICATION FAILING: %s\n", job.replication_error().c_str());
     }

@@ -74,6 +74,9 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   replicate.self_node = endpoint.node();
   replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
   replicate.bytes_sent = &metrics_.replication_bytes_sent();
+  replicate.after_push = [this](const std::string& job_id, uint32_t uid) {
+    PinMemoryTier(job_id, uid);
+  };
   auto replicator = std::make_shared<peer::Replicator>(
       replicate, &replicas_, directory.get(),
       [this](const std::string& job_id) { return BuddiesOf(job_id); });
@@ -82,6 +85,31 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   peer_address_ = std::move(address);
   peer_directory_ = std::move(directory);
   replicator_ = std::move(replicator);
+}
+
+void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid) {
+  std::shared_ptr<Job> job = jobs_.Find(job_id);
+  const PeerParts peer = CurrentPeerParts();
+  if (job == nullptr || peer.directory == nullptr) return;
+  peer::TierSources sources{&replicas_, peer.directory.get(), {}};
+  for (const std::string& address : NodesOf(*job)) {
+    if (address != peer.self) sources.peers.push_back(address);
+  }
+  size_t asked = 0;
+  const peer::Holdings held = peer::ListHoldings(job_id, uid, sources, absl::Seconds(10), &asked);
+  const std::optional<int64_t> whole = peer::NewestWholeStep(held, job->options().world_size);
+  if (!whole.has_value()) return;
+  const std::optional<int64_t> pinned = replicas_.pinned(job_id, uid);
+  // With a zccd that did not answer, what it holds is unknown: the pin only
+  // moves on (a step whole without it is whole), never back.
+  const bool everyone_answered = asked == sources.peers.size();
+  if (pinned.has_value() && (*whole == *pinned || (!everyone_answered && *whole < *pinned))) {
+    return;
+  }
+  replicas_.Pin(job_id, uid, *whole);
+  ZCC_LOG(INFO) << "job " << job_id << ": step " << *whole
+                << " is the newest whole in the peer tier (every rank's files held by some "
+                << "zccd); kept in this zccd's replica memory until a newer one is";
 }
 
 std::vector<std::string> Registry::NodesOf(const Job& job) const {
@@ -188,6 +216,9 @@ void Registry::ExportPeerMetrics() {
 void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
   out->set_replicated_step(-1);
   out->set_replication_newest_step(-1);
+  out->set_memory_tier_step(
+      replicas_.pinned(job.options().job_id, static_cast<uint32_t>(job.options().owner.uid))
+          .value_or(-1));
   const auto [directory, replicator, self] = CurrentPeerParts();
   if (directory == nullptr) return;
   if (replicator != nullptr) {

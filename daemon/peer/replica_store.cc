@@ -77,7 +77,7 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
     const ReplicaKey& k = it->second;
     if (k == key) continue;
     if (k.step >= key.step) break;
-    if (!SupersededLocked(k)) continue;
+    if (!SupersededLocked(k) || PinnedLocked(k)) continue;
     evict(k);
     // Its step is no longer whole here: its manifest goes with it, so that
     // nobody takes the step for whole.
@@ -88,8 +88,8 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "no room for a piece of ", n, " bytes of step ", key.step, ": this zccd holds ",
         bytes_held_, " of its ", budget_bytes_,
-        " bytes for replicas, of newer steps or of the newest step each rank has whole here "
-        "(raise peer.replica_budget_bytes)"));
+        " bytes for replicas, of newer steps, of the newest step each rank has whole here or "
+        "of the job's newest step whole in the tier (raise peer.replica_budget_bytes)"));
   }
   for (const ReplicaKey& k : victims) DropLocked(k);
   pieces_dropped_ += victims.size();
@@ -123,6 +123,27 @@ std::vector<ReplicaInfo> ReplicaStore::List(const std::string& job_id, uint32_t 
     out.push_back(it->second->info);
   }
   return out;
+}
+
+void ReplicaStore::Pin(const std::string& job_id, uint32_t uid, int64_t step) {
+  zcc::MutexLock lock(&mu_);
+  if (step < 0) {
+    pinned_.erase({job_id, uid});
+  } else {
+    pinned_[{job_id, uid}] = step;
+  }
+}
+
+std::optional<int64_t> ReplicaStore::pinned(const std::string& job_id, uint32_t uid) const {
+  zcc::MutexLock lock(&mu_);
+  auto it = pinned_.find({job_id, uid});
+  if (it == pinned_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool ReplicaStore::PinnedLocked(const ReplicaKey& key) const {
+  auto it = pinned_.find({key.job_id, key.uid});
+  return it != pinned_.end() && it->second == key.step;
 }
 
 uint64_t ReplicaStore::ShrinkTo(uint64_t target) {

@@ -13,8 +13,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -76,6 +77,7 @@ class ReplicaStore {
   // older than the new piece's give way, and only where their rank has a
   // newer step here whole (its manifest, which replication sends last): the
   // newest complete step of each rank stays until a newer one is complete.
+  // Nor do the pieces of a job's pinned step (Pin).
   // ResourceExhausted, keeping everything held, when the piece alone is
   // larger than the budget or nothing may give way.
   absl::Status Put(Replica replica);
@@ -88,8 +90,17 @@ class ReplicaStore {
   std::vector<ReplicaInfo> List(const std::string& job_id, uint32_t uid) const;
 
   // Drops the pieces of the oldest steps until at most `target` bytes are
-  // held; returns the bytes dropped.
+  // held; returns the bytes dropped. (A trainer's registration needs the
+  // memory: pins do not hold.)
   uint64_t ShrinkTo(uint64_t target);
+
+  // Keeps the pieces of `step` of `job_id` (for `uid`) here when newer ones
+  // need room: the job's newest step whole in the tier, cluster-wide
+  // (memory_tier.h), which a step whole for some ranks only must not push
+  // out. Replaces the job's earlier pin; `step` < 0 lifts it.
+  void Pin(const std::string& job_id, uint32_t uid, int64_t step);
+  // The job's pinned step, if any.
+  std::optional<int64_t> pinned(const std::string& job_id, uint32_t uid) const;
 
   uint64_t budget_bytes() const { return budget_bytes_; }
   uint64_t bytes_held() const;
@@ -103,6 +114,7 @@ class ReplicaStore {
   void DropLocked(const ReplicaKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A newer step of the piece's rank is held here whole.
   bool SupersededLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PinnedLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutLocked(std::shared_ptr<const Replica> piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -124,6 +136,8 @@ class ReplicaStore {
   uint64_t own_bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
   size_t own_pieces_held_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pieces_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  // The pinned step of each job (job_id, uid).
+  std::map<std::pair<std::string, uint32_t>, int64_t> pinned_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zcc::daemon::peer

@@ -90,6 +90,38 @@ TEST_CASE("replica store: the newest whole step of a rank stays until a newer on
   REQUIRE_OK(roomy.Get(ReplicaKey{"job", 1000, 0, 3, "w"}).status());
 }
 
+TEST_CASE("replica store: the job's pinned step (its newest whole in the tier) stays when newer "
+          "pieces need room; the pin moves on, and registrations' room ignores it") {
+  ReplicaStore store(100);
+  PutWhole(store, 1, 40);
+  PutWhole(store, 2, 40);
+  // Rank 0 has step 2 whole, but another rank has only step 1 whole
+  // anywhere: step 1 is the job's newest whole step, pinned.
+  store.Pin("job", 1000, 1);
+  CHECK(store.pinned("job", 1000) == 1);
+  CHECK_FALSE(store.pinned("job", 1001).has_value());
+  // Step 3 needs room that only step 1 could give: refused, step 1 kept.
+  const absl::Status no_room = store.Put(Piece(3, "w", 40));
+  CHECK(no_room.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(no_room.message()), Catch::Contains("newest step whole in the tier"));
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).status());
+  // Another uid's job of the same name is not pinned by it.
+  store.Pin("job", 1001, 1);
+  CHECK(store.pinned("job", 1000) == 1);
+  // The job's newest whole step moves on to 2: step 1 gives way.
+  store.Pin("job", 1000, 2);
+  REQUIRE_OK(store.Put(Piece(3, "w", 40)));
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).status().code() ==
+        absl::StatusCode::kNotFound);
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 2, "w"}).status());
+  // A trainer's registration needing the memory takes it all the same.
+  CHECK(store.ShrinkTo(0) > 0);
+  CHECK(store.bytes_held() == 0);
+  // A lifted pin is gone.
+  store.Pin("job", 1000, -1);
+  CHECK_FALSE(store.pinned("job", 1000).has_value());
+}
+
 TEST_CASE("replica store: a late piece of an old step never evicts newer ones") {
   ReplicaStore store(100);
   REQUIRE_OK(store.Put(Piece(5, "a", 60)));

@@ -148,25 +148,34 @@ void Replicator::Run() {
                     << " step=" << step << " bytes=" << sent << " seconds=" << s
                     << " GB/s=" << (s > 0 ? sent / s / 1e9 : 0.0);
     }
-    zcc::MutexLock lock(&mu_);
-    JobState& js = jobs_[work.first];
-    RankState& rs = js.ranks[work.second];
-    rs.pushing = false;
-    js.bytes_sent += sent;
-    if (pushed.ok()) {
-      rs.replicated_step = std::max(rs.replicated_step, step);
-      if (rs.pending_step == step) {
-        rs.pending_files.clear();
+    bool job_advanced = false;
+    {
+      zcc::MutexLock lock(&mu_);
+      JobState& js = jobs_[work.first];
+      RankState& rs = js.ranks[work.second];
+      rs.pushing = false;
+      js.bytes_sent += sent;
+      if (pushed.ok()) {
+        rs.replicated_step = std::max(rs.replicated_step, step);
+        if (rs.pending_step == step) {
+          rs.pending_files.clear();
+        } else {
+          rs.pending_since = absl::Now();  // a newer step came meanwhile
+        }
+        js.last_error.clear();
+        // Once per step that every local rank has at every buddy.
+        int64_t everywhere = INT64_MAX;
+        for (const auto& [rank, r] : js.ranks) everywhere = std::min(everywhere, r.replicated_step);
+        job_advanced = everywhere > js.after_push_step;
+        if (job_advanced) js.after_push_step = everywhere;
       } else {
-        rs.pending_since = absl::Now();  // a newer step came meanwhile
+        js.last_error = std::string(pushed.message());
+        if (rs.pending_step == step) rs.retry_at = absl::Now() + options_.retry_after;
+        ZCC_LOG(WARNING) << "job " << work.first << " rank " << work.second << ": step " << step
+                         << " not replicated yet: " << pushed;
       }
-      js.last_error.clear();
-    } else {
-      js.last_error = std::string(pushed.message());
-      if (rs.pending_step == step) rs.retry_at = absl::Now() + options_.retry_after;
-      ZCC_LOG(WARNING) << "job " << work.first << " rank " << work.second << ": step " << step
-                       << " not replicated yet: " << pushed;
     }
+    if (job_advanced && options_.after_push) options_.after_push(work.first, uid);
   }
 }
 

@@ -41,6 +41,11 @@ class Replicator {
     absl::Duration retry_after = absl::Seconds(2);
     // Counts every byte pushed (zcc_replication_bytes_sent_total); may be null.
     metrics::Counter* bytes_sent = nullptr;
+    // Called on the replicator's thread, without its lock, once a newer step
+    // of every local rank of the job is at every buddy (the registry then
+    // pins the job's newest whole step in the replica memory,
+    // memory_tier.h); may be empty.
+    std::function<void(const std::string& job_id, uint32_t uid)> after_push;
   };
   // Where a job's pieces go now (empty: nowhere yet); nullopt when the job
   // is not on this zccd (any more).
@@ -83,6 +88,7 @@ class Replicator {
     std::string last_error;
     std::vector<std::string> last_buddies;  // as last known while the job was here
     uint64_t enqueues = 0;  // steps handed in: changed since a look means not gone
+    int64_t after_push_step = -1;  // the last step after_push was called for
   };
   using Work = std::pair<std::string, uint32_t>;  // job, rank
 
