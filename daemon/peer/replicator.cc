@@ -1,6 +1,7 @@
 #include "daemon/peer/replicator.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -104,6 +105,11 @@ void Replicator::ForgetGoneJobs() {
       ZCC_LOG(WARNING) << "job " << job_id << " left this zccd before any buddy was known: its "
                        << "newest steps are not replicated";
     }
+    // Its pieces here age out with the others' from now on (a pin would
+    // hold them, and the budget, for good).
+    std::set<uint32_t> uids;
+    for (const auto& [rank, rs] : it->second.ranks) uids.insert(rs.uid);
+    for (uint32_t uid : uids) store_->Pin(job_id, uid, -1);
     jobs_.erase(it);
   }
 }

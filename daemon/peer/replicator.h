@@ -103,7 +103,8 @@ class Replicator {
                     const std::vector<std::string>& files,
                     const std::vector<std::string>& last_buddies, uint64_t* sent);
   // Forgets the jobs that have left this zccd with nothing left to push, or
-  // with no buddy ever known (see above). Asks buddies_ without mu_ held.
+  // with no buddy ever known (see above), and lifts their pins in the
+  // store. Asks buddies_ without mu_ held.
   void ForgetGoneJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps as long as the bandwidth cap asks after `bytes` more (or until stop).
   void Pace(uint64_t bytes);

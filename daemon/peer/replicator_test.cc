@@ -1,6 +1,6 @@
 // The replicator's bookkeeping of jobs: a job that leaves this zccd without
 // a buddy ever known is forgotten (nothing could send its steps), instead of
-// being retried and kept for as long as zccd runs.
+// being retried and kept for as long as zccd runs, and its pin lifted.
 #include "daemon/peer/replicator.h"
 
 #include <catch2/catch.hpp>
@@ -39,6 +39,7 @@ TEST_CASE("a job that left before any buddy was known is forgotten") {
                           return std::nullopt;
                         });
   REQUIRE_OK(replicator.Enqueue("j", 0, Step(5)));
+  store.Pin("j", 0, 5);  // (as the registry pins the job's newest whole step)
   // While the job is here, its step waits for a buddy, and says why.
   CHECK(replicator.Stats("j").newest_step == 5);
   CHECK(testing::Eventually(
@@ -50,6 +51,8 @@ TEST_CASE("a job that left before any buddy was known is forgotten") {
   CHECK(testing::Eventually([&] { return replicator.Stats("j").newest_step == -1; },
                             absl::Seconds(10), absl::Milliseconds(5)));
   CHECK(replicator.Stats("j").last_error.empty());
+  // And its pin is lifted: its pieces age out with the others'.
+  CHECK_FALSE(store.pinned("j", 0).has_value());
 }
 
 }  // namespace
