@@ -182,6 +182,52 @@ TEST_CASE("zccd writes, commits and restores a job straight in an object store")
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
 }
 
+TEST_CASE("straight to the store, no run id: a part an earlier run left never completes a step "
+          "written again") {
+  const std::string dir = ShortTempDir("s3-norun");
+  S3TestServer server = StartedServer(dir);
+  Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
+  REQUIRE(daemon.Start());
+  const std::string root = RootUrl(server);
+  Store store(server);
+  const std::string step5 = "/ckpt/itest/step-00000005";
+  // An earlier run: rank 1 alone (rank 0 died first) wrote its part of step
+  // 5, with 5 tensors; the step waits for rank 0 and never commits.
+  auto earlier = Trainers(daemon, dir, root, {1}, 2, "earlier",
+                          {"--steps=5", "--block", "--tensors=5", "--wait_commit=false"});
+  WaitAll(earlier, daemon.Log());
+  REQUIRE(storage::Exists(store.storage, JoinPath(step5, format::ManifestFileName(1))));
+  // This run, 6 tensors a rank, no run id: rank 1 registers first (its
+  // earlier part goes) and waits; rank 0 writes step 5.
+  auto rank1 = Trainers(daemon, dir, root, {1}, 2, "run-b",
+                        {"--steps=5", "--block", "--pause_before_train"});
+  REQUIRE(rank1[0]->WaitForOutput("ready", absl::Seconds(60)));
+  CHECK_FALSE(storage::Exists(store.storage, JoinPath(step5, format::ManifestFileName(1))));
+  CHECK_THAT(daemon.Log(), Catch::Contains("removed 1 manifest(s) an earlier run left"));
+  auto rank0 = Trainers(daemon, dir, root, {0}, 2, "run-b", {"--steps=5", "--block"});
+  REQUIRE(Eventually(
+      [&] { return storage::Exists(store.storage, JoinPath(step5, format::ManifestFileName(0))); },
+      absl::Seconds(60)));
+  // Rank 0's part alone does not commit it (the earlier run's part would
+  // have, with 5 tensors that are not this run's).
+  absl::SleepFor(absl::Seconds(1));
+  CHECK_FALSE(storage::Exists(store.storage, JoinPath(step5, format::kCommittedFileName)));
+  // Rank 1 writes its part: step 5 commits, this run's alone.
+  rank1[0]->Signal(SIGUSR1);
+  WaitAll(rank1, daemon.Log());
+  WaitAll(rank0, daemon.Log());
+  CHECK(rank0[0]->Values()["committed"] == "5");
+  auto report = checkpoint::VerifyStep(step5, store.Io());
+  REQUIRE_OK(report);
+  CHECK(report->ranks == 2);
+  auto restore = Trainers(daemon, dir, root, {0, 1}, 2, "restore",
+                          {"--mode=restore", "--expect_step=5", "--expect_from=disk"});
+  WaitAll(restore, daemon.Log());
+  CHECK(restore[0]->Values()["mismatched_tensors"] == "0");
+  CHECK(restore[1]->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("two zccds with no shared file system commit one 4-rank job in the store") {
   const std::string dir = ShortTempDir("s3-two");
   S3TestServer server = StartedServer(dir);

@@ -9,6 +9,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/step_dirs.h"
+#include "checkpoint/step_upload.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -23,6 +25,7 @@
 #include "shm/pull_channel.h"
 #include "shm/segment.h"
 #include "shm/slot_ring.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::daemon {
 
@@ -368,6 +371,7 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
     }
   };
   WritePreviousLayout(admission);
+  if (replacing == nullptr) ForgetEarlierRunParts(req, *admission.job());
   const uint64_t generation = admission.generation();
   const Geometry& g = plan.g;
 
@@ -487,6 +491,35 @@ absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> Registrar::EmaWorkers() {
     ema_workers_ = std::move(group);
   }
   return ema_workers_;
+}
+
+void Registrar::ForgetEarlierRunParts(const v1::RegisterRequest& req, const Job& job) {
+  // A step written straight to an object store commits in place once every
+  // rank's manifest is there. A trainer that names its run is safe: the
+  // commit refuses manifests of mixed runs. One that names none cannot be
+  // told from an earlier run, whose parts of a step left uncommitted (its
+  // other ranks died first) would complete that step when this run writes
+  // it again, with their old bytes. So this rank's parts there go now,
+  // before its trainer can write anything; every rank of a run registers
+  // before the run writes a step (a trainer reconnecting to a restarted
+  // zccd loses its part of a step in flight; the next due step is whole).
+  // The tiered modes have their own (JobUploader); a POSIX root writes into
+  // step-N.partial/, which retention removes once the commit timeout passed.
+  if (!req.run_id().empty() || !job.options().upload_dir.empty()) return;
+  storage::Storage& fs = storage::StorageOrDefault(job.options().storage);
+  const std::string& dir = job.options().job_dir;
+  if (!checkpoint::CommitsInPlace(fs, dir)) return;
+  auto forgot = checkpoint::ForgetRankParts(fs, dir, {req.rank()});
+  if (!forgot.ok()) {
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
+                     << ": the parts an earlier run left in " << dir
+                     << " could not be checked: " << forgot.status()
+                     << " (give the trainer a run id: the commit then tells runs apart)";
+  } else if (*forgot > 0) {
+    ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": removed " << *forgot
+                  << " manifest(s) an earlier run left in uncommitted steps of " << dir
+                  << " (no run id: they would complete a step this run writes again)";
+  }
 }
 
 void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,

@@ -78,6 +78,10 @@ class Registrar {
   // layout, every rank of the old one) whose trainer is gone, at once.
   void RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
                           const Caller& caller);
+  // For a job written straight to an object store by a trainer that names
+  // no run: removes the parts this rank left in the store's uncommitted
+  // steps, before the trainer can write anything (see the definition).
+  static void ForgetEarlierRunParts(const v1::RegisterRequest& req, const Job& job);
 
   // Hands the job this admission replaced with another layout of itself
   // (if any) to a writer thread, which writes the newest step its ranks
