@@ -43,6 +43,14 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                 [this](const peer::ReplicaStore::Held& held) {
                   metrics_.peer_replica_bytes().Set(static_cast<double>(held.bytes - held.own_bytes));
                   metrics_.peer_own_copy_bytes().Set(static_cast<double>(held.own_bytes));
+                },
+                [this](const peer::ReplicaKey& manifest) {
+                  // The job's newest whole step may have moved on (PinMemoryTier).
+                  const auto pinned = replicas_.pinned(manifest.job_id, manifest.uid);
+                  if (pinned.has_value() && *pinned >= manifest.step) return;
+                  if (auto replicator = CurrentPeerParts().replicator) {
+                    replicator->PinSoon(manifest.job_id, manifest.uid);
+                  }
                 }),
       staging_pool_(StagingPool::Options{
           config_.shm_prefix + ".pool", config_.staging_pool_bytes,

@@ -48,6 +48,8 @@ absl::Status ReplicaStore::Put(Replica replica) {
                      budget_bytes_, " bytes)"));
   }
   replica.info.nbytes = n;
+  const ReplicaKey key = replica.info.key;
+  const bool pushed_whole = IsManifest(key) && !replica.info.own;
   auto piece = std::make_shared<const Replica>(std::move(replica));
   Held held;
   {
@@ -56,6 +58,7 @@ absl::Status ReplicaStore::Put(Replica replica) {
     held = HeldLocked();
   }
   Changed(held);
+  if (pushed_whole && on_pushed_whole_) on_pushed_whole_(key);
   return absl::OkStatus();
 }
 

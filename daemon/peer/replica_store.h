@@ -67,9 +67,14 @@ class ReplicaStore {
     size_t own_pieces = 0;
   };
   // `on_change` (optional) is told what is held after each change (a
-  // gauge), outside the store's lock.
-  explicit ReplicaStore(uint64_t budget_bytes, std::function<void(const Held&)> on_change = nullptr)
-      : budget_bytes_(budget_bytes), on_change_(std::move(on_change)) {}
+  // gauge), outside the store's lock; `on_pushed_whole` (optional), also
+  // outside it, of each manifest another zccd pushed here (a rank's step
+  // whole here now).
+  explicit ReplicaStore(uint64_t budget_bytes, std::function<void(const Held&)> on_change = nullptr,
+                        std::function<void(const ReplicaKey& manifest)> on_pushed_whole = nullptr)
+      : budget_bytes_(budget_bytes),
+        on_change_(std::move(on_change)),
+        on_pushed_whole_(std::move(on_pushed_whole)) {}
 
   // Keeps `replica` (its bytes already checked; info.nbytes is set from
   // them), replacing a piece of the same key, dropping the pieces of the
@@ -126,6 +131,7 @@ class ReplicaStore {
 
   const uint64_t budget_bytes_;
   const std::function<void(const Held&)> on_change_;
+  const std::function<void(const ReplicaKey&)> on_pushed_whole_;
   mutable zcc::Mutex mu_;
   std::map<ReplicaKey, std::shared_ptr<const Replica>> held_ ABSL_GUARDED_BY(mu_);
   std::map<Age, ReplicaKey> by_age_ ABSL_GUARDED_BY(mu_);

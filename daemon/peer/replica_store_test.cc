@@ -122,6 +122,21 @@ TEST_CASE("replica store: the job's pinned step (its newest whole in the tier) s
   CHECK_FALSE(store.pinned("job", 1000).has_value());
 }
 
+TEST_CASE("replica store: a manifest another zccd pushed is told (a rank's step whole here); "
+          "an own copy's is not") {
+  std::vector<ReplicaKey> told;
+  ReplicaStore store(1000, nullptr, [&told](const ReplicaKey& k) { told.push_back(k); });
+  REQUIRE_OK(store.Put(Piece(1, "w", 10)));
+  CHECK(told.empty());
+  REQUIRE_OK(store.Put(Piece(1, "r00000.manifest.json", 1)));
+  REQUIRE(told.size() == 1);
+  CHECK(told.front() == ReplicaKey{"job", 1000, 0, 1, "r00000.manifest.json"});
+  Replica own = Piece(2, "r00000.manifest.json", 1);
+  own.info.own = true;
+  REQUIRE_OK(store.Put(std::move(own)));
+  CHECK(told.size() == 1);
+}
+
 TEST_CASE("replica store: a late piece of an old step never evicts newer ones") {
   ReplicaStore store(100);
   REQUIRE_OK(store.Put(Piece(5, "a", 60)));

@@ -114,6 +114,12 @@ void Replicator::ForgetGoneJobs() {
   }
 }
 
+void Replicator::PinSoon(const std::string& job_id, uint32_t uid) {
+  zcc::MutexLock lock(&mu_);
+  pin_due_.insert({job_id, uid});
+  ++enqueued_;
+}
+
 void Replicator::Run() {
   // Replication never competes with training for the CPU.
   MakeThisThreadIdle();
@@ -124,10 +130,12 @@ void Replicator::Run() {
     int64_t step = -1;
     std::vector<std::string> files;
     std::vector<std::string> last_buddies;
+    std::set<std::pair<std::string, uint32_t>> pins;
     {
       zcc::MutexLock lock(&mu_);
       for (;;) {
         if (stop_) return;
+        if (!pin_due_.empty()) break;
         absl::Duration wait;
         if (NextWork(&work, &wait)) break;
         const uint64_t seen = enqueued_;
@@ -136,6 +144,16 @@ void Replicator::Run() {
         };
         mu_.AwaitWithTimeout(absl::Condition(&woken), wait);
       }
+      pins.swap(pin_due_);
+    }
+    if (!pins.empty()) {
+      if (options_.after_push) {
+        for (const auto& [job_id, job_uid] : pins) options_.after_push(job_id, job_uid);
+      }
+      continue;
+    }
+    {
+      zcc::MutexLock lock(&mu_);
       JobState& js = jobs_[work.first];
       RankState& rs = js.ranks[work.second];
       rs.pushing = true;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -71,6 +72,11 @@ class Replicator {
   };
   JobStats Stats(const std::string& job_id) const;
 
+  // Calls after_push for the job on the replicator's thread soon: a rank's
+  // step became whole here with pieces another zccd pushed (the job's
+  // newest whole step may have moved on without a push of this zccd's).
+  void PinSoon(const std::string& job_id, uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct RankState {
     uint32_t uid = 0;
@@ -117,6 +123,7 @@ class Replicator {
   mutable zcc::Mutex mu_;
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the thread
+  std::set<std::pair<std::string, uint32_t>> pin_due_ ABSL_GUARDED_BY(mu_);  // PinSoon's
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // The pace: bytes sent since `pace_start_` (the replicator's thread only).
   absl::Time pace_start_ = absl::InfinitePast();

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/mutex.h"
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "grpcpp/security/credentials.h"
@@ -53,6 +55,32 @@ TEST_CASE("a job that left before any buddy was known is forgotten") {
   CHECK(replicator.Stats("j").last_error.empty());
   // And its pin is lifted: its pieces age out with the others'.
   CHECK_FALSE(store.pinned("j", 0).has_value());
+}
+
+TEST_CASE("PinSoon calls after_push for the job on the replicator's thread, once per request") {
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  zcc::Mutex mu;
+  std::vector<std::pair<std::string, uint32_t>> calls;
+  Replicator::Options options;
+  options.self_node = "self";
+  options.after_push = [&](const std::string& job_id, uint32_t uid) {
+    zcc::MutexLock lock(&mu);
+    calls.emplace_back(job_id, uid);
+  };
+  Replicator replicator(options, &store, &directory,
+                        [](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{};
+                        });
+  replicator.PinSoon("j", 7);
+  CHECK(testing::Eventually(
+      [&] {
+        zcc::MutexLock lock(&mu);
+        return calls.size() == 1;
+      },
+      absl::Seconds(10), absl::Milliseconds(5)));
+  zcc::MutexLock lock(&mu);
+  CHECK(calls.front() == std::pair<std::string, uint32_t>{"j", 7});
 }
 
 }  // namespace
