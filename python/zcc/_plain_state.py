@@ -1,10 +1,12 @@
 """Plain data for the Checkpointers' EXTRA blobs (zcc.torch, zcc.paddle):
 what may be stored (None, bool, int, float, str, bytes and lists, tuples,
-dicts and sets of them), a loader that refuses everything else (restoring
-never runs code from a checkpoint), the fixed-size blob a Checkpointer
-registers, and tensors in state (optimizer hyperparameters, a data loader's
-state dict) written as plain data and put back in place. Framework-neutral:
-a framework's tensors go through its TensorCodec."""
+dicts and sets of them; tensors, NumPy arrays and numbers and container
+subclasses, which the pickler writes as plain data), a loader that refuses
+everything else but the builtin containers and numbers those are rebuilt
+with (restoring never runs code from a checkpoint), the fixed-size blob a
+Checkpointer registers, and tensors in state (optimizer hyperparameters, a
+data loader's state dict) put back in place. Framework-neutral: a
+framework's tensors go through its TensorCodec."""
 
 import io
 import pickle

@@ -53,9 +53,10 @@ What is registered (once, in the constructor; names are checkpoint keys):
   NumPy and CUDA generators, the ``user_state`` dict, and each ``state``
   object's ``state_dict()`` with its tensors and NumPy arrays tagged as
   dtype, shape and bytes). These are pickled plain data (None, bool, int,
-  float, str, bytes, and lists, tuples, dicts and sets of them) and unpickled
-  by a loader that refuses everything else, so restoring never runs code from
-  the checkpoint. Callables in a scheduler's state dict (OneCycleLR's
+  float, str, bytes, and lists, tuples, dicts and sets of them; a container's
+  subclass, such as an OrderedDict, is stored as the container) and unpickled
+  by a loader that refuses everything else but the builtin containers and
+  numbers, so restoring never runs code from the checkpoint. Callables in a scheduler's state dict (OneCycleLR's
   ``anneal_func`` in PyTorch 1.13) are left out: the scheduler constructed on
   resume has its own. Each blob is sized at construction to twice what it
   holds then, at least ``extra_bytes``; one outgrown later is replaced by one
@@ -161,7 +162,8 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
       socket: zccd's socket (default ``$ZCC_SOCKET``, else zccd's default).
       root: checkpoint root (default ``$ZCC_ROOT``, else the daemon's).
       scheduler: an LR scheduler whose state is checkpointed, or None.
-      user_state: a dict of plain data checkpointed with every step; restore()
+      user_state: a dict of plain data (tensors and NumPy arrays too)
+        checkpointed with every step; restore()
         updates this same dict in place.
       replica: "data_parallel" (default when world_size > 1), "none", or a
         ``zcc.ReplicaGroup`` for the model and optimizer tensors.
