@@ -91,18 +91,28 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid) {
   std::shared_ptr<Job> job = jobs_.Find(job_id);
   const PeerParts peer = CurrentPeerParts();
   if (job == nullptr || peer.directory == nullptr) return;
+  // Only the zccds the directory has up are asked: this runs on the
+  // replicator's thread, and a peer that is down would hold up its pushes
+  // for the whole timeout.
   peer::TierSources sources{&replicas_, peer.directory.get(), {}};
+  size_t down = 0;
   for (const std::string& address : NodesOf(*job)) {
-    if (address != peer.self) sources.peers.push_back(address);
+    if (address == peer.self) continue;
+    const auto state = peer.directory->State(address);
+    if (state.has_value() && state->up) {
+      sources.peers.push_back(address);
+    } else {
+      ++down;
+    }
   }
   size_t asked = 0;
   const peer::Holdings held = peer::ListHoldings(job_id, uid, sources, absl::Seconds(10), &asked);
   const std::optional<int64_t> whole = peer::NewestWholeStep(held, job->options().world_size);
   if (!whole.has_value()) return;
   const std::optional<int64_t> pinned = replicas_.pinned(job_id, uid);
-  // With a zccd that did not answer, what it holds is unknown: the pin only
-  // moves on (a step whole without it is whole), never back.
-  const bool everyone_answered = asked == sources.peers.size();
+  // With a zccd down or not answering, what it holds is unknown: the pin
+  // only moves on (a step whole without it is whole), never back.
+  const bool everyone_answered = down == 0 && asked == sources.peers.size();
   if (pinned.has_value() && (*whole == *pinned || (!everyone_answered && *whole < *pinned))) {
     return;
   }

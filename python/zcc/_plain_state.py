@@ -52,7 +52,7 @@ def _plain_reduction(obj, codec):
     elif isinstance(obj, _SEQUENCES):
         base = next(b for b in _SEQUENCES if isinstance(obj, b))
         return base, (base(obj),)
-    elif obj in _REBUILDER_TYPES:  # (the rebuilders above: by name)
+    elif isinstance(obj, type) and obj in _REBUILDER_TYPES:  # (the rebuilders above: by name)
         return NotImplemented
     raise TypeError("not plain data: %s" % type(obj).__name__)
 
@@ -177,7 +177,6 @@ class Blob:
 
     def __init__(self, name, capacity, codec=None):
         self.name = name
-        self.codec = codec
         self.array = numpy.zeros(capacity, dtype=numpy.uint8)
         self._bytes = memoryview(self.array)  # byte copies without NumPy's per-call work
         self._dumper = StateDumper(codec)

@@ -56,8 +56,9 @@ What is registered (once, in the constructor; names are checkpoint keys):
   float, str, bytes, and lists, tuples, dicts and sets of them; a container's
   subclass, such as an OrderedDict, is stored as the container) and unpickled
   by a loader that refuses everything else but the builtin containers and
-  numbers, so restoring never runs code from the checkpoint. Callables in a scheduler's state dict (OneCycleLR's
-  ``anneal_func`` in PyTorch 1.13) are left out: the scheduler constructed on
+  numbers, so restoring never runs code from the checkpoint. Callables in a
+  scheduler's state dict (OneCycleLR's ``anneal_func`` in PyTorch 1.13) are
+  left out: the scheduler constructed on
   resume has its own. Each blob is sized at construction to twice what it
   holds then, at least ``extra_bytes``; one outgrown later is replaced by one
   twice its new size, registered with zccd in place of the old registration
