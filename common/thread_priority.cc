@@ -34,4 +34,9 @@ void MakeThisThreadIdle() {
   (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
 }
 
+void LeaveIdlePriority(pthread_t thread) {
+  struct sched_param param = {};
+  (void)pthread_setschedparam(thread, SCHED_OTHER, &param);
+}
+
 }  // namespace zcc

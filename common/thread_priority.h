@@ -8,6 +8,8 @@
 #ifndef ZCC_COMMON_THREAD_PRIORITY_H_
 #define ZCC_COMMON_THREAD_PRIORITY_H_
 
+#include <pthread.h>
+
 namespace zcc {
 
 void MakeThisThreadBackground();
@@ -16,6 +18,11 @@ void MakeThisThreadBackground();
 // runs only when no other thread of any priority wants the CPU (zccd's
 // tiered upload, which must never slow a trainer down).
 void MakeThisThreadIdle();
+
+// Puts `thread` (of this process) back at normal priority (SCHED_OTHER),
+// before its owner joins it: an idle thread told to stop might otherwise
+// wait long for a CPU on a busy machine, and hold up the join.
+void LeaveIdlePriority(pthread_t thread);
 
 // The calling thread at idle priority for this object's life, then back to
 // the scheduling it had (a pool thread running one background task).

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -164,8 +165,21 @@ bool Daemon::Start() {
 }
 
 std::optional<int> Daemon::Stop(absl::Duration timeout) {
+  const absl::Time began = absl::Now();
   process_->Signal(SIGTERM);
-  return process_->Wait(timeout);
+  const std::optional<int> code = process_->Wait(timeout);
+  if (code != 0) {
+    // What the test's check cannot say: how it ended, and what zccd was
+    // doing meanwhile.
+    const std::string log = LatestLog();
+    const size_t tail = log.size() > 6000 ? log.size() - 6000 : 0;
+    std::fprintf(stderr, "%s %s after SIGTERM (%s); the end of its log:\n%s\n",
+                 options_.name.c_str(),
+                 code.has_value() ? absl::StrCat("exited with ", *code).c_str()
+                                  : "still running",
+                 absl::FormatDuration(absl::Now() - began).c_str(), log.substr(tail).c_str());
+  }
+  return code;
 }
 
 void Daemon::Kill() {

@@ -48,7 +48,7 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                   // The job's newest whole step may have moved on (PinMemoryTier).
                   const auto pinned = replicas_.pinned(manifest.job_id, manifest.uid);
                   if (pinned.has_value() && *pinned >= manifest.step) return;
-                  if (auto replicator = CurrentPeerParts().replicator) {
+                  if (auto replicator = CurrentReplicator()) {
                     replicator->PinSoon(manifest.job_id, manifest.uid);
                   }
                 }),
@@ -162,6 +162,14 @@ void Registry::Shutdown() {
     job->AwaitRelayout();
   }
   jobs.clear();
+  // The replicator's thread ends here, joined by this thread: nothing hands
+  // it steps any more, and what it holds is already in replicas_.
+  std::shared_ptr<peer::Replicator> replicator;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    replicator.swap(replicator_);
+  }
+  replicator.reset();
   housekeeper_.StopHeartbeats();
 }
 

@@ -149,10 +149,14 @@ class Registry {
   // The peer tier's parts as they are now (a null directory: the tier is off).
   struct PeerParts {
     std::shared_ptr<peer::PeerDirectory> directory;
-    std::shared_ptr<peer::Replicator> replicator;
     std::string self;  // this zccd's peer address
   };
   PeerParts CurrentPeerParts() const ABSL_LOCKS_EXCLUDED(peer_mu_);
+  // Null when the tier is off or has stopped. Never called on the
+  // replicator's own thread (its after_push, its buddies): a copy held there
+  // could become the last one, and the replicator's destructor joins that
+  // thread.
+  std::shared_ptr<peer::Replicator> CurrentReplicator() const ABSL_LOCKS_EXCLUDED(peer_mu_);
   // The peer tier's gauges, from the replicator and the peer directory
   // (the housekeeper, each round).
   void ExportPeerMetrics() ABSL_LOCKS_EXCLUDED(peer_mu_);

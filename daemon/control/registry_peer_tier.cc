@@ -138,11 +138,7 @@ std::optional<std::vector<std::string>> Registry::BuddiesOf(const std::string& j
 
 void Registry::ReplicateStep(const std::string& job_id, uint32_t uid,
                              checkpoint::RankStepBytes step) {
-  std::shared_ptr<peer::Replicator> replicator;
-  {
-    zcc::MutexLock lock(&peer_mu_);
-    replicator = replicator_;
-  }
+  const std::shared_ptr<peer::Replicator> replicator = CurrentReplicator();
   if (replicator == nullptr) return;
   const int64_t n = step.step;
   const uint32_t rank = step.rank;
@@ -192,11 +188,17 @@ absl::StatusOr<v1::SetJobPeersResponse> Registry::SetJobPeers(const v1::SetJobPe
 
 Registry::PeerParts Registry::CurrentPeerParts() const {
   zcc::MutexLock lock(&peer_mu_);
-  return PeerParts{peer_directory_, replicator_, peer_address_};
+  return PeerParts{peer_directory_, peer_address_};
+}
+
+std::shared_ptr<peer::Replicator> Registry::CurrentReplicator() const {
+  zcc::MutexLock lock(&peer_mu_);
+  return replicator_;
 }
 
 void Registry::ExportPeerMetrics() {
-  const auto [directory, replicator, self] = CurrentPeerParts();
+  const auto [directory, self] = CurrentPeerParts();
+  const std::shared_ptr<peer::Replicator> replicator = CurrentReplicator();
   if (directory == nullptr) return;
   double lag_seconds = 0;
   int64_t lag_steps = 0;
@@ -229,7 +231,8 @@ void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
   out->set_memory_tier_step(
       replicas_.pinned(job.options().job_id, static_cast<uint32_t>(job.options().owner.uid))
           .value_or(-1));
-  const auto [directory, replicator, self] = CurrentPeerParts();
+  const auto [directory, self] = CurrentPeerParts();
+  const std::shared_ptr<peer::Replicator> replicator = CurrentReplicator();
   if (directory == nullptr) return;
   if (replicator != nullptr) {
     const peer::Replicator::JobStats r = replicator->Stats(job.options().job_id);

@@ -25,6 +25,7 @@ JobUploader::~JobUploader() {
     zcc::MutexLock lock(&mu_);
     stop_ = true;
   }
+  LeaveIdlePriority(thread_.native_handle());  // so that it sees the stop soon
   thread_.join();
 }
 

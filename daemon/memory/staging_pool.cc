@@ -27,7 +27,10 @@ StagingPool::~StagingPool() {
     zcc::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (filler_.joinable()) filler_.join();
+  if (filler_.joinable()) {
+    LeaveIdlePriority(filler_.native_handle());  // so that it sees the stop soon
+    filler_.join();
+  }
 }
 
 void StagingPool::Start() {

@@ -68,8 +68,9 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
 }
 
 absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
-                              uint64_t xxh3, absl::Duration timeout) {
+                              uint64_t xxh3, absl::Duration timeout, CallCancel* cancel) {
   auto ctx = ContextWithin(timeout);
+  const CallCancel::Scope cancellable(cancel, ctx.get());
   v1::PushReplicaResponse resp;
   std::unique_ptr<grpc::ClientWriter<v1::ReplicaChunk>> writer =
       stub_->PushReplica(ctx.get(), &resp);

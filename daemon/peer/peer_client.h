@@ -16,6 +16,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/peer/call_cancel.h"
 #include "daemon/peer/replica_store.h"
 #include "proto/peer.grpc.pb.h"
 
@@ -35,9 +36,10 @@ class PeerClient {
   // Sends `nbytes` at `data` as the piece `key`, in chunks.
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, absl::Duration timeout);
   // The same with the bytes' XXH3 already known (a held piece's, computed
-  // when it was kept): the receiver checks the bytes against it.
+  // when it was kept): the receiver checks the bytes against it. `cancel`
+  // (may be null) ends the call early (Cancelled).
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, uint64_t xxh3,
-                    absl::Duration timeout);
+                    absl::Duration timeout, CallCancel* cancel = nullptr);
   // The piece's bytes, checked against the size and XXH3 the peer sent first.
   absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout);
   // The same, each chunk handed to `sink` as it arrives (after `size`, called

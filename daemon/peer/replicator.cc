@@ -23,6 +23,10 @@ Replicator::~Replicator() {
     zcc::MutexLock lock(&mu_);
     stop_ = true;
   }
+  cancel_.CancelAll();
+  // Its thread runs at idle priority: on a busy machine it might wait long
+  // for the CPU to see that it must stop.
+  LeaveIdlePriority(thread_.native_handle());
   thread_.join();
 }
 
@@ -229,7 +233,7 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
       // Its checksum from when it was kept: the bytes are not summed again.
       const std::string& bytes = (*piece)->bytes;
       ZCC_RETURN_IF_ERROR(client->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
-                                       options_.push_timeout));
+                                       options_.push_timeout, &cancel_));
       *sent += bytes.size();
       Pace(bytes.size());
     }

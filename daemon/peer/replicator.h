@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/rank_step_bytes.h"
 #include "common/mutex.h"
+#include "daemon/peer/call_cancel.h"
 #include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
 #include "metrics/metrics.h"
@@ -128,6 +129,8 @@ class Replicator {
   // The pace: bytes sent since `pace_start_` (the replicator's thread only).
   absl::Time pace_start_ = absl::InfinitePast();
   uint64_t pace_bytes_ = 0;
+  // Ends the push in flight when the replicator stops.
+  CallCancel cancel_;
   std::thread thread_;
 };
 

@@ -1,12 +1,15 @@
 // The replicator's bookkeeping of jobs: a job that leaves this zccd without
 // a buddy ever known is forgotten (nothing could send its steps), instead of
-// being retried and kept for as long as zccd runs, and its pin lifted.
+// being retried and kept for as long as zccd runs, and its pin lifted; and
+// its stop ends a push in flight instead of waiting for the call's deadline.
 #include "daemon/peer/replicator.h"
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,6 +18,9 @@
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "proto/peer.grpc.pb.h"
 
 namespace zcc::daemon::peer {
 namespace {
@@ -81,6 +87,77 @@ TEST_CASE("PinSoon calls after_push for the job on the replicator's thread, once
       absl::Seconds(10), absl::Milliseconds(5)));
   zcc::MutexLock lock(&mu);
   CHECK(calls.front() == std::pair<std::string, uint32_t>{"j", 7});
+}
+
+// A peer that takes a push's bytes and then does not answer until released
+// (a zccd stuck behind a slow disk or a full CPU) or the call is cancelled.
+class StuckPeer final : public v1::Peer::Service {
+ public:
+  grpc::Status PushReplica(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicaChunk>* reader,
+                           v1::PushReplicaResponse*) override {
+    v1::ReplicaChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    zcc::MutexLock lock(&mu_);
+    ++entered_;
+    auto done = [this, ctx]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return released_ || ctx->IsCancelled();
+    };
+    // (IsCancelled has no wake-up of its own: asked again every 10 ms.)
+    while (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(10))) {
+    }
+    return released_ ? grpc::Status::OK : grpc::Status::CANCELLED;
+  }
+  int entered() {
+    zcc::MutexLock lock(&mu_);
+    return entered_;
+  }
+  void Release() {
+    zcc::MutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  zcc::Mutex mu_;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_CASE("stopping the replicator ends the push in flight, not at its deadline") {
+  StuckPeer peer;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&peer);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  REQUIRE(server != nullptr);
+  const std::string buddy = "127.0.0.1:" + std::to_string(port);
+
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  Replicator::Options options;
+  options.self_node = "self";
+  options.push_timeout = absl::Minutes(10);
+  auto replicator = std::make_unique<Replicator>(
+      options, &store, &directory,
+      [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
+        return std::vector<std::string>{buddy};
+      });
+  REQUIRE_OK(replicator->Enqueue("j", 0, Step(5)));
+  REQUIRE(testing::Eventually([&] { return peer.entered() == 1; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  // The push is in flight, its deadline ten minutes away: the stop ends it.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    replicator.reset();
+    stopped = true;
+  });
+  const bool prompt =
+      testing::Eventually([&] { return stopped.load(); }, absl::Seconds(30), absl::Milliseconds(5));
+  CHECK(prompt);
+  peer.Release();  // (without the cancel: lets the stop finish, and the test fail, not hang)
+  stopper.join();
+  server->Shutdown();
 }
 
 }  // namespace
