@@ -119,6 +119,11 @@ void Housekeeper::Retire(const Retirement& r) {
                        << " (checkpoint-on-failure)";
     }
   }
+  if (auto step = r.session->ReplicateOwed(); step.has_value()) {
+    ZCC_LOG(INFO) << "job " << r.job->options().job_id << " rank " << rank
+                  << ": its trainer is gone with a due replication step left out; its newest "
+                  << "snapshot, step " << *step << ", goes to the peer tier in its place";
+  }
   r.session->Stop();
   // What its last writes made committable is committed (where this daemon
   // commits) before the rank leaves, so a restore right after sees it.

@@ -275,6 +275,29 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == newest->step ? newest->step : std::optional<int64_t>();
 }
 
+std::optional<int64_t> RankSession::ReplicateOwed() {
+  if (options_.on_replicate == nullptr) return std::nullopt;
+  {
+    zcc::MutexLock lock(&mu_);
+    if (stopped_) return std::nullopt;
+  }
+  // What the trainer published last may pay what is owed on its own.
+  while (IngestReadySlots()) {
+  }
+  writer_.AwaitIdle();
+  replicate_writer_.AwaitIdle();
+  const int64_t owed = replication_owed_.load(std::memory_order_relaxed);
+  if (owed < 0) return std::nullopt;
+  const std::optional<SlotSnapshot> newest = slots_.NewestFull();
+  if (!newest.has_value() || newest->step < owed) return std::nullopt;
+  if (!slots_.ClaimForWrite(newest->slot, newest->step)) return std::nullopt;
+  const shm::ReadySlot slot{newest->slot, newest->step, shm::SnapshotKind::kFull, 0};
+  replicate_writer_.Submit([&] { return MakeWriteJob(slot, false, false, true); });
+  PaidReplication(slot.step);
+  replicate_writer_.AwaitIdle();
+  return slot.step;
+}
+
 absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnapshot& held,
                                                                   const std::string& job_dir,
                                                                   bool with_ema) {

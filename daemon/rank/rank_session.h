@@ -156,6 +156,13 @@ class RankSession {
   // is never used). Call before Stop(); returns the step persisted, if any.
   std::optional<int64_t> PersistNewestOnFailure();
 
+  // The trainer is gone: if a due replication step was left out (the
+  // replication writer was busy) and no later snapshot went in its place,
+  // serializes the newest complete FULL snapshot for the peer tier now,
+  // waiting for the writer, so that the job's last due step is not lost
+  // with the node. Call before Stop(); returns the step handed over, if any.
+  std::optional<int64_t> ReplicateOwed();
+
   // Writes `held` (an intact snapshot of this stopped session, as
   // RetainedSnapshots keeps it) into `job_dir` as a checkpoint write of its
   // step does, straight from the slot with the session's I/O, with the EMA
@@ -281,7 +288,8 @@ class RankSession {
   std::atomic<uint64_t> replications_skipped_{0};
   // The newest due replication step left out and not yet made up for by a
   // later snapshot (-1: none). Ingest's (also run by PersistNewestOnFailure
-  // beside the ingest thread: at worst one replication more or less).
+  // and ReplicateOwed beside the ingest thread: at worst one replication
+  // more or less).
   std::atomic<int64_t> replication_owed_{-1};
   std::thread thread_;
 

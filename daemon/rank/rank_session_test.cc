@@ -397,6 +397,62 @@ TEST_CASE("a replication step left out while the previous one serializes is made
   CHECK(replicated[1] < 3000);
 }
 
+TEST_CASE("a due replication step left out is made up for when the trainer goes") {
+  const std::string root = testing::TempDir();
+  Mutex mu;
+  bool gate_open = false;
+  std::vector<int64_t> replicated;
+  auto on_replicate = [&](checkpoint::RankStepBytes step) {
+    MutexLock lock(&mu);
+    replicated.push_back(step.step);
+    if (replicated.size() == 1) mu.Await(absl::Condition(&gate_open));
+  };
+  TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/10);
+  auto count = [&] {
+    MutexLock lock(&mu);
+    return replicated.size();
+  };
+  REQUIRE(rank.Snapshot(10));
+  REQUIRE(testing::Eventually([&] { return count() == 1; }, absl::Seconds(10)));
+  // Step 20 falls due while step 10 still serializes: left out. Then the
+  // trainer stops at step 23, before any snapshot could go in its place.
+  for (int64_t step = 11; step <= 23; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitEmaStep(23, absl::Seconds(10)));
+  CHECK(rank.session().counters().replications_skipped == 1);
+  // The trainer is gone: once step 10 is through, its newest snapshot goes.
+  std::optional<int64_t> sent;
+  std::thread gone([&] { sent = rank.session().ReplicateOwed(); });
+  {
+    MutexLock lock(&mu);
+    gate_open = true;
+  }
+  gone.join();
+  CHECK(sent == std::optional<int64_t>(23));
+  {
+    MutexLock lock(&mu);
+    CHECK(replicated == std::vector<int64_t>{10, 23});
+  }
+  // Paid: a second call hands over nothing.
+  CHECK_FALSE(rank.session().ReplicateOwed().has_value());
+  CHECK(count() == 2);
+}
+
+TEST_CASE("a trainer that goes with no replication owed hands nothing over") {
+  const std::string root = testing::TempDir();
+  Mutex mu;
+  std::vector<int64_t> replicated;
+  auto on_replicate = [&](checkpoint::RankStepBytes step) {
+    MutexLock lock(&mu);
+    replicated.push_back(step.step);
+  };
+  TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/10);
+  for (int64_t step = 1; step <= 13; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitEmaStep(13, absl::Seconds(10)));
+  CHECK_FALSE(rank.session().ReplicateOwed().has_value());
+  MutexLock lock(&mu);
+  CHECK(replicated == std::vector<int64_t>{10});
+}
+
 TEST_CASE("a checkpoint being written stalls neither the trainer nor the EMA") {
   const std::string root = testing::TempDir();
   GatedStorage disk;
