@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -356,41 +357,53 @@ struct OpenAtEnd {
   ~OpenAtEnd() { disk->SetOpen(true); }
 };
 
+// The steps a rank hands to the peer tier; the first waits at a gate until
+// Open(), as a slow serialization would.
+class GatedReplication {
+ public:
+  std::function<void(checkpoint::RankStepBytes)> callback() {
+    return [this](checkpoint::RankStepBytes step) {
+      MutexLock lock(&mu_);
+      replicated_.push_back(step.step);
+      if (replicated_.size() == 1) mu_.Await(absl::Condition(&open_));
+    };
+  }
+  void Open() {
+    MutexLock lock(&mu_);
+    open_ = true;
+  }
+  std::vector<int64_t> replicated() {
+    MutexLock lock(&mu_);
+    return replicated_;
+  }
+  size_t count() { return replicated().size(); }
+
+ private:
+  Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int64_t> replicated_ ABSL_GUARDED_BY(mu_);
+};
+
 TEST_CASE("a replication step left out while the previous one serializes is made up for by "
           "the next snapshot") {
   const std::string root = testing::TempDir();
-  Mutex mu;
-  bool gate_open = false;
-  std::vector<int64_t> replicated;
-  // The first replication waits at a gate, as a slow serialization would.
-  auto on_replicate = [&](checkpoint::RankStepBytes step) {
-    MutexLock lock(&mu);
-    replicated.push_back(step.step);
-    if (replicated.size() == 1) mu.Await(absl::Condition(&gate_open));
-  };
-  TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/1000);
-  auto count = [&] {
-    MutexLock lock(&mu);
-    return replicated.size();
-  };
+  GatedReplication gate;
+  TestRank rank(root, 0, nullptr, false, gate.callback(), /*replicate_every=*/1000);
   REQUIRE(rank.Snapshot(1000));
-  REQUIRE(testing::Eventually([&] { return count() == 1; }, absl::Seconds(10)));
+  REQUIRE(testing::Eventually([&] { return gate.count() == 1; }, absl::Seconds(10)));
   // Step 2000 falls due while step 1000 still serializes: left out, counted.
   REQUIRE(rank.Snapshot(1001));
   REQUIRE(rank.Snapshot(2000));
   REQUIRE(rank.AwaitEmaStep(2000, absl::Seconds(10)));
   CHECK(rank.session().counters().replications_skipped == 1);
-  {
-    MutexLock lock(&mu);
-    gate_open = true;
-  }
+  gate.Open();
   // A snapshot after the writer is free goes in its place, long before the
   // next due step (3000).
-  for (int64_t step = 2001; step < 3000 && count() < 2; ++step) {
+  for (int64_t step = 2001; step < 3000 && gate.count() < 2; ++step) {
     REQUIRE(rank.Snapshot(step));
     REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
   }
-  MutexLock lock(&mu);
+  const std::vector<int64_t> replicated = gate.replicated();
   REQUIRE(replicated.size() == 2);
   CHECK(replicated[0] == 1000);
   CHECK(replicated[1] > 2000);
@@ -399,21 +412,10 @@ TEST_CASE("a replication step left out while the previous one serializes is made
 
 TEST_CASE("a due replication step left out is made up for when the trainer goes") {
   const std::string root = testing::TempDir();
-  Mutex mu;
-  bool gate_open = false;
-  std::vector<int64_t> replicated;
-  auto on_replicate = [&](checkpoint::RankStepBytes step) {
-    MutexLock lock(&mu);
-    replicated.push_back(step.step);
-    if (replicated.size() == 1) mu.Await(absl::Condition(&gate_open));
-  };
-  TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/10);
-  auto count = [&] {
-    MutexLock lock(&mu);
-    return replicated.size();
-  };
+  GatedReplication gate;
+  TestRank rank(root, 0, nullptr, false, gate.callback(), /*replicate_every=*/10);
   REQUIRE(rank.Snapshot(10));
-  REQUIRE(testing::Eventually([&] { return count() == 1; }, absl::Seconds(10)));
+  REQUIRE(testing::Eventually([&] { return gate.count() == 1; }, absl::Seconds(10)));
   // Step 20 falls due while step 10 still serializes: left out. Then the
   // trainer stops at step 23, before any snapshot could go in its place.
   for (int64_t step = 11; step <= 23; ++step) REQUIRE(rank.Snapshot(step));
@@ -422,35 +424,24 @@ TEST_CASE("a due replication step left out is made up for when the trainer goes"
   // The trainer is gone: once step 10 is through, its newest snapshot goes.
   std::optional<int64_t> sent;
   std::thread gone([&] { sent = rank.session().ReplicateOwed(); });
-  {
-    MutexLock lock(&mu);
-    gate_open = true;
-  }
+  gate.Open();
   gone.join();
   CHECK(sent == std::optional<int64_t>(23));
-  {
-    MutexLock lock(&mu);
-    CHECK(replicated == std::vector<int64_t>{10, 23});
-  }
+  CHECK(gate.replicated() == std::vector<int64_t>{10, 23});
   // Paid: a second call hands over nothing.
   CHECK_FALSE(rank.session().ReplicateOwed().has_value());
-  CHECK(count() == 2);
+  CHECK(gate.count() == 2);
 }
 
 TEST_CASE("a trainer that goes with no replication owed hands nothing over") {
   const std::string root = testing::TempDir();
-  Mutex mu;
-  std::vector<int64_t> replicated;
-  auto on_replicate = [&](checkpoint::RankStepBytes step) {
-    MutexLock lock(&mu);
-    replicated.push_back(step.step);
-  };
-  TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/10);
+  GatedReplication gate;
+  gate.Open();
+  TestRank rank(root, 0, nullptr, false, gate.callback(), /*replicate_every=*/10);
   for (int64_t step = 1; step <= 13; ++step) REQUIRE(rank.Snapshot(step));
   REQUIRE(rank.AwaitEmaStep(13, absl::Seconds(10)));
   CHECK_FALSE(rank.session().ReplicateOwed().has_value());
-  MutexLock lock(&mu);
-  CHECK(replicated == std::vector<int64_t>{10});
+  CHECK(gate.replicated() == std::vector<int64_t>{10});
 }
 
 TEST_CASE("a checkpoint being written stalls neither the trainer nor the EMA") {

@@ -965,6 +965,35 @@ def test_state_tensors_written_again_when_they_change():
         assert torch.equal(written(), want), change
 
 
+def test_state_tensors_watched_only_when_handed_back_again():
+    """Only a tensor handed back again is kept and watched: a state that
+    makes a fresh tensor at every step (Generator.get_state()) leaves none
+    behind, and pays no copy for a watch."""
+    import gc
+    import weakref
+    from zcc import _plain_state, _torch_codec
+    codec = _torch_codec.TorchCodec()
+    blob = Blob("test", 1 << 16, codec)
+    gen = torch.Generator().manual_seed(3)
+    fresh = []
+    for _ in range(40):
+        state = gen.get_state()
+        fresh.append(weakref.ref(state))
+        blob.write({"g": state})
+        got = _plain_state.restore_hyperparameter(None, blob.read(), codec)["g"]
+        assert torch.equal(got, state)
+        torch.rand(1, generator=gen)
+        del state
+    gc.collect()
+    # None kept alive (the blob's pickler may hold the last one it wrote).
+    assert all(r() is None for r in fresh[:-1])
+    assert not codec._seen
+    same = torch.arange(16, dtype=torch.int64)
+    for _ in range(3):
+        blob.write({"s": same})
+    assert codec._seen.get(id(same), (None,))[0] is same
+
+
 def test_state_loader_refuses_code():
     blob = Blob("test", 1024)
     blob.write({"a": [1, 2]})

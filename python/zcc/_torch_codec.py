@@ -2,6 +2,7 @@
 tensor-valued optimizer hyperparameters, tensors in a Stateful's state dict."""
 
 import ctypes
+import weakref
 
 import torch
 
@@ -20,6 +21,10 @@ class TorchCodec(_plain_state.TensorCodec):
     def __init__(self):
         # id -> (tensor, its _version, its shape, MemoryWatch of its bytes, plain)
         self._seen = {}
+        # id -> weak reference: tensors written once. A state may hand back a
+        # fresh tensor at every step (Generator.get_state()): such a tensor
+        # is neither watched (a copy of its bytes) nor kept alive.
+        self._sighted = {}
 
     def is_tensor(self, value):
         return torch.is_tensor(value)
@@ -31,10 +36,15 @@ class TorchCodec(_plain_state.TensorCodec):
         # and a small CPU tensor written before is served from that unless it
         # moved (another tensor, an in-place change, a new shape, or any byte
         # different, however written: a MemoryWatch compares them).
-        seen = self._seen.get(id(tensor))
-        if seen is not None and seen[0] is tensor and seen[1] == tensor._version and \
-                seen[2] == tensor.shape and not seen[3].changed():
-            return seen[4]
+        key = id(tensor)
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] is tensor:
+            if seen[1] == tensor._version and seen[2] == tensor.shape and not seen[3].changed():
+                return seen[4]
+            again = True
+        else:
+            sighted = self._sighted.get(key)
+            again = sighted is not None and sighted() is tensor
         t = tensor
         if t.device.type != "cpu" or not t.is_contiguous():
             t = t.detach().cpu().contiguous()
@@ -44,10 +54,17 @@ class TorchCodec(_plain_state.TensorCodec):
         n = t.nbytes
         plain = name, list(t.shape), ctypes.string_at(t.data_ptr(), n) if n else b""
         if t is tensor and 0 < n <= _SEEN_BYTES:
-            if len(self._seen) >= _SEEN_TENSORS:
-                self._seen.clear()
-            self._seen[id(tensor)] = (tensor, tensor._version, tensor.shape,
-                                      _zcc.MemoryWatch([(tensor, t.data_ptr(), n)]), plain)
+            if again:
+                # Handed back a second time: watched from now on.
+                self._sighted.pop(key, None)
+                if len(self._seen) >= _SEEN_TENSORS and key not in self._seen:
+                    self._seen.clear()
+                self._seen[key] = (tensor, tensor._version, tensor.shape,
+                                   _zcc.MemoryWatch([(tensor, t.data_ptr(), n)]), plain)
+            else:
+                if len(self._sighted) >= _SEEN_TENSORS:
+                    self._sighted.clear()
+                self._sighted[key] = weakref.ref(tensor)
         return plain
 
     @torch.no_grad()
