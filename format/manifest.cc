@@ -673,6 +673,7 @@ absl::StatusOr<std::map<std::string, std::string>> DecodeWeightMapIndex(absl::st
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
 std::string PartialStepDirName(int64_t step) { return StepDirName(step) + ".partial"; }
+std::string SentStepDirName(int64_t step) { return StepDirName(step) + ".sent"; }
 
 absl::StatusOr<int64_t> ParseStepDirName(absl::string_view name) {
   const auto bad = [&](absl::string_view why) {

@@ -160,6 +160,9 @@ bool ManifestEntryEncodersAgree(const ManifestTensor& t, std::string* fast, std:
 // Names inside a step directory.
 std::string StepDirName(int64_t step);              // "step-00001000" (8 digits, more if needed)
 std::string PartialStepDirName(int64_t step);       // "step-00001000.partial"
+// A node-local job's copy of the newest step its node sent to the object
+// store: "step-00001000.sent" (daemon/restore/kept_copies.h).
+std::string SentStepDirName(int64_t step);
 // Parses "step-NNNNNNNN" (exactly; not the .partial form); InvalidArgument otherwise.
 absl::StatusOr<int64_t> ParseStepDirName(absl::string_view name);
 // prefix is "model", "optim" or "ema": "model-r00003.safetensors".

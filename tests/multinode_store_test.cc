@@ -11,7 +11,9 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -127,13 +129,20 @@ struct Cluster {
            absl::StrContains(out, absl::StrCat(root_url, "/itest/step-",
                                                absl::StrFormat("%08d", step), "  (latest)"));
   }
-  // Whether a node's local root holds no step directory (all sent).
-  bool LocalRootEmpty(int node) const {
+  // The step directories in a node's local root, sorted.
+  std::vector<std::string> LocalSteps(int node) const {
+    std::vector<std::string> steps;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(LocalJobDir(node), ec)) {
-      if (absl::StartsWith(e.path().filename().string(), "step-")) return false;
+      const std::string name = e.path().filename().string();
+      if (absl::StartsWith(name, "step-")) steps.push_back(name);
     }
-    return true;
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+  // All sent: the node keeps only its copy of the newest step it sent.
+  bool OnlyKept(int node, const std::string& step) const {
+    return LocalSteps(node) == std::vector<std::string>{"step-000000" + step + ".sent"};
   }
 
   std::unique_ptr<NetnsCluster> net;
@@ -142,6 +151,23 @@ struct Cluster {
   std::string root_url;
   std::vector<std::unique_ptr<Daemon>> zccds;
 };
+
+// Flips a byte of the first tensor of safetensors file `path` (its size
+// stays): its checksum no longer matches.
+void DamageTensorByte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char*>(&header), sizeof(header));
+  const std::streamoff at = static_cast<std::streamoff>(sizeof(header) + header + 3);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x40;
+  f.seekp(at);
+  f.write(&c, 1);
+  REQUIRE(f.good());
+}
 
 TEST_CASE("node-local disks: each node sends its ranks' part of a step, the store commits it "
           "whole, and a lost node's ranks restore from the store") {
@@ -169,9 +195,9 @@ TEST_CASE("node-local disks: each node sends its ranks' part of a step, the stor
   REQUIRE_FALSE(steps.empty());
   CHECK(steps.back() == 20);
   CHECK(steps.size() <= 3);
-  // Neither node committed anything locally, and each removed its part once
-  // it was in the store.
-  CHECK(Eventually([&] { return c.LocalRootEmpty(1) && c.LocalRootEmpty(2); }, absl::Seconds(20),
+  // Neither node committed anything locally; each kept its part of the
+  // newest step it sent, and no other.
+  CHECK(Eventually([&] { return c.OnlyKept(1, "20") && c.OnlyKept(2, "20"); }, absl::Seconds(20),
                    absl::Milliseconds(50)));
   for (int node : {1, 2}) {
     CHECK(absl::StrContains(c.zccd(node).Log(), "(this node's ranks; "));
@@ -181,15 +207,24 @@ TEST_CASE("node-local disks: each node sends its ranks' part of a step, the stor
   CHECK(absl::StrContains(c.Logs(), "committed there)"));
 
   // Node 2 is lost with its disk; the job comes back on node 1 alone, every
-  // rank reading the store.
+  // rank reading the store, except for the files of ranks 0 and 1, which
+  // node 1 kept. Rank 0's model shard there is damaged: rank 0 reads the
+  // step again from the store.
   c.zccds[1]->Kill();
   c.zccds[1].reset();
   std::filesystem::remove_all(c.dir + "/node2-root");
+  DamageTensorByte(c.LocalJobDir(1) + "/step-00000020.sent/model-r00000.safetensors");
   auto back = c.Ranks(1, {0, 1, 2, 3}, "restore",
                       {"--mode=restore", "--expect_step=20", "--expect_from=disk"});
   c.WaitAll(back);
   for (auto& t : back) CHECK(t->Values()["mismatched_tensors"] == "0");
-  CHECK(absl::StrContains(c.zccd(1).Log(), "restoring from " + c.root_url + "/itest"));
+  const std::string log = c.zccd(1).Log();
+  INFO(log);
+  CHECK(absl::StrContains(log, "restoring from " + c.root_url + "/itest"));
+  CHECK(absl::StrContains(log, "/itest/step-00000020 from this node's kept copy"));
+  CHECK(absl::StrContains(log, "rank 0: step-00000020 read partly from this node's kept copy "
+                               "failed"));
+  CHECK_FALSE(absl::StrContains(log, "falling back to an older step"));
 }
 
 TEST_CASE("node-local disks: a node cut off from the store holds its steps back; they "
@@ -244,7 +279,7 @@ TEST_CASE("node-local disks: a node cut off from the store holds its steps back;
     CHECK(node1_sent);
   }
   CHECK(c.StoreLatestIs(10));
-  CHECK_FALSE(c.LocalRootEmpty(2));  // node 2 still holds its parts
+  CHECK(c.LocalSteps(2).size() > 1);  // node 2 still holds its parts
 
   // The link is back: node 2's requests, retried meanwhile, get through;
   // it sends step 15, then 20, and each commits.
@@ -257,7 +292,7 @@ TEST_CASE("node-local disks: a node cut off from the store holds its steps back;
     CHECK(code == 0);
     CHECK(absl::StrContains(verified, "OK (4 ranks"));
   }
-  CHECK(Eventually([&] { return c.LocalRootEmpty(2); }, absl::Seconds(20),
+  CHECK(Eventually([&] { return c.OnlyKept(2, "20"); }, absl::Seconds(20),
                    absl::Milliseconds(50)));
   for (auto* group : {&on1, &on2}) {
     for (auto& t : *group) t->Signal(SIGKILL);
@@ -277,8 +312,8 @@ TEST_CASE("straight to the store from two nodes: the step commits there; each ra
   CHECK(code == 0);
   CHECK(absl::StrContains(verified, "/itest/step-00000010: OK (4 ranks"));
   // Nothing of the job on either node's disk.
-  CHECK(c.LocalRootEmpty(1));
-  CHECK(c.LocalRootEmpty(2));
+  CHECK(c.LocalSteps(1).empty());
+  CHECK(c.LocalSteps(2).empty());
   auto back2 = c.DirectRanks(2, {0, 1}, "restore",
                              {"--mode=restore", "--expect_step=10", "--expect_from=disk"});
   auto back1 = c.DirectRanks(1, {2, 3}, "restore",

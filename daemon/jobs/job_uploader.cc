@@ -4,6 +4,7 @@
 #include <functional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
@@ -302,6 +303,30 @@ void JobUploader::RemoveDropped(const std::vector<int64_t>& steps) {
   }
 }
 
+void JobUploader::KeepSent(int64_t step) {
+  storage::Storage& fs = *options_.storage;
+  const std::string kept_name = format::SentStepDirName(step);
+  const std::string kept = JoinPath(options_.job_dir, kept_name);
+  absl::Status st = fs.RemoveTree(kept);  // (the step sent before, by an earlier run)
+  if (st.ok()) st = fs.Rename(checkpoint::WritingStepDir(fs, options_.job_dir, step), kept);
+  if (!st.ok()) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step
+                     << " is not kept on this node after its upload: " << st;
+    const absl::Status removed = checkpoint::RemoveWritingStepDir(fs, options_.job_dir, step);
+    if (!removed.ok()) ZCC_LOG(WARNING) << removed;
+  }
+  // One step kept: the copies of the steps sent before go.
+  absl::StatusOr<std::vector<std::string>> names = fs.List(options_.job_dir);
+  if (!names.ok()) return;
+  for (const std::string& name : *names) {
+    if (name == kept_name || !absl::StartsWith(name, "step-") || !absl::EndsWith(name, ".sent")) {
+      continue;
+    }
+    const absl::Status removed = fs.RemoveTree(JoinPath(options_.job_dir, name));
+    if (!removed.ok()) ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << removed;
+  }
+}
+
 void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
   const std::function<bool()> cancelled = [this] { return Stopping(); };
   checkpoint::UploadOptions options;
@@ -322,10 +347,9 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
                                                         " ranks there, the last node commits"))
                   << ")";
     if (options_.metrics != nullptr) options_.metrics->upload_bytes().Increment(sent->stats.bytes);
-    // In the store now: the local copy has done its part.
-    const absl::Status removed =
-        checkpoint::RemoveWritingStepDir(*options_.storage, options_.job_dir, step);
-    if (!removed.ok()) ZCC_LOG(WARNING) << removed;
+    // In the store now: the local copy is kept as this node's copy of the
+    // newest step it sent, for restores to read (kept_copies.h).
+    KeepSent(step);
     {
       zcc::MutexLock lock(&mu_);
       uploaded_ = step;

@@ -19,8 +19,9 @@
 // different steps, none of which every node sends; instead the steps are
 // sent oldest first, and when more than kMaxNodeStepsWaiting wait, the
 // oldest are dropped: every node keeps the newest ones, so the nodes still
-// send common steps. The local copy of a step is removed once it is in the
-// store. The other nodes' commits are seen by reading the store's `latest`
+// send common steps. Once a step's part is in the store its local copy
+// becomes step-N.sent/, the node's only kept copy (restores read this node's
+// ranks' files there: daemon/restore/kept_copies.h). The other nodes' commits are seen by reading the store's `latest`
 // at each housekeeping round while a step sent from here is not known to be
 // committed (FollowStore): no node tells another.
 //
@@ -115,6 +116,9 @@ class JobUploader {
   // What the store lacks of the local root at start (see above).
   void CatchUp() ABSL_LOCKS_EXCLUDED(mu_);
   void Upload(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
+  // The node-local mode, after this node's part of `step` is in the store:
+  // its local copy becomes <job_dir>/step-N.sent/, the only one kept.
+  void KeepSent(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   void UploadNode(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes this node's local copies of steps dropped from the queue.
   void RemoveDropped(const std::vector<int64_t>& steps);

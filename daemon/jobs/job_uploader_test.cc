@@ -110,7 +110,7 @@ TEST_CASE("each node sends its part; the last commits; the other follows the sto
   a->OnNodeWritten(10, absl::Now());
   REQUIRE(Soon([&] { return StatusOf(*a).last_uploaded_step() == 10; }));
   CHECK(n.StoreLatest() == -1);  // one part of two
-  CHECK_FALSE(n.HasLocal(0, 10));  // sent: the local copy is gone
+  CHECK_FALSE(n.HasLocal(0, 10));  // sent: kept as step-N.sent (kept_copies_test)
   b->OnNodeWritten(10, absl::Now());
   REQUIRE(Soon([&] { return n.StoreLatest() == 10; }));
   CHECK(Soon([&] { return seen_b.load() == 10; }));  // b committed it

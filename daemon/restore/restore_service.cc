@@ -26,6 +26,7 @@
 #include "format/manifest.h"
 #include "shm/control_block.h"
 #include "shm/restore_progress.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::daemon {
 
@@ -46,8 +47,10 @@ RestoreService::RestoreService(std::string shm_prefix, uint64_t max_slot_bytes,
       max_slot_bytes_(max_slot_bytes),
       metrics_(metrics),
       pool_(pool),
-      read_io_(ReadingThrough(storage)),
-      checks_(metrics, read_io_) {}
+      kept_(&storage::StorageOrDefault(storage)),
+      read_io_(ReadingThrough(&kept_)),
+      // The checks read the step's own files (the store's), headers only.
+      checks_(metrics, ReadingThrough(storage)) {}
 
 std::string RestoreService::BufferName(const char* what, const std::string& job_id, uint32_t rank,
                                        uint64_t generation) {
@@ -219,8 +222,14 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   // ends.
   int64_t requested = req.step() < 0 ? -1 : req.step();
   int64_t at_most = INT64_MAX;
+  // Steps read again, all from the store, after a read that took files from
+  // this node's kept copy failed (once each).
+  std::set<std::string> read_again;
   // The local root, and a tiered job's store (restore_tiers.h).
   RestoreTiers tiers(job_dir, job.options().upload_dir, requested, read_io_.storage);
+  if (job.options().node_local_root && !job.options().upload_dir.empty()) {
+    kept_.Watch(job.options().upload_dir, job_dir);
+  }
   if (!tiers.why_store_first().empty()) {
     ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": "
                   << tiers.why_store_first() << "; restoring from " << tiers.current();
@@ -268,6 +277,16 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     const bool damaged = resp.status().code() == absl::StatusCode::kDataLoss ||
                          resp.status().code() == absl::StatusCode::kNotFound;
     if (!damaged) return Annotate(resp.status(), absl::StrCat("restore of ", step_name));
+    if (kept_.Served(step_dir) && read_again.insert(step_dir).second) {
+      // Perhaps only this node's copy of the step is damaged: read it again,
+      // all from the store, before calling the step damaged.
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << step_name
+                       << " read partly from this node's kept copy failed ("
+                       << resp.status().message()
+                       << "); the copy is dropped and the step read again from " << step_dir;
+      kept_.Forget(step_dir);
+      continue;
+    }
     // Remembered whether or not this request falls back, so that no later
     // restore reads the step again.
     const absl::Status why(resp.status().code(),

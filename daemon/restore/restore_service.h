@@ -34,6 +34,7 @@
 #include "daemon/jobs/job.h"
 #include "daemon/memory/staging_pool.h"
 #include "daemon/rank/rank_session.h"
+#include "daemon/restore/kept_copies.h"
 #include "daemon/restore/restore_prefetch.h"
 #include "checkpoint/io_options.h"
 #include "daemon/restore/shared_reads.h"
@@ -127,7 +128,10 @@ class RestoreService {
   const uint64_t max_slot_bytes_;
   metrics::ZccMetrics* const metrics_;
   StagingPool* const pool_;
-  // How restores read: through the daemon's storage.
+  // A node-local job's steps in the store, read from this node's kept copy
+  // where it has one (kept_copies.h), through the daemon's storage.
+  KeptCopies kept_;
+  // How restores read their pieces: through kept_.
   const checkpoint::IoOptions read_io_;
   std::atomic<uint64_t> next_buffer_seq_{1};
 

@@ -1,0 +1,131 @@
+#include "daemon/restore/kept_copies.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "format/manifest.h"
+#include "storage/whole_file.h"
+
+namespace zcc::daemon {
+
+void KeptCopies::Watch(const std::string& upload_dir, const std::string& job_dir) {
+  std::string dir(absl::StripSuffix(upload_dir, "/"));
+  zcc::MutexLock lock(&mu_);
+  watched_[std::move(dir)] = job_dir;
+}
+
+bool KeptCopies::Served(const std::string& step_dir) const {
+  zcc::MutexLock lock(&mu_);
+  if (forgotten_.count(step_dir) > 0) return true;
+  auto it = found_.find(step_dir);
+  return it != found_.end() && it->second.served;
+}
+
+void KeptCopies::Forget(const std::string& step_dir) {
+  std::string kept_dir;
+  {
+    zcc::MutexLock lock(&mu_);
+    forgotten_.insert(step_dir);
+    found_.erase(step_dir);
+    kept_dir = KeptDirFor(step_dir);
+  }
+  if (kept_dir.empty()) return;
+  if (const absl::Status removed = base()->RemoveTree(kept_dir); !removed.ok()) {
+    ZCC_LOG(WARNING) << "could not remove the damaged kept copy " << kept_dir << ": " << removed;
+  }
+}
+
+std::string KeptCopies::KeptDirFor(const std::string& step_dir) const {
+  const size_t slash = step_dir.rfind('/');
+  if (slash == std::string::npos) return "";
+  auto it = watched_.find(step_dir.substr(0, slash));
+  if (it == watched_.end()) return "";
+  const absl::StatusOr<int64_t> step = format::ParseStepDirName(step_dir.substr(slash + 1));
+  if (!step.ok()) return "";
+  return JoinPath(it->second, format::SentStepDirName(*step));
+}
+
+std::map<std::string, std::string> KeptCopies::Match(const std::string& step_dir,
+                                                     const std::string& kept_dir) {
+  std::map<std::string, std::string> files;
+  absl::StatusOr<std::vector<std::string>> names = base()->List(kept_dir);
+  if (!names.ok()) return files;  // nothing kept for this step
+  for (const std::string& name : *names) {
+    if (!absl::EndsWith(name, ".manifest.json")) continue;
+    // The rank's files are the store's only if its manifest is: the same
+    // run, the same tensors, the same checksums.
+    auto kept = storage::ReadWholeFile(*base(), JoinPath(kept_dir, name), format::kMaxManifestBytes);
+    if (!kept.ok()) continue;
+    auto stored =
+        storage::ReadWholeFile(*base(), JoinPath(step_dir, name), format::kMaxManifestBytes);
+    if (!stored.ok() || *stored != *kept) continue;
+    absl::StatusOr<format::RankManifest> manifest = format::DecodeRankManifest(*kept);
+    if (!manifest.ok()) continue;
+    std::map<std::string, std::string> rank_files;
+    bool whole = true;
+    for (const format::ManifestFile& f : manifest->files) {
+      const std::string path = JoinPath(kept_dir, f.name);
+      absl::StatusOr<storage::FileInfo> info = base()->Stat(path);
+      if (!info.ok() || info->is_dir || info->size != f.bytes) {
+        whole = false;
+        break;
+      }
+      rank_files.emplace(f.name, path);
+    }
+    if (whole) files.insert(rank_files.begin(), rank_files.end());
+  }
+  if (!files.empty()) {
+    ZCC_LOG(INFO) << "reading " << files.size() << " file(s) of " << step_dir
+                  << " from this node's kept copy " << kept_dir;
+  }
+  return files;
+}
+
+absl::StatusOr<std::unique_ptr<storage::File>> KeptCopies::OpenForRead(
+    const std::string& path, const storage::OpenOptions& options) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return base()->OpenForRead(path, options);
+  const std::string step_dir = path.substr(0, slash);
+  const std::string name = path.substr(slash + 1);
+  const absl::Time now = absl::Now();
+  std::string local;
+  std::string kept_dir;  // to look at (nothing known of the step yet)
+  {
+    zcc::MutexLock lock(&mu_);
+    if (watched_.empty() || forgotten_.count(step_dir) > 0) {
+      // (Most reads: a job without a kept copy.)
+    } else if (auto it = found_.find(step_dir);
+               it != found_.end() && now - it->second.when < remember_) {
+      if (auto f = it->second.files.find(name); f != it->second.files.end()) local = f->second;
+    } else {
+      kept_dir = KeptDirFor(step_dir);
+    }
+  }
+  if (!kept_dir.empty()) {
+    std::map<std::string, std::string> files = Match(step_dir, kept_dir);
+    if (auto f = files.find(name); f != files.end()) local = f->second;
+    zcc::MutexLock lock(&mu_);
+    for (auto it = found_.begin(); it != found_.end();) {
+      it = now - it->second.when >= remember_ ? found_.erase(it) : std::next(it);
+    }
+    if (forgotten_.count(step_dir) == 0) found_[step_dir] = Found{std::move(files), now, false};
+  }
+  if (!local.empty()) {
+    absl::StatusOr<std::unique_ptr<storage::File>> file = base()->OpenForRead(local, options);
+    zcc::MutexLock lock(&mu_);
+    auto it = found_.find(step_dir);
+    if (file.ok()) {
+      if (it != found_.end()) it->second.served = true;
+      return file;
+    }
+    // Gone since it was found (a newer step sent): the store's, from now on.
+    if (it != found_.end()) found_.erase(it);
+  }
+  return base()->OpenForRead(path, options);
+}
+
+}  // namespace zcc::daemon
