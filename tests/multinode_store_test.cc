@@ -294,6 +294,14 @@ TEST_CASE("node-local disks: a node cut off from the store holds its steps back;
   }
   CHECK(Eventually([&] { return c.OnlyKept(2, "20"); }, absl::Seconds(20),
                    absl::Milliseconds(50)));
+  // `zccctl list` says which steps this node keeps its part of.
+  {
+    auto [code, listed] = Zccctl(c.dir, c.zccd(2), {"list", "itest"});
+    INFO(listed);
+    CHECK(code == 0);
+    CHECK(absl::StrContains(listed, "[store, this node's part kept]"));
+    CHECK(absl::StrContains(listed, "step-00000015"));
+  }
   for (auto* group : {&on1, &on2}) {
     for (auto& t : *group) t->Signal(SIGKILL);
   }

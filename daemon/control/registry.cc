@@ -415,10 +415,12 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
                        ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, false));
   ScopedFsIdentity as_owner(DirOwner(job_dir));
   std::string upload_dir;  // a registered tiered job's store
+  bool node_local = false;
   if (std::shared_ptr<Job> job = jobs_.Find(req.job_id());
       job != nullptr && job->options().job_dir == job_dir) {
     ZCC_RETURN_IF_ERROR(job->Authorize(caller.uid));
     upload_dir = job->options().upload_dir;
+    node_local = job->options().node_local_root;
   }
   ZCC_ASSIGN_OR_RETURN(std::vector<checkpoint::CommittedStep> steps,
                        checkpoint::ListCheckpoints(job_dir, shard_storage_));
@@ -441,7 +443,14 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
         it->second.second = "local+store";
       } else {
         s.is_latest = false;  // `latest` is the local root's
-        by_step[s.step] = {std::move(s), "store"};
+        // The node-local mode keeps this node's part of the newest step it
+        // sent (daemon/restore/kept_copies.h).
+        const bool kept =
+            node_local &&
+            storage::Exists(storage::StorageOrDefault(shard_storage_),
+                            JoinPath(job_dir, format::SentStepDirName(s.step)));
+        const int64_t step = s.step;
+        by_step[step] = {std::move(s), kept ? "store, this node's part kept" : "store"};
       }
     }
   }
