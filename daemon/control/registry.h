@@ -166,8 +166,10 @@ class Registry {
   // The job's nodes (its trainers' report) and the static peers, by address.
   // Pins in replicas_ the newest step of the job whole in the peer tier,
   // cluster-wide (memory_tier.h), asking each of its zccds what it holds:
-  // the replicator's after_push, on its thread.
-  void PinMemoryTier(const std::string& job_id, uint32_t uid) ABSL_LOCKS_EXCLUDED(peer_mu_);
+  // the replicator's after_push, on its thread; `cancel` ends its calls to
+  // the peers when the replicator stops.
+  void PinMemoryTier(const std::string& job_id, uint32_t uid, peer::CallCancel* cancel)
+      ABSL_LOCKS_EXCLUDED(peer_mu_);
   std::vector<std::string> NodesOf(const Job& job) const;
   // Before a restore chooses its step: the peer tier's newest step, if it
   // is newer than the job directory's, committed there (peer_recovery.h).

@@ -74,8 +74,9 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   replicate.self_node = endpoint.node();
   replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
   replicate.bytes_sent = &metrics_.replication_bytes_sent();
-  replicate.after_push = [this](const std::string& job_id, uint32_t uid) {
-    PinMemoryTier(job_id, uid);
+  replicate.after_push = [this](const std::string& job_id, uint32_t uid,
+                                peer::CallCancel* cancel) {
+    PinMemoryTier(job_id, uid, cancel);
   };
   auto replicator = std::make_shared<peer::Replicator>(
       replicate, &replicas_, directory.get(),
@@ -87,14 +88,14 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   replicator_ = std::move(replicator);
 }
 
-void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid) {
+void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::CallCancel* cancel) {
   std::shared_ptr<Job> job = jobs_.Find(job_id);
   const PeerParts peer = CurrentPeerParts();
   if (job == nullptr || peer.directory == nullptr) return;
   // Only the zccds the directory has up are asked: this runs on the
   // replicator's thread, and a peer that is down would hold up its pushes
   // for the whole timeout.
-  peer::TierSources sources{&replicas_, peer.directory.get(), {}};
+  peer::TierSources sources{&replicas_, peer.directory.get(), {}, cancel};
   size_t down = 0;
   for (const std::string& address : NodesOf(*job)) {
     if (address == peer.self) continue;

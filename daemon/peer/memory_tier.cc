@@ -18,7 +18,7 @@ Holdings ListHoldings(const std::string& job_id, uint32_t uid, const TierSources
   if (asked != nullptr) *asked = 0;
   for (const ReplicaInfo& info : sources.own->List(job_id, uid)) Note(held, kThisZccd, info);
   for (const std::string& peer : sources.peers) {
-    auto listed = sources.directory->Client(peer)->List(job_id, uid, timeout);
+    auto listed = sources.directory->Client(peer)->List(job_id, uid, timeout, sources.cancel);
     if (!listed.ok()) {
       ZCC_LOG(WARNING) << "job " << job_id << ": peer " << peer
                        << " cannot be asked for its replicas: " << listed.status();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "daemon/peer/call_cancel.h"
 #include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
 
@@ -37,6 +38,7 @@ struct TierSources {
   ReplicaStore* own = nullptr;         // this zccd's replica memory
   PeerDirectory* directory = nullptr;  // connections to the peers
   std::vector<std::string> peers;      // the job's other zccds
+  CallCancel* cancel = nullptr;        // may be null: ends the asking early
 };
 
 // What `sources` hold of `job_id` for `uid`. A peer that cannot be asked is

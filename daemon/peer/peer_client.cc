@@ -168,12 +168,14 @@ absl::Status PeerClient::PullInto(const ReplicaKey& key, absl::Duration timeout,
 }
 
 absl::StatusOr<std::vector<ReplicaInfo>> PeerClient::List(const std::string& job_id, uint32_t uid,
-                                                          absl::Duration timeout) {
+                                                          absl::Duration timeout,
+                                                          CallCancel* cancel) {
   v1::ListReplicasRequest req;
   req.set_job_id(job_id);
   req.set_uid(uid);
   v1::ListReplicasResponse resp;
   auto ctx = ContextWithin(timeout);
+  const CallCancel::Scope cancellable(cancel, ctx.get());
   const absl::Status st = FromPeer(target_, stub_->ListReplicas(ctx.get(), req, &resp));
   if (!st.ok()) return st;
   std::vector<ReplicaInfo> out;

@@ -50,7 +50,8 @@ class PeerClient {
                         absl::FunctionRef<absl::Status(uint64_t)> size,
                         absl::FunctionRef<absl::Status(absl::string_view)> sink);
   absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,
-                                                absl::Duration timeout);
+                                                absl::Duration timeout,
+                                                CallCancel* cancel = nullptr);
 
  private:
   const std::string target_;

@@ -152,7 +152,7 @@ void Replicator::Run() {
     }
     if (!pins.empty()) {
       if (options_.after_push) {
-        for (const auto& [job_id, job_uid] : pins) options_.after_push(job_id, job_uid);
+        for (const auto& [job_id, job_uid] : pins) options_.after_push(job_id, job_uid, &cancel_);
       }
       continue;
     }
@@ -203,7 +203,7 @@ void Replicator::Run() {
                          << " not replicated yet: " << pushed;
       }
     }
-    if (job_advanced && options_.after_push) options_.after_push(work.first, uid);
+    if (job_advanced && options_.after_push) options_.after_push(work.first, uid, &cancel_);
   }
 }
 

@@ -46,8 +46,9 @@ class Replicator {
     // Called on the replicator's thread, without its lock, once a newer step
     // of every local rank of the job is at every buddy (the registry then
     // pins the job's newest whole step in the replica memory,
-    // memory_tier.h); may be empty.
-    std::function<void(const std::string& job_id, uint32_t uid)> after_push;
+    // memory_tier.h); may be empty. Calls it makes to peers under `cancel`
+    // end when the replicator stops.
+    std::function<void(const std::string& job_id, uint32_t uid, CallCancel* cancel)> after_push;
   };
   // Where a job's pieces go now (empty: nowhere yet); nullopt when the job
   // is not on this zccd (any more).

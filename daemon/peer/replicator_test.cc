@@ -17,6 +17,7 @@
 #include "common/mutex.h"
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
+#include "daemon/peer/memory_tier.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -70,7 +71,7 @@ TEST_CASE("PinSoon calls after_push for the job on the replicator's thread, once
   std::vector<std::pair<std::string, uint32_t>> calls;
   Replicator::Options options;
   options.self_node = "self";
-  options.after_push = [&](const std::string& job_id, uint32_t uid) {
+  options.after_push = [&](const std::string& job_id, uint32_t uid, CallCancel*) {
     zcc::MutexLock lock(&mu);
     calls.emplace_back(job_id, uid);
   };
@@ -89,8 +90,9 @@ TEST_CASE("PinSoon calls after_push for the job on the replicator's thread, once
   CHECK(calls.front() == std::pair<std::string, uint32_t>{"j", 7});
 }
 
-// A peer that takes a push's bytes and then does not answer until released
-// (a zccd stuck behind a slow disk or a full CPU) or the call is cancelled.
+// A peer that takes a push's bytes, or a listing request, and then does not
+// answer until released (a zccd stuck behind a slow disk or a full CPU) or
+// the call is cancelled.
 class StuckPeer final : public v1::Peer::Service {
  public:
   grpc::Status PushReplica(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicaChunk>* reader,
@@ -98,6 +100,13 @@ class StuckPeer final : public v1::Peer::Service {
     v1::ReplicaChunk chunk;
     while (reader->Read(&chunk)) {
     }
+    return Stuck(ctx);
+  }
+  grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest*,
+                            v1::ListReplicasResponse*) override {
+    return Stuck(ctx);
+  }
+  grpc::Status Stuck(grpc::ServerContext* ctx) {
     zcc::MutexLock lock(&mu_);
     ++entered_;
     auto done = [this, ctx]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -123,7 +132,7 @@ class StuckPeer final : public v1::Peer::Service {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-TEST_CASE("stopping the replicator ends the push in flight, not at its deadline") {
+TEST_CASE("stopping the replicator ends its call in flight to a peer, not at its deadline") {
   StuckPeer peer;
   int port = 0;
   grpc::ServerBuilder builder;
@@ -138,15 +147,20 @@ TEST_CASE("stopping the replicator ends the push in flight, not at its deadline"
   Replicator::Options options;
   options.self_node = "self";
   options.push_timeout = absl::Minutes(10);
+  // As the registry's pin does: the job's zccds asked what they hold.
+  options.after_push = [&](const std::string& job_id, uint32_t uid, CallCancel* cancel) {
+    ListHoldings(job_id, uid, TierSources{&store, &directory, {buddy}, cancel}, absl::Minutes(10));
+  };
   auto replicator = std::make_unique<Replicator>(
       options, &store, &directory,
       [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
         return std::vector<std::string>{buddy};
       });
-  REQUIRE_OK(replicator->Enqueue("j", 0, Step(5)));
+  SECTION("a push") { REQUIRE_OK(replicator->Enqueue("j", 0, Step(5))); }
+  SECTION("the listing of the pin after a push") { replicator->PinSoon("j", 0); }
   REQUIRE(testing::Eventually([&] { return peer.entered() == 1; }, absl::Seconds(30),
                               absl::Milliseconds(5)));
-  // The push is in flight, its deadline ten minutes away: the stop ends it.
+  // The call is in flight, its deadline ten minutes away: the stop ends it.
   std::atomic<bool> stopped{false};
   std::thread stopper([&] {
     replicator.reset();
