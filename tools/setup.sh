@@ -24,6 +24,7 @@ APT_PACKAGES=(
   python3-pip                # pip for /usr/bin/python3 (safetensors, below)
   clang libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for fuzz/
   libcurl4-openssl-dev       # the object-store client (HTTP, AWS SigV4 signing: storage/s3)
+  zlib1g-dev                 # CRC32 of the parts sent to an object store (storage/s3)
   libpugixml-dev             # S3's XML replies (storage/s3)
   debootstrap                # a minimal Debian root in which the portable wheels are tested
   openssl                    # test certificates for the peer service's mutual TLS

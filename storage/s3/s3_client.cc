@@ -9,11 +9,13 @@
 #include <pugixml.hpp>
 #include <random>
 #include <utility>
+#include <zlib.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -28,6 +30,7 @@ namespace {
 constexpr size_t kMaxReplyBytes = 16 << 20;
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
+
 
 void InitCurlOnce() {
   static std::once_flag once;
@@ -88,6 +91,13 @@ absl::Time ParseIsoTime(const std::string& text) {
 }
 
 }  // namespace
+
+std::string Crc32Checksum(absl::string_view bytes) {
+  const uLong crc = crc32_z(0L, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
+  const char be[4] = {static_cast<char>(crc >> 24), static_cast<char>(crc >> 16),
+                      static_cast<char>(crc >> 8), static_cast<char>(crc)};
+  return absl::Base64Escape(absl::string_view(be, 4));
+}
 
 struct S3Client::Request {
   std::string method;  // GET, PUT, HEAD, DELETE, POST
@@ -408,6 +418,7 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& req) {
 absl::StatusOr<std::string> S3Client::Put(const std::string& bucket, const std::string& key,
                                           absl::string_view body, const PutCondition& condition) {
   Request req{"PUT", bucket, key, "", body};
+  req.headers.push_back("x-amz-checksum-crc32: " + Crc32Checksum(body));
   if (condition.if_match.has_value()) req.headers.push_back("If-Match: " + *condition.if_match);
   if (condition.if_none_match) req.headers.push_back("If-None-Match: *");
   ZCC_ASSIGN_OR_RETURN(Response resp, Send(req));
@@ -495,6 +506,7 @@ absl::Status S3Client::Delete(const std::string& bucket, const std::string& key)
 absl::StatusOr<std::string> S3Client::CreateMultipart(const std::string& bucket,
                                                       const std::string& key) {
   Request req{"POST", bucket, key, "uploads="};
+  req.headers.push_back("x-amz-checksum-algorithm: CRC32");
   ZCC_ASSIGN_OR_RETURN(Response resp, Send(req));
   pugi::xml_document doc;
   doc.load_buffer(resp.body.data(), resp.body.size());
@@ -503,27 +515,33 @@ absl::StatusOr<std::string> S3Client::CreateMultipart(const std::string& bucket,
   return id;
 }
 
-absl::StatusOr<std::string> S3Client::UploadPart(const std::string& bucket, const std::string& key,
+absl::StatusOr<PartReceipt> S3Client::UploadPart(const std::string& bucket, const std::string& key,
                                                  const std::string& upload_id, int number,
                                                  absl::string_view body) {
   Request req{"PUT", bucket, key,
               absl::StrCat("partNumber=", number, "&uploadId=", UriEncode(upload_id, false)), body};
+  PartReceipt part;
+  part.crc32 = Crc32Checksum(body);
+  req.headers.push_back("x-amz-checksum-crc32: " + part.crc32);
   ZCC_ASSIGN_OR_RETURN(Response resp, Send(req));
-  std::string etag = resp.Header("etag");
-  if (etag.empty()) return absl::DataLossError(absl::StrCat(req.What(), ": part without an ETag"));
-  return etag;
+  part.etag = resp.Header("etag");
+  if (part.etag.empty()) {
+    return absl::DataLossError(absl::StrCat(req.What(), ": part without an ETag"));
+  }
+  return part;
 }
 
 absl::StatusOr<std::string> S3Client::CompleteMultipart(const std::string& bucket,
                                                         const std::string& key,
                                                         const std::string& upload_id,
-                                                        const std::vector<std::string>& etags) {
+                                                        const std::vector<PartReceipt>& parts) {
   pugi::xml_document doc;
   pugi::xml_node root = doc.append_child("CompleteMultipartUpload");
-  for (size_t i = 0; i < etags.size(); ++i) {
+  for (size_t i = 0; i < parts.size(); ++i) {
     pugi::xml_node part = root.append_child("Part");
     part.append_child("PartNumber").text().set(static_cast<unsigned>(i + 1));
-    part.append_child("ETag").text().set(etags[i].c_str());
+    part.append_child("ETag").text().set(parts[i].etag.c_str());
+    part.append_child("ChecksumCRC32").text().set(parts[i].crc32.c_str());
   }
   struct Writer : pugi::xml_writer {
     std::string out;

@@ -52,6 +52,17 @@ struct Endpoint {
   std::string ca_file;
 };
 
+// The CRC32 of `bytes` (zlib's, the IEEE polynomial), big-endian and
+// base64: S3's x-amz-checksum-crc32.
+std::string Crc32Checksum(absl::string_view bytes);
+
+// An uploaded part: its ETag, and the CRC32 of its bytes (base64, as S3's
+// x-amz-checksum-crc32) that the store checked on arrival.
+struct PartReceipt {
+  std::string etag;
+  std::string crc32;
+};
+
 struct ObjectInfo {
   std::string key;
   uint64_t size = 0;
@@ -100,15 +111,17 @@ class S3Client {
   // OK when the object is gone, whether or not it was there.
   absl::Status Delete(const std::string& bucket, const std::string& key);
 
+  // An upload whose parts each carry their CRC32 (the store checks each
+  // part's bytes as they arrive, and the object's composite checksum).
   absl::StatusOr<std::string> CreateMultipart(const std::string& bucket, const std::string& key);
-  // Part `number` (1-based) of an upload; returns its ETag.
-  absl::StatusOr<std::string> UploadPart(const std::string& bucket, const std::string& key,
+  // Part `number` (1-based) of an upload, sent with its CRC32.
+  absl::StatusOr<PartReceipt> UploadPart(const std::string& bucket, const std::string& key,
                                          const std::string& upload_id, int number,
                                          absl::string_view body);
-  // `etags` in part order (part i + 1 is etags[i]); returns the object's ETag.
+  // `parts` in part order (part i + 1 is parts[i]); returns the object's ETag.
   absl::StatusOr<std::string> CompleteMultipart(const std::string& bucket, const std::string& key,
                                                 const std::string& upload_id,
-                                                const std::vector<std::string>& etags);
+                                                const std::vector<PartReceipt>& parts);
   absl::Status AbortMultipart(const std::string& bucket, const std::string& key,
                               const std::string& upload_id);
   absl::StatusOr<std::vector<MultipartUpload>> ListMultipart(const std::string& bucket,

@@ -137,13 +137,13 @@ class S3WriteFile final : public File {
     tail_.clear();
     AwaitParts(0);
     ZCC_RETURN_IF_ERROR(first_error());
-    std::vector<std::string> etags;
+    std::vector<PartReceipt> parts;
     {
       zcc::MutexLock lock(&mu_);
-      etags = etags_;
+      parts = parts_;
     }
     absl::Status st = storage_->client()
-                          .CompleteMultipart(storage_->options().bucket, key_, upload_id_, etags)
+                          .CompleteMultipart(storage_->options().bucket, key_, upload_id_, parts)
                           .status();
     if (st.ok()) upload_id_.clear();  // complete: nothing to abort
     return Record(st);
@@ -213,8 +213,8 @@ class S3WriteFile final : public File {
     int number;
     {
       zcc::MutexLock lock(&mu_);
-      etags_.emplace_back();
-      number = static_cast<int>(etags_.size());
+      parts_.emplace_back();
+      number = static_cast<int>(parts_.size());
       ++parts_in_flight_;
     }
     auto body = std::make_shared<std::string>(std::move(bytes));
@@ -223,13 +223,13 @@ class S3WriteFile final : public File {
       // normal after it.
       std::optional<IdlePriority> idle;
       if (background_) idle.emplace();
-      auto etag = storage_->client().UploadPart(storage_->options().bucket, key_, upload_id_,
+      auto part = storage_->client().UploadPart(storage_->options().bucket, key_, upload_id_,
                                                 number, *body);
       zcc::MutexLock lock(&mu_);
-      if (etag.ok()) {
-        etags_[number - 1] = *etag;
+      if (part.ok()) {
+        parts_[number - 1] = *std::move(part);
       } else if (error_.ok()) {
-        error_ = etag.status();
+        error_ = part.status();
       }
       --parts_in_flight_;
     });
@@ -266,7 +266,7 @@ class S3WriteFile final : public File {
   uint64_t uploaded_ = 0;   // bytes handed to part uploads
   std::string upload_id_;   // the multipart upload, once started
   mutable zcc::Mutex mu_;
-  std::vector<std::string> etags_ ABSL_GUARDED_BY(mu_);
+  std::vector<PartReceipt> parts_ ABSL_GUARDED_BY(mu_);
   int parts_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };

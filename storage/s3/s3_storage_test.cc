@@ -60,6 +60,12 @@ std::string Unique(const std::string& name) {
   return absl::StrCat(name, "-", ::getpid(), "-", ++n);
 }
 
+TEST_CASE("S3: a part's checksum is its CRC32 (IEEE), big-endian, in base64") {
+  // The CRC-32 check value: "123456789" -> 0xCBF43926.
+  CHECK(Crc32Checksum("123456789") == "y/Q5Jg==");
+  CHECK(Crc32Checksum("") == "AAAAAA==");
+}
+
 TEST_CASE("storage conformance: S3 (moto, signatures checked)") {
   S3TestServer& server = Server();
   S3Client client(EndpointOf(server), CredentialsOf(server));
