@@ -130,7 +130,8 @@ class Replicator {
   // The pace: bytes sent since `pace_start_` (the replicator's thread only).
   absl::Time pace_start_ = absl::InfinitePast();
   uint64_t pace_bytes_ = 0;
-  // Ends the push in flight when the replicator stops.
+  // Ends its calls in flight to peers (a push, after_push's) when the
+  // replicator stops.
   CallCancel cancel_;
   std::thread thread_;
 };

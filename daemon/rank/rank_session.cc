@@ -253,49 +253,52 @@ void RankSession::SetError(std::string error) {
   last_error_ = std::move(error);
 }
 
-std::optional<int64_t> RankSession::PersistNewestOnFailure() {
+bool RankSession::IngestWhatIsLeft() {
   {
     zcc::MutexLock lock(&mu_);
-    if (stopped_) return std::nullopt;
+    if (stopped_) return false;
   }
-  // The ingest thread may be mid-way through a slot; it is stopped below, and
-  // draining here under its own CAS discipline is safe alongside it.
+  // The ingest thread may be mid-way through a slot; it is stopped later,
+  // and draining here under its own CAS discipline is safe alongside it.
   while (IngestReadySlots()) {
   }
-  // A due step ingest handed over is written first.
-  writer_.AwaitIdle();
+  return true;
+}
+
+std::optional<shm::ReadySlot> RankSession::ClaimNewestFull(int64_t min_step) {
   const std::optional<SlotSnapshot> newest = slots_.NewestFull();
-  if (!newest.has_value() || newest->step <= writer_.last_persisted_step()) return std::nullopt;
-  // Claim the slot so nothing can change it while it is written; a slot the
+  if (!newest.has_value() || newest->step < min_step) return std::nullopt;
+  // Claimed so that nothing can change it while it is written; a slot the
   // trainer had taken again holds a torn copy and is left alone.
   if (!slots_.ClaimForWrite(newest->slot, newest->step)) return std::nullopt;
-  const shm::ReadySlot slot{newest->slot, newest->step, shm::SnapshotKind::kFull, 0};
-  SubmitWrite(slot, /*on_failure=*/true);
+  return shm::ReadySlot{newest->slot, newest->step, shm::SnapshotKind::kFull, 0};
+}
+
+std::optional<int64_t> RankSession::PersistNewestOnFailure() {
+  if (!IngestWhatIsLeft()) return std::nullopt;
+  // A due step ingest handed over is written first.
   writer_.AwaitIdle();
-  return writer_.last_persisted_step() == newest->step ? newest->step : std::optional<int64_t>();
+  const std::optional<shm::ReadySlot> slot = ClaimNewestFull(writer_.last_persisted_step() + 1);
+  if (!slot.has_value()) return std::nullopt;
+  SubmitWrite(*slot, /*on_failure=*/true);
+  writer_.AwaitIdle();
+  return writer_.last_persisted_step() == slot->step ? slot->step : std::optional<int64_t>();
 }
 
 std::optional<int64_t> RankSession::ReplicateOwed() {
   if (options_.on_replicate == nullptr) return std::nullopt;
-  {
-    zcc::MutexLock lock(&mu_);
-    if (stopped_) return std::nullopt;
-  }
   // What the trainer published last may pay what is owed on its own.
-  while (IngestReadySlots()) {
-  }
+  if (!IngestWhatIsLeft()) return std::nullopt;
   writer_.AwaitIdle();
   replicate_writer_.AwaitIdle();
   const int64_t owed = replication_owed_.load(std::memory_order_relaxed);
   if (owed < 0) return std::nullopt;
-  const std::optional<SlotSnapshot> newest = slots_.NewestFull();
-  if (!newest.has_value() || newest->step < owed) return std::nullopt;
-  if (!slots_.ClaimForWrite(newest->slot, newest->step)) return std::nullopt;
-  const shm::ReadySlot slot{newest->slot, newest->step, shm::SnapshotKind::kFull, 0};
-  replicate_writer_.Submit([&] { return MakeWriteJob(slot, false, false, true); });
-  PaidReplication(slot.step);
+  const std::optional<shm::ReadySlot> slot = ClaimNewestFull(owed);
+  if (!slot.has_value()) return std::nullopt;
+  replicate_writer_.Submit([&] { return MakeWriteJob(*slot, false, false, true); });
+  PaidReplication(slot->step);
   replicate_writer_.AwaitIdle();
-  return slot.step;
+  return slot->step;
 }
 
 absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnapshot& held,

@@ -257,6 +257,12 @@ class RankSession {
   bool IngestReadySlots();
   // A snapshot of `step` went to the peer tier: nothing is owed any more.
   void PaidReplication(int64_t step);
+  // For the trainer gone: false once stopped; else ingests what it
+  // published and not yet ingested.
+  bool IngestWhatIsLeft() ABSL_LOCKS_EXCLUDED(mu_);
+  // The newest complete FULL snapshot, if it is of `min_step` or later,
+  // claimed for a write (its slot then freed by the write).
+  std::optional<shm::ReadySlot> ClaimNewestFull(int64_t min_step);
   // Updates the EMA from the slot; returns true when the slot's step is due
   // and the slot went to the writer (which frees it), false when the caller
   // frees it.
