@@ -317,7 +317,11 @@ void JobUploader::KeepSent(int64_t step) {
   }
   // One step kept: the copies of the steps sent before go.
   absl::StatusOr<std::vector<std::string>> names = fs.List(options_.job_dir);
-  if (!names.ok()) return;
+  if (!names.ok()) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": the copies kept of earlier steps stay: "
+                     << names.status();
+    return;
+  }
   for (const std::string& name : *names) {
     if (name == kept_name || !absl::StartsWith(name, "step-") || !absl::EndsWith(name, ".sent")) {
       continue;
