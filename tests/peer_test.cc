@@ -361,7 +361,13 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
     CHECK(absl::StrContains(t->Output(), "restored_step=4"));
     CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
   }
-  CHECK(absl::StrContains(c.Log(), "step 4 recovered from the peer tier"));
+  // Read in place (straight from the tier into the ranks' staging memory),
+  // then written into node C's root behind the restores, committed there.
+  CHECK(absl::StrContains(c.Log(), "step 4 recovered from the peer tier, read in place"));
+  CHECK(zcc::testing::Eventually(
+      [&] { return absl::StrContains(c.Log(), "step 4 of the peer tier written into"); },
+      absl::Seconds(60)));
+  CHECK(std::filesystem::exists(dir + "/c-root/lost/step-00000004/COMMITTED"));
   CHECK(a.Stop() == 0);
   CHECK(c.Stop() == 0);
 }

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
+#include "common/thread_priority.h"
 #include "common/file_util.h"
 #include "common/fs_identity.h"
 #include "common/instance_lock.h"
@@ -52,6 +53,7 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                     replicator->PinSoon(manifest.job_id, manifest.uid);
                   }
                 }),
+      recovered_(shard_storage_),
       staging_pool_(StagingPool::Options{
           config_.shm_prefix + ".pool", config_.staging_pool_bytes,
           config_.staging_pool_entry_bytes,
@@ -66,7 +68,7 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
           [this](uint64_t pooled) {
             metrics_.staging_pool_bytes().Set(static_cast<double>(pooled));
           }}),
-      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_, shard_storage_,
+      restores_(config_.shm_prefix, config_.max_slot_bytes, &metrics_, &recovered_,
                 &staging_pool_),
       pull_(config_.daemon_pull, std::move(pull_engine)),
       housekeeper_(config_, &metrics_,
@@ -150,6 +152,18 @@ void Registry::BeginShutdown() {
 void Registry::Shutdown() {
   if (stopped_.exchange(true)) return;
   housekeeper_.StopWork();
+  // Steps of the peer tier being written to disk: their pulls end now (a
+  // later restore recovers them again).
+  recovered_.CancelAll();
+  std::vector<std::thread> writing;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    writing.swap(writing_recovered_);
+  }
+  for (std::thread& t : writing) {
+    LeaveIdlePriority(t.native_handle());
+    t.join();
+  }
   std::map<std::string, std::shared_ptr<Job>> jobs = jobs_.Close();
   for (auto& [id, job] : jobs) {
     for (auto& session : job->Ranks()) session->Stop();
@@ -265,7 +279,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
     return absl::CancelledError("the restore was given up while the job's previous layout was "
                                 "being written");
   }
-  RecoverFromPeers(*job);
+  RecoverFromPeers(job);
   return restores_.Restore(*job, *session, req, stop);
 }
 
@@ -276,7 +290,7 @@ absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(
   if (!job->AwaitRelayout([this] { return shutting_down_.load(); })) {
     return absl::UnavailableError("zccd is shutting down");
   }
-  RecoverFromPeers(*job);
+  RecoverFromPeers(job);
   return restores_.Candidates(*job, *session, req.owned_only());
 }
 

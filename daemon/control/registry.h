@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include "common/task_pool.h"
 #include "daemon/memory/staging_pool.h"
 #include "daemon/peer/peer_directory.h"
+#include "daemon/peer/recovered_steps.h"
 #include "daemon/peer/replica_store.h"
 #include "daemon/peer/replicator.h"
 #include "metrics/metrics.h"
@@ -142,6 +144,9 @@ class Registry {
 
   JobTable jobs_;
   peer::ReplicaStore replicas_;
+  // The storage restores read through: shard_storage_, with the steps of
+  // the peer tier read in place shown under their job directories.
+  peer::RecoveredSteps recovered_;
   // The job's buddies, from its membership and what the directory knows of
   // each node's failure domain.
   std::vector<std::string> Buddies(const Job& job, const peer::PeerDirectory& directory,
@@ -172,8 +177,14 @@ class Registry {
       ABSL_LOCKS_EXCLUDED(peer_mu_);
   std::vector<std::string> NodesOf(const Job& job) const;
   // Before a restore chooses its step: the peer tier's newest step, if it
-  // is newer than the job directory's, committed there (peer_recovery.h).
-  void RecoverFromPeers(Job& job);
+  // is newer than the job directory's, shown to restores in place
+  // (recovered_) and written into the job directory in the background
+  // (WriteRecoveredStep).
+  void RecoverFromPeers(const std::shared_ptr<Job>& job) ABSL_LOCKS_EXCLUDED(peer_mu_);
+  // Writes `step` into the job's directory and commits it there (at idle
+  // priority, on a thread of its own), then stops showing it in place.
+  void WriteRecoveredStep(const std::shared_ptr<Job>& job,
+                          const std::shared_ptr<peer::RecoveredStep>& step, absl::Time began);
   // A rank's step for the peer tier, from its writer thread.
   void ReplicateStep(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes step);
 
@@ -182,8 +193,12 @@ class Registry {
   std::string peer_address_ ABSL_GUARDED_BY(peer_mu_);
   std::shared_ptr<peer::PeerDirectory> peer_directory_ ABSL_GUARDED_BY(peer_mu_);
   std::shared_ptr<peer::Replicator> replicator_ ABSL_GUARDED_BY(peer_mu_);
-  // One recovery from the peer tier at a time per job (held across its pulls).
+  // One recovery from the peer tier at a time per job (held while it finds
+  // the step).
   std::map<std::string, std::shared_ptr<zcc::Mutex>> recovering_ ABSL_GUARDED_BY(peer_mu_);
+  // Recovered steps being written to disk (WriteRecoveredStep), joined at
+  // the next recovery and at shutdown.
+  std::vector<std::thread> writing_recovered_ ABSL_GUARDED_BY(peer_mu_);
   // Uses jobs_ (the budget left), and stops before it goes.
   StagingPool staging_pool_;
   std::atomic<bool> shutting_down_{false};

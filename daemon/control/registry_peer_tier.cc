@@ -12,16 +12,28 @@
 #include "common/fs_identity.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
+#include "checkpoint/reader.h"
 #include "daemon/control/registry.h"
 #include "daemon/peer/buddies.h"
 #include "daemon/peer/memory_tier.h"
 #include "daemon/peer/peer_recovery.h"
+#include "daemon/peer/recovered_step.h"
 #include "daemon/restore/restore_tiers.h"
 #include "storage/posix_storage.h"
 
 namespace zcc::daemon {
 
-void Registry::RecoverFromPeers(Job& job) {
+namespace {
+
+// How long no restore has read a recovered step before it is written to
+// disk: the ranks of a node restore together, their reads a few files at
+// a time.
+constexpr absl::Duration kRecoveredStepQuiet = absl::Seconds(3);
+
+}  // namespace
+
+void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job) {
   std::shared_ptr<peer::PeerDirectory> directory;
   std::shared_ptr<zcc::Mutex> one_at_a_time;
   std::string self;
@@ -30,35 +42,83 @@ void Registry::RecoverFromPeers(Job& job) {
     if (peer_directory_ == nullptr) return;
     directory = peer_directory_;
     self = peer_address_;
-    std::shared_ptr<zcc::Mutex>& mu = recovering_[job.options().job_id];
+    std::shared_ptr<zcc::Mutex>& mu = recovering_[job->options().job_id];
     if (mu == nullptr) mu = std::make_shared<zcc::Mutex>();
     one_at_a_time = mu;
   }
   peer::RecoverySources sources;
   sources.own = &replicas_;
   sources.directory = directory.get();
-  for (const std::string& address : NodesOf(job)) {
+  for (const std::string& address : NodesOf(*job)) {
     if (address != self) sources.peers.push_back(address);
   }
-  // The job's ranks on this node ask together: the first recovers, the
-  // others then find the step in the job's directory.
+  // The job's ranks on this node ask together: the first finds the step,
+  // the others then find it shown under the job's directory.
   zcc::MutexLock lock(one_at_a_time.get());
-  ScopedFsIdentity as_owner(job.options().owner);
-  const std::string& job_dir = job.options().job_dir;
-  auto local = RestoreTiers::AllSteps(job_dir, job.options().upload_dir, shard_storage_);
+  ScopedFsIdentity as_owner(job->options().owner);
+  const std::string& job_dir = job->options().job_dir;
+  auto local = RestoreTiers::AllSteps(job_dir, job->options().upload_dir, &recovered_);
   if (!local.ok()) return;  // the restore reports it
   const int64_t newest = local->empty() ? -1 : *local->rbegin();
   const absl::Time began = absl::Now();
-  auto recovered = peer::RecoverNewestStep(job.options().job_id,
-                                           static_cast<uint32_t>(job.options().owner.uid), job_dir,
-                                           newest, storage::StorageOrDefault(shard_storage_),
-                                           sources);
-  if (!recovered.ok()) {
-    ZCC_LOG(WARNING) << "job " << job.options().job_id
-                     << ": recovery from the peer tier failed: " << recovered.status();
-  } else if (recovered->has_value()) {
-    job.OnCommittedOutside(**recovered, began);  // the tiered mode sends it to the store
-  }
+  std::shared_ptr<peer::RecoveredStep> step =
+      peer::RecoverInPlace(job->options().job_id, static_cast<uint32_t>(job->options().owner.uid),
+                           job_dir, newest, sources);
+  if (step == nullptr) return;
+  // Shown to restores from now on: they read it in place, straight into
+  // each rank's staging memory, while it is written to disk behind them.
+  recovered_.Add(step);
+  WriteRecoveredStep(job, step, began);
+}
+
+void Registry::WriteRecoveredStep(const std::shared_ptr<Job>& job,
+                                  const std::shared_ptr<peer::RecoveredStep>& step,
+                                  absl::Time began) {
+  zcc::MutexLock lock(&peer_mu_);
+  if (stopped_.load()) return;  // shut down: shown until zccd ends; recovered again after
+  writing_recovered_.emplace_back([this, job, step, began] {
+    // Behind the restores, which read the same holders: never before them.
+    IdlePriority idle;
+    if (!step->AwaitQuiet(kRecoveredStepQuiet)) return;  // zccd stops
+    ScopedFsIdentity as_owner(job->options().owner);
+    const std::string& job_id = job->options().job_id;
+    const std::string& job_dir = job->options().job_dir;
+    storage::Storage& fs = storage::StorageOrDefault(shard_storage_);
+    // The job went on and committed a newer step meanwhile: this one is
+    // not wanted on disk any more (nor shown: restores choose the newer).
+    auto superseded = [&] {
+      auto committed = checkpoint::ListCommittedSteps(job_dir, &fs);
+      return committed.ok() && !committed->empty() && committed->back() >= step->step();
+    };
+    peer::RecoverySources sources = step->sources();
+    sources.cancel = step->cancel();
+    const absl::Time start = absl::Now();
+    const absl::Status written = superseded()
+        ? absl::AbortedError("a newer step is committed there")
+        : peer::MaterializeStep(job_id, static_cast<uint32_t>(job->options().owner.uid), job_dir,
+                                step->plan(), fs, sources,
+                                [&] { return !superseded(); });
+    if (written.ok()) {
+      recovered_.Remove(step.get());
+      ZCC_LOG(INFO) << "job " << job_id << ": step " << step->step()
+                    << " of the peer tier written into " << job_dir << " in "
+                    << absl::ToDoubleSeconds(absl::Now() - start) << " s";
+      if (!shutting_down_.load()) job->OnCommittedOutside(step->step(), began);
+    } else if (absl::IsCancelled(written)) {
+      ZCC_LOG(INFO) << "job " << job_id << ": step " << step->step()
+                    << " of the peer tier not written into " << job_dir << ": zccd stops";
+    } else if (absl::IsAborted(written)) {
+      recovered_.Remove(step.get());
+      ZCC_LOG(INFO) << "job " << job_id << ": step " << step->step()
+                    << " of the peer tier not written into " << job_dir << ": "
+                    << written.message();
+    } else {
+      // Still shown: the ranks that restore later read it in place too.
+      ZCC_LOG(WARNING) << "job " << job_id << ": step " << step->step()
+                       << " of the peer tier could not be written into " << job_dir << " ("
+                       << written << "); restores go on reading it from the tier";
+    }
+  });
 }
 
 void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,

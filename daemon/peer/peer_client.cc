@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -114,8 +115,10 @@ absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Durati
 
 absl::Status PeerClient::PullInto(const ReplicaKey& key, absl::Duration timeout,
                                   absl::FunctionRef<absl::Status(uint64_t)> size,
-                                  absl::FunctionRef<absl::Status(absl::string_view)> sink) {
+                                  absl::FunctionRef<absl::Status(absl::string_view)> sink,
+                                  CallCancel* cancel) {
   auto ctx = ContextWithin(timeout);
+  const CallCancel::Scope cancellable(cancel, ctx.get());
   v1::PullReplicaRequest req;
   *req.mutable_key() = ToProto(key);
   std::unique_ptr<grpc::ClientReader<v1::ReplicaChunk>> reader = stub_->PullReplica(ctx.get(), req);
@@ -163,6 +166,55 @@ absl::Status PeerClient::PullInto(const ReplicaKey& key, absl::Duration timeout,
     return absl::DataLossError(absl::StrCat("peer ", target_, " served piece '", key.piece,
                                             "' of step ", key.step, " short: ", got, " of ",
                                             nbytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerClient::PullRange(const ReplicaKey& key, uint64_t offset, void* dst, size_t n,
+                                   bool check_held, absl::Duration timeout, CallCancel* cancel) {
+  if (n == 0) return absl::OkStatus();
+  auto ctx = ContextWithin(timeout);
+  const CallCancel::Scope cancellable(cancel, ctx.get());
+  v1::PullReplicaRequest req;
+  *req.mutable_key() = ToProto(key);
+  req.set_offset(offset);
+  req.set_length(n);
+  req.set_check_held(check_held);
+  std::unique_ptr<grpc::ClientReader<v1::ReplicaChunk>> reader = stub_->PullReplica(ctx.get(), req);
+  v1::ReplicaChunk chunk;
+  absl::Status bad;  // the peer's fault: damaged
+  size_t got = 0;
+  const bool got_header = reader->Read(&chunk);
+  if (!got_header) {
+    // Nothing came: the call's status says why.
+  } else if (!chunk.has_header() || !(FromProto(chunk.header().key()) == key)) {
+    bad = absl::DataLossError("its reply did not begin with this piece's header");
+  } else if (chunk.header().nbytes() < offset || chunk.header().nbytes() - offset < n) {
+    bad = absl::DataLossError(absl::StrCat("its header says the piece holds ",
+                                           chunk.header().nbytes(), " bytes"));
+  } else {
+    char* out = static_cast<char*>(dst);
+    while (reader->Read(&chunk)) {
+      if (chunk.part_case() != v1::ReplicaChunk::kData || chunk.data().size() > n - got) {
+        bad = absl::DataLossError(absl::StrCat("it sent more than the ", n, " bytes asked for"));
+        break;
+      }
+      std::memcpy(out + got, chunk.data().data(), chunk.data().size());
+      got += chunk.data().size();
+    }
+  }
+  if (!bad.ok()) ctx->TryCancel();
+  const absl::Status finished = FromPeer(target_, reader->Finish());
+  if (!bad.ok()) {
+    return absl::DataLossError(absl::StrCat("peer ", target_, " served bytes of piece '",
+                                            key.piece, "' of step ", key.step, " damaged: ",
+                                            bad.message()));
+  }
+  if (!finished.ok()) return finished;
+  if (!got_header || got != n) {
+    return absl::DataLossError(absl::StrCat("peer ", target_, " served ", got, " of the ", n,
+                                            " bytes asked for of piece '", key.piece,
+                                            "' of step ", key.step, " from byte ", offset));
   }
   return absl::OkStatus();
 }

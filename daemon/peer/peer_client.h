@@ -46,9 +46,19 @@ class PeerClient {
   // once with the size the peer announced, before any chunk): OK only when
   // the whole piece came and matched its checksum. On any error what the
   // sink took must be discarded; an error from the sink ends the pull.
+  // `cancel` (may be null) ends the call early (Cancelled).
   absl::Status PullInto(const ReplicaKey& key, absl::Duration timeout,
                         absl::FunctionRef<absl::Status(uint64_t)> size,
-                        absl::FunctionRef<absl::Status(absl::string_view)> sink);
+                        absl::FunctionRef<absl::Status(absl::string_view)> sink,
+                        CallCancel* cancel = nullptr);
+  // `n` bytes of the piece from `offset` into `dst` (a restore reading a
+  // recovered step in place): OK only when exactly those came. A range has
+  // no checksum of its own (the reader checks the tensors in it); with
+  // `check_held` the peer first checks the whole piece it holds against its
+  // XXH3 (DataLoss when damaged there). `cancel` (may be null) ends the call
+  // early (Cancelled).
+  absl::Status PullRange(const ReplicaKey& key, uint64_t offset, void* dst, size_t n,
+                         bool check_held, absl::Duration timeout, CallCancel* cancel = nullptr);
   absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,
                                                 absl::Duration timeout,
                                                 CallCancel* cancel = nullptr);

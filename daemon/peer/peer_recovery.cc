@@ -46,7 +46,7 @@ absl::StatusOr<std::shared_ptr<const std::string>> Fetch(const std::string& hold
 // whole and checked, removed otherwise. Returns its size.
 absl::StatusOr<uint64_t> PullToFile(PeerClient& peer, const ReplicaKey& key,
                                     storage::Storage& fs, const std::string& path,
-                                    absl::Duration timeout) {
+                                    absl::Duration timeout, CallCancel* cancel) {
   static std::atomic<uint64_t> sequence{0};
   const std::string tmp = absl::StrCat(path, kPullSuffix, ::getpid(), ".", sequence.fetch_add(1));
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file,
@@ -58,7 +58,8 @@ absl::StatusOr<uint64_t> PullToFile(PeerClient& peer, const ReplicaKey& key,
         const absl::Status written = storage::WriteAt(*file, offset, chunk.data(), chunk.size());
         offset += chunk.size();
         return written;
-      });
+      },
+      cancel);
   if (st.ok()) st = file->Sync();
   const absl::Status closed = file->Close();
   if (st.ok()) st = closed;
@@ -77,16 +78,12 @@ absl::StatusOr<uint64_t> Place(const std::string& holder, const ReplicaKey& key,
   // A peer's piece streams into the file where the storage writes files in
   // parts (an object store writes each whole: through memory).
   if (holder != kThisZccd && !fs.atomic_file_writes(path)) {
-    return PullToFile(*s.directory->Client(holder), key, fs, path, s.timeout);
+    return PullToFile(*s.directory->Client(holder), key, fs, path, s.timeout, s.cancel);
   }
   ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> bytes, Fetch(holder, key, s));
   ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, *bytes));
   return bytes->size();
 }
-
-// Each rank's holders of a step, in the order they are tried (this zccd
-// first), each with the rank's file names there.
-using Plan = std::map<uint32_t, std::vector<std::pair<std::string, std::set<std::string>>>>;
 
 // Ranks recovered at once (a thread each).
 constexpr size_t kParallelRanks = 4;
@@ -94,8 +91,7 @@ constexpr size_t kParallelRanks = 4;
 // Writes every file of `rank`'s part of `step` into `dir`, each from the
 // first of `holders` that serves it intact.
 absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::string& dir,
-                       int64_t step, uint32_t rank,
-                       const std::vector<std::pair<std::string, std::set<std::string>>>& holders,
+                       int64_t step, uint32_t rank, const RankHolders& holders,
                        storage::Storage& fs, const RecoverySources& s) {
   uint64_t bytes = 0;
   const absl::Time began = absl::Now();
@@ -129,11 +125,13 @@ absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::strin
   return absl::OkStatus();
 }
 
-// Writes every file of `step` into step-N.partial/, each from the first
-// holder that serves it intact, and commits it.
-absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::string& job_dir,
-                         int64_t step, const Plan& plan, uint32_t world, storage::Storage& fs,
-                         const RecoverySources& s) {
+}  // namespace
+
+absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std::string& job_dir,
+                             const RecoveryPlan& plan, storage::Storage& fs,
+                             const RecoverySources& s, const std::function<bool()>& wanted) {
+  const int64_t step = plan.step;
+  const uint32_t world = plan.world;
   const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
   ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
   // A pull cut short by a crash of an earlier zccd left its temporary file
@@ -144,8 +142,8 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
   }
   // The ranks several at a time: on a cluster their holders are different
   // nodes, and each stream alone leaves the links and disks idle.
-  std::vector<const Plan::value_type*> ranks;
-  for (const auto& entry : plan) ranks.push_back(&entry);
+  std::vector<const std::pair<const uint32_t, RankHolders>*> ranks;
+  for (const auto& entry : plan.ranks) ranks.push_back(&entry);
   std::atomic<size_t> next{0};
   zcc::Mutex mu;
   absl::Status first_error;
@@ -169,6 +167,10 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
     zcc::MutexLock lock(&mu);
     ZCC_RETURN_IF_ERROR(first_error);
   }
+  if (wanted && !wanted()) {
+    (void)fs.RemoveTree(dir);
+    return absl::AbortedError(absl::StrCat("step ", step, " is no longer wanted in ", job_dir));
+  }
   ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
   ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
                        checkpoint::TryCommit(job_dir, job_id, step, world, &fs));
@@ -179,21 +181,19 @@ absl::Status Materialize(const std::string& job_id, uint32_t uid, const std::str
   return absl::OkStatus();
 }
 
-}  // namespace
 
-absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_id, uint32_t uid,
-                                                         const std::string& job_dir,
-                                                         int64_t newer_than,
-                                                         storage::Storage& fs,
-                                                         const RecoverySources& s) {
-  const Holdings held =
-      ListHoldings(job_id, uid, TierSources{s.own, s.directory, s.peers}, absl::Seconds(10));
+void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
+                    const RecoverySources& s,
+                    absl::FunctionRef<bool(const RecoveryPlan&)> next) {
+  const Holdings held = ListHoldings(job_id, uid, TierSources{s.own, s.directory, s.peers, s.cancel},
+                                     absl::Seconds(10));
   for (auto it = held.rbegin(); it != held.rend(); ++it) {
     const int64_t step = it->first;
     if (step <= newer_than) break;
     // The holders of each rank's manifest (written last: the rank's files
     // are all there) that decodes, and the world size it names.
-    Plan plan;
+    RecoveryPlan plan;
+    plan.step = step;
     std::optional<uint32_t> world;
     std::string why;
     for (const auto& [rank, holders] : it->second) {
@@ -212,29 +212,44 @@ absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_
           continue;
         }
         world = decoded->world_size;
-        plan[rank].push_back({holder, files});
+        plan.ranks[rank].push_back({holder, files});
+        plan.manifests.emplace(rank, **bytes);
       }
     }
-    if (!world.has_value() || plan.size() != *world) {
+    if (!world.has_value() || plan.ranks.size() != *world) {
       ZCC_LOG(INFO) << "job " << job_id << ": step " << step << " of the peer tier is incomplete ("
-                    << plan.size() << " of " << (world.has_value() ? *world : 0)
+                    << plan.ranks.size() << " of " << (world.has_value() ? *world : 0)
                     << " ranks held)" << (why.empty() ? "" : ": ") << why;
       continue;
     }
-    const absl::Status made = Materialize(job_id, uid, job_dir, step, plan, *world, fs, s);
-    if (made.ok()) {
-      ZCC_LOG(INFO) << "job " << job_id << ": step " << step
-                    << " recovered from the peer tier into " << job_dir;
-      return step;
-    }
-    ZCC_LOG(WARNING) << "job " << job_id << ": step " << step
-                     << " of the peer tier could not be recovered: " << made;
+    plan.world = *world;
+    if (next(plan)) return;
   }
   ZCC_LOG(INFO) << "job " << job_id << ": the peer tier holds no whole step newer than "
                 << (newer_than < 0 ? std::string("none") : absl::StrCat("step ", newer_than))
                 << " (this zccd's memory and " << s.peers.size()
                 << " peer(s) asked): the restore uses what the job's directory has";
-  return std::optional<int64_t>();
+}
+
+absl::StatusOr<std::optional<int64_t>> RecoverNewestStep(const std::string& job_id, uint32_t uid,
+                                                         const std::string& job_dir,
+                                                         int64_t newer_than,
+                                                         storage::Storage& fs,
+                                                         const RecoverySources& s) {
+  std::optional<int64_t> recovered;
+  ForNewestSteps(job_id, uid, newer_than, s, [&](const RecoveryPlan& plan) {
+    const absl::Status made = MaterializeStep(job_id, uid, job_dir, plan, fs, s);
+    if (made.ok()) {
+      ZCC_LOG(INFO) << "job " << job_id << ": step " << plan.step
+                    << " recovered from the peer tier into " << job_dir;
+      recovered = plan.step;
+      return true;
+    }
+    ZCC_LOG(WARNING) << "job " << job_id << ": step " << plan.step
+                     << " of the peer tier could not be recovered: " << made;
+    return false;
+  });
+  return recovered;
 }
 
 }  // namespace zcc::daemon::peer

@@ -117,17 +117,33 @@ grpc::Status PeerService::PullReplica(grpc::ServerContext* ctx, const v1::PullRe
   auto held = store_->Get(key);
   if (!held.ok()) return ToGrpcStatus(held.status());
   const Replica& r = **held;
+  const uint64_t size = r.bytes.size();
+  if (req->offset() > size || req->length() > size - req->offset()) {
+    return ToGrpcStatus(absl::OutOfRangeError(
+        absl::StrCat("bytes [", req->offset(), ", +", req->length(), ") of piece '", key.piece,
+                     "' of step ", key.step, ": it holds ", size)));
+  }
+  if (req->check_held() && format::Xxh3(r.bytes.data(), size) != r.info.xxh3) {
+    ZCC_LOG(ERROR) << "the held bytes of piece '" << key.piece << "' of job " << key.job_id
+                   << " rank " << key.rank << " step " << key.step
+                   << " no longer match their checksum (damaged in this zccd's memory)";
+    return ToGrpcStatus(absl::DataLossError(
+        absl::StrCat("the held bytes of piece '", key.piece, "' of step ", key.step,
+                     " no longer match their checksum")));
+  }
+  const uint64_t begin = req->offset();
+  const uint64_t end = req->length() == 0 ? size : begin + req->length();
   v1::ReplicaChunk chunk;
   v1::ReplicaHeader* header = chunk.mutable_header();
   *header->mutable_key() = ToProto(r.info.key);
-  header->set_nbytes(r.bytes.size());
+  header->set_nbytes(size);
   header->set_xxh3(r.info.xxh3);
   header->set_from_node(r.info.from_node);
   if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "puller went away");
-  for (size_t off = 0; off < r.bytes.size(); off += kReplicaChunkBytes) {
+  for (uint64_t off = begin; off < end; off += kReplicaChunkBytes) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "pull cancelled");
     chunk.Clear();
-    chunk.set_data(r.bytes.data() + off, std::min(kReplicaChunkBytes, r.bytes.size() - off));
+    chunk.set_data(r.bytes.data() + off, std::min<uint64_t>(kReplicaChunkBytes, end - off));
     if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "puller went away");
   }
   return grpc::Status::OK;

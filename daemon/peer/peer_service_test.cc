@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -20,10 +22,15 @@
 #include "storage/whole_file.h"
 #include "common/testing/eventually.h"
 #include "daemon/peer/replica_proto.h"
+#include "daemon/peer/testing/peer_fixtures.h"
 #include "format/checksum.h"
 
 namespace zcc::daemon::peer {
 namespace {
+
+using testing::Hold;
+using testing::PeerServer;
+using testing::StepFiles;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
 
@@ -51,28 +58,6 @@ PeerConfig Tls(const std::string& node, const std::string& ca = "ca") {
   c.ca_file = absl::StrCat(CertDir(), "/", ca, ".pem");
   return c;
 }
-
-// A Peer service on 127.0.0.1 with the given credentials.
-struct PeerServer {
-  ReplicaStore store;
-  PeerService service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-
-  PeerServer(const PeerConfig& config, uint64_t budget = 64 << 20)
-      : store(budget), service("node-a", "rack-1", &store) {
-    auto creds = LoadPeerCredentials(config);
-    REQUIRE_OK(creds.status());
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", creds->server, &port);
-    b.RegisterService(&service);
-    server = b.BuildAndStart();
-    REQUIRE(server != nullptr);
-    REQUIRE(port != 0);
-  }
-  ~PeerServer() { server->Shutdown(); }
-  std::string target() const { return absl::StrCat("127.0.0.1:", port); }
-};
 
 PeerClient ClientOf(const PeerServer& s, const PeerConfig& config) {
   auto creds = LoadPeerCredentials(config);
@@ -252,6 +237,54 @@ TEST_CASE("peer service: damaged bytes from a peer are refused, by either side")
   CHECK(a.store.List("llama", 1000).size() <= 1);
 }
 
+TEST_CASE("peer service: a range of a piece, straight into the caller's memory") {
+  PeerConfig insecure;
+  insecure.insecure = true;
+  PeerServer a(insecure);
+  PeerClient b = ClientOf(a, insecure);
+  const std::string bytes = Pattern(3 << 20);  // three chunks' worth
+  REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), kTimeout));
+
+  SECTION("any range, across the server's chunks") {
+    for (const auto& [offset, n] : std::vector<std::pair<uint64_t, size_t>>{
+             {0, 10}, {(1 << 20) - 5, 2 << 20}, {bytes.size() - 7, 7}, {0, bytes.size()}}) {
+      std::string got(n, '\0');
+      REQUIRE_OK(b.PullRange(kKey, offset, got.data(), n, /*check_held=*/true, kTimeout));
+      CHECK(got == bytes.substr(offset, n));
+    }
+  }
+  SECTION("a range past the piece's end is refused, and writes nothing") {
+    std::string got(16, 'x');
+    const absl::Status st = b.PullRange(kKey, bytes.size() - 8, got.data(), 16, false, kTimeout);
+    CHECK(st.code() == absl::StatusCode::kOutOfRange);
+    CHECK(got == std::string(16, 'x'));
+  }
+  SECTION("a piece damaged in the holder's memory: refused when the holder is asked to check") {
+    Replica bad;
+    bad.info.key = ReplicaKey{"llama", 1000, 3, 21, "w"};
+    bad.bytes = Pattern(5000);
+    bad.info.xxh3 = format::Xxh3(bad.bytes.data(), bad.bytes.size());
+    bad.bytes[4000] ^= 1;
+    REQUIRE_OK(a.store.Put(std::move(bad)));
+    std::string got(100, '\0');
+    const absl::Status st =
+        b.PullRange(ReplicaKey{"llama", 1000, 3, 21, "w"}, 0, got.data(), 100, true, kTimeout);
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(st.message()), Catch::Contains("no longer match their checksum"));
+    // Unchecked, the range (before the flipped byte) comes: the reader's
+    // own checksums are what find damage inside a range.
+    REQUIRE_OK(
+        b.PullRange(ReplicaKey{"llama", 1000, 3, 21, "w"}, 0, got.data(), 100, false, kTimeout));
+    CHECK(got == Pattern(5000).substr(0, 100));
+  }
+  SECTION("another uid's piece is not served") {
+    std::string got(10, '\0');
+    const absl::Status st = b.PullRange(ReplicaKey{"llama", 1001, 3, 20, kKey.piece}, 0,
+                                        got.data(), 10, false, kTimeout);
+    CHECK(st.code() == absl::StatusCode::kNotFound);
+  }
+}
+
 TEST_CASE("peer directory: probes the peers it watches, up and down") {
   auto server = std::make_unique<PeerServer>(Tls("node-a"));
   const std::string target = server->target();
@@ -275,29 +308,6 @@ TEST_CASE("peer directory: probes the peers it watches, up and down") {
   REQUIRE(zcc::testing::Eventually([&] { return !dir.State(target)->up; }, absl::Seconds(10)));
   CHECK_FALSE(dir.State(target)->error.empty());
   CHECK(dir.State(target)->node == "node-a");  // what it was when last seen
-}
-
-// Rank `rank` of 2 at `step`, as the files a write makes.
-checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step) {
-  checkpoint::testing::SyntheticRank r(rank, 2,
-                                       {{"w", format::DType::kF32, {32, 17}},
-                                        {"m", format::DType::kF32, {32, 17}, format::TensorKind::kOptim}},
-                                       0, "job");
-  r.Fill(step);
-  auto bytes = checkpoint::SerializeRankStep(step, r.shards(), r.slot(), {});
-  REQUIRE_OK(bytes.status());
-  return *bytes;
-}
-
-void Hold(ReplicaStore& store, const checkpoint::RankStepBytes& step, bool damage_shards) {
-  for (const checkpoint::RankStepFile& f : step.files) {
-    Replica r;
-    r.info.key = ReplicaKey{"job", 1000, step.rank, step.step, f.name};
-    r.bytes = f.bytes;
-    r.info.xxh3 = format::Xxh3(r.bytes.data(), r.bytes.size());
-    if (damage_shards && f.name.find("manifest") == std::string::npos) r.bytes[r.bytes.size() / 2] ^= 1;
-    REQUIRE_OK(store.Put(std::move(r)));
-  }
 }
 
 TEST_CASE("peer recovery: the newest complete step, each file from a holder that serves it intact") {

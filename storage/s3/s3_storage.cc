@@ -15,6 +15,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_priority.h"
+#include "storage/completion_queue.h"
 
 namespace zcc::storage::s3 {
 namespace {
@@ -36,35 +37,6 @@ std::string Base(const std::string& name) {
   const size_t slash = s.find_last_of('/');
   return slash == std::string::npos ? s : s.substr(slash + 1);
 }
-
-// Completions of a file's requests, handed over from the storage's threads.
-class CompletionQueue {
- public:
-  void Push(IoCompletion c) {
-    zcc::MutexLock lock(&mu_);
-    done_.push_back(std::move(c));
-  }
-  absl::StatusOr<IoCompletion> Wait(uint32_t* in_flight) {
-    zcc::MutexLock lock(&mu_);
-    if (done_.empty() && *in_flight == 0) {
-      return absl::FailedPreconditionError("no request in flight");
-    }
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !done_.empty(); };
-    mu_.Await(absl::Condition(&ready));
-    IoCompletion c = std::move(done_.front());
-    done_.pop_front();
-    --*in_flight;
-    return c;
-  }
-  bool HasCompletion() const {
-    zcc::MutexLock lock(&mu_);
-    return !done_.empty();
-  }
-
- private:
-  mutable zcc::Mutex mu_;
-  std::deque<IoCompletion> done_ ABSL_GUARDED_BY(mu_);
-};
 
 }  // namespace
 

@@ -1,0 +1,42 @@
+// Test fixtures of the peer tier: a Peer service on loopback over its own
+// replica store, and a rank's step files as a write makes them, held in a
+// store (damaged on demand).
+#ifndef ZCC_DAEMON_PEER_TESTING_PEER_FIXTURES_H_
+#define ZCC_DAEMON_PEER_TESTING_PEER_FIXTURES_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "checkpoint/rank_step_bytes.h"
+#include "daemon/peer/peer_credentials.h"
+#include "daemon/peer/peer_service.h"
+#include "daemon/peer/replica_store.h"
+
+namespace zcc::daemon::peer::testing {
+
+// A Peer service on 127.0.0.1 with the given credentials.
+struct PeerServer {
+  ReplicaStore store;
+  PeerService service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  explicit PeerServer(const PeerConfig& config, uint64_t budget = 64 << 20);
+  ~PeerServer();
+  std::string target() const;
+};
+
+// Rank `rank` of 2 of job "job" at `step`, as the files a write makes.
+checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step);
+
+// Puts `step`'s files into `store` for uid 1000; with `damage_shards` the
+// shard files' bytes differ from the checksum they are held with (memory
+// gone bad after they arrived), the manifest's do not.
+void Hold(ReplicaStore& store, const checkpoint::RankStepBytes& step, bool damage_shards);
+
+}  // namespace zcc::daemon::peer::testing
+
+#endif  // ZCC_DAEMON_PEER_TESTING_PEER_FIXTURES_H_
