@@ -240,10 +240,10 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
 }
 
 absl::Status RankSession::RestoreEma(const std::string& step_dir,
-                                     const checkpoint::GroupedIndex& index, int64_t step) {
-  // Through the daemon's storage, like the rank's writes.
+                                     const checkpoint::GroupedIndex& index, int64_t step,
+                                     storage::Storage* storage) {
   checkpoint::IoOptions io;
-  io.storage = options_.io.storage;
+  io.storage = storage;
   return ema_.Restore(step_dir, index, step, io);
 }
 

@@ -202,10 +202,12 @@ class RankSession {
   void InterruptWaits() { ema_.Interrupt(); }
 
   // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
-  // shards). OK and a no-op without an EMA; a checkpoint without EMA tensors
-  // leaves the EMA to start afresh (logged).
+  // shards), read through `storage` (the restore's, which the step's other
+  // files came through: a kept copy, a step read from the peer tier). OK and
+  // a no-op without an EMA; a checkpoint without EMA tensors leaves the EMA
+  // to start afresh (logged).
   absl::Status RestoreEma(const std::string& step_dir, const checkpoint::GroupedIndex& index,
-                          int64_t step);
+                          int64_t step, storage::Storage* storage);
   // ---- restore from memory ----
   // Steps of the snapshots held from the previous trainer, newest first.
   std::vector<int64_t> MemorySteps() const ABSL_LOCKS_EXCLUDED(mu_);

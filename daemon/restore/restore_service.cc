@@ -427,7 +427,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     return failed(read.status());
   }
   metrics_->restore_bytes_read().Increment(*read);
-  if (absl::Status st = session.RestoreEma(step_dir, **index, step); !st.ok()) {
+  if (absl::Status st = session.RestoreEma(step_dir, **index, step, read_io_.storage);
+      !st.ok()) {
     if (slot.has_value()) session.slots().ReleaseRestore(*slot);
     return failed(Annotate(st, "the EMA"));
   }

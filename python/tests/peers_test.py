@@ -121,7 +121,11 @@ def node_lost():
             os.remove(name)
         shutil.rmtree(lost.root)
         survivors = [d for d in zccds if d is not lost]
-        out = run(6, ["restore", "--expect-step", "20", "--ref", ref] + where(survivors))
+        try:
+            out = run(6, ["restore", "--expect-step", "20", "--ref", ref] + where(survivors))
+        except AssertionError as e:
+            raise AssertionError("%s\nthe surviving zccds' logs:\n%s"
+                                 % (e, "".join(d.log()[-6000:] for d in survivors))) from None
         restored = re.findall(r"rank=(\d+) restored=20 from=(\w+) equal=(\d+)", out)
         assert sorted(int(r) for r, _, _ in restored) == list(range(6)), out
         logs = "".join(d.log() for d in survivors)
