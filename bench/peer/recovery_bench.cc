@@ -7,14 +7,15 @@
 // its buddy, node-b (a static peer in another rack). After step 4 is committed on
 // node-a's disk and held in node-b's memory, node-a is killed (SIGKILL).
 //   * recovery: a replacement zccd, node-c, with an empty root, registers the
-//     ranks and restores them: it pulls step 4 from node-b, commits it into
-//     its own root, and restores it;
+//     ranks and restores them: it reads step 4 in place, each rank's restore
+//     pulling what it needs from node-b straight into its staging memory
+//     (node-c writes the step into its root only after the restores);
 //   * reference: node-a restarted on its own root (no peer tier) registers
 //     the ranks and restores step 4 from its disk.
 // Both are timed from the start of the registration to the restore's end,
 // and both restores are checked byte for byte against the trained state.
-// The page cache is warm for both (node-a's files were just written; node-c
-// writes the files it pulls); say so beside the figures.
+// The page cache is warm for the reference (node-a's files were just
+// written); say so beside the figures.
 //
 // Rows:
 //   peer_recovery_vs_disk_restore (ratio = disk / recovery), seconds
