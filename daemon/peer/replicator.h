@@ -122,6 +122,9 @@ class Replicator {
   PeerDirectory* const directory_;
   const BuddiesFn buddies_;
 
+  // Lock order: mu_ before the store's (ForgetGoneJobs lifts a gone job's
+  // pins under mu_); the store calls back (on_pushed_whole, PinSoon) only
+  // outside its own lock, so nothing takes them the other way round.
   mutable zcc::Mutex mu_;
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the thread

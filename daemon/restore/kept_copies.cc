@@ -1,5 +1,6 @@
 #include "daemon/restore/kept_copies.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -29,7 +30,7 @@ void KeptCopies::Forget(const std::string& step_dir) {
   std::string kept_dir;
   {
     zcc::MutexLock lock(&mu_);
-    forgotten_.insert(step_dir);
+    forgotten_[step_dir] = absl::Now();
     found_.erase(step_dir);
     kept_dir = KeptDirFor(step_dir);
   }
@@ -49,22 +50,41 @@ std::string KeptCopies::KeptDirFor(const std::string& step_dir) const {
   return JoinPath(it->second, format::SentStepDirName(*step));
 }
 
+bool KeptCopies::KeptSince(const std::string& kept_dir, absl::Time when) {
+  absl::StatusOr<storage::FileInfo> info = base()->Stat(kept_dir);
+  return info.ok() && info->is_dir && info->modified > when;
+}
+
 std::map<std::string, std::string> KeptCopies::Match(const std::string& step_dir,
                                                      const std::string& kept_dir) {
   std::map<std::string, std::string> files;
   absl::StatusOr<std::vector<std::string>> names = base()->List(kept_dir);
-  if (!names.ok()) return files;  // nothing kept for this step
+  if (!names.ok()) {
+    // NotFound: nothing kept for this step. Anything else (permissions) is
+    // said: the store is read instead, which is right, but slower.
+    if (!absl::IsNotFound(names.status())) {
+      ZCC_LOG(WARNING) << "the kept copy " << kept_dir << " cannot be listed (" << names.status()
+                       << "); " << step_dir << " is read from the store";
+    }
+    return files;
+  }
   for (const std::string& name : *names) {
     if (!absl::EndsWith(name, ".manifest.json")) continue;
     // The rank's files are the store's only if its manifest is: the same
     // run, the same tensors, the same checksums.
     auto kept = storage::ReadWholeFile(*base(), JoinPath(kept_dir, name), format::kMaxManifestBytes);
-    if (!kept.ok()) continue;
+    if (!kept.ok()) {
+      ZCC_LOG(WARNING) << "the kept copy's " << JoinPath(kept_dir, name) << " cannot be read ("
+                       << kept.status() << "); its rank's files are read from the store";
+      continue;
+    }
     auto stored =
         storage::ReadWholeFile(*base(), JoinPath(step_dir, name), format::kMaxManifestBytes);
     if (!stored.ok() || *stored != *kept) continue;
     absl::StatusOr<format::RankManifest> manifest = format::DecodeRankManifest(*kept);
-    if (!manifest.ok()) continue;
+    if (!manifest.ok()) {  // equal to the store's: the store's is as bad; the restore says so
+      continue;
+    }
     std::map<std::string, std::string> rank_files;
     bool whole = true;
     for (const format::ManifestFile& f : manifest->files) {
@@ -94,6 +114,21 @@ absl::StatusOr<std::unique_ptr<storage::File>> KeptCopies::OpenForRead(
   const absl::Time now = absl::Now();
   std::string local;
   std::string kept_dir;  // to look at (nothing known of the step yet)
+  std::optional<absl::Time> forgotten;
+  {
+    zcc::MutexLock lock(&mu_);
+    if (auto it = forgotten_.find(step_dir); it != forgotten_.end()) {
+      forgotten = it->second;
+      kept_dir = KeptDirFor(step_dir);
+    }
+  }
+  if (forgotten.has_value() && !kept_dir.empty() && KeptSince(kept_dir, *forgotten)) {
+    zcc::MutexLock lock(&mu_);
+    if (auto it = forgotten_.find(step_dir); it != forgotten_.end() && it->second == *forgotten) {
+      forgotten_.erase(it);
+    }
+  }
+  kept_dir.clear();
   {
     zcc::MutexLock lock(&mu_);
     if (watched_.empty() || forgotten_.count(step_dir) > 0) {

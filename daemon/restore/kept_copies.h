@@ -42,7 +42,8 @@ class KeptCopies final : public storage::StorageWrapper {
   // dropped included: a read begun before another restore's Forget).
   bool Served(const std::string& step_dir) const ABSL_LOCKS_EXCLUDED(mu_);
   // No more reads of `step_dir` from a kept copy: the copy found damaged is
-  // removed (as the caller's file-system identity).
+  // removed (as the caller's file-system identity). A copy kept there anew
+  // after that (a later run of the job writing the step again) is read.
   void Forget(const std::string& step_dir) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<std::unique_ptr<storage::File>> OpenForRead(
@@ -67,7 +68,12 @@ class KeptCopies final : public storage::StorageWrapper {
   mutable zcc::Mutex mu_;
   std::map<std::string, std::string> watched_ ABSL_GUARDED_BY(mu_);  // upload_dir -> job_dir
   std::map<std::string, Found> found_ ABSL_GUARDED_BY(mu_);          // by step_dir
-  std::set<std::string> forgotten_ ABSL_GUARDED_BY(mu_);             // step_dirs
+  // Whether a copy kept at `kept_dir` now was kept after `step_dir` was
+  // forgotten at `when` (I/O: called without mu_).
+  bool KeptSince(const std::string& kept_dir, absl::Time when);
+
+  // step_dir -> when Forget dropped its kept copy.
+  std::map<std::string, absl::Time> forgotten_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zcc::daemon

@@ -182,6 +182,12 @@ TEST_CASE("a damaged kept copy fails its checks; once forgotten the store's step
   // (Still "served": a restore that read the copy before it was dropped
   // reads the step again from the store rather than call it damaged.)
   CHECK(kept.Served(StoreStep(10)));
+
+  // A later run writes step 10 again: the copy kept anew is read.
+  c.WriteAndSend(10);
+  REQUIRE(c.fs.Stat(Kept(0, 10)).ok());
+  CHECK(c.OpenedAt(kept, JoinPath(StoreStep(10), mine)) == JoinPath(Kept(0, 10), mine));
+  REQUIRE_OK(c.Verify(kept, 10));
 }
 
 }  // namespace
