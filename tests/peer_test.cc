@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <tuple>
+#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -369,6 +370,87 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
       absl::Seconds(60)));
   CHECK(std::filesystem::exists(dir + "/c-root/lost/step-00000004/COMMITTED"));
   CHECK(a.Stop() == 0);
+  CHECK(c.Stop() == 0);
+}
+
+TEST_CASE("the job's newest step whole in the tier outlives newer steps of one rank under a "
+          "tight replica budget, and a lost node's rank restores it") {
+  const std::string dir = ShortTempDir("it-peerpin");
+  const std::string certs = MakeCerts(dir);
+  // A rank's step is 2.4 MB; 8 MiB at each zccd hold three. Node a holds
+  // rank 1's step 2 and its own copies of rank 0's steps 2 (pinned: the
+  // job's newest whole step, rank 1 going no further) and 4; no newer own
+  // copy fits beside them, and none may push step 2 out.
+  auto flags = [&](const std::string& node, const std::string& rack) {
+    std::vector<std::string> f = PeerFlags(certs, node, rack);
+    f.push_back("--replicate_every=2");
+    f.push_back("--replica_budget_mb=8");
+    return f;
+  };
+  Daemon a(dir, {flags("node-a", "rack-1"), dir + "/a-root", "zccd-a"});
+  Daemon b(dir, {flags("node-b", "rack-2"), dir + "/b-root", "zccd-b"});
+  Daemon c(dir, {flags("node-c", "rack-1"), dir + "/c-root", "zccd-c"});
+  REQUIRE(a.Start());
+  REQUIRE(b.Start());
+  REQUIRE(c.Start());
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  // Rank 1 stops after step 2 (it stays registered); rank 0 trains on to
+  // step 10, each of its even steps replicated to node b.
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int rank : {0, 1}) {
+    Daemon& d = rank == 0 ? a : b;
+    trainers.push_back(StartTrainer(
+        d, dir, absl::StrCat("train", rank),
+        {"--job=pin", absl::StrCat("--rank=", rank), "--world=2",
+         absl::StrCat("--steps=", rank == 0 ? 10 : 2), "--save_every=0", "--block",
+         "--share_peers", "--collective=" + collective, "--linger_ms=60000", "--step_ms=300"}));
+  }
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
+  // Node b knows step 2 as the newest whole step of the job and keeps it;
+  // rank 0's newer steps that do not fit beside it are refused, not it.
+  REQUIRE(zcc::testing::Eventually(
+      [&] { return absl::StrContains(b.Log(), "job pin: step 2 is the newest whole"); },
+      absl::Seconds(60)));
+  REQUIRE(zcc::testing::Eventually(
+      [&] {
+        return absl::StrContains(a.Log(),
+                                 "job pin rank 0: step 10 not replicated: RESOURCE_EXHAUSTED");
+      },
+      absl::Seconds(60)));
+  // What node b holds of rank 0: step 2 whole, and step 4.
+  const int port_b = PortFromLog(b, R"(peer service on \S+ \(port (\d+), mutual TLS\))");
+  auto listed = ClientTo(port_b, Identity(certs, "node-a")).List("pin", ::getuid(), kTimeout);
+  REQUIRE(listed.ok());
+  std::set<int64_t> rank0_steps;
+  for (const daemon::peer::ReplicaInfo& info : *listed) {
+    if (info.key.rank == 0 && info.key.piece == "r00000.manifest.json") rank0_steps.insert(info.key.step);
+  }
+  CHECK(rank0_steps == std::set<int64_t>{2, 4});
+  for (auto& t : trainers) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  }
+  a.Kill();
+  std::filesystem::remove_all(dir + "/a-root");
+  const std::string again = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> restarted;
+  for (int rank : {0, 1}) {
+    Daemon& d = rank == 0 ? c : b;
+    restarted.push_back(StartTrainer(
+        d, dir, absl::StrCat("restore", rank),
+        {"--job=pin", absl::StrCat("--rank=", rank), "--world=2", "--mode=restore",
+         "--share_peers", "--collective=" + again, "--expect_step=2"}));
+  }
+  for (auto& t : restarted) {
+    const std::optional<int> code = t->Wait(absl::Seconds(120));
+    INFO(t->Output());
+    INFO(c.Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(absl::StrContains(t->Output(), "restored_step=2"));
+    CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
+  }
+  CHECK(b.Stop() == 0);
   CHECK(c.Stop() == 0);
 }
 
