@@ -362,13 +362,21 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
     CHECK(absl::StrContains(t->Output(), "restored_step=4"));
     CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
   }
-  // Read in place (straight from the tier into the ranks' staging memory),
-  // then written into node C's root behind the restores, committed there.
+  // Read in place (straight from the tier into the ranks' staging memory);
+  // behind the restores, rank 0's zccd (node A, whose root has no step
+  // either) writes it into its root and commits it there, node C only
+  // stops showing it.
   CHECK(absl::StrContains(c.Log(), "step 4 recovered from the peer tier, read in place"));
   CHECK(zcc::testing::Eventually(
-      [&] { return absl::StrContains(c.Log(), "step 4 of the peer tier written into"); },
+      [&] { return absl::StrContains(a.Log(), "step 4 of the peer tier written into"); },
       absl::Seconds(60)));
-  CHECK(std::filesystem::exists(dir + "/c-root/lost/step-00000004/COMMITTED"));
+  CHECK(std::filesystem::exists(dir + "/a-root/lost/step-00000004/COMMITTED"));
+  CHECK(zcc::testing::Eventually(
+      [&] {
+        return absl::StrContains(c.Log(), "step 4 of the peer tier read in place here; rank 0's");
+      },
+      absl::Seconds(60)));
+  CHECK_FALSE(std::filesystem::exists(dir + "/c-root/lost/step-00000004"));
   CHECK(a.Stop() == 0);
   CHECK(c.Stop() == 0);
 }

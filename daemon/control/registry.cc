@@ -279,7 +279,7 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
     return absl::CancelledError("the restore was given up while the job's previous layout was "
                                 "being written");
   }
-  RecoverFromPeers(job);
+  RecoverFromPeers(job, req.rank());
   return restores_.Restore(*job, *session, req, stop);
 }
 
@@ -290,7 +290,7 @@ absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(
   if (!job->AwaitRelayout([this] { return shutting_down_.load(); })) {
     return absl::UnavailableError("zccd is shutting down");
   }
-  RecoverFromPeers(job);
+  RecoverFromPeers(job, req.rank());
   return restores_.Candidates(*job, *session, req.owned_only());
 }
 

@@ -176,13 +176,15 @@ class Registry {
   void PinMemoryTier(const std::string& job_id, uint32_t uid, peer::CallCancel* cancel)
       ABSL_LOCKS_EXCLUDED(peer_mu_);
   std::vector<std::string> NodesOf(const Job& job) const;
-  // Before a restore chooses its step: the peer tier's newest step, if it
-  // is newer than the job directory's, shown to restores in place
-  // (recovered_) and written into the job directory in the background
-  // (WriteRecoveredStep).
-  void RecoverFromPeers(const std::shared_ptr<Job>& job) ABSL_LOCKS_EXCLUDED(peer_mu_);
-  // Writes `step` into the job's directory and commits it there (at idle
-  // priority, on a thread of its own), then stops showing it in place.
+  // Before `rank`'s restore chooses its step: the peer tier's newest step,
+  // if it is newer than the job directory's, shown to restores in place
+  // (recovered_); the zccd where rank 0 restores also writes it into the
+  // job directory in the background (WriteRecoveredStep).
+  void RecoverFromPeers(const std::shared_ptr<Job>& job, uint32_t rank)
+      ABSL_LOCKS_EXCLUDED(peer_mu_);
+  // Once the restores are done with `step` (on a thread of its own): writes
+  // it into the job's directory and commits it there at idle priority where
+  // rank 0 restored from it, then stops showing it in place.
   void WriteRecoveredStep(const std::shared_ptr<Job>& job,
                           const std::shared_ptr<peer::RecoveredStep>& step, absl::Time began);
   // A rank's step for the peer tier, from its writer thread.

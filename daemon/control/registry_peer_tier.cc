@@ -33,7 +33,7 @@ constexpr absl::Duration kRecoveredStepQuiet = absl::Seconds(3);
 
 }  // namespace
 
-void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job) {
+void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job, uint32_t rank) {
   std::shared_ptr<peer::PeerDirectory> directory;
   std::shared_ptr<zcc::Mutex> one_at_a_time;
   std::string self;
@@ -57,6 +57,11 @@ void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job) {
   zcc::MutexLock lock(one_at_a_time.get());
   ScopedFsIdentity as_owner(job->options().owner);
   const std::string& job_dir = job->options().job_dir;
+  if (std::shared_ptr<peer::RecoveredStep> shown = recovered_.Find(job_dir); shown && rank == 0) {
+    // Found by an earlier rank here: rank 0 restoring makes this zccd the
+    // one that writes it to disk.
+    shown->WriteHere();
+  }
   auto local = RestoreTiers::AllSteps(job_dir, job->options().upload_dir, &recovered_);
   if (!local.ok()) return;  // the restore reports it
   const int64_t newest = local->empty() ? -1 : *local->rbegin();
@@ -65,6 +70,7 @@ void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job) {
       peer::RecoverInPlace(job->options().job_id, static_cast<uint32_t>(job->options().owner.uid),
                            job_dir, newest, sources);
   if (step == nullptr) return;
+  if (rank == 0) step->WriteHere();
   // Shown to restores from now on: they read it in place, straight into
   // each rank's staging memory, while it is written to disk behind them.
   recovered_.Add(step);
@@ -80,6 +86,15 @@ void Registry::WriteRecoveredStep(const std::shared_ptr<Job>& job,
     // Behind the restores, which read the same holders: never before them.
     IdlePriority idle;
     if (!step->AwaitQuiet(kRecoveredStepQuiet)) return;  // zccd stops
+    if (!step->write_here()) {
+      // Every node whose ranks restore reads the step in place; one writes
+      // it (rank 0's), not every node the whole of it. A later restore
+      // here reads it in place again.
+      recovered_.Remove(step.get());
+      ZCC_LOG(INFO) << "job " << job->options().job_id << ": step " << step->step()
+                    << " of the peer tier read in place here; rank 0's zccd writes it to disk";
+      return;
+    }
     ScopedFsIdentity as_owner(job->options().owner);
     const std::string& job_id = job->options().job_id;
     const std::string& job_dir = job->options().job_dir;

@@ -25,6 +25,7 @@
 #ifndef ZCC_DAEMON_PEER_RECOVERED_STEP_H_
 #define ZCC_DAEMON_PEER_RECOVERED_STEP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -72,6 +73,10 @@ class RecoveredStep final : public storage::Storage,
   // Other pulls of the step (its write to disk) may share it: cancel().
   void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
   CallCancel* cancel() { return &cancel_; }
+  // This zccd's job rank 0 restores from the step: this zccd writes it into
+  // the job's directory (one zccd of the job does, not every node).
+  void WriteHere() { write_here_.store(true); }
+  bool write_here() const { return write_here_.load(); }
   // Returns once no file of the step has been open for `quiet` (the
   // restores that read it are done: the write to disk, which pulls the
   // same bytes again, comes after them), or once cancelled (false).
@@ -125,6 +130,7 @@ class RecoveredStep final : public storage::Storage,
   std::map<std::string, Remote> remote_;  // by file name; set by Make, then read only
   uint64_t remote_bytes_ = 0;
   CallCancel cancel_;
+  std::atomic<bool> write_here_{false};
   TaskPool pulls_;  // the reads in flight, of every file
 
   // A file of the step opened, and closed.
