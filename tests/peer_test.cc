@@ -219,8 +219,9 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
         return absl::StrContains(out, "replication: step 6 at every buddy, newest 6");
       },
       absl::Seconds(30)));
-  // Each zccd asked the other what it holds after its own push and after
-  // the other's step arrived: both know both ranks' step 6 whole in the tier.
+  // The job's pin leader (the lower address) asked the other what it holds
+  // after its own push and when the other nudged it after its push, and sent
+  // it the pin: both know both ranks' step 6 whole in the tier.
   std::string out_b;
   CHECK(zcc::testing::Eventually(
       [&] {
@@ -230,6 +231,17 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
                absl::StrContains(out_b, "memory tier: step 6 whole");
       },
       absl::Seconds(30)));
+  // One of them leads (it asked, and told the other); the other only took it.
+  {
+    const bool a_leads = absl::StrContains(a.Log(), "(this one its pin leader)");
+    Daemon& follower = a_leads ? b : a;
+    Daemon& leader = a_leads ? a : b;
+    CHECK(absl::StrContains(leader.Log(), "step 6 pinned at 1 of 1 other zccd(s) of the job"));
+    CHECK(absl::StrContains(follower.Log(), "step 6 is the newest whole in the peer tier (every "
+                                            "rank's files held by some zccd, as the job's pin "
+                                            "leader found)"));
+    CHECK_FALSE(absl::StrContains(follower.Log(), "(this one its pin leader)"));
+  }
 
   // What node-b holds for rank 0 (pulled with node-a's certificate), and
   // what node-a holds for rank 1: the very files of the committed step 6.

@@ -110,6 +110,11 @@ class Registry {
   // The replicas of other nodes' snapshot pieces this zccd holds (served by
   // the peer listener when config.peer.listen is set).
   peer::ReplicaStore& replicas() { return replicas_; }
+  // A PinStep call from another zccd of the job (proto/peer.proto), on a
+  // gRPC thread: a pin its leader found (step >= 0), or a nudge to find it
+  // again (this zccd being the leader).
+  absl::Status OnPeerPin(const std::string& job_id, uint32_t uid, int64_t step,
+                         bool everyone_answered) ABSL_LOCKS_EXCLUDED(peer_mu_);
   // Where the peer listener serves (`endpoint` for the status, `address`
   // for the trainers and other zccds) and the credentials of connections to
   // other zccds; set once it listens, before the control service starts.
@@ -173,8 +178,19 @@ class Registry {
   // cluster-wide (memory_tier.h), asking each of its zccds what it holds:
   // the replicator's after_push, on its thread; `cancel` ends its calls to
   // the peers when the replicator stops.
+  // Where the job's trainers reported their nodes, only the job's pin
+  // leader (PinLeader) asks the others; the rest nudge it and take the pin
+  // it sends them (PinStep, OnPeerPin).
   void PinMemoryTier(const std::string& job_id, uint32_t uid, peer::CallCancel* cancel)
       ABSL_LOCKS_EXCLUDED(peer_mu_);
+  // The job's node with the lowest address that is up (this one counts as
+  // up), among the nodes its trainers reported; "" when they reported none
+  // or not this one (each zccd then finds the pin itself).
+  std::string PinLeader(const Job& job, const PeerParts& peer) const;
+  // Pins `whole` in replicas_ for the job unless that moves the pin back
+  // while some zccd did not answer; true when the pin changed.
+  bool ApplyPin(const std::string& job_id, uint32_t uid, int64_t whole, bool everyone_answered,
+                const char* found_by);
   std::vector<std::string> NodesOf(const Job& job) const;
   // Before `rank`'s restore chooses its step: the peer tier's newest step,
   // if it is newer than the job directory's, shown to restores in place

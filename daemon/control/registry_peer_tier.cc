@@ -167,6 +167,15 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
   std::shared_ptr<Job> job = jobs_.Find(job_id);
   const PeerParts peer = CurrentPeerParts();
   if (job == nullptr || peer.directory == nullptr) return;
+  const std::string leader = PinLeader(*job, peer);
+  if (!leader.empty() && leader != peer.self) {
+    // One call: the leader asks every zccd of the job and sends the pin.
+    const absl::Status nudged =
+        peer.directory->Client(leader)->PinStep(job_id, uid, -1, false, absl::Seconds(10), cancel);
+    if (nudged.ok() || absl::IsCancelled(nudged)) return;
+    ZCC_LOG(WARNING) << "job " << job_id << ": its pin leader " << leader
+                     << " was not reached (" << nudged << "); this zccd finds the pin itself";
+  }
   // Only the zccds the directory has up are asked: this runs on the
   // replicator's thread, and a peer that is down would hold up its pushes
   // for the whole timeout.
@@ -185,17 +194,67 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
   const peer::Holdings held = peer::ListHoldings(job_id, uid, sources, absl::Seconds(10), &asked);
   const std::optional<int64_t> whole = peer::NewestWholeStep(held, job->options().world_size);
   if (!whole.has_value()) return;
-  const std::optional<int64_t> pinned = replicas_.pinned(job_id, uid);
   // With a zccd down or not answering, what it holds is unknown: the pin
   // only moves on (a step whole without it is whole), never back.
   const bool everyone_answered = down == 0 && asked == sources.peers.size();
-  if (pinned.has_value() && (*whole == *pinned || (!everyone_answered && *whole < *pinned))) {
-    return;
+  if (!ApplyPin(job_id, uid, *whole, everyone_answered, "") || leader != peer.self) return;
+  // The leader: every other zccd of the job up takes the pin from here.
+  size_t told = 0;
+  for (const std::string& address : sources.peers) {
+    const absl::Status sent = peer.directory->Client(address)->PinStep(
+        job_id, uid, *whole, everyone_answered, absl::Seconds(10), cancel);
+    if (sent.ok()) {
+      ++told;
+    } else {
+      ZCC_LOG(WARNING) << "job " << job_id << ": step " << *whole << " pinned here, not at "
+                       << address << ": " << sent;
+    }
   }
-  replicas_.Pin(job_id, uid, *whole);
-  ZCC_LOG(INFO) << "job " << job_id << ": step " << *whole
+  ZCC_LOG(INFO) << "job " << job_id << ": step " << *whole << " pinned at " << told << " of "
+                << sources.peers.size() << " other zccd(s) of the job (this one its pin leader)";
+}
+
+bool Registry::ApplyPin(const std::string& job_id, uint32_t uid, int64_t whole,
+                        bool everyone_answered, const char* found_by) {
+  const std::optional<int64_t> pinned = replicas_.pinned(job_id, uid);
+  if (pinned.has_value() && (whole == *pinned || (!everyone_answered && whole < *pinned))) {
+    return false;
+  }
+  replicas_.Pin(job_id, uid, whole);
+  ZCC_LOG(INFO) << "job " << job_id << ": step " << whole
                 << " is the newest whole in the peer tier (every rank's files held by some "
-                << "zccd); kept in this zccd's replica memory until a newer one is";
+                << "zccd" << found_by << "); kept in this zccd's replica memory until a newer one is";
+  return true;
+}
+
+std::string Registry::PinLeader(const Job& job, const PeerParts& peer) const {
+  const auto nodes = job.peers().Nodes();
+  if (nodes.count(peer.self) == 0) return "";
+  for (const auto& [address, ranks] : nodes) {  // in address order
+    if (address == peer.self) return address;
+    const auto state = peer.directory->State(address);
+    if (state.has_value() && state->up) return address;
+  }
+  return "";
+}
+
+absl::Status Registry::OnPeerPin(const std::string& job_id, uint32_t uid, int64_t step,
+                                 bool everyone_answered) {
+  // Only for a job with ranks here: a pin is lifted when the job leaves this
+  // zccd, and one for a job never here would hold its step for good.
+  std::shared_ptr<Job> job = jobs_.Find(job_id);
+  if (job == nullptr || static_cast<uint32_t>(job->options().owner.uid) != uid) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " has no ranks on this zccd"));
+  }
+  if (step >= 0) {
+    ApplyPin(job_id, uid, step, everyone_answered, ", as the job's pin leader found");
+    return absl::OkStatus();
+  }
+  std::shared_ptr<peer::Replicator> replicator = CurrentReplicator();
+  if (replicator == nullptr) return absl::UnavailableError("the peer tier has stopped here");
+  replicator->PinSoon(job_id, uid);
+  return absl::OkStatus();
 }
 
 std::vector<std::string> Registry::NodesOf(const Job& job) const {

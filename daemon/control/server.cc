@@ -331,8 +331,14 @@ absl::Status Server::Impl::ServeStatusOverTcp(const std::string& listen) {
 }
 
 absl::Status Server::Impl::ServePeers() {
-  ZCC_ASSIGN_OR_RETURN(peer_listener,
-                       peer::PeerListener::Start(config.peer, &registry->replicas()));
+  Registry* const r = registry.get();
+  ZCC_ASSIGN_OR_RETURN(
+      peer_listener,
+      peer::PeerListener::Start(config.peer, &r->replicas(),
+                                [r](const std::string& job_id, uint32_t uid, int64_t step,
+                                    bool everyone_answered) {
+                                  return r->OnPeerPin(job_id, uid, step, everyone_answered);
+                                }));
   // Where other zccds reach it: the listen address, or the node's name when
   // that is a wildcard.
   ZCC_ASSIGN_OR_RETURN(config::HostPort hp, config::ParseHostPort(config.peer.listen));

@@ -219,6 +219,20 @@ absl::Status PeerClient::PullRange(const ReplicaKey& key, uint64_t offset, void*
   return absl::OkStatus();
 }
 
+absl::Status PeerClient::PinStep(const std::string& job_id, uint32_t uid, int64_t step,
+                                 bool everyone_answered, absl::Duration timeout,
+                                 CallCancel* cancel) {
+  v1::PinStepRequest req;
+  req.set_job_id(job_id);
+  req.set_uid(uid);
+  req.set_step(step);
+  req.set_everyone_answered(everyone_answered);
+  v1::PinStepResponse resp;
+  auto ctx = ContextWithin(timeout);
+  const CallCancel::Scope cancellable(cancel, ctx.get());
+  return FromPeer(target_, stub_->PinStep(ctx.get(), req, &resp));
+}
+
 absl::StatusOr<std::vector<ReplicaInfo>> PeerClient::List(const std::string& job_id, uint32_t uid,
                                                           absl::Duration timeout,
                                                           CallCancel* cancel) {

@@ -21,8 +21,9 @@ class PeerListener {
   // Loads the credentials and starts serving the replicas in `store`
   // (borrowed; outlives the listener); an error names the file or the
   // address that failed.
-  static absl::StatusOr<std::unique_ptr<PeerListener>> Start(const PeerConfig& config,
-                                                             ReplicaStore* store);
+  // `on_pin` (may be null) takes the PinStep calls (peer_service.h).
+  static absl::StatusOr<std::unique_ptr<PeerListener>> Start(
+      const PeerConfig& config, ReplicaStore* store, PeerService::PinHandler on_pin = nullptr);
   ~PeerListener();
 
   int port() const { return port_; }
@@ -39,7 +40,7 @@ class PeerListener {
 
  private:
   PeerListener(const PeerConfig& config, std::string node, PeerCredentials creds,
-               ReplicaStore* store);
+               ReplicaStore* store, PeerService::PinHandler on_pin);
 
   const std::string node_;
   const std::string failure_domain_;

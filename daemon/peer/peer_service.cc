@@ -162,4 +162,11 @@ grpc::Status PeerService::ListReplicas(grpc::ServerContext*, const v1::ListRepli
   return grpc::Status::OK;
 }
 
+grpc::Status PeerService::PinStep(grpc::ServerContext*, const v1::PinStepRequest* req,
+                                  v1::PinStepResponse*) {
+  if (absl::Status st = ValidateJobId(req->job_id()); !st.ok()) return ToGrpcStatus(st);
+  if (!on_pin_) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no pins taken here");
+  return ToGrpcStatus(on_pin_(req->job_id(), req->uid(), req->step(), req->everyone_answered()));
+}
+
 }  // namespace zcc::daemon::peer

@@ -6,7 +6,10 @@
 #ifndef ZCC_DAEMON_PEER_PEER_SERVICE_H_
 #define ZCC_DAEMON_PEER_PEER_SERVICE_H_
 
+#include <functional>
 #include <string>
+
+#include "absl/status/status.h"
 
 #include "daemon/peer/replica_store.h"
 #include "proto/peer.grpc.pb.h"
@@ -15,9 +18,19 @@ namespace zcc::daemon::peer {
 
 class PeerService final : public v1::Peer::Service {
  public:
-  // `store` is borrowed and outlives the service.
-  PeerService(std::string node, std::string failure_domain, ReplicaStore* store)
-      : node_(std::move(node)), failure_domain_(std::move(failure_domain)), store_(store) {}
+  // A PinStep call (job, uid, step, everyone answered), from a gRPC thread;
+  // an error is the caller's answer.
+  using PinHandler =
+      std::function<absl::Status(const std::string&, uint32_t, int64_t, bool)>;
+
+  // `store` is borrowed and outlives the service. `on_pin` (may be null:
+  // PinStep is then refused as unimplemented) handles PinStep calls.
+  PeerService(std::string node, std::string failure_domain, ReplicaStore* store,
+              PinHandler on_pin = nullptr)
+      : node_(std::move(node)),
+        failure_domain_(std::move(failure_domain)),
+        store_(store),
+        on_pin_(std::move(on_pin)) {}
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
                      v1::PeerHelloResponse* resp) override;
@@ -27,11 +40,14 @@ class PeerService final : public v1::Peer::Service {
                            grpc::ServerWriter<v1::ReplicaChunk>* writer) override;
   grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest* req,
                             v1::ListReplicasResponse* resp) override;
+  grpc::Status PinStep(grpc::ServerContext* ctx, const v1::PinStepRequest* req,
+                       v1::PinStepResponse* resp) override;
 
  private:
   const std::string node_;
   const std::string failure_domain_;
   ReplicaStore* const store_;
+  const PinHandler on_pin_;
 };
 
 // Who is calling: the names in its certificate (subject alternative names,
