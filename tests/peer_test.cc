@@ -58,6 +58,31 @@ daemon::peer::PeerClient ClientTo(int port, const daemon::PeerConfig& as) {
   return daemon::peer::PeerClient(absl::StrCat("127.0.0.1:", port), creds->channel);
 }
 
+// Restarts job `job`'s ranks (world = on.size()), rank r on on[r], in
+// restore mode, and checks that every rank restores `step` with every
+// tensor equal to what it trained; `log` is shown when one fails.
+void RestoreOn(const std::string& dir, const std::string& job, const std::vector<Daemon*>& on,
+               int step, Daemon& log) {
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> restarted;
+  for (size_t rank = 0; rank < on.size(); ++rank) {
+    restarted.push_back(StartTrainer(
+        *on[rank], dir, absl::StrCat("restore", rank),
+        {"--job=" + job, absl::StrCat("--rank=", rank), absl::StrCat("--world=", on.size()),
+         "--mode=restore", "--share_peers", "--collective=" + collective,
+         absl::StrCat("--expect_step=", step)}));
+  }
+  for (auto& t : restarted) {
+    const std::optional<int> code = t->Wait(absl::Seconds(120));
+    INFO(t->Output());
+    INFO(log.Log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(absl::StrContains(t->Output(), absl::StrCat("restored_step=", step)));
+    CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
+  }
+}
+
 TEST_CASE("two zccds with the cluster's certificates hold each other's pieces") {
   const std::string dir = ShortTempDir("it-peer");
   const std::string certs = MakeCerts(dir);
@@ -355,25 +380,7 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
   b->Kill();
   b.reset();
   std::filesystem::remove_all(dir + "/b-root");
-  const std::string again = absl::StrCat("127.0.0.1:", FreeTcpPort());
-  std::vector<std::unique_ptr<Subprocess>> restarted;
-  rank = 0;
-  for (Daemon* d : {&a, &c}) {
-    restarted.push_back(StartTrainer(
-        *d, dir, absl::StrCat("restore", rank),
-        {"--job=lost", absl::StrCat("--rank=", rank), "--world=2", "--mode=restore",
-         "--share_peers", "--collective=" + again, "--expect_step=4"}));
-    ++rank;
-  }
-  for (auto& t : restarted) {
-    const std::optional<int> code = t->Wait(absl::Seconds(120));
-    INFO(t->Output());
-    INFO(c.Log());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    CHECK(absl::StrContains(t->Output(), "restored_step=4"));
-    CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
-  }
+  RestoreOn(dir, "lost", {&a, &c}, 4, c);
   // Read in place (straight from the tier into the ranks' staging memory);
   // behind the restores, rank 0's zccd (node A, whose root has no step
   // either) writes it into its root and commits it there, node C only
@@ -452,24 +459,7 @@ TEST_CASE("the job's newest step whole in the tier outlives newer steps of one r
   }
   a.Kill();
   std::filesystem::remove_all(dir + "/a-root");
-  const std::string again = absl::StrCat("127.0.0.1:", FreeTcpPort());
-  std::vector<std::unique_ptr<Subprocess>> restarted;
-  for (int rank : {0, 1}) {
-    Daemon& d = rank == 0 ? c : b;
-    restarted.push_back(StartTrainer(
-        d, dir, absl::StrCat("restore", rank),
-        {"--job=pin", absl::StrCat("--rank=", rank), "--world=2", "--mode=restore",
-         "--share_peers", "--collective=" + again, "--expect_step=2"}));
-  }
-  for (auto& t : restarted) {
-    const std::optional<int> code = t->Wait(absl::Seconds(120));
-    INFO(t->Output());
-    INFO(c.Log());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    CHECK(absl::StrContains(t->Output(), "restored_step=2"));
-    CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
-  }
+  RestoreOn(dir, "pin", {&c, &b}, 2, c);
   CHECK(b.Stop() == 0);
   CHECK(c.Stop() == 0);
 }

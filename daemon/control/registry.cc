@@ -10,12 +10,12 @@
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
-#include "common/thread_priority.h"
 #include "common/file_util.h"
 #include "common/fs_identity.h"
 #include "common/instance_lock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 #include "common/validate.h"
 #include "daemon/jobs/job_directory.h"
 #include "daemon/memory/system_room.h"
@@ -155,14 +155,14 @@ void Registry::Shutdown() {
   // Steps of the peer tier being written to disk: their pulls end now (a
   // later restore recovers them again).
   recovered_.CancelAll();
-  std::vector<std::thread> writing;
+  std::vector<RecoveredStepWriter> writing;
   {
     zcc::MutexLock lock(&peer_mu_);
     writing.swap(writing_recovered_);
   }
-  for (std::thread& t : writing) {
-    LeaveIdlePriority(t.native_handle());
-    t.join();
+  for (RecoveredStepWriter& w : writing) {
+    LeaveIdlePriority(w.thread.native_handle());
+    w.thread.join();
   }
   std::map<std::string, std::shared_ptr<Job>> jobs = jobs_.Close();
   for (auto& [id, job] : jobs) {

@@ -202,7 +202,10 @@ class Registry {
   // it into the job's directory and commits it there at idle priority where
   // rank 0 restored from it, then stops showing it in place.
   void WriteRecoveredStep(const std::shared_ptr<Job>& job,
-                          const std::shared_ptr<peer::RecoveredStep>& step, absl::Time began);
+                          const std::shared_ptr<peer::RecoveredStep>& step, absl::Time began)
+      ABSL_LOCKS_EXCLUDED(peer_mu_);
+  // WriteRecoveredStep's thread, until the step is written (or not).
+  void WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::Time began);
   // A rank's step for the peer tier, from its writer thread.
   void ReplicateStep(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes step);
 
@@ -214,9 +217,13 @@ class Registry {
   // One recovery from the peer tier at a time per job (held while it finds
   // the step).
   std::map<std::string, std::shared_ptr<zcc::Mutex>> recovering_ ABSL_GUARDED_BY(peer_mu_);
-  // Recovered steps being written to disk (WriteRecoveredStep), joined at
-  // the next recovery and at shutdown.
-  std::vector<std::thread> writing_recovered_ ABSL_GUARDED_BY(peer_mu_);
+  // Threads of WriteRecoveredStep: those done are joined at the next
+  // recovery, the others at shutdown.
+  struct RecoveredStepWriter {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<RecoveredStepWriter> writing_recovered_ ABSL_GUARDED_BY(peer_mu_);
   // Uses jobs_ (the budget left), and stops before it goes.
   StagingPool staging_pool_;
   std::atomic<bool> shutting_down_{false};

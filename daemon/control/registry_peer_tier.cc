@@ -9,11 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "checkpoint/reader.h"
 #include "common/fs_identity.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/thread_priority.h"
-#include "checkpoint/reader.h"
 #include "daemon/control/registry.h"
 #include "daemon/peer/buddies.h"
 #include "daemon/peer/memory_tier.h"
@@ -57,10 +57,11 @@ void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job, uint32_t rank) 
   zcc::MutexLock lock(one_at_a_time.get());
   ScopedFsIdentity as_owner(job->options().owner);
   const std::string& job_dir = job->options().job_dir;
-  if (std::shared_ptr<peer::RecoveredStep> shown = recovered_.Find(job_dir); shown && rank == 0) {
-    // Found by an earlier rank here: rank 0 restoring makes this zccd the
-    // one that writes it to disk.
-    shown->WriteHere();
+  if (std::shared_ptr<peer::RecoveredStep> shown = recovered_.Find(job_dir)) {
+    // Found by an earlier rank here: this restore reads it too (rank 0's
+    // makes this zccd the one that writes it to disk). One let go already
+    // goes now, and is found anew below.
+    if (!shown->Touch(rank == 0)) recovered_.Remove(shown.get());
   }
   auto local = RestoreTiers::AllSteps(job_dir, job->options().upload_dir, &recovered_);
   if (!local.ok()) return;  // the restore reports it
@@ -70,7 +71,7 @@ void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job, uint32_t rank) 
       peer::RecoverInPlace(job->options().job_id, static_cast<uint32_t>(job->options().owner.uid),
                            job_dir, newest, sources);
   if (step == nullptr) return;
-  if (rank == 0) step->WriteHere();
+  step->Touch(rank == 0);
   // Shown to restores from now on: they read it in place, straight into
   // each rank's staging memory, while it is written to disk behind them.
   recovered_.Add(step);
@@ -82,58 +83,89 @@ void Registry::WriteRecoveredStep(const std::shared_ptr<Job>& job,
                                   absl::Time began) {
   zcc::MutexLock lock(&peer_mu_);
   if (stopped_.load()) return;  // shut down: shown until zccd ends; recovered again after
-  writing_recovered_.emplace_back([this, job, step, began] {
-    // Behind the restores, which read the same holders: never before them.
-    IdlePriority idle;
-    if (!step->AwaitQuiet(kRecoveredStepQuiet)) return;  // zccd stops
-    if (!step->write_here()) {
-      // Every node whose ranks restore reads the step in place; one writes
-      // it (rank 0's), not every node the whole of it. A later restore
-      // here reads it in place again.
-      recovered_.Remove(step.get());
-      ZCC_LOG(INFO) << "job " << job->options().job_id << ": step " << step->step()
-                    << " of the peer tier read in place here; rank 0's zccd writes it to disk";
-      return;
-    }
-    ScopedFsIdentity as_owner(job->options().owner);
-    const std::string& job_id = job->options().job_id;
-    const std::string& job_dir = job->options().job_dir;
-    storage::Storage& fs = storage::StorageOrDefault(shard_storage_);
-    // The job went on and committed a newer step meanwhile: this one is
-    // not wanted on disk any more (nor shown: restores choose the newer).
-    auto superseded = [&] {
-      auto committed = checkpoint::ListCommittedSteps(job_dir, &fs);
-      return committed.ok() && !committed->empty() && committed->back() >= step->step();
-    };
-    peer::RecoverySources sources = step->sources();
-    sources.cancel = step->cancel();
-    const absl::Time start = absl::Now();
-    const absl::Status written = superseded()
-        ? absl::AbortedError("a newer step is committed there")
-        : peer::MaterializeStep(job_id, static_cast<uint32_t>(job->options().owner.uid), job_dir,
-                                step->plan(), fs, sources,
-                                [&] { return !superseded(); });
-    if (written.ok()) {
-      recovered_.Remove(step.get());
-      ZCC_LOG(INFO) << "job " << job_id << ": step " << step->step()
-                    << " of the peer tier written into " << job_dir << " in "
-                    << absl::ToDoubleSeconds(absl::Now() - start) << " s";
-      if (!shutting_down_.load()) job->OnCommittedOutside(step->step(), began);
-    } else if (absl::IsCancelled(written)) {
-      ZCC_LOG(INFO) << "job " << job_id << ": step " << step->step()
-                    << " of the peer tier not written into " << job_dir << ": zccd stops";
-    } else if (absl::IsAborted(written)) {
-      recovered_.Remove(step.get());
-      ZCC_LOG(INFO) << "job " << job_id << ": step " << step->step()
-                    << " of the peer tier not written into " << job_dir << ": "
-                    << written.message();
+  // Those done since the last recovery are joined here.
+  for (auto it = writing_recovered_.begin(); it != writing_recovered_.end();) {
+    if (it->done->load()) {
+      it->thread.join();
+      it = writing_recovered_.erase(it);
     } else {
-      // Still shown: the ranks that restore later read it in place too.
-      ZCC_LOG(WARNING) << "job " << job_id << ": step " << step->step()
-                       << " of the peer tier could not be written into " << job_dir << " ("
-                       << written << "); restores go on reading it from the tier";
+      ++it;
     }
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread writer([this, job, step, began, done] {
+    WriteRecoveredStepNow(*job, *step, began);
+    recovered_.Remove(step.get());  // a later restore finds it anew where it is not written
+    done->store(true);
   });
+  writing_recovered_.push_back({std::move(writer), std::move(done)});
+}
+
+void Registry::WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::Time began) {
+  const std::string& job_id = job.options().job_id;
+  const std::string& job_dir = job.options().job_dir;
+  {
+    // Behind the restores, which read the same holders: after them, unless
+    // they keep the step quiet no longer than kRecoveredStepQuiet.
+    IdlePriority idle;
+    if (!step.AwaitQuiet(kRecoveredStepQuiet)) return;  // zccd stops
+  }
+  if (!step.LetGoUnlessWritten()) {
+    // Every node whose ranks restore reads the step in place; one writes
+    // it (rank 0's), not every node the whole of it.
+    ZCC_LOG(INFO) << "job " << job_id << ": step " << step.step()
+                  << " of the peer tier read in place here; rank 0's zccd writes it to disk";
+    return;
+  }
+  ScopedFsIdentity as_owner(job.options().owner);
+  storage::Storage& fs = storage::StorageOrDefault(shard_storage_);
+  // The job went on and committed this step or a newer one meanwhile
+  // (here or in its store): this one is not wanted on disk any more.
+  auto superseded = [&] {
+    auto steps = RestoreTiers::AllSteps(job_dir, job.options().upload_dir, &fs);
+    return steps.ok() && !steps->empty() && *steps->rbegin() >= step.step();
+  };
+  peer::RecoverySources sources = step.sources();
+  sources.cancel = step.cancel();
+  peer::MaterializeOptions options;
+  options.write_began = began;
+  // At idle priority, on this thread alone (threads it started would
+  // inherit the priority, and a stopping zccd un-idles this one only).
+  options.parallel_ranks = 1;
+  // Checked and committed in turn with the job's own commits: `latest`
+  // never moves back past a step the job committed meanwhile.
+  options.in_turn = [&](const std::function<absl::Status()>& commit) {
+    return job.CommitInTurn([&]() -> absl::Status {
+      if (superseded()) return absl::AbortedError("the job committed this step or a newer one");
+      return commit();
+    });
+  };
+  const absl::Time start = absl::Now();
+  absl::Status written = absl::AbortedError("the job committed this step or a newer one");
+  if (step.cancel()->cancelled()) {
+    written = absl::CancelledError("zccd stops");
+  } else if (!superseded()) {
+    IdlePriority idle;
+    written = peer::MaterializeStep(job_id, static_cast<uint32_t>(job.options().owner.uid),
+                                    job_dir, step.plan(), fs, sources, options);
+  }
+  if (written.ok()) {
+    ZCC_LOG(INFO) << "job " << job_id << ": step " << step.step() << " of the peer tier written into "
+                  << job_dir << " in " << absl::ToDoubleSeconds(absl::Now() - start) << " s";
+    if (!shutting_down_.load()) job.OnCommittedOutside(step.step(), began);
+  } else if (absl::IsCancelled(written)) {
+    ZCC_LOG(INFO) << "job " << job_id << ": step " << step.step()
+                  << " of the peer tier not written into " << job_dir << ": zccd stops";
+  } else if (absl::IsAborted(written)) {
+    ZCC_LOG(INFO) << "job " << job_id << ": step " << step.step()
+                  << " of the peer tier not written into " << job_dir << ": "
+                  << written.message();
+  } else {
+    // A later restore finds it in the tier again (and tries again here).
+    ZCC_LOG(WARNING) << "job " << job_id << ": step " << step.step()
+                     << " of the peer tier could not be written into " << job_dir << ": "
+                     << written;
+  }
 }
 
 void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,

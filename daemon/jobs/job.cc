@@ -374,6 +374,11 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
   return result;
 }
 
+absl::Status Job::CommitInTurn(const std::function<absl::Status()>& commit) {
+  zcc::MutexLock commit_lock(&commit_mu_);
+  return commit();
+}
+
 absl::StatusOr<checkpoint::RetentionResult> Job::CollectGarbage() {
   ScopedFsIdentity as_owner(options_.owner);
   // After the commit in progress, if any (retention runs one at a time).

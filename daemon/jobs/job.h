@@ -137,6 +137,11 @@ class Job {
   // recovery from the peer tier): the tiered mode uploads it, whole, in
   // either mode (JobUploader::OnCommitted); nothing else changes.
   void OnCommittedOutside(int64_t step, absl::Time write_began);
+  // Runs `commit` (of a step written by something other than the committer:
+  // a recovery from the peer tier) in turn with the committer's commits and
+  // retention, which then neither commit nor move `latest` meanwhile.
+  absl::Status CommitInTurn(const std::function<absl::Status()>& commit)
+      ABSL_LOCKS_EXCLUDED(commit_mu_, mu_);
   // Waits until the committer has done what was asked of it before the call
   // (a closing trainer's last commit; shutdown).
   void AwaitCommitter() ABSL_LOCKS_EXCLUDED(mu_);

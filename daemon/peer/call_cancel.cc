@@ -9,6 +9,11 @@ void CallCancel::CancelAll() {
   for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
 }
 
+bool CallCancel::cancelled() const {
+  zcc::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
 CallCancel::Scope::Scope(CallCancel* cancel, grpc::ClientContext* ctx)
     : cancel_(cancel), ctx_(ctx) {
   if (cancel_ == nullptr) return;

@@ -23,6 +23,8 @@ class CallCancel {
 
   // Cancels every call in a Scope now and each one that enters a Scope later.
   void CancelAll() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether CancelAll was called.
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // `ctx`'s call is cancelled by CancelAll while the scope lives (from its
   // start, if CancelAll came first). A null `cancel`: nothing to do.
@@ -39,7 +41,7 @@ class CallCancel {
   };
 
  private:
-  zcc::Mutex mu_;
+  mutable zcc::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
 };

@@ -92,7 +92,8 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
   return FromPeer(target_, writer->Finish());
 }
 
-absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Duration timeout) {
+absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Duration timeout,
+                                             CallCancel* cancel) {
   std::string bytes;
   ZCC_RETURN_IF_ERROR(PullInto(
       key, timeout,
@@ -109,7 +110,8 @@ absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Durati
       [&bytes](absl::string_view chunk) {
         bytes.append(chunk.data(), chunk.size());
         return absl::OkStatus();
-      }));
+      },
+      cancel));
   return bytes;
 }
 
@@ -170,8 +172,9 @@ absl::Status PeerClient::PullInto(const ReplicaKey& key, absl::Duration timeout,
   return absl::OkStatus();
 }
 
-absl::Status PeerClient::PullRange(const ReplicaKey& key, uint64_t offset, void* dst, size_t n,
-                                   bool check_held, absl::Duration timeout, CallCancel* cancel) {
+absl::Status PeerClient::PullRange(const ReplicaKey& key, uint64_t piece_bytes, uint64_t offset,
+                                   void* dst, size_t n, bool check_held, absl::Duration timeout,
+                                   CallCancel* cancel) {
   if (n == 0) return absl::OkStatus();
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());
@@ -189,9 +192,10 @@ absl::Status PeerClient::PullRange(const ReplicaKey& key, uint64_t offset, void*
     // Nothing came: the call's status says why.
   } else if (!chunk.has_header() || !(FromProto(chunk.header().key()) == key)) {
     bad = absl::DataLossError("its reply did not begin with this piece's header");
-  } else if (chunk.header().nbytes() < offset || chunk.header().nbytes() - offset < n) {
-    bad = absl::DataLossError(absl::StrCat("its header says the piece holds ",
-                                           chunk.header().nbytes(), " bytes"));
+  } else if (chunk.header().nbytes() != piece_bytes || piece_bytes < offset ||
+             piece_bytes - offset < n) {
+    bad = absl::DataLossError(absl::StrCat("it holds ", chunk.header().nbytes(),
+                                           " bytes of the piece; ", piece_bytes, " are wanted"));
   } else {
     char* out = static_cast<char*>(dst);
     while (reader->Read(&chunk)) {

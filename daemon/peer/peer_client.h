@@ -41,7 +41,9 @@ class PeerClient {
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, uint64_t xxh3,
                     absl::Duration timeout, CallCancel* cancel = nullptr);
   // The piece's bytes, checked against the size and XXH3 the peer sent first.
-  absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout);
+  // `cancel` (may be null) ends the call early (Cancelled).
+  absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout,
+                                   CallCancel* cancel = nullptr);
   // The same, each chunk handed to `sink` as it arrives (after `size`, called
   // once with the size the peer announced, before any chunk): OK only when
   // the whole piece came and matched its checksum. On any error what the
@@ -52,13 +54,15 @@ class PeerClient {
                         absl::FunctionRef<absl::Status(absl::string_view)> sink,
                         CallCancel* cancel = nullptr);
   // `n` bytes of the piece from `offset` into `dst` (a restore reading a
-  // recovered step in place): OK only when exactly those came. A range has
-  // no checksum of its own (the reader checks the tensors in it); with
-  // `check_held` the peer first checks the whole piece it holds against its
-  // XXH3 (DataLoss when damaged there). `cancel` (may be null) ends the call
-  // early (Cancelled).
-  absl::Status PullRange(const ReplicaKey& key, uint64_t offset, void* dst, size_t n,
-                         bool check_held, absl::Duration timeout, CallCancel* cancel = nullptr);
+  // recovered step in place): OK only when the peer's piece is
+  // `piece_bytes` long (DataLoss otherwise: another run's copy) and exactly
+  // those bytes came. A range has no checksum of its own (the reader checks
+  // the tensors in it); with `check_held` the peer first checks the whole
+  // piece it holds against its XXH3 (DataLoss when damaged there).
+  // `cancel` (may be null) ends the call early (Cancelled).
+  absl::Status PullRange(const ReplicaKey& key, uint64_t piece_bytes, uint64_t offset, void* dst,
+                         size_t n, bool check_held, absl::Duration timeout,
+                         CallCancel* cancel = nullptr);
   // PinStep (proto/peer.proto): the job's pin as its leader found it, or
   // (step < 0) a nudge to the leader.
   absl::Status PinStep(const std::string& job_id, uint32_t uid, int64_t step,

@@ -36,7 +36,8 @@ absl::StatusOr<std::shared_ptr<const std::string>> Fetch(const std::string& hold
     ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const Replica> r, s.own->Get(key));
     return std::shared_ptr<const std::string>(r, &r->bytes);
   }
-  ZCC_ASSIGN_OR_RETURN(std::string pulled, s.directory->Client(holder)->Pull(key, s.timeout));
+  ZCC_ASSIGN_OR_RETURN(std::string pulled,
+                       s.directory->Client(holder)->Pull(key, s.timeout, s.cancel));
   return std::make_shared<const std::string>(std::move(pulled));
 }
 
@@ -85,9 +86,6 @@ absl::StatusOr<uint64_t> Place(const std::string& holder, const ReplicaKey& key,
   return bytes->size();
 }
 
-// Ranks recovered at once (a thread each).
-constexpr size_t kParallelRanks = 4;
-
 // Writes every file of `rank`'s part of `step` into `dir`, each from the
 // first of `holders` that serves it intact.
 absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::string& dir,
@@ -97,6 +95,9 @@ absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::strin
   const absl::Time began = absl::Now();
   // The names the first holder lists (it holds the rank's manifest: all of them).
   for (const std::string& name : holders.front().second) {
+    if (s.cancel != nullptr && s.cancel->cancelled()) {
+      return absl::CancelledError(absl::StrCat("the write of step ", step, " was stopped"));
+    }
     absl::Status last = absl::NotFoundError("no holder");
     bool written = false;
     for (const auto& [holder, files] : holders) {
@@ -129,7 +130,7 @@ absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::strin
 
 absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std::string& job_dir,
                              const RecoveryPlan& plan, storage::Storage& fs,
-                             const RecoverySources& s, const std::function<bool()>& wanted) {
+                             const RecoverySources& s, const MaterializeOptions& options) {
   const int64_t step = plan.step;
   const uint32_t world = plan.world;
   const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
@@ -159,7 +160,7 @@ absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std:
     }
   };
   std::vector<std::thread> threads;
-  const size_t n = std::min<size_t>(kParallelRanks, ranks.size());
+  const size_t n = std::min<size_t>(std::max<size_t>(options.parallel_ranks, 1), ranks.size());
   for (size_t t = 1; t < n; ++t) threads.emplace_back(worker);
   worker();
   for (std::thread& t : threads) t.join();
@@ -167,18 +168,20 @@ absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std:
     zcc::MutexLock lock(&mu);
     ZCC_RETURN_IF_ERROR(first_error);
   }
-  if (wanted && !wanted()) {
-    (void)fs.RemoveTree(dir);
-    return absl::AbortedError(absl::StrCat("step ", step, " is no longer wanted in ", job_dir));
-  }
-  ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
-  ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
-                       checkpoint::TryCommit(job_dir, job_id, step, world, &fs));
-  if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
-    return absl::DataLossError(absl::StrCat("only ", result.manifests_present, " of ", world,
-                                            " ranks' manifests arrived"));
-  }
-  return absl::OkStatus();
+  auto commit = [&]() -> absl::Status {
+    ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
+    ZCC_ASSIGN_OR_RETURN(
+        checkpoint::CommitResult result,
+        checkpoint::TryCommit(job_dir, job_id, step, world, &fs, options.write_began));
+    if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
+      return absl::DataLossError(absl::StrCat("only ", result.manifests_present, " of ", world,
+                                              " ranks' manifests arrived"));
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status committed = options.in_turn ? options.in_turn(commit) : commit();
+  if (absl::IsAborted(committed)) (void)fs.RemoveTree(dir);
+  return committed;
 }
 
 
@@ -187,6 +190,7 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
                     absl::FunctionRef<bool(const RecoveryPlan&)> next) {
   const Holdings held = ListHoldings(job_id, uid, TierSources{s.own, s.directory, s.peers, s.cancel},
                                      absl::Seconds(10));
+  size_t offered = 0;  // whole steps handed to `next`
   for (auto it = held.rbegin(); it != held.rend(); ++it) {
     const int64_t step = it->first;
     if (step <= newer_than) break;
@@ -223,10 +227,18 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
       continue;
     }
     plan.world = *world;
+    ++offered;
     if (next(plan)) return;
   }
-  ZCC_LOG(INFO) << "job " << job_id << ": the peer tier holds no whole step newer than "
-                << (newer_than < 0 ? std::string("none") : absl::StrCat("step ", newer_than))
+  const std::string than =
+      newer_than < 0 ? std::string("none") : absl::StrCat("step ", newer_than);
+  if (offered > 0) {
+    ZCC_LOG(INFO) << "job " << job_id << ": no step of the peer tier newer than " << than
+                  << " could be used (each reason above): the restore uses what the job's "
+                  << "directory has";
+    return;
+  }
+  ZCC_LOG(INFO) << "job " << job_id << ": the peer tier holds no whole step newer than " << than
                 << " (this zccd's memory and " << s.peers.size()
                 << " peer(s) asked): the restore uses what the job's directory has";
 }

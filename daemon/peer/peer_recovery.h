@@ -61,15 +61,27 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
                     const RecoverySources& sources,
                     absl::FunctionRef<bool(const RecoveryPlan&)> next);
 
+struct MaterializeOptions {
+  // Runs the commit it is given (the directory's sync and TryCommit) once
+  // the files are written; by default at once. A caller whose job commits
+  // other steps runs it in turn with them, and may refuse it (Aborted: the
+  // files written are removed, the step left uncommitted), as when the job
+  // has committed a newer step meanwhile.
+  std::function<absl::Status(const std::function<absl::Status()>& commit)> in_turn;
+  // TryCommit's: when the step began to be recovered.
+  absl::Time write_began = absl::InfiniteFuture();
+  // Ranks written at once, a thread each (1: all on the calling thread):
+  // on a cluster their holders are different nodes.
+  size_t parallel_ranks = 4;
+};
+
 // Writes every file of `plan`'s step into `job_dir` through `storage`, each
 // from the first holder that serves it intact, and commits it there.
-// `wanted` (may be null), asked once the files are written: false leaves
-// the step uncommitted and removes what was written (Aborted), as when the
-// job has committed a newer step meanwhile.
+// Stops between files once `sources.cancel` is cancelled.
 absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std::string& job_dir,
                              const RecoveryPlan& plan, storage::Storage& storage,
                              const RecoverySources& sources,
-                             const std::function<bool()>& wanted = nullptr);
+                             const MaterializeOptions& options = MaterializeOptions());
 
 // The newest complete step held in the tier that is newer than `newer_than`
 // (the newest step the job's directory has), committed into `job_dir`

@@ -249,13 +249,14 @@ TEST_CASE("peer service: a range of a piece, straight into the caller's memory")
     for (const auto& [offset, n] : std::vector<std::pair<uint64_t, size_t>>{
              {0, 10}, {(1 << 20) - 5, 2 << 20}, {bytes.size() - 7, 7}, {0, bytes.size()}}) {
       std::string got(n, '\0');
-      REQUIRE_OK(b.PullRange(kKey, offset, got.data(), n, /*check_held=*/true, kTimeout));
+      REQUIRE_OK(b.PullRange(kKey, bytes.size(), offset, got.data(), n, /*check_held=*/true, kTimeout));
       CHECK(got == bytes.substr(offset, n));
     }
   }
   SECTION("a range past the piece's end is refused, and writes nothing") {
     std::string got(16, 'x');
-    const absl::Status st = b.PullRange(kKey, bytes.size() - 8, got.data(), 16, false, kTimeout);
+    const absl::Status st = b.PullRange(kKey, bytes.size(), bytes.size() - 8, got.data(), 16, false,
+                                        kTimeout);
     CHECK(st.code() == absl::StatusCode::kOutOfRange);
     CHECK(got == std::string(16, 'x'));
   }
@@ -268,18 +269,24 @@ TEST_CASE("peer service: a range of a piece, straight into the caller's memory")
     REQUIRE_OK(a.store.Put(std::move(bad)));
     std::string got(100, '\0');
     const absl::Status st =
-        b.PullRange(ReplicaKey{"llama", 1000, 3, 21, "w"}, 0, got.data(), 100, true, kTimeout);
+        b.PullRange(ReplicaKey{"llama", 1000, 3, 21, "w"}, 5000, 0, got.data(), 100, true, kTimeout);
     CHECK(st.code() == absl::StatusCode::kDataLoss);
     CHECK_THAT(std::string(st.message()), Catch::Contains("no longer match their checksum"));
     // Unchecked, the range (before the flipped byte) comes: the reader's
     // own checksums are what find damage inside a range.
     REQUIRE_OK(
-        b.PullRange(ReplicaKey{"llama", 1000, 3, 21, "w"}, 0, got.data(), 100, false, kTimeout));
+        b.PullRange(ReplicaKey{"llama", 1000, 3, 21, "w"}, 5000, 0, got.data(), 100, false, kTimeout));
     CHECK(got == Pattern(5000).substr(0, 100));
+  }
+  SECTION("a copy of another size (another run's) is refused, and writes nothing") {
+    std::string got(16, 'x');
+    const absl::Status st = b.PullRange(kKey, bytes.size() + 1, 0, got.data(), 16, false, kTimeout);
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    CHECK(got == std::string(16, 'x'));
   }
   SECTION("another uid's piece is not served") {
     std::string got(10, '\0');
-    const absl::Status st = b.PullRange(ReplicaKey{"llama", 1001, 3, 20, kKey.piece}, 0,
+    const absl::Status st = b.PullRange(ReplicaKey{"llama", 1001, 3, 20, kKey.piece}, bytes.size(), 0,
                                         got.data(), 10, false, kTimeout);
     CHECK(st.code() == absl::StatusCode::kNotFound);
   }

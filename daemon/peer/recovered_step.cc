@@ -125,6 +125,20 @@ void RecoveredStep::Cancel() {
   cancelled_ = true;
 }
 
+bool RecoveredStep::Touch(bool rank0) {
+  zcc::MutexLock lock(&mu_);
+  if (let_go_) return false;
+  last_closed_ = absl::Now();
+  write_here_ = write_here_ || rank0;
+  return true;
+}
+
+bool RecoveredStep::LetGoUnlessWritten() {
+  zcc::MutexLock lock(&mu_);
+  let_go_ = !write_here_;
+  return write_here_;
+}
+
 void RecoveredStep::Opened() {
   zcc::MutexLock lock(&mu_);
   ++open_files_;
@@ -228,8 +242,12 @@ absl::Status RecoveredStep::ReadFrom(const std::string& holder, const Remote& fi
     return absl::OkStatus();
   }
   if (sources_.directory == nullptr) return absl::UnavailableError("no peer directory");
-  return sources_.directory->Client(holder)->PullRange(file.key, offset, dst, n, check_held,
-                                                       sources_.timeout, &cancel_);
+  // A range is a few MB: a stuck call ends long before the whole piece's
+  // timeout would (keepalive finds a dead link within about 15 s anyway).
+  const absl::Duration timeout =
+      std::min(sources_.timeout, absl::Seconds(30) + absl::Seconds(static_cast<double>(n) / 1e6));
+  return sources_.directory->Client(holder)->PullRange(file.key, file.bytes, offset, dst, n,
+                                                       check_held, timeout, &cancel_);
 }
 
 absl::Status RecoveredStep::ReadRange(const Remote& file, uint64_t offset, void* dst, size_t n) {
@@ -239,32 +257,40 @@ absl::Status RecoveredStep::ReadRange(const Remote& file, uint64_t offset, void*
     bool check;
     {
       zcc::MutexLock lock(&mu_);
+      // One read at a time has the holder check its copy; the others wait
+      // for its verdict instead of each hashing the whole piece there.
+      auto settled = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return checking_.count(id) == 0;
+      };
+      mu_.Await(absl::Condition(&settled));
       if (damaged_.count(id) != 0) continue;
       check = checked_.count(id) == 0;
+      if (check) checking_.insert(id);
     }
     const absl::Status st = ReadFrom(holder, file, offset, dst, n, check);
-    if (st.ok()) {
+    const bool damaged = absl::IsDataLoss(st) || absl::IsNotFound(st);
+    {
+      zcc::MutexLock lock(&mu_);
       if (check) {
-        zcc::MutexLock lock(&mu_);
-        checked_.insert(id);
+        checking_.erase(id);
+        if (st.ok()) checked_.insert(id);
       }
-      return st;
+      if (damaged) damaged_.insert(id);
     }
-    if (absl::IsCancelled(st)) return st;
+    if (st.ok()) return st;
+    if (cancel_.cancelled()) return absl::CancelledError("zccd stops");
     ZCC_LOG(WARNING) << "job " << file.key.job_id << ": bytes [" << offset << ", +" << n << ") of "
                      << file.key.piece << " of step " << step_ << " from "
                      << (holder.empty() ? "this zccd" : holder) << ": " << st
                      << (file.holders.size() > 1 ? "; trying the next holder" : "");
-    if (absl::IsDataLoss(st) || absl::IsNotFound(st)) {
-      zcc::MutexLock lock(&mu_);
-      damaged_.insert(id);
-    }
     last = st;
   }
-  return absl::Status(last.code(),
-                      absl::StrCat(file.key.piece, " of step ", step_, " (rank ", file.key.rank,
-                                   ", read from the peer tier): no holder served bytes [", offset,
-                                   ", +", n, "): ", last.message()));
+  // Whatever the holders' errors (one gone, one damaged): the step cannot be
+  // read, and the restore falls back to an older one as for damage on disk.
+  return absl::DataLossError(absl::StrCat(
+      file.key.piece, " of step ", step_, " (rank ", file.key.rank,
+      ", read from the peer tier): no holder served bytes [", offset, ", +", n,
+      "): ", last.ToString()));
 }
 
 bool RecoveredStep::Sealed() const {

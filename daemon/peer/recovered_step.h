@@ -10,13 +10,16 @@
 // The small files (the ranks' manifests, already pulled and decoded, and
 // what the commit writes from them: the step index, the weight maps,
 // COMMITTED, `latest`) are held here in memory; the commit (TryCommit, the
-// one every step goes through) checks the manifests and the files' sizes as
-// for a step on disk.
+// one every step goes through) checks the manifests as for a step on disk.
+// A shard file's size is its manifest's: each read checks that the holder's
+// copy has that size (another run's copy of the same name does not serve).
 //
 // A holder's copy of a file is checked against the file's XXH3 there before
 // its first range is served (PullRange's check_held): a copy damaged in a
 // holder's memory sends the reads to the next holder instead of failing the
-// restore. Damage on the way is found by the restore's own checks.
+// restore. Damage on the way is found by the restore's own checks. A range
+// no holder serves, for whatever reason, fails the read with DataLoss: the
+// restore falls back to an older step, as for a damaged step on disk.
 //
 // Thread-safety: a Storage, safe from any number of threads; each File by
 // one thread at a time. Ownership: made shared (Files it hands out keep it
@@ -25,7 +28,6 @@
 #ifndef ZCC_DAEMON_PEER_RECOVERED_STEP_H_
 #define ZCC_DAEMON_PEER_RECOVERED_STEP_H_
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -73,13 +75,19 @@ class RecoveredStep final : public storage::Storage,
   // Other pulls of the step (its write to disk) may share it: cancel().
   void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
   CallCancel* cancel() { return &cancel_; }
-  // This zccd's job rank 0 restores from the step: this zccd writes it into
-  // the job's directory (one zccd of the job does, not every node).
-  void WriteHere() { write_here_.store(true); }
-  bool write_here() const { return write_here_.load(); }
-  // Returns once no file of the step has been open for `quiet` (the
-  // restores that read it are done: the write to disk, which pulls the
-  // same bytes again, comes after them), or once cancelled (false).
+  // A restore is about to read the step (its rank asked for the job's
+  // steps): the quiet time (AwaitQuiet) starts again, and with `rank0` this
+  // zccd writes the step into the job's directory (one zccd of the job
+  // does, not every node). False when the step has been let go already
+  // (LetGoUnlessWritten): the caller finds it anew.
+  bool Touch(bool rank0) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether this zccd writes the step; when not, the step is let go (no
+  // Touch marks it any more), in one step with the check.
+  bool LetGoUnlessWritten() ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns once no file of the step has been open, nor the step touched,
+  // for `quiet` (the restores that read it are done: the write to disk,
+  // which pulls the same bytes again, comes after them), or once cancelled
+  // (false).
   bool AwaitQuiet(absl::Duration quiet) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reading: the step's files. Anything else the Storage interface has is
@@ -130,7 +138,6 @@ class RecoveredStep final : public storage::Storage,
   std::map<std::string, Remote> remote_;  // by file name; set by Make, then read only
   uint64_t remote_bytes_ = 0;
   CallCancel cancel_;
-  std::atomic<bool> write_here_{false};
   TaskPool pulls_;  // the reads in flight, of every file
 
   // A file of the step opened, and closed.
@@ -140,11 +147,15 @@ class RecoveredStep final : public storage::Storage,
   mutable zcc::Mutex mu_;
   bool sealed_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_here_ ABSL_GUARDED_BY(mu_) = false;
+  bool let_go_ ABSL_GUARDED_BY(mu_) = false;
   int open_files_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_closed_ ABSL_GUARDED_BY(mu_);  // (made: when made)
+  absl::Time last_closed_ ABSL_GUARDED_BY(mu_);  // or touched (made: when made)
   // (file, holder) whose copy checked out at the holder, or did not.
   std::set<std::pair<std::string, std::string>> checked_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<std::string, std::string>> damaged_ ABSL_GUARDED_BY(mu_);
+  // Being checked now, by the read that asked first.
+  std::set<std::pair<std::string, std::string>> checking_ ABSL_GUARDED_BY(mu_);
 };
 
 // The newest step of the tier newer than `newer_than` (the newest the job's

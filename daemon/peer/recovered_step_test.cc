@@ -111,8 +111,12 @@ TEST_CASE("a step of the peer tier read in place: committed under the job direct
     CHECK(*now == 6);
   }
   SECTION("written into the job directory, committed there; not when no longer wanted") {
-    const absl::Status unwanted = MaterializeStep("job", 1000, kJobDir, step->plan(), disk,
-                                                  tier.sources, [] { return false; });
+    MaterializeOptions refused;
+    refused.in_turn = [](const std::function<absl::Status()>&) {
+      return absl::AbortedError("a newer step is committed");
+    };
+    const absl::Status unwanted =
+        MaterializeStep("job", 1000, kJobDir, step->plan(), disk, tier.sources, refused);
     CHECK(absl::IsAborted(unwanted));
     auto none = checkpoint::ListCommittedSteps(kJobDir, &disk);
     CHECK((!none.ok() || none->empty()));
@@ -145,6 +149,24 @@ TEST_CASE("a step of the peer tier whose only holder's copy is damaged: shown, a
   CHECK(verified.status().code() == absl::StatusCode::kDataLoss);
   CHECK_THAT(std::string(verified.status().message()), Catch::Contains("peer tier"));
   CHECK_THAT(std::string(verified.status().message()), Catch::Contains("checksum"));
+}
+
+TEST_CASE("a step of the peer tier whose holder went away: its read fails with DataLoss, so "
+          "the restore falls back to an older step") {
+  Tier tier;
+  tier.sources.peers = {tier.good.target()};
+  tier.sources.timeout = absl::Seconds(5);
+  storage::MemoryStorage disk;
+  RecoveredSteps shown(&disk);
+  std::shared_ptr<RecoveredStep> step = RecoverInPlace("job", 1000, kJobDir, -1, tier.sources);
+  REQUIRE(step != nullptr);
+  shown.Add(step);
+  tier.good.server->Shutdown();
+  checkpoint::IoOptions io;
+  io.storage = &shown;
+  const auto verified = checkpoint::VerifyStep(kStepDir, io);
+  CHECK(verified.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(verified.status().message()), Catch::Contains("no holder served"));
 }
 
 TEST_CASE("the peer tier's newest step is read in place only when newer than the disk's, and "

@@ -2,8 +2,10 @@
 // to restores through zccd's storage: under its job directory, each looks
 // like a committed step on disk (listed there, `latest` names it while no
 // newer step is on disk), its paths served by the RecoveredStep; every
-// other path goes to the storage underneath. zccd shows a step until it has
-// been written into the job directory (MaterializeStep) or given up.
+// other path goes to the storage underneath. zccd shows a step until its
+// restores are done with it and, where rank 0 restored, it has been written
+// into the job directory (MaterializeStep) or could not be; a later restore
+// finds it in the tier again.
 //
 // Thread-safety: thread-safe. Ownership: borrows `base` (as StorageWrapper);
 // shares the steps it shows with the Files it hands out.

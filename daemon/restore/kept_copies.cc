@@ -30,14 +30,21 @@ void KeptCopies::Forget(const std::string& step_dir) {
   std::string kept_dir;
   {
     zcc::MutexLock lock(&mu_);
-    forgotten_[step_dir] = absl::Now();
+    // Until it is removed, never read again (a copy kept anew is newer than
+    // the removal).
+    forgotten_[step_dir] = absl::InfiniteFuture();
     found_.erase(step_dir);
     kept_dir = KeptDirFor(step_dir);
   }
   if (kept_dir.empty()) return;
-  if (const absl::Status removed = base()->RemoveTree(kept_dir); !removed.ok()) {
+  const absl::Status removed = base()->RemoveTree(kept_dir);
+  if (!removed.ok()) {
+    // Partly removed, perhaps: what is left is never read again.
     ZCC_LOG(WARNING) << "could not remove the damaged kept copy " << kept_dir << ": " << removed;
+    return;
   }
+  zcc::MutexLock lock(&mu_);
+  if (auto it = forgotten_.find(step_dir); it != forgotten_.end()) it->second = absl::Now();
 }
 
 std::string KeptCopies::KeptDirFor(const std::string& step_dir) const {
