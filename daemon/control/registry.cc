@@ -161,6 +161,7 @@ void Registry::Shutdown() {
     writing.swap(writing_recovered_);
   }
   for (RecoveredStepWriter& w : writing) {
+    w.step->Cancel();  // shown or not any more (a newer one took its place)
     LeaveIdlePriority(w.thread.native_handle());
     w.thread.join();
   }

@@ -113,8 +113,9 @@ class Registry {
   // A PinStep call from another zccd of the job (proto/peer.proto), on a
   // gRPC thread: a pin its leader found (step >= 0), or a nudge to find it
   // again (this zccd being the leader).
-  absl::Status OnPeerPin(const std::string& job_id, uint32_t uid, int64_t step,
-                         bool everyone_answered) ABSL_LOCKS_EXCLUDED(peer_mu_);
+  // Returns the pin held here now (-1: none).
+  absl::StatusOr<int64_t> OnPeerPin(const std::string& job_id, uint32_t uid, int64_t step,
+                                    bool everyone_answered) ABSL_LOCKS_EXCLUDED(peer_mu_);
   // Where the peer listener serves (`endpoint` for the status, `address`
   // for the trainers and other zccds) and the credentials of connections to
   // other zccds; set once it listens, before the control service starts.
@@ -188,7 +189,8 @@ class Registry {
   // or not this one (each zccd then finds the pin itself).
   std::string PinLeader(const Job& job, const PeerParts& peer) const;
   // Pins `whole` in replicas_ for the job unless that moves the pin back
-  // while some zccd did not answer; true when the pin changed.
+  // while some zccd did not answer (in one step with the check: replicas_'
+  // PinIfNewer); true when the pin changed.
   bool ApplyPin(const std::string& job_id, uint32_t uid, int64_t whole, bool everyone_answered,
                 const char* found_by);
   std::vector<std::string> NodesOf(const Job& job) const;
@@ -217,11 +219,18 @@ class Registry {
   // One recovery from the peer tier at a time per job (held while it finds
   // the step).
   std::map<std::string, std::shared_ptr<zcc::Mutex>> recovering_ ABSL_GUARDED_BY(peer_mu_);
-  // Threads of WriteRecoveredStep: those done are joined at the next
-  // recovery, the others at shutdown.
+  // As the job's pin leader: the pin each other node of the job has taken
+  // from this zccd (told again when it differs). An entry per job this zccd
+  // led, kept for zccd's life (a few bytes each).
+  std::map<std::pair<std::string, uint32_t>, std::map<std::string, int64_t>> pins_sent_
+      ABSL_GUARDED_BY(peer_mu_);
+  // Threads of WriteRecoveredStep: those done are joined when the next
+  // step is found in the tier, the others at shutdown (their step's pulls
+  // cancelled first).
   struct RecoveredStepWriter {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
+    std::shared_ptr<peer::RecoveredStep> step;
   };
   std::vector<RecoveredStepWriter> writing_recovered_ ABSL_GUARDED_BY(peer_mu_);
   // Uses jobs_ (the budget left), and stops before it goes.

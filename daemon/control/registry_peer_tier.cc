@@ -81,36 +81,43 @@ void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job, uint32_t rank) 
 void Registry::WriteRecoveredStep(const std::shared_ptr<Job>& job,
                                   const std::shared_ptr<peer::RecoveredStep>& step,
                                   absl::Time began) {
-  zcc::MutexLock lock(&peer_mu_);
-  if (stopped_.load()) return;  // shut down: shown until zccd ends; recovered again after
-  // Those done since the last recovery are joined here.
-  for (auto it = writing_recovered_.begin(); it != writing_recovered_.end();) {
-    if (it->done->load()) {
-      it->thread.join();
-      it = writing_recovered_.erase(it);
-    } else {
-      ++it;
+  std::vector<RecoveredStepWriter> finished;
+  {
+    zcc::MutexLock lock(&peer_mu_);
+    if (stopped_.load()) return;  // shut down: shown until zccd ends; recovered again after
+    // Those done since the last recovery are joined below (outside the
+    // lock: a thread may still be dropping the last reference to its job).
+    for (auto it = writing_recovered_.begin(); it != writing_recovered_.end();) {
+      if (it->done->load()) {
+        finished.push_back(std::move(*it));
+        it = writing_recovered_.erase(it);
+      } else {
+        ++it;
+      }
     }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread writer([this, job, step, began, done] {
+      WriteRecoveredStepNow(*job, *step, began);
+      // A later restore finds it anew where it is not written; the checks'
+      // verdicts on its directory go with it (a step written there since is
+      // checked afresh).
+      recovered_.Remove(step.get());
+      restores_.ForgetChecks(step->dir());
+      done->store(true);
+    });
+    writing_recovered_.push_back({std::move(writer), std::move(done), step});
   }
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread writer([this, job, step, began, done] {
-    WriteRecoveredStepNow(*job, *step, began);
-    recovered_.Remove(step.get());  // a later restore finds it anew where it is not written
-    done->store(true);
-  });
-  writing_recovered_.push_back({std::move(writer), std::move(done)});
+  for (RecoveredStepWriter& w : finished) w.thread.join();
 }
 
 void Registry::WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::Time began) {
   const std::string& job_id = job.options().job_id;
   const std::string& job_dir = job.options().job_dir;
-  {
-    // Behind the restores, which read the same holders: after them, unless
-    // they keep the step quiet no longer than kRecoveredStepQuiet.
-    IdlePriority idle;
-    if (!step.AwaitQuiet(kRecoveredStepQuiet)) return;  // zccd stops
-  }
-  if (!step.LetGoUnlessWritten()) {
+  // Behind the restores, which read the same holders: after them, unless
+  // they leave the step alone longer than kRecoveredStepQuiet.
+  const peer::RecoveredStep::AfterQuiet after = step.AwaitQuiet(kRecoveredStepQuiet);
+  if (after == peer::RecoveredStep::AfterQuiet::kCancelled) return;  // zccd stops
+  if (after == peer::RecoveredStep::AfterQuiet::kLetGo) {
     // Every node whose ranks restore reads the step in place; one writes
     // it (rank 0's), not every node the whole of it.
     ZCC_LOG(INFO) << "job " << job_id << ": step " << step.step()
@@ -135,6 +142,8 @@ void Registry::WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::
   // Checked and committed in turn with the job's own commits: `latest`
   // never moves back past a step the job committed meanwhile.
   options.in_turn = [&](const std::function<absl::Status()>& commit) {
+    // Not at idle priority while holding the job's commits up.
+    LeaveIdlePriority(pthread_self());
     return job.CommitInTurn([&]() -> absl::Status {
       if (superseded()) return absl::AbortedError("the job committed this step or a newer one");
       return commit();
@@ -201,12 +210,17 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
   if (job == nullptr || peer.directory == nullptr) return;
   const std::string leader = PinLeader(*job, peer);
   if (!leader.empty() && leader != peer.self) {
-    // One call: the leader asks every zccd of the job and sends the pin.
-    const absl::Status nudged =
+    // One call: the leader asks every zccd of the job and sends the pin
+    // when it changes; its answer is the pin it holds now.
+    const absl::StatusOr<int64_t> nudged =
         peer.directory->Client(leader)->PinStep(job_id, uid, -1, false, absl::Seconds(10), cancel);
-    if (nudged.ok() || absl::IsCancelled(nudged)) return;
-    ZCC_LOG(WARNING) << "job " << job_id << ": its pin leader " << leader
-                     << " was not reached (" << nudged << "); this zccd finds the pin itself";
+    if (nudged.ok()) {
+      if (*nudged >= 0) ApplyPin(job_id, uid, *nudged, false, ", as the job's pin leader found");
+      return;
+    }
+    if (absl::IsCancelled(nudged.status())) return;
+    ZCC_LOG(WARNING) << "job " << job_id << ": its pin leader " << leader << " did not answer ("
+                     << nudged.status() << "); this zccd finds the pin itself";
   }
   // Only the zccds the directory has up are asked: this runs on the
   // replicator's thread, and a peer that is down would hold up its pushes
@@ -229,30 +243,45 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
   // With a zccd down or not answering, what it holds is unknown: the pin
   // only moves on (a step whole without it is whole), never back.
   const bool everyone_answered = down == 0 && asked == sources.peers.size();
-  if (!ApplyPin(job_id, uid, *whole, everyone_answered, "") || leader != peer.self) return;
-  // The leader: every other zccd of the job up takes the pin from here.
-  size_t told = 0;
-  for (const std::string& address : sources.peers) {
-    const absl::Status sent = peer.directory->Client(address)->PinStep(
-        job_id, uid, *whole, everyone_answered, absl::Seconds(10), cancel);
-    if (sent.ok()) {
-      ++told;
-    } else {
-      ZCC_LOG(WARNING) << "job " << job_id << ": step " << *whole << " pinned here, not at "
-                       << address << ": " << sent;
+  ApplyPin(job_id, uid, *whole, everyone_answered, "");
+  if (leader != peer.self) return;
+  // The leader: each other node of the job (those its trainers reported)
+  // that is up and has not taken this pin yet takes it now.
+  const std::optional<int64_t> pinned = replicas_.pinned(job_id, uid);
+  if (!pinned.has_value()) return;
+  const std::pair<std::string, uint32_t> key(job_id, uid);
+  size_t told = 0, due = 0;
+  for (const auto& [address, ranks] : job->peers().Nodes()) {
+    const auto state = peer.directory->State(address);
+    if (address == peer.self || !state.has_value() || !state->up) continue;
+    {
+      zcc::MutexLock lock(&peer_mu_);
+      auto sent = pins_sent_[key].find(address);
+      if (sent != pins_sent_[key].end() && sent->second == *pinned) continue;
     }
+    ++due;
+    const absl::StatusOr<int64_t> taken = peer.directory->Client(address)->PinStep(
+        job_id, uid, *pinned, everyone_answered, absl::Seconds(10), cancel);
+    if (!taken.ok()) {
+      // Told again at the leader's next round, or it asks when it nudges.
+      ZCC_LOG(WARNING) << "job " << job_id << ": step " << *pinned << " pinned here, not (yet) at "
+                       << address << ": " << taken.status();
+      continue;
+    }
+    ++told;
+    zcc::MutexLock lock(&peer_mu_);
+    pins_sent_[key][address] = *pinned;
   }
-  ZCC_LOG(INFO) << "job " << job_id << ": step " << *whole << " pinned at " << told << " of "
-                << sources.peers.size() << " other zccd(s) of the job (this one its pin leader)";
+  if (due > 0) {
+    ZCC_LOG(INFO) << "job " << job_id << ": step " << *pinned << " pinned at " << told << " of "
+                  << due << " other zccd(s) of the job that had not taken it (this one its pin "
+                  << "leader)";
+  }
 }
 
 bool Registry::ApplyPin(const std::string& job_id, uint32_t uid, int64_t whole,
                         bool everyone_answered, const char* found_by) {
-  const std::optional<int64_t> pinned = replicas_.pinned(job_id, uid);
-  if (pinned.has_value() && (whole == *pinned || (!everyone_answered && whole < *pinned))) {
-    return false;
-  }
-  replicas_.Pin(job_id, uid, whole);
+  if (!replicas_.PinIfNewer(job_id, uid, whole, everyone_answered)) return false;
   ZCC_LOG(INFO) << "job " << job_id << ": step " << whole
                 << " is the newest whole in the peer tier (every rank's files held by some "
                 << "zccd" << found_by << "); kept in this zccd's replica memory until a newer one is";
@@ -270,8 +299,8 @@ std::string Registry::PinLeader(const Job& job, const PeerParts& peer) const {
   return "";
 }
 
-absl::Status Registry::OnPeerPin(const std::string& job_id, uint32_t uid, int64_t step,
-                                 bool everyone_answered) {
+absl::StatusOr<int64_t> Registry::OnPeerPin(const std::string& job_id, uint32_t uid,
+                                            int64_t step, bool everyone_answered) {
   // Only for a job with ranks here: a pin is lifted when the job leaves this
   // zccd, and one for a job never here would hold its step for good.
   std::shared_ptr<Job> job = jobs_.Find(job_id);
@@ -281,12 +310,21 @@ absl::Status Registry::OnPeerPin(const std::string& job_id, uint32_t uid, int64_
   }
   if (step >= 0) {
     ApplyPin(job_id, uid, step, everyone_answered, ", as the job's pin leader found");
-    return absl::OkStatus();
+  } else {
+    // A nudge: only the leader finds the pin for the others (one that does
+    // not see itself as the leader says so, and the caller finds it itself).
+    const PeerParts peer = CurrentPeerParts();
+    std::shared_ptr<peer::Replicator> replicator = CurrentReplicator();
+    if (replicator == nullptr || peer.directory == nullptr) {
+      return absl::UnavailableError("the peer tier has stopped here");
+    }
+    if (PinLeader(*job, peer) != peer.self) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this zccd is not job ", job_id, "'s pin leader"));
+    }
+    replicator->PinSoon(job_id, uid);
   }
-  std::shared_ptr<peer::Replicator> replicator = CurrentReplicator();
-  if (replicator == nullptr) return absl::UnavailableError("the peer tier has stopped here");
-  replicator->PinSoon(job_id, uid);
-  return absl::OkStatus();
+  return replicas_.pinned(job_id, uid).value_or(-1);
 }
 
 std::vector<std::string> Registry::NodesOf(const Job& job) const {

@@ -336,7 +336,7 @@ absl::Status Server::Impl::ServePeers() {
       peer_listener,
       peer::PeerListener::Start(config.peer, &r->replicas(),
                                 [r](const std::string& job_id, uint32_t uid, int64_t step,
-                                    bool everyone_answered) {
+                                    bool everyone_answered) -> absl::StatusOr<int64_t> {
                                   return r->OnPeerPin(job_id, uid, step, everyone_answered);
                                 }));
   // Where other zccds reach it: the listen address, or the node's name when

@@ -223,9 +223,9 @@ absl::Status PeerClient::PullRange(const ReplicaKey& key, uint64_t piece_bytes, 
   return absl::OkStatus();
 }
 
-absl::Status PeerClient::PinStep(const std::string& job_id, uint32_t uid, int64_t step,
-                                 bool everyone_answered, absl::Duration timeout,
-                                 CallCancel* cancel) {
+absl::StatusOr<int64_t> PeerClient::PinStep(const std::string& job_id, uint32_t uid,
+                                            int64_t step, bool everyone_answered,
+                                            absl::Duration timeout, CallCancel* cancel) {
   v1::PinStepRequest req;
   req.set_job_id(job_id);
   req.set_uid(uid);
@@ -234,7 +234,8 @@ absl::Status PeerClient::PinStep(const std::string& job_id, uint32_t uid, int64_
   v1::PinStepResponse resp;
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());
-  return FromPeer(target_, stub_->PinStep(ctx.get(), req, &resp));
+  ZCC_RETURN_IF_ERROR(FromPeer(target_, stub_->PinStep(ctx.get(), req, &resp)));
+  return resp.pinned_step();
 }
 
 absl::StatusOr<std::vector<ReplicaInfo>> PeerClient::List(const std::string& job_id, uint32_t uid,

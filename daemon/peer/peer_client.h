@@ -64,10 +64,11 @@ class PeerClient {
                          size_t n, bool check_held, absl::Duration timeout,
                          CallCancel* cancel = nullptr);
   // PinStep (proto/peer.proto): the job's pin as its leader found it, or
-  // (step < 0) a nudge to the leader.
-  absl::Status PinStep(const std::string& job_id, uint32_t uid, int64_t step,
-                       bool everyone_answered, absl::Duration timeout,
-                       CallCancel* cancel = nullptr);
+  // (step < 0) a nudge to the leader. Returns the pin the peer holds now
+  // for the job (-1: none).
+  absl::StatusOr<int64_t> PinStep(const std::string& job_id, uint32_t uid, int64_t step,
+                                  bool everyone_answered, absl::Duration timeout,
+                                  CallCancel* cancel = nullptr);
   absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,
                                                 absl::Duration timeout,
                                                 CallCancel* cancel = nullptr);

@@ -163,10 +163,14 @@ grpc::Status PeerService::ListReplicas(grpc::ServerContext*, const v1::ListRepli
 }
 
 grpc::Status PeerService::PinStep(grpc::ServerContext*, const v1::PinStepRequest* req,
-                                  v1::PinStepResponse*) {
+                                  v1::PinStepResponse* resp) {
   if (absl::Status st = ValidateJobId(req->job_id()); !st.ok()) return ToGrpcStatus(st);
   if (!on_pin_) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no pins taken here");
-  return ToGrpcStatus(on_pin_(req->job_id(), req->uid(), req->step(), req->everyone_answered()));
+  absl::StatusOr<int64_t> pinned =
+      on_pin_(req->job_id(), req->uid(), req->step(), req->everyone_answered());
+  if (!pinned.ok()) return ToGrpcStatus(pinned.status());
+  resp->set_pinned_step(*pinned);
+  return grpc::Status::OK;
 }
 
 }  // namespace zcc::daemon::peer

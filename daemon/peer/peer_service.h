@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 #include "daemon/peer/replica_store.h"
 #include "proto/peer.grpc.pb.h"
@@ -18,10 +18,10 @@ namespace zcc::daemon::peer {
 
 class PeerService final : public v1::Peer::Service {
  public:
-  // A PinStep call (job, uid, step, everyone answered), from a gRPC thread;
-  // an error is the caller's answer.
+  // A PinStep call (job, uid, step, everyone answered), from a gRPC thread:
+  // the pin held now for the job (-1: none), or an error as the answer.
   using PinHandler =
-      std::function<absl::Status(const std::string&, uint32_t, int64_t, bool)>;
+      std::function<absl::StatusOr<int64_t>(const std::string&, uint32_t, int64_t, bool)>;
 
   // `store` is borrowed and outlives the service. `on_pin` (may be null:
   // PinStep is then refused as unimplemented) handles PinStep calls.

@@ -133,12 +133,6 @@ bool RecoveredStep::Touch(bool rank0) {
   return true;
 }
 
-bool RecoveredStep::LetGoUnlessWritten() {
-  zcc::MutexLock lock(&mu_);
-  let_go_ = !write_here_;
-  return write_here_;
-}
-
 void RecoveredStep::Opened() {
   zcc::MutexLock lock(&mu_);
   ++open_files_;
@@ -150,7 +144,7 @@ void RecoveredStep::Closed() {
   last_closed_ = absl::Now();
 }
 
-bool RecoveredStep::AwaitQuiet(absl::Duration quiet) {
+RecoveredStep::AfterQuiet RecoveredStep::AwaitQuiet(absl::Duration quiet) {
   zcc::MutexLock lock(&mu_);
   auto none_open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return open_files_ == 0 || cancelled_;
@@ -160,9 +154,13 @@ bool RecoveredStep::AwaitQuiet(absl::Duration quiet) {
   };
   for (;;) {
     mu_.Await(absl::Condition(&none_open));
-    if (cancelled_) return false;
+    if (cancelled_) return AfterQuiet::kCancelled;
     const absl::Duration left = last_closed_ + quiet - absl::Now();
-    if (left <= absl::ZeroDuration()) return true;
+    if (left <= absl::ZeroDuration()) {
+      if (write_here_) return AfterQuiet::kWrite;
+      let_go_ = true;
+      return AfterQuiet::kLetGo;
+    }
     // Woken early only by a file opened again (or the cancel).
     mu_.AwaitWithTimeout(absl::Condition(&reopened), left);
   }

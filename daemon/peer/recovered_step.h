@@ -78,17 +78,16 @@ class RecoveredStep final : public storage::Storage,
   // A restore is about to read the step (its rank asked for the job's
   // steps): the quiet time (AwaitQuiet) starts again, and with `rank0` this
   // zccd writes the step into the job's directory (one zccd of the job
-  // does, not every node). False when the step has been let go already
-  // (LetGoUnlessWritten): the caller finds it anew.
+  // does, not every node). False when the step has been let go already:
+  // the caller finds it anew.
   bool Touch(bool rank0) ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether this zccd writes the step; when not, the step is let go (no
-  // Touch marks it any more), in one step with the check.
-  bool LetGoUnlessWritten() ABSL_LOCKS_EXCLUDED(mu_);
-  // Returns once no file of the step has been open, nor the step touched,
+  enum class AfterQuiet { kWrite, kLetGo, kCancelled };
+  // Waits until no file of the step has been open, nor the step touched,
   // for `quiet` (the restores that read it are done: the write to disk,
-  // which pulls the same bytes again, comes after them), or once cancelled
-  // (false).
-  bool AwaitQuiet(absl::Duration quiet) ABSL_LOCKS_EXCLUDED(mu_);
+  // which pulls the same bytes again, comes after them), then says whether
+  // this zccd writes the step; when not, lets it go (no Touch marks it any
+  // more), in one step with the wait's end. kCancelled once cancelled.
+  AfterQuiet AwaitQuiet(absl::Duration quiet) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reading: the step's files. Anything else the Storage interface has is
   // refused (PermissionDenied): restores only read.

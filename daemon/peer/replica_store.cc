@@ -137,6 +137,17 @@ void ReplicaStore::Pin(const std::string& job_id, uint32_t uid, int64_t step) {
   }
 }
 
+bool ReplicaStore::PinIfNewer(const std::string& job_id, uint32_t uid, int64_t step,
+                              bool may_move_back) {
+  zcc::MutexLock lock(&mu_);
+  auto it = pinned_.find({job_id, uid});
+  if (it != pinned_.end() && (step == it->second || (!may_move_back && step < it->second))) {
+    return false;
+  }
+  pinned_[{job_id, uid}] = step;
+  return true;
+}
+
 std::optional<int64_t> ReplicaStore::pinned(const std::string& job_id, uint32_t uid) const {
   zcc::MutexLock lock(&mu_);
   auto it = pinned_.find({job_id, uid});

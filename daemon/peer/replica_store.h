@@ -104,6 +104,9 @@ class ReplicaStore {
   // (memory_tier.h), which a step whole for some ranks only must not push
   // out. Replaces the job's earlier pin; `step` < 0 lifts it.
   void Pin(const std::string& job_id, uint32_t uid, int64_t step);
+  // Pin, unless `step` is the pinned step already or (with `may_move_back`
+  // false) older than it; in one step with the check. True when it pinned.
+  bool PinIfNewer(const std::string& job_id, uint32_t uid, int64_t step, bool may_move_back);
   // The job's pinned step, if any.
   std::optional<int64_t> pinned(const std::string& job_id, uint32_t uid) const;
 

@@ -122,6 +122,18 @@ TEST_CASE("replica store: the job's pinned step (its newest whole in the tier) s
   CHECK_FALSE(store.pinned("job", 1000).has_value());
 }
 
+TEST_CASE("replica store: a pin moves back only when every zccd answered") {
+  ReplicaStore store(100);
+  CHECK(store.PinIfNewer("job", 1000, 5, false));
+  CHECK_FALSE(store.PinIfNewer("job", 1000, 5, true));   // the same: no change
+  CHECK_FALSE(store.PinIfNewer("job", 1000, 3, false));  // back, not everyone asked
+  CHECK(store.pinned("job", 1000) == 5);
+  CHECK(store.PinIfNewer("job", 1000, 7, false));
+  CHECK(store.PinIfNewer("job", 1000, 6, true));         // back: everyone answered
+  CHECK(store.pinned("job", 1000) == 6);
+  CHECK_FALSE(store.pinned("job", 1001).has_value());
+}
+
 TEST_CASE("replica store: a manifest another zccd pushed is told (a rank's step whole here); "
           "an own copy's is not") {
   std::vector<ReplicaKey> told;

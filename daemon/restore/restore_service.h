@@ -78,6 +78,11 @@ class RestoreService {
   absl::StatusOr<v1::RestoreCandidatesResponse> Candidates(Job& job, RankSession& session,
                                                            bool owned_only);
 
+  // Forgets the checks' verdicts on `step_dir` (a step read from the peer
+  // tier in place, no longer shown: one written there later is checked
+  // afresh).
+  void ForgetChecks(const std::string& step_dir) { checks_.Forget(step_dir); }
+
   // Lets go of the restore buffers other ranks no longer copy from
   // (SharedReads::Expire); every housekeeping round.
   void ExpireSharedReads() { shared_reads_.Expire(); }

@@ -107,4 +107,17 @@ void StepChecks::MarkDamaged(const std::string& step_dir, const absl::Status& wh
   Trim();
 }
 
+void StepChecks::Forget(const std::string& step_dir) {
+  zcc::MutexLock lock(&mu_);
+  for (auto it = entries_.lower_bound(StepKey(step_dir, 0));
+       it != entries_.end() && it->first.first == step_dir;) {
+    if (it->second.busy) {
+      ++it;
+      continue;
+    }
+    indexed_.erase(std::remove(indexed_.begin(), indexed_.end(), it->first), indexed_.end());
+    it = entries_.erase(it);
+  }
+}
+
 }  // namespace zcc::daemon

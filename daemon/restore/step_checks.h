@@ -51,6 +51,9 @@ class StepChecks {
   // Records that `step_dir` failed while being read (`why`), whatever its
   // metadata check found, so that the next choice skips it.
   void MarkDamaged(const std::string& step_dir, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops what is known of `step_dir` (every manifest hash), but checks
+  // under way.
+  void Forget(const std::string& step_dir) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using StepKey = std::pair<std::string, uint64_t>;  // step directory, manifest hash
