@@ -180,7 +180,13 @@ absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std:
     return absl::OkStatus();
   };
   const absl::Status committed = options.in_turn ? options.in_turn(commit) : commit();
-  if (absl::IsAborted(committed)) (void)fs.RemoveTree(dir);
+  if (absl::IsAborted(committed)) {
+    if (const absl::Status removed = fs.RemoveTree(dir); !removed.ok()) {
+      ZCC_LOG(WARNING) << "job " << job_id << ": step " << step << " was not committed ("
+                       << committed.message() << "), and what was written of it in " << dir
+                       << " is left (retention removes it): " << removed;
+    }
+  }
   return committed;
 }
 
@@ -209,15 +215,29 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
           why = std::string(bytes.status().message());
           continue;
         }
+        const std::string where = holder.empty() ? "here" : holder;
+        if (auto first = plan.manifests.find(rank); first != plan.manifests.end()) {
+          // Another holder's copy of the rank's files: used only when it
+          // holds the same manifest (not another run's step of that number).
+          if (first->second == **bytes) {
+            plan.ranks[rank].push_back({holder, files});
+          } else {
+            ZCC_LOG(WARNING) << "job " << job_id << ": rank " << rank << "'s manifest of step "
+                             << step << " from " << where
+                             << " differs from another holder's; its files are not read";
+          }
+          continue;
+        }
         auto decoded = format::DecodeRankManifest(**bytes);
         if (!decoded.ok()) {
-          why = absl::StrCat("rank ", rank, "'s manifest from ", holder.empty() ? "here" : holder,
-                             ": ", decoded.status().message());
+          why = absl::StrCat("rank ", rank, "'s manifest from ", where, ": ",
+                             decoded.status().message());
           continue;
         }
         world = decoded->world_size;
         plan.ranks[rank].push_back({holder, files});
         plan.manifests.emplace(rank, **bytes);
+        plan.decoded.emplace(rank, *std::move(decoded));
       }
     }
     if (!world.has_value() || plan.ranks.size() != *world) {

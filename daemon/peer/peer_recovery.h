@@ -28,6 +28,7 @@
 #include "daemon/peer/memory_tier.h"
 #include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
+#include "format/manifest.h"
 #include "storage/storage.h"
 
 namespace zcc::daemon::peer {
@@ -49,7 +50,8 @@ struct RecoveryPlan {
   int64_t step = -1;
   uint32_t world = 0;
   std::map<uint32_t, RankHolders> ranks;
-  std::map<uint32_t, std::string> manifests;  // each rank's, as held (it decodes)
+  std::map<uint32_t, std::string> manifests;  // each rank's, as held
+  std::map<uint32_t, format::RankManifest> decoded;  // the same, decoded
 };
 
 // The plans of the steps newer than `newer_than` that the tier holds whole

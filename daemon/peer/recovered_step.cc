@@ -176,10 +176,11 @@ absl::StatusOr<std::shared_ptr<RecoveredStep>> RecoveredStep::Make(const std::st
   ZCC_RETURN_IF_ERROR(small.MakeDirs(made->partial_dir_));
   for (const auto& [rank, holders] : plan.ranks) {
     auto text = plan.manifests.find(rank);
-    if (text == plan.manifests.end()) {
+    auto decoded = plan.decoded.find(rank);
+    if (text == plan.manifests.end() || decoded == plan.decoded.end()) {
       return absl::DataLossError(absl::StrCat("rank ", rank, "'s manifest was not fetched"));
     }
-    ZCC_ASSIGN_OR_RETURN(format::RankManifest manifest, format::DecodeRankManifest(text->second));
+    const format::RankManifest& manifest = decoded->second;
     const std::string manifest_name = format::ManifestFileName(rank);
     ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(
         small, JoinPath(made->partial_dir_, manifest_name), text->second));

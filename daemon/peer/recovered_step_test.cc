@@ -151,6 +151,26 @@ TEST_CASE("a step of the peer tier whose only holder's copy is damaged: shown, a
   CHECK_THAT(std::string(verified.status().message()), Catch::Contains("checksum"));
 }
 
+TEST_CASE("a holder of another run's step of the same number: its files are not read") {
+  Tier tier;
+  PeerServer other(tier.insecure);
+  Hold(other.store, StepFiles(1, 4, /*fill=*/104), false);  // intact, another run's
+  tier.sources.peers = {tier.good.target(), other.target()};
+  std::shared_ptr<RecoveredStep> step = RecoverInPlace("job", 1000, kJobDir, -1, tier.sources);
+  REQUIRE(step != nullptr);
+  const RankHolders& rank1 = step->plan().ranks.at(1);
+  REQUIRE(rank1.size() == 1);  // the first holder asked, whichever it is; not both
+  const std::string first = rank1.front().first;
+  CHECK((first == tier.good.target() || first == other.target()));
+  // What is read is that holder's step, whole and consistent.
+  storage::MemoryStorage disk;
+  RecoveredSteps shown(&disk);
+  shown.Add(step);
+  checkpoint::IoOptions io;
+  io.storage = &shown;
+  REQUIRE_OK(checkpoint::VerifyStep(kStepDir, io).status());
+}
+
 TEST_CASE("a step of the peer tier whose holder went away: its read fails with DataLoss, so "
           "the restore falls back to an older step") {
   Tier tier;

@@ -25,13 +25,13 @@ PeerServer::~PeerServer() { server->Shutdown(); }
 
 std::string PeerServer::target() const { return absl::StrCat("127.0.0.1:", port); }
 
-checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step) {
+checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step, int64_t fill) {
   checkpoint::testing::SyntheticRank r(
       rank, 2,
       {{"w", format::DType::kF32, {32, 17}},
        {"m", format::DType::kF32, {32, 17}, format::TensorKind::kOptim}},
       0, "job");
-  r.Fill(step);
+  r.Fill(fill < 0 ? step : fill);
   auto bytes = checkpoint::SerializeRankStep(step, r.shards(), r.slot(), {});
   REQUIRE_OK(bytes.status());
   return *bytes;
