@@ -667,6 +667,58 @@ def test_random_states_come_back_exactly():
     assert random.getstate() == old_format
 
 
+def test_torch_generator_read_only_when_it_moved():
+    """zcc.torch reads torch's CPU generator again only when it moved;
+    whatever moved it (draws of every kind, a normal cached or used, seeds,
+    set_rng_state back to a state with a cached normal), the copy equals
+    torch.get_rng_state()."""
+    from zcc import _torch_rng
+    reads = [0]
+    public = torch.get_rng_state
+
+    def counted():
+        reads[0] += 1
+        return public()
+
+    torch.get_rng_state = counted
+    try:
+        state = _torch_rng.CpuGeneratorState()
+        out = torch.zeros_like(public())
+
+        def same(moved):
+            before = reads[0]
+            state.copy_into(out)
+            assert torch.equal(out, public()), "the copy differs from torch's state"
+            assert (reads[0] > before) == moved, (moved, reads[0] - before)
+
+        torch.manual_seed(21)
+        same(True)
+        assert state._watch is not None  # the fast path is in use on this torch
+        same(False)
+        draws = (lambda: torch.rand(3), lambda: torch.randint(0, 9, (700,)),
+                 lambda: torch.randn(1), lambda: torch.randn(1, dtype=torch.float64),
+                 lambda: torch.empty(5, dtype=torch.float64).normal_(),
+                 lambda: torch.randperm(2000), lambda: torch.bernoulli(torch.full((9,), 0.5)),
+                 lambda: torch.manual_seed(22), lambda: torch.seed(), lambda: torch.rand(5000))
+        for draw in draws:
+            draw()
+            same(True)
+            same(False)
+        torch.Generator().manual_seed(5).seed()  # another generator: nothing to read
+        same(False)
+        # A state whose cached normal is set, put back after it was used.
+        torch.manual_seed(23)
+        torch.randn(1)  # a pair drawn, one cached
+        with_normal = public()
+        torch.randn(1, dtype=torch.float64)  # uses the cached one
+        same(True)
+        torch.set_rng_state(with_normal)
+        same(True)
+        assert torch.equal(out, with_normal)
+    finally:
+        torch.get_rng_state = public
+
+
 class Replacing(torch.optim.Optimizer):
     """An optimizer that puts a new state tensor in place at every step (as
     some third-party ones do), instead of updating it."""

@@ -123,6 +123,7 @@ from zcc import _torch_codec
 from zcc import _torch_ema
 from zcc import _torch_optim
 from zcc import _torch_restore
+from zcc import _torch_rng
 from zcc import torch_layout
 
 __all__ = ["Checkpointer"]
@@ -220,6 +221,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self.connect_timeout = connect_timeout
         self._codec = _torch_codec.CODEC
         self._generators = _rng_state.GeneratorStates()
+        self._torch_generator = _torch_rng.CpuGeneratorState()
         self._replica = self._replica_group(replica)
         # The ranks holding copies of a plain (non-DTensor) tensor; a DTensor's
         # placements say where its copies are.
@@ -462,7 +464,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
             self._bind_optimizer_state()
         if self._unzeroed or self._buffers:
             self._copy_buffers()
-        self._rng.copy_(torch.get_rng_state())
+        self._torch_generator.copy_into(self._rng)
         self._write_blobs((("job", self._job_state(step)), ("rank", self._rank_state())))
         self._last_step = step
         self._fenced = False  # from here on, copies may be reading the tensors

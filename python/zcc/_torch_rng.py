@@ -1,0 +1,115 @@
+"""torch's CPU generator state as zcc.torch snapshots it at every step:
+torch.get_rng_state() (a 5056-byte tensor made afresh, 30-40 us of a
+step() call after the step's compute) is called again only when the
+generator's memory moved, as zcc._rng_state does for Python's and NumPy's."""
+
+import ctypes
+import struct
+
+import torch
+
+from zcc import _zcc
+
+# torch.get_rng_state()'s bytes (ATen's CPUGeneratorImplState): the legacy
+# record (initial seed u64, left i32, seeded i32, next u64, the 624 words of
+# the Mersenne Twister each as a u64, normal_x/y/rho f64, normal_is_valid
+# i32, padding), then the cached float normal (f32) and its flag (bool).
+_STATE_BYTES = 5056
+_WORDS = 624
+_WORDS_AT = 24
+_NORMAL_Y_AT = 5024
+_NORMAL_VALID_AT = 5040
+_FLOAT_AT = 5048
+_FLOAT_VALID_AT = 5052
+
+# The generator object (CPUGeneratorImpl) holds, after its base: the engine
+# (seed u64, left i32, seeded bool, next u32, the 624 words as u32: 2520
+# bytes with padding), then std::optional<float> and std::optional<double>,
+# the cached normals. Every draw moves `left` and `next` (or the words), and
+# seeding or set_rng_state writes all of it, so nothing changes the state
+# without changing these bytes.
+_ENGINE_BYTES = 2520
+_WATCHED_BYTES = _ENGINE_BYTES + 8 + 16
+_HEAD = struct.Struct("<QiBxxxI")  # seed, left, seeded, next
+# How far into the object the engine may start (its base is a vtable,
+# counts, a device, a key set, a PyObject pointer and a mutex).
+_SEARCH_BYTES = 256
+
+
+def _engine_range(state):
+    """(address, bytes) of the default generator's engine and cached
+    normals when its memory holds exactly `state` (torch.get_rng_state()'s
+    bytes) where expected; None when anything differs (another torch whose
+    layout this does not know: the public API is then read every step)."""
+    gen = torch.default_generator
+    if len(state) != _STATE_BYTES or type(gen).__basicsize__ < object.__basicsize__ + 8:
+        return None
+    # THPGenerator: the object header, then at::Generator, one pointer to
+    # the CPUGeneratorImpl.
+    impl = ctypes.c_void_p.from_address(id(gen) + object.__basicsize__).value
+    if not impl:
+        return None
+    seed, left, seeded, next_ = struct.unpack_from("<QiiQ", state, 0)
+    words = struct.unpack_from("<%dQ" % _WORDS, state, _WORDS_AT)
+    if next_ > 0xFFFFFFFF or seeded not in (0, 1) or max(words) > 0xFFFFFFFF:
+        return None
+    head = _HEAD.pack(seed, left, seeded, next_)
+    packed_words = struct.pack("<%dI" % _WORDS, *words)
+    window = ctypes.string_at(impl, _SEARCH_BYTES + _HEAD.size)
+    for at in range(8, _SEARCH_BYTES, 8):
+        if window[at:at + 8] != head[:8]:
+            continue
+        raw = ctypes.string_at(impl + at, _WATCHED_BYTES)
+        if raw[8:13] != head[8:13] or raw[16:20] != head[16:20] or \
+                raw[_HEAD.size:_HEAD.size + len(packed_words)] != packed_words:
+            continue
+        if not _normals_match(raw[_ENGINE_BYTES:], state):
+            return None
+        return impl + at, _WATCHED_BYTES
+    return None
+
+
+def _normals_match(raw, state):
+    """Whether the cached normals in the generator's memory (optional<float>,
+    optional<double>) are the ones `state` holds."""
+    float_value, float_set = struct.unpack_from("<fB", raw, 0)
+    double_value, double_set = struct.unpack_from("<dB", raw, 8)
+    want_float_set = state[_FLOAT_VALID_AT]
+    want_double_set = struct.unpack_from("<i", state, _NORMAL_VALID_AT)[0]
+    if float_set != bool(want_float_set) or double_set != bool(want_double_set):
+        return False
+    if float_set and raw[0:4] != state[_FLOAT_AT:_FLOAT_AT + 4]:
+        return False
+    if double_set and raw[8:16] != state[_NORMAL_Y_AT:_NORMAL_Y_AT + 8]:
+        return False
+    return True
+
+
+class CpuGeneratorState:
+    """Copies torch's default CPU generator's state into a uint8 tensor,
+    reading it through the public API only when the generator moved since
+    the last copy (the check: one memcmp of 2.5 KB)."""
+
+    def __init__(self):
+        self._watch = None
+        self._watchable = True  # False once the layout was not recognised
+
+    def copy_into(self, out):
+        """`out` (a uint8 tensor of torch.get_rng_state()'s size) holds the
+        generator's state after the call."""
+        if self._watch is not None and not self._watch.changed():
+            return
+        if self._watch is None and self._watchable:
+            self._start_watching()
+        out.copy_(torch.get_rng_state())
+
+    def _start_watching(self):
+        # The watch is made before the state that is copied is read: a draw
+        # in between (another thread) leaves the watch's view older than the
+        # copy, which only costs one read more.
+        found = _engine_range(torch.get_rng_state().numpy().tobytes())
+        if found is None:
+            self._watchable = False
+            return
+        address, length = found
+        self._watch = _zcc.MemoryWatch([(torch.default_generator, address, length)])
