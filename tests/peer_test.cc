@@ -3,6 +3,7 @@
 // checked, a caller without the cluster's certificate refused, status and
 // metrics showing what a zccd holds for others, and bad peer settings
 // refused at start with the file or field named.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,10 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <tuple>
 #include <set>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/testing/eventually.h"
@@ -22,16 +25,17 @@
 #include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_credentials.h"
 #include "tests/process_harness.h"
+#include "tests/test_model.h"
 
 namespace zcc::testing {
 namespace {
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
 
-std::string MakeCerts(const std::string& dir) {
+std::string MakeCerts(const std::string& dir, const std::string& nodes = "node-a node-b node-c") {
   const std::string certs = dir + "/certs";
-  const std::string cmd = absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", certs,
-                                       " node-a node-b node-c");
+  const std::string cmd =
+      absl::StrCat(Runfile("tools/testing/make_test_certs.sh"), " ", certs, " ", nodes);
   REQUIRE(std::system(cmd.c_str()) == 0);
   return certs;
 }
@@ -56,6 +60,59 @@ daemon::peer::PeerClient ClientTo(int port, const daemon::PeerConfig& as) {
   auto creds = daemon::peer::LoadPeerCredentials(as);
   REQUIRE(creds.ok());
   return daemon::peer::PeerClient(absl::StrCat("127.0.0.1:", port), creds->channel);
+}
+
+// Damages memory in place, as a bad DIMM or a stray write would: flips one
+// byte in every copy of `pattern` in the private writable memory of process
+// `pid` (stopped meanwhile), through /proc/PID/mem. Returns how many copies
+// it damaged.
+int DamageCopiesInMemory(pid_t pid, const std::string& pattern) {
+  REQUIRE(pattern.size() >= 16);
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  absl::Cleanup resume = [pid] { ::kill(pid, SIGCONT); };
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  const int mem = ::open(absl::StrCat("/proc/", pid, "/mem").c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(mem >= 0);
+  absl::Cleanup close_mem = [mem] { ::close(mem); };
+  constexpr uint64_t kChunk = uint64_t{64} << 20;
+  int damaged = 0;
+  std::string line;
+  std::string buf;
+  while (std::getline(maps, line)) {
+    unsigned long begin = 0, end = 0;  // NOLINT(runtime/int): sscanf's %lx
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &begin, &end, perms) != 3) continue;
+    if (std::string(perms) != "rw-p") continue;  // heap, anonymous memory, stacks
+    for (uint64_t at = begin; at < end;) {
+      buf.resize(std::min<uint64_t>(end - at, kChunk));
+      const ssize_t got = ::pread(mem, buf.data(), buf.size(), static_cast<off_t>(at));
+      if (got <= 0) break;
+      buf.resize(static_cast<size_t>(got));
+      for (size_t pos = buf.find(pattern); pos != std::string::npos;
+           pos = buf.find(pattern, pos + 1)) {
+        const uint64_t where = at + pos + pattern.size() / 2;
+        const char flipped = static_cast<char>(buf[pos + pattern.size() / 2] ^ 0x5a);
+        REQUIRE(::pwrite(mem, &flipped, 1, static_cast<off_t>(where)) == 1);
+        ++damaged;
+      }
+      if (at + buf.size() >= end) break;
+      at += buf.size() - (pattern.size() - 1);  // a copy across the chunks' edge is found too
+    }
+  }
+  return damaged;
+}
+
+// 64 bytes from the middle of tensor `name` of the plain test model's rank
+// `rank` at `step`, as every copy of its shard file holds them.
+std::string TensorBytes(int rank, int world, const std::string& name, int64_t step) {
+  for (const ModelTensor& t : BuildModel("plain", rank, world, 6, 256)) {
+    if (t.name != name) continue;
+    std::string bytes(t.nbytes, '\0');
+    FillTensor(t, step, reinterpret_cast<uint8_t*>(bytes.data()));
+    return bytes.substr(bytes.size() / 2, 64);
+  }
+  FAIL("no tensor " << name);
+  return "";
 }
 
 // Restarts job `job`'s ranks (world = on.size()), rank r on on[r], in
@@ -520,6 +577,72 @@ TEST_CASE("a node and its buddy both lost: the restore falls back to disk and sa
   }
   CHECK(absl::StrContains(c.Log(), "the peer tier holds no whole step newer than step 4"));
   CHECK(c.Stop() == 0);
+}
+
+TEST_CASE("a holder whose memory damaged its copy is refused by checksum; the next holder serves") {
+  const std::string dir = ShortTempDir("it-peerdmg");
+  const std::string certs = MakeCerts(dir, "node-a node-b node-c node-d");
+  // Three nodes in three racks, each rank's steps at both other nodes.
+  auto flags = [&](const std::string& node, const std::string& rack) {
+    std::vector<std::string> f = PeerFlags(certs, node, rack);
+    f.push_back("--replicate_every=2");
+    f.push_back("--replicas=2");
+    return f;
+  };
+  Daemon a(dir, {flags("node-a", "rack-1"), dir + "/a-root", "zccd-a"});
+  auto b = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-b", "rack-2"), dir + "/b-root",
+                                                       "zccd-b"});
+  Daemon c(dir, {flags("node-c", "rack-3"), dir + "/c-root", "zccd-c"});
+  REQUIRE(a.Start());
+  REQUIRE(b->Start());
+  REQUIRE(c.Start());
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  int rank = 0;
+  for (Daemon* d : {&a, b.get(), &c}) {
+    trainers.push_back(StartTrainer(
+        *d, dir, absl::StrCat("train", rank),
+        {"--job=dmg", absl::StrCat("--rank=", rank), "--world=3", "--steps=7", "--save_every=0",
+         "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
+         "--step_ms=1000"}));
+    ++rank;
+  }
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
+  for (Daemon* d : {&a, b.get(), &c}) {
+    REQUIRE(zcc::testing::Eventually(
+        [&] {
+          return absl::StrContains(Zccctl(dir, *d, {"status"}).second,
+                                   "replication: step 6 at every buddy");
+        },
+        absl::Seconds(30)));
+  }
+  for (auto& t : trainers) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  }
+  // Node B is lost. Of its rank's step 6, node A's copy of the parameters'
+  // file and node C's copy of the optimizer state's file are damaged in
+  // their zccds' memory after they arrived whole: whichever holder a read
+  // asks first, one file's first holder is damaged.
+  b->Kill();
+  b.reset();
+  std::filesystem::remove_all(dir + "/b-root");
+  CHECK(DamageCopiesInMemory(a.process()->pid(),
+                             TensorBytes(1, 3, "rank1.layers.0.weight", 6)) >= 1);
+  CHECK(DamageCopiesInMemory(c.process()->pid(),
+                             TensorBytes(1, 3, "optim/rank1.layers.0.weight.exp_avg", 6)) >= 1);
+  // The job restarts with rank 1 on node D, which has nothing: every rank
+  // restores step 6 from the peer tier, every tensor equal to what it
+  // trained (the trainer checks each against the model's bytes).
+  Daemon d(dir, {flags("node-d", "rack-2"), dir + "/d-root", "zccd-d"});
+  REQUIRE(d.Start());
+  RestoreOn(dir, "dmg", {&a, &d, &c}, 6, d);
+  CHECK(absl::StrContains(d.Log(), "step 6 recovered from the peer tier, read in place"));
+  CHECK(absl::StrContains(d.Log(), "; trying the next holder"));
+  CHECK(absl::StrContains(a.Log() + c.Log(), "damaged in this zccd's memory"));
+  CHECK(a.Stop() == 0);
+  CHECK(c.Stop() == 0);
+  CHECK(d.Stop() == 0);
 }
 
 TEST_CASE("a static peer is a buddy for a job that never reports its nodes") {
