@@ -4,6 +4,7 @@ step() call after the step's compute) is called again only when the
 generator's memory moved, as zcc._rng_state does for Python's and NumPy's."""
 
 import ctypes
+import os
 import struct
 
 import torch
@@ -47,7 +48,8 @@ def _engine_range(state):
     # THPGenerator: the object header, then at::Generator, one pointer to
     # the CPUGeneratorImpl.
     impl = ctypes.c_void_p.from_address(id(gen) + object.__basicsize__).value
-    if not impl:
+    window = _read_memory(impl, _SEARCH_BYTES + _WATCHED_BYTES) if impl else None
+    if window is None:
         return None
     seed, left, seeded, next_ = struct.unpack_from("<QiiQ", state, 0)
     words = struct.unpack_from("<%dQ" % _WORDS, state, _WORDS_AT)
@@ -55,11 +57,10 @@ def _engine_range(state):
         return None
     head = _HEAD.pack(seed, left, seeded, next_)
     packed_words = struct.pack("<%dI" % _WORDS, *words)
-    window = ctypes.string_at(impl, _SEARCH_BYTES + _HEAD.size)
     for at in range(8, _SEARCH_BYTES, 8):
         if window[at:at + 8] != head[:8]:
             continue
-        raw = ctypes.string_at(impl + at, _WATCHED_BYTES)
+        raw = window[at:at + _WATCHED_BYTES]
         if raw[8:13] != head[8:13] or raw[16:20] != head[16:20] or \
                 raw[_HEAD.size:_HEAD.size + len(packed_words)] != packed_words:
             continue
@@ -67,6 +68,23 @@ def _engine_range(state):
             return None
         return impl + at, _WATCHED_BYTES
     return None
+
+
+def _read_memory(address, length):
+    """`length` bytes of this process's memory at `address`, read through
+    /proc/self/mem (which fails, where a pointer read would crash, when the
+    address is not what the layout above says); None when it cannot be."""
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, length, address)
+    except (OSError, OverflowError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == length else None
 
 
 def _normals_match(raw, state):
