@@ -51,7 +51,8 @@ struct PeerConfig {
   // go to other domains. Empty = the node is a domain of its own.
   std::string failure_domain;
   // Memory for replicas held for other nodes, bytes; the oldest are dropped
-  // first when a new one needs the room.
+  // first when a new one needs the room. Replicas count in
+  // staging_budget_bytes too (when set), behind the trainers' staging.
   uint64_t replica_budget_bytes = 8ull << 30;
   // Every how many snapshots a rank's step is replicated to its buddies:
   // 0 = at each step the job checkpoints (its save_every), 1 = every step.
@@ -87,7 +88,9 @@ struct DaemonConfig {
   uint32_t default_num_slots = 3;
   // Upper bound on one slot (all of a rank's registered tensors).
   uint64_t max_slot_bytes = 256ull << 30;
-  // Upper bound on all staging memory of this daemon together; 0 = no limit.
+  // Upper bound on all staging memory of this daemon together (retained
+  // snapshots, the staging pool and the peer tier's replicas included: they
+  // give way to a registration); 0 = no limit.
   uint64_t staging_budget_bytes = 0;
   // Staging memory made ready before registrations (daemon/memory/
   // staging_pool.h); 0 = none. Within staging_budget_bytes.

@@ -43,7 +43,8 @@ ABSL_FLAG(uint32_t, slots, 3, "default staging slots per rank (2..8; 3 lets snap
           "EMA go on while a checkpoint is written)");
 ABSL_FLAG(uint32_t, keep_last, 3, "committed steps kept per job");
 ABSL_FLAG(uint32_t, keep_every, 0, "also keep every N-th step (0 = off)");
-ABSL_FLAG(uint64_t, staging_budget_mb, 0, "staging memory limit for all ranks (0 = none)");
+ABSL_FLAG(uint64_t, staging_budget_mb, 0,
+          "staging memory limit for all ranks, the peer tier's replicas counted (0 = none)");
 ABSL_FLAG(uint64_t, staging_pool_mb, 0, "staging memory made ready before trainers register "
           "(within the budget; 0 = none)");
 ABSL_FLAG(uint64_t, staging_pool_entry_mb, 0, "size of each piece of the staging pool "

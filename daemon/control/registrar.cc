@@ -252,6 +252,8 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
                                 : plan.g.segment_bytes;
   admit.staging_budget_bytes = config.staging_budget_bytes;
   admit.pool = d.staging_pool;
+  admit.replica_bytes = d.replica_bytes;
+  admit.shrink_replicas = d.shrink_replicas;
   admit.alive = [&config, replaces = req.replaces_generation()](const RankSession& s) {
     // The registration this one replaces (its own trainer's) is taken over.
     if (replaces != 0 && s.options().generation == replaces) return false;

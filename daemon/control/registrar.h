@@ -61,6 +61,11 @@ class Registrar {
     // its job's buddies, with the job's owner uid; null: no peer tier.
     std::function<void(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes)>
         replicate;
+    // The peer tier's replicas in this zccd's memory, counted in the staging
+    // budget (AdmitRequest): the bytes they hold, and a call that drops the
+    // oldest down to a target; empty: none.
+    std::function<uint64_t()> replica_bytes;
+    std::function<uint64_t(uint64_t target)> shrink_replicas;
   };
 
   explicit Registrar(Deps deps) : d_(std::move(deps)) {}

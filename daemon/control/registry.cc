@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -52,6 +53,14 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                   if (auto replicator = CurrentReplicator()) {
                     replicator->PinSoon(manifest.job_id, manifest.uid);
                   }
+                },
+                // Replicas count in the staging budget, after the trainers'
+                // staging and the pool made ready for them.
+                [this]() -> uint64_t {
+                  const uint64_t budget = config_.staging_budget_bytes;
+                  if (budget == 0) return std::numeric_limits<uint64_t>::max();
+                  const uint64_t used = jobs_.StagingBytes() + staging_pool_.bytes();
+                  return budget > used ? budget - used : 0;
                 }),
       recovered_(shard_storage_),
       staging_pool_(StagingPool::Options{
@@ -60,7 +69,7 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
           [this](uint64_t pooled) {
             uint64_t room = PoolRoom(ReadSystemMemory(), pooled);
             if (const uint64_t budget = config_.staging_budget_bytes; budget > 0) {
-              const uint64_t used = jobs_.StagingBytes();
+              const uint64_t used = jobs_.StagingBytes() + replicas_.bytes_held();
               room = std::min(room, budget > used ? budget - used : 0);
             }
             return room;
@@ -104,7 +113,9 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                     [this](const std::string& job_id, uint32_t uid,
                            checkpoint::RankStepBytes step) {
                       ReplicateStep(job_id, uid, std::move(step));
-                    })}) {}
+                    }),
+          [this] { return replicas_.bytes_held(); },
+          [this](uint64_t target) { return replicas_.ShrinkTo(target); }}) {}
 
 Registry::~Registry() { Shutdown(); }
 

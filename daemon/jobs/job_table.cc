@@ -269,19 +269,37 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
     pooled = r.pool->Take(r.reserve_now_bytes, r.segment_bytes);
   }
   auto pool_bytes = [&r] { return r.pool != nullptr ? r.pool->bytes() : 0; };
-  auto in_use = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto replica_bytes = [&r] { return r.replica_bytes ? r.replica_bytes() : 0; };
+  auto besides_replicas = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return StagingBytesLocked() - replacing + pool_bytes();
+  };
+  auto in_use = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return besides_replicas() + replica_bytes();
   };
   auto over_budget = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return r.staging_budget_bytes > 0 && in_use() + needed > r.staging_budget_bytes;
   };
   // The pool gives way to a registration first (it holds no data), then
-  // retained snapshots, the oldest first.
+  // retained snapshots, the oldest first, then the peer tier's replicas,
+  // the oldest steps first (other nodes' insurance, and this node's own
+  // copies; a trainer that would otherwise be refused comes first), but
+  // only when that makes room.
   if (over_budget() && pool_bytes() > 0) {
     const uint64_t excess = in_use() + needed - r.staging_budget_bytes;
     released_pool = r.pool->ReleaseDownTo(pool_bytes() > excess ? pool_bytes() - excess : 0);
   }
   while (over_budget() && DropOneRetainedLocked(&dropped)) continue;
+  if (over_budget() && r.shrink_replicas) {
+    const uint64_t others = besides_replicas();
+    if (others + needed <= r.staging_budget_bytes) {
+      const uint64_t target = r.staging_budget_bytes - others - needed;
+      const uint64_t freed = r.shrink_replicas(target);
+      ZCC_LOG(WARNING) << "job " << r.job_id << " rank " << r.rank << ": dropped " << freed
+                       << " bytes of the peer tier's replicas (the oldest steps) to admit the "
+                          "registration within the staging budget of "
+                       << r.staging_budget_bytes << " bytes";
+    }
+  }
   if (over_budget()) {
     if (inherited.has_value()) dropped.push_back(std::move(*inherited));
     // A previous layout of the same job (the same ranks) stays retained
@@ -295,7 +313,11 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use(), " of the ",
-        r.staging_budget_bytes, "-byte budget are in use"));
+        r.staging_budget_bytes, "-byte budget are in use",
+        replica_bytes() > 0
+            ? absl::StrCat(" (", replica_bytes(), " by the peer tier's replicas, which give way "
+                           "only when that makes room)")
+            : std::string()));
   }
   // A previous layout's snapshots go to the registration when the budget
   // holds them beside it until they are written; they are dropped otherwise.

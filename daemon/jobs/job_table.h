@@ -67,6 +67,12 @@ struct AdmitRequest {
   // Whether the rank's current session, if any, is still served by a live
   // trainer (a registration then is refused).
   std::function<bool(const RankSession&)> alive;
+  // The peer tier's replicas in this zccd's memory (daemon/peer/
+  // replica_store.h), counted in the staging budget: the bytes they hold,
+  // and a call that drops the oldest down to a target (returning the bytes
+  // dropped). Called under the table's lock. Both empty without a peer tier.
+  std::function<uint64_t()> replica_bytes;
+  std::function<uint64_t(uint64_t target)> shrink_replicas;
 };
 
 // What a job's previous layout left in this zccd's memory, handed to a

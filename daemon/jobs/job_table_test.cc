@@ -20,6 +20,7 @@
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "daemon/jobs/job.h"
+#include "daemon/peer/replica_store.h"
 #include "storage/fault_storage.h"
 #include "storage/memory_storage.h"
 #include "storage/routed_storage.h"
@@ -175,6 +176,43 @@ TEST_CASE("node-local roots: another layout waits (Unavailable, saying why) unti
   REQUIRE_OK(again);
   CHECK(again->job() != job);
   CHECK(again->job()->options().world_size == 2);
+}
+
+TEST_CASE("the staging budget counts the peer tier's replicas: they give way to a registration "
+          "that needs the room, and stay when it could not be admitted anyway") {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  Tiers t;
+  // Replicas of three steps of another node's rank, 1 MiB each (no step
+  // whole here, so nothing but a registration can push them out).
+  peer::ReplicaStore replicas(16 * kMiB);
+  for (int64_t step = 1; step <= 3; ++step) {
+    peer::Replica r;
+    r.info.key = peer::ReplicaKey{"other", 1000, 0, step, "w"};
+    r.bytes.assign(kMiB, 'x');
+    REQUIRE_OK(replicas.Put(std::move(r)));
+  }
+  auto request = [&](uint64_t budget) {
+    AdmitRequest r = t.Request(1);
+    r.staging_budget_bytes = budget;  // the registration needs 1 MiB
+    r.replica_bytes = [&replicas] { return replicas.bytes_held(); };
+    r.shrink_replicas = [&replicas](uint64_t target) { return replicas.ShrinkTo(target); };
+    return r;
+  };
+  SECTION("admitted: the oldest step's replica goes, no more") {
+    JobTable table(absl::Now());
+    auto admitted = table.Admit(request(3 * kMiB + kMiB / 2));
+    REQUIRE_OK(admitted.status());
+    CHECK(replicas.bytes_held() == 2 * kMiB);
+    CHECK(replicas.Get(peer::ReplicaKey{"other", 1000, 0, 1, "w"}).status().code() ==
+          absl::StatusCode::kNotFound);
+    REQUIRE_OK(replicas.Get(peer::ReplicaKey{"other", 1000, 0, 3, "w"}).status());
+  }
+  SECTION("refused: the budget cannot hold the registration even without them; they stay") {
+    JobTable table(absl::Now());
+    auto refused = table.Admit(request(kMiB / 2));
+    CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(replicas.bytes_held() == 3 * kMiB);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "daemon/peer/replica_store.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,10 +53,15 @@ absl::Status ReplicaStore::Put(Replica replica) {
   const ReplicaKey key = replica.info.key;
   const bool pushed_whole = IsManifest(key) && !replica.info.own;
   auto piece = std::make_shared<const Replica>(std::move(replica));
+  // Asked outside the lock (it reads the trainers' staging, whose admission
+  // shrinks this store under its own lock). A registration admitted between
+  // this and the insertion can leave the budget exceeded by this piece
+  // until the next registration or piece.
+  const uint64_t cap = room_ ? std::min(budget_bytes_, room_()) : budget_bytes_;
   Held held;
   {
     zcc::MutexLock lock(&mu_);
-    ZCC_RETURN_IF_ERROR(PutLocked(std::move(piece)));
+    ZCC_RETURN_IF_ERROR(PutLocked(std::move(piece), cap));
     held = HeldLocked();
   }
   Changed(held);
@@ -62,7 +69,7 @@ absl::Status ReplicaStore::Put(Replica replica) {
   return absl::OkStatus();
 }
 
-absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
+absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap) {
   const ReplicaKey& key = piece->info.key;
   const uint64_t n = piece->bytes.size();
   uint64_t replaced = 0;
@@ -70,13 +77,15 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
   // Plan the eviction before dropping anything: only pieces older than this
   // one may make room for it, and only those of a rank whose newer step is
   // held here whole (its manifest is): the newest complete step of each
-  // rank stays until a newer one is complete.
-  uint64_t room = budget_bytes_ - (bytes_held_ - replaced);
+  // rank stays until a newer one is complete. (Over the cap already, when
+  // trainers' staging took room since, more gives way than the piece needs.)
+  uint64_t kept = bytes_held_ - replaced;
+  auto fits = [&] { return kept <= cap && n <= cap - kept; };
   std::set<ReplicaKey> victims;
   auto evict = [&](const ReplicaKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (victims.insert(k).second) room += held_.at(k)->bytes.size();
+    if (victims.insert(k).second) kept -= held_.at(k)->bytes.size();
   };
-  for (auto it = by_age_.begin(); room < n && it != by_age_.end(); ++it) {
+  for (auto it = by_age_.begin(); !fits() && it != by_age_.end(); ++it) {
     const ReplicaKey& k = it->second;
     if (k == key) continue;
     if (k.step >= key.step) break;
@@ -87,12 +96,17 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece) {
     const ReplicaKey manifest{k.job_id, k.uid, k.rank, k.step, format::ManifestFileName(k.rank)};
     if (held_.count(manifest) > 0) evict(manifest);
   }
-  if (room < n) {
+  if (!fits()) {
+    const std::string limit =
+        cap < budget_bytes_
+            ? absl::StrCat(cap, " bytes that the staging budget leaves for replicas beside its "
+                                "trainers' staging (of a replica budget of ",
+                           budget_bytes_, "; raise staging_budget_bytes)")
+            : absl::StrCat(budget_bytes_, " bytes for replicas (raise peer.replica_budget_bytes)");
     return absl::ResourceExhaustedError(absl::StrCat(
         "no room for a piece of ", n, " bytes of step ", key.step, ": this zccd holds ",
-        bytes_held_, " of its ", budget_bytes_,
-        " bytes for replicas, of newer steps, of the newest step each rank has whole here or "
-        "of the job's newest step whole in the tier (raise peer.replica_budget_bytes)"));
+        bytes_held_, " bytes of newer steps, of the newest step each rank has whole here or of "
+        "the job's newest step whole in the tier, in the ", limit));
   }
   for (const ReplicaKey& k : victims) DropLocked(k);
   pieces_dropped_ += victims.size();
@@ -167,9 +181,16 @@ uint64_t ReplicaStore::ShrinkTo(uint64_t target) {
     zcc::MutexLock lock(&mu_);
     while (bytes_held_ > target && !by_age_.empty()) {
       const ReplicaKey k = by_age_.begin()->second;
-      dropped += held_.at(k)->bytes.size();
-      DropLocked(k);
-      ++pieces_dropped_;
+      // Its step is no longer whole here: its manifest goes first, so that
+      // nobody takes the step for whole.
+      const ReplicaKey manifest{k.job_id, k.uid, k.rank, k.step, format::ManifestFileName(k.rank)};
+      for (const ReplicaKey& gone : {manifest, k}) {
+        auto it = held_.find(gone);
+        if (it == held_.end()) continue;
+        dropped += it->second->bytes.size();
+        DropLocked(gone);
+        ++pieces_dropped_;
+      }
     }
     held = HeldLocked();
   }

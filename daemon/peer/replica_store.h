@@ -69,12 +69,17 @@ class ReplicaStore {
   // `on_change` (optional) is told what is held after each change (a
   // gauge), outside the store's lock; `on_pushed_whole` (optional), also
   // outside it, of each manifest another zccd pushed here (a rank's step
-  // whole here now).
+  // whole here now). `room` (optional): the most bytes the store may hold
+  // now beside what else shares its memory budget (zccd's staging budget:
+  // trainers' staging comes first), asked outside the store's lock at each
+  // Put; the store holds at most the smaller of it and `budget_bytes`.
   explicit ReplicaStore(uint64_t budget_bytes, std::function<void(const Held&)> on_change = nullptr,
-                        std::function<void(const ReplicaKey& manifest)> on_pushed_whole = nullptr)
+                        std::function<void(const ReplicaKey& manifest)> on_pushed_whole = nullptr,
+                        std::function<uint64_t()> room = nullptr)
       : budget_bytes_(budget_bytes),
         on_change_(std::move(on_change)),
-        on_pushed_whole_(std::move(on_pushed_whole)) {}
+        on_pushed_whole_(std::move(on_pushed_whole)),
+        room_(std::move(room)) {}
 
   // Keeps `replica` (its bytes already checked; info.nbytes is set from
   // them), replacing a piece of the same key, dropping the pieces of the
@@ -95,8 +100,9 @@ class ReplicaStore {
   std::vector<ReplicaInfo> List(const std::string& job_id, uint32_t uid) const;
 
   // Drops the pieces of the oldest steps until at most `target` bytes are
-  // held; returns the bytes dropped. (A trainer's registration needs the
-  // memory: pins do not hold.)
+  // held (a piece's rank manifest with it: its step is no longer whole
+  // here); returns the bytes dropped. (A trainer's registration needs the
+  // memory: pins and the newest whole steps do not hold.)
   uint64_t ShrinkTo(uint64_t target);
 
   // Keeps the pieces of `step` of `job_id` (for `uid`) here when newer ones
@@ -123,7 +129,9 @@ class ReplicaStore {
   // A newer step of the piece's rank is held here whole.
   bool SupersededLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PinnedLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PutLocked(std::shared_ptr<const Replica> piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `cap`: the most bytes the store may hold (its budget, or less: room_).
+  absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return Held{bytes_held_, held_.size(), own_bytes_held_, own_pieces_held_};
@@ -135,6 +143,7 @@ class ReplicaStore {
   const uint64_t budget_bytes_;
   const std::function<void(const Held&)> on_change_;
   const std::function<void(const ReplicaKey&)> on_pushed_whole_;
+  const std::function<uint64_t()> room_;
   mutable zcc::Mutex mu_;
   std::map<ReplicaKey, std::shared_ptr<const Replica>> held_ ABSL_GUARDED_BY(mu_);
   std::map<Age, ReplicaKey> by_age_ ABSL_GUARDED_BY(mu_);

@@ -198,6 +198,39 @@ TEST_CASE("replica store: shrinks to a target, oldest first") {
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 5, "w"}).status());
 }
 
+TEST_CASE("replica store: shrinking drops a step's manifest with its first piece") {
+  ReplicaStore store(1000);
+  PutWhole(store, 1, 100);
+  PutWhole(store, 2, 100);
+  // One piece of step 1 must go: step 1 is no longer whole here.
+  CHECK(store.ShrinkTo(150) == 101);
+  for (const ReplicaInfo& info : store.List("job", 1000)) CHECK(info.key.step == 2);
+  CHECK(store.List("job", 1000).size() == 2);
+}
+
+TEST_CASE("replica store: holds no more than the room its memory budget leaves beside staging") {
+  uint64_t room = 250;
+  ReplicaStore store(1000, nullptr, nullptr, [&room] { return room; });
+  REQUIRE_OK(store.Put(Piece(1, "w", 100)));
+  REQUIRE_OK(store.Put(Piece(2, "w", 100)));
+  // 300 would not fit the 250 left beside the trainers' staging, and no
+  // step may give way (none is whole here): refused, the budget named.
+  const absl::Status no_room = store.Put(Piece(3, "w", 100));
+  CHECK(no_room.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(no_room.message()), Catch::Contains("staging_budget_bytes"));
+  CHECK(store.bytes_held() == 200);
+  // More room (a trainer left): held up to the replica budget again.
+  room = 5000;
+  for (int64_t step = 3; step <= 12; ++step) PutWhole(store, step, 100);
+  CHECK(store.bytes_held() <= 1000);
+  CHECK(store.bytes_held() > 900);
+  // Less (a trainer came): older steps give way to a newer one within it.
+  room = 350;
+  PutWhole(store, 13, 100);
+  CHECK(store.bytes_held() <= 350);
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 13, "w"}).status());
+}
+
 TEST_CASE("replica store: a piece handed out outlives its eviction") {
   ReplicaStore store(100);
   REQUIRE_OK(store.Put(Piece(1, "w", 80)));

@@ -715,6 +715,28 @@ def test_torch_generator_read_only_when_it_moved():
         torch.set_rng_state(with_normal)
         same(True)
         assert torch.equal(out, with_normal)
+        # Written by something else (a restore): read again once told, and
+        # only then (the generator itself did not move).
+        out.zero_()
+        before = reads[0]
+        state.copy_into(out)
+        assert reads[0] == before and not torch.any(out)
+        state.forget()
+        same(True)
+        same(False)
+        # Where the generator's memory cannot be read (another layout):
+        # found nowhere, a few tries, then the public state at every call.
+        unreadable = _torch_rng.CpuGeneratorState()
+        saved_read, _torch_rng._read_memory = _torch_rng._read_memory, lambda *a: None
+        try:
+            for _ in range(6):
+                before = reads[0]
+                unreadable.copy_into(out)
+                assert torch.equal(out, public())
+                assert reads[0] - before in (1, 2)  # (2 while it still searches)
+            assert unreadable._watch is None and unreadable._searches_left == 0
+        finally:
+            _torch_rng._read_memory = saved_read
     finally:
         torch.get_rng_state = public
 

@@ -25,6 +25,10 @@ class Restoring:
         `step`; a `step` that cannot be restored raises zcc.NotFoundError, or
         the error its read found). Raises zcc.UnavailableError when zccd
         cannot be reached within connect_timeout."""
+        # The restore writes the RNG tensor (the step's state, or zeros where
+        # the step has none for this rank) whether or not the generator is
+        # set from it: the next step() reads the generator again.
+        self._torch_generator.forget()
         unavailable = None
         if not self.wait_connected():
             unavailable = zcc.UnavailableError(

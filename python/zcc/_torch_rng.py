@@ -106,28 +106,52 @@ def _normals_match(raw, state):
 class CpuGeneratorState:
     """Copies torch's default CPU generator's state into a uint8 tensor,
     reading it through the public API only when the generator moved since
-    the last copy (the check: one memcmp of 2.5 KB)."""
+    the last copy (the check: one memcmp of 2.5 KB). torch draws without
+    the GIL, so another thread may move the generator at any time: a copy
+    counts only when the generator's memory held still across the read."""
+
+    _READS = 4  # tries for a read the memory held still across
+    _SEARCHES = 3  # tries to find the engine before giving up on watching
 
     def __init__(self):
         self._watch = None
-        self._watchable = True  # False once the layout was not recognised
+        self._settled = False  # the last copy is what the watch last saw
+        self._searches_left = self._SEARCHES
+
+    def forget(self):
+        """The next copy_into reads the generator whatever the watch says
+        (call it when anything else wrote the tensor, as a restore does)."""
+        self._settled = False
 
     def copy_into(self, out):
         """`out` (a uint8 tensor of torch.get_rng_state()'s size) holds the
         generator's state after the call."""
-        if self._watch is not None and not self._watch.changed():
+        watch = self._watch
+        if watch is None and self._searches_left > 0:
+            watch = self._start_watching()
+        if watch is None:
+            out.copy_(torch.get_rng_state())
             return
-        if self._watch is None and self._watchable:
-            self._start_watching()
-        out.copy_(torch.get_rng_state())
+        if self._settled and not watch.changed():
+            return
+        # changed() leaves the watch holding the memory as it was then: a
+        # read followed by no change since is that memory's state.
+        for _ in range(self._READS):
+            state = torch.get_rng_state()
+            if not watch.changed():
+                out.copy_(state)
+                self._settled = True
+                return
+        out.copy_(state)  # moving all along (another thread): read again next time
+        self._settled = False
 
     def _start_watching(self):
-        # The watch is made before the state that is copied is read: a draw
-        # in between (another thread) leaves the watch's view older than the
-        # copy, which only costs one read more.
+        """The watch (its view: the memory now), or None."""
+        self._searches_left -= 1
         found = _engine_range(torch.get_rng_state().numpy().tobytes())
         if found is None:
-            self._watchable = False
-            return
+            return None  # (a draw between the read and the search, or another layout)
         address, length = found
         self._watch = _zcc.MemoryWatch([(torch.default_generator, address, length)])
+        self._settled = False
+        return self._watch

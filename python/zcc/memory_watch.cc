@@ -14,8 +14,10 @@ namespace {
 
 namespace py = pybind11;
 
-// The ranges are read with the GIL held: the objects owning them change
-// their memory only under it. Each owner is held, so its memory stays valid.
+// Each owner is held, so its memory stays valid. Python's and NumPy's
+// generators change their memory only under the GIL, which the check holds;
+// torch's draws without it (zcc._torch_rng counts a read only when no change
+// followed it).
 class MemoryWatch {
  public:
   // (owner, address, length) per range; `address` lies inside `owner`,
