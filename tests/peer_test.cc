@@ -730,6 +730,11 @@ TEST_CASE("replicas count in the staging budget: they give way to a trainer's re
   INFO(b.Log());
   CHECK(absl::StrContains(b.Log(), "job local rank 0: dropped "));
   CHECK(absl::StrContains(b.Log(), "bytes of the peer tier's replicas (the oldest steps)"));
+  const std::string status_b = Zccctl(dir, b, {"status"}).second;
+  INFO(status_b);
+  CHECK(absl::StrContains(status_b, "staging budget: "));
+  CHECK(absl::StrContains(status_b, " of 0.01 GB in use: "));
+  CHECK(absl::StrContains(status_b, "GB the peer tier's replicas (they give way to registrations)"));
   // Beside it, node b has room for one step of node a's rank, which it
   // keeps (the newest it has whole): the next ones are refused, the
   // staging budget named, and node a's replication lags instead.

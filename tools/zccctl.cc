@@ -204,6 +204,14 @@ void PrintJobPeers(const zcc::v1::JobStatus& job) {
 void PrintStatus(const zcc::v1::StatusResponse& s) {
   std::printf("%s  pid %d  up %.0fs  %d job(s)\n", s.version().c_str(), s.pid(),
               s.uptime_seconds(), s.jobs_size());
+  if (s.staging_budget_bytes() > 0) {
+    const uint64_t replicas = s.has_peer() ? s.peer().replica_bytes_held() : 0;
+    std::printf("staging budget: %.2f of %.2f GB in use: %.2f GB staging and retained, %.2f GB "
+                "pool, %.2f GB the peer tier's replicas (they give way to registrations)\n",
+                (s.staging_bytes() + s.staging_pool_bytes() + replicas) / 1e9,
+                s.staging_budget_bytes() / 1e9, s.staging_bytes() / 1e9,
+                s.staging_pool_bytes() / 1e9, replicas / 1e9);
+  }
   if (s.staging_pool_target_bytes() > 0) {
     std::printf("staging pool: %.2f of %.2f GB ready for the next registrations (%llu taken)\n",
                 s.staging_pool_bytes() / 1e9, s.staging_pool_target_bytes() / 1e9,

@@ -413,6 +413,8 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
   resp.set_staging_pool_bytes(staging_pool_.bytes());
   resp.set_staging_pool_target_bytes(config_.staging_pool_bytes);
   resp.set_staging_pool_taken(staging_pool_.taken());
+  resp.set_staging_budget_bytes(config_.staging_budget_bytes);
+  resp.set_staging_bytes(jobs_.StagingBytes());
   {
     zcc::MutexLock lock(&peer_mu_);
     if (peer_endpoint_.has_value()) {
