@@ -1,8 +1,10 @@
 // zccd's peer service (DESIGN.md 5c) in real zccd processes: listeners with
 // the operator's certificates (mutual TLS), pieces pushed and pulled back
 // checked, a caller without the cluster's certificate refused, status and
-// metrics showing what a zccd holds for others, and bad peer settings
-// refused at start with the file or field named.
+// metrics showing what a zccd holds for others, lost nodes' ranks restored
+// from the tier (a holder whose memory damaged its copy refused by
+// checksum), replicas within the node's staging budget, and bad peer
+// settings refused at start with the file or field named.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
