@@ -701,11 +701,11 @@ TEST_CASE("replicas count in the staging budget: they give way to a trainer's re
           "get only the room the node's trainers leave") {
   const std::string dir = ShortTempDir("it-peerbudget");
   const std::string certs = MakeCerts(dir);
-  // Node b's budget: 10 MiB for staging and replicas together. A rank of
-  // the test model stages about 7 MiB (three slots of 2.3 MiB); one of its
-  // steps replicated is 2.3 MiB.
+  // Node b's budget: 9 MiB for staging and replicas together. A rank of
+  // the test model stages 6.8 MiB (three slots of 2.3 MiB); one of its steps
+  // replicated is 2.3 MiB: beside a trainer's staging, none fits.
   std::vector<std::string> flags_b = PeerFlags(certs, "node-b", "rack-2");
-  flags_b.push_back("--staging_budget_mb=10");
+  flags_b.push_back("--staging_budget_mb=9");
   Daemon b(dir, {flags_b, dir + "/b-root", "zccd-b"});
   REQUIRE(b.Start());
   const char* kPort = R"(peer service on \S+ \(port (\d+), mutual TLS\))";
@@ -714,32 +714,36 @@ TEST_CASE("replicas count in the staging budget: they give way to a trainer's re
   flags_a.push_back("--peer_static=" + absl::StrCat("127.0.0.1:", PortFromLog(b, kPort)));
   Daemon a(dir, {flags_a, dir + "/a-root", "zccd-a"});
   REQUIRE(a.Start());
-  // Node a's rank replicates its even steps to node b; steps 2 and 4 are
-  // held there (4.6 MiB) by the time node b's own trainer comes.
+  // Node a's rank replicates its even steps to node b (training until the
+  // test kills it): b holds one or two of them when its own trainer comes.
   auto remote = StartTrainer(a, dir, "remote",
-                             {"--job=remote", "--steps=40", "--save_every=0", "--block",
-                              "--linger_ms=60000", "--step_ms=250"});
+                             {"--job=remote", "--steps=100000", "--save_every=0", "--block",
+                              "--step_ms=250"});
   REQUIRE(zcc::testing::Eventually(
       [&] {
-        return absl::StrContains(Zccctl(dir, a, {"status"}).second,
-                                 "replication: step 4 at every buddy");
+        // "replication: step N at every buddy", N >= 4 (steps move on every 250 ms).
+        const std::string out = Zccctl(dir, a, {"status"}).second;
+        const std::string at_step = "replication: step ";
+        const size_t at = out.find(at_step);
+        if (at == std::string::npos) return false;
+        const long long step = std::atoll(out.c_str() + at + at_step.size());
+        return step >= 4 && out.find(" at every buddy", at) != std::string::npos;
       },
       absl::Seconds(30)));
-  // Node b's trainer needs 7 MiB: admitted, the oldest replicas giving way.
+  // Node b's trainer needs 6.8 MiB: admitted, the replicas giving way.
   auto local = StartTrainer(b, dir, "local", {"--job=local", "--steps=3", "--save_every=0",
                                               "--block", "--linger_ms=60000"});
   REQUIRE(local->WaitForOutput("published=", absl::Seconds(60)));
   INFO(b.Log());
   CHECK(absl::StrContains(b.Log(), "job local rank 0: dropped "));
-  CHECK(absl::StrContains(b.Log(), "bytes of the peer tier's replicas (the oldest steps)"));
+  CHECK(absl::StrContains(b.Log(), "bytes of the peer tier's replicas to admit the registration"));
   const std::string status_b = Zccctl(dir, b, {"status"}).second;
   INFO(status_b);
   CHECK(absl::StrContains(status_b, "staging budget: "));
   CHECK(absl::StrContains(status_b, " of 0.01 GB in use: "));
   CHECK(absl::StrContains(status_b, "GB the peer tier's replicas (they give way to registrations)"));
-  // Beside it, node b has room for one step of node a's rank, which it
-  // keeps (the newest it has whole): the next ones are refused, the
-  // staging budget named, and node a's replication lags instead.
+  // Beside it, node b has no room for a step of node a's rank: its pushes
+  // are refused, the staging budget named, and node a's replication lags.
   CHECK(zcc::testing::Eventually(
       [&] {
         return absl::StrContains(a.Log(), "raise staging_budget_bytes");

@@ -253,7 +253,13 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
   admit.staging_budget_bytes = config.staging_budget_bytes;
   admit.pool = d.staging_pool;
   admit.replica_bytes = d.replica_bytes;
-  admit.shrink_replicas = d.shrink_replicas;
+  if (d.shrink_replicas) {
+    admit.shrink_replicas = [shrink = d.shrink_replicas, job_id = req.job_id(),
+                             uid = static_cast<uint32_t>(caller.uid)](
+                                uint64_t target, std::vector<std::shared_ptr<const void>>* freed) {
+      return shrink(target, job_id, uid, freed);
+    };
+  }
   admit.alive = [&config, replaces = req.replaces_generation()](const RankSession& s) {
     // The registration this one replaces (its own trainer's) is taken over.
     if (replaces != 0 && s.options().generation == replaces) return false;

@@ -62,10 +62,13 @@ class Registrar {
     std::function<void(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes)>
         replicate;
     // The peer tier's replicas in this zccd's memory, counted in the staging
-    // budget (AdmitRequest): the bytes they hold, and a call that drops the
-    // oldest down to a target; empty: none.
+    // budget (AdmitRequest): the bytes they hold, and a call that drops them
+    // down to a target for a registration of the job (ReplicaStore::
+    // ShrinkTo); empty: none.
     std::function<uint64_t()> replica_bytes;
-    std::function<uint64_t(uint64_t target)> shrink_replicas;
+    std::function<uint64_t(uint64_t target, const std::string& job_id, uint32_t uid,
+                           std::vector<std::shared_ptr<const void>>* freed)>
+        shrink_replicas;
   };
 
   explicit Registrar(Deps deps) : d_(std::move(deps)) {}

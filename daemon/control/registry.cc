@@ -115,7 +115,10 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                       ReplicateStep(job_id, uid, std::move(step));
                     }),
           [this] { return replicas_.bytes_held(); },
-          [this](uint64_t target) { return replicas_.ShrinkTo(target); }}) {}
+          [this](uint64_t target, const std::string& job_id, uint32_t uid,
+                 std::vector<std::shared_ptr<const void>>* freed) {
+            return replicas_.ShrinkTo(target, job_id, uid, freed);
+          }}) {}
 
 Registry::~Registry() { Shutdown(); }
 

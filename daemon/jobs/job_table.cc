@@ -81,6 +81,12 @@ uint64_t JobTable::StagingBytesLocked() const {
   return total;
 }
 
+uint64_t JobTable::RetainedBytesLocked() const {
+  uint64_t total = 0;
+  for (const auto& [id, job] : jobs_) total += job->retained().bytes();
+  return total;
+}
+
 void JobTable::RelayoutWritten(const std::string& job_id, uint64_t counted_bytes) {
   zcc::MutexLock lock(&mu_);
   auto it = relayout_bytes_.find(job_id);
@@ -175,6 +181,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   std::shared_ptr<Job> dropped_job;
   std::vector<RetainedSnapshots::Entry> dropped;
   std::vector<shm::Segment> released_pool;  // the staging pool's, for the budget
+  std::vector<std::shared_ptr<const void>> freed_replicas;  // the peer tier's, for the budget
   // The snapshots a previous layout of the job left, for the registration
   // to have written (below), or dropped with the rest when they do not fit.
   std::optional<PreviousLayout> previous;
@@ -279,25 +286,33 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   auto over_budget = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return r.staging_budget_bytes > 0 && in_use() + needed > r.staging_budget_bytes;
   };
-  // The pool gives way to a registration first (it holds no data), then
-  // retained snapshots, the oldest first, then the peer tier's replicas,
-  // the oldest steps first (other nodes' insurance, and this node's own
-  // copies; a trainer that would otherwise be refused comes first), but
-  // only when that makes room.
-  if (over_budget() && pool_bytes() > 0) {
-    const uint64_t excess = in_use() + needed - r.staging_budget_bytes;
-    released_pool = r.pool->ReleaseDownTo(pool_bytes() > excess ? pool_bytes() - excess : 0);
-  }
-  while (over_budget() && DropOneRetainedLocked(&dropped)) continue;
-  if (over_budget() && r.shrink_replicas) {
-    const uint64_t others = besides_replicas();
-    if (others + needed <= r.staging_budget_bytes) {
-      const uint64_t target = r.staging_budget_bytes - others - needed;
-      const uint64_t freed = r.shrink_replicas(target);
+  // What gives way to a registration over the budget, in turn: the pool
+  // (it holds no data), retained snapshots (the oldest first), then the
+  // peer tier's replicas (ShrinkTo's order: the least needed first, this
+  // job's own last; other nodes' insurance, and this node's own copies: a
+  // trainer that would otherwise be refused comes first). Nothing gives way
+  // when all of it together would not make room.
+  const uint64_t budget = r.staging_budget_bytes;
+  const uint64_t fixed = besides_replicas() - pool_bytes() - RetainedBytesLocked();
+  if (over_budget() && fixed + needed <= budget) {
+    if (pool_bytes() > 0) {
+      const uint64_t excess = in_use() + needed - budget;
+      released_pool = r.pool->ReleaseDownTo(pool_bytes() > excess ? pool_bytes() - excess : 0);
+    }
+    while (over_budget() && DropOneRetainedLocked(&dropped)) continue;
+    // Again when a piece pushed meanwhile took the room (Put reads the room
+    // outside this lock).
+    uint64_t freed = 0;
+    for (int i = 0; i < 3 && over_budget() && r.shrink_replicas; ++i) {
+      const uint64_t others = besides_replicas();
+      if (others + needed > budget) break;
+      freed += r.shrink_replicas(budget - others - needed, &freed_replicas);
+    }
+    if (freed > 0) {
       ZCC_LOG(WARNING) << "job " << r.job_id << " rank " << r.rank << ": dropped " << freed
-                       << " bytes of the peer tier's replicas (the oldest steps) to admit the "
-                          "registration within the staging budget of "
-                       << r.staging_budget_bytes << " bytes";
+                       << " bytes of the peer tier's replicas to admit the registration within "
+                          "the staging budget of "
+                       << budget << " bytes";
     }
   }
   if (over_budget()) {
@@ -323,6 +338,15 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   // holds them beside it until they are written; they are dropped otherwise.
   if (previous.has_value()) {
     const uint64_t held = previous->bytes();
+    // The job's own unwritten step comes before other nodes' insurance.
+    if (budget > 0 && in_use() + needed + held > budget && r.shrink_replicas &&
+        besides_replicas() + needed + held <= budget) {
+      const uint64_t freed =
+          r.shrink_replicas(budget - besides_replicas() - needed - held, &freed_replicas);
+      ZCC_LOG(WARNING) << "job " << r.job_id << ": dropped " << freed
+                       << " bytes of the peer tier's replicas to keep the snapshots its previous "
+                          "layout left within the staging budget";
+    }
     if (r.staging_budget_bytes == 0 || in_use() + needed + held <= r.staging_budget_bytes) {
       relayout_bytes_[r.job_id] += held;
       previous->counted_bytes = held;
@@ -335,7 +359,9 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
       previous.reset();
     }
   }
-  in_flight_[{r.job_id, r.rank}] = needed;
+  // (An adopted segment is counted too: it left the retained snapshots.)
+  in_flight_[{r.job_id, r.rank}] =
+      needed + (inherited.has_value() ? inherited->session->segment_bytes() : 0);
   // Released by its destructor, which takes the lock: never destroyed here.
   Admission admission(this, r.job_id, r.rank);
   admission.job_ = job;

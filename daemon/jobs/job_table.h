@@ -69,10 +69,13 @@ struct AdmitRequest {
   std::function<bool(const RankSession&)> alive;
   // The peer tier's replicas in this zccd's memory (daemon/peer/
   // replica_store.h), counted in the staging budget: the bytes they hold,
-  // and a call that drops the oldest down to a target (returning the bytes
-  // dropped). Called under the table's lock. Both empty without a peer tier.
+  // and a call that drops them down to a target (ReplicaStore::ShrinkTo for
+  // this registration's job: what is least needed first), handing what it
+  // dropped to `freed` and returning the bytes. Called under the table's
+  // lock. Both empty without a peer tier.
   std::function<uint64_t()> replica_bytes;
-  std::function<uint64_t(uint64_t target)> shrink_replicas;
+  std::function<uint64_t(uint64_t target, std::vector<std::shared_ptr<const void>>* freed)>
+      shrink_replicas;
 };
 
 // What a job's previous layout left in this zccd's memory, handed to a
@@ -168,6 +171,8 @@ class JobTable {
   friend class Admission;
   void Finish(const std::string& job_id, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t StagingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Of StagingBytesLocked, what retained snapshots hold.
+  uint64_t RetainedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool InFlightLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void LogForgotten(const std::string& job_id);
   // Takes out one rank's retained snapshots (the one that expires first in

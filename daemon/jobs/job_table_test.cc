@@ -195,7 +195,10 @@ TEST_CASE("the staging budget counts the peer tier's replicas: they give way to 
     AdmitRequest r = t.Request(1);
     r.staging_budget_bytes = budget;  // the registration needs 1 MiB
     r.replica_bytes = [&replicas] { return replicas.bytes_held(); };
-    r.shrink_replicas = [&replicas](uint64_t target) { return replicas.ShrinkTo(target); };
+    r.shrink_replicas = [&replicas](uint64_t target,
+                                    std::vector<std::shared_ptr<const void>>* freed) {
+      return replicas.ShrinkTo(target, kJob, ::getuid(), freed);
+    };
     return r;
   };
   SECTION("admitted: the oldest step's replica goes, no more") {

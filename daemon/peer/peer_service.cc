@@ -77,6 +77,12 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
         absl::StrCat("a piece of ", header.nbytes(), " bytes is larger than this zccd's replica "
                      "budget (", store_->budget_bytes(), " bytes)")));
   }
+  if (const uint64_t cap = store_->cap(); header.nbytes() > cap) {
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        "a piece of ", header.nbytes(), " bytes is larger than the ", cap,
+        " bytes this zccd's staging budget leaves for replicas beside its trainers "
+        "(raise staging_budget_bytes)")));
+  }
   replica.bytes.reserve(header.nbytes());
   format::Xxh3Stream sum;
   while (reader->Read(&chunk)) {

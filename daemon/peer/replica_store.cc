@@ -23,9 +23,16 @@ bool ReplicaStore::SupersededLocked(const ReplicaKey& key) const {
   return it != whole_.end() && !it->second.empty() && *it->second.rbegin() > key.step;
 }
 
-void ReplicaStore::DropLocked(const ReplicaKey& key) {
+bool ReplicaStore::WholeLocked(const ReplicaKey& key) const {
+  auto it = whole_.find(std::make_tuple(key.job_id, key.uid, key.rank));
+  return it != whole_.end() && it->second.count(key.step) > 0;
+}
+
+void ReplicaStore::DropLocked(const ReplicaKey& key,
+                              std::vector<std::shared_ptr<const void>>* freed) {
   auto it = held_.find(key);
   if (it == held_.end()) return;
+  if (freed != nullptr) freed->push_back(it->second);
   if (IsManifest(key)) {
     auto w = whole_.find(std::make_tuple(key.job_id, key.uid, key.rank));
     if (w != whole_.end()) {
@@ -55,13 +62,15 @@ absl::Status ReplicaStore::Put(Replica replica) {
   auto piece = std::make_shared<const Replica>(std::move(replica));
   // Asked outside the lock (it reads the trainers' staging, whose admission
   // shrinks this store under its own lock). A registration admitted between
-  // this and the insertion can leave the budget exceeded by this piece
-  // until the next registration or piece.
-  const uint64_t cap = room_ ? std::min(budget_bytes_, room_()) : budget_bytes_;
+  // this and the insertion can leave the staging budget exceeded by this
+  // piece, until the next registration that needs the room shrinks the
+  // store (JobTable::Admit checks again after each shrink).
+  const uint64_t most = cap();
+  std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
   {
     zcc::MutexLock lock(&mu_);
-    ZCC_RETURN_IF_ERROR(PutLocked(std::move(piece), cap));
+    ZCC_RETURN_IF_ERROR(PutLocked(std::move(piece), most, &freed));
     held = HeldLocked();
   }
   Changed(held);
@@ -69,7 +78,12 @@ absl::Status ReplicaStore::Put(Replica replica) {
   return absl::OkStatus();
 }
 
-absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap) {
+uint64_t ReplicaStore::cap() const {
+  return room_ ? std::min(budget_bytes_, room_()) : budget_bytes_;
+}
+
+absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,
+                                     std::vector<std::shared_ptr<const void>>* freed) {
   const ReplicaKey& key = piece->info.key;
   const uint64_t n = piece->bytes.size();
   uint64_t replaced = 0;
@@ -89,7 +103,11 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint6
     const ReplicaKey& k = it->second;
     if (k == key) continue;
     if (k.step >= key.step) break;
-    if (!SupersededLocked(k) || PinnedLocked(k)) continue;
+    // A rank's manifest completes its step: the rank's older steps are
+    // superseded by it (else a step whose data fit could never complete).
+    const bool completes = IsManifest(key) && k.job_id == key.job_id && k.uid == key.uid &&
+                           k.rank == key.rank;
+    if (!(completes || SupersededLocked(k)) || PinnedLocked(k)) continue;
     evict(k);
     // Its step is no longer whole here: its manifest goes with it, so that
     // nobody takes the step for whole.
@@ -105,12 +123,13 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint6
             : absl::StrCat(budget_bytes_, " bytes for replicas (raise peer.replica_budget_bytes)");
     return absl::ResourceExhaustedError(absl::StrCat(
         "no room for a piece of ", n, " bytes of step ", key.step, ": this zccd holds ",
-        bytes_held_, " bytes of newer steps, of the newest step each rank has whole here or of "
-        "the job's newest step whole in the tier, in the ", limit));
+        bytes_held_, " bytes of replicas, none of which may give way to it (newer steps, the "
+        "newest step each rank has whole here, the job's newest step whole in the tier), in "
+        "the ", limit));
   }
-  for (const ReplicaKey& k : victims) DropLocked(k);
+  for (const ReplicaKey& k : victims) DropLocked(k, freed);
   pieces_dropped_ += victims.size();
-  DropLocked(key);
+  DropLocked(key, freed);
   by_age_.emplace(AgeOf(*piece), key);
   bytes_held_ += n;
   if (piece->info.own) {
@@ -174,22 +193,41 @@ bool ReplicaStore::PinnedLocked(const ReplicaKey& key) const {
   return it != pinned_.end() && it->second == key.step;
 }
 
-uint64_t ReplicaStore::ShrinkTo(uint64_t target) {
+uint64_t ReplicaStore::ShrinkTo(uint64_t target, const std::string& job_id, uint32_t uid,
+                                std::vector<std::shared_ptr<const void>>* freed) {
   uint64_t dropped = 0;
   Held held;
   {
     zcc::MutexLock lock(&mu_);
-    while (bytes_held_ > target && !by_age_.empty()) {
-      const ReplicaKey k = by_age_.begin()->second;
-      // Its step is no longer whole here: its manifest goes first, so that
-      // nobody takes the step for whole.
-      const ReplicaKey manifest{k.job_id, k.uid, k.rank, k.step, format::ManifestFileName(k.rank)};
-      for (const ReplicaKey& gone : {manifest, k}) {
-        auto it = held_.find(gone);
-        if (it == held_.end()) continue;
-        dropped += it->second->bytes.size();
-        DropLocked(gone);
-        ++pieces_dropped_;
+    // Which turn a piece goes in (ShrinkTo's order in the header).
+    auto turn = [&](const ReplicaKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const bool pinned = PinnedLocked(k);
+      if (SupersededLocked(k) && !pinned) return 0;
+      if (!WholeLocked(k) && !pinned) return 1;
+      return k.job_id == job_id && k.uid == uid ? 3 : 2;
+    };
+    for (int pass = 0; pass < 4 && bytes_held_ > target; ++pass) {
+      // Each drop may move others to an earlier turn (a manifest gone makes
+      // its step part-received): the scan starts again after each.
+      bool more = true;
+      while (more && bytes_held_ > target) {
+        more = false;
+        for (const auto& [age, k] : by_age_) {
+          if (turn(k) > pass) continue;
+          // Its step is no longer whole here: its manifest goes with it.
+          const ReplicaKey piece = k;
+          const ReplicaKey manifest{piece.job_id, piece.uid, piece.rank, piece.step,
+                                    format::ManifestFileName(piece.rank)};
+          for (const ReplicaKey& gone : {manifest, piece}) {
+            auto it = held_.find(gone);
+            if (it == held_.end()) continue;
+            dropped += it->second->bytes.size();
+            DropLocked(gone, freed);
+            ++pieces_dropped_;
+          }
+          more = true;
+          break;
+        }
       }
     }
     held = HeldLocked();

@@ -99,11 +99,22 @@ class ReplicaStore {
   // The pieces held for `job_id` and `uid`, in key order.
   std::vector<ReplicaInfo> List(const std::string& job_id, uint32_t uid) const;
 
-  // Drops the pieces of the oldest steps until at most `target` bytes are
-  // held (a piece's rank manifest with it: its step is no longer whole
-  // here); returns the bytes dropped. (A trainer's registration needs the
-  // memory: pins and the newest whole steps do not hold.)
-  uint64_t ShrinkTo(uint64_t target);
+  // Drops pieces until at most `target` bytes are held, for a trainer's
+  // registration that needs the memory (pins and the newest whole steps
+  // hold only to the end), in turn, the oldest first each time: pieces of
+  // steps superseded here (their rank has a newer step whole) and not
+  // pinned; pieces of steps not whole here (part-received); then the rest,
+  // other jobs' before those of `job_id` and `uid` (the registering job,
+  // whose restore may read them). A piece's rank manifest goes with it
+  // (its step is no longer whole here). Returns the bytes dropped; with
+  // `freed`, the dropped pieces go there, for the caller to free outside
+  // its locks.
+  uint64_t ShrinkTo(uint64_t target, const std::string& job_id = "", uint32_t uid = 0,
+                    std::vector<std::shared_ptr<const void>>* freed = nullptr);
+
+  // The most bytes the store may hold now: its budget, or less where the
+  // room beside the trainers' staging is less.
+  uint64_t cap() const;
 
   // Keeps the pieces of `step` of `job_id` (for `uid`) here when newer ones
   // need room: the job's newest step whole in the tier, cluster-wide
@@ -125,12 +136,18 @@ class ReplicaStore {
   // Eviction order: oldest step first, then the earliest received.
   using Age = std::tuple<int64_t, absl::Time, ReplicaKey>;
   static Age AgeOf(const Replica& r) { return {r.info.key.step, r.info.received, r.info.key}; }
-  void DropLocked(const ReplicaKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the piece; with `freed`, hands its bytes there instead of freeing
+  // them under the lock.
+  void DropLocked(const ReplicaKey& key, std::vector<std::shared_ptr<const void>>* freed = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool WholeLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A newer step of the piece's rank is held here whole.
   bool SupersededLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PinnedLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `cap`: the most bytes the store may hold (its budget, or less: room_).
-  absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap)
+  // Pieces dropped for room go to `freed`.
+  absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,
+                         std::vector<std::shared_ptr<const void>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -208,6 +208,44 @@ TEST_CASE("replica store: shrinking drops a step's manifest with its first piece
   CHECK(store.List("job", 1000).size() == 2);
 }
 
+TEST_CASE("replica store: shrinking for a registration drops the least needed first") {
+  ReplicaStore store(10000);
+  auto put = [&store](const std::string& job, int64_t step, bool whole) {
+    REQUIRE_OK(store.Put(Piece(step, "w", 100, 1000, job)));
+    if (whole) REQUIRE_OK(store.Put(Piece(step, "r00000.manifest.json", 1, 1000, job)));
+  };
+  auto held = [&store](const std::string& job, int64_t step) {
+    return store.Get(ReplicaKey{job, 1000, 0, step, "w"}).ok();
+  };
+  put("mine", 1, true);    // the registering job's newest whole step, the oldest here
+  put("other", 1, true);   // superseded by step 2
+  put("other", 2, true);   // other's newest whole step, pinned
+  put("other", 3, false);  // part-received
+  store.Pin("other", 1000, 2);
+  // Each shrink by a little: one piece (and its manifest) at a time.
+  CHECK(store.ShrinkTo(store.bytes_held() - 1, "mine", 1000) == 101);
+  CHECK_FALSE(held("other", 1));  // superseded, not pinned
+  CHECK(store.ShrinkTo(store.bytes_held() - 1, "mine", 1000) == 100);
+  CHECK_FALSE(held("other", 3));  // part-received
+  CHECK(store.ShrinkTo(store.bytes_held() - 1, "mine", 1000) == 101);
+  CHECK_FALSE(held("other", 2));  // another job's whole step, pinned and all
+  CHECK(held("mine", 1));         // the registering job's own, last
+  CHECK(store.ShrinkTo(0, "mine", 1000) == 101);
+  CHECK(store.bytes_held() == 0);
+}
+
+TEST_CASE("replica store: a rank's manifest completes its step, so older steps give way to it") {
+  // Step 2's data fits beside step 1; its manifest then needs step 1's room,
+  // which it may take (step 2 is then whole), or the step never completes.
+  ReplicaStore store(201);
+  PutWhole(store, 1, 100);
+  REQUIRE_OK(store.Put(Piece(2, "w", 100)));
+  REQUIRE_OK(store.Put(Piece(2, "r00000.manifest.json", 1)));
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).ok());
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 1, "r00000.manifest.json"}).ok());
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 2, "w"}).status());
+}
+
 TEST_CASE("replica store: holds no more than the room its memory budget leaves beside staging") {
   uint64_t room = 250;
   ReplicaStore store(1000, nullptr, nullptr, [&room] { return room; });

@@ -228,7 +228,8 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
       if (!piece.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
-            "before it reached ", buddy, " (raise peer.replica_budget_bytes)"));
+            "before it reached ", buddy, " (raise peer.replica_budget_bytes, or "
+            "staging_budget_bytes where set: a trainer's registration takes replicas' room)"));
       }
       // Its checksum from when it was kept: the bytes are not summed again.
       const std::string& bytes = (*piece)->bytes;
