@@ -14,10 +14,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
+#include <memory>
 #include <tuple>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -126,6 +129,24 @@ std::string TensorBytes(int rank, int world, const std::string& name, int64_t st
   }
   FAIL("no tensor " << name);
   return "";
+}
+
+// Waits until each of `zccds` says its ranks' step `step` is at every buddy.
+void AwaitReplicated(const std::string& dir, std::initializer_list<Daemon*> zccds, int step) {
+  const std::string want = absl::StrCat("replication: step ", step, " at every buddy");
+  for (Daemon* d : zccds) {
+    REQUIRE(zcc::testing::Eventually(
+        [&] { return absl::StrContains(Zccctl(dir, *d, {"status"}).second, want); },
+        absl::Seconds(30)));
+  }
+}
+
+// SIGKILLs the trainers and reaps them (gone for their zccds too).
+void KillAll(const std::vector<std::unique_ptr<Subprocess>>& trainers) {
+  for (const auto& t : trainers) {
+    t->Signal(SIGKILL);
+    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  }
 }
 
 // Restarts job `job`'s ranks (world = on.size()), rank r on on[r], in
@@ -426,20 +447,10 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
     ++rank;
   }
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
-  for (Daemon* d : {&a, b.get()}) {
-    REQUIRE(zcc::testing::Eventually(
-        [&] {
-          return absl::StrContains(Zccctl(dir, *d, {"status"}).second,
-                                   "replication: step 4 at every buddy");
-        },
-        absl::Seconds(30)));
-  }
+  AwaitReplicated(dir, {&a, b.get()}, 4);
   // Node B is lost with everything on it; the job is restarted with rank 1
   // on node C, which has nothing.
-  for (auto& t : trainers) {
-    t->Signal(SIGKILL);
-    REQUIRE(t->Wait(absl::Seconds(10)).has_value());  // reaped: gone for zccd too
-  }
+  KillAll(trainers);
   b->Kill();
   b.reset();
   std::filesystem::remove_all(dir + "/b-root");
@@ -516,10 +527,7 @@ TEST_CASE("the job's newest step whole in the tier outlives newer steps of one r
     if (info.key.rank == 0 && info.key.piece == "r00000.manifest.json") rank0_steps.insert(info.key.step);
   }
   CHECK(rank0_steps == std::set<int64_t>{2, 4});
-  for (auto& t : trainers) {
-    t->Signal(SIGKILL);
-    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
-  }
+  KillAll(trainers);
   a.Kill();
   std::filesystem::remove_all(dir + "/a-root");
   RestoreOn(dir, "pin", {&c, &b}, 2, c);
@@ -555,20 +563,10 @@ TEST_CASE("a node and its buddy both lost: the restore falls back to disk and sa
   }
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
   REQUIRE(WaitForPath(root + "/both/step-00000004/COMMITTED", absl::Seconds(60)));
-  for (Daemon* d : {a.get(), b.get()}) {
-    REQUIRE(zcc::testing::Eventually(
-        [&] {
-          return absl::StrContains(Zccctl(dir, *d, {"status"}).second,
-                                   "replication: step 6 at every buddy");
-        },
-        absl::Seconds(30)));
-  }
+  AwaitReplicated(dir, {a.get(), b.get()}, 6);
   // Nodes A and B (each the other's buddy) are both lost; the job restarts
   // with both ranks on node C.
-  for (auto& t : trainers) {
-    t->Signal(SIGKILL);
-    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
-  }
+  KillAll(trainers);
   a->Kill();
   b->Kill();
   a.reset();
@@ -621,18 +619,8 @@ TEST_CASE("a holder whose memory damaged its copy is refused by checksum; the ne
     ++rank;
   }
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
-  for (Daemon* d : {&a, b.get(), &c}) {
-    REQUIRE(zcc::testing::Eventually(
-        [&] {
-          return absl::StrContains(Zccctl(dir, *d, {"status"}).second,
-                                   "replication: step 6 at every buddy");
-        },
-        absl::Seconds(30)));
-  }
-  for (auto& t : trainers) {
-    t->Signal(SIGKILL);
-    REQUIRE(t->Wait(absl::Seconds(10)).has_value());
-  }
+  AwaitReplicated(dir, {&a, b.get(), &c}, 6);
+  KillAll(trainers);
   // Node B is lost. Of its rank's step 6, node A's copy of the parameters'
   // file and node C's copy of the optimizer state's file are damaged in
   // their zccds' memory after they arrived whole: whichever holder a read
