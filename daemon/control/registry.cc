@@ -61,7 +61,8 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
                   if (budget == 0) return std::numeric_limits<uint64_t>::max();
                   const uint64_t used = jobs_.StagingBytes() + staging_pool_.bytes();
                   return budget > used ? budget - used : 0;
-                }),
+                },
+                jobs_.admissions()),
       recovered_(shard_storage_),
       staging_pool_(StagingPool::Options{
           config_.shm_prefix + ".pool", config_.staging_pool_bytes,

@@ -187,6 +187,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   std::optional<PreviousLayout> previous;
   zcc::MutexLock lock(&mu_);
   if (closed_) return absl::UnavailableError("zccd is shutting down");
+  admissions_.fetch_add(1, std::memory_order_acq_rel);
   std::shared_ptr<Job>& job = jobs_[r.job_id];
   auto elsewhere = [&r](const Job& j) { return !SamePlace(j, r); };
   // A job whose ranks have all left and whose steps are all committed or

@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -138,6 +139,10 @@ class JobTable {
   // Segments of the registered ranks, retained snapshots, registrations in
   // flight, and previous layouts being written.
   uint64_t StagingBytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts the admissions begun (each may take staging room): what reads the
+  // room outside the table's lock checks it did not move meanwhile
+  // (ReplicaStore::Put).
+  const std::atomic<uint64_t>* admissions() const { return &admissions_; }
 
   // Removes the droppable jobs that have no registration in flight, and
   // returns them. A job's destructor joins its committer, which may be in the
@@ -189,6 +194,7 @@ class JobTable {
   std::map<std::string, uint64_t> relayout_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> admissions_{0};  // bumped under mu_, read without it
 };
 
 }  // namespace zcc::daemon

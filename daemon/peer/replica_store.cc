@@ -60,18 +60,20 @@ absl::Status ReplicaStore::Put(Replica replica) {
   const ReplicaKey key = replica.info.key;
   const bool pushed_whole = IsManifest(key) && !replica.info.own;
   auto piece = std::make_shared<const Replica>(std::move(replica));
-  // Asked outside the lock (it reads the trainers' staging, whose admission
-  // shrinks this store under its own lock). A registration admitted between
-  // this and the insertion can leave the staging budget exceeded by this
-  // piece, until the next registration that needs the room shrinks the
-  // store (JobTable::Admit checks again after each shrink).
-  const uint64_t most = cap();
+  // The room is asked outside the lock (it reads the trainers' staging,
+  // whose admission shrinks this store under its own lock). An admission
+  // begun meanwhile may have taken it: asked again then. (One begun after
+  // the lock is taken counts this piece, and shrinks the store if needed.)
   std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
-  {
+  for (int attempt = 1;; ++attempt) {
+    const uint64_t moves = room_moves_ != nullptr ? room_moves_->load() : 0;
+    const uint64_t most = cap();
     zcc::MutexLock lock(&mu_);
+    if (room_moves_ != nullptr && room_moves_->load() != moves && attempt < 5) continue;
     ZCC_RETURN_IF_ERROR(PutLocked(std::move(piece), most, &freed));
     held = HeldLocked();
+    break;
   }
   Changed(held);
   if (pushed_whole && on_pushed_whole_) on_pushed_whole_(key);

@@ -10,6 +10,7 @@
 #ifndef ZCC_DAEMON_PEER_REPLICA_STORE_H_
 #define ZCC_DAEMON_PEER_REPLICA_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -73,13 +74,18 @@ class ReplicaStore {
   // now beside what else shares its memory budget (zccd's staging budget:
   // trainers' staging comes first), asked outside the store's lock at each
   // Put; the store holds at most the smaller of it and `budget_bytes`.
+  // `room_moves` (optional): a count that moves whenever something else
+  // may take of that room (admissions): a Put that finds it moved between
+  // asking room() and taking the lock asks again.
   explicit ReplicaStore(uint64_t budget_bytes, std::function<void(const Held&)> on_change = nullptr,
                         std::function<void(const ReplicaKey& manifest)> on_pushed_whole = nullptr,
-                        std::function<uint64_t()> room = nullptr)
+                        std::function<uint64_t()> room = nullptr,
+                        const std::atomic<uint64_t>* room_moves = nullptr)
       : budget_bytes_(budget_bytes),
         on_change_(std::move(on_change)),
         on_pushed_whole_(std::move(on_pushed_whole)),
-        room_(std::move(room)) {}
+        room_(std::move(room)),
+        room_moves_(room_moves) {}
 
   // Keeps `replica` (its bytes already checked; info.nbytes is set from
   // them), replacing a piece of the same key, dropping the pieces of the
@@ -161,6 +167,7 @@ class ReplicaStore {
   const std::function<void(const Held&)> on_change_;
   const std::function<void(const ReplicaKey&)> on_pushed_whole_;
   const std::function<uint64_t()> room_;
+  const std::atomic<uint64_t>* const room_moves_;
   mutable zcc::Mutex mu_;
   std::map<ReplicaKey, std::shared_ptr<const Replica>> held_ ABSL_GUARDED_BY(mu_);
   std::map<Age, ReplicaKey> by_age_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 #include "daemon/peer/replica_store.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -267,6 +268,24 @@ TEST_CASE("replica store: holds no more than the room its memory budget leaves b
   PutWhole(store, 13, 100);
   CHECK(store.bytes_held() <= 350);
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 13, "w"}).status());
+}
+
+TEST_CASE("replica store: asks its room again when an admission began meanwhile") {
+  std::atomic<uint64_t> admissions{0};
+  int asked = 0;
+  // The first answer goes stale at once: a registration begins and takes
+  // the room before the piece is kept.
+  ReplicaStore store(
+      1000, nullptr, nullptr,
+      [&]() -> uint64_t {
+        if (++asked > 1) return 50;
+        admissions.fetch_add(1);
+        return 1000;
+      },
+      &admissions);
+  CHECK(store.Put(Piece(1, "w", 100)).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(asked == 2);
+  CHECK(store.bytes_held() == 0);
 }
 
 TEST_CASE("replica store: a piece handed out outlives its eviction") {
