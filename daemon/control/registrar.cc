@@ -254,10 +254,10 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
   admit.pool = d.staging_pool;
   admit.replica_bytes = d.replica_bytes;
   if (d.shrink_replicas) {
-    admit.shrink_replicas = [shrink = d.shrink_replicas, job_id = req.job_id(),
-                             uid = static_cast<uint32_t>(caller.uid)](
-                                uint64_t target, std::vector<std::shared_ptr<const void>>* freed) {
-      return shrink(target, job_id, uid, freed);
+    admit.shrink_replicas = [shrink = d.shrink_replicas, job_id = req.job_id()](
+                                uint64_t target, uint32_t owner_uid,
+                                std::vector<std::shared_ptr<const void>>* freed) {
+      return shrink(target, job_id, owner_uid, freed);
     };
   }
   admit.alive = [&config, replaces = req.replaces_generation()](const RankSession& s) {

@@ -294,6 +294,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   // trainer that would otherwise be refused comes first). Nothing gives way
   // when all of it together would not make room.
   const uint64_t budget = r.staging_budget_bytes;
+  const uint32_t owner = static_cast<uint32_t>(job->options().owner.uid);
   const uint64_t fixed = besides_replicas() - pool_bytes() - RetainedBytesLocked();
   if (over_budget() && fixed + needed <= budget) {
     if (pool_bytes() > 0) {
@@ -307,7 +308,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
     for (int i = 0; i < 3 && over_budget() && r.shrink_replicas; ++i) {
       const uint64_t others = besides_replicas();
       if (others + needed > budget) break;
-      freed += r.shrink_replicas(budget - others - needed, &freed_replicas);
+      freed += r.shrink_replicas(budget - others - needed, owner, &freed_replicas);
     }
     if (freed > 0) {
       ZCC_LOG(WARNING) << "job " << r.job_id << " rank " << r.rank << ": dropped " << freed
@@ -343,7 +344,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
     if (budget > 0 && in_use() + needed + held > budget && r.shrink_replicas &&
         besides_replicas() + needed + held <= budget) {
       const uint64_t freed =
-          r.shrink_replicas(budget - besides_replicas() - needed - held, &freed_replicas);
+          r.shrink_replicas(budget - besides_replicas() - needed - held, owner, &freed_replicas);
       ZCC_LOG(WARNING) << "job " << r.job_id << ": dropped " << freed
                        << " bytes of the peer tier's replicas to keep the snapshots its previous "
                           "layout left within the staging budget";

@@ -71,11 +71,12 @@ struct AdmitRequest {
   // The peer tier's replicas in this zccd's memory (daemon/peer/
   // replica_store.h), counted in the staging budget: the bytes they hold,
   // and a call that drops them down to a target (ReplicaStore::ShrinkTo for
-  // this registration's job: what is least needed first), handing what it
-  // dropped to `freed` and returning the bytes. Called under the table's
-  // lock. Both empty without a peer tier.
+  // this registration's job, whose owner is `owner_uid`: what is least
+  // needed first), handing what it dropped to `freed` and returning the
+  // bytes. Called under the table's lock. Both empty without a peer tier.
   std::function<uint64_t()> replica_bytes;
-  std::function<uint64_t(uint64_t target, std::vector<std::shared_ptr<const void>>* freed)>
+  std::function<uint64_t(uint64_t target, uint32_t owner_uid,
+                         std::vector<std::shared_ptr<const void>>* freed)>
       shrink_replicas;
 };
 

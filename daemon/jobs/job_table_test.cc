@@ -73,6 +73,7 @@ struct Tiers {
       o.job_id = kJob;
       o.world_size = world;
       o.job_dir = kLocal;
+      o.owner = {::getuid(), ::getgid()};
       o.storage = &fs;
       o.upload_dir = kStore;
       o.node_local_root = node_local;
@@ -195,9 +196,10 @@ TEST_CASE("the staging budget counts the peer tier's replicas: they give way to 
     AdmitRequest r = t.Request(1);
     r.staging_budget_bytes = budget;  // the registration needs 1 MiB
     r.replica_bytes = [&replicas] { return replicas.bytes_held(); };
-    r.shrink_replicas = [&replicas](uint64_t target,
+    r.shrink_replicas = [&replicas](uint64_t target, uint32_t owner_uid,
                                     std::vector<std::shared_ptr<const void>>* freed) {
-      return replicas.ShrinkTo(target, kJob, ::getuid(), freed);
+      CHECK(owner_uid == ::getuid());  // the job's owner (make_job's), not the caller
+      return replicas.ShrinkTo(target, kJob, owner_uid, freed);
     };
     return r;
   };
