@@ -1,9 +1,16 @@
 // The peer tier's transport: pieces pushed to and pulled from another zccd's
 // Peer service (gRPC, mutual TLS, every piece checked by XXH3 on both ends),
-// against a plain TCP stream of the same bytes between two threads over the
-// same loopback, in the same run. Both ends live in this process (the
-// service as zccd serves it: PeerService over a ReplicaStore); on a
-// cluster the two ends are two nodes and the link is the network.
+// against a plain TCP stream of the same bytes over the same link, in the
+// same run.
+//
+// Between two network namespaces where it can make them (root and iproute2,
+// as the multi-node tests): two nodes joined by veth pairs to a bridge. The
+// far end is this binary again, run in node 1 (`--serve=IP`: the service
+// as zccd serves it, PeerService over a ReplicaStore, with TLS and without,
+// and a TCP sink); this process moves into node 0 and pushes and pulls.
+// Elsewhere (or with --loopback) both ends live in this process over
+// loopback. The row's name says which. On a cluster the two ends are two
+// nodes and the link is the network.
 //
 // Rows (GB/s; ratio = peer / TCP, target >= 0.8 for TLS):
 //   peer_push_tls_vs_tcp, peer_pull_tls_vs_tcp: 16 pieces of 64 MiB (--quick: 4)
@@ -13,14 +20,21 @@
 //
 // Environment: ZCC_BENCH_DIR (certificates are made there with
 // tools/testing/make_test_certs.sh, run from the repository root).
-// Flags: --quick, --only=PATTERN.
+// Flags: --quick, --only=PATTERN, --loopback.
 #include <grpcpp/grpcpp.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <regex>
 #include <string>
@@ -33,6 +47,7 @@
 #include "daemon/peer/peer_credentials.h"
 #include "daemon/peer/peer_service.h"
 #include "daemon/peer/replica_store.h"
+#include "tests/netns_cluster.h"
 
 namespace zcc::bench {
 namespace {
@@ -41,6 +56,13 @@ using Clock = std::chrono::steady_clock;
 using daemon::PeerConfig;
 using daemon::peer::PeerClient;
 using daemon::peer::ReplicaKey;
+
+// The far end's ports in its own namespace.
+constexpr int kTlsPort = 7701;
+constexpr int kPlaintextPort = 7702;
+constexpr int kTcpPort = 7703;
+constexpr size_t kPiece = size_t{64} << 20;
+constexpr int kRounds = 3;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -51,21 +73,118 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The certificates of both ends: node-a serves (with `server_ip` in its
+// names when it lives in a namespace), node-b pushes and pulls.
+PeerConfig Credentials(const std::string& dir, bool tls, bool server) {
+  PeerConfig cfg;
+  if (!tls) {
+    cfg.insecure = true;
+    return cfg;
+  }
+  const std::string node = server ? "node-a" : "node-b";
+  cfg.cert_file = absl::StrCat(dir, "/", node, ".pem");
+  cfg.key_file = absl::StrCat(dir, "/", node, ".key");
+  cfg.ca_file = dir + "/ca.pem";
+  return cfg;
+}
+
 struct Server {
   daemon::peer::ReplicaStore store;
   daemon::peer::PeerService service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  Server(const std::shared_ptr<grpc::ServerCredentials>& creds, uint64_t budget)
+  Server(const std::shared_ptr<grpc::ServerCredentials>& creds, uint64_t budget,
+         const std::string& address)
       : store(budget), service("bench", "", &store) {
     grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", creds, &port);
+    b.AddListeningPort(address, creds, &port);
     b.RegisterService(&service);
     b.SetMaxReceiveMessageSize(4 << 20);
     server = b.BuildAndStart();
   }
-  ~Server() { server->Shutdown(); }
+  ~Server() {
+    if (server != nullptr) server->Shutdown();
+  }
 };
+
+// --serve=IP: the far end in its namespace, until its stdin closes.
+int ServeFarEnd(const std::string& ip, const std::string& dir, uint64_t budget) {
+  auto tls = daemon::peer::LoadPeerCredentials(Credentials(dir, true, true));
+  auto plain = daemon::peer::LoadPeerCredentials(Credentials(dir, false, true));
+  if (!tls.ok() || !plain.ok()) {
+    std::fprintf(stderr, "peer_bench far end: credentials: %s %s\n",
+                 tls.status().ToString().c_str(), plain.status().ToString().c_str());
+    return 1;
+  }
+  Server tls_server(tls->server, budget, absl::StrCat(ip, ":", kTlsPort));
+  Server plain_server(plain->server, budget, absl::StrCat(ip, ":", kPlaintextPort));
+  if (tls_server.server == nullptr || plain_server.server == nullptr) {
+    std::fprintf(stderr, "peer_bench far end: cannot listen on %s\n", ip.c_str());
+    return 1;
+  }
+  TcpSink sink(ip, kTcpPort, kPiece);
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+  return 0;
+}
+
+// The far end as a child process in a namespace: started with `argv`,
+// ready once it says so; stopped by closing its stdin.
+class FarEnd {
+ public:
+  static std::unique_ptr<FarEnd> Start(const std::vector<std::string>& argv) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return nullptr;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      std::perror("peer_bench: exec far end");
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    std::unique_ptr<FarEnd> far(new FarEnd(pid, in[1]));
+    std::string said;
+    char c;
+    while (said.find("ready\n") == std::string::npos && ::read(out[0], &c, 1) == 1) said += c;
+    ::close(out[0]);
+    if (said.find("ready\n") == std::string::npos) return nullptr;  // (reaped by the destructor)
+    return far;
+  }
+  ~FarEnd() {
+    ::close(stdin_);
+    int status;
+    ::waitpid(pid_, &status, 0);
+  }
+
+ private:
+  FarEnd(pid_t pid, int stdin_fd) : pid_(pid), stdin_(stdin_fd) {}
+  pid_t pid_;
+  int stdin_;
+};
+
+// This thread (and every thread started after) into namespace `ns`.
+bool EnterNamespace(const std::string& ns) {
+  const int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+  const bool ok = fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
+std::string SelfPath() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "";
+}
 
 }  // namespace
 }  // namespace zcc::bench
@@ -73,55 +192,84 @@ struct Server {
 int main(int argc, char** argv) {
   using namespace zcc::bench;
   const bool quick = QuickMode(argc, argv);
-  std::string only;
+  std::string only, serve;
+  bool loopback = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
+    if (std::strncmp(argv[i], "--serve=", 8) == 0) serve = argv[i] + 8;
+    if (std::strcmp(argv[i], "--loopback") == 0) loopback = true;
   }
   auto wanted = [&](const std::string& row) { return only.empty() || std::regex_search(row, std::regex(only)); };
   const int pieces = quick ? 4 : 16;
-  const size_t piece = size_t{64} << 20;
+  // Every round's pieces held (none may give way: each round's step is
+  // whole and the newest when it arrives).
+  const uint64_t budget = uint64_t{kPiece} * pieces * kRounds;
   const char* dir_env = std::getenv("ZCC_BENCH_DIR");
   const std::string dir = absl::StrCat(dir_env != nullptr ? dir_env : "/tmp", "/peer_bench_certs");
-  if (std::system(absl::StrCat("tools/testing/make_test_certs.sh ", dir, " node-a node-b").c_str()) != 0) {
+  if (!serve.empty()) return ServeFarEnd(serve, dir, budget);
+
+  // Two nodes where namespaces can be made, else loopback.
+  std::unique_ptr<zcc::testing::NetnsCluster> cluster;
+  if (!loopback) {
+    auto made = zcc::testing::NetnsCluster::Create(2);
+    if (made.ok()) {
+      cluster = std::move(*made);
+    } else {
+      std::fprintf(stderr, "peer_bench: no namespaces (%s); both ends over loopback\n",
+                   made.status().ToString().c_str());
+    }
+  }
+  const std::string far_ip = cluster != nullptr ? cluster->ip(1) : "127.0.0.1";
+  if (std::system(absl::StrCat("tools/testing/make_test_certs.sh ", dir, " node-a",
+                               cluster != nullptr ? "=" + far_ip : "", " node-b")
+                      .c_str()) != 0) {
     std::fprintf(stderr, "peer_bench: cannot make certificates (run from the repository root)\n");
     return 1;
   }
-  std::string bytes(piece, '\0');
-  for (size_t i = 0; i < piece; ++i) bytes[i] = static_cast<char>(i * 2654435761u >> 13);
-  const double gb = static_cast<double>(piece) * pieces / 1e9;
+  std::unique_ptr<FarEnd> far;
+  if (cluster != nullptr) {
+    std::vector<std::string> args = cluster->Exec(1);
+    args.insert(args.end(), {SelfPath(), "--serve=" + far_ip});
+    if (quick) args.push_back("--quick");
+    far = FarEnd::Start(args);
+    if (far == nullptr || !EnterNamespace(cluster->ns(0))) {
+      std::fprintf(stderr, "peer_bench: the far end in %s did not start\n", cluster->ns(1).c_str());
+      return 1;
+    }
+  }
+  const std::string link = cluster != nullptr ? "between namespaces" : "loopback";
+
+  std::string bytes(kPiece, '\0');
+  for (size_t i = 0; i < kPiece; ++i) bytes[i] = static_cast<char>(i * 2654435761u >> 13);
+  const double gb = static_cast<double>(kPiece) * pieces / 1e9;
 
   for (bool tls : {true, false}) {
     const std::string push_row = tls ? "peer_push_tls_vs_tcp" : "peer_push_plaintext_vs_tcp";
     const std::string pull_row = "peer_pull_tls_vs_tcp";
     if (!wanted(push_row) && !(tls && wanted(pull_row))) continue;
-    PeerConfig server_cfg, client_cfg;
-    if (tls) {
-      server_cfg.cert_file = dir + "/node-a.pem";
-      server_cfg.key_file = dir + "/node-a.key";
-      server_cfg.ca_file = dir + "/ca.pem";
-      client_cfg = server_cfg;
-      client_cfg.cert_file = dir + "/node-b.pem";
-      client_cfg.key_file = dir + "/node-b.key";
-    } else {
-      server_cfg.insecure = client_cfg.insecure = true;
-    }
-    auto sc = zcc::daemon::peer::LoadPeerCredentials(server_cfg);
-    auto cc = zcc::daemon::peer::LoadPeerCredentials(client_cfg);
+    auto sc = zcc::daemon::peer::LoadPeerCredentials(Credentials(dir, tls, true));
+    auto cc = zcc::daemon::peer::LoadPeerCredentials(Credentials(dir, tls, false));
     if (!sc.ok() || !cc.ok()) {
       std::fprintf(stderr, "peer_bench: credentials: %s %s\n", sc.status().ToString().c_str(),
                    cc.status().ToString().c_str());
       return 1;
     }
     std::vector<double> push, pull, tcp;
-    for (int round = 0; round < 3; ++round) {
-      Server server(sc->server, uint64_t{piece} * pieces * 2);
-      PeerClient client(absl::StrCat("127.0.0.1:", server.port), cc->channel);
+    for (int round = 0; round < kRounds; ++round) {
+      // Over loopback a server of this process, a fresh one each round.
+      std::unique_ptr<Server> local;
+      std::string target = absl::StrCat(far_ip, ":", tls ? kTlsPort : kPlaintextPort);
+      if (cluster == nullptr) {
+        local = std::make_unique<Server>(sc->server, budget, "127.0.0.1:0");
+        target = absl::StrCat("127.0.0.1:", local->port);
+      }
+      PeerClient client(target, cc->channel);
       auto start = Clock::now();
       for (int p = 0; p < pieces; ++p) {
         const absl::Status st = client.Push(ReplicaKey{"bench", 0, 0, round, absl::StrCat("p", p)},
                                             bytes.data(), bytes.size(), absl::Minutes(5));
         if (!st.ok()) {
-          std::fprintf(stderr, "peer_bench: push: %s\n", st.ToString().c_str());
+          std::fprintf(stderr, "peer_bench: push to %s: %s\n", target.c_str(), st.ToString().c_str());
           return 1;
         }
       }
@@ -137,9 +285,10 @@ int main(int argc, char** argv) {
         }
         pull.push_back(gb / Seconds(start, Clock::now()));
       }
-      tcp.push_back(gb / TcpSeconds(bytes, pieces));
+      tcp.push_back(gb / (cluster != nullptr ? TcpSendSeconds(far_ip, kTcpPort, bytes, pieces)
+                                             : TcpSeconds(bytes, pieces)));
     }
-    const std::string what = absl::StrCat(" (", pieces, " x 64 MiB, loopback)");
+    const std::string what = absl::StrCat(" (", pieces, " x 64 MiB, ", link, ")");
     if (wanted(push_row)) {
       Emit({push_row + what, Median(push), Median(tcp), 0, tls ? ">= 0.8" : "", "GB/s"});
     }
