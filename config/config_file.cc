@@ -306,6 +306,12 @@ void CheckPeer(const daemon::PeerConfig& peer, Problems& p) {
           absl::StrCat("must be 0 or at least ", kMinReplicateBytesPerS, " (1 MiB/s), got ",
                        peer.replicate_bytes_per_s));
   }
+  if (peer.check_buddies_every != absl::ZeroDuration() &&
+      !(peer.check_buddies_every >= absl::Seconds(1))) {
+    p.Add("peer.check_buddies_s",
+          absl::StrCat("must be 0 (never) or at least 1 second, got ",
+                       FormatDouble(absl::ToDoubleSeconds(peer.check_buddies_every))));
+  }
   CheckStaticPeers(peer.static_peers, p);
 }
 
@@ -507,6 +513,9 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     if (q.has_replicate_every()) peer.replicate_every = q.replicate_every();
     if (q.has_replicas()) peer.replicas = q.replicas();
     if (q.has_replicate_bytes_per_s()) peer.replicate_bytes_per_s = q.replicate_bytes_per_s();
+    if (q.has_check_buddies_s()) {
+      MergeSeconds("peer.check_buddies_s", q.check_buddies_s(), &peer.check_buddies_every, p);
+    }
     if (q.static_peers_size() > 0) {
       peer.static_peers.assign(q.static_peers().begin(), q.static_peers().end());
     }
@@ -790,6 +799,7 @@ std::string DefaultConfigText(const FullConfig& config) {
                             peer.replicate_every == default_peer.replicate_every &&
                             peer.replicas == default_peer.replicas &&
                             peer.replicate_bytes_per_s == default_peer.replicate_bytes_per_s &&
+                            peer.check_buddies_every == default_peer.check_buddies_every &&
                             peer.static_peers.empty();
   const std::string lead = peer_default ? "# " : "";
   auto peer_field = [&](absl::string_view name, const std::string& value,
@@ -819,7 +829,11 @@ std::string DefaultConfigText(const FullConfig& config) {
       lead, "  replicate_every: ", peer.replicate_every, "\n", lead,
       "  # Buddies each node's replicas go to (1..8).\n", lead, "  replicas: ", peer.replicas, "\n",
       lead, "  # The most bytes per second replication sends; 0 = no cap.\n", lead,
-      "  replicate_bytes_per_s: ", peer.replicate_bytes_per_s, "\n");
+      "  replicate_bytes_per_s: ", peer.replicate_bytes_per_s, "\n", lead,
+      "  # Every how many seconds the buddies are asked whether they still hold this\n", lead,
+      "  # node's newest replicated steps (what one dropped is pushed again); 0 = never.\n",
+      lead, "  check_buddies_s: ", FormatDouble(absl::ToDoubleSeconds(peer.check_buddies_every)),
+      "\n");
   absl::StrAppend(&out, lead,
                   "  # Other zccds (host:port of their peer services), one line each; they\n",
                   lead, "  # count as nodes of every job, for the buddies and for recovery.\n");

@@ -68,6 +68,7 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.peer.replicate_every == y.peer.replicate_every);
   CHECK(x.peer.replicas == y.peer.replicas);
   CHECK(x.peer.replicate_bytes_per_s == y.peer.replicate_bytes_per_s);
+  CHECK(x.peer.check_buddies_every == y.peer.check_buddies_every);
   CHECK(x.peer.static_peers == y.peer.static_peers);
   CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
   CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);
@@ -128,6 +129,7 @@ TEST_CASE("a file setting every field is applied over the base") {
       replicate_every: 10
       replicas: 2
       replicate_bytes_per_s: 104857600
+      check_buddies_s: 12.5
       static_peers: "node-18.example:7071"
       static_peers: "[fd00::12]:7071"
     }
@@ -173,6 +175,7 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.peer.replicate_every == 10);
   CHECK(d.peer.replicas == 2);
   CHECK(d.peer.replicate_bytes_per_s == (100ull << 20));
+  CHECK(d.peer.check_buddies_every == absl::Milliseconds(12500));
   CHECK(d.peer.static_peers ==
         std::vector<std::string>{"node-18.example:7071", "[fd00::12]:7071"});
   CHECK(c->ops.status_tcp_listen == "[::1]:7070");
@@ -540,6 +543,14 @@ TEST_CASE("peer: each bad field is reported with its position") {
                            "1048576 (1 MiB/s), got 1048575"));
   CHECK_OK(ParseConfigText("peer { replicate_bytes_per_s: 1048576 }\n", "zccd.conf"));
   CHECK_OK(ParseConfigText("peer { replicate_bytes_per_s: 0 replicate_every: 0 }\n", "zccd.conf"));
+  CHECK_THAT(ParseError("peer {\n  check_buddies_s: 0.5\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.check_buddies_s: must be 0 (never) or at least 1 "
+                           "second, got 0.5"));
+  CHECK_THAT(ParseError("peer { check_buddies_s: -3 }\n"),
+             Catch::Equals("zccd.conf:1:8: peer.check_buddies_s: must be 0 (never) or at least 1 "
+                           "second, got -3"));
+  CHECK_OK(ParseConfigText("peer { check_buddies_s: 0 }\n", "zccd.conf"));
+  CHECK_OK(ParseConfigText("peer { check_buddies_s: 1 }\n", "zccd.conf"));
 }
 
 TEST_CASE("peer: every problem is reported at once, in file order") {
@@ -827,6 +838,7 @@ TEST_CASE("DefaultConfigText round-trips through the loader") {
     d.peer.replicate_every = 1000000;
     d.peer.replicas = 8;
     d.peer.replicate_bytes_per_s = 1ull << 20;
+    d.peer.check_buddies_every = absl::Seconds(90);
     d.peer.static_peers = {"node-8.example:7071", "10.0.0.9:7071"};
     config.ops.status_tcp_listen = "[::]:7070";
     config.ops.metrics_http_listen = "127.0.0.1:9464";

@@ -61,6 +61,10 @@ struct PeerConfig {
   uint32_t replicas = 1;
   // The most bytes per second replication sends from this zccd; 0 = no cap.
   uint64_t replicate_bytes_per_s = 0;
+  // Every how long a zccd asks its buddies whether they still hold its
+  // ranks' newest replicated steps, and pushes again what one dropped (its
+  // memory went to a trainer's registration there); zero = never.
+  absl::Duration check_buddies_every = absl::Seconds(30);
   // Other zccds of the cluster (host:port of their peer services), besides
   // those the jobs' trainers report: a Kubernetes headless service's
   // members, a Slurm host list. They count as nodes of every job here, for

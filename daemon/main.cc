@@ -80,6 +80,9 @@ ABSL_FLAG(uint32_t, replicate_every, 0, "replicate a rank's step to its buddies 
 ABSL_FLAG(uint32_t, replicas, 1, "buddies each node's replicas go to (1..8)");
 ABSL_FLAG(uint64_t, replicate_mb_s, 0, "the most MB per second replication sends from this zccd "
           "(0 = no cap)");
+ABSL_FLAG(double, check_buddies_s, 30, "every how many seconds the buddies are asked whether they "
+          "still hold this node's newest replicated steps; what one dropped (its memory went to a "
+          "trainer there) is pushed again (0 = never)");
 ABSL_FLAG(std::string, peer_static, "", "comma-separated host:port of other zccds' peer services "
           "(a Kubernetes headless service's members, a Slurm host list); they count as nodes of "
           "every job, for the buddies and for recovery (empty = none)");
@@ -153,6 +156,9 @@ void ApplyFlags(zcc::config::FullConfig& c) {
   if (Given("replicas")) d.peer.replicas = absl::GetFlag(FLAGS_replicas);
   if (Given("replicate_mb_s")) {
     d.peer.replicate_bytes_per_s = absl::GetFlag(FLAGS_replicate_mb_s) << 20;
+  }
+  if (Given("check_buddies_s")) {
+    d.peer.check_buddies_every = absl::Seconds(absl::GetFlag(FLAGS_check_buddies_s));
   }
   if (Given("peer_static")) {
     d.peer.static_peers.clear();

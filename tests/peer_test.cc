@@ -745,6 +745,66 @@ TEST_CASE("replicas count in the staging budget: they give way to a trainer's re
   CHECK(b.Stop() == 0);
 }
 
+TEST_CASE("a step its buddy dropped for a trainer's registration goes to it again once there is "
+          "room, with no newer step to replace it") {
+  const std::string dir = ShortTempDir("it-peeragain");
+  const std::string certs = MakeCerts(dir);
+  // Node b's budget, as above: beside its own trainer's staging, no step of
+  // node a's rank fits. Its trainer's memory is freed as soon as it is gone.
+  std::vector<std::string> flags_b = PeerFlags(certs, "node-b", "rack-2");
+  flags_b.insert(flags_b.end(), {"--staging_budget_mb=9", "--retain_snapshots_s=0"});
+  Daemon b(dir, {flags_b, dir + "/b-root", "zccd-b"});
+  REQUIRE(b.Start());
+  const char* kPort = R"(peer service on \S+ \(port (\d+), mutual TLS\))";
+  std::vector<std::string> flags_a = PeerFlags(certs, "node-a", "rack-1");
+  flags_a.insert(flags_a.end(), {"--replicate_every=2", "--check_buddies_s=1",
+                                 "--peer_static=" + absl::StrCat("127.0.0.1:", PortFromLog(b, kPort))});
+  Daemon a(dir, {flags_a, dir + "/a-root", "zccd-a"});
+  REQUIRE(a.Start());
+  // Node a's rank trains 6 steps and stays: step 6 is its last replicated one.
+  auto remote = StartTrainer(a, dir, "remote",
+                             {"--job=remote", "--steps=6", "--save_every=0", "--block",
+                              "--step_ms=100", "--linger_ms=120000"});
+  AwaitReplicated(dir, {&a}, 6);
+  // Node b's trainer takes the room: step 6 is dropped there, and node a
+  // finds it gone at its next look and pushes it again, refused for want of
+  // room while the trainer stays.
+  auto local = StartTrainer(b, dir, "local", {"--job=local", "--steps=3", "--save_every=0",
+                                              "--block", "--linger_ms=120000"});
+  REQUIRE(local->WaitForOutput("published=", absl::Seconds(60)));
+  INFO(b.Log());
+  REQUIRE(absl::StrContains(b.Log(), "bytes of the peer tier's replicas to admit the registration"));
+  CHECK(zcc::testing::Eventually(
+      [&] {
+        return absl::StrContains(a.Log(), "no longer holds step 6 of rank 0") &&
+               absl::StrContains(a.Log(), "raise staging_budget_bytes");
+      },
+      absl::Seconds(30)));
+  const std::string lagging = Zccctl(dir, a, {"status"}).second;
+  INFO(lagging);
+  CHECK_FALSE(absl::StrContains(lagging, "replication: step 6 at every buddy"));
+  CHECK(absl::StrContains(lagging, "REPLICATION FAILING: "));
+  // Once the trainer is gone, step 6 is at node b again, and pinned there
+  // as the job's newest step whole in the tier.
+  local->Signal(SIGKILL);
+  REQUIRE(local->Wait(absl::Seconds(10)).has_value());
+  CHECK(zcc::testing::Eventually(
+      [&] {
+        const std::string out = Zccctl(dir, a, {"status"}).second;
+        return absl::StrContains(out, "replication: step 6 at every buddy") &&
+               absl::StrContains(out, "1 step(s) pushed again after a buddy dropped them") &&
+               absl::StrContains(out, "memory tier: step 6 whole") &&
+               !absl::StrContains(out, "REPLICATION FAILING");
+      },
+      absl::Seconds(60)));
+  INFO(a.Log());
+  INFO(Zccctl(dir, a, {"status"}).second);
+  remote->Signal(SIGKILL);
+  REQUIRE(remote->Wait(absl::Seconds(10)).has_value());
+  CHECK(a.Stop() == 0);
+  CHECK(b.Stop() == 0);
+}
+
 TEST_CASE("zccd refuses peer settings it cannot serve, naming what is wrong") {
   const std::string dir = ShortTempDir("it-peerbad");
   const std::string certs = MakeCerts(dir);

@@ -169,7 +169,12 @@ void PrintJobPeers(const zcc::v1::JobStatus& job) {
     if (job.replication_newest_step() > job.replicated_step()) {
       std::printf(" (lagging %.1f s)", job.replication_lag_seconds());
     }
-    std::printf(", %.2f GB sent\n", job.replication_bytes_sent() / 1e9);
+    std::printf(", %.2f GB sent", job.replication_bytes_sent() / 1e9);
+    if (job.replication_pushed_again() > 0) {
+      std::printf(", %llu step(s) pushed again after a buddy dropped them",
+                  static_cast<unsigned long long>(job.replication_pushed_again()));
+    }
+    std::printf("\n");
     if (job.memory_tier_step() >= 0) {
       std::printf("  memory tier: step %s whole (every rank's files in some zccd's memory)\n",
                   Step(job.memory_tier_step()).c_str());

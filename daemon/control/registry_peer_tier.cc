@@ -189,6 +189,7 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   peer::Replicator::Options replicate;
   replicate.self_node = endpoint.node();
   replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
+  replicate.check_buddies_every = config_.peer.check_buddies_every;
   replicate.bytes_sent = &metrics_.replication_bytes_sent();
   replicate.after_push = [this](const std::string& job_id, uint32_t uid,
                                 peer::CallCancel* cancel) {
@@ -446,6 +447,7 @@ void Registry::FillPeerStatus(const Job& job, v1::JobStatus* out) const {
     out->set_replication_lag_seconds(r.lag_seconds);
     out->set_replication_bytes_sent(r.bytes_sent);
     out->set_replication_error(r.last_error);
+    out->set_replication_pushed_again(r.pushed_again);
   }
   const std::vector<std::string> buddies = Buddies(job, *directory, self);
   const absl::Time now = absl::Now();

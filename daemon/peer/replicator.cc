@@ -1,7 +1,9 @@
 #include "daemon/peer/replicator.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -56,6 +58,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
+  rs.newest_step = std::max(rs.newest_step, step.step);
   if (step.step <= rs.pending_step && rs.pushing) return absl::OkStatus();
   if (rs.pending_step < 0 || rs.pending_step == rs.replicated_step) rs.pending_since = absl::Now();
   rs.pending_step = step.step;
@@ -127,9 +130,17 @@ void Replicator::PinSoon(const std::string& job_id, uint32_t uid) {
 void Replicator::Run() {
   // Replication never competes with training for the CPU.
   MakeThisThreadIdle();
+  const absl::Duration check_every = options_.check_buddies_every;
+  const bool checks = check_every > absl::ZeroDuration() && check_every != absl::InfiniteDuration();
+  if (checks) check_at_ = absl::Now() + check_every;
   for (;;) {
     ForgetGoneJobs();
+    if (checks && absl::Now() >= check_at_) {
+      CheckBuddies();
+      check_at_ = absl::Now() + check_every;
+    }
     Work work;
+    bool have_work = false;
     uint32_t uid = 0;
     int64_t step = -1;
     std::vector<std::string> files;
@@ -141,7 +152,10 @@ void Replicator::Run() {
         if (stop_) return;
         if (!pin_due_.empty()) break;
         absl::Duration wait;
-        if (NextWork(&work, &wait)) break;
+        if ((have_work = NextWork(&work, &wait))) break;
+        const absl::Time now = absl::Now();
+        if (check_at_ <= now) break;  // the buddies' check first
+        wait = std::min(wait, check_at_ - now);
         const uint64_t seen = enqueued_;
         auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || enqueued_ != seen;
@@ -150,6 +164,7 @@ void Replicator::Run() {
       }
       pins.swap(pin_due_);
     }
+    if (pins.empty() && !have_work) continue;  // the buddies' check is due
     if (!pins.empty()) {
       if (options_.after_push) {
         for (const auto& [job_id, job_uid] : pins) options_.after_push(job_id, job_uid, &cancel_);
@@ -184,7 +199,10 @@ void Replicator::Run() {
       rs.pushing = false;
       js.bytes_sent += sent;
       if (pushed.ok()) {
-        rs.replicated_step = std::max(rs.replicated_step, step);
+        if (step >= rs.replicated_step) {
+          rs.replicated_step = step;
+          rs.replicated_files = files;
+        }
         if (rs.pending_step == step) {
           rs.pending_files.clear();
         } else {
@@ -242,6 +260,95 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
   return absl::OkStatus();
 }
 
+void Replicator::CheckBuddies() {
+  struct Settled {
+    std::string job_id;
+    uint32_t uid;
+    uint32_t rank;
+    int64_t step;
+    std::vector<std::string> files;
+    std::vector<std::string> last_buddies;
+  };
+  std::vector<Settled> settled;
+  {
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [job_id, js] : jobs_) {
+      for (const auto& [rank, rs] : js.ranks) {
+        // Only a step at rest: one being pushed, or with a newer one
+        // waiting, is the push's business.
+        if (rs.pushing || rs.replicated_step < 0 || rs.pending_step != rs.replicated_step ||
+            rs.replicated_files.empty()) {
+          continue;
+        }
+        settled.push_back({job_id, rs.uid, rank, rs.replicated_step, rs.replicated_files,
+                           js.last_buddies});
+      }
+    }
+  }
+  // What each buddy holds of each (job, uid), asked once; nullopt where it
+  // could not be asked (down: the peer directory says so, and nothing here
+  // can tell what it holds).
+  std::map<std::tuple<std::string, uint32_t, std::string>, std::optional<std::set<ReplicaKey>>>
+      holds;
+  for (const Settled& s : settled) {
+    const std::vector<std::string> buddies = buddies_(s.job_id).value_or(s.last_buddies);
+    std::string dropped_by;
+    for (const std::string& buddy : buddies) {
+      {
+        zcc::MutexLock lock(&mu_);
+        if (stop_) return;
+      }
+      auto [it, fresh] = holds.try_emplace({s.job_id, s.uid, buddy});
+      if (fresh) {
+        auto listed = directory_->Client(buddy)->List(s.job_id, s.uid, absl::Seconds(10), &cancel_);
+        if (listed.ok()) {
+          it->second.emplace();
+          for (const ReplicaInfo& info : *listed) it->second->insert(info.key);
+        }
+      }
+      if (!it->second.has_value()) continue;
+      for (const std::string& name : s.files) {
+        if (it->second->count(ReplicaKey{s.job_id, s.uid, s.rank, s.step, name}) == 0) {
+          dropped_by = buddy;
+          break;
+        }
+      }
+      if (!dropped_by.empty()) break;
+    }
+    if (dropped_by.empty()) continue;
+    bool own_copy = true;
+    for (const std::string& name : s.files) {
+      own_copy = own_copy && store_->Get(ReplicaKey{s.job_id, s.uid, s.rank, s.step, name}).ok();
+    }
+    zcc::MutexLock lock(&mu_);
+    auto job = jobs_.find(s.job_id);
+    if (job == jobs_.end()) continue;
+    JobState& js = job->second;
+    RankState& rs = js.ranks[s.rank];
+    if (rs.pushing || rs.replicated_step != s.step || rs.pending_step != s.step) continue;  // moved on
+    rs.replicated_step = -1;
+    rs.replicated_files.clear();
+    rs.pending_since = absl::Now();
+    const std::string what = absl::StrCat("buddy ", dropped_by, " no longer holds step ", s.step,
+                                          " of rank ", s.rank, " (its memory went to a trainer "
+                                          "there, or it restarted)");
+    if (own_copy) {
+      rs.pending_files = s.files;
+      rs.retry_at = absl::InfinitePast();
+      js.after_push_step = -1;  // pinned again once it is back
+      ++js.pushed_again;
+      js.last_error = absl::StrCat(what, ": pushing it again");
+    } else {
+      // Nothing to push it from: it waits for the rank's next replicated step.
+      rs.pending_step = -1;
+      rs.pending_files.clear();
+      js.last_error = absl::StrCat(what, ", and this zccd's copy is gone too: it is not in the "
+                                   "peer tier until the rank's next replicated step");
+    }
+    ZCC_LOG(WARNING) << "job " << s.job_id << " rank " << s.rank << ": " << js.last_error;
+  }
+}
+
 void Replicator::Pace(uint64_t bytes) {
   if (options_.bytes_per_s == 0) return;
   const double rate = static_cast<double>(options_.bytes_per_s);
@@ -268,15 +375,16 @@ Replicator::JobStats Replicator::Stats(const std::string& job_id) const {
   const absl::Time now = absl::Now();
   bool first = true;
   for (const auto& [rank, rs] : it->second.ranks) {
-    out.newest_step = std::max(out.newest_step, rs.pending_step);
+    out.newest_step = std::max(out.newest_step, rs.newest_step);
     out.replicated_step = first ? rs.replicated_step : std::min(out.replicated_step, rs.replicated_step);
     first = false;
-    if (rs.pending_step > rs.replicated_step) {
+    if (rs.newest_step > rs.replicated_step) {
       out.lag_seconds = std::max(out.lag_seconds, absl::ToDoubleSeconds(now - rs.pending_since));
     }
   }
   out.bytes_sent = it->second.bytes_sent;
   out.last_error = it->second.last_error;
+  out.pushed_again = it->second.pushed_again;
   return out;
 }
 

@@ -8,6 +8,13 @@
 // job that has left this zccd is forgotten once its steps are at every
 // buddy, or at once when it never knew a buddy (nothing could send them).
 //
+// A buddy may drop what it held (its memory goes to a trainer that
+// registers there, ReplicaStore::ShrinkTo): every `check_buddies_every` the
+// replicator asks each buddy whether it still holds each rank's newest
+// replicated step and pushes it again from the owner's copy where one
+// dropped it, so that the step is back in two failure domains without
+// waiting for the next replicated step.
+//
 // Thread-safety: every method may be called from any thread.
 #ifndef ZCC_DAEMON_PEER_REPLICATOR_H_
 #define ZCC_DAEMON_PEER_REPLICATOR_H_
@@ -41,6 +48,9 @@ class Replicator {
     absl::Duration push_timeout = absl::Minutes(5);
     // After a failed round, before the next try of the same step.
     absl::Duration retry_after = absl::Seconds(2);
+    // Between two checks that the buddies still hold the newest replicated
+    // steps (above); zero or infinite: never.
+    absl::Duration check_buddies_every = absl::Seconds(30);
     // Counts every byte pushed (zcc_replication_bytes_sent_total); may be null.
     metrics::Counter* bytes_sent = nullptr;
     // Called on the replicator's thread, without its lock, once a newer step
@@ -71,6 +81,8 @@ class Replicator {
     double lag_seconds = 0;        // since the oldest step not yet at every buddy was handed in
     uint64_t bytes_sent = 0;
     std::string last_error;
+    // Steps pushed again because a buddy no longer held them.
+    uint64_t pushed_again = 0;
   };
   JobStats Stats(const std::string& job_id) const;
 
@@ -89,6 +101,8 @@ class Replicator {
     absl::Time retry_at;  // InfinitePast: now
     bool pushing = false;
     int64_t replicated_step = -1;
+    std::vector<std::string> replicated_files;  // of replicated_step
+    int64_t newest_step = -1;  // handed in
   };
   struct JobState {
     std::map<uint32_t, RankState> ranks;
@@ -97,6 +111,7 @@ class Replicator {
     std::vector<std::string> last_buddies;  // as last known while the job was here
     uint64_t enqueues = 0;  // steps handed in: changed since a look means not gone
     int64_t after_push_step = -1;  // the last step after_push was called for
+    uint64_t pushed_again = 0;
   };
   using Work = std::pair<std::string, uint32_t>;  // job, rank
 
@@ -114,6 +129,10 @@ class Replicator {
   // with no buddy ever known (see above), and lifts their pins in the
   // store. Asks buddies_ without mu_ held.
   void ForgetGoneJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks each job's buddies whether they still hold each rank's newest
+  // replicated step, and queues it again where one does not (see above).
+  // Calls peers without mu_ held.
+  void CheckBuddies() ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps as long as the bandwidth cap asks after `bytes` more (or until stop).
   void Pace(uint64_t bytes);
 
@@ -133,6 +152,8 @@ class Replicator {
   // The pace: bytes sent since `pace_start_` (the replicator's thread only).
   absl::Time pace_start_ = absl::InfinitePast();
   uint64_t pace_bytes_ = 0;
+  // When CheckBuddies is due next (the replicator's thread only).
+  absl::Time check_at_ = absl::InfiniteFuture();
   // Ends its calls in flight to peers (a push, after_push's) when the
   // replicator stops.
   CallCancel cancel_;

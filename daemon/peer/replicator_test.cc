@@ -1,7 +1,8 @@
 // The replicator's bookkeeping of jobs: a job that leaves this zccd without
 // a buddy ever known is forgotten (nothing could send its steps), instead of
-// being retried and kept for as long as zccd runs, and its pin lifted; and
-// its stop ends a push in flight instead of waiting for the call's deadline.
+// being retried and kept for as long as zccd runs, and its pin lifted; a
+// step a buddy dropped is pushed to it again; and its stop ends a push in
+// flight instead of waiting for the call's deadline.
 #include "daemon/peer/replicator.h"
 
 #include <catch2/catch.hpp>
@@ -18,6 +19,7 @@
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
 #include "daemon/peer/memory_tier.h"
+#include "daemon/peer/peer_service.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -88,6 +90,100 @@ TEST_CASE("PinSoon calls after_push for the job on the replicator's thread, once
       absl::Seconds(10), absl::Milliseconds(5)));
   zcc::MutexLock lock(&mu);
   CHECK(calls.front() == std::pair<std::string, uint32_t>{"j", 7});
+}
+
+// A buddy's replica memory behind zccd's own Peer service, over loopback.
+struct Buddy {
+  ReplicaStore store{uint64_t{64} << 20};
+  PeerService service{"buddy", "rack-2", &store};
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  Buddy() {
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    address = "127.0.0.1:" + std::to_string(port);
+  }
+  ~Buddy() { server->Shutdown(); }
+  bool Holds(int64_t step) const {
+    return store.Get(ReplicaKey{"j", 0, 0, step, "model-r00000.safetensors"}).ok() &&
+           store.Get(ReplicaKey{"j", 0, 0, step, "r00000.manifest.json"}).ok();
+  }
+};
+
+TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  zcc::Mutex mu;
+  int pins = 0;  // after_push calls: the registry pins the job's newest whole step then
+  Replicator::Options options;
+  options.self_node = "self";
+  options.retry_after = absl::Milliseconds(20);
+  options.check_buddies_every = absl::Milliseconds(50);
+  options.after_push = [&](const std::string&, uint32_t, CallCancel*) {
+    zcc::MutexLock lock(&mu);
+    ++pins;
+  };
+  Replicator replicator(options, &store, &directory,
+                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{buddy.address};
+                        });
+  auto pinned = [&] {
+    zcc::MutexLock lock(&mu);
+    return pins;
+  };
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(5)));
+  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 5; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  REQUIRE(buddy.Holds(5));
+  REQUIRE(pinned() == 1);
+  // The checks find nothing missing: nothing is pushed again.
+  absl::SleepFor(absl::Milliseconds(200));
+  CHECK(replicator.Stats("j").pushed_again == 0);
+
+  SECTION("the buddy dropped it (a trainer registered there): it is pushed again, and pinned") {
+    REQUIRE(buddy.store.ShrinkTo(0, "other-job", 0) > 0);
+    REQUIRE_FALSE(buddy.Holds(5));
+    CHECK(testing::Eventually([&] { return buddy.Holds(5); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+    CHECK(testing::Eventually(
+        [&] {
+          const Replicator::JobStats st = replicator.Stats("j");
+          return st.replicated_step == 5 && st.pushed_again == 1 && st.last_error.empty();
+        },
+        absl::Seconds(30), absl::Milliseconds(5)));
+    CHECK(testing::Eventually([&] { return pinned() == 2; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+    // A newer step goes as before.
+    REQUIRE_OK(replicator.Enqueue("j", 0, Step(6)));
+    CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 6; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+    CHECK(buddy.Holds(6));
+  }
+  SECTION("the buddy dropped it and so did this zccd: said, and the next step goes") {
+    REQUIRE(store.ShrinkTo(0, "other-job", 0) > 0);
+    REQUIRE(buddy.store.ShrinkTo(0, "other-job", 0) > 0);
+    CHECK(testing::Eventually(
+        [&] {
+          const Replicator::JobStats st = replicator.Stats("j");
+          return st.replicated_step == -1 &&
+                 absl::StrContains(st.last_error, "this zccd's copy is gone too");
+        },
+        absl::Seconds(30), absl::Milliseconds(5)));
+    const Replicator::JobStats st = replicator.Stats("j");
+    CHECK(st.newest_step == 5);
+    CHECK(st.pushed_again == 0);
+    CHECK(absl::StrContains(st.last_error, "no longer holds step 5 of rank 0"));
+    REQUIRE_OK(replicator.Enqueue("j", 0, Step(6)));
+    CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 6; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+    CHECK(buddy.Holds(6));
+    CHECK(replicator.Stats("j").last_error.empty());
+  }
 }
 
 // A peer that takes a push's bytes, or a listing request, and then does not
