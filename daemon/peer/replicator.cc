@@ -299,8 +299,11 @@ void Replicator::CheckBuddies() {
         if (stop_) return;
       }
       auto [it, fresh] = holds.try_emplace({s.job_id, s.uid, buddy});
-      if (fresh) {
-        auto listed = directory_->Client(buddy)->List(s.job_id, s.uid, absl::Seconds(10), &cancel_);
+      // (One its probes found down is not waited for: the push's own
+      // retries see to it once it is back.)
+      const std::optional<PeerState> state = directory_->State(buddy);
+      if (fresh && !(state.has_value() && state->probed && !state->up)) {
+        auto listed = directory_->Client(buddy)->List(s.job_id, s.uid, absl::Seconds(5), &cancel_);
         if (listed.ok()) {
           it->second.emplace();
           for (const ReplicaInfo& info : *listed) it->second->insert(info.key);
