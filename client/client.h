@@ -116,7 +116,7 @@ struct ClientOptions {
   std::string job_id;
   uint32_t rank = 0;
   uint32_t world_size = 1;
-  uint32_t num_slots = 0;       // staging slots; 0 = daemon default (2)
+  uint32_t num_slots = 0;       // staging slots; 0 = daemon default (3)
   uint32_t save_every = 0;      // persist every N-th step; 0 = only on SaveNow
   uint32_t keep_last = 0;       // committed steps kept; 0 = daemon default
   std::string checkpoint_root;  // empty: the daemon's default root

@@ -8,7 +8,7 @@
 // whole step; the figure of a run is the mean over 20 measured steps (two
 // whole save intervals, so each synchronous save in the window is paid in
 // full). The measured steps follow a warm-up: 10 steps for zcc (EMA
-// initialisation, the first checkpoint, first touch of both staging slots),
+// initialisation, the first checkpoint, first touch of the staging slots),
 // 3 for the others (no save in it).
 //
 // The model: bf16 parameters plus fp32 master weights and Adam moments (14
@@ -106,7 +106,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSaveEvery = 10;
 // The replicated variant: every 5th snapshot goes to the buddy.
 constexpr int kReplicateEvery = 5;
-// zcc: EMA initialisation, the first checkpoint, first touch of both slots.
+// zcc: EMA initialisation, the first checkpoint, first touch of the slots.
 // The others need little (no save in their warm-up: it would only cost time).
 constexpr int kZccWarmupSteps = 10;
 constexpr int kOtherWarmupSteps = 3;
