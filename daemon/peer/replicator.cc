@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -58,8 +59,16 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
-  rs.newest_step = std::max(rs.newest_step, step.step);
   if (step.step <= rs.pending_step && rs.pushing) return absl::OkStatus();
+  if (step.step < rs.replicated_step) {
+    // The rank went back (it restored an older step): what the buddies
+    // hold is of the steps it left behind.
+    rs.replicated_step = -1;
+    rs.replicated_files.clear();
+    rs.newest_step = -1;
+  }
+  rs.newest_step = std::max(rs.newest_step, step.step);
+  rs.repush_to.clear();  // (the new step goes to every buddy)
   if (rs.pending_step < 0 || rs.pending_step == rs.replicated_step) rs.pending_since = absl::Now();
   rs.pending_step = step.step;
   rs.pending_files = std::move(names);
@@ -104,7 +113,10 @@ void Replicator::ForgetGoneJobs() {
     bool pending = false;
     bool pushing = false;
     for (const auto& [rank, rs] : it->second.ranks) {
-      pending = pending || (rs.pending_step >= 0 && rs.pending_step != rs.replicated_step);
+      // (A step pushed again to a buddy that dropped it does not keep a
+      // job that has left.)
+      pending = pending || (rs.pending_step >= 0 && rs.pending_step != rs.replicated_step &&
+                            rs.repush_to.empty());
       pushing = pushing || rs.pushing;
     }
     if (pushing || (pending && !it->second.last_buddies.empty())) continue;
@@ -145,6 +157,7 @@ void Replicator::Run() {
     int64_t step = -1;
     std::vector<std::string> files;
     std::vector<std::string> last_buddies;
+    std::vector<std::string> only_to;
     std::set<std::pair<std::string, uint32_t>> pins;
     {
       zcc::MutexLock lock(&mu_);
@@ -180,10 +193,13 @@ void Replicator::Run() {
       step = rs.pending_step;
       files = rs.pending_files;
       last_buddies = js.last_buddies;
+      only_to = rs.repush_to;
     }
     uint64_t sent = 0;
+    bool own_missing = false;
     const absl::Time began = absl::Now();
-    const absl::Status pushed = Push(work.first, uid, work.second, step, files, last_buddies, &sent);
+    const absl::Status pushed = Push(work.first, uid, work.second, step, files, last_buddies,
+                                     only_to, &sent, &own_missing);
     if (options_.bytes_sent != nullptr) options_.bytes_sent->Increment(sent);
     if (pushed.ok()) {
       const double s = absl::ToDoubleSeconds(absl::Now() - began);
@@ -205,6 +221,7 @@ void Replicator::Run() {
         }
         if (rs.pending_step == step) {
           rs.pending_files.clear();
+          rs.repush_to.clear();
         } else {
           rs.pending_since = absl::Now();  // a newer step came meanwhile
         }
@@ -216,7 +233,19 @@ void Replicator::Run() {
         if (job_advanced) js.after_push_step = everywhere;
       } else {
         js.last_error = std::string(pushed.message());
-        if (rs.pending_step == step) rs.retry_at = absl::Now() + options_.retry_after;
+        if (rs.pending_step == step && own_missing) {
+          // Nothing to push it from: the rank's next step goes in its place.
+          rs.pending_step = -1;
+          rs.pending_files.clear();
+          rs.repush_to.clear();
+        } else if (rs.pending_step == step) {
+          // A buddy that dropped a step mostly did for want of room: it is
+          // tried again at the next check, not every retry_after.
+          const absl::Duration check = options_.check_buddies_every;
+          const bool repush = !rs.repush_to.empty() && check > options_.retry_after &&
+                              check != absl::InfiniteDuration();
+          rs.retry_at = absl::Now() + (repush ? check : options_.retry_after);
+        }
         ZCC_LOG(WARNING) << "job " << work.first << " rank " << work.second << ": step " << step
                          << " not replicated yet: " << pushed;
       }
@@ -227,9 +256,12 @@ void Replicator::Run() {
 
 absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t rank,
                               int64_t step, const std::vector<std::string>& files,
-                              const std::vector<std::string>& last_buddies, uint64_t* sent) {
+                              const std::vector<std::string>& last_buddies,
+                              const std::vector<std::string>& only_to, uint64_t* sent,
+                              bool* own_missing) {
   // The job's buddies now; the last known once the job has left this zccd.
-  const std::vector<std::string> buddies = buddies_(job_id).value_or(last_buddies);
+  const std::vector<std::string> buddies =
+      !only_to.empty() ? only_to : buddies_(job_id).value_or(last_buddies);
   if (buddies.empty()) {
     return absl::FailedPreconditionError(
         "no buddy: the job's ranks have not reported its nodes, or it has no other node");
@@ -244,6 +276,7 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
       const ReplicaKey key{job_id, uid, rank, step, name};
       auto piece = store_->Get(key);
       if (!piece.ok()) {
+        *own_missing = true;
         return absl::FailedPreconditionError(absl::StrCat(
             "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
             "before it reached ", buddy, " (raise peer.replica_budget_bytes, or "
@@ -285,68 +318,87 @@ void Replicator::CheckBuddies() {
       }
     }
   }
-  // What each buddy holds of each (job, uid), asked once; nullopt where it
-  // could not be asked (down: the peer directory says so, and nothing here
-  // can tell what it holds).
-  std::map<std::tuple<std::string, uint32_t, std::string>, std::optional<std::set<ReplicaKey>>>
-      holds;
+  // What each buddy holds of each (job, uid), asked once a round; a buddy
+  // that could not be asked is passed over for the round (nothing here can
+  // tell what it holds; the peer directory says whether it is up).
+  std::map<std::tuple<std::string, uint32_t, std::string>, std::map<ReplicaKey, ReplicaInfo>> holds;
+  std::set<std::string> unreachable;
   for (const Settled& s : settled) {
-    const std::vector<std::string> buddies = buddies_(s.job_id).value_or(s.last_buddies);
-    std::string dropped_by;
-    for (const std::string& buddy : buddies) {
+    // This zccd's copy: what the buddies' pieces must match, and what a
+    // step is pushed again from.
+    std::map<std::string, ReplicaInfo> own;
+    for (const std::string& name : s.files) {
+      auto piece = store_->Get(ReplicaKey{s.job_id, s.uid, s.rank, s.step, name});
+      if (piece.ok()) own[name] = (*piece)->info;
+    }
+    std::vector<std::string> dropped_by;
+    for (const std::string& buddy : buddies_(s.job_id).value_or(s.last_buddies)) {
       {
         zcc::MutexLock lock(&mu_);
         if (stop_) return;
       }
-      auto [it, fresh] = holds.try_emplace({s.job_id, s.uid, buddy});
-      // (One its probes found down is not waited for: the push's own
-      // retries see to it once it is back.)
-      const std::optional<PeerState> state = directory_->State(buddy);
-      if (fresh && !(state.has_value() && state->probed && !state->up)) {
-        auto listed = directory_->Client(buddy)->List(s.job_id, s.uid, absl::Seconds(5), &cancel_);
-        if (listed.ok()) {
-          it->second.emplace();
-          for (const ReplicaInfo& info : *listed) it->second->insert(info.key);
+      if (unreachable.count(buddy) > 0) continue;
+      auto found = holds.find({s.job_id, s.uid, buddy});
+      if (found == holds.end()) {
+        // (One its probes found down is not waited for: the push's own
+        // retries see to it once it is back.)
+        const std::optional<PeerState> state = directory_->State(buddy);
+        if (state.has_value() && state->probed && !state->up) {
+          unreachable.insert(buddy);
+          continue;
         }
+        auto listed = directory_->Client(buddy)->List(s.job_id, s.uid, absl::Seconds(5), &cancel_);
+        if (!listed.ok()) {
+          ZCC_LOG(WARNING) << "job " << s.job_id << ": cannot ask buddy " << buddy
+                           << " what it still holds: " << listed.status();
+          unreachable.insert(buddy);
+          continue;
+        }
+        found = holds.try_emplace({s.job_id, s.uid, buddy}).first;
+        for (ReplicaInfo& info : *listed) found->second.emplace(info.key, std::move(info));
       }
-      if (!it->second.has_value()) continue;
       for (const std::string& name : s.files) {
-        if (it->second->count(ReplicaKey{s.job_id, s.uid, s.rank, s.step, name}) == 0) {
-          dropped_by = buddy;
+        auto held = found->second.find(ReplicaKey{s.job_id, s.uid, s.rank, s.step, name});
+        auto mine = own.find(name);
+        // Held under the name with other bytes (another run's) counts as gone.
+        if (held == found->second.end() ||
+            (mine != own.end() && (held->second.nbytes != mine->second.nbytes ||
+                                   held->second.xxh3 != mine->second.xxh3))) {
+          dropped_by.push_back(buddy);
           break;
         }
       }
-      if (!dropped_by.empty()) break;
     }
     if (dropped_by.empty()) continue;
-    bool own_copy = true;
-    for (const std::string& name : s.files) {
-      own_copy = own_copy && store_->Get(ReplicaKey{s.job_id, s.uid, s.rank, s.step, name}).ok();
-    }
+    const bool own_copy = own.size() == s.files.size();
     zcc::MutexLock lock(&mu_);
     auto job = jobs_.find(s.job_id);
     if (job == jobs_.end()) continue;
     JobState& js = job->second;
     RankState& rs = js.ranks[s.rank];
     if (rs.pushing || rs.replicated_step != s.step || rs.pending_step != s.step) continue;  // moved on
+    // Not at every buddy any more (the last step that is, if any, is not known).
     rs.replicated_step = -1;
     rs.replicated_files.clear();
     rs.pending_since = absl::Now();
-    const std::string what = absl::StrCat("buddy ", dropped_by, " no longer holds step ", s.step,
-                                          " of rank ", s.rank, " (its memory went to a trainer "
-                                          "there, or it restarted)");
+    const std::string what =
+        absl::StrCat(dropped_by.size() == 1 ? "buddy " : "buddies ", absl::StrJoin(dropped_by, ", "),
+                     " no longer hold", dropped_by.size() == 1 ? "s" : "", " step ", s.step,
+                     " of rank ", s.rank, " (its memory went to a trainer there, or it restarted)");
     if (own_copy) {
       rs.pending_files = s.files;
+      rs.repush_to = std::move(dropped_by);
       rs.retry_at = absl::InfinitePast();
-      js.after_push_step = -1;  // pinned again once it is back
+      js.after_push_step = -1;  // the job's pin is looked at again once it is back
       ++js.pushed_again;
       js.last_error = absl::StrCat(what, ": pushing it again");
     } else {
-      // Nothing to push it from: it waits for the rank's next replicated step.
+      // Nothing to push it from: the rank's next replicated step goes to
+      // every buddy in its place.
       rs.pending_step = -1;
       rs.pending_files.clear();
-      js.last_error = absl::StrCat(what, ", and this zccd's copy is gone too: it is not in the "
-                                   "peer tier until the rank's next replicated step");
+      js.last_error = absl::StrCat(what, ", and this zccd's copy is gone too: not pushed again; "
+                                   "the rank's next replicated step goes in its place");
     }
     ZCC_LOG(WARNING) << "job " << s.job_id << " rank " << s.rank << ": " << js.last_error;
   }

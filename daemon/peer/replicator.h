@@ -103,6 +103,9 @@ class Replicator {
     int64_t replicated_step = -1;
     std::vector<std::string> replicated_files;  // of replicated_step
     int64_t newest_step = -1;  // handed in
+    // Not empty: the pending step is replicated_step's again, for these
+    // buddies only, which no longer held it (CheckBuddies).
+    std::vector<std::string> repush_to;
   };
   struct JobState {
     std::map<uint32_t, RankState> ranks;
@@ -119,12 +122,14 @@ class Replicator {
   // The next (job, rank) whose step is due, if any; sets `wait` to when one
   // is due otherwise.
   bool NextWork(Work* work, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pushes every file of the rank's pending step to every buddy.
-  // To the job's buddies now, or, once the job has left this zccd, to
-  // `last_buddies` (known when a step was handed in).
+  // Pushes every file of the rank's pending step to every buddy: the job's
+  // buddies now, or, once the job has left this zccd, `last_buddies` (known
+  // when a step was handed in); to `only_to` instead where not empty.
+  // `own_missing`: set when this zccd's copy of a file is gone.
   absl::Status Push(const std::string& job_id, uint32_t uid, uint32_t rank, int64_t step,
                     const std::vector<std::string>& files,
-                    const std::vector<std::string>& last_buddies, uint64_t* sent);
+                    const std::vector<std::string>& last_buddies,
+                    const std::vector<std::string>& only_to, uint64_t* sent, bool* own_missing);
   // Forgets the jobs that have left this zccd with nothing left to push, or
   // with no buddy ever known (see above), and lifts their pins in the
   // store. Asks buddies_ without mu_ held.

@@ -20,6 +20,7 @@
 #include "common/testing/status_matchers.h"
 #include "daemon/peer/memory_tier.h"
 #include "daemon/peer/peer_service.h"
+#include "format/checksum.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -92,21 +93,34 @@ TEST_CASE("PinSoon calls after_push for the job on the replicator's thread, once
   CHECK(calls.front() == std::pair<std::string, uint32_t>{"j", 7});
 }
 
-// A buddy's replica memory behind zccd's own Peer service, over loopback.
-struct Buddy {
+// A buddy's replica memory behind zccd's own Peer service, over loopback,
+// counting the pushes and listings it answers.
+struct Buddy final : public v1::Peer::Service {
   ReplicaStore store{uint64_t{64} << 20};
   PeerService service{"buddy", "rack-2", &store};
+  std::atomic<int> pushes{0};
+  std::atomic<int> lists{0};
   std::unique_ptr<grpc::Server> server;
   std::string address;
   Buddy() {
     int port = 0;
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
+    builder.RegisterService(this);
     server = builder.BuildAndStart();
     address = "127.0.0.1:" + std::to_string(port);
   }
-  ~Buddy() { server->Shutdown(); }
+  ~Buddy() override { server->Shutdown(); }
+  grpc::Status PushReplica(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicaChunk>* reader,
+                           v1::PushReplicaResponse* resp) override {
+    ++pushes;
+    return service.PushReplica(ctx, reader, resp);
+  }
+  grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest* req,
+                            v1::ListReplicasResponse* resp) override {
+    ++lists;
+    return service.ListReplicas(ctx, req, resp);
+  }
   bool Holds(int64_t step) const {
     return store.Get(ReplicaKey{"j", 0, 0, step, "model-r00000.safetensors"}).ok() &&
            store.Get(ReplicaKey{"j", 0, 0, step, "r00000.manifest.json"}).ok();
@@ -114,8 +128,9 @@ struct Buddy {
 };
 
 TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy") {
-  Buddy buddy;
+  Buddy buddy, other;
   REQUIRE(buddy.server != nullptr);
+  REQUIRE(other.server != nullptr);
   ReplicaStore store(uint64_t{64} << 20);
   PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
   zcc::Mutex mu;
@@ -128,10 +143,11 @@ TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy"
     zcc::MutexLock lock(&mu);
     ++pins;
   };
-  Replicator replicator(options, &store, &directory,
-                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
-                          return std::vector<std::string>{buddy.address};
-                        });
+  Replicator replicator(
+      options, &store, &directory,
+      [&](const std::string&) -> std::optional<std::vector<std::string>> {
+        return std::vector<std::string>{buddy.address, other.address};
+      });
   auto pinned = [&] {
     zcc::MutexLock lock(&mu);
     return pins;
@@ -140,14 +156,18 @@ TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy"
   REQUIRE(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 5; },
                               absl::Seconds(30), absl::Milliseconds(5)));
   REQUIRE(buddy.Holds(5));
-  REQUIRE(pinned() == 1);
-  // The checks find nothing missing: nothing is pushed again.
-  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(other.Holds(5));
+  REQUIRE(testing::Eventually([&] { return pinned() == 1; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  // The checks ask both buddies and find nothing missing: nothing is pushed again.
+  const int lists = buddy.lists + other.lists;
+  REQUIRE(testing::Eventually([&] { return buddy.lists + other.lists >= lists + 4; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
   CHECK(replicator.Stats("j").pushed_again == 0);
+  const int pushed_before = other.pushes;
 
-  SECTION("the buddy dropped it (a trainer registered there): it is pushed again, and pinned") {
+  SECTION("one buddy dropped it (a trainer registered there): it is pushed again, to that one") {
     REQUIRE(buddy.store.ShrinkTo(0, "other-job", 0) > 0);
-    REQUIRE_FALSE(buddy.Holds(5));
     CHECK(testing::Eventually([&] { return buddy.Holds(5); }, absl::Seconds(30),
                               absl::Milliseconds(5)));
     CHECK(testing::Eventually(
@@ -158,11 +178,29 @@ TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy"
         absl::Seconds(30), absl::Milliseconds(5)));
     CHECK(testing::Eventually([&] { return pinned() == 2; }, absl::Seconds(30),
                               absl::Milliseconds(5)));
-    // A newer step goes as before.
+    CHECK(other.pushes == pushed_before);  // it still held it
+    // A newer step goes to both, as before.
     REQUIRE_OK(replicator.Enqueue("j", 0, Step(6)));
     CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 6; },
                               absl::Seconds(30), absl::Milliseconds(5)));
     CHECK(buddy.Holds(6));
+    CHECK(other.Holds(6));
+  }
+  SECTION("a buddy holds other bytes under the step's names (another run's): pushed again") {
+    Replica stale;
+    stale.info.key = ReplicaKey{"j", 0, 0, 5, "model-r00000.safetensors"};
+    stale.bytes = std::string(4096, 'x');
+    stale.info.nbytes = stale.bytes.size();
+    stale.info.xxh3 = format::Xxh3(stale.bytes.data(), stale.bytes.size());
+    REQUIRE_OK(other.store.Put(std::move(stale)));
+    CHECK(testing::Eventually(
+        [&] {
+          auto piece = other.store.Get(ReplicaKey{"j", 0, 0, 5, "model-r00000.safetensors"});
+          return piece.ok() && (*piece)->bytes == std::string(4096, 'm');
+        },
+        absl::Seconds(30), absl::Milliseconds(5)));
+    CHECK(testing::Eventually([&] { return replicator.Stats("j").pushed_again == 1; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
   }
   SECTION("the buddy dropped it and so did this zccd: said, and the next step goes") {
     REQUIRE(store.ShrinkTo(0, "other-job", 0) > 0);
@@ -183,6 +221,13 @@ TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy"
                               absl::Seconds(30), absl::Milliseconds(5)));
     CHECK(buddy.Holds(6));
     CHECK(replicator.Stats("j").last_error.empty());
+  }
+  SECTION("the rank went back to an older step (restored): that step is replicated") {
+    REQUIRE_OK(replicator.Enqueue("j", 0, Step(3)));
+    CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 3; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+    CHECK(buddy.Holds(3));
+    CHECK(replicator.Stats("j").newest_step == 3);
   }
 }
 
