@@ -345,6 +345,9 @@ ZccMetrics::ZccMetrics() {
       "Memory holding this node's own replicated steps (kept in two failure domains), bytes.");
   replication_bytes_sent_ = &registry_.AddCounter(
       "zcc_replication_bytes_sent_total", "Bytes of replicated steps pushed to buddy zccds.");
+  replication_pushed_again_ = &registry_.AddCounter(
+      "zcc_replication_pushed_again_total",
+      "Replicated steps pushed to a buddy again because it no longer held them.");
   replication_lag_seconds_ = &registry_.AddGauge(
       "zcc_replication_lag_seconds",
       "Longest wait of any job's oldest step not yet replicated to every buddy, seconds.");

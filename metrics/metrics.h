@@ -215,6 +215,9 @@ class ZccMetrics {
   // zcc_replication_bytes_sent_total: bytes of replicated steps pushed to
   // buddy zccds (the peer tier).
   Counter& replication_bytes_sent() { return *replication_bytes_sent_; }
+  // zcc_replication_pushed_again_total: replicated steps pushed to a buddy
+  // again because it no longer held them (peer.check_buddies_s).
+  Counter& replication_pushed_again() { return *replication_pushed_again_; }
   // zcc_replication_lag_seconds / zcc_replication_lag_steps: the longest
   // any job's oldest step not yet at every buddy has waited, and the most
   // steps any job's newest replicated step trails its newest one handed in.
@@ -257,6 +260,7 @@ class ZccMetrics {
   Gauge* peer_replica_bytes_;
   Gauge* peer_own_copy_bytes_;
   Counter* replication_bytes_sent_;
+  Counter* replication_pushed_again_;
   Gauge* replication_lag_seconds_;
   Gauge* replication_lag_steps_;
   Gauge* peers_[2];

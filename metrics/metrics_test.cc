@@ -228,6 +228,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   m.restore_prefetches(PrefetchOutcome::kUsed).Increment(2);
   m.retained_snapshot_bytes().Set(1 << 20);
   m.replication_bytes_sent().Increment(777);
+  m.replication_pushed_again().Increment(2);
   m.replication_lag_seconds().Set(2.5);
   m.replication_lag_steps().Set(5);
   m.peers(true).Set(3);
@@ -256,6 +257,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
       {"zcc_upload_bytes_total", "counter"},
       {"zcc_upload_lag_seconds", "gauge"},
       {"zcc_replication_bytes_sent_total", "counter"},
+      {"zcc_replication_pushed_again_total", "counter"},
       {"zcc_replication_lag_seconds", "gauge"},
       {"zcc_replication_lag_steps", "gauge"},
       {"zcc_peers", "gauge"},
@@ -284,6 +286,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "used"}}) == 2);
   CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "discarded"}}) == 0);
   CHECK(e.Value("zcc_replication_bytes_sent_total") == 777);
+  CHECK(e.Value("zcc_replication_pushed_again_total") == 2);
   CHECK(e.Value("zcc_replication_lag_seconds") == 2.5);
   CHECK(e.Value("zcc_replication_lag_steps") == 5);
   CHECK(e.Value("zcc_peers", {{"state", "up"}}) == 3);

@@ -191,6 +191,7 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
   replicate.check_buddies_every = config_.peer.check_buddies_every;
   replicate.bytes_sent = &metrics_.replication_bytes_sent();
+  replicate.pushed_again = &metrics_.replication_pushed_again();
   replicate.after_push = [this](const std::string& job_id, uint32_t uid,
                                 peer::CallCancel* cancel) {
     PinMemoryTier(job_id, uid, cancel);

@@ -391,6 +391,7 @@ void Replicator::CheckBuddies() {
       rs.retry_at = absl::InfinitePast();
       js.after_push_step = -1;  // the job's pin is looked at again once it is back
       ++js.pushed_again;
+      if (options_.pushed_again != nullptr) options_.pushed_again->Increment(1);
       js.last_error = absl::StrCat(what, ": pushing it again");
     } else {
       // Nothing to push it from: the rank's next replicated step goes to

@@ -53,6 +53,8 @@ class Replicator {
     absl::Duration check_buddies_every = absl::Seconds(30);
     // Counts every byte pushed (zcc_replication_bytes_sent_total); may be null.
     metrics::Counter* bytes_sent = nullptr;
+    // Counts every step pushed again (CheckBuddies); may be null.
+    metrics::Counter* pushed_again = nullptr;
     // Called on the replicator's thread, without its lock, once a newer step
     // of every local rank of the job is at every buddy (the registry then
     // pins the job's newest whole step in the replica memory,
