@@ -220,9 +220,14 @@ class Registry {
   // the step).
   std::map<std::string, std::shared_ptr<zcc::Mutex>> recovering_ ABSL_GUARDED_BY(peer_mu_);
   // As the job's pin leader: the pin each other node of the job has taken
-  // from this zccd (told again when it differs). An entry per job this zccd
-  // led, kept for zccd's life (a few bytes each).
-  std::map<std::pair<std::string, uint32_t>, std::map<std::string, int64_t>> pins_sent_
+  // from this zccd, and that node's run then (told again when either
+  // differs: a restarted zccd has lost its pins). An entry per job this
+  // zccd led, kept for zccd's life (a few bytes each).
+  struct PinSent {
+    int64_t step = -1;
+    std::string instance;
+  };
+  std::map<std::pair<std::string, uint32_t>, std::map<std::string, PinSent>> pins_sent_
       ABSL_GUARDED_BY(peer_mu_);
   // Threads of WriteRecoveredStep: those done are joined when the next
   // step is found in the tier, the others at shutdown (their step's pulls

@@ -259,7 +259,10 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
     {
       zcc::MutexLock lock(&peer_mu_);
       auto sent = pins_sent_[key].find(address);
-      if (sent != pins_sent_[key].end() && sent->second == *pinned) continue;
+      if (sent != pins_sent_[key].end() && sent->second.step == *pinned &&
+          sent->second.instance == state->instance) {
+        continue;
+      }
     }
     ++due;
     const absl::StatusOr<int64_t> taken = peer.directory->Client(address)->PinStep(
@@ -272,7 +275,7 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
     }
     ++told;
     zcc::MutexLock lock(&peer_mu_);
-    pins_sent_[key][address] = *pinned;
+    pins_sent_[key][address] = {*pinned, state->instance};
   }
   if (due > 0) {
     ZCC_LOG(INFO) << "job " << job_id << ": step " << *pinned << " pinned at " << told << " of "

@@ -66,6 +66,11 @@ void PeerDirectory::ProbeAll() {
       s.up = true;
       s.node = hello->node();
       s.failure_domain = hello->failure_domain();
+      if (!s.instance.empty() && s.instance != hello->instance()) {
+        ZCC_LOG(WARNING) << "peer " << address << " (node '" << s.node
+                         << "') restarted: what it held for this node's jobs is gone";
+      }
+      s.instance = hello->instance();
       s.last_seen = absl::Now();
       s.error.clear();
       if (!was_up) ZCC_LOG(INFO) << "peer " << address << " (node '" << s.node << "') is up";

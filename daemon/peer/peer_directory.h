@@ -30,6 +30,9 @@ struct PeerState {
   bool probed = false;         // answered or failed at least once
   absl::Time last_seen;        // its last answer (InfinitePast: never)
   std::string error;           // the last probe's, when down
+  // Its zccd's run (PeerHelloResponse.instance): changes when it restarts,
+  // its replica memory empty. Empty until it answers.
+  std::string instance;
 };
 
 class PeerDirectory {

@@ -3,10 +3,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -49,7 +51,14 @@ grpc::Status PeerService::Hello(grpc::ServerContext* ctx, const v1::PeerHelloReq
   resp->set_failure_domain(failure_domain_);
   resp->set_replica_budget_bytes(store_->budget_bytes());
   resp->set_replica_bytes_held(store_->bytes_held());
+  resp->set_instance(instance_);
   return grpc::Status::OK;
+}
+
+std::string PeerService::NewInstance() {
+  std::random_device random;
+  const uint64_t id = (uint64_t{random()} << 32) ^ random();
+  return absl::StrFormat("%016x", id);
 }
 
 grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,

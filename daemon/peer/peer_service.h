@@ -30,7 +30,11 @@ class PeerService final : public v1::Peer::Service {
       : node_(std::move(node)),
         failure_domain_(std::move(failure_domain)),
         store_(store),
-        on_pin_(std::move(on_pin)) {}
+        on_pin_(std::move(on_pin)),
+        instance_(NewInstance()) {}
+
+  // What Hello answers as this run's instance (PeerHelloResponse.instance).
+  const std::string& instance() const { return instance_; }
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
                      v1::PeerHelloResponse* resp) override;
@@ -44,10 +48,14 @@ class PeerService final : public v1::Peer::Service {
                        v1::PinStepResponse* resp) override;
 
  private:
+  // 16 random hex digits.
+  static std::string NewInstance();
+
   const std::string node_;
   const std::string failure_domain_;
   ReplicaStore* const store_;
   const PinHandler on_pin_;
+  const std::string instance_;
 };
 
 // Who is calling: the names in its certificate (subject alternative names,

@@ -91,6 +91,12 @@ TEST_CASE("peer service: a piece pushed over mutual TLS comes back exactly") {
   REQUIRE_OK(hello.status());
   CHECK(hello->node() == "node-a");
   CHECK(hello->failure_domain() == "rack-1");
+  // This run of the service, the same at every hello; another run's differs.
+  CHECK(hello->instance().size() == 16);
+  CHECK(hello->instance() == a.service.instance());
+  CHECK(b.Hello("node-b", "rack-2", kTimeout)->instance() == hello->instance());
+  PeerServer restarted(Tls("node-a"));
+  CHECK(restarted.service.instance() != a.service.instance());
   // Several chunks and a partial last one.
   const std::string bytes = Pattern(3 * kReplicaChunkBytes + 12345);
   REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), kTimeout));
@@ -309,12 +315,20 @@ TEST_CASE("peer directory: probes the peers it watches, up and down") {
   CHECK(dir.State(target)->node == "node-a");
   CHECK(dir.State(target)->failure_domain == "rack-1");
   CHECK(dir.State(target)->last_seen > absl::Now() - absl::Seconds(10));
+  const std::string instance = server->service.instance();
+  CHECK(dir.State(target)->instance == instance);
   // Its client is the one the directory keeps.
   CHECK(dir.Client(target) == dir.Client(target));
+  const int port = server->port;
   server.reset();
   REQUIRE(zcc::testing::Eventually([&] { return !dir.State(target)->up; }, absl::Seconds(10)));
   CHECK_FALSE(dir.State(target)->error.empty());
   CHECK(dir.State(target)->node == "node-a");  // what it was when last seen
+  // Back on the same address, a new run: the directory sees it restarted.
+  server = std::make_unique<PeerServer>(Tls("node-a"), 64 << 20, port);
+  REQUIRE(zcc::testing::Eventually([&] { return dir.State(target)->up; }, absl::Seconds(10)));
+  CHECK(dir.State(target)->instance == server->service.instance());
+  CHECK(dir.State(target)->instance != instance);
 }
 
 TEST_CASE("peer recovery: the newest complete step, each file from a holder that serves it intact") {

@@ -9,12 +9,12 @@
 
 namespace zcc::daemon::peer::testing {
 
-PeerServer::PeerServer(const PeerConfig& config, uint64_t budget)
+PeerServer::PeerServer(const PeerConfig& config, uint64_t budget, int at_port)
     : store(budget), service("node-a", "rack-1", &store) {
   auto creds = LoadPeerCredentials(config);
   REQUIRE_OK(creds.status());
   grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:0", creds->server, &port);
+  b.AddListeningPort(absl::StrCat("127.0.0.1:", at_port), creds->server, &port);
   b.RegisterService(&service);
   server = b.BuildAndStart();
   REQUIRE(server != nullptr);

@@ -17,14 +17,15 @@
 
 namespace zcc::daemon::peer::testing {
 
-// A Peer service on 127.0.0.1 with the given credentials.
+// A Peer service on 127.0.0.1 with the given credentials, on `at_port`
+// (0: any free port).
 struct PeerServer {
   ReplicaStore store;
   PeerService service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 
-  explicit PeerServer(const PeerConfig& config, uint64_t budget = 64 << 20);
+  explicit PeerServer(const PeerConfig& config, uint64_t budget = 64 << 20, int at_port = 0);
   ~PeerServer();
   std::string target() const;
 };
