@@ -454,18 +454,29 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
     upload_dir = job->options().upload_dir;
     node_local = job->options().node_local_root;
   }
+  // A step of the peer tier read in place is listed as restores see it,
+  // under the job directory, until it is written there.
   ZCC_ASSIGN_OR_RETURN(std::vector<checkpoint::CommittedStep> steps,
-                       checkpoint::ListCheckpoints(job_dir, shard_storage_));
+                       checkpoint::ListCheckpoints(job_dir, &recovered_));
+  const std::shared_ptr<peer::RecoveredStep> in_place = recovered_.Find(job_dir);
+  constexpr char kInPlace[] = "peer tier, in memory";
   v1::ListCheckpointsResponse resp;
   if (upload_dir.empty()) {
     for (const checkpoint::CommittedStep& s : steps) {
-      proto::FillCheckpointInfo(s, s.dir, resp.add_checkpoints());
+      v1::CheckpointInfo* info = resp.add_checkpoints();
+      proto::FillCheckpointInfo(s, s.dir, info);
+      if (in_place != nullptr && in_place->step() == s.step) {
+        info->set_tier(kInPlace);
+      }
     }
     return resp;
   }
   // Which step is where: here, in the store, or both.
   std::map<int64_t, std::pair<checkpoint::CommittedStep, std::string>> by_step;
-  for (checkpoint::CommittedStep& s : steps) by_step[s.step] = {std::move(s), "local"};
+  for (checkpoint::CommittedStep& s : steps) {
+    const bool shown = in_place != nullptr && in_place->step() == s.step;
+    by_step[s.step] = {std::move(s), shown ? kInPlace : "local"};
+  }
   auto stored = checkpoint::ListCheckpoints(upload_dir, shard_storage_);
   if (!stored.ok() && !absl::IsNotFound(stored.status())) return stored.status();
   if (stored.ok()) {

@@ -152,7 +152,8 @@ class Registry {
   peer::ReplicaStore replicas_;
   // The storage restores read through: shard_storage_, with the steps of
   // the peer tier read in place shown under their job directories.
-  peer::RecoveredSteps recovered_;
+  // (Thread-safe; ListCheckpoints, a const method, lists through it too.)
+  mutable peer::RecoveredSteps recovered_;
   // The job's buddies, from its membership and what the directory knows of
   // each node's failure domain.
   std::vector<std::string> Buddies(const Job& job, const peer::PeerDirectory& directory,
