@@ -455,10 +455,13 @@ TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacem
   b.reset();
   std::filesystem::remove_all(dir + "/b-root");
   RestoreOn(dir, "lost", {&a, &c}, 4, c);
-  // Listed at once, as the restores saw it: in place until it is written.
+  // Listed at once, as the restores saw it, the newest: in place until it
+  // is written (then from the disk, written before it stops being shown).
   const std::string listed = Zccctl(dir, a, {"list", "lost"}).second;
   INFO(listed);
-  CHECK(absl::StrContains(listed, "step-00000004"));
+  CHECK(absl::StrContains(listed, "step-00000004  (latest)"));
+  CHECK((absl::StrContains(listed, "(latest)  [peer tier, in memory]") ||
+         std::filesystem::exists(dir + "/a-root/lost/step-00000004/COMMITTED")));
   // Read in place (straight from the tier into the ranks' staging memory);
   // behind the restores, rank 0's zccd (node A, whose root has no step
   // either) writes it into its root and commits it there, node C only

@@ -455,10 +455,12 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
     node_local = job->options().node_local_root;
   }
   // A step of the peer tier read in place is listed as restores see it,
-  // under the job directory, until it is written there.
+  // under the job directory, until it is written there (marked so only
+  // when it was shown all through the listing).
+  std::shared_ptr<peer::RecoveredStep> in_place = recovered_.Find(job_dir);
   ZCC_ASSIGN_OR_RETURN(std::vector<checkpoint::CommittedStep> steps,
                        checkpoint::ListCheckpoints(job_dir, &recovered_));
-  const std::shared_ptr<peer::RecoveredStep> in_place = recovered_.Find(job_dir);
+  if (recovered_.Find(job_dir) != in_place) in_place = nullptr;
   constexpr char kInPlace[] = "peer tier, in memory";
   v1::ListCheckpointsResponse resp;
   if (upload_dir.empty()) {
@@ -483,7 +485,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> Registry::ListCheckpoints(
     for (checkpoint::CommittedStep& s : *stored) {
       auto it = by_step.find(s.step);
       if (it != by_step.end()) {
-        it->second.second = "local+store";
+        if (it->second.second != kInPlace) it->second.second = "local+store";
       } else {
         s.is_latest = false;  // `latest` is the local root's
         // The node-local mode keeps this node's part of the newest step it

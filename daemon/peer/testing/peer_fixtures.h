@@ -20,6 +20,10 @@ namespace zcc::daemon::peer::testing {
 // A Peer service on 127.0.0.1 with the given credentials, on `at_port`
 // (0: any free port).
 struct PeerServer {
+  // One on `port` exactly (not shared with another listener: SO_REUSEPORT
+  // off), or null when the port is taken.
+  static std::unique_ptr<PeerServer> At(const PeerConfig& config, int port);
+
   ReplicaStore store;
   PeerService service;
   std::unique_ptr<grpc::Server> server;
