@@ -32,10 +32,13 @@ namespace {
 
 // A peer behind a partition drops packets rather than refusing them: a call
 // in flight would wait for its deadline (minutes for a large piece).
-// Keepalive pings find the dead link within about 15 s instead.
+// Keepalive pings find the dead link within about 15 s instead. A listing
+// of what a peer holds for a job (ListReplicas, one answer) may pass gRPC's
+// default 4 MB: 64 MB holds about 400,000 pieces (chunks are 1 MiB).
 std::shared_ptr<grpc::Channel> PeerChannel(const std::string& target,
                                            std::shared_ptr<grpc::ChannelCredentials> creds) {
   grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

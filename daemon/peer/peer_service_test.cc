@@ -300,6 +300,28 @@ TEST_CASE("peer service: a range of a piece, straight into the caller's memory")
   }
 }
 
+TEST_CASE("peer service: a listing larger than gRPC's default 4 MB message comes back whole") {
+  // Every piece one zccd holds for a job, in one answer: about 140 bytes
+  // each, 40,000 of them about 6 MB.
+  PeerConfig insecure;
+  insecure.insecure = true;
+  PeerServer a(insecure);
+  constexpr int kPieces = 40'000;
+  const std::string padding(96, 'p');
+  for (int i = 0; i < kPieces; ++i) {
+    Replica r;
+    r.info.key = ReplicaKey{"llama", 1000, static_cast<uint32_t>(i % 64), 20,
+                            absl::StrCat(padding, i)};
+    r.info.from_node = "node-b";
+    r.info.xxh3 = format::Xxh3(r.bytes.data(), 0);
+    REQUIRE_OK(a.store.Put(std::move(r)));
+  }
+  PeerClient b = ClientOf(a, insecure);
+  auto listed = b.List("llama", 1000, kTimeout);
+  REQUIRE_OK(listed.status());
+  CHECK(listed->size() == kPieces);
+}
+
 TEST_CASE("peer directory: probes the peers it watches, up and down") {
   auto server = std::make_unique<PeerServer>(Tls("node-a"));
   const std::string target = server->target();
