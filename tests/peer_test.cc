@@ -353,9 +353,15 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
       },
       kReplicationWait));
   // One of them leads (the lower address, once each sees the other up): it
-  // asked, and told the other, which took the pin from it.
-  CHECK(absl::StrContains(a.Log() + b.Log(), "step 6 pinned at 1 of 1 other zccd(s)"));
-  CHECK(absl::StrContains(a.Log() + b.Log(), "as the job's pin leader found"));
+  // asked, and told the other, which took the pin from it (logged once the
+  // call returns: maybe after the other's status shows it).
+  CHECK(zcc::testing::Eventually(
+      [&] {
+        const std::string logs = a.Log() + b.Log();
+        return absl::StrContains(logs, "step 6 pinned at 1 of 1 other zccd(s)") &&
+               absl::StrContains(logs, "as the job's pin leader found");
+      },
+      kReplicationWait));
 
   // What node-b holds for rank 0 (pulled with node-a's certificate), and
   // what node-a holds for rank 1: the very files of the committed step 6.
