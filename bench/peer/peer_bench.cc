@@ -137,7 +137,12 @@ class FarEnd {
  public:
   static std::unique_ptr<FarEnd> Start(const std::vector<std::string>& argv) {
     int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return nullptr;
+    if (::pipe2(in, O_CLOEXEC) != 0) return nullptr;
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+      ::close(in[0]);
+      ::close(in[1]);
+      return nullptr;
+    }
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);

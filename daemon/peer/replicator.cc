@@ -142,14 +142,13 @@ void Replicator::PinSoon(const std::string& job_id, uint32_t uid) {
 void Replicator::Run() {
   // Replication never competes with training for the CPU.
   MakeThisThreadIdle();
-  const absl::Duration check_every = options_.check_buddies_every;
-  const bool checks = check_every > absl::ZeroDuration() && check_every != absl::InfiniteDuration();
-  if (checks) check_at_ = absl::Now() + check_every;
+  const bool checks = ChecksBuddies();
+  if (checks) check_at_ = absl::Now() + options_.check_buddies_every;
   for (;;) {
     ForgetGoneJobs();
     if (checks && absl::Now() >= check_at_) {
       CheckBuddies();
-      check_at_ = absl::Now() + check_every;
+      check_at_ = absl::Now() + options_.check_buddies_every;
     }
     Work work;
     bool have_work = false;
@@ -241,10 +240,10 @@ void Replicator::Run() {
         } else if (rs.pending_step == step) {
           // A buddy that dropped a step mostly did for want of room: it is
           // tried again at the next check, not every retry_after.
-          const absl::Duration check = options_.check_buddies_every;
-          const bool repush = !rs.repush_to.empty() && check > options_.retry_after &&
-                              check != absl::InfiniteDuration();
-          rs.retry_at = absl::Now() + (repush ? check : options_.retry_after);
+          const bool repush = !rs.repush_to.empty() && ChecksBuddies();
+          rs.retry_at = absl::Now() + (repush ? std::max(options_.check_buddies_every,
+                                                          options_.retry_after)
+                                              : options_.retry_after);
         }
         ZCC_LOG(WARNING) << "job " << work.first << " rank " << work.second << ": step " << step
                          << " not replicated yet: " << pushed;

@@ -136,6 +136,11 @@ class Replicator {
   // with no buddy ever known (see above), and lifts their pins in the
   // store. Asks buddies_ without mu_ held.
   void ForgetGoneJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether CheckBuddies runs at all (check_buddies_every finite, positive).
+  bool ChecksBuddies() const {
+    return options_.check_buddies_every > absl::ZeroDuration() &&
+           options_.check_buddies_every != absl::InfiniteDuration();
+  }
   // Asks each job's buddies whether they still hold each rank's newest
   // replicated step, and queues it again where one does not (see above).
   // Calls peers without mu_ held.
