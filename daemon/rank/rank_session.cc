@@ -52,7 +52,10 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       replicate_writer_(RankWriteTarget{&shards_, &slots_, options_.job_dir, options_.fs_owner,
                                         options_.io, [](const PersistEvent&) {},
                                         [this](const std::string& error) { SetError(error); },
-                                        options_.on_replicate},
+                                        options_.on_replicate,
+                                        [this] {
+                                          if (replication_owed_.load() >= 0) slots_.RingDoorbell();
+                                        }},
                         options_.write_pool) {}
 
 RankSession::~RankSession() { Stop(); }
@@ -118,6 +121,7 @@ void RankSession::IngestLoop() {
       }
       return;
     }
+    PayOwedReplication();
     if (!worked) FutexWait(&cb->doorbell, bell, absl::Seconds(1));
   }
 }
@@ -207,8 +211,12 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
 }
 
 void RankSession::PaidReplication(int64_t step) {
-  const int64_t owed = replication_owed_.exchange(-1, std::memory_order_relaxed);
-  if (owed >= 0 && owed != step) {
+  int64_t owed = replication_owed_.load(std::memory_order_relaxed);
+  // (A step owed since, newer than this one, stays owed.)
+  while (owed >= 0 && owed <= step &&
+         !replication_owed_.compare_exchange_weak(owed, -1, std::memory_order_relaxed)) {
+  }
+  if (owed >= 0 && owed < step) {
     ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank << ": step " << step
                   << " replicated in place of step " << owed << ", left out";
   }
@@ -285,16 +293,43 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == slot->step ? slot->step : std::optional<int64_t>();
 }
 
+void RankSession::PayOwedReplication() {
+  if (replication_owed_.load(std::memory_order_relaxed) < 0) return;
+  const std::optional<shm::ReadySlot> slot = ClaimOwedReplication();
+  if (!slot.has_value()) return;
+  const bool submitted =
+      replicate_writer_.TrySubmit([&] { return MakeWriteJob(*slot, false, false, true); });
+  if (!submitted) {
+    // Still serializing: the writer rings again when it is free.
+    slots_.Free(slot->index);
+    return;
+  }
+  PaidReplication(slot->step);
+}
+
+std::optional<shm::ReadySlot> RankSession::ClaimOwedReplication() {
+  const int64_t owed = replication_owed_.load(std::memory_order_relaxed);
+  if (owed < 0) return std::nullopt;
+  const std::optional<SlotSnapshot> newest = slots_.NewestFull();
+  if (!newest.has_value() || ema_.last_step() > newest->step) return std::nullopt;
+  return ClaimNewestFull(owed);
+}
+
 std::optional<int64_t> RankSession::ReplicateOwed() {
   if (options_.on_replicate == nullptr) return std::nullopt;
   // What the trainer published last may pay what is owed on its own.
   if (!IngestWhatIsLeft()) return std::nullopt;
   writer_.AwaitIdle();
   replicate_writer_.AwaitIdle();
-  const int64_t owed = replication_owed_.load(std::memory_order_relaxed);
-  if (owed < 0) return std::nullopt;
-  const std::optional<shm::ReadySlot> slot = ClaimNewestFull(owed);
-  if (!slot.has_value()) return std::nullopt;
+  const std::optional<shm::ReadySlot> slot = ClaimOwedReplication();
+  if (!slot.has_value()) {
+    if (const int64_t owed = replication_owed_.load(); owed >= 0) {
+      ZCC_LOG(WARNING) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
+                       << owed << " is left out of the peer tier: no FULL snapshot of it or "
+                       << "later whose EMA is its own is left to send";
+    }
+    return std::nullopt;
+  }
   replicate_writer_.Submit([&] { return MakeWriteJob(*slot, false, false, true); });
   PaidReplication(slot->step);
   replicate_writer_.AwaitIdle();

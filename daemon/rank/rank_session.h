@@ -257,8 +257,20 @@ class RankSession {
   void IngestLoop();
   // Returns true if it processed at least one slot.
   bool IngestReadySlots();
-  // A snapshot of `step` went to the peer tier: nothing is owed any more.
+  // A snapshot of `step` went to the peer tier: nothing up to it is owed
+  // any more.
   void PaidReplication(int64_t step);
+  // On the ingest thread, after each round: a due step left out is paid as
+  // soon as the replication writer is free (it rings the doorbell when it
+  // goes idle with something owed), from the newest FULL snapshot, so that a
+  // trainer that pauses or stops snapshotting still has its newest due step
+  // in the peer tier. Nothing waits: a writer busy again is left to ring.
+  void PayOwedReplication();
+  // The newest FULL snapshot, claimed for the replication owed, if any is
+  // owed and the snapshot is of the owed step or later, with the EMA still
+  // as of its step (an EMA-only snapshot since moved the EMA on: the next
+  // FULL one pays instead).
+  std::optional<shm::ReadySlot> ClaimOwedReplication();
   // For the trainer gone: false once stopped; else ingests what it
   // published and not yet ingested.
   bool IngestWhatIsLeft() ABSL_LOCKS_EXCLUDED(mu_);
@@ -295,9 +307,9 @@ class RankSession {
   // Replication steps left out because the writer was busy.
   std::atomic<uint64_t> replications_skipped_{0};
   // The newest due replication step left out and not yet made up for by a
-  // later snapshot (-1: none). Ingest's (also run by PersistNewestOnFailure
-  // and ReplicateOwed beside the ingest thread: at worst one replication
-  // more or less).
+  // later snapshot (-1: none). Set by ingest (also run by
+  // PersistNewestOnFailure and ReplicateOwed beside the ingest thread); paid
+  // by ingest or ReplicateOwed, whichever claims the snapshot's slot.
   std::atomic<int64_t> replication_owed_{-1};
   std::thread thread_;
 

@@ -70,6 +70,7 @@ void RankWriter::State::RunQueued() {
   Write(std::move(queued));
   zcc::MutexLock lock(&mu);
   writing = false;
+  if (target.on_idle) target.on_idle();
 }
 
 void RankWriter::State::Write(WriteJob job) {

@@ -75,6 +75,10 @@ struct RankWriteTarget {
   // A step serialized for the peer tier (WriteJob::replicate), from the
   // writer thread with the slot still held; null: none is.
   std::function<void(checkpoint::RankStepBytes)> on_replicate;
+  // As the writer goes idle after a write, under the writer's lock (so that
+  // Stop, which waits for that lock, returns only after it): quick, and not
+  // calling into the writer. Null: nothing is told.
+  std::function<void()> on_idle;
 };
 
 class RankWriter {
