@@ -212,6 +212,40 @@ TEST_CASE("a partial step is never chosen, and steps past latest are ignored") {
   CHECK(choice->step == 7);
 }
 
+TEST_CASE("after a run went back to an older step, the steps it left behind are neither "
+          "candidates nor counted by retention; its own older steps stay to fall back to") {
+  const std::string root = TempDir();
+  std::vector<FakeRank> ranks = {FakeRank(0, 1)};
+  for (int64_t step : {10, 20, 30, 40}) WriteAndCommit(root, ranks, step);
+  // The run resumed from step 20 and committed step 25: 30 and 40 are left
+  // behind (above latest).
+  WriteAndCommit(root, ranks, 25);
+  REQUIRE(*ReadLatest(root) == 25);
+  CHECK(*CommittedOnTimeline(root) == std::vector<int64_t>{10, 20, 25});
+  CHECK(*NewestOnTimeline(root) == 25);
+
+  RetentionPolicy policy;
+  policy.keep_last = 2;
+  auto removed = ApplyRetention(root, policy, RetentionGuard(), absl::Hours(1));
+  REQUIRE_OK(removed);
+  // The newest two of this run's steps (20, 25) stay; the left-behind ones
+  // are not this policy's to count or remove.
+  CHECK(removed->removed_steps == std::vector<int64_t>{10});
+  CHECK(*ListCommittedSteps(root) == std::vector<int64_t>{20, 25, 30, 40});
+  // Step 25 damaged: the restore falls back to this run's step 20, never to
+  // the steps left behind.
+  FlipByte(JoinPath(JoinPath(root, "step-00000025"), "model-r00000.safetensors"), 4096 + 100);
+  auto choice = ChooseRestoreStep(root, -1, Verify);
+  REQUIRE_OK(choice);
+  CHECK(choice->step == 20);
+
+  // Without a latest, every committed step is on the timeline.
+  REQUIRE(unlink(JoinPath(root, "latest").c_str()) == 0);
+  CHECK(*NewestOnTimeline(root) == 40);
+  // Nothing committed: -1.
+  CHECK(*NewestOnTimeline(TempDir()) == -1);
+}
+
 TEST_CASE("a latest lost in the first commit is repaired; a latest naming a step is kept") {
   const std::string root = TempDir();
   std::vector<FakeRank> ranks = {FakeRank(0, 1)};

@@ -28,6 +28,9 @@ struct RankStepBytes {
   int64_t step = 0;
   // The manifest last: a holder with the manifest holds the whole.
   std::vector<RankStepFile> files;
+  // The rank's first step replicated after it went on from a restore: its
+  // holders drop the rank's newer steps (peer::ReplicaStore::Put).
+  bool supersedes_newer = false;
   uint64_t total_bytes() const {
     uint64_t n = 0;
     for (const RankStepFile& f : files) n += f.bytes.size();

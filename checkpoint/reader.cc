@@ -47,6 +47,21 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage*
   return *step;
 }
 
+absl::StatusOr<std::vector<int64_t>> CommittedOnTimeline(const std::string& job_dir,
+                                                         storage::Storage* fs) {
+  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir, fs));
+  auto latest = ReadLatest(job_dir, fs);
+  if (latest.ok()) {
+    steps.erase(std::upper_bound(steps.begin(), steps.end(), *latest), steps.end());
+  }
+  return steps;
+}
+
+absl::StatusOr<int64_t> NewestOnTimeline(const std::string& job_dir, storage::Storage* fs) {
+  ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, CommittedOnTimeline(job_dir, fs));
+  return steps.empty() ? -1 : steps.back();
+}
+
 absl::StatusOr<std::vector<CommittedStep>> ListCheckpoints(const std::string& job_dir,
                                                            storage::Storage* fs) {
   ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir, fs));

@@ -37,6 +37,15 @@ absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_d
 // DataLoss when it does not name a step directory.
 absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage* fs = nullptr);
 
+// The committed steps a restore of the newest considers, ascending: none
+// above the one `latest` names (a run that went back to an older step left
+// those behind; ChooseRestoreStep). Without `latest`, every committed step.
+absl::StatusOr<std::vector<int64_t>> CommittedOnTimeline(const std::string& job_dir,
+                                                         storage::Storage* fs = nullptr);
+// The newest of them, -1 when there is none.
+absl::StatusOr<int64_t> NewestOnTimeline(const std::string& job_dir,
+                                         storage::Storage* fs = nullptr);
+
 // The committed steps of a job directory, ascending, with their COMMITTED
 // records (nullopt when one cannot be read: listed anyway) and which one
 // `latest` names. What zccd's ListCheckpoints and zccctl's offline list show.

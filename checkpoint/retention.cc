@@ -73,7 +73,13 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
   ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir, &fs));
   std::set<int64_t> keep;
   auto latest = ReadLatest(job_dir, &fs);
-  if (latest.ok()) keep.insert(*latest);
+  if (latest.ok()) {
+    keep.insert(*latest);
+    // Steps above `latest` are a run's that another went back from (or a
+    // commit finishing now): neither counted among the newest kept nor
+    // removed here; the run that went on replaces or passes them.
+    steps.erase(std::upper_bound(steps.begin(), steps.end(), *latest), steps.end());
+  }
   const uint32_t keep_last = std::max<uint32_t>(policy.keep_last, 1);
   for (size_t i = 0; i < steps.size(); ++i) {
     const int64_t step = steps[i];

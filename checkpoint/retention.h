@@ -19,7 +19,10 @@
 namespace zcc::checkpoint {
 
 struct RetentionPolicy {
-  uint32_t keep_last = 3;    // newest committed steps kept (>= 1)
+  // Newest committed steps kept (>= 1), counted up to the one `latest`
+  // names: steps above it (left behind by a run that went back to an older
+  // step) are neither counted nor removed.
+  uint32_t keep_last = 3;
   uint32_t keep_every = 0;   // also keep steps divisible by this; 0 = off
 };
 

@@ -52,7 +52,7 @@ ABSL_FLAG(bool, block, false, "Backpressure::kBlock instead of kSkip");
 ABSL_FLAG(int, slots, 0, "staging slots (0 = daemon default)");
 ABSL_FLAG(double, daemon_timeout_s, 3, "client's daemon liveness timeout");
 ABSL_FLAG(int, expect_step, -1, "restore: the step that must come back (-1: any)");
-ABSL_FLAG(int, restore_step, -1, "restore: the step to ask for (-1: the newest)");
+ABSL_FLAG(int, restore_step, -1, "restore, resume: the step to ask for (-1: the newest)");
 ABSL_FLAG(std::string, expect_from, "", "restore: where the step must come from (memory or disk; "
                                         "empty: either)");
 ABSL_FLAG(bool, wait_commit, true, "train: wait until the last due step is committed");
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
 
   int start = absl::GetFlag(FLAGS_start);
   if (absl::GetFlag(FLAGS_mode) == "resume") {
-    auto step = (*client)->Restore();
+    auto step = (*client)->Restore(absl::GetFlag(FLAGS_restore_step));
     if (!step.ok()) return Fail("restore", step.status());
     if (device) FromDevice(model);
     std::printf("restored_step=%" PRId64 "\n", *step);

@@ -296,7 +296,10 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
                                 "being written");
   }
   RecoverFromPeers(job, req.rank());
-  return restores_.Restore(*job, *session, req, stop);
+  absl::StatusOr<v1::RestoreResponse> resp = restores_.Restore(*job, *session, req, stop);
+  // Should the trainer go on from it, the job knows (Job::OnTrainedOn).
+  if (resp.ok()) session->NoteRestored(resp->step());
+  return resp;
 }
 
 absl::StatusOr<v1::RestoreCandidatesResponse> Registry::RestoreCandidates(

@@ -1,7 +1,9 @@
 #include "daemon/jobs/job.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -62,23 +64,85 @@ void Job::CommitterLoop() {
   // Commits and retention write the job's directory as its owner.
   ScopedFsIdentity as_owner(options_.owner);
   auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return commit_up_to_ >= 0 || tick_due_ || stop_committer_;
+    return commit_up_to_ >= 0 || tick_due_ || go_back_to_ >= 0 || stop_committer_;
   };
   zcc::MutexLock lock(&mu_);
   while (true) {
     mu_.Await(absl::Condition(&has_work));
     const int64_t up_to = std::exchange(commit_up_to_, -1);
     const bool tick = std::exchange(tick_due_, false);
-    if (up_to < 0 && !tick) return;  // stop_committer_, and nothing left to do
+    const int64_t back = std::exchange(go_back_to_, -1);
+    if (up_to < 0 && !tick && back < 0) return;  // stop_committer_, and nothing left to do
     const uint64_t taken = asked_;
+    const absl::Time back_at = go_back_at_;
     mu_.Unlock();
     {
       zcc::MutexLock commit_lock(&commit_mu_);
+      // Before this run's commits: they may only move `latest` on from there.
+      if (back >= 0) GoBack(back, back_at);
       if (up_to >= 0) CommitPending(up_to);
       if (tick) TickWork();
     }
     mu_.Lock();
     done_ = taken;
+  }
+}
+
+void Job::OnTrainedOn(int64_t restored) {
+  zcc::MutexLock lock(&mu_);
+  if (restored == gone_back_to_) return;  // another rank of the same restore told it
+  gone_back_to_ = restored;
+  go_back_to_ = restored;
+  go_back_at_ = absl::Now();
+  ++asked_;
+}
+
+void Job::GoBack(int64_t restored, absl::Time at) {
+  // Where this daemon commits the job's steps (node-local roots commit in
+  // the store only, and the store's `latest` then follows this run's first
+  // commit there, which supersedes the steps left behind).
+  if (options_.node_local_root || !IsCommitter()) return;
+  storage::Storage& fs = storage::StorageOrDefault(options_.storage);
+  // The job's directory, and the tiered mode's store: a restore takes the
+  // store first where its `latest` is newer.
+  std::vector<std::string> dirs = {options_.job_dir};
+  if (!options_.upload_dir.empty()) dirs.push_back(options_.upload_dir);
+  for (const std::string& dir : dirs) {
+    auto latest = checkpoint::ReadLatest(dir, &fs);
+    if (!latest.ok() || *latest <= restored) continue;
+    const std::string went_on = absl::StrCat("training went on from step ", restored,
+                                             ", older than step ", *latest, " that ", dir,
+                                             "/latest names");
+    auto committed = checkpoint::ListCommittedSteps(dir, &fs);
+    if (!committed.ok()) {
+      ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on
+                       << ", but its committed steps could not be listed: " << committed.status();
+      continue;
+    }
+    int64_t back_to = -1;
+    for (int64_t step : *committed) {
+      if (step <= restored) back_to = step;
+    }
+    if (back_to < 0) {
+      ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on
+                       << ", and no step up to it is committed there: `latest` stays";
+      continue;
+    }
+    const absl::Status pointed = checkpoint::PointLatest(fs, dir, back_to, at);
+    if (!pointed.ok()) {
+      zcc::MutexLock lock(&mu_);
+      SetError(absl::StrCat(went_on, ", but it could not be pointed back at step ", back_to, ": ",
+                            pointed.message()));
+      continue;
+    }
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on << "; it now names step "
+                     << back_to << ". The committed steps after it, of the run left behind, stay "
+                     << "but are no longer restored (this run's commits of the same step numbers "
+                     << "replace them)";
+    if (dir == options_.job_dir) {
+      zcc::MutexLock lock(&mu_);
+      last_committed_step_ = back_to;
+    }
   }
 }
 

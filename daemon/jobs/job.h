@@ -137,6 +137,15 @@ class Job {
   // recovery from the peer tier): the tiered mode uploads it, whole, in
   // either mode (JobUploader::OnCommitted); nothing else changes.
   void OnCommittedOutside(int64_t step, absl::Time write_began);
+  // A rank's trainer went on from the step `restored` a restore gave it
+  // (RankSession::NoteRestored; from its ingest thread). Where `latest` names
+  // a newer step, the run that wrote it was left for this one (a rollback, or
+  // a fallback past a damaged step): the committer points `latest` back at
+  // the newest committed step up to `restored`, so that a restart before
+  // this run's first commit resumes this run, not the one it left. The
+  // steps above stay on disk, no longer restored nor counted by retention,
+  // until this run commits steps of the same numbers. Returns at once.
+  void OnTrainedOn(int64_t restored) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `commit` (of a step written by something other than the committer:
   // a recovery from the peer tier) in turn with the committer's commits and
   // retention, which then neither commit nor move `latest` meanwhile.
@@ -176,6 +185,10 @@ class Job {
   void CommitterLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // A housekeeping round's work (see Tick).
   void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // OnTrainedOn's work: `latest` back to the newest committed step up to
+  // `restored`, unless a step committed after `at` (this run's) is newer.
+  void GoBack(int64_t restored, absl::Time at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether this daemon commits the job (it serves global rank 0).
   bool IsCommitter() const ABSL_LOCKS_EXCLUDED(mu_);
   // Drops (and removes the partial directory of) every pending step older
@@ -220,6 +233,11 @@ class Job {
   // a tick round; whether it is at work; stop once idle.
   int64_t commit_up_to_ ABSL_GUARDED_BY(mu_) = -1;
   bool tick_due_ ABSL_GUARDED_BY(mu_) = false;
+  // OnTrainedOn: the step to go back to (-1: none), since when; the last one
+  // gone back to (the job's other ranks tell the same).
+  int64_t go_back_to_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time go_back_at_ ABSL_GUARDED_BY(mu_);
+  int64_t gone_back_to_ ABSL_GUARDED_BY(mu_) = -1;
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
   // Requests made of the committer, and how many of them it has done (it
   // takes all those waiting at once): AwaitCommitter waits for the ones made

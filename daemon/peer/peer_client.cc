@@ -72,7 +72,8 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
 }
 
 absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
-                              uint64_t xxh3, absl::Duration timeout, CallCancel* cancel) {
+                              uint64_t xxh3, absl::Duration timeout, CallCancel* cancel,
+                              bool supersedes_newer) {
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());
   v1::PushReplicaResponse resp;
@@ -83,6 +84,7 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
   *header->mutable_key() = ToProto(key);
   header->set_nbytes(nbytes);
   header->set_xxh3(xxh3);
+  header->set_supersedes_newer(supersedes_newer);
   bool sent = writer->Write(chunk);
   const auto* bytes = static_cast<const char*>(data);
   for (size_t off = 0; sent && off < nbytes; off += kReplicaChunkBytes) {

@@ -129,7 +129,9 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   replica.info.xxh3 = header.xxh3();
   replica.info.from_node = from;
   replica.info.received = absl::Now();
-  if (absl::Status st = store_->Put(std::move(replica)); !st.ok()) return refuse(st);
+  if (absl::Status st = store_->Put(std::move(replica), header.supersedes_newer()); !st.ok()) {
+    return refuse(st);
+  }
   resp->set_replica_bytes_held(store_->bytes_held());
   return grpc::Status::OK;
 }

@@ -93,10 +93,15 @@ class ReplicaStore {
   // older than the new piece's give way, and only where their rank has a
   // newer step here whole (its manifest, which replication sends last): the
   // newest complete step of each rank stays until a newer one is complete.
-  // Nor do the pieces of a job's pinned step (Pin).
+  // Nor do the pieces of a job's pinned step (Pin). With
+  // `supersedes_newer` (the rank's first step replicated after it went on
+  // from a restore), the steps its rank has whole here that are newer than
+  // the piece's are of a run it left, having gone back to an older step:
+  // they go at once, pinned or not, so that no restore ever takes them (a
+  // late piece of an older step, without the flag, drops nothing).
   // ResourceExhausted, keeping everything held, when the piece alone is
   // larger than the budget or nothing may give way.
-  absl::Status Put(Replica replica);
+  absl::Status Put(Replica replica, bool supersedes_newer = false);
 
   // The piece, or NotFound (also for a uid other than the one it was pushed
   // for: whether another uid's job exists is not told).
@@ -154,6 +159,11 @@ class ReplicaStore {
   // Pieces dropped for room go to `freed`.
   absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,
                          std::vector<std::shared_ptr<const void>>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the steps `key`'s rank has whole here that are newer than `key`'s
+  // (see Put), returning them; their pieces go to `freed`.
+  std::vector<int64_t> DropLeftBehindLocked(const ReplicaKey& key,
+                                            std::vector<std::shared_ptr<const void>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -163,6 +163,35 @@ TEST_CASE("replica store: a late piece of an old step never evicts newer ones") 
   CHECK(store.bytes_held() == 61);
 }
 
+TEST_CASE("replica store: a rank's first step after it went on from a restore drops its newer "
+          "steps, pinned or not; another rank's stay") {
+  std::vector<ReplicaStore::Held> seen;
+  ReplicaStore store(1000, [&seen](const ReplicaStore::Held& h) { seen.push_back(h); });
+  // The run left behind: steps 20 and 30 whole, 40 part-received.
+  PutWhole(store, 20, 10);
+  PutWhole(store, 30, 10);
+  REQUIRE_OK(store.Put(Piece(40, "w", 10)));
+  store.Pin("job", 1000, 30);
+  Replica other = Piece(30, "r00001.manifest.json", 1);
+  other.info.key.rank = 1;
+  REQUIRE_OK(store.Put(std::move(other)));
+  // A late piece of an older step, unflagged, drops nothing.
+  REQUIRE_OK(store.Put(Piece(12, "w", 10)));
+  CHECK(store.List("job", 1000).size() == 7);
+  // The rank went back to step 10 and trained on: step 11 is flagged.
+  REQUIRE_OK(store.Put(Piece(11, "w", 10), /*supersedes_newer=*/true));
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 20, "w"}).status().code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 30, "r00000.manifest.json"}).status().code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(store.pieces_dropped() == 4);
+  // What is not whole (no restore takes it) and the other rank's steps stay.
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 40, "w"}).status());
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 1, 30, "r00001.manifest.json"}).status());
+  CHECK(store.bytes_held() == 10 + 1 + 10 + 10);
+  CHECK(seen.back().bytes == store.bytes_held());
+}
+
 TEST_CASE("replica store: a piece pushed again replaces the old bytes") {
   ReplicaStore store(100);
   REQUIRE_OK(store.Put(Piece(1, "a", 60)));

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -44,7 +45,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
     r.info.own = true;
     r.info.received = absl::Now();
     r.bytes = std::move(f.bytes);
-    if (absl::Status st = store_->Put(std::move(r)); !st.ok()) {
+    if (absl::Status st = store_->Put(std::move(r), step.supersedes_newer); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("keeping step ", step.step, " of rank ",
                                                   step.rank, " for the peer tier: ", st.message()));
     }
@@ -59,6 +60,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
+  rs.supersedes_newer = rs.supersedes_newer || step.supersedes_newer;
   if (step.step <= rs.pending_step && rs.pushing) return absl::OkStatus();
   if (step.step < rs.replicated_step) {
     // The rank went back (it restored an older step): what the buddies
@@ -158,6 +160,7 @@ void Replicator::Run() {
     std::vector<std::string> last_buddies;
     std::vector<std::string> only_to;
     std::set<std::pair<std::string, uint32_t>> pins;
+    bool supersedes_newer = false;
     {
       zcc::MutexLock lock(&mu_);
       for (;;) {
@@ -193,12 +196,13 @@ void Replicator::Run() {
       files = rs.pending_files;
       last_buddies = js.last_buddies;
       only_to = rs.repush_to;
+      supersedes_newer = std::exchange(rs.supersedes_newer, false);
     }
     uint64_t sent = 0;
     bool own_missing = false;
     const absl::Time began = absl::Now();
     const absl::Status pushed = Push(work.first, uid, work.second, step, files, last_buddies,
-                                     only_to, &sent, &own_missing);
+                                     only_to, supersedes_newer, &sent, &own_missing);
     if (options_.bytes_sent != nullptr) options_.bytes_sent->Increment(sent);
     if (pushed.ok()) {
       const double s = absl::ToDoubleSeconds(absl::Now() - began);
@@ -232,6 +236,8 @@ void Replicator::Run() {
         if (job_advanced) js.after_push_step = everywhere;
       } else {
         js.last_error = std::string(pushed.message());
+        // The next push of the rank still tells its buddies.
+        rs.supersedes_newer = rs.supersedes_newer || supersedes_newer;
         if (rs.pending_step == step && own_missing) {
           // Nothing to push it from: the rank's next step goes in its place.
           rs.pending_step = -1;
@@ -256,8 +262,8 @@ void Replicator::Run() {
 absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t rank,
                               int64_t step, const std::vector<std::string>& files,
                               const std::vector<std::string>& last_buddies,
-                              const std::vector<std::string>& only_to, uint64_t* sent,
-                              bool* own_missing) {
+                              const std::vector<std::string>& only_to, bool supersedes_newer,
+                              uint64_t* sent, bool* own_missing) {
   // The job's buddies now; the last known once the job has left this zccd.
   const std::vector<std::string> buddies =
       !only_to.empty() ? only_to : buddies_(job_id).value_or(last_buddies);
@@ -284,7 +290,7 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
       // Its checksum from when it was kept: the bytes are not summed again.
       const std::string& bytes = (*piece)->bytes;
       ZCC_RETURN_IF_ERROR(client->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
-                                       options_.push_timeout, &cancel_));
+                                       options_.push_timeout, &cancel_, supersedes_newer));
       *sent += bytes.size();
       Pace(bytes.size());
     }

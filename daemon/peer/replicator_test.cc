@@ -273,6 +273,44 @@ class StuckPeer final : public v1::Peer::Service {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+TEST_CASE("a rank's first step after it went on from a restore drops its newer steps at the "
+          "buddy and in the owner's copy") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  Replicator::Options options;
+  options.self_node = "self";
+  options.retry_after = absl::Milliseconds(20);
+  Replicator replicator(options, &store, &directory,
+                        [&](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{buddy.address};
+                        });
+  auto own = [&](int64_t step) {
+    return store.Get(ReplicaKey{"j", 0, 0, step, "r00000.manifest.json"}).ok();
+  };
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(20)));
+  REQUIRE(testing::Eventually([&] { return buddy.Holds(20); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  // An older step without the flag (no restore told of) drops nothing.
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(15)));
+  REQUIRE(testing::Eventually([&] { return buddy.Holds(15); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  CHECK(buddy.Holds(20));
+  CHECK(own(20));
+  // The trainer restored step 10 and trained on: step 11 tells.
+  checkpoint::RankStepBytes first = Step(11);
+  first.supersedes_newer = true;
+  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(first)));
+  CHECK(!own(15));
+  CHECK(!own(20));
+  REQUIRE(testing::Eventually([&] { return buddy.Holds(11); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  CHECK(!buddy.Holds(15));
+  CHECK(!buddy.Holds(20));
+  CHECK(replicator.Stats("j").replicated_step == 11);
+}
+
 TEST_CASE("stopping the replicator ends its call in flight to a peer, not at its deadline") {
   StuckPeer peer;
   int port = 0;

@@ -176,6 +176,18 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
     }
   }
   slots_.NoteIngested(slot);
+  if (int64_t restored = restored_step_.load(std::memory_order_relaxed);
+      restored >= 0 && slot.step > restored &&
+      restored_step_.compare_exchange_strong(restored, -1, std::memory_order_relaxed)) {
+    if (options_.on_trained_on) options_.on_trained_on(restored);
+    // Replicated as soon as the writer is free: where the rank went back,
+    // the buddies drop the steps it left behind when this one arrives
+    // (peer::ReplicaStore::Put), not only at the next due step.
+    if (options_.on_replicate != nullptr) {
+      supersede_next_.store(true);
+      if (replication_owed_.load() < 0) replication_owed_.store(slot.step, std::memory_order_relaxed);
+    }
+  }
   if (slot.kind != shm::SnapshotKind::kFull) return false;
   const bool due = options_.save_every > 0 && slot.step % options_.save_every == 0;
   const bool persist = due || save_requested_.exchange(false);
@@ -229,6 +241,7 @@ WriteJob RankSession::MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, 
   job.on_failure = on_failure;
   job.persist = persist;
   job.replicate = replicate;
+  if (replicate) job.supersedes_newer = supersede_next_.exchange(false);
   ema_.CopyForWrite(&job);
   return job;
 }

@@ -91,10 +91,14 @@ struct RankSessionOptions {
   // The peer tier: every `replicate_every`-th full snapshot (0 = none) is
   // serialized and handed to `on_replicate`, when the writer is free (a step
   // that finds it writing is not replicated: the lag shows, the trainer
-  // never waits; the first full snapshot after the writer frees up is then
-  // replicated in its place).
+  // never waits; the newest full snapshot goes in its place as soon as the
+  // writer is free).
   uint32_t replicate_every = 0;
   std::function<void(checkpoint::RankStepBytes)> on_replicate;
+  // The trainer went on from the step a restore served it (NoteRestored):
+  // told once, from the ingest thread, at its first snapshot of a later
+  // step, with the restored step. Null: nobody is told.
+  std::function<void(int64_t restored)> on_trained_on;
 };
 
 struct RankCounters {
@@ -162,6 +166,10 @@ class RankSession {
   // waiting for the writer, so that the job's last due step is not lost
   // with the node. Call before Stop(); returns the step handed over, if any.
   std::optional<int64_t> ReplicateOwed();
+
+  // A restore served `step` to this rank's trainer: its first snapshot of a
+  // later step tells options().on_trained_on.
+  void NoteRestored(int64_t step) { restored_step_.store(step, std::memory_order_relaxed); }
 
   // Writes `held` (an intact snapshot of this stopped session, as
   // RetainedSnapshots keeps it) into `job_dir` as a checkpoint write of its
@@ -311,6 +319,12 @@ class RankSession {
   // PersistNewestOnFailure and ReplicateOwed beside the ingest thread); paid
   // by ingest or ReplicateOwed, whichever claims the snapshot's slot.
   std::atomic<int64_t> replication_owed_{-1};
+  // The step the last restore served, until the trainer snapshots a later
+  // one (-1: none).
+  std::atomic<int64_t> restored_step_{-1};
+  // The next step replicated is the first since the trainer went on from a
+  // restore (checkpoint::RankStepBytes::supersedes_newer).
+  std::atomic<bool> supersede_next_{false};
   std::thread thread_;
 
   mutable zcc::Mutex mu_;

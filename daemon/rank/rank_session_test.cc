@@ -90,7 +90,8 @@ class TestRank {
   TestRank(const std::string& root, uint32_t save_every, storage::Storage* storage,
            bool reserve_later = false,
            std::function<void(checkpoint::RankStepBytes)> on_replicate = nullptr,
-           uint32_t replicate_every = 0, uint32_t num_slots = 2)
+           uint32_t replicate_every = 0, uint32_t num_slots = 2,
+           std::function<void(int64_t)> on_trained_on = nullptr)
       : num_slots_(num_slots) {
     v1::RegisterRequest req;
     req.set_job_id("job");
@@ -149,6 +150,7 @@ class TestRank {
     options.io.direct_io = false;
     options.on_replicate = std::move(on_replicate);
     options.replicate_every = replicate_every;
+    options.on_trained_on = std::move(on_trained_on);
     REQUIRE_OK(MakeDirs(options.job_dir));
     shards_ = *shards;
     registered_ = *registered;
@@ -458,6 +460,46 @@ TEST_CASE("a due replication step left out is in the peer tier before a departin
   CHECK(gate.replicated() == std::vector<int64_t>{10, 23});
   // Paid: a second call hands over nothing.
   CHECK_FALSE(rank.session().ReplicateOwed().has_value());
+}
+
+TEST_CASE("a trainer that goes on from a restored step tells it once; that first step is "
+          "replicated at once, telling the buddies to drop the rank's newer steps") {
+  const std::string root = testing::TempDir();
+  Mutex mu;
+  std::vector<std::pair<int64_t, bool>> replicated;  // step, supersedes_newer
+  std::vector<int64_t> told;
+  auto on_replicate = [&](checkpoint::RankStepBytes step) {
+    MutexLock lock(&mu);
+    replicated.push_back({step.step, step.supersedes_newer});
+  };
+  auto on_trained_on = [&](int64_t restored) {
+    MutexLock lock(&mu);
+    told.push_back(restored);
+  };
+  TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/1000, 2,
+                on_trained_on);
+  auto count = [&] {
+    MutexLock lock(&mu);
+    return replicated.size();
+  };
+  // A restore served step 100 (the run went back to it); a snapshot of it
+  // or an older step is no going on yet.
+  rank.session().NoteRestored(100);
+  REQUIRE(rank.Snapshot(100));
+  REQUIRE(rank.AwaitEmaStep(100, absl::Seconds(10)));
+  {
+    MutexLock lock(&mu);
+    CHECK(told.empty());
+  }
+  REQUIRE(rank.Snapshot(101));
+  REQUIRE(testing::Eventually([&] { return count() == 1; }, absl::Seconds(10)));
+  for (int64_t step = 102; step <= 104; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitEmaStep(104, absl::Seconds(10)));
+  rank.session().Stop();
+  MutexLock lock(&mu);
+  CHECK(told == std::vector<int64_t>{100});
+  // Step 101, not due (every 1000th), went at once, flagged; nothing else.
+  CHECK(replicated == std::vector<std::pair<int64_t, bool>>{{101, true}});
 }
 
 TEST_CASE("a trainer that goes with no replication owed hands nothing over") {

@@ -108,6 +108,7 @@ void RankWriter::State::Write(WriteJob job) {
     auto bytes = checkpoint::SerializeRankStep(step, *target.shards,
                                                target.slots->data(job.slot.index), job.ema_shards);
     if (bytes.ok()) {
+      bytes->supersedes_newer = job.supersedes_newer;
       target.on_replicate(*std::move(bytes));
     } else {
       target.on_error(absl::StrCat("replication of step ", step, " failed: ",

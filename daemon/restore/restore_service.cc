@@ -177,13 +177,15 @@ v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
 std::optional<SlotSnapshot> RestoreService::ServedFromMemory(Job& job, RankSession& session,
                                                              const v1::RestoreRequest& req) {
   // From memory when the step asked for is held, or, asked for the newest,
-  // when the newest held snapshot is at least as new as the newest commit.
+  // when the newest held snapshot is at least as new as the newest commit
+  // (of the job's current run: not one above `latest`, left behind by a
+  // run that went back to an older step).
   const std::vector<int64_t> in_memory = ServableMemorySteps(session, req.owned_only());
   if (in_memory.empty()) return std::nullopt;
   int64_t want = req.step();
   if (want < 0) {
-    auto committed = checkpoint::ListCommittedSteps(job.options().job_dir, read_io_.storage);
-    const int64_t newest_disk = committed.ok() && !committed->empty() ? committed->back() : -1;
+    auto on_disk = checkpoint::NewestOnTimeline(job.options().job_dir, read_io_.storage);
+    const int64_t newest_disk = on_disk.ok() ? *on_disk : -1;
     if (in_memory.front() >= newest_disk) want = in_memory.front();
   }
   if (want < 0) return std::nullopt;

@@ -32,12 +32,12 @@ absl::StatusOr<std::set<int64_t>> RestoreTiers::AllSteps(const std::string& job_
                                                          const std::string& upload_dir,
                                                          storage::Storage* fs) {
   std::set<int64_t> steps;
-  auto committed = checkpoint::ListCommittedSteps(job_dir, fs);
+  auto committed = checkpoint::CommittedOnTimeline(job_dir, fs);
   if (!committed.ok() && !absl::IsNotFound(committed.status())) return committed.status();
   if (committed.ok()) steps.insert(committed->begin(), committed->end());
   if (!upload_dir.empty()) {
     // The store's steps restore too (a restore reads there what is not here).
-    auto stored = checkpoint::ListCommittedSteps(upload_dir, fs);
+    auto stored = checkpoint::CommittedOnTimeline(upload_dir, fs);
     if (stored.ok()) steps.insert(stored->begin(), stored->end());
   }
   return steps;

@@ -31,7 +31,9 @@ class RestoreTiers {
   // Why the store was chosen first ("" when it was not), for the log.
   const std::string& why_store_first() const { return why_store_first_; }
 
-  // Every committed step of both tiers (a collective restore agrees on one).
+  // Every committed step of both tiers that a restore of the newest
+  // considers (checkpoint::CommittedOnTimeline: none above `latest`); a
+  // collective restore agrees on one.
   static absl::StatusOr<std::set<int64_t>> AllSteps(const std::string& job_dir,
                                                     const std::string& upload_dir,
                                                     storage::Storage* fs);

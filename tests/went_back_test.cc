@@ -1,0 +1,114 @@
+// A job that goes back to an older step (a loss spike, a bad data shard: the
+// trainers restore step N explicitly and train on) must be the run a later
+// restart resumes, from every tier, even before its first commit: never the
+// newer steps of the run it left, which stay on disk. Real zccd and trainer
+// processes (tests/test_trainer), two ranks; the restore after zccd's
+// restart goes through a collective, whose agreement lists the steps.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "checkpoint/reader.h"
+#include "common/testing/eventually.h"
+#include "common/testing/free_port.h"
+#include "common/testing/temp_dir.h"
+#include "tests/process_harness.h"
+
+namespace zcc::testing {
+namespace {
+
+constexpr int kWorld = 2;
+
+std::vector<std::string> Flags(int rank, std::vector<std::string> more) {
+  std::vector<std::string> flags = {absl::StrCat("--rank=", rank), absl::StrCat("--world=", kWorld),
+                                    "--save_every=5", "--block", "--kib=64"};
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+// Runs one process per rank with `more` flags; each must exit 0.
+void RunRanks(const Daemon& daemon, const std::string& dir, const std::string& name,
+              const std::vector<std::string>& more) {
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ranks.push_back(StartTrainer(daemon, dir, absl::StrCat(name, rank), Flags(rank, more)));
+  }
+  for (auto& r : ranks) {
+    INFO(name << ": " << r->Output() << daemon.Log());
+    REQUIRE(r->Wait(absl::Seconds(90)) == 0);
+  }
+}
+
+bool LatestIs(const std::string& job_dir, int64_t step) {
+  return Eventually(
+      [&] {
+        auto latest = checkpoint::ReadLatest(job_dir);
+        return latest.ok() && *latest == step;
+      },
+      absl::Seconds(30), absl::Milliseconds(20));
+}
+
+TEST_CASE("a run that went back to an older step is the one a restart resumes: from memory "
+          "before its first commit, from disk after zccd restarts") {
+  const std::string dir = ShortTempDir("it-back");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  const std::string job_dir = JobDir(daemon);
+  // The first run: steps 1..20, committed every 5th.
+  RunRanks(daemon, dir, "first", {"--steps=20"});
+  REQUIRE(LatestIs(job_dir, 20));
+  // A commit's time has whole seconds: the run that goes back does so
+  // after step 20's second (as any restarted job does), so that zccd can
+  // tell step 20 was committed before it.
+  absl::SleepFor(absl::Seconds(2));
+
+  // The second run goes back to step 10 and is killed after step 13, before
+  // its first commit (step 15).
+  std::vector<std::unique_ptr<Subprocess>> back;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    back.push_back(StartTrainer(daemon, dir, absl::StrCat("back", rank),
+                                Flags(rank, {"--mode=resume", "--restore_step=10", "--steps=10",
+                                             "--pause_at=13"})));
+  }
+  for (auto& t : back) {
+    INFO(t->Output());
+    REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+    CHECK(t->Values()["restored_step"] == "10");
+  }
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 13, kWorld));
+  // `latest` went back with the run, and zccd says why; step 20 stays.
+  INFO(daemon.Log());
+  CHECK(LatestIs(job_dir, 10));
+  CHECK(absl::StrContains(daemon.Log(), "training went on from step 10, older than step 20"));
+  CHECK(*checkpoint::ListCommittedSteps(job_dir) == std::vector<int64_t>{10, 15, 20});
+  CHECK(*checkpoint::NewestOnTimeline(job_dir) == 10);
+  for (auto& t : back) t->Signal(SIGKILL);
+  for (auto& t : back) REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+
+  // The restart gets the step the run that went back died after, from
+  // zccd's memory: not step 20 of the run it left.
+  RunRanks(daemon, dir, "memory", {"--mode=restore", "--expect_step=13", "--expect_from=memory"});
+
+  // zccd restarts, its memory gone: the ranks agree on step 10 from disk.
+  REQUIRE(daemon.Stop() == 0);
+  REQUIRE(daemon.Start());
+  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  RunRanks(daemon, dir, "disk",
+           {"--mode=restore", "--collective=" + address, "--expect_step=10", "--expect_from=disk"});
+
+  // The run goes on from there and commits step 15 of its own, in place of
+  // the one left behind; step 20 is still not restored.
+  RunRanks(daemon, dir, "again", {"--mode=resume", "--steps=7"});
+  REQUIRE(LatestIs(job_dir, 15));
+  RunRanks(daemon, dir, "last", {"--mode=restore", "--expect_step=17", "--expect_from=memory"});
+  REQUIRE(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace zcc::testing
