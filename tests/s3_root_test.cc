@@ -321,6 +321,50 @@ TEST_CASE("tiered: checkpoints on the local root, uploaded in the background, ea
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("tiered: a run that went back to an older step moves the store's latest back too; a "
+          "lost local root then restores that step from the store, not the one left behind") {
+  const std::string dir = ShortTempDir("s3-back");
+  S3TestServer server = StartedServer(dir);
+  Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
+  REQUIRE(daemon.Start());
+  const std::vector<std::string> tiered = {"--upload_root=" + RootUrl(server),
+                                           "--upload_keep_last=4"};
+  auto with = [&tiered](std::vector<std::string> flags) {
+    flags.insert(flags.end(), tiered.begin(), tiered.end());
+    return flags;
+  };
+  auto train = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "train",
+                        with({"--steps=20", "--block"}));
+  WaitAll(train, daemon.Log());
+  Store store(server);
+  auto store_latest = [&](int64_t step) {
+    return Eventually(
+        [&] {
+          auto latest = checkpoint::ReadLatest("/ckpt/itest", &store.storage);
+          return latest.ok() && *latest == step;
+        },
+        absl::Seconds(60), absl::Milliseconds(20));
+  };
+  REQUIRE(store_latest(20));
+  // The store's commit times have whole seconds: a run goes back at least a
+  // second after the commit it leaves behind (as any restarted job does).
+  absl::SleepFor(absl::Seconds(2));
+  // Back to step 10, three steps on, no commit of its own yet.
+  auto back = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "back",
+                       with({"--mode=resume", "--restore_step=10", "--steps=3", "--block"}));
+  WaitAll(back, daemon.Log());
+  INFO(daemon.Log());
+  CHECK(store_latest(10));
+  const std::string local_job = JoinPath(daemon.root(), "itest");
+  CHECK(*checkpoint::ReadLatest(local_job) == 10);
+  // The local root lost: the store serves step 10, not step 20.
+  REQUIRE_OK(RemoveTree(local_job));
+  auto restore = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "restore",
+                          with({"--mode=restore", "--expect_step=10", "--expect_from=disk"}));
+  WaitAll(restore, daemon.Log());
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("tiered: the step a previous layout left in memory, written for the new one, goes "
           "to the store too") {
   const std::string dir = ShortTempDir("s3-relayout");

@@ -406,12 +406,22 @@ int RunWatch(const Options& o, Daemon& d) {
 }
 
 void PrintCheckpoints(const zcc::v1::ListCheckpointsResponse& r) {
+  // Steps above the one `latest` names were left behind by a run that went
+  // back to an older step: listed, never restored.
+  int64_t latest = -1;
+  for (const auto& c : r.checkpoints()) {
+    if (c.is_latest()) latest = c.step();
+  }
   std::printf("%-10s %-7s %-12s %-22s %s\n", "step", "ranks", "GB", "committed", "path");
   for (const auto& c : r.checkpoints()) {
     const std::string tier = c.tier().empty() ? "" : "  [" + c.tier() + "]";
+    const bool local = c.tier().empty() || absl::StartsWith(c.tier(), "local");
+    const char* mark = c.is_latest()                               ? "  (latest)"
+                       : latest >= 0 && local && c.step() > latest ? "  (left behind: above latest)"
+                                                                   : "";
     std::printf("%-10lld %-7u %-12.3f %-22s %s%s%s\n", static_cast<long long>(c.step()),
                 c.world_size(), c.total_bytes() / 1e9, c.committed_at().c_str(),
-                c.path().c_str(), c.is_latest() ? "  (latest)" : "", tier.c_str());
+                c.path().c_str(), mark, tier.c_str());
   }
 }
 

@@ -63,7 +63,12 @@ void Registry::RecoverFromPeers(const std::shared_ptr<Job>& job, uint32_t rank) 
     // goes now, and is found anew below.
     if (!shown->Touch(rank == 0)) recovered_.Remove(shown.get());
   }
-  auto local = RestoreTiers::AllSteps(job_dir, job->options().upload_dir, &recovered_);
+  // Newer than every committed step, those a run that went back left behind
+  // included: holders that missed the rank's step after it went back (its
+  // buddies drop the newer ones when it arrives) may still hold those, and
+  // step numbers alone do not tell the runs apart.
+  auto local = RestoreTiers::AllSteps(job_dir, job->options().upload_dir, &recovered_,
+                                      RestoreTiers::Steps::kAll);
   if (!local.ok()) return;  // the restore reports it
   const int64_t newest = local->empty() ? -1 : *local->rbegin();
   const absl::Time began = absl::Now();
@@ -129,7 +134,8 @@ void Registry::WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::
   // The job went on and committed this step or a newer one meanwhile
   // (here or in its store): this one is not wanted on disk any more.
   auto superseded = [&] {
-    auto steps = RestoreTiers::AllSteps(job_dir, job.options().upload_dir, &fs);
+    auto steps = RestoreTiers::AllSteps(job_dir, job.options().upload_dir, &fs,
+                                        RestoreTiers::Steps::kAll);
     return steps.ok() && !steps->empty() && *steps->rbegin() >= step.step();
   };
   peer::RecoverySources sources = step.sources();

@@ -90,26 +90,54 @@ void Job::CommitterLoop() {
 
 void Job::OnTrainedOn(int64_t restored) {
   zcc::MutexLock lock(&mu_);
-  if (restored == gone_back_to_) return;  // another rank of the same restore told it
-  gone_back_to_ = restored;
+  // Commits of the steps after it were the run left behind's: this run's
+  // commits of the same numbers are new ones (a rank's late report of one of
+  // those is not).
+  recently_committed_.erase(recently_committed_.upper_bound(restored), recently_committed_.end());
+  // The job's other ranks tell the same while the committer has not taken it.
+  if (go_back_to_ == restored) return;
   go_back_to_ = restored;
   go_back_at_ = absl::Now();
   ++asked_;
 }
 
 void Job::GoBack(int64_t restored, absl::Time at) {
-  // Where this daemon commits the job's steps (node-local roots commit in
-  // the store only, and the store's `latest` then follows this run's first
-  // commit there, which supersedes the steps left behind).
-  if (options_.node_local_root || !IsCommitter()) return;
+  // Where this daemon commits the job's steps.
+  if (!IsCommitter()) return;
+  // Steps after it that the run left behind had begun to write and not
+  // committed never commit now.
+  std::vector<int64_t> stale;
+  {
+    zcc::MutexLock lock(&mu_);
+    for (const auto& [step, since] : pending_) {
+      auto began = write_start_.find(step);
+      if (step > restored && (began == write_start_.end() || began->second < at)) {
+        stale.push_back(step);
+      }
+    }
+  }
+  for (int64_t step : stale) {
+    DropPending(step, absl::StrCat("of the run left behind is not committed: training went on "
+                                   "from step ", restored));
+  }
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
-  // The job's directory, and the tiered mode's store: a restore takes the
-  // store first where its `latest` is newer.
-  std::vector<std::string> dirs = {options_.job_dir};
+  // The job's directory, and the store (tiered mode: a restore takes the
+  // store first where its `latest` is newer; node-local roots commit there
+  // only).
+  std::vector<std::string> dirs;
+  if (!options_.node_local_root) dirs.push_back(options_.job_dir);
   if (!options_.upload_dir.empty()) dirs.push_back(options_.upload_dir);
   for (const std::string& dir : dirs) {
     auto latest = checkpoint::ReadLatest(dir, &fs);
-    if (!latest.ok() || *latest <= restored) continue;
+    if (!latest.ok()) {
+      if (!absl::IsNotFound(latest.status())) {
+        ZCC_LOG(WARNING) << "job " << options_.job_id << ": training went on from step "
+                         << restored << ", but " << dir << "/latest could not be read: "
+                         << latest.status();
+      }
+      continue;
+    }
+    if (*latest <= restored) continue;
     const std::string went_on = absl::StrCat("training went on from step ", restored,
                                              ", older than step ", *latest, " that ", dir,
                                              "/latest names");

@@ -141,10 +141,11 @@ class Job {
   // (RankSession::NoteRestored; from its ingest thread). Where `latest` names
   // a newer step, the run that wrote it was left for this one (a rollback, or
   // a fallback past a damaged step): the committer points `latest` back at
-  // the newest committed step up to `restored`, so that a restart before
-  // this run's first commit resumes this run, not the one it left. The
-  // steps above stay on disk, no longer restored nor counted by retention,
-  // until this run commits steps of the same numbers. Returns at once.
+  // the newest committed step up to `restored` (in the job's directory and
+  // the store, where this daemon commits), so that a restart before this
+  // run's first commit resumes this run, not the one it left. The steps
+  // above stay, no longer restored nor counted by retention, until this run
+  // commits steps of the same numbers. Returns at once.
   void OnTrainedOn(int64_t restored) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `commit` (of a step written by something other than the committer:
   // a recovery from the peer tier) in turn with the committer's commits and
@@ -185,8 +186,10 @@ class Job {
   void CommitterLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // A housekeeping round's work (see Tick).
   void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
-  // OnTrainedOn's work: `latest` back to the newest committed step up to
-  // `restored`, unless a step committed after `at` (this run's) is newer.
+  // OnTrainedOn's work: the steps after `restored` still pending whose
+  // writes began before `at` are dropped, and `latest` goes back to the
+  // newest committed step up to `restored` (checkpoint::PointLatest: where
+  // the storage swaps conditionally, not past a step committed after `at`).
   void GoBack(int64_t restored, absl::Time at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether this daemon commits the job (it serves global rank 0).
@@ -233,11 +236,9 @@ class Job {
   // a tick round; whether it is at work; stop once idle.
   int64_t commit_up_to_ ABSL_GUARDED_BY(mu_) = -1;
   bool tick_due_ ABSL_GUARDED_BY(mu_) = false;
-  // OnTrainedOn: the step to go back to (-1: none), since when; the last one
-  // gone back to (the job's other ranks tell the same).
+  // OnTrainedOn: the step to go back to (-1: none), since when.
   int64_t go_back_to_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time go_back_at_ ABSL_GUARDED_BY(mu_);
-  int64_t gone_back_to_ ABSL_GUARDED_BY(mu_) = -1;
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
   // Requests made of the committer, and how many of them it has done (it
   // takes all those waiting at once): AwaitCommitter waits for the ones made

@@ -185,7 +185,8 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
     // (peer::ReplicaStore::Put), not only at the next due step.
     if (options_.on_replicate != nullptr) {
       supersede_next_.store(true);
-      if (replication_owed_.load() < 0) replication_owed_.store(slot.step, std::memory_order_relaxed);
+      // (What was owed before the restore was of the state it replaced.)
+      replication_owed_.store(slot.step, std::memory_order_relaxed);
     }
   }
   if (slot.kind != shm::SnapshotKind::kFull) return false;
@@ -215,7 +216,7 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
     if (owed < 0) {
       ZCC_LOG(INFO) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
                     << slot.step << " not replicated: the previous one is still being "
-                    << "serialized; the next snapshot after it finishes goes instead";
+                    << "serialized; the newest snapshot goes in its place once it is through";
     }
     replication_owed_.store(slot.step, std::memory_order_relaxed);
   }
@@ -306,8 +307,15 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == slot->step ? slot->step : std::optional<int64_t>();
 }
 
+void RankSession::NoteRestored(int64_t step) {
+  slots_.ForgetNewestFull();
+  restored_step_.store(step, std::memory_order_relaxed);
+}
+
 void RankSession::PayOwedReplication() {
   if (replication_owed_.load(std::memory_order_relaxed) < 0) return;
+  // (Not claimed while the writer is busy: the trainer may want the slot.)
+  if (!replicate_writer_.idle()) return;
   const std::optional<shm::ReadySlot> slot = ClaimOwedReplication();
   if (!slot.has_value()) return;
   const bool submitted =
@@ -336,6 +344,8 @@ std::optional<int64_t> RankSession::ReplicateOwed() {
   replicate_writer_.AwaitIdle();
   const std::optional<shm::ReadySlot> slot = ClaimOwedReplication();
   if (!slot.has_value()) {
+    // (Ingest may have just sent it: then its write is done here.)
+    replicate_writer_.AwaitIdle();
     if (const int64_t owed = replication_owed_.load(); owed >= 0) {
       ZCC_LOG(WARNING) << "job " << shards_.job_id << " rank " << shards_.rank << ": step "
                        << owed << " is left out of the peer tier: no FULL snapshot of it or "

@@ -169,7 +169,7 @@ class RankSession {
 
   // A restore served `step` to this rank's trainer: its first snapshot of a
   // later step tells options().on_trained_on.
-  void NoteRestored(int64_t step) { restored_step_.store(step, std::memory_order_relaxed); }
+  void NoteRestored(int64_t step);
 
   // Writes `held` (an intact snapshot of this stopped session, as
   // RetainedSnapshots keeps it) into `job_dir` as a checkpoint write of its

@@ -55,6 +55,11 @@ void RankWriter::AwaitIdle() {
   state_->mu.Await(absl::Condition(state_.get(), &State::Idle));
 }
 
+bool RankWriter::idle() const {
+  zcc::MutexLock lock(&state_->mu);
+  return state_->Idle();
+}
+
 int64_t RankWriter::last_persisted_step() const { return state_->last_persisted_step.load(); }
 uint64_t RankWriter::persist_failures() const { return state_->persist_failures.load(); }
 

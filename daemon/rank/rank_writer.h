@@ -100,6 +100,8 @@ class RankWriter {
   bool TrySubmit(absl::FunctionRef<WriteJob()> make);
   // Returns once nothing is queued or running.
   void AwaitIdle();
+  // Whether nothing is queued or running now (it may change at once).
+  bool idle() const;
   // Finishes the queued job, if any. Idempotent.
   void Stop() { AwaitIdle(); }
 

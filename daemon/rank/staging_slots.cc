@@ -46,6 +46,15 @@ void StagingSlots::NoteIngested(const shm::ReadySlot& slot) {
   last_full_step_.store(slot.step);
 }
 
+bool StagingSlots::ClaimForWrite(uint32_t index, int64_t step) {
+  if (index >= num_slots_ || ingested_full_step_[index].load() != step) return false;
+  if (!ring_.ClaimForWrite(index, step)) return false;
+  // A restore that took the slot in between marked it (TakeForRestore).
+  if (ingested_full_step_[index].load() == step) return true;
+  Free(index);
+  return false;
+}
+
 std::optional<SlotSnapshot> StagingSlots::NewestFull() const {
   const int64_t step = last_full_step_.load();
   if (step < 0) return std::nullopt;

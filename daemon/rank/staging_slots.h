@@ -65,9 +65,13 @@ class StagingSlots {
   void NoteIngested(const shm::ReadySlot& slot);
   // The newest FULL snapshot ingested, if any.
   std::optional<SlotSnapshot> NewestFull() const;
-  // Claims a free slot that still holds `step`, for a write after the trainer
-  // is gone (shm::SlotRing::ClaimForWrite).
-  bool ClaimForWrite(uint32_t index, int64_t step) { return ring_.ClaimForWrite(index, step); }
+  // Claims a free slot that still holds the FULL snapshot of `step` it was
+  // ingested with (not a restore read into it since), for a write
+  // (shm::SlotRing::ClaimForWrite).
+  bool ClaimForWrite(uint32_t index, int64_t step);
+  // A restore replaced the trainer's state: NewestFull has none until the
+  // next FULL snapshot is ingested.
+  void ForgetNewestFull() { last_full_step_.store(-1); }
   uint32_t InUse() const { return ring_.InUse(); }
 
   // ---- memory tier and restores ----

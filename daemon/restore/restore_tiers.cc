@@ -30,14 +30,18 @@ bool RestoreTiers::Next() {
 
 absl::StatusOr<std::set<int64_t>> RestoreTiers::AllSteps(const std::string& job_dir,
                                                          const std::string& upload_dir,
-                                                         storage::Storage* fs) {
+                                                         storage::Storage* fs, Steps which) {
+  auto list = [which, fs](const std::string& dir) {
+    return which == Steps::kAll ? checkpoint::ListCommittedSteps(dir, fs)
+                                : checkpoint::CommittedOnTimeline(dir, fs);
+  };
   std::set<int64_t> steps;
-  auto committed = checkpoint::CommittedOnTimeline(job_dir, fs);
+  auto committed = list(job_dir);
   if (!committed.ok() && !absl::IsNotFound(committed.status())) return committed.status();
   if (committed.ok()) steps.insert(committed->begin(), committed->end());
   if (!upload_dir.empty()) {
     // The store's steps restore too (a restore reads there what is not here).
-    auto stored = checkpoint::CommittedOnTimeline(upload_dir, fs);
+    auto stored = list(upload_dir);
     if (stored.ok()) steps.insert(stored->begin(), stored->end());
   }
   return steps;

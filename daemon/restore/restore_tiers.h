@@ -31,12 +31,18 @@ class RestoreTiers {
   // Why the store was chosen first ("" when it was not), for the log.
   const std::string& why_store_first() const { return why_store_first_; }
 
-  // Every committed step of both tiers that a restore of the newest
-  // considers (checkpoint::CommittedOnTimeline: none above `latest`); a
-  // collective restore agrees on one.
+  // Which committed steps AllSteps lists.
+  enum class Steps {
+    kOnTimeline,  // those a restore of the newest considers: none above
+                  // `latest` (checkpoint::CommittedOnTimeline)
+    kAll,         // those left behind by a run that went back too
+  };
+  // The committed steps of both tiers; a collective restore agrees on one
+  // of kOnTimeline.
   static absl::StatusOr<std::set<int64_t>> AllSteps(const std::string& job_dir,
                                                     const std::string& upload_dir,
-                                                    storage::Storage* fs);
+                                                    storage::Storage* fs,
+                                                    Steps which = Steps::kOnTimeline);
 
  private:
   const std::string job_dir_;
