@@ -84,6 +84,12 @@ TEST_CASE("a run that went back to an older step is the one a restart resumes: f
   CHECK(absl::StrContains(daemon.Log(), "training went on from step 10, older than step 20"));
   CHECK(*checkpoint::ListCommittedSteps(job_dir) == std::vector<int64_t>{10, 15, 20});
   CHECK(*checkpoint::NewestOnTimeline(job_dir) == 10);
+  // zccctl list shows them as left behind.
+  auto [code, listed] = Zccctl(dir, daemon, {"list", "itest"});
+  INFO(listed);
+  CHECK(code == 0);
+  CHECK(absl::StrContains(listed, "step-00000010  (latest)"));
+  CHECK(absl::StrContains(listed, "step-00000020  (left behind: above latest)"));
   for (auto& t : back) t->Signal(SIGKILL);
   for (auto& t : back) REQUIRE(t->Wait(absl::Seconds(10)).has_value());
 
