@@ -19,6 +19,7 @@
 #include "common/testing/status_matchers.h"
 #include "common/testing/temp_dir.h"
 #include "format/manifest.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::checkpoint {
 namespace {
@@ -244,6 +245,32 @@ TEST_CASE("after a run went back to an older step, the steps it left behind are 
   CHECK(*NewestOnTimeline(root) == 40);
   // Nothing committed: -1.
   CHECK(*NewestOnTimeline(TempDir()) == -1);
+}
+
+TEST_CASE("latest goes back to the newest committed step up to the one a run went on from") {
+  const std::string root = TempDir();
+  std::vector<FakeRank> ranks = {FakeRank(0, 1)};
+  for (int64_t step : {10, 20, 30, 40}) WriteAndCommit(root, ranks, step);
+  storage::Storage& fs = *storage::DefaultStorage();
+  // Only from a named step: latest names 40, not 30, so nothing moves.
+  auto back = PointLatestBack(fs, root, 25, /*only_from=*/30);
+  REQUIRE_OK(back);
+  CHECK(back->named == 40);
+  CHECK(back->back_to == -1);
+  CHECK(*ReadLatest(root) == 40);
+  back = PointLatestBack(fs, root, 25);
+  REQUIRE_OK(back);
+  CHECK(back->named == 40);
+  CHECK(back->back_to == 20);
+  CHECK(*ReadLatest(root) == 20);
+  // Nothing newer named: nothing to move.
+  back = PointLatestBack(fs, root, 25);
+  REQUIRE_OK(back);
+  CHECK(back->back_to == -1);
+  // Nothing committed up to the step: said, latest stays.
+  REQUIRE_OK(WriteFileAtomic(JoinPath(root, "latest"), "step-00000040\n"));
+  CHECK(PointLatestBack(fs, root, 5).status().code() == absl::StatusCode::kNotFound);
+  CHECK(*ReadLatest(root) == 40);
 }
 
 TEST_CASE("a latest lost in the first commit is repaired; a latest naming a step is kept") {

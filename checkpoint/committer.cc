@@ -139,6 +139,55 @@ absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64
 }
 
 
+absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::string& job_dir,
+                                           int64_t restored, std::optional<int64_t> only_from) {
+  const std::string path = JoinPath(job_dir, format::kLatestFileName);
+  for (int attempt = 0;; ++attempt) {
+    LatestBack back;
+    auto current = fs.ReadVersioned(path, 4096);
+    const bool versioned = !absl::IsUnimplemented(current.status());
+    std::string content;
+    if (versioned) {
+      if (absl::IsNotFound(current.status())) return back;
+      if (!current.ok()) return current.status();
+      content = current->content;
+    } else {
+      auto text = storage::ReadWholeFile(fs, path, 4096);
+      if (absl::IsNotFound(text.status())) return back;
+      if (!text.ok()) return text.status();
+      content = *std::move(text);
+    }
+    auto named = format::ParseStepDirName(absl::StripAsciiWhitespace(content));
+    if (!named.ok()) {
+      return absl::DataLossError(absl::StrCat(path, " does not name a step directory"));
+    }
+    back.named = *named;
+    if (*named <= restored || (only_from.has_value() && *named != *only_from)) return back;
+    ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> committed, ListCommittedSteps(job_dir, &fs));
+    for (int64_t step : committed) {
+      if (step <= restored) back.back_to = step;
+    }
+    if (back.back_to < 0) {
+      return absl::NotFoundError(absl::StrCat("no step up to ", restored, " is committed in ",
+                                              job_dir));
+    }
+    const std::string to = absl::StrCat(format::StepDirName(back.back_to), "\n");
+    if (!versioned) {
+      ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, to));
+      return back;
+    }
+    const absl::Status written = fs.WriteIfVersion(path, to, current->version);
+    if (!absl::IsFailedPrecondition(written)) {
+      ZCC_RETURN_IF_ERROR(written);
+      return back;
+    }
+    if (attempt >= 16) {
+      return absl::AbortedError(absl::StrCat(path, " kept changing; giving up after ",
+                                             attempt + 1, " tries"));
+    }
+  }
+}
+
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,
                                        storage::Storage* storage, absl::Time write_began) {

@@ -21,6 +21,7 @@
 #define ZCC_CHECKPOINT_COMMITTER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,24 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
 // first; elsewhere one committer per job writes it.
 absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64_t step,
                          absl::Time write_began);
+
+// A run went on from step `restored` (it restored that step and trained
+// on): where `latest` names a newer step, the run that wrote it was left
+// behind, and `latest` is pointed back at the newest committed step up to
+// `restored`, whatever newer step it names: the caller knows that none of
+// the run that went on is committed yet. With `only_from`, only where it
+// names that step (one of the run left behind, committed late). Where the
+// storage swaps conditionally, a `latest` changed meanwhile is decided on
+// again. What was done:
+struct LatestBack {
+  int64_t named = -1;    // what `latest` named (-1: nothing)
+  int64_t back_to = -1;  // what it names now, where it was moved
+};
+// NotFound where no step up to `restored` is committed (`latest` stays);
+// `back_to` -1 where there was nothing to move.
+absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::string& job_dir,
+                                           int64_t restored,
+                                           std::optional<int64_t> only_from = std::nullopt);
 
 }  // namespace zcc::checkpoint
 

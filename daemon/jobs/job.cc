@@ -123,53 +123,32 @@ void Job::GoBack(int64_t restored, absl::Time at) {
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
   // The job's directory, and the store (tiered mode: a restore takes the
   // store first where its `latest` is newer; node-local roots commit there
-  // only).
+  // only; an upload of a step left behind that finishes later points it
+  // back again: JobUploader::WentBack).
+  if (uploader_ != nullptr) uploader_->WentBack(restored, at);
   std::vector<std::string> dirs;
   if (!options_.node_local_root) dirs.push_back(options_.job_dir);
   if (!options_.upload_dir.empty()) dirs.push_back(options_.upload_dir);
   for (const std::string& dir : dirs) {
-    auto latest = checkpoint::ReadLatest(dir, &fs);
-    if (!latest.ok()) {
-      if (!absl::IsNotFound(latest.status())) {
-        ZCC_LOG(WARNING) << "job " << options_.job_id << ": training went on from step "
-                         << restored << ", but " << dir << "/latest could not be read: "
-                         << latest.status();
-      }
-      continue;
-    }
-    if (*latest <= restored) continue;
-    const std::string went_on = absl::StrCat("training went on from step ", restored,
-                                             ", older than step ", *latest, " that ", dir,
-                                             "/latest names");
-    auto committed = checkpoint::ListCommittedSteps(dir, &fs);
-    if (!committed.ok()) {
-      ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on
-                       << ", but its committed steps could not be listed: " << committed.status();
-      continue;
-    }
-    int64_t back_to = -1;
-    for (int64_t step : *committed) {
-      if (step <= restored) back_to = step;
-    }
-    if (back_to < 0) {
-      ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on
-                       << ", and no step up to it is committed there: `latest` stays";
-      continue;
-    }
-    const absl::Status pointed = checkpoint::PointLatest(fs, dir, back_to, at);
-    if (!pointed.ok()) {
+    // (This run commits nothing before this round: what `latest` names above
+    // `restored` is the run left behind's.)
+    auto back = checkpoint::PointLatestBack(fs, dir, restored);
+    if (back.ok() && back->back_to < 0) continue;  // nothing newer named
+    const std::string went_on = absl::StrCat("training went on from step ", restored);
+    if (!back.ok()) {
       zcc::MutexLock lock(&mu_);
-      SetError(absl::StrCat(went_on, ", but it could not be pointed back at step ", back_to, ": ",
-                            pointed.message()));
+      SetError(absl::StrCat(went_on, ", but ", dir, "/latest could not be pointed back to it: ",
+                            back.status().message()));
       continue;
     }
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on << "; it now names step "
-                     << back_to << ". The committed steps after it, of the run left behind, stay "
-                     << "but are no longer restored (this run's commits of the same step numbers "
-                     << "replace them)";
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on << ", older than step "
+                     << back->named << " that " << dir << "/latest named; it now names step "
+                     << back->back_to << ". The committed steps after it, of the run left "
+                     << "behind, stay but are no longer restored (this run's commits of the same "
+                     << "step numbers replace them)";
     if (dir == options_.job_dir) {
       zcc::MutexLock lock(&mu_);
-      last_committed_step_ = back_to;
+      last_committed_step_ = back->back_to;
     }
   }
 }

@@ -188,8 +188,8 @@ class Job {
   void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // OnTrainedOn's work: the steps after `restored` still pending whose
   // writes began before `at` are dropped, and `latest` goes back to the
-  // newest committed step up to `restored` (checkpoint::PointLatest: where
-  // the storage swaps conditionally, not past a step committed after `at`).
+  // newest committed step up to `restored` (checkpoint::PointLatestBack:
+  // this run commits nothing before, on the committer's thread).
   void GoBack(int64_t restored, absl::Time at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether this daemon commits the job (it serves global rank 0).

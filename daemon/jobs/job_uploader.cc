@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/step_dirs.h"
 #include "checkpoint/step_upload.h"
@@ -39,6 +40,54 @@ void JobUploader::OnCommitted(int64_t step, absl::Time write_began) {
   wanted_ = step;
   wanted_write_began_ = write_began;
   retry_at_ = absl::InfinitePast();  // try at once
+}
+
+void JobUploader::WentBack(int64_t restored, absl::Time at) {
+  zcc::MutexLock lock(&mu_);
+  went_back_to_ = restored;
+  went_back_at_ = at;
+  if (wanted_ >= 0 && LeftBehindLocked(wanted_, wanted_write_began_)) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": step " << wanted_
+                  << " is not sent to the store: training went on from step " << restored;
+    wanted_ = -1;
+    waiting_since_ = absl::InfiniteFuture();
+  }
+  for (auto it = node_queue_.begin(); it != node_queue_.end();) {
+    if (!LeftBehindLocked(it->first, it->second)) {
+      ++it;
+      continue;
+    }
+    dropped_.push_back(it->first);
+    it = node_queue_.erase(it);
+  }
+}
+
+bool JobUploader::LeftBehindLocked(int64_t step, absl::Time write_began) const {
+  return went_back_to_ >= 0 && step > went_back_to_ && write_began < went_back_at_;
+}
+
+void JobUploader::AfterCommitInStore(int64_t step, absl::Time write_began) {
+  int64_t restored = -1;
+  {
+    zcc::MutexLock lock(&mu_);
+    if (!LeftBehindLocked(step, write_began)) return;
+    restored = went_back_to_;
+  }
+  // Only where `latest` names this step (not where a step of the run that
+  // went on has committed there since).
+  auto back =
+      checkpoint::PointLatestBack(*options_.storage, options_.upload_dir, restored, step);
+  if (!back.ok()) {
+    Failed(absl::StrCat("pointing the store's latest back to step ", restored, " (step ", step,
+                        ", of the run left behind, was committed there as the job went back)"),
+           back.status());
+    return;
+  }
+  if (back->back_to < 0) return;
+  ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step
+                   << ", of the run left behind, was committed in the store as training went on "
+                   << "from step " << restored << "; the store's latest names step "
+                   << back->back_to << " again";
 }
 
 void JobUploader::OnNodeWritten(int64_t step, absl::Time write_began) {
@@ -362,6 +411,7 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
     }
     if (sent->committed) {
       SawStoreLatest(step);
+      AfterCommitInStore(step, write_began);
       ApplyStoreRetention(step);
     }
     return;
@@ -402,6 +452,7 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
       // store (a newer commit there keeps it).
       if (options_.node_local) follow_due_ = true;
     }
+    AfterCommitInStore(step, write_began);
     ApplyStoreRetention(step);
     return;
   }

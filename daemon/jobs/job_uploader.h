@@ -95,6 +95,11 @@ class JobUploader {
   // rank again (its registration replaced in place, a reconnect) changes
   // nothing: what it wrote and sent stands. Returns whether it is a new run.
   bool OnRankRegistered(uint32_t rank, const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A run of the job went on from step `restored` at `at` (Job::OnTrainedOn):
+  // the steps after it whose writes began before, the run left behind's, are
+  // no longer sent, and where one being sent commits in the store after all,
+  // the store's `latest` is pointed back again (checkpoint::PointLatestBack).
+  void WentBack(int64_t restored, absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
   // Node-local mode: has the uploader's thread read the store's `latest`
   // when a step sent from here is not known to be committed (called each
   // housekeeping round; returns at once); its outcome goes to
@@ -136,6 +141,13 @@ class JobUploader {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The store's `latest` is `step` (or newer): the job's status follows it.
   void SawStoreLatest(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `step`, whose write began at `write_began`, is of a run left
+  // behind (WentBack).
+  bool LeftBehindLocked(int64_t step, absl::Time write_began) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After `step` committed in the store: where it is of a run left behind,
+  // the store's `latest` back to the run that went on.
+  void AfterCommitInStore(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
 
   const UploaderOptions options_;
   mutable zcc::Mutex mu_;
@@ -167,6 +179,9 @@ class JobUploader {
   // After a failure: not before this time, unless a newer step commits.
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string error_ ABSL_GUARDED_BY(mu_);
+  // The last WentBack: the step the job went on from (-1: none), and when.
+  int64_t went_back_to_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time went_back_at_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: it uses everything above
 };

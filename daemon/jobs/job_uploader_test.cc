@@ -245,5 +245,63 @@ TEST_CASE("a step committed here whole (a relayout, a peer recovery) is uploaded
   CHECK(Soon([&] { return !a->Busy(); }));
 }
 
+TEST_CASE("tiered: a step of a run left behind that commits in the store after the job went "
+          "back leaves the store's latest at the run that went on") {
+  Nodes n;
+  // A step of both ranks, committed on the local root.
+  auto commit = [&n](int64_t step) {
+    for (uint32_t rank = 0; rank < kWorld; ++rank) {
+      SyntheticRank r(rank, kWorld, Specs(), 0, kJob);
+      r.Fill(step);
+      checkpoint::IoOptions io;
+      io.storage = &n.fs;
+      REQUIRE_OK(
+          checkpoint::WriteRankShards(NodeDir(0), step, r.shards(), r.slot(), io).status());
+    }
+    auto committed = checkpoint::TryCommit(NodeDir(0), kJob, step, kWorld, &n.fs);
+    REQUIRE_OK(committed);
+    REQUIRE(committed->outcome == checkpoint::CommitOutcome::kCommitted);
+  };
+  commit(10);
+  commit(20);
+  UploaderOptions o;
+  o.job_id = kJob;
+  o.job_dir = NodeDir(0);
+  o.upload_dir = kStore;
+  o.retention.keep_last = 10;
+  o.retry_after = absl::Milliseconds(50);
+  o.storage = &n.fs;
+  o.world_size = kWorld;
+  JobUploader uploader(std::move(o));
+  uploader.OnCommitted(10, absl::Now());
+  REQUIRE(Soon([&] { return n.StoreLatest() == 10; }));
+  // Step 20's upload is slow; the job goes back to step 10 while it runs.
+  storage::FaultPlan slow;
+  slow.path_filter = "step-00000020";
+  slow.op_delay = absl::Milliseconds(100);
+  n.faults.SetPlan(slow);
+  uploader.OnCommitted(20, absl::Now() - absl::Seconds(5));
+  REQUIRE(Soon([&] {
+    auto names = n.fs.List(kStore);
+    if (!names.ok()) return false;
+    for (const std::string& name : *names) {
+      if (name.find("step-00000020") != std::string::npos) return true;
+    }
+    return false;
+  }));
+  uploader.WentBack(10, absl::Now());
+  // Step 20 reaches the store, and `latest` there names step 10 again.
+  REQUIRE(Soon([&] { return StatusOf(uploader).last_uploaded_step() == 20; }));
+  CHECK(Soon([&] { return n.StoreLatest() == 10; }));
+  auto in_store = checkpoint::ListCommittedSteps(kStore, &n.fs);
+  REQUIRE_OK(in_store);
+  CHECK(*in_store == std::vector<int64_t>{10, 20});
+  n.faults.SetPlan(storage::FaultPlan());
+  // A step of the run that went on goes up, and `latest` there follows it.
+  commit(15);
+  uploader.OnCommitted(15, absl::Now());
+  CHECK(Soon([&] { return n.StoreLatest() == 15; }));
+}
+
 }  // namespace
 }  // namespace zcc::daemon
