@@ -346,9 +346,6 @@ TEST_CASE("tiered: a run that went back to an older step moves the store's lates
         absl::Seconds(60), absl::Milliseconds(20));
   };
   REQUIRE(store_latest(20));
-  // The store's commit times have whole seconds: a run goes back at least a
-  // second after the commit it leaves behind (as any restarted job does).
-  absl::SleepFor(absl::Seconds(2));
   // Back to step 10, three steps on, no commit of its own yet.
   auto back = Trainers(daemon, dir, daemon.root(), {0, 1}, 2, "back",
                        with({"--mode=resume", "--restore_step=10", "--steps=3", "--block"}));
