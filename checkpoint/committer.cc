@@ -140,7 +140,8 @@ absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64
 
 
 absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::string& job_dir,
-                                           int64_t restored, std::optional<int64_t> only_from) {
+                                           int64_t restored, std::optional<int64_t> only_from,
+                                           absl::Time not_after) {
   const std::string path = JoinPath(job_dir, format::kLatestFileName);
   for (int attempt = 0;; ++attempt) {
     LatestBack back;
@@ -163,6 +164,11 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
     }
     back.named = *named;
     if (*named <= restored || (only_from.has_value() && *named != *only_from)) return back;
+    // Committed at or after `not_after` (whole seconds: within one before,
+    // too), it is not what was left behind.
+    if (CommittedAfter(fs, job_dir, *named, not_after)) return back;
+    // Changed meanwhile (below): only from the step first named.
+    only_from = *named;
     ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> committed, ListCommittedSteps(job_dir, &fs));
     for (int64_t step : committed) {
       if (step <= restored) back.back_to = step;

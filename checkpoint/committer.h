@@ -71,9 +71,10 @@ absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64
 // behind, and `latest` is pointed back at the newest committed step up to
 // `restored`, whatever newer step it names: the caller knows that none of
 // the run that went on is committed yet. With `only_from`, only where it
-// names that step (one of the run left behind, committed late). Where the
-// storage swaps conditionally, a `latest` changed meanwhile is decided on
-// again. What was done:
+// names that step (one of the run left behind, committed late); with
+// `not_after`, not past a step committed then or later (nor within the
+// second before: commit times have whole seconds). Where the storage swaps
+// conditionally, a `latest` changed meanwhile stays. What was done:
 struct LatestBack {
   int64_t named = -1;    // what `latest` named (-1: nothing)
   int64_t back_to = -1;  // what it names now, where it was moved
@@ -82,7 +83,8 @@ struct LatestBack {
 // `back_to` -1 where there was nothing to move.
 absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::string& job_dir,
                                            int64_t restored,
-                                           std::optional<int64_t> only_from = std::nullopt);
+                                           std::optional<int64_t> only_from = std::nullopt,
+                                           absl::Time not_after = absl::InfiniteFuture());
 
 }  // namespace zcc::checkpoint
 

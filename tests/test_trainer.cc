@@ -57,6 +57,10 @@ ABSL_FLAG(std::string, expect_from, "", "restore: where the step must come from 
                                         "empty: either)");
 ABSL_FLAG(bool, wait_commit, true, "train: wait until the last due step is committed");
 ABSL_FLAG(int, pause_at, -1, "train: print 'paused' and wait for SIGUSR1 after this step");
+ABSL_FLAG(int, go_back_at, -1,
+          "train: after this step, restore --go_back_to in the same process and train on from "
+          "the step after it (once)");
+ABSL_FLAG(int, go_back_to, -1, "train: the step --go_back_at restores");
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
 ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
 ABSL_FLAG(bool, persist_on_failure, false, "ask zccd to persist the newest snapshot if this process dies");
@@ -327,6 +331,7 @@ int main(int argc, char** argv) {
     WaitForUsr1();
   }
   const int steps = absl::GetFlag(FLAGS_steps);
+  bool went_back = false;
   for (int64_t step = start; step < start + steps; ++step) {
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_step_ms)));
     if (absl::Status st = (*client)->FenceBeforeUpdate(); !st.ok()) return Fail("fence", st);
@@ -341,6 +346,14 @@ int main(int argc, char** argv) {
     if (step == absl::GetFlag(FLAGS_pause_at)) {
       std::printf("paused\n");
       WaitForUsr1();
+    }
+    if (step == absl::GetFlag(FLAGS_go_back_at) && !went_back) {
+      went_back = true;
+      auto back = (*client)->Restore(absl::GetFlag(FLAGS_go_back_to));
+      if (!back.ok()) return Fail("go_back", back.status());
+      if (device) FromDevice(model);
+      std::printf("went_back_to=%" PRId64 "\n", *back);
+      step = *back;  // on from the step after it
     }
   }
   if (absl::Status st = (*client)->Flush(); !st.ok()) return Fail("flush", st);

@@ -146,5 +146,39 @@ TEST_CASE("a run that goes back within one zccd's life commits the step numbers 
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a write of the run left behind that finishes after the going back is never "
+          "committed (one trainer goes back mid-run while step 20 is being written)") {
+  const std::string dir = ShortTempDir("it-back3");
+  DaemonOptions options;
+  // Step 20's files are written slowly: its write is still going when the
+  // trainer has gone back and snapshotted step 11.
+  options.env = {"ZCCD_INJECT_STORAGE_FAULTS=path=step-00000020,op_delay_ms=300"};
+  Daemon daemon(dir, options);
+  REQUIRE(daemon.Start());
+  const std::string job_dir = JobDir(daemon);
+  // One process per rank: steps 1..20, then back to step 10 and on to step
+  // 20 again; each waits for its last due step's commit.
+  RunRanks(daemon, dir, "run", {"--steps=20", "--go_back_at=20", "--go_back_to=10"});
+  REQUIRE(LatestIs(job_dir, 20));
+  // (zccd's log is kept with the test's directory when a check fails.)
+  const std::string log = daemon.Log();
+  CHECK(absl::StrContains(log, "training went on from step 10"));
+  // (Dropped when it finishes after the going back, as here, or, where it
+  // finished first, while it waited for its commit.)
+  const bool refused =
+      absl::StrContains(log, "write of step 20, of the run left behind, finished after training "
+                             "went on from step 10: it is not committed") ||
+      absl::StrContains(log, "step 20 of the run left behind is not committed");
+  CHECK(refused);
+  // Step 20 committed once: the run that went on's.
+  size_t commits = 0;
+  for (size_t at = log.find("checkpoint job=itest step=20 "); at != std::string::npos;
+       at = log.find("checkpoint job=itest step=20 ", at + 1)) {
+    ++commits;
+  }
+  CHECK(commits == 1);
+  REQUIRE(daemon.Stop() == 0);
+}
+
 }  // namespace
 }  // namespace zcc::testing

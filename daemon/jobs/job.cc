@@ -64,92 +64,26 @@ void Job::CommitterLoop() {
   // Commits and retention write the job's directory as its owner.
   ScopedFsIdentity as_owner(options_.owner);
   auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return commit_up_to_ >= 0 || tick_due_ || go_back_to_ >= 0 || stop_committer_;
+    return commit_up_to_ >= 0 || tick_due_ || go_back_.restored >= 0 || stop_committer_;
   };
   zcc::MutexLock lock(&mu_);
   while (true) {
     mu_.Await(absl::Condition(&has_work));
     const int64_t up_to = std::exchange(commit_up_to_, -1);
     const bool tick = std::exchange(tick_due_, false);
-    const int64_t back = std::exchange(go_back_to_, -1);
-    if (up_to < 0 && !tick && back < 0) return;  // stop_committer_, and nothing left to do
+    const GoingBack back = std::exchange(go_back_, GoingBack());
+    if (up_to < 0 && !tick && back.restored < 0) return;  // stop_committer_, and nothing left
     const uint64_t taken = asked_;
-    const absl::Time back_at = go_back_at_;
     mu_.Unlock();
     {
       zcc::MutexLock commit_lock(&commit_mu_);
       // Before this run's commits: they may only move `latest` on from there.
-      if (back >= 0) GoBack(back, back_at);
+      if (back.restored >= 0) GoBack(back);
       if (up_to >= 0) CommitPending(up_to);
       if (tick) TickWork();
     }
     mu_.Lock();
     done_ = taken;
-  }
-}
-
-void Job::OnTrainedOn(int64_t restored) {
-  zcc::MutexLock lock(&mu_);
-  // Commits of the steps after it were the run left behind's: this run's
-  // commits of the same numbers are new ones (a rank's late report of one of
-  // those is not).
-  recently_committed_.erase(recently_committed_.upper_bound(restored), recently_committed_.end());
-  // The job's other ranks tell the same while the committer has not taken it.
-  if (go_back_to_ == restored) return;
-  go_back_to_ = restored;
-  go_back_at_ = absl::Now();
-  ++asked_;
-}
-
-void Job::GoBack(int64_t restored, absl::Time at) {
-  // Where this daemon commits the job's steps.
-  if (!IsCommitter()) return;
-  // Steps after it that the run left behind had begun to write and not
-  // committed never commit now.
-  std::vector<int64_t> stale;
-  {
-    zcc::MutexLock lock(&mu_);
-    for (const auto& [step, since] : pending_) {
-      auto began = write_start_.find(step);
-      if (step > restored && (began == write_start_.end() || began->second < at)) {
-        stale.push_back(step);
-      }
-    }
-  }
-  for (int64_t step : stale) {
-    DropPending(step, absl::StrCat("of the run left behind is not committed: training went on "
-                                   "from step ", restored));
-  }
-  storage::Storage& fs = storage::StorageOrDefault(options_.storage);
-  // The job's directory, and the store (tiered mode: a restore takes the
-  // store first where its `latest` is newer; node-local roots commit there
-  // only; an upload of a step left behind that finishes later points it
-  // back again: JobUploader::WentBack).
-  if (uploader_ != nullptr) uploader_->WentBack(restored, at);
-  std::vector<std::string> dirs;
-  if (!options_.node_local_root) dirs.push_back(options_.job_dir);
-  if (!options_.upload_dir.empty()) dirs.push_back(options_.upload_dir);
-  for (const std::string& dir : dirs) {
-    // (This run commits nothing before this round: what `latest` names above
-    // `restored` is the run left behind's.)
-    auto back = checkpoint::PointLatestBack(fs, dir, restored);
-    if (back.ok() && back->back_to < 0) continue;  // nothing newer named
-    const std::string went_on = absl::StrCat("training went on from step ", restored);
-    if (!back.ok()) {
-      zcc::MutexLock lock(&mu_);
-      SetError(absl::StrCat(went_on, ", but ", dir, "/latest could not be pointed back to it: ",
-                            back.status().message()));
-      continue;
-    }
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on << ", older than step "
-                     << back->named << " that " << dir << "/latest named; it now names step "
-                     << back->back_to << ". The committed steps after it, of the run left "
-                     << "behind, stay but are no longer restored (this run's commits of the same "
-                     << "step numbers replace them)";
-    if (dir == options_.job_dir) {
-      zcc::MutexLock lock(&mu_);
-      last_committed_step_ = back->back_to;
-    }
   }
 }
 
@@ -253,6 +187,14 @@ void Job::OnPersisted(const PersistEvent& event) {
   }
   ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
                  << event.step << ": " << event.stats.bytes << " bytes";
+  const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
+  if (LeftBehindLocked(event.step, started)) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": rank " << event.rank << "'s write of step "
+                     << event.step << ", of the run left behind, finished after training went "
+                     << "on from step " << went_back_.restored << ": it is not committed";
+    return;
+  }
+  if (went_back_.restored >= 0 && event.step > went_back_.restored) went_back_.moved_on = true;
   if (options_.node_local_root) {
     OnNodeRankWritten(event);
     return;
@@ -265,7 +207,6 @@ void Job::OnPersisted(const PersistEvent& event) {
   // A rank whose persist report arrives after another rank's report already
   // committed the step has nothing left to do.
   if (recently_committed_.count(event.step) > 0) return;
-  const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
   auto [it, inserted] = write_start_.emplace(event.step, started);
   if (!inserted && started < it->second) it->second = started;
   pending_.emplace(event.step, absl::Now());

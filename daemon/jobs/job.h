@@ -137,16 +137,18 @@ class Job {
   // recovery from the peer tier): the tiered mode uploads it, whole, in
   // either mode (JobUploader::OnCommitted); nothing else changes.
   void OnCommittedOutside(int64_t step, absl::Time write_began);
-  // A rank's trainer went on from the step `restored` a restore gave it
-  // (RankSession::NoteRestored; from its ingest thread). Where `latest` names
-  // a newer step, the run that wrote it was left for this one (a rollback, or
-  // a fallback past a damaged step): the committer points `latest` back at
-  // the newest committed step up to `restored` (in the job's directory and
-  // the store, where this daemon commits), so that a restart before this
-  // run's first commit resumes this run, not the one it left. The steps
-  // above stay, no longer restored nor counted by retention, until this run
-  // commits steps of the same numbers. Returns at once.
-  void OnTrainedOn(int64_t restored) ABSL_LOCKS_EXCLUDED(mu_);
+  // A rank's trainer went on from the step `restored` a restore gave it: its
+  // first snapshot since is of `step` (RankSession::NoteRestored; from its
+  // ingest thread). Where a step numbered `step` or later was committed or is
+  // being written, the run that wrote it was left for this one (a rollback,
+  // or a fallback past a damaged step): its writes not committed yet never
+  // commit, not even those finishing later, nor go to the store, and where
+  // this daemon commits, `latest` (of the job's directory and the store) is
+  // pointed back at the newest committed step up to `restored`, so that a
+  // restart before this run's first commit resumes this run. The steps left
+  // behind stay, no longer restored nor counted by retention, until this run
+  // commits steps of the same numbers. Returns at once (job_went_back.cc).
+  void OnTrainedOn(int64_t restored, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `commit` (of a step written by something other than the committer:
   // a recovery from the peer tier) in turn with the committer's commits and
   // retention, which then neither commit nor move `latest` meanwhile.
@@ -186,12 +188,22 @@ class Job {
   void CommitterLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // A housekeeping round's work (see Tick).
   void TickWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
-  // OnTrainedOn's work: the steps after `restored` still pending whose
-  // writes began before `at` are dropped, and `latest` goes back to the
-  // newest committed step up to `restored` (checkpoint::PointLatestBack:
-  // this run commits nothing before, on the committer's thread).
-  void GoBack(int64_t restored, absl::Time at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
+  // OnTrainedOn: the restored step (-1: none), the first step snapshotted
+  // since, and when.
+  struct GoingBack {
+    int64_t restored = -1;
+    int64_t first_step = -1;
+    absl::Time at;
+  };
+  // OnTrainedOn's work, on the committer's thread (this run commits nothing
+  // before it here).
+  void GoBack(const GoingBack& back) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `step`, whose write began at `began`, is of the run the job went
+  // back from (went_back_).
+  bool LeftBehindLocked(int64_t step, absl::Time began) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return went_back_.restored >= 0 && step > went_back_.restored && began < went_back_.at;
+  }
   // Whether this daemon commits the job (it serves global rank 0).
   bool IsCommitter() const ABSL_LOCKS_EXCLUDED(mu_);
   // Drops (and removes the partial directory of) every pending step older
@@ -236,9 +248,18 @@ class Job {
   // a tick round; whether it is at work; stop once idle.
   int64_t commit_up_to_ ABSL_GUARDED_BY(mu_) = -1;
   bool tick_due_ ABSL_GUARDED_BY(mu_) = false;
-  // OnTrainedOn: the step to go back to (-1: none), since when.
-  int64_t go_back_to_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Time go_back_at_ ABSL_GUARDED_BY(mu_);
+  // OnTrainedOn's request of the committer (restored -1: none).
+  GoingBack go_back_ ABSL_GUARDED_BY(mu_);
+  // The last going back: the step the job went on from (-1: none), when,
+  // and whether a step after it of the run that went on was written since
+  // (a later OnTrainedOn of the same step is then a going back again, not
+  // another rank's word for this one).
+  struct WentBack {
+    int64_t restored = -1;
+    absl::Time at;
+    bool moved_on = false;
+  };
+  WentBack went_back_ ABSL_GUARDED_BY(mu_);
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
   // Requests made of the committer, and how many of them it has done (it
   // takes all those waiting at once): AwaitCommitter waits for the ones made

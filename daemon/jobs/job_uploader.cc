@@ -33,6 +33,11 @@ JobUploader::~JobUploader() {
 
 void JobUploader::OnCommitted(int64_t step, absl::Time write_began) {
   zcc::MutexLock lock(&mu_);
+  if (LeftBehindLocked(step, write_began)) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": step " << step
+                  << " is not sent to the store: training went on from step " << went_back_to_;
+    return;
+  }
   // The latest commit is what the store should hold: a newer step, or an
   // older one committed again (a run resumed from it) supersedes the one
   // waiting.
@@ -57,7 +62,7 @@ void JobUploader::WentBack(int64_t restored, absl::Time at) {
       ++it;
       continue;
     }
-    dropped_.push_back(it->first);
+    dropped_.push_back({it->first, "training went on from an older step"});
     it = node_queue_.erase(it);
   }
 }
@@ -92,6 +97,10 @@ void JobUploader::AfterCommitInStore(int64_t step, absl::Time write_began) {
 
 void JobUploader::OnNodeWritten(int64_t step, absl::Time write_began) {
   zcc::MutexLock lock(&mu_);
+  if (LeftBehindLocked(step, write_began)) {
+    dropped_.push_back({step, "training went on from an older step"});
+    return;
+  }
   if (node_queue_.empty() && uploading_ < 0) waiting_since_ = absl::Now();
   QueueNodeStep(step, write_began);
   retry_at_ = absl::InfinitePast();  // try at once
@@ -104,7 +113,9 @@ bool JobUploader::OnRankRegistered(uint32_t rank, const std::string& run_id) {
   it->second = run_id;
   const bool new_run = run_id.empty() || run_id != run_id_;
   if (new_run) {
-    for (const auto& [step, began] : node_queue_) dropped_.push_back(step);
+    for (const auto& [step, began] : node_queue_) {
+      dropped_.push_back({step, "a new run of the job registered"});
+    }
     node_queue_.clear();
     awaiting_commit_ = -1;  // an earlier run's
     run_id_ = run_id;
@@ -121,7 +132,8 @@ bool JobUploader::Stopping() const {
 void JobUploader::QueueNodeStep(int64_t step, absl::Time write_began) {
   node_queue_.emplace(step, write_began);
   while (node_queue_.size() > kMaxNodeStepsWaiting) {
-    dropped_.push_back(node_queue_.begin()->first);
+    dropped_.push_back({node_queue_.begin()->first,
+                        "newer steps wait (the store is slower than the checkpoints)"});
     node_queue_.erase(node_queue_.begin());
   }
 }
@@ -273,7 +285,7 @@ void JobUploader::Loop() {
     }
     if (stop_) return;
     if (!dropped_.empty()) {
-      const std::vector<int64_t> dropped = std::exchange(dropped_, {});
+      const std::vector<Dropped> dropped = std::exchange(dropped_, {});
       mu_.Unlock();
       RemoveDropped(dropped);
       mu_.Lock();
@@ -341,13 +353,12 @@ void JobUploader::Loop() {
   }
 }
 
-void JobUploader::RemoveDropped(const std::vector<int64_t>& steps) {
-  for (int64_t step : steps) {
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step
-                     << " is not sent to the store from this node: " << kMaxNodeStepsWaiting
-                     << " newer steps wait (the store is slower than the checkpoints)";
+void JobUploader::RemoveDropped(const std::vector<Dropped>& steps) {
+  for (const Dropped& d : steps) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << d.step
+                     << " is not sent to the store from this node: " << d.why;
     const absl::Status removed =
-        checkpoint::RemoveWritingStepDir(*options_.storage, options_.job_dir, step);
+        checkpoint::RemoveWritingStepDir(*options_.storage, options_.job_dir, d.step);
     if (!removed.ok()) ZCC_LOG(WARNING) << removed;
   }
 }

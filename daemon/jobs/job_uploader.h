@@ -126,7 +126,12 @@ class JobUploader {
   void KeepSent(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   void UploadNode(int64_t step, absl::Time write_began) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes this node's local copies of steps dropped from the queue.
-  void RemoveDropped(const std::vector<int64_t>& steps);
+  // A step dropped from the queue, and why (for the log).
+  struct Dropped {
+    int64_t step;
+    const char* why;
+  };
+  void RemoveDropped(const std::vector<Dropped>& steps);
   // Node-local mode: `step` waits, the oldest dropped beyond the bound.
   void QueueNodeStep(int64_t step, absl::Time write_began) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -165,7 +170,7 @@ class JobUploader {
   std::map<int64_t, absl::Time> node_queue_ ABSL_GUARDED_BY(mu_);
   // The last step sent from here whose commit is not seen yet (-1: none).
   int64_t awaiting_commit_ ABSL_GUARDED_BY(mu_) = -1;
-  std::vector<int64_t> dropped_ ABSL_GUARDED_BY(mu_);
+  std::vector<Dropped> dropped_ ABSL_GUARDED_BY(mu_);
   // Ranks registered since, by the run they registered for.
   std::map<std::string, std::vector<uint32_t>> forget_ ABSL_GUARDED_BY(mu_);
   // The run each rank last registered for, and the newest run.

@@ -179,7 +179,7 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   if (int64_t restored = restored_step_.load(std::memory_order_relaxed);
       restored >= 0 && slot.step > restored &&
       restored_step_.compare_exchange_strong(restored, -1, std::memory_order_relaxed)) {
-    if (options_.on_trained_on) options_.on_trained_on(restored);
+    if (options_.on_trained_on) options_.on_trained_on(restored, slot.step);
     // Replicated as soon as the writer is free: where the rank went back,
     // the buddies drop the steps it left behind when this one arrives
     // (peer::ReplicaStore::Put), not only at the next due step.
@@ -308,7 +308,9 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
 }
 
 void RankSession::NoteRestored(int64_t step) {
-  slots_.ForgetNewestFull();
+  // A snapshot ingested before, of a later step, is no longer the trainer's
+  // state (one of the restored step still is).
+  slots_.ForgetFullNewerThan(step);
   restored_step_.store(step, std::memory_order_relaxed);
 }
 

@@ -97,8 +97,8 @@ struct RankSessionOptions {
   std::function<void(checkpoint::RankStepBytes)> on_replicate;
   // The trainer went on from the step a restore served it (NoteRestored):
   // told once, from the ingest thread, at its first snapshot of a later
-  // step, with the restored step. Null: nobody is told.
-  std::function<void(int64_t restored)> on_trained_on;
+  // step, with the restored step and that snapshot's. Null: nobody is told.
+  std::function<void(int64_t restored, int64_t step)> on_trained_on;
 };
 
 struct RankCounters {

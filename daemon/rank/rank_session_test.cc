@@ -91,7 +91,7 @@ class TestRank {
            bool reserve_later = false,
            std::function<void(checkpoint::RankStepBytes)> on_replicate = nullptr,
            uint32_t replicate_every = 0, uint32_t num_slots = 2,
-           std::function<void(int64_t)> on_trained_on = nullptr)
+           std::function<void(int64_t, int64_t)> on_trained_on = nullptr)
       : num_slots_(num_slots) {
     v1::RegisterRequest req;
     req.set_job_id("job");
@@ -472,9 +472,10 @@ TEST_CASE("a trainer that goes on from a restored step tells it once; that first
     MutexLock lock(&mu);
     replicated.push_back({step.step, step.supersedes_newer});
   };
-  auto on_trained_on = [&](int64_t restored) {
+  auto on_trained_on = [&](int64_t restored, int64_t step) {
     MutexLock lock(&mu);
     told.push_back(restored);
+    told.push_back(step);
   };
   TestRank rank(root, 0, nullptr, false, on_replicate, /*replicate_every=*/1000, 2,
                 on_trained_on);
@@ -497,7 +498,7 @@ TEST_CASE("a trainer that goes on from a restored step tells it once; that first
   REQUIRE(rank.AwaitEmaStep(104, absl::Seconds(10)));
   rank.session().Stop();
   MutexLock lock(&mu);
-  CHECK(told == std::vector<int64_t>{100});
+  CHECK(told == std::vector<int64_t>{100, 101});
   // Step 101, not due (every 1000th), went at once, flagged; nothing else.
   CHECK(replicated == std::vector<std::pair<int64_t, bool>>{{101, true}});
 }

@@ -69,9 +69,14 @@ class StagingSlots {
   // ingested with (not a restore read into it since), for a write
   // (shm::SlotRing::ClaimForWrite).
   bool ClaimForWrite(uint32_t index, int64_t step);
-  // A restore replaced the trainer's state: NewestFull has none until the
-  // next FULL snapshot is ingested.
-  void ForgetNewestFull() { last_full_step_.store(-1); }
+  // A restore of `step` replaced the trainer's state: where the newest FULL
+  // snapshot ingested is of a later step, NewestFull has none until the
+  // next one is ingested.
+  void ForgetFullNewerThan(int64_t step) {
+    int64_t newest = last_full_step_.load();
+    while (newest > step && !last_full_step_.compare_exchange_weak(newest, -1)) {
+    }
+  }
   uint32_t InUse() const { return ring_.InUse(); }
 
   // ---- memory tier and restores ----
