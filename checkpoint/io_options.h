@@ -32,7 +32,8 @@ struct IoOptions {
   ReadProgress* progress = nullptr;
   // Reads ask it before each chunk and stop with Cancelled once it returns
   // true (null: never), so that an abandoned read of many GB ends within a
-  // chunk. Borrowed: must outlive the call.
+  // chunk; a rank's write asks it before its manifest (WriteRankShards).
+  // Borrowed: must outlive the call.
   const std::function<bool()>* cancelled = nullptr;
   // Reads call it with each piece (a tensor of a shard file) whose bytes
   // matched its checksum, from the reading thread, once the bytes are at

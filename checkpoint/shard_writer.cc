@@ -221,6 +221,11 @@ absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::
   // The shard files' directory entries must be durable before the manifest
   // announces them.
   ZCC_RETURN_IF_ERROR(storage.SyncDir(dir));
+  // Given up (the rank's trainer went back to an older step meanwhile): no
+  // manifest, so that the step cannot commit with these files.
+  if (options.cancelled != nullptr && (*options.cancelled)()) {
+    return absl::CancelledError("the write was given up before its manifest");
+  }
   const std::string text = format::EncodeRankManifest(manifest);
   ZCC_RETURN_IF_ERROR(WriteManifest(storage, dir, manifest_path, text));
   stats.bytes += text.size();

@@ -173,6 +173,12 @@ bool Job::replaceable() const {
 }
 
 void Job::OnPersisted(const PersistEvent& event) {
+  if (event.left_behind) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": rank " << event.rank << "'s write of step "
+                     << event.step << ", of the state its trainer went back from, is not "
+                     << "committed";
+    return;
+  }
   zcc::MutexLock lock(&mu_);
   metrics::ZccMetrics* m = options_.metrics;
   if (!event.status.ok()) {
@@ -188,13 +194,6 @@ void Job::OnPersisted(const PersistEvent& event) {
   ZCC_LOG(DEBUG) << "job " << options_.job_id << " rank " << event.rank << " wrote step "
                  << event.step << ": " << event.stats.bytes << " bytes";
   const absl::Time started = absl::Now() - absl::Seconds(event.stats.seconds);
-  if (LeftBehindLocked(event.step, started)) {
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": rank " << event.rank << "'s write of step "
-                     << event.step << ", of the run left behind, finished after training went "
-                     << "on from step " << went_back_.restored << ": it is not committed";
-    return;
-  }
-  if (went_back_.restored >= 0 && event.step > went_back_.restored) went_back_.moved_on = true;
   if (options_.node_local_root) {
     OnNodeRankWritten(event);
     return;

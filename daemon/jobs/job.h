@@ -137,18 +137,20 @@ class Job {
   // recovery from the peer tier): the tiered mode uploads it, whole, in
   // either mode (JobUploader::OnCommitted); nothing else changes.
   void OnCommittedOutside(int64_t step, absl::Time write_began);
-  // A rank's trainer went on from the step `restored` a restore gave it: its
-  // first snapshot since is of `step` (RankSession::NoteRestored; from its
-  // ingest thread). Where a step numbered `step` or later was committed or is
-  // being written, the run that wrote it was left for this one (a rollback,
-  // or a fallback past a damaged step): its writes not committed yet never
-  // commit, not even those finishing later, nor go to the store, and where
-  // this daemon commits, `latest` (of the job's directory and the store) is
-  // pointed back at the newest committed step up to `restored`, so that a
-  // restart before this run's first commit resumes this run. The steps left
-  // behind stay, no longer restored nor counted by retention, until this run
-  // commits steps of the same numbers. Returns at once (job_went_back.cc).
-  void OnTrainedOn(int64_t restored, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Rank `rank`'s trainer went on from the step `restored` a restore gave it:
+  // its first snapshot since is of `step` (RankSession::NoteRestored; from its
+  // ingest thread). The job's ranks tell it in turn; the first of each
+  // going back counts. Where a step numbered `step` or later was committed or
+  // waits for its commit, the run that wrote it was left for this one (a
+  // rollback, or a fallback past a damaged step): its steps waiting never
+  // commit nor go to the store (nor do its writes still going:
+  // RankWriteTarget::left_behind), and where this daemon commits, `latest`
+  // (of the job's directory and the store) is pointed back at the newest
+  // committed step up to `restored`, so that a restart before this run's
+  // first commit resumes this run. The steps left behind stay, no longer
+  // restored nor counted by retention, until this run commits steps of the
+  // same numbers. Returns at once (job_went_back.cc).
+  void OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `commit` (of a step written by something other than the committer:
   // a recovery from the peer tier) in turn with the committer's commits and
   // retention, which then neither commit nor move `latest` meanwhile.
@@ -199,11 +201,7 @@ class Job {
   // before it here).
   void GoBack(const GoingBack& back) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether `step`, whose write began at `began`, is of the run the job went
-  // back from (went_back_).
-  bool LeftBehindLocked(int64_t step, absl::Time began) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return went_back_.restored >= 0 && step > went_back_.restored && began < went_back_.at;
-  }
+
   // Whether this daemon commits the job (it serves global rank 0).
   bool IsCommitter() const ABSL_LOCKS_EXCLUDED(mu_);
   // Drops (and removes the partial directory of) every pending step older
@@ -250,16 +248,10 @@ class Job {
   bool tick_due_ ABSL_GUARDED_BY(mu_) = false;
   // OnTrainedOn's request of the committer (restored -1: none).
   GoingBack go_back_ ABSL_GUARDED_BY(mu_);
-  // The last going back: the step the job went on from (-1: none), when,
-  // and whether a step after it of the run that went on was written since
-  // (a later OnTrainedOn of the same step is then a going back again, not
-  // another rank's word for this one).
-  struct WentBack {
-    int64_t restored = -1;
-    absl::Time at;
-    bool moved_on = false;
-  };
-  WentBack went_back_ ABSL_GUARDED_BY(mu_);
+  // How many times each rank went on from a restore (OnTrainedOn), and the
+  // most of them: a rank's count past it is a new going back.
+  std::map<uint32_t, uint64_t> trained_on_ ABSL_GUARDED_BY(mu_);
+  uint64_t goings_back_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
   // Requests made of the committer, and how many of them it has done (it
   // takes all those waiting at once): AwaitCommitter waits for the ones made

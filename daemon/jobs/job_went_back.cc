@@ -16,51 +16,41 @@
 
 namespace zcc::daemon {
 
-void Job::OnTrainedOn(int64_t restored, int64_t step) {
+void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) {
   zcc::MutexLock lock(&mu_);
-  // Another rank of the same going back (none of this run written since), or
-  // one the committer has not taken yet.
-  if (went_back_.restored == restored && !went_back_.moved_on) return;
-  if (go_back_.restored == restored) return;
+  // The job's ranks each tell the same going back: the first to tell it
+  // counts.
+  if (++trained_on_[rank] <= goings_back_) return;
+  goings_back_ = trained_on_[rank];
   go_back_ = GoingBack{restored, step, absl::Now()};
   ++asked_;
 }
 
 void Job::GoBack(const GoingBack& back) {
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
-  // Where the job commits: the store, in the node-local mode.
+  // Where the job commits: the store, in the node-local mode (a read there
+  // once per restore that training went on from).
   const std::string& commits_in = options_.node_local_root ? options_.upload_dir : options_.job_dir;
   const int64_t named = checkpoint::ReadLatest(commits_in, &fs).value_or(-1);
   std::vector<int64_t> stale;
   {
     zcc::MutexLock lock(&mu_);
-    int64_t written = named;
+    // The newest step committed or waiting for its commit.
+    int64_t written = std::max(named, last_committed_step_);
     for (const auto& [step, since] : pending_) written = std::max(written, step);
     for (const auto& [step, node] : node_steps_) written = std::max(written, step);
-    if (back.first_step > written) {
-      // Past every step committed or being written: nothing of the numbers
-      // this run writes was left behind (a trainer that restored an older
-      // step and kept its own step count, say).
-      ZCC_LOG(INFO) << "job " << options_.job_id << ": training went on from step "
-                    << back.restored << " at step " << back.first_step
-                    << ", past every step committed or being written: nothing is left behind";
-      return;
-    }
-    went_back_ = WentBack{back.restored, back.at, false};
+    if (back.first_step > written) return;  // past all of them: nothing left behind
     // Commits of the steps after it were the run left behind's: this run's
     // commits of the same numbers are new ones.
     recently_committed_.erase(recently_committed_.upper_bound(back.restored),
                               recently_committed_.end());
-    // Its steps not committed yet never commit (nor those whose writes
-    // finish later: OnPersisted).
+    // Its steps waiting for their commit never commit (those still being
+    // written are given up by their writers: RankWriteTarget::left_behind).
     for (const auto& [step, since] : pending_) {
-      auto began = write_start_.find(step);
-      if (LeftBehindLocked(step, began == write_start_.end() ? absl::InfinitePast() : began->second)) {
-        stale.push_back(step);
-      }
+      if (step > back.restored && since < back.at) stale.push_back(step);
     }
     for (auto it = node_steps_.begin(); it != node_steps_.end();) {
-      if (LeftBehindLocked(it->first, it->second.write_began)) {
+      if (it->first > back.restored && it->second.since < back.at) {
         stale.push_back(it->first);
         it = node_steps_.erase(it);
       } else {

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <optional>
 #include <thread>
@@ -44,19 +45,33 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       ema_(std::move(ema), EmaSources(registered_, ema_index), shards_.job_id, shards_.rank,
            options_.ema_interval, options_.metrics),
       held_(std::move(inherited)),
-      writer_(RankWriteTarget{&shards_, &slots_, options_.job_dir, options_.fs_owner, options_.io,
-                              std::move(on_persisted),
-                              [this](const std::string& error) { SetError(error); },
-                              options_.on_replicate},
-              options_.write_pool),
-      replicate_writer_(RankWriteTarget{&shards_, &slots_, options_.job_dir, options_.fs_owner,
-                                        options_.io, [](const PersistEvent&) {},
-                                        [this](const std::string& error) { SetError(error); },
-                                        options_.on_replicate,
-                                        [this] {
-                                          if (replication_owed_.load() >= 0) slots_.RingDoorbell();
-                                        }},
+      writer_(WriteTarget(std::move(on_persisted), nullptr), options_.write_pool),
+      replicate_writer_(WriteTarget([](const PersistEvent&) {},
+                                    [this] {
+                                      if (replication_owed_.load() >= 0) slots_.RingDoorbell();
+                                    }),
                         options_.write_pool) {}
+
+RankWriteTarget RankSession::WriteTarget(PersistCallback on_persisted,
+                                         std::function<void()> on_idle) {
+  RankWriteTarget target;
+  target.shards = &shards_;
+  target.slots = &slots_;
+  target.job_dir = options_.job_dir;
+  target.fs_owner = options_.fs_owner;
+  target.io = options_.io;
+  target.on_persisted = std::move(on_persisted);
+  target.on_error = [this](const std::string& error) { SetError(error); };
+  target.on_replicate = options_.on_replicate;
+  // A snapshot taken before the trainer's last restore, of a step after
+  // the one restored: the state it went back from.
+  target.left_behind = [this](int64_t step, uint64_t restores) {
+    return restores < restores_.load(std::memory_order_acquire) &&
+           step > last_restored_.load(std::memory_order_relaxed);
+  };
+  target.on_idle = std::move(on_idle);
+  return target;
+}
 
 RankSession::~RankSession() { Stop(); }
 
@@ -176,8 +191,14 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
     }
   }
   slots_.NoteIngested(slot);
+  // Published before the trainer's last restore (ingested only now): not the
+  // trainer going on, and, of a later step, no longer its state.
+  const bool before_restore = slot.seq < restored_seq_.load(std::memory_order_acquire);
+  if (before_restore && slot.step > last_restored_.load(std::memory_order_relaxed)) {
+    slots_.ForgetFullNewerThan(last_restored_.load(std::memory_order_relaxed));
+  }
   if (int64_t restored = restored_step_.load(std::memory_order_relaxed);
-      restored >= 0 && slot.step > restored &&
+      !before_restore && restored >= 0 && slot.step > restored &&
       restored_step_.compare_exchange_strong(restored, -1, std::memory_order_relaxed)) {
     if (options_.on_trained_on) options_.on_trained_on(restored, slot.step);
     // Replicated as soon as the writer is free: where the rank went back,
@@ -242,6 +263,9 @@ WriteJob RankSession::MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, 
   job.on_failure = on_failure;
   job.persist = persist;
   job.replicate = replicate;
+  // The restores before the snapshot was taken (RankWriteTarget::left_behind).
+  job.restores = restores_.load(std::memory_order_acquire);
+  if (job.restores > 0 && slot.seq < restored_seq_.load(std::memory_order_acquire)) --job.restores;
   if (replicate) job.supersedes_newer = supersede_next_.exchange(false);
   ema_.CopyForWrite(&job);
   return job;
@@ -293,7 +317,10 @@ std::optional<shm::ReadySlot> RankSession::ClaimNewestFull(int64_t min_step) {
   // Claimed so that nothing can change it while it is written; a slot the
   // trainer had taken again holds a torn copy and is left alone.
   if (!slots_.ClaimForWrite(newest->slot, newest->step)) return std::nullopt;
-  return shm::ReadySlot{newest->slot, newest->step, shm::SnapshotKind::kFull, 0};
+  // (Ingested after the trainer's last restore, or of a step no newer than
+  // the restored one: NoteRestored forgot a newer one published before.)
+  return shm::ReadySlot{newest->slot, newest->step, shm::SnapshotKind::kFull,
+                        std::numeric_limits<uint64_t>::max()};
 }
 
 std::optional<int64_t> RankSession::PersistNewestOnFailure() {
@@ -311,6 +338,12 @@ void RankSession::NoteRestored(int64_t step) {
   // A snapshot ingested before, of a later step, is no longer the trainer's
   // state (one of the restored step still is).
   slots_.ForgetFullNewerThan(step);
+  last_restored_.store(step, std::memory_order_relaxed);
+  // What the trainer publishes from now on is of the restored state; what
+  // it published before (numbered below this) is not.
+  restored_seq_.store(slots_.control()->next_seq.load(std::memory_order_acquire),
+                      std::memory_order_release);
+  restores_.fetch_add(1, std::memory_order_release);
   restored_step_.store(step, std::memory_order_relaxed);
 }
 

@@ -295,6 +295,8 @@ class RankSession {
   // (and to replicate).
   void SubmitWrite(const shm::ReadySlot& slot, bool on_failure, bool replicate = false);
   WriteJob MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, bool persist, bool replicate);
+  // What a writer of this session writes for (the constructor's).
+  RankWriteTarget WriteTarget(PersistCallback on_persisted, std::function<void()> on_idle);
 
   const checkpoint::RankShards shards_;
   const std::vector<RegisteredTensor> registered_;
@@ -325,6 +327,12 @@ class RankSession {
   // The next step replicated is the first since the trainer went on from a
   // restore (checkpoint::RankStepBytes::supersedes_newer).
   std::atomic<bool> supersede_next_{false};
+  // Restores served (RankWriteTarget::left_behind), the last one's step, and
+  // the trainer's publication count then (a slot's seq below it was
+  // published before).
+  std::atomic<uint64_t> restores_{0};
+  std::atomic<int64_t> last_restored_{-1};
+  std::atomic<uint64_t> restored_seq_{0};
   std::thread thread_;
 
   mutable zcc::Mutex mu_;

@@ -503,6 +503,31 @@ TEST_CASE("a trainer that goes on from a restored step tells it once; that first
   CHECK(replicated == std::vector<std::pair<int64_t, bool>>{{101, true}});
 }
 
+TEST_CASE("a write of a step the trainer went back from is given up: no manifest stays, no "
+          "failure is counted; the same step written again goes through") {
+  const std::string root = testing::TempDir();
+  GatedStorage disk;
+  TestRank rank(root, /*save_every=*/10, &disk);
+  disk.SetOpen(false);
+  REQUIRE(rank.Snapshot(10));
+  REQUIRE(disk.AwaitBlockedWriter(absl::Seconds(10)));
+  // The trainer restores step 5 while step 10 is being written.
+  rank.session().NoteRestored(5);
+  disk.SetOpen(true);
+  REQUIRE(rank.AwaitPersisted(1, absl::Seconds(10)));
+  CHECK(rank.persisted() == std::vector<int64_t>{-1});
+  CHECK(rank.cb()->persist_failures.load() == 0);
+  CHECK(rank.session().counters().persist_failures == 0);
+  const std::string job_dir = JoinPath(root, "job");
+  CHECK_FALSE(PathExists(JoinPath(JoinPath(job_dir, "step-00000010.partial"), "r00000.manifest.json")));
+  CHECK_FALSE(PathExists(JoinPath(JoinPath(job_dir, "step-00000010"), "r00000.manifest.json")));
+  // On from step 5: its own step 10 is written.
+  for (int64_t step = 6; step <= 10; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitPersisted(2, absl::Seconds(10)));
+  CHECK(rank.persisted() == std::vector<int64_t>{-1, 10});
+  CHECK(PathExists(JoinPath(JoinPath(job_dir, "step-00000010.partial"), "r00000.manifest.json")));
+}
+
 TEST_CASE("a trainer that goes with no replication owed hands nothing over") {
   const std::string root = testing::TempDir();
   GatedReplication gate;

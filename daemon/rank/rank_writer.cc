@@ -4,7 +4,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/step_dirs.h"
+#include "common/file_util.h"
+#include "common/log.h"
 #include "common/thread_priority.h"
+#include "format/manifest.h"
+#include "storage/posix_storage.h"
 
 namespace zcc::daemon {
 
@@ -83,12 +88,34 @@ void RankWriter::State::Write(WriteJob job) {
   PersistEvent event;
   event.rank = target.shards->rank;
   event.step = step;
+  const std::function<bool()> left_behind = [this, &job, step] {
+    return target.left_behind && target.left_behind(step, job.restores);
+  };
   if (job.persist) {
     ScopedFsIdentity as_owner(target.fs_owner);
+    checkpoint::IoOptions io = target.io;
+    io.cancelled = &left_behind;
     auto stats = checkpoint::WriteRankShards(target.job_dir, step, *target.shards,
-                                             target.slots->data(job.slot.index), target.io,
+                                             target.slots->data(job.slot.index), io,
                                              job.ema_shards);
-    if (stats.ok()) {
+    if (stats.ok() && left_behind()) {
+      // Gone back while the manifest was written: it goes again.
+      storage::Storage& fs = storage::StorageOrDefault(target.io.storage);
+      const std::string dir = checkpoint::WritingStepDir(fs, target.job_dir, step);
+      const absl::Status removed =
+          fs.Remove(JoinPath(dir, format::ManifestFileName(target.shards->rank)));
+      stats = removed.ok() || absl::IsNotFound(removed)
+                  ? absl::StatusOr<checkpoint::WriteStats>(
+                        absl::CancelledError("the write was given up after its manifest"))
+                  : absl::StatusOr<checkpoint::WriteStats>(removed);
+    }
+    // (Given up, or failed as the job dropped the step's directory.)
+    if (!stats.ok() && left_behind()) {
+      event.left_behind = true;
+      event.status = stats.status();
+      ZCC_LOG(INFO) << "rank " << event.rank << ": the write of step " << step
+                    << " is given up: its trainer went back to an older step meanwhile";
+    } else if (stats.ok()) {
       event.stats = *stats;
       last_persisted_step.store(step);
     } else {
@@ -103,7 +130,7 @@ void RankWriter::State::Write(WriteJob job) {
                                     step, " failed: ", stats.status().message()));
     }
   }
-  if (job.replicate && target.on_replicate) {
+  if (job.replicate && target.on_replicate && !left_behind()) {
     // The files a disk write makes, made in memory, for other nodes: at idle
     // priority unless a checkpoint waits behind it (the trainer's copies and
     // zccd's ingest come first; measured in e2e_bench: 0.96 of the step time

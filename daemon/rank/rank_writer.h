@@ -49,6 +49,7 @@ struct WriteJob {
   bool persist = true;      // write the step to the job's directory
   bool replicate = false;   // and/or serialize it for the peer tier (on_replicate)
   bool supersedes_newer = false;  // see checkpoint::RankStepBytes
+  uint64_t restores = 0;  // the rank's restores before its snapshot (RankWriteTarget)
   storage::AlignedBuffer ema_copy;            // the EMA tensors back to back
   std::vector<checkpoint::ExtraShard> ema_shards;  // describing ema_copy
 };
@@ -59,6 +60,9 @@ struct PersistEvent {
   int64_t step = 0;
   absl::Status status;
   checkpoint::WriteStats stats;
+  // Given up: the trainer went back to an older step while it was written
+  // (RankWriteTarget::left_behind); no manifest of it stays.
+  bool left_behind = false;
 };
 using PersistCallback = std::function<void(const PersistEvent&)>;
 
@@ -76,6 +80,12 @@ struct RankWriteTarget {
   // A step serialized for the peer tier (WriteJob::replicate), from the
   // writer thread with the slot still held; null: none is.
   std::function<void(checkpoint::RankStepBytes)> on_replicate;
+  // Whether a write of `step`, from a snapshot taken after `restores`
+  // restores of the rank (WriteJob::restores), was left behind by a restore
+  // of an older step since: asked before its manifest and after the write
+  // (its manifest then removed); it is then neither committed nor
+  // replicated. Null: never.
+  std::function<bool(int64_t step, uint64_t restores)> left_behind;
   // As the writer goes idle after a write, under the writer's lock (so that
   // Stop, which waits for that lock, returns only after it): quick, and not
   // calling into the writer. Null: nothing is told.
