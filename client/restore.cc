@@ -136,6 +136,17 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
   const Session& s = *pending->session;
   {
     zcc::MutexLock lock(&mu);
+    // The snapshots taken before are published first: zccd tells them from
+    // the restored state by their order (a write of a step the trainer went
+    // back from is given up).
+    auto idle = [](Impl* im) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return im->queue.empty() && im->in_flight == 0;
+    };
+    if (!mu.AwaitWithTimeout(absl::Condition(+idle, this), options.restore_timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("snapshots taken before the restore still in flight after ",
+                       absl::FormatDuration(options.restore_timeout)));
+    }
     pending->refs = tensors;
   }
   auto req = AddressedTo<v1::RestoreRequest>(s);

@@ -577,7 +577,10 @@ TEST_CASE("a node and its buddy both lost: the restore falls back to disk and sa
     trainers.push_back(StartTrainer(
         *d, dir, absl::StrCat("train", rank),
         {"--job=both", absl::StrCat("--rank=", rank), "--world=2", "--steps=7", "--save_every=4",
-         "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000"}));
+         "--block", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
+         // Step 4's serialization (0.8 s on a loaded machine) done before
+         // step 6 is due: else step 7 goes in its place (the test waits for 6).
+         "--step_ms=1000"}));
     ++rank;
   }
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));

@@ -208,7 +208,10 @@ void Job::OnPersisted(const PersistEvent& event) {
   if (recently_committed_.count(event.step) > 0) return;
   auto [it, inserted] = write_start_.emplace(event.step, started);
   if (!inserted && started < it->second) it->second = started;
-  pending_.emplace(event.step, absl::Now());
+  auto [waiting, first] = pending_.emplace(event.step, absl::Now());
+  // A report of this run for a step of the number the run it left also
+  // wrote: it waits from now (GoBack drops what was reported before).
+  if (!first && waiting->second < going_back_at_) waiting->second = absl::Now();
   commit_up_to_ = std::max(commit_up_to_, event.step);  // the committer's next
   ++asked_;
 }

@@ -252,6 +252,7 @@ class Job {
   // most of them: a rank's count past it is a new going back.
   std::map<uint32_t, uint64_t> trained_on_ ABSL_GUARDED_BY(mu_);
   uint64_t goings_back_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time going_back_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the last one's
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
   // Requests made of the committer, and how many of them it has done (it
   // takes all those waiting at once): AwaitCommitter waits for the ones made

@@ -23,6 +23,7 @@ void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) {
   if (++trained_on_[rank] <= goings_back_) return;
   goings_back_ = trained_on_[rank];
   go_back_ = GoingBack{restored, step, absl::Now()};
+  going_back_at_ = go_back_.at;
   ++asked_;
 }
 

@@ -193,12 +193,12 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   slots_.NoteIngested(slot);
   // Published before the trainer's last restore (ingested only now): not the
   // trainer going on, and, of a later step, no longer its state.
+  int64_t restored = restored_step_.load(std::memory_order_acquire);
   const bool before_restore = slot.seq < restored_seq_.load(std::memory_order_acquire);
   if (before_restore && slot.step > last_restored_.load(std::memory_order_relaxed)) {
     slots_.ForgetFullNewerThan(last_restored_.load(std::memory_order_relaxed));
   }
-  if (int64_t restored = restored_step_.load(std::memory_order_relaxed);
-      !before_restore && restored >= 0 && slot.step > restored &&
+  if (!before_restore && restored >= 0 && slot.step > restored &&
       restored_step_.compare_exchange_strong(restored, -1, std::memory_order_relaxed)) {
     if (options_.on_trained_on) options_.on_trained_on(restored, slot.step);
     // Replicated as soon as the writer is free: where the rank went back,
@@ -335,16 +335,21 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
 }
 
 void RankSession::NoteRestored(int64_t step) {
-  // A snapshot ingested before, of a later step, is no longer the trainer's
-  // state (one of the restored step still is).
-  slots_.ForgetFullNewerThan(step);
   last_restored_.store(step, std::memory_order_relaxed);
   // What the trainer publishes from now on is of the restored state; what
-  // it published before (numbered below this) is not.
+  // it published before (numbered below this; the client publishes what it
+  // took before it asks for a restore) is not.
   restored_seq_.store(slots_.control()->next_seq.load(std::memory_order_acquire),
                       std::memory_order_release);
   restores_.fetch_add(1, std::memory_order_release);
-  restored_step_.store(step, std::memory_order_relaxed);
+  // A snapshot ingested before, of a later step, is no longer the trainer's
+  // state (one of the restored step still is; one ingested from now on sees
+  // the above and is forgotten by ingest).
+  slots_.ForgetFullNewerThan(step);
+  // Nor is a step persisted after it: persist-on-failure writes this run's
+  // newest.
+  writer_.LowerLastPersisted(step);
+  restored_step_.store(step, std::memory_order_release);
 }
 
 void RankSession::PayOwedReplication() {

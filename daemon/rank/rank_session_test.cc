@@ -528,6 +528,21 @@ TEST_CASE("a write of a step the trainer went back from is given up: no manifest
   CHECK(PathExists(JoinPath(JoinPath(job_dir, "step-00000010.partial"), "r00000.manifest.json")));
 }
 
+TEST_CASE("persist-on-failure after the trainer went back writes its newest step, older than "
+          "the one persisted before the restore") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/10, storage::DefaultStorage());
+  for (int64_t step = 1; step <= 10; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitPersisted(1, absl::Seconds(10)));
+  REQUIRE(rank.persisted() == std::vector<int64_t>{10});
+  // Back to step 5, on to step 8, and the trainer dies.
+  rank.session().NoteRestored(5);
+  for (int64_t step = 6; step <= 8; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitEmaStep(8, absl::Seconds(10)));
+  CHECK(rank.session().PersistNewestOnFailure() == std::optional<int64_t>(8));
+  CHECK(rank.persisted() == std::vector<int64_t>{10, 8});
+}
+
 TEST_CASE("a trainer that goes with no replication owed hands nothing over") {
   const std::string root = testing::TempDir();
   GatedReplication gate;

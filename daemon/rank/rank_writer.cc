@@ -60,6 +60,12 @@ void RankWriter::AwaitIdle() {
   state_->mu.Await(absl::Condition(state_.get(), &State::Idle));
 }
 
+void RankWriter::LowerLastPersisted(int64_t step) {
+  int64_t persisted = state_->last_persisted_step.load();
+  while (persisted > step && !state_->last_persisted_step.compare_exchange_weak(persisted, step)) {
+  }
+}
+
 bool RankWriter::idle() const {
   zcc::MutexLock lock(&state_->mu);
   return state_->Idle();

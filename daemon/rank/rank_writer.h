@@ -116,6 +116,9 @@ class RankWriter {
   void Stop() { AwaitIdle(); }
 
   int64_t last_persisted_step() const;
+  // A restore of `step`: a step persisted after it is no longer the
+  // trainer's newest (lowers last_persisted_step to `step` where higher).
+  void LowerLastPersisted(int64_t step);
   uint64_t persist_failures() const;
 
  private:
