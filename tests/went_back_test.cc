@@ -32,17 +32,37 @@ std::vector<std::string> Flags(int rank, std::vector<std::string> more) {
   return flags;
 }
 
-// Runs one process per rank with `more` flags; each must exit 0.
-void RunRanks(const Daemon& daemon, const std::string& dir, const std::string& name,
-              const std::vector<std::string>& more) {
+// Starts one process per rank with `more` flags.
+std::vector<std::unique_ptr<Subprocess>> StartRanks(const Daemon& daemon, const std::string& dir,
+                                                    const std::string& name,
+                                                    const std::vector<std::string>& more) {
   std::vector<std::unique_ptr<Subprocess>> ranks;
   for (int rank = 0; rank < kWorld; ++rank) {
     ranks.push_back(StartTrainer(daemon, dir, absl::StrCat(name, rank), Flags(rank, more)));
   }
+  return ranks;
+}
+
+// Runs one process per rank with `more` flags; each must exit 0.
+std::vector<std::unique_ptr<Subprocess>> RunRanks(const Daemon& daemon, const std::string& dir,
+                                                  const std::string& name,
+                                                  const std::vector<std::string>& more) {
+  std::vector<std::unique_ptr<Subprocess>> ranks = StartRanks(daemon, dir, name, more);
   for (auto& r : ranks) {
     INFO(name << ": " << r->Output() << daemon.Log());
     REQUIRE(r->Wait(absl::Seconds(90)) == 0);
   }
+  return ranks;
+}
+
+// How many times zccd's log says step `step` of job itest was committed.
+size_t Commits(const std::string& log, int64_t step) {
+  const std::string line = absl::StrCat("checkpoint job=itest step=", step, " ");
+  size_t commits = 0;
+  for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) {
+    ++commits;
+  }
+  return commits;
 }
 
 bool LatestIs(const std::string& job_dir, int64_t step) {
@@ -66,12 +86,8 @@ TEST_CASE("a run that went back to an older step is the one a restart resumes: f
 
   // The second run goes back to step 10 and is killed after step 13, before
   // its first commit (step 15).
-  std::vector<std::unique_ptr<Subprocess>> back;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    back.push_back(StartTrainer(daemon, dir, absl::StrCat("back", rank),
-                                Flags(rank, {"--mode=resume", "--restore_step=10", "--steps=10",
-                                             "--pause_at=13"})));
-  }
+  std::vector<std::unique_ptr<Subprocess>> back = StartRanks(
+      daemon, dir, "back", {"--mode=resume", "--restore_step=10", "--steps=10", "--pause_at=13"});
   for (auto& t : back) {
     INFO(t->Output());
     REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
@@ -122,27 +138,12 @@ TEST_CASE("a run that goes back within one zccd's life commits the step numbers 
   REQUIRE(LatestIs(job_dir, 20));
   // Back to step 10, and on to step 20 again: steps 15 and 20 commit again
   // (each trainer waits for its last due step's commit before it exits).
-  std::vector<std::unique_ptr<Subprocess>> back;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    back.push_back(StartTrainer(daemon, dir, absl::StrCat("back", rank),
-                                Flags(rank, {"--mode=resume", "--restore_step=10", "--steps=10"})));
-  }
-  for (auto& t : back) {
-    INFO(t->Output() << daemon.Log());
-    REQUIRE(t->Wait(absl::Seconds(90)) == 0);
-  }
+  auto back = RunRanks(daemon, dir, "back", {"--mode=resume", "--restore_step=10", "--steps=10"});
   CHECK(back[0]->Values()["committed"] == "20");  // (rank 0 waits for it)
   CHECK(LatestIs(job_dir, 20));
   const std::string log = daemon.Log();
-  INFO(log);
-  for (const char* step : {"step=15 ", "step=20 "}) {
-    size_t commits = 0;
-    for (size_t at = log.find(absl::StrCat("checkpoint job=itest ", step)); at != std::string::npos;
-         at = log.find(absl::StrCat("checkpoint job=itest ", step), at + 1)) {
-      ++commits;
-    }
-    CHECK(commits == 2);
-  }
+  CHECK(Commits(log, 15) == 2);
+  CHECK(Commits(log, 20) == 2);
   REQUIRE(daemon.Stop() == 0);
 }
 
@@ -170,12 +171,7 @@ void GoBackWhileWriting(int go_back_to) {
                              "not committed") ||
       absl::StrContains(log, "step 20 of the run left behind is not committed");
   CHECK(refused);
-  size_t commits = 0;
-  for (size_t at = log.find("checkpoint job=itest step=20 "); at != std::string::npos;
-       at = log.find("checkpoint job=itest step=20 ", at + 1)) {
-    ++commits;
-  }
-  CHECK(commits == 1);
+  CHECK(Commits(log, 20) == 1);
   REQUIRE(daemon.Stop() == 0);
 }
 
