@@ -110,10 +110,12 @@ void RankWriter::State::Write(WriteJob job) {
       const std::string dir = checkpoint::WritingStepDir(fs, target.job_dir, step);
       const absl::Status removed =
           fs.Remove(JoinPath(dir, format::ManifestFileName(target.shards->rank)));
-      stats = removed.ok() || absl::IsNotFound(removed)
-                  ? absl::StatusOr<checkpoint::WriteStats>(
-                        absl::CancelledError("the write was given up after its manifest"))
-                  : absl::StatusOr<checkpoint::WriteStats>(removed);
+      if (!removed.ok() && !absl::IsNotFound(removed)) {
+        // Said, not swallowed: that manifest could still complete the step.
+        target.on_error(absl::StrCat("the manifest of step ", step, ", of the state the trainer ",
+                                     "went back from, could not be removed: ", removed.message()));
+      }
+      stats = absl::CancelledError("the write was given up after its manifest");
     }
     // (Given up, or failed as the job dropped the step's directory.)
     if (!stats.ok() && left_behind()) {
