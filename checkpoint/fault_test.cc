@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -201,6 +202,36 @@ TEST_CASE("a failed rewrite withdraws the rank's earlier manifest for the step")
   CHECK(WriteRankShards(root, 20, ranks[1].shards(), ranks[1].slot(), options).status().code() ==
         absl::StatusCode::kInternal);
   REQUIRE_OK(WriteRankShards(root, 20, ranks[0].shards(), ranks[0].slot()));
+  CheckFailedCleanly(root, 20, step10_before);
+}
+
+TEST_CASE("a write given up midway stops within a queue of chunks and leaves nothing of the rank") {
+  const std::string root = TempDir();
+  std::vector<SyntheticRank> ranks;
+  ranks.emplace_back(0, 2, Specs());
+  ranks.emplace_back(1, 2, Specs());
+  WriteStep(root, ranks, 10);
+  const auto step10_before = HashFiles(JoinPath(root, format::StepDirName(10)));
+  for (SyntheticRank& r : ranks) r.Fill(20);
+  REQUIRE_OK(WriteRankShards(root, 20, ranks[0].shards(), ranks[0].slot()));
+  storage::PosixStorage posix;
+  storage::FaultInjectingStorage counted(&posix);
+  // The trainer went back once 256 KiB of rank 1's 2.5 MB had been queued.
+  constexpr uint64_t kGiveUpAt = 256 << 10;
+  const std::function<bool()> cancelled = [&] { return counted.bytes_written() >= kGiveUpAt; };
+  IoOptions options;
+  options.storage = &counted;
+  options.chunk_bytes = 16 << 10;
+  options.queue_depth = 4;
+  options.cancelled = &cancelled;
+  auto given_up = WriteRankShards(root, 20, ranks[1].shards(), ranks[1].slot(), options);
+  REQUIRE_FALSE(given_up.ok());
+  INFO(given_up.status().ToString());
+  CHECK(given_up.status().code() == absl::StatusCode::kCancelled);
+  CHECK(Contains(given_up.status().message(), "given up"));
+  // At most a chunk past the point it was given up at (a header of a few
+  // KiB each file besides), not the rest of the data.
+  CHECK(counted.bytes_written() < kGiveUpAt + (16 << 10) + (64 << 10));
   CheckFailedCleanly(root, 20, step10_before);
 }
 

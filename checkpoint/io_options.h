@@ -32,7 +32,8 @@ struct IoOptions {
   ReadProgress* progress = nullptr;
   // Reads ask it before each chunk and stop with Cancelled once it returns
   // true (null: never), so that an abandoned read of many GB ends within a
-  // chunk; a rank's write asks it before its manifest (WriteRankShards).
+  // chunk; a rank's write asks it before each chunk it queues and
+  // before its manifest (WriteRankShards), and removes what it wrote.
   // Borrowed: must outlive the call.
   const std::function<bool()>* cancelled = nullptr;
   // Reads call it with each piece (a tensor of a shard file) whose bytes

@@ -149,6 +149,11 @@ absl::StatusOr<ShardFileWritten> WriteShardFile(storage::Storage& storage,
     if (pipe.full()) ZCC_RETURN_IF_ERROR(pipe.RetireOldest().status());
     while (pipe.OldestDone()) ZCC_RETURN_IF_ERROR(pipe.RetireOldest().status());
     for (; !pipe.full() && pos < body_bytes; ++chunk_index) {
+      // A write given up (the rank's trainer went back from this state)
+      // ends at the next chunk, not after all of its bytes.
+      if (options.cancelled != nullptr && *options.cancelled && (*options.cancelled)()) {
+        return absl::CancelledError(absl::StrCat("the write of ", source.path, " was given up"));
+      }
       const size_t len =
           static_cast<size_t>(std::min<uint64_t>(options.chunk_bytes, body_bytes - pos));
       const uint8_t* src = source.data + pos;
