@@ -28,9 +28,10 @@ struct RankStepBytes {
   int64_t step = 0;
   // The manifest last: a holder with the manifest holds the whole.
   std::vector<RankStepFile> files;
-  // The rank's first step replicated after it went on from a restore: its
-  // holders drop the rank's newer steps (peer::ReplicaStore::Put).
-  bool supersedes_newer = false;
+  // The rank's first step replicated after it went on from a restore of
+  // this step (-1: not such a step): its holders drop the rank's newer
+  // steps (peer::ReplicaStore::Put).
+  int64_t went_on_from = -1;
   uint64_t total_bytes() const {
     uint64_t n = 0;
     for (const RankStepFile& f : files) n += f.bytes.size();

@@ -3,7 +3,8 @@
 // checked, a caller without the cluster's certificate refused, status and
 // metrics showing what a zccd holds for others, lost nodes' ranks restored
 // from the tier (a holder whose memory damaged its copy refused by
-// checksum), replicas within the node's staging budget, and bad peer
+// checksum; a job that went back, never from the run it left), replicas
+// within the node's staging budget, and bad peer
 // settings refused at start with the file or field named.
 #include <fcntl.h>
 #include <signal.h>
@@ -609,6 +610,71 @@ TEST_CASE("a node and its buddy both lost: the restore falls back to disk and sa
     CHECK(absl::StrContains(t->Output(), "mismatched_tensors=0"));
   }
   CHECK(absl::StrContains(c.Log(), "the peer tier holds no whole step newer than step 4"));
+  CHECK(c.Stop() == 0);
+}
+
+TEST_CASE("a job that went back and lost a node before that node's first step after the restore "
+          "reached its buddy restores the step it went back to, not the run it left") {
+  const std::string dir = ShortTempDir("it-peerback");
+  const std::string certs = MakeCerts(dir);
+  auto flags = [&](const std::string& node, const std::string& rack) {
+    std::vector<std::string> f = PeerFlags(certs, node, rack);
+    f.push_back("--replicate_every=2");
+    return f;
+  };
+  // A shared root: step 5 is committed on disk; the run trains to step 9
+  // (steps 6 and 8, replicated, are newer than every commit), goes back to
+  // step 5 and trains on.
+  const std::string root = dir + "/ckpt";
+  auto a = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-a", "rack-1"), root, "zccd-a"});
+  Daemon b(dir, {flags("node-b", "rack-2"), root, "zccd-b"});
+  Daemon c(dir, {flags("node-c", "rack-1"), root, "zccd-c"});
+  REQUIRE(a->Start());
+  REQUIRE(b.Start());
+  REQUIRE(c.Start());
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  int rank = 0;
+  for (Daemon* d : {a.get(), &b}) {
+    trainers.push_back(StartTrainer(
+        *d, dir, absl::StrCat("train", rank),
+        {"--job=back", absl::StrCat("--rank=", rank), "--world=2", "--steps=12",
+         "--save_every=5", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
+         "--pause_at=9", "--go_back_at=9", "--go_back_to=5",
+         // (each replicated step serialized before the next is due) and the
+         // time between the restore and the first step after it, in which
+         // node A's zccd is stopped below
+         "--step_ms=1500"}));
+    ++rank;
+  }
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("paused", absl::Seconds(90)));
+  REQUIRE(WaitForPath(root + "/back/step-00000005/COMMITTED", absl::Seconds(60)));
+  AwaitReplicated(dir, {a.get(), &b}, 8);
+  // Both ranks go back to step 5. Node A's zccd stops before its rank's
+  // first step after the restore (6) is snapshotted, so that step never
+  // reaches node B, which holds node A's steps 6 and 8 of the run left.
+  for (auto& t : trainers) t->Signal(SIGUSR1);
+  REQUIRE(trainers[0]->WaitForOutput("went_back_to=5", absl::Seconds(60)));
+  a->process()->Signal(SIGSTOP);
+  INFO(trainers[0]->Output());
+  REQUIRE(trainers[1]->WaitForOutput("went_back_to=5", absl::Seconds(60)));
+  // Node B's rank goes on from step 5: what node B holds of the run left
+  // goes, node A's rank's pieces too.
+  REQUIRE(zcc::testing::Eventually(
+      [&] {
+        return absl::StrContains(
+            b.Log(), "job back went on from step 5: the peer tier's pieces held here of the run it "
+                     "left are dropped (rank 0: step(s) 6, 8");
+      },
+      absl::Seconds(60)));
+  // Node A is lost; rank 0 restarts on node C. Step 5 is the newest step
+  // both ranks have of the run that went on (rank 1's own newer steps have
+  // no rank 0 beside them).
+  KillAll(trainers);
+  a->Kill();
+  a.reset();
+  RestoreOn(dir, "back", {&c, &b}, 5, c);
+  CHECK(b.Stop() == 0);
   CHECK(c.Stop() == 0);
 }
 

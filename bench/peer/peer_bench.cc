@@ -6,7 +6,7 @@
 // Between two network namespaces where it can make them (root and iproute2,
 // as the multi-node tests): two nodes joined by veth pairs to a bridge. The
 // far end is this binary again, run in node 1 (`--serve=IP`: the service
-// as zccd serves it, PeerService over a ReplicaStore, with TLS and without,
+// as zccd serves it, its PeerListener over a ReplicaStore, with TLS and without,
 // and a TCP sink); this process moves into node 0 and pushes and pulls.
 // Elsewhere (or with --loopback) both ends live in this process over
 // loopback. The row's name says which. On a cluster the two ends are two
@@ -45,7 +45,7 @@
 #include "bench/report.h"
 #include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_credentials.h"
-#include "daemon/peer/peer_service.h"
+#include "daemon/peer/peer_listener.h"
 #include "daemon/peer/replica_store.h"
 #include "tests/netns_cluster.h"
 
@@ -88,38 +88,31 @@ PeerConfig Credentials(const std::string& dir, bool tls, bool server) {
   return cfg;
 }
 
+// The far end's service, as zccd serves it (its PeerListener) over a
+// replica store of its own.
 struct Server {
   daemon::peer::ReplicaStore store;
-  daemon::peer::PeerService service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-  Server(const std::shared_ptr<grpc::ServerCredentials>& creds, uint64_t budget,
-         const std::string& address)
-      : store(budget), service("bench", "", &store) {
-    grpc::ServerBuilder b;
-    b.AddListeningPort(address, creds, &port);
-    b.RegisterService(&service);
-    b.SetMaxReceiveMessageSize(4 << 20);
-    server = b.BuildAndStart();
+  std::unique_ptr<daemon::peer::PeerListener> listener;
+  // Listening on `address`, or null `listener` (the error printed).
+  Server(PeerConfig config, uint64_t budget, const std::string& address) : store(budget) {
+    config.listen = address;
+    config.node_name = "bench";
+    auto started = daemon::peer::PeerListener::Start(config, &store);
+    if (!started.ok()) {
+      std::fprintf(stderr, "peer_bench: %s\n", started.status().ToString().c_str());
+      return;
+    }
+    listener = *std::move(started);
   }
-  ~Server() {
-    if (server != nullptr) server->Shutdown();
-  }
+  int port() const { return listener->port(); }
 };
 
 // --serve=IP: the far end in its namespace, until its stdin closes.
 int ServeFarEnd(const std::string& ip, const std::string& dir, uint64_t budget) {
-  auto tls = daemon::peer::LoadPeerCredentials(Credentials(dir, true, true));
-  auto plain = daemon::peer::LoadPeerCredentials(Credentials(dir, false, true));
-  if (!tls.ok() || !plain.ok()) {
-    std::fprintf(stderr, "peer_bench far end: credentials: %s %s\n",
-                 tls.status().ToString().c_str(), plain.status().ToString().c_str());
-    return 1;
-  }
-  Server tls_server(tls->server, budget, absl::StrCat(ip, ":", kTlsPort));
-  Server plain_server(plain->server, budget, absl::StrCat(ip, ":", kPlaintextPort));
-  if (tls_server.server == nullptr || plain_server.server == nullptr) {
-    std::fprintf(stderr, "peer_bench far end: cannot listen on %s\n", ip.c_str());
+  Server tls_server(Credentials(dir, true, true), budget, absl::StrCat(ip, ":", kTlsPort));
+  Server plain_server(Credentials(dir, false, true), budget, absl::StrCat(ip, ":", kPlaintextPort));
+  if (tls_server.listener == nullptr || plain_server.listener == nullptr) {
+    std::fprintf(stderr, "peer_bench far end: cannot serve on %s\n", ip.c_str());
     return 1;
   }
   TcpSink sink(ip, kTcpPort, kPiece);
@@ -252,11 +245,9 @@ int main(int argc, char** argv) {
     const std::string push_row = tls ? "peer_push_tls_vs_tcp" : "peer_push_plaintext_vs_tcp";
     const std::string pull_row = "peer_pull_tls_vs_tcp";
     if (!wanted(push_row) && !(tls && wanted(pull_row))) continue;
-    auto sc = zcc::daemon::peer::LoadPeerCredentials(Credentials(dir, tls, true));
     auto cc = zcc::daemon::peer::LoadPeerCredentials(Credentials(dir, tls, false));
-    if (!sc.ok() || !cc.ok()) {
-      std::fprintf(stderr, "peer_bench: credentials: %s %s\n", sc.status().ToString().c_str(),
-                   cc.status().ToString().c_str());
+    if (!cc.ok()) {
+      std::fprintf(stderr, "peer_bench: credentials: %s\n", cc.status().ToString().c_str());
       return 1;
     }
     std::vector<double> push, pull, tcp;
@@ -265,8 +256,9 @@ int main(int argc, char** argv) {
       std::unique_ptr<Server> local;
       std::string target = absl::StrCat(far_ip, ":", tls ? kTlsPort : kPlaintextPort);
       if (cluster == nullptr) {
-        local = std::make_unique<Server>(sc->server, budget, "127.0.0.1:0");
-        target = absl::StrCat("127.0.0.1:", local->port);
+        local = std::make_unique<Server>(Credentials(dir, tls, true), budget, "127.0.0.1:0");
+        if (local->listener == nullptr) return 1;
+        target = absl::StrCat("127.0.0.1:", local->port());
       }
       PeerClient client(target, cc->channel);
       auto start = Clock::now();

@@ -119,7 +119,12 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
           [this](uint64_t target, const std::string& job_id, uint32_t uid,
                  std::vector<std::shared_ptr<const void>>* freed) {
             return replicas_.ShrinkTo(target, job_id, uid, freed);
-          }}) {}
+          },
+          config_.peer.listen.empty()
+              ? nullptr
+              : std::function<void(const std::string&, uint32_t, int64_t, absl::Time)>(
+                    [this](const std::string& job_id, uint32_t uid, int64_t restored,
+                           absl::Time at) { replicas_.DropLeftBehind(job_id, uid, restored, at); })}) {}
 
 Registry::~Registry() { Shutdown(); }
 

@@ -68,6 +68,11 @@ struct JobOptions {
   // written a step, the uploader sends this node's part of it and the step
   // commits in the store (job_uploader.h).
   bool node_local_root = false;
+  // Told, on the committer's thread, each time the job's ranks here went on
+  // from a restore of step `restored` (at `at`, their first snapshot after
+  // it; GoBack): the peer tier drops what it holds of the run left behind
+  // (peer::ReplicaStore::DropLeftBehind). Null: nobody.
+  std::function<void(int64_t restored, absl::Time at)> on_went_on;
 };
 
 class Job {

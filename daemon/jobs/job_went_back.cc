@@ -28,6 +28,8 @@ void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) {
 }
 
 void Job::GoBack(const GoingBack& back) {
+  // The peer tier first: it holds steps newer than everything written.
+  if (options_.on_went_on) options_.on_went_on(back.restored, back.at);
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
   // Where the job commits: the store, in the node-local mode (a read there
   // once per restore that training went on from).

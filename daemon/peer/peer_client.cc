@@ -73,7 +73,7 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
 
 absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
                               uint64_t xxh3, absl::Duration timeout, CallCancel* cancel,
-                              bool supersedes_newer) {
+                              int64_t went_on_from) {
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());
   v1::PushReplicaResponse resp;
@@ -84,7 +84,10 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
   *header->mutable_key() = ToProto(key);
   header->set_nbytes(nbytes);
   header->set_xxh3(xxh3);
-  header->set_supersedes_newer(supersedes_newer);
+  if (went_on_from >= 0) {
+    header->set_supersedes_newer(true);
+    header->set_went_on_from(went_on_from);
+  }
   bool sent = writer->Write(chunk);
   const auto* bytes = static_cast<const char*>(data);
   for (size_t off = 0; sent && off < nbytes; off += kReplicaChunkBytes) {

@@ -37,11 +37,12 @@ class PeerClient {
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, absl::Duration timeout);
   // The same with the bytes' XXH3 already known (a held piece's, computed
   // when it was kept): the receiver checks the bytes against it. `cancel`
-  // (may be null) ends the call early (Cancelled). `supersedes_newer`: the
+  // (may be null) ends the call early (Cancelled). `went_on_from` >= 0: the
+  // rank's first step after it went on from a restore of that step; the
   // receiver drops the rank's newer steps (ReplicaStore::Put).
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, uint64_t xxh3,
                     absl::Duration timeout, CallCancel* cancel = nullptr,
-                    bool supersedes_newer = false);
+                    int64_t went_on_from = -1);
   // The piece's bytes, checked against the size and XXH3 the peer sent first.
   // `cancel` (may be null) ends the call early (Cancelled).
   absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout,

@@ -129,7 +129,8 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   replica.info.xxh3 = header.xxh3();
   replica.info.from_node = from;
   replica.info.received = absl::Now();
-  if (absl::Status st = store_->Put(std::move(replica), header.supersedes_newer()); !st.ok()) {
+  const int64_t went_on_from = header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
+  if (absl::Status st = store_->Put(std::move(replica), went_on_from); !st.ok()) {
     return refuse(st);
   }
   resp->set_replica_bytes_held(store_->bytes_held());

@@ -51,7 +51,7 @@ void ReplicaStore::DropLocked(const ReplicaKey& key,
   held_.erase(it);
 }
 
-absl::Status ReplicaStore::Put(Replica replica, bool supersedes_newer) {
+absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from) {
   const uint64_t n = replica.bytes.size();
   if (n > budget_bytes_) {
     return absl::ResourceExhaustedError(
@@ -60,6 +60,7 @@ absl::Status ReplicaStore::Put(Replica replica, bool supersedes_newer) {
   }
   replica.info.nbytes = n;
   const ReplicaKey key = replica.info.key;
+  const absl::Time arrived = replica.info.received;
   const bool pushed_whole = IsManifest(key) && !replica.info.own;
   auto piece = std::make_shared<const Replica>(std::move(replica));
   // The room is asked outside the lock (it reads the trainers' staging,
@@ -75,14 +76,18 @@ absl::Status ReplicaStore::Put(Replica replica, bool supersedes_newer) {
     const uint64_t most = cap();
     zcc::MutexLock lock(&mu_);
     if (room_moves_ != nullptr && room_moves_->load() != moves && attempt < 5) continue;
-    if (supersedes_newer) left_behind = DropLeftBehindLocked(key, &freed);
+    if (went_on_from >= 0) {
+      left_behind = DropLeftBehindLocked(key, &freed);
+      NoteWentOnLocked(key, went_on_from, arrived);
+    }
     put = PutLocked(std::move(piece), most, &freed);
     held = HeldLocked();
     break;
   }
   if (!left_behind.empty()) {
-    ZCC_LOG(WARNING) << "job " << key.job_id << " rank " << key.rank << " went back to step "
-                     << key.step << ": its step(s) " << absl::StrJoin(left_behind, ", ")
+    ZCC_LOG(WARNING) << "job " << key.job_id << " rank " << key.rank << " went on from step "
+                     << went_on_from << " (step " << key.step << " the first after it): its "
+                     << "step(s) " << absl::StrJoin(left_behind, ", ")
                      << " held here, of the run it left, are dropped";
   }
   if (!put.ok() && left_behind.empty()) return put;
@@ -90,28 +95,6 @@ absl::Status ReplicaStore::Put(Replica replica, bool supersedes_newer) {
   ZCC_RETURN_IF_ERROR(put);
   if (pushed_whole && on_pushed_whole_) on_pushed_whole_(key);
   return absl::OkStatus();
-}
-
-std::vector<int64_t> ReplicaStore::DropLeftBehindLocked(
-    const ReplicaKey& key, std::vector<std::shared_ptr<const void>>* freed) {
-  std::vector<int64_t> steps;
-  auto w = whole_.find(std::make_tuple(key.job_id, key.uid, key.rank));
-  if (w == whole_.end()) return steps;
-  for (auto it = w->second.upper_bound(key.step); it != w->second.end(); ++it) {
-    steps.push_back(*it);
-  }
-  for (int64_t step : steps) {
-    std::vector<ReplicaKey> pieces;
-    for (auto it = held_.lower_bound(ReplicaKey{key.job_id, key.uid, key.rank, step, ""});
-         it != held_.end() && it->first.job_id == key.job_id && it->first.uid == key.uid &&
-         it->first.rank == key.rank && it->first.step == step;
-         ++it) {
-      pieces.push_back(it->first);
-    }
-    for (const ReplicaKey& k : pieces) DropLocked(k, freed);
-    pieces_dropped_ += pieces.size();
-  }
-  return steps;
 }
 
 uint64_t ReplicaStore::cap() const {

@@ -93,15 +93,30 @@ class ReplicaStore {
   // older than the new piece's give way, and only where their rank has a
   // newer step here whole (its manifest, which replication sends last): the
   // newest complete step of each rank stays until a newer one is complete.
-  // Nor do the pieces of a job's pinned step (Pin). With
-  // `supersedes_newer` (the rank's first step replicated after it went on
-  // from a restore), the steps its rank has whole here that are newer than
-  // the piece's are of a run it left, having gone back to an older step:
-  // they go at once, pinned or not, so that no restore ever takes them (a
-  // late piece of an older step, without the flag, drops nothing).
+  // Nor do the pieces of a job's pinned step (Pin). With `went_on_from`
+  // >= 0 (the piece is of the rank's first step replicated after it went on
+  // from a restore of that step), the steps its rank has whole here that
+  // are newer than the piece's are of a run it left, having gone back to an
+  // older step: they go at once, pinned or not, so that no restore ever
+  // takes them (a late piece of an older step, without the flag, drops
+  // nothing); and the rank's going on is noted for DropLeftBehind.
   // ResourceExhausted, keeping everything held, when the piece alone is
   // larger than the budget or nothing may give way.
-  absl::Status Put(Replica replica, bool supersedes_newer = false);
+  absl::Status Put(Replica replica, int64_t went_on_from = -1);
+
+  // The job (`job_id`, `uid`) went on from a restore of step `restored`,
+  // as this zccd's own ranks of it showed at `at` (their first snapshot
+  // after it; Job::GoBack): the pieces held here of steps after `restored`
+  // that arrived before a rank's run went on are of the run left behind,
+  // and go, pinned or not, whole or not. Where the rank's first step after
+  // the restore arrived (Put's `went_on_from` equal to `restored`), what
+  // came before it; where it did not, what came before `at` (its run's
+  // pieces come after that first step, which is sent before any other).
+  // So that a node lost before its first step after the restore reached
+  // this holder does not leave the step it went back from restorable.
+  // Returns the steps dropped, by rank.
+  std::map<uint32_t, std::set<int64_t>> DropLeftBehind(const std::string& job_id, uint32_t uid,
+                                                       int64_t restored, absl::Time at);
 
   // The piece, or NotFound (also for a uid other than the one it was pushed
   // for: whether another uid's job exists is not told).
@@ -165,6 +180,10 @@ class ReplicaStore {
   std::vector<int64_t> DropLeftBehindLocked(const ReplicaKey& key,
                                             std::vector<std::shared_ptr<const void>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes in went_on_ that `key`'s rank went on from step `from`, `key`'s
+  // step the first after it, whose first piece arrived at `arrived`.
+  void NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return Held{bytes_held_, held_.size(), own_bytes_held_, own_pieces_held_};
@@ -190,6 +209,15 @@ class ReplicaStore {
   uint64_t pieces_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // The pinned step of each job (job_id, uid).
   std::map<std::pair<std::string, uint32_t>, int64_t> pinned_ ABSL_GUARDED_BY(mu_);
+  // Each rank's (job, uid, rank) newest first step after a restore seen
+  // here (Put's went_on_from): the step restored, that first step, and when
+  // its first piece arrived. Taken by the DropLeftBehind it matches.
+  struct WentOn {
+    int64_t from = -1;
+    int64_t first_step = -1;
+    absl::Time arrived;
+  };
+  std::map<std::tuple<std::string, uint32_t, uint32_t>, WentOn> went_on_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zcc::daemon::peer

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -179,7 +181,7 @@ TEST_CASE("replica store: a rank's first step after it went on from a restore dr
   REQUIRE_OK(store.Put(Piece(12, "w", 10)));
   CHECK(store.List("job", 1000).size() == 7);
   // The rank went back to step 10 and trained on: step 11 is flagged.
-  REQUIRE_OK(store.Put(Piece(11, "w", 10), /*supersedes_newer=*/true));
+  REQUIRE_OK(store.Put(Piece(11, "w", 10), /*went_on_from=*/10));
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 20, "w"}).status().code() ==
         absl::StatusCode::kNotFound);
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 30, "r00000.manifest.json"}).status().code() ==
@@ -190,6 +192,67 @@ TEST_CASE("replica store: a rank's first step after it went on from a restore dr
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 1, 30, "r00001.manifest.json"}).status());
   CHECK(store.bytes_held() == 10 + 1 + 10 + 10);
   CHECK(seen.back().bytes == store.bytes_held());
+}
+
+TEST_CASE("replica store: a job that went on from a restore drops the pieces of the run it left, "
+          "as they arrived before each rank's run began") {
+  std::vector<ReplicaStore::Held> seen;
+  ReplicaStore store(10000, [&seen](const ReplicaStore::Held& h) { seen.push_back(h); });
+  const absl::Time t = absl::Now();
+  auto put = [&store, t](uint32_t rank, int64_t step, const std::string& name, int at_s,
+                         int64_t went_on_from = -1) {
+    Replica r = Piece(step, name, 10);
+    r.info.key.rank = rank;
+    r.info.received = t + absl::Seconds(at_s);
+    REQUIRE_OK(store.Put(std::move(r), went_on_from));
+  };
+  auto held = [&store](uint32_t rank, int64_t step, const std::string& name) {
+    return store.Get(ReplicaKey{"job", 1000, rank, step, name}).ok();
+  };
+  // Rank 0 (its node lost before its first step after the restore came):
+  // the run it left, step 20 whole and 30 part-received; step 8 is older
+  // than the step restored.
+  put(0, 8, "w", 1);
+  put(0, 20, "w", 1);
+  put(0, 20, "r00000.manifest.json", 1);
+  put(0, 30, "w", 2);
+  // Rank 1: a piece of the run it left, then its first step after the
+  // restore of step 10 (11, flagged), then its run's step 12.
+  put(1, 25, "w", 3);
+  put(1, 11, "w", 5, /*went_on_from=*/10);
+  put(1, 12, "w", 6);
+  // Rank 2: its first step after an earlier restore (of step 4), then a
+  // piece of the run it left now.
+  put(2, 5, "w", 2, /*went_on_from=*/4);
+  put(2, 14, "w", 3);
+  // Rank 3: a piece that arrived after this zccd's ranks went on.
+  put(3, 15, "w", 7);
+  // Another job's step stays.
+  Replica other = Piece(20, "w", 10, 1000, "other");
+  other.info.received = t;
+  REQUIRE_OK(store.Put(std::move(other)));
+
+  const size_t told = seen.size();
+  const auto dropped = store.DropLeftBehind("job", 1000, 10, t + absl::Seconds(4));
+  CHECK(dropped == std::map<uint32_t, std::set<int64_t>>{{0, {20, 30}}, {1, {25}}, {2, {14}}});
+  CHECK_FALSE(held(0, 20, "w"));
+  CHECK_FALSE(held(0, 20, "r00000.manifest.json"));
+  CHECK_FALSE(held(0, 30, "w"));
+  CHECK_FALSE(held(1, 25, "w"));
+  CHECK_FALSE(held(2, 14, "w"));
+  CHECK(held(0, 8, "w"));
+  CHECK(held(1, 11, "w"));  // rank 1's run, from its first step on
+  CHECK(held(1, 12, "w"));
+  CHECK(held(2, 5, "w"));
+  CHECK(held(3, 15, "w"));
+  CHECK(store.Get(ReplicaKey{"other", 1000, 0, 20, "w"}).ok());
+  CHECK(store.bytes_held() == 6 * 10);
+  REQUIRE(seen.size() == told + 1);
+  CHECK(seen.back().bytes == store.bytes_held());
+  // Rank 1's first step was taken by that going back: another one to the
+  // same step, later, drops what came before it.
+  CHECK(store.DropLeftBehind("job", 1000, 10, t + absl::Seconds(10)) ==
+        std::map<uint32_t, std::set<int64_t>>{{1, {11, 12}}, {3, {15}}});
 }
 
 TEST_CASE("replica store: a piece pushed again replaces the old bytes") {

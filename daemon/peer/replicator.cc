@@ -45,7 +45,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
     r.info.own = true;
     r.info.received = absl::Now();
     r.bytes = std::move(f.bytes);
-    if (absl::Status st = store_->Put(std::move(r), step.supersedes_newer); !st.ok()) {
+    if (absl::Status st = store_->Put(std::move(r), step.went_on_from); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("keeping step ", step.step, " of rank ",
                                                   step.rank, " for the peer tier: ", st.message()));
     }
@@ -60,9 +60,13 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
-  rs.supersedes_newer = rs.supersedes_newer || step.supersedes_newer;
-  if (step.step <= rs.pending_step && rs.pushing) return absl::OkStatus();
-  if (step.step < rs.replicated_step) {
+  if (step.went_on_from >= 0) rs.went_on_from = step.went_on_from;
+  // (The first step after a restore goes even behind a newer one of the
+  // run it left, still being pushed: it tells the buddies.)
+  if (step.step <= rs.pending_step && rs.pushing && step.went_on_from < 0) {
+    return absl::OkStatus();
+  }
+  if (step.step < rs.replicated_step || (step.went_on_from >= 0 && step.step < rs.newest_step)) {
     // The rank went back (it restored an older step): what the buddies
     // hold is of the steps it left behind.
     rs.replicated_step = -1;
@@ -160,7 +164,7 @@ void Replicator::Run() {
     std::vector<std::string> last_buddies;
     std::vector<std::string> only_to;
     std::set<std::pair<std::string, uint32_t>> pins;
-    bool supersedes_newer = false;
+    int64_t went_on_from = -1;
     {
       zcc::MutexLock lock(&mu_);
       for (;;) {
@@ -196,13 +200,13 @@ void Replicator::Run() {
       files = rs.pending_files;
       last_buddies = js.last_buddies;
       only_to = rs.repush_to;
-      supersedes_newer = std::exchange(rs.supersedes_newer, false);
+      went_on_from = std::exchange(rs.went_on_from, -1);
     }
     uint64_t sent = 0;
     bool own_missing = false;
     const absl::Time began = absl::Now();
     const absl::Status pushed = Push(work.first, uid, work.second, step, files, last_buddies,
-                                     only_to, supersedes_newer, &sent, &own_missing);
+                                     only_to, went_on_from, &sent, &own_missing);
     if (options_.bytes_sent != nullptr) options_.bytes_sent->Increment(sent);
     if (pushed.ok()) {
       const double s = absl::ToDoubleSeconds(absl::Now() - began);
@@ -218,7 +222,9 @@ void Replicator::Run() {
       rs.pushing = false;
       js.bytes_sent += sent;
       if (pushed.ok()) {
-        if (step >= rs.replicated_step) {
+        // (The first step after a restore replaces a newer one of the run
+        // it left, whose push ended after it was handed in.)
+        if (step >= rs.replicated_step || went_on_from >= 0) {
           rs.replicated_step = step;
           rs.replicated_files = files;
         }
@@ -234,10 +240,16 @@ void Replicator::Run() {
         for (const auto& [rank, r] : js.ranks) everywhere = std::min(everywhere, r.replicated_step);
         job_advanced = everywhere > js.after_push_step;
         if (job_advanced) js.after_push_step = everywhere;
+      } else if (own_missing && rs.pending_step != step && rs.went_on_from >= 0) {
+        // A step of the run the rank left: its copy went with the first
+        // step after the restore, which is pushed next.
+        ZCC_LOG(INFO) << "job " << work.first << " rank " << work.second << ": step " << step
+                      << " of the run left behind is not replicated: the rank went on from step "
+                      << rs.went_on_from;
       } else {
         js.last_error = std::string(pushed.message());
         // The next push of the rank still tells its buddies.
-        rs.supersedes_newer = rs.supersedes_newer || supersedes_newer;
+        if (rs.went_on_from < 0) rs.went_on_from = went_on_from;
         if (rs.pending_step == step && own_missing) {
           // Nothing to push it from: the rank's next step goes in its place.
           rs.pending_step = -1;
@@ -262,7 +274,7 @@ void Replicator::Run() {
 absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t rank,
                               int64_t step, const std::vector<std::string>& files,
                               const std::vector<std::string>& last_buddies,
-                              const std::vector<std::string>& only_to, bool supersedes_newer,
+                              const std::vector<std::string>& only_to, int64_t went_on_from,
                               uint64_t* sent, bool* own_missing) {
   // The job's buddies now; the last known once the job has left this zccd.
   const std::vector<std::string> buddies =
@@ -290,7 +302,7 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
       // Its checksum from when it was kept: the bytes are not summed again.
       const std::string& bytes = (*piece)->bytes;
       ZCC_RETURN_IF_ERROR(client->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
-                                       options_.push_timeout, &cancel_, supersedes_newer));
+                                       options_.push_timeout, &cancel_, went_on_from));
       *sent += bytes.size();
       Pace(bytes.size());
     }

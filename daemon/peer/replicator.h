@@ -103,8 +103,8 @@ class Replicator {
     absl::Time retry_at;  // InfinitePast: now
     bool pushing = false;
     // The next push is the rank's first since it went on from a restore
-    // (checkpoint::RankStepBytes::supersedes_newer); kept until one succeeds.
-    bool supersedes_newer = false;
+    // (checkpoint::RankStepBytes::went_on_from); kept until one succeeds.
+    int64_t went_on_from = -1;
     int64_t replicated_step = -1;
     std::vector<std::string> replicated_files;  // of replicated_step
     int64_t newest_step = -1;  // handed in
@@ -134,7 +134,7 @@ class Replicator {
   absl::Status Push(const std::string& job_id, uint32_t uid, uint32_t rank, int64_t step,
                     const std::vector<std::string>& files,
                     const std::vector<std::string>& last_buddies,
-                    const std::vector<std::string>& only_to, bool supersedes_newer,
+                    const std::vector<std::string>& only_to, int64_t went_on_from,
                     uint64_t* sent, bool* own_missing);
   // Forgets the jobs that have left this zccd with nothing left to push, or
   // with no buddy ever known (see above), and lifts their pins in the

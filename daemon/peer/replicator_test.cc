@@ -114,8 +114,26 @@ struct Buddy final : public v1::Peer::Service {
   grpc::Status PushReplica(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicaChunk>* reader,
                            v1::PushReplicaResponse* resp) override {
     ++pushes;
+    {
+      zcc::MutexLock lock(&gate_mu);
+      ++arrived;
+      gate_mu.Await(absl::Condition(
+          +[](bool* held) { return !*held; }, &held));
+    }
     return service.PushReplica(ctx, reader, resp);
   }
+  // While held, pushes wait before they are taken (a slow link).
+  void Hold(bool hold) {
+    zcc::MutexLock lock(&gate_mu);
+    held = hold;
+  }
+  int Arrived() {
+    zcc::MutexLock lock(&gate_mu);
+    return arrived;
+  }
+  zcc::Mutex gate_mu;
+  bool held ABSL_GUARDED_BY(gate_mu) = false;
+  int arrived ABSL_GUARDED_BY(gate_mu) = 0;
   grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest* req,
                             v1::ListReplicasResponse* resp) override {
     ++lists;
@@ -300,7 +318,7 @@ TEST_CASE("a rank's first step after it went on from a restore drops its newer s
   CHECK(own(20));
   // The trainer restored step 10 and trained on: step 11 tells.
   checkpoint::RankStepBytes first = Step(11);
-  first.supersedes_newer = true;
+  first.went_on_from = 10;
   REQUIRE_OK(replicator.Enqueue("j", 0, std::move(first)));
   CHECK(!own(15));
   CHECK(!own(20));
@@ -309,6 +327,38 @@ TEST_CASE("a rank's first step after it went on from a restore drops its newer s
   CHECK(!buddy.Holds(15));
   CHECK(!buddy.Holds(20));
   CHECK(replicator.Stats("j").replicated_step == 11);
+}
+
+TEST_CASE("a rank's first step after a restore goes behind a push of the run it left still in "
+          "flight, and is the step replicated") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  Replicator::Options options;
+  options.self_node = "self";
+  options.retry_after = absl::Milliseconds(20);
+  Replicator replicator(options, &store, &directory,
+                        [&](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{buddy.address};
+                        });
+  // Step 20 of the run left is on its way (its first piece held up).
+  buddy.Hold(true);
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(20)));
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 1; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  // The trainer restored step 10 and trained on: step 11 is handed in.
+  checkpoint::RankStepBytes first = Step(11);
+  first.went_on_from = 10;
+  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(first)));
+  CHECK(replicator.Stats("j").newest_step == 11);
+  buddy.Hold(false);
+  CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 11; },
+                            absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(buddy.Holds(11));
+  // Step 20 never became whole there: its push ended with the owner's
+  // copy, dropped by step 11.
+  CHECK_FALSE(buddy.Holds(20));
 }
 
 TEST_CASE("stopping the replicator ends its call in flight to a peer, not at its deadline") {

@@ -205,7 +205,7 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
     // the buddies drop the steps it left behind when this one arrives
     // (peer::ReplicaStore::Put), not only at the next due step.
     if (options_.on_replicate != nullptr) {
-      supersede_next_.store(true);
+      supersede_next_.store(restored);
       // (What was owed before the restore was of the state it replaced.)
       replication_owed_.store(slot.step, std::memory_order_relaxed);
     }
@@ -266,7 +266,7 @@ WriteJob RankSession::MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, 
   // The restores before the snapshot was taken (RankWriteTarget::left_behind).
   job.restores = restores_.load(std::memory_order_acquire);
   if (job.restores > 0 && slot.seq < restored_seq_.load(std::memory_order_acquire)) --job.restores;
-  if (replicate) job.supersedes_newer = supersede_next_.exchange(false);
+  if (replicate) job.went_on_from = supersede_next_.exchange(-1);
   ema_.CopyForWrite(&job);
   return job;
 }

@@ -325,8 +325,8 @@ class RankSession {
   // one (-1: none).
   std::atomic<int64_t> restored_step_{-1};
   // The next step replicated is the first since the trainer went on from a
-  // restore (checkpoint::RankStepBytes::supersedes_newer).
-  std::atomic<bool> supersede_next_{false};
+  // restore (checkpoint::RankStepBytes::went_on_from).
+  std::atomic<int64_t> supersede_next_{-1};  // the restored step; -1: none
   // Restores served (RankWriteTarget::left_behind), the last one's step, and
   // the trainer's publication count then (a slot's seq below it was
   // published before).

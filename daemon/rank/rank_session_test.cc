@@ -466,11 +466,11 @@ TEST_CASE("a trainer that goes on from a restored step tells it once; that first
           "replicated at once, telling the buddies to drop the rank's newer steps") {
   const std::string root = testing::TempDir();
   Mutex mu;
-  std::vector<std::pair<int64_t, bool>> replicated;  // step, supersedes_newer
+  std::vector<std::pair<int64_t, int64_t>> replicated;  // step, went_on_from
   std::vector<int64_t> told;
   auto on_replicate = [&](checkpoint::RankStepBytes step) {
     MutexLock lock(&mu);
-    replicated.push_back({step.step, step.supersedes_newer});
+    replicated.push_back({step.step, step.went_on_from});
   };
   auto on_trained_on = [&](int64_t restored, int64_t step) {
     MutexLock lock(&mu);
@@ -500,7 +500,7 @@ TEST_CASE("a trainer that goes on from a restored step tells it once; that first
   MutexLock lock(&mu);
   CHECK(told == std::vector<int64_t>{100, 101});
   // Step 101, not due (every 1000th), went at once, flagged; nothing else.
-  CHECK(replicated == std::vector<std::pair<int64_t, bool>>{{101, true}});
+  CHECK(replicated == std::vector<std::pair<int64_t, int64_t>>{{101, 100}});
 }
 
 TEST_CASE("a write of a step the trainer went back from is given up: no manifest stays, no "

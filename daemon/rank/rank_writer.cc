@@ -148,7 +148,7 @@ void RankWriter::State::Write(WriteJob job) {
     auto bytes = checkpoint::SerializeRankStep(step, *target.shards,
                                                target.slots->data(job.slot.index), job.ema_shards);
     if (bytes.ok()) {
-      bytes->supersedes_newer = job.supersedes_newer;
+      bytes->went_on_from = job.went_on_from;
       target.on_replicate(*std::move(bytes));
     } else {
       target.on_error(absl::StrCat("replication of step ", step, " failed: ",

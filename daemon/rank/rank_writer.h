@@ -48,7 +48,7 @@ struct WriteJob {
   bool on_failure = false;  // persist-on-failure's write
   bool persist = true;      // write the step to the job's directory
   bool replicate = false;   // and/or serialize it for the peer tier (on_replicate)
-  bool supersedes_newer = false;  // see checkpoint::RankStepBytes
+  int64_t went_on_from = -1;  // see checkpoint::RankStepBytes
   uint64_t restores = 0;  // the rank's restores before its snapshot (RankWriteTarget)
   storage::AlignedBuffer ema_copy;            // the EMA tensors back to back
   std::vector<checkpoint::ExtraShard> ema_shards;  // describing ema_copy
