@@ -79,6 +79,21 @@ void WriteStep(const std::string& root, std::vector<SyntheticRank>& ranks, int64
   REQUIRE(commit->outcome == CommitOutcome::kCommitted);
 }
 
+// Two ranks of a job, step 10 committed under a fresh root (its files'
+// checksums kept), their tensors filled for step 20.
+struct TwoRanksPastStep10 {
+  std::string root = TempDir();
+  std::vector<SyntheticRank> ranks;
+  std::map<std::string, uint64_t> step10_before;
+  TwoRanksPastStep10() {
+    ranks.emplace_back(0, 2, Specs());
+    ranks.emplace_back(1, 2, Specs());
+    WriteStep(root, ranks, 10);
+    step10_before = HashFiles(JoinPath(root, format::StepDirName(10)));
+    for (SyntheticRank& r : ranks) r.Fill(20);
+  }
+};
+
 // After rank 1 failed to persist `step` in `root`: nothing of rank 1 is left
 // in the partial directory, the step does not commit, and step 10 is as it was.
 void CheckFailedCleanly(const std::string& root, int64_t step,
@@ -149,14 +164,10 @@ std::vector<FaultCase> FaultCases() {
 TEST_CASE("a storage fault fails the rank's write cleanly and never touches a committed step") {
   for (const FaultCase& fc : FaultCases()) {
     INFO(fc.what);
-    const std::string root = TempDir();
-    std::vector<SyntheticRank> ranks;
-    ranks.emplace_back(0, 2, Specs());
-    ranks.emplace_back(1, 2, Specs());
-    WriteStep(root, ranks, 10);
-    const auto step10_before = HashFiles(JoinPath(root, format::StepDirName(10)));
-
-    for (SyntheticRank& r : ranks) r.Fill(20);
+    TwoRanksPastStep10 job;
+    const std::string& root = job.root;
+    std::vector<SyntheticRank>& ranks = job.ranks;
+    const auto& step10_before = job.step10_before;
     REQUIRE_OK(WriteRankShards(root, 20, ranks[0].shards(), ranks[0].slot()));
     storage::PosixStorage posix;
     storage::FaultInjectingStorage faulty(&posix, fc.plan);
@@ -183,13 +194,10 @@ TEST_CASE("a storage fault fails the rank's write cleanly and never touches a co
 }
 
 TEST_CASE("a failed rewrite withdraws the rank's earlier manifest for the step") {
-  const std::string root = TempDir();
-  std::vector<SyntheticRank> ranks;
-  ranks.emplace_back(0, 2, Specs());
-  ranks.emplace_back(1, 2, Specs());
-  WriteStep(root, ranks, 10);
-  const auto step10_before = HashFiles(JoinPath(root, format::StepDirName(10)));
-  for (SyntheticRank& r : ranks) r.Fill(20);
+  TwoRanksPastStep10 job;
+  const std::string& root = job.root;
+  std::vector<SyntheticRank>& ranks = job.ranks;
+  const auto& step10_before = job.step10_before;
   // Rank 1 persists step 20, then persists it again (a retry) and fails: its
   // first manifest must not vouch for the half-overwritten files.
   REQUIRE_OK(WriteRankShards(root, 20, ranks[1].shards(), ranks[1].slot()));
@@ -206,13 +214,10 @@ TEST_CASE("a failed rewrite withdraws the rank's earlier manifest for the step")
 }
 
 TEST_CASE("a write given up midway stops within a queue of chunks and leaves nothing of the rank") {
-  const std::string root = TempDir();
-  std::vector<SyntheticRank> ranks;
-  ranks.emplace_back(0, 2, Specs());
-  ranks.emplace_back(1, 2, Specs());
-  WriteStep(root, ranks, 10);
-  const auto step10_before = HashFiles(JoinPath(root, format::StepDirName(10)));
-  for (SyntheticRank& r : ranks) r.Fill(20);
+  TwoRanksPastStep10 job;
+  const std::string& root = job.root;
+  std::vector<SyntheticRank>& ranks = job.ranks;
+  const auto& step10_before = job.step10_before;
   REQUIRE_OK(WriteRankShards(root, 20, ranks[0].shards(), ranks[0].slot()));
   storage::PosixStorage posix;
   storage::FaultInjectingStorage counted(&posix);

@@ -61,6 +61,14 @@ std::vector<std::string> PeerFlags(const std::string& certs, const std::string& 
           "--replica_budget_mb=64",               "--metrics_listen=127.0.0.1:0"};
 }
 
+// PeerFlags, each rank's every second step replicated.
+std::vector<std::string> ReplicatingPeerFlags(const std::string& certs, const std::string& node,
+                                              const std::string& domain) {
+  std::vector<std::string> f = PeerFlags(certs, node, domain);
+  f.push_back("--replicate_every=2");
+  return f;
+}
+
 daemon::PeerConfig Identity(const std::string& certs, const std::string& node) {
   daemon::PeerConfig c;
   c.cert_file = certs + "/" + node + ".pem";
@@ -309,13 +317,8 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
   const std::string dir = ShortTempDir("it-peerrep");
   const std::string certs = MakeCerts(dir);
   const std::string root = dir + "/ckpt";  // shared, so that the steps commit
-  auto flags = [&](const std::string& node, const std::string& rack) {
-    std::vector<std::string> f = PeerFlags(certs, node, rack);
-    f.push_back("--replicate_every=2");
-    return f;
-  };
-  Daemon a(dir, {flags("node-a", "rack-1"), root, "zccd-a"});
-  Daemon b(dir, {flags("node-b", "rack-2"), root, "zccd-b"});
+  Daemon a(dir, {ReplicatingPeerFlags(certs, "node-a", "rack-1"), root, "zccd-a"});
+  Daemon b(dir, {ReplicatingPeerFlags(certs, "node-b", "rack-2"), root, "zccd-b"});
   REQUIRE(a.Start());
   REQUIRE(b.Start());
   const char* kPort = R"(peer service on \S+ \(port (\d+), mutual TLS\))";
@@ -431,16 +434,11 @@ TEST_CASE("each rank's steps reach its buddy byte for byte, as a disk write make
 TEST_CASE("a lost node's rank restores the peer tier's newest step on a replacement node") {
   const std::string dir = ShortTempDir("it-peerlost");
   const std::string certs = MakeCerts(dir);
-  auto flags = [&](const std::string& node, const std::string& rack) {
-    std::vector<std::string> f = PeerFlags(certs, node, rack);
-    f.push_back("--replicate_every=2");
-    return f;
-  };
   // Node-local roots: no disk checkpoint at all (save_every 0).
-  Daemon a(dir, {flags("node-a", "rack-1"), dir + "/a-root", "zccd-a"});
-  auto b = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-b", "rack-2"), dir + "/b-root",
+  Daemon a(dir, {ReplicatingPeerFlags(certs, "node-a", "rack-1"), dir + "/a-root", "zccd-a"});
+  auto b = std::make_unique<Daemon>(dir, DaemonOptions{ReplicatingPeerFlags(certs, "node-b", "rack-2"), dir + "/b-root",
                                                        "zccd-b"});
-  Daemon c(dir, {flags("node-c", "rack-1"), dir + "/c-root", "zccd-c"});
+  Daemon c(dir, {ReplicatingPeerFlags(certs, "node-c", "rack-1"), dir + "/c-root", "zccd-c"});
   REQUIRE(a.Start());
   REQUIRE(b->Start());
   REQUIRE(c.Start());
@@ -503,8 +501,7 @@ TEST_CASE("the job's newest step whole in the tier outlives newer steps of one r
   // job's newest whole step, rank 1 going no further) and 4; no newer own
   // copy fits beside them, and none may push step 2 out.
   auto flags = [&](const std::string& node, const std::string& rack) {
-    std::vector<std::string> f = PeerFlags(certs, node, rack);
-    f.push_back("--replicate_every=2");
+    std::vector<std::string> f = ReplicatingPeerFlags(certs, node, rack);
     f.push_back("--replica_budget_mb=8");
     return f;
   };
@@ -558,16 +555,11 @@ TEST_CASE("the job's newest step whole in the tier outlives newer steps of one r
 TEST_CASE("a node and its buddy both lost: the restore falls back to disk and says why") {
   const std::string dir = ShortTempDir("it-peerboth");
   const std::string certs = MakeCerts(dir);
-  auto flags = [&](const std::string& node, const std::string& rack) {
-    std::vector<std::string> f = PeerFlags(certs, node, rack);
-    f.push_back("--replicate_every=2");
-    return f;
-  };
   // A shared root: step 4 is committed on disk; steps 2, 4 and 6 replicated.
   const std::string root = dir + "/ckpt";
-  auto a = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-a", "rack-1"), root, "zccd-a"});
-  auto b = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-b", "rack-2"), root, "zccd-b"});
-  Daemon c(dir, {flags("node-c", "rack-1"), root, "zccd-c"});
+  auto a = std::make_unique<Daemon>(dir, DaemonOptions{ReplicatingPeerFlags(certs, "node-a", "rack-1"), root, "zccd-a"});
+  auto b = std::make_unique<Daemon>(dir, DaemonOptions{ReplicatingPeerFlags(certs, "node-b", "rack-2"), root, "zccd-b"});
+  Daemon c(dir, {ReplicatingPeerFlags(certs, "node-c", "rack-1"), root, "zccd-c"});
   REQUIRE(a->Start());
   REQUIRE(b->Start());
   REQUIRE(c.Start());
@@ -617,18 +609,13 @@ TEST_CASE("a job that went back and lost a node before that node's first step af
           "reached its buddy restores the step it went back to, not the run it left") {
   const std::string dir = ShortTempDir("it-peerback");
   const std::string certs = MakeCerts(dir);
-  auto flags = [&](const std::string& node, const std::string& rack) {
-    std::vector<std::string> f = PeerFlags(certs, node, rack);
-    f.push_back("--replicate_every=2");
-    return f;
-  };
   // A shared root: step 5 is committed on disk; the run trains to step 9
   // (steps 6 and 8, replicated, are newer than every commit), goes back to
   // step 5 and trains on.
   const std::string root = dir + "/ckpt";
-  auto a = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-a", "rack-1"), root, "zccd-a"});
-  Daemon b(dir, {flags("node-b", "rack-2"), root, "zccd-b"});
-  Daemon c(dir, {flags("node-c", "rack-1"), root, "zccd-c"});
+  auto a = std::make_unique<Daemon>(dir, DaemonOptions{ReplicatingPeerFlags(certs, "node-a", "rack-1"), root, "zccd-a"});
+  Daemon b(dir, {ReplicatingPeerFlags(certs, "node-b", "rack-2"), root, "zccd-b"});
+  Daemon c(dir, {ReplicatingPeerFlags(certs, "node-c", "rack-1"), root, "zccd-c"});
   REQUIRE(a->Start());
   REQUIRE(b.Start());
   REQUIRE(c.Start());
@@ -683,8 +670,7 @@ TEST_CASE("a holder whose memory damaged its copy is refused by checksum; the ne
   const std::string certs = MakeCerts(dir, "node-a node-b node-c node-d");
   // Three nodes in three racks, each rank's steps at both other nodes.
   auto flags = [&](const std::string& node, const std::string& rack) {
-    std::vector<std::string> f = PeerFlags(certs, node, rack);
-    f.push_back("--replicate_every=2");
+    std::vector<std::string> f = ReplicatingPeerFlags(certs, node, rack);
     f.push_back("--replicas=2");
     return f;
   };

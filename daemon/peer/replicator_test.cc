@@ -145,6 +145,25 @@ struct Buddy final : public v1::Peer::Service {
   }
 };
 
+// A replicator over a replica store of its own, whose jobs' buddy is
+// `buddy` alone.
+struct ToOneBuddy {
+  static Replicator::Options Options() {
+    Replicator::Options options;
+    options.self_node = "self";
+    options.retry_after = absl::Milliseconds(20);
+    return options;
+  }
+  explicit ToOneBuddy(const Buddy& buddy)
+      : replicator(Options(), &store, &directory,
+                   [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
+                     return std::vector<std::string>{buddy.address};
+                   }) {}
+  ReplicaStore store{uint64_t{64} << 20};
+  PeerDirectory directory{{"self", "rack-1"}, grpc::InsecureChannelCredentials()};
+  Replicator replicator;
+};
+
 TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy") {
   Buddy buddy, other;
   REQUIRE(buddy.server != nullptr);
@@ -295,15 +314,9 @@ TEST_CASE("a rank's first step after it went on from a restore drops its newer s
           "buddy and in the owner's copy") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
-  ReplicaStore store(uint64_t{64} << 20);
-  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
-  Replicator::Options options;
-  options.self_node = "self";
-  options.retry_after = absl::Milliseconds(20);
-  Replicator replicator(options, &store, &directory,
-                        [&](const std::string&) -> std::optional<std::vector<std::string>> {
-                          return std::vector<std::string>{buddy.address};
-                        });
+  ToOneBuddy self(buddy);
+  ReplicaStore& store = self.store;
+  Replicator& replicator = self.replicator;
   auto own = [&](int64_t step) {
     return store.Get(ReplicaKey{"j", 0, 0, step, "r00000.manifest.json"}).ok();
   };
@@ -333,15 +346,9 @@ TEST_CASE("a rank's first step after a restore goes behind a push of the run it 
           "flight, and is the step replicated") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
-  ReplicaStore store(uint64_t{64} << 20);
-  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
-  Replicator::Options options;
-  options.self_node = "self";
-  options.retry_after = absl::Milliseconds(20);
-  Replicator replicator(options, &store, &directory,
-                        [&](const std::string&) -> std::optional<std::vector<std::string>> {
-                          return std::vector<std::string>{buddy.address};
-                        });
+  ToOneBuddy self(buddy);
+  ReplicaStore& store = self.store;
+  Replicator& replicator = self.replicator;
   // Step 20 of the run left is on its way (its first piece held up).
   buddy.Hold(true);
   REQUIRE_OK(replicator.Enqueue("j", 0, Step(20)));
@@ -352,6 +359,7 @@ TEST_CASE("a rank's first step after a restore goes behind a push of the run it 
   first.went_on_from = 10;
   REQUIRE_OK(replicator.Enqueue("j", 0, std::move(first)));
   CHECK(replicator.Stats("j").newest_step == 11);
+  CHECK_FALSE(store.Get(ReplicaKey{"j", 0, 0, 20, "r00000.manifest.json"}).ok());  // own copy
   buddy.Hold(false);
   CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 11; },
                             absl::Seconds(30), absl::Milliseconds(5)));
