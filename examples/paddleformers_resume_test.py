@@ -44,6 +44,9 @@ def run(args, expect_rc=0):
 def main():
     # (Paddle's tests run without $TEST_TMPDIR: run_python.sh says why.)
     tmp = tempfile.mkdtemp(prefix="zccpf.", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+    # PaddleFormers makes its home directory as it is imported (~/.paddleformers
+    # by default); the test's sandbox may not let it write the user's home.
+    os.environ.setdefault("PF_HOME", os.path.join(tmp, "paddleformers-home"))
     try:
         check(tmp)
     finally:

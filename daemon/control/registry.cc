@@ -124,7 +124,7 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
               ? nullptr
               : std::function<void(const std::string&, uint32_t, int64_t, absl::Time)>(
                     [this](const std::string& job_id, uint32_t uid, int64_t restored,
-                           absl::Time at) { replicas_.DropLeftBehind(job_id, uid, restored, at); })}) {}
+                           absl::Time at) { JobWentOn(job_id, uid, restored, at); })}) {}
 
 Registry::~Registry() { Shutdown(); }
 

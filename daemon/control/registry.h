@@ -211,6 +211,11 @@ class Registry {
   void WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::Time began);
   // A rank's step for the peer tier, from its writer thread.
   void ReplicateStep(const std::string& job_id, uint32_t uid, checkpoint::RankStepBytes step);
+  // The job's ranks here went on from a restore of step `restored` at `at`
+  // (JobOptions::on_went_on): what the peer tier holds and sends of the run
+  // left behind goes (ReplicaStore::DropLeftBehind, Replicator::WentOn).
+  void JobWentOn(const std::string& job_id, uint32_t uid, int64_t restored, absl::Time at)
+      ABSL_LOCKS_EXCLUDED(peer_mu_);
 
   mutable zcc::Mutex peer_mu_;
   std::optional<v1::PeerStatus> peer_endpoint_ ABSL_GUARDED_BY(peer_mu_);

@@ -407,6 +407,14 @@ Registry::PeerParts Registry::CurrentPeerParts() const {
   return PeerParts{peer_directory_, peer_address_};
 }
 
+void Registry::JobWentOn(const std::string& job_id, uint32_t uid, int64_t restored,
+                         absl::Time at) {
+  replicas_.DropLeftBehind(job_id, uid, restored, at);
+  if (std::shared_ptr<peer::Replicator> replicator = CurrentReplicator()) {
+    replicator->WentOn(job_id, restored, at);
+  }
+}
+
 std::shared_ptr<peer::Replicator> Registry::CurrentReplicator() const {
   zcc::MutexLock lock(&peer_mu_);
   return replicator_;

@@ -106,15 +106,20 @@ class ReplicaStore {
 
   // The job (`job_id`, `uid`) went on from a restore of step `restored`,
   // as this zccd's own ranks of it showed at `at` (their first snapshot
-  // after it; Job::GoBack): the pieces held here of steps after `restored`
-  // that arrived before a rank's run went on are of the run left behind,
-  // and go, pinned or not, whole or not. Where the rank's first step after
-  // the restore arrived (Put's `went_on_from` equal to `restored`), what
-  // came before it; where it did not, what came before `at` (its run's
-  // pieces come after that first step, which is sent before any other).
-  // So that a node lost before its first step after the restore reached
-  // this holder does not leave the step it went back from restorable.
-  // Returns the steps dropped, by rank.
+  // after it; Job::GoBack): the steps held here after `restored` of which a
+  // piece arrived before its rank's run went on are of the run left behind,
+  // and go whole, pinned or not (a pin above `restored` is lifted). A
+  // rank's run went on when its first step after the restore arrived
+  // (Put's `went_on_from` equal to `restored`, since this zccd's last going
+  // back of the job to another step); where that has not arrived, at `at`
+  // (its run's pieces come after that first step, which is sent before any
+  // other). So a node lost before its first step after the restore reached
+  // this holder does not leave the run it left restorable. Where this zccd
+  // cannot tell (a first step of the same restore that arrives after this
+  // zccd went on from it is late, or of a later going back to the same
+  // step), it counts for nothing: pieces of the new run dropped here are
+  // pushed again by their owner (its buddy checks, its next step). Returns
+  // the steps dropped, by rank.
   std::map<uint32_t, std::set<int64_t>> DropLeftBehind(const std::string& job_id, uint32_t uid,
                                                        int64_t restored, absl::Time at);
 
@@ -209,15 +214,16 @@ class ReplicaStore {
   uint64_t pieces_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // The pinned step of each job (job_id, uid).
   std::map<std::pair<std::string, uint32_t>, int64_t> pinned_ ABSL_GUARDED_BY(mu_);
-  // Each rank's (job, uid, rank) newest first step after a restore seen
-  // here (Put's went_on_from): the step restored, that first step, and when
-  // its first piece arrived. Taken by the DropLeftBehind it matches.
+  // Each rank's (job, uid, rank) going on from a restore seen here (Put's
+  // went_on_from): the step restored, and when the first piece of a first
+  // step after it arrived. Cleared by the job's next DropLeftBehind.
   struct WentOn {
     int64_t from = -1;
-    int64_t first_step = -1;
     absl::Time arrived;
   };
   std::map<std::tuple<std::string, uint32_t, uint32_t>, WentOn> went_on_ ABSL_GUARDED_BY(mu_);
+  // The step each job (job_id, uid) last went on from here (DropLeftBehind).
+  std::map<std::pair<std::string, uint32_t>, int64_t> went_on_from_here_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zcc::daemon::peer

@@ -187,6 +187,7 @@ TEST_CASE("replica store: a rank's first step after it went on from a restore dr
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 30, "r00000.manifest.json"}).status().code() ==
         absl::StatusCode::kNotFound);
   CHECK(store.pieces_dropped() == 4);
+  CHECK_FALSE(store.pinned("job", 1000).has_value());  // (step 30, of the run left)
   // What is not whole (no restore takes it) and the other rank's steps stay.
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 40, "w"}).status());
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 1, 30, "r00001.manifest.json"}).status());
@@ -194,12 +195,12 @@ TEST_CASE("replica store: a rank's first step after it went on from a restore dr
   CHECK(seen.back().bytes == store.bytes_held());
 }
 
-TEST_CASE("replica store: a job that went on from a restore drops the pieces of the run it left, "
-          "as they arrived before each rank's run began") {
+TEST_CASE("replica store: a job that went on from a restore drops the steps of the run it left "
+          "that arrived before each rank's run began") {
   std::vector<ReplicaStore::Held> seen;
   ReplicaStore store(10000, [&seen](const ReplicaStore::Held& h) { seen.push_back(h); });
   const absl::Time t = absl::Now();
-  auto put = [&store, t](uint32_t rank, int64_t step, const std::string& name, int at_s,
+  auto put = [&store, t](uint32_t rank, int64_t step, const std::string& name, double at_s,
                          int64_t went_on_from = -1) {
     Replica r = Piece(step, name, 10);
     r.info.key.rank = rank;
@@ -210,12 +211,14 @@ TEST_CASE("replica store: a job that went on from a restore drops the pieces of 
     return store.Get(ReplicaKey{"job", 1000, rank, step, name}).ok();
   };
   // Rank 0 (its node lost before its first step after the restore came):
-  // the run it left, step 20 whole and 30 part-received; step 8 is older
-  // than the step restored.
+  // the run it left, step 20 whole (pinned as the job's newest whole step)
+  // and step 30 whole only after this zccd went on; step 8 is older than
+  // the step restored.
   put(0, 8, "w", 1);
   put(0, 20, "w", 1);
   put(0, 20, "r00000.manifest.json", 1);
   put(0, 30, "w", 2);
+  put(0, 30, "r00000.manifest.json", 6);
   // Rank 1: a piece of the run it left, then its first step after the
   // restore of step 10 (11, flagged), then its run's step 12.
   put(1, 25, "w", 3);
@@ -227,6 +230,11 @@ TEST_CASE("replica store: a job that went on from a restore drops the pieces of 
   put(2, 14, "w", 3);
   // Rank 3: a piece that arrived after this zccd's ranks went on.
   put(3, 15, "w", 7);
+  // Rank 5: its first step after the restore (11), then, as 11 did not
+  // reach every buddy, 12 flagged too: its run began with 11.
+  put(5, 11, "w", 2, /*went_on_from=*/10);
+  put(5, 12, "w", 3, /*went_on_from=*/10);
+  store.Pin("job", 1000, 20);
   // Another job's step stays.
   Replica other = Piece(20, "w", 10, 1000, "other");
   other.info.received = t;
@@ -238,6 +246,7 @@ TEST_CASE("replica store: a job that went on from a restore drops the pieces of 
   CHECK_FALSE(held(0, 20, "w"));
   CHECK_FALSE(held(0, 20, "r00000.manifest.json"));
   CHECK_FALSE(held(0, 30, "w"));
+  CHECK_FALSE(held(0, 30, "r00000.manifest.json"));  // whole only with data of the run left
   CHECK_FALSE(held(1, 25, "w"));
   CHECK_FALSE(held(2, 14, "w"));
   CHECK(held(0, 8, "w"));
@@ -245,14 +254,20 @@ TEST_CASE("replica store: a job that went on from a restore drops the pieces of 
   CHECK(held(1, 12, "w"));
   CHECK(held(2, 5, "w"));
   CHECK(held(3, 15, "w"));
+  CHECK(held(5, 11, "w"));
+  CHECK(held(5, 12, "w"));
   CHECK(store.Get(ReplicaKey{"other", 1000, 0, 20, "w"}).ok());
-  CHECK(store.bytes_held() == 6 * 10);
+  CHECK_FALSE(store.pinned("job", 1000).has_value());
+  CHECK(store.bytes_held() == 8 * 10);
   REQUIRE(seen.size() == told + 1);
   CHECK(seen.back().bytes == store.bytes_held());
-  // Rank 1's first step was taken by that going back: another one to the
-  // same step, later, drops what came before it.
+  // A first step after that restore arriving now is late for it, or of a
+  // later going back to the same step: it counts for nothing. Such a later
+  // going back drops what came before it (the owners push their run's
+  // steps again).
+  put(4, 11, "w", 8, /*went_on_from=*/10);
   CHECK(store.DropLeftBehind("job", 1000, 10, t + absl::Seconds(10)) ==
-        std::map<uint32_t, std::set<int64_t>>{{1, {11, 12}}, {3, {15}}});
+        std::map<uint32_t, std::set<int64_t>>{{1, {11, 12}}, {3, {15}}, {4, {11}}, {5, {11, 12}}});
 }
 
 TEST_CASE("replica store: a piece pushed again replaces the old bytes") {

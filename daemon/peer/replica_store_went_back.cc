@@ -36,13 +36,30 @@ std::vector<int64_t> ReplicaStore::DropLeftBehindLocked(
 }
 
 void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived) {
+  // The job's pinned step, past the rank's first step after the restore,
+  // is of the run it left.
+  auto pin = pinned_.find({key.job_id, key.uid});
+  if (pin != pinned_.end() && pin->second > key.step) pinned_.erase(pin);
+  // Late (this zccd's ranks went on from that step already), or of another
+  // going back to it: cannot be told apart, and counts for nothing.
+  auto here = went_on_from_here_.find({key.job_id, key.uid});
+  if (here != went_on_from_here_.end() && here->second == from) return;
+  // Records of jobs nothing is held for any more go (a job that left).
+  for (auto it = went_on_.begin(); it != went_on_.end();) {
+    const auto& [job_id, uid, rank] = it->first;
+    auto held = held_.lower_bound(ReplicaKey{job_id, uid, 0, std::numeric_limits<int64_t>::min(), ""});
+    const bool any = held != held_.end() && held->first.job_id == job_id && held->first.uid == uid;
+    it = any || (job_id == key.job_id && uid == key.uid) ? std::next(it) : went_on_.erase(it);
+  }
   WentOn& w = went_on_[std::make_tuple(key.job_id, key.uid, key.rank)];
-  // Each piece of that first step tells it: the first to arrive counts.
-  if (w.from == from && w.first_step == key.step) {
+  // Every piece of its first step after the restore tells it (and the
+  // next step's, where that one did not reach every buddy): the first to
+  // arrive counts.
+  if (w.from == from) {
     w.arrived = std::min(w.arrived, arrived);
     return;
   }
-  w = WentOn{from, key.step, arrived};
+  w = WentOn{from, arrived};
 }
 
 std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::string& job_id,
@@ -51,12 +68,18 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
   std::map<uint32_t, std::set<int64_t>> dropped;
   std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
+  bool unpinned = false;
   {
     zcc::MutexLock lock(&mu_);
-    std::vector<ReplicaKey> gone;
-    for (auto it = held_.lower_bound(
-             ReplicaKey{job_id, uid, 0, std::numeric_limits<int64_t>::min(), ""});
-         it != held_.end() && it->first.job_id == job_id && it->first.uid == uid; ++it) {
+    const ReplicaKey first{job_id, uid, 0, std::numeric_limits<int64_t>::min(), ""};
+    auto of_job = [&](std::map<ReplicaKey, std::shared_ptr<const Replica>>::const_iterator it)
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return it != held_.end() && it->first.job_id == job_id && it->first.uid == uid;
+        };
+    // A step goes whole where any piece of it came before its rank's run
+    // went on (a manifest that came after its data does not keep it whole).
+    std::set<std::pair<uint32_t, int64_t>> left;
+    for (auto it = held_.lower_bound(first); of_job(it); ++it) {
       const ReplicaKey& k = it->first;
       if (k.step <= restored) continue;
       // The rank's run from the restore on begins with its first step
@@ -64,30 +87,42 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
       absl::Time run_began = at;
       auto w = went_on_.find(std::make_tuple(job_id, uid, k.rank));
       if (w != went_on_.end() && w->second.from == restored) run_began = w->second.arrived;
-      if (it->second->info.received < run_began) gone.push_back(k);
+      if (it->second->info.received < run_began) left.insert({k.rank, k.step});
+    }
+    std::vector<ReplicaKey> gone;
+    for (auto it = held_.lower_bound(first); of_job(it); ++it) {
+      if (left.count({it->first.rank, it->first.step}) > 0) gone.push_back(it->first);
     }
     for (const ReplicaKey& k : gone) {
       DropLocked(k, &freed);
       dropped[k.rank].insert(k.step);
     }
     pieces_dropped_ += gone.size();
-    // Taken: a later going back to the same step waits for its own first steps.
+    // The step pinned as the job's newest whole in the tier is of the run
+    // left if it is past the one restored.
+    auto pin = pinned_.find({job_id, uid});
+    if (pin != pinned_.end() && pin->second > restored) {
+      pinned_.erase(pin);
+      unpinned = true;
+    }
     for (auto it = went_on_.lower_bound(std::make_tuple(job_id, uid, uint32_t{0}));
          it != went_on_.end() && std::get<0>(it->first) == job_id &&
          std::get<1>(it->first) == uid;) {
-      it = it->second.from == restored ? went_on_.erase(it) : std::next(it);
+      it = went_on_.erase(it);
     }
+    went_on_from_here_[{job_id, uid}] = restored;
     held = HeldLocked();
   }
-  if (dropped.empty()) return dropped;
+  if (dropped.empty() && !unpinned) return dropped;
   std::vector<std::string> what;
   for (const auto& [rank, steps] : dropped) {
     what.push_back(absl::StrCat("rank ", rank, ": step(s) ", absl::StrJoin(steps, ", ")));
   }
   ZCC_LOG(WARNING) << "job " << job_id << " went on from step " << restored
                    << ": the peer tier's pieces held here of the run it left are dropped ("
-                   << absl::StrJoin(what, "; ") << ")";
-  Changed(held);
+                   << (what.empty() ? std::string("none") : absl::StrJoin(what, "; ")) << ")"
+                   << (unpinned ? "; its pin above that step is lifted" : "");
+  if (!dropped.empty()) Changed(held);
   return dropped;
 }
 

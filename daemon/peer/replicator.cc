@@ -60,24 +60,30 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
-  if (step.went_on_from >= 0) rs.went_on_from = step.went_on_from;
-  // (The first step after a restore goes even behind a newer one of the
-  // run it left, still being pushed: it tells the buddies.)
-  if (step.step <= rs.pending_step && rs.pushing && step.went_on_from < 0) {
+  if (step.went_on_from >= 0) {
+    rs.went_on_from = step.went_on_from;
+    // (The first step after a restore goes even behind a step of the run
+    // it left still being pushed, of its number or a newer one: that push
+    // is of the run left behind.)
+    if (rs.pushing && rs.pushing_step > step.went_on_from) rs.push_left_behind = true;
+  } else if (step.step <= rs.pending_step && rs.pushing) {
     return absl::OkStatus();
   }
-  if (step.step < rs.replicated_step || (step.went_on_from >= 0 && step.step < rs.newest_step)) {
+  if (step.step < rs.replicated_step || (step.went_on_from >= 0 && step.step <= rs.newest_step)) {
     // The rank went back (it restored an older step): what the buddies
     // hold is of the steps it left behind.
     rs.replicated_step = -1;
     rs.replicated_files.clear();
     rs.newest_step = -1;
+    js.after_push_step = -1;  // (the job's pin is looked at again for this run's steps)
   }
   rs.newest_step = std::max(rs.newest_step, step.step);
   rs.repush_to.clear();  // (the new step goes to every buddy)
   if (rs.pending_step < 0 || rs.pending_step == rs.replicated_step) rs.pending_since = absl::Now();
   rs.pending_step = step.step;
   rs.pending_files = std::move(names);
+  ++rs.pending_gen;
+  rs.pending_handed_in = absl::Now();
   rs.retry_at = absl::InfinitePast();
   ++enqueued_;
   return absl::OkStatus();
@@ -165,6 +171,8 @@ void Replicator::Run() {
     std::vector<std::string> only_to;
     std::set<std::pair<std::string, uint32_t>> pins;
     int64_t went_on_from = -1;
+    uint64_t push_gen = 0;
+    absl::Time push_handed_in;
     {
       zcc::MutexLock lock(&mu_);
       for (;;) {
@@ -201,6 +209,11 @@ void Replicator::Run() {
       last_buddies = js.last_buddies;
       only_to = rs.repush_to;
       went_on_from = std::exchange(rs.went_on_from, -1);
+      push_gen = rs.pending_gen;
+      push_handed_in = rs.pending_handed_in;
+      rs.pushing_step = step;
+      rs.pushing_handed_in = push_handed_in;
+      rs.push_left_behind = false;
     }
     uint64_t sent = 0;
     bool own_missing = false;
@@ -221,18 +234,29 @@ void Replicator::Run() {
       RankState& rs = js.ranks[work.second];
       rs.pushing = false;
       js.bytes_sent += sent;
-      if (pushed.ok()) {
+      const bool same_hand_in = rs.pending_gen == push_gen;
+      if (std::exchange(rs.push_left_behind, false)) {
+        if (same_hand_in) {
+          rs.pending_step = -1;
+          rs.pending_files.clear();
+          rs.repush_to.clear();
+        }
+        ZCC_LOG(INFO) << "job " << work.first << " rank " << work.second << ": step " << step
+                      << " is of the run left behind (the rank went on from an older step): "
+                      << (pushed.ok() ? "its push ended, not counted" : "its push ended early");
+      } else if (pushed.ok()) {
         // (The first step after a restore replaces a newer one of the run
         // it left, whose push ended after it was handed in.)
         if (step >= rs.replicated_step || went_on_from >= 0) {
           rs.replicated_step = step;
           rs.replicated_files = files;
+          rs.replicated_handed_in = push_handed_in;
         }
-        if (rs.pending_step == step) {
+        if (same_hand_in) {
           rs.pending_files.clear();
           rs.repush_to.clear();
         } else {
-          rs.pending_since = absl::Now();  // a newer step came meanwhile
+          rs.pending_since = absl::Now();  // another step came meanwhile
         }
         js.last_error.clear();
         // Once per step that every local rank has at every buddy.
@@ -240,22 +264,16 @@ void Replicator::Run() {
         for (const auto& [rank, r] : js.ranks) everywhere = std::min(everywhere, r.replicated_step);
         job_advanced = everywhere > js.after_push_step;
         if (job_advanced) js.after_push_step = everywhere;
-      } else if (own_missing && rs.pending_step != step && rs.went_on_from >= 0) {
-        // A step of the run the rank left: its copy went with the first
-        // step after the restore, which is pushed next.
-        ZCC_LOG(INFO) << "job " << work.first << " rank " << work.second << ": step " << step
-                      << " of the run left behind is not replicated: the rank went on from step "
-                      << rs.went_on_from;
       } else {
         js.last_error = std::string(pushed.message());
         // The next push of the rank still tells its buddies.
         if (rs.went_on_from < 0) rs.went_on_from = went_on_from;
-        if (rs.pending_step == step && own_missing) {
+        if (same_hand_in && own_missing) {
           // Nothing to push it from: the rank's next step goes in its place.
           rs.pending_step = -1;
           rs.pending_files.clear();
           rs.repush_to.clear();
-        } else if (rs.pending_step == step) {
+        } else if (same_hand_in) {
           // A buddy that dropped a step mostly did for want of room: it is
           // tried again at the next check, not every retry_after.
           const bool repush = !rs.repush_to.empty() && ChecksBuddies();
@@ -308,6 +326,29 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
     }
   }
   return absl::OkStatus();
+}
+
+void Replicator::WentOn(const std::string& job_id, int64_t restored, absl::Time at) {
+  zcc::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return;
+  JobState& js = job->second;
+  for (auto& [rank, rs] : js.ranks) {
+    if (rs.pushing && rs.pushing_step > restored && rs.pushing_handed_in < at) {
+      rs.push_left_behind = true;
+    }
+    if (rs.replicated_step > restored && rs.replicated_handed_in < at) {
+      rs.replicated_step = -1;
+      rs.replicated_files.clear();
+    }
+    if (rs.pending_step > restored && rs.pending_handed_in < at) {
+      rs.pending_step = rs.replicated_step;  // at rest (none: -1)
+      rs.pending_files.clear();
+      rs.repush_to.clear();
+    }
+    if (rs.newest_step > restored) rs.newest_step = std::max(rs.replicated_step, rs.pending_step);
+  }
+  if (js.after_push_step > restored) js.after_push_step = -1;
 }
 
 void Replicator::CheckBuddies() {

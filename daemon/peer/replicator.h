@@ -88,6 +88,13 @@ class Replicator {
   };
   JobStats Stats(const std::string& job_id) const;
 
+  // The job's ranks here went on from a restore of step `restored`, at `at`
+  // (their first snapshot after it; Job::GoBack): the steps after it handed
+  // in before then are of the run left behind. One waiting is not pushed,
+  // one being pushed neither counts as replicated nor fails when it ends,
+  // and one replicated no longer counts (nor is checked at the buddies).
+  void WentOn(const std::string& job_id, int64_t restored, absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Calls after_push for the job on the replicator's thread soon: a rank's
   // step became whole here with pieces another zccd pushed (the job's
   // newest whole step may have moved on without a push of this zccd's).
@@ -99,14 +106,26 @@ class Replicator {
     // The step waiting (or being pushed), its files by name, manifest last.
     int64_t pending_step = -1;
     std::vector<std::string> pending_files;
+    // Counts the steps handed in: a push that ends is of the pending step
+    // only where no other was handed in meanwhile (one of the same number,
+    // the first after a restore, may be).
+    uint64_t pending_gen = 0;
+    absl::Time pending_handed_in;
     absl::Time pending_since;
     absl::Time retry_at;  // InfinitePast: now
     bool pushing = false;
+    int64_t pushing_step = -1;  // the step being pushed, when pushing
+    absl::Time pushing_handed_in;
+    // The push in flight is of a run the rank left (a first step after a
+    // restore was handed in, or WentOn): when it ends it neither counts as
+    // replicated nor as an error.
+    bool push_left_behind = false;
     // The next push is the rank's first since it went on from a restore
     // (checkpoint::RankStepBytes::went_on_from); kept until one succeeds.
     int64_t went_on_from = -1;
     int64_t replicated_step = -1;
     std::vector<std::string> replicated_files;  // of replicated_step
+    absl::Time replicated_handed_in;
     int64_t newest_step = -1;  // handed in
     // Not empty: the pending step is replicated_step's again, for these
     // buddies only, which no longer held it (CheckBuddies).

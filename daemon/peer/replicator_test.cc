@@ -110,7 +110,10 @@ struct Buddy final : public v1::Peer::Service {
     server = builder.BuildAndStart();
     address = "127.0.0.1:" + std::to_string(port);
   }
-  ~Buddy() override { server->Shutdown(); }
+  ~Buddy() override {
+    Hold(false);  // (a push held up would keep Shutdown waiting)
+    server->Shutdown();
+  }
   grpc::Status PushReplica(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicaChunk>* reader,
                            v1::PushReplicaResponse* resp) override {
     ++pushes;
@@ -152,6 +155,8 @@ struct ToOneBuddy {
     Replicator::Options options;
     options.self_node = "self";
     options.retry_after = absl::Milliseconds(20);
+    // No buddy checks: what reaches the buddy is what the pushes send.
+    options.check_buddies_every = absl::ZeroDuration();
     return options;
   }
   explicit ToOneBuddy(const Buddy& buddy)
@@ -367,6 +372,62 @@ TEST_CASE("a rank's first step after a restore goes behind a push of the run it 
   // Step 20 never became whole there: its push ended with the owner's
   // copy, dropped by step 11.
   CHECK_FALSE(buddy.Holds(20));
+}
+
+TEST_CASE("a rank's first step after a restore, of the number of the step it left, is pushed in "
+          "its place") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ToOneBuddy self(buddy);
+  Replicator& replicator = self.replicator;
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(11)));
+  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 11; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  // Back to step 10, and on: this run's step 11 has other bytes.
+  checkpoint::RankStepBytes again = Step(11);
+  again.files[0].bytes = std::string(4096, 'n');
+  again.went_on_from = 10;
+  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(again)));
+  auto new_bytes_there = [&] {
+    auto piece = buddy.store.Get(ReplicaKey{"j", 0, 0, 11, "model-r00000.safetensors"});
+    return piece.ok() && (*piece)->bytes == std::string(4096, 'n');
+  };
+  CHECK(testing::Eventually(new_bytes_there, absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 11; },
+                            absl::Seconds(30), absl::Milliseconds(5)));
+}
+
+TEST_CASE("after the job went on from a restore, the steps of the run left are not pushed, nor "
+          "does one in flight count") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ToOneBuddy self(buddy);
+  Replicator& replicator = self.replicator;
+  // Step 20 is on its way (held up at the buddy), step 22 waits behind it.
+  buddy.Hold(true);
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(20)));
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 1; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(22)));
+  // The job's ranks here went on from step 10 (Job::GoBack).
+  replicator.WentOn("j", 10, absl::Now());
+  CHECK(replicator.Stats("j").newest_step == -1);
+  buddy.Hold(false);
+  // Step 20's push ends (its two files sent), counted neither as replicated
+  // nor as an error; step 22 does not follow it.
+  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").bytes_sent == 4096 + 2; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(replicator.Stats("j").replicated_step == -1);
+  CHECK(replicator.Stats("j").last_error.empty());
+  CHECK_FALSE(testing::Eventually([&] { return buddy.Arrived() > 2; }, absl::Milliseconds(500),
+                                  absl::Milliseconds(5)));
+  // This run's first step goes.
+  checkpoint::RankStepBytes first = Step(11);
+  first.went_on_from = 10;
+  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(first)));
+  CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 11; },
+                            absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK_FALSE(buddy.Holds(22));
 }
 
 TEST_CASE("stopping the replicator ends its call in flight to a peer, not at its deadline") {
