@@ -409,10 +409,16 @@ Registry::PeerParts Registry::CurrentPeerParts() const {
 
 void Registry::JobWentOn(const std::string& job_id, uint32_t uid, int64_t restored,
                          absl::Time at) {
-  replicas_.DropLeftBehind(job_id, uid, restored, at);
+  // The replicator first: a push of the run left then ends as such when
+  // its own copy goes, not as a failure.
   if (std::shared_ptr<peer::Replicator> replicator = CurrentReplicator()) {
     replicator->WentOn(job_id, restored, at);
   }
+  replicas_.DropLeftBehind(job_id, uid, restored, at);
+  // A pin above the step is lifted here and at the other zccds: the pins
+  // told are told again (the new run may pin a step of the same number).
+  zcc::MutexLock lock(&peer_mu_);
+  pins_sent_.erase({job_id, uid});
 }
 
 std::shared_ptr<peer::Replicator> Registry::CurrentReplicator() const {

@@ -36,6 +36,19 @@ Replicator::~Replicator() {
 
 absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
                                  checkpoint::RankStepBytes step) {
+  if (step.went_on_from >= 0) {
+    // Before the own copies of the run left go (the Puts below): a push of
+    // them in flight ends as left behind, not as a failure.
+    zcc::MutexLock lock(&mu_);
+    auto job = jobs_.find(job_id);
+    if (job != jobs_.end()) {
+      auto rank = job->second.ranks.find(step.rank);
+      if (rank != job->second.ranks.end() && rank->second.pushing &&
+          rank->second.pushing_step > step.went_on_from) {
+        rank->second.push_left_behind = true;
+      }
+    }
+  }
   std::vector<std::string> names;
   for (checkpoint::RankStepFile& f : step.files) {
     Replica r;
@@ -202,6 +215,8 @@ void Replicator::Run() {
       zcc::MutexLock lock(&mu_);
       JobState& js = jobs_[work.first];
       RankState& rs = js.ranks[work.second];
+      // (WentOn may have taken the step back since NextWork chose it.)
+      if (rs.pushing || rs.pending_step < 0 || rs.pending_step == rs.replicated_step) continue;
       rs.pushing = true;
       uid = rs.uid;
       step = rs.pending_step;
@@ -237,7 +252,7 @@ void Replicator::Run() {
       const bool same_hand_in = rs.pending_gen == push_gen;
       if (std::exchange(rs.push_left_behind, false)) {
         if (same_hand_in) {
-          rs.pending_step = -1;
+          rs.pending_step = rs.replicated_step;  // at rest (none: -1)
           rs.pending_files.clear();
           rs.repush_to.clear();
         }
@@ -307,6 +322,14 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
       {
         zcc::MutexLock lock(&mu_);
         if (stop_) return absl::CancelledError("zccd is stopping");
+        // Of the run the rank left (it went on from an older step): no more.
+        auto job = jobs_.find(job_id);
+        if (job != jobs_.end()) {
+          auto r = job->second.ranks.find(rank);
+          if (r != job->second.ranks.end() && r->second.push_left_behind) {
+            return absl::CancelledError("of the run left behind");
+          }
+        }
       }
       const ReplicaKey key{job_id, uid, rank, step, name};
       auto piece = store_->Get(key);

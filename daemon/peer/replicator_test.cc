@@ -7,8 +7,10 @@
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -409,16 +411,23 @@ TEST_CASE("after the job went on from a restore, the steps of the run left are n
   REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 1; }, absl::Seconds(30),
                               absl::Milliseconds(5)));
   REQUIRE_OK(replicator.Enqueue("j", 0, Step(22)));
-  // The job's ranks here went on from step 10 (Job::GoBack).
-  replicator.WentOn("j", 10, absl::Now());
+  // The job's ranks here went on from step 10 (Job::GoBack, as the
+  // registry tells it: the replicator, then the store, whose own copies of
+  // steps 20 and 22 go).
+  const absl::Time at = absl::Now();
+  replicator.WentOn("j", 10, at);
+  CHECK(self.store.DropLeftBehind("j", 0, 10, at) ==
+        std::map<uint32_t, std::set<int64_t>>{{0, {20, 22}}});
   CHECK(replicator.Stats("j").newest_step == -1);
   buddy.Hold(false);
-  // Step 20's push ends (its two files sent), counted neither as replicated
-  // nor as an error; step 22 does not follow it.
-  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").bytes_sent == 4096 + 2; },
+  // Step 20's push ends after the file on its way (its manifest is not
+  // sent), counted neither as replicated nor as an error (its own copy is
+  // gone); step 22 does not follow it.
+  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").bytes_sent == 4096; },
                               absl::Seconds(30), absl::Milliseconds(5)));
   CHECK(replicator.Stats("j").replicated_step == -1);
   CHECK(replicator.Stats("j").last_error.empty());
+  CHECK_FALSE(buddy.Holds(20));
   CHECK_FALSE(testing::Eventually([&] { return buddy.Arrived() > 2; }, absl::Milliseconds(500),
                                   absl::Milliseconds(5)));
   // This run's first step goes.

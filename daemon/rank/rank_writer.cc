@@ -147,7 +147,11 @@ void RankWriter::State::Write(WriteJob job) {
     if (!job.persist) idle.emplace();
     auto bytes = checkpoint::SerializeRankStep(step, *target.shards,
                                                target.slots->data(job.slot.index), job.ema_shards);
-    if (bytes.ok()) {
+    if (bytes.ok() && left_behind()) {
+      // Gone back while it was serialized: of the run left behind.
+      ZCC_LOG(INFO) << "rank " << event.rank << ": step " << step << " is not replicated: its "
+                    << "trainer went back to an older step meanwhile";
+    } else if (bytes.ok()) {
       bytes->went_on_from = job.went_on_from;
       target.on_replicate(*std::move(bytes));
     } else {
