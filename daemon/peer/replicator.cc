@@ -38,15 +38,24 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
                                  checkpoint::RankStepBytes step) {
   if (step.went_on_from >= 0) {
     // Before the own copies of the run left go (the Puts below): a push of
-    // them in flight ends as left behind, not as a failure.
+    // them in flight ends as left behind, not as a failure; one waiting is
+    // taken back (the first step after the restore takes its place), and
+    // the buddies are told at the rank's next push even if this step's
+    // Puts fail.
+    const int64_t from = step.went_on_from;
     zcc::MutexLock lock(&mu_);
-    auto job = jobs_.find(job_id);
-    if (job != jobs_.end()) {
-      auto rank = job->second.ranks.find(step.rank);
-      if (rank != job->second.ranks.end() && rank->second.pushing &&
-          rank->second.pushing_step > step.went_on_from) {
-        rank->second.push_left_behind = true;
-      }
+    RankState& rs = jobs_[job_id].ranks[step.rank];
+    rs.uid = uid;
+    rs.went_on_from = from;
+    if (rs.pushing && rs.pushing_step > from) rs.push_left_behind = true;
+    if (rs.replicated_step > from) {
+      rs.replicated_step = -1;
+      rs.replicated_files.clear();
+    }
+    if (rs.pending_step > from) {
+      rs.pending_step = rs.replicated_step;  // at rest (none: -1)
+      rs.pending_files.clear();
+      rs.repush_to.clear();
     }
   }
   std::vector<std::string> names;

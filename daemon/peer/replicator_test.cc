@@ -439,6 +439,29 @@ TEST_CASE("after the job went on from a restore, the steps of the run left are n
   CHECK_FALSE(buddy.Holds(22));
 }
 
+TEST_CASE("a rank's first step after a restore that cannot be kept still tells the buddies, with "
+          "the rank's next step") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ToOneBuddy self(buddy);
+  Replicator& replicator = self.replicator;
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(20)));
+  REQUIRE(testing::Eventually([&] { return buddy.Holds(20); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  // Back to step 10: step 11 is larger than this zccd's replica budget.
+  checkpoint::RankStepBytes first = Step(11);
+  first.files[0].bytes = std::string((size_t{64} << 20) + 1, 'n');
+  first.went_on_from = 10;
+  CHECK(replicator.Enqueue("j", 0, std::move(first)).code() ==
+        absl::StatusCode::kResourceExhausted);
+  // Step 12 goes, and tells: the buddy drops step 20, of the run left.
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(12)));
+  CHECK(testing::Eventually([&] { return buddy.Holds(12); }, absl::Seconds(30),
+                            absl::Milliseconds(5)));
+  CHECK_FALSE(buddy.Holds(20));
+  CHECK(replicator.Stats("j").replicated_step == 12);
+}
+
 TEST_CASE("stopping the replicator ends its call in flight to a peer, not at its deadline") {
   StuckPeer peer;
   int port = 0;

@@ -63,6 +63,7 @@ RankWriteTarget RankSession::WriteTarget(PersistCallback on_persisted,
   target.on_persisted = std::move(on_persisted);
   target.on_error = [this](const std::string& error) { SetError(error); };
   target.on_replicate = options_.on_replicate;
+  target.replicate_order = &replicate_order_;
   // A snapshot taken before the trainer's last restore, of a step after
   // the one restored: the state it went back from.
   target.left_behind = [this](int64_t step, uint64_t restores) {

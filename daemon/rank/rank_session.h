@@ -342,6 +342,8 @@ class RankSession {
   std::unique_ptr<RestorePrefetch> prefetch_ ABSL_GUARDED_BY(mu_);
   // Set before Start(), stopped (not destroyed: its counts stay) by Stop().
   std::unique_ptr<RankPuller> puller_;
+  // Both writers' hand-ins to the peer tier, in order (RankWriteTarget).
+  zcc::Mutex replicate_order_;
   // Last: declared after everything a write touches, so it is destroyed (and
   // its thread joined) first.
   RankWriter writer_;

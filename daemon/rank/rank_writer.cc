@@ -27,6 +27,7 @@ struct RankWriter::State {
   zcc::Mutex mu;
   std::optional<WriteJob> job ABSL_GUARDED_BY(mu);
   bool writing ABSL_GUARDED_BY(mu) = false;
+  zcc::Mutex own_replicate_order;  // where the target names none
 };
 
 RankWriter::RankWriter(RankWriteTarget target, TaskPool* pool)
@@ -147,6 +148,10 @@ void RankWriter::State::Write(WriteJob job) {
     if (!job.persist) idle.emplace();
     auto bytes = checkpoint::SerializeRankStep(step, *target.shards,
                                                target.slots->data(job.slot.index), job.ema_shards);
+    // (Held through the hand-in, which keeps the owner's copy: seconds for
+    // a large step, during which the rank's other writer may wait here.)
+    zcc::MutexLock in_order(target.replicate_order != nullptr ? target.replicate_order
+                                                              : &own_replicate_order);
     if (bytes.ok() && left_behind()) {
       // Gone back while it was serialized: of the run left behind.
       ZCC_LOG(INFO) << "rank " << event.rank << ": step " << step << " is not replicated: its "

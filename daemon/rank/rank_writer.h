@@ -80,6 +80,12 @@ struct RankWriteTarget {
   // A step serialized for the peer tier (WriteJob::replicate), from the
   // writer thread with the slot still held; null: none is.
   std::function<void(checkpoint::RankStepBytes)> on_replicate;
+  // Held across the left-behind check of a serialized step and its
+  // on_replicate, by every writer of the rank (persisting and replicating
+  // ones), so that a step of the state the trainer went back from never
+  // reaches the peer tier after the first step after the restore (borrowed;
+  // outlives the writer). Null: the writer's own.
+  zcc::Mutex* replicate_order = nullptr;
   // Whether a write of `step`, from a snapshot taken after `restores`
   // restores of the rank (WriteJob::restores), was left behind by a restore
   // of an older step since: asked before its manifest and after the write
