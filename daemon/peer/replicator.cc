@@ -42,21 +42,12 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
     // taken back (the first step after the restore takes its place), and
     // the buddies are told at the rank's next push even if this step's
     // Puts fail.
-    const int64_t from = step.went_on_from;
     zcc::MutexLock lock(&mu_);
-    RankState& rs = jobs_[job_id].ranks[step.rank];
+    JobState& js = jobs_[job_id];
+    RankState& rs = js.ranks[step.rank];
     rs.uid = uid;
-    rs.went_on_from = from;
-    if (rs.pushing && rs.pushing_step > from) rs.push_left_behind = true;
-    if (rs.replicated_step > from) {
-      rs.replicated_step = -1;
-      rs.replicated_files.clear();
-    }
-    if (rs.pending_step > from) {
-      rs.pending_step = rs.replicated_step;  // at rest (none: -1)
-      rs.pending_files.clear();
-      rs.repush_to.clear();
-    }
+    rs.went_on_from = step.went_on_from;
+    LeaveBehind(js, rs, step.went_on_from, absl::InfiniteFuture());
   }
   std::vector<std::string> names;
   for (checkpoint::RankStepFile& f : step.files) {
@@ -83,17 +74,15 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
   if (step.went_on_from >= 0) {
+    // (Again: a buddy check's push of an older step may have taken it
+    // while the own copies were kept.)
     rs.went_on_from = step.went_on_from;
-    // (The first step after a restore goes even behind a step of the run
-    // it left still being pushed, of its number or a newer one: that push
-    // is of the run left behind.)
-    if (rs.pushing && rs.pushing_step > step.went_on_from) rs.push_left_behind = true;
   } else if (step.step <= rs.pending_step && rs.pushing) {
     return absl::OkStatus();
   }
-  if (step.step < rs.replicated_step || (step.went_on_from >= 0 && step.step <= rs.newest_step)) {
-    // The rank went back (it restored an older step): what the buddies
-    // hold is of the steps it left behind.
+  if (step.step < rs.replicated_step) {
+    // The rank went back (it restored an older step) and says so only now:
+    // what the buddies hold is of the steps it left behind.
     rs.replicated_step = -1;
     rs.replicated_files.clear();
     rs.newest_step = -1;
@@ -360,27 +349,31 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
   return absl::OkStatus();
 }
 
+void Replicator::LeaveBehind(JobState& js, RankState& rs, int64_t restored, absl::Time before) {
+  // A push of it in flight ends as left behind (neither replicated nor a
+  // failure), one waiting is taken back, one replicated no longer counts.
+  if (rs.pushing && rs.pushing_step > restored && rs.pushing_handed_in < before) {
+    rs.push_left_behind = true;
+  }
+  if (rs.replicated_step > restored && rs.replicated_handed_in < before) {
+    rs.replicated_step = -1;
+    rs.replicated_files.clear();
+  }
+  if (rs.pending_step > restored && rs.pending_handed_in < before) {
+    rs.pending_step = rs.replicated_step;  // at rest (none: -1)
+    rs.pending_files.clear();
+    rs.repush_to.clear();
+  }
+  if (rs.newest_step > restored) rs.newest_step = std::max(rs.replicated_step, rs.pending_step);
+  // (The job's pin is looked at again for the new run's steps.)
+  if (js.after_push_step > restored) js.after_push_step = -1;
+}
+
 void Replicator::WentOn(const std::string& job_id, int64_t restored, absl::Time at) {
   zcc::MutexLock lock(&mu_);
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return;
-  JobState& js = job->second;
-  for (auto& [rank, rs] : js.ranks) {
-    if (rs.pushing && rs.pushing_step > restored && rs.pushing_handed_in < at) {
-      rs.push_left_behind = true;
-    }
-    if (rs.replicated_step > restored && rs.replicated_handed_in < at) {
-      rs.replicated_step = -1;
-      rs.replicated_files.clear();
-    }
-    if (rs.pending_step > restored && rs.pending_handed_in < at) {
-      rs.pending_step = rs.replicated_step;  // at rest (none: -1)
-      rs.pending_files.clear();
-      rs.repush_to.clear();
-    }
-    if (rs.newest_step > restored) rs.newest_step = std::max(rs.replicated_step, rs.pending_step);
-  }
-  if (js.after_push_step > restored) js.after_push_step = -1;
+  for (auto& [rank, rs] : job->second.ranks) LeaveBehind(job->second, rs, restored, at);
 }
 
 void Replicator::CheckBuddies() {

@@ -146,6 +146,10 @@ class Replicator {
   // The next (job, rank) whose step is due, if any; sets `wait` to when one
   // is due otherwise.
   bool NextWork(Work* work, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank went on from a restore of step `restored`: its steps after it
+  // handed in before `before` are of the run left behind (WentOn, and
+  // Enqueue of its first step after the restore).
+  static void LeaveBehind(JobState& js, RankState& rs, int64_t restored, absl::Time before);
   // Pushes every file of the rank's pending step to every buddy: the job's
   // buddies now, or, once the job has left this zccd, `last_buddies` (known
   // when a step was handed in); to `only_to` instead where not empty.
