@@ -13,7 +13,6 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -152,23 +151,6 @@ struct Cluster {
   std::vector<std::unique_ptr<Daemon>> zccds;
 };
 
-// Flips a byte of the first tensor of safetensors file `path` (its size
-// stays): its checksum no longer matches.
-void DamageTensorByte(const std::string& path) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f.good());
-  uint64_t header = 0;
-  f.read(reinterpret_cast<char*>(&header), sizeof(header));
-  const std::streamoff at = static_cast<std::streamoff>(sizeof(header) + header + 3);
-  f.seekg(at);
-  char c = 0;
-  f.read(&c, 1);
-  c ^= 0x40;
-  f.seekp(at);
-  f.write(&c, 1);
-  REQUIRE(f.good());
-}
-
 TEST_CASE("node-local disks: each node sends its ranks' part of a step, the store commits it "
           "whole, and a lost node's ranks restore from the store") {
   Cluster c;
@@ -213,7 +195,7 @@ TEST_CASE("node-local disks: each node sends its ranks' part of a step, the stor
   c.zccds[1]->Kill();
   c.zccds[1].reset();
   std::filesystem::remove_all(c.dir + "/node2-root");
-  DamageTensorByte(c.LocalJobDir(1) + "/step-00000020.sent/model-r00000.safetensors");
+  REQUIRE(DamageTensorByte(c.LocalJobDir(1) + "/step-00000020.sent/model-r00000.safetensors"));
   auto back = c.Ranks(1, {0, 1, 2, 3}, "restore",
                       {"--mode=restore", "--expect_step=20", "--expect_from=disk"});
   c.WaitAll(back);

@@ -257,6 +257,17 @@ bool WaitSnapshotted(const std::string& dir, const Daemon& d, const std::string&
       absl::Seconds(30), absl::Milliseconds(20));
 }
 
+bool DamageTensorByte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  if (!f.read(reinterpret_cast<char*>(&header), sizeof(header))) return false;
+  const std::streamoff at = static_cast<std::streamoff>(sizeof(header) + header + 3);
+  char c = 0;
+  if (!f.seekg(at) || !f.read(&c, 1)) return false;
+  c ^= 0x40;
+  return static_cast<bool>(f.seekp(at) && f.write(&c, 1) && f.flush());
+}
+
 bool WaitForPath(const std::string& path, absl::Duration timeout) {
   return Eventually([&] { return access(path.c_str(), F_OK) == 0; }, timeout);
 }

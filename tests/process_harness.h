@@ -107,6 +107,10 @@ std::pair<int, std::string> Zccctl(const std::string& dir, const Daemon& d,
 
 bool WaitForPath(const std::string& path, absl::Duration timeout);
 
+// Flips a byte of the first tensor of safetensors file `path` (its size
+// stays), so that its checksum no longer matches; false if it cannot.
+bool DamageTensorByte(const std::string& path);
+
 // Waits up to 30 s until `ranks` ranks of job `job` on `d` have `step` as
 // their newest snapshot zccd took in (zccctl status); false if they do not.
 bool WaitSnapshotted(const std::string& dir, const Daemon& d, const std::string& job,

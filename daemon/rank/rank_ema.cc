@@ -126,11 +126,13 @@ absl::StatusOr<std::pair<shm::Segment, v1::ReadEmaResponse>> RankEma::CopyToSegm
   return std::make_pair(std::move(segment), std::move(resp));
 }
 
-absl::Status RankEma::Restore(const std::string& step_dir, const checkpoint::GroupedIndex& index,
-                              int64_t step, const checkpoint::IoOptions& io) {
-  if (!enabled_) return absl::OkStatus();
-  // The EMA's tensors are fixed at registration: the disk is read without the
-  // lock (status, ingest and EMA reads go on) and the result installed under it.
+absl::StatusOr<RankEma::Saved> RankEma::ReadSaved(const std::string& step_dir,
+                                                  const checkpoint::GroupedIndex& index,
+                                                  const checkpoint::IoOptions& io) {
+  Saved saved;
+  if (!enabled_) return saved;
+  // The EMA's tensors are fixed at registration (AdoptFrom swaps only
+  // updaters of the same tensors): their sizes are read once under the lock.
   std::vector<uint64_t> elements;
   {
     zcc::MutexLock lock(&mu_);
@@ -138,28 +140,33 @@ absl::Status RankEma::Restore(const std::string& step_dir, const checkpoint::Gro
   }
   // Each EMA box is filled from the saved EMA pieces that overlap it,
   // whatever layout wrote the step.
-  absl::flat_hash_set<std::string> saved;
+  absl::flat_hash_set<std::string> names;
   for (const checkpoint::GlobalTensor& g : index.tensors) {
-    if (g.kind == format::kEmaKindName) saved.insert(g.name);
+    if (g.kind == format::kEmaKindName) names.insert(g.name);
   }
-  std::vector<std::vector<float>> data(elements.size());
+  saved.data.resize(elements.size());
   std::vector<checkpoint::BoxTarget> targets;
   for (size_t i = 0; i < elements.size(); ++i) {
     const RegisteredTensor& t = sources_[i];
-    if (!saved.contains(t.name)) {
+    if (!names.contains(t.name)) {
       ZCC_LOG(WARNING) << "job " << job_id_ << " rank " << rank_ << ": " << step_dir
                        << " holds no EMA of '" << t.name
                        << "'; the EMA starts afresh from the next snapshot";
-      return absl::OkStatus();
+      return Saved{};
     }
-    data[i].resize(elements[i]);
+    saved.data[i].resize(elements[i]);
     targets.push_back({format::kEmaKindName, t.name, format::DType::kF32, t.global(), t.box(),
-                       reinterpret_cast<uint8_t*>(data[i].data())});
+                       reinterpret_cast<uint8_t*>(saved.data[i].data())});
   }
   ZCC_RETURN_IF_ERROR(
-      checkpoint::ReadBoxes(step_dir, index.index, index.tensors, targets, io)
-          .status());
-  std::vector<absl::Span<const float>> spans(data.begin(), data.end());
+      checkpoint::ReadBoxes(step_dir, index.index, index.tensors, targets, io).status());
+  saved.present = true;
+  return saved;
+}
+
+absl::Status RankEma::Install(Saved saved, int64_t step) {
+  if (!enabled_ || !saved.present) return absl::OkStatus();
+  std::vector<absl::Span<const float>> spans(saved.data.begin(), saved.data.end());
   zcc::MutexLock lock(&mu_);
   ZCC_RETURN_IF_ERROR(ema_->Load(spans, step));
   PublishCounters();

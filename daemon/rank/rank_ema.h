@@ -75,12 +75,21 @@ class RankEma {
   // Ends every AwaitStep, now and later (the rank's session is stopping).
   void Interrupt() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sets the EMA from the "ema" tensors of a checkpoint step (whose grouped
-  // index is `index`), whatever layout wrote them. OK and a no-op without an EMA; a step without
-  // this rank's EMA tensors leaves the EMA to start afresh (logged). The disk
-  // is read without the lock, with `io`.
-  absl::Status Restore(const std::string& step_dir, const checkpoint::GroupedIndex& index,
-                       int64_t step, const checkpoint::IoOptions& io) ABSL_LOCKS_EXCLUDED(mu_);
+  // A checkpoint step's EMA, read by ReadSaved for Install.
+  struct Saved {
+    bool present = false;  // false: nothing to install (no EMA, or none saved)
+    std::vector<std::vector<float>> data;  // per source tensor
+  };
+  // Reads the "ema" tensors of a checkpoint step (whose grouped index is
+  // `index`), whatever layout wrote them, with `io`, without the lock, so
+  // that it can run beside the read of the step's other tensors. Not present
+  // without an EMA; a step without this rank's EMA tensors gives none either
+  // (logged: the EMA starts afresh from the next snapshot). Changes nothing.
+  absl::StatusOr<Saved> ReadSaved(const std::string& step_dir,
+                                  const checkpoint::GroupedIndex& index,
+                                  const checkpoint::IoOptions& io) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets the EMA to `saved` as of `step` (a no-op when it is not present).
+  absl::Status Install(Saved saved, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Takes over `from`'s EMA (the rank's previous trainer's, kept in memory)
   // for a restore of `step` from memory: the two are swapped, in O(1). An

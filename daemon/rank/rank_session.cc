@@ -286,12 +286,18 @@ absl::StatusOr<v1::ReadEmaResponse> RankSession::CopyEma(const std::string& shm_
   return std::move(resp);
 }
 
-absl::Status RankSession::RestoreEma(const std::string& step_dir,
-                                     const checkpoint::GroupedIndex& index, int64_t step,
-                                     storage::Storage* storage) {
+absl::StatusOr<RankEma::Saved> RankSession::ReadEma(const std::string& step_dir,
+                                                    const checkpoint::GroupedIndex& index,
+                                                    storage::Storage* storage,
+                                                    const std::function<bool()>* cancelled) {
   checkpoint::IoOptions io;
   io.storage = storage;
-  return ema_.Restore(step_dir, index, step, io);
+  io.cancelled = cancelled;
+  return ema_.ReadSaved(step_dir, index, io);
+}
+
+absl::Status RankSession::InstallEma(RankEma::Saved saved, int64_t step) {
+  return ema_.Install(std::move(saved), step);
 }
 
 void RankSession::SetError(std::string error) {

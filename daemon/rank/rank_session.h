@@ -209,13 +209,18 @@ class RankSession {
   // Ends the waits of requests (a ReadEma for a step), now and later.
   void InterruptWaits() { ema_.Interrupt(); }
 
-  // Sets the EMA from a restored checkpoint's "ema" tensors (any rank's
-  // shards), read through `storage` (the restore's, which the step's other
-  // files came through: a kept copy, a step read from the peer tier). OK and
-  // a no-op without an EMA; a checkpoint without EMA tensors leaves the EMA
-  // to start afresh (logged).
-  absl::Status RestoreEma(const std::string& step_dir, const checkpoint::GroupedIndex& index,
-                          int64_t step, storage::Storage* storage);
+  // A restored checkpoint's "ema" tensors (any rank's shards), read through
+  // `storage` (the restore's, which the step's other files came through: a
+  // kept copy, a step read from the peer tier) until `cancelled` (null:
+  // never), beside the read of the step's other tensors; InstallEma sets the
+  // EMA to them once the whole step is read. Nothing to install without an
+  // EMA, or from a checkpoint without EMA tensors (the EMA starts afresh,
+  // logged).
+  absl::StatusOr<RankEma::Saved> ReadEma(const std::string& step_dir,
+                                         const checkpoint::GroupedIndex& index,
+                                         storage::Storage* storage,
+                                         const std::function<bool()>* cancelled);
+  absl::Status InstallEma(RankEma::Saved saved, int64_t step);
   // ---- restore from memory ----
   // Steps of the snapshots held from the previous trainer, newest first.
   std::vector<int64_t> MemorySteps() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -410,6 +412,22 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   // is asked for (the client has it mapped and, on a GPU, registered); into
   // a buffer of its own otherwise. On failure nothing is handed out: the
   // slot is freed, the buffer's segment removed (its handle did it).
+  // The EMA's own tensors (as many bytes as the parameters in fp32) are read
+  // beside the others, not after them, and installed only once the whole
+  // step has been read and checked: a failed restore leaves the EMA as it was.
+  std::atomic<bool> abandon_ema{false};
+  const std::function<bool()> ema_cancelled = [&abandon_ema, &cancelled] {
+    return abandon_ema.load(std::memory_order_relaxed) || (cancelled && cancelled());
+  };
+  absl::StatusOr<RankEma::Saved> ema = RankEma::Saved{};
+  std::thread ema_reader([&] {
+    ema = session.ReadEma(step_dir, **index, read_io_.storage, &ema_cancelled);
+  });
+  absl::Cleanup join_ema_reader = [&] {
+    if (!ema_reader.joinable()) return;
+    abandon_ema.store(true, std::memory_order_relaxed);
+    ema_reader.join();
+  };
   v1::RestoreResponse resp;
   std::optional<uint32_t> slot;
   std::optional<shm::Segment> buffer_segment;
@@ -421,6 +439,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     read = ReadIntoBuffer(session, req, step_dir, **index, shm_name, cancelled, &resp,
                           &buffer_segment);
   }
+  if (read.ok()) ema_reader.join();
+  std::move(join_ema_reader).Invoke();
   const absl::Duration read_time = absl::Now() - read_start;
   metrics_->restore_seconds().ObserveDuration(read_time);
   if (!read.ok()) {
@@ -429,10 +449,11 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     return failed(read.status());
   }
   metrics_->restore_bytes_read().Increment(*read);
-  if (absl::Status st = session.RestoreEma(step_dir, **index, step, read_io_.storage);
-      !st.ok()) {
+  const absl::Status ema_installed =
+      ema.ok() ? session.InstallEma(*std::move(ema), step) : ema.status();
+  if (!ema_installed.ok()) {
     if (slot.has_value()) session.slots().ReleaseRestore(*slot);
-    return failed(Annotate(st, "the EMA"));
+    return failed(Annotate(ema_installed, "the EMA"));
   }
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_DISK);
