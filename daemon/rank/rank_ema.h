@@ -79,6 +79,11 @@ class RankEma {
   struct Saved {
     bool present = false;  // false: nothing to install (no EMA, or none saved)
     std::vector<std::vector<float>> data;  // per source tensor
+    uint64_t bytes() const {
+      uint64_t n = 0;
+      for (const std::vector<float>& d : data) n += d.size() * sizeof(float);
+      return n;
+    }
   };
   // Reads the "ema" tensors of a checkpoint step (whose grouped index is
   // `index`), whatever layout wrote them, with `io`, without the lock, so

@@ -419,9 +419,9 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   const std::function<bool()> ema_cancelled = [&abandon_ema, &cancelled] {
     return abandon_ema.load(std::memory_order_relaxed) || (cancelled && cancelled());
   };
-  absl::StatusOr<RankEma::Saved> ema = RankEma::Saved{};
+  absl::StatusOr<RankEma::Saved> saved_ema = RankEma::Saved{};
   std::thread ema_reader([&] {
-    ema = session.ReadEma(step_dir, **index, read_io_.storage, &ema_cancelled);
+    saved_ema = session.ReadEma(step_dir, **index, read_io_.storage, &ema_cancelled);
   });
   absl::Cleanup join_ema_reader = [&] {
     if (!ema_reader.joinable()) return;
@@ -448,9 +448,11 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     if (absl::IsCancelled(read.status()) && ahead != nullptr) return read.status();
     return failed(read.status());
   }
-  metrics_->restore_bytes_read().Increment(*read);
+  // The EMA's bytes were read from the step too.
+  const uint64_t bytes_read = *read + (saved_ema.ok() ? saved_ema->bytes() : 0);
+  metrics_->restore_bytes_read().Increment(bytes_read);
   const absl::Status ema_installed =
-      ema.ok() ? session.InstallEma(*std::move(ema), step) : ema.status();
+      saved_ema.ok() ? session.InstallEma(*std::move(saved_ema), step) : saved_ema.status();
   if (!ema_installed.ok()) {
     if (slot.has_value()) session.slots().ReleaseRestore(*slot);
     return failed(Annotate(ema_installed, "the EMA"));
@@ -474,8 +476,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": restored "
                 << format::StepDirName(step) << " into "
                 << (slot.has_value() ? absl::StrCat("staging slot ", *slot) : shm_name)
-                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s", *read / 1e9, seconds,
-                                   seconds > 0 ? *read / seconds / 1e9 : 0.0)
+                << absl::StrFormat(" (%.3f GB read in %.2f s, %.2f GB/s", bytes_read / 1e9, seconds,
+                                   seconds > 0 ? bytes_read / seconds / 1e9 : 0.0)
                 << (ahead != nullptr
                         ? absl::StrFormat("; read ahead from the registration on, %.2f s of it "
                                           "waited for by the restore)",
