@@ -190,10 +190,11 @@ class Registry {
   // or not this one (each zccd then finds the pin itself).
   std::string PinLeader(const Job& job, const PeerParts& peer) const;
   // Pins `whole` in replicas_ for the job unless that moves the pin back
-  // while some zccd did not answer (in one step with the check: replicas_'
+  // while some zccd did not answer, or (with `as_of`) the job went back
+  // here since `whole` was found (in one step with the checks: replicas_'
   // PinIfNewer); true when the pin changed.
   bool ApplyPin(const std::string& job_id, uint32_t uid, int64_t whole, bool everyone_answered,
-                const char* found_by);
+                const char* found_by, std::optional<uint64_t> as_of = std::nullopt);
   std::vector<std::string> NodesOf(const Job& job) const;
   // Before `rank`'s restore chooses its step: the peer tier's newest step,
   // if it is newer than the job directory's, shown to restores in place

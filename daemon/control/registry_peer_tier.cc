@@ -216,6 +216,10 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
   std::shared_ptr<Job> job = jobs_.Find(job_id);
   const PeerParts peer = CurrentPeerParts();
   if (job == nullptr || peer.directory == nullptr) return;
+  // A pin found from holdings listed before the job went back here may be
+  // a step of the run it left: not taken, and not told (the next round,
+  // after the new run's next push, finds the pin again).
+  const uint64_t as_of = replicas_.went_back_count(job_id, uid);
   const std::string leader = PinLeader(*job, peer);
   if (!leader.empty() && leader != peer.self) {
     // One call: the leader asks every zccd of the job and sends the pin
@@ -223,7 +227,9 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
     const absl::StatusOr<int64_t> nudged =
         peer.directory->Client(leader)->PinStep(job_id, uid, -1, false, absl::Seconds(10), cancel);
     if (nudged.ok()) {
-      if (*nudged >= 0) ApplyPin(job_id, uid, *nudged, false, ", as the job's pin leader found");
+      if (*nudged >= 0) {
+        ApplyPin(job_id, uid, *nudged, false, ", as the job's pin leader found", as_of);
+      }
       return;
     }
     if (absl::IsCancelled(nudged.status())) return;
@@ -251,7 +257,7 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
   // With a zccd down or not answering, what it holds is unknown: the pin
   // only moves on (a step whole without it is whole), never back.
   const bool everyone_answered = down == 0 && asked == sources.peers.size();
-  ApplyPin(job_id, uid, *whole, everyone_answered, "");
+  ApplyPin(job_id, uid, *whole, everyone_answered, "", as_of);
   if (leader != peer.self) return;
   // The leader: each other node of the job (those its trainers reported)
   // that is up and has not taken this pin yet takes it now.
@@ -270,6 +276,7 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
         continue;
       }
     }
+    if (replicas_.went_back_count(job_id, uid) != as_of) return;
     ++due;
     const absl::StatusOr<int64_t> taken = peer.directory->Client(address)->PinStep(
         job_id, uid, *pinned, everyone_answered, absl::Seconds(10), cancel);
@@ -291,8 +298,9 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
 }
 
 bool Registry::ApplyPin(const std::string& job_id, uint32_t uid, int64_t whole,
-                        bool everyone_answered, const char* found_by) {
-  if (!replicas_.PinIfNewer(job_id, uid, whole, everyone_answered)) return false;
+                        bool everyone_answered, const char* found_by,
+                        std::optional<uint64_t> as_of) {
+  if (!replicas_.PinIfNewer(job_id, uid, whole, everyone_answered, as_of)) return false;
   ZCC_LOG(INFO) << "job " << job_id << ": step " << whole
                 << " is the newest whole in the peer tier (every rank's files held by some "
                 << "zccd" << found_by << "); kept in this zccd's replica memory until a newer one is";

@@ -190,14 +190,24 @@ void ReplicaStore::Pin(const std::string& job_id, uint32_t uid, int64_t step) {
 }
 
 bool ReplicaStore::PinIfNewer(const std::string& job_id, uint32_t uid, int64_t step,
-                              bool may_move_back) {
+                              bool may_move_back, std::optional<uint64_t> as_of) {
   zcc::MutexLock lock(&mu_);
+  if (as_of.has_value()) {
+    auto went_back = went_back_count_.find({job_id, uid});
+    if (went_back != went_back_count_.end() && went_back->second != *as_of) return false;
+  }
   auto it = pinned_.find({job_id, uid});
   if (it != pinned_.end() && (step == it->second || (!may_move_back && step < it->second))) {
     return false;
   }
   pinned_[{job_id, uid}] = step;
   return true;
+}
+
+uint64_t ReplicaStore::went_back_count(const std::string& job_id, uint32_t uid) const {
+  zcc::MutexLock lock(&mu_);
+  auto it = went_back_count_.find({job_id, uid});
+  return it == went_back_count_.end() ? 0 : it->second;
 }
 
 std::optional<int64_t> ReplicaStore::pinned(const std::string& job_id, uint32_t uid) const {

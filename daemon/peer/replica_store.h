@@ -153,8 +153,15 @@ class ReplicaStore {
   // out. Replaces the job's earlier pin; `step` < 0 lifts it.
   void Pin(const std::string& job_id, uint32_t uid, int64_t step);
   // Pin, unless `step` is the pinned step already or (with `may_move_back`
-  // false) older than it; in one step with the check. True when it pinned.
-  bool PinIfNewer(const std::string& job_id, uint32_t uid, int64_t step, bool may_move_back);
+  // false) older than it, or (with `as_of`) the job went back here since
+  // went_back_count() was `as_of`: `step` was found from holdings listed
+  // before, which may be of the run it left. In one step with the checks.
+  // True when it pinned.
+  bool PinIfNewer(const std::string& job_id, uint32_t uid, int64_t step, bool may_move_back,
+                  std::optional<uint64_t> as_of = std::nullopt);
+  // How often the job went back as seen here: DropLeftBehind, and a piece
+  // of a rank's first step after a restore (Put's `went_on_from`).
+  uint64_t went_back_count(const std::string& job_id, uint32_t uid) const;
   // The job's pinned step, if any.
   std::optional<int64_t> pinned(const std::string& job_id, uint32_t uid) const;
 
@@ -224,6 +231,9 @@ class ReplicaStore {
   std::map<std::tuple<std::string, uint32_t, uint32_t>, WentOn> went_on_ ABSL_GUARDED_BY(mu_);
   // The step each job (job_id, uid) last went on from here (DropLeftBehind).
   std::map<std::pair<std::string, uint32_t>, int64_t> went_on_from_here_ ABSL_GUARDED_BY(mu_);
+  // went_back_count() of each job that went back (one small entry a job,
+  // kept while zccd runs, like went_on_from_here_).
+  std::map<std::pair<std::string, uint32_t>, uint64_t> went_back_count_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zcc::daemon::peer

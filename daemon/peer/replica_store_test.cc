@@ -270,6 +270,32 @@ TEST_CASE("replica store: a job that went on from a restore drops the steps of t
         std::map<uint32_t, std::set<int64_t>>{{1, {11, 12}}, {3, {15}}, {4, {11}}, {5, {11, 12}}});
 }
 
+TEST_CASE("replica store: a pin found before the job went back is not taken after it") {
+  ReplicaStore store(1000);
+  PutWhole(store, 20, 10);
+  PutWhole(store, 30, 10);
+  // A pin round lists the holdings (step 30 whole, of the run about to be
+  // left), then the job goes back to step 10 before the round pins.
+  const uint64_t as_of = store.went_back_count("job", 1000);
+  CHECK(as_of == 0);
+  store.DropLeftBehind("job", 1000, 10, absl::Now() + absl::Seconds(1));
+  CHECK_FALSE(store.PinIfNewer("job", 1000, 30, false, as_of));
+  CHECK_FALSE(store.pinned("job", 1000).has_value());
+  // A round begun after it pins.
+  const uint64_t now = store.went_back_count("job", 1000);
+  CHECK(now == 1);
+  PutWhole(store, 11, 10);
+  CHECK(store.PinIfNewer("job", 1000, 11, false, now));
+  CHECK(store.pinned("job", 1000) == 11);
+  // A rank's first step after another restore, arriving from its owner,
+  // counts as a going back too.
+  REQUIRE_OK(store.Put(Piece(6, "w", 10), /*went_on_from=*/5));
+  CHECK(store.went_back_count("job", 1000) == 2);
+  CHECK_FALSE(store.PinIfNewer("job", 1000, 12, false, now));
+  // Without `as_of` (a pin another zccd sends), as before.
+  CHECK(store.PinIfNewer("job", 1000, 12, false));
+}
+
 TEST_CASE("replica store: a piece pushed again replaces the old bytes") {
   ReplicaStore store(100);
   REQUIRE_OK(store.Put(Piece(1, "a", 60)));

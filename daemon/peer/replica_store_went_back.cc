@@ -36,6 +36,7 @@ std::vector<int64_t> ReplicaStore::DropLeftBehindLocked(
 }
 
 void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived) {
+  ++went_back_count_[{key.job_id, key.uid}];
   // The job's pinned step, past the rank's first step after the restore,
   // is of the run it left.
   auto pin = pinned_.find({key.job_id, key.uid});
@@ -111,6 +112,7 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
       it = went_on_.erase(it);
     }
     went_on_from_here_[{job_id, uid}] = restored;
+    ++went_back_count_[{job_id, uid}];
     held = HeldLocked();
   }
   if (dropped.empty() && !unpinned) return dropped;
