@@ -432,11 +432,17 @@ int main(int argc, char** argv) {
                   restored->step, restore_s, total / restore_s / 1e9);
     } else {
       // All of the step's files are read: the state, and the EMA for zccd.
-      const uint64_t read = FileBytes(step_files);
-      std::printf("restored step %" PRId64 " from disk in %.2f s (%.2f GB of the step's files%s, "
+      if (step_files.empty() && !absl::GetFlag(FLAGS_root).empty()) {
+        step_files = StepFiles(absl::StrFormat("%s/%s/step-%08d", absl::GetFlag(FLAGS_root),
+                                               absl::GetFlag(FLAGS_job), restored->step));
+      }
+      const uint64_t read = step_files.empty() ? total : FileBytes(step_files);
+      std::printf("restored step %" PRId64 " from disk in %.2f s (%.2f GB of the %s%s, "
                   "%.2f GB/s, checksums verified)\n",
                   restored->step, restore_s, read / 1e9,
-                  absl::GetFlag(FLAGS_ema_decay) > 0 ? ": the state and its EMA" : "",
+                  step_files.empty() ? "state" : "step's files",
+                  !step_files.empty() && absl::GetFlag(FLAGS_ema_decay) > 0
+                      ? ": the state and its EMA" : "",
                   read / restore_s / 1e9);
     }
     from_disk = !restored->from_memory;

@@ -159,8 +159,9 @@ class ReplicaStore {
   // True when it pinned.
   bool PinIfNewer(const std::string& job_id, uint32_t uid, int64_t step, bool may_move_back,
                   std::optional<uint64_t> as_of = std::nullopt);
-  // How often the job went back as seen here: DropLeftBehind, and a piece
-  // of a rank's first step after a restore (Put's `went_on_from`).
+  // Moves each time the job is seen going back here: DropLeftBehind, and a
+  // rank's first step after a restore arriving (Put's `went_on_from`: its
+  // first piece, or one that lifts the pin; not the later ones).
   uint64_t went_back_count(const std::string& job_id, uint32_t uid) const;
   // The job's pinned step, if any.
   std::optional<int64_t> pinned(const std::string& job_id, uint32_t uid) const;

@@ -36,11 +36,13 @@ std::vector<int64_t> ReplicaStore::DropLeftBehindLocked(
 }
 
 void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived) {
-  ++went_back_count_[{key.job_id, key.uid}];
   // The job's pinned step, past the rank's first step after the restore,
   // is of the run it left.
   auto pin = pinned_.find({key.job_id, key.uid});
-  if (pin != pinned_.end() && pin->second > key.step) pinned_.erase(pin);
+  if (pin != pinned_.end() && pin->second > key.step) {
+    pinned_.erase(pin);
+    ++went_back_count_[{key.job_id, key.uid}];  // (a round in flight must not pin it again)
+  }
   // Late (this zccd's ranks went on from that step already), or of another
   // going back to it: cannot be told apart, and counts for nothing.
   auto here = went_on_from_here_.find({key.job_id, key.uid});
@@ -61,6 +63,7 @@ void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::T
     return;
   }
   w = WentOn{from, arrived};
+  ++went_back_count_[{key.job_id, key.uid}];
 }
 
 std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::string& job_id,

@@ -420,6 +420,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     return abandon_ema.load(std::memory_order_relaxed) || (cancelled && cancelled());
   };
   absl::StatusOr<RankEma::Saved> saved_ema = RankEma::Saved{};
+  // (The thread starts with this one's file identity, ScopedFsIdentity's
+  // where the caller set one: it reads as the job's owner.)
   std::thread ema_reader([&] {
     saved_ema = session.ReadEma(step_dir, **index, read_io_.storage, &ema_cancelled);
   });
@@ -455,6 +457,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
       saved_ema.ok() ? session.InstallEma(*std::move(saved_ema), step) : saved_ema.status();
   if (!ema_installed.ok()) {
     if (slot.has_value()) session.slots().ReleaseRestore(*slot);
+    // (As for the read: a prefetch the cancellation cut short is no error.)
+    if (absl::IsCancelled(ema_installed) && ahead != nullptr) return ema_installed;
     return failed(Annotate(ema_installed, "the EMA"));
   }
   resp.set_step(step);
