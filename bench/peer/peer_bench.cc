@@ -20,7 +20,9 @@
 //
 // Environment: ZCC_BENCH_DIR (certificates are made there with
 // tools/testing/make_test_certs.sh, run from the repository root).
-// Flags: --quick, --only=PATTERN, --loopback.
+// Flags: --quick, --only=PATTERN, --loopback, --streams=N (N pushes, or
+// pulls, at a time, each on a connection of its own; default: as zccd
+// sends a step's files, Replicator::Options::push_connections).
 #include <grpcpp/grpcpp.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -30,6 +32,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +41,7 @@
 #include <memory>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +51,7 @@
 #include "daemon/peer/peer_credentials.h"
 #include "daemon/peer/peer_listener.h"
 #include "daemon/peer/replica_store.h"
+#include "daemon/peer/replicator.h"
 #include "tests/netns_cluster.h"
 
 namespace zcc::bench {
@@ -192,10 +197,13 @@ int main(int argc, char** argv) {
   const bool quick = QuickMode(argc, argv);
   std::string only, serve;
   bool loopback = false;
+  // As zccd sends a step's files to a buddy (Replicator::Options).
+  int streams = zcc::daemon::peer::Replicator::Options{}.push_connections;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
     if (std::strncmp(argv[i], "--serve=", 8) == 0) serve = argv[i] + 8;
     if (std::strcmp(argv[i], "--loopback") == 0) loopback = true;
+    if (std::strncmp(argv[i], "--streams=", 10) == 0) streams = std::max(1, std::atoi(argv[i] + 10));
   }
   auto wanted = [&](const std::string& row) { return only.empty() || std::regex_search(row, std::regex(only)); };
   const int pieces = quick ? 4 : 16;
@@ -261,31 +269,53 @@ int main(int argc, char** argv) {
         target = absl::StrCat("127.0.0.1:", local->port());
       }
       PeerClient client(target, cc->channel);
-      auto start = Clock::now();
-      for (int p = 0; p < pieces; ++p) {
-        const absl::Status st = client.Push(ReplicaKey{"bench", 0, 0, round, absl::StrCat("p", p)},
-                                            bytes.data(), bytes.size(), absl::Minutes(5));
-        if (!st.ok()) {
-          std::fprintf(stderr, "peer_bench: push to %s: %s\n", target.c_str(), st.ToString().c_str());
-          return 1;
-        }
+      // With --streams=N, N pushes at a time, each on a connection of its own.
+      std::vector<std::unique_ptr<PeerClient>> clients;
+      for (int s = 1; s < streams; ++s) {
+        clients.push_back(std::make_unique<PeerClient>(target, cc->channel, s));
       }
+      // Piece p goes on stream p % streams; each stream's calls one after
+      // the other. False when a call failed (said on stderr).
+      auto side_by_side = [&](bool pulls) {
+        std::atomic<bool> failed{false};
+        auto calls = [&](PeerClient* c, int first) {
+          for (int p = first; p < pieces && !failed; p += streams) {
+            const ReplicaKey key{"bench", 0, 0, round, absl::StrCat("p", p)};
+            absl::Status st;
+            if (pulls) {
+              auto got = c->Pull(key, absl::Minutes(5));
+              st = !got.ok() ? got.status()
+                   : got->size() != bytes.size() ? absl::DataLossError("short piece")
+                                                 : absl::OkStatus();
+            } else {
+              st = c->Push(key, bytes.data(), bytes.size(), absl::Minutes(5));
+            }
+            if (!st.ok()) {
+              std::fprintf(stderr, "peer_bench: %s %s: %s\n", pulls ? "pull from" : "push to",
+                           target.c_str(), st.ToString().c_str());
+              failed = true;
+            }
+          }
+        };
+        std::vector<std::thread> threads;
+        for (int s = 1; s < streams; ++s) threads.emplace_back(calls, clients[s - 1].get(), s);
+        calls(&client, 0);
+        for (std::thread& t : threads) t.join();
+        return !failed;
+      };
+      auto start = Clock::now();
+      if (!side_by_side(/*pulls=*/false)) return 1;
       push.push_back(gb / Seconds(start, Clock::now()));
       if (tls) {
         start = Clock::now();
-        for (int p = 0; p < pieces; ++p) {
-          auto got = client.Pull(ReplicaKey{"bench", 0, 0, round, absl::StrCat("p", p)}, absl::Minutes(5));
-          if (!got.ok() || got->size() != bytes.size()) {
-            std::fprintf(stderr, "peer_bench: pull: %s\n", got.status().ToString().c_str());
-            return 1;
-          }
-        }
+        if (!side_by_side(/*pulls=*/true)) return 1;
         pull.push_back(gb / Seconds(start, Clock::now()));
       }
       tcp.push_back(gb / (cluster != nullptr ? TcpSendSeconds(far_ip, kTcpPort, bytes, pieces)
                                              : TcpSeconds(bytes, pieces)));
     }
-    const std::string what = absl::StrCat(" (", pieces, " x 64 MiB, ", link, ")");
+    const std::string what = absl::StrCat(" (", pieces, " x 64 MiB, ", link,
+                                          ", ", streams, " at a time)");
     if (wanted(push_row)) {
       Emit({push_row + what, Median(push), Median(tcp), 0, tls ? ">= 0.8" : "", "GB/s"});
     }

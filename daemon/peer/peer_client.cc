@@ -36,8 +36,12 @@ namespace {
 // of what a peer holds for a job (ListReplicas, one answer) may pass gRPC's
 // default 4 MB: 64 MB holds about 400,000 pieces (chunks are 1 MiB).
 std::shared_ptr<grpc::Channel> PeerChannel(const std::string& target,
-                                           std::shared_ptr<grpc::ChannelCredentials> creds) {
+                                           std::shared_ptr<grpc::ChannelCredentials> creds,
+                                           int connection) {
   grpc::ChannelArguments args;
+  // An argument of zcc's own: channels whose arguments differ get
+  // subchannels (connections) of their own.
+  if (connection != 0) args.SetInt("zcc.peer_connection", connection);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
@@ -48,9 +52,10 @@ std::shared_ptr<grpc::Channel> PeerChannel(const std::string& target,
 
 }  // namespace
 
-PeerClient::PeerClient(const std::string& target, std::shared_ptr<grpc::ChannelCredentials> creds)
+PeerClient::PeerClient(const std::string& target, std::shared_ptr<grpc::ChannelCredentials> creds,
+                       int connection)
     : target_(target),
-      channel_(PeerChannel(target, std::move(creds))),
+      channel_(PeerChannel(target, std::move(creds), connection)),
       stub_(v1::Peer::NewStub(channel_)) {}
 
 absl::StatusOr<v1::PeerHelloResponse> PeerClient::Hello(const std::string& node,

@@ -25,8 +25,12 @@ namespace zcc::daemon::peer {
 class PeerClient {
  public:
   // `target` is host:port; `creds` from LoadPeerCredentials. With TLS the
-  // peer's certificate must name the host in `target`.
-  PeerClient(const std::string& target, std::shared_ptr<grpc::ChannelCredentials> creds);
+  // peer's certificate must name the host in `target`. Clients of one
+  // target with different `connection` numbers use TCP connections of their
+  // own (gRPC shares one between channels that are alike otherwise), so
+  // that their calls do not queue behind each other's on one connection.
+  PeerClient(const std::string& target, std::shared_ptr<grpc::ChannelCredentials> creds,
+             int connection = 0);
 
   const std::string& target() const { return target_; }
 

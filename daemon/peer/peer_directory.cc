@@ -37,10 +37,10 @@ std::optional<PeerState> PeerDirectory::State(const std::string& address) const 
   return it->second;
 }
 
-std::shared_ptr<PeerClient> PeerDirectory::Client(const std::string& address) {
+std::shared_ptr<PeerClient> PeerDirectory::Client(const std::string& address, int connection) {
   zcc::MutexLock lock(&mu_);
-  std::shared_ptr<PeerClient>& c = clients_[address];
-  if (c == nullptr) c = std::make_shared<PeerClient>(address, creds_);
+  std::shared_ptr<PeerClient>& c = clients_[{address, connection}];
+  if (c == nullptr) c = std::make_shared<PeerClient>(address, creds_, connection);
   return c;
 }
 

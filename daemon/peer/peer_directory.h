@@ -52,8 +52,10 @@ class PeerDirectory {
   void Watch(const std::string& address);
   // What is known of `address`; nullopt if it is not watched.
   std::optional<PeerState> State(const std::string& address) const;
-  // A connection to `address` with this zccd's credentials (watched or not).
-  std::shared_ptr<PeerClient> Client(const std::string& address);
+  // A connection to `address` with this zccd's credentials (watched or
+  // not); each `connection` number its own (PeerClient), for calls that
+  // run side by side.
+  std::shared_ptr<PeerClient> Client(const std::string& address, int connection = 0);
 
  private:
   void Run();
@@ -63,7 +65,7 @@ class PeerDirectory {
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
   mutable zcc::Mutex mu_;
   std::map<std::string, PeerState> states_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<PeerClient>> clients_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::shared_ptr<PeerClient>> clients_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // a new address: probe now
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

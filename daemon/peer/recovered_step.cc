@@ -245,8 +245,9 @@ absl::Status RecoveredStep::ReadFrom(const std::string& holder, const Remote& fi
   // timeout would (keepalive finds a dead link within about 15 s anyway).
   const absl::Duration timeout =
       std::min(sources_.timeout, absl::Seconds(30) + absl::Seconds(static_cast<double>(n) / 1e6));
-  return sources_.directory->Client(holder)->PullRange(file.key, file.bytes, offset, dst, n,
-                                                       check_held, timeout, &cancel_);
+  const int connection = static_cast<int>(pulls_made_.fetch_add(1) % kPullThreads);
+  return sources_.directory->Client(holder, connection)
+      ->PullRange(file.key, file.bytes, offset, dst, n, check_held, timeout, &cancel_);
 }
 
 absl::Status RecoveredStep::ReadRange(const Remote& file, uint64_t offset, void* dst, size_t n) {

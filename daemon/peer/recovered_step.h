@@ -28,6 +28,7 @@
 #ifndef ZCC_DAEMON_PEER_RECOVERED_STEP_H_
 #define ZCC_DAEMON_PEER_RECOVERED_STEP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -138,6 +139,9 @@ class RecoveredStep final : public storage::Storage,
   uint64_t remote_bytes_ = 0;
   CallCancel cancel_;
   TaskPool pulls_;  // the reads in flight, of every file
+  // Counts the pulls from peers: each goes on the next of kPullThreads
+  // connections to its holder, so that pulls in flight do not queue on one.
+  std::atomic<uint32_t> pulls_made_{0};
 
   // A file of the step opened, and closed.
   void Opened() ABSL_LOCKS_EXCLUDED(mu_);

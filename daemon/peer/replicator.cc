@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -315,38 +316,110 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
         "no buddy: the job's ranks have not reported its nodes, or it has no other node");
   }
   for (const std::string& buddy : buddies) {
-    std::shared_ptr<PeerClient> client = directory_->Client(buddy);
-    for (const std::string& name : files) {
-      {
-        zcc::MutexLock lock(&mu_);
-        if (stop_) return absl::CancelledError("zccd is stopping");
-        // Of the run the rank left (it went on from an older step): no more.
-        auto job = jobs_.find(job_id);
-        if (job != jobs_.end()) {
-          auto r = job->second.ranks.find(rank);
-          if (r != job->second.ranks.end() && r->second.push_left_behind) {
-            return absl::CancelledError("of the run left behind");
-          }
-        }
-      }
-      const ReplicaKey key{job_id, uid, rank, step, name};
-      auto piece = store_->Get(key);
-      if (!piece.ok()) {
-        *own_missing = true;
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
-            "before it reached ", buddy, " (raise peer.replica_budget_bytes, or "
-            "staging_budget_bytes where set: a trainer's registration takes replicas' room)"));
-      }
-      // Its checksum from when it was kept: the bytes are not summed again.
-      const std::string& bytes = (*piece)->bytes;
-      ZCC_RETURN_IF_ERROR(client->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
-                                       options_.push_timeout, &cancel_, went_on_from));
-      *sent += bytes.size();
-      Pace(bytes.size());
-    }
+    ZCC_RETURN_IF_ERROR(
+        PushTo(buddy, job_id, uid, rank, step, files, went_on_from, sent, own_missing));
   }
   return absl::OkStatus();
+}
+
+absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job_id,
+                                uint32_t uid, uint32_t rank, int64_t step,
+                                const std::vector<std::string>& files, int64_t went_on_from,
+                                uint64_t* sent, bool* own_missing) {
+  // The files but the last (the rank's manifest, which makes the step whole
+  // at the buddy) go side by side, each call on a connection of its own;
+  // the last once they all arrived.
+  zcc::Mutex result_mu;
+  absl::Status result;  // the first failure
+  size_t next = 0;      // the next file to send
+  auto send_one = [&](PeerClient& client, const std::string& name) -> absl::Status {
+    {
+      zcc::MutexLock lock(&mu_);
+      if (stop_) return absl::CancelledError("zccd is stopping");
+      // Of the run the rank left (it went on from an older step): no more.
+      auto job = jobs_.find(job_id);
+      if (job != jobs_.end()) {
+        auto r = job->second.ranks.find(rank);
+        if (r != job->second.ranks.end() && r->second.push_left_behind) {
+          return absl::CancelledError("of the run left behind");
+        }
+      }
+    }
+    const ReplicaKey key{job_id, uid, rank, step, name};
+    auto piece = store_->Get(key);
+    if (!piece.ok()) {
+      zcc::MutexLock lock(&result_mu);
+      *own_missing = true;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
+          "before it reached ", buddy, " (raise peer.replica_budget_bytes, or "
+          "staging_budget_bytes where set: a trainer's registration takes replicas' room)"));
+    }
+    // Its checksum from when it was kept: the bytes are not summed again.
+    const std::string& bytes = (*piece)->bytes;
+    ZCC_RETURN_IF_ERROR(client.Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
+                                    options_.push_timeout, &cancel_, went_on_from));
+    {
+      zcc::MutexLock lock(&result_mu);
+      *sent += bytes.size();
+    }
+    Pace(bytes.size());
+    return absl::OkStatus();
+  };
+  const size_t side_by_side = files.empty() ? 0 : files.size() - 1;
+  auto sender = [&](int connection) {
+    std::shared_ptr<PeerClient> client = directory_->Client(buddy, connection);
+    for (;;) {
+      size_t i;
+      {
+        zcc::MutexLock lock(&result_mu);
+        if (!result.ok() || next >= side_by_side) return;
+        i = next++;
+      }
+      absl::Status st = send_one(*client, files[i]);
+      if (!st.ok()) {
+        zcc::MutexLock lock(&result_mu);
+        if (result.ok()) result = std::move(st);
+        return;
+      }
+    }
+  };
+  const int connections = static_cast<int>(
+      std::clamp<size_t>(side_by_side, 1, std::max(1, options_.push_connections)));
+  std::vector<std::thread> senders;
+  for (int c = 1; c < connections; ++c) {
+    senders.emplace_back([&sender, c] {
+      MakeThisThreadIdle();  // (as the replicator's own thread)
+      sender(c);
+    });
+  }
+  sender(0);
+  for (std::thread& t : senders) t.join();
+  ZCC_RETURN_IF_ERROR(result);
+  if (files.empty()) return absl::OkStatus();
+  return send_one(*directory_->Client(buddy), files.back());
+}
+
+void Replicator::Pace(uint64_t bytes) {
+  if (options_.bytes_per_s == 0) return;
+  const double rate = static_cast<double>(options_.bytes_per_s);
+  const absl::Time now = absl::Now();
+  absl::Time due;
+  {
+    zcc::MutexLock lock(&pace_mu_);
+    // The accounting starts over after the sender was idle for over a second.
+    if (pace_start_ == absl::InfinitePast() ||
+        pace_start_ + absl::Seconds(pace_bytes_ / rate) < now - absl::Seconds(1)) {
+      pace_start_ = now;
+      pace_bytes_ = 0;
+    }
+    pace_bytes_ += bytes;
+    due = pace_start_ + absl::Seconds(pace_bytes_ / rate);
+  }
+  if (due <= now) return;
+  zcc::MutexLock lock(&mu_);
+  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  mu_.AwaitWithTimeout(absl::Condition(&stopping), due - now);
 }
 
 void Replicator::LeaveBehind(JobState& js, RankState& rs, int64_t restored, absl::Time before) {
@@ -486,24 +559,6 @@ void Replicator::CheckBuddies() {
     }
     ZCC_LOG(WARNING) << "job " << s.job_id << " rank " << s.rank << ": " << js.last_error;
   }
-}
-
-void Replicator::Pace(uint64_t bytes) {
-  if (options_.bytes_per_s == 0) return;
-  const double rate = static_cast<double>(options_.bytes_per_s);
-  const absl::Time now = absl::Now();
-  // The accounting starts over after the sender was idle for over a second.
-  if (pace_start_ == absl::InfinitePast() ||
-      pace_start_ + absl::Seconds(pace_bytes_ / rate) < now - absl::Seconds(1)) {
-    pace_start_ = now;
-    pace_bytes_ = 0;
-  }
-  pace_bytes_ += bytes;
-  const absl::Time due = pace_start_ + absl::Seconds(pace_bytes_ / rate);
-  if (due <= now) return;
-  zcc::MutexLock lock(&mu_);
-  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-  mu_.AwaitWithTimeout(absl::Condition(&stopping), due - now);
 }
 
 Replicator::JobStats Replicator::Stats(const std::string& job_id) const {

@@ -171,6 +171,49 @@ struct ToOneBuddy {
   Replicator replicator;
 };
 
+TEST_CASE("a step's files go to a buddy several at a time, each on a connection of its own, "
+          "and its manifest after them") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 4;
+  Replicator replicator(options, &store, &directory,
+                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{buddy.address};
+                        });
+  checkpoint::RankStepBytes step;
+  step.rank = 0;
+  step.step = 7;
+  for (int i = 0; i < 6; ++i) {
+    step.files.push_back({absl::StrCat("optim-", i, ".safetensors"), std::string(4096, 'a' + i)});
+  }
+  step.files.push_back({"r00000.manifest.json", "{}"});
+  buddy.Hold(true);
+  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(step)));
+  // Four pushes at once, no more, and not the manifest.
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 4; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(buddy.Arrived() == 4);
+  buddy.Hold(false);
+  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 7; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(buddy.pushes == 7);
+  const std::vector<ReplicaInfo> held = buddy.store.List("j", 0);
+  REQUIRE(held.size() == 7);
+  absl::Time manifest, newest_data = absl::InfinitePast();
+  for (const ReplicaInfo& r : held) {
+    if (r.key.piece == "r00000.manifest.json") {
+      manifest = r.received;
+    } else {
+      newest_data = std::max(newest_data, r.received);
+    }
+  }
+  CHECK(manifest >= newest_data);
+}
+
 TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy") {
   Buddy buddy, other;
   REQUIRE(buddy.server != nullptr);
