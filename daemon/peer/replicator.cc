@@ -29,8 +29,12 @@ Replicator::~Replicator() {
     stop_ = true;
   }
   cancel_.CancelAll();
-  // Its thread runs at idle priority: on a busy machine it might wait long
-  // for the CPU to see that it must stop.
+  // Its threads run at idle priority: on a busy machine they might wait long
+  // for the CPU to see that they must stop.
+  {
+    zcc::MutexLock lock(&mu_);
+    for (pthread_t sender : senders_) LeaveIdlePriority(sender);
+  }
   LeaveIdlePriority(thread_.native_handle());
   thread_.join();
 }
@@ -388,13 +392,21 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
       std::clamp<size_t>(side_by_side, 1, std::max(1, options_.push_connections)));
   std::vector<std::thread> senders;
   for (int c = 1; c < connections; ++c) {
-    senders.emplace_back([&sender, c] {
-      MakeThisThreadIdle();  // (as the replicator's own thread)
-      sender(c);
-    });
+    // (It starts at the replicator's thread's priority: idle, or normal
+    // once a stop raised it.)
+    senders.emplace_back(sender, c);
+    zcc::MutexLock lock(&mu_);
+    senders_.insert(senders.back().native_handle());
+    if (stop_) LeaveIdlePriority(senders.back().native_handle());
   }
   sender(0);
-  for (std::thread& t : senders) t.join();
+  for (std::thread& t : senders) {
+    {
+      zcc::MutexLock lock(&mu_);
+      senders_.erase(t.native_handle());
+    }
+    t.join();
+  }
   ZCC_RETURN_IF_ERROR(result);
   if (files.empty()) return absl::OkStatus();
   return send_one(*directory_->Client(buddy), files.back());

@@ -19,6 +19,8 @@
 #ifndef ZCC_DAEMON_PEER_REPLICATOR_H_
 #define ZCC_DAEMON_PEER_REPLICATOR_H_
 
+#include <pthread.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -201,6 +203,9 @@ class Replicator {
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the thread
   std::set<std::pair<std::string, uint32_t>> pin_due_ ABSL_GUARDED_BY(mu_);  // PinSoon's
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // PushTo's threads besides the replicator's own, at idle priority like
+  // it: a stop puts them back at normal priority too, so that they see it.
+  std::set<pthread_t> senders_ ABSL_GUARDED_BY(mu_);
   // The pace: bytes sent since `pace_start_`, by every push in flight.
   zcc::Mutex pace_mu_ ABSL_ACQUIRED_AFTER(mu_);
   absl::Time pace_start_ ABSL_GUARDED_BY(pace_mu_) = absl::InfinitePast();
