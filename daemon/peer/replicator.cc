@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -29,6 +31,10 @@ Replicator::~Replicator() {
     stop_ = true;
   }
   cancel_.CancelAll();
+  {
+    zcc::MutexLock lock(&mu_);
+    for (CallCancel* push : push_cancels_) push->CancelAll();
+  }
   // Its threads run at idle priority: on a busy machine they might wait long
   // for the CPU to see that they must stop.
   {
@@ -331,11 +337,25 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
                                 const std::vector<std::string>& files, int64_t went_on_from,
                                 uint64_t* sent, bool* own_missing) {
   // The files but the last (the rank's manifest, which makes the step whole
-  // at the buddy) go side by side, each call on a connection of its own;
-  // the last once they all arrived.
+  // at the buddy) go side by side, each call on a connection of its own,
+  // within options_.push_bytes_in_flight (the buddy holds what arrives
+  // before its replica memory makes room); the last once they all arrived.
+  // The first failure ends the calls in flight: the step is tried again.
+  CallCancel push_cancel;
+  {
+    zcc::MutexLock lock(&mu_);
+    push_cancels_.insert(&push_cancel);
+    if (stop_) push_cancel.CancelAll();
+  }
+  absl::Cleanup forget_cancel = [this, &push_cancel] {
+    zcc::MutexLock lock(&mu_);
+    push_cancels_.erase(&push_cancel);
+  };
   zcc::Mutex result_mu;
-  absl::Status result;  // the first failure
-  size_t next = 0;      // the next file to send
+  absl::Status result;       // the first failure
+  absl::Status own_missing_status;
+  size_t next = 0;           // the next file to send
+  uint64_t in_flight = 0;    // bytes of the pushes under way
   auto send_one = [&](PeerClient& client, const std::string& name) -> absl::Status {
     {
       zcc::MutexLock lock(&mu_);
@@ -354,19 +374,34 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     if (!piece.ok()) {
       zcc::MutexLock lock(&result_mu);
       *own_missing = true;
-      return absl::FailedPreconditionError(absl::StrCat(
+      own_missing_status = absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
           "before it reached ", buddy, " (raise peer.replica_budget_bytes, or "
           "staging_budget_bytes where set: a trainer's registration takes replicas' room)"));
+      return own_missing_status;
+    }
+    const std::string& bytes = (*piece)->bytes;
+    {
+      // A piece goes once the others in flight leave room for it (alone
+      // when it is larger than the whole allowance).
+      zcc::MutexLock lock(&result_mu);
+      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(result_mu) {
+        return !result.ok() || in_flight == 0 ||
+               in_flight + bytes.size() <= options_.push_bytes_in_flight;
+      };
+      result_mu.Await(absl::Condition(&room));
+      if (!result.ok()) return absl::CancelledError("another piece of the step failed");
+      in_flight += bytes.size();
     }
     // Its checksum from when it was kept: the bytes are not summed again.
-    const std::string& bytes = (*piece)->bytes;
-    ZCC_RETURN_IF_ERROR(client.Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
-                                    options_.push_timeout, &cancel_, went_on_from));
+    const absl::Status pushed = client.Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
+                                            options_.push_timeout, &push_cancel, went_on_from);
     {
       zcc::MutexLock lock(&result_mu);
-      *sent += bytes.size();
+      in_flight -= bytes.size();
+      if (pushed.ok()) *sent += bytes.size();
     }
+    ZCC_RETURN_IF_ERROR(pushed);
     Pace(bytes.size());
     return absl::OkStatus();
   };
@@ -382,8 +417,11 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
       }
       absl::Status st = send_one(*client, files[i]);
       if (!st.ok()) {
-        zcc::MutexLock lock(&result_mu);
-        if (result.ok()) result = std::move(st);
+        {
+          zcc::MutexLock lock(&result_mu);
+          if (result.ok()) result = std::move(st);
+        }
+        push_cancel.CancelAll();
         return;
       }
     }
@@ -394,7 +432,13 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
   for (int c = 1; c < connections; ++c) {
     // (It starts at the replicator's thread's priority: idle, or normal
     // once a stop raised it.)
-    senders.emplace_back(sender, c);
+    try {
+      senders.emplace_back(sender, c);
+    } catch (const std::system_error& e) {
+      ZCC_LOG(WARNING) << "replication: pushing with " << c << " connection(s), not "
+                       << connections << ": " << e.what();
+      break;
+    }
     zcc::MutexLock lock(&mu_);
     senders_.insert(senders.back().native_handle());
     if (stop_) LeaveIdlePriority(senders.back().native_handle());
@@ -407,6 +451,9 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     }
     t.join();
   }
+  // What made the step fail where the owner's copy is gone: nothing could
+  // send it (Run drops it for the rank's next step).
+  if (!own_missing_status.ok()) return own_missing_status;
   ZCC_RETURN_IF_ERROR(result);
   if (files.empty()) return absl::OkStatus();
   return send_one(*directory_->Client(buddy), files.back());

@@ -54,6 +54,10 @@ class Replicator {
     // over TLS on a 16-core node (BENCHMARKS.md, "The peer tier's
     // transport").
     int push_connections = 8;
+    // At most this many bytes of a step's files under way to a buddy at
+    // once (a piece larger than that goes alone): a buddy holds what
+    // arrives beside its replica memory until the pieces are kept.
+    uint64_t push_bytes_in_flight = uint64_t{1} << 30;
     // After a failed round, before the next try of the same step.
     absl::Duration retry_after = absl::Seconds(2);
     // Between two checks that the buddies still hold the newest replicated
@@ -206,6 +210,9 @@ class Replicator {
   // PushTo's threads besides the replicator's own, at idle priority like
   // it: a stop puts them back at normal priority too, so that they see it.
   std::set<pthread_t> senders_ ABSL_GUARDED_BY(mu_);
+  // The calls of each PushTo under way, ended by a stop (and by the push's
+  // own first failure).
+  std::set<CallCancel*> push_cancels_ ABSL_GUARDED_BY(mu_);
   // The pace: bytes sent since `pace_start_`, by every push in flight.
   zcc::Mutex pace_mu_ ABSL_ACQUIRED_AFTER(mu_);
   absl::Time pace_start_ ABSL_GUARDED_BY(pace_mu_) = absl::InfinitePast();

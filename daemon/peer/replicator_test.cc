@@ -214,6 +214,66 @@ TEST_CASE("a step's files go to a buddy several at a time, each on a connection 
   CHECK(manifest >= newest_data);
 }
 
+TEST_CASE("a step's files under way to a buddy keep to the bytes allowed in flight") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 4;
+  options.push_bytes_in_flight = 2 * 4096;  // two of the pieces below
+  Replicator replicator(options, &store, &directory,
+                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{buddy.address};
+                        });
+  checkpoint::RankStepBytes step;
+  step.rank = 0;
+  step.step = 7;
+  for (int i = 0; i < 6; ++i) {
+    step.files.push_back({absl::StrCat("optim-", i, ".safetensors"), std::string(4096, 'a' + i)});
+  }
+  step.files.push_back({"r00000.manifest.json", "{}"});
+  buddy.Hold(true);
+  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(step)));
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 2; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(buddy.Arrived() == 2);
+  buddy.Hold(false);
+  CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 7; },
+                            absl::Seconds(30), absl::Milliseconds(5)));
+}
+
+TEST_CASE("a step one of whose files a buddy refuses is not made whole there: its manifest "
+          "is not sent") {
+  Buddy buddy;  // (a replica memory of 64 MiB)
+  REQUIRE(buddy.server != nullptr);
+  ReplicaStore store(uint64_t{128} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 4;
+  options.retry_after = absl::Seconds(30);  // (one round)
+  Replicator replicator(options, &store, &directory,
+                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{buddy.address};
+                        });
+  checkpoint::RankStepBytes step;
+  step.rank = 0;
+  step.step = 7;
+  for (int i = 0; i < 3; ++i) {
+    step.files.push_back({absl::StrCat("model-", i, ".safetensors"), std::string(4096, 'a' + i)});
+  }
+  step.files.push_back({"optim.safetensors", std::string(size_t{65} << 20, 'o')});
+  step.files.push_back({"r00000.manifest.json", "{}"});
+  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(step)));
+  REQUIRE(testing::Eventually([&] { return !replicator.Stats("j").last_error.empty(); },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  INFO(replicator.Stats("j").last_error);
+  CHECK_THAT(replicator.Stats("j").last_error, Catch::Contains("larger than this zccd's replica"));
+  CHECK(replicator.Stats("j").replicated_step == -1);
+  CHECK_FALSE(buddy.store.Get(ReplicaKey{"j", 0, 0, 7, "r00000.manifest.json"}).ok());
+}
+
 TEST_CASE("a step its buddy dropped is pushed to it again from the owner's copy") {
   Buddy buddy, other;
   REQUIRE(buddy.server != nullptr);
