@@ -161,37 +161,40 @@ struct ToOneBuddy {
     options.check_buddies_every = absl::ZeroDuration();
     return options;
   }
-  explicit ToOneBuddy(const Buddy& buddy)
-      : replicator(Options(), &store, &directory,
+  explicit ToOneBuddy(const Buddy& buddy, const Replicator::Options& options = Options(),
+                      uint64_t store_bytes = uint64_t{64} << 20)
+      : store(store_bytes),
+        replicator(options, &store, &directory,
                    [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
                      return std::vector<std::string>{buddy.address};
                    }) {}
-  ReplicaStore store{uint64_t{64} << 20};
+  ReplicaStore store;
   PeerDirectory directory{{"self", "rack-1"}, grpc::InsecureChannelCredentials()};
   Replicator replicator;
 };
+
+// Step 7 of rank 0: `n` files of 4096 bytes, then its manifest.
+checkpoint::RankStepBytes ManyFiles(int n) {
+  checkpoint::RankStepBytes step;
+  step.rank = 0;
+  step.step = 7;
+  for (int i = 0; i < n; ++i) {
+    step.files.push_back({absl::StrCat("optim-", i, ".safetensors"), std::string(4096, 'a' + i)});
+  }
+  step.files.push_back({"r00000.manifest.json", "{}"});
+  return step;
+}
 
 TEST_CASE("a step's files go to a buddy several at a time, each on a connection of its own, "
           "and its manifest after them") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
-  ReplicaStore store(uint64_t{64} << 20);
-  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 4;
-  Replicator replicator(options, &store, &directory,
-                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
-                          return std::vector<std::string>{buddy.address};
-                        });
-  checkpoint::RankStepBytes step;
-  step.rank = 0;
-  step.step = 7;
-  for (int i = 0; i < 6; ++i) {
-    step.files.push_back({absl::StrCat("optim-", i, ".safetensors"), std::string(4096, 'a' + i)});
-  }
-  step.files.push_back({"r00000.manifest.json", "{}"});
+  ToOneBuddy self(buddy, options);
+  Replicator& replicator = self.replicator;
   buddy.Hold(true);
-  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(step)));
+  REQUIRE_OK(replicator.Enqueue("j", 0, ManyFiles(6)));
   // Four pushes at once, no more, and not the manifest.
   REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 4; }, absl::Seconds(30),
                               absl::Milliseconds(5)));
@@ -217,24 +220,13 @@ TEST_CASE("a step's files go to a buddy several at a time, each on a connection 
 TEST_CASE("a step's files under way to a buddy keep to the bytes allowed in flight") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
-  ReplicaStore store(uint64_t{64} << 20);
-  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 4;
-  options.push_bytes_in_flight = 2 * 4096;  // two of the pieces below
-  Replicator replicator(options, &store, &directory,
-                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
-                          return std::vector<std::string>{buddy.address};
-                        });
-  checkpoint::RankStepBytes step;
-  step.rank = 0;
-  step.step = 7;
-  for (int i = 0; i < 6; ++i) {
-    step.files.push_back({absl::StrCat("optim-", i, ".safetensors"), std::string(4096, 'a' + i)});
-  }
-  step.files.push_back({"r00000.manifest.json", "{}"});
+  options.push_bytes_in_flight = 2 * 4096;  // two of the pieces
+  ToOneBuddy self(buddy, options);
+  Replicator& replicator = self.replicator;
   buddy.Hold(true);
-  REQUIRE_OK(replicator.Enqueue("j", 0, std::move(step)));
+  REQUIRE_OK(replicator.Enqueue("j", 0, ManyFiles(6)));
   REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 2; }, absl::Seconds(30),
                               absl::Milliseconds(5)));
   absl::SleepFor(absl::Milliseconds(100));
@@ -248,23 +240,13 @@ TEST_CASE("a step one of whose files a buddy refuses is not made whole there: it
           "is not sent") {
   Buddy buddy;  // (a replica memory of 64 MiB)
   REQUIRE(buddy.server != nullptr);
-  ReplicaStore store(uint64_t{128} << 20);
-  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 4;
   options.retry_after = absl::Seconds(30);  // (one round)
-  Replicator replicator(options, &store, &directory,
-                        [&buddy](const std::string&) -> std::optional<std::vector<std::string>> {
-                          return std::vector<std::string>{buddy.address};
-                        });
-  checkpoint::RankStepBytes step;
-  step.rank = 0;
-  step.step = 7;
-  for (int i = 0; i < 3; ++i) {
-    step.files.push_back({absl::StrCat("model-", i, ".safetensors"), std::string(4096, 'a' + i)});
-  }
-  step.files.push_back({"optim.safetensors", std::string(size_t{65} << 20, 'o')});
-  step.files.push_back({"r00000.manifest.json", "{}"});
+  ToOneBuddy self(buddy, options, uint64_t{128} << 20);
+  Replicator& replicator = self.replicator;
+  checkpoint::RankStepBytes step = ManyFiles(3);
+  step.files.insert(step.files.end() - 1, {"model.safetensors", std::string(size_t{65} << 20, 'm')});
   REQUIRE_OK(replicator.Enqueue("j", 0, std::move(step)));
   REQUIRE(testing::Eventually([&] { return !replicator.Stats("j").last_error.empty(); },
                               absl::Seconds(30), absl::Milliseconds(5)));
