@@ -1,12 +1,14 @@
 // The peer tier's sender (DESIGN.md 5c): each rank's replicated steps, kept
-// in this zccd's replica store as the owner's own copy and pushed, file by
-// file with the manifest last, to the job's buddies on a thread of its own,
-// at idle priority and within a bandwidth cap. Never on a trainer's path: a
-// step still waiting when a newer step of the same rank arrives is replaced
-// by it (newest first), and a buddy that is slow or gone only makes the lag
-// grow; the push is retried once a newer step or the next round comes. A
-// job that has left this zccd is forgotten once its steps are at every
-// buddy, or at once when it never knew a buddy (nothing could send them).
+// in this zccd's replica store as the owner's own copy and pushed, several
+// files at a time on connections of their own with the manifest last, to
+// the job's buddies from a thread of its own (and its helpers while a step
+// is pushed), at idle priority and within a bandwidth cap. Never on a
+// trainer's path: a step still waiting when a newer step of the same rank
+// arrives is replaced by it (newest first), and a buddy that is slow or
+// gone only makes the lag grow; the push is retried once a newer step or
+// the next round comes. A job that has left this zccd is forgotten once its
+// steps are at every buddy, or at once when it never knew a buddy (nothing
+// could send them).
 //
 // A buddy may drop what it held (its memory goes to a trainer that
 // registers there, ReplicaStore::ShrinkTo): every `check_buddies_every` the
