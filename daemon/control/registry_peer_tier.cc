@@ -288,6 +288,10 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
     }
     ++told;
     zcc::MutexLock lock(&peer_mu_);
+    // Not once the job went back meanwhile (JobWentOn clears the record
+    // after the count moves): the pin told may be of the run left, and the
+    // next round tells the pin again.
+    if (replicas_.went_back_count(job_id, uid) != as_of) return;
     pins_sent_[key][address] = {*pinned, state->instance};
   }
   if (due > 0) {
