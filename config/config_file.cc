@@ -42,6 +42,7 @@ constexpr uint64_t kMinReplicaBudgetBytes = 1 << 20;
 constexpr size_t kMaxPeerNameBytes = 253;
 constexpr uint32_t kMaxReplicateEvery = 1000000;
 constexpr uint32_t kMaxReplicas = 8;
+constexpr uint32_t kMaxPushConnections = 64;
 constexpr uint64_t kMinReplicateBytesPerS = 1 << 20;
 constexpr size_t kMaxStaticPeers = 1024;
 
@@ -306,6 +307,10 @@ void CheckPeer(const daemon::PeerConfig& peer, Problems& p) {
           absl::StrCat("must be 0 or at least ", kMinReplicateBytesPerS, " (1 MiB/s), got ",
                        peer.replicate_bytes_per_s));
   }
+  if (peer.push_connections < 1 || peer.push_connections > kMaxPushConnections) {
+    p.Add("peer.push_connections", absl::StrCat("must be in [1, ", kMaxPushConnections,
+                                                "], got ", peer.push_connections));
+  }
   if (peer.check_buddies_every != absl::ZeroDuration() &&
       !(peer.check_buddies_every >= absl::Seconds(1))) {
     p.Add("peer.check_buddies_s",
@@ -516,6 +521,7 @@ void Merge(const DaemonConfigProto& proto, FullConfig& config, Problems& p) {
     if (q.has_check_buddies_s()) {
       MergeSeconds("peer.check_buddies_s", q.check_buddies_s(), &peer.check_buddies_every, p);
     }
+    if (q.has_push_connections()) peer.push_connections = q.push_connections();
     if (q.static_peers_size() > 0) {
       peer.static_peers.assign(q.static_peers().begin(), q.static_peers().end());
     }
@@ -800,6 +806,7 @@ std::string DefaultConfigText(const FullConfig& config) {
                             peer.replicas == default_peer.replicas &&
                             peer.replicate_bytes_per_s == default_peer.replicate_bytes_per_s &&
                             peer.check_buddies_every == default_peer.check_buddies_every &&
+                            peer.push_connections == default_peer.push_connections &&
                             peer.static_peers.empty();
   const std::string lead = peer_default ? "# " : "";
   auto peer_field = [&](absl::string_view name, const std::string& value,
@@ -833,7 +840,8 @@ std::string DefaultConfigText(const FullConfig& config) {
       "  # Every how many seconds the buddies are asked whether they still hold this\n", lead,
       "  # node's newest replicated steps (what one dropped is pushed again); 0 = never.\n",
       lead, "  check_buddies_s: ", FormatDouble(absl::ToDoubleSeconds(peer.check_buddies_every)),
-      "\n");
+      "\n", lead, "  # A step's files sent to a buddy at a time, each on a connection of its own.\n",
+      lead, "  push_connections: ", peer.push_connections, "\n");
   absl::StrAppend(&out, lead,
                   "  # Other zccds (host:port of their peer services), one line each; they\n",
                   lead, "  # count as nodes of every job, for the buddies and for recovery.\n");

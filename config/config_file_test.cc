@@ -69,6 +69,7 @@ void RequireSameConfig(const FullConfig& a, const FullConfig& b) {
   CHECK(x.peer.replicas == y.peer.replicas);
   CHECK(x.peer.replicate_bytes_per_s == y.peer.replicate_bytes_per_s);
   CHECK(x.peer.check_buddies_every == y.peer.check_buddies_every);
+  CHECK(x.peer.push_connections == y.peer.push_connections);
   CHECK(x.peer.static_peers == y.peer.static_peers);
   CHECK(a.ops.status_tcp_listen == b.ops.status_tcp_listen);
   CHECK(a.ops.metrics_http_listen == b.ops.metrics_http_listen);
@@ -130,6 +131,7 @@ TEST_CASE("a file setting every field is applied over the base") {
       replicas: 2
       replicate_bytes_per_s: 104857600
       check_buddies_s: 12.5
+      push_connections: 4
       static_peers: "node-18.example:7071"
       static_peers: "[fd00::12]:7071"
     }
@@ -176,6 +178,7 @@ TEST_CASE("a file setting every field is applied over the base") {
   CHECK(d.peer.replicas == 2);
   CHECK(d.peer.replicate_bytes_per_s == (100ull << 20));
   CHECK(d.peer.check_buddies_every == absl::Milliseconds(12500));
+  CHECK(d.peer.push_connections == 4);
   CHECK(d.peer.static_peers ==
         std::vector<std::string>{"node-18.example:7071", "[fd00::12]:7071"});
   CHECK(c->ops.status_tcp_listen == "[::1]:7070");
@@ -542,6 +545,11 @@ TEST_CASE("peer: each bad field is reported with its position") {
              Catch::Equals("zccd.conf:2:3: peer.replicate_bytes_per_s: must be 0 or at least "
                            "1048576 (1 MiB/s), got 1048575"));
   CHECK_OK(ParseConfigText("peer { replicate_bytes_per_s: 1048576 }\n", "zccd.conf"));
+  CHECK_THAT(ParseError("peer {\n  push_connections: 0\n}\n"),
+             Catch::Equals("zccd.conf:2:3: peer.push_connections: must be in [1, 64], got 0"));
+  CHECK_THAT(ParseError("peer { push_connections: 65 }\n"),
+             Catch::Contains("peer.push_connections: must be in [1, 64], got 65"));
+  CHECK_OK(ParseConfigText("peer { push_connections: 64 }\n", "zccd.conf"));
   CHECK_OK(ParseConfigText("peer { replicate_bytes_per_s: 0 replicate_every: 0 }\n", "zccd.conf"));
   CHECK_THAT(ParseError("peer {\n  check_buddies_s: 0.5\n}\n"),
              Catch::Equals("zccd.conf:2:3: peer.check_buddies_s: must be 0 (never) or at least 1 "

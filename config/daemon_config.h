@@ -65,6 +65,9 @@ struct PeerConfig {
   // ranks' newest replicated steps, and pushes again what one dropped (its
   // memory went to a trainer's registration there); zero = never.
   absl::Duration check_buddies_every = absl::Seconds(30);
+  // A rank's step's files sent to a buddy at a time, each on a TCP
+  // connection of its own (one gRPC stream is bound by one core).
+  uint32_t push_connections = 8;
   // Other zccds of the cluster (host:port of their peer services), besides
   // those the jobs' trainers report: a Kubernetes headless service's
   // members, a Slurm host list. They count as nodes of every job here, for

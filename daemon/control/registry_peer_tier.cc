@@ -196,6 +196,7 @@ void Registry::SetPeerEndpoint(v1::PeerStatus endpoint, std::string address,
   replicate.self_node = endpoint.node();
   replicate.bytes_per_s = config_.peer.replicate_bytes_per_s;
   replicate.check_buddies_every = config_.peer.check_buddies_every;
+  replicate.push_connections = static_cast<int>(config_.peer.push_connections);
   replicate.bytes_sent = &metrics_.replication_bytes_sent();
   replicate.pushed_again = &metrics_.replication_pushed_again();
   replicate.after_push = [this](const std::string& job_id, uint32_t uid,
