@@ -429,6 +429,7 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
   const int connections = static_cast<int>(
       std::clamp<size_t>(side_by_side, 1, std::max(1, options_.push_connections)));
   std::vector<std::thread> senders;
+  senders.reserve(connections);  // (so that only a thread's start can throw below)
   for (int c = 1; c < connections; ++c) {
     // (It starts at the replicator's thread's priority: idle, or normal
     // once a stop raised it.)
