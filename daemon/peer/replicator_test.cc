@@ -185,24 +185,29 @@ checkpoint::RankStepBytes ManyFiles(int n) {
   return step;
 }
 
+// Pushes ManyFiles(6) through a replicator with `options` to a buddy that
+// holds every push back: `at_once` of them reach it and no more, until it
+// lets them through and the step is replicated.
+void CheckPushesAtOnce(Buddy& buddy, const Replicator::Options& options, int at_once) {
+  ToOneBuddy self(buddy, options);
+  buddy.Hold(true);
+  REQUIRE_OK(self.replicator.Enqueue("j", 0, ManyFiles(6)));
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == at_once; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(buddy.Arrived() == at_once);
+  buddy.Hold(false);
+  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+}
+
 TEST_CASE("a step's files go to a buddy several at a time, each on a connection of its own, "
           "and its manifest after them") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 4;
-  ToOneBuddy self(buddy, options);
-  Replicator& replicator = self.replicator;
-  buddy.Hold(true);
-  REQUIRE_OK(replicator.Enqueue("j", 0, ManyFiles(6)));
-  // Four pushes at once, no more, and not the manifest.
-  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 4; }, absl::Seconds(30),
-                              absl::Milliseconds(5)));
-  absl::SleepFor(absl::Milliseconds(100));
-  CHECK(buddy.Arrived() == 4);
-  buddy.Hold(false);
-  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 7; },
-                              absl::Seconds(30), absl::Milliseconds(5)));
+  CheckPushesAtOnce(buddy, options, 4);  // (the manifest is not among them)
   CHECK(buddy.pushes == 7);
   const std::vector<ReplicaInfo> held = buddy.store.List("j", 0);
   REQUIRE(held.size() == 7);
@@ -223,17 +228,7 @@ TEST_CASE("a step's files under way to a buddy keep to the bytes allowed in flig
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 4;
   options.push_bytes_in_flight = 2 * 4096;  // two of the pieces
-  ToOneBuddy self(buddy, options);
-  Replicator& replicator = self.replicator;
-  buddy.Hold(true);
-  REQUIRE_OK(replicator.Enqueue("j", 0, ManyFiles(6)));
-  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 2; }, absl::Seconds(30),
-                              absl::Milliseconds(5)));
-  absl::SleepFor(absl::Milliseconds(100));
-  CHECK(buddy.Arrived() == 2);
-  buddy.Hold(false);
-  CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 7; },
-                            absl::Seconds(30), absl::Milliseconds(5)));
+  CheckPushesAtOnce(buddy, options, 2);
 }
 
 TEST_CASE("a step one of whose files a buddy refuses is not made whole there: its manifest "

@@ -1,0 +1,188 @@
+// The replicator's sending: a rank's step pushed to its buddies, several
+// files at a time on connections of their own, the manifest last, within
+// the bandwidth cap (replicator.h).
+#include <algorithm>
+#include <system_error>
+#include <thread>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/thread_priority.h"
+#include "daemon/peer/replicator.h"
+
+namespace zcc::daemon::peer {
+
+absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t rank,
+                              int64_t step, const std::vector<std::string>& files,
+                              const std::vector<std::string>& last_buddies,
+                              const std::vector<std::string>& only_to, int64_t went_on_from,
+                              uint64_t* sent, bool* own_missing) {
+  // The job's buddies now; the last known once the job has left this zccd.
+  const std::vector<std::string> buddies =
+      !only_to.empty() ? only_to : buddies_(job_id).value_or(last_buddies);
+  if (buddies.empty()) {
+    return absl::FailedPreconditionError(
+        "no buddy: the job's ranks have not reported its nodes, or it has no other node");
+  }
+  for (const std::string& buddy : buddies) {
+    ZCC_RETURN_IF_ERROR(
+        PushTo(buddy, job_id, uid, rank, step, files, went_on_from, sent, own_missing));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job_id,
+                                uint32_t uid, uint32_t rank, int64_t step,
+                                const std::vector<std::string>& files, int64_t went_on_from,
+                                uint64_t* sent, bool* own_missing) {
+  // The files but the last (the rank's manifest, which makes the step whole
+  // at the buddy) go side by side, each call on a connection of its own,
+  // within options_.push_bytes_in_flight (the buddy holds what arrives
+  // before its replica memory makes room); the last once they all arrived.
+  // The first failure ends the calls in flight: the step is tried again.
+  CallCancel push_cancel;
+  {
+    zcc::MutexLock lock(&mu_);
+    push_cancels_.insert(&push_cancel);
+    if (stop_) push_cancel.CancelAll();
+  }
+  absl::Cleanup forget_cancel = [this, &push_cancel] {
+    zcc::MutexLock lock(&mu_);
+    push_cancels_.erase(&push_cancel);
+  };
+  zcc::Mutex result_mu;
+  absl::Status result;       // the first failure
+  absl::Status own_missing_status;
+  size_t next = 0;           // the next file to send
+  uint64_t in_flight = 0;    // bytes of the pushes under way
+  auto send_one = [&](PeerClient& client, const std::string& name) -> absl::Status {
+    {
+      zcc::MutexLock lock(&mu_);
+      if (stop_) return absl::CancelledError("zccd is stopping");
+      // Of the run the rank left (it went on from an older step): no more.
+      auto job = jobs_.find(job_id);
+      if (job != jobs_.end()) {
+        auto r = job->second.ranks.find(rank);
+        if (r != job->second.ranks.end() && r->second.push_left_behind) {
+          return absl::CancelledError("of the run left behind");
+        }
+      }
+    }
+    const ReplicaKey key{job_id, uid, rank, step, name};
+    auto piece = store_->Get(key);
+    if (!piece.ok()) {
+      zcc::MutexLock lock(&result_mu);
+      own_missing_status = absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
+          "before it reached ", buddy, " (raise peer.replica_budget_bytes, or "
+          "staging_budget_bytes where set: a trainer's registration takes replicas' room)"));
+      return own_missing_status;
+    }
+    const std::string& bytes = (*piece)->bytes;
+    {
+      // A piece goes once the others in flight leave room for it (alone
+      // when it is larger than the whole allowance).
+      zcc::MutexLock lock(&result_mu);
+      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(result_mu) {
+        return !result.ok() || in_flight == 0 ||
+               in_flight + bytes.size() <= options_.push_bytes_in_flight;
+      };
+      result_mu.Await(absl::Condition(&room));
+      if (!result.ok()) return absl::CancelledError("another piece of the step failed");
+      in_flight += bytes.size();
+    }
+    // Its checksum from when it was kept: the bytes are not summed again.
+    const absl::Status pushed = client.Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
+                                            options_.push_timeout, &push_cancel, went_on_from);
+    {
+      zcc::MutexLock lock(&result_mu);
+      in_flight -= bytes.size();
+      if (pushed.ok()) *sent += bytes.size();
+    }
+    ZCC_RETURN_IF_ERROR(pushed);
+    Pace(bytes.size());
+    return absl::OkStatus();
+  };
+  const size_t side_by_side = files.empty() ? 0 : files.size() - 1;
+  auto sender = [&](int connection) {
+    std::shared_ptr<PeerClient> client = directory_->Client(buddy, connection);
+    for (;;) {
+      size_t i;
+      {
+        zcc::MutexLock lock(&result_mu);
+        if (!result.ok() || next >= side_by_side) return;
+        i = next++;
+      }
+      absl::Status st = send_one(*client, files[i]);
+      if (!st.ok()) {
+        {
+          zcc::MutexLock lock(&result_mu);
+          if (result.ok()) result = std::move(st);
+        }
+        push_cancel.CancelAll();
+        return;
+      }
+    }
+  };
+  const int connections = static_cast<int>(
+      std::clamp<size_t>(side_by_side, 1, std::max(1, options_.push_connections)));
+  std::vector<std::thread> senders;
+  senders.reserve(connections);  // (so that only a thread's start can throw below)
+  for (int c = 1; c < connections; ++c) {
+    // (It starts at the replicator's thread's priority: idle, or normal
+    // once a stop raised it.)
+    try {
+      senders.emplace_back(sender, c);
+    } catch (const std::system_error& e) {
+      ZCC_LOG(WARNING) << "replication: pushing with " << c << " connection(s), not "
+                       << connections << ": " << e.what();
+      break;
+    }
+    zcc::MutexLock lock(&mu_);
+    senders_.insert(senders.back().native_handle());
+    if (stop_) LeaveIdlePriority(senders.back().native_handle());
+  }
+  sender(0);
+  for (std::thread& t : senders) {
+    {
+      zcc::MutexLock lock(&mu_);
+      senders_.erase(t.native_handle());
+    }
+    t.join();
+  }
+  if (result.ok() && !files.empty()) result = send_one(*directory_->Client(buddy), files.back());
+  // What made the step fail where the owner's copy is gone: nothing could
+  // send it (Run drops it for the rank's next step).
+  if (!own_missing_status.ok()) {
+    *own_missing = true;
+    return own_missing_status;
+  }
+  return result;
+}
+
+void Replicator::Pace(uint64_t bytes) {
+  if (options_.bytes_per_s == 0) return;
+  const double rate = static_cast<double>(options_.bytes_per_s);
+  const absl::Time now = absl::Now();
+  absl::Time due;
+  {
+    zcc::MutexLock lock(&pace_mu_);
+    // The accounting starts over after the sender was idle for over a second.
+    if (pace_start_ == absl::InfinitePast() ||
+        pace_start_ + absl::Seconds(pace_bytes_ / rate) < now - absl::Seconds(1)) {
+      pace_start_ = now;
+      pace_bytes_ = 0;
+    }
+    pace_bytes_ += bytes;
+    due = pace_start_ + absl::Seconds(pace_bytes_ / rate);
+  }
+  if (due <= now) return;
+  zcc::MutexLock lock(&mu_);
+  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  mu_.AwaitWithTimeout(absl::Condition(&stopping), due - now);
+}
+
+}  // namespace zcc::daemon::peer
