@@ -8,7 +8,8 @@ copier by itself; then with copier=zcc.daemon_pull(0) against a zccd started
 with --daemon_pull, zccd copying the tensors over CUDA IPC. Each time it
 snapshots every step (the trainer-side cost of ckpt.step() is printed, in
 microseconds), commits, and restores from zccd's memory into a freshly
-initialised model on the GPU with every parameter and optimizer state equal. Then a cold restore:
+initialised model on the GPU with every parameter and optimizer state equal,
+and the CUDA generator's state the one of the last step. Then a cold restore:
 a larger model (--cold_mib of parameters, AdamW's state besides) persisted,
 zccd restarted and the page cache dropped (where the node allows it) before
 each restore, so that the step comes from disk; the restore into fresh
@@ -55,6 +56,9 @@ def check(args, variant):
             start = time.perf_counter()
             ckpt.step(step)
             costs.append((time.perf_counter() - start) * 1e6)
+        # The CUDA generator as the last snapshot saw it (torch.randn above
+        # moved its Philox offset at every step): the restore must bring it back.
+        want_rng = [s.clone() for s in torch.cuda.get_rng_state_all()]
         ckpt.flush()
         torch.cuda.synchronize()
         d.wait_latest("gpu", args.steps)
@@ -69,6 +73,8 @@ def check(args, variant):
         assert ckpt2.restore() == args.steps
         torch.cuda.synchronize()
         assert ckpt2.restored_from == "memory", ckpt2.restored_from
+        got_rng = torch.cuda.get_rng_state_all()
+        assert all(torch.equal(g, w) for g, w in zip(got_rng, want_rng)), (got_rng, want_rng)
         for k, v in model2.state_dict().items():
             assert torch.equal(v, want[k]), k
         for i, s in enumerate(opt2.state.values()):

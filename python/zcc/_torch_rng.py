@@ -155,3 +155,42 @@ class CpuGeneratorState:
         self._watch = _zcc.MemoryWatch([(torch.default_generator, address, length)])
         self._settled = False
         return self._watch
+
+
+class CudaGeneratorStates:
+    """The CUDA generators' states as torch.cuda.get_rng_state_all() gives
+    them (one bytes object per device), without its per-device Python and
+    fresh tensors at every step. A CUDA generator's state is its seed and
+    its Philox offset (CUDAGeneratorImpl: seed u64, then offset i64), both
+    readable without a tensor: their packing is checked once per device
+    against get_state(); a device whose bytes differ (another layout), or a
+    torch without Generator.get_offset, is read through the public API."""
+
+    _STATE = struct.Struct("<Qq")
+
+    def __init__(self):
+        self._packed = {}  # device index -> whether seed + offset packing is its state
+
+    def states(self):
+        """[bytes] per CUDA device, as get_rng_state_all() would give."""
+        generators = torch.cuda.default_generators
+        out = []
+        for index, gen in enumerate(generators):
+            packed = self._packed.get(index)
+            if packed is None:
+                packed = self._packed[index] = self._packing_holds(gen)
+            if packed:
+                out.append(self._STATE.pack(gen.initial_seed(), gen.get_offset()))
+            else:
+                out.append(gen.get_state().numpy().tobytes())
+        return out
+
+    def _packing_holds(self, gen):
+        if not hasattr(gen, "get_offset"):
+            return False
+        try:
+            return self._STATE.pack(gen.initial_seed(), gen.get_offset()) == \
+                gen.get_state().numpy().tobytes()
+        except (RuntimeError, struct.error, OverflowError):
+            return False
+

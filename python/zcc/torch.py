@@ -128,6 +128,12 @@ from zcc import torch_layout
 
 __all__ = ["Checkpointer"]
 
+# A device's current CUDA stream as an integer (cudaStream_t): torch's own C
+# accessor where this torch has it; torch.cuda.current_stream() makes a
+# Stream object at every call (30-45 us of a step() call on a GPU node).
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+    (lambda index: torch.cuda.current_stream(index).cuda_stream)
+
 
 class _GeneratorState:
     """A torch.Generator (a data loader's own, say) as a Stateful."""
@@ -222,6 +228,8 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         self._codec = _torch_codec.CODEC
         self._generators = _rng_state.GeneratorStates()
         self._torch_generator = _torch_rng.CpuGeneratorState()
+        self._cuda_generators = _torch_rng.CudaGeneratorStates()
+        self._stream_index = None  # the CUDA device whose stream the copies follow (_stream)
         self._replica = self._replica_group(replica)
         # The ranks holding copies of a plain (non-DTensor) tensor; a DTensor's
         # placements say where its copies are.
@@ -412,9 +420,12 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
     # -------------------------------------------------------------- training
 
     def _stream(self):
-        if self._stream_device is None or self.client.copier == "host":
-            return 0
-        return torch.cuda.current_stream(self._stream_device).cuda_stream
+        """The current CUDA stream the copies are ordered on (0: none)."""
+        if self._stream_index is None:
+            if self._stream_device is None or self.client.copier == "host":
+                return 0
+            self._stream_index = self._stream_device.index
+        return _current_raw_stream(self._stream_index)
 
     def _trainer_state(self, step, all_bound=False):
         opt = self.optimizer
@@ -441,7 +452,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         state = self._generators.state()
         if torch.cuda.is_initialized():
             state = dict(state)
-            state["cuda_rng"] = [bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+            state["cuda_rng"] = self._cuda_generators.states()
         return state
 
     def _scheduler_state(self):
