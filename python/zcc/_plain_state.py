@@ -111,11 +111,6 @@ class StateDumper:
     def __init__(self, codec=None):
         self._out = io.BytesIO()
         self._pickler = _StatePickler(self._out, codec)
-        # No memo: no hash-table entry and PUT opcode for every container
-        # and string written (a third of a cold step()'s pickling). State is
-        # a tree: a value referenced twice is written twice and read back as
-        # two equal copies; a reference cycle is refused (dumps).
-        self._pickler.fast = True
         self._codec = codec
 
     def dumps(self, value, where):
@@ -123,16 +118,12 @@ class StateDumper:
         out = self._out
         out.seek(0)
         out.truncate()
+        self._pickler.clear_memo()
         try:
             self._pickler.dump(value)
         except TypeError:
             check_plain(value, where, self._codec)  # says where
             raise
-        except ValueError as e:  # the pickler's fast mode finds cycles
-            if "cyclic" not in str(e):
-                raise
-            raise TypeError("%s holds a reference cycle; zcc stores plain data, a tree of "
-                            "values" % where) from None
         return out.getvalue()
 
 
