@@ -840,8 +840,8 @@ std::string DefaultConfigText(const FullConfig& config) {
       "  # Every how many seconds the buddies are asked whether they still hold this\n", lead,
       "  # node's newest replicated steps (what one dropped is pushed again); 0 = never.\n",
       lead, "  check_buddies_s: ", FormatDouble(absl::ToDoubleSeconds(peer.check_buddies_every)),
-      "\n", lead, "  # A step's files sent to a buddy at a time, each on a connection of its own\n",
-      lead, "  # (1..64).\n",
+      "\n", lead, "  # Files sent to a buddy at a time, of one rank's step or of several ranks'\n",
+      lead, "  # (up to 8), each on a connection of its own (1..64).\n",
       lead, "  push_connections: ", peer.push_connections, "\n");
   absl::StrAppend(&out, lead,
                   "  # Other zccds (host:port of their peer services), one line each; they\n",

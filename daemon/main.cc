@@ -83,8 +83,8 @@ ABSL_FLAG(uint64_t, replicate_mb_s, 0, "the most MB per second replication sends
 ABSL_FLAG(double, check_buddies_s, 30, "every how many seconds the buddies are asked whether they "
           "still hold this node's newest replicated steps; what one dropped (its memory went to a "
           "trainer there) is pushed again (0 = never)");
-ABSL_FLAG(uint32_t, push_connections, 8, "a step's files sent to a buddy at a time, each on a TCP "
-          "connection of its own (1..64)");
+ABSL_FLAG(uint32_t, push_connections, 8, "files sent to a buddy at a time, of one rank's step or "
+          "of several ranks' (up to 8), each on a TCP connection of its own (1..64)");
 ABSL_FLAG(std::string, peer_static, "", "comma-separated host:port of other zccds' peer services "
           "(a Kubernetes headless service's members, a Slurm host list); they count as nodes of "
           "every job, for the buddies and for recovery (empty = none)");

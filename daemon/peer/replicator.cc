@@ -21,6 +21,13 @@ Replicator::Replicator(Options options, ReplicaStore* store, PeerDirectory* dire
                        BuddiesFn buddies)
     : options_(std::move(options)), store_(store), directory_(directory), buddies_(std::move(buddies)) {
   thread_ = std::thread([this] { Run(); });
+  const int pushers = std::clamp(options_.push_connections, 1, kMaxRanksAtOnce);
+  pushers_.reserve(pushers);
+  for (int i = 0; i < pushers; ++i) {
+    pushers_.emplace_back([this] { PushRanks(); });
+    zcc::MutexLock lock(&mu_);
+    senders_.insert(pushers_.back().native_handle());
+  }
 }
 
 Replicator::~Replicator() {
@@ -33,6 +40,10 @@ Replicator::~Replicator() {
     zcc::MutexLock lock(&mu_);
     for (CallCancel* push : push_cancels_) push->CancelAll();
   }
+  {
+    zcc::MutexLock lock(&lanes_mu_);
+    lanes_closed_ = true;
+  }
   // Its threads run at idle priority: on a busy machine they might wait long
   // for the CPU to see that they must stop.
   {
@@ -41,6 +52,7 @@ Replicator::~Replicator() {
   }
   LeaveIdlePriority(thread_.native_handle());
   thread_.join();
+  for (std::thread& pusher : pushers_) pusher.join();
 }
 
 absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
@@ -182,132 +194,146 @@ void Replicator::Run() {
       CheckBuddies();
       check_at_ = absl::Now() + options_.check_buddies_every;
     }
-    Work work;
-    bool have_work = false;
-    uint32_t uid = 0;
-    int64_t step = -1;
-    std::vector<std::string> files;
-    std::vector<std::string> last_buddies;
-    std::vector<std::string> only_to;
     std::set<std::pair<std::string, uint32_t>> pins;
-    int64_t went_on_from = -1;
-    uint64_t push_gen = 0;
-    absl::Time push_handed_in;
+    {
+      zcc::MutexLock lock(&mu_);
+      // Woken by a step handed in or a push that ended (a job may have
+      // gone), a pin due, the buddies' check, a stop.
+      const uint64_t enqueued = enqueued_;
+      const uint64_t ended = pushes_ended_;
+      auto woken = [this, enqueued, ended]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !pin_due_.empty() || enqueued_ != enqueued || pushes_ended_ != ended;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&woken), check_at_ - absl::Now());
+      if (stop_) return;
+      pins.swap(pin_due_);
+    }
+    if (options_.after_push) {
+      for (const auto& [job_id, job_uid] : pins) options_.after_push(job_id, job_uid, &cancel_);
+    }
+  }
+}
+
+void Replicator::PushRanks() {
+  MakeThisThreadIdle();
+  for (;;) {
+    Taken taken;
     {
       zcc::MutexLock lock(&mu_);
       for (;;) {
         if (stop_) return;
-        if (!pin_due_.empty()) break;
+        Work work;
         absl::Duration wait;
-        if ((have_work = NextWork(&work, &wait))) break;
-        const absl::Time now = absl::Now();
-        if (check_at_ <= now) break;  // the buddies' check first
-        wait = std::min(wait, check_at_ - now);
+        if (NextWork(&work, &wait)) {
+          taken = Take(work);
+          break;
+        }
         const uint64_t seen = enqueued_;
         auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || enqueued_ != seen;
         };
         mu_.AwaitWithTimeout(absl::Condition(&woken), wait);
       }
-      pins.swap(pin_due_);
-    }
-    if (pins.empty() && !have_work) continue;  // the buddies' check is due
-    if (!pins.empty()) {
-      if (options_.after_push) {
-        for (const auto& [job_id, job_uid] : pins) options_.after_push(job_id, job_uid, &cancel_);
-      }
-      continue;
-    }
-    {
-      zcc::MutexLock lock(&mu_);
-      JobState& js = jobs_[work.first];
-      RankState& rs = js.ranks[work.second];
-      // (WentOn may have taken the step back since NextWork chose it.)
-      if (rs.pushing || rs.pending_step < 0 || rs.pending_step == rs.replicated_step) continue;
-      rs.pushing = true;
-      uid = rs.uid;
-      step = rs.pending_step;
-      files = rs.pending_files;
-      last_buddies = js.last_buddies;
-      only_to = rs.repush_to;
-      went_on_from = std::exchange(rs.went_on_from, -1);
-      push_gen = rs.pending_gen;
-      push_handed_in = rs.pending_handed_in;
-      rs.pushing_step = step;
-      rs.pushing_handed_in = push_handed_in;
-      rs.push_left_behind = false;
     }
     uint64_t sent = 0;
     bool own_missing = false;
     const absl::Time began = absl::Now();
-    const absl::Status pushed = Push(work.first, uid, work.second, step, files, last_buddies,
-                                     only_to, went_on_from, &sent, &own_missing);
+    const absl::Status pushed =
+        Push(taken.work.first, taken.uid, taken.work.second, taken.step, taken.files,
+             taken.last_buddies, taken.only_to, taken.went_on_from, &sent, &own_missing);
     if (options_.bytes_sent != nullptr) options_.bytes_sent->Increment(sent);
     if (pushed.ok()) {
       const double s = absl::ToDoubleSeconds(absl::Now() - began);
-      ZCC_LOG(INFO) << "replicated job=" << work.first << " rank=" << work.second
-                    << " step=" << step << " bytes=" << sent << " seconds=" << s
+      ZCC_LOG(INFO) << "replicated job=" << taken.work.first << " rank=" << taken.work.second
+                    << " step=" << taken.step << " bytes=" << sent << " seconds=" << s
                     << " GB/s=" << (s > 0 ? sent / s / 1e9 : 0.0);
     }
-    bool job_advanced = false;
-    {
-      zcc::MutexLock lock(&mu_);
-      JobState& js = jobs_[work.first];
-      RankState& rs = js.ranks[work.second];
-      rs.pushing = false;
-      js.bytes_sent += sent;
-      const bool same_hand_in = rs.pending_gen == push_gen;
-      if (std::exchange(rs.push_left_behind, false)) {
-        if (same_hand_in) {
-          rs.pending_step = rs.replicated_step;  // at rest (none: -1)
-          rs.pending_files.clear();
-          rs.repush_to.clear();
-        }
-        ZCC_LOG(INFO) << "job " << work.first << " rank " << work.second << ": step " << step
-                      << " is of the run left behind (the rank went on from an older step): "
-                      << (pushed.ok() ? "its push ended, not counted" : "its push ended early");
-      } else if (pushed.ok()) {
-        // (The first step after a restore replaces a newer one of the run
-        // it left, whose push ended after it was handed in.)
-        if (step >= rs.replicated_step || went_on_from >= 0) {
-          rs.replicated_step = step;
-          rs.replicated_files = files;
-          rs.replicated_handed_in = push_handed_in;
-        }
-        if (same_hand_in) {
-          rs.pending_files.clear();
-          rs.repush_to.clear();
-        } else {
-          rs.pending_since = absl::Now();  // another step came meanwhile
-        }
-        js.last_error.clear();
-        // Once per step that every local rank has at every buddy.
-        int64_t everywhere = INT64_MAX;
-        for (const auto& [rank, r] : js.ranks) everywhere = std::min(everywhere, r.replicated_step);
-        job_advanced = everywhere > js.after_push_step;
-        if (job_advanced) js.after_push_step = everywhere;
-      } else {
-        js.last_error = std::string(pushed.message());
-        // The next push of the rank still tells its buddies.
-        if (rs.went_on_from < 0) rs.went_on_from = went_on_from;
-        if (same_hand_in && own_missing) {
-          // Nothing to push it from: the rank's next step goes in its place.
-          rs.pending_step = -1;
-          rs.pending_files.clear();
-          rs.repush_to.clear();
-        } else if (same_hand_in) {
-          // A buddy that dropped a step mostly did for want of room: it is
-          // tried again at the next check, not every retry_after.
-          const bool repush = !rs.repush_to.empty() && ChecksBuddies();
-          rs.retry_at = absl::Now() + (repush ? std::max(options_.check_buddies_every,
-                                                          options_.retry_after)
-                                              : options_.retry_after);
-        }
-        ZCC_LOG(WARNING) << "job " << work.first << " rank " << work.second << ": step " << step
-                         << " not replicated yet: " << pushed;
-      }
+    zcc::MutexLock lock(&mu_);
+    Finish(taken, pushed, sent, own_missing);
+    ++pushes_ended_;
+    ++enqueued_;  // (a retry of the rank may be due at a new time: the push threads look again)
+  }
+}
+
+Replicator::Taken Replicator::Take(const Work& work) {
+  JobState& js = jobs_[work.first];
+  RankState& rs = js.ranks[work.second];
+  Taken taken;
+  taken.work = work;
+  rs.pushing = true;
+  taken.uid = rs.uid;
+  taken.step = rs.pending_step;
+  taken.files = rs.pending_files;
+  taken.last_buddies = js.last_buddies;
+  taken.only_to = rs.repush_to;
+  taken.went_on_from = std::exchange(rs.went_on_from, -1);
+  taken.gen = rs.pending_gen;
+  taken.handed_in = rs.pending_handed_in;
+  rs.pushing_step = taken.step;
+  rs.pushing_handed_in = taken.handed_in;
+  rs.push_left_behind = false;
+  return taken;
+}
+
+void Replicator::Finish(const Taken& taken, const absl::Status& pushed, uint64_t sent,
+                        bool own_missing) {
+  const auto& [job_id, rank] = taken.work;
+  JobState& js = jobs_[job_id];
+  RankState& rs = js.ranks[rank];
+  rs.pushing = false;
+  js.bytes_sent += sent;
+  const bool same_hand_in = rs.pending_gen == taken.gen;
+  if (std::exchange(rs.push_left_behind, false)) {
+    if (same_hand_in) {
+      rs.pending_step = rs.replicated_step;  // at rest (none: -1)
+      rs.pending_files.clear();
+      rs.repush_to.clear();
     }
-    if (job_advanced && options_.after_push) options_.after_push(work.first, uid, &cancel_);
+    ZCC_LOG(INFO) << "job " << job_id << " rank " << rank << ": step " << taken.step
+                  << " is of the run left behind (the rank went on from an older step): "
+                  << (pushed.ok() ? "its push ended, not counted" : "its push ended early");
+  } else if (pushed.ok()) {
+    // (The first step after a restore replaces a newer one of the run
+    // it left, whose push ended after it was handed in.)
+    if (taken.step >= rs.replicated_step || taken.went_on_from >= 0) {
+      rs.replicated_step = taken.step;
+      rs.replicated_files = taken.files;
+      rs.replicated_handed_in = taken.handed_in;
+    }
+    if (same_hand_in) {
+      rs.pending_files.clear();
+      rs.repush_to.clear();
+    } else {
+      rs.pending_since = absl::Now();  // another step came meanwhile
+    }
+    js.last_error.clear();
+    // Once per step that every local rank has at every buddy: the
+    // replicator's thread pins it.
+    int64_t everywhere = INT64_MAX;
+    for (const auto& [r, state] : js.ranks) everywhere = std::min(everywhere, state.replicated_step);
+    if (everywhere > js.after_push_step) {
+      js.after_push_step = everywhere;
+      pin_due_.insert({job_id, taken.uid});
+    }
+  } else {
+    js.last_error = std::string(pushed.message());
+    // The next push of the rank still tells its buddies.
+    if (rs.went_on_from < 0) rs.went_on_from = taken.went_on_from;
+    if (same_hand_in && own_missing) {
+      // Nothing to push it from: the rank's next step goes in its place.
+      rs.pending_step = -1;
+      rs.pending_files.clear();
+      rs.repush_to.clear();
+    } else if (same_hand_in) {
+      // A buddy that dropped a step mostly did for want of room: it is
+      // tried again at the next check, not every retry_after.
+      const bool repush = !rs.repush_to.empty() && ChecksBuddies();
+      rs.retry_at = absl::Now() + (repush ? std::max(options_.check_buddies_every,
+                                                      options_.retry_after)
+                                          : options_.retry_after);
+    }
+    ZCC_LOG(WARNING) << "job " << job_id << " rank " << rank << ": step " << taken.step
+                     << " not replicated yet: " << pushed;
   }
 }
 
@@ -434,6 +460,7 @@ void Replicator::CheckBuddies() {
       rs.pending_files = s.files;
       rs.repush_to = std::move(dropped_by);
       rs.retry_at = absl::InfinitePast();
+      ++enqueued_;  // (the push threads look again)
       js.after_push_step = -1;  // the job's pin is looked at again once it is back
       ++js.pushed_again;
       if (options_.pushed_again != nullptr) options_.pushed_again->Increment(1);

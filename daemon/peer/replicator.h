@@ -1,8 +1,9 @@
 // The peer tier's sender (DESIGN.md 5c): each rank's replicated steps, kept
-// in this zccd's replica store as the owner's own copy and pushed, several
-// files at a time on connections of their own with the manifest last, to
-// the job's buddies from a thread of its own (and its helpers while a step
-// is pushed), at idle priority and within a bandwidth cap. Never on a
+// in this zccd's replica store as the owner's own copy and pushed to the
+// job's buddies, several ranks' steps at once and several files at a time
+// on connections of their own (each rank's manifest after its files), from
+// push threads of its own (and their helpers while a step is pushed), at
+// idle priority and within a bandwidth cap. Never on a
 // trainer's path: a step still waiting when a newer step of the same rank
 // arrives is replaced by it (newest first), and a buddy that is slow or
 // gone only makes the lag grow; the push is retried once a newer step or
@@ -25,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <map>
 #include <optional>
 #include <set>
@@ -46,19 +48,25 @@ namespace zcc::daemon::peer {
 
 class Replicator {
  public:
+  // Ranks' steps pushed at once: a node's ranks (push_connections, when
+  // fewer, bounds it too).
+  static constexpr int kMaxRanksAtOnce = 8;
   struct Options {
     std::string self_node;
     uint64_t bytes_per_s = 0;  // 0: no cap
     absl::Duration push_timeout = absl::Minutes(5);
-    // A step's files pushed to a buddy at a time, each on a connection of
-    // its own (the manifest after them). One gRPC stream moves 0.4-0.8
-    // GB/s, bound by one core's copies and TLS; 8 of them moved 2.1 GB/s
-    // over TLS on a 16-core node (BENCHMARKS.md, "The peer tier's
-    // transport").
+    // Files pushed to a buddy at a time, of one rank's step or of several
+    // ranks' (up to this many ranks' steps are pushed at once, at most
+    // kMaxRanksAtOnce), each on a connection of its own; a rank's manifest
+    // after its files. One gRPC stream moves 0.4-0.8 GB/s, bound by one
+    // core's copies and TLS; 8 of them moved 2.1 GB/s over TLS on a 16-core
+    // node (BENCHMARKS.md, "The peer tier's transport"). A rank's step is a
+    // few files, most of its bytes in one: the ranks of a node side by side
+    // keep the connections busy.
     int push_connections = 8;
-    // At most this many bytes of a step's files under way to a buddy at
-    // once (a piece larger than that goes alone): a buddy holds what
-    // arrives beside its replica memory until the pieces are kept.
+    // At most this many bytes of the files under way to a buddy at once,
+    // of every rank's push (a piece larger than that goes alone): a buddy
+    // holds what arrives beside its replica memory until the pieces are kept.
     uint64_t push_bytes_in_flight = uint64_t{1} << 30;
     // After a failed round, before the next try of the same step.
     absl::Duration retry_after = absl::Seconds(2);
@@ -155,11 +163,40 @@ class Replicator {
     uint64_t pushed_again = 0;
   };
   using Work = std::pair<std::string, uint32_t>;  // job, rank
+  // A rank's step taken for a push (Take), and what Finish needs of it.
+  struct Taken {
+    Work work;
+    uint32_t uid = 0;
+    int64_t step = -1;
+    std::vector<std::string> files;
+    std::vector<std::string> last_buddies;
+    std::vector<std::string> only_to;
+    int64_t went_on_from = -1;
+    uint64_t gen = 0;  // the rank's pending_gen when taken
+    absl::Time handed_in;
+  };
+  // The files under way to one buddy, of every push: which of its
+  // push_connections connections each holds, and their bytes.
+  struct Lanes {
+    std::vector<bool> taken;
+    uint64_t bytes = 0;
+  };
 
+  // The replicator's thread: the pins after pushes, the buddies' checks,
+  // forgetting jobs gone.
   void Run();
+  // Each push thread's: the next rank's step due, pushed, and its outcome.
+  void PushRanks();
   // The next (job, rank) whose step is due, if any; sets `wait` to when one
   // is due otherwise.
   bool NextWork(Work* work, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the rank's pending step as being pushed and returns it.
+  Taken Take(const Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank's state after the push of `taken` ended with `pushed`; the
+  // job's pin is due (pin_due_) once every local rank's newer step is at
+  // every buddy.
+  void Finish(const Taken& taken, const absl::Status& pushed, uint64_t sent, bool own_missing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The rank went on from a restore of step `restored`: its steps after it
   // handed in before `before` are of the run left behind (WentOn, and
   // Enqueue of its first step after the restore).
@@ -195,6 +232,13 @@ class Replicator {
   // Sleeps as long as the bandwidth cap asks after `bytes` more (or until
   // stop); from any push's thread.
   void Pace(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_, pace_mu_);
+  // Waits for a connection to `buddy` free of other files and room for
+  // `bytes` among those under way to it (alone when it is larger than the
+  // allowance); returns the connection's index, or -1 once the replicator
+  // stops or `give_up` is set (whoever sets it then touches lanes_mu_).
+  int TakeLane(const std::string& buddy, uint64_t bytes, const std::atomic<bool>& give_up)
+      ABSL_LOCKS_EXCLUDED(lanes_mu_);
+  void LeaveLane(const std::string& buddy, int lane, uint64_t bytes) ABSL_LOCKS_EXCLUDED(lanes_mu_);
 
   const Options options_;
   ReplicaStore* const store_;
@@ -206,11 +250,13 @@ class Replicator {
   // outside its own lock, so nothing takes them the other way round.
   mutable zcc::Mutex mu_;
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
-  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the thread
+  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the threads
+  uint64_t pushes_ended_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the replicator's thread
   std::set<std::pair<std::string, uint32_t>> pin_due_ ABSL_GUARDED_BY(mu_);  // PinSoon's
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  // PushTo's threads besides the replicator's own, at idle priority like
-  // it: a stop puts them back at normal priority too, so that they see it.
+  // The push threads and PushTo's helpers, at idle priority like the
+  // replicator's thread: a stop puts them back at normal priority too, so
+  // that they see it.
   std::set<pthread_t> senders_ ABSL_GUARDED_BY(mu_);
   // The calls of each PushTo under way, ended by a stop (and by the push's
   // own first failure).
@@ -219,12 +265,17 @@ class Replicator {
   zcc::Mutex pace_mu_ ABSL_ACQUIRED_AFTER(mu_);
   absl::Time pace_start_ ABSL_GUARDED_BY(pace_mu_) = absl::InfinitePast();
   uint64_t pace_bytes_ ABSL_GUARDED_BY(pace_mu_) = 0;
+  // The files under way to each buddy (TakeLane). Never held with mu_.
+  zcc::Mutex lanes_mu_;
+  std::map<std::string, Lanes> lanes_ ABSL_GUARDED_BY(lanes_mu_);
+  bool lanes_closed_ ABSL_GUARDED_BY(lanes_mu_) = false;  // the replicator stops
   // When CheckBuddies is due next (the replicator's thread only).
   absl::Time check_at_ = absl::InfiniteFuture();
   // Ends its calls in flight to peers (a push, after_push's) when the
   // replicator stops.
   CallCancel cancel_;
   std::thread thread_;
+  std::vector<std::thread> pushers_;  // PushRanks, joined by the destructor
 };
 
 }  // namespace zcc::daemon::peer

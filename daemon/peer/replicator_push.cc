@@ -2,6 +2,7 @@
 // files at a time on connections of their own, the manifest last, within
 // the bandwidth cap (replicator.h).
 #include <algorithm>
+#include <atomic>
 #include <system_error>
 #include <thread>
 
@@ -39,10 +40,11 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
                                 const std::vector<std::string>& files, int64_t went_on_from,
                                 uint64_t* sent, bool* own_missing) {
   // The files but the last (the rank's manifest, which makes the step whole
-  // at the buddy) go side by side, each call on a connection of its own,
-  // within options_.push_bytes_in_flight (the buddy holds what arrives
-  // before its replica memory makes room); the last once they all arrived.
-  // The first failure ends the calls in flight: the step is tried again.
+  // at the buddy) go side by side, each call on a connection of its own
+  // (TakeLane: shared with the other ranks' pushes to the buddy, within
+  // options_.push_bytes_in_flight, as the buddy holds what arrives before
+  // its replica memory makes room); the last once they all arrived. The
+  // first failure ends the calls in flight: the step is tried again.
   CallCancel push_cancel;
   {
     zcc::MutexLock lock(&mu_);
@@ -57,8 +59,9 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
   absl::Status result;       // the first failure
   absl::Status own_missing_status;
   size_t next = 0;           // the next file to send
-  uint64_t in_flight = 0;    // bytes of the pushes under way
-  auto send_one = [&](PeerClient& client, const std::string& name) -> absl::Status {
+  // Set with the first failure: the sends waiting for a lane give up.
+  std::atomic<bool> failed{false};
+  auto send_one = [&](const std::string& name) -> absl::Status {
     {
       zcc::MutexLock lock(&mu_);
       if (stop_) return absl::CancelledError("zccd is stopping");
@@ -82,33 +85,27 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
       return own_missing_status;
     }
     const std::string& bytes = (*piece)->bytes;
-    {
-      // A piece goes once the others in flight leave room for it (alone
-      // when it is larger than the whole allowance).
-      zcc::MutexLock lock(&result_mu);
-      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(result_mu) {
-        return !result.ok() || in_flight == 0 ||
-               in_flight + bytes.size() <= options_.push_bytes_in_flight;
-      };
-      result_mu.Await(absl::Condition(&room));
-      if (!result.ok()) return absl::CancelledError("another piece of the step failed");
-      in_flight += bytes.size();
+    // A connection of its own, shared with every other push to the buddy.
+    const int lane = TakeLane(buddy, bytes.size(), failed);
+    if (lane < 0) {
+      return absl::CancelledError(failed ? "another piece of the step failed"
+                                         : "zccd is stopping");
     }
     // Its checksum from when it was kept: the bytes are not summed again.
-    const absl::Status pushed = client.Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
-                                            options_.push_timeout, &push_cancel, went_on_from);
+    const absl::Status pushed =
+        directory_->Client(buddy, lane)->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
+                                              options_.push_timeout, &push_cancel, went_on_from);
+    LeaveLane(buddy, lane, bytes.size());
+    ZCC_RETURN_IF_ERROR(pushed);
     {
       zcc::MutexLock lock(&result_mu);
-      in_flight -= bytes.size();
-      if (pushed.ok()) *sent += bytes.size();
+      *sent += bytes.size();
     }
-    ZCC_RETURN_IF_ERROR(pushed);
     Pace(bytes.size());
     return absl::OkStatus();
   };
   const size_t side_by_side = files.empty() ? 0 : files.size() - 1;
-  auto sender = [&](int connection) {
-    std::shared_ptr<PeerClient> client = directory_->Client(buddy, connection);
+  auto sender = [&]() {
     for (;;) {
       size_t i;
       {
@@ -116,36 +113,38 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
         if (!result.ok() || next >= side_by_side) return;
         i = next++;
       }
-      absl::Status st = send_one(*client, files[i]);
+      absl::Status st = send_one(files[i]);
       if (!st.ok()) {
         {
           zcc::MutexLock lock(&result_mu);
           if (result.ok()) result = std::move(st);
         }
+        failed = true;
+        { zcc::MutexLock wake(&lanes_mu_); }  // (TakeLane's waits look again)
         push_cancel.CancelAll();
         return;
       }
     }
   };
-  const int connections = static_cast<int>(
+  const int threads = static_cast<int>(
       std::clamp<size_t>(side_by_side, 1, std::max(1, options_.push_connections)));
   std::vector<std::thread> senders;
-  senders.reserve(connections);  // (so that only a thread's start can throw below)
-  for (int c = 1; c < connections; ++c) {
-    // (It starts at the replicator's thread's priority: idle, or normal
-    // once a stop raised it.)
+  senders.reserve(threads);  // (so that only a thread's start can throw below)
+  for (int t = 1; t < threads; ++t) {
+    // (It starts at the push thread's priority: idle, or normal once a
+    // stop raised it.)
     try {
-      senders.emplace_back(sender, c);
+      senders.emplace_back(sender);
     } catch (const std::system_error& e) {
-      ZCC_LOG(WARNING) << "replication: pushing with " << c << " connection(s), not "
-                       << connections << ": " << e.what();
+      ZCC_LOG(WARNING) << "replication: pushing " << t << " file(s) at a time, not " << threads
+                       << ": " << e.what();
       break;
     }
     zcc::MutexLock lock(&mu_);
     senders_.insert(senders.back().native_handle());
     if (stop_) LeaveIdlePriority(senders.back().native_handle());
   }
-  sender(0);
+  sender();
   for (std::thread& t : senders) {
     {
       zcc::MutexLock lock(&mu_);
@@ -153,7 +152,7 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     }
     t.join();
   }
-  if (result.ok() && !files.empty()) result = send_one(*directory_->Client(buddy), files.back());
+  if (result.ok() && !files.empty()) result = send_one(files.back());
   // What made the step fail where the owner's copy is gone: nothing could
   // send it (Run drops it for the rank's next step).
   if (!own_missing_status.ok()) {
@@ -161,6 +160,34 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     return own_missing_status;
   }
   return result;
+}
+
+int Replicator::TakeLane(const std::string& buddy, uint64_t bytes,
+                         const std::atomic<bool>& give_up) {
+  const size_t lanes = static_cast<size_t>(std::max(1, options_.push_connections));
+  zcc::MutexLock lock(&lanes_mu_);
+  Lanes& l = lanes_[buddy];
+  if (l.taken.size() != lanes) l.taken.assign(lanes, false);  // (its first file)
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lanes_mu_) {
+    if (lanes_closed_ || give_up) return true;
+    // A piece goes once the others under way leave room for it (alone when
+    // it is larger than the whole allowance).
+    if (l.bytes != 0 && l.bytes + bytes > options_.push_bytes_in_flight) return false;
+    return std::find(l.taken.begin(), l.taken.end(), false) != l.taken.end();
+  };
+  lanes_mu_.Await(absl::Condition(&ready));
+  if (lanes_closed_ || give_up) return -1;
+  const auto lane = std::find(l.taken.begin(), l.taken.end(), false);
+  *lane = true;
+  l.bytes += bytes;
+  return static_cast<int>(lane - l.taken.begin());
+}
+
+void Replicator::LeaveLane(const std::string& buddy, int lane, uint64_t bytes) {
+  zcc::MutexLock lock(&lanes_mu_);
+  Lanes& l = lanes_[buddy];
+  l.taken[lane] = false;
+  l.bytes -= bytes;
 }
 
 void Replicator::Pace(uint64_t bytes) {

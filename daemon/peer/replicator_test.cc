@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "common/mutex.h"
 #include "common/testing/eventually.h"
 #include "common/testing/status_matchers.h"
@@ -173,15 +174,15 @@ struct ToOneBuddy {
   Replicator replicator;
 };
 
-// Step 7 of rank 0: `n` files of 4096 bytes, then its manifest.
-checkpoint::RankStepBytes ManyFiles(int n) {
+// Step 7 of `rank`: `n` files of 4096 bytes, then its manifest.
+checkpoint::RankStepBytes ManyFiles(int n, uint32_t rank = 0) {
   checkpoint::RankStepBytes step;
-  step.rank = 0;
+  step.rank = rank;
   step.step = 7;
   for (int i = 0; i < n; ++i) {
     step.files.push_back({absl::StrCat("optim-", i, ".safetensors"), std::string(4096, 'a' + i)});
   }
-  step.files.push_back({"r00000.manifest.json", "{}"});
+  step.files.push_back({absl::StrFormat("r%05u.manifest.json", rank), "{}"});
   return step;
 }
 
@@ -229,6 +230,48 @@ TEST_CASE("a step's files under way to a buddy keep to the bytes allowed in flig
   options.push_connections = 4;
   options.push_bytes_in_flight = 2 * 4096;  // two of the pieces
   CheckPushesAtOnce(buddy, options, 2);
+}
+
+// Steps of `ranks` ranks, `files` files each, through a replicator with
+// `options` to a buddy that holds every push back: `at_once` of them reach
+// it and no more, until it lets them through and every rank's step is
+// replicated.
+void CheckRanksAtOnce(const Replicator::Options& options, int ranks, int files, int at_once) {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ToOneBuddy self(buddy, options);
+  buddy.Hold(true);
+  for (int r = 0; r < ranks; ++r) REQUIRE_OK(self.replicator.Enqueue("j", 0, ManyFiles(files, r)));
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == at_once; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(buddy.Arrived() == at_once);
+  buddy.Hold(false);
+  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(buddy.pushes == ranks * (files + 1));
+  for (int r = 0; r < ranks; ++r) {
+    CHECK(buddy.store.Get(ReplicaKey{"j", 0, static_cast<uint32_t>(r), 7,
+                                     absl::StrFormat("r%05u.manifest.json", r)})
+              .ok());
+  }
+}
+
+TEST_CASE("the ranks' steps go to a buddy side by side, sharing its connections") {
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 6;
+  // Two files of each of three ranks: six at once, where one rank's step
+  // alone has two.
+  CheckRanksAtOnce(options, 3, 2, 6);
+  // Six files of each of three ranks: still six, not six a rank.
+  CheckRanksAtOnce(options, 3, 6, 6);
+}
+
+TEST_CASE("the ranks' files under way to a buddy keep to the bytes allowed in flight, together") {
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 6;
+  options.push_bytes_in_flight = 3 * 4096;  // three of the pieces, of any rank
+  CheckRanksAtOnce(options, 3, 2, 3);
 }
 
 TEST_CASE("a step one of whose files a buddy refuses is not made whole there: its manifest "
