@@ -186,13 +186,15 @@ checkpoint::RankStepBytes ManyFiles(int n, uint32_t rank = 0) {
   return step;
 }
 
-// Pushes ManyFiles(6) through a replicator with `options` to a buddy that
-// holds every push back: `at_once` of them reach it and no more, until it
-// lets them through and the step is replicated.
-void CheckPushesAtOnce(Buddy& buddy, const Replicator::Options& options, int at_once) {
+// Pushes ManyFiles(files) of each of `ranks` ranks through a replicator
+// with `options` to a buddy that holds every push back: `at_once` of them
+// reach it and no more, until it lets them through and every rank's step
+// is replicated, each with its manifest.
+void CheckPushesAtOnce(Buddy& buddy, const Replicator::Options& options, int ranks, int files,
+                       int at_once) {
   ToOneBuddy self(buddy, options);
   buddy.Hold(true);
-  REQUIRE_OK(self.replicator.Enqueue("j", 0, ManyFiles(6)));
+  for (int r = 0; r < ranks; ++r) REQUIRE_OK(self.replicator.Enqueue("j", 0, ManyFiles(files, r)));
   REQUIRE(testing::Eventually([&] { return buddy.Arrived() == at_once; }, absl::Seconds(30),
                               absl::Milliseconds(5)));
   absl::SleepFor(absl::Milliseconds(100));
@@ -200,6 +202,12 @@ void CheckPushesAtOnce(Buddy& buddy, const Replicator::Options& options, int at_
   buddy.Hold(false);
   REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
                               absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(buddy.pushes == ranks * (files + 1));
+  for (int r = 0; r < ranks; ++r) {
+    CHECK(buddy.store.Get(ReplicaKey{"j", 0, static_cast<uint32_t>(r), 7,
+                                     absl::StrFormat("r%05u.manifest.json", r)})
+              .ok());
+  }
 }
 
 TEST_CASE("a step's files go to a buddy several at a time, each on a connection of its own, "
@@ -208,8 +216,7 @@ TEST_CASE("a step's files go to a buddy several at a time, each on a connection 
   REQUIRE(buddy.server != nullptr);
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 4;
-  CheckPushesAtOnce(buddy, options, 4);  // (the manifest is not among them)
-  CHECK(buddy.pushes == 7);
+  CheckPushesAtOnce(buddy, options, 1, 6, 4);  // (the manifest is not among them)
   const std::vector<ReplicaInfo> held = buddy.store.List("j", 0);
   REQUIRE(held.size() == 7);
   absl::Time manifest, newest_data = absl::InfinitePast();
@@ -229,32 +236,7 @@ TEST_CASE("a step's files under way to a buddy keep to the bytes allowed in flig
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 4;
   options.push_bytes_in_flight = 2 * 4096;  // two of the pieces
-  CheckPushesAtOnce(buddy, options, 2);
-}
-
-// Steps of `ranks` ranks, `files` files each, through a replicator with
-// `options` to a buddy that holds every push back: `at_once` of them reach
-// it and no more, until it lets them through and every rank's step is
-// replicated.
-void CheckRanksAtOnce(const Replicator::Options& options, int ranks, int files, int at_once) {
-  Buddy buddy;
-  REQUIRE(buddy.server != nullptr);
-  ToOneBuddy self(buddy, options);
-  buddy.Hold(true);
-  for (int r = 0; r < ranks; ++r) REQUIRE_OK(self.replicator.Enqueue("j", 0, ManyFiles(files, r)));
-  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == at_once; }, absl::Seconds(30),
-                              absl::Milliseconds(5)));
-  absl::SleepFor(absl::Milliseconds(100));
-  CHECK(buddy.Arrived() == at_once);
-  buddy.Hold(false);
-  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
-                              absl::Seconds(30), absl::Milliseconds(5)));
-  CHECK(buddy.pushes == ranks * (files + 1));
-  for (int r = 0; r < ranks; ++r) {
-    CHECK(buddy.store.Get(ReplicaKey{"j", 0, static_cast<uint32_t>(r), 7,
-                                     absl::StrFormat("r%05u.manifest.json", r)})
-              .ok());
-  }
+  CheckPushesAtOnce(buddy, options, 1, 6, 2);
 }
 
 TEST_CASE("the ranks' steps go to a buddy side by side, sharing its connections") {
@@ -262,16 +244,24 @@ TEST_CASE("the ranks' steps go to a buddy side by side, sharing its connections"
   options.push_connections = 6;
   // Two files of each of three ranks: six at once, where one rank's step
   // alone has two.
-  CheckRanksAtOnce(options, 3, 2, 6);
+  {
+    Buddy buddy;
+    REQUIRE(buddy.server != nullptr);
+    CheckPushesAtOnce(buddy, options, 3, 2, 6);
+  }
   // Six files of each of three ranks: still six, not six a rank.
-  CheckRanksAtOnce(options, 3, 6, 6);
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  CheckPushesAtOnce(buddy, options, 3, 6, 6);
 }
 
 TEST_CASE("the ranks' files under way to a buddy keep to the bytes allowed in flight, together") {
   Replicator::Options options = ToOneBuddy::Options();
   options.push_connections = 6;
   options.push_bytes_in_flight = 3 * 4096;  // three of the pieces, of any rank
-  CheckRanksAtOnce(options, 3, 2, 3);
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  CheckPushesAtOnce(buddy, options, 3, 2, 3);
 }
 
 TEST_CASE("a step one of whose files a buddy refuses is not made whole there: its manifest "
