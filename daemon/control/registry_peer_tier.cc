@@ -238,8 +238,8 @@ void Registry::PinMemoryTier(const std::string& job_id, uint32_t uid, peer::Call
                      << nudged.status() << "); this zccd finds the pin itself";
   }
   // Only the zccds the directory has up are asked: this runs on the
-  // replicator's thread, and a peer that is down would hold up its pushes
-  // for the whole timeout.
+  // replicator's thread, and a peer that is down would hold up its other
+  // pins and the buddies' checks for the whole timeout.
   peer::TierSources sources{&replicas_, peer.directory.get(), {}, cancel};
   size_t down = 0;
   for (const std::string& address : NodesOf(*job)) {

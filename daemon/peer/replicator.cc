@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -22,9 +23,23 @@ Replicator::Replicator(Options options, ReplicaStore* store, PeerDirectory* dire
     : options_(std::move(options)), store_(store), directory_(directory), buddies_(std::move(buddies)) {
   thread_ = std::thread([this] { Run(); });
   const int pushers = std::clamp(options_.push_connections, 1, kMaxRanksAtOnce);
-  pushers_.reserve(pushers);
+  pushers_.reserve(pushers);  // (so that only a thread's start can throw below)
   for (int i = 0; i < pushers; ++i) {
-    pushers_.emplace_back([this] { PushRanks(); });
+    try {
+      pushers_.emplace_back([this] { PushRanks(); });
+    } catch (const std::system_error& e) {
+      if (!pushers_.empty()) {
+        ZCC_LOG(WARNING) << "replication: " << i << " push thread(s), not " << pushers << ": "
+                         << e.what();
+        break;
+      }
+      {
+        zcc::MutexLock lock(&mu_);
+        stop_ = true;
+      }
+      thread_.join();
+      throw;
+    }
     zcc::MutexLock lock(&mu_);
     senders_.insert(pushers_.back().native_handle());
   }
@@ -124,16 +139,23 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
 bool Replicator::NextWork(Work* work, absl::Duration* wait) {
   const absl::Time now = absl::Now();
   absl::Time soonest = absl::InfiniteFuture();
+  // Of the ranks due, the one waiting longest: a rank whose steps keep
+  // coming does not starve the others.
+  const RankState* chosen = nullptr;
   for (auto& [job_id, js] : jobs_) {
     for (auto& [rank, rs] : js.ranks) {
       if (rs.pushing || rs.pending_step < 0 || rs.pending_step == rs.replicated_step) continue;
       if (rs.retry_at <= now) {
-        *work = {job_id, rank};
-        return true;
+        if (chosen == nullptr || rs.pending_since < chosen->pending_since) {
+          chosen = &rs;
+          *work = {job_id, rank};
+        }
+        continue;
       }
       soonest = std::min(soonest, rs.retry_at);
     }
   }
+  if (chosen != nullptr) return true;
   *wait = soonest == absl::InfiniteFuture() ? absl::InfiniteDuration() : soonest - now;
   return false;
 }
@@ -189,6 +211,14 @@ void Replicator::Run() {
   const bool checks = ChecksBuddies();
   if (checks) check_at_ = absl::Now() + options_.check_buddies_every;
   for (;;) {
+    // As of before the look at the jobs below: a step handed in or a push
+    // that ended during it (a job may have gone) wakes the wait after it.
+    uint64_t enqueued, ended;
+    {
+      zcc::MutexLock lock(&mu_);
+      enqueued = enqueued_;
+      ended = pushes_ended_;
+    }
     ForgetGoneJobs();
     if (checks && absl::Now() >= check_at_) {
       CheckBuddies();
@@ -197,10 +227,8 @@ void Replicator::Run() {
     std::set<std::pair<std::string, uint32_t>> pins;
     {
       zcc::MutexLock lock(&mu_);
-      // Woken by a step handed in or a push that ended (a job may have
-      // gone), a pin due, the buddies' check, a stop.
-      const uint64_t enqueued = enqueued_;
-      const uint64_t ended = pushes_ended_;
+      // Woken by a step handed in or a push that ended, a pin due, the
+      // buddies' check, a stop.
       auto woken = [this, enqueued, ended]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !pin_due_.empty() || enqueued_ != enqueued || pushes_ended_ != ended;
       };

@@ -24,9 +24,9 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <atomic>
 #include <map>
 #include <optional>
 #include <set>
@@ -66,7 +66,9 @@ class Replicator {
     int push_connections = 8;
     // At most this many bytes of the files under way to a buddy at once,
     // of every rank's push (a piece larger than that goes alone): a buddy
-    // holds what arrives beside its replica memory until the pieces are kept.
+    // holds what arrives beside its replica memory until the pieces are
+    // kept. So pieces of more than half of it go one at a time, whichever
+    // rank's they are.
     uint64_t push_bytes_in_flight = uint64_t{1} << 30;
     // After a failed round, before the next try of the same step.
     absl::Duration retry_after = absl::Seconds(2);
@@ -234,8 +236,9 @@ class Replicator {
   void Pace(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_, pace_mu_);
   // Waits for a connection to `buddy` free of other files and room for
   // `bytes` among those under way to it (alone when it is larger than the
-  // allowance); returns the connection's index, or -1 once the replicator
-  // stops or `give_up` is set (whoever sets it then touches lanes_mu_).
+  // allowance); returns the connection's index (1..push_connections), or
+  // -1 once the replicator stops or `give_up` is set (whoever sets it then
+  // touches lanes_mu_).
   int TakeLane(const std::string& buddy, uint64_t bytes, const std::atomic<bool>& give_up)
       ABSL_LOCKS_EXCLUDED(lanes_mu_);
   void LeaveLane(const std::string& buddy, int lane, uint64_t bytes) ABSL_LOCKS_EXCLUDED(lanes_mu_);

@@ -75,27 +75,37 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
       }
     }
     const ReplicaKey key{job_id, uid, rank, step, name};
-    auto piece = store_->Get(key);
-    if (!piece.ok()) {
+    auto missing = [&]() {
       zcc::MutexLock lock(&result_mu);
       own_missing_status = absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " of rank ", rank, " was dropped from this zccd's replica memory "
           "before it reached ", buddy, " (raise peer.replica_budget_bytes, or "
           "staging_budget_bytes where set: a trainer's registration takes replicas' room)"));
       return own_missing_status;
+    };
+    uint64_t size;
+    {
+      auto piece = store_->Get(key);
+      if (!piece.ok()) return missing();
+      size = (*piece)->bytes.size();
     }
-    const std::string& bytes = (*piece)->bytes;
-    // A connection of its own, shared with every other push to the buddy.
-    const int lane = TakeLane(buddy, bytes.size(), failed);
+    // A connection of its own, shared with every other push to the buddy;
+    // the piece is held again only then (not while waiting for it, which
+    // may be long: the store may drop it meanwhile, and count it freed).
+    const int lane = TakeLane(buddy, size, failed);
     if (lane < 0) {
       return absl::CancelledError(failed ? "another piece of the step failed"
                                          : "zccd is stopping");
     }
+    absl::Cleanup leave = [&] { LeaveLane(buddy, lane, size); };
+    auto piece = store_->Get(key);
+    if (!piece.ok() || (*piece)->bytes.size() != size) return missing();
+    const std::string& bytes = (*piece)->bytes;
     // Its checksum from when it was kept: the bytes are not summed again.
     const absl::Status pushed =
         directory_->Client(buddy, lane)->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
                                               options_.push_timeout, &push_cancel, went_on_from);
-    LeaveLane(buddy, lane, bytes.size());
+    std::move(leave).Invoke();
     ZCC_RETURN_IF_ERROR(pushed);
     {
       zcc::MutexLock lock(&result_mu);
@@ -154,7 +164,7 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
   }
   if (result.ok() && !files.empty()) result = send_one(files.back());
   // What made the step fail where the owner's copy is gone: nothing could
-  // send it (Run drops it for the rank's next step).
+  // send it (Finish drops it for the rank's next step).
   if (!own_missing_status.ok()) {
     *own_missing = true;
     return own_missing_status;
@@ -180,13 +190,15 @@ int Replicator::TakeLane(const std::string& buddy, uint64_t bytes,
   const auto lane = std::find(l.taken.begin(), l.taken.end(), false);
   *lane = true;
   l.bytes += bytes;
-  return static_cast<int>(lane - l.taken.begin());
+  // Connections 1..push_connections: the default one (0) carries the
+  // replicator's own calls (a buddy's listing, the pins), never behind a piece.
+  return static_cast<int>(lane - l.taken.begin()) + 1;
 }
 
 void Replicator::LeaveLane(const std::string& buddy, int lane, uint64_t bytes) {
   zcc::MutexLock lock(&lanes_mu_);
   Lanes& l = lanes_[buddy];
-  l.taken[lane] = false;
+  l.taken[lane - 1] = false;
   l.bytes -= bytes;
 }
 

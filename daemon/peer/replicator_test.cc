@@ -123,6 +123,7 @@ struct Buddy final : public v1::Peer::Service {
     {
       zcc::MutexLock lock(&gate_mu);
       ++arrived;
+      connections.insert(ctx->peer());
       gate_mu.Await(absl::Condition(
           +[](bool* held) { return !*held; }, &held));
     }
@@ -137,9 +138,15 @@ struct Buddy final : public v1::Peer::Service {
     zcc::MutexLock lock(&gate_mu);
     return arrived;
   }
+  // The TCP connections the pushes came on (each its own client port).
+  size_t Connections() {
+    zcc::MutexLock lock(&gate_mu);
+    return connections.size();
+  }
   zcc::Mutex gate_mu;
   bool held ABSL_GUARDED_BY(gate_mu) = false;
   int arrived ABSL_GUARDED_BY(gate_mu) = 0;
+  std::set<std::string> connections ABSL_GUARDED_BY(gate_mu);
   grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest* req,
                             v1::ListReplicasResponse* resp) override {
     ++lists;
@@ -188,8 +195,8 @@ checkpoint::RankStepBytes ManyFiles(int n, uint32_t rank = 0) {
 
 // Pushes ManyFiles(files) of each of `ranks` ranks through a replicator
 // with `options` to a buddy that holds every push back: `at_once` of them
-// reach it and no more, until it lets them through and every rank's step
-// is replicated, each with its manifest.
+// reach it, each on a connection of its own, and no more, until it lets
+// them through and every rank's step is replicated, each with its manifest.
 void CheckPushesAtOnce(Buddy& buddy, const Replicator::Options& options, int ranks, int files,
                        int at_once) {
   ToOneBuddy self(buddy, options);
@@ -199,6 +206,7 @@ void CheckPushesAtOnce(Buddy& buddy, const Replicator::Options& options, int ran
                               absl::Milliseconds(5)));
   absl::SleepFor(absl::Milliseconds(100));
   CHECK(buddy.Arrived() == at_once);
+  CHECK(buddy.Connections() == static_cast<size_t>(at_once));
   buddy.Hold(false);
   REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
                               absl::Seconds(30), absl::Milliseconds(5)));
