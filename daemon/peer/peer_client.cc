@@ -78,7 +78,15 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
 
 absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
                               uint64_t xxh3, absl::Duration timeout, CallCancel* cancel,
-                              int64_t went_on_from) {
+                              int64_t went_on_from, uint64_t offset, uint64_t length,
+                              bool* kept) {
+  if (length == 0) {
+    offset = 0;
+    length = nbytes;
+  } else if (offset > nbytes || length > nbytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("part [", offset, ", +", length, ") of a piece of ",
+                                                   nbytes, " bytes"));
+  }
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());
   v1::PushReplicaResponse resp;
@@ -93,16 +101,22 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
     header->set_supersedes_newer(true);
     header->set_went_on_from(went_on_from);
   }
+  if (length != nbytes) {
+    header->set_offset(offset);
+    header->set_length(length);
+  }
   bool sent = writer->Write(chunk);
-  const auto* bytes = static_cast<const char*>(data);
-  for (size_t off = 0; sent && off < nbytes; off += kReplicaChunkBytes) {
+  const auto* bytes = static_cast<const char*>(data) + offset;
+  for (size_t off = 0; sent && off < length; off += kReplicaChunkBytes) {
     chunk.Clear();
-    chunk.set_data(bytes + off, std::min(kReplicaChunkBytes, nbytes - off));
+    chunk.set_data(bytes + off, std::min<size_t>(kReplicaChunkBytes, length - off));
     sent = writer->Write(chunk);
   }
   // A write fails when the peer has ended the call: Finish says why.
   writer->WritesDone();
-  return FromPeer(target_, writer->Finish());
+  const absl::Status st = FromPeer(target_, writer->Finish());
+  if (kept != nullptr) *kept = st.ok() && resp.kept();
+  return st;
 }
 
 absl::StatusOr<std::string> PeerClient::Pull(const ReplicaKey& key, absl::Duration timeout,

@@ -43,10 +43,15 @@ class PeerClient {
   // when it was kept): the receiver checks the bytes against it. `cancel`
   // (may be null) ends the call early (Cancelled). `went_on_from` >= 0: the
   // rank's first step after it went on from a restore of that step; the
-  // receiver drops the rank's newer steps (ReplicaStore::Put).
+  // receiver drops the rank's newer steps (ReplicaStore::Put). `length` >
+  // 0: only the part [offset, offset + length) of the piece (a peer whose
+  // Hello says takes_parts keeps the piece once all its parts arrived).
+  // `kept` (may be null): whether the peer keeps the piece now (a part:
+  // this one completed it).
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, uint64_t xxh3,
                     absl::Duration timeout, CallCancel* cancel = nullptr,
-                    int64_t went_on_from = -1);
+                    int64_t went_on_from = -1, uint64_t offset = 0, uint64_t length = 0,
+                    bool* kept = nullptr);
   // The piece's bytes, checked against the size and XXH3 the peer sent first.
   // `cancel` (may be null) ends the call early (Cancelled).
   absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout,

@@ -71,6 +71,7 @@ void PeerDirectory::ProbeAll() {
                          << "') restarted: what it held for this node's jobs is gone";
       }
       s.instance = hello->instance();
+      s.takes_parts = hello->takes_parts();
       s.last_seen = absl::Now();
       s.error.clear();
       if (!was_up) ZCC_LOG(INFO) << "peer " << address << " (node '" << s.node << "') is up";

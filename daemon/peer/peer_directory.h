@@ -33,6 +33,9 @@ struct PeerState {
   // Its zccd's run (PeerHelloResponse.instance): changes when it restarts,
   // its replica memory empty. Empty until it answers.
   std::string instance;
+  // It keeps a piece pushed in parts (PeerHelloResponse.takes_parts), as
+  // of its last answer.
+  bool takes_parts = false;
 };
 
 class PeerDirectory {

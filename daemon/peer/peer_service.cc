@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <random>
 #include <utility>
@@ -55,6 +56,7 @@ grpc::Status PeerService::Hello(grpc::ServerContext* ctx, const v1::PeerHelloReq
   resp->set_replica_budget_bytes(store_->budget_bytes());
   resp->set_replica_bytes_held(store_->bytes_held());
   resp->set_instance(instance_);
+  resp->set_takes_parts(true);
   return grpc::Status::OK;
 }
 
@@ -101,6 +103,10 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
         " bytes this zccd's staging budget leaves for replicas beside its trainers "
         "(raise staging_budget_bytes)")));
   }
+  if (header.length() > 0) return PushPart(*ctx, reader, header, from, resp);
+  if (header.offset() != 0) {
+    return refuse(absl::InvalidArgumentError("a push with an offset names the part's length"));
+  }
   replica.bytes.reserve(header.nbytes());
   format::Xxh3Stream sum;
   while (reader->Read(&chunk)) {
@@ -132,6 +138,65 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   const int64_t went_on_from = header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
   if (absl::Status st = store_->Put(std::move(replica), went_on_from); !st.ok()) {
     return refuse(st);
+  }
+  resp->set_replica_bytes_held(store_->bytes_held());
+  resp->set_kept(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
+                                   grpc::ServerReader<v1::ReplicaChunk>* reader,
+                                   const v1::ReplicaHeader& header, const std::string& from,
+                                   v1::PushReplicaResponse* resp) {
+  auto refuse = [&](const absl::Status& why) {
+    ZCC_LOG(WARNING) << "peer: refused a part of a replica from " << from << ": " << why;
+    return ToGrpcStatus(why);
+  };
+  const PieceAssembly::Whole whole{FromProto(header.key()), header.nbytes(), header.xxh3()};
+  // The pieces being assembled, together, within what a whole piece may be.
+  auto part = parts_.Begin(whole, header.offset(), header.length(),
+                           std::min(store_->budget_bytes(), store_->cap()));
+  if (!part.ok()) return refuse(part.status());
+  uint64_t got = 0;
+  absl::Status bad;
+  v1::ReplicaChunk chunk;
+  while (bad.ok() && reader->Read(&chunk)) {
+    if (chunk.part_case() != v1::ReplicaChunk::kData) {
+      bad = absl::InvalidArgumentError("after its header, a push carries only bytes");
+      break;
+    }
+    const std::string& data = chunk.data();
+    if (data.size() > part->length - got) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "more bytes than the part's ", part->length, " of piece '", whole.key.piece, "'"));
+      break;
+    }
+    std::memcpy(part->data + got, data.data(), data.size());
+    got += data.size();
+  }
+  if (bad.ok() && !ctx.IsCancelled() && got != part->length) {
+    bad = absl::DataLossError(absl::StrCat("a part of piece '", whole.key.piece, "' ended after ",
+                                           got, " of its ", part->length, " bytes"));
+  }
+  const bool written = bad.ok() && !ctx.IsCancelled();
+  auto done = parts_.End(*part, written);
+  if (ctx.IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "push cancelled");
+  if (!bad.ok()) return refuse(bad);
+  if (!done.ok()) return refuse(done.status());
+  if (done->has_value()) {
+    // The part that completed the piece: kept as a whole push's would be.
+    Replica replica;
+    replica.info.key = whole.key;
+    replica.info.xxh3 = whole.xxh3;
+    replica.info.from_node = from;
+    replica.info.received = absl::Now();
+    replica.bytes = std::move(**done);
+    const int64_t went_on_from =
+        header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
+    if (absl::Status st = store_->Put(std::move(replica), went_on_from); !st.ok()) {
+      return refuse(st);
+    }
+    resp->set_kept(true);
   }
   resp->set_replica_bytes_held(store_->bytes_held());
   return grpc::Status::OK;

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 
+#include "daemon/peer/piece_assembly.h"
 #include "daemon/peer/replica_store.h"
 #include "proto/peer.grpc.pb.h"
 
@@ -50,12 +51,17 @@ class PeerService final : public v1::Peer::Service {
  private:
   // 16 random hex digits.
   static std::string NewInstance();
+  // A part of a piece (header.length > 0), after its header was checked.
+  grpc::Status PushPart(grpc::ServerContext& ctx, grpc::ServerReader<v1::ReplicaChunk>* reader,
+                        const v1::ReplicaHeader& header, const std::string& from,
+                        v1::PushReplicaResponse* resp);
 
   const std::string node_;
   const std::string failure_domain_;
   ReplicaStore* const store_;
   const PinHandler on_pin_;
   const std::string instance_;
+  PieceAssembly parts_;  // pieces pushed in parts
 };
 
 // Who is calling: the names in its certificate (subject alternative names,

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -155,6 +156,51 @@ TEST_CASE("peer service: a zccd without the cluster's certificate can neither pu
   PeerClient fooled = ClientOf(impostor, Tls("node-b"));
   CHECK_FALSE(fooled.Push(kKey, bytes.data(), bytes.size(), kTimeout).ok());
   CHECK(impostor.store.bytes_held() == 0);
+}
+
+TEST_CASE("peer service: a piece pushed in parts side by side is kept whole, once all arrived") {
+  PeerServer a(Tls("node-a"));
+  PeerClient b = ClientOf(a, Tls("node-b"));
+  auto hello = b.Hello("node-b", "rack-2", kTimeout);
+  REQUIRE_OK(hello.status());
+  CHECK(hello->takes_parts());
+  const std::string bytes = Pattern(3 << 20);
+  const uint64_t sum = format::Xxh3(bytes.data(), bytes.size());
+  // The last part first: nothing is kept until every part arrived.
+  bool kept = true;
+  REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), sum, kTimeout, nullptr, -1, 2 << 20, 1 << 20,
+                    &kept));
+  CHECK_FALSE(kept);
+  CHECK_FALSE(a.store.Get(kKey).ok());
+  PeerClient c = ClientOf(a, Tls("node-b"));
+  PeerClient* clients[2] = {&b, &c};
+  std::vector<std::thread> parts;
+  std::vector<absl::Status> results(2);
+  bool kept_by[2] = {false, false};
+  for (int i = 0; i < 2; ++i) {
+    parts.emplace_back([&, i] {
+      results[i] = clients[i]->Push(kKey, bytes.data(), bytes.size(), sum, kTimeout, nullptr, -1,
+                                    uint64_t(i) << 20, 1 << 20, &kept_by[i]);
+    });
+  }
+  for (std::thread& t : parts) t.join();
+  for (const absl::Status& st : results) REQUIRE_OK(st);
+  CHECK(kept_by[0] != kept_by[1]);  // the one that completed it
+  auto held = a.store.Get(kKey);
+  REQUIRE_OK(held.status());
+  CHECK((*held)->bytes == bytes);
+  auto pulled = b.Pull(kKey, kTimeout);
+  REQUIRE_OK(pulled.status());
+  CHECK(*pulled == bytes);
+  // A part whose piece's whole does not match its checksum is refused by
+  // the part that completes it; nothing is kept.
+  ReplicaKey other = kKey;
+  other.piece = "other";
+  REQUIRE_OK(b.Push(other, bytes.data(), bytes.size(), sum ^ 1, kTimeout, nullptr, -1, 0, 1 << 20));
+  CHECK(b.Push(other, bytes.data(), bytes.size(), sum ^ 1, kTimeout, nullptr, -1, 1 << 20,
+               2 << 20)
+            .code() == absl::StatusCode::kDataLoss);
+  CHECK_FALSE(a.store.Get(other).ok());
 }
 
 TEST_CASE("peer service: a piece is served only for the job and uid it was pushed for") {

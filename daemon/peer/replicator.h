@@ -1,7 +1,8 @@
 // The peer tier's sender (DESIGN.md 5c): each rank's replicated steps, kept
 // in this zccd's replica store as the owner's own copy and pushed to the
-// job's buddies, several ranks' steps at once and several files at a time
-// on connections of their own (each rank's manifest after its files), from
+// job's buddies, several ranks' steps at once and several files (or parts
+// of a large one) at a time on connections of their own (each rank's
+// manifest after its files), from
 // push threads of its own (and their helpers while a step is pushed), at
 // idle priority and within a bandwidth cap. Never on a
 // trainer's path: a step still waiting when a newer step of the same rank
@@ -67,9 +68,13 @@ class Replicator {
     // At most this many bytes of the files under way to a buddy at once,
     // of every rank's push (a piece larger than that goes alone): a buddy
     // holds what arrives beside its replica memory until the pieces are
-    // kept. So pieces of more than half of it go one at a time, whichever
-    // rank's they are.
+    // kept (a file in parts: its parts).
     uint64_t push_bytes_in_flight = uint64_t{1} << 30;
+    // A file larger than this goes to a buddy that takes parts
+    // (PeerHelloResponse.takes_parts) in parts of this size side by side, as
+    // several files would (0: whole files only). A rank's step is a few
+    // files, most of its bytes in its optimizer state's.
+    uint64_t part_bytes = uint64_t{128} << 20;
     // After a failed round, before the next try of the same step.
     absl::Duration retry_after = absl::Seconds(2);
     // Between two checks that the buddies still hold the newest replicated

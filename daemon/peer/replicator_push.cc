@@ -3,6 +3,8 @@
 // the bandwidth cap (replicator.h).
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -43,8 +45,9 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
   // at the buddy) go side by side, each call on a connection of its own
   // (TakeLane: shared with the other ranks' pushes to the buddy, within
   // options_.push_bytes_in_flight, as the buddy holds what arrives before
-  // its replica memory makes room); the last once they all arrived. The
-  // first failure ends the calls in flight: the step is tried again.
+  // its replica memory makes room), a large one in parts of part_bytes
+  // where the buddy takes parts; the last once they all arrived. The first
+  // failure ends the calls in flight: the step is tried again.
   CallCancel push_cancel;
   {
     zcc::MutexLock lock(&mu_);
@@ -58,10 +61,33 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
   zcc::Mutex result_mu;
   absl::Status result;       // the first failure
   absl::Status own_missing_status;
-  size_t next = 0;           // the next file to send
+  // What goes side by side: the files but the last, each whole or in parts.
+  struct Send {
+    size_t file;
+    uint64_t offset = 0;
+    uint64_t length = 0;  // 0: the whole file
+  };
+  std::vector<Send> sends;
+  const std::optional<PeerState> state = directory_->State(buddy);
+  const uint64_t part = state.has_value() && state->takes_parts ? options_.part_bytes : 0;
+  for (size_t i = 0; i + 1 < files.size(); ++i) {
+    uint64_t size = 0;
+    if (part > 0) {
+      auto piece = store_->Get(ReplicaKey{job_id, uid, rank, step, files[i]});
+      if (piece.ok()) size = (*piece)->bytes.size();  // (a missing one fails as it is sent)
+    }
+    if (part == 0 || size <= part) {
+      sends.push_back({i});
+      continue;
+    }
+    for (uint64_t at = 0; at < size; at += part) sends.push_back({i, at, std::min(part, size - at)});
+  }
+  size_t next = 0;           // the next of `sends`
+  std::map<size_t, bool> kept_whole;  // of the files sent in parts: whether the buddy kept it
   // Set with the first failure: the sends waiting for a lane give up.
   std::atomic<bool> failed{false};
-  auto send_one = [&](const std::string& name) -> absl::Status {
+  auto send_one = [&](size_t file, uint64_t offset, uint64_t length) -> absl::Status {
+    const std::string& name = files[file];
     {
       zcc::MutexLock lock(&mu_);
       if (stop_) return absl::CancelledError("zccd is stopping");
@@ -89,32 +115,37 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
       if (!piece.ok()) return missing();
       size = (*piece)->bytes.size();
     }
+    // (A part past the piece: it is not the piece the parts were cut from.)
+    if (length > 0 && (offset > size || length > size - offset)) return missing();
+    const uint64_t bytes_sent = length > 0 ? length : size;
     // A connection of its own, shared with every other push to the buddy;
     // the piece is held again only then (not while waiting for it, which
     // may be long: the store may drop it meanwhile, and count it freed).
-    const int lane = TakeLane(buddy, size, failed);
+    const int lane = TakeLane(buddy, bytes_sent, failed);
     if (lane < 0) {
       return absl::CancelledError(failed ? "another piece of the step failed"
                                          : "zccd is stopping");
     }
-    absl::Cleanup leave = [&] { LeaveLane(buddy, lane, size); };
+    absl::Cleanup leave = [&] { LeaveLane(buddy, lane, bytes_sent); };
     auto piece = store_->Get(key);
     if (!piece.ok() || (*piece)->bytes.size() != size) return missing();
     const std::string& bytes = (*piece)->bytes;
     // Its checksum from when it was kept: the bytes are not summed again.
-    const absl::Status pushed =
-        directory_->Client(buddy, lane)->Push(key, bytes.data(), bytes.size(), (*piece)->info.xxh3,
-                                              options_.push_timeout, &push_cancel, went_on_from);
+    bool kept = false;
+    const absl::Status pushed = directory_->Client(buddy, lane)->Push(
+        key, bytes.data(), bytes.size(), (*piece)->info.xxh3, options_.push_timeout, &push_cancel,
+        went_on_from, offset, length, &kept);
     std::move(leave).Invoke();
     ZCC_RETURN_IF_ERROR(pushed);
     {
       zcc::MutexLock lock(&result_mu);
-      *sent += bytes.size();
+      *sent += bytes_sent;
+      if (length > 0) kept_whole[file] = kept_whole[file] || kept;
     }
-    Pace(bytes.size());
+    Pace(bytes_sent);
     return absl::OkStatus();
   };
-  const size_t side_by_side = files.empty() ? 0 : files.size() - 1;
+  const size_t side_by_side = sends.size();
   auto sender = [&]() {
     for (;;) {
       size_t i;
@@ -123,7 +154,7 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
         if (!result.ok() || next >= side_by_side) return;
         i = next++;
       }
-      absl::Status st = send_one(files[i]);
+      absl::Status st = send_one(sends[i].file, sends[i].offset, sends[i].length);
       if (!st.ok()) {
         {
           zcc::MutexLock lock(&result_mu);
@@ -162,7 +193,17 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     }
     t.join();
   }
-  if (result.ok() && !files.empty()) result = send_one(files.back());
+  // Every part of a file arrived, but the buddy may have dropped the first
+  // ones meanwhile (left too long waiting for the last: PieceAssembly's
+  // idle): then the manifest must not follow.
+  for (const auto& [file, kept] : kept_whole) {
+    if (result.ok() && !kept) {
+      result = absl::UnavailableError(absl::StrCat(
+          buddy, " did not keep ", files[file], " of step ", step, " of rank ", rank,
+          " whole (its parts arrived, the first ones too long before the last)"));
+    }
+  }
+  if (result.ok() && !files.empty()) result = send_one(files.size() - 1, 0, 0);
   // What made the step fail where the owner's copy is gone: nothing could
   // send it (Finish drops it for the rank's next step).
   if (!own_missing_status.ok()) {

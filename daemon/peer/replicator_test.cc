@@ -152,6 +152,10 @@ struct Buddy final : public v1::Peer::Service {
     ++lists;
     return service.ListReplicas(ctx, req, resp);
   }
+  grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
+                     v1::PeerHelloResponse* resp) override {
+    return service.Hello(ctx, req, resp);
+  }
   bool Holds(int64_t step) const {
     return store.Get(ReplicaKey{"j", 0, 0, step, "model-r00000.safetensors"}).ok() &&
            store.Get(ReplicaKey{"j", 0, 0, step, "r00000.manifest.json"}).ok();
@@ -270,6 +274,79 @@ TEST_CASE("the ranks' files under way to a buddy keep to the bytes allowed in fl
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
   CheckPushesAtOnce(buddy, options, 3, 2, 3);
+}
+
+TEST_CASE("a piece larger than the bytes allowed in flight goes to a buddy alone, whichever "
+          "rank's the others are") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 6;
+  options.push_bytes_in_flight = 3 * 4096;
+  ToOneBuddy self(buddy, options);
+  buddy.Hold(true);
+  checkpoint::RankStepBytes large = ManyFiles(0, 0);
+  large.files.insert(large.files.begin(), {"model.safetensors", std::string(4 * 4096, 'm')});
+  REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(large)));
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 1; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  // Another rank's small pieces wait for it.
+  REQUIRE_OK(self.replicator.Enqueue("j", 0, ManyFiles(2, 1)));
+  absl::SleepFor(absl::Milliseconds(200));
+  CHECK(buddy.Arrived() == 1);
+  buddy.Hold(false);
+  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(buddy.store.Get(ReplicaKey{"j", 0, 0, 7, "model.safetensors"}).ok());
+  CHECK(buddy.store.Get(ReplicaKey{"j", 0, 1, 7, "r00001.manifest.json"}).ok());
+}
+
+TEST_CASE("a large file goes in parts side by side to a buddy that takes them, whole to one "
+          "not known to") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 4;
+  options.part_bytes = 4096;
+  std::string optim(5 * 4096 + 100, '\0');
+  for (size_t i = 0; i < optim.size(); ++i) optim[i] = static_cast<char>(i * 7 + i / 4096);
+  checkpoint::RankStepBytes step = ManyFiles(0, 0);
+  step.files.insert(step.files.begin(), {"optim.safetensors", optim});
+
+  SECTION("the buddy says it takes parts: six of them, four at a time") {
+    ToOneBuddy self(buddy, options);
+    self.directory.Watch(buddy.address);
+    REQUIRE(testing::Eventually(
+        [&] {
+          const std::optional<PeerState> state = self.directory.State(buddy.address);
+          return state.has_value() && state->takes_parts;
+        },
+        absl::Seconds(30), absl::Milliseconds(5)));
+    buddy.Hold(true);
+    REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(step)));
+    REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 4; }, absl::Seconds(30),
+                                absl::Milliseconds(5)));
+    absl::SleepFor(absl::Milliseconds(100));
+    CHECK(buddy.Arrived() == 4);
+    CHECK(buddy.Connections() == 4);
+    CHECK_FALSE(buddy.store.Get(ReplicaKey{"j", 0, 0, 7, "optim.safetensors"}).ok());
+    buddy.Hold(false);
+    REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                                absl::Seconds(30), absl::Milliseconds(5)));
+    CHECK(buddy.pushes == 6 + 1);
+    CHECK(self.replicator.Stats("j").bytes_sent == optim.size() + 2);
+  }
+  SECTION("the directory has not heard from the buddy: the file goes whole") {
+    ToOneBuddy self(buddy, options);
+    REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(step)));
+    REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                                absl::Seconds(30), absl::Milliseconds(5)));
+    CHECK(buddy.pushes == 2);
+  }
+  auto held = buddy.store.Get(ReplicaKey{"j", 0, 0, 7, "optim.safetensors"});
+  REQUIRE_OK(held.status());
+  CHECK((*held)->bytes == optim);
+  CHECK((*held)->info.xxh3 == format::Xxh3(optim.data(), optim.size()));
 }
 
 TEST_CASE("a step one of whose files a buddy refuses is not made whole there: its manifest "

@@ -1,0 +1,150 @@
+#include "daemon/peer/piece_assembly.h"
+
+#include <algorithm>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "format/checksum.h"
+
+namespace zcc::daemon::peer {
+
+absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uint64_t offset,
+                                                         uint64_t length, uint64_t max_bytes) {
+  if (length == 0 || offset > whole.nbytes || length > whole.nbytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "part [", offset, ", +", length, ") of piece '", whole.key.piece, "' is not within its ",
+        whole.nbytes, " bytes"));
+  }
+  Part part;
+  part.id = Id{whole.key, whole.nbytes, whole.xxh3};
+  part.offset = offset;
+  part.length = length;
+  const uint64_t end = offset + length;
+  std::shared_ptr<Pending> p;
+  bool first = false;
+  {
+    zcc::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    DropIdleLocked(now);
+    auto it = pending_.find(part.id);
+    first = it == pending_.end();
+    if (first) {
+      if (whole.nbytes > max_bytes || bytes_ > max_bytes - whole.nbytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "piece '", whole.key.piece, "' of ", whole.nbytes, " bytes pushed in parts: the "
+            "pieces being assembled here would pass the ", max_bytes, " bytes left for them"));
+      }
+      it = pending_.emplace(part.id, std::make_shared<Pending>()).first;
+      bytes_ += whole.nbytes;
+    }
+    p = it->second;
+    bool again = false;
+    for (Pending::Range& r : p->parts) {
+      if (r.from == offset && r.to == end && r.written) {
+        // Sent again: counted again when it ends.
+        r.written = false;
+        p->arrived -= length;
+        again = true;
+        break;
+      }
+      if (offset < r.to && r.from < end) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "part [", offset, ", +", length, ") of piece '", whole.key.piece, "' overlaps one ",
+            r.written ? "already pushed" : "under way"));
+      }
+    }
+    if (!again) p->parts.push_back({offset, end, false});
+    ++p->under_way;
+    p->last = now;
+  }
+  const absl::Status no_memory = absl::ResourceExhaustedError(
+      absl::StrCat("no memory for piece '", whole.key.piece, "' of ", whole.nbytes, " bytes"));
+  if (first) {
+    // The buffer of a large piece takes a while to fault in: not under mu_
+    // (the piece's other parts wait for it).
+    std::string buffer;
+    bool made = true;
+    try {
+      buffer.resize(whole.nbytes);
+    } catch (const std::bad_alloc&) {
+      made = false;
+    }
+    zcc::MutexLock lock(&mu_);
+    p->allocating = false;
+    if (!made) {
+      p->failed = true;
+      pending_.erase(part.id);
+      bytes_ -= whole.nbytes;
+      return no_memory;
+    }
+    p->bytes.swap(buffer);
+  } else {
+    zcc::MutexLock lock(&mu_);
+    auto made = [&p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !p->allocating; };
+    mu_.Await(absl::Condition(&made));
+    if (p->failed) return no_memory;
+  }
+  part.data = p->bytes.data() + offset;
+  return part;
+}
+
+absl::StatusOr<std::optional<std::string>> PieceAssembly::End(const Part& part, bool written) {
+  std::string whole;
+  {
+    zcc::MutexLock lock(&mu_);
+    auto it = pending_.find(part.id);
+    if (it == pending_.end()) return absl::InternalError("a part of no piece being assembled");
+    Pending* p = it->second.get();  // (not dropped while a part is under way)
+    --p->under_way;
+    p->last = absl::Now();
+    auto r = std::find_if(p->parts.begin(), p->parts.end(),
+                          [&](const Pending::Range& x) { return x.from == part.offset; });
+    if (!written) {
+      if (r != p->parts.end()) p->parts.erase(r);
+      return std::optional<std::string>();
+    }
+    if (r != p->parts.end()) r->written = true;
+    p->arrived += part.length;
+    if (p->arrived < std::get<1>(part.id)) return std::optional<std::string>();
+    whole = std::move(p->bytes);
+    bytes_ -= std::get<1>(part.id);
+    pending_.erase(it);
+  }
+  const ReplicaKey& key = std::get<0>(part.id);
+  if (format::Xxh3(whole.data(), whole.size()) != std::get<2>(part.id)) {
+    return absl::DataLossError(absl::StrCat("piece '", key.piece, "' pushed in parts does not "
+                                            "match its checksum"));
+  }
+  return std::optional<std::string>(std::move(whole));
+}
+
+void PieceAssembly::DropIdleLocked(absl::Time now) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const Pending& p = *it->second;
+    if (p.under_way == 0 && !p.allocating && now - p.last > idle_) {
+      const ReplicaKey& key = std::get<0>(it->first);
+      ZCC_LOG(WARNING) << "peer: dropped piece '" << key.piece << "' of job " << key.job_id
+                       << " rank " << key.rank << " step " << key.step << ": " << p.arrived
+                       << " of its " << std::get<1>(it->first) << " bytes arrived in parts, "
+                       << "none for " << absl::FormatDuration(now - p.last);
+      bytes_ -= std::get<1>(it->first);
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+size_t PieceAssembly::pieces() const {
+  zcc::MutexLock lock(&mu_);
+  return pending_.size();
+}
+
+uint64_t PieceAssembly::bytes() const {
+  zcc::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+}  // namespace zcc::daemon::peer

@@ -1,0 +1,95 @@
+// Pieces pushed in parts (proto/peer.proto, ReplicaHeader.offset/length):
+// one large file of a rank's step goes to a buddy over several connections
+// at once, each part its own call. Each part's bytes are written into the
+// piece's buffer as they arrive (parts never overlap, so without a lock);
+// the part that completes the piece checks the whole against its XXH3 and
+// hands it over to be kept. A piece none of whose parts arrived for `idle`
+// is dropped at the next part's arrival (its pusher gave up: it pushes the
+// step again). The pieces being assembled are bounded in bytes, together.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef ZCC_DAEMON_PEER_PIECE_ASSEMBLY_H_
+#define ZCC_DAEMON_PEER_PIECE_ASSEMBLY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "daemon/peer/replica_store.h"
+
+namespace zcc::daemon::peer {
+
+class PieceAssembly {
+ public:
+  explicit PieceAssembly(absl::Duration idle = absl::Minutes(10)) : idle_(idle) {}
+
+  // The piece a part belongs to, as its header names it.
+  struct Whole {
+    ReplicaKey key;
+    uint64_t nbytes = 0;
+    uint64_t xxh3 = 0;
+  };
+  // A part under way: write its `length` bytes at `data`, then End it.
+  struct Part {
+    std::tuple<ReplicaKey, uint64_t, uint64_t> id;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    char* data = nullptr;
+  };
+
+  // Begins part [offset, offset + length) of `whole`. A part that arrived
+  // before is taken again (a push of the step tried again after another
+  // part failed). Refused: a part out of the piece's bounds, overlapping
+  // another or under way already, or a new piece that would take the
+  // pieces being assembled past `max_bytes` together.
+  absl::StatusOr<Part> Begin(const Whole& whole, uint64_t offset, uint64_t length,
+                             uint64_t max_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends `part`: `written`, all its bytes are there; otherwise it is taken
+  // back (a push that failed may send it again). Returns the whole piece's
+  // bytes when this part completed it and they match the piece's XXH3
+  // (DataLoss, and the piece dropped, when they do not); nullopt while
+  // parts are missing.
+  absl::StatusOr<std::optional<std::string>> End(const Part& part, bool written)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Pieces being assembled, and their bytes.
+  size_t pieces() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Pending {
+    std::string bytes;
+    uint64_t arrived = 0;  // bytes of the parts ended written
+    struct Range {
+      uint64_t from, to;
+      bool written;
+    };
+    std::vector<Range> parts;  // begun and not taken back
+    int under_way = 0;
+    bool allocating = true;  // its buffer is being made (without mu_)
+    bool failed = false;     // it could not be: the piece is gone
+    absl::Time last;  // the last part's beginning or end
+  };
+  using Id = std::tuple<ReplicaKey, uint64_t, uint64_t>;
+
+  void DropIdleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Duration idle_;
+  mutable zcc::Mutex mu_;
+  // (Shared with the parts waiting for its buffer.)
+  std::map<Id, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace zcc::daemon::peer
+
+#endif  // ZCC_DAEMON_PEER_PIECE_ASSEMBLY_H_

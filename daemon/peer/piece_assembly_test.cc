@@ -1,0 +1,144 @@
+#include "daemon/peer/piece_assembly.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+#include "format/checksum.h"
+
+namespace zcc::daemon::peer {
+namespace {
+
+std::string Pattern(size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + 7) % 251);
+  return s;
+}
+
+PieceAssembly::Whole WholeOf(const std::string& bytes) {
+  return {ReplicaKey{"job", 1000, 0, 5, "optim.safetensors"}, bytes.size(),
+          format::Xxh3(bytes.data(), bytes.size())};
+}
+
+// Writes part [offset, +length) of `bytes` and ends it.
+absl::StatusOr<std::optional<std::string>> Send(PieceAssembly& a, const std::string& bytes,
+                                                uint64_t offset, uint64_t length) {
+  auto part = a.Begin(WholeOf(bytes), offset, length, uint64_t{1} << 30);
+  if (!part.ok()) return part.status();
+  std::memcpy(part->data, bytes.data() + offset, length);
+  return a.End(*part, true);
+}
+
+TEST_CASE("piece assembly: parts in any order make the piece, handed over once, by its last part") {
+  PieceAssembly a;
+  const std::string bytes = Pattern(10000);
+  auto third = Send(a, bytes, 8000, 2000);
+  REQUIRE_OK(third.status());
+  CHECK_FALSE(third->has_value());
+  auto first = Send(a, bytes, 0, 4000);
+  REQUIRE_OK(first.status());
+  CHECK_FALSE(first->has_value());
+  CHECK(a.pieces() == 1);
+  CHECK(a.bytes() == 10000);
+  auto second = Send(a, bytes, 4000, 4000);
+  REQUIRE_OK(second.status());
+  REQUIRE(second->has_value());
+  CHECK(**second == bytes);
+  CHECK(a.pieces() == 0);
+  CHECK(a.bytes() == 0);
+}
+
+TEST_CASE("piece assembly: parts written side by side from threads") {
+  PieceAssembly a;
+  const std::string bytes = Pattern(1 << 20);
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<std::optional<std::string>>> results(8, absl::UnknownError(""));
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] { results[i] = Send(a, bytes, i * (1 << 17), 1 << 17); });
+  }
+  for (std::thread& t : threads) t.join();
+  int wholes = 0;
+  for (const auto& r : results) {
+    REQUIRE_OK(r.status());
+    if (r->has_value()) {
+      ++wholes;
+      CHECK(**r == bytes);
+    }
+  }
+  CHECK(wholes == 1);
+}
+
+TEST_CASE("piece assembly: what it refuses") {
+  PieceAssembly a;
+  const std::string bytes = Pattern(1000);
+  SECTION("a part past the piece's end, or empty") {
+    CHECK(Send(a, bytes, 900, 200).status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Send(a, bytes, 1001, 1).status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(a.Begin(WholeOf(bytes), 0, 0, 1 << 20).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("a part overlapping another, or one under way") {
+    REQUIRE_OK(Send(a, bytes, 0, 500).status());
+    CHECK(Send(a, bytes, 499, 100).status().code() == absl::StatusCode::kInvalidArgument);
+    auto under_way = a.Begin(WholeOf(bytes), 500, 500, 1 << 20);
+    REQUIRE_OK(under_way.status());
+    CHECK(a.Begin(WholeOf(bytes), 500, 500, 1 << 20).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+    std::memcpy(under_way->data, bytes.data() + 500, 500);
+    auto last = a.End(*under_way, true);
+    REQUIRE_OK(last.status());
+    CHECK(last->has_value());  // (the refused parts changed nothing)
+  }
+  SECTION("a piece whose bytes do not match its checksum: dropped") {
+    std::string damaged = bytes;
+    auto part = a.Begin(WholeOf(bytes), 0, 1000, 1 << 20);
+    REQUIRE_OK(part.status());
+    damaged[10] ^= 1;
+    std::memcpy(part->data, damaged.data(), 1000);
+    CHECK(a.End(*part, true).status().code() == absl::StatusCode::kDataLoss);
+    CHECK(a.pieces() == 0);
+  }
+  SECTION("a new piece past the bytes left for pieces being assembled") {
+    CHECK(a.Begin(WholeOf(bytes), 0, 100, 999).status().code() ==
+          absl::StatusCode::kResourceExhausted);
+    REQUIRE_OK(a.Begin(WholeOf(bytes), 0, 100, 1000).status());
+    const std::string other = Pattern(10);
+    CHECK(a.Begin(WholeOf(other), 0, 10, 1005).status().code() ==
+          absl::StatusCode::kResourceExhausted);
+  }
+}
+
+TEST_CASE("piece assembly: a part that failed is sent again; a piece left idle is dropped") {
+  PieceAssembly a(absl::Milliseconds(50));
+  const std::string bytes = Pattern(1000);
+  auto part = a.Begin(WholeOf(bytes), 0, 600, 1 << 20);
+  REQUIRE_OK(part.status());
+  auto taken_back = a.End(*part, false);  // its push broke off
+  REQUIRE_OK(taken_back.status());
+  CHECK_FALSE(taken_back->has_value());
+  REQUIRE_OK(Send(a, bytes, 0, 600).status());  // (no overlap with the part taken back)
+  // The step pushed again after another part failed: the part that had
+  // arrived comes again, and counts once.
+  REQUIRE_OK(Send(a, bytes, 0, 600).status());
+  CHECK(a.pieces() == 1);
+  CHECK(a.bytes() == 1000);
+  absl::SleepFor(absl::Milliseconds(100));
+  // Another piece's part arrives: the idle one goes.
+  const std::string other = Pattern(10);
+  auto done = Send(a, other, 0, 10);
+  REQUIRE_OK(done.status());
+  CHECK(done->has_value());
+  CHECK(a.pieces() == 0);
+  CHECK(a.bytes() == 0);
+  // Its last part, too late, begins a piece of its own that is never whole.
+  auto late = Send(a, bytes, 600, 400);
+  REQUIRE_OK(late.status());
+  CHECK_FALSE(late->has_value());
+}
+
+}  // namespace
+}  // namespace zcc::daemon::peer
