@@ -57,6 +57,9 @@ grpc::Status PeerService::Hello(grpc::ServerContext* ctx, const v1::PeerHelloReq
   resp->set_replica_bytes_held(store_->bytes_held());
   resp->set_instance(instance_);
   resp->set_takes_parts(true);
+  // (Every peer says hello every few seconds: pieces left half-assembled
+  // go even when no part arrives any more.)
+  parts_.DropIdle();
   return grpc::Status::OK;
 }
 
@@ -144,6 +147,21 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+namespace {
+
+// Who sends a piece's parts, the same for all of them: the names in its
+// certificate, or on a plaintext listener (tests) its host, without the
+// port, which differs from one connection to the next.
+std::string PartsSender(const grpc::ServerContext& ctx) {
+  std::string who = PeerIdentity(ctx);
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) return who;
+  const size_t colon = who.rfind(':');
+  return colon == std::string::npos ? who : who.substr(0, colon);
+}
+
+}  // namespace
+
 grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
                                    grpc::ServerReader<v1::ReplicaChunk>* reader,
                                    const v1::ReplicaHeader& header, const std::string& from,
@@ -152,7 +170,8 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
     ZCC_LOG(WARNING) << "peer: refused a part of a replica from " << from << ": " << why;
     return ToGrpcStatus(why);
   };
-  const PieceAssembly::Whole whole{FromProto(header.key()), header.nbytes(), header.xxh3()};
+  const PieceAssembly::Whole whole{FromProto(header.key()), header.nbytes(), header.xxh3(),
+                                   PartsSender(ctx)};
   // The pieces being assembled, together, within what a whole piece may be.
   auto part = parts_.Begin(whole, header.offset(), header.length(),
                            std::min(store_->budget_bytes(), store_->cap()));
@@ -171,7 +190,7 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
           "more bytes than the part's ", part->length, " of piece '", whole.key.piece, "'"));
       break;
     }
-    std::memcpy(part->data + got, data.data(), data.size());
+    if (part->data != nullptr) std::memcpy(part->data + got, data.data(), data.size());
     got += data.size();
   }
   if (bad.ok() && !ctx.IsCancelled() && got != part->length) {
@@ -196,7 +215,10 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
     if (absl::Status st = store_->Put(std::move(replica), went_on_from); !st.ok()) {
       return refuse(st);
     }
+    parts_.Kept(part->id);
     resp->set_kept(true);
+  } else if (part->data == nullptr) {
+    resp->set_kept(true);  // (a part of a piece its other parts made whole before it)
   }
   resp->set_replica_bytes_held(store_->bytes_held());
   return grpc::Status::OK;

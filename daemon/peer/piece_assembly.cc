@@ -18,7 +18,7 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
         whole.nbytes, " bytes"));
   }
   Part part;
-  part.id = Id{whole.key, whole.nbytes, whole.xxh3};
+  part.id = Id{whole.key, whole.nbytes, whole.xxh3, whole.from};
   part.offset = offset;
   part.length = length;
   const uint64_t end = offset + length;
@@ -28,6 +28,7 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
     zcc::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     DropIdleLocked(now);
+    if (kept_.count(part.id) > 0) return part;  // (data null: kept already)
     auto it = pending_.find(part.id);
     first = it == pending_.end();
     if (first) {
@@ -55,7 +56,13 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
             r.written ? "already pushed" : "under way"));
       }
     }
-    if (!again) p->parts.push_back({offset, end, false});
+    if (!again) {
+      if (p->parts.size() >= kMaxParts) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "piece '", whole.key.piece, "' pushed in more than ", kMaxParts, " parts"));
+      }
+      p->parts.push_back({offset, end, false});
+    }
     ++p->under_way;
     p->last = now;
   }
@@ -91,6 +98,7 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
 }
 
 absl::StatusOr<std::optional<std::string>> PieceAssembly::End(const Part& part, bool written) {
+  if (part.data == nullptr) return std::optional<std::string>();  // (kept already)
   std::string whole;
   {
     zcc::MutexLock lock(&mu_);
@@ -120,7 +128,27 @@ absl::StatusOr<std::optional<std::string>> PieceAssembly::End(const Part& part, 
   return std::optional<std::string>(std::move(whole));
 }
 
+void PieceAssembly::Kept(const Id& id) {
+  zcc::MutexLock lock(&mu_);
+  kept_[id] = absl::Now();
+  // A late part of a push tried again may have begun the piece anew
+  // meanwhile: that buffer goes (once no part writes into it).
+  auto it = pending_.find(id);
+  if (it != pending_.end() && it->second->under_way == 0 && !it->second->allocating) {
+    bytes_ -= std::get<1>(id);
+    pending_.erase(it);
+  }
+}
+
+void PieceAssembly::DropIdle() {
+  zcc::MutexLock lock(&mu_);
+  DropIdleLocked(absl::Now());
+}
+
 void PieceAssembly::DropIdleLocked(absl::Time now) {
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    it = now - it->second > idle_ ? kept_.erase(it) : std::next(it);
+  }
   for (auto it = pending_.begin(); it != pending_.end();) {
     const Pending& p = *it->second;
     if (p.under_way == 0 && !p.allocating && now - p.last > idle_) {

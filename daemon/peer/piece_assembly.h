@@ -4,8 +4,12 @@
 // piece's buffer as they arrive (parts never overlap, so without a lock);
 // the part that completes the piece checks the whole against its XXH3 and
 // hands it over to be kept. A piece none of whose parts arrived for `idle`
-// is dropped at the next part's arrival (its pusher gave up: it pushes the
-// step again). The pieces being assembled are bounded in bytes, together.
+// is dropped (DropIdle, at every part and every peer's Hello: its pusher
+// gave up, and pushes the step again). A part of a piece kept in the last
+// `idle` is answered as kept, without a buffer (a push tried again whose
+// other parts completed the piece before it). The pieces being assembled
+// are bounded in bytes, together, and in parts each. Each peer's pieces
+// are its own.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef ZCC_DAEMON_PEER_PIECE_ASSEMBLY_H_
@@ -32,19 +36,23 @@ class PieceAssembly {
  public:
   explicit PieceAssembly(absl::Duration idle = absl::Minutes(10)) : idle_(idle) {}
 
-  // The piece a part belongs to, as its header names it.
+  // The piece a part belongs to, as its header names it, and who sends it.
   struct Whole {
     ReplicaKey key;
     uint64_t nbytes = 0;
     uint64_t xxh3 = 0;
+    std::string from;
   };
-  // A part under way: write its `length` bytes at `data`, then End it.
+  using Id = std::tuple<ReplicaKey, uint64_t, uint64_t, std::string>;
+  // A part under way: write its `length` bytes at `data`, then End it. Null
+  // `data`: the piece was kept already (read the part's bytes, keep nothing).
   struct Part {
-    std::tuple<ReplicaKey, uint64_t, uint64_t> id;
+    Id id;
     uint64_t offset = 0;
     uint64_t length = 0;
     char* data = nullptr;
   };
+  static constexpr size_t kMaxParts = 4096;  // of one piece
 
   // Begins part [offset, offset + length) of `whole`. A part that arrived
   // before is taken again (a push of the step tried again after another
@@ -60,6 +68,11 @@ class PieceAssembly {
   // parts are missing.
   absl::StatusOr<std::optional<std::string>> End(const Part& part, bool written)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The piece End handed over is kept: its late parts are answered so (and
+  // one a late part began anew meanwhile goes).
+  void Kept(const Id& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the pieces no part of which arrived for `idle`.
+  void DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pieces being assembled, and their bytes.
   size_t pieces() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -79,8 +92,6 @@ class PieceAssembly {
     bool failed = false;     // it could not be: the piece is gone
     absl::Time last;  // the last part's beginning or end
   };
-  using Id = std::tuple<ReplicaKey, uint64_t, uint64_t>;
-
   void DropIdleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration idle_;
@@ -88,6 +99,7 @@ class PieceAssembly {
   // (Shared with the parts waiting for its buffer.)
   std::map<Id, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<Id, absl::Time> kept_ ABSL_GUARDED_BY(mu_);  // when, for `idle`
 };
 
 }  // namespace zcc::daemon::peer

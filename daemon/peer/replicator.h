@@ -68,12 +68,14 @@ class Replicator {
     // At most this many bytes of the files under way to a buddy at once,
     // of every rank's push (a piece larger than that goes alone): a buddy
     // holds what arrives beside its replica memory until the pieces are
-    // kept (a file in parts: its parts).
+    // kept. (A file in parts counts its parts here; see part_bytes.)
     uint64_t push_bytes_in_flight = uint64_t{1} << 30;
     // A file larger than this goes to a buddy that takes parts
     // (PeerHelloResponse.takes_parts) in parts of this size side by side, as
     // several files would (0: whole files only). A rank's step is a few
-    // files, most of its bytes in its optimizer state's.
+    // files, most of its bytes in its optimizer state's. The buddy holds
+    // such a file whole from its first part on: one push at a time sends
+    // files in parts to a buddy (the others' whole files go meanwhile).
     uint64_t part_bytes = uint64_t{128} << 20;
     // After a failed round, before the next try of the same step.
     absl::Duration retry_after = absl::Seconds(2);
@@ -187,6 +189,9 @@ class Replicator {
   struct Lanes {
     std::vector<bool> taken;
     uint64_t bytes = 0;
+    // A push sending files in parts: the buddy holds each such file whole
+    // from its first part on, so one push at a time does (TakeAssembly).
+    bool assembling = false;
   };
 
   // The replicator's thread: the pins after pushes, the buddies' checks,
@@ -247,6 +252,10 @@ class Replicator {
   int TakeLane(const std::string& buddy, uint64_t bytes, const std::atomic<bool>& give_up)
       ABSL_LOCKS_EXCLUDED(lanes_mu_);
   void LeaveLane(const std::string& buddy, int lane, uint64_t bytes) ABSL_LOCKS_EXCLUDED(lanes_mu_);
+  // Waits until no other push sends files in parts to `buddy` and takes
+  // its turn; false once the replicator stops.
+  bool TakeAssembly(const std::string& buddy) ABSL_LOCKS_EXCLUDED(lanes_mu_);
+  void LeaveAssembly(const std::string& buddy) ABSL_LOCKS_EXCLUDED(lanes_mu_);
 
   const Options options_;
   ReplicaStore* const store_;

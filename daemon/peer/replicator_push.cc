@@ -82,6 +82,12 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     }
     for (uint64_t at = 0; at < size; at += part) sends.push_back({i, at, std::min(part, size - at)});
   }
+  // The buddy's turn for files in parts (held to the end of the push).
+  const bool in_parts = std::any_of(sends.begin(), sends.end(), [](const Send& s) { return s.length > 0; });
+  if (in_parts && !TakeAssembly(buddy)) return absl::CancelledError("zccd is stopping");
+  absl::Cleanup assembled = [&] {
+    if (in_parts) LeaveAssembly(buddy);
+  };
   size_t next = 0;           // the next of `sends`
   std::map<size_t, bool> kept_whole;  // of the files sent in parts: whether the buddy kept it
   // Set with the first failure: the sends waiting for a lane give up.
@@ -234,6 +240,23 @@ int Replicator::TakeLane(const std::string& buddy, uint64_t bytes,
   // Connections 1..push_connections: the default one (0) carries the
   // replicator's own calls (a buddy's listing, the pins), never behind a piece.
   return static_cast<int>(lane - l.taken.begin()) + 1;
+}
+
+bool Replicator::TakeAssembly(const std::string& buddy) {
+  zcc::MutexLock lock(&lanes_mu_);
+  Lanes& l = lanes_[buddy];
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lanes_mu_) {
+    return lanes_closed_ || !l.assembling;
+  };
+  lanes_mu_.Await(absl::Condition(&ready));
+  if (lanes_closed_) return false;
+  l.assembling = true;
+  return true;
+}
+
+void Replicator::LeaveAssembly(const std::string& buddy) {
+  zcc::MutexLock lock(&lanes_mu_);
+  lanes_[buddy].assembling = false;
 }
 
 void Replicator::LeaveLane(const std::string& buddy, int lane, uint64_t bytes) {

@@ -301,6 +301,18 @@ TEST_CASE("a piece larger than the bytes allowed in flight goes to a buddy alone
   CHECK(buddy.store.Get(ReplicaKey{"j", 0, 1, 7, "r00001.manifest.json"}).ok());
 }
 
+// Until the replicator's directory has heard from `buddy` that it takes
+// parts (its Hello).
+void KnowsItTakesParts(ToOneBuddy& self, const Buddy& buddy) {
+  self.directory.Watch(buddy.address);
+  REQUIRE(testing::Eventually(
+      [&] {
+        const std::optional<PeerState> state = self.directory.State(buddy.address);
+        return state.has_value() && state->takes_parts;
+      },
+      absl::Seconds(30), absl::Milliseconds(5)));
+}
+
 TEST_CASE("a large file goes in parts side by side to a buddy that takes them, whole to one "
           "not known to") {
   Buddy buddy;
@@ -315,13 +327,7 @@ TEST_CASE("a large file goes in parts side by side to a buddy that takes them, w
 
   SECTION("the buddy says it takes parts: six of them, four at a time") {
     ToOneBuddy self(buddy, options);
-    self.directory.Watch(buddy.address);
-    REQUIRE(testing::Eventually(
-        [&] {
-          const std::optional<PeerState> state = self.directory.State(buddy.address);
-          return state.has_value() && state->takes_parts;
-        },
-        absl::Seconds(30), absl::Milliseconds(5)));
+    KnowsItTakesParts(self, buddy);
     buddy.Hold(true);
     REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(step)));
     REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 4; }, absl::Seconds(30),
@@ -347,6 +353,36 @@ TEST_CASE("a large file goes in parts side by side to a buddy that takes them, w
   REQUIRE_OK(held.status());
   CHECK((*held)->bytes == optim);
   CHECK((*held)->info.xxh3 == format::Xxh3(optim.data(), optim.size()));
+}
+
+TEST_CASE("one rank's push at a time sends files in parts to a buddy (it holds each whole from "
+          "its first part)") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 8;
+  options.part_bytes = 4096;
+  ToOneBuddy self(buddy, options);
+  KnowsItTakesParts(self, buddy);
+  buddy.Hold(true);
+  for (uint32_t r = 0; r < 2; ++r) {
+    checkpoint::RankStepBytes step = ManyFiles(0, r);
+    step.files.insert(step.files.begin(), {"optim.safetensors", std::string(6 * 4096, 'o' + r)});
+    REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(step)));
+  }
+  // Six parts of one rank's file, where eight connections would take two ranks'.
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 6; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(200));
+  CHECK(buddy.Arrived() == 6);
+  buddy.Hold(false);
+  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto held = buddy.store.Get(ReplicaKey{"j", 0, r, 7, "optim.safetensors"});
+    REQUIRE_OK(held.status());
+    CHECK((*held)->bytes == std::string(6 * 4096, 'o' + r));
+  }
 }
 
 TEST_CASE("a step one of whose files a buddy refuses is not made whole there: its manifest "
