@@ -150,12 +150,11 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
 namespace {
 
 // Who sends a piece's parts, the same for all of them: the names in its
-// certificate, or on a plaintext listener (tests) its host, without the
-// port, which differs from one connection to the next.
+// certificate, or else (a plaintext listener, in tests) its host, without
+// the port, which differs from one connection to the next.
 std::string PartsSender(const grpc::ServerContext& ctx) {
   std::string who = PeerIdentity(ctx);
-  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth != nullptr && auth->IsPeerAuthenticated()) return who;
+  if (who != ctx.peer()) return who;  // (its certificate's names)
   const size_t colon = who.rfind(':');
   return colon == std::string::npos ? who : who.substr(0, colon);
 }
@@ -172,9 +171,22 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
   };
   const PieceAssembly::Whole whole{FromProto(header.key()), header.nbytes(), header.xxh3(),
                                    PartsSender(ctx)};
+  // Whether the store holds the piece as this part's header names it.
+  auto held_as_pushed = [&] {
+    auto held = store_->Get(whole.key);
+    return held.ok() && (*held)->bytes.size() == whole.nbytes && (*held)->info.xxh3 == whole.xxh3;
+  };
   // The pieces being assembled, together, within what a whole piece may be.
-  auto part = parts_.Begin(whole, header.offset(), header.length(),
-                           std::min(store_->budget_bytes(), store_->cap()));
+  const uint64_t room = std::min(store_->budget_bytes(), store_->cap());
+  auto part = parts_.Begin(whole, header.offset(), header.length(), room);
+  if (part.ok() && part->data == nullptr) {
+    // Kept once, but is it still? (The store may have dropped it since, and
+    // this be its push again.)
+    if (!held_as_pushed()) {
+      parts_.Forget(part->id);
+      part = parts_.Begin(whole, header.offset(), header.length(), room);
+    }
+  }
   if (!part.ok()) return refuse(part.status());
   uint64_t got = 0;
   absl::Status bad;
@@ -217,8 +229,10 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
     }
     parts_.Kept(part->id);
     resp->set_kept(true);
-  } else if (part->data == nullptr) {
-    resp->set_kept(true);  // (a part of a piece its other parts made whole before it)
+  } else {
+    // A part of a piece its other parts made whole before it (a push tried
+    // again): kept, where the store holds it as pushed.
+    resp->set_kept(held_as_pushed());
   }
   resp->set_replica_bytes_held(store_->bytes_held());
   return grpc::Status::OK;

@@ -192,6 +192,16 @@ TEST_CASE("peer service: a piece pushed in parts side by side is kept whole, onc
   auto pulled = b.Pull(kKey, kTimeout);
   REQUIRE_OK(pulled.status());
   CHECK(*pulled == bytes);
+  // Dropped here (its memory went to a trainer), then pushed again in parts
+  // (its owner found it gone): kept again, not answered from memory.
+  REQUIRE(a.store.ShrinkTo(0, "other-job", 0) > 0);
+  REQUIRE_FALSE(a.store.Get(kKey).ok());
+  for (uint64_t at = 0; at < bytes.size(); at += 1 << 20) {
+    REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), sum, kTimeout, nullptr, -1, at, 1 << 20));
+  }
+  auto again = a.store.Get(kKey);
+  REQUIRE_OK(again.status());
+  CHECK((*again)->bytes == bytes);
   // A part whose piece's whole does not match its checksum is refused by
   // the part that completes it; nothing is kept.
   ReplicaKey other = kKey;

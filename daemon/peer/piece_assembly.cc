@@ -107,6 +107,12 @@ absl::StatusOr<std::optional<std::string>> PieceAssembly::End(const Part& part, 
     Pending* p = it->second.get();  // (not dropped while a part is under way)
     --p->under_way;
     p->last = absl::Now();
+    if (kept_.count(part.id) > 0 && p->under_way == 0) {
+      // Begun anew by a late part while the piece was being kept: it goes.
+      bytes_ -= std::get<1>(part.id);
+      pending_.erase(it);
+      return std::optional<std::string>();
+    }
     auto r = std::find_if(p->parts.begin(), p->parts.end(),
                           [&](const Pending::Range& x) { return x.from == part.offset; });
     if (!written) {
@@ -138,6 +144,11 @@ void PieceAssembly::Kept(const Id& id) {
     bytes_ -= std::get<1>(id);
     pending_.erase(it);
   }
+}
+
+void PieceAssembly::Forget(const Id& id) {
+  zcc::MutexLock lock(&mu_);
+  kept_.erase(id);
 }
 
 void PieceAssembly::DropIdle() {

@@ -71,6 +71,8 @@ class PieceAssembly {
   // The piece End handed over is kept: its late parts are answered so (and
   // one a late part began anew meanwhile goes).
   void Kept(const Id& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // No longer kept (the store dropped it: a push of it again is a new one).
+  void Forget(const Id& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the pieces no part of which arrived for `idle`.
   void DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
 

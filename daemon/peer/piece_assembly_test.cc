@@ -139,6 +139,12 @@ TEST_CASE("piece assembly: a part of a piece kept already is answered without a 
   REQUIRE_OK(ended.status());
   CHECK_FALSE(ended->has_value());
   CHECK(a.bytes() == 1000);  // (node-c's piece, waiting for its parts)
+  // Forgotten (the store dropped it): its parts make it again.
+  a.Forget(std::make_tuple(WholeOf(bytes).key, bytes.size(), WholeOf(bytes).xxh3,
+                           std::string("node-a")));
+  auto again = a.Begin(WholeOf(bytes), 0, 500, 1 << 20);
+  REQUIRE_OK(again.status());
+  CHECK(again->data != nullptr);
 }
 
 TEST_CASE("piece assembly: a part that failed is sent again; a piece left idle is dropped") {
