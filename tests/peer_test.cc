@@ -838,20 +838,26 @@ TEST_CASE("a step its buddy dropped for a trainer's registration goes to it agai
   // Node a's rank trains 6 steps and stays. Its newest replicated step is
   // 6, or an earlier one where 6 came while the one before was still being
   // serialized (a loaded machine): whichever it is, N, replication is at
-  // rest once N is at every buddy and the newest handed in.
+  // rest once N is at every buddy and the newest handed in. (A step left
+  // out while the writer was busy is handed in once it is free: at rest is
+  // the same N seen twice, a second apart.)
   auto remote = StartTrainer(a, dir, "remote",
                              {"--job=remote", "--steps=6", "--save_every=0", "--block",
                               "--step_ms=100", "--linger_ms=600000"});
   REQUIRE(remote->WaitForOutput("published=6", absl::Seconds(60)));
   const std::regex at_rest(R"(replication: step (\d+) at every buddy, newest (\d+),)");
   std::string n;
+  auto at_rest_step = [&]() -> std::string {
+    std::smatch m;
+    const std::string out = Zccctl(dir, a, {"status"}).second;
+    return std::regex_search(out, m, at_rest) && m[1] == m[2] ? std::string(m[1]) : "";
+  };
   REQUIRE(zcc::testing::Eventually(
       [&] {
-        std::smatch m;
-        const std::string out = Zccctl(dir, a, {"status"}).second;
-        if (!std::regex_search(out, m, at_rest) || m[1] != m[2]) return false;
-        n = m[1];
-        return true;
+        n = at_rest_step();
+        if (n.empty()) return false;
+        absl::SleepFor(absl::Seconds(1));
+        return at_rest_step() == n;
       },
       kReplicationWait));
   INFO("step " << n << " replicated");
