@@ -26,13 +26,16 @@ class PeerService final : public v1::Peer::Service {
 
   // `store` is borrowed and outlives the service. `on_pin` (may be null:
   // PinStep is then refused as unimplemented) handles PinStep calls.
+  // `parts_idle`: how long a piece pushed in parts waits for its next part
+  // (PieceAssembly).
   PeerService(std::string node, std::string failure_domain, ReplicaStore* store,
-              PinHandler on_pin = nullptr)
+              PinHandler on_pin = nullptr, absl::Duration parts_idle = absl::Minutes(10))
       : node_(std::move(node)),
         failure_domain_(std::move(failure_domain)),
         store_(store),
         on_pin_(std::move(on_pin)),
-        instance_(NewInstance()) {}
+        instance_(NewInstance()),
+        parts_(parts_idle) {}
 
   // What Hello answers as this run's instance (PeerHelloResponse.instance).
   const std::string& instance() const { return instance_; }

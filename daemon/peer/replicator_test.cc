@@ -100,12 +100,13 @@ TEST_CASE("PinSoon calls after_push for the job on the replicator's thread, once
 // counting the pushes and listings it answers.
 struct Buddy final : public v1::Peer::Service {
   ReplicaStore store{uint64_t{64} << 20};
-  PeerService service{"buddy", "rack-2", &store};
+  PeerService service;
   std::atomic<int> pushes{0};
   std::atomic<int> lists{0};
   std::unique_ptr<grpc::Server> server;
   std::string address;
-  Buddy() {
+  explicit Buddy(absl::Duration parts_idle = absl::Minutes(10))
+      : service("buddy", "rack-2", &store, nullptr, parts_idle) {
     int port = 0;
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -124,15 +125,21 @@ struct Buddy final : public v1::Peer::Service {
       zcc::MutexLock lock(&gate_mu);
       ++arrived;
       connections.insert(ctx->peer());
-      gate_mu.Await(absl::Condition(
-          +[](bool* held) { return !*held; }, &held));
+      if (passed < pass_first) {
+        ++passed;  // (let through while held)
+      } else {
+        gate_mu.Await(absl::Condition(+[](bool* held) { return !*held; }, &held));
+      }
     }
     return service.PushReplica(ctx, reader, resp);
   }
-  // While held, pushes wait before they are taken (a slow link).
-  void Hold(bool hold) {
+  // While held, pushes wait before they are taken (a slow link), but for
+  // the first `pass` from now.
+  void Hold(bool hold, int pass = 0) {
     zcc::MutexLock lock(&gate_mu);
     held = hold;
+    pass_first = pass;
+    passed = 0;
   }
   int Arrived() {
     zcc::MutexLock lock(&gate_mu);
@@ -146,6 +153,8 @@ struct Buddy final : public v1::Peer::Service {
   zcc::Mutex gate_mu;
   bool held ABSL_GUARDED_BY(gate_mu) = false;
   int arrived ABSL_GUARDED_BY(gate_mu) = 0;
+  int pass_first ABSL_GUARDED_BY(gate_mu) = 0;
+  int passed ABSL_GUARDED_BY(gate_mu) = 0;
   std::set<std::string> connections ABSL_GUARDED_BY(gate_mu);
   grpc::Status ListReplicas(grpc::ServerContext* ctx, const v1::ListReplicasRequest* req,
                             v1::ListReplicasResponse* resp) override {
@@ -353,6 +362,43 @@ TEST_CASE("a large file goes in parts side by side to a buddy that takes them, w
   REQUIRE_OK(held.status());
   CHECK((*held)->bytes == optim);
   CHECK((*held)->info.xxh3 == format::Xxh3(optim.data(), optim.size()));
+}
+
+TEST_CASE("a file whose first parts the buddy dropped before its last arrived is not made "
+          "whole there: its manifest waits, and the step goes again") {
+  Buddy buddy(absl::Milliseconds(50));  // (pieces in parts wait 50 ms for their next part)
+  REQUIRE(buddy.server != nullptr);
+  Replicator::Options options = ToOneBuddy::Options();
+  options.push_connections = 4;
+  options.part_bytes = 4096;
+  // (Time to see the failure before the step goes again.)
+  options.retry_after = absl::Seconds(2);
+  ToOneBuddy self(buddy, options);
+  KnowsItTakesParts(self, buddy);
+  const std::string optim(4 * 4096, 'p');
+  checkpoint::RankStepBytes step = ManyFiles(0, 0);
+  step.files.insert(step.files.begin(), {"optim.safetensors", optim});
+  // Three parts go through, the fourth waits past the buddy's patience.
+  buddy.Hold(true, 3);
+  REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(step)));
+  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 4; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(200));
+  // A peer's hello: the buddy drops what waited too long.
+  REQUIRE_OK(PeerClient(buddy.address, grpc::InsecureChannelCredentials())
+                 .Hello("test", "rack-3", absl::Seconds(10))
+                 .status());
+  buddy.Hold(false);
+  REQUIRE(testing::Eventually(
+      [&] { return absl::StrContains(self.replicator.Stats("j").last_error, "did not keep"); },
+      absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK_FALSE(buddy.store.Get(ReplicaKey{"j", 0, 0, 7, "r00000.manifest.json"}).ok());
+  // The step again: its parts this time all arrive.
+  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  auto held = buddy.store.Get(ReplicaKey{"j", 0, 0, 7, "optim.safetensors"});
+  REQUIRE_OK(held.status());
+  CHECK((*held)->bytes == optim);
 }
 
 TEST_CASE("one rank's push at a time sends files in parts to a buddy (it holds each whole from "
