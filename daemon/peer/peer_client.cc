@@ -84,8 +84,8 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
     offset = 0;
     length = nbytes;
   } else if (offset > nbytes || length > nbytes - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("part [", offset, ", +", length, ") of a piece of ",
-                                                   nbytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("part [", offset, ", +", length, ") of a piece of ", nbytes, " bytes"));
   }
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());

@@ -129,7 +129,8 @@ TEST_CASE("piece assembly: a part of a piece kept already is answered without a 
   REQUIRE_OK(part.status());
   CHECK(part->data != nullptr);  // (not kept yet: End handed it over, nothing said it was kept)
   CHECK(a.End(*part, false).ok());
-  a.Kept(std::make_tuple(WholeOf(bytes).key, bytes.size(), WholeOf(bytes).xxh3, std::string("node-a")));
+  a.Kept(std::make_tuple(WholeOf(bytes).key, bytes.size(), WholeOf(bytes).xxh3,
+                         std::string("node-a")));
   a.DropIdle();
   // A part of the push tried again arrives after the piece was kept.
   auto late = a.Begin(WholeOf(bytes), 0, 500, 1 << 20);

@@ -338,7 +338,9 @@ void Replicator::Finish(const Taken& taken, const absl::Status& pushed, uint64_t
     // Once per step that every local rank has at every buddy: the
     // replicator's thread pins it.
     int64_t everywhere = INT64_MAX;
-    for (const auto& [r, state] : js.ranks) everywhere = std::min(everywhere, state.replicated_step);
+    for (const auto& [r, state] : js.ranks) {
+      everywhere = std::min(everywhere, state.replicated_step);
+    }
     if (everywhere > js.after_push_step) {
       js.after_push_step = everywhere;
       pin_due_.insert({job_id, taken.uid});

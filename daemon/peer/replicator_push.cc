@@ -80,10 +80,13 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
       sends.push_back({i});
       continue;
     }
-    for (uint64_t at = 0; at < size; at += part) sends.push_back({i, at, std::min(part, size - at)});
+    for (uint64_t at = 0; at < size; at += part) {
+      sends.push_back({i, at, std::min(part, size - at)});
+    }
   }
   // The buddy's turn for files in parts (held to the end of the push).
-  const bool in_parts = std::any_of(sends.begin(), sends.end(), [](const Send& s) { return s.length > 0; });
+  const bool in_parts =
+      std::any_of(sends.begin(), sends.end(), [](const Send& s) { return s.length > 0; });
   if (in_parts && !TakeAssembly(buddy)) return absl::CancelledError("zccd is stopping");
   absl::Cleanup assembled = [&] {
     if (in_parts) LeaveAssembly(buddy);
