@@ -316,6 +316,10 @@ int main(int argc, char** argv) {
   const absl::Time deadline = absl::Now() + absl::Minutes(5);
   zcc::CheckpointStatus status;
   bool said_unreachable = false;
+  // A new zccd reads the job's `latest` in the background, after the
+  // registration: until then it reports no commit. The steps this run saw
+  // committed are there to be read (at most a few seconds' wait).
+  absl::Time new_zccd_seen = absl::InfiniteFuture();
   while (true) {
     auto s = (*client)->QueryCheckpointStatus();
     if (s.ok()) {
@@ -325,7 +329,14 @@ int main(int argc, char** argv) {
         break;
       }
       if ((*client)->Stats().registrations != registrations_then) {
-        // A new zccd: it never saw that snapshot, and reports what is on disk.
+        // A new zccd: it never saw that snapshot, and reports what is on disk
+        // once it has read it.
+        new_zccd_seen = std::min(new_zccd_seen, absl::Now());
+        if (status.last_committed_step < reported &&
+            absl::Now() - new_zccd_seen < absl::Seconds(10)) {
+          absl::SleepFor(absl::Milliseconds(50));
+          continue;
+        }
         if (status.last_committed_step < last_enqueued_save) {
           std::printf("demo: step %" PRId64 " was never written: zccd restarted after taking "
                       "its snapshot (the newest committed step is %" PRId64 ")\n",

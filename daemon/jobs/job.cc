@@ -431,6 +431,19 @@ void Job::TickWork() {
     if (latest.ok()) last_committed_step_ = *latest;
     return;
   }
+  bool first = false;
+  {
+    zcc::MutexLock lock(&mu_);
+    first = !std::exchange(read_latest_, true);
+  }
+  if (first) {
+    // A zccd started where the job committed before (a restart): until it
+    // commits a step, the newest commit is what `latest` names, whether or
+    // not rank 0 registered here before this round.
+    auto latest = checkpoint::ReadLatest(options_.job_dir, options_.storage);
+    zcc::MutexLock lock(&mu_);
+    if (latest.ok()) last_committed_step_ = std::max(last_committed_step_, *latest);
+  }
   ExpirePending();
   int64_t newest = -1;
   {

@@ -265,6 +265,8 @@ class Job {
   uint64_t asked_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The committer's first round has read `latest` (TickWork).
+  bool read_latest_ ABSL_GUARDED_BY(mu_) = false;
   // The last committed step as a whole: all its shard bytes, and the time from
   // the first rank's write start here to the commit (for a non-committing
   // daemon: what its own ranks wrote and how long the slowest took).
