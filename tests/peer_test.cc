@@ -27,6 +27,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/testing/eventually.h"
 #include "common/testing/free_port.h"
 #include "common/testing/temp_dir.h"
@@ -535,7 +536,9 @@ TEST_CASE("the job's newest step whole in the tier outlives newer steps of one r
                                  "job pin rank 0: step 10 not replicated: RESOURCE_EXHAUSTED");
       },
       absl::Seconds(60)));
-  // What node b holds of rank 0: step 2 whole, and step 4.
+  // What node b holds of rank 0: step 2 whole, and one newer step (4, or a
+  // later one where the writer, busy, left 4 out and handed in the newest
+  // snapshot in its place).
   const int port_b = PortFromLog(b, R"(peer service on \S+ \(port (\d+), mutual TLS\))");
   auto listed = ClientTo(port_b, Identity(certs, "node-a")).List("pin", ::getuid(), kTimeout);
   REQUIRE(listed.ok());
@@ -543,7 +546,9 @@ TEST_CASE("the job's newest step whole in the tier outlives newer steps of one r
   for (const daemon::peer::ReplicaInfo& info : *listed) {
     if (info.key.rank == 0 && info.key.piece == "r00000.manifest.json") rank0_steps.insert(info.key.step);
   }
-  CHECK(rank0_steps == std::set<int64_t>{2, 4});
+  INFO("rank 0's steps held at node b: " << absl::StrJoin(rank0_steps, ", "));
+  CHECK(rank0_steps.size() == 2);
+  CHECK(rank0_steps.count(2) == 1);
   KillAll(trainers);
   a.Kill();
   std::filesystem::remove_all(dir + "/a-root");
