@@ -145,6 +145,13 @@ struct Buddy final : public v1::Peer::Service {
     zcc::MutexLock lock(&gate_mu);
     return arrived;
   }
+  // Until `n` pushes have arrived, and no more do for a while after.
+  void ExpectArrivedStays(int n, absl::Duration settle = absl::Milliseconds(100)) {
+    REQUIRE(testing::Eventually([&] { return Arrived() == n; }, absl::Seconds(30),
+                                absl::Milliseconds(5)));
+    absl::SleepFor(settle);
+    CHECK(Arrived() == n);
+  }
   // The TCP connections the pushes came on (each its own client port).
   size_t Connections() {
     zcc::MutexLock lock(&gate_mu);
@@ -215,10 +222,7 @@ void CheckPushesAtOnce(Buddy& buddy, const Replicator::Options& options, int ran
   ToOneBuddy self(buddy, options);
   buddy.Hold(true);
   for (int r = 0; r < ranks; ++r) REQUIRE_OK(self.replicator.Enqueue("j", 0, ManyFiles(files, r)));
-  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == at_once; }, absl::Seconds(30),
-                              absl::Milliseconds(5)));
-  absl::SleepFor(absl::Milliseconds(100));
-  CHECK(buddy.Arrived() == at_once);
+  buddy.ExpectArrivedStays(at_once);
   CHECK(buddy.Connections() == static_cast<size_t>(at_once));
   buddy.Hold(false);
   REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
@@ -339,10 +343,7 @@ TEST_CASE("a large file goes in parts side by side to a buddy that takes them, w
     KnowsItTakesParts(self, buddy);
     buddy.Hold(true);
     REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(step)));
-    REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 4; }, absl::Seconds(30),
-                                absl::Milliseconds(5)));
-    absl::SleepFor(absl::Milliseconds(100));
-    CHECK(buddy.Arrived() == 4);
+    buddy.ExpectArrivedStays(4);
     CHECK(buddy.Connections() == 4);
     CHECK_FALSE(buddy.store.Get(ReplicaKey{"j", 0, 0, 7, "optim.safetensors"}).ok());
     buddy.Hold(false);
@@ -417,10 +418,7 @@ TEST_CASE("one rank's push at a time sends files in parts to a buddy (it holds e
     REQUIRE_OK(self.replicator.Enqueue("j", 0, std::move(step)));
   }
   // Six parts of one rank's file, where eight connections would take two ranks'.
-  REQUIRE(testing::Eventually([&] { return buddy.Arrived() == 6; }, absl::Seconds(30),
-                              absl::Milliseconds(5)));
-  absl::SleepFor(absl::Milliseconds(200));
-  CHECK(buddy.Arrived() == 6);
+  buddy.ExpectArrivedStays(6, absl::Milliseconds(200));
   buddy.Hold(false);
   REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
                               absl::Seconds(30), absl::Milliseconds(5)));
