@@ -226,14 +226,15 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
     const zcc::v1::PeerStatus& p = s.peer();
     std::printf("peer service: node %s%s%s, port %d (%s); replicas: %u piece(s), %.2f of %.2f "
                 "GB: %u piece(s), %.2f GB held for other nodes, %u piece(s), %.2f GB this "
-                "node's own replicated steps (%llu dropped for room)\n",
+                "node's own replicated steps, %.2f GB being received (%llu dropped for room)\n",
                 p.node().c_str(), p.failure_domain().empty() ? "" : " in ",
                 p.failure_domain().c_str(), p.port(),
                 p.tls() ? "mutual TLS" : "PLAINTEXT, insecure", p.replicas_held(),
                 p.replica_bytes_held() / 1e9, p.replica_budget_bytes() / 1e9,
                 p.replicas_held() - p.own_copy_pieces(),
-                (p.replica_bytes_held() - p.own_copy_bytes()) / 1e9, p.own_copy_pieces(),
-                p.own_copy_bytes() / 1e9, static_cast<unsigned long long>(p.replicas_dropped()));
+                (p.replica_bytes_held() - p.own_copy_bytes() - p.replica_bytes_incoming()) / 1e9,
+                p.own_copy_pieces(), p.own_copy_bytes() / 1e9, p.replica_bytes_incoming() / 1e9,
+                static_cast<unsigned long long>(p.replicas_dropped()));
   }
   // Daemon-pull: what zccd's CUDA contexts cost, per device.
   if (s.daemon_pull_enabled()) {

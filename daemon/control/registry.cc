@@ -438,6 +438,7 @@ v1::StatusResponse Registry::GetStatus(const v1::StatusRequest& req, const Calle
       peer->set_replicas_held(static_cast<uint32_t>(held.pieces));
       peer->set_own_copy_bytes(held.own_bytes);
       peer->set_own_copy_pieces(static_cast<uint32_t>(held.own_pieces));
+      peer->set_replica_bytes_incoming(held.incoming_bytes);
       peer->set_replicas_dropped(replicas_.pieces_dropped());
     }
   }

@@ -23,6 +23,16 @@
 #include "format/checksum.h"
 
 namespace zcc::daemon::peer {
+namespace {
+
+// Why a piece's receiving ended: its room was revoked (ShrinkTo).
+absl::Status RoomTakenBack(const ReplicaKey& key) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the room of piece '", key.piece, "' of step ", key.step, " was taken back for a trainer's "
+      "registration on this zccd"));
+}
+
+}  // namespace
 
 absl::Status ValidateReplicaKey(const ReplicaKey& key) {
   if (absl::Status st = ValidateJobId(key.job_id); !st.ok()) return st;
@@ -110,12 +120,18 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   if (header.offset() != 0) {
     return refuse(absl::InvalidArgumentError("a push with an offset names the part's length"));
   }
+  // Its room in the replica store from the start: the bytes arriving take
+  // memory before they can be checked and kept.
+  absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> room =
+      store_->Reserve(replica.info.key, header.nbytes());
+  if (!room.ok()) return refuse(room.status());
   replica.bytes.reserve(header.nbytes());
   format::Xxh3Stream sum;
   while (reader->Read(&chunk)) {
     if (chunk.part_case() != v1::ReplicaChunk::kData) {
       return refuse(absl::InvalidArgumentError("after its header, a push carries only bytes"));
     }
+    if ((*room)->revoked()) return refuse(RoomTakenBack(replica.info.key));
     const std::string& data = chunk.data();
     if (data.size() > header.nbytes() - replica.bytes.size()) {
       return refuse(absl::InvalidArgumentError(absl::StrCat(
@@ -139,7 +155,7 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   replica.info.from_node = from;
   replica.info.received = absl::Now();
   const int64_t went_on_from = header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
-  if (absl::Status st = store_->Put(std::move(replica), went_on_from); !st.ok()) {
+  if (absl::Status st = store_->Put(std::move(replica), went_on_from, room->get()); !st.ok()) {
     return refuse(st);
   }
   resp->set_replica_bytes_held(store_->bytes_held());
@@ -178,13 +194,15 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
   };
   // The pieces being assembled, together, within what a whole piece may be.
   const uint64_t room = std::min(store_->budget_bytes(), store_->cap());
-  auto part = parts_.Begin(whole, header.offset(), header.length(), room);
+  // A new piece's room in the store, taken by its first part.
+  const PieceAssembly::Reserve reserve = [&] { return store_->Reserve(whole.key, whole.nbytes); };
+  auto part = parts_.Begin(whole, header.offset(), header.length(), room, reserve);
   if (part.ok() && part->data == nullptr) {
     // Kept once, but is it still? (The store may have dropped it since, and
     // this be its push again.)
     if (!held_as_pushed()) {
       parts_.Forget(part->id);
-      part = parts_.Begin(whole, header.offset(), header.length(), room);
+      part = parts_.Begin(whole, header.offset(), header.length(), room, reserve);
     }
   }
   if (!part.ok()) return refuse(part.status());
@@ -194,6 +212,10 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
   while (bad.ok() && reader->Read(&chunk)) {
     if (chunk.part_case() != v1::ReplicaChunk::kData) {
       bad = absl::InvalidArgumentError("after its header, a push carries only bytes");
+      break;
+    }
+    if (part->room != nullptr && part->room->revoked()) {
+      bad = RoomTakenBack(whole.key);
       break;
     }
     const std::string& data = chunk.data();
@@ -221,10 +243,11 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
     replica.info.xxh3 = whole.xxh3;
     replica.info.from_node = from;
     replica.info.received = absl::Now();
-    replica.bytes = std::move(**done);
+    replica.bytes = std::move((*done)->bytes);
     const int64_t went_on_from =
         header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
-    if (absl::Status st = store_->Put(std::move(replica), went_on_from); !st.ok()) {
+    if (absl::Status st = store_->Put(std::move(replica), went_on_from, (*done)->room.get());
+        !st.ok()) {
       return refuse(st);
     }
     parts_.Kept(part->id);

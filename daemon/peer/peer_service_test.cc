@@ -172,6 +172,9 @@ TEST_CASE("peer service: a piece pushed in parts side by side is kept whole, onc
                     &kept));
   CHECK_FALSE(kept);
   CHECK_FALSE(a.store.Get(kKey).ok());
+  // Its room is taken in the store from its first part on.
+  CHECK(a.store.held().incoming_bytes == bytes.size());
+  CHECK(a.store.bytes_held() == bytes.size());
   PeerClient c = ClientOf(a, Tls("node-b"));
   PeerClient* clients[2] = {&b, &c};
   std::vector<std::thread> parts;
@@ -211,6 +214,46 @@ TEST_CASE("peer service: a piece pushed in parts side by side is kept whole, onc
                2 << 20)
             .code() == absl::StatusCode::kDataLoss);
   CHECK_FALSE(a.store.Get(other).ok());
+  CHECK(a.store.held().incoming_bytes == 0);
+}
+
+TEST_CASE("peer service: a piece being received takes its room from the start, and gives it back "
+          "to a trainer's registration") {
+  PeerServer a(Tls("node-a"), 8 << 20);
+  PeerClient b = ClientOf(a, Tls("node-b"));
+  const std::string bytes = Pattern(3 << 20);
+  const uint64_t sum = format::Xxh3(bytes.data(), bytes.size());
+  // The first part of a piece in parts takes its 3 MiB.
+  REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), sum, kTimeout, nullptr, -1, 0, 1 << 20));
+  CHECK(a.store.bytes_held() == bytes.size());
+  // A whole piece is refused before its bytes are read where the room of
+  // the pieces being received leaves too little.
+  ReplicaKey big = kKey;
+  big.piece = "big";
+  const std::string six(6 << 20, 'x');
+  const absl::Status refused = b.Push(big, six.data(), six.size(), kTimeout);
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(a.store.bytes_held() == bytes.size());
+  // A registration takes the room back: the piece's next part is refused,
+  // and the parts that arrived are dropped.
+  CHECK(a.store.ShrinkTo(0, "other-job", 0) == bytes.size());
+  CHECK(a.store.bytes_held() == 0);
+  const absl::Status next =
+      b.Push(kKey, bytes.data(), bytes.size(), sum, kTimeout, nullptr, -1, 1 << 20, 1 << 20);
+  CHECK(next.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(next.message()), Catch::Contains("taken back"));
+  // Pushed again from its first part, it is kept.
+  for (uint64_t at = 0; at < bytes.size(); at += 1 << 20) {
+    REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), sum, kTimeout, nullptr, -1, at, 1 << 20));
+  }
+  auto held = a.store.Get(kKey);
+  REQUIRE_OK(held.status());
+  CHECK((*held)->bytes == bytes);
+  CHECK(a.store.held().incoming_bytes == 0);
+  // A whole push that fits now is kept beside it.
+  const std::string four(4 << 20, 'y');
+  REQUIRE_OK(b.Push(big, four.data(), four.size(), kTimeout));
+  CHECK(a.store.bytes_held() == (7 << 20));
 }
 
 TEST_CASE("peer service: a piece is served only for the job and uid it was pushed for") {

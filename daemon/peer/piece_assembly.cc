@@ -6,12 +6,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "format/checksum.h"
 
 namespace zcc::daemon::peer {
 
 absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uint64_t offset,
-                                                         uint64_t length, uint64_t max_bytes) {
+                                                         uint64_t length, uint64_t max_bytes,
+                                                         const Reserve& reserve) {
   if (length == 0 || offset > whole.nbytes || length > whole.nbytes - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
         "part [", offset, ", +", length, ") of piece '", whole.key.piece, "' is not within its ",
@@ -22,22 +24,50 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
   part.offset = offset;
   part.length = length;
   const uint64_t end = offset + length;
+  std::vector<std::shared_ptr<Pending>> gone;  // freed after the lock
+  // A new piece's room, taken outside the lock (the store may drop pieces
+  // for it); let go of again where another part began the piece meanwhile.
+  std::shared_ptr<ReplicaStore::Incoming> room;
+  if (reserve) {
+    bool known;
+    {
+      zcc::MutexLock lock(&mu_);
+      known = kept_.count(part.id) > 0 || pending_.count(part.id) > 0;
+    }
+    if (!known) {
+      ZCC_ASSIGN_OR_RETURN(room, reserve());
+    }
+  }
   std::shared_ptr<Pending> p;
   bool first = false;
   {
     zcc::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    DropIdleLocked(now);
-    if (kept_.count(part.id) > 0) return part;  // (data null: kept already)
     auto it = pending_.find(part.id);
+    if (it != pending_.end() && it->second->revoked()) {
+      // Said so, and it goes (DropIdleLocked's turn, once no part is
+      // under way): its push tried again begins it anew.
+      DropIdleLocked(now, &gone);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the room of piece '", whole.key.piece, "' was taken back for a trainer's "
+          "registration: its parts are dropped"));
+    }
+    DropIdleLocked(now, &gone);
+    if (kept_.count(part.id) > 0) return part;  // (data null: kept already)
+    it = pending_.find(part.id);
     first = it == pending_.end();
     if (first) {
+      if (reserve && room == nullptr) {
+        return absl::UnavailableError(absl::StrCat(
+            "piece '", whole.key.piece, "' went while its part began: push it again"));
+      }
       if (whole.nbytes > max_bytes || bytes_ > max_bytes - whole.nbytes) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "piece '", whole.key.piece, "' of ", whole.nbytes, " bytes pushed in parts: the "
             "pieces being assembled here would pass the ", max_bytes, " bytes left for them"));
       }
       it = pending_.emplace(part.id, std::make_shared<Pending>()).first;
+      it->second->room = std::move(room);
       bytes_ += whole.nbytes;
     }
     p = it->second;
@@ -84,6 +114,7 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
       p->failed = true;
       pending_.erase(part.id);
       bytes_ -= whole.nbytes;
+      gone.push_back(std::move(p));
       return no_memory;
     }
     p->bytes.swap(buffer);
@@ -94,12 +125,14 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
     if (p->failed) return no_memory;
   }
   part.data = p->bytes.data() + offset;
+  part.room = p->room;
   return part;
 }
 
-absl::StatusOr<std::optional<std::string>> PieceAssembly::End(const Part& part, bool written) {
-  if (part.data == nullptr) return std::optional<std::string>();  // (kept already)
-  std::string whole;
+absl::StatusOr<std::optional<PieceAssembly::Assembled>> PieceAssembly::End(const Part& part,
+                                                                          bool written) {
+  if (part.data == nullptr) return std::optional<Assembled>();  // (kept already)
+  std::shared_ptr<Pending> whole;  // (freed after the lock, where it goes)
   {
     zcc::MutexLock lock(&mu_);
     auto it = pending_.find(part.id);
@@ -107,34 +140,43 @@ absl::StatusOr<std::optional<std::string>> PieceAssembly::End(const Part& part, 
     Pending* p = it->second.get();  // (not dropped while a part is under way)
     --p->under_way;
     p->last = absl::Now();
-    if (kept_.count(part.id) > 0 && p->under_way == 0) {
-      // Begun anew by a late part while the piece was being kept: it goes.
+    const bool kept_meanwhile = kept_.count(part.id) > 0;
+    if ((kept_meanwhile || p->revoked()) && p->under_way == 0) {
+      // Begun anew by a late part while the piece was being kept, or its
+      // room taken back: it goes.
       bytes_ -= std::get<1>(part.id);
+      whole = std::move(it->second);
       pending_.erase(it);
-      return std::optional<std::string>();
+      if (p->revoked() && !kept_meanwhile) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the room of piece '", std::get<0>(part.id).piece, "' was taken back for a "
+            "trainer's registration: its parts are dropped"));
+      }
+      return std::optional<Assembled>();
     }
     auto r = std::find_if(p->parts.begin(), p->parts.end(),
                           [&](const Pending::Range& x) { return x.from == part.offset; });
     if (!written) {
       if (r != p->parts.end()) p->parts.erase(r);
-      return std::optional<std::string>();
+      return std::optional<Assembled>();
     }
     if (r != p->parts.end()) r->written = true;
     p->arrived += part.length;
-    if (p->arrived < std::get<1>(part.id)) return std::optional<std::string>();
-    whole = std::move(p->bytes);
+    if (p->arrived < std::get<1>(part.id)) return std::optional<Assembled>();
+    whole = std::move(it->second);
     bytes_ -= std::get<1>(part.id);
     pending_.erase(it);
   }
   const ReplicaKey& key = std::get<0>(part.id);
-  if (format::Xxh3(whole.data(), whole.size()) != std::get<2>(part.id)) {
+  if (format::Xxh3(whole->bytes.data(), whole->bytes.size()) != std::get<2>(part.id)) {
     return absl::DataLossError(absl::StrCat("piece '", key.piece, "' pushed in parts does not "
                                             "match its checksum"));
   }
-  return std::optional<std::string>(std::move(whole));
+  return std::optional<Assembled>(Assembled{std::move(whole->bytes), std::move(whole->room)});
 }
 
 void PieceAssembly::Kept(const Id& id) {
+  std::shared_ptr<Pending> gone;  // (freed after the lock)
   zcc::MutexLock lock(&mu_);
   kept_[id] = absl::Now();
   // A late part of a push tried again may have begun the piece anew
@@ -142,6 +184,7 @@ void PieceAssembly::Kept(const Id& id) {
   auto it = pending_.find(id);
   if (it != pending_.end() && it->second->under_way == 0 && !it->second->allocating) {
     bytes_ -= std::get<1>(id);
+    gone = std::move(it->second);
     pending_.erase(it);
   }
 }
@@ -152,23 +195,28 @@ void PieceAssembly::Forget(const Id& id) {
 }
 
 void PieceAssembly::DropIdle() {
+  std::vector<std::shared_ptr<Pending>> gone;  // freed after the lock
   zcc::MutexLock lock(&mu_);
-  DropIdleLocked(absl::Now());
+  DropIdleLocked(absl::Now(), &gone);
 }
 
-void PieceAssembly::DropIdleLocked(absl::Time now) {
+void PieceAssembly::DropIdleLocked(absl::Time now, std::vector<std::shared_ptr<Pending>>* gone) {
   for (auto it = kept_.begin(); it != kept_.end();) {
     it = now - it->second > idle_ ? kept_.erase(it) : std::next(it);
   }
   for (auto it = pending_.begin(); it != pending_.end();) {
     const Pending& p = *it->second;
-    if (p.under_way == 0 && !p.allocating && now - p.last > idle_) {
+    const bool idle = now - p.last > idle_;
+    if (p.under_way == 0 && !p.allocating && (idle || p.revoked())) {
       const ReplicaKey& key = std::get<0>(it->first);
       ZCC_LOG(WARNING) << "peer: dropped piece '" << key.piece << "' of job " << key.job_id
                        << " rank " << key.rank << " step " << key.step << ": " << p.arrived
                        << " of its " << std::get<1>(it->first) << " bytes arrived in parts, "
-                       << "none for " << absl::FormatDuration(now - p.last);
+                       << (idle ? absl::StrCat("none for ", absl::FormatDuration(now - p.last))
+                                : std::string("its room taken back for a trainer's "
+                                              "registration"));
       bytes_ -= std::get<1>(it->first);
+      gone->push_back(std::move(it->second));
       it = pending_.erase(it);
     } else {
       ++it;

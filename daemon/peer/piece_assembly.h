@@ -16,6 +16,7 @@
 #define ZCC_DAEMON_PEER_PIECE_ASSEMBLY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,29 +52,44 @@ class PieceAssembly {
     uint64_t offset = 0;
     uint64_t length = 0;
     char* data = nullptr;
+    // The piece's room in the store (Begin's `reserve`), if any: once
+    // revoked, the part's receiving ends.
+    std::shared_ptr<const ReplicaStore::Incoming> room;
+  };
+  // Takes the room of a new piece in the replica store.
+  using Reserve = std::function<absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>>()>;
+  // A piece its last part completed, its bytes checked.
+  struct Assembled {
+    std::string bytes;
+    std::shared_ptr<ReplicaStore::Incoming> room;  // for ReplicaStore::Put
   };
   static constexpr size_t kMaxParts = 4096;  // of one piece
 
   // Begins part [offset, offset + length) of `whole`. A part that arrived
   // before is taken again (a push of the step tried again after another
-  // part failed). Refused: a part out of the piece's bounds, overlapping
-  // another or under way already, or a new piece that would take the
-  // pieces being assembled past `max_bytes` together.
+  // part failed). A new piece takes its room with `reserve` (when given;
+  // outside the lock) before its buffer is made. Refused: a part out of the
+  // piece's bounds, overlapping another or under way already, a new piece
+  // that would take the pieces being assembled past `max_bytes` together
+  // or that `reserve` refuses, a piece whose room was revoked (it goes).
   absl::StatusOr<Part> Begin(const Whole& whole, uint64_t offset, uint64_t length,
-                             uint64_t max_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+                             uint64_t max_bytes, const Reserve& reserve = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Ends `part`: `written`, all its bytes are there; otherwise it is taken
-  // back (a push that failed may send it again). Returns the whole piece's
-  // bytes when this part completed it and they match the piece's XXH3
-  // (DataLoss, and the piece dropped, when they do not); nullopt while
-  // parts are missing.
-  absl::StatusOr<std::optional<std::string>> End(const Part& part, bool written)
+  // back (a push that failed may send it again; a piece whose room was
+  // revoked goes once no part is under way). Returns the whole piece when
+  // this part completed it and its bytes match the piece's XXH3 (DataLoss,
+  // and the piece dropped, when they do not); nullopt while parts are
+  // missing.
+  absl::StatusOr<std::optional<Assembled>> End(const Part& part, bool written)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The piece End handed over is kept: its late parts are answered so (and
   // one a late part began anew meanwhile goes).
   void Kept(const Id& id) ABSL_LOCKS_EXCLUDED(mu_);
   // No longer kept (the store dropped it: a push of it again is a new one).
   void Forget(const Id& id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Drops the pieces no part of which arrived for `idle`.
+  // Drops the pieces no part of which arrived for `idle`, and those whose
+  // room was revoked, where no part is under way.
   void DropIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pieces being assembled, and their bytes.
@@ -93,8 +109,13 @@ class PieceAssembly {
     bool allocating = true;  // its buffer is being made (without mu_)
     bool failed = false;     // it could not be: the piece is gone
     absl::Time last;  // the last part's beginning or end
+    std::shared_ptr<ReplicaStore::Incoming> room;  // (null without `reserve`)
+    bool revoked() const { return room != nullptr && room->revoked(); }
   };
-  void DropIdleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops what DropIdle drops; their buffers go to `gone`, to be freed
+  // after the lock.
+  void DropIdleLocked(absl::Time now, std::vector<std::shared_ptr<Pending>>* gone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration idle_;
   mutable zcc::Mutex mu_;

@@ -19,18 +19,24 @@ std::string Pattern(size_t n) {
   return s;
 }
 
-PieceAssembly::Whole WholeOf(const std::string& bytes, const std::string& from = "node-a") {
-  return {ReplicaKey{"job", 1000, 0, 5, "optim.safetensors"}, bytes.size(),
+PieceAssembly::Whole WholeOf(const std::string& bytes, const std::string& from = "node-a",
+                             int64_t step = 5) {
+  return {ReplicaKey{"job", 1000, 0, step, "optim.safetensors"}, bytes.size(),
           format::Xxh3(bytes.data(), bytes.size()), from};
 }
 
-// Writes part [offset, +length) of `bytes` and ends it.
+// Writes part [offset, +length) of `bytes` and ends it: the whole piece's
+// bytes where this part completed it.
 absl::StatusOr<std::optional<std::string>> Send(PieceAssembly& a, const std::string& bytes,
-                                                uint64_t offset, uint64_t length) {
-  auto part = a.Begin(WholeOf(bytes), offset, length, uint64_t{1} << 30);
+                                                uint64_t offset, uint64_t length,
+                                                const PieceAssembly::Reserve& reserve = nullptr) {
+  auto part = a.Begin(WholeOf(bytes), offset, length, uint64_t{1} << 30, reserve);
   if (!part.ok()) return part.status();
   std::memcpy(part->data, bytes.data() + offset, length);
-  return a.End(*part, true);
+  auto done = a.End(*part, true);
+  if (!done.ok()) return done.status();
+  if (!done->has_value()) return std::optional<std::string>();
+  return std::optional<std::string>(std::move((*done)->bytes));
 }
 
 TEST_CASE("piece assembly: parts in any order make the piece, handed over once, by its last part") {
@@ -170,6 +176,65 @@ TEST_CASE("piece assembly: a part that failed is sent again; a piece left idle i
   auto late = Send(a, bytes, 600, 400);
   REQUIRE_OK(late.status());
   CHECK_FALSE(late->has_value());
+}
+
+TEST_CASE("piece assembly: a new piece takes its room in the replica store; one whose room a "
+          "registration took back goes") {
+  ReplicaStore store(1500);  // (outlives the pieces' room)
+  PieceAssembly a;
+  const std::string bytes = Pattern(1000);
+  const PieceAssembly::Whole whole = WholeOf(bytes);
+  const PieceAssembly::Reserve reserve = [&] { return store.Reserve(whole.key, whole.nbytes); };
+  SECTION("counted from its first part until it is kept") {
+    REQUIRE_OK(Send(a, bytes, 0, 500, reserve).status());
+    CHECK(store.bytes_held() == 1000);
+    CHECK(store.held().incoming_bytes == 1000);
+    REQUIRE_OK(Send(a, bytes, 500, 100, reserve).status());  // (not counted twice)
+    CHECK(store.bytes_held() == 1000);
+    // No room beside it for another piece of 1000 bytes: refused before
+    // any buffer is made.
+    const PieceAssembly::Whole other = WholeOf(bytes, "node-a", 6);
+    auto refused = a.Begin(other, 0, 10, uint64_t{1} << 30,
+                           [&] { return store.Reserve(other.key, other.nbytes); });
+    CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(a.pieces() == 1);
+    auto part = a.Begin(whole, 600, 400, uint64_t{1} << 30, reserve);
+    REQUIRE_OK(part.status());
+    std::memcpy(part->data, bytes.data() + 600, 400);
+    auto done = a.End(*part, true);
+    REQUIRE_OK(done.status());
+    REQUIRE(done->has_value());
+    CHECK(store.held().incoming_bytes == 1000);  // (until the store keeps it)
+    Replica kept;
+    kept.info.key = whole.key;
+    kept.info.xxh3 = whole.xxh3;
+    kept.bytes = std::move((*done)->bytes);
+    REQUIRE_OK(store.Put(std::move(kept), -1, (*done)->room.get()));
+    done->reset();
+    CHECK(store.bytes_held() == 1000);
+    CHECK(store.held().incoming_bytes == 0);
+  }
+  SECTION("taken back while a part is under way: that part fails, and the piece goes") {
+    auto part = a.Begin(whole, 0, 500, uint64_t{1} << 30, reserve);
+    REQUIRE_OK(part.status());
+    REQUIRE(part->room != nullptr);
+    CHECK(store.ShrinkTo(0) == 1000);
+    CHECK(store.bytes_held() == 0);
+    CHECK(part->room->revoked());
+    std::memcpy(part->data, bytes.data(), 500);
+    CHECK(a.End(*part, true).status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(a.pieces() == 0);
+    CHECK(a.bytes() == 0);
+  }
+  SECTION("taken back between its parts: refused at its next part, dropped at a Hello") {
+    REQUIRE_OK(Send(a, bytes, 0, 500, reserve).status());
+    CHECK(store.ShrinkTo(0) == 1000);
+    CHECK(a.pieces() == 1);
+    a.DropIdle();  // (as at a peer's Hello)
+    CHECK(a.pieces() == 0);
+    CHECK(a.bytes() == 0);
+    CHECK(store.bytes_held() == 0);
+  }
 }
 
 }  // namespace

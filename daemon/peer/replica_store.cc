@@ -51,7 +51,56 @@ void ReplicaStore::DropLocked(const ReplicaKey& key,
   held_.erase(it);
 }
 
-absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from) {
+ReplicaStore::Incoming::~Incoming() {
+  Held held;
+  {
+    zcc::MutexLock lock(&store_->mu_);
+    if (!store_->UncountLocked(this)) return;
+    held = store_->HeldLocked();
+  }
+  store_->Changed(held);
+}
+
+bool ReplicaStore::UncountLocked(Incoming* room) {
+  if (incoming_.erase(room) == 0) return false;
+  incoming_bytes_ -= room->bytes_;
+  return true;
+}
+
+absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(const ReplicaKey& key,
+                                                                               uint64_t nbytes) {
+  if (nbytes > budget_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a piece of ", nbytes, " bytes is larger than this zccd's replica budget (",
+                     budget_bytes_, " bytes)"));
+  }
+  std::shared_ptr<Incoming> room(new Incoming(this, key, nbytes));
+  std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
+  Held held;
+  absl::Status made;
+  // (The room asked outside the lock, again where an admission moved it:
+  // as in Put.)
+  for (int attempt = 1;; ++attempt) {
+    const uint64_t moves = room_moves_ != nullptr ? room_moves_->load() : 0;
+    const uint64_t most = cap();
+    zcc::MutexLock lock(&mu_);
+    if (room_moves_ != nullptr && room_moves_->load() != moves && attempt < 5) continue;
+    uint64_t replaced = 0;
+    if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
+    made = MakeRoomLocked(key, nbytes, replaced, most, &freed);
+    if (made.ok()) {
+      incoming_.insert(room.get());
+      incoming_bytes_ += nbytes;
+    }
+    held = HeldLocked();
+    break;
+  }
+  if (!freed.empty() || made.ok()) Changed(held);
+  ZCC_RETURN_IF_ERROR(made);
+  return room;
+}
+
+absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* room) {
   const uint64_t n = replica.bytes.size();
   if (n > budget_bytes_) {
     return absl::ResourceExhaustedError(
@@ -80,6 +129,8 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from) {
       left_behind = DropLeftBehindLocked(key, &freed);
       NoteWentOnLocked(key, went_on_from, arrived);
     }
+    // The piece takes its own room (one revoked is room no more).
+    if (room != nullptr) UncountLocked(room);
     put = PutLocked(std::move(piece), most, &freed);
     held = HeldLocked();
     break;
@@ -101,18 +152,15 @@ uint64_t ReplicaStore::cap() const {
   return room_ ? std::min(budget_bytes_, room_()) : budget_bytes_;
 }
 
-absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,
-                                     std::vector<std::shared_ptr<const void>>* freed) {
-  const ReplicaKey& key = piece->info.key;
-  const uint64_t n = piece->bytes.size();
-  uint64_t replaced = 0;
-  if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
+absl::Status ReplicaStore::MakeRoomLocked(const ReplicaKey& key, uint64_t n, uint64_t replaced,
+                                          uint64_t cap,
+                                          std::vector<std::shared_ptr<const void>>* freed) {
   // Plan the eviction before dropping anything: only pieces older than this
   // one may make room for it, and only those of a rank whose newer step is
   // held here whole (its manifest is): the newest complete step of each
   // rank stays until a newer one is complete. (Over the cap already, when
   // trainers' staging took room since, more gives way than the piece needs.)
-  uint64_t kept = bytes_held_ - replaced;
+  uint64_t kept = bytes_held_ + incoming_bytes_ - replaced;
   auto fits = [&] { return kept <= cap && n <= cap - kept; };
   std::set<ReplicaKey> victims;
   auto evict = [&](const ReplicaKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -143,11 +191,24 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint6
     return absl::ResourceExhaustedError(absl::StrCat(
         "no room for a piece of ", n, " bytes of step ", key.step, ": this zccd holds ",
         bytes_held_, " bytes of replicas, none of which may give way to it (newer steps, the "
-        "newest step each rank has whole here, the job's newest step whole in the tier), in "
-        "the ", limit));
+        "newest step each rank has whole here, the job's newest step whole in the tier)",
+        incoming_bytes_ > 0
+            ? absl::StrCat(", and ", incoming_bytes_, " bytes of pieces being received")
+            : std::string(),
+        ", in the ", limit));
   }
   for (const ReplicaKey& k : victims) DropLocked(k, freed);
   pieces_dropped_ += victims.size();
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,
+                                     std::vector<std::shared_ptr<const void>>* freed) {
+  const ReplicaKey& key = piece->info.key;
+  const uint64_t n = piece->bytes.size();
+  uint64_t replaced = 0;
+  if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
+  ZCC_RETURN_IF_ERROR(MakeRoomLocked(key, n, replaced, cap, freed));
   DropLocked(key, freed);
   by_age_.emplace(AgeOf(*piece), key);
   bytes_held_ += n;
@@ -228,18 +289,36 @@ uint64_t ReplicaStore::ShrinkTo(uint64_t target, const std::string& job_id, uint
   Held held;
   {
     zcc::MutexLock lock(&mu_);
-    // Which turn a piece goes in (ShrinkTo's order in the header).
+    auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return bytes_held_ + incoming_bytes_ > target;
+    };
+    // Which turn a piece goes in (ShrinkTo's order in the header; turn 3
+    // is the room of pieces being received).
     auto turn = [&](const ReplicaKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const bool pinned = PinnedLocked(k);
       if (SupersededLocked(k) && !pinned) return 0;
       if (!WholeLocked(k) && !pinned) return 1;
-      return k.job_id == job_id && k.uid == uid ? 3 : 2;
+      return k.job_id == job_id && k.uid == uid ? 4 : 2;
     };
-    for (int pass = 0; pass < 4 && bytes_held_ > target; ++pass) {
+    for (int pass = 0; pass < 5 && over(); ++pass) {
+      if (pass == 3) {
+        while (over() && !incoming_.empty()) {
+          Incoming* room = *incoming_.begin();
+          room->revoked_.store(true, std::memory_order_release);
+          UncountLocked(room);
+          dropped += room->bytes_;
+          ZCC_LOG(WARNING) << "peer: the room of piece '" << room->key_.piece << "' of job "
+                           << room->key_.job_id << " rank " << room->key_.rank << " step "
+                           << room->key_.step << " (" << room->bytes_
+                           << " bytes), being received, is taken back for a trainer's "
+                              "registration";
+        }
+        continue;
+      }
       // Each drop may move others to an earlier turn (a manifest gone makes
       // its step part-received): the scan starts again after each.
       bool more = true;
-      while (more && bytes_held_ > target) {
+      while (more && over()) {
         more = false;
         for (const auto& [age, k] : by_age_) {
           if (turn(k) > pass) continue;
@@ -272,7 +351,7 @@ ReplicaStore::Held ReplicaStore::held() const {
 
 uint64_t ReplicaStore::bytes_held() const {
   zcc::MutexLock lock(&mu_);
-  return bytes_held_;
+  return bytes_held_ + incoming_bytes_;
 }
 
 uint64_t ReplicaStore::pieces_dropped() const {

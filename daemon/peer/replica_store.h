@@ -62,10 +62,40 @@ class ReplicaStore {
  public:
   // What the store holds, for status and gauges.
   struct Held {
-    uint64_t bytes = 0;  // all of it
+    uint64_t bytes = 0;  // all of it, the pieces being received included
     size_t pieces = 0;
     uint64_t own_bytes = 0;  // of which this zccd's own replicated steps
     size_t own_pieces = 0;
+    uint64_t incoming_bytes = 0;  // of which pieces being received (Reserve)
+  };
+
+  // The room a piece being received takes until it is kept (Reserve): its
+  // bytes arrive into memory of the receiver's before they can be checked,
+  // whole or in parts. Counted in the store's bytes, within its budget and
+  // cap, from Reserve until the piece is Put with it or this is destroyed.
+  // The store outlives it (zccd's peer service, which holds these, stops
+  // before the registry that owns the store goes).
+  class Incoming {
+   public:
+    Incoming(const Incoming&) = delete;
+    Incoming& operator=(const Incoming&) = delete;
+    ~Incoming();
+
+    uint64_t bytes() const { return bytes_; }
+    // A trainer's registration needed the room (ShrinkTo): no longer
+    // counted, the piece's receiving ends and whoever holds its bytes frees
+    // them (at its next chunk, or its assembly's next part or peer's Hello).
+    bool revoked() const { return revoked_.load(std::memory_order_acquire); }
+
+   private:
+    friend class ReplicaStore;
+    Incoming(ReplicaStore* store, const ReplicaKey& key, uint64_t bytes)
+        : store_(store), key_(key), bytes_(bytes) {}
+
+    ReplicaStore* const store_;
+    const ReplicaKey key_;
+    const uint64_t bytes_;
+    std::atomic<bool> revoked_{false};
   };
   // `on_change` (optional) is told what is held after each change (a
   // gauge), outside the store's lock; `on_pushed_whole` (optional), also
@@ -102,7 +132,15 @@ class ReplicaStore {
   // nothing); and the rank's going on is noted for DropLeftBehind.
   // ResourceExhausted, keeping everything held, when the piece alone is
   // larger than the budget or nothing may give way.
-  absl::Status Put(Replica replica, int64_t went_on_from = -1);
+  // With `room`, the piece takes the room reserved for it (unless revoked).
+  absl::Status Put(Replica replica, int64_t went_on_from = -1, Incoming* room = nullptr);
+
+  // Takes room for a piece of `nbytes` about to be received under `key`,
+  // dropping what a Put of it would drop to make it (the same pieces, the
+  // same order); a piece held under `key` already counts as room (it is
+  // replaced when the new one is Put). ResourceExhausted, dropping nothing,
+  // where Put would be refused for room.
+  absl::StatusOr<std::shared_ptr<Incoming>> Reserve(const ReplicaKey& key, uint64_t nbytes);
 
   // The job (`job_id`, `uid`) went on from a restore of step `restored`,
   // as this zccd's own ranks of it showed at `at` (their first snapshot
@@ -134,9 +172,10 @@ class ReplicaStore {
   // registration that needs the memory (pins and the newest whole steps
   // hold only to the end), in turn, the oldest first each time: pieces of
   // steps superseded here (their rank has a newer step whole) and not
-  // pinned; pieces of steps not whole here (part-received); then the rest,
-  // other jobs' before those of `job_id` and `uid` (the registering job,
-  // whose restore may read them). A piece's rank manifest goes with it
+  // pinned; pieces of steps not whole here (part-received); other jobs'
+  // pieces; the room of pieces being received (Incoming, revoked); then
+  // those of `job_id` and `uid` (the registering job, whose restore may
+  // read them). A piece's rank manifest goes with it
   // (its step is no longer whole here). Returns the bytes dropped; with
   // `freed`, the dropped pieces go there, for the caller to free outside
   // its locks.
@@ -167,6 +206,7 @@ class ReplicaStore {
   std::optional<int64_t> pinned(const std::string& job_id, uint32_t uid) const;
 
   uint64_t budget_bytes() const { return budget_bytes_; }
+  // The pieces' bytes and the room of those being received.
   uint64_t bytes_held() const;
   Held held() const;
   uint64_t pieces_dropped() const;
@@ -183,6 +223,14 @@ class ReplicaStore {
   // A newer step of the piece's rank is held here whole.
   bool SupersededLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PinnedLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `room` no longer counted; false where it was not (Put, revoked).
+  bool UncountLocked(Incoming* room) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops what gives way to a piece of `n` bytes under `key` (see Put),
+  // counting `replaced` bytes as room, so that everything held and
+  // incoming fits within `cap`; or ResourceExhausted, dropping nothing.
+  absl::Status MakeRoomLocked(const ReplicaKey& key, uint64_t n, uint64_t replaced, uint64_t cap,
+                              std::vector<std::shared_ptr<const void>>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `cap`: the most bytes the store may hold (its budget, or less: room_).
   // Pieces dropped for room go to `freed`.
   absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,
@@ -199,7 +247,8 @@ class ReplicaStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return Held{bytes_held_, held_.size(), own_bytes_held_, own_pieces_held_};
+    return Held{bytes_held_ + incoming_bytes_, held_.size(), own_bytes_held_, own_pieces_held_,
+                incoming_bytes_};
   }
   void Changed(const Held& held) const {
     if (on_change_) on_change_(held);
@@ -220,6 +269,10 @@ class ReplicaStore {
   uint64_t own_bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
   size_t own_pieces_held_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pieces_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  // The room of pieces being received, still counted (not Put, revoked or
+  // destroyed), and its bytes.
+  std::set<Incoming*> incoming_ ABSL_GUARDED_BY(mu_);
+  uint64_t incoming_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The pinned step of each job (job_id, uid).
   std::map<std::pair<std::string, uint32_t>, int64_t> pinned_ ABSL_GUARDED_BY(mu_);
   // Each rank's (job, uid, rank) going on from a restore seen here (Put's

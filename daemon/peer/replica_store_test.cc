@@ -371,8 +371,57 @@ TEST_CASE("replica store: shrinking for a registration drops the least needed fi
   CHECK(store.ShrinkTo(store.bytes_held() - 1, "mine", 1000) == 101);
   CHECK_FALSE(held("other", 2));  // another job's whole step, pinned and all
   CHECK(held("mine", 1));         // the registering job's own, last
+  // A piece being received gives its room back before the registering
+  // job's own pieces go.
+  auto incoming = store.Reserve(ReplicaKey{"other", 1000, 0, 4, "w"}, 50);
+  REQUIRE_OK(incoming.status());
+  CHECK(store.ShrinkTo(store.bytes_held() - 1, "mine", 1000) == 50);
+  CHECK((*incoming)->revoked());
+  CHECK(held("mine", 1));
   CHECK(store.ShrinkTo(0, "mine", 1000) == 101);
   CHECK(store.bytes_held() == 0);
+}
+
+TEST_CASE("replica store: the room of a piece being received counts from Reserve until its Put") {
+  std::vector<ReplicaStore::Held> seen;
+  ReplicaStore store(100, [&seen](const ReplicaStore::Held& h) { seen.push_back(h); });
+  PutWhole(store, 1, 40);
+  {
+    auto room = store.Reserve(ReplicaKey{"job", 1000, 0, 2, "w"}, 40);
+    REQUIRE_OK(room.status());
+    CHECK(store.bytes_held() == 81);
+    CHECK(store.held().incoming_bytes == 40);
+    CHECK(seen.back().bytes == 81);
+    // Beside it, no room for another piece that nothing gives way to.
+    CHECK(store.Put(Piece(1, "x", 20)).code() == absl::StatusCode::kResourceExhausted);
+    CHECK(store.Reserve(ReplicaKey{"job", 1000, 0, 2, "x"}, 20).status().code() ==
+          absl::StatusCode::kResourceExhausted);
+    CHECK(store.bytes_held() == 81);  // (refused: nothing dropped)
+    REQUIRE_OK(store.Put(Piece(2, "w", 40), -1, room->get()));
+    CHECK(store.bytes_held() == 81);
+    CHECK(store.held().incoming_bytes == 0);
+  }  // (the room Put took is not let go of twice)
+  CHECK(store.bytes_held() == 81);
+  REQUIRE_OK(store.Put(Piece(2, "r00000.manifest.json", 1)));
+  // A piece's room makes room as its Put would: step 1, superseded, goes.
+  auto room = store.Reserve(ReplicaKey{"job", 1000, 0, 3, "w"}, 40);
+  REQUIRE_OK(room.status());
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).ok());
+  CHECK(store.bytes_held() == 81);
+  // Let go of unused (its push failed): no longer counted.
+  room->reset();
+  CHECK(store.bytes_held() == 41);
+  CHECK(seen.back().bytes == 41);
+  // A revoked room is no room: the piece is Put as one without any.
+  auto revoked = store.Reserve(ReplicaKey{"job", 1000, 0, 3, "w"}, 40);
+  REQUIRE_OK(revoked.status());
+  CHECK(store.ShrinkTo(50, "job", 1000) == 40);
+  CHECK((*revoked)->revoked());
+  CHECK(store.bytes_held() == 41);
+  REQUIRE_OK(store.Put(Piece(3, "w", 40), -1, revoked->get()));
+  CHECK(store.bytes_held() == 81);
+  revoked->reset();
+  CHECK(store.bytes_held() == 81);
 }
 
 TEST_CASE("replica store: a rank's manifest completes its step, so older steps give way to it") {
