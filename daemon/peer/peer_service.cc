@@ -122,8 +122,10 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   }
   // Its room in the replica store from the start: the bytes arriving take
   // memory before they can be checked and kept.
+  const int64_t went_on_from =
+      header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
   absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> room =
-      store_->Reserve(replica.info.key, header.nbytes());
+      store_->Reserve(replica.info.key, header.nbytes(), went_on_from);
   if (!room.ok()) return refuse(room.status());
   replica.bytes.reserve(header.nbytes());
   format::Xxh3Stream sum;
@@ -154,7 +156,6 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   replica.info.xxh3 = header.xxh3();
   replica.info.from_node = from;
   replica.info.received = absl::Now();
-  const int64_t went_on_from = header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
   if (absl::Status st = store_->Put(std::move(replica), went_on_from, room->get()); !st.ok()) {
     return refuse(st);
   }
@@ -195,7 +196,11 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
   // The pieces being assembled, together, within what a whole piece may be.
   const uint64_t room = std::min(store_->budget_bytes(), store_->cap());
   // A new piece's room in the store, taken by its first part.
-  const PieceAssembly::Reserve reserve = [&] { return store_->Reserve(whole.key, whole.nbytes); };
+  const int64_t went_on_from =
+      header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
+  const PieceAssembly::Reserve reserve = [&] {
+    return store_->Reserve(whole.key, whole.nbytes, went_on_from);
+  };
   auto part = parts_.Begin(whole, header.offset(), header.length(), room, reserve);
   if (part.ok() && part->data == nullptr) {
     // Kept once, but is it still? (The store may have dropped it since, and
@@ -244,8 +249,6 @@ grpc::Status PeerService::PushPart(grpc::ServerContext& ctx,
     replica.info.from_node = from;
     replica.info.received = absl::Now();
     replica.bytes = std::move((*done)->bytes);
-    const int64_t went_on_from =
-        header.supersedes_newer() ? std::max<int64_t>(header.went_on_from(), 0) : -1;
     if (absl::Status st = store_->Put(std::move(replica), went_on_from, (*done)->room.get());
         !st.ok()) {
       return refuse(st);

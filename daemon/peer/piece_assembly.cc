@@ -25,19 +25,6 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
   part.length = length;
   const uint64_t end = offset + length;
   std::vector<std::shared_ptr<Pending>> gone;  // freed after the lock
-  // A new piece's room, taken outside the lock (the store may drop pieces
-  // for it); let go of again where another part began the piece meanwhile.
-  std::shared_ptr<ReplicaStore::Incoming> room;
-  if (reserve) {
-    bool known;
-    {
-      zcc::MutexLock lock(&mu_);
-      known = kept_.count(part.id) > 0 || pending_.count(part.id) > 0;
-    }
-    if (!known) {
-      ZCC_ASSIGN_OR_RETURN(room, reserve());
-    }
-  }
   std::shared_ptr<Pending> p;
   bool first = false;
   {
@@ -57,17 +44,14 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
     it = pending_.find(part.id);
     first = it == pending_.end();
     if (first) {
-      if (reserve && room == nullptr) {
-        return absl::UnavailableError(absl::StrCat(
-            "piece '", whole.key.piece, "' went while its part began: push it again"));
-      }
       if (whole.nbytes > max_bytes || bytes_ > max_bytes - whole.nbytes) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "piece '", whole.key.piece, "' of ", whole.nbytes, " bytes pushed in parts: the "
             "pieces being assembled here would pass the ", max_bytes, " bytes left for them"));
       }
+      // (Its room and buffer are made below, without mu_: its other parts
+      // wait for them.)
       it = pending_.emplace(part.id, std::make_shared<Pending>()).first;
-      it->second->room = std::move(room);
       bytes_ += whole.nbytes;
     }
     p = it->second;
@@ -96,33 +80,37 @@ absl::StatusOr<PieceAssembly::Part> PieceAssembly::Begin(const Whole& whole, uin
     ++p->under_way;
     p->last = now;
   }
-  const absl::Status no_memory = absl::ResourceExhaustedError(
-      absl::StrCat("no memory for piece '", whole.key.piece, "' of ", whole.nbytes, " bytes"));
   if (first) {
-    // The buffer of a large piece takes a while to fault in: not under mu_
-    // (the piece's other parts wait for it).
+    // The piece's room in the store (which may drop pieces for it), then
+    // its buffer, which takes a while to fault in: not under mu_.
+    absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> room =
+        reserve ? reserve() : std::shared_ptr<ReplicaStore::Incoming>();
     std::string buffer;
-    bool made = true;
-    try {
-      buffer.resize(whole.nbytes);
-    } catch (const std::bad_alloc&) {
-      made = false;
+    absl::Status made = room.status();
+    if (made.ok()) {
+      try {
+        buffer.resize(whole.nbytes);
+      } catch (const std::bad_alloc&) {
+        made = absl::ResourceExhaustedError(absl::StrCat(
+            "no memory for piece '", whole.key.piece, "' of ", whole.nbytes, " bytes"));
+      }
     }
     zcc::MutexLock lock(&mu_);
     p->allocating = false;
-    if (!made) {
-      p->failed = true;
+    if (!made.ok()) {
+      p->failed = made;
       pending_.erase(part.id);
       bytes_ -= whole.nbytes;
       gone.push_back(std::move(p));
-      return no_memory;
+      return made;
     }
+    p->room = *std::move(room);
     p->bytes.swap(buffer);
   } else {
     zcc::MutexLock lock(&mu_);
     auto made = [&p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !p->allocating; };
     mu_.Await(absl::Condition(&made));
-    if (p->failed) return no_memory;
+    if (!p->failed.ok()) return p->failed;
   }
   part.data = p->bytes.data() + offset;
   part.room = p->room;

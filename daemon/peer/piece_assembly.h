@@ -67,8 +67,9 @@ class PieceAssembly {
 
   // Begins part [offset, offset + length) of `whole`. A part that arrived
   // before is taken again (a push of the step tried again after another
-  // part failed). A new piece takes its room with `reserve` (when given;
-  // outside the lock) before its buffer is made. Refused: a part out of the
+  // part failed). A new piece's first part takes its room with `reserve`
+  // (when given; outside the lock, its other parts waiting for it) before
+  // its buffer is made. Refused: a part out of the
   // piece's bounds, overlapping another or under way already, a new piece
   // that would take the pieces being assembled past `max_bytes` together
   // or that `reserve` refuses, a piece whose room was revoked (it goes).
@@ -106,8 +107,8 @@ class PieceAssembly {
     };
     std::vector<Range> parts;  // begun and not taken back
     int under_way = 0;
-    bool allocating = true;  // its buffer is being made (without mu_)
-    bool failed = false;     // it could not be: the piece is gone
+    bool allocating = true;  // its room and buffer are being made (without mu_)
+    absl::Status failed;     // why they could not be: the piece is gone
     absl::Time last;  // the last part's beginning or end
     std::shared_ptr<ReplicaStore::Incoming> room;  // (null without `reserve`)
     bool revoked() const { return room != nullptr && room->revoked(); }

@@ -214,6 +214,21 @@ TEST_CASE("piece assembly: a new piece takes its room in the replica store; one 
     CHECK(store.bytes_held() == 1000);
     CHECK(store.held().incoming_bytes == 0);
   }
+  SECTION("its first parts side by side take its room once") {
+    std::vector<std::thread> threads;
+    std::vector<absl::StatusOr<std::optional<std::string>>> results(8, absl::UnknownError(""));
+    for (int i = 0; i < 8; ++i) {
+      threads.emplace_back([&, i] { results[i] = Send(a, bytes, i * 125, 125, reserve); });
+    }
+    for (std::thread& t : threads) t.join();
+    int wholes = 0;
+    for (const auto& r : results) {
+      REQUIRE_OK(r.status());
+      wholes += r->has_value() ? 1 : 0;
+    }
+    CHECK(wholes == 1);
+    CHECK(store.held().incoming_bytes == 0);  // (handed over, then let go of: not kept here)
+  }
   SECTION("taken back while a part is under way: that part fails, and the piece goes") {
     auto part = a.Begin(whole, 0, 500, uint64_t{1} << 30, reserve);
     REQUIRE_OK(part.status());

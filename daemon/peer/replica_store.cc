@@ -68,15 +68,19 @@ bool ReplicaStore::UncountLocked(Incoming* room) {
 }
 
 absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(const ReplicaKey& key,
-                                                                               uint64_t nbytes) {
+                                                                               uint64_t nbytes,
+                                                                               int64_t went_on_from) {
   if (nbytes > budget_bytes_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("a piece of ", nbytes, " bytes is larger than this zccd's replica budget (",
                      budget_bytes_, " bytes)"));
   }
-  std::shared_ptr<Incoming> room(new Incoming(this, key, nbytes));
+  // A manifest takes no room before it is kept (see the header).
+  const bool counted = !IsManifest(key);
+  std::shared_ptr<Incoming> room(new Incoming(this, key, counted ? nbytes : 0));
   std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
+  std::vector<int64_t> left_behind;
   absl::Status made;
   // (The room asked outside the lock, again where an admission moved it:
   // as in Put.)
@@ -85,9 +89,24 @@ absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(co
     const uint64_t most = cap();
     zcc::MutexLock lock(&mu_);
     if (room_moves_ != nullptr && room_moves_->load() != moves && attempt < 5) continue;
+    // The run the rank left goes now, as at its Put: the room is made
+    // beside what stays.
+    if (went_on_from >= 0) {
+      left_behind = DropLeftBehindLocked(key, &freed);
+      NoteWentOnLocked(key, went_on_from, absl::Now());
+    }
+    if (!counted) {
+      held = HeldLocked();
+      break;
+    }
+    // A piece held under the key is room (its Put replaces it), once: not
+    // for a second piece of the key under way.
     uint64_t replaced = 0;
     if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
-    made = MakeRoomLocked(key, nbytes, replaced, most, &freed);
+    for (const Incoming* other : incoming_) {
+      if (other->key_ == key) replaced = 0;
+    }
+    made = MakeRoomLocked(key, nbytes, replaced, most, /*verified=*/false, &freed);
     if (made.ok()) {
       incoming_.insert(room.get());
       incoming_bytes_ += nbytes;
@@ -95,9 +114,18 @@ absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(co
     held = HeldLocked();
     break;
   }
-  if (!freed.empty() || made.ok()) Changed(held);
+  if (!left_behind.empty()) LogLeftBehind(key, went_on_from, left_behind);
+  if (!freed.empty() || !left_behind.empty() || (made.ok() && counted)) Changed(held);
   ZCC_RETURN_IF_ERROR(made);
   return room;
+}
+
+void ReplicaStore::LogLeftBehind(const ReplicaKey& key, int64_t went_on_from,
+                                 const std::vector<int64_t>& steps) {
+  ZCC_LOG(WARNING) << "job " << key.job_id << " rank " << key.rank << " went on from step "
+                   << went_on_from << " (step " << key.step << " the first after it): its "
+                   << "step(s) " << absl::StrJoin(steps, ", ")
+                   << " held here, of the run it left, are dropped";
 }
 
 absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* room) {
@@ -120,6 +148,7 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* 
   Held held;
   std::vector<int64_t> left_behind;
   absl::Status put;
+  bool uncounted = false;  // its room no longer counted: held moved
   for (int attempt = 1;; ++attempt) {
     const uint64_t moves = room_moves_ != nullptr ? room_moves_->load() : 0;
     const uint64_t most = cap();
@@ -130,18 +159,13 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* 
       NoteWentOnLocked(key, went_on_from, arrived);
     }
     // The piece takes its own room (one revoked is room no more).
-    if (room != nullptr) UncountLocked(room);
+    if (room != nullptr) uncounted = UncountLocked(room);
     put = PutLocked(std::move(piece), most, &freed);
     held = HeldLocked();
     break;
   }
-  if (!left_behind.empty()) {
-    ZCC_LOG(WARNING) << "job " << key.job_id << " rank " << key.rank << " went on from step "
-                     << went_on_from << " (step " << key.step << " the first after it): its "
-                     << "step(s) " << absl::StrJoin(left_behind, ", ")
-                     << " held here, of the run it left, are dropped";
-  }
-  if (!put.ok() && left_behind.empty()) return put;
+  if (!left_behind.empty()) LogLeftBehind(key, went_on_from, left_behind);
+  if (!put.ok() && left_behind.empty() && !uncounted) return put;
   Changed(held);
   ZCC_RETURN_IF_ERROR(put);
   if (pushed_whole && on_pushed_whole_) on_pushed_whole_(key);
@@ -153,7 +177,7 @@ uint64_t ReplicaStore::cap() const {
 }
 
 absl::Status ReplicaStore::MakeRoomLocked(const ReplicaKey& key, uint64_t n, uint64_t replaced,
-                                          uint64_t cap,
+                                          uint64_t cap, bool verified,
                                           std::vector<std::shared_ptr<const void>>* freed) {
   // Plan the eviction before dropping anything: only pieces older than this
   // one may make room for it, and only those of a rank whose newer step is
@@ -172,7 +196,8 @@ absl::Status ReplicaStore::MakeRoomLocked(const ReplicaKey& key, uint64_t n, uin
     if (k.step >= key.step) break;
     // A rank's manifest completes its step: the rank's older steps are
     // superseded by it (else a step whose data fit could never complete).
-    const bool completes = IsManifest(key) && k.job_id == key.job_id && k.uid == key.uid &&
+    const bool completes = verified && IsManifest(key) && k.job_id == key.job_id &&
+                           k.uid == key.uid &&
                            k.rank == key.rank;
     if (!(completes || SupersededLocked(k)) || PinnedLocked(k)) continue;
     evict(k);
@@ -208,7 +233,7 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint6
   const uint64_t n = piece->bytes.size();
   uint64_t replaced = 0;
   if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
-  ZCC_RETURN_IF_ERROR(MakeRoomLocked(key, n, replaced, cap, freed));
+  ZCC_RETURN_IF_ERROR(MakeRoomLocked(key, n, replaced, cap, /*verified=*/true, freed));
   DropLocked(key, freed);
   by_age_.emplace(AgeOf(*piece), key);
   bytes_held_ += n;
@@ -302,8 +327,17 @@ uint64_t ReplicaStore::ShrinkTo(uint64_t target, const std::string& job_id, uint
     };
     for (int pass = 0; pass < 5 && over(); ++pass) {
       if (pass == 3) {
-        while (over() && !incoming_.empty()) {
-          Incoming* room = *incoming_.begin();
+        // Other jobs' first, then the registering job's; the oldest step
+        // first in each.
+        std::vector<Incoming*> rooms(incoming_.begin(), incoming_.end());
+        auto order = [&](const Incoming* r) {
+          return std::make_tuple(r->key_.job_id == job_id && r->key_.uid == uid, r->key_.step,
+                                 r->key_);
+        };
+        std::sort(rooms.begin(), rooms.end(),
+                  [&](const Incoming* a, const Incoming* b) { return order(a) < order(b); });
+        for (Incoming* room : rooms) {
+          if (!over()) break;
           room->revoked_.store(true, std::memory_order_release);
           UncountLocked(room);
           dropped += room->bytes_;

@@ -135,12 +135,18 @@ class ReplicaStore {
   // With `room`, the piece takes the room reserved for it (unless revoked).
   absl::Status Put(Replica replica, int64_t went_on_from = -1, Incoming* room = nullptr);
 
-  // Takes room for a piece of `nbytes` about to be received under `key`,
-  // dropping what a Put of it would drop to make it (the same pieces, the
-  // same order); a piece held under `key` already counts as room (it is
-  // replaced when the new one is Put). ResourceExhausted, dropping nothing,
-  // where Put would be refused for room.
-  absl::StatusOr<std::shared_ptr<Incoming>> Reserve(const ReplicaKey& key, uint64_t nbytes);
+  // Takes room for a piece of `nbytes` about to be received under `key`
+  // (`went_on_from` as its Put will be told: the steps of the run its rank
+  // left go now), dropping what a Put of it would drop to make it, but for
+  // what only a kept manifest may drop (the rank's older steps its step
+  // completes: a push that fails must not leave the rank without a whole
+  // step here). A rank's manifest, a few KB, takes no room before it is
+  // kept (a room of 0 bytes). A piece held under `key` already counts as
+  // room, for one room of the key at a time (the total may pass the cap by
+  // it until the new piece replaces it). ResourceExhausted, dropping
+  // nothing for room, where the piece does not fit.
+  absl::StatusOr<std::shared_ptr<Incoming>> Reserve(const ReplicaKey& key, uint64_t nbytes,
+                                                    int64_t went_on_from = -1);
 
   // The job (`job_id`, `uid`) went on from a restore of step `restored`,
   // as this zccd's own ranks of it showed at `at` (their first snapshot
@@ -173,9 +179,10 @@ class ReplicaStore {
   // hold only to the end), in turn, the oldest first each time: pieces of
   // steps superseded here (their rank has a newer step whole) and not
   // pinned; pieces of steps not whole here (part-received); other jobs'
-  // pieces; the room of pieces being received (Incoming, revoked); then
-  // those of `job_id` and `uid` (the registering job, whose restore may
-  // read them). A piece's rank manifest goes with it
+  // pieces; the room of pieces being received (Incoming, revoked: other
+  // jobs' first; their bytes are freed once their receivers see it, at
+  // the next chunk or part, or a peer's Hello); then those of `job_id` and
+  // `uid` (the registering job, whose restore may read them). A piece's rank manifest goes with it
   // (its step is no longer whole here). Returns the bytes dropped; with
   // `freed`, the dropped pieces go there, for the caller to free outside
   // its locks.
@@ -228,9 +235,13 @@ class ReplicaStore {
   // Drops what gives way to a piece of `n` bytes under `key` (see Put),
   // counting `replaced` bytes as room, so that everything held and
   // incoming fits within `cap`; or ResourceExhausted, dropping nothing.
+  // `verified`: the piece is checked and about to be kept (a manifest
+  // then completes its step: the rank's older steps give way to it).
   absl::Status MakeRoomLocked(const ReplicaKey& key, uint64_t n, uint64_t replaced, uint64_t cap,
-                              std::vector<std::shared_ptr<const void>>* freed)
+                              bool verified, std::vector<std::shared_ptr<const void>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void LogLeftBehind(const ReplicaKey& key, int64_t went_on_from,
+                            const std::vector<int64_t>& steps);
   // `cap`: the most bytes the store may hold (its budget, or less: room_).
   // Pieces dropped for room go to `freed`.
   absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,

@@ -424,6 +424,62 @@ TEST_CASE("replica store: the room of a piece being received counts from Reserve
   CHECK(store.bytes_held() == 81);
 }
 
+TEST_CASE("replica store: rooms a registration takes back go other jobs' first, the oldest step "
+          "first") {
+  ReplicaStore store(10000);
+  auto mine = store.Reserve(ReplicaKey{"mine", 1000, 0, 5, "w"}, 10);
+  auto later = store.Reserve(ReplicaKey{"other", 1000, 0, 7, "w"}, 10);
+  auto older = store.Reserve(ReplicaKey{"other", 1000, 1, 6, "w"}, 10);
+  REQUIRE_OK(mine.status());
+  REQUIRE_OK(later.status());
+  REQUIRE_OK(older.status());
+  CHECK(store.ShrinkTo(store.bytes_held() - 1, "mine", 1000) == 10);
+  CHECK((*older)->revoked());
+  CHECK_FALSE((*later)->revoked());
+  CHECK(store.ShrinkTo(store.bytes_held() - 1, "mine", 1000) == 10);
+  CHECK((*later)->revoked());
+  CHECK_FALSE((*mine)->revoked());
+  CHECK(store.ShrinkTo(0, "mine", 1000) == 10);
+  CHECK((*mine)->revoked());
+}
+
+TEST_CASE("replica store: the room of a rank's first step after it went back is made beside what "
+          "stays, the run it left dropped") {
+  ReplicaStore store(100);
+  PutWhole(store, 3, 40);
+  PutWhole(store, 4, 40);
+  // Refused without it: nothing older than step 3 gives way.
+  CHECK(store.Reserve(ReplicaKey{"job", 1000, 0, 3, "x"}, 40).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  // The rank restored step 2: its step 3 is the first after it, its step
+  // 4 held here is of the run it left.
+  auto room = store.Reserve(ReplicaKey{"job", 1000, 0, 3, "x"}, 40, /*went_on_from=*/2);
+  REQUIRE_OK(room.status());
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 4, "w"}).ok());
+  CHECK(store.bytes_held() == 81);
+}
+
+TEST_CASE("replica store: a manifest takes no room before it is kept, so one whose push fails "
+          "drops nothing") {
+  ReplicaStore store(100);
+  PutWhole(store, 1, 40);
+  REQUIRE_OK(store.Put(Piece(2, "w", 40)));
+  const ReplicaKey manifest{"job", 1000, 0, 2, "r00000.manifest.json"};
+  {
+    auto room = store.Reserve(manifest, 30);
+    REQUIRE_OK(room.status());
+    CHECK((*room)->bytes() == 0);
+    CHECK(store.bytes_held() == 81);
+  }  // (its push failed)
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).ok());  // step 1 still whole here
+  // Kept, it completes step 2: step 1 gives way to it then.
+  auto room = store.Reserve(manifest, 30);
+  REQUIRE_OK(room.status());
+  REQUIRE_OK(store.Put(Piece(2, "r00000.manifest.json", 30), -1, room->get()));
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).ok());
+  CHECK(store.bytes_held() == 70);
+}
+
 TEST_CASE("replica store: a rank's manifest completes its step, so older steps give way to it") {
   // Step 2's data fits beside step 1; its manifest then needs step 1's room,
   // which it may take (step 2 is then whole), or the step never completes.
