@@ -425,13 +425,25 @@ void Registry::JobWentOn(const std::string& job_id, uint32_t uid, int64_t restor
   // The replicator first: a push of the run left then ends as such when
   // its own copy goes, not as a failure.
   if (std::shared_ptr<peer::Replicator> replicator = CurrentReplicator()) {
-    replicator->WentOn(job_id, restored, at);
+    replicator->WentOn(job_id, uid, restored, at);
   }
   replicas_.DropLeftBehind(job_id, uid, restored, at);
   // A pin above the step is lifted here and at the other zccds: the pins
   // told are told again (the new run may pin a step of the same number).
   zcc::MutexLock lock(&peer_mu_);
   pins_sent_.erase({job_id, uid});
+}
+
+absl::StatusOr<bool> Registry::OnPeerWentBack(const std::string& job_id, uint32_t uid,
+                                             int64_t restored) {
+  // A zccd with ranks of the job learns it from them (Job::GoBack, then
+  // JobWentOn): told first by another zccd, it would sort the pieces by
+  // the tell's time, before its own ranks' going on was known here.
+  std::shared_ptr<Job> job = jobs_.Find(job_id);
+  if (job != nullptr && static_cast<uint32_t>(job->options().owner.uid) == uid) return false;
+  bool applied = false;
+  replicas_.DropLeftBehind(job_id, uid, restored, absl::Now(), /*once=*/true, &applied);
+  return applied;
 }
 
 std::shared_ptr<peer::Replicator> Registry::CurrentReplicator() const {

@@ -265,6 +265,20 @@ absl::StatusOr<int64_t> PeerClient::PinStep(const std::string& job_id, uint32_t 
   return resp.pinned_step();
 }
 
+absl::StatusOr<bool> PeerClient::WentBack(const std::string& job_id, uint32_t uid,
+                                          int64_t restored, absl::Duration timeout,
+                                          CallCancel* cancel) {
+  v1::WentBackRequest req;
+  req.set_job_id(job_id);
+  req.set_uid(uid);
+  req.set_restored(restored);
+  v1::WentBackResponse resp;
+  auto ctx = ContextWithin(timeout);
+  const CallCancel::Scope cancellable(cancel, ctx.get());
+  ZCC_RETURN_IF_ERROR(FromPeer(target_, stub_->WentBack(ctx.get(), req, &resp)));
+  return resp.applied();
+}
+
 absl::StatusOr<std::vector<ReplicaInfo>> PeerClient::List(const std::string& job_id, uint32_t uid,
                                                           absl::Duration timeout,
                                                           CallCancel* cancel) {

@@ -20,19 +20,22 @@ std::string HostName() {
 }  // namespace
 
 PeerListener::PeerListener(const PeerConfig& config, std::string node, PeerCredentials creds,
-                           ReplicaStore* store, PeerService::PinHandler on_pin)
+                           ReplicaStore* store, PeerService::PinHandler on_pin,
+                           PeerService::WentBackHandler on_went_back)
     : node_(std::move(node)),
       failure_domain_(config.failure_domain),
       creds_(std::move(creds)),
-      service_(node_, failure_domain_, store, std::move(on_pin)) {}
+      service_(node_, failure_domain_, store, std::move(on_pin), std::move(on_went_back)) {}
 
 absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Start(
-    const PeerConfig& config, ReplicaStore* store, PeerService::PinHandler on_pin) {
+    const PeerConfig& config, ReplicaStore* store, PeerService::PinHandler on_pin,
+    PeerService::WentBackHandler on_went_back) {
   auto creds = LoadPeerCredentials(config);
   if (!creds.ok()) return creds.status();
   std::string node = config.node_name.empty() ? HostName() : config.node_name;
   std::unique_ptr<PeerListener> l(
-      new PeerListener(config, std::move(node), *std::move(creds), store, std::move(on_pin)));
+      new PeerListener(config, std::move(node), *std::move(creds), store, std::move(on_pin),
+                       std::move(on_went_back)));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.listen, l->creds_.server, &l->port_);
   builder.RegisterService(&l->service_);

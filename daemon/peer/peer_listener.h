@@ -21,9 +21,11 @@ class PeerListener {
   // Loads the credentials and starts serving the replicas in `store`
   // (borrowed; outlives the listener); an error names the file or the
   // address that failed.
-  // `on_pin` (may be null) takes the PinStep calls (peer_service.h).
+  // `on_pin` and `on_went_back` (may be null) take the PinStep and
+  // WentBack calls (peer_service.h).
   static absl::StatusOr<std::unique_ptr<PeerListener>> Start(
-      const PeerConfig& config, ReplicaStore* store, PeerService::PinHandler on_pin = nullptr);
+      const PeerConfig& config, ReplicaStore* store, PeerService::PinHandler on_pin = nullptr,
+      PeerService::WentBackHandler on_went_back = nullptr);
   ~PeerListener();
 
   int port() const { return port_; }
@@ -40,7 +42,8 @@ class PeerListener {
 
  private:
   PeerListener(const PeerConfig& config, std::string node, PeerCredentials creds,
-               ReplicaStore* store, PeerService::PinHandler on_pin);
+               ReplicaStore* store, PeerService::PinHandler on_pin,
+               PeerService::WentBackHandler on_went_back);
 
   const std::string node_;
   const std::string failure_domain_;

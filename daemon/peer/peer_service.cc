@@ -327,4 +327,24 @@ grpc::Status PeerService::PinStep(grpc::ServerContext*, const v1::PinStepRequest
   return grpc::Status::OK;
 }
 
+grpc::Status PeerService::WentBack(grpc::ServerContext* ctx, const v1::WentBackRequest* req,
+                                   v1::WentBackResponse* resp) {
+  if (absl::Status st = ValidateJobId(req->job_id()); !st.ok()) return ToGrpcStatus(st);
+  if (req->restored() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("went back to step ", req->restored(), ": a step is not negative")));
+  }
+  if (!on_went_back_) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no goings back taken here");
+  }
+  absl::StatusOr<bool> applied = on_went_back_(req->job_id(), req->uid(), req->restored());
+  if (!applied.ok()) return ToGrpcStatus(applied.status());
+  if (*applied) {
+    ZCC_LOG(INFO) << "peer: " << PeerIdentity(*ctx) << " told that job " << req->job_id()
+                  << " went on from step " << req->restored();
+  }
+  resp->set_applied(*applied);
+  return grpc::Status::OK;
+}
+
 }  // namespace zcc::daemon::peer

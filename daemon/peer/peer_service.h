@@ -23,17 +23,22 @@ class PeerService final : public v1::Peer::Service {
   // the pin held now for the job (-1: none), or an error as the answer.
   using PinHandler =
       std::function<absl::StatusOr<int64_t>(const std::string&, uint32_t, int64_t, bool)>;
+  // A WentBack call (job, uid, restored), from a gRPC thread: whether the
+  // run left behind was dropped here now, or an error as the answer.
+  using WentBackHandler = std::function<absl::StatusOr<bool>(const std::string&, uint32_t, int64_t)>;
 
   // `store` is borrowed and outlives the service. `on_pin` (may be null:
-  // PinStep is then refused as unimplemented) handles PinStep calls.
-  // `parts_idle`: how long a piece pushed in parts waits for its next part
-  // (PieceAssembly).
+  // PinStep is then refused as unimplemented) handles PinStep calls,
+  // `on_went_back` (likewise) WentBack calls. `parts_idle`: how long a
+  // piece pushed in parts waits for its next part (PieceAssembly).
   PeerService(std::string node, std::string failure_domain, ReplicaStore* store,
-              PinHandler on_pin = nullptr, absl::Duration parts_idle = absl::Minutes(10))
+              PinHandler on_pin = nullptr, WentBackHandler on_went_back = nullptr,
+              absl::Duration parts_idle = absl::Minutes(10))
       : node_(std::move(node)),
         failure_domain_(std::move(failure_domain)),
         store_(store),
         on_pin_(std::move(on_pin)),
+        on_went_back_(std::move(on_went_back)),
         instance_(NewInstance()),
         parts_(parts_idle) {}
 
@@ -50,6 +55,8 @@ class PeerService final : public v1::Peer::Service {
                             v1::ListReplicasResponse* resp) override;
   grpc::Status PinStep(grpc::ServerContext* ctx, const v1::PinStepRequest* req,
                        v1::PinStepResponse* resp) override;
+  grpc::Status WentBack(grpc::ServerContext* ctx, const v1::WentBackRequest* req,
+                        v1::WentBackResponse* resp) override;
 
  private:
   // 16 random hex digits.
@@ -63,6 +70,7 @@ class PeerService final : public v1::Peer::Service {
   const std::string failure_domain_;
   ReplicaStore* const store_;
   const PinHandler on_pin_;
+  const WentBackHandler on_went_back_;
   const std::string instance_;
   PieceAssembly parts_;  // pieces pushed in parts
 };

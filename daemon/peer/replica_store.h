@@ -163,9 +163,13 @@ class ReplicaStore {
   // zccd went on from it is late, or of a later going back to the same
   // step), it counts for nothing: pieces of the new run dropped here are
   // pushed again by their owner (its buddy checks, its next step). Returns
-  // the steps dropped, by rank.
+  // the steps dropped, by rank. `once`: not where the job last went on from
+  // `restored` here already (told by each of the job's zccds, WentBack:
+  // the first tell counts; `applied`, may be null, says whether this did).
   std::map<uint32_t, std::set<int64_t>> DropLeftBehind(const std::string& job_id, uint32_t uid,
-                                                       int64_t restored, absl::Time at);
+                                                       int64_t restored, absl::Time at,
+                                                       bool once = false,
+                                                       bool* applied = nullptr);
 
   // The piece, or NotFound (also for a uid other than the one it was pushed
   // for: whether another uid's job exists is not told).

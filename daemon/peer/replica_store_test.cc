@@ -424,6 +424,25 @@ TEST_CASE("replica store: the room of a piece being received counts from Reserve
   CHECK(store.bytes_held() == 81);
 }
 
+TEST_CASE("replica store: a going back told once per step: told again, it drops nothing more") {
+  ReplicaStore store(1000);
+  PutWhole(store, 8, 10);
+  PutWhole(store, 12, 10);
+  bool applied = false;
+  CHECK(store.DropLeftBehind("job", 1000, 10, absl::Now(), /*once=*/true, &applied) ==
+        std::map<uint32_t, std::set<int64_t>>{{0, {12}}});
+  CHECK(applied);
+  // The new run's step 11, then the same going back told by another zccd.
+  PutWhole(store, 11, 10);
+  CHECK(store.DropLeftBehind("job", 1000, 10, absl::Now(), /*once=*/true, &applied).empty());
+  CHECK_FALSE(applied);
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 11, "w"}).ok());
+  // Another going back (to step 9) is a new one.
+  CHECK(store.DropLeftBehind("job", 1000, 9, absl::Now(), /*once=*/true, &applied) ==
+        std::map<uint32_t, std::set<int64_t>>{{0, {11}}});
+  CHECK(applied);
+}
+
 TEST_CASE("replica store: rooms a registration takes back go other jobs' first, the oldest step "
           "first") {
   ReplicaStore store(10000);

@@ -68,13 +68,20 @@ void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::T
 
 std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::string& job_id,
                                                                    uint32_t uid, int64_t restored,
-                                                                   absl::Time at) {
+                                                                   absl::Time at, bool once,
+                                                                   bool* applied) {
   std::map<uint32_t, std::set<int64_t>> dropped;
   std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
   bool unpinned = false;
   {
     zcc::MutexLock lock(&mu_);
+    if (applied != nullptr) *applied = false;
+    if (once) {
+      auto here = went_on_from_here_.find({job_id, uid});
+      if (here != went_on_from_here_.end() && here->second == restored) return dropped;
+    }
+    if (applied != nullptr) *applied = true;
     const ReplicaKey first{job_id, uid, 0, std::numeric_limits<int64_t>::min(), ""};
     auto of_job = [&](std::map<ReplicaKey, std::shared_ptr<const Replica>>::const_iterator it)
         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

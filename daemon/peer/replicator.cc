@@ -224,15 +224,17 @@ void Replicator::Run() {
       CheckBuddies();
       check_at_ = absl::Now() + options_.check_buddies_every;
     }
+    const absl::Time tell_at = TellWentBack();
     std::set<std::pair<std::string, uint32_t>> pins;
     {
       zcc::MutexLock lock(&mu_);
-      // Woken by a step handed in or a push that ended, a pin due, the
-      // buddies' check, a stop.
+      // Woken by a step handed in or a push that ended, a going back to
+      // tell (WentOn), a pin due, the buddies' check or a tell tried again,
+      // a stop.
       auto woken = [this, enqueued, ended]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !pin_due_.empty() || enqueued_ != enqueued || pushes_ended_ != ended;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), check_at_ - absl::Now());
+      mu_.AwaitWithTimeout(absl::Condition(&woken), std::min(check_at_, tell_at) - absl::Now());
       if (stop_) return;
       pins.swap(pin_due_);
     }
@@ -387,11 +389,70 @@ void Replicator::LeaveBehind(JobState& js, RankState& rs, int64_t restored, absl
   if (js.after_push_step > restored) js.after_push_step = -1;
 }
 
-void Replicator::WentOn(const std::string& job_id, int64_t restored, absl::Time at) {
+void Replicator::WentOn(const std::string& job_id, uint32_t uid, int64_t restored,
+                        absl::Time at) {
   zcc::MutexLock lock(&mu_);
+  WentBackTell& tell = tells_[job_id];
+  tell = WentBackTell{uid, restored, {}, {}, absl::InfinitePast(), ++tell_gen_};
+  ++enqueued_;  // (wakes the replicator's thread)
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return;
+  tell.last_buddies = job->second.last_buddies;
   for (auto& [rank, rs] : job->second.ranks) LeaveBehind(job->second, rs, restored, at);
+}
+
+absl::Time Replicator::TellWentBack() {
+  std::vector<std::pair<std::string, WentBackTell>> due;
+  absl::Time next = absl::InfiniteFuture();
+  {
+    zcc::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (const auto& [job_id, tell] : tells_) {
+      if (tell.retry_at <= now) {
+        due.emplace_back(job_id, tell);
+      } else {
+        next = std::min(next, tell.retry_at);
+      }
+    }
+  }
+  for (auto& [job_id, tell] : due) {
+    const std::vector<std::string> buddies = buddies_(job_id).value_or(tell.last_buddies);
+    bool all = true;
+    for (const std::string& buddy : buddies) {
+      if (tell.told.count(buddy) > 0) continue;
+      const std::optional<PeerState> state = directory_->State(buddy);
+      if (state.has_value() && !state->up) {  // (told once it is up)
+        all = false;
+        continue;
+      }
+      const absl::StatusOr<bool> applied = directory_->Client(buddy)->WentBack(
+          job_id, tell.uid, tell.restored, absl::Seconds(10), &cancel_);
+      if (applied.ok() || absl::IsUnimplemented(applied.status())) {  // (a zccd too old to)
+        tell.told.insert(buddy);
+        if (applied.ok() && *applied) {
+          ZCC_LOG(INFO) << "job " << job_id << ": told " << buddy << " that it went on from step "
+                        << tell.restored << " (it dropped what it held of the run left)";
+        }
+      } else {
+        all = false;
+        ZCC_LOG(WARNING) << "job " << job_id << ": could not tell " << buddy << " that it went "
+                         << "on from step " << tell.restored << " (tried again in "
+                         << absl::FormatDuration(options_.retry_after) << "): "
+                         << applied.status();
+      }
+    }
+    zcc::MutexLock lock(&mu_);
+    auto it = tells_.find(job_id);
+    if (it == tells_.end() || it->second.gen != tell.gen) continue;  // (a newer one)
+    if (all) {
+      tells_.erase(it);
+      continue;
+    }
+    it->second.told = std::move(tell.told);
+    it->second.retry_at = absl::Now() + options_.retry_after;
+    next = std::min(next, it->second.retry_at);
+  }
+  return next;
 }
 
 void Replicator::CheckBuddies() {

@@ -124,7 +124,16 @@ class Replicator {
   // in before then are of the run left behind. One waiting is not pushed,
   // one being pushed neither counts as replicated nor fails when it ends,
   // and one replicated no longer counts (nor is checked at the buddies).
-  void WentOn(const std::string& job_id, int64_t restored, absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
+  // And the job's buddies are told (WentBack, uid `uid`, on the
+  // replicator's thread, each up buddy again after retry_after until it
+  // answered): one that runs none of the job's ranks, and so would learn
+  // it only from the new run's first push, drops the run left at once.
+  void WentOn(const std::string& job_id, uint32_t uid, int64_t restored, absl::Time at)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The replicator's thread: tells the buddies the goings back due
+  // (WentOn). Returns when to try again (InfiniteFuture: none left).
+  absl::Time TellWentBack() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Calls after_push for the job on the replicator's thread soon: a rank's
   // step became whole here with pieces another zccd pushed (the job's
@@ -270,6 +279,18 @@ class Replicator {
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the threads
   uint64_t pushes_ended_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the replicator's thread
   std::set<std::pair<std::string, uint32_t>> pin_due_ ABSL_GUARDED_BY(mu_);  // PinSoon's
+  // Each job's going back to tell its buddies (WentOn): the buddies that
+  // answered, when to try the others again; `gen` tells a newer one apart.
+  struct WentBackTell {
+    uint32_t uid = 0;
+    int64_t restored = -1;
+    std::vector<std::string> last_buddies;  // the job's, as WentOn found them
+    std::set<std::string> told;
+    absl::Time retry_at;
+    uint64_t gen = 0;
+  };
+  std::map<std::string, WentBackTell> tells_ ABSL_GUARDED_BY(mu_);
+  uint64_t tell_gen_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // The push threads and PushTo's helpers, at idle priority like the
   // replicator's thread: a stop puts them back at normal priority too, so

@@ -106,7 +106,7 @@ struct Buddy final : public v1::Peer::Service {
   std::unique_ptr<grpc::Server> server;
   std::string address;
   explicit Buddy(absl::Duration parts_idle = absl::Minutes(10))
-      : service("buddy", "rack-2", &store, nullptr, parts_idle) {
+      : service("buddy", "rack-2", &store, nullptr, went_back_handler(), parts_idle) {
     int port = 0;
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -175,6 +175,34 @@ struct Buddy final : public v1::Peer::Service {
   bool Holds(int64_t step) const {
     return store.Get(ReplicaKey{"j", 0, 0, step, "model-r00000.safetensors"}).ok() &&
            store.Get(ReplicaKey{"j", 0, 0, step, "r00000.manifest.json"}).ok();
+  }
+  // Rank 0's step `step` of job "j", whole here (as a push leaves it).
+  void PutWhole(int64_t step) {
+    for (const char* name : {"model-r00000.safetensors", "r00000.manifest.json"}) {
+      Replica r;
+      r.info.key = ReplicaKey{"j", 0, 0, step, name};
+      r.info.received = absl::Now();
+      r.bytes = "x";
+      REQUIRE_OK(store.Put(std::move(r)));
+    }
+  }
+  // A buddy that runs none of the job's ranks (Registry::OnPeerWentBack),
+  // answering "unavailable" to the first `refuse_went_back` calls.
+  std::atomic<int> went_back{0};
+  std::atomic<int> refuse_went_back{0};
+  PeerService::WentBackHandler went_back_handler() {
+    return [this](const std::string& job_id, uint32_t uid,
+                  int64_t restored) -> absl::StatusOr<bool> {
+      ++went_back;
+      if (refuse_went_back.fetch_sub(1) > 0) return absl::UnavailableError("not now");
+      bool applied = false;
+      store.DropLeftBehind(job_id, uid, restored, absl::Now(), /*once=*/true, &applied);
+      return applied;
+    };
+  }
+  grpc::Status WentBack(grpc::ServerContext* ctx, const v1::WentBackRequest* req,
+                        v1::WentBackResponse* resp) override {
+    return service.WentBack(ctx, req, resp);
   }
 };
 
@@ -693,7 +721,7 @@ TEST_CASE("after the job went on from a restore, the steps of the run left are n
   // registry tells it: the replicator, then the store, whose own copies of
   // steps 20 and 22 go).
   const absl::Time at = absl::Now();
-  replicator.WentOn("j", 10, at);
+  replicator.WentOn("j", 0, 10, at);
   CHECK(self.store.DropLeftBehind("j", 0, 10, at) ==
         std::map<uint32_t, std::set<int64_t>>{{0, {20, 22}}});
   CHECK(replicator.Stats("j").newest_step == -1);
@@ -715,6 +743,33 @@ TEST_CASE("after the job went on from a restore, the steps of the run left are n
   CHECK(testing::Eventually([&] { return replicator.Stats("j").replicated_step == 11; },
                             absl::Seconds(30), absl::Milliseconds(5)));
   CHECK_FALSE(buddy.Holds(22));
+}
+
+TEST_CASE("a job's going back is told to its buddies: one that runs none of its ranks drops the "
+          "run left at once, the first time it is told") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ToOneBuddy self(buddy);
+  // Steps 8 and 12 of the run before the going back, whole at the buddy.
+  buddy.PutWhole(8);
+  buddy.PutWhole(12);
+  // The first call finds the buddy unable to answer: told again.
+  buddy.refuse_went_back = 1;
+  self.replicator.WentOn("j", 0, 10, absl::Now());
+  REQUIRE(testing::Eventually([&] { return !buddy.Holds(12); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  CHECK(buddy.Holds(8));
+  CHECK(buddy.went_back == 2);
+  // The new run's step 11 arrives; the same going back told again (by
+  // another zccd of the job) drops nothing more.
+  buddy.PutWhole(11);
+  self.replicator.WentOn("j", 0, 10, absl::Now());
+  REQUIRE(testing::Eventually([&] { return buddy.went_back == 3; }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  CHECK_FALSE(testing::Eventually([&] { return buddy.went_back > 3; }, absl::Milliseconds(200),
+                                  absl::Milliseconds(5)));
+  CHECK(buddy.Holds(11));
+  CHECK(buddy.Holds(8));
 }
 
 TEST_CASE("a rank's first step after a restore that cannot be kept still tells the buddies, with "
