@@ -764,46 +764,67 @@ TEST_CASE("a static peer is a buddy for a job that never reports its nodes") {
   CHECK(b.Stop() == 0);
 }
 
-TEST_CASE("a static peer that runs none of a job's ranks drops the run the job left as soon as it "
-          "goes back, before the new run's first push") {
+TEST_CASE("a static peer that runs none of a job's ranks is told when the job goes back, and drops "
+          "the run left of a node that could not tell it") {
   const std::string dir = ShortTempDir("it-peerstaticback");
-  const std::string certs = MakeCerts(dir);
+  const std::string certs = MakeCerts(dir, "node-a node-b node-c");
+  // Node b, in rack 2, runs none of the job's ranks: it is the buddy of
+  // nodes a and c (rack 1) by the static peer list alone.
   Daemon b(dir, {PeerFlags(certs, "node-b", "rack-2"), "", "zccd-b"});
   REQUIRE(b.Start());
   const char* kPort = R"(peer service on \S+ \(port (\d+), mutual TLS\))";
   const std::string addr_b = absl::StrCat("127.0.0.1:", PortFromLog(b, kPort));
-  std::vector<std::string> flags = PeerFlags(certs, "node-a", "rack-1");
-  flags.push_back("--replicate_every=4");
-  flags.push_back("--peer_static=" + addr_b);
-  Daemon a(dir, {flags, dir + "/a-root", "zccd-a"});
-  REQUIRE(a.Start());
-  // One rank on node a: steps 4 and 8 replicated to node b, step 5
-  // committed; at step 9 it goes back to step 5 and trains on, a step every
-  // 1.5 s, so that its next replicated step (8 again) is 4.5 s away.
-  auto t = StartTrainer(a, dir, "solo",
-                        {"--job=solo", "--steps=12", "--save_every=5", "--linger_ms=60000",
-                         "--pause_at=9", "--go_back_at=9", "--go_back_to=5", "--step_ms=1500"});
-  REQUIRE(t->WaitForOutput("paused", absl::Seconds(90)));
-  AwaitReplicated(dir, {&a}, 8);
-  t->Signal(SIGUSR1);
-  REQUIRE(t->WaitForOutput("went_back_to=5", absl::Seconds(60)));
-  // Node b drops step 8 of the run left as it is told (a push of the new
-  // run's step 8 would drop nothing: it replaces it piece by piece).
-  const std::string told =
-      "job solo went on from step 5: the peer tier's pieces held here of the run it left are "
-      "dropped (rank 0: step(s) 8)";
-  REQUIRE(zcc::testing::Eventually([&] { return absl::StrContains(b.Log(), told); },
-                                   absl::Seconds(30)));
+  const std::string root = dir + "/ckpt";
+  auto flags = [&](const std::string& node) {
+    std::vector<std::string> f = ReplicatingPeerFlags(certs, node, "rack-1");
+    f.push_back("--peer_static=" + addr_b);
+    return f;
+  };
+  auto a = std::make_unique<Daemon>(dir, DaemonOptions{flags("node-a"), root, "zccd-a"});
+  Daemon c(dir, {flags("node-c"), root, "zccd-c"});
+  REQUIRE(a->Start());
+  REQUIRE(c.Start());
+  // Steps 6 and 8 of both ranks replicated to node b, step 5 committed; at
+  // step 9 both ranks go back to step 5 and train on.
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  int rank = 0;
+  for (Daemon* d : {a.get(), &c}) {
+    trainers.push_back(StartTrainer(
+        *d, dir, absl::StrCat("train", rank),
+        {"--job=sback", absl::StrCat("--rank=", rank), "--world=2", "--steps=12",
+         "--save_every=5", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
+         "--pause_at=9", "--go_back_at=9", "--go_back_to=5", "--step_ms=1500"}));
+    ++rank;
+  }
+  for (auto& t : trainers) REQUIRE(t->WaitForOutput("paused", absl::Seconds(90)));
+  REQUIRE(WaitForPath(root + "/sback/step-00000005/COMMITTED", absl::Seconds(60)));
+  AwaitReplicated(dir, {a.get(), &c}, 8);
+  // Node a's zccd stops right after its rank's restore, before its first
+  // step after it (6) is snapshotted: it neither tells node b nor pushes
+  // that step there, which would drop rank 0's newer steps.
+  for (auto& t : trainers) t->Signal(SIGUSR1);
+  REQUIRE(trainers[0]->WaitForOutput("went_back_to=5", absl::Seconds(60)));
+  a->process()->Signal(SIGSTOP);
+  REQUIRE(trainers[1]->WaitForOutput("went_back_to=5", absl::Seconds(60)));
+  // Node c's rank goes on: node c tells node b, which drops what it holds
+  // of the run left, rank 0's steps too (a push of rank 1's first step
+  // after the restore drops rank 1's newer steps only).
+  REQUIRE(zcc::testing::Eventually(
+      [&] {
+        return absl::StrContains(b.Log(), "job sback went on from step 5: the peer tier's pieces "
+                                          "held here of the run it left are dropped (rank 0: "
+                                          "step(s) 6, 8");
+      },
+      absl::Seconds(60)));
   INFO(b.Log());
-  CHECK(absl::StrContains(a.Log(), "that it went on from step 5 (it dropped what it held"));
-  // Before the new run's step 8 arrived there.
-  const size_t dropped_at = b.Log().find(told);
-  const size_t first_push = b.Log().find("went on from step 5 (step ");
-  CHECK((first_push == std::string::npos || dropped_at < first_push));
-  t->Signal(SIGKILL);
-  REQUIRE(t->Wait(absl::Seconds(10)).has_value());
-  CHECK(a.Stop() == 0);
+  CHECK(absl::StrContains(c.Log(), "that it went on from step 5 (it runs none of the job's ranks)"));
+  KillAll(trainers);
+  a->process()->Signal(SIGCONT);
+  a->Kill();
+  a.reset();
   CHECK(b.Stop() == 0);
+  CHECK(c.Stop() == 0);
 }
 
 TEST_CASE("replicas count in the staging budget: they give way to a trainer's registration, and "

@@ -435,15 +435,16 @@ void Registry::JobWentOn(const std::string& job_id, uint32_t uid, int64_t restor
 }
 
 absl::StatusOr<bool> Registry::OnPeerWentBack(const std::string& job_id, uint32_t uid,
-                                             int64_t restored) {
-  // A zccd with ranks of the job learns it from them (Job::GoBack, then
-  // JobWentOn): told first by another zccd, it would sort the pieces by
-  // the tell's time, before its own ranks' going on was known here.
+                                             int64_t restored, absl::Duration ago) {
+  // A zccd with live ranks of the job learns it from them (Job::GoBack,
+  // then JobWentOn), which also note how each rank went on.
   std::shared_ptr<Job> job = jobs_.Find(job_id);
-  if (job != nullptr && static_cast<uint32_t>(job->options().owner.uid) == uid) return false;
-  bool applied = false;
-  replicas_.DropLeftBehind(job_id, uid, restored, absl::Now(), /*once=*/true, &applied);
-  return applied;
+  if (job != nullptr && static_cast<uint32_t>(job->options().owner.uid) == uid &&
+      !job->Ranks().empty()) {
+    return false;
+  }
+  replicas_.DropLeftBehind(job_id, uid, restored, absl::Now() - ago, /*told=*/true);
+  return true;
 }
 
 std::shared_ptr<peer::Replicator> Registry::CurrentReplicator() const {

@@ -339,9 +339,9 @@ absl::Status Server::Impl::ServePeers() {
                                     bool everyone_answered) -> absl::StatusOr<int64_t> {
                                   return r->OnPeerPin(job_id, uid, step, everyone_answered);
                                 },
-                                [r](const std::string& job_id, uint32_t uid,
-                                    int64_t restored) -> absl::StatusOr<bool> {
-                                  return r->OnPeerWentBack(job_id, uid, restored);
+                                [r](const std::string& job_id, uint32_t uid, int64_t restored,
+                                    absl::Duration ago) -> absl::StatusOr<bool> {
+                                  return r->OnPeerWentBack(job_id, uid, restored, ago);
                                 }));
   // Where other zccds reach it: the listen address, or the node's name when
   // that is a wildcard.

@@ -266,12 +266,13 @@ absl::StatusOr<int64_t> PeerClient::PinStep(const std::string& job_id, uint32_t 
 }
 
 absl::StatusOr<bool> PeerClient::WentBack(const std::string& job_id, uint32_t uid,
-                                          int64_t restored, absl::Duration timeout,
-                                          CallCancel* cancel) {
+                                          int64_t restored, absl::Duration ago,
+                                          absl::Duration timeout, CallCancel* cancel) {
   v1::WentBackRequest req;
   req.set_job_id(job_id);
   req.set_uid(uid);
   req.set_restored(restored);
+  req.set_went_on_ms_ago(absl::ToInt64Milliseconds(std::max(ago, absl::ZeroDuration())));
   v1::WentBackResponse resp;
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());

@@ -82,9 +82,10 @@ class PeerClient {
                                   bool everyone_answered, absl::Duration timeout,
                                   CallCancel* cancel = nullptr);
   // WentBack (proto/peer.proto): the job went on from a restore of
-  // `restored`. Returns whether the peer dropped the run left behind now.
+  // `restored`, `ago` before this call. Returns whether the peer took it.
   absl::StatusOr<bool> WentBack(const std::string& job_id, uint32_t uid, int64_t restored,
-                                absl::Duration timeout, CallCancel* cancel = nullptr);
+                                absl::Duration ago, absl::Duration timeout,
+                                CallCancel* cancel = nullptr);
   absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,
                                                 absl::Duration timeout,
                                                 CallCancel* cancel = nullptr);

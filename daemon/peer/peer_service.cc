@@ -337,7 +337,11 @@ grpc::Status PeerService::WentBack(grpc::ServerContext* ctx, const v1::WentBackR
   if (!on_went_back_) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no goings back taken here");
   }
-  absl::StatusOr<bool> applied = on_went_back_(req->job_id(), req->uid(), req->restored());
+  if (req->went_on_ms_ago() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError("a going on in the future"));
+  }
+  absl::StatusOr<bool> applied = on_went_back_(req->job_id(), req->uid(), req->restored(),
+                                               absl::Milliseconds(req->went_on_ms_ago()));
   if (!applied.ok()) return ToGrpcStatus(applied.status());
   if (*applied) {
     ZCC_LOG(INFO) << "peer: " << PeerIdentity(*ctx) << " told that job " << req->job_id()

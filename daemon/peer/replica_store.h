@@ -162,14 +162,17 @@ class ReplicaStore {
   // cannot tell (a first step of the same restore that arrives after this
   // zccd went on from it is late, or of a later going back to the same
   // step), it counts for nothing: pieces of the new run dropped here are
-  // pushed again by their owner (its buddy checks, its next step). Returns
-  // the steps dropped, by rank. `once`: not where the job last went on from
-  // `restored` here already (told by each of the job's zccds, WentBack:
-  // the first tell counts; `applied`, may be null, says whether this did).
+  // pushed again by their owner (its buddy checks, its next step). Of a
+  // step, only the pieces that came before go (and its manifest): the new
+  // run's pieces of a step of the same number stay. Returns the steps
+  // that lost pieces, by rank. `told`: another zccd of the job told it
+  // (WentBack; this zccd runs none of its ranks): the run went on at `at`
+  // for every rank, and what this zccd notes of its own ranks' goings on
+  // is left as it is (so a tell late, or told again, drops only what came
+  // before the going on).
   std::map<uint32_t, std::set<int64_t>> DropLeftBehind(const std::string& job_id, uint32_t uid,
                                                        int64_t restored, absl::Time at,
-                                                       bool once = false,
-                                                       bool* applied = nullptr);
+                                                       bool told = false);
 
   // The piece, or NotFound (also for a uid other than the one it was pushed
   // for: whether another uid's job exists is not told).

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "format/manifest.h"
 #include "daemon/peer/replica_store.h"
 
 namespace zcc::daemon::peer {
@@ -68,47 +69,48 @@ void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::T
 
 std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::string& job_id,
                                                                    uint32_t uid, int64_t restored,
-                                                                   absl::Time at, bool once,
-                                                                   bool* applied) {
+                                                                   absl::Time at, bool told) {
   std::map<uint32_t, std::set<int64_t>> dropped;
   std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
   bool unpinned = false;
   {
     zcc::MutexLock lock(&mu_);
-    if (applied != nullptr) *applied = false;
-    if (once) {
-      auto here = went_on_from_here_.find({job_id, uid});
-      if (here != went_on_from_here_.end() && here->second == restored) return dropped;
-    }
-    if (applied != nullptr) *applied = true;
     const ReplicaKey first{job_id, uid, 0, std::numeric_limits<int64_t>::min(), ""};
     auto of_job = [&](std::map<ReplicaKey, std::shared_ptr<const Replica>>::const_iterator it)
         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return it != held_.end() && it->first.job_id == job_id && it->first.uid == uid;
         };
-    // A step goes whole where any piece of it came before its rank's run
-    // went on (a manifest that came after its data does not keep it whole).
-    std::set<std::pair<uint32_t, int64_t>> left;
+    // The pieces that came before their rank's run went on go, and with
+    // them their step's manifest (one that came after its data does not
+    // keep the step whole); the new run's pieces of a step of the same
+    // number stay, and make it whole again with its manifest, sent last.
+    std::vector<ReplicaKey> gone;
+    std::set<std::pair<uint32_t, int64_t>> emptied;
     for (auto it = held_.lower_bound(first); of_job(it); ++it) {
       const ReplicaKey& k = it->first;
       if (k.step <= restored) continue;
       // The rank's run from the restore on begins with its first step
       // after it, where that arrived; else nothing of it is here yet.
+      // (Told by another zccd: at the going on's own time; a record here
+      // may be of an earlier going back to the same step.)
       absl::Time run_began = at;
       auto w = went_on_.find(std::make_tuple(job_id, uid, k.rank));
-      if (w != went_on_.end() && w->second.from == restored) run_began = w->second.arrived;
-      if (it->second->info.received < run_began) left.insert({k.rank, k.step});
+      if (!told && w != went_on_.end() && w->second.from == restored) run_began = w->second.arrived;
+      if (it->second->info.received < run_began) {
+        gone.push_back(k);
+        emptied.insert({k.rank, k.step});
+      }
     }
-    std::vector<ReplicaKey> gone;
-    for (auto it = held_.lower_bound(first); of_job(it); ++it) {
-      if (left.count({it->first.rank, it->first.step}) > 0) gone.push_back(it->first);
+    for (const auto& [rank, step] : emptied) {
+      gone.push_back(ReplicaKey{job_id, uid, rank, step, format::ManifestFileName(rank)});
     }
     for (const ReplicaKey& k : gone) {
+      if (held_.count(k) == 0) continue;  // (a manifest not held, or listed twice)
       DropLocked(k, &freed);
+      ++pieces_dropped_;
       dropped[k.rank].insert(k.step);
     }
-    pieces_dropped_ += gone.size();
     // The step pinned as the job's newest whole in the tier is of the run
     // left if it is past the one restored.
     auto pin = pinned_.find({job_id, uid});
@@ -116,12 +118,16 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
       pinned_.erase(pin);
       unpinned = true;
     }
-    for (auto it = went_on_.lower_bound(std::make_tuple(job_id, uid, uint32_t{0}));
-         it != went_on_.end() && std::get<0>(it->first) == job_id &&
-         std::get<1>(it->first) == uid;) {
-      it = went_on_.erase(it);
+    // This zccd's own ranks went on (not a tell): what it notes of each
+    // rank's going on starts again.
+    if (!told) {
+      for (auto it = went_on_.lower_bound(std::make_tuple(job_id, uid, uint32_t{0}));
+           it != went_on_.end() && std::get<0>(it->first) == job_id &&
+           std::get<1>(it->first) == uid;) {
+        it = went_on_.erase(it);
+      }
+      went_on_from_here_[{job_id, uid}] = restored;
     }
-    went_on_from_here_[{job_id, uid}] = restored;
     ++went_back_count_[{job_id, uid}];
     held = HeldLocked();
   }

@@ -393,7 +393,7 @@ void Replicator::WentOn(const std::string& job_id, uint32_t uid, int64_t restore
                         absl::Time at) {
   zcc::MutexLock lock(&mu_);
   WentBackTell& tell = tells_[job_id];
-  tell = WentBackTell{uid, restored, {}, {}, absl::InfinitePast(), ++tell_gen_};
+  tell = WentBackTell{uid, restored, at, {}, {}, absl::InfinitePast(), ++tell_gen_};
   ++enqueued_;  // (wakes the replicator's thread)
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return;
@@ -402,11 +402,24 @@ void Replicator::WentOn(const std::string& job_id, uint32_t uid, int64_t restore
 }
 
 absl::Time Replicator::TellWentBack() {
+  // A buddy that has not answered by then may have restarted (its memory
+  // empty) or been replaced: the new run's pushes reach it as they go.
+  constexpr absl::Duration kTellFor = absl::Minutes(10);
   std::vector<std::pair<std::string, WentBackTell>> due;
   absl::Time next = absl::InfiniteFuture();
   {
     zcc::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
+    for (auto it = tells_.begin(); it != tells_.end();) {
+      if (now - it->second.at > kTellFor) {
+        ZCC_LOG(WARNING) << "job " << it->first << ": gave up telling its buddies that it went on "
+                         << "from step " << it->second.restored << " (" << it->second.told.size()
+                         << " answered)";
+        it = tells_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (const auto& [job_id, tell] : tells_) {
       if (tell.retry_at <= now) {
         due.emplace_back(job_id, tell);
@@ -421,20 +434,22 @@ absl::Time Replicator::TellWentBack() {
     for (const std::string& buddy : buddies) {
       if (tell.told.count(buddy) > 0) continue;
       const std::optional<PeerState> state = directory_->State(buddy);
-      if (state.has_value() && !state->up) {  // (told once it is up)
+      if (state.has_value() && state->probed && !state->up) {  // (told once it is up)
         all = false;
         continue;
       }
-      const absl::StatusOr<bool> applied = directory_->Client(buddy)->WentBack(
-          job_id, tell.uid, tell.restored, absl::Seconds(10), &cancel_);
+      const absl::StatusOr<bool> applied =
+          directory_->Client(buddy)->WentBack(job_id, tell.uid, tell.restored,
+                                              absl::Now() - tell.at, absl::Seconds(3), &cancel_);
       if (applied.ok() || absl::IsUnimplemented(applied.status())) {  // (a zccd too old to)
         tell.told.insert(buddy);
         if (applied.ok() && *applied) {
           ZCC_LOG(INFO) << "job " << job_id << ": told " << buddy << " that it went on from step "
-                        << tell.restored << " (it dropped what it held of the run left)";
+                        << tell.restored << " (it runs none of the job's ranks)";
         }
       } else {
         all = false;
+        if (absl::IsCancelled(applied.status())) break;  // (zccd stops)
         ZCC_LOG(WARNING) << "job " << job_id << ": could not tell " << buddy << " that it went "
                          << "on from step " << tell.restored << " (tried again in "
                          << absl::FormatDuration(options_.retry_after) << "): "

@@ -191,13 +191,12 @@ struct Buddy final : public v1::Peer::Service {
   std::atomic<int> went_back{0};
   std::atomic<int> refuse_went_back{0};
   PeerService::WentBackHandler went_back_handler() {
-    return [this](const std::string& job_id, uint32_t uid,
-                  int64_t restored) -> absl::StatusOr<bool> {
+    return [this](const std::string& job_id, uint32_t uid, int64_t restored,
+                  absl::Duration ago) -> absl::StatusOr<bool> {
       ++went_back;
       if (refuse_went_back.fetch_sub(1) > 0) return absl::UnavailableError("not now");
-      bool applied = false;
-      store.DropLeftBehind(job_id, uid, restored, absl::Now(), /*once=*/true, &applied);
-      return applied;
+      store.DropLeftBehind(job_id, uid, restored, absl::Now() - ago, /*told=*/true);
+      return true;
     };
   }
   grpc::Status WentBack(grpc::ServerContext* ctx, const v1::WentBackRequest* req,
@@ -746,7 +745,7 @@ TEST_CASE("after the job went on from a restore, the steps of the run left are n
 }
 
 TEST_CASE("a job's going back is told to its buddies: one that runs none of its ranks drops the "
-          "run left at once, the first time it is told") {
+          "run left at once, and only what came before the going on") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
   ToOneBuddy self(buddy);
@@ -755,7 +754,9 @@ TEST_CASE("a job's going back is told to its buddies: one that runs none of its 
   buddy.PutWhole(12);
   // The first call finds the buddy unable to answer: told again.
   buddy.refuse_went_back = 1;
-  self.replicator.WentOn("j", 0, 10, absl::Now());
+  const absl::Time at = absl::Now();
+  absl::SleepFor(absl::Milliseconds(5));  // (the new run's pieces come after it)
+  self.replicator.WentOn("j", 0, 10, at);
   REQUIRE(testing::Eventually([&] { return !buddy.Holds(12); }, absl::Seconds(30),
                               absl::Milliseconds(5)));
   CHECK(buddy.Holds(8));
@@ -763,7 +764,7 @@ TEST_CASE("a job's going back is told to its buddies: one that runs none of its 
   // The new run's step 11 arrives; the same going back told again (by
   // another zccd of the job) drops nothing more.
   buddy.PutWhole(11);
-  self.replicator.WentOn("j", 0, 10, absl::Now());
+  self.replicator.WentOn("j", 0, 10, at);
   REQUIRE(testing::Eventually([&] { return buddy.went_back == 3; }, absl::Seconds(30),
                               absl::Milliseconds(5)));
   CHECK_FALSE(testing::Eventually([&] { return buddy.went_back > 3; }, absl::Milliseconds(200),
