@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -117,13 +118,14 @@ class Registry {
   absl::StatusOr<int64_t> OnPeerPin(const std::string& job_id, uint32_t uid, int64_t step,
                                     bool everyone_answered) ABSL_LOCKS_EXCLUDED(peer_mu_);
   // A WentBack call from another zccd of the job (proto/peer.proto), on a
-  // gRPC thread: the job went on from a restore of `restored`, `ago`
-  // before. Where the job has no live ranks here (a buddy by the static
-  // peer list, or one its ranks left), what the peer tier holds of the run
-  // left behind, of what arrived before then, goes now. Returns whether it
-  // was taken (not where ranks here tell it themselves).
+  // gRPC thread: the job's `ranks` (the caller's) went on from a restore
+  // of `restored`, `ago` before. Where the job has no live ranks here (a
+  // buddy by the static peer list, or one its ranks left), what the peer
+  // tier holds of those ranks' run left behind, of what arrived before
+  // then, goes now. Returns whether it was taken (not where ranks here
+  // tell it themselves).
   absl::StatusOr<bool> OnPeerWentBack(const std::string& job_id, uint32_t uid, int64_t restored,
-                                      absl::Duration ago);
+                                      const std::set<uint32_t>& ranks, absl::Duration ago);
   // Where the peer listener serves (`endpoint` for the status, `address`
   // for the trainers and other zccds) and the credentials of connections to
   // other zccds; set once it listens, before the control service starts.

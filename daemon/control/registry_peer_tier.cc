@@ -435,7 +435,8 @@ void Registry::JobWentOn(const std::string& job_id, uint32_t uid, int64_t restor
 }
 
 absl::StatusOr<bool> Registry::OnPeerWentBack(const std::string& job_id, uint32_t uid,
-                                             int64_t restored, absl::Duration ago) {
+                                             int64_t restored, const std::set<uint32_t>& ranks,
+                                             absl::Duration ago) {
   // A zccd with live ranks of the job learns it from them (Job::GoBack,
   // then JobWentOn), which also note how each rank went on.
   std::shared_ptr<Job> job = jobs_.Find(job_id);
@@ -443,7 +444,7 @@ absl::StatusOr<bool> Registry::OnPeerWentBack(const std::string& job_id, uint32_
       !job->Ranks().empty()) {
     return false;
   }
-  replicas_.DropLeftBehind(job_id, uid, restored, absl::Now() - ago, /*told=*/true);
+  replicas_.DropLeftBehind(job_id, uid, restored, absl::Now() - ago, &ranks);
   return true;
 }
 

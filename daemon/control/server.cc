@@ -340,8 +340,9 @@ absl::Status Server::Impl::ServePeers() {
                                   return r->OnPeerPin(job_id, uid, step, everyone_answered);
                                 },
                                 [r](const std::string& job_id, uint32_t uid, int64_t restored,
+                                    const std::set<uint32_t>& ranks,
                                     absl::Duration ago) -> absl::StatusOr<bool> {
-                                  return r->OnPeerWentBack(job_id, uid, restored, ago);
+                                  return r->OnPeerWentBack(job_id, uid, restored, ranks, ago);
                                 }));
   // Where other zccds reach it: the listen address, or the node's name when
   // that is a wildcard.

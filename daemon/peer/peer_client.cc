@@ -266,13 +266,18 @@ absl::StatusOr<int64_t> PeerClient::PinStep(const std::string& job_id, uint32_t 
 }
 
 absl::StatusOr<bool> PeerClient::WentBack(const std::string& job_id, uint32_t uid,
-                                          int64_t restored, absl::Duration ago,
-                                          absl::Duration timeout, CallCancel* cancel) {
+                                          int64_t restored, const std::vector<uint32_t>& ranks,
+                                          absl::Duration ago, absl::Duration timeout,
+                                          CallCancel* cancel) {
   v1::WentBackRequest req;
   req.set_job_id(job_id);
   req.set_uid(uid);
   req.set_restored(restored);
-  req.set_went_on_ms_ago(absl::ToInt64Milliseconds(std::max(ago, absl::ZeroDuration())));
+  for (uint32_t rank : ranks) req.add_ranks(rank);
+  // (Rounded up: the going on is never placed after it was.)
+  req.set_went_on_ms_ago(
+      absl::ToInt64Milliseconds(absl::Ceil(std::max(ago, absl::ZeroDuration()),
+                                           absl::Milliseconds(1))));
   v1::WentBackResponse resp;
   auto ctx = ContextWithin(timeout);
   const CallCancel::Scope cancellable(cancel, ctx.get());

@@ -81,11 +81,11 @@ class PeerClient {
   absl::StatusOr<int64_t> PinStep(const std::string& job_id, uint32_t uid, int64_t step,
                                   bool everyone_answered, absl::Duration timeout,
                                   CallCancel* cancel = nullptr);
-  // WentBack (proto/peer.proto): the job went on from a restore of
-  // `restored`, `ago` before this call. Returns whether the peer took it.
+  // WentBack (proto/peer.proto): the job's `ranks` went on from a restore
+  // of `restored`, `ago` before this call. Returns whether the peer took it.
   absl::StatusOr<bool> WentBack(const std::string& job_id, uint32_t uid, int64_t restored,
-                                absl::Duration ago, absl::Duration timeout,
-                                CallCancel* cancel = nullptr);
+                                const std::vector<uint32_t>& ranks, absl::Duration ago,
+                                absl::Duration timeout, CallCancel* cancel = nullptr);
   absl::StatusOr<std::vector<ReplicaInfo>> List(const std::string& job_id, uint32_t uid,
                                                 absl::Duration timeout,
                                                 CallCancel* cancel = nullptr);

@@ -340,7 +340,8 @@ grpc::Status PeerService::WentBack(grpc::ServerContext* ctx, const v1::WentBackR
   if (req->went_on_ms_ago() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError("a going on in the future"));
   }
-  absl::StatusOr<bool> applied = on_went_back_(req->job_id(), req->uid(), req->restored(),
+  const std::set<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
+  absl::StatusOr<bool> applied = on_went_back_(req->job_id(), req->uid(), req->restored(), ranks,
                                                absl::Milliseconds(req->went_on_ms_ago()));
   if (!applied.ok()) return ToGrpcStatus(applied.status());
   if (*applied) {

@@ -7,6 +7,7 @@
 #define ZCC_DAEMON_PEER_PEER_SERVICE_H_
 
 #include <functional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,11 +24,11 @@ class PeerService final : public v1::Peer::Service {
   // the pin held now for the job (-1: none), or an error as the answer.
   using PinHandler =
       std::function<absl::StatusOr<int64_t>(const std::string&, uint32_t, int64_t, bool)>;
-  // A WentBack call (job, uid, restored, when the job went on: `ago` before
-  // the call arrived), from a gRPC thread: whether it was taken here, or an
-  // error as the answer.
-  using WentBackHandler =
-      std::function<absl::StatusOr<bool>(const std::string&, uint32_t, int64_t, absl::Duration)>;
+  // A WentBack call (job, uid, restored, the ranks that went on and when:
+  // `ago` before the call arrived), from a gRPC thread: whether it was
+  // taken here, or an error as the answer.
+  using WentBackHandler = std::function<absl::StatusOr<bool>(
+      const std::string&, uint32_t, int64_t, const std::set<uint32_t>&, absl::Duration)>;
 
   // `store` is borrowed and outlives the service. `on_pin` (may be null:
   // PinStep is then refused as unimplemented) handles PinStep calls,

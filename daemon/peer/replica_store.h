@@ -165,14 +165,15 @@ class ReplicaStore {
   // pushed again by their owner (its buddy checks, its next step). Of a
   // step, only the pieces that came before go (and its manifest): the new
   // run's pieces of a step of the same number stay. Returns the steps
-  // that lost pieces, by rank. `told`: another zccd of the job told it
-  // (WentBack; this zccd runs none of its ranks): the run went on at `at`
-  // for every rank, and what this zccd notes of its own ranks' goings on
-  // is left as it is (so a tell late, or told again, drops only what came
-  // before the going on).
+  // that lost pieces, by rank. `told` (not null): another zccd of the job
+  // told it (WentBack; this zccd runs none of its ranks): those ranks, its
+  // own, went on at `at`; only their pieces go, and what this zccd notes of
+  // goings on is left as it is, a pin lifted only where its step lost
+  // pieces (so a tell late, or told again, drops only what came before the
+  // going on).
   std::map<uint32_t, std::set<int64_t>> DropLeftBehind(const std::string& job_id, uint32_t uid,
                                                        int64_t restored, absl::Time at,
-                                                       bool told = false);
+                                                       const std::set<uint32_t>* told = nullptr);
 
   // The piece, or NotFound (also for a uid other than the one it was pushed
   // for: whether another uid's job exists is not told).

@@ -430,13 +430,17 @@ TEST_CASE("replica store: a going back another zccd tells drops what came before
   PutWhole(store, 8, 10);
   PutWhole(store, 12, 10);
   PutWhole(store, 14, 10);
+  absl::SleepFor(absl::Milliseconds(5));
   const absl::Time at = absl::Now();  // (the job went on from step 10)
   absl::SleepFor(absl::Milliseconds(5));
   // The new run's step 11, and the first piece of its step 14 (replacing
   // the run left's), arrive before the tell.
   PutWhole(store, 11, 10);
   REQUIRE_OK(store.Put(Piece(14, "w", 10)));
-  CHECK(store.DropLeftBehind("job", 1000, 10, at, /*told=*/true) ==
+  const std::set<uint32_t> rank0 = {0};
+  const std::set<uint32_t> rank1 = {1};
+  CHECK(store.DropLeftBehind("job", 1000, 10, at, &rank1).empty());  // (another rank's going on)
+  CHECK(store.DropLeftBehind("job", 1000, 10, at, &rank0) ==
         std::map<uint32_t, std::set<int64_t>>{{0, {12, 14}}});
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 8, "w"}).ok());
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 11, "w"}).ok());
@@ -445,7 +449,7 @@ TEST_CASE("replica store: a going back another zccd tells drops what came before
   // Not whole until the new run's own manifest, sent after its data.
   CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 14, "r00000.manifest.json"}).ok());
   // Told again, by another zccd of the job: nothing more goes.
-  CHECK(store.DropLeftBehind("job", 1000, 10, at, /*told=*/true).empty());
+  CHECK(store.DropLeftBehind("job", 1000, 10, at, &rank0).empty());
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 11, "r00000.manifest.json"}).ok());
 }
 

@@ -69,7 +69,8 @@ void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::T
 
 std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::string& job_id,
                                                                    uint32_t uid, int64_t restored,
-                                                                   absl::Time at, bool told) {
+                                                                   absl::Time at,
+                                                                   const std::set<uint32_t>* told) {
   std::map<uint32_t, std::set<int64_t>> dropped;
   std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
@@ -89,14 +90,16 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
     std::set<std::pair<uint32_t, int64_t>> emptied;
     for (auto it = held_.lower_bound(first); of_job(it); ++it) {
       const ReplicaKey& k = it->first;
-      if (k.step <= restored) continue;
+      if (k.step <= restored || (told != nullptr && told->count(k.rank) == 0)) continue;
       // The rank's run from the restore on begins with its first step
       // after it, where that arrived; else nothing of it is here yet.
       // (Told by another zccd: at the going on's own time; a record here
       // may be of an earlier going back to the same step.)
       absl::Time run_began = at;
       auto w = went_on_.find(std::make_tuple(job_id, uid, k.rank));
-      if (!told && w != went_on_.end() && w->second.from == restored) run_began = w->second.arrived;
+      if (told == nullptr && w != went_on_.end() && w->second.from == restored) {
+        run_began = w->second.arrived;
+      }
       if (it->second->info.received < run_began) {
         gone.push_back(k);
         emptied.insert({k.rank, k.step});
@@ -113,14 +116,20 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
     }
     // The step pinned as the job's newest whole in the tier is of the run
     // left if it is past the one restored.
+    // (Told: where its step lost pieces; a tell late, or told again, must
+    // not lift the new run's pin.)
     auto pin = pinned_.find({job_id, uid});
-    if (pin != pinned_.end() && pin->second > restored) {
+    bool lost = told == nullptr;
+    for (const auto& [rank, steps] : dropped) {
+      lost = lost || (pin != pinned_.end() && steps.count(pin->second) > 0);
+    }
+    if (pin != pinned_.end() && pin->second > restored && lost) {
       pinned_.erase(pin);
       unpinned = true;
     }
     // This zccd's own ranks went on (not a tell): what it notes of each
     // rank's going on starts again.
-    if (!told) {
+    if (told == nullptr) {
       for (auto it = went_on_.lower_bound(std::make_tuple(job_id, uid, uint32_t{0}));
            it != went_on_.end() && std::get<0>(it->first) == job_id &&
            std::get<1>(it->first) == uid;) {
@@ -128,7 +137,7 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
       }
       went_on_from_here_[{job_id, uid}] = restored;
     }
-    ++went_back_count_[{job_id, uid}];
+    if (told == nullptr || !dropped.empty()) ++went_back_count_[{job_id, uid}];
     held = HeldLocked();
   }
   if (dropped.empty() && !unpinned) return dropped;

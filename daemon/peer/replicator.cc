@@ -392,13 +392,18 @@ void Replicator::LeaveBehind(JobState& js, RankState& rs, int64_t restored, absl
 void Replicator::WentOn(const std::string& job_id, uint32_t uid, int64_t restored,
                         absl::Time at) {
   zcc::MutexLock lock(&mu_);
-  WentBackTell& tell = tells_[job_id];
-  tell = WentBackTell{uid, restored, at, {}, {}, absl::InfinitePast(), ++tell_gen_};
-  ++enqueued_;  // (wakes the replicator's thread)
   auto job = jobs_.find(job_id);
-  if (job == jobs_.end()) return;
-  tell.last_buddies = job->second.last_buddies;
-  for (auto& [rank, rs] : job->second.ranks) LeaveBehind(job->second, rs, restored, at);
+  // (No step of the job pushed from here: nothing of it at the buddies is
+  // this zccd's to tell.)
+  if (job == jobs_.end() || job->second.ranks.empty()) return;
+  WentBackTell& tell = tells_[job_id];
+  tell = WentBackTell{uid, restored, at, {}, absl::Now(), job->second.last_buddies, {},
+                      absl::InfinitePast(), ++tell_gen_};
+  for (auto& [rank, rs] : job->second.ranks) {
+    tell.ranks.push_back(rank);
+    LeaveBehind(job->second, rs, restored, at);
+  }
+  ++enqueued_;  // (wakes the replicator's thread)
 }
 
 absl::Time Replicator::TellWentBack() {
@@ -411,7 +416,7 @@ absl::Time Replicator::TellWentBack() {
     zcc::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     for (auto it = tells_.begin(); it != tells_.end();) {
-      if (now - it->second.at > kTellFor) {
+      if (now - it->second.since > kTellFor) {
         ZCC_LOG(WARNING) << "job " << it->first << ": gave up telling its buddies that it went on "
                          << "from step " << it->second.restored << " (" << it->second.told.size()
                          << " answered)";
@@ -439,7 +444,7 @@ absl::Time Replicator::TellWentBack() {
         continue;
       }
       const absl::StatusOr<bool> applied =
-          directory_->Client(buddy)->WentBack(job_id, tell.uid, tell.restored,
+          directory_->Client(buddy)->WentBack(job_id, tell.uid, tell.restored, tell.ranks,
                                               absl::Now() - tell.at, absl::Seconds(3), &cancel_);
       if (applied.ok() || absl::IsUnimplemented(applied.status())) {  // (a zccd too old to)
         tell.told.insert(buddy);

@@ -126,9 +126,10 @@ class Replicator {
   // and one replicated no longer counts (nor is checked at the buddies).
   // And the job's buddies are told (WentBack, uid `uid`, on the
   // replicator's thread, a buddy that did not answer again after
-  // retry_after, for up to 10 minutes): one that runs none of the job's
-  // ranks, and so would learn it only from the new run's first push, drops
-  // what it holds of the run left at once.
+  // retry_after, for up to 10 minutes) for the ranks whose steps this
+  // replicator pushes: one that runs none of the job's ranks, and so would
+  // learn it only from the new run's first push, drops what it holds of
+  // their run left at once.
   void WentOn(const std::string& job_id, uint32_t uid, int64_t restored, absl::Time at)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -286,6 +287,8 @@ class Replicator {
     uint32_t uid = 0;
     int64_t restored = -1;
     absl::Time at;  // when the job's ranks here went on
+    std::vector<uint32_t> ranks;  // those ranks: the ones whose steps it pushes
+    absl::Time since;  // when WentOn was told it
     std::vector<std::string> last_buddies;  // the job's, as WentOn found them
     std::set<std::string> told;
     absl::Time retry_at;

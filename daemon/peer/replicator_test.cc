@@ -192,10 +192,10 @@ struct Buddy final : public v1::Peer::Service {
   std::atomic<int> refuse_went_back{0};
   PeerService::WentBackHandler went_back_handler() {
     return [this](const std::string& job_id, uint32_t uid, int64_t restored,
-                  absl::Duration ago) -> absl::StatusOr<bool> {
+                  const std::set<uint32_t>& ranks, absl::Duration ago) -> absl::StatusOr<bool> {
       ++went_back;
       if (refuse_went_back.fetch_sub(1) > 0) return absl::UnavailableError("not now");
-      store.DropLeftBehind(job_id, uid, restored, absl::Now() - ago, /*told=*/true);
+      store.DropLeftBehind(job_id, uid, restored, absl::Now() - ago, &ranks);
       return true;
     };
   }
@@ -749,11 +749,18 @@ TEST_CASE("a job's going back is told to its buddies: one that runs none of its 
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
   ToOneBuddy self(buddy);
-  // Steps 8 and 12 of the run before the going back, whole at the buddy.
+  // Rank 0's step 7 pushed from here, steps 8 and 12 of the run before the
+  // going back whole at the buddy.
+  REQUIRE_OK(self.replicator.Enqueue("j", 0, Step(7)));
+  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 7; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
   buddy.PutWhole(8);
   buddy.PutWhole(12);
-  // The first call finds the buddy unable to answer: told again.
+  // The first call finds the buddy unable to answer: told again. (The
+  // going on told in whole milliseconds, rounded to before it was: the
+  // pieces before it are more than one earlier.)
   buddy.refuse_went_back = 1;
+  absl::SleepFor(absl::Milliseconds(5));
   const absl::Time at = absl::Now();
   absl::SleepFor(absl::Milliseconds(5));  // (the new run's pieces come after it)
   self.replicator.WentOn("j", 0, 10, at);
@@ -771,6 +778,7 @@ TEST_CASE("a job's going back is told to its buddies: one that runs none of its 
                                   absl::Milliseconds(5)));
   CHECK(buddy.Holds(11));
   CHECK(buddy.Holds(8));
+  CHECK(buddy.Holds(7));
 }
 
 TEST_CASE("a rank's first step after a restore that cannot be kept still tells the buddies, with "
