@@ -167,10 +167,11 @@ class ReplicaStore {
   // run's pieces of a step of the same number stay. Returns the steps
   // that lost pieces, by rank. `told` (not null): another zccd of the job
   // told it (WentBack; this zccd runs none of its ranks): those ranks, its
-  // own, went on at `at`; only their pieces go, and what this zccd notes of
-  // goings on is left as it is, a pin lifted only where its step lost
-  // pieces (so a tell late, or told again, drops only what came before the
-  // going on).
+  // own, went on at `at`, and the job's other ranks no later, or where
+  // their first step after the restore arrived here, if earlier (a rank
+  // lost before its own zccd could tell). What this zccd notes of goings
+  // on is left as it is, and a pin is lifted only where its step lost
+  // pieces: a tell late, or told again, drops only what came before.
   std::map<uint32_t, std::set<int64_t>> DropLeftBehind(const std::string& job_id, uint32_t uid,
                                                        int64_t restored, absl::Time at,
                                                        const std::set<uint32_t>* told = nullptr);

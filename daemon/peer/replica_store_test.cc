@@ -431,26 +431,26 @@ TEST_CASE("replica store: a going back another zccd tells drops what came before
   PutWhole(store, 12, 10);
   PutWhole(store, 14, 10);
   absl::SleepFor(absl::Milliseconds(5));
-  const absl::Time at = absl::Now();  // (the job went on from step 10)
+  // Rank 0 went on from step 10: the first piece of its first step after
+  // it, 14, arrives (in place of the run left's).
+  const absl::Time rank0_went_on = absl::Now();
+  REQUIRE_OK(store.Put(Piece(14, "w", 10), /*went_on_from=*/10));
   absl::SleepFor(absl::Milliseconds(5));
-  // The new run's step 11, and the first piece of its step 14 (replacing
-  // the run left's), arrive before the tell.
-  PutWhole(store, 11, 10);
-  REQUIRE_OK(store.Put(Piece(14, "w", 10)));
-  const std::set<uint32_t> rank0 = {0};
+  // Rank 1's zccd tells its own going on, later than rank 0's step: rank
+  // 0's pieces go where they came before that step.
   const std::set<uint32_t> rank1 = {1};
-  CHECK(store.DropLeftBehind("job", 1000, 10, at, &rank1).empty());  // (another rank's going on)
-  CHECK(store.DropLeftBehind("job", 1000, 10, at, &rank0) ==
+  CHECK(store.DropLeftBehind("job", 1000, 10, absl::Now(), &rank1) ==
         std::map<uint32_t, std::set<int64_t>>{{0, {12, 14}}});
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 8, "w"}).ok());
-  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 11, "w"}).ok());
   CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 12, "w"}).ok());
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 14, "w"}).ok());  // the new run's
   // Not whole until the new run's own manifest, sent after its data.
   CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 14, "r00000.manifest.json"}).ok());
-  // Told again, by another zccd of the job: nothing more goes.
-  CHECK(store.DropLeftBehind("job", 1000, 10, at, &rank0).empty());
-  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 11, "r00000.manifest.json"}).ok());
+  // Told again, late, and by rank 0's own zccd: nothing more goes.
+  CHECK(store.DropLeftBehind("job", 1000, 10, absl::Now(), &rank1).empty());
+  const std::set<uint32_t> rank0 = {0};
+  CHECK(store.DropLeftBehind("job", 1000, 10, rank0_went_on, &rank0).empty());
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 14, "w"}).ok());
 }
 
 TEST_CASE("replica store: rooms a registration takes back go other jobs' first, the oldest step "

@@ -90,15 +90,19 @@ std::map<uint32_t, std::set<int64_t>> ReplicaStore::DropLeftBehind(const std::st
     std::set<std::pair<uint32_t, int64_t>> emptied;
     for (auto it = held_.lower_bound(first); of_job(it); ++it) {
       const ReplicaKey& k = it->first;
-      if (k.step <= restored || (told != nullptr && told->count(k.rank) == 0)) continue;
+      if (k.step <= restored) continue;
       // The rank's run from the restore on begins with its first step
       // after it, where that arrived; else nothing of it is here yet.
-      // (Told by another zccd: at the going on's own time; a record here
-      // may be of an earlier going back to the same step.)
+      // Told by another zccd: its own ranks' at their going on (a record
+      // here may be of an earlier going back to the same step); another
+      // rank's where its first step after the restore arrived, if before.
       absl::Time run_began = at;
       auto w = went_on_.find(std::make_tuple(job_id, uid, k.rank));
-      if (told == nullptr && w != went_on_.end() && w->second.from == restored) {
-        run_began = w->second.arrived;
+      const bool noted = w != went_on_.end() && w->second.from == restored;
+      if (told == nullptr) {
+        if (noted) run_began = w->second.arrived;
+      } else if (noted && told->count(k.rank) == 0) {
+        run_began = std::min(at, w->second.arrived);
       }
       if (it->second->info.received < run_began) {
         gone.push_back(k);
