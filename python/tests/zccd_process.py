@@ -5,6 +5,7 @@ started from $ZCCD (set by run_python.sh to the built //daemon:zccd)."""
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -31,13 +32,27 @@ class Zccd:
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
-        while not os.path.exists(self.socket):
+        # Until the socket takes connections: it exists from zccd's bind(),
+        # a moment before its listen() (a connection then is refused).
+        while not self._accepts():
             if self.proc.poll() is not None:
                 raise RuntimeError("zccd exited with %d:\n%s" % (self.proc.returncode, self.log()))
             if time.monotonic() > deadline:
-                raise RuntimeError("zccd did not create its socket:\n" + self.log())
+                raise RuntimeError("zccd did not listen on its socket:\n" + self.log())
             time.sleep(0.02)
         return self
+
+    def _accepts(self):
+        if not os.path.exists(self.socket):
+            return False
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
 
     def stop(self, timeout=30.0):
         if self.proc is None:
