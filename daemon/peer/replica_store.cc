@@ -82,23 +82,15 @@ absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(co
   Held held;
   std::vector<int64_t> left_behind;
   absl::Status made;
-  // (The room asked outside the lock, again where an admission moved it:
-  // as in Put.)
-  for (int attempt = 1;; ++attempt) {
-    const uint64_t moves = room_moves_ != nullptr ? room_moves_->load() : 0;
-    const uint64_t most = cap();
-    zcc::MutexLock lock(&mu_);
-    if (room_moves_ != nullptr && room_moves_->load() != moves && attempt < 5) continue;
+  WithCapLocked([&](uint64_t most) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // The run the rank left goes now, as at its Put: the room is made
     // beside what stays.
     if (went_on_from >= 0) {
       left_behind = DropLeftBehindLocked(key, &freed);
       NoteWentOnLocked(key, went_on_from, absl::Now());
     }
-    if (!counted) {
-      held = HeldLocked();
-      break;
-    }
+    held = HeldLocked();
+    if (!counted) return;
     // A piece held under the key is room (its Put replaces it), once: not
     // for a second piece of the key under way.
     uint64_t replaced = 0;
@@ -112,8 +104,7 @@ absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(co
       incoming_bytes_ += nbytes;
     }
     held = HeldLocked();
-    break;
-  }
+  });
   if (!left_behind.empty()) LogLeftBehind(key, went_on_from, left_behind);
   if (!freed.empty() || !left_behind.empty() || (made.ok() && counted)) Changed(held);
   ZCC_RETURN_IF_ERROR(made);
@@ -140,20 +131,12 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* 
   const absl::Time arrived = replica.info.received;
   const bool pushed_whole = IsManifest(key) && !replica.info.own;
   auto piece = std::make_shared<const Replica>(std::move(replica));
-  // The room is asked outside the lock (it reads the trainers' staging,
-  // whose admission shrinks this store under its own lock). An admission
-  // begun meanwhile may have taken it: asked again then. (One begun after
-  // the lock is taken counts this piece, and shrinks the store if needed.)
   std::vector<std::shared_ptr<const void>> freed;  // freed after the lock
   Held held;
   std::vector<int64_t> left_behind;
   absl::Status put;
   bool uncounted = false;  // its room no longer counted: held moved
-  for (int attempt = 1;; ++attempt) {
-    const uint64_t moves = room_moves_ != nullptr ? room_moves_->load() : 0;
-    const uint64_t most = cap();
-    zcc::MutexLock lock(&mu_);
-    if (room_moves_ != nullptr && room_moves_->load() != moves && attempt < 5) continue;
+  WithCapLocked([&](uint64_t most) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (went_on_from >= 0) {
       left_behind = DropLeftBehindLocked(key, &freed);
       NoteWentOnLocked(key, went_on_from, arrived);
@@ -162,8 +145,7 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* 
     if (room != nullptr) uncounted = UncountLocked(room);
     put = PutLocked(std::move(piece), most, &freed);
     held = HeldLocked();
-    break;
-  }
+  });
   if (!left_behind.empty()) LogLeftBehind(key, went_on_from, left_behind);
   if (!put.ok() && left_behind.empty() && !uncounted) return put;
   Changed(held);

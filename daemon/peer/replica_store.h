@@ -239,6 +239,22 @@ class ReplicaStore {
   // A newer step of the piece's rank is held here whole.
   bool SupersededLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PinnedLocked(const ReplicaKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls `f(cap)` under mu_ once, cap() asked outside the lock (it reads
+  // the trainers' staging, whose admission shrinks this store under its
+  // own lock). An admission begun meanwhile may have taken the room: asked
+  // again then (up to 4 times). One begun after the lock is taken counts
+  // what `f` keeps, and shrinks the store if needed.
+  template <typename F>
+  void WithCapLocked(F&& f) ABSL_LOCKS_EXCLUDED(mu_) {
+    for (int attempt = 1;; ++attempt) {
+      const uint64_t moves = room_moves_ != nullptr ? room_moves_->load() : 0;
+      const uint64_t most = cap();
+      zcc::MutexLock lock(&mu_);
+      if (room_moves_ != nullptr && room_moves_->load() != moves && attempt < 5) continue;
+      f(most);
+      return;
+    }
+  }
   // `room` no longer counted; false where it was not (Put, revoked).
   bool UncountLocked(Incoming* room) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops what gives way to a piece of `n` bytes under `key` (see Put),
