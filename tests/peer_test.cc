@@ -818,7 +818,8 @@ TEST_CASE("a static peer that runs none of a job's ranks is told when the job go
       },
       absl::Seconds(60)));
   INFO(b.Log());
-  CHECK(absl::StrContains(c.Log(), "that it went on from step 5 (it runs none of the job's ranks)"));
+  CHECK(absl::StrContains(c.Log(),
+                          "that it went on from step 5 (it runs none of the job's ranks)"));
   KillAll(trainers);
   a->process()->Signal(SIGCONT);
   a->Kill();

@@ -67,9 +67,8 @@ bool ReplicaStore::UncountLocked(Incoming* room) {
   return true;
 }
 
-absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(const ReplicaKey& key,
-                                                                               uint64_t nbytes,
-                                                                               int64_t went_on_from) {
+absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(
+    const ReplicaKey& key, uint64_t nbytes, int64_t went_on_from) {
   if (nbytes > budget_bytes_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("a piece of ", nbytes, " bytes is larger than this zccd's replica budget (",
