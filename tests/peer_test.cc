@@ -157,6 +157,28 @@ void AwaitReplicated(const std::string& dir, std::initializer_list<Daemon*> zccd
   }
 }
 
+// Two ranks of `job`, rank i on on[i], sharing a collective and reporting
+// their nodes: steps to 12, step 5 committed, a step every 1.5 s; paused
+// after step 9, which on SIGUSR1 goes back to step 5 ("went_back_to=5")
+// and trains on.
+std::vector<std::unique_ptr<Subprocess>> StartGoingBack(const std::string& dir,
+                                                        const std::string& job,
+                                                        std::initializer_list<Daemon*> on) {
+  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  int rank = 0;
+  for (Daemon* d : on) {
+    trainers.push_back(StartTrainer(
+        *d, dir, absl::StrCat("train", rank),
+        {"--job=" + job, absl::StrCat("--rank=", rank),
+         absl::StrCat("--world=", on.size()), "--steps=12",
+         "--save_every=5", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
+         "--pause_at=9", "--go_back_at=9", "--go_back_to=5", "--step_ms=1500"}));
+    ++rank;
+  }
+  return trainers;
+}
+
 // SIGKILLs the trainers and reaps them (gone for their zccds too).
 void KillAll(const std::vector<std::unique_ptr<Subprocess>>& trainers) {
   for (const auto& t : trainers) {
@@ -624,21 +646,10 @@ TEST_CASE("a job that went back and lost a node before that node's first step af
   REQUIRE(a->Start());
   REQUIRE(b.Start());
   REQUIRE(c.Start());
-  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
-  std::vector<std::unique_ptr<Subprocess>> trainers;
-  int rank = 0;
-  for (Daemon* d : {a.get(), &b}) {
-    trainers.push_back(StartTrainer(
-        *d, dir, absl::StrCat("train", rank),
-        {"--job=back", absl::StrCat("--rank=", rank), "--world=2", "--steps=12",
-         "--save_every=5", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
-         "--pause_at=9", "--go_back_at=9", "--go_back_to=5",
-         // (each replicated step serialized before the next is due) and the
-         // time between the restore and the first step after it, in which
-         // node A's zccd is stopped below
-         "--step_ms=1500"}));
-    ++rank;
-  }
+  // (A step every 1.5 s: each replicated step serialized before the next
+  // is due, and time between the restore and the first step after it, in
+  // which node A's zccd is stopped below.)
+  std::vector<std::unique_ptr<Subprocess>> trainers = StartGoingBack(dir, "back", {a.get(), &b});
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("paused", absl::Seconds(90)));
   REQUIRE(WaitForPath(root + "/back/step-00000005/COMMITTED", absl::Seconds(60)));
   AwaitReplicated(dir, {a.get(), &b}, 8);
@@ -786,17 +797,7 @@ TEST_CASE("a static peer that runs none of a job's ranks is told when the job go
   REQUIRE(c.Start());
   // Steps 6 and 8 of both ranks replicated to node b, step 5 committed; at
   // step 9 both ranks go back to step 5 and train on.
-  const std::string collective = absl::StrCat("127.0.0.1:", FreeTcpPort());
-  std::vector<std::unique_ptr<Subprocess>> trainers;
-  int rank = 0;
-  for (Daemon* d : {a.get(), &c}) {
-    trainers.push_back(StartTrainer(
-        *d, dir, absl::StrCat("train", rank),
-        {"--job=sback", absl::StrCat("--rank=", rank), "--world=2", "--steps=12",
-         "--save_every=5", "--share_peers", "--collective=" + collective, "--linger_ms=60000",
-         "--pause_at=9", "--go_back_at=9", "--go_back_to=5", "--step_ms=1500"}));
-    ++rank;
-  }
+  std::vector<std::unique_ptr<Subprocess>> trainers = StartGoingBack(dir, "sback", {a.get(), &c});
   for (auto& t : trainers) REQUIRE(t->WaitForOutput("paused", absl::Seconds(90)));
   REQUIRE(WaitForPath(root + "/sback/step-00000005/COMMITTED", absl::Seconds(60)));
   AwaitReplicated(dir, {a.get(), &c}, 8);
