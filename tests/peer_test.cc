@@ -819,8 +819,13 @@ TEST_CASE("a static peer that runs none of a job's ranks is told when the job go
       },
       absl::Seconds(60)));
   INFO(b.Log());
-  CHECK(absl::StrContains(c.Log(),
-                          "that it went on from step 5 (it runs none of the job's ranks)"));
+  // (Node c says so once node b's answer is back, a moment after b's drop.)
+  CHECK(zcc::testing::Eventually(
+      [&] {
+        return absl::StrContains(c.Log(),
+                                 "that it went on from step 5 (it runs none of the job's ranks)");
+      },
+      absl::Seconds(30)));
   KillAll(trainers);
   a->process()->Signal(SIGCONT);
   a->Kill();

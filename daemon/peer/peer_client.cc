@@ -79,7 +79,7 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
 absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nbytes,
                               uint64_t xxh3, absl::Duration timeout, CallCancel* cancel,
                               int64_t went_on_from, uint64_t offset, uint64_t length,
-                              bool* kept) {
+                              bool* kept, const std::vector<std::string>* with_pieces) {
   if (length == 0) {
     offset = 0;
     length = nbytes;
@@ -104,6 +104,9 @@ absl::Status PeerClient::Push(const ReplicaKey& key, const void* data, size_t nb
   if (length != nbytes) {
     header->set_offset(offset);
     header->set_length(length);
+  }
+  if (with_pieces != nullptr) {
+    for (const std::string& name : *with_pieces) header->add_with_pieces(name);
   }
   bool sent = writer->Write(chunk);
   const auto* bytes = static_cast<const char*>(data) + offset;

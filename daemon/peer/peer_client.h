@@ -47,11 +47,13 @@ class PeerClient {
   // 0: only the part [offset, offset + length) of the piece (a peer whose
   // Hello says takes_parts keeps the piece once all its parts arrived).
   // `kept` (may be null): whether the peer keeps the piece now (a part:
-  // this one completed it).
+  // this one completed it). `with_pieces` (a rank's manifest, pushed whole;
+  // may be null): the step's other pieces pushed to the peer before it,
+  // each of which it must hold to take the step for whole.
   absl::Status Push(const ReplicaKey& key, const void* data, size_t nbytes, uint64_t xxh3,
                     absl::Duration timeout, CallCancel* cancel = nullptr,
                     int64_t went_on_from = -1, uint64_t offset = 0, uint64_t length = 0,
-                    bool* kept = nullptr);
+                    bool* kept = nullptr, const std::vector<std::string>* with_pieces = nullptr);
   // The piece's bytes, checked against the size and XXH3 the peer sent first.
   // `cancel` (may be null) ends the call early (Cancelled).
   absl::StatusOr<std::string> Pull(const ReplicaKey& key, absl::Duration timeout,

@@ -116,7 +116,13 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
         " bytes this zccd's staging budget leaves for replicas beside its trainers "
         "(raise staging_budget_bytes)")));
   }
-  if (header.length() > 0) return PushPart(*ctx, reader, header, from, resp);
+  if (header.length() > 0) {
+    // (Only a rank's manifest, a few KB and pushed whole, names pieces.)
+    if (header.with_pieces_size() > 0) {
+      return refuse(absl::InvalidArgumentError("a piece pushed in parts names no other pieces"));
+    }
+    return PushPart(*ctx, reader, header, from, resp);
+  }
   if (header.offset() != 0) {
     return refuse(absl::InvalidArgumentError("a push with an offset names the part's length"));
   }
@@ -156,6 +162,7 @@ grpc::Status PeerService::PushReplica(grpc::ServerContext* ctx,
   replica.info.xxh3 = header.xxh3();
   replica.info.from_node = from;
   replica.info.received = absl::Now();
+  replica.with_pieces.assign(header.with_pieces().begin(), header.with_pieces().end());
   if (absl::Status st = store_->Put(std::move(replica), went_on_from, room->get()); !st.ok()) {
     return refuse(st);
   }

@@ -256,6 +256,34 @@ TEST_CASE("peer service: a piece being received takes its room from the start, a
   CHECK(a.store.bytes_held() == (7 << 20));
 }
 
+TEST_CASE("peer service: a manifest makes its step whole only where the pieces it names are "
+          "held") {
+  PeerServer a(Tls("node-a"));
+  PeerClient b = ClientOf(a, Tls("node-b"));
+  const ReplicaKey manifest{"llama", 1000, 3, 20, "r00003.manifest.json"};
+  const std::string json = "{}";
+  const uint64_t sum = format::Xxh3(json.data(), json.size());
+  const std::vector<std::string> with = {kKey.piece};
+  // Its data never came (or went): refused, saying which piece.
+  const absl::Status refused = b.Push(manifest, json.data(), json.size(), sum, kTimeout, nullptr,
+                                      -1, 0, 0, nullptr, &with);
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains(kKey.piece));
+  CHECK_FALSE(a.store.Get(manifest).ok());
+  const std::string bytes = Pattern(1000);
+  REQUIRE_OK(b.Push(kKey, bytes.data(), bytes.size(), kTimeout));
+  REQUIRE_OK(b.Push(manifest, json.data(), json.size(), sum, kTimeout, nullptr, -1, 0, 0, nullptr,
+                    &with));
+  CHECK(a.store.Get(manifest).ok());
+  // A part names no pieces.
+  const std::string big = Pattern(2 << 20);
+  const absl::Status part =
+      b.Push(ReplicaKey{"llama", 1000, 3, 21, "w"}, big.data(), big.size(),
+             format::Xxh3(big.data(), big.size()), kTimeout, nullptr, -1, 0, 1 << 20, nullptr,
+             &with);
+  CHECK(part.code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("peer service: a piece is served only for the job and uid it was pushed for") {
   PeerServer a(Tls("node-a"));
   PeerClient b = ClientOf(a, Tls("node-b"));

@@ -142,7 +142,8 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* 
     }
     // The piece takes its own room (one revoked is room no more).
     if (room != nullptr) uncounted = UncountLocked(room);
-    put = PutLocked(std::move(piece), most, &freed);
+    put = MissingPieceLocked(*piece);
+    if (put.ok()) put = PutLocked(std::move(piece), most, &freed);
     held = HeldLocked();
   });
   if (!left_behind.empty()) LogLeftBehind(key, went_on_from, left_behind);
@@ -150,6 +151,23 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* 
   Changed(held);
   ZCC_RETURN_IF_ERROR(put);
   if (pushed_whole && on_pushed_whole_) on_pushed_whole_(key);
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaStore::MissingPieceLocked(const Replica& manifest) const {
+  const ReplicaKey& key = manifest.info.key;
+  if (manifest.with_pieces.empty()) return absl::OkStatus();
+  if (!IsManifest(key)) {
+    return absl::InvalidArgumentError(absl::StrCat("piece '", key.piece, "' is not rank ",
+                                                   key.rank, "'s manifest: it names no pieces"));
+  }
+  for (const std::string& name : manifest.with_pieces) {
+    if (held_.count(ReplicaKey{key.job_id, key.uid, key.rank, key.step, name}) > 0) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the manifest of step ", key.step, " of rank ", key.rank, " came without piece '", name,
+        "' of the step held here (dropped while the manifest was on its way: for room, or as "
+        "the run the rank left); the step is not taken for whole"));
+  }
   return absl::OkStatus();
 }
 

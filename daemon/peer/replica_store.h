@@ -56,6 +56,10 @@ struct ReplicaInfo {
 struct Replica {
   ReplicaInfo info;
   std::string bytes;
+  // A rank's manifest pushed by another zccd: the step's other pieces it
+  // pushed here before it (PushReplica's with_pieces). Put keeps the
+  // manifest, which makes the step whole here, only where each is held.
+  std::vector<std::string> with_pieces;
 };
 
 class ReplicaStore {
@@ -131,7 +135,11 @@ class ReplicaStore {
   // takes them (a late piece of an older step, without the flag, drops
   // nothing); and the rank's going on is noted for DropLeftBehind.
   // ResourceExhausted, keeping everything held, when the piece alone is
-  // larger than the budget or nothing may give way.
+  // larger than the budget or nothing may give way. FailedPrecondition,
+  // keeping nothing of it, for a manifest one of whose `with_pieces` is not
+  // held (dropped while the manifest was on its way: for room, or as the
+  // run its rank left; an empty step must not pass for whole, nor push
+  // out the rank's older whole step).
   // With `room`, the piece takes the room reserved for it (unless revoked).
   absl::Status Put(Replica replica, int64_t went_on_from = -1, Incoming* room = nullptr);
 
@@ -267,6 +275,11 @@ class ReplicaStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void LogLeftBehind(const ReplicaKey& key, int64_t went_on_from,
                             const std::vector<int64_t>& steps);
+  // For a manifest naming `with_pieces`: FailedPrecondition where one of
+  // them is not held (see Put); InvalidArgument where a piece that is not
+  // a manifest names any.
+  absl::Status MissingPieceLocked(const Replica& manifest) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `cap`: the most bytes the store may hold (its budget, or less: room_).
   // Pieces dropped for room go to `freed`.
   absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,

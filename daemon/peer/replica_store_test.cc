@@ -521,6 +521,59 @@ TEST_CASE("replica store: a rank's manifest completes its step, so older steps g
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 2, "w"}).status());
 }
 
+TEST_CASE("replica store: a manifest whose step lost a piece on the way does not make the step "
+          "whole, nor push out the rank's older whole step") {
+  std::vector<ReplicaKey> whole;
+  ReplicaStore store(201, nullptr, [&whole](const ReplicaKey& k) { whole.push_back(k); });
+  PutWhole(store, 1, 100);
+  whole.clear();
+  REQUIRE_OK(store.Put(Piece(2, "w", 100)));
+  // A registration takes step 2's data back (part-received goes first)
+  // while its manifest is on its way.
+  CHECK(store.ShrinkTo(101) == 100);
+  Replica manifest = Piece(2, "r00000.manifest.json", 1);
+  manifest.with_pieces = {"w"};
+  const absl::Status refused = store.Put(std::move(manifest));
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("without piece 'w'"));
+  CHECK(whole.empty());
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 2, "r00000.manifest.json"}).ok());
+  // Step 1 is still the newest whole: a piece of step 3 may not take its room.
+  CHECK(store.Put(Piece(3, "w", 150)).code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).status());
+  CHECK(store.bytes_held() == 101);
+  // Pushed again, data first: whole, and step 1 gives way to it.
+  REQUIRE_OK(store.Put(Piece(2, "w", 100)));
+  manifest = Piece(2, "r00000.manifest.json", 1);
+  manifest.with_pieces = {"w"};
+  REQUIRE_OK(store.Put(std::move(manifest)));
+  REQUIRE(whole.size() == 1);
+  CHECK(whole.front().step == 2);
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 1, "w"}).ok());
+  // Only a manifest names pieces.
+  Replica data = Piece(4, "x", 1);
+  data.with_pieces = {"w"};
+  CHECK(store.Put(std::move(data)).code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("replica store: a manifest of the run left, landing after the going back dropped its "
+          "step, does not make the step whole again") {
+  std::vector<ReplicaKey> whole;
+  ReplicaStore store(1000, nullptr, [&whole](const ReplicaKey& k) { whole.push_back(k); });
+  PutWhole(store, 10, 10);
+  REQUIRE_OK(store.Put(Piece(20, "w", 10)));  // (its manifest still on the wire)
+  whole.clear();
+  // The job went back to step 10 (this zccd's own ranks went on).
+  const auto dropped = store.DropLeftBehind("job", 1000, 10, absl::Now());
+  REQUIRE(dropped.count(0) == 1);
+  CHECK(dropped.at(0) == std::set<int64_t>{20});
+  Replica late = Piece(20, "r00000.manifest.json", 1);
+  late.with_pieces = {"w"};
+  CHECK(store.Put(std::move(late)).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(whole.empty());
+  CHECK(store.List("job", 1000).size() == 2);  // (step 10's)
+}
+
 TEST_CASE("replica store: holds no more than the room its memory budget leaves beside staging") {
   uint64_t room = 250;
   ReplicaStore store(1000, nullptr, nullptr, [&room] { return room; });

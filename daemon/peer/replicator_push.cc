@@ -68,6 +68,8 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     uint64_t length = 0;  // 0: the whole file
   };
   std::vector<Send> sends;
+  const std::vector<std::string> before_manifest(
+      files.begin(), files.empty() ? files.begin() : files.end() - 1);
   const std::optional<PeerState> state = directory_->State(buddy);
   const uint64_t part = state.has_value() && state->takes_parts ? options_.part_bytes : 0;
   for (size_t i = 0; i + 1 < files.size(); ++i) {
@@ -140,10 +142,13 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     if (!piece.ok() || (*piece)->bytes.size() != size) return missing();
     const std::string& bytes = (*piece)->bytes;
     // Its checksum from when it was kept: the bytes are not summed again.
+    // The manifest names the files sent before it, which the buddy must
+    // hold still to take the step for whole.
     bool kept = false;
     const absl::Status pushed = directory_->Client(buddy, lane)->Push(
         key, bytes.data(), bytes.size(), (*piece)->info.xxh3, options_.push_timeout, &push_cancel,
-        went_on_from, offset, length, &kept);
+        went_on_from, offset, length, &kept,
+        file + 1 == files.size() ? &before_manifest : nullptr);
     std::move(leave).Invoke();
     ZCC_RETURN_IF_ERROR(pushed);
     {

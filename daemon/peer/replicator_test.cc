@@ -282,6 +282,26 @@ TEST_CASE("a step's files go to a buddy several at a time, each on a connection 
   CHECK(manifest >= newest_data);
 }
 
+TEST_CASE("a manifest that reaches a buddy after the step's data was dropped there is refused, "
+          "and the step is pushed again") {
+  Buddy buddy;
+  REQUIRE(buddy.server != nullptr);
+  ToOneBuddy self(buddy);
+  // The data passes; the manifest waits at the buddy's door while the
+  // buddy drops the data (a registration took the room).
+  buddy.Hold(true, /*pass=*/1);
+  REQUIRE_OK(self.replicator.Enqueue("j", 0, Step(5)));
+  buddy.ExpectArrivedStays(2);
+  REQUIRE(buddy.store.Get(ReplicaKey{"j", 0, 0, 5, "model-r00000.safetensors"}).ok());
+  CHECK(buddy.store.ShrinkTo(0) == 4096);
+  buddy.Hold(false);
+  // Refused ("came without piece ..."), tried again: whole at the buddy.
+  REQUIRE(testing::Eventually([&] { return self.replicator.Stats("j").replicated_step == 5; },
+                              absl::Seconds(30), absl::Milliseconds(5)));
+  CHECK(buddy.Holds(5));
+  CHECK(buddy.pushes == 4);
+}
+
 TEST_CASE("a step's files under way to a buddy keep to the bytes allowed in flight") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
