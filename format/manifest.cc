@@ -55,6 +55,8 @@ bool ParseHex64(absl::string_view text, uint64_t* value) {
   return true;
 }
 
+}  // namespace
+
 // Shard files are opened inside the step directory by these names, so a name
 // must stay a single path component.
 absl::Status ValidatePlainFileName(absl::string_view name) {
@@ -77,6 +79,8 @@ absl::Status ValidatePlainFileName(absl::string_view name) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // Typed access to the fields of one JSON object read from disk. Every failure
 // is DataLoss and names the object (`where`) and the field.

@@ -169,6 +169,10 @@ absl::StatusOr<int64_t> ParseStepDirName(absl::string_view name);
 std::string ShardFileName(absl::string_view prefix, uint32_t rank);
 std::string ExtraFileName(uint32_t rank);           // "extra-r00003.bin" (safetensors of U8 blobs)
 std::string ManifestFileName(uint32_t rank);        // "r00003.manifest.json"
+// InvalidArgument unless `name` is one plain path component (a file of a
+// step directory): not empty, ".", "..", nor over 255 bytes; no '/' nor
+// control character.
+absl::Status ValidatePlainFileName(absl::string_view name);
 inline constexpr char kCommittedFileName[] = "COMMITTED";
 inline constexpr char kLatestFileName[] = "latest";
 inline constexpr char kModelIndexFileName[] = "model.safetensors.index.json";

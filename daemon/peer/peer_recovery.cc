@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -18,6 +19,7 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "format/checksum.h"
 #include "format/manifest.h"
 #include "storage/io_pipeline.h"
 #include "storage/whole_file.h"
@@ -26,35 +28,71 @@ namespace zcc::daemon::peer {
 namespace {
 
 constexpr char kPullSuffix[] = ".pull.";  // a file being pulled: <name>.pull.<pid>.<n>
+// The longest a manifest's pull may take before its holder is passed over.
+constexpr absl::Duration kManifestTimeout = absl::Seconds(30);
 
-// A piece's bytes: this zccd's own without a copy (the pointer shares the
-// held piece), a peer's as pulled and checked.
-absl::StatusOr<std::shared_ptr<const std::string>> Fetch(const std::string& holder,
-                                                         const ReplicaKey& key,
-                                                         const RecoverySources& s) {
+// The most bytes reserved at once for a piece pulled into memory: its size
+// comes from the peer, and an allocation that fails would end zccd (a
+// larger piece grows as it arrives, up to the size it was checked against).
+constexpr uint64_t kMaxReserve = uint64_t{256} << 20;
+
+// A piece's bytes as `holder` serves them: this zccd's own without a copy
+// (the pointer shares the held piece), checked against the checksum it was
+// kept with; a peer's as pulled (within `timeout`) and checked. `size_ok`
+// says whether a size may be the piece's: a peer's announcement is refused
+// before anything is allocated for it.
+absl::StatusOr<std::shared_ptr<const std::string>> Fetch(
+    const std::string& holder, const ReplicaKey& key, const RecoverySources& s,
+    absl::Duration timeout, absl::FunctionRef<absl::Status(uint64_t)> size_ok) {
   if (holder == kThisZccd) {
     ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const Replica> r, s.own->Get(key));
+    ZCC_RETURN_IF_ERROR(size_ok(r->bytes.size()));
+    if (format::Xxh3(r->bytes.data(), r->bytes.size()) != r->info.xxh3) {
+      return absl::DataLossError(absl::StrCat(
+          "this zccd's copy of piece '", key.piece, "' of step ", key.step,
+          " no longer matches its checksum (damaged in memory)"));
+    }
     return std::shared_ptr<const std::string>(r, &r->bytes);
   }
-  ZCC_ASSIGN_OR_RETURN(std::string pulled,
-                       s.directory->Client(holder)->Pull(key, s.timeout, s.cancel));
-  return std::make_shared<const std::string>(std::move(pulled));
+  auto bytes = std::make_shared<std::string>();
+  ZCC_RETURN_IF_ERROR(s.directory->Client(holder)->PullInto(
+      key, timeout,
+      [&](uint64_t n) {
+        ZCC_RETURN_IF_ERROR(size_ok(n));
+        bytes->reserve(std::min(n, kMaxReserve));
+        return absl::OkStatus();
+      },
+      [&](absl::string_view chunk) {
+        bytes->append(chunk.data(), chunk.size());
+        return absl::OkStatus();
+      },
+      s.cancel));
+  return std::shared_ptr<const std::string>(std::move(bytes));
+}
+
+// A data file of a rank's step is as long as the rank's manifest says.
+auto SizeIs(const std::string& name, uint64_t expected) {
+  return [&name, expected](uint64_t n) {
+    if (n == expected) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat("the holder's ", name, " is ", n,
+                                            " bytes; the rank's manifest says ", expected));
+  };
 }
 
 // Pulls `key` from a peer straight into `path`: chunk by chunk into a
 // temporary file as it arrives (no copy of the piece in memory; the disk
 // writes while the network delivers), renamed into place once the piece is
-// whole and checked, removed otherwise. Returns its size.
-absl::StatusOr<uint64_t> PullToFile(PeerClient& peer, const ReplicaKey& key,
-                                    storage::Storage& fs, const std::string& path,
-                                    absl::Duration timeout, CallCancel* cancel) {
+// whole and checked, removed otherwise. The peer's size must be `expected`.
+absl::Status PullToFile(PeerClient& peer, const ReplicaKey& key, uint64_t expected,
+                        storage::Storage& fs, const std::string& path, absl::Duration timeout,
+                        CallCancel* cancel) {
   static std::atomic<uint64_t> sequence{0};
   const std::string tmp = absl::StrCat(path, kPullSuffix, ::getpid(), ".", sequence.fetch_add(1));
   ZCC_ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file,
                        fs.OpenForWrite(tmp, storage::OpenOptions()));
   uint64_t offset = 0;
   absl::Status st = peer.PullInto(
-      key, timeout, [](uint64_t) { return absl::OkStatus(); },
+      key, timeout, SizeIs(key.piece, expected),
       [&](absl::string_view chunk) {
         const absl::Status written = storage::WriteAt(*file, offset, chunk.data(), chunk.size());
         offset += chunk.size();
@@ -65,36 +103,35 @@ absl::StatusOr<uint64_t> PullToFile(PeerClient& peer, const ReplicaKey& key,
   const absl::Status closed = file->Close();
   if (st.ok()) st = closed;
   if (st.ok()) st = fs.Rename(tmp, path);
-  if (!st.ok()) {
-    (void)fs.Remove(tmp);
-    return st;
-  }
-  return offset;
+  if (!st.ok()) (void)fs.Remove(tmp);
+  return st;
 }
 
-// Writes the piece `key` from `holder` into `path`; returns its size.
-absl::StatusOr<uint64_t> Place(const std::string& holder, const ReplicaKey& key,
-                               storage::Storage& fs, const std::string& path,
-                               const RecoverySources& s) {
+// Writes the data file `key` of `expected` bytes from `holder` into `path`.
+absl::Status Place(const std::string& holder, const ReplicaKey& key, uint64_t expected,
+                   storage::Storage& fs, const std::string& path, const RecoverySources& s) {
   // A peer's piece streams into the file where the storage writes files in
   // parts (an object store writes each whole: through memory).
   if (holder != kThisZccd && !fs.atomic_file_writes(path)) {
-    return PullToFile(*s.directory->Client(holder), key, fs, path, s.timeout, s.cancel);
+    return PullToFile(*s.directory->Client(holder), key, expected, fs, path, s.timeout, s.cancel);
   }
-  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> bytes, Fetch(holder, key, s));
-  ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, *bytes));
-  return bytes->size();
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> bytes,
+                       Fetch(holder, key, s, s.timeout, SizeIs(key.piece, expected)));
+  return storage::WriteFileAtomic(fs, path, *bytes);
 }
 
-// Writes every file of `rank`'s part of `step` into `dir`, each from the
-// first of `holders` that serves it intact.
+// Writes `rank`'s part of `step` into `dir`: each file its manifest names
+// (plain names, checked as it was decoded; not the names a holder lists)
+// from the first of `holders` that serves it intact and as long as the
+// manifest says, then the manifest itself, as held.
 absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::string& dir,
-                       int64_t step, uint32_t rank, const RankHolders& holders,
+                       int64_t step, uint32_t rank, const RecoveryPlan& plan,
                        storage::Storage& fs, const RecoverySources& s) {
+  const RankHolders& holders = plan.ranks.at(rank);
   uint64_t bytes = 0;
   const absl::Time began = absl::Now();
-  // The names the first holder lists (it holds the rank's manifest: all of them).
-  for (const std::string& name : holders.front().second) {
+  for (const format::ManifestFile& f : plan.decoded.at(rank).files) {
+    const std::string& name = f.name;
     if (s.cancel != nullptr && s.cancel->cancelled()) {
       return absl::CancelledError(absl::StrCat("the write of step ", step, " was stopped"));
     }
@@ -102,16 +139,16 @@ absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::strin
     bool written = false;
     for (const auto& [holder, files] : holders) {
       if (files.count(name) == 0) continue;
-      auto placed =
-          Place(holder, ReplicaKey{job_id, uid, rank, step, name}, fs, JoinPath(dir, name), s);
+      const absl::Status placed = Place(holder, ReplicaKey{job_id, uid, rank, step, name}, f.bytes,
+                                        fs, JoinPath(dir, name), s);
       if (!placed.ok()) {
         // Damaged or gone (or not writable here): the next holder.
         ZCC_LOG(WARNING) << "job " << job_id << ": " << name << " of step " << step << " from "
-                         << (holder.empty() ? "this zccd" : holder) << ": " << placed.status();
-        last = placed.status();
+                         << (holder.empty() ? "this zccd" : holder) << ": " << placed;
+        last = placed;
         continue;
       }
-      bytes += *placed;
+      bytes += f.bytes;
       written = true;
       break;
     }
@@ -119,6 +156,10 @@ absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::strin
       return absl::Status(last.code(), absl::StrCat(name, " of rank ", rank, ": ", last.message()));
     }
   }
+  const std::string& manifest = plan.manifests.at(rank);
+  ZCC_RETURN_IF_ERROR(
+      storage::WriteFileAtomic(fs, JoinPath(dir, format::ManifestFileName(rank)), manifest));
+  bytes += manifest.size();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - began);
   ZCC_LOG(INFO) << "job " << job_id << ": rank " << rank << " of step " << step << ", " << bytes
                 << " bytes, fetched and written in " << seconds << " s ("
@@ -150,8 +191,7 @@ absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std:
   absl::Status first_error;
   auto worker = [&] {
     for (size_t i = next.fetch_add(1); i < ranks.size(); i = next.fetch_add(1)) {
-      const absl::Status st = PlaceRank(job_id, uid, dir, step, ranks[i]->first,
-                                        ranks[i]->second, fs, s);
+      const absl::Status st = PlaceRank(job_id, uid, dir, step, ranks[i]->first, plan, fs, s);
       if (!st.ok()) {
         zcc::MutexLock lock(&mu);
         if (first_error.ok()) first_error = st;
@@ -210,7 +250,14 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
       const std::string manifest = format::ManifestFileName(rank);
       for (const auto& [holder, files] : holders) {
         if (files.count(manifest) == 0) continue;
-        auto bytes = Fetch(holder, ReplicaKey{job_id, uid, rank, step, manifest}, s);
+        // (A few MB at most: a holder that does not answer soon is passed over.)
+        auto bytes = Fetch(holder, ReplicaKey{job_id, uid, rank, step, manifest}, s,
+                           std::min(s.timeout, kManifestTimeout), [&manifest](uint64_t n) {
+                             if (n <= format::kMaxManifestBytes) return absl::OkStatus();
+                             return absl::DataLossError(absl::StrCat(
+                                 "its ", manifest, " is ", n, " bytes, over the ",
+                                 format::kMaxManifestBytes, " a manifest may be"));
+                           });
         if (!bytes.ok()) {
           why = std::string(bytes.status().message());
           continue;

@@ -21,6 +21,7 @@
 #include "common/validate.h"
 #include "daemon/peer/replica_proto.h"
 #include "format/checksum.h"
+#include "format/manifest.h"
 
 namespace zcc::daemon::peer {
 namespace {
@@ -36,8 +37,10 @@ absl::Status RoomTakenBack(const ReplicaKey& key) {
 
 absl::Status ValidateReplicaKey(const ReplicaKey& key) {
   if (absl::Status st = ValidateJobId(key.job_id); !st.ok()) return st;
-  if (absl::Status st = ValidateTensorName(key.piece); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("replica piece: ", st.message()));
+  // A piece is a file of a rank's step, written under its name into a step
+  // directory when a lost node's step is recovered: one path component.
+  for (absl::Status st : {ValidateTensorName(key.piece), format::ValidatePlainFileName(key.piece)}) {
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("replica piece: ", st.message()));
   }
   if (key.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("replica step ", key.step, " is negative"));

@@ -121,6 +121,11 @@ TEST_CASE("peer service: a piece pushed over mutual TLS comes back exactly") {
   auto none = b.Pull(empty, kTimeout);
   REQUIRE_OK(none.status());
   CHECK(none->empty());
+  // A piece is a file of a step's directory, named by one path component.
+  for (const char* name : {"../step-00000010/model.safetensors", "a/b", ".."}) {
+    const absl::Status refused = b.Push(ReplicaKey{"llama", 1000, 3, 20, name}, "x", 1, kTimeout);
+    CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST_CASE("peer service: a zccd without the cluster's certificate can neither push nor pull") {
@@ -550,6 +555,59 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
     auto names = fs.List("/ckpt/job/step-00000004.partial");
     REQUIRE_OK(names.status());
     for (const std::string& n : *names) CHECK(n.find(".pull.") == std::string::npos);
+  }
+  SECTION("this zccd's own copy, damaged in its memory, is passed over for a peer's") {
+    sources.peers = {good.target()};
+    Hold(own, r1, true);
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    REQUIRE(got->has_value());
+    CHECK(**got == 4);
+    for (const auto& f : r1.files) {
+      auto bytes = storage::ReadWholeFile(fs, "/ckpt/job/step-00000004/" + f.name, 1 << 30);
+      REQUIRE_OK(bytes.status());
+      CHECK(*bytes == f.bytes);
+    }
+  }
+  SECTION("what the manifest names is written, as long as it says: not a holder's other names "
+          "nor a longer file") {
+    sources.peers = {bad.target(), good.target()};
+    // The holder tried first serves rank 1's files intact by their
+    // checksums but longer, and lists files of its own, one outside the
+    // step's directory (as a peer that lies would).
+    for (const auto& f : r1.files) {
+      if (f.name.find("manifest") != std::string::npos) continue;
+      Replica r;
+      r.info.key = ReplicaKey{"job", 1000, 1, 4, f.name};
+      r.bytes = f.bytes + "more";
+      r.info.xxh3 = format::Xxh3(r.bytes.data(), r.bytes.size());
+      REQUIRE_OK(bad.store.Put(std::move(r)));
+    }
+    for (const std::string name : {"stray.bin", "../evil"}) {
+      Replica r;
+      r.info.key = ReplicaKey{"job", 1000, 1, 4, name};
+      r.bytes = "x";
+      r.info.xxh3 = format::Xxh3(r.bytes.data(), r.bytes.size());
+      REQUIRE_OK(bad.store.Put(std::move(r)));
+    }
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    REQUIRE(got->has_value());
+    CHECK(**got == 4);
+    for (const auto& f : r1.files) {
+      auto bytes = storage::ReadWholeFile(fs, "/ckpt/job/step-00000004/" + f.name, 1 << 30);
+      REQUIRE_OK(bytes.status());
+      CHECK(*bytes == f.bytes);
+    }
+    auto names = fs.List("/ckpt/job/step-00000004");
+    REQUIRE_OK(names.status());
+    for (const std::string& n : *names) CHECK(n.find("stray") == std::string::npos);
+    auto top = fs.List("/ckpt/job");
+    REQUIRE_OK(top.status());
+    for (const std::string& n : *top) CHECK(n.find("evil") == std::string::npos);
+    CHECK_FALSE(fs.Stat("/ckpt/job/step-00000004.partial/../evil").ok());
   }
   SECTION("a rank nobody holds: nothing") {
     sources.peers = {};

@@ -296,7 +296,10 @@ Replicator::Taken Replicator::Take(const Work& work) {
   taken.files = rs.pending_files;
   taken.last_buddies = js.last_buddies;
   taken.only_to = rs.repush_to;
-  taken.went_on_from = std::exchange(rs.went_on_from, -1);
+  // (Only with a step after the restore: a buddy check's push of an older
+  // step, taken before Enqueue kept the first step after it, would drop
+  // the rank's newer steps at the buddy, the one restored among them.)
+  taken.went_on_from = rs.pending_step > rs.went_on_from ? std::exchange(rs.went_on_from, -1) : -1;
   taken.gen = rs.pending_gen;
   taken.handed_in = rs.pending_handed_in;
   rs.pushing_step = taken.step;

@@ -97,20 +97,23 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
   std::map<size_t, bool> kept_whole;  // of the files sent in parts: whether the buddy kept it
   // Set with the first failure: the sends waiting for a lane give up.
   std::atomic<bool> failed{false};
-  auto send_one = [&](size_t file, uint64_t offset, uint64_t length) -> absl::Status {
-    const std::string& name = files[file];
-    {
-      zcc::MutexLock lock(&mu_);
-      if (stop_) return absl::CancelledError("zccd is stopping");
-      // Of the run the rank left (it went on from an older step): no more.
-      auto job = jobs_.find(job_id);
-      if (job != jobs_.end()) {
-        auto r = job->second.ranks.find(rank);
-        if (r != job->second.ranks.end() && r->second.push_left_behind) {
-          return absl::CancelledError("of the run left behind");
-        }
+  // Stopping, or the push is of the run the rank left (it went on from an
+  // older step: Enqueue says so before it keeps the new run's files).
+  auto ended = [&]() -> absl::Status {
+    zcc::MutexLock lock(&mu_);
+    if (stop_) return absl::CancelledError("zccd is stopping");
+    auto job = jobs_.find(job_id);
+    if (job != jobs_.end()) {
+      auto r = job->second.ranks.find(rank);
+      if (r != job->second.ranks.end() && r->second.push_left_behind) {
+        return absl::CancelledError("of the run left behind");
       }
     }
+    return absl::OkStatus();
+  };
+  auto send_one = [&](size_t file, uint64_t offset, uint64_t length) -> absl::Status {
+    const std::string& name = files[file];
+    ZCC_RETURN_IF_ERROR(ended());
     const ReplicaKey key{job_id, uid, rank, step, name};
     auto missing = [&]() {
       zcc::MutexLock lock(&result_mu);
@@ -139,6 +142,9 @@ absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job
     }
     absl::Cleanup leave = [&] { LeaveLane(buddy, lane, bytes_sent); };
     auto piece = store_->Get(key);
+    // (The new run's file of the same step number may have replaced it
+    // meanwhile: not sent after the old run's others.)
+    ZCC_RETURN_IF_ERROR(ended());
     if (!piece.ok() || (*piece)->bytes.size() != size) return missing();
     const std::string& bytes = (*piece)->bytes;
     // Its checksum from when it was kept: the bytes are not summed again.
