@@ -295,6 +295,35 @@ def test_lr_scheduler_in_either_order():
         assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())), scheduler_first
 
 
+def test_fence_survives_a_step_put_back():
+    """A loss scaler's path (Accelerate's AcceleratedOptimizer, the Trainer's
+    fp16) saves optimizer.step before the Checkpointer exists, patches it
+    for each step and puts the saved method back after it: every step still
+    fences first (a wrapper of the attribute would be gone after the first),
+    and one through the patch too."""
+    model, opt = make(lambda p: torch.optim.AdamW(p, lr=0.01))
+    saved = opt.step  # (as AcceleratedOptimizer.__init__ keeps it)
+    with Checkpointer(model, opt, job_id="putback", socket=NO_DAEMON) as ck:
+        fences = []
+        fence = ck.fence
+        ck.fence = lambda: (fences.append(1), fence())
+        opt.step = saved  # (as after Accelerate's first scaled step)
+
+        def scaled_step(step):
+            patched = opt.step
+            opt.step = lambda *a, **k: saved(*a, **k)  # (GradScaler.step's call)
+            opt.step()
+            opt.step = patched
+
+        train(model, opt, 3, ckpt=ck, before_step=scaled_step)
+        # Each of the 6 steps fenced first; ckpt.step found them fenced.
+        assert len(fences) == 6, len(fences)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()  # after close: no fence (the hook is gone), still steps
+    assert len(fences) == 6, len(fences)
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
 def test_probe_fires_no_step_hooks():
     """The probe step that lays out an unknown optimizer's state is not a
     step: PyTorch 2.x's step hooks (the optimizer's and the global ones) do

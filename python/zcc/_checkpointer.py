@@ -328,6 +328,10 @@ class CheckpointerBase:
         restart) restores from memory. Leaving a ``with`` block by an exception
         keeps them, and so does a Checkpointer that is never closed (a script
         that dies), as for a trainer that crashed."""
+        hook = getattr(self, "_step_hook", None)
+        if hook is not None:
+            hook.remove()
+            self._step_hook = None
         opt = self.optimizer
         if self._wrapped_step is not None and opt is not None and \
                 opt.__dict__.get("step") is self._wrapped_step:

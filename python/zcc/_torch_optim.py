@@ -5,6 +5,7 @@ fence that keeps it from overwriting tensors zcc is still copying."""
 
 import collections
 import operator
+import weakref
 
 import torch
 
@@ -80,8 +81,26 @@ class OptimizerBinding:
         return pieces
 
     def _wrap_optimizer_step(self):
-        # (CheckpointerBase's, carrying the LR schedulers' markers.)
-        super()._wrap_optimizer_step(markers=_LR_SCHEDULER_STEP_MARKERS)
+        """Fences before every optimizer.step. A torch.optim.Optimizer gets a
+        step pre-hook: it runs inside the optimizer's own step, whatever
+        stands in for the `step` attribute (Accelerate's and the Hugging Face
+        Trainer's loss-scaling paths put back, after each step, the method
+        they saved before the Checkpointer was made, which would drop a
+        wrapper and with it the fence: a step would then update tensors zcc
+        is still copying). Other optimizers get CheckpointerBase's wrapper,
+        carrying the LR schedulers' markers."""
+        register = getattr(self.optimizer, "register_step_pre_hook", None)
+        if register is None:
+            super()._wrap_optimizer_step(markers=_LR_SCHEDULER_STEP_MARKERS)
+            return
+        ref = weakref.ref(self)
+
+        def fence_first(_optimizer, _args, _kwargs):
+            ckpt = ref()
+            if ckpt is not None and not ckpt.client.closed:
+                ckpt.fence()
+
+        self._step_hook = register(fence_first)
 
     @torch.no_grad()
     def _bind_optimizer_state(self):

@@ -79,8 +79,11 @@ rank 0 warns.
 
 Fencing: zcc copies the registered tensors after ``step()`` returns, while the
 trainer goes on. The next ``optimizer.step()`` must not overwrite them before
-the copies have read them, so the constructor wraps ``optimizer.step`` with a
-fence (``fence_optimizer_step=True``). Code that updates parameters or
+the copies have read them, so the constructor makes ``optimizer.step`` fence
+first (``fence_optimizer_step=True``): a step pre-hook of a torch.optim
+optimizer, which fences whatever later stands in for its ``step`` attribute
+(a loss scaler's patch, an LR scheduler's counter), else a wrapper of the
+attribute. Code that updates parameters or
 optimizer state outside ``optimizer.step()`` must call ``ckpt.fence()`` first.
 Forward and backward only read the parameters, and buffers go through shadows.
 
@@ -184,7 +187,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         anything else is refused here, at construction.
       extra_bytes: the least capacity of each EXTRA blob; each is sized at
         construction to twice what it holds then, and grown when outgrown.
-      fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
+      fence_optimizer_step: make ``optimizer.step`` call ``fence()`` first.
       connect_timeout: how long ``restore()`` waits for the registration.
       prefetch_restore: zccd begins reading the newest checkpoint as this
         Checkpointer registers, so that ``restore()`` finds it read or under
@@ -328,6 +331,7 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         # tensors by address, for the broadcasts (_torch_restore).
         self._by_address = None
         self._wrapped_step = None
+        self._step_hook = None  # (or the step pre-hook that fences: _torch_optim)
         if optimizer is not None and fence_optimizer_step:
             self._wrap_optimizer_step()
 
