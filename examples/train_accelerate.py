@@ -40,8 +40,11 @@ def main(argv):
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
         use_stateful_dataloader=True, use_seedable_sampler=True))
     model = integration_common.tiny_llama()
-    # 400 sequences of 17 tokens: 50 batches of 8 an epoch, shuffled.
-    tokens = torch.randint(0, 256, (400, 17), generator=torch.Generator().manual_seed(1))
+    # 80 sequences of 17 tokens: 10 batches of 8 an epoch, shuffled, each
+    # epoch as the seedable sampler's seed and the epoch say (a run killed
+    # after step 17 resumes in the second epoch, a restart from step 10 at
+    # the end of the first).
+    tokens = torch.randint(0, 256, (80, 17), generator=torch.Generator().manual_seed(1))
     # Its own generator: a new iterator draws a seed for its workers from
     # the loader's generator, not from torch's, which the dropout draws from
     # (a resumed iterator is made at another step than the interrupted one).

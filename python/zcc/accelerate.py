@@ -22,13 +22,48 @@ for the objects ``accelerator.prepare`` returned. It registers the model and
 optimizer Accelerate wraps (``unwrap_model``, the AcceleratedOptimizer's and
 AcceleratedScheduler's own), takes rank and world size from the accelerator,
 and checkpoints the prepared data loader as ``state`` (it must be stateful:
-``DataLoaderConfiguration(use_stateful_dataloader=True)``). Everything else is
-zcc.torch's: see its docstring and python/README.md.
+``DataLoaderConfiguration(use_stateful_dataloader=True)``), with the epoch it
+is in (which seeds ``use_seedable_sampler``'s shuffle, and which the loader's
+own state leaves out), and the accelerator's loss scaler under fp16. Everything
+else is zcc.torch's: see its docstring and python/README.md.
 """
 
 import zcc.torch
+from zcc._grad_scaler import add_grad_scaler
 
 __all__ = ["Checkpointer"]
+
+_LOADER_KEY = "zcc_accelerate_loader"  # (a state without it: the loader's own, as saved before)
+
+
+class _PreparedLoader:
+    """A loader ``accelerator.prepare`` made, as a Stateful: its own state and
+    its epoch (``iteration``: each new iterator seeds a seedable sampler with
+    it; a run resumed without it would shuffle every later epoch as the
+    first)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def state_dict(self):
+        state = {_LOADER_KEY: 1, "loader": self.loader.state_dict()}
+        epoch = getattr(self.loader, "iteration", None)
+        if epoch is not None:
+            # Past its epoch's last batch the loader counts the next epoch
+            # only once that iterator ends; a resumed one, whose iterator
+            # ends at once, would begin the same epoch again.
+            if getattr(self.loader, "end_of_dataloader", False):
+                epoch += 1
+            state["epoch"] = epoch
+        return state
+
+    def load_state_dict(self, state):
+        if not isinstance(state, dict) or _LOADER_KEY not in state:
+            self.loader.load_state_dict(state)
+            return
+        if "epoch" in state and hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(state["epoch"])
+        self.loader.load_state_dict(state["loader"])
 
 
 def Checkpointer(accelerator, model, optimizer=None, *, job_id, scheduler=None, dataloader=None,
@@ -52,7 +87,8 @@ def Checkpointer(accelerator, model, optimizer=None, *, job_id, scheduler=None, 
                 "dataloader=None" % type(dataloader).__name__)
         if "dataloader" in objects:
             raise ValueError("state already has a 'dataloader'")
-        objects["dataloader"] = dataloader
+        objects["dataloader"] = _PreparedLoader(dataloader)
+    add_grad_scaler(objects, getattr(accelerator, "scaler", None))
     kwargs.setdefault("rank", accelerator.process_index)
     kwargs.setdefault("world_size", accelerator.num_processes)
     return zcc.torch.Checkpointer(

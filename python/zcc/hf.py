@@ -7,8 +7,8 @@
                       callbacks=[ZccCallback(job_id="llama", save_every=100)])
     trainer.train(resume_from_checkpoint=True)   # or False on the first run
 
-The callback snapshots the model, the optimizer, the LR schedule and the
-random generators into zccd after every optimizer step (microseconds on the
+The callback snapshots the model, the optimizer, the LR schedule, the
+random generators and, under fp16, the loss scaler into zccd after every optimizer step (microseconds on the
 training thread) and has zccd persist every ``save_every``-th step. The
 Trainer's own checkpoints are not needed (``save_strategy="no"``).
 
@@ -40,6 +40,7 @@ import os
 import torch
 from transformers import TrainerCallback
 
+from zcc._grad_scaler import add_grad_scaler
 from zcc._trainer_callback import TrainerCallbackBase
 from zcc.torch import Checkpointer
 
@@ -70,26 +71,36 @@ class ZccCallback(TrainerCallbackBase, TrainerCallback):
                              "your own loop)")
 
     def _make_checkpointer(self, model, optimizer, lr_scheduler, args, kwargs):
+        # Under fp16 the Trainer's AcceleratedOptimizer holds the loss scaler,
+        # which zcc keeps (the Trainer would look for scaler.pt).
+        state = add_grad_scaler(dict(kwargs.pop("state", None) or {}),
+                                getattr(optimizer, "scaler", None))
         return Checkpointer(model, getattr(optimizer, "optimizer", optimizer),
                             job_id=self.job_id, save_every=self._save_every,
-                            scheduler=getattr(lr_scheduler, "scheduler", lr_scheduler), **kwargs)
+                            scheduler=getattr(lr_scheduler, "scheduler", lr_scheduler),
+                            state=state, **kwargs)
 
     @staticmethod
-    def _rng_states():
+    def _rng_states(args):
+        """The generators as the Trainer saves them (and loads them: every
+        CUDA device's under DDP, the current one's otherwise)."""
         import random
 
         import numpy as np
+        from transformers.training_args import ParallelMode
         states = {"python": random.getstate(), "numpy": np.random.get_state(),
                   "cpu": torch.random.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            states["cuda"] = torch.cuda.random.get_rng_state()
+        if torch.cuda.is_available():
+            states["cuda"] = torch.cuda.random.get_rng_state_all() \
+                if args.parallel_mode == ParallelMode.DISTRIBUTED else \
+                torch.cuda.random.get_rng_state()
         return states
 
     def _write_step_files(self, args, step, where, lr_scheduler):
         """This rank's generators, named as the Trainer looks for them."""
         name = "rng_state.pth" if args.world_size <= 1 else "rng_state_%d.pth" % args.process_index
         tmp = os.path.join(where, "." + name)
-        torch.save(self._rng_states(), tmp)
+        torch.save(self._rng_states(args), tmp)
         os.replace(tmp, os.path.join(where, name))
 
     def _write_placeholders(self, folder, step):

@@ -8,9 +8,10 @@
 
 After every optimizer step the callback snapshots the LightningModule's
 parameters and buffers, its optimizer, its LR scheduler, the random
-generators and Lightning's fit loop (epoch, step and batch counters, and the
+generators, Lightning's fit loop (epoch, step and batch counters, and the
 state of a stateful training data loader, such as torchdata's
-StatefulDataLoader: the loop keeps it) into zccd, which persists every
+StatefulDataLoader: the loop keeps it) and, under "16-mixed", the loss scaler
+into zccd, which persists every
 ``save_every``-th step. When the fit starts, the callback restores the newest
 step zccd can serve (its memory of a trainer that died, else disk): the
 module, the optimizer and schedule, the generators and the loop, so training
@@ -29,6 +30,7 @@ torch's generator would shift every later random draw.
 
 import lightning.pytorch as pl
 
+from zcc._grad_scaler import add_grad_scaler
 from zcc.torch import Checkpointer
 
 __all__ = ["ZccCallback"]
@@ -83,6 +85,8 @@ class ZccCallback(pl.Callback):
         kwargs.setdefault("prefetch_restore", self.resume)
         state = dict(kwargs.pop("state", None) or {})
         state["lightning_fit_loop"] = _FitLoop(trainer)
+        # ("16-mixed": the precision plugin's; Lightning's own checkpoints keep it.)
+        add_grad_scaler(state, getattr(trainer.precision_plugin, "scaler", None))
         self.ckpt = Checkpointer(pl_module, optimizers[0], job_id=self.job_id,
                                  save_every=self.save_every,
                                  scheduler=configs[0].scheduler if configs else None,
