@@ -106,6 +106,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   zcc::MutexLock lock(&mu_);
   JobState& js = jobs_[job_id];
   ++js.enqueues;
+  js.gone_since = absl::InfiniteFuture();  // (here, or here again)
   if (buddies.has_value() && !buddies->empty()) js.last_buddies = *std::move(buddies);
   RankState& rs = js.ranks[step.rank];
   rs.uid = uid;
@@ -129,6 +130,7 @@ absl::Status Replicator::Enqueue(const std::string& job_id, uint32_t uid,
   if (rs.pending_step < 0 || rs.pending_step == rs.replicated_step) rs.pending_since = absl::Now();
   rs.pending_step = step.step;
   rs.pending_files = std::move(names);
+  rs.pending_at.clear();
   ++rs.pending_gen;
   rs.pending_handed_in = absl::Now();
   rs.retry_at = absl::InfinitePast();
@@ -160,7 +162,7 @@ bool Replicator::NextWork(Work* work, absl::Duration* wait) {
   return false;
 }
 
-void Replicator::ForgetGoneJobs() {
+absl::Time Replicator::ForgetGoneJobs() {
   std::vector<std::pair<std::string, uint64_t>> idle;  // no push in progress; its enqueues
   {
     zcc::MutexLock lock(&mu_);
@@ -170,33 +172,51 @@ void Replicator::ForgetGoneJobs() {
       if (!pushing) idle.emplace_back(job_id, js.enqueues);
     }
   }
+  absl::Time again = absl::InfiniteFuture();
+  const absl::Time now = absl::Now();
   for (const auto& [job_id, enqueues] : idle) {
     if (buddies_(job_id).has_value()) continue;  // still on this zccd
     zcc::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     // (A step handed in since: the job came back.)
     if (it == jobs_.end() || it->second.enqueues != enqueues) continue;
+    JobState& js = it->second;
     bool pending = false;
     bool pushing = false;
-    for (const auto& [rank, rs] : it->second.ranks) {
+    for (const auto& [rank, rs] : js.ranks) {
       // (A step pushed again to a buddy that dropped it does not keep a
       // job that has left.)
       pending = pending || (rs.pending_step >= 0 && rs.pending_step != rs.replicated_step &&
                             rs.repush_to.empty());
       pushing = pushing || rs.pushing;
     }
-    if (pushing || (pending && !it->second.last_buddies.empty())) continue;
-    if (pending) {
+    if (pushing) continue;
+    if (pending && !js.last_buddies.empty()) {
+      // Its steps go to the buddies it last knew, for a while: one that
+      // stays down (lost with the job's other node) must not keep the job,
+      // its pin and its own copies here for as long as zccd runs.
+      if (js.gone_since == absl::InfiniteFuture()) js.gone_since = now;
+      const absl::Time give_up = js.gone_since + options_.gone_job_patience;
+      if (now < give_up) {
+        again = std::min(again, give_up);
+        continue;
+      }
+      ZCC_LOG(WARNING) << "job " << job_id << " left this zccd "
+                       << absl::FormatDuration(now - js.gone_since) << " ago and its newest "
+                       << "steps could not reach every buddy since (" << js.last_error
+                       << "): given up; they are not replicated";
+    } else if (pending) {
       ZCC_LOG(WARNING) << "job " << job_id << " left this zccd before any buddy was known: its "
                        << "newest steps are not replicated";
     }
     // Its pieces here age out with the others' from now on (a pin would
     // hold them, and the budget, for good).
     std::set<uint32_t> uids;
-    for (const auto& [rank, rs] : it->second.ranks) uids.insert(rs.uid);
+    for (const auto& [rank, rs] : js.ranks) uids.insert(rs.uid);
     for (uint32_t uid : uids) store_->Pin(job_id, uid, -1);
     jobs_.erase(it);
   }
+  return again;
 }
 
 void Replicator::PinSoon(const std::string& job_id, uint32_t uid) {
@@ -219,7 +239,7 @@ void Replicator::Run() {
       enqueued = enqueued_;
       ended = pushes_ended_;
     }
-    ForgetGoneJobs();
+    const absl::Time forget_at = ForgetGoneJobs();
     if (checks && absl::Now() >= check_at_) {
       CheckBuddies();
       check_at_ = absl::Now() + options_.check_buddies_every;
@@ -234,7 +254,8 @@ void Replicator::Run() {
       auto woken = [this, enqueued, ended]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !pin_due_.empty() || enqueued_ != enqueued || pushes_ended_ != ended;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), std::min(check_at_, tell_at) - absl::Now());
+      mu_.AwaitWithTimeout(absl::Condition(&woken),
+                           std::min({check_at_, tell_at, forget_at}) - absl::Now());
       if (stop_) return;
       pins.swap(pin_due_);
     }
@@ -267,10 +288,12 @@ void Replicator::PushRanks() {
     }
     uint64_t sent = 0;
     bool own_missing = false;
+    std::set<std::string> took;
     const absl::Time began = absl::Now();
     const absl::Status pushed =
         Push(taken.work.first, taken.uid, taken.work.second, taken.step, taken.files,
-             taken.last_buddies, taken.only_to, taken.went_on_from, &sent, &own_missing);
+             taken.last_buddies, taken.only_to, taken.went_on_from, taken.skip, &took, &sent,
+             &own_missing);
     if (options_.bytes_sent != nullptr) options_.bytes_sent->Increment(sent);
     if (pushed.ok()) {
       const double s = absl::ToDoubleSeconds(absl::Now() - began);
@@ -279,7 +302,7 @@ void Replicator::PushRanks() {
                     << " GB/s=" << (s > 0 ? sent / s / 1e9 : 0.0);
     }
     zcc::MutexLock lock(&mu_);
-    Finish(taken, pushed, sent, own_missing);
+    Finish(taken, pushed, took, sent, own_missing);
     ++pushes_ended_;
     ++enqueued_;  // (a retry of the rank may be due at a new time: the push threads look again)
   }
@@ -302,14 +325,15 @@ Replicator::Taken Replicator::Take(const Work& work) {
   taken.went_on_from = rs.pending_step > rs.went_on_from ? std::exchange(rs.went_on_from, -1) : -1;
   taken.gen = rs.pending_gen;
   taken.handed_in = rs.pending_handed_in;
+  taken.skip = rs.pending_at;
   rs.pushing_step = taken.step;
   rs.pushing_handed_in = taken.handed_in;
   rs.push_left_behind = false;
   return taken;
 }
 
-void Replicator::Finish(const Taken& taken, const absl::Status& pushed, uint64_t sent,
-                        bool own_missing) {
+void Replicator::Finish(const Taken& taken, const absl::Status& pushed,
+                        const std::set<std::string>& took, uint64_t sent, bool own_missing) {
   const auto& [job_id, rank] = taken.work;
   JobState& js = jobs_[job_id];
   RankState& rs = js.ranks[rank];
@@ -321,6 +345,7 @@ void Replicator::Finish(const Taken& taken, const absl::Status& pushed, uint64_t
       rs.pending_step = rs.replicated_step;  // at rest (none: -1)
       rs.pending_files.clear();
       rs.repush_to.clear();
+      rs.pending_at.clear();
     }
     ZCC_LOG(INFO) << "job " << job_id << " rank " << rank << ": step " << taken.step
                   << " is of the run left behind (the rank went on from an older step): "
@@ -336,6 +361,7 @@ void Replicator::Finish(const Taken& taken, const absl::Status& pushed, uint64_t
     if (same_hand_in) {
       rs.pending_files.clear();
       rs.repush_to.clear();
+      rs.pending_at.clear();
     } else {
       rs.pending_since = absl::Now();  // another step came meanwhile
     }
@@ -359,7 +385,9 @@ void Replicator::Finish(const Taken& taken, const absl::Status& pushed, uint64_t
       rs.pending_step = -1;
       rs.pending_files.clear();
       rs.repush_to.clear();
+      rs.pending_at.clear();
     } else if (same_hand_in) {
+      rs.pending_at.insert(took.begin(), took.end());  // (its retries skip them)
       // A buddy that dropped a step mostly did for want of room: it is
       // tried again at the next check, not every retry_after.
       const bool repush = !rs.repush_to.empty() && ChecksBuddies();
@@ -386,6 +414,7 @@ void Replicator::LeaveBehind(JobState& js, RankState& rs, int64_t restored, absl
     rs.pending_step = rs.replicated_step;  // at rest (none: -1)
     rs.pending_files.clear();
     rs.repush_to.clear();
+    rs.pending_at.clear();
   }
   if (rs.newest_step > restored) rs.newest_step = std::max(rs.replicated_step, rs.pending_step);
   // (The job's pin is looked at again for the new run's steps.)
@@ -573,6 +602,7 @@ void Replicator::CheckBuddies() {
     if (own_copy) {
       rs.pending_files = s.files;
       rs.repush_to = std::move(dropped_by);
+      rs.pending_at.clear();
       rs.retry_at = absl::InfinitePast();
       ++enqueued_;  // (the push threads look again)
       js.after_push_step = -1;  // the job's pin is looked at again once it is back
@@ -584,6 +614,7 @@ void Replicator::CheckBuddies() {
       // every buddy in its place.
       rs.pending_step = -1;
       rs.pending_files.clear();
+      rs.pending_at.clear();
       js.last_error = absl::StrCat(what, ", and this zccd's copy is gone too: not pushed again; "
                                    "the rank's next replicated step goes in its place");
     }

@@ -8,9 +8,11 @@
 // trainer's path: a step still waiting when a newer step of the same rank
 // arrives is replaced by it (newest first), and a buddy that is slow or
 // gone only makes the lag grow; the push is retried once a newer step or
-// the next round comes. A job that has left this zccd is forgotten once its
-// steps are at every buddy, or at once when it never knew a buddy (nothing
-// could send them).
+// the next round comes, to the buddies that have not taken it (one that is
+// down keeps it from none of the others). A job that has left this zccd is
+// forgotten once its steps are at every buddy, at once when it never knew a
+// buddy (nothing could send them), or after gone_job_patience when a buddy
+// never took them.
 //
 // A buddy may drop what it held (its memory goes to a trainer that
 // registers there, ReplicaStore::ShrinkTo): every `check_buddies_every` the
@@ -82,6 +84,11 @@ class Replicator {
     // Between two checks that the buddies still hold the newest replicated
     // steps (above); zero or infinite: never.
     absl::Duration check_buddies_every = absl::Seconds(30);
+    // A job that has left this zccd with a step not yet at every buddy (one
+    // down, or lost with the job's other node): how long that step is tried
+    // still before the job is forgotten and its pin lifted (its pieces here
+    // then age out with the others' instead of holding the budget for good).
+    absl::Duration gone_job_patience = absl::Minutes(10);
     // Counts every byte pushed (zcc_replication_bytes_sent_total); may be null.
     metrics::Counter* bytes_sent = nullptr;
     // Counts every step pushed again (CheckBuddies); may be null.
@@ -172,6 +179,9 @@ class Replicator {
     // Not empty: the pending step is replicated_step's again, for these
     // buddies only, which no longer held it (CheckBuddies).
     std::vector<std::string> repush_to;
+    // The buddies that took the pending step already (a push that failed at
+    // another): its retries skip them.
+    std::set<std::string> pending_at;
   };
   struct JobState {
     std::map<uint32_t, RankState> ranks;
@@ -181,6 +191,9 @@ class Replicator {
     uint64_t enqueues = 0;  // steps handed in: changed since a look means not gone
     int64_t after_push_step = -1;  // the last step after_push was called for
     uint64_t pushed_again = 0;
+    // When the job was first seen gone from this zccd with a step still
+    // to push (InfiniteFuture: not seen so).
+    absl::Time gone_since = absl::InfiniteFuture();
   };
   using Work = std::pair<std::string, uint32_t>;  // job, rank
   // A rank's step taken for a push (Take), and what Finish needs of it.
@@ -194,6 +207,7 @@ class Replicator {
     int64_t went_on_from = -1;
     uint64_t gen = 0;  // the rank's pending_gen when taken
     absl::Time handed_in;
+    std::set<std::string> skip;  // buddies that took the step already
   };
   // The files under way to one buddy, of every push: which of its
   // push_connections connections each holds, and their bytes.
@@ -215,28 +229,33 @@ class Replicator {
   bool NextWork(Work* work, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the rank's pending step as being pushed and returns it.
   Taken Take(const Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The rank's state after the push of `taken` ended with `pushed`; the
-  // job's pin is due (pin_due_) once every local rank's newer step is at
-  // every buddy.
-  void Finish(const Taken& taken, const absl::Status& pushed, uint64_t sent, bool own_missing)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank's state after the push of `taken` ended with `pushed` (`took`:
+  // the buddies that took it); the job's pin is due (pin_due_) once every
+  // local rank's newer step is at every buddy.
+  void Finish(const Taken& taken, const absl::Status& pushed, const std::set<std::string>& took,
+              uint64_t sent, bool own_missing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The rank went on from a restore of step `restored`: its steps after it
   // handed in before `before` are of the run left behind (WentOn, and
   // Enqueue of its first step after the restore).
   static void LeaveBehind(JobState& js, RankState& rs, int64_t restored, absl::Time before);
   // Pushes every file of the rank's pending step to every buddy: the job's
   // buddies now, or, once the job has left this zccd, `last_buddies` (known
-  // when a step was handed in); to `only_to` instead where not empty.
+  // when a step was handed in); to `only_to` instead where not empty; but
+  // `skip`. Each buddy that took it goes to `took`; one that failed does
+  // not keep the others from it (the first failure is returned).
   // `own_missing`: set when this zccd's copy of a file is gone.
   absl::Status Push(const std::string& job_id, uint32_t uid, uint32_t rank, int64_t step,
                     const std::vector<std::string>& files,
                     const std::vector<std::string>& last_buddies,
                     const std::vector<std::string>& only_to, int64_t went_on_from,
+                    const std::set<std::string>& skip, std::set<std::string>* took,
                     uint64_t* sent, bool* own_missing);
-  // Forgets the jobs that have left this zccd with nothing left to push, or
-  // with no buddy ever known (see above), and lifts their pins in the
-  // store. Asks buddies_ without mu_ held.
-  void ForgetGoneJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets the jobs that have left this zccd with nothing left to push,
+  // with no buddy ever known (see above), or gone for gone_job_patience with
+  // a step not yet at every buddy, and lifts their pins in the store. Asks
+  // buddies_ without mu_ held. Returns when to look again (a job kept only
+  // for its patience; InfiniteFuture: none).
+  absl::Time ForgetGoneJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Whether CheckBuddies runs at all (check_buddies_every finite, positive).
   bool ChecksBuddies() const {
     return options_.check_buddies_every > absl::ZeroDuration() &&

@@ -22,6 +22,7 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
                               int64_t step, const std::vector<std::string>& files,
                               const std::vector<std::string>& last_buddies,
                               const std::vector<std::string>& only_to, int64_t went_on_from,
+                              const std::set<std::string>& skip, std::set<std::string>* took,
                               uint64_t* sent, bool* own_missing) {
   // The job's buddies now; the last known once the job has left this zccd.
   const std::vector<std::string> buddies =
@@ -30,11 +31,22 @@ absl::Status Replicator::Push(const std::string& job_id, uint32_t uid, uint32_t 
     return absl::FailedPreconditionError(
         "no buddy: the job's ranks have not reported its nodes, or it has no other node");
   }
+  // Every buddy in turn: one that is down does not keep the step from the
+  // others (the step's invariant wants it in another failure domain, any).
+  absl::Status first;
   for (const std::string& buddy : buddies) {
-    ZCC_RETURN_IF_ERROR(
-        PushTo(buddy, job_id, uid, rank, step, files, went_on_from, sent, own_missing));
+    if (skip.count(buddy) > 0) continue;
+    const absl::Status pushed =
+        PushTo(buddy, job_id, uid, rank, step, files, went_on_from, sent, own_missing);
+    if (pushed.ok()) {
+      took->insert(buddy);
+      continue;
+    }
+    if (first.ok()) first = pushed;
+    // Stopping, of the run left behind, or nothing to push from: no other either.
+    if (absl::IsCancelled(pushed) || *own_missing) break;
   }
-  return absl::OkStatus();
+  return first;
 }
 
 absl::Status Replicator::PushTo(const std::string& buddy, const std::string& job_id,

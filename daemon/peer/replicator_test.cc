@@ -302,6 +302,63 @@ TEST_CASE("a manifest that reaches a buddy after the step's data was dropped the
   CHECK(buddy.pushes == 4);
 }
 
+TEST_CASE("a buddy that is down keeps the step neither from the job's other buddies nor, once "
+          "they took it, sends it to them again") {
+  Buddy up;
+  REQUIRE(up.server != nullptr);
+  const std::string down = "127.0.0.1:1";  // (nothing listens: refused at once)
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  Replicator replicator(ToOneBuddy::Options(), &store, &directory,
+                        [&](const std::string&) -> std::optional<std::vector<std::string>> {
+                          return std::vector<std::string>{down, up.address};
+                        });
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(5)));
+  REQUIRE(testing::Eventually([&] { return up.Holds(5); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  // Tried again every retry_after (20 ms) for the buddy that is down, not
+  // for the one that took it; not replicated (not at every buddy).
+  REQUIRE(testing::Eventually(
+      [&] { return absl::StrContains(replicator.Stats("j").last_error, down); },
+      absl::Seconds(30), absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(up.pushes == 2);
+  CHECK(replicator.Stats("j").replicated_step == -1);
+  // The next step goes to each again.
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(6)));
+  REQUIRE(testing::Eventually([&] { return up.Holds(6); }, absl::Seconds(30),
+                              absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(up.pushes == 4);
+}
+
+TEST_CASE("a job that left with a step its buddy never took is forgotten after a while, its pin "
+          "lifted") {
+  ReplicaStore store(uint64_t{64} << 20);
+  PeerDirectory directory({"self", "rack-1"}, grpc::InsecureChannelCredentials());
+  std::atomic<bool> here{true};
+  Replicator::Options options = ToOneBuddy::Options();
+  options.gone_job_patience = absl::Milliseconds(500);
+  Replicator replicator(options, &store, &directory,
+                        [&here](const std::string&) -> std::optional<std::vector<std::string>> {
+                          if (here) return std::vector<std::string>{"127.0.0.1:1"};
+                          return std::nullopt;
+                        });
+  REQUIRE_OK(replicator.Enqueue("j", 0, Step(5)));
+  store.Pin("j", 0, 5);
+  REQUIRE(testing::Eventually([&] { return !replicator.Stats("j").last_error.empty(); },
+                              absl::Seconds(10), absl::Milliseconds(5)));
+  const absl::Time left = absl::Now();
+  here = false;
+  // Tried for its patience still (the buddy may come back), then given up.
+  absl::SleepFor(absl::Milliseconds(200));
+  CHECK(replicator.Stats("j").newest_step == 5);
+  REQUIRE(testing::Eventually([&] { return replicator.Stats("j").newest_step == -1; },
+                              absl::Seconds(10), absl::Milliseconds(5)));
+  CHECK(absl::Now() - left >= absl::Milliseconds(500));
+  CHECK_FALSE(store.pinned("j", 0).has_value());
+}
+
 TEST_CASE("a step's files under way to a buddy keep to the bytes allowed in flight") {
   Buddy buddy;
   REQUIRE(buddy.server != nullptr);
