@@ -196,12 +196,15 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
 
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,
-                                       storage::Storage* storage, absl::Time write_began) {
+                                       storage::Storage* storage, absl::Time write_began,
+                                       const std::string& written_in) {
   // Everything the commit reads and changes goes through `storage`.
   storage::Storage& fs = storage::StorageOrDefault(storage);
-  // step-N.partial/, or step-N/ itself where steps commit in place.
-  const std::string partial = WritingStepDir(fs, job_dir, step);
   const bool in_place = CommitsInPlace(fs, job_dir);
+  // step-N.partial/ (or `written_in`), or step-N/ itself where steps commit
+  // in place.
+  const std::string partial =
+      !in_place && !written_in.empty() ? written_in : WritingStepDir(fs, job_dir, step);
   CommitResult result;
   for (uint32_t r = 0; r < world_size; ++r) {
     if (storage::Exists(fs, JoinPath(partial, format::ManifestFileName(r)))) {

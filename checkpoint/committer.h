@@ -52,11 +52,15 @@ struct CommitResult {
 // step); a commit that finishes after a newer one leaves `latest` alone,
 // and two commits racing for it never interleave. InfiniteFuture (the
 // default): every newer step counts as abandoned, as on a file system,
-// where one committer per job writes `latest`.
+// where one committer per job writes `latest`. `written_in` (not empty):
+// the directory the step was written into in place of step-N.partial (a
+// step recovered from the peer tier is written into one of its own,
+// RecoveringStepDir); ignored where steps commit in place.
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,
                                        int64_t step, uint32_t world_size,
                                        storage::Storage* storage = nullptr,
-                                       absl::Time write_began = absl::InfiniteFuture());
+                                       absl::Time write_began = absl::InfiniteFuture(),
+                                       const std::string& written_in = "");
 
 // Points `latest` of `job_dir` at committed step `step`, as TryCommit does
 // last (see there for `write_began`). Where the storage swaps a file

@@ -32,6 +32,15 @@ inline std::string WritingStepDir(const storage::Storage& fs, const std::string&
                                               : format::PartialStepDirName(step));
 }
 
+// The directory a step recovered from the peer tier is written into where
+// steps are renamed into place: one of its own, step-N.recovered.partial/
+// (debris to retention as any partial), so that writers of the job's own
+// step N, on this node or another, never share it (TryCommit's
+// `written_in` takes it to step-N/).
+inline std::string RecoveringStepDir(const std::string& job_dir, int64_t step) {
+  return JoinPath(job_dir, format::StepDirName(step) + ".recovered.partial");
+}
+
 // Removes the directory ranks write step `step` of `job_dir` into (an
 // abandoned or superseded step's; one already gone is no error).
 inline absl::Status RemoveWritingStepDir(storage::Storage& fs, const std::string& job_dir,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
+#include "checkpoint/step_dirs.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -174,60 +175,72 @@ absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std:
                              const RecoverySources& s, const MaterializeOptions& options) {
   const int64_t step = plan.step;
   const uint32_t world = plan.world;
-  const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
-  ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
-  // A pull cut short by a crash of an earlier zccd left its temporary file
-  // here: gone before the step can commit with it.
-  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> present, fs.List(dir));
-  for (const std::string& name : present) {
-    if (absl::StrContains(name, kPullSuffix)) ZCC_RETURN_IF_ERROR(fs.Remove(JoinPath(dir, name)));
-  }
-  // The ranks several at a time: on a cluster their holders are different
-  // nodes, and each stream alone leaves the links and disks idle.
-  std::vector<const std::pair<const uint32_t, RankHolders>*> ranks;
-  for (const auto& entry : plan.ranks) ranks.push_back(&entry);
-  std::atomic<size_t> next{0};
-  zcc::Mutex mu;
-  absl::Status first_error;
-  auto worker = [&] {
-    for (size_t i = next.fetch_add(1); i < ranks.size(); i = next.fetch_add(1)) {
-      const absl::Status st = PlaceRank(job_id, uid, dir, step, ranks[i]->first, plan, fs, s);
-      if (!st.ok()) {
-        zcc::MutexLock lock(&mu);
-        if (first_error.ok()) first_error = st;
-        next.store(ranks.size());  // the step cannot be had whole: stop
+  // Where steps are renamed into place, a directory of its own: the job's
+  // writers of its own step N (after a restore that fell back past this
+  // one) write theirs beside it, and neither takes the other's files.
+  const bool own_dir = !checkpoint::CommitsInPlace(fs, job_dir);
+  const std::string dir = own_dir ? checkpoint::RecoveringStepDir(job_dir, step)
+                                  : JoinPath(job_dir, format::PartialStepDirName(step));
+  const absl::Status written = [&]() -> absl::Status {
+    ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
+    // A pull cut short by a crash of an earlier zccd left its temporary file
+    // here: gone before the step can commit with it.
+    ZCC_ASSIGN_OR_RETURN(std::vector<std::string> present, fs.List(dir));
+    for (const std::string& name : present) {
+      if (absl::StrContains(name, kPullSuffix)) {
+        ZCC_RETURN_IF_ERROR(fs.Remove(JoinPath(dir, name)));
       }
     }
-  };
-  std::vector<std::thread> threads;
-  const size_t n = std::min<size_t>(std::max<size_t>(options.parallel_ranks, 1), ranks.size());
-  for (size_t t = 1; t < n; ++t) threads.emplace_back(worker);
-  worker();
-  for (std::thread& t : threads) t.join();
-  {
-    zcc::MutexLock lock(&mu);
-    ZCC_RETURN_IF_ERROR(first_error);
-  }
-  auto commit = [&]() -> absl::Status {
-    ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
-    ZCC_ASSIGN_OR_RETURN(
-        checkpoint::CommitResult result,
-        checkpoint::TryCommit(job_dir, job_id, step, world, &fs, options.write_began));
-    if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
-      return absl::DataLossError(absl::StrCat("only ", result.manifests_present, " of ", world,
-                                              " ranks' manifests arrived"));
+    // The ranks several at a time: on a cluster their holders are different
+    // nodes, and each stream alone leaves the links and disks idle.
+    std::vector<const std::pair<const uint32_t, RankHolders>*> ranks;
+    for (const auto& entry : plan.ranks) ranks.push_back(&entry);
+    std::atomic<size_t> next{0};
+    zcc::Mutex mu;
+    absl::Status first_error;
+    auto worker = [&] {
+      for (size_t i = next.fetch_add(1); i < ranks.size(); i = next.fetch_add(1)) {
+        const absl::Status st = PlaceRank(job_id, uid, dir, step, ranks[i]->first, plan, fs, s);
+        if (!st.ok()) {
+          zcc::MutexLock lock(&mu);
+          if (first_error.ok()) first_error = st;
+          next.store(ranks.size());  // the step cannot be had whole: stop
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    const size_t n = std::min<size_t>(std::max<size_t>(options.parallel_ranks, 1), ranks.size());
+    for (size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+    worker();
+    for (std::thread& t : threads) t.join();
+    {
+      zcc::MutexLock lock(&mu);
+      ZCC_RETURN_IF_ERROR(first_error);
     }
-    return absl::OkStatus();
-  };
-  const absl::Status committed = options.in_turn ? options.in_turn(commit) : commit();
-  if (absl::IsAborted(committed)) {
-    if (const absl::Status removed = fs.RemoveTree(dir); !removed.ok()) {
+    auto commit = [&]() -> absl::Status {
+      ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
+      ZCC_ASSIGN_OR_RETURN(
+          checkpoint::CommitResult result,
+          checkpoint::TryCommit(job_dir, job_id, step, world, &fs, options.write_began,
+                                own_dir ? dir : ""));
+      if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
+        return absl::DataLossError(absl::StrCat("only ", result.manifests_present, " of ", world,
+                                                " ranks' manifests arrived"));
+      }
+      return absl::OkStatus();
+    };
+    return options.in_turn ? options.in_turn(commit) : commit();
+  }();
+  // (Its own directory goes whatever kept it from being committed.)
+  if (absl::IsAborted(written) || (own_dir && !written.ok())) {
+    const absl::Status removed = fs.RemoveTree(dir);
+    if (!removed.ok() && !absl::IsNotFound(removed)) {
       ZCC_LOG(WARNING) << "job " << job_id << ": step " << step << " was not committed ("
-                       << committed.message() << "), and what was written of it in " << dir
+                       << written.message() << "), and what was written of it in " << dir
                        << " is left (retention removes it): " << removed;
     }
   }
-  return committed;
+  return written;
 }
 
 

@@ -520,8 +520,14 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
     sources.peers = {bad.target(), good.target()};
     storage::MemoryStorage fs;
     // What a zccd that crashed mid-pull left: never committed with the step.
+    REQUIRE_OK(fs.MakeDirs("/ckpt/job/step-00000004.recovered.partial"));
+    REQUIRE_OK(storage::WriteFileAtomic(
+        fs, "/ckpt/job/step-00000004.recovered.partial/x.pull.1.0", "torn"));
+    // The job writing its own step 4 meanwhile (after a restore that fell
+    // back past it): its directory is its own, untouched.
+    const std::string own = "/ckpt/job/step-00000004.partial/" + r0.files.front().name;
     REQUIRE_OK(fs.MakeDirs("/ckpt/job/step-00000004.partial"));
-    REQUIRE_OK(storage::WriteFileAtomic(fs, "/ckpt/job/step-00000004.partial/x.pull.1.0", "torn"));
+    REQUIRE_OK(storage::WriteFileAtomic(fs, own, "the job's own"));
     auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
     REQUIRE_OK(got.status());
     REQUIRE(got->has_value());
@@ -538,6 +544,10 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
     auto names = fs.List("/ckpt/job/step-00000004");
     REQUIRE_OK(names.status());
     for (const std::string& n : *names) CHECK(n.find(".pull.") == std::string::npos);
+    CHECK_FALSE(fs.Stat("/ckpt/job/step-00000004.recovered.partial").ok());
+    auto theirs = storage::ReadWholeFile(fs, own, 1 << 20);
+    REQUIRE_OK(theirs.status());
+    CHECK(*theirs == "the job's own");
     // Nothing newer than what the directory has: nothing to do.
     auto again = RecoverNewestStep("job", 1000, "/ckpt/job", 4, fs, sources);
     REQUIRE_OK(again.status());
@@ -552,9 +562,8 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
     REQUIRE(got->has_value());
     CHECK(**got == 2);
     CHECK_FALSE(fs.Stat("/ckpt/job/step-00000004/COMMITTED").ok());
-    auto names = fs.List("/ckpt/job/step-00000004.partial");
-    REQUIRE_OK(names.status());
-    for (const std::string& n : *names) CHECK(n.find(".pull.") == std::string::npos);
+    // What was written of step 4 goes with it, temporary files and all.
+    CHECK_FALSE(fs.Stat("/ckpt/job/step-00000004.recovered.partial").ok());
   }
   SECTION("this zccd's own copy, damaged in its memory, is passed over for a peer's") {
     sources.peers = {good.target()};
