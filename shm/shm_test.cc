@@ -373,6 +373,10 @@ TEST_CASE("slot ring: a write after the trainer died claims only the slot still 
   auto again = client.Claim(false, 0);
   REQUIRE(again.has_value());
   CHECK_FALSE(daemon.ClaimForWrite(again->index, 9));
+  // Nor once its copy failed and it was given back half written.
+  client.Abandon(again->index);
+  CHECK(StateOf(cb, again->index) == SlotState::kFree);
+  CHECK_FALSE(daemon.ClaimForWrite(again->index, 9));
 }
 
 TEST_CASE("a futex doorbell in shared memory wakes another process") {

@@ -37,6 +37,7 @@ std::optional<SlotRing::Claimed> SlotRing::Claim(bool due, uint32_t save_every) 
     uint32_t expected = S(SlotState::kFree);
     if (cb_->slots[*oldest].state.compare_exchange_strong(expected, S(SlotState::kFilling),
                                                           std::memory_order_acq_rel)) {
+      ForgetStep(*oldest);
       return Claimed{*oldest, std::nullopt};
     }
   }
@@ -63,7 +64,16 @@ std::optional<SlotRing::Claimed> SlotRing::Claim(bool due, uint32_t save_every) 
                                        std::memory_order_acq_rel)) {
     return std::nullopt;  // zccd took it meanwhile
   }
+  ForgetStep(*victim);
   return Claimed{*victim, replaced};
+}
+
+void SlotRing::ForgetStep(uint32_t index) {
+  // Its bytes are being overwritten from now on: it holds no step until it
+  // is published again. (A copy that fails is abandoned half written: the
+  // slot, free again, must not pass for the snapshot it held before, which
+  // a write after the trainer died, or a restore from memory, would take.)
+  cb_->slots[index].step.store(-1, std::memory_order_release);
 }
 
 void SlotRing::Publish(uint32_t index, int64_t step, SnapshotKind kind) {

@@ -65,8 +65,10 @@ class SlotRing {
     // which is then lost (counted by the caller as skipped).
     std::optional<int64_t> replaced_step;
   };
-  // A slot for a snapshot (now kFilling), or nullopt when none can be had:
-  // the free slot holding the oldest snapshot.
+  // A slot for a snapshot (now kFilling, its step -1 until Publish: a copy
+  // abandoned half written leaves no step there to be taken for intact),
+  // or nullopt when none can be had: the free slot holding the oldest
+  // snapshot.
   // `due`: the step is due for a checkpoint, and `save_every` (> 0) tells
   // which published steps are ordinary and may be taken over.
   std::optional<Claimed> Claim(bool due, uint32_t save_every);
@@ -111,6 +113,9 @@ class SlotRing {
   uint32_t InUse() const;
 
  private:
+  // A claimed slot holds no step until it is published again.
+  void ForgetStep(uint32_t index);
+
   ControlBlock* cb_;
   uint32_t num_slots_;
 };
