@@ -29,12 +29,23 @@ absl::StatusOr<UploadStats> UploadStep(storage::Storage& fs, const std::string& 
     return absl::FailedPreconditionError(absl::StrCat(
         local, " is not a committed step to upload: ", committed.status().message()));
   }
+  UploadStats stats;
+  // Committed in the store already as it is here (an upload tried again, or
+  // caught up after the store could not be read): only `latest` may be left
+  // to move. Uncommitted to be copied again, the store would lack that step
+  // for the whole copy, and for good where the copy is cut.
+  auto there = storage::ReadWholeFile(fs, JoinPath(remote, format::kCommittedFileName),
+                                      format::kMaxManifestBytes);
+  if (there.ok() && *there == *committed) {
+    ZCC_RETURN_IF_ERROR(PointLatest(fs, store_job_dir, step, options.write_began));
+    stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    return stats;
+  }
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.List(local));
   // Uncommitted in the store from here until COMMITTED is copied last.
   const absl::Status uncommitted = fs.Remove(JoinPath(remote, format::kCommittedFileName));
   if (!uncommitted.ok() && !absl::IsNotFound(uncommitted)) return uncommitted;
   ZCC_RETURN_IF_ERROR(fs.MakeDirs(remote));
-  UploadStats stats;
   storage::CopyOptions copy;
   copy.cancelled = options.cancelled;
   copy.background = true;  // the store's requests never compete with training

@@ -44,8 +44,9 @@ struct UploadOptions {
 };
 
 // Copies committed step `step` of `job_dir` to `store_job_dir` and commits
-// it there; both paths of `fs` (zccd's routed storage). FailedPrecondition
-// when the local step is not committed.
+// it there; both paths of `fs` (zccd's routed storage). A step the store
+// holds committed as it is here is not copied again (its `latest` is moved,
+// if need be). FailedPrecondition when the local step is not committed.
 absl::StatusOr<UploadStats> UploadStep(storage::Storage& fs, const std::string& job_dir,
                                        int64_t step, const std::string& store_job_dir,
                                        const UploadOptions& options = {});

@@ -126,6 +126,16 @@ TEST_CASE("a committed local step is uploaded and committed in the store") {
   CHECK(absl::IsFailedPrecondition(UploadStep(t.fs, kLocal, 20, kStore).status()));
   CHECK(*ListCommittedSteps(kStore, &t.fs) == std::vector<int64_t>{10});
 
+  // Uploaded again as it is (a retry, or a catch-up after the store could
+  // not be read): nothing is copied, and the store's step stays committed
+  // throughout (a copy cut half way would have lost it there).
+  const uint64_t before = t.store_memory.changes();
+  auto again = UploadStep(t.fs, kLocal, 10, kStore);
+  REQUIRE_OK(again);
+  CHECK(again->files == 0);
+  CHECK(t.store_memory.changes() == before);
+  CHECK(t.Holds(JoinPath(kStore, "step-00000010"), 10));
+
   // The step committed again locally (a resumed run): the store's copy is
   // replaced by the new one.
   t.Commit(10, 11);

@@ -221,7 +221,16 @@ void JobUploader::CatchUp() {
   auto here = checkpoint::ReadLatest(options_.job_dir, options_.storage);
   if (!here.ok()) return;
   auto there = checkpoint::ReadLatest(options_.upload_dir, options_.storage);
-  if (there.ok() && *there >= *here) return;
+  // (The store's `latest` at this step names it whole only with its
+  // COMMITTED there: an upload cut after it was uncommitted left it so.)
+  if (there.ok() && *there > *here) return;
+  if (there.ok() && *there == *here &&
+      options_.storage
+          ->Stat(JoinPath(JoinPath(options_.upload_dir, format::StepDirName(*here)),
+                          format::kCommittedFileName))
+          .ok()) {
+    return;
+  }
   zcc::MutexLock lock(&mu_);
   if (wanted_ >= 0) return;  // a commit came first
   ZCC_LOG(INFO) << "job " << options_.job_id << ": " << format::StepDirName(*here)
@@ -428,12 +437,17 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
     return;
   }
   Failed(absl::StrCat("upload of this node's part of step ", step), sent.status());
+  // The local step is gone (a gc removed it): nothing to send. Otherwise
+  // (a store that answered a conflict, also FailedPrecondition) it is sent
+  // again after the backoff, before newer steps (unless they are too many
+  // by then).
+  const bool gone =
+      absl::IsFailedPrecondition(sent.status()) &&
+      !options_.storage->Stat(checkpoint::WritingStepDir(*options_.storage, options_.job_dir, step))
+           .ok();
   zcc::MutexLock lock(&mu_);
   error_ = absl::StrCat("upload of step ", step, " failed: ", sent.status().message());
-  // The local step is gone (a gc removed it): nothing to send. Otherwise it
-  // is sent again after the backoff, before newer steps (unless they are
-  // too many by then).
-  if (absl::IsFailedPrecondition(sent.status()) || absl::IsCancelled(sent.status())) return;
+  if (gone || absl::IsCancelled(sent.status())) return;
   QueueNodeStep(step, write_began);
   retry_at_ = absl::Now() + options_.retry_after;
 }
@@ -468,8 +482,15 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
     return;
   }
   Failed(absl::StrCat("upload of step ", step), uploaded.status());
+  // (FailedPrecondition is also a store's conflict, tried again.)
+  const bool gone =
+      absl::IsFailedPrecondition(uploaded.status()) &&
+      !options_.storage
+           ->Stat(JoinPath(JoinPath(options_.job_dir, format::StepDirName(step)),
+                           format::kCommittedFileName))
+           .ok();
   zcc::MutexLock lock(&mu_);
-  if (absl::IsFailedPrecondition(uploaded.status()) && wanted_ == step) {
+  if (gone && wanted_ == step) {
     // The local step is gone (retention removed it first): nothing to send;
     // a newer one comes with the next commit.
     wanted_ = -1;

@@ -168,6 +168,68 @@ TEST_CASE("a failed send is shown and tried again; the step stays here until it 
   CHECK_FALSE(n.HasLocal(0, 10));
 }
 
+// A store that answers the first `conflicts` writes with a conflict (S3's
+// 409 OperationAborted, or a 412: FailedPrecondition), as a busy bucket may.
+class ConflictingStore : public storage::StorageWrapper {
+ public:
+  ConflictingStore(storage::Storage* base, int conflicts)
+      : StorageWrapper(base), conflicts_(conflicts) {}
+  absl::StatusOr<std::unique_ptr<storage::File>> OpenForWrite(
+      const std::string& path, const storage::OpenOptions& options) override {
+    if (conflicts_.fetch_sub(1) > 0) {
+      return absl::FailedPreconditionError("409 OperationAborted: try again");
+    }
+    return StorageWrapper::OpenForWrite(path, options);
+  }
+  void Conflicts(int n) { conflicts_ = n; }
+
+ private:
+  std::atomic<int> conflicts_;
+};
+
+TEST_CASE("a store's conflict is tried again, not taken for the local step gone") {
+  storage::MemoryStorage local, store_memory;
+  storage::testing::ObjectStoreModel model(&store_memory);
+  ConflictingStore conflicting(&model, 1);
+  storage::RoutedStorage fs(&local);
+  fs.AddRoute("s3://bucket", &conflicting, "/");
+  REQUIRE_OK(model.MakeDirs("/ckpt"));
+  for (const bool node_local : {true, false}) {
+    INFO("node_local " << node_local);
+    const std::string dir = node_local ? "/node-a/job" : "/tiered/job";
+    const int64_t step = node_local ? 10 : 20;
+    checkpoint::IoOptions io;
+    io.storage = &fs;
+    for (uint32_t r = 0; r < (node_local ? 1u : kWorld); ++r) {
+      SyntheticRank rank(r, kWorld, Specs(), 0, kJob);
+      rank.Fill(step);
+      REQUIRE_OK(checkpoint::WriteRankShards(dir, step, rank.shards(), rank.slot(), io).status());
+    }
+    UploaderOptions o;
+    o.job_id = kJob;
+    o.job_dir = dir;
+    o.upload_dir = node_local ? std::string(kStore) : std::string("s3://bucket/ckpt/tiered");
+    o.retention.keep_last = 10;
+    o.retry_after = absl::Milliseconds(50);
+    o.storage = &fs;
+    o.node_local = node_local;
+    o.world_size = kWorld;
+    JobUploader u(std::move(o));
+    if (node_local) {
+      u.OnNodeWritten(step, absl::Now());
+      REQUIRE(Soon([&] { return StatusOf(u).last_uploaded_step() == step; }));
+    } else {
+      auto done = checkpoint::TryCommit(dir, kJob, step, kWorld, &fs);
+      REQUIRE_OK(done);
+      REQUIRE(done->outcome == checkpoint::CommitOutcome::kCommitted);
+      u.OnCommitted(step, absl::Now());
+      REQUIRE(Soon([&] { return StatusOf(u).last_uploaded_step() == step; }));
+      CHECK(checkpoint::ReadLatest("s3://bucket/ckpt/tiered", &fs).value_or(-1) == step);
+    }
+    conflicting.Conflicts(1);
+  }
+}
+
 TEST_CASE("a rank registered again forgets its parts of uncommitted steps and the old run's "
           "waiting steps") {
   Nodes n;
