@@ -474,21 +474,37 @@ absl::StatusOr<Listing> S3Client::List(const std::string& bucket, const std::str
     if (!doc.load_buffer(resp.body.data(), resp.body.size())) {
       return absl::DataLossError(absl::StrCat(req.What(), " list: the reply is not XML"));
     }
+    // What the listing says is trusted no further than it checks out: a
+    // page taken for the whole (a removal that leaves objects, a directory
+    // aged by half its objects) or a token that never ends the loop would
+    // do harm.
+    auto bad = [&](absl::string_view why) {
+      return absl::DataLossError(absl::StrCat(req.What(), " list: ", why));
+    };
     pugi::xml_node root = doc.child("ListBucketResult");
+    if (!root) return bad("the reply holds no ListBucketResult");
     for (pugi::xml_node c : root.children("Contents")) {
       ObjectInfo o;
       o.key = c.child_value("Key");
       o.etag = c.child_value("ETag");
-      (void)absl::SimpleAtoi(c.child_value("Size"), &o.size);
+      if (!absl::SimpleAtoi(c.child_value("Size"), &o.size)) {
+        return bad(absl::StrCat("the size of '", o.key, "' is not a number"));
+      }
       o.modified = ParseIsoTime(c.child_value("LastModified"));
+      if (o.modified == absl::InfinitePast()) {
+        return bad(absl::StrCat("the time of '", o.key, "' does not parse"));
+      }
       out.objects.push_back(std::move(o));
     }
     for (pugi::xml_node p : root.children("CommonPrefixes")) {
       out.prefixes.emplace_back(p.child_value("Prefix"));
     }
-    token = root.child_value("NextContinuationToken");
+    const std::string next = root.child_value("NextContinuationToken");
     const bool truncated = std::string(root.child_value("IsTruncated")) == "true";
-    if (!truncated || token.empty() || (max_keys > 0 && out.objects.size() >= max_keys)) break;
+    if (!truncated || (max_keys > 0 && out.objects.size() >= max_keys)) break;
+    if (next.empty()) return bad("a page said more follows but gave no continuation token");
+    if (next == token) return bad("the continuation token did not move");
+    token = next;
   }
   return out;
 }
@@ -586,15 +602,29 @@ absl::StatusOr<std::vector<MultipartUpload>> S3Client::ListMultipart(const std::
     if (!doc.load_buffer(resp.body.data(), resp.body.size())) {
       return absl::DataLossError(absl::StrCat(req.What(), " uploads: the reply is not XML"));
     }
+    auto bad = [&](absl::string_view why) {
+      return absl::DataLossError(absl::StrCat(req.What(), " uploads: ", why));
+    };
     pugi::xml_node root = doc.child("ListMultipartUploadsResult");
+    if (!root) return bad("the reply holds no ListMultipartUploadsResult");
     for (pugi::xml_node u : root.children("Upload")) {
-      out.push_back({u.child_value("Key"), u.child_value("UploadId"),
-                     ParseIsoTime(u.child_value("Initiated"))});
+      // (An upload of unknown age is never taken for an old one to abort.)
+      const absl::Time initiated = ParseIsoTime(u.child_value("Initiated"));
+      if (initiated == absl::InfinitePast()) {
+        return bad(absl::StrCat("the time of the upload of '", u.child_value("Key"),
+                                "' does not parse"));
+      }
+      out.push_back({u.child_value("Key"), u.child_value("UploadId"), initiated});
     }
     if (std::string(root.child_value("IsTruncated")) != "true") break;
-    key_marker = root.child_value("NextKeyMarker");
-    id_marker = root.child_value("NextUploadIdMarker");
-    if (key_marker.empty() && id_marker.empty()) break;
+    const std::string next_key = root.child_value("NextKeyMarker");
+    const std::string next_id = root.child_value("NextUploadIdMarker");
+    if (next_key.empty() && next_id.empty()) {
+      return bad("a page said more follows but gave no markers");
+    }
+    if (next_key == key_marker && next_id == id_marker) return bad("the markers did not move");
+    key_marker = next_key;
+    id_marker = next_id;
   }
   return out;
 }
