@@ -229,6 +229,20 @@ class RankPullerImpl final : public RankPuller {
         ch->puller_waiting.store(0, std::memory_order_release);
         continue;
       }
+      if (requested - served > shm::kPullRequests) {
+        // More requests than the channel has records: the trainer's counter
+        // is not one the client keeps. Served one by one, each would fail
+        // at once and be logged, for as long as the session lives: its
+        // requests up to the counter are taken as failed, said once.
+        const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+            "the trainer's pull request counter (", requested, ") ran ", requested - served,
+            " ahead of the requests served; the channel holds ", shm::kPullRequests));
+        failed_.fetch_add(1, std::memory_order_relaxed);
+        ch->failed.fetch_add(1, std::memory_order_relaxed);
+        if (a_.on_failure) a_.on_failure(requested, bad);
+        served = requested;
+        continue;
+      }
       const uint64_t ticket = served + 1;
       Serve(ticket);
       served = ticket;

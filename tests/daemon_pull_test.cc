@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/futex.h"
 #include "common/testing/eventually.h"
 #include "common/testing/temp_dir.h"
 #include "shm/control_block.h"
@@ -237,6 +238,40 @@ void ForeignHandleIsRefused(const std::string& tag, int uid_a, int uid_b) {
   if (uid_a >= 0) CHECK(absl::StrContains(b->Output(), absl::StrCat("(uid ", uid_a, ")")));
   a->Signal(SIGUSR1);
   CHECK(a->Wait(absl::Seconds(60)) == 0);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("a trainer's pull counter run far ahead of its requests is refused once, not served "
+          "one failing request at a time") {
+  const std::string dir = ShortTempDir("it-pull-counter");
+  Daemon daemon(dir, FakeCudaDaemon(true));
+  REQUIRE(daemon.Start());
+  auto a = Trainer(daemon, dir, "a",
+                   {"--job=counter", "--copy_backend=cuda_ipc", "--steps=2", "--save_every=0",
+                    "--block", "--pause_at=2"});
+  REQUIRE(a->WaitForOutput("paused", absl::Seconds(60)));
+  {
+    // What a trainer that writes its channel wrongly (or on purpose) does.
+    MappedSegment seg(SegmentOf(daemon, "counter"));
+    shm::PullChannel* ch = seg.channel();
+    ch->requested.store(ch->requested.load() + (uint64_t{1} << 40));
+    ch->doorbell.fetch_add(1);
+    FutexWakeAll(&ch->doorbell);
+  }
+  INFO(daemon.Log());
+  REQUIRE(Eventually([&] { return absl::StrContains(daemon.Log(), "pull request counter"); },
+                     absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(500));
+  const std::string log = daemon.Log();
+  size_t lines = 0;
+  for (size_t at = log.find("pull request counter"); at != std::string::npos;
+       at = log.find("pull request counter", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines == 1);
+  CHECK(daemon.process()->running());
+  a->Signal(SIGKILL);
+  a->Wait(absl::Seconds(10));
   REQUIRE(daemon.Stop() == 0);
 }
 
