@@ -208,6 +208,11 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
     return SnapshotResult::kSkippedDisconnected;
   }
+  if (im.TakenOver(*s)) {
+    im.DropSession(s, Impl::kTakenOver);
+    im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
+    return SnapshotResult::kSkippedDisconnected;
+  }
   shm::ControlBlock* cb = s->cb();
   // Any free slot; with kSkip, a step due for a checkpoint also takes over a
   // slot whose ordinary snapshot zccd has not ingested yet (shm/slot_ring.h),
@@ -292,7 +297,10 @@ void Client::Impl::NotifierLoop() {
     const absl::Status copied = p.session->copier->Wait(p.ticket);
     shm::ControlBlock* cb = p.session->cb();
     shm::SlotRing ring(cb, p.session->num_slots());
-    if (!copied.ok()) {
+    if (TakenOver(*p.session)) {
+      // The slot is the successor's now: neither published nor given back.
+      DropSession(p.session, kTakenOver);
+    } else if (!copied.ok()) {
       ring.Abandon(p.slot);
       SetError(absl::StrCat("snapshot copy of step ", p.step, " failed: ", copied.message()));
       ZCC_LOG(ERROR) << "zcc client: snapshot copy of step " << p.step << " failed: " << copied;

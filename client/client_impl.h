@@ -262,6 +262,14 @@ struct Client::Impl {
                                                        bool prefetch_restore = false,
                                                        uint64_t replaces_generation = 0);
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
+  // zccd gave the rank's shared memory to a trainer that registered after
+  // this one (it took this one for dead: stalled past the heartbeat
+  // timeout, where it cannot see the process): nothing of this one may go
+  // there any more, snapshots nor heartbeats.
+  bool TakenOver(Session& s);
+  static constexpr char kTakenOver[] =
+      "zccd gave this rank's shared memory to a trainer of the rank that registered after this "
+      "one (this one was stalled past its heartbeat timeout and taken for dead)";
   void NotifierLoop();
   // Liveness in both directions and nothing else: writes this client's
   // heartbeat and checks zccd's. It never waits for zccd, an RPC or a copy

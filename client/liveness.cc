@@ -38,6 +38,12 @@ bool Client::WaitConnected(absl::Duration timeout) {
          im->session != nullptr && !im->session->dead.load();
 }
 
+bool Client::Impl::TakenOver(Session& s) {
+  // (A word zccd writes once per registration of the rank: read whole.)
+  return !s.being_replaced.load() &&
+         __atomic_load_n(&s.cb()->generation, __ATOMIC_ACQUIRE) != s.resp.generation();
+}
+
 void Client::Impl::DropSession(const std::shared_ptr<Session>& s, const std::string& why) {
   s->dead.store(true);
   zcc::MutexLock lock(&mu);
@@ -84,7 +90,11 @@ void Client::Impl::HeartbeatLoop() {
       if (stopping) return;
       s = session;
     }
-    if (s != nullptr && !s->dead.load()) {
+    if (s != nullptr && !s->dead.load() && TakenOver(*s)) {
+      // Not even its heartbeat goes there any more: it would keep the
+      // successor's registration looking alive after the successor died.
+      DropSession(s, kTakenOver);
+    } else if (s != nullptr && !s->dead.load()) {
       shm::ControlBlock* cb = s->cb();
       const uint64_t now = shm::MonotonicNanos();
       cb->client_heartbeat_ns.store(now, std::memory_order_relaxed);

@@ -283,6 +283,34 @@ def test_block_never_replaces_a_snapshot():
             assert d.stop() == 0, d.log()
 
 
+def test_a_trainer_whose_rank_was_taken_over_snapshots_nothing_there():
+    """zccd took this trainer for dead (stalled past its heartbeat timeout
+    where zccd cannot see the process) and gave its shared memory to a
+    trainer of the rank that registered after it, which it then marks with
+    its registration's generation: the first trainer, going on, publishes
+    nothing there and says why."""
+    with Zccd("over") as d:
+        c = zcc.connect("over", socket_path=d.socket, checkpoint_root=d.root,
+                        daemon_timeout=30.0, backpressure="block")
+        c.register_tensors([zcc.TensorSpec("w", np.zeros(4, np.float32))])
+        c.fence()
+        assert c.snapshot(1) == "enqueued"
+        c.flush(10.0)
+        names = [n for n in os.listdir("/dev/shm") if n.startswith(d.shm_prefix + ".over.")]
+        assert len(names) == 1, names
+        with open("/dev/shm/" + names[0], "r+b") as f:
+            f.seek(16)  # ControlBlock.generation (after magic, version, num_slots)
+            generation = int.from_bytes(f.read(8), "little")
+            f.seek(16)
+            f.write((generation + 1).to_bytes(8, "little"))
+        c.fence()
+        assert c.snapshot(2) == "skipped_disconnected"
+        stats = c.stats()
+        assert "registered after this one" in stats["last_error"], stats
+        c.close()
+        assert d.stop() == 0, d.log()
+
+
 def test_generator_states_read_only_when_they_moved():
     """zcc reads Python's and NumPy's global generators again only when
     they moved; whatever moved them (draws, a Gaussian cached or used, seed,
