@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -364,6 +365,18 @@ TEST_CASE("retention keeps the newest K and milestones, and drops stale partials
   CHECK(old->removed_partials == std::vector<std::string>{"step-00000007.partial"});
   CHECK(*ListCommittedSteps(root) == std::vector<int64_t>{4, 5, 6});
   CHECK(ChooseRestoreStep(root, -1, Verify)->step == 6);
+
+  // `latest` unreadable: which steps it leaves out is not known; nothing goes.
+  {
+    std::FILE* f = std::fopen(JoinPath(root, format::kLatestFileName).c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs("garbled\n", f);
+    std::fclose(f);
+  }
+  policy.keep_last = 1;
+  auto unknown = ApplyRetention(root, policy, RetentionGuard(), absl::ZeroDuration());
+  CHECK(unknown.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(*ListCommittedSteps(root) == std::vector<int64_t>{4, 5, 6});
 }
 
 }  // namespace

@@ -73,6 +73,14 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
   ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir, &fs));
   std::set<int64_t> keep;
   auto latest = ReadLatest(job_dir, &fs);
+  // Unreadable (EIO, a stale handle, a store's error, a garbled file): which
+  // steps it leaves out is not known, and counting a run left behind among
+  // the newest kept would remove the step it names. Nothing goes this time.
+  if (!latest.ok() && !absl::IsNotFound(latest.status())) {
+    return absl::Status(latest.status().code(),
+                        absl::StrCat("retention of ", job_dir, " removes nothing: ",
+                                     latest.status().message()));
+  }
   if (latest.ok()) {
     keep.insert(*latest);
     // Steps above `latest` are a run's that another went back from (or a

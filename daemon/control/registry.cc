@@ -385,7 +385,15 @@ absl::StatusOr<v1::CollectGarbageResponse> Registry::CollectGarbage(
   std::shared_ptr<Job> job = registered.ok() ? *registered : nullptr;
   std::string job_dir;
   checkpoint::RetentionResult result;
-  if (job != nullptr && req.checkpoint_root().empty()) {
+  if (job != nullptr && !req.checkpoint_root().empty()) {
+    // The root named is the job's own: the job's retention, with its pins
+    // (steps being restored, partials being written) and in turn with its
+    // commits, not the daemon's defaults over it.
+    ZCC_ASSIGN_OR_RETURN(const std::string named,
+                         ResolveJobDir(req.checkpoint_root(), req.job_id(), caller, false));
+    if (named != job->options().job_dir) job = nullptr;
+  }
+  if (job != nullptr) {
     job_dir = job->options().job_dir;
     ZCC_ASSIGN_OR_RETURN(result, job->CollectGarbage());
   } else {

@@ -493,6 +493,21 @@ TEST_CASE("peer directory: probes the peers it watches, up and down") {
   CHECK(dir.State(target)->instance != instance);
 }
 
+// Recovers the tier's newest step into `fs`: step 4, with `rank`'s files as
+// they were written.
+void RecoversStep4With(storage::MemoryStorage& fs, const RecoverySources& sources,
+                       const checkpoint::RankStepBytes& rank) {
+  auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+  REQUIRE_OK(got.status());
+  REQUIRE(got->has_value());
+  CHECK(**got == 4);
+  for (const auto& f : rank.files) {
+    auto bytes = storage::ReadWholeFile(fs, "/ckpt/job/step-00000004/" + f.name, 1 << 30);
+    REQUIRE_OK(bytes.status());
+    CHECK(*bytes == f.bytes);
+  }
+}
+
 TEST_CASE("peer recovery: the newest complete step, each file from a holder that serves it intact") {
   PeerConfig insecure;
   insecure.insecure = true;
@@ -569,15 +584,7 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
     sources.peers = {good.target()};
     Hold(own, r1, true);
     storage::MemoryStorage fs;
-    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
-    REQUIRE_OK(got.status());
-    REQUIRE(got->has_value());
-    CHECK(**got == 4);
-    for (const auto& f : r1.files) {
-      auto bytes = storage::ReadWholeFile(fs, "/ckpt/job/step-00000004/" + f.name, 1 << 30);
-      REQUIRE_OK(bytes.status());
-      CHECK(*bytes == f.bytes);
-    }
+    RecoversStep4With(fs, sources, r1);
   }
   SECTION("what the manifest names is written, as long as it says: not a holder's other names "
           "nor a longer file") {
@@ -601,15 +608,7 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
       REQUIRE_OK(bad.store.Put(std::move(r)));
     }
     storage::MemoryStorage fs;
-    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
-    REQUIRE_OK(got.status());
-    REQUIRE(got->has_value());
-    CHECK(**got == 4);
-    for (const auto& f : r1.files) {
-      auto bytes = storage::ReadWholeFile(fs, "/ckpt/job/step-00000004/" + f.name, 1 << 30);
-      REQUIRE_OK(bytes.status());
-      CHECK(*bytes == f.bytes);
-    }
+    RecoversStep4With(fs, sources, r1);
     auto names = fs.List("/ckpt/job/step-00000004");
     REQUIRE_OK(names.status());
     for (const std::string& n : *names) CHECK(n.find("stray") == std::string::npos);
