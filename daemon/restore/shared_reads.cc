@@ -6,10 +6,10 @@
 
 namespace zcc::daemon {
 
-void SharedReads::ExpireLocked(absl::Time now) {
+void SharedReads::ExpireLocked(absl::Time now, std::map<std::string, Entry>* dropped) {
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.state != Entry::State::kReading && now - it->second.at > linger_) {
-      it = entries_.erase(it);
+      dropped->insert(entries_.extract(it++));
     } else {
       ++it;
     }
@@ -17,22 +17,16 @@ void SharedReads::ExpireLocked(absl::Time now) {
 }
 
 void SharedReads::Expire() {
-  const absl::Time now = absl::Now();
   std::map<std::string, Entry> dropped;  // unmapped after the lock is released
   zcc::MutexLock lock(&mu_);
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->second.state != Entry::State::kReading && now - it->second.at > linger_) {
-      dropped.insert(entries_.extract(it++));
-    } else {
-      ++it;
-    }
-  }
+  ExpireLocked(absl::Now(), &dropped);
 }
 
 bool SharedReads::Claim(const std::string& key) {
   const absl::Time now = absl::Now();
+  std::map<std::string, Entry> dropped;  // unmapped after the lock is released
   zcc::MutexLock lock(&mu_);
-  ExpireLocked(now);
+  ExpireLocked(now, &dropped);
   auto [it, inserted] = entries_.try_emplace(key);
   if (inserted || it->second.state == Entry::State::kFailed) {
     it->second = Entry();

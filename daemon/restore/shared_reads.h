@@ -67,8 +67,12 @@ class SharedReads {
     Landed landed;
     absl::Time at;  // claimed or landed
   };
-  // Drops landed and failed entries older than linger_.
-  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes landed and failed entries older than linger_ out into `dropped`,
+  // for the caller to let go of after the lock (the last holder of a
+  // restore buffer unmaps it: gigabytes, which every rank's Claim, Await and
+  // Land would wait for).
+  void ExpireLocked(absl::Time now, std::map<std::string, Entry>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration linger_;
   zcc::Mutex mu_;
