@@ -18,6 +18,16 @@
 
 namespace zcc::daemon {
 
+namespace {
+
+// Whether `dir` holds step `step` committed (its COMMITTED there).
+bool HoldsCommitted(storage::Storage& fs, const std::string& dir, int64_t step) {
+  return fs.Stat(JoinPath(JoinPath(dir, format::StepDirName(step)), format::kCommittedFileName))
+      .ok();
+}
+
+}  // namespace
+
 JobUploader::JobUploader(UploaderOptions options) : options_(std::move(options)) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -225,10 +235,7 @@ void JobUploader::CatchUp() {
   // COMMITTED there: an upload cut after it was uncommitted left it so.)
   if (there.ok() && *there > *here) return;
   if (there.ok() && *there == *here &&
-      options_.storage
-          ->Stat(JoinPath(JoinPath(options_.upload_dir, format::StepDirName(*here)),
-                          format::kCommittedFileName))
-          .ok()) {
+      HoldsCommitted(*options_.storage, options_.upload_dir, *here)) {
     return;
   }
   zcc::MutexLock lock(&mu_);
@@ -483,12 +490,8 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
   }
   Failed(absl::StrCat("upload of step ", step), uploaded.status());
   // (FailedPrecondition is also a store's conflict, tried again.)
-  const bool gone =
-      absl::IsFailedPrecondition(uploaded.status()) &&
-      !options_.storage
-           ->Stat(JoinPath(JoinPath(options_.job_dir, format::StepDirName(step)),
-                           format::kCommittedFileName))
-           .ok();
+  const bool gone = absl::IsFailedPrecondition(uploaded.status()) &&
+                    !HoldsCommitted(*options_.storage, options_.job_dir, step);
   zcc::MutexLock lock(&mu_);
   if (gone && wanted_ == step) {
     // The local step is gone (retention removed it first): nothing to send;
