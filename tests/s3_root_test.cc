@@ -309,6 +309,25 @@ TEST_CASE("tiered: checkpoints on the local root, uploaded in the background, ea
   CHECK((*local)[local->size() - 2] == 25);
   CHECK(absl::StrContains(daemon.Log(), "upload job=itest step=30"));
 
+  // A byte of rank 0's step 30 damaged on the local disk: step 30 is read
+  // from the store's copy, not given up for step 25. First by ranks that
+  // restore together (rank 0 finds the damage as it reads the step they
+  // agreed on), then by each rank on its own (the copy here is known bad).
+  REQUIRE(DamageTensorByte(JoinPath(local_job, "step-00000030/model-r00000.safetensors")));
+  for (const bool together : {true, false}) {
+    std::vector<std::string> same_step = {"--mode=restore", "--expect_step=30",
+                                          "--expect_from=disk"};
+    same_step.insert(same_step.end(), tiered.begin(), tiered.end());
+    if (together) same_step.push_back(absl::StrCat("--collective=127.0.0.1:", FreeTcpPort()));
+    auto repaired = Trainers(daemon, dir, daemon.root(), {0, 1}, 2,
+                             together ? "together" : "alone", same_step);
+    WaitAll(repaired, daemon.Log());
+    CHECK(repaired[0]->Values()["mismatched_tensors"] == "0");
+    CHECK(repaired[1]->Values()["mismatched_tensors"] == "0");
+  }
+  CHECK(absl::StrContains(daemon.Log(),
+                          "reading the same step from " + store_root + "/itest/step-00000030"));
+
   // A lost local root (a replaced node's disk): the newest step comes back
   // from the store, bit-exact.
   REQUIRE_OK(RemoveTree(local_job));

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -238,12 +239,38 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": "
                   << tiers.why_store_first() << "; restoring from " << tiers.current();
   }
+  const std::function<absl::Status(const std::string&)> check = [this](const std::string& dir) {
+    return checks_.Check(dir);
+  };
   for (;;) {
     if (cancelled()) return absl::CancelledError("restore cancelled (zccd stopping or client gone)");
-    absl::StatusOr<checkpoint::RestoreChoice> chosen = checkpoint::ChooseRestoreStep(
-        tiers.current(), requested, [this](const std::string& dir) { return checks_.Check(dir); },
-        at_most, read_io_.storage);
-    if (absl::IsNotFound(chosen.status()) && tiers.Next()) {
+    absl::StatusOr<checkpoint::RestoreChoice> chosen =
+        checkpoint::ChooseRestoreStep(tiers.current(), requested, check, at_most, read_io_.storage);
+    // A newer step whose copy here is damaged is read from the other tier's
+    // copy of it rather than falling back past it (a tiered job's local disk
+    // and store each hold one).
+    std::optional<RestoreTiers::Elsewhere> elsewhere;
+    if (chosen.ok() ? !chosen->rejected.empty() : absl::IsNotFound(chosen.status())) {
+      elsewhere = tiers.IntactElsewhere(chosen.ok() ? chosen->step : -1,
+                                        requested >= 0 ? std::min(requested, at_most) : at_most,
+                                        check, read_io_.storage);
+    }
+    if (elsewhere.has_value()) {
+      const std::string name = format::StepDirName(elsewhere->step);
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": the copy of "
+                       << name << " in " << tiers.current()
+                       << " cannot be restored; reading the same step from "
+                       << elsewhere->step_dir;
+      checkpoint::RestoreChoice same;
+      same.step = elsewhere->step;
+      if (chosen.ok()) {
+        // The steps passed over here, but the one read from there.
+        for (std::string& why : chosen->rejected) {
+          if (!absl::StartsWith(why, name + ":")) same.rejected.push_back(std::move(why));
+        }
+      }
+      chosen = std::move(same);
+    } else if (absl::IsNotFound(chosen.status()) && tiers.Next()) {
       ZCC_LOG(INFO) << "job " << req.job_id() << " rank " << req.rank() << ": "
                     << chosen.status().message() << "; restoring from " << tiers.current();
       continue;
@@ -264,7 +291,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     ZCC_ASSIGN_OR_RETURN(checkpoint::RestoreChoice choice, std::move(chosen));
     for (const std::string& why : choice.rejected) skip(why);
     const std::string step_name = format::StepDirName(choice.step);
-    const std::string step_dir = JoinPath(tiers.current(), step_name);
+    const std::string step_dir =
+        elsewhere.has_value() ? elsewhere->step_dir : JoinPath(tiers.current(), step_name);
     std::unique_ptr<RestorePrefetch> ahead;
     if (prefetch != nullptr && (req.owned_only() || session.AllStaged())) {
       std::optional<RestorePrefetch::Chosen> read_ahead = prefetch->AwaitChoice(cancelled);
@@ -296,6 +324,14 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     const absl::Status why(resp.status().code(),
                            absl::StrCat("damaged, found while reading it: ", resp.status().message()));
     checks_.MarkDamaged(step_dir, why);
+    if (!elsewhere.has_value() &&
+        tiers.IntactElsewhere(choice.step - 1, choice.step, check, read_io_.storage)) {
+      // The other tier's copy of this step, read next round (the copy here
+      // is rejected from now on). Not a step skipped: the same one comes.
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << step_dir
+                       << " is " << why.message();
+      continue;
+    }
     if (req.step() >= 0 && !req.allow_older()) {
       return Annotate(why, absl::StrCat("restore of ", step_name));
     }

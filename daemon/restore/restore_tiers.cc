@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/reader.h"
+#include "common/file_util.h"
 #include "format/manifest.h"
 
 namespace zcc::daemon {
@@ -26,6 +27,33 @@ bool RestoreTiers::Next() {
   switched_ = true;
   current_ = current_ == job_dir_ ? upload_dir_ : job_dir_;
   return true;
+}
+
+std::optional<RestoreTiers::Elsewhere> RestoreTiers::IntactElsewhere(
+    int64_t chosen, int64_t at_most, const std::function<absl::Status(const std::string&)>& verify,
+    storage::Storage* fs) const {
+  if (upload_dir_.empty()) return std::nullopt;
+  const std::string& other = current_ == job_dir_ ? upload_dir_ : job_dir_;
+  auto here = checkpoint::CommittedOnTimeline(current_, fs);
+  if (!here.ok()) return std::nullopt;
+  for (auto it = here->rbegin(); it != here->rend() && *it > chosen; ++it) {
+    const int64_t step = *it;
+    if (step > at_most) continue;
+    const std::string name = format::StepDirName(step);
+    const std::string mine = JoinPath(current_, name);
+    const std::string theirs = JoinPath(other, name);
+    // Only a copy here that cannot be read (the choice took any other).
+    if (verify(mine).ok()) continue;
+    auto a = checkpoint::ReadCommitRecord(mine, fs);
+    auto b = checkpoint::ReadCommitRecord(theirs, fs);
+    if (!a.ok() || !b.ok()) continue;
+    const bool same = a->job_id == b->job_id && a->step == b->step &&
+                      a->world_size == b->world_size && a->manifest_hash == b->manifest_hash &&
+                      a->total_bytes == b->total_bytes && a->index_xxh3 == b->index_xxh3;
+    if (!same || !verify(theirs).ok()) continue;
+    return Elsewhere{theirs, step};
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<std::set<int64_t>> RestoreTiers::AllSteps(const std::string& job_dir,
