@@ -575,7 +575,16 @@ absl::StatusOr<std::string> S3Client::CompleteMultipart(const std::string& bucke
     bool retry = false;
     return ErrorOf(req.What(), 500, resp.body, &retry);
   }
-  return std::string(reply.child("CompleteMultipartUploadResult").child_value("ETag"));
+  // Nor is a 200 without the result a completion: S3 sends the status at
+  // once and the result when the object is whole, and a reply cut between
+  // them (or a proxy's page) says nothing of whether it is.
+  std::string etag = reply.child("CompleteMultipartUploadResult").child_value("ETag");
+  if (etag.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat(req.What(), ": the store's reply holds no CompleteMultipartUploadResult "
+                                 "with an ETag; the upload is not known to be complete"));
+  }
+  return etag;
 }
 
 absl::Status S3Client::AbortMultipart(const std::string& bucket, const std::string& key,

@@ -1,9 +1,11 @@
-// The S3 client trusts a listing no further than it checks out: a server
-// (or a proxy before it) that says more follows without saying where, that
-// repeats its continuation token, or that answers with XML that is not a
-// listing, gets an error, never a page taken for the whole listing nor a
-// loop without end. The server here is a few lines of HTTP/1.1 answering
-// each request with the next canned body, over loopback.
+// The S3 client trusts a reply no further than it checks out. A listing
+// that says more follows without saying where, that repeats its
+// continuation token, or that is XML but not a listing, is an error, never a
+// page taken for the whole listing nor a loop without end. A multipart
+// upload is complete only when the store's reply says so with its result:
+// a 200 carrying an error, or carrying nothing, is an error. The server here
+// is a few lines of HTTP/1.1 answering each request with the next canned
+// body, over loopback.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -154,6 +156,39 @@ TEST_CASE("s3 listing: uploads under way: markers that do not move, or none, are
   CannedServer server({page + "</ListMultipartUploadsResult>"});
   S3Client client = ClientOf(server);
   CHECK(client.ListMultipart("bucket", "").status().code() == absl::StatusCode::kDataLoss);
+}
+
+TEST_CASE("s3 multipart: complete only when the reply holds the result") {
+  const std::vector<PartReceipt> parts = {{"\"e1\"", "AAAAAA=="}, {"\"e2\"", "AAAAAA=="}};
+  {
+    CannedServer server({"<?xml version=\"1.0\"?><CompleteMultipartUploadResult><Bucket>b"
+                         "</Bucket><Key>k</Key><ETag>\"3858f62230ac3c915f300c664312c11f-2\""
+                         "</ETag></CompleteMultipartUploadResult>"});
+    S3Client client = ClientOf(server);
+    auto etag = client.CompleteMultipart("bucket", "k", "u", parts);
+    REQUIRE(etag.ok());
+    CHECK(*etag == "\"3858f62230ac3c915f300c664312c11f-2\"");
+  }
+  // 200 with the failure in the body (S3 reports errors found after the
+  // status was sent so); 200 with no body, or a page that is not the
+  // result (a reply cut short, a proxy's).
+  for (const std::string& body :
+       {std::string("<?xml version=\"1.0\"?><Error><Code>InvalidPart</Code><Message>One or "
+                    "more of the specified parts could not be found.</Message></Error>"),
+        std::string(), std::string("<html><body>gateway</body></html>"),
+        std::string("<?xml version=\"1.0\"?><CompleteMultipartUploadResult><Key>k</Key>"
+                    "</CompleteMultipartUploadResult>")}) {
+    INFO(body);
+    CannedServer server({body});
+    S3Client client = ClientOf(server);
+    auto etag = client.CompleteMultipart("bucket", "k", "u", parts);
+    CHECK_FALSE(etag.ok());
+    if (absl::StrContains(body, "InvalidPart")) {
+      CHECK_THAT(std::string(etag.status().message()), Catch::Contains("InvalidPart"));
+    } else {
+      CHECK_THAT(std::string(etag.status().message()), Catch::Contains("not known to be complete"));
+    }
+  }
 }
 
 }  // namespace
