@@ -1,5 +1,6 @@
 #include "daemon/restore/kept_copies.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -22,8 +23,7 @@ void KeptCopies::Watch(const std::string& upload_dir, const std::string& job_dir
 bool KeptCopies::Served(const std::string& step_dir) const {
   zcc::MutexLock lock(&mu_);
   if (forgotten_.count(step_dir) > 0) return true;
-  auto it = found_.find(step_dir);
-  return it != found_.end() && it->second.served;
+  return std::find(served_.begin(), served_.end(), step_dir) != served_.end();
 }
 
 void KeptCopies::Forget(const std::string& step_dir) {
@@ -154,14 +154,17 @@ absl::StatusOr<std::unique_ptr<storage::File>> KeptCopies::OpenForRead(
     for (auto it = found_.begin(); it != found_.end();) {
       it = now - it->second.when >= remember_ ? found_.erase(it) : std::next(it);
     }
-    if (forgotten_.count(step_dir) == 0) found_[step_dir] = Found{std::move(files), now, false};
+    if (forgotten_.count(step_dir) == 0) found_[step_dir] = Found{std::move(files), now};
   }
   if (!local.empty()) {
     absl::StatusOr<std::unique_ptr<storage::File>> file = base()->OpenForRead(local, options);
     zcc::MutexLock lock(&mu_);
     auto it = found_.find(step_dir);
     if (file.ok()) {
-      if (it != found_.end()) it->second.served = true;
+      if (std::find(served_.begin(), served_.end(), step_dir) == served_.end()) {
+        served_.push_back(step_dir);
+        if (served_.size() > kServedKept) served_.pop_front();
+      }
       return file;
     }
     // Gone since it was found (a newer step sent): the store's, from now on.

@@ -15,6 +15,7 @@
 #ifndef ZCC_DAEMON_RESTORE_KEPT_COPIES_H_
 #define ZCC_DAEMON_RESTORE_KEPT_COPIES_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -55,7 +56,6 @@ class KeptCopies final : public storage::StorageWrapper {
   struct Found {
     std::map<std::string, std::string> files;
     absl::Time when;
-    bool served = false;
   };
   // The kept directory for `step_dir` of a watched store ("" when none).
   std::string KeptDirFor(const std::string& step_dir) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -71,6 +71,12 @@ class KeptCopies final : public storage::StorageWrapper {
   // Whether a copy kept at `kept_dir` now was kept after `step_dir` was
   // forgotten at `when` (I/O: called without mu_).
   bool KeptSince(const std::string& kept_dir, absl::Time when);
+
+  // The steps read from a kept copy lately, oldest first (Served). Not
+  // kept with `found_`: a restore that reads longer than `remember_` asks
+  // after its read, when what was found has been looked up again.
+  std::deque<std::string> served_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kServedKept = 256;
 
   // step_dir -> when Forget dropped its kept copy.
   std::map<std::string, absl::Time> forgotten_ ABSL_GUARDED_BY(mu_);

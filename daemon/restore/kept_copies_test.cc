@@ -137,6 +137,22 @@ TEST_CASE("a restore reads this node's ranks' files from its kept copy, the rest
   CHECK(with_kept < without);
 }
 
+TEST_CASE("a restore that reads for longer than what was found is remembered is still told it "
+          "read from a kept copy") {
+  Cluster c;
+  c.WriteAndSend(10);
+  KeptCopies kept(&c.fs, absl::ZeroDuration());  // looked up again at every open
+  kept.Watch(kStore, NodeDir(0));
+  const std::string mine = format::ShardFileName("model", 0);
+  const std::string theirs = format::ShardFileName("model", 1);
+  CHECK(c.OpenedAt(kept, JoinPath(StoreStep(10), mine)) == JoinPath(Kept(0, 10), mine));
+  CHECK(c.OpenedAt(kept, JoinPath(StoreStep(10), theirs)) == JoinPath(StoreStep(10), theirs));
+  // (Its damage found at the end: read again from the store, not called
+  // damaged.)
+  CHECK(kept.Served(StoreStep(10)));
+  CHECK_FALSE(kept.Served(StoreStep(20)));
+}
+
 TEST_CASE("a kept copy that is not the store's step is not read") {
   Cluster c;
   c.WriteAndSend(10);
