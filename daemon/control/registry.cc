@@ -334,9 +334,10 @@ absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& 
 absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
-  ZCC_ASSIGN_OR_RETURN(int64_t step, session->restore_buffers().Remove(req.restore_id()));
-  job->EndRestore(req.rank(), step);
-  return absl::OkStatus();
+  // (The step's pin against retention ended with its read: what the
+  // client copies from is in memory. Ending it here again took away the pin
+  // of another restore of the same rank and step still reading.)
+  return session->restore_buffers().Remove(req.restore_id()).status();
 }
 
 absl::StatusOr<v1::SaveNowResponse> Registry::SaveNow(const v1::SaveNowRequest& req,
