@@ -5,6 +5,7 @@
 #ifndef ZCC_CUDA_CUDA_HANDLE_H_
 #define ZCC_CUDA_CUDA_HANDLE_H_
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <utility>
@@ -114,6 +115,26 @@ class ScopedDevice {
 // nullptr names the legacy default stream, whatever this file was compiled with.
 inline cudaStream_t CallerStream(void* stream) {
   return stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(stream);
+}
+
+// cuMemGetAddressRange (v2), reached through the runtime so that nothing
+// here links against libcuda: the allocation that holds a device address
+// (the trainer's side finds what to export; zccd's side how much an
+// imported handle really maps).
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr* base, size_t* size, CUdeviceptr ptr);
+
+inline absl::StatusOr<GetAddressRangeFn> LoadGetAddressRange() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  ZCC_RETURN_IF_ERROR(Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                             cudaEnableDefault, &found),
+                            "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)"));
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+    return absl::FailedPreconditionError(
+        "the CUDA driver has no cuMemGetAddressRange; daemon-pull needs a driver for CUDA 12 or "
+        "newer");
+  }
+  return reinterpret_cast<GetAddressRangeFn>(fn);
 }
 
 }  // namespace zcc::cuda_internal

@@ -38,26 +38,10 @@ namespace {
 using cuda_internal::CallerStream;
 using cuda_internal::Check;
 using cuda_internal::CudaEvent;
+using cuda_internal::GetAddressRangeFn;
+using cuda_internal::LoadGetAddressRange;
 using cuda_internal::NewEvent;
 using cuda_internal::ScopedDevice;
-
-// cuMemGetAddressRange (v2), reached through the runtime so that the copier
-// needs no link against libcuda.
-using GetAddressRangeFn = CUresult (*)(CUdeviceptr* base, size_t* size, CUdeviceptr ptr);
-
-absl::StatusOr<GetAddressRangeFn> LoadGetAddressRange() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  ZCC_RETURN_IF_ERROR(Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
-                                                             cudaEnableDefault, &found),
-                            "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)"));
-  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
-    return absl::FailedPreconditionError(
-        "the CUDA driver has no cuMemGetAddressRange; daemon-pull needs a driver for CUDA 12 or "
-        "newer");
-  }
-  return reinterpret_cast<GetAddressRangeFn>(fn);
-}
 
 // True when `ptr` is device memory (of any device) rather than host memory.
 absl::StatusOr<bool> IsDeviceMemory(const void* ptr) {

@@ -1,5 +1,6 @@
 // The daemon-pull copier, zccd's half (see ipc_puller.h and
 // shm/pull_channel.h). Host code only: no kernels.
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -143,9 +144,10 @@ struct Imports {
   cudaEvent_t ready_events[shm::kPullRequests] = {};
   cudaEvent_t copied = nullptr;
   std::vector<void*> sources;  // opened bases; nullptr: not opened yet
-  std::vector<uint64_t> source_bytes;
+  std::vector<uint64_t> source_bytes;  // checked against what each maps
   std::vector<std::string> claimed;  // handle keys claimed in the context
   void* pinned = nullptr;            // cudaHostRegister'ed staging, if it worked
+  cuda_internal::GetAddressRangeFn get_range = nullptr;
 
   // Releases what was opened, when its generation is still the live one.
   void Release(bool live, DeviceContext* ctx, const std::string& owner) {
@@ -400,6 +402,7 @@ class RankPullerImpl final : public RankPuller {
     ZCC_RETURN_IF_ERROR(Check(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, least),
                               "cudaStreamCreateWithPriority"));
     imports_.stream = CudaStream(stream);
+    ZCC_ASSIGN_OR_RETURN(imports_.get_range, cuda_internal::LoadGetAddressRange());
     ZCC_ASSIGN_OR_RETURN(imports_.done, NewEvent(cudaEventDisableTiming | cudaEventBlockingSync));
     shm::PullChannel* ch = a_.mapping.channel;
     for (uint32_t i = 0; i < shm::kPullRequests; ++i) {
@@ -449,6 +452,28 @@ class RankPullerImpl final : public RankPuller {
       ctx_->Release(key, Owner());
       // A handle zccd cannot open fails this pull; it is not a fault.
       return absl::FailedPreconditionError(opened.message());
+    }
+    // The size the trainer wrote bounds every copy out of this source: it
+    // must be no more than the allocation the handle maps (a copy past it
+    // faults zccd's context, every job's pulls on this device with it).
+    CUdeviceptr range_base = 0;
+    size_t mapped = 0;
+    const CUresult range =
+        imports_.get_range(&range_base, &mapped, reinterpret_cast<CUdeviceptr>(base));
+    // (What it maps from `base` on.)
+    const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(base);
+    const uint64_t after = range == CUDA_SUCCESS && range_base <= at && at - range_base <= mapped
+                               ? mapped - (at - range_base)
+                               : 0;
+    if (range != CUDA_SUCCESS || source.bytes > after) {
+      (void)Check(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
+      ctx_->Release(key, Owner());
+      return absl::FailedPreconditionError(
+          range != CUDA_SUCCESS
+              ? absl::StrCat("source ", index, ": cuMemGetAddressRange of its mapping failed ",
+                             "(CUresult ", static_cast<int>(range), ")")
+              : absl::StrCat("source ", index, " claims ", source.bytes,
+                             " bytes; the allocation its handle maps holds ", after));
     }
     imports_.claimed.push_back(key);
     imports_.sources[index] = base;

@@ -275,6 +275,36 @@ TEST_CASE("a trainer's pull counter run far ahead of its requests is refused onc
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a source that claims more bytes than its allocation maps is refused; zccd serves on") {
+  const std::string dir = ShortTempDir("it-pull-size");
+  Daemon daemon(dir, FakeCudaDaemon(true));
+  REQUIRE(daemon.Start());
+  auto b = Trainer(daemon, dir, "b",
+                   {"--job=liar", "--copy_backend=cuda_ipc", "--steps=1", "--save_every=0",
+                    "--pause_before_train"});
+  REQUIRE(b->WaitForOutput("ready", absl::Seconds(60)));
+  {
+    // Written before the first pull, which is when zccd opens the sources.
+    MappedSegment seg(SegmentOf(daemon, "liar"));
+    const uint32_t n = seg.channel()->num_sources.load();
+    REQUIRE(n > 0);
+    for (uint32_t i = 0; i < n; ++i) seg.sources()[i].bytes *= 1024;
+  }
+  b->Signal(SIGUSR1);
+  INFO(b->Output() << daemon.Log());
+  REQUIRE(b->Wait(absl::Seconds(60)) == 0);
+  CHECK(b->Values()["published"] == "0");
+  CHECK(absl::StrContains(b->Output(), "bytes; the allocation its handle maps holds"));
+  // Its own snapshot failed, nothing else: another job pulls on.
+  auto c = Trainer(daemon, dir, "c",
+                   {"--job=honest", "--copy_backend=cuda_ipc", "--steps=2", "--save_every=2",
+                    "--block"});
+  INFO(c->Output());
+  REQUIRE(c->Wait(absl::Seconds(60)) == 0);
+  CHECK(c->Values()["published"] == "2");
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("a handle of another job's memory is refused") {
   ForeignHandleIsRefused("it-pull-foreign", -1, -1);
 }
