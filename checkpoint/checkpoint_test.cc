@@ -268,10 +268,17 @@ TEST_CASE("latest goes back to the newest committed step up to the one a run wen
   back = PointLatestBack(fs, root, 25);
   REQUIRE_OK(back);
   CHECK(back->back_to == -1);
-  // Nothing committed up to the step: said, latest stays.
+  // Nothing committed up to the step (it came from another tier, or from
+  // memory): latest names the step itself, and no step of the run left
+  // behind is on the timeline.
   REQUIRE_OK(WriteFileAtomic(JoinPath(root, "latest"), "step-00000040\n"));
-  CHECK(PointLatestBack(fs, root, 5).status().code() == absl::StatusCode::kNotFound);
-  CHECK(*ReadLatest(root) == 40);
+  back = PointLatestBack(fs, root, 5);
+  REQUIRE_OK(back);
+  CHECK(back->back_to == 5);
+  CHECK_FALSE(back->committed);
+  CHECK(*ReadLatest(root) == 5);
+  CHECK(*NewestOnTimeline(root) == -1);
+  CHECK(ChooseRestoreStep(root, -1, Verify).status().code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("a latest lost in the first commit is repaired; a latest naming a step is kept") {

@@ -174,8 +174,11 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
       if (step <= restored) back.back_to = step;
     }
     if (back.back_to < 0) {
-      return absl::NotFoundError(absl::StrCat("no step up to ", restored, " is committed in ",
-                                              job_dir));
+      // Nothing of this directory is on the run's timeline yet: `latest`
+      // names the step itself, so that no reader takes the run left behind
+      // for the newest (the step came from another tier, or from memory).
+      back.back_to = restored;
+      back.committed = false;
     }
     const std::string to = absl::StrCat(format::StepDirName(back.back_to), "\n");
     if (!versioned) {

@@ -82,8 +82,13 @@ absl::Status PointLatest(storage::Storage& fs, const std::string& job_dir, int64
 struct LatestBack {
   int64_t named = -1;    // what `latest` named (-1: nothing)
   int64_t back_to = -1;  // what it names now, where it was moved
+  // False where no step up to `restored` is committed here: `latest` then
+  // names `restored` itself, a step this directory does not hold, so that
+  // readers find none of its steps on the timeline (CommittedOnTimeline)
+  // until the run that went on commits one, rather than the run left
+  // behind's.
+  bool committed = true;
 };
-// NotFound where no step up to `restored` is committed (`latest` stays);
 // `back_to` -1 where there was nothing to move.
 absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::string& job_dir,
                                            int64_t restored,

@@ -102,7 +102,8 @@ void JobUploader::AfterCommitInStore(int64_t step, absl::Time write_began) {
   ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step
                    << ", of the run left behind, was committed in the store as training went on "
                    << "from step " << restored << "; the store's latest names step "
-                   << back->back_to << " again";
+                   << back->back_to
+                   << (back->committed ? " again" : " (not committed there, for now)");
 }
 
 void JobUploader::OnNodeWritten(int64_t step, absl::Time write_began) {

@@ -97,7 +97,11 @@ void Job::GoBack(const GoingBack& back) {
     }
     ZCC_LOG(WARNING) << "job " << options_.job_id << ": " << went_on << ", older than step "
                      << moved->named << " that " << dir << "/latest named; it now names step "
-                     << moved->back_to << ". The committed steps after it, of the run left "
+                     << moved->back_to
+                     << (moved->committed ? ""
+                                          : " (not committed there: none of its steps is "
+                                            "restored until this run commits one)")
+                     << ". The committed steps after it, of the run left "
                      << "behind, stay but are no longer restored (this run's commits of the same "
                      << "step numbers replace them)";
     if (dir == commits_in) {
