@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "daemon/control/fault_drills.h"
 #include "daemon/control/server.h"
+#include "shm/truncation_guard.h"
 
 ABSL_FLAG(std::string, config, "", "text-format config file (schema: config/zccd_config.proto); "
                                    "flags given on the command line override it");
@@ -253,6 +254,11 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Trainers own their segments and can cut them short under zccd's
+  // mappings: that costs their registration, not zccd.
+  if (absl::Status guarded = zcc::shm::InstallTruncationGuard(); !guarded.ok()) {
+    return Fail(1, guarded);
+  }
 
   absl::StatusOr<zcc::daemon::FaultDrills> drills = zcc::daemon::FaultDrillsFromEnvironment();
   if (!drills.ok()) return Fail(2, drills.status());

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "shm/truncation_guard.h"
 
 namespace zcc::shm {
 
@@ -77,6 +78,7 @@ struct Segment::Impl {
   bip::shared_memory_object object;
   void* addr = nullptr;
   uint64_t size = 0;
+  int guard = -1;  // shm/truncation_guard.h (-1: not guarded)
 
   int fd() const { return object.get_mapping_handle().handle; }
 
@@ -85,10 +87,12 @@ struct Segment::Impl {
     if (p == MAP_FAILED) return zcc::ErrnoToStatus(errno, absl::StrCat("map shared memory ", name));
     addr = p;
     size = bytes;
+    guard = internal::GuardMapping(addr, size);
     return absl::OkStatus();
   }
 
   ~Impl() {
+    internal::UnguardMapping(guard);
     if (addr != nullptr) ::munmap(addr, size);
     // Dropping the name while still mapped is fine: the memory lives until the
     // last mapping goes; other processes can no longer open it.
@@ -104,6 +108,7 @@ Segment::~Segment() = default;
 const std::string& Segment::name() const { return impl_->name; }
 uint8_t* Segment::base() const { return static_cast<uint8_t*>(impl_->addr); }
 uint64_t Segment::size() const { return impl_->size; }
+bool Segment::cut() const { return internal::GuardedMappingCut(impl_->guard); }
 
 absl::StatusOr<Segment> Segment::Create(const std::string& name, uint64_t bytes,
                                         uid_t owner_uid, uint64_t reserve_bytes) {
@@ -212,6 +217,7 @@ absl::Status Segment::Resize(uint64_t bytes, uint64_t reserve_bytes) {
       void* p = ::mremap(impl_->addr, impl_->size, bytes, 0);
       if (p == MAP_FAILED) return zcc::ErrnoToStatus(errno, absl::StrCat("remap ", impl_->name));
       impl_->size = bytes;
+      internal::MoveGuardedMapping(impl_->guard, impl_->addr, impl_->size);
     }
     if (::ftruncate(impl_->fd(), static_cast<off_t>(bytes)) != 0) {
       return zcc::ErrnoToStatus(errno, absl::StrCat("resize shared memory ", impl_->name));
@@ -221,6 +227,7 @@ absl::Status Segment::Resize(uint64_t bytes, uint64_t reserve_bytes) {
       if (p == MAP_FAILED) return zcc::ErrnoToStatus(errno, absl::StrCat("remap ", impl_->name));
       impl_->addr = p;
       impl_->size = bytes;
+      internal::MoveGuardedMapping(impl_->guard, impl_->addr, impl_->size);
     }
   }
   return ReserveFront(impl_->fd(), impl_->name, bytes, reserve_bytes);

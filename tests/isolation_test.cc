@@ -87,6 +87,43 @@ std::string SegmentOf(const Daemon& d, const std::string& job) {
   return "";
 }
 
+TEST_CASE("a trainer that cuts its staging segment short loses its registration; zccd and other "
+          "jobs go on") {
+  const std::string dir = ShortTempDir("it-cut");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  auto cutter = StartTrainer(daemon, dir, "cutter",
+                             {"--job=cutter", "--steps=2", "--save_every=0", "--pause_at=2"});
+  REQUIRE(cutter->WaitForOutput("paused", absl::Seconds(60)));
+  // The trainer owns the object, so it can truncate it under zccd's
+  // mapping; zccd's next heartbeat into it finds the cut.
+  const std::vector<std::string> segments = ShmSegments(daemon.shm_prefix() + ".cutter.r0.");
+  REQUIRE(segments.size() == 1);
+  const int fd = shm_open(("/" + segments[0]).c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, 0) == 0);
+  close(fd);
+  INFO(daemon.Log());
+  REQUIRE(Eventually(
+      [&] { return absl::StrContains(daemon.Log(), "cut its staging segment short (ftruncate)"); },
+      absl::Seconds(30)));
+  REQUIRE(daemon.process()->running());
+  // Another job checkpoints and restores as ever.
+  auto other = StartTrainer(daemon, dir, "other",
+                            {"--job=other", "--steps=4", "--save_every=2", "--block"});
+  INFO(other->Output());
+  REQUIRE(other->Wait(absl::Seconds(60)) == 0);
+  CHECK(other->Values()["committed"] == "4");
+  auto restore = StartTrainer(daemon, dir, "restore",
+                              {"--job=other", "--mode=restore", "--expect_step=4"});
+  INFO(restore->Output());
+  CHECK(restore->Wait(absl::Seconds(60)) == 0);
+  CHECK(restore->Values()["mismatched_tensors"] == "0");
+  cutter->Signal(SIGKILL);
+  cutter->Wait(absl::Seconds(10));
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("another user cannot register into, attach to, query, save, list or collect a job") {
   if (geteuid() != 0) {
     WARN("skipped: the isolation test needs root to act as a second uid");

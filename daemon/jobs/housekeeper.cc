@@ -183,15 +183,20 @@ void Housekeeper::HousekeepingLoop() {
         if (skipped > seen) metrics_->snapshots_skipped().Increment(skipped - seen);
         seen = skipped;
         const bool gone = session->ClientProcessGone();
-        if ((gone || !session->ClientAlive(config_.client_timeout)) &&
+        const bool cut = session->SegmentCut();
+        if ((gone || cut || !session->ClientAlive(config_.client_timeout)) &&
             session->BeginRetirement()) {
           metrics_->errors(metrics::ErrorKind::kClientTimeout).Increment();
           skipped_seen_.erase(session.get());
           ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank "
                            << session->shards().rank << ": trainer pid "
                            << session->options().pid
-                           << (gone ? " exited" : " stopped sending heartbeats")
+                           << (cut    ? " cut its staging segment short (ftruncate); zccd reads "
+                                        "zeros there now"
+                               : gone ? " exited"
+                                      : " stopped sending heartbeats")
                            << "; dropping its registration";
+
           zcc::MutexLock reap_lock(&reap_mu_);
           reap_queue_.push_back({job, session});
         }

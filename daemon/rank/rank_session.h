@@ -191,6 +191,10 @@ class RankSession {
   // when the pid was visible to the daemon at registration (same pid
   // namespace); otherwise liveness rests on heartbeats alone.
   bool ClientProcessGone() const;
+  // True once zccd found its staging segment cut short (the trainer, which
+  // owns the object, truncated it): zccd's mapping holds zeros from then on
+  // (shm/truncation_guard.h), and nothing more of this rank is taken.
+  bool SegmentCut() const { return slots_.cut(); }
 
   // The restore and EMA buffers filled for this rank's client, kept until it
   // has copied them out; dropped when the session stops.

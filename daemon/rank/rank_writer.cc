@@ -98,15 +98,24 @@ void RankWriter::State::Write(WriteJob job) {
   const std::function<bool()> left_behind = [this, &job, step] {
     return target.left_behind && target.left_behind(step, job.restores);
   };
-  if (job.persist) {
+  // A segment cut short under zccd reads zeros (shm/truncation_guard.h):
+  // nothing read from it is written or sent from the moment that is known.
+  const auto cut = [this] { return target.slots->cut(); };
+  if (job.persist && cut()) {
+    event.status = absl::DataLossError("the trainer cut its staging segment short (ftruncate)");
+    persist_failures.fetch_add(1);
+    target.on_error(absl::StrCat("persist of step ", step, " failed: ", event.status.message()));
+  } else if (job.persist) {
     ScopedFsIdentity as_owner(target.fs_owner);
     checkpoint::IoOptions io = target.io;
-    io.cancelled = &left_behind;
+    const std::function<bool()> give_up = [&left_behind, &cut] { return left_behind() || cut(); };
+    io.cancelled = &give_up;
     auto stats = checkpoint::WriteRankShards(target.job_dir, step, *target.shards,
                                              target.slots->data(job.slot.index), io,
                                              job.ema_shards);
-    if (stats.ok() && left_behind()) {
-      // Gone back while the manifest was written: it goes again.
+    if (stats.ok() && give_up()) {
+      // Gone back, or the segment found cut, while the manifest was
+      // written: it goes again.
       storage::Storage& fs = storage::StorageOrDefault(target.io.storage);
       const std::string dir = checkpoint::WritingStepDir(fs, target.job_dir, step);
       const absl::Status removed =
@@ -116,7 +125,9 @@ void RankWriter::State::Write(WriteJob job) {
         target.on_error(absl::StrCat("the manifest of step ", step, ", of the state the trainer ",
                                      "went back from, could not be removed: ", removed.message()));
       }
-      stats = absl::CancelledError("the write was given up after its manifest");
+      stats = cut() ? absl::DataLossError("the trainer cut its staging segment short "
+                                          "(ftruncate) as it was written")
+                    : absl::CancelledError("the write was given up after its manifest");
     }
     // (Given up, or failed as the job dropped the step's directory.)
     if (!stats.ok() && left_behind()) {
@@ -139,7 +150,7 @@ void RankWriter::State::Write(WriteJob job) {
                                     step, " failed: ", stats.status().message()));
     }
   }
-  if (job.replicate && target.on_replicate && !left_behind()) {
+  if (job.replicate && target.on_replicate && !left_behind() && !cut()) {
     // The files a disk write makes, made in memory, for other nodes: at idle
     // priority unless a checkpoint waits behind it (the trainer's copies and
     // zccd's ingest come first; measured in e2e_bench: 0.96 of the step time
@@ -156,6 +167,9 @@ void RankWriter::State::Write(WriteJob job) {
       // Gone back while it was serialized: of the run left behind.
       ZCC_LOG(INFO) << "rank " << event.rank << ": step " << step << " is not replicated: its "
                     << "trainer went back to an older step meanwhile";
+    } else if (bytes.ok() && cut()) {
+      ZCC_LOG(WARNING) << "rank " << event.rank << ": step " << step << " is not replicated: "
+                       << "the trainer cut its staging segment short as it was read";
     } else if (bytes.ok()) {
       bytes->went_on_from = job.went_on_from;
       target.on_replicate(*std::move(bytes));

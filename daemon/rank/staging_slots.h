@@ -52,6 +52,8 @@ class StagingSlots {
   uint8_t* base() const { return segment_.base(); }
   const std::string& name() const { return segment_.name(); }
   uint64_t segment_bytes() const { return segment_.size(); }
+  // Whether the segment was cut short under zccd's mapping (shm::Segment::cut).
+  bool cut() const { return segment_.cut(); }
 
   // ---- ingest ----
   // The slots the trainer published, in publication order (shm::SlotRing).
