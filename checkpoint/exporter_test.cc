@@ -654,6 +654,13 @@ TEST_CASE("a step is named by its directory, its job directory or the job's late
   REQUIRE_OK(newest);
   CHECK(newest->dir == step.dir);
   CHECK(absl::StrContains(newest->how, "newest committed"));
+  // A latest that names a step not committed here (a run went back to a step
+  // another tier holds): the steps above it are the run left behind's.
+  REQUIRE_OK(WriteFileAtomic(JoinPath(job_dir, "latest"), "step-00000005\n"));
+  auto behind = ResolveStepDir(job_dir);
+  CHECK(behind.status().code() == absl::StatusCode::kNotFound);
+  CHECK(absl::StrContains(behind.status().message(), "at or below the step its latest names"));
+  REQUIRE(::unlink(JoinPath(job_dir, "latest").c_str()) == 0);
   // A step never committed, nothing committed, nothing there.
   REQUIRE_OK(MakeDirs(JoinPath(job_dir, "step-00000009")));
   CHECK(ResolveStepDir(JoinPath(job_dir, "step-00000009")).status().code() ==

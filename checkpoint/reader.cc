@@ -118,9 +118,16 @@ absl::StatusOr<ResolvedStep> ResolveStepDir(const std::string& path, storage::St
       return ResolvedStep{dir, *latest, absl::StrCat("the step ", trimmed, "/latest names")};
     }
   }
-  ZCC_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, ListCommittedSteps(trimmed, &s));
+  // Not above `latest` where it names a step not committed here (a run
+  // went back to a step another tier holds): the steps above are the run
+  // left behind's.
+  ZCC_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, CommittedOnTimeline(trimmed, &s));
   if (steps.empty()) {
-    return absl::NotFoundError(absl::StrCat(path, " holds no committed step"));
+    return absl::NotFoundError(absl::StrCat(path, " holds no committed step",
+                                            ListCommittedSteps(trimmed, &s).value_or(
+                                                std::vector<int64_t>()).empty()
+                                                ? ""
+                                                : " at or below the step its latest names"));
   }
   return ResolvedStep{JoinPath(trimmed, format::StepDirName(steps.back())), steps.back(),
                       absl::StrCat("the newest committed step of ", trimmed)};

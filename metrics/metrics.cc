@@ -291,6 +291,8 @@ absl::string_view ErrorKindName(ErrorKind kind) {
       return "rpc";
     case ErrorKind::kUpload:
       return "upload";
+    case ErrorKind::kSegmentCut:
+      return "segment_cut";
   }
   return "unknown";
 }

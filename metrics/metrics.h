@@ -154,8 +154,9 @@ enum class ErrorKind {
   kEma,            // an EMA update failed
   kRpc,            // a control request was refused for a reason other than the above
   kUpload,         // the tiered mode's upload of a step to the object store failed
+  kSegmentCut,     // a trainer cut its staging segment short and was dropped
 };
-inline constexpr int kNumErrorKinds = 9;
+inline constexpr int kNumErrorKinds = 10;
 absl::string_view ErrorKindName(ErrorKind kind);
 
 // Where a restore came from: zcc_restores_total{source=...}.

@@ -108,7 +108,13 @@ Segment::~Segment() = default;
 const std::string& Segment::name() const { return impl_->name; }
 uint8_t* Segment::base() const { return static_cast<uint8_t*>(impl_->addr); }
 uint64_t Segment::size() const { return impl_->size; }
-bool Segment::cut() const { return internal::GuardedMappingCut(impl_->guard); }
+bool Segment::cut() const {
+  if (internal::GuardedMappingCut(impl_->guard)) return true;
+  // Cut, though nothing here has touched the missing pages yet (a retained
+  // segment no one reads until a restore).
+  struct stat st;
+  return ::fstat(impl_->fd(), &st) == 0 && static_cast<uint64_t>(st.st_size) < impl_->size;
+}
 
 absl::StatusOr<Segment> Segment::Create(const std::string& name, uint64_t bytes,
                                         uid_t owner_uid, uint64_t reserve_bytes) {
@@ -214,20 +220,30 @@ absl::Status Segment::Resize(uint64_t bytes, uint64_t reserve_bytes) {
   if (bytes != impl_->size) {
     // Shrinking: unmap the tail before the object loses it.
     if (bytes < impl_->size) {
+      // (The guard first: the tail may be mapped by others once unmapped.)
+      internal::ShrinkGuardedMapping(impl_->guard, bytes);
       void* p = ::mremap(impl_->addr, impl_->size, bytes, 0);
-      if (p == MAP_FAILED) return zcc::ErrnoToStatus(errno, absl::StrCat("remap ", impl_->name));
+      if (p == MAP_FAILED) {
+        internal::UnguardMapping(impl_->guard);
+        impl_->guard = internal::GuardMapping(impl_->addr, impl_->size);
+        return zcc::ErrnoToStatus(errno, absl::StrCat("remap ", impl_->name));
+      }
       impl_->size = bytes;
-      internal::MoveGuardedMapping(impl_->guard, impl_->addr, impl_->size);
     }
     if (::ftruncate(impl_->fd(), static_cast<off_t>(bytes)) != 0) {
       return zcc::ErrnoToStatus(errno, absl::StrCat("resize shared memory ", impl_->name));
     }
     if (bytes > impl_->size) {
+      // Unguarded while it may move (a segment being resized is not yet a
+      // trainer's: the pool resizes before it hands the name out).
+      internal::UnguardMapping(impl_->guard);
       void* p = ::mremap(impl_->addr, impl_->size, bytes, MREMAP_MAYMOVE);
+      if (p != MAP_FAILED) {
+        impl_->addr = p;
+        impl_->size = bytes;
+      }
+      impl_->guard = internal::GuardMapping(impl_->addr, impl_->size);
       if (p == MAP_FAILED) return zcc::ErrnoToStatus(errno, absl::StrCat("remap ", impl_->name));
-      impl_->addr = p;
-      impl_->size = bytes;
-      internal::MoveGuardedMapping(impl_->guard, impl_->addr, impl_->size);
     }
   }
   return ReserveFront(impl_->fd(), impl_->name, bytes, reserve_bytes);

@@ -75,9 +75,9 @@ class Segment {
   uint64_t size() const;
   ControlBlock* control() const { return reinterpret_cast<ControlBlock*>(base()); }
   // Whether another process cut the object short under this mapping (an
-  // ftruncate) and an access here found it: the mapping holds zeros from
-  // then on (shm/truncation_guard.h; false where the guard is not
-  // installed: such an access ends the process).
+  // ftruncate): it is shorter than the mapping now, or an access here found
+  // it so, after which the mapping holds zeros (shm/truncation_guard.h;
+  // without the guard such an access ends the process). One fstat.
   bool cut() const;
   // Start of slot `i` given the slot size the caller trusts (never read from shm).
   uint8_t* slot(uint32_t i, uint64_t slot_bytes) const {

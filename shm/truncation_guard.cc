@@ -26,46 +26,59 @@ Guarded g_table[kMaxGuarded];
 std::atomic<bool> g_installed{false};
 struct sigaction g_previous;
 
-// Async-signal-safe: atomics, mmap and sigaction only.
+// Async-signal-safe: atomics, mmap (a plain system call on Linux), sigaction
+// and raise only.
 void OnSigbus(int sig, siginfo_t* info, void* context) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
   if (info->si_code > 0) {  // raised by a fault, not sent by kill()
-    for (Guarded& g : g_table) {
-      const uintptr_t begin = g.begin.load(std::memory_order_acquire);
-      if (begin == 0 || at < begin) continue;
-      const uintptr_t end = g.end.load(std::memory_order_acquire);
-      if (at >= end) continue;
-      // Zero pages over the whole mapping: every later access, by any
-      // thread, reads zeros instead of faulting again.
-      void* p = ::mmap(reinterpret_cast<void*>(begin), end - begin, PROT_READ | PROT_WRITE,
-                       MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (p == MAP_FAILED) break;
-      g.cut.store(true, std::memory_order_release);
-      return;  // the access runs again, on the zero pages
+    // Passes again where an entry changed as it was read (a Resize).
+    for (int pass = 0; pass < 4; ++pass) {
+      bool changed = false;
+      for (Guarded& g : g_table) {
+        const uintptr_t begin = g.begin.load(std::memory_order_acquire);
+        if (begin == 0 || at < begin) continue;
+        const uintptr_t end = g.end.load(std::memory_order_acquire);
+        // `end` is of the same entry as `begin` only if `begin` still is.
+        if (g.begin.load(std::memory_order_acquire) != begin) {
+          changed = true;
+          continue;
+        }
+        if (at >= end) continue;
+        // Zero pages over the whole mapping: every later access, by any
+        // thread, reads zeros instead of faulting again.
+        void* p = ::mmap(reinterpret_cast<void*>(begin), end - begin, PROT_READ | PROT_WRITE,
+                         MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) break;
+        g.cut.store(true, std::memory_order_release);
+        return;  // the access runs again, on the zero pages
+      }
+      if (!changed) break;
     }
   }
   // Not a guarded mapping: what the process did before the guard.
-  if (!(g_previous.sa_flags & SA_SIGINFO) &&
-      (g_previous.sa_handler == SIG_DFL || g_previous.sa_handler == SIG_IGN)) {
-    struct sigaction dfl;
-    std::memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    ::sigaction(SIGBUS, &dfl, nullptr);
-    // A fault raises it again as the access reruns; a signal sent is resent.
-    if (info->si_code <= 0) ::raise(SIGBUS);
-    return;
-  }
   if (g_previous.sa_flags & SA_SIGINFO) {
     g_previous.sa_sigaction(sig, info, context);
-  } else {
-    g_previous.sa_handler(sig);
+    return;
   }
+  if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+    g_previous.sa_handler(sig);
+    return;
+  }
+  // A signal sent to a process that ignored it stays ignored.
+  if (g_previous.sa_handler == SIG_IGN && info->si_code <= 0) return;
+  // Otherwise it ends the process, as it would have: pending (blocked in
+  // here) until the handler returns, at the access that raised it.
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGBUS, &dfl, nullptr);
+  ::raise(SIGBUS);
 }
 
 }  // namespace
 
 absl::Status InstallTruncationGuard() {
-  if (g_installed.load()) return absl::OkStatus();
+  if (TruncationGuardInstalled()) return absl::OkStatus();
   struct sigaction sa;
   std::memset(&sa, 0, sizeof(sa));
   sa.sa_sigaction = OnSigbus;
@@ -78,7 +91,12 @@ absl::Status InstallTruncationGuard() {
   return absl::OkStatus();
 }
 
-bool TruncationGuardInstalled() { return g_installed.load(); }
+bool TruncationGuardInstalled() {
+  // The handler in place now (a later sigaction may have replaced it).
+  struct sigaction current;
+  return g_installed.load() && ::sigaction(SIGBUS, nullptr, &current) == 0 &&
+         (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnSigbus;
+}
 
 namespace internal {
 
@@ -99,13 +117,10 @@ int GuardMapping(void* addr, uint64_t bytes) {
   return -1;
 }
 
-void MoveGuardedMapping(int handle, void* addr, uint64_t bytes) {
+void ShrinkGuardedMapping(int handle, uint64_t bytes) {
   if (handle < 0) return;
   Guarded& g = g_table[handle];
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
-  g.end.store(0, std::memory_order_release);
-  g.begin.store(begin, std::memory_order_release);
-  g.end.store(begin + bytes, std::memory_order_release);
+  g.end.store(g.begin.load(std::memory_order_relaxed) + bytes, std::memory_order_release);
 }
 
 bool GuardedMappingCut(int handle) {

@@ -23,17 +23,22 @@
 
 namespace zcc::shm {
 
-// Installs the SIGBUS handler (idempotent). zccd's main calls it first
-// thing; a client process does not (the daemon never cuts its segments).
+// Installs the SIGBUS handler (idempotent: again only where another
+// handler replaced it since). zccd's main calls it first thing; a client
+// process does not (the daemon never cuts its segments). A SIGBUS outside
+// the guarded mappings goes to the handler it replaced, or, where that was
+// the default, ends the process.
 absl::Status InstallTruncationGuard();
+// Whether the handler is the one in place.
 bool TruncationGuardInstalled();
 
 namespace internal {
 // The guarded mappings, for shm::Segment. Guard returns a handle, or -1
 // when the guard is not installed or the table (4096 mappings) is full.
 int GuardMapping(void* addr, uint64_t bytes);
-// The mapping moved or changed size (Segment::Resize).
-void MoveGuardedMapping(int handle, void* addr, uint64_t bytes);
+// The mapping is about to shrink to `bytes` (Segment::Resize; before the
+// tail is unmapped). A mapping that moves is unguarded and guarded again.
+void ShrinkGuardedMapping(int handle, uint64_t bytes);
 // Whether the mapping was cut (its pages are anonymous zeros now).
 bool GuardedMappingCut(int handle);
 // Before the mapping is unmapped.

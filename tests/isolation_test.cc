@@ -119,6 +119,8 @@ TEST_CASE("a trainer that cuts its staging segment short loses its registration;
   INFO(restore->Output());
   CHECK(restore->Wait(absl::Seconds(60)) == 0);
   CHECK(restore->Values()["mismatched_tensors"] == "0");
+  // Nothing of the cut segment was kept for a restore from memory (zeros).
+  CHECK_FALSE(absl::StrContains(daemon.Log(), "job cutter rank 0: keeping"));
   cutter->Signal(SIGKILL);
   cutter->Wait(absl::Seconds(10));
   REQUIRE(daemon.Stop() == 0);

@@ -186,7 +186,9 @@ void Housekeeper::HousekeepingLoop() {
         const bool cut = session->SegmentCut();
         if ((gone || cut || !session->ClientAlive(config_.client_timeout)) &&
             session->BeginRetirement()) {
-          metrics_->errors(metrics::ErrorKind::kClientTimeout).Increment();
+          metrics_->errors(cut ? metrics::ErrorKind::kSegmentCut
+                               : metrics::ErrorKind::kClientTimeout)
+              .Increment();
           skipped_seen_.erase(session.get());
           ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank "
                            << session->shards().rank << ": trainer pid "

@@ -244,6 +244,14 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   // same number of ranks), all of them go to the registration as a previous
   // layout; otherwise the rank's are dropped.
   std::optional<RetainedSnapshots::Entry> inherited = job->retained().Take(r.rank);
+  if (inherited.has_value() && inherited->session->SegmentCut()) {
+    // Zeros under zccd's mapping, and no longer the memory the trainer maps.
+    ZCC_LOG(WARNING) << "job " << r.job_id << " rank " << r.rank
+                     << ": the previous trainer's staging segment was cut short (ftruncate); "
+                        "its snapshots are dropped";
+    dropped.push_back(std::move(*inherited));
+    inherited.reset();
+  }
   if (inherited.has_value()) {
     const RankSession& old = *inherited->session;
     if (old.shards().manifest_hash != r.manifest_hash || old.options().num_slots != r.num_slots ||

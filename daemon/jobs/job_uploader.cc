@@ -230,7 +230,9 @@ void JobUploader::SawStoreLatest(int64_t step) {
 
 void JobUploader::CatchUp() {
   auto here = checkpoint::ReadLatest(options_.job_dir, options_.storage);
-  if (!here.ok()) return;
+  // (A `latest` may name a step not committed here: a run went back to a
+  // step it restored from the store. Nothing to send then.)
+  if (!here.ok() || !HoldsCommitted(*options_.storage, options_.job_dir, *here)) return;
   auto there = checkpoint::ReadLatest(options_.upload_dir, options_.storage);
   // (The store's `latest` at this step names it whole only with its
   // COMMITTED there: an upload cut after it was uncommitted left it so.)

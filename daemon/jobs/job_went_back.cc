@@ -105,8 +105,10 @@ void Job::GoBack(const GoingBack& back) {
                      << "behind, stay but are no longer restored (this run's commits of the same "
                      << "step numbers replace them)";
     if (dir == commits_in) {
+      // (Nothing of this run committed there yet where `latest` names a
+      // step held elsewhere.)
       zcc::MutexLock lock(&mu_);
-      last_committed_step_ = moved->back_to;
+      last_committed_step_ = moved->committed ? moved->back_to : -1;
     }
   }
 }

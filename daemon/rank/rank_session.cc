@@ -409,15 +409,29 @@ std::optional<int64_t> RankSession::ReplicateOwed() {
 absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnapshot& held,
                                                                   const std::string& job_dir,
                                                                   bool with_ema) {
+  const auto cut = [this] {
+    return absl::DataLossError(absl::StrCat("rank ", shards_.rank, "'s staging segment was cut "
+                                            "short (ftruncate): its snapshots read as zeros"));
+  };
+  if (SegmentCut()) return cut();
   WriteJob ema;  // only its EMA copy is used
   if (with_ema && ema_.enabled() && ema_.last_step() == held.step) ema_.CopyForWrite(&ema);
-  return checkpoint::WriteRankShards(job_dir, held.step, shards_, slots_.data(held.slot),
-                                     options_.io, ema.ema_shards);
+  auto written = checkpoint::WriteRankShards(job_dir, held.step, shards_, slots_.data(held.slot),
+                                             options_.io, ema.ema_shards);
+  // Found cut as it was read: what was written may be zeros.
+  if (written.ok() && SegmentCut()) return cut();
+  return written;
 }
 
-std::vector<int64_t> RankSession::MemorySteps() const { return held_.Steps(); }
+std::vector<int64_t> RankSession::MemorySteps() const {
+  if (SegmentCut()) return {};
+  return held_.Steps();
+}
 
-std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const { return held_.Slot(step); }
+std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const {
+  if (SegmentCut()) return std::nullopt;
+  return held_.Slot(step);
+}
 
 absl::Status RankSession::TakePredecessorEma(int64_t step) {
   ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> predecessor, held_.TakePredecessorForEma());
@@ -440,6 +454,9 @@ bool RankSession::AllStaged() const {
 }
 
 std::vector<SlotSnapshot> RankSession::IntactSnapshots() const {
+  // A segment cut short holds zeros (its control block too: read as free
+  // slots of step 0): nothing in it is a snapshot.
+  if (SegmentCut()) return {};
   std::vector<SlotSnapshot> intact = held_.List();
   for (const SlotSnapshot& s : slots_.IntactFree()) intact.push_back(s);
   std::sort(intact.begin(), intact.end(),

@@ -34,6 +34,8 @@ void KeptCopies::Forget(const std::string& step_dir) {
     // the removal).
     forgotten_[step_dir] = absl::InfiniteFuture();
     found_.erase(step_dir);
+    // (Served while forgotten; a copy kept anew is served afresh.)
+    served_.erase(std::remove(served_.begin(), served_.end(), step_dir), served_.end());
     kept_dir = KeptDirFor(step_dir);
   }
   if (kept_dir.empty()) return;

@@ -251,8 +251,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     // and store each hold one).
     std::optional<RestoreTiers::Elsewhere> elsewhere;
     if (chosen.ok() ? !chosen->rejected.empty() : absl::IsNotFound(chosen.status())) {
-      elsewhere = tiers.IntactElsewhere(chosen.ok() ? chosen->step : -1,
-                                        requested >= 0 ? std::min(requested, at_most) : at_most,
+      elsewhere = tiers.IntactElsewhere(chosen.ok() ? chosen->step : -1, requested, at_most,
                                         check, read_io_.storage);
     }
     if (elsewhere.has_value()) {
@@ -325,7 +324,8 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
                            absl::StrCat("damaged, found while reading it: ", resp.status().message()));
     checks_.MarkDamaged(step_dir, why);
     if (!elsewhere.has_value() &&
-        tiers.IntactElsewhere(choice.step - 1, choice.step, check, read_io_.storage)) {
+        tiers.IntactElsewhere(choice.step - 1, choice.step, choice.step, check,
+                              read_io_.storage)) {
       // The other tier's copy of this step, read next round (the copy here
       // is rejected from now on). Not a step skipped: the same one comes.
       ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << step_dir

@@ -30,15 +30,15 @@ bool RestoreTiers::Next() {
 }
 
 std::optional<RestoreTiers::Elsewhere> RestoreTiers::IntactElsewhere(
-    int64_t chosen, int64_t at_most, const std::function<absl::Status(const std::string&)>& verify,
-    storage::Storage* fs) const {
+    int64_t chosen, int64_t requested, int64_t at_most,
+    const std::function<absl::Status(const std::string&)>& verify, storage::Storage* fs) const {
   if (upload_dir_.empty()) return std::nullopt;
   const std::string& other = current_ == job_dir_ ? upload_dir_ : job_dir_;
   auto here = checkpoint::CommittedOnTimeline(current_, fs);
   if (!here.ok()) return std::nullopt;
   for (auto it = here->rbegin(); it != here->rend() && *it > chosen; ++it) {
     const int64_t step = *it;
-    if (step > at_most) continue;
+    if (step > at_most || (requested >= 0 && step != requested)) continue;
     const std::string name = format::StepDirName(step);
     const std::string mine = JoinPath(current_, name);
     const std::string theirs = JoinPath(other, name);

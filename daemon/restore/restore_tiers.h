@@ -33,17 +33,18 @@ class RestoreTiers {
   // After the current tier's choice passed over newer steps of it (their
   // copy here damaged or failing its check): the newest of those, none
   // newer than `at_most`, that the other tier holds as the same step and
-  // intact (`verify` accepts it). The same step: both copies committed
-  // from the same manifests and index (one is an upload of the other),
-  // never a step another run wrote under the same name. `chosen` is the
-  // current tier's choice, -1 for none. Lists and reads through `fs`.
+  // intact (`verify` accepts it). `requested` >= 0: that step only. The
+  // same step: both copies committed from the same manifests and index
+  // (one is an upload of the other), never a step another run wrote under
+  // the same name. `chosen` is the current tier's choice, -1 for none.
+  // Lists and reads through `fs`.
   struct Elsewhere {
     std::string step_dir;
     int64_t step = -1;
   };
   std::optional<Elsewhere> IntactElsewhere(
-      int64_t chosen, int64_t at_most, const std::function<absl::Status(const std::string&)>& verify,
-      storage::Storage* fs) const;
+      int64_t chosen, int64_t requested, int64_t at_most,
+      const std::function<absl::Status(const std::string&)>& verify, storage::Storage* fs) const;
 
   // Why the store was chosen first ("" when it was not), for the log.
   const std::string& why_store_first() const { return why_store_first_; }
