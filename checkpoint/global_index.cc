@@ -119,6 +119,13 @@ format::StepIndex BuildStepIndex(std::vector<format::RankManifest> manifests) {
     index.step = manifests.front().step;
     index.world_size = manifests.front().world_size;
   }
+  // The EMA's step: every rank's that has EMA pieces (a rank whose trainer
+  // skipped the snapshot of an EMA step holds an older one: the oldest is
+  // taken, and a restore's next update folds in the whole gap for all).
+  for (const format::RankManifest& m : manifests) {
+    if (m.ema_step < 0) continue;
+    index.ema_step = index.ema_step < 0 ? m.ema_step : std::min(index.ema_step, m.ema_step);
+  }
   size_t pieces = 0;
   for (const format::RankManifest& m : manifests) pieces += m.tensors.size();
   index.pieces.reserve(pieces);

@@ -216,6 +216,13 @@ absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::
     ZCC_ASSIGN_OR_RETURN(uint64_t bytes,
                          WriteExtraFile(storage, dir, shard, shards, options, &manifest, &direct));
     stats.bytes += bytes;
+    if (shard.kind == format::kEmaKindName && shard.step >= 0) {
+      if (shard.step > step) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the EMA written with step ", step, " is of a later step, ", shard.step));
+      }
+      manifest.ema_step = shard.step;
+    }
   }
   stats.direct_io = direct && !manifest.files.empty();
   // The shard files' directory entries must be durable before the manifest

@@ -61,6 +61,9 @@ struct ExtraShard {
   std::string kind;  // the manifest's kind for its tensors
   std::string file;  // a plain file name
   std::vector<ExtraTensor> tensors;
+  // The EMA's (kind "ema"): the step it was last updated at, recorded as
+  // the manifest's ema_step (-1: not recorded).
+  int64_t step = -1;
 };
 
 // As above, also writing `extra` shard files (before the manifest, which lists

@@ -62,6 +62,10 @@ struct Session {
   // Set while Client::ReplaceTensors has zccd replace this registration:
   // zccd closing it then is no reason to drop it (the call swaps it).
   std::atomic<bool> being_replaced{false};
+  // Restore-read attempts up to this one are not for a restore still to
+  // come: an adopted segment's, or one a finished restore was served from
+  // (EarlyCopy copies from later ones only).
+  std::atomic<uint64_t> early_copy_floor{0};
   // The segment pinned for the copier in the background, slot by slot;
   // copies out of or into a slot wait for its piece. Declared after the
   // segment: unregistered before it is unmapped.
@@ -71,6 +75,7 @@ struct Session {
   // puts a restore), then each further slot.
   Session(v1::RegisterResponse r, shm::Segment s, std::shared_ptr<DeviceCopier> c)
       : resp(std::move(r)), segment(std::move(s)), copier(std::move(c)) {
+    early_copy_floor.store(resp.restore_attempts_before());
     std::vector<size_t> cuts;
     for (uint32_t i = 1; i < num_slots(); ++i) {
       cuts.push_back(static_cast<size_t>(slot(i) - segment.base()));
@@ -237,6 +242,9 @@ struct Client::Impl {
   // Asks zccd for the step `options` name (collective aside) and checks its
   // reply against the registration; nothing is copied yet.
   absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options);
+  // Waits until the snapshots taken so far are published (their copies out
+  // of the trainer's tensors done); DeadlineExceeded after restore_timeout.
+  absl::Status AwaitSnapshotsPublishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Copies a fetched restore into the tensors (on `stream`) and releases its
   // buffer; returns what was restored.
   // Leaves out the tensors pending.copied_early names.

@@ -38,7 +38,9 @@ void EarlyCopy::Run() {
       copied_.tensors.assign(refs_.size(), false);
       next = 0;
     }
-    if (p.attempt != 0 && p.slot < session_.num_slots() && copied_.status.ok()) {
+    // (Not a read of before this restore: its slot may hold anything now.)
+    const bool this_restores = p.attempt > session_.early_copy_floor.load();
+    if (this_restores && p.slot < session_.num_slots() && copied_.status.ok()) {
       const size_t ready = std::min<uint64_t>(p.ready, n);
       std::vector<CopyRegion> regions;
       const uint8_t* base = session_.slot(p.slot);

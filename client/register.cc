@@ -87,6 +87,12 @@ absl::Status CheckRegisterReply(const v1::RegisterRequest& req, const v1::Regist
                                 const std::vector<TensorRef>& refs, bool have_copier) {
   const uint32_t n = resp.num_slots();
   const shm::PullGeometry pull = shm::PullGeometryFor(static_cast<uint32_t>(refs.size()));
+  // (Bounded first: the sums below must not wrap to a small segment whose
+  // slots lie outside the mapping.)
+  if (resp.slot_bytes() > shm::kMaxSlotBytes) {
+    return absl::DataLossError(absl::StrCat("zccd's registration reply has slots of ",
+                                            resp.slot_bytes(), " bytes"));
+  }
   const uint64_t pull_offset = shm::SegmentBytes(n, resp.slot_bytes());
   if (!shm::ValidateNumSlots(n).ok() || resp.slot_bytes() % shm::kPageBytes != 0 ||
       resp.slots_offset() != shm::ControlBlockBytes() ||

@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/thread_priority.h"
 #include "shm/control_block.h"
+#include "shm/restore_progress.h"
 
 namespace zcc {
 
@@ -105,10 +106,21 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyin
         refs.size(), " registered tensors"));
   }
   if (s == nullptr) return FetchRestore(options);  // fails: not registered
+  // The snapshots in flight read the tensors the early copy writes: they
+  // finish first (FetchRestore waits for them too, for another reason).
+  {
+    zcc::MutexLock lock(&mu);
+    ZCC_RETURN_IF_ERROR(AwaitSnapshotsPublishedLocked());
+  }
   // Copies out what zccd has checked while it reads the rest.
   client_internal::EarlyCopy early(*s, refs, options.early_copy, stream);
   absl::StatusOr<std::unique_ptr<PendingRestore>> pending = FetchRestore(options);
   client_internal::EarlyCopy::Copied copied = early.Stop();
+  // The reads so far are this restore's: none is the next one's.
+  const uint64_t read = shm::ReadRestoreProgress(*s->cb()).attempt;
+  for (uint64_t floor = s->early_copy_floor.load();
+       floor < read && !s->early_copy_floor.compare_exchange_weak(floor, read);) {
+  }
   if (!copied.status.ok()) {
     ZCC_LOG(WARNING) << "zcc client: copying as zccd checked failed (" << copied.status
                      << "); copying after the whole step instead";
@@ -121,6 +133,18 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyin
     p.copied_early = std::move(copied.tensors);
   }
   return pending;
+}
+
+absl::Status Client::Impl::AwaitSnapshotsPublishedLocked() {
+  auto idle = [](Impl* im) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return im->queue.empty() && im->in_flight == 0;
+  };
+  if (!mu.AwaitWithTimeout(absl::Condition(+idle, this), options.restore_timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("snapshots taken before the restore still in flight after ",
+                     absl::FormatDuration(options.restore_timeout)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
@@ -139,14 +163,7 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
     // The snapshots taken before are published first: zccd tells them from
     // the restored state by their order (a write of a step the trainer went
     // back from is given up).
-    auto idle = [](Impl* im) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return im->queue.empty() && im->in_flight == 0;
-    };
-    if (!mu.AwaitWithTimeout(absl::Condition(+idle, this), options.restore_timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("snapshots taken before the restore still in flight after ",
-                       absl::FormatDuration(options.restore_timeout)));
-    }
+    ZCC_RETURN_IF_ERROR(AwaitSnapshotsPublishedLocked());
     pending->refs = tensors;
   }
   auto req = AddressedTo<v1::RestoreRequest>(s);

@@ -161,8 +161,11 @@ absl::Status ShareMissingPieces(Collective& c, const std::vector<TensorRef>& ref
       const std::string key(f[2]);
       if (f[0] == "H") {
         owner.emplace(key, std::make_pair(r, bytes));  // keeps the lowest rank
-      } else {
-        wanted[key] = bytes;
+      } else if (auto [it, added] = wanted.emplace(key, bytes); !added && it->second != bytes) {
+        // Each rank receives into its own tensor: one size for all of them.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "piece ", key, " is ", it->second, " bytes on one rank and ", bytes,
+            " bytes on rank ", r));
       }
     }
   }

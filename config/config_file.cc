@@ -360,9 +360,9 @@ void CheckFields(const FullConfig& c, Problems& p) {
   if (absl::Status st = shm::ValidateNumSlots(d.default_num_slots, ""); !st.ok()) {
     p.Add("default_num_slots", st.message());
   }
-  if (d.max_slot_bytes < shm::kPageBytes) {
-    p.Add("max_slot_bytes",
-          absl::StrCat("must be at least ", shm::kPageBytes, ", got ", d.max_slot_bytes));
+  if (d.max_slot_bytes < shm::kPageBytes || d.max_slot_bytes > shm::kMaxSlotBytes) {
+    p.Add("max_slot_bytes", absl::StrCat("must be ", shm::kPageBytes, " to ", shm::kMaxSlotBytes,
+                                         ", got ", d.max_slot_bytes));
   }
   if (d.max_tensors_per_rank == 0) p.Add("max_tensors_per_rank", "must be at least 1, got 0");
   if (d.staging_budget_bytes > 0 && d.staging_pool_bytes > d.staging_budget_bytes) {
@@ -370,8 +370,11 @@ void CheckFields(const FullConfig& c, Problems& p) {
                                              d.staging_budget_bytes, "), got ",
                                              d.staging_pool_bytes));
   }
-  if (d.staging_pool_entry_bytes > 0 && d.staging_pool_entry_bytes < shm::kPageBytes) {
-    p.Add("staging_pool_entry_bytes", absl::StrCat("must be 0 or at least ", shm::kPageBytes,
+  // (Each piece is a mapping of its own: pieces of a page would be millions
+  // of them, past vm.max_map_count.)
+  constexpr uint64_t kMinPoolEntry = uint64_t{1} << 20;
+  if (d.staging_pool_entry_bytes > 0 && d.staging_pool_entry_bytes < kMinPoolEntry) {
+    p.Add("staging_pool_entry_bytes", absl::StrCat("must be 0 or at least ", kMinPoolEntry,
                                                    ", got ", d.staging_pool_entry_bytes));
   }
   if (d.keep_last == 0) p.Add("keep_last", "must be at least 1, got 0");

@@ -267,7 +267,7 @@ TEST_CASE("every out-of-range field is reported, one line each, with its positio
            "zccd.conf:1:1: default_num_slots: must be in [2, 8], got 9",
            "zccd.conf:2:1: keep_last: must be at least 1, got 0",
            "zccd.conf:3:1: socket_mode: must be permission bits (at most 0777), got 01000",
-           "zccd.conf:4:1: max_slot_bytes: must be at least 4096, got 100",
+           "zccd.conf:4:1: max_slot_bytes: must be 4096 to 70368744177664, got 100",
            "zccd.conf:5:1: ema_threads: must be in [1, 256], got 300",
            "zccd.conf:6:1: metrics_textfile_interval_s: must be in [1, 3600], got 0.5",
            "zccd.conf:7:1: log_level: must be DEBUG, INFO, WARNING or ERROR, got \"verbose\"",
@@ -284,8 +284,12 @@ TEST_CASE("a staging pool larger than the staging budget is refused") {
   CHECK_THAT(ParseError("staging_budget_bytes: 1048576\nstaging_pool_bytes: 2097152\n"),
              Catch::Equals("zccd.conf:2:1: staging_pool_bytes: must fit in staging_budget_bytes "
                            "(1048576), got 2097152"));
+  // A slot size whose segment would overflow 64 bits.
+  CHECK_THAT(ParseError("max_slot_bytes: 18446744073709551615\n"),
+             Catch::Equals("zccd.conf:1:1: max_slot_bytes: must be 4096 to 70368744177664, "
+                           "got 18446744073709551615"));
   CHECK_THAT(ParseError("staging_pool_entry_bytes: 100\n"),
-             Catch::Equals("zccd.conf:1:1: staging_pool_entry_bytes: must be 0 or at least 4096, "
+             Catch::Equals("zccd.conf:1:1: staging_pool_entry_bytes: must be 0 or at least 1048576, "
                            "got 100"));
 }
 

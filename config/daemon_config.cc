@@ -96,7 +96,10 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
       !st.ok()) {
     errors.push_back(std::string(st.message()));
   }
-  if (c.max_slot_bytes < shm::kPageBytes) errors.push_back("max_slot_bytes must be at least 4096");
+  if (c.max_slot_bytes < shm::kPageBytes || c.max_slot_bytes > shm::kMaxSlotBytes) {
+    errors.push_back(absl::StrCat("max_slot_bytes must be ", shm::kPageBytes, " to ",
+                                  shm::kMaxSlotBytes));
+  }
   if (c.max_tensors_per_rank == 0) errors.push_back("max_tensors_per_rank must be positive");
   if (c.keep_last == 0) errors.push_back("keep_last must be at least 1");
   if (c.commit_timeout <= absl::ZeroDuration()) errors.push_back("commit_timeout must be positive");

@@ -311,6 +311,13 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
   m.step = static_cast<int64_t>(step);
   ZCC_ASSIGN_OR_RETURN(m.world_size, top.Unsigned("world_size", UINT32_MAX));
   if (m.world_size == 0) return top.Error("world_size", "is 0");
+  if (top.Has("ema_step")) {
+    ZCC_ASSIGN_OR_RETURN(const uint64_t ema_step, top.Unsigned("ema_step", INT64_MAX));
+    if (static_cast<int64_t>(ema_step) > m.step) {
+      return top.Error("ema_step", absl::StrCat("is ", ema_step, ", after the step, ", m.step));
+    }
+    m.ema_step = static_cast<int64_t>(ema_step);
+  }
   if (!index) {
     ZCC_ASSIGN_OR_RETURN(m.rank, top.Unsigned("rank", UINT32_MAX));
     if (m.rank >= m.world_size) {
@@ -551,6 +558,7 @@ std::string EncodeManifestDocument(const RankManifest& manifest,
   root["world_size"] = manifest.world_size;
   if (!index) root["manifest_hash"] = Hex64(manifest.manifest_hash);
   if (!index && !manifest.run_id.empty()) root["run_id"] = manifest.run_id;
+  if (manifest.ema_step >= 0) root["ema_step"] = manifest.ema_step;
   if (!index && !manifest.replica_groups.empty()) {
     ordered_json groups = ordered_json::array();
     for (const ReplicaDigest& g : manifest.replica_groups) {
@@ -619,6 +627,7 @@ std::string EncodeStepIndex(const StepIndex& index) {
   doc.job_id = index.job_id;
   doc.step = index.step;
   doc.world_size = index.world_size;
+  doc.ema_step = index.ema_step;
   doc.files = index.files;
   return EncodeManifestDocument(doc, index.pieces, /*index=*/true);
 }
@@ -636,6 +645,7 @@ absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json, uint64_t max_b
   index.job_id = std::move(doc.job_id);
   index.step = doc.step;
   index.world_size = doc.world_size;
+  index.ema_step = doc.ema_step;
   index.files = std::move(doc.files);
   index.pieces = std::move(doc.tensors);
   return index;

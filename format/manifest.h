@@ -91,6 +91,12 @@ struct RankManifest {
   // none): a step commits only when every rank's manifest names the same run,
   // so a manifest an earlier run left never completes a step written again.
   std::string run_id;
+  // The step the rank's EMA tensors ("ema_step") were last updated at: the
+  // EMA is updated every ema_interval-th step, so a step between holds the
+  // EMA of an earlier one; -1 (absent) where the manifest has no EMA, or
+  // was written before zcc recorded it (the EMA is then taken as the
+  // step's). Never above `step`.
+  int64_t ema_step = -1;
   std::vector<ManifestFile> files;
   std::vector<ManifestTensor> tensors;
   std::vector<ReplicaDigest> replica_groups;  // "replica_groups"; absent when none
@@ -117,6 +123,7 @@ struct StepIndex {
   std::string job_id;
   int64_t step = 0;
   uint32_t world_size = 1;
+  int64_t ema_step = -1;                // as RankManifest's: every rank's agreed
   std::vector<ManifestFile> files;      // file names are unique across ranks
   std::vector<ManifestTensor> pieces;
 };

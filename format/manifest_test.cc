@@ -130,6 +130,31 @@ TEST_CASE("a manifest names its run when the trainer gave one, and not otherwise
   CHECK(decoded->run_id == "3f2a9c1e");
 }
 
+TEST_CASE("a manifest and a step index say the EMA's step where it is not the step's") {
+  RankManifest m = SampleManifest();
+  CHECK_FALSE(json::parse(EncodeRankManifest(m)).contains("ema_step"));
+  CHECK(DecodeRankManifest(EncodeRankManifest(m))->ema_step == -1);
+  m.ema_step = m.step - 2;
+  auto decoded = DecodeRankManifest(EncodeRankManifest(m));
+  REQUIRE_OK(decoded);
+  CHECK(decoded->ema_step == m.step - 2);
+  // Never after the step.
+  m.ema_step = m.step + 1;
+  auto after = DecodeRankManifest(EncodeRankManifest(m));
+  CHECK(after.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(after.status().message(), "ema_step"));
+  StepIndex index;
+  index.job_id = m.job_id;
+  index.step = 30;
+  index.world_size = 2;
+  index.ema_step = 25;
+  auto read = DecodeStepIndex(EncodeStepIndex(index));
+  REQUIRE_OK(read);
+  CHECK(read->ema_step == 25);
+  index.ema_step = -1;
+  CHECK(DecodeStepIndex(EncodeStepIndex(index))->ema_step == -1);
+}
+
 TEST_CASE("a manifest without tensors round-trips") {
   RankManifest m;
   m.job_id = "j";

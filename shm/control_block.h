@@ -112,6 +112,11 @@ constexpr uint64_t ControlBlockBytes() {
 
 constexpr uint64_t RoundUpToPage(uint64_t n) { return (n + kPageBytes - 1) / kPageBytes * kPageBytes; }
 
+// The largest slot (64 TiB): beyond any host's memory, and small enough that
+// a segment of the most slots, its control block and pull channel cannot
+// overflow 64 bits (checked wherever a slot size arrives from outside).
+inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 46;
+
 // Total segment size for `num_slots` slots of `slot_bytes` (a page multiple).
 constexpr uint64_t SegmentBytes(uint32_t num_slots, uint64_t slot_bytes) {
   return ControlBlockBytes() + uint64_t{num_slots} * slot_bytes;

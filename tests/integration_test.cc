@@ -210,6 +210,31 @@ TEST_CASE("a restore says which step the EMA is at: ahead after one from memory,
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a step between EMA updates is restored with the EMA of the update before it, at that "
+          "update's step") {
+  const std::string dir = ShortTempDir("it-emagap");
+  Daemon daemon(dir, {{"--retain_snapshots_s=0"}});  // restores read the disk
+  REQUIRE(daemon.Start());
+  // The EMA folds in steps 4 and 8; steps 5 and 10 are committed.
+  const std::vector<std::string> ema = {"--job=emagap", "--ema_decay=0.9", "--ema_interval=4"};
+  std::vector<std::string> train = {"--steps=10", "--save_every=5", "--block"};
+  train.insert(train.end(), ema.begin(), ema.end());
+  auto trained = StartTrainer(daemon, dir, "train", train);
+  INFO(trained->Output());
+  REQUIRE(trained->Wait(absl::Seconds(60)) == 0);
+  for (const auto& [step, ema_step] : {std::pair<int, int>{10, 8}, {5, 4}}) {
+    std::vector<std::string> restore = {"--mode=restore", absl::StrCat("--restore_step=", step),
+                                        absl::StrCat("--expect_step=", step),
+                                        "--expect_from=disk"};
+    restore.insert(restore.end(), ema.begin(), ema.end());
+    auto restored = StartTrainer(daemon, dir, absl::StrCat("restore", step), restore);
+    INFO(restored->Output());
+    REQUIRE(restored->Wait(absl::Seconds(60)) == 0);
+    CHECK(restored->Values()["restored_ema_step"] == absl::StrCat(ema_step));
+  }
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("a checkpoint step takes over a slot whose ordinary snapshot is not ingested yet") {
   const std::string dir = ShortTempDir("it-takeover");
   Daemon daemon(dir);

@@ -63,6 +63,7 @@ ABSL_FLAG(int, go_back_at, -1,
 ABSL_FLAG(int, go_back_to, -1, "train: the step --go_back_at restores");
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
 ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
+ABSL_FLAG(uint32_t, ema_interval, 1, "update the EMA every N-th step");
 ABSL_FLAG(bool, persist_on_failure, false, "ask zccd to persist the newest snapshot if this process dies");
 ABSL_FLAG(bool, early_copy, false,
           "restore: the optimizer tensors are copied as zccd checks them "
@@ -208,6 +209,7 @@ int main(int argc, char** argv) {
   o.backpressure = absl::GetFlag(FLAGS_block) ? zcc::Backpressure::kBlock : zcc::Backpressure::kSkip;
   o.daemon_timeout = absl::Seconds(absl::GetFlag(FLAGS_daemon_timeout_s));
   o.ema_decay = static_cast<float>(absl::GetFlag(FLAGS_ema_decay));
+  o.ema_interval = absl::GetFlag(FLAGS_ema_interval);
   o.persist_on_failure = absl::GetFlag(FLAGS_persist_on_failure);
   o.prefetch_restore = absl::GetFlag(FLAGS_prefetch_restore);
   o.heartbeat_interval = absl::Milliseconds(100);

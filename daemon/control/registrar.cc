@@ -403,6 +403,9 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterReque
                plan.pull_unavailable, &resp);
   resp.set_daemon_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(d_.config->heartbeat_interval)));
+  // (Before a read ahead begins its own attempt, below.)
+  resp.set_restore_attempts_before(
+      staging.segment.control()->restore_attempt.load(std::memory_order_acquire));
   std::unique_ptr<RankPuller> puller;
   if (g.daemon_pull) {
     ZCC_ASSIGN_OR_RETURN(puller, AttachPuller(*d_.pull, req, caller, staging.segment, g));

@@ -76,10 +76,19 @@ void RankEma::CopyForWrite(WriteJob* job) {
   if (!enabled_) return;
   zcc::MutexLock lock(&mu_);
   if (!ema_->initialized()) return;
+  if (ema_->last_step() > job->slot.step) {
+    // Folded in later steps already (a write of an older snapshot:
+    // persist-on-failure): not this step's EMA, nor one it could say.
+    ZCC_LOG(WARNING) << "job " << job_id_ << " rank " << rank_ << ": step " << job->slot.step
+                     << " is written without the EMA, which has folded in steps up to "
+                     << ema_->last_step();
+    return;
+  }
   uint64_t total = 0;
   for (size_t i = 0; i < ema_->num_tensors(); ++i) total += ema_->ema(i).size() * sizeof(float);
   job->ema_copy = storage::AlignedBuffer::Uninitialized(total);
-  checkpoint::ExtraShard shard{format::kEmaKindName, format::ShardFileName("ema", rank_), {}};
+  checkpoint::ExtraShard shard{format::kEmaKindName, format::ShardFileName("ema", rank_), {},
+                               ema_->last_step()};
   uint64_t offset = 0;
   for (size_t i = 0; i < ema_->num_tensors(); ++i) {
     const absl::Span<const float> data = ema_->ema(i);

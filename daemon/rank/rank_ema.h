@@ -59,8 +59,10 @@ class RankEma {
   std::optional<EmaProblem> Update(const uint8_t* slot, uint64_t slot_bytes, int64_t step)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Copies the EMA into `job` (its ema_copy and one "ema" shard for `rank`);
-  // leaves them empty without an initialised EMA.
+  // Copies the EMA into `job` (its ema_copy and one "ema" shard for `rank`,
+  // with the step it was last updated at, for the manifest); leaves them
+  // empty without an initialised EMA, or with one that has folded in steps
+  // after job->slot.step (said in the log).
   void CopyForWrite(WriteJob* job) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A new segment `shm_name` (owned by `owner`) holding the EMA, laid out as

@@ -170,8 +170,15 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   snapshots_ingested_.fetch_add(1);
   last_snapshot_step_.store(slot.step);
   if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
+  // (Not a snapshot published before the trainer's last restore: of the
+  // state it left, which the restored EMA must not fold in.)
+  const bool before_ema_restore =
+      slot.seq < std::max(restored_seq_.load(std::memory_order_acquire),
+                          ema_installed_seq_.load(std::memory_order_acquire));
   if (std::optional<EmaProblem> problem =
-          ema_.Update(slots_.data(slot.index), shards_.layout.slot_bytes, slot.step)) {
+          before_ema_restore
+              ? std::nullopt
+              : ema_.Update(slots_.data(slot.index), shards_.layout.slot_bytes, slot.step)) {
     if (problem->log) {
       SetError(std::move(problem->message));
     } else {
@@ -297,6 +304,11 @@ absl::StatusOr<RankEma::Saved> RankSession::ReadEma(const std::string& step_dir,
 }
 
 absl::Status RankSession::InstallEma(RankEma::Saved saved, int64_t step) {
+  // Snapshots the trainer published before this restore are of the state it
+  // replaces: never folded into the EMA restored with it (set first: one
+  // folded in before the install is overwritten by it).
+  ema_installed_seq_.store(slots_.control()->next_seq.load(std::memory_order_acquire),
+                           std::memory_order_release);
   return ema_.Install(std::move(saved), step);
 }
 
@@ -415,6 +427,7 @@ absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnap
   };
   if (SegmentCut()) return cut();
   WriteJob ema;  // only its EMA copy is used
+  ema.slot.step = held.step;
   if (with_ema && ema_.enabled() && ema_.last_step() == held.step) ema_.CopyForWrite(&ema);
   auto written = checkpoint::WriteRankShards(job_dir, held.step, shards_, slots_.data(held.slot),
                                              options_.io, ema.ema_shards);

@@ -342,6 +342,9 @@ class RankSession {
   std::atomic<uint64_t> restores_{0};
   std::atomic<int64_t> last_restored_{-1};
   std::atomic<uint64_t> restored_seq_{0};
+  // The same boundary as set when a restore installed its EMA (InstallEma),
+  // before the restore's reply reaches NoteRestored.
+  std::atomic<uint64_t> ema_installed_seq_{0};
   std::thread thread_;
 
   mutable zcc::Mutex mu_;

@@ -489,8 +489,11 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   // The EMA's bytes were read from the step too.
   const uint64_t bytes_read = *read + (saved_ema.ok() ? saved_ema->bytes() : 0);
   metrics_->restore_bytes_read().Increment(bytes_read);
+  // (At the step it was last updated at, which the step records where it
+  // is not the step's own: a step between EMA updates holds an older one.)
+  const int64_t ema_step = (*index)->index.ema_step >= 0 ? (*index)->index.ema_step : step;
   const absl::Status ema_installed =
-      saved_ema.ok() ? session.InstallEma(*std::move(saved_ema), step) : saved_ema.status();
+      saved_ema.ok() ? session.InstallEma(*std::move(saved_ema), ema_step) : saved_ema.status();
   if (!ema_installed.ok()) {
     if (slot.has_value()) session.slots().ReleaseRestore(*slot);
     // (As for the read: a prefetch the cancellation cut short is no error.)
