@@ -306,6 +306,9 @@ void Client::Impl::NotifierLoop() {
       ZCC_LOG(ERROR) << "zcc client: snapshot copy of step " << p.step << " failed: " << copied;
     } else {
       cb->snapshots_published.fetch_add(1, std::memory_order_relaxed);
+      // The trainer went on without a restore: zccd drops the read it began
+      // at registration, and its slot takes snapshots.
+      p.session->RaiseEarlyCopyFloor();
       ring.Publish(p.slot, p.step,
                    p.kind == SnapshotKind::kFull ? shm::SnapshotKind::kFull
                                                  : shm::SnapshotKind::kEmaOnly);

@@ -28,6 +28,7 @@
 #include "proto/message_limits.h"
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
+#include "shm/restore_progress.h"
 #include "shm/segment.h"
 
 namespace zcc {
@@ -87,6 +88,13 @@ struct Session {
     return EffectiveDaemonTimeout(configured, resp);
   }
   uint32_t num_slots() const { return resp.num_slots(); }
+  // Raises early_copy_floor to the newest read published in the segment.
+  void RaiseEarlyCopyFloor() {
+    const uint64_t read = shm::ReadRestoreProgress(*cb()).attempt;
+    for (uint64_t floor = early_copy_floor.load();
+         floor < read && !early_copy_floor.compare_exchange_weak(floor, read);) {
+    }
+  }
   uint8_t* slot(uint32_t i) const { return segment.slot(i, resp.slot_bytes()); }
 };
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
@@ -90,11 +91,16 @@ absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, voi
 
 absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyingEarly(
     const RestoreOptions& options, void* stream) {
+  std::shared_ptr<Session> s = CurrentSession();
+  // Whatever this restore had read, and however it ends, none of those reads
+  // is a later restore's to copy from early.
+  absl::Cleanup raise_floor = [&s] {
+    if (s != nullptr) s->RaiseEarlyCopyFloor();
+  };
   if (std::find(options.early_copy.begin(), options.early_copy.end(), true) ==
       options.early_copy.end()) {
     return FetchRestore(options);
   }
-  std::shared_ptr<Session> s = CurrentSession();
   std::vector<TensorRef> refs;  // the tensors the early copy writes (outlives it)
   {
     zcc::MutexLock lock(&mu);
@@ -116,11 +122,6 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyin
   client_internal::EarlyCopy early(*s, refs, options.early_copy, stream);
   absl::StatusOr<std::unique_ptr<PendingRestore>> pending = FetchRestore(options);
   client_internal::EarlyCopy::Copied copied = early.Stop();
-  // The reads so far are this restore's: none is the next one's.
-  const uint64_t read = shm::ReadRestoreProgress(*s->cb()).attempt;
-  for (uint64_t floor = s->early_copy_floor.load();
-       floor < read && !s->early_copy_floor.compare_exchange_weak(floor, read);) {
-  }
   if (!copied.status.ok()) {
     ZCC_LOG(WARNING) << "zcc client: copying as zccd checked failed (" << copied.status
                      << "); copying after the whole step instead";

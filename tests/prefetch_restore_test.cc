@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/eventually.h"
 #include "common/testing/temp_dir.h"
 #include "tests/process_harness.h"
 
@@ -24,12 +25,19 @@ namespace {
 // snapshots), with its metrics on a port of its own (and `flags`); trains 15
 // steps (checkpoints at 5, 10 and 15) when `train`.
 struct Setup {
+  // `pool_bytes`: the staging pool holds that much before the training
+  // registers (made in the background from zccd's start).
   explicit Setup(const std::string& name, bool train = true,
-                 std::vector<std::string> flags = {})
+                 std::vector<std::string> flags = {}, double pool_bytes = 0)
       : dir(ShortTempDir(name)), daemon(dir, DaemonOptions{WithDefaults(std::move(flags))}) {
     REQUIRE(daemon.Start());
     port = PortFromLog(daemon, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
     REQUIRE(port > 0);
+    if (pool_bytes > 0) {
+      INFO(daemon.Log());
+      REQUIRE(Eventually([&] { return MetricValue(port, "zcc_staging_pool_bytes") >= pool_bytes; },
+                         absl::Seconds(30)));
+    }
     if (train) {
       auto t = StartTrainer(daemon, dir, "train", {"--steps=15"});
       REQUIRE(t->Wait(absl::Seconds(60)) == 0);
@@ -87,7 +95,8 @@ TEST_CASE("a damaged piece found by the read ahead: the restore falls back to th
   // The restoring trainer's staging comes from zccd's staging pool, made
   // ready after the training's registration took the first piece: the read
   // ahead goes into memory made before, and its damage is found all the same.
-  Setup s("pf-dmg", true, {"--staging_pool_mb=64", "--staging_pool_entry_mb=16"});
+  Setup s("pf-dmg", true, {"--staging_pool_mb=64", "--staging_pool_entry_mb=16"},
+          /*pool_bytes=*/64 << 20);
   DamageLastByte(s, "model-r00000.safetensors");
   auto r = StartTrainer(s.daemon, s.dir, "restore",
                         {"--mode=restore", "--prefetch_restore", "--expect_step=10"});

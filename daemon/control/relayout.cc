@@ -88,13 +88,14 @@ absl::StatusOr<std::optional<int64_t>> PersistRetainedStep(const PreviousLayout&
   const std::string dir = JoinPath(o.job_dir, format::PartialStepDirName(step));
   ZCC_RETURN_IF_ERROR(fs.MakeDirs(dir));
   uint64_t bytes = 0;
-  // The EMA goes with the step only when every rank's is of that step (one
-  // rank's missing would leave the step's EMA incomplete, which a restore
-  // skips anyway): said here rather than left to be found.
+  // The EMA goes with the step only when no rank's has folded in a later
+  // step (one rank's missing would leave the step's EMA incomplete, which a
+  // restore skips anyway): said here rather than left to be found. One of
+  // an earlier step (between EMA updates) is written as of that step.
   bool with_ema = true;
   for (const auto& [rank, held] : slots) {
     const std::optional<int64_t> ema = retained.at(rank).session->ema_step();
-    if (ema.has_value() && *ema != step) {
+    if (ema.has_value() && *ema > step) {
       ZCC_LOG(WARNING) << "job " << o.job_id << ": step " << step
                        << " is written without the EMA: rank " << rank << "'s is of step "
                        << *ema << "; the new layout's EMA starts afresh";

@@ -40,10 +40,11 @@ RankEma::RankEma(std::unique_ptr<ema::EmaUpdater> ema, std::vector<RegisteredTen
       metrics_(metrics),
       ema_(std::move(ema)) {}
 
-std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_bytes, int64_t step) {
+std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_bytes, int64_t step,
+                                          uint64_t seq) {
   if (!enabled_) return std::nullopt;
   zcc::MutexLock lock(&mu_);
-  if (step % interval_ != 0 || step <= ema_->last_step()) return std::nullopt;
+  if (step % interval_ != 0 || step <= ema_->last_step() || seq < first_seq_) return std::nullopt;
   const absl::Time start = absl::Now();
   auto result = ema_->Update(slot, slot_bytes, offsets_, step);
   PublishCounters();
@@ -173,11 +174,12 @@ absl::StatusOr<RankEma::Saved> RankEma::ReadSaved(const std::string& step_dir,
   return saved;
 }
 
-absl::Status RankEma::Install(Saved saved, int64_t step) {
+absl::Status RankEma::Install(Saved saved, int64_t step, uint64_t next_seq) {
   if (!enabled_ || !saved.present) return absl::OkStatus();
   std::vector<absl::Span<const float>> spans(saved.data.begin(), saved.data.end());
   zcc::MutexLock lock(&mu_);
   ZCC_RETURN_IF_ERROR(ema_->Load(spans, step));
+  first_seq_ = std::max(first_seq_, next_seq);
   PublishCounters();
   return absl::OkStatus();
 }
@@ -204,7 +206,7 @@ std::string RankEma::Incompatibility(const RankEma& from) const {
   return "";
 }
 
-void RankEma::AdoptFrom(RankEma& from, int64_t step) {
+void RankEma::AdoptFrom(RankEma& from, int64_t step, uint64_t next_seq) {
   if (!enabled_) return;
   // `from` is a stopped session's: no other thread takes its lock.
   zcc::MutexLock theirs(&from.mu_);
@@ -221,6 +223,7 @@ void RankEma::AdoptFrom(RankEma& from, int64_t step) {
                      << from.ema_->last_step() << "; the replay of those steps is not folded again";
   }
   std::swap(ema_, from.ema_);
+  first_seq_ = std::max(first_seq_, next_seq);
   PublishCounters();
   from.PublishCounters();
 }

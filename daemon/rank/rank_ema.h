@@ -55,9 +55,12 @@ class RankEma {
   uint64_t skipped_nonfinite() const { return skipped_nonfinite_.load(std::memory_order_relaxed); }
 
   // Folds in the snapshot of `step` held in `slot` when the step is on the
-  // interval and newer than the EMA's. No-op without an EMA.
-  std::optional<EmaProblem> Update(const uint8_t* slot, uint64_t slot_bytes, int64_t step)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // interval and newer than the EMA's, and the snapshot (published as `seq`)
+  // came after the last restore's EMA was set (Install, AdoptFrom): one
+  // published before is of the state the restore replaced. No-op without
+  // an EMA.
+  std::optional<EmaProblem> Update(const uint8_t* slot, uint64_t slot_bytes, int64_t step,
+                                   uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Copies the EMA into `job` (its ema_copy and one "ema" shard for `rank`,
   // with the step it was last updated at, for the manifest); leaves them
@@ -95,8 +98,9 @@ class RankEma {
   absl::StatusOr<Saved> ReadSaved(const std::string& step_dir,
                                   const checkpoint::GroupedIndex& index,
                                   const checkpoint::IoOptions& io) ABSL_LOCKS_EXCLUDED(mu_);
-  // Sets the EMA to `saved` as of `step` (a no-op when it is not present).
-  absl::Status Install(Saved saved, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets the EMA to `saved` as of `step` (a no-op when it is not present);
+  // snapshots published before `next_seq` are never folded into it.
+  absl::Status Install(Saved saved, int64_t step, uint64_t next_seq) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Takes over `from`'s EMA (the rank's previous trainer's, kept in memory)
   // for a restore of `step` from memory: the two are swapped, in O(1). An
@@ -104,7 +108,9 @@ class RankEma {
   // decay) leaves this one to start afresh, logged. When `from` folded in
   // steps newer than `step`, they stay in (logged); the trainer's replay of
   // those steps is then not folded in again (updates only move forward).
-  void AdoptFrom(RankEma& from, int64_t step) ABSL_LOCKS_EXCLUDED(mu_, from.mu_);
+  // Snapshots published before `next_seq` are never folded into it.
+  void AdoptFrom(RankEma& from, int64_t step, uint64_t next_seq)
+      ABSL_LOCKS_EXCLUDED(mu_, from.mu_);
 
  private:
   void PublishCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -123,6 +129,8 @@ class RankEma {
   // Swapped with a predecessor's by AdoptFrom, hence guarded itself.
   std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(mu_) ABSL_PT_GUARDED_BY(mu_);
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  // Snapshots published (numbered) below it are not folded in (Update).
+  uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> last_step_{-1};
   std::atomic<uint64_t> skipped_nonfinite_{0};
 };

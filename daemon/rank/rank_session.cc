@@ -171,14 +171,14 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   last_snapshot_step_.store(slot.step);
   if (options_.metrics != nullptr) options_.metrics->snapshots().Increment();
   // (Not a snapshot published before the trainer's last restore: of the
-  // state it left, which the restored EMA must not fold in.)
-  const bool before_ema_restore =
-      slot.seq < std::max(restored_seq_.load(std::memory_order_acquire),
-                          ema_installed_seq_.load(std::memory_order_acquire));
+  // state it left, which the restored EMA must not fold in. The EMA itself
+  // knows the boundary from the moment a restore set it; NoteRestored's
+  // comes later.)
+  const bool before_restore_noted = slot.seq < restored_seq_.load(std::memory_order_acquire);
   if (std::optional<EmaProblem> problem =
-          before_ema_restore
-              ? std::nullopt
-              : ema_.Update(slots_.data(slot.index), shards_.layout.slot_bytes, slot.step)) {
+          before_restore_noted ? std::nullopt
+                               : ema_.Update(slots_.data(slot.index), shards_.layout.slot_bytes,
+                                             slot.step, slot.seq)) {
     if (problem->log) {
       SetError(std::move(problem->message));
     } else {
@@ -305,11 +305,9 @@ absl::StatusOr<RankEma::Saved> RankSession::ReadEma(const std::string& step_dir,
 
 absl::Status RankSession::InstallEma(RankEma::Saved saved, int64_t step) {
   // Snapshots the trainer published before this restore are of the state it
-  // replaces: never folded into the EMA restored with it (set first: one
-  // folded in before the install is overwritten by it).
-  ema_installed_seq_.store(slots_.control()->next_seq.load(std::memory_order_acquire),
-                           std::memory_order_release);
-  return ema_.Install(std::move(saved), step);
+  // replaces: never folded into the EMA restored with it.
+  return ema_.Install(std::move(saved), step,
+                      slots_.control()->next_seq.load(std::memory_order_acquire));
 }
 
 void RankSession::SetError(std::string error) {
@@ -428,7 +426,9 @@ absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnap
   if (SegmentCut()) return cut();
   WriteJob ema;  // only its EMA copy is used
   ema.slot.step = held.step;
-  if (with_ema && ema_.enabled() && ema_.last_step() == held.step) ema_.CopyForWrite(&ema);
+  // (Of this step or an earlier one, recorded as such; one ahead of it is
+  // left out by CopyForWrite.)
+  if (with_ema && ema_.enabled()) ema_.CopyForWrite(&ema);
   auto written = checkpoint::WriteRankShards(job_dir, held.step, shards_, slots_.data(held.slot),
                                              options_.io, ema.ema_shards);
   // Found cut as it was read: what was written may be zeros.
@@ -448,7 +448,10 @@ std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const {
 
 absl::Status RankSession::TakePredecessorEma(int64_t step) {
   ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> predecessor, held_.TakePredecessorForEma());
-  if (predecessor != nullptr) ema_.AdoptFrom(predecessor->ema_, step);
+  if (predecessor != nullptr) {
+    ema_.AdoptFrom(predecessor->ema_, step,
+                   slots_.control()->next_seq.load(std::memory_order_acquire));
+  }
   return absl::OkStatus();
 }
 

@@ -237,7 +237,8 @@ class RankSession {
   absl::Status TakePredecessorEma(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the EMA of `stopped` (a stopped session of this rank that this
   // one replaces in place, its EMA at `step`), as TakePredecessorEma does.
-  void AdoptEmaOf(RankSession& stopped, int64_t step) { ema_.AdoptFrom(stopped.ema_, step); }
+  // (Not a restore: every snapshot the trainer publishes is folded in.)
+  void AdoptEmaOf(RankSession& stopped, int64_t step) { ema_.AdoptFrom(stopped.ema_, step, 0); }
   // Frees the held slots and drops the predecessor (the trainer restored, or
   // went on without restoring). Idempotent. The snapshot of `restored` (the
   // step the trainer restored from memory) stays accounted as intact in its
@@ -342,9 +343,6 @@ class RankSession {
   std::atomic<uint64_t> restores_{0};
   std::atomic<int64_t> last_restored_{-1};
   std::atomic<uint64_t> restored_seq_{0};
-  // The same boundary as set when a restore installed its EMA (InstallEma),
-  // before the restore's reply reaches NoteRestored.
-  std::atomic<uint64_t> ema_installed_seq_{0};
   std::thread thread_;
 
   mutable zcc::Mutex mu_;
