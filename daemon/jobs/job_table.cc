@@ -181,6 +181,9 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   std::shared_ptr<Job> dropped_job;
   std::vector<RetainedSnapshots::Entry> dropped;
   std::vector<shm::Segment> released_pool;  // the staging pool's, for the budget
+  // The pool's piece this registration takes (below); one a refused
+  // registration took is unmapped and removed after the lock too.
+  std::optional<shm::Segment> pooled;
   std::vector<std::shared_ptr<const void>> freed_replicas;  // the peer tier's, for the budget
   // The snapshots a previous layout of the job left, for the registration
   // to have written (below), or dropped with the rest when they do not fit.
@@ -280,7 +283,6 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   const uint64_t replacing = existing ? existing->segment_bytes() : 0;
   // A new segment starts from the pool's memory: that entry becomes part of
   // `needed` (and leaves the pool).
-  std::optional<shm::Segment> pooled;
   if (!inherited.has_value() && r.pool != nullptr) {
     pooled = r.pool->Take(r.reserve_now_bytes, r.segment_bytes);
   }
