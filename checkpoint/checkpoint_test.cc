@@ -1,4 +1,5 @@
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/recovery.h"
@@ -212,6 +214,25 @@ TEST_CASE("a partial step is never chosen, and steps past latest are ignored") {
   choice = ChooseRestoreStep(root, -1, Verify);
   REQUIRE_OK(choice);
   CHECK(choice->step == 7);
+
+  // `latest` cannot be read (not missing, not garbage: here a directory in
+  // its place, as an I/O error or a store's outage would): which steps were
+  // left behind is not known, so no choice is made, rather than step 9.
+  REQUIRE(rename(JoinPath(root, "latest").c_str(), JoinPath(root, "latest.kept").c_str()) == 0);
+  REQUIRE(mkdir(JoinPath(root, "latest").c_str(), 0755) == 0);
+  choice = ChooseRestoreStep(root, -1, Verify);
+  REQUIRE(!choice.ok());
+  CHECK(!absl::IsNotFound(choice.status()));
+  CHECK(absl::StrContains(choice.status().message(), "latest"));
+  CHECK(!CommittedOnTimeline(root).ok());
+  CHECK(!NewestOnTimeline(root).ok());
+  // An explicit step needs no `latest`.
+  choice = ChooseRestoreStep(root, 5, Verify);
+  REQUIRE_OK(choice);
+  CHECK(choice->step == 5);
+  REQUIRE(rmdir(JoinPath(root, "latest").c_str()) == 0);
+  REQUIRE(rename(JoinPath(root, "latest.kept").c_str(), JoinPath(root, "latest").c_str()) == 0);
+  CHECK(ChooseRestoreStep(root, -1, Verify)->step == 7);
 }
 
 TEST_CASE("after a run went back to an older step, the steps it left behind are neither "

@@ -47,12 +47,25 @@ absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage*
   return *step;
 }
 
+absl::StatusOr<std::optional<int64_t>> TimelineEnd(const std::string& job_dir,
+                                                   storage::Storage* fs, std::string* garbage) {
+  absl::StatusOr<int64_t> latest = ReadLatest(job_dir, fs);
+  if (latest.ok()) return *latest;
+  if (absl::IsNotFound(latest.status())) return std::nullopt;
+  if (absl::IsDataLoss(latest.status())) {
+    if (garbage != nullptr) *garbage = std::string(latest.status().message());
+    return std::nullopt;
+  }
+  return Annotate(latest.status(),
+                  absl::StrCat("reading ", JoinPath(job_dir, format::kLatestFileName)));
+}
+
 absl::StatusOr<std::vector<int64_t>> CommittedOnTimeline(const std::string& job_dir,
                                                          storage::Storage* fs) {
   ZCC_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCommittedSteps(job_dir, fs));
-  auto latest = ReadLatest(job_dir, fs);
-  if (latest.ok()) {
-    steps.erase(std::upper_bound(steps.begin(), steps.end(), *latest), steps.end());
+  ZCC_ASSIGN_OR_RETURN(const std::optional<int64_t> end, TimelineEnd(job_dir, fs));
+  if (end.has_value()) {
+    steps.erase(std::upper_bound(steps.begin(), steps.end(), *end), steps.end());
   }
   return steps;
 }

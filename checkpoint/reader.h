@@ -36,10 +36,19 @@ absl::StatusOr<std::vector<int64_t>> ListCommittedSteps(const std::string& job_d
 // The step named by <job_dir>/latest. NotFound when there is no such file,
 // DataLoss when it does not name a step directory.
 absl::StatusOr<int64_t> ReadLatest(const std::string& job_dir, storage::Storage* fs = nullptr);
+// The newest step a restore of the newest may consider: the one `latest`
+// names; nullopt (every step) when there is no `latest` or it is garbage
+// (DataLoss, recorded in `*garbage` when given). Any other error reading it
+// (I/O, permission, a store's outage) is returned: without `latest` a choice
+// could take a step of a timeline that was left behind.
+absl::StatusOr<std::optional<int64_t>> TimelineEnd(const std::string& job_dir,
+                                                   storage::Storage* fs = nullptr,
+                                                   std::string* garbage = nullptr);
 
 // The committed steps a restore of the newest considers, ascending: none
 // above the one `latest` names (a run that went back to an older step left
-// those behind; ChooseRestoreStep). Without `latest`, every committed step.
+// those behind; ChooseRestoreStep). Without `latest` (or with a garbage one),
+// every committed step; an error reading `latest` is returned (TimelineEnd).
 absl::StatusOr<std::vector<int64_t>> CommittedOnTimeline(const std::string& job_dir,
                                                          storage::Storage* fs = nullptr);
 // The newest of them, -1 when there is none.
@@ -139,7 +148,8 @@ struct RestoreChoice {
 // Picks the step to restore. `requested` >= 0: that step, if `verify`
 // accepts it. `requested` < 0: the step named by `latest` if `verify` accepts
 // it, else the newest committed step below it that it accepts (all committed
-// steps when `latest` is missing or garbage). `verify` is called for each
+// steps when `latest` is missing or garbage; any other error reading it is
+// returned, TimelineEnd). `verify` is called for each
 // candidate (CheckStepMetadata or VerifyStep of step_check.h, or a cached
 // equivalent). `requested` < 0 considers no step above `at_most` (a
 // fallback from a step found damaged looks only at older ones). NotFound

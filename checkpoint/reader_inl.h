@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/status.h"
 
 namespace zcc::checkpoint {
 
@@ -35,8 +36,9 @@ absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int6
                                   [&](int64_t s) { return s > at_most; }),
                    candidates.end());
   std::sort(candidates.rbegin(), candidates.rend());
-  auto latest = ReadLatest(job_dir, fs);
-  if (latest.ok()) {
+  std::string garbage;
+  ZCC_ASSIGN_OR_RETURN(const std::optional<int64_t> latest, TimelineEnd(job_dir, fs, &garbage));
+  if (latest.has_value()) {
     // Steps above `latest` belong to a timeline that was abandoned by resuming
     // from an older step; they are never chosen.
     candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
@@ -46,8 +48,8 @@ absl::StatusOr<RestoreChoice> ChooseRestoreStep(const std::string& job_dir, int6
       choice.rejected.push_back(
           absl::StrCat("latest names ", format::StepDirName(*latest), ", which is not committed"));
     }
-  } else if (latest.status().code() != absl::StatusCode::kNotFound) {
-    choice.rejected.push_back(absl::StrCat("latest: ", latest.status().message()));
+  } else if (!garbage.empty()) {
+    choice.rejected.push_back(absl::StrCat("latest: ", garbage));
   }
   for (int64_t step : candidates) {
     if (check(step)) {

@@ -474,9 +474,11 @@ void Job::ExpirePending() {
   for (int64_t step : expired) DropPending(step, "abandoned: commit timed out");
 }
 
-void Job::BeginRestore(uint32_t rank, int64_t step) {
+bool Job::BeginRestore(uint32_t rank, int64_t step) {
   zcc::MutexLock lock(&mu_);
+  if (removing_.count(step) > 0) return false;
   restoring_.insert({rank, step});
+  return true;
 }
 
 void Job::EndRestore(uint32_t rank, int64_t step) {

@@ -166,9 +166,11 @@ class Job {
   void AwaitCommitter() ABSL_LOCKS_EXCLUDED(mu_);
 
   // A step being restored is never removed by retention, from BeginRestore
-  // until the matching EndRestore (one retention is removing already goes:
-  // the restore then finds it gone and falls back, as for any step gone).
-  void BeginRestore(uint32_t rank, int64_t step);
+  // until the matching EndRestore. False, and nothing to end, when retention
+  // is removing the step already: it goes, and the restore must not take it
+  // for damaged. (One retention removed before the pin is gone: the caller
+  // checks that the step is still committed once pinned.)
+  [[nodiscard]] bool BeginRestore(uint32_t rank, int64_t step);
   void EndRestore(uint32_t rank, int64_t step);
 
   void FillStatus(v1::JobStatus* out) const;

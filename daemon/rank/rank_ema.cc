@@ -108,22 +108,34 @@ absl::StatusOr<std::pair<shm::Segment, v1::ReadEmaResponse>> RankEma::CopyToSegm
   if (!enabled_) {
     return absl::FailedPreconditionError("this rank keeps no EMA (register with an ema_decay)");
   }
-  zcc::MutexLock lock(&mu_);
+  // The EMA's tensors are fixed at registration (AdoptFrom swaps only
+  // updaters of the same tensors): the segment is made and its pages
+  // faulted in before the lock, under which only the copy runs (the ingest
+  // thread's next update waits for it).
   std::vector<shm::LayoutInput> inputs;
-  for (size_t i = 0; i < ema_->num_tensors(); ++i) {
-    inputs.push_back({ema_->tensor(i).name, ema_->tensor(i).elements * sizeof(float),
-                      format::TensorKind::kParam});
+  {
+    zcc::MutexLock lock(&mu_);
+    for (size_t i = 0; i < ema_->num_tensors(); ++i) {
+      inputs.push_back({ema_->tensor(i).name, ema_->tensor(i).elements * sizeof(float),
+                        format::TensorKind::kParam});
+    }
   }
   ZCC_ASSIGN_OR_RETURN(shm::SlotLayout layout, shm::ComputeSlotLayout(inputs, ~uint64_t{0} >> 1));
   ZCC_ASSIGN_OR_RETURN(
       shm::Segment segment,
       shm::Segment::Create(shm_name, shm::SegmentBytes(1, layout.slot_bytes), owner));
+  // (An older kernel faults the pages in during the copy instead.)
+  if (absl::Status st = segment.Populate(shm::ControlBlockBytes(), layout.slot_bytes);
+      !st.ok() && !absl::IsUnimplemented(st)) {
+    return st;
+  }
   v1::ReadEmaResponse resp;
-  resp.set_step(ema_->initialized() ? ema_->last_step() : -1);
   resp.set_shm_name(shm_name);
   resp.set_segment_bytes(segment.size());
   resp.set_data_offset(shm::ControlBlockBytes());
   uint8_t* base = segment.base() + shm::ControlBlockBytes();
+  zcc::MutexLock lock(&mu_);
+  resp.set_step(ema_->initialized() ? ema_->last_step() : -1);
   for (size_t i = 0; i < ema_->num_tensors(); ++i) {
     const absl::Span<const float> data = ema_->ema(i);
     if (!data.empty()) std::memcpy(base + layout.placements[i].offset, data.data(), data.size() * 4);

@@ -101,9 +101,15 @@ void RestoreService::StartPrefetch(Job& job, RankSession& session, uint32_t rank
     RestorePrefetch::Chosen chosen;
     chosen.step = choice->step;
     chosen.step_dir = JoinPath(job_dir, format::StepDirName(choice->step));
-    ZCC_ASSIGN_OR_RETURN(chosen.index, checks_.Index(chosen.step_dir));
-    // Kept from retention while read, like a restore's step.
-    job.BeginRestore(rank, chosen.step);
+    // Kept from retention while read, like a restore's step; none is read
+    // ahead when retention is taking it.
+    if (!job.BeginRestore(rank, chosen.step)) return std::nullopt;
+    auto index = checks_.Index(chosen.step_dir);
+    if (!index.ok()) {
+      job.EndRestore(rank, chosen.step);
+      return index.status();
+    }
+    chosen.index = *std::move(index);
     return chosen;
   };
   auto read = [this, &job, &session, slot = *slot, reading](
@@ -292,13 +298,35 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     const std::string step_name = format::StepDirName(choice.step);
     const std::string step_dir =
         elsewhere.has_value() ? elsewhere->step_dir : JoinPath(tiers.current(), step_name);
+    // Kept from retention while read. Retention may have taken the step
+    // since the choice: then it is gone, not damaged, and nothing marks it.
+    const bool pinned = job.BeginRestore(req.rank(), choice.step);
+    absl::Cleanup unpin = [&job, &req, &choice, pinned] {
+      if (pinned) job.EndRestore(req.rank(), choice.step);
+    };
+    absl::StatusOr<format::CommitRecord> record =
+        pinned ? checkpoint::ReadCommitRecord(step_dir, read_io_.storage)
+               : absl::NotFoundError("retention is removing it");
+    if (!record.ok() && absl::IsNotFound(record.status())) {
+      const std::string why = absl::StrCat(
+          step_name, ": no longer committed (removed since this restore chose it: ",
+          record.status().message(), ")");
+      if (req.step() >= 0 && !req.allow_older()) return absl::NotFoundError(why);
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << why
+                       << "; choosing again among older steps";
+      skipped.push_back(why);
+      requested = -1;
+      at_most = std::min(at_most, choice.step - 1);
+      continue;
+    }
+    if (!record.ok()) return Annotate(record.status(), absl::StrCat("restore of ", step_name));
     std::unique_ptr<RestorePrefetch> ahead;
     if (prefetch != nullptr && (req.owned_only() || session.AllStaged())) {
       std::optional<RestorePrefetch::Chosen> read_ahead = prefetch->AwaitChoice(cancelled);
       if (read_ahead.has_value() && read_ahead->step_dir == step_dir) ahead = std::move(prefetch);
     }
     prefetch.reset();
-    auto resp = RestoreStep(job, session, req, step_dir, choice.step, cancelled, ahead.get());
+    auto resp = RestoreStep(session, req, step_dir, choice.step, cancelled, ahead.get());
     ahead.reset();  // its slot is the restore's now, or freed
     if (resp.ok()) metrics_->restores(metrics::RestoreSource::kDisk).Increment();
     if (resp.ok()) {
@@ -322,7 +350,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     // restore reads the step again.
     const absl::Status why(resp.status().code(),
                            absl::StrCat("damaged, found while reading it: ", resp.status().message()));
-    checks_.MarkDamaged(step_dir, why);
+    checks_.MarkDamaged(step_dir, record->manifest_hash, why);
     if (!elsewhere.has_value() &&
         tiers.IntactElsewhere(choice.step - 1, choice.step, choice.step, check,
                               read_io_.storage)) {
@@ -427,15 +455,11 @@ absl::StatusOr<uint64_t> RestoreService::ReadIntoBuffer(
 }
 
 absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
-    Job& job, RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
+    RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
     int64_t step, const std::function<bool()>& cancelled, RestorePrefetch* ahead) {
-  ZCC_ASSIGN_OR_RETURN(format::CommitRecord record,
-                       checkpoint::ReadCommitRecord(step_dir, read_io_.storage));
-  // Any world size and layout: the step describes global tensors.
+  // Any world size and layout: the step describes global tensors. (Kept
+  // from retention by the caller while it is read.)
   const std::string shm_name = BufferName("restore", req.job_id(), req.rank(), req.generation());
-  // The step is kept from retention while it is read.
-  job.BeginRestore(req.rank(), step);
-  absl::Cleanup end_restore = [&job, &req, step] { job.EndRestore(req.rank(), step); };
   const absl::Time read_start = absl::Now();
   auto failed = [this](absl::Status st) {
     metrics_->errors(metrics::ErrorKind::kRestore).Increment();

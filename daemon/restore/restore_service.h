@@ -101,8 +101,9 @@ class RestoreService {
                                         uint32_t slot, int64_t step);
   // Reads committed step `step` (already chosen) for the session's rank into
   // a staging slot or a new restore buffer, or takes over `ahead`'s read of
-  // it (may be null), and restores the rank's EMA from it.
-  absl::StatusOr<v1::RestoreResponse> RestoreStep(Job& job, RankSession& session,
+  // it (may be null), and restores the rank's EMA from it. The caller keeps
+  // the step from retention meanwhile (Job::BeginRestore).
+  absl::StatusOr<v1::RestoreResponse> RestoreStep(RankSession& session,
                                                   const v1::RestoreRequest& req,
                                                   const std::string& step_dir, int64_t step,
                                                   const std::function<bool()>& cancelled,

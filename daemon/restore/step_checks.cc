@@ -98,12 +98,11 @@ absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> StepChecks::Inde
   return index;
 }
 
-void StepChecks::MarkDamaged(const std::string& step_dir, const absl::Status& why) {
-  auto record = checkpoint::ReadCommitRecord(step_dir, io_.storage);
-  if (!record.ok()) return;  // unreadable now: Check rejects it anyway
+void StepChecks::MarkDamaged(const std::string& step_dir, uint64_t manifest_hash,
+                             const absl::Status& why) {
   metrics_->errors(metrics::ErrorKind::kVerify).Increment();
   zcc::MutexLock lock(&mu_);
-  entries_[StepKey(step_dir, record->manifest_hash)].verdict = why;
+  entries_[StepKey(step_dir, manifest_hash)].verdict = why;
   Trim();
 }
 

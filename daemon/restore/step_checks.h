@@ -48,9 +48,12 @@ class StepChecks {
   // when no longer held.
   absl::StatusOr<std::shared_ptr<const checkpoint::GroupedIndex>> Index(
       const std::string& step_dir) ABSL_LOCKS_EXCLUDED(mu_);
-  // Records that `step_dir` failed while being read (`why`), whatever its
-  // metadata check found, so that the next choice skips it.
-  void MarkDamaged(const std::string& step_dir, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records that `step_dir`, as committed with `manifest_hash` (its COMMITTED
+  // record when the read began), failed while being read (`why`), whatever
+  // its metadata check found, so that the next choice skips it. A step
+  // committed again since under the same name is not marked.
+  void MarkDamaged(const std::string& step_dir, uint64_t manifest_hash, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drops what is known of `step_dir` (every manifest hash), but checks
   // under way.
   void Forget(const std::string& step_dir) ABSL_LOCKS_EXCLUDED(mu_);
