@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
@@ -177,6 +178,16 @@ absl::Status Client::ReplaceTensors(std::vector<TensorRef> tensors) {
     impl_->tensors = std::move(tensors);
     return absl::OkStatus();
   }
+  // The monitor registers nothing meanwhile: should this session die, the
+  // new tensors are registered after this call, not the old ones during it.
+  {
+    zcc::MutexLock lock(&impl_->mu);
+    impl_->replacing = true;
+  }
+  absl::Cleanup replaced = [this] {
+    zcc::MutexLock lock(&impl_->mu);
+    impl_->replacing = false;
+  };
   // Nothing of the old registration's is left to publish once zccd stops it.
   ZCC_RETURN_IF_ERROR(Flush());
   s->being_replaced.store(true);
@@ -209,7 +220,7 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
     return SnapshotResult::kSkippedDisconnected;
   }
   if (im.TakenOver(*s)) {
-    im.DropSession(s, Impl::kTakenOver);
+    im.DropTakenOver(s);
     im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
     return SnapshotResult::kSkippedDisconnected;
   }
@@ -299,7 +310,7 @@ void Client::Impl::NotifierLoop() {
     shm::SlotRing ring(cb, p.session->num_slots());
     if (TakenOver(*p.session)) {
       // The slot is the successor's now: neither published nor given back.
-      DropSession(p.session, kTakenOver);
+      DropTakenOver(p.session);
     } else if (!copied.ok()) {
       ring.Abandon(p.slot);
       SetError(absl::StrCat("snapshot copy of step ", p.step, " failed: ", copied.message()));

@@ -197,6 +197,12 @@ struct Client::Impl {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool closed ABSL_GUARDED_BY(mu) = false;  // Close() ran (or is running)
   std::string last_error ABSL_GUARDED_BY(mu);
+  // ReplaceTensors is registering the new tensors: the monitor registers
+  // nothing meanwhile (it would register the old ones beside them).
+  bool replacing ABSL_GUARDED_BY(mu) = false;
+  // zccd gave the rank to a trainer that registered after this one
+  // (kTakenOver): this client never registers again.
+  bool taken_over ABSL_GUARDED_BY(mu) = false;
 
   std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> published{0};
@@ -277,7 +283,14 @@ struct Client::Impl {
                                                        const Stubs& via,
                                                        bool prefetch_restore = false,
                                                        uint64_t replaces_generation = 0);
+  // Marks `s` dead and, when it is the current session, drops it (`why`
+  // logged and kept as the last error): the monitor registers again.
   void DropSession(const std::shared_ptr<Session>& s, const std::string& why);
+  // DropSession for a session taken over (TakenOver): the current one's
+  // rank belongs to its successor now, so the monitor does not register it
+  // again (the two trainers would take it from each other, or this one's
+  // registrations be refused forever).
+  void DropTakenOver(const std::shared_ptr<Session>& s);
   // zccd gave the rank's shared memory to a trainer that registered after
   // this one (it took this one for dead: stalled past the heartbeat
   // timeout, where it cannot see the process): nothing of this one may go

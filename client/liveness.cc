@@ -31,7 +31,8 @@ bool Client::WaitConnected(absl::Duration timeout) {
   return im->mu.AwaitWithTimeout(
       absl::Condition(
           +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) {
-            return i->stopping || (i->session != nullptr && !i->session->dead.load());
+            return i->stopping || i->taken_over ||
+                   (i->session != nullptr && !i->session->dead.load());
           },
           im),
       timeout) &&
@@ -47,9 +48,25 @@ bool Client::Impl::TakenOver(Session& s) {
 void Client::Impl::DropSession(const std::shared_ptr<Session>& s, const std::string& why) {
   s->dead.store(true);
   zcc::MutexLock lock(&mu);
-  if (session == s) session.reset();
+  // (An earlier session, found dead after its successor registered, says
+  // nothing of the current one.)
+  if (session != s) return;
+  session.reset();
   last_error = why;
   ZCC_LOG(WARNING) << "zcc client: " << why << "; snapshots are skipped until zccd is back";
+}
+
+void Client::Impl::DropTakenOver(const std::shared_ptr<Session>& s) {
+  s->dead.store(true);
+  zcc::MutexLock lock(&mu);
+  // An earlier session of this client's is taken over by this client's own
+  // later registration: nothing more to do.
+  if (session != s) return;
+  session.reset();
+  taken_over = true;
+  last_error = absl::StrCat(kTakenOver, "; this trainer takes no more snapshots and does not "
+                                        "register again");
+  ZCC_LOG(ERROR) << "zcc client: " << last_error;
 }
 
 void Client::Impl::ReportCheckpointFailures(Session& s, uint64_t* seen) {
@@ -93,7 +110,7 @@ void Client::Impl::HeartbeatLoop() {
     if (s != nullptr && !s->dead.load() && TakenOver(*s)) {
       // Not even its heartbeat goes there any more: it would keep the
       // successor's registration looking alive after the successor died.
-      DropSession(s, kTakenOver);
+      DropTakenOver(s);
     } else if (s != nullptr && !s->dead.load()) {
       shm::ControlBlock* cb = s->cb();
       const uint64_t now = shm::MonotonicNanos();
@@ -115,7 +132,9 @@ void Client::Impl::HeartbeatLoop() {
 void Client::Impl::MonitorLoop() {
   MakeThisThreadBackground();
   absl::Duration backoff = absl::Milliseconds(100);
-  const Session* watched = nullptr;  // the session whose failures `seen` counts
+  // The session whose failures `seen` counts (weak: another session made
+  // later at the same address is not mistaken for it).
+  std::weak_ptr<Session> watched;
   uint64_t seen_failures = 0;
   while (true) {
     std::shared_ptr<Session> s;
@@ -125,7 +144,7 @@ void Client::Impl::MonitorLoop() {
       zcc::MutexLock lock(&mu);
       if (stopping) return;
       s = session;
-      need_register = tensors_registered && s == nullptr;
+      need_register = tensors_registered && s == nullptr && !replacing && !taken_over;
       if (need_register) refs = tensors;
     }
     absl::Duration wait = options.heartbeat_interval;
@@ -146,8 +165,8 @@ void Client::Impl::MonitorLoop() {
       wait = backoff;
       backoff = std::min(backoff * 2, options.reconnect_max_backoff);
     } else if (s != nullptr) {
-      if (watched != s.get()) {
-        watched = s.get();
+      if (watched.owner_before(s) || s.owner_before(watched)) {
+        watched = s;
         seen_failures = 0;
       }
       ReportCheckpointFailures(*s, &seen_failures);

@@ -399,6 +399,47 @@ TEST_CASE("the trainer survives zccd being killed and re-registers with a new on
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
 }
 
+TEST_CASE("a trainer stalled past its heartbeat timeout whose rank another trainer took "
+          "never registers again") {
+  const std::string dir = ShortTempDir("it-takeover");
+  Daemon daemon(dir, {{"--client_timeout_s=2"}});
+  REQUIRE(daemon.Start());
+  auto a = StartTrainer(daemon, dir, "a",
+                        {"--steps=6", "--pause_at=3", "--wait_commit=false", "--linger_ms=5000"});
+  REQUIRE(a->WaitForOutput("paused", absl::Seconds(30)));
+  // Stalled (no heartbeat) past zccd's client timeout: taken for dead.
+  a->Signal(SIGSTOP);
+  absl::SleepFor(absl::Seconds(3));
+  auto b = StartTrainer(daemon, dir, "b",
+                        {"--steps=10", "--wait_commit=false", "--linger_ms=1500"});
+  REQUIRE(b->WaitForOutput("step=2 ", absl::Seconds(30)));
+  a->Signal(SIGCONT);
+  a->Signal(SIGUSR1);
+  INFO(a->Output() << b->Output() << daemon.Log());
+  REQUIRE(b->Wait(absl::Seconds(60)) == 0);
+  // `a` lingers on after `b` left: the rank is free, and still `a` does not
+  // take it back.
+  REQUIRE(a->Wait(absl::Seconds(60)) == 0);
+  auto va = a->Values();
+  auto vb = b->Values();
+  CHECK(absl::StrContains(a->Output(), "last_error=zccd gave this rank's shared memory"));
+  CHECK(absl::StrContains(a->Output(), "does not register again"));
+  CHECK(va["registrations"] == "1");
+  CHECK(va["connected"] == "0");
+  CHECK(vb["registrations"] == "1");
+  CHECK(vb["skipped_disconnected"] == "0");
+  CHECK(vb["published"] == "10");
+  // Two registrations of the rank in all: `a`'s and `b`'s.
+  const std::string log = daemon.Log();
+  size_t registered = 0;
+  for (size_t at = log.find("registered job itest rank 0/1"); at != std::string::npos;
+       at = log.find("registered job itest rank 0/1", at + 1)) {
+    ++registered;
+  }
+  CHECK(registered == 2);
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("the demo trainer reports a zccd restart and finishes with a verified restore") {
   const std::string dir = ShortTempDir("it-demo");
   Daemon daemon(dir);
