@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <vector>
 #include <cstring>
 #include <atomic>
 #include <deque>
@@ -281,14 +282,28 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
 }
 
 absl::Status Client::FenceBeforeUpdate(void* stream) {
-  // The session's own copier (daemon-pull) and the client's (whose copies of
-  // an earlier registration may still run).
-  std::shared_ptr<Session> s = impl_->CurrentSession();
-  if (s != nullptr && s->copier != impl_->copier) {
-    ZCC_RETURN_IF_ERROR(s->copier->FenceBeforeUpdate(stream));
+  // The client's copier (whose copies of an earlier registration may still
+  // run), and each session's own (daemon-pull) with copies not yet waited
+  // for: the current one's, and those of sessions dropped since their
+  // snapshots were enqueued (zccd may still be pulling them).
+  std::vector<std::shared_ptr<DeviceCopier>> copiers;
+  if (impl_->copier != nullptr) copiers.push_back(impl_->copier);
+  auto add = [&copiers](const std::shared_ptr<Session>& s) {
+    if (s == nullptr || s->copier == nullptr) return;
+    if (std::find(copiers.begin(), copiers.end(), s->copier) == copiers.end()) {
+      copiers.push_back(s->copier);
+    }
+  };
+  {
+    zcc::MutexLock lock(&impl_->mu);
+    add(impl_->session);
+    for (const PendingCopy& p : impl_->queue) add(p.session);
+    add(impl_->waited_session);
   }
-  if (impl_->copier == nullptr) return absl::OkStatus();
-  return impl_->copier->FenceBeforeUpdate(stream);
+  for (const std::shared_ptr<DeviceCopier>& copier : copiers) {
+    ZCC_RETURN_IF_ERROR(copier->FenceBeforeUpdate(stream));
+  }
+  return absl::OkStatus();
 }
 
 void Client::Impl::NotifierLoop() {
@@ -304,6 +319,7 @@ void Client::Impl::NotifierLoop() {
       p = std::move(queue.front());
       queue.pop_front();
       ++in_flight;
+      waited_session = p.session;
     }
     const absl::Status copied = p.session->copier->Wait(p.ticket);
     shm::ControlBlock* cb = p.session->cb();
@@ -326,6 +342,14 @@ void Client::Impl::NotifierLoop() {
       published.fetch_add(1, std::memory_order_relaxed);
       last_published_step.store(p.step, std::memory_order_relaxed);
     }
+    std::shared_ptr<Session> waited;
+    {
+      zcc::MutexLock lock(&mu);
+      waited = std::move(waited_session);
+    }
+    // The last reference to a dropped session goes here, outside mu (its
+    // segment is unpinned and unmapped).
+    waited.reset();
     p.session.reset();
     zcc::MutexLock lock(&mu);
     --in_flight;

@@ -194,6 +194,9 @@ struct Client::Impl {
   std::shared_ptr<Session> session ABSL_GUARDED_BY(mu);
   std::deque<PendingCopy> queue ABSL_GUARDED_BY(mu);
   uint64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  // The session of the copy the notifier is waiting for (taken off the
+  // queue; null between copies): FenceBeforeUpdate fences its copier too.
+  std::shared_ptr<Session> waited_session ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool closed ABSL_GUARDED_BY(mu) = false;  // Close() ran (or is running)
   std::string last_error ABSL_GUARDED_BY(mu);

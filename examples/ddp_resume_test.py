@@ -86,6 +86,9 @@ def main():
                 diff = [s for s in losses if losses[s] != full[rank][0][s]]
                 assert not diff, "rank %d: losses differ after resuming at %s" % (rank, diff)
                 assert vals["samples_seen"] == str(STEPS * 32 * WORLD), vals
+                # (The EMA read back is of the last step, not a read that
+                # timed out before it was folded in.)
+                assert vals["ema_step"] == str(STEPS), (rank, vals)
                 for what in ("final", "ema"):
                     same_tensors(os.path.join(out, "full", "rank%d" % rank, what + ".safetensors"),
                                  os.path.join(out, job, "rank%d" % rank, what + ".safetensors"),

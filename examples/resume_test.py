@@ -50,7 +50,13 @@ def same_tensors(a_path, b_path, what):
     a, b = tensors_bytes(a_path), tensors_bytes(b_path)
     assert a.keys() == b.keys(), (what, sorted(a), sorted(b))
     bad = [k for k in a if a[k] != b[k]]
-    assert not bad, "%s differ bitwise: %s" % (what, bad)
+    if bad:
+        # How they differ, for the report: elements and the largest gap.
+        ta, tb = load_file(a_path), load_file(b_path)
+        how = ["%s: %d of %d elements, max |diff| %g" % (
+            k, int((ta[k] != tb[k]).sum()), ta[k].numel(),
+            float((ta[k].double() - tb[k].double()).abs().max())) for k in bad]
+        raise AssertionError("%s differ bitwise: %s" % (what, "; ".join(how)))
     return len(a)
 
 
