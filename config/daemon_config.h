@@ -95,9 +95,10 @@ struct DaemonConfig {
   uint32_t default_num_slots = 3;
   // Upper bound on one slot (all of a rank's registered tensors).
   uint64_t max_slot_bytes = 256ull << 30;
-  // Upper bound on all staging memory of this daemon together (retained
-  // snapshots, the staging pool and the peer tier's replicas included: they
-  // give way to a registration); 0 = no limit.
+  // Upper bound on all staging memory of this daemon together (the ranks'
+  // EMAs in zccd's memory, retained snapshots, the staging pool and the peer
+  // tier's replicas included: the last three give way to a registration);
+  // 0 = no limit.
   uint64_t staging_budget_bytes = 0;
   // Staging memory made ready before registrations (daemon/memory/
   // staging_pool.h); 0 = none. Within staging_budget_bytes.

@@ -335,8 +335,10 @@ ZccMetrics::ZccMetrics() {
       "zcc_restore_prefetches_total",
       "Reads of the newest step begun as a rank registered, by whether a restore used them.",
       {{"outcome", "discarded"}});
-  staging_bytes_ = &registry_.AddGauge("zcc_staging_bytes",
-                                       "Shared memory currently allocated for staging, bytes.");
+  staging_bytes_ = &registry_.AddGauge(
+      "zcc_staging_bytes",
+      "Staging memory in use, bytes: the ranks' shared-memory segments, retained ones and "
+      "registrations in flight, with the ranks' EMAs (in zccd's memory).");
   staging_pool_bytes_ = &registry_.AddGauge(
       "zcc_staging_pool_bytes",
       "Staging memory made ready before registrations (allocated and mapped), not yet taken.");

@@ -211,8 +211,9 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
               s.uptime_seconds(), s.jobs_size());
   if (s.staging_budget_bytes() > 0) {
     const uint64_t replicas = s.has_peer() ? s.peer().replica_bytes_held() : 0;
-    std::printf("staging budget: %.2f of %.2f GB in use: %.2f GB staging and retained, %.2f GB "
-                "pool, %.2f GB the peer tier's replicas (they give way to registrations)\n",
+    std::printf("staging budget: %.2f of %.2f GB in use: %.2f GB staging, EMAs and retained, "
+                "%.2f GB pool, %.2f GB the peer tier's replicas (they give way to "
+                "registrations)\n",
                 (s.staging_bytes() + s.staging_pool_bytes() + replicas) / 1e9,
                 s.staging_budget_bytes() / 1e9, s.staging_bytes() / 1e9,
                 s.staging_pool_bytes() / 1e9, replicas / 1e9);
@@ -262,6 +263,9 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
     // What the job holds in /dev/shm here: what a node must plan memory for.
     std::printf("  staging memory %.2f GB for %d rank(s) here", job.staging_bytes() / 1e9,
                 job.ranks_size());
+    uint64_t ema_bytes = 0;
+    for (const auto& r : job.ranks()) ema_bytes += r.ema_bytes();
+    if (ema_bytes > 0) std::printf(" + %.2f GB of EMA in zccd's memory", ema_bytes / 1e9);
     if (job.retained_bytes() > 0) {
       std::printf(" + %.2f GB retained for restarted trainers", job.retained_bytes() / 1e9);
     }

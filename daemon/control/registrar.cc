@@ -253,6 +253,7 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
   admit.manifest_hash = plan.shards.manifest_hash;
   admit.num_slots = plan.g.num_slots;
   admit.slot_bytes = plan.g.slot_bytes;
+  admit.ema_bytes = plan.ema.updater != nullptr ? plan.ema.updater->allocated_bytes() : 0;
   admit.segment_owner = plan.segment_owner;
   admit.reserve_now_bytes = plan.g.reserve_later
                                 ? shm::ControlBlockBytes() + plan.g.slot_bytes

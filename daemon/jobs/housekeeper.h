@@ -43,7 +43,7 @@ class Housekeeper {
   // housekeeper's threads at any time until StopWork returns.
   struct Registry {
     std::function<std::vector<std::shared_ptr<Job>>()> jobs;  // registered now
-    std::function<uint64_t()> staging_bytes;                  // all segments
+    std::function<uint64_t()> staging_bytes;                  // all segments and EMAs
     // Forgets jobs with no rank and nothing pending; returns them.
     std::function<std::vector<std::shared_ptr<Job>>()> drop_idle_jobs;
     // Has the staging pool ask again how much it may hold.

@@ -29,6 +29,7 @@ void Job::FillStatus(v1::JobStatus* out) const {
     const RankCounters c = session->counters();
     v1::RankStatus* r = out->add_ranks();
     r->set_staging_bytes(session->segment_bytes());
+    r->set_ema_bytes(session->ema_bytes());
     staging += session->segment_bytes();
     r->set_rank(rank);
     r->set_pid(session->options().pid);

@@ -34,7 +34,7 @@ Admission::~Admission() {
 
 uint64_t PreviousLayout::bytes() const {
   uint64_t n = 0;
-  for (const auto& [rank, entry] : retained) n += entry.session->segment_bytes();
+  for (const auto& [rank, entry] : retained) n += entry.session->budget_bytes();
   return n;
 }
 
@@ -73,7 +73,7 @@ uint64_t JobTable::StagingBytes() const {
 uint64_t JobTable::StagingBytesLocked() const {
   uint64_t total = 0;
   for (const auto& [id, job] : jobs_) {
-    for (const auto& session : job->Ranks()) total += session->segment_bytes();
+    for (const auto& session : job->Ranks()) total += session->budget_bytes();
     total += job->retained().bytes();
   }
   for (const auto& [key, bytes] : in_flight_) total += bytes;
@@ -279,8 +279,9 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
       inherited.reset();
     }
   }
-  const uint64_t needed = inherited.has_value() ? 0 : r.segment_bytes;
-  const uint64_t replacing = existing ? existing->segment_bytes() : 0;
+  // (The new session's EMA is its own, beside an adopted segment too.)
+  const uint64_t needed = (inherited.has_value() ? 0 : r.segment_bytes) + r.ema_bytes;
+  const uint64_t replacing = existing ? existing->budget_bytes() : 0;
   // A new segment starts from the pool's memory: that entry becomes part of
   // `needed` (and leaves the pool).
   if (!inherited.has_value() && r.pool != nullptr) {
@@ -373,7 +374,7 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   }
   // (An adopted segment is counted too: it left the retained snapshots.)
   in_flight_[{r.job_id, r.rank}] =
-      needed + (inherited.has_value() ? inherited->session->segment_bytes() : 0);
+      needed + (inherited.has_value() ? inherited->session->budget_bytes() : 0);
   // Released by its destructor, which takes the lock: never destroyed here.
   Admission admission(this, r.job_id, r.rank);
   admission.job_ = job;

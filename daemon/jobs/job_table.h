@@ -60,6 +60,8 @@ struct AdmitRequest {
   uid_t segment_owner = static_cast<uid_t>(-1);
   // Of segment_bytes, what the registration reserves at once.
   uint64_t reserve_now_bytes = 0;
+  // The new session's EMA (allocated already, counted in the budget).
+  uint64_t ema_bytes = 0;
   // 0 = no budget.
   uint64_t staging_budget_bytes = 0;
   // Staging memory made ready before (null: none): a new segment is taken

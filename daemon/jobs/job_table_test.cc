@@ -220,5 +220,28 @@ TEST_CASE("the staging budget counts the peer tier's replicas: they give way to 
   }
 }
 
+TEST_CASE("the staging budget counts a registration's EMA beside its segment") {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  Tiers t;
+  auto request = [&](uint64_t ema_bytes) {
+    AdmitRequest r = t.Request(1);
+    r.staging_budget_bytes = kMiB + kMiB / 2;  // the segment is 1 MiB
+    r.ema_bytes = ema_bytes;
+    return r;
+  };
+  SECTION("an EMA the budget cannot hold beside the segment: refused") {
+    JobTable table(absl::Now());
+    auto refused = table.Admit(request(kMiB));
+    CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(table.StagingBytes() == 0);
+  }
+  SECTION("one it can hold: admitted, and counted while the registration is in flight") {
+    JobTable table(absl::Now());
+    auto admitted = table.Admit(request(kMiB / 4));
+    REQUIRE_OK(admitted.status());
+    CHECK(table.StagingBytes() == kMiB + kMiB / 4);
+  }
+}
+
 }  // namespace
 }  // namespace zcc::daemon

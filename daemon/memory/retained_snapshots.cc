@@ -73,7 +73,7 @@ std::optional<RetainedSnapshots::Entry> RetainedSnapshots::TakeFirstToExpire() {
 uint64_t RetainedSnapshots::bytes() const {
   zcc::MutexLock lock(&mu_);
   uint64_t total = 0;
-  for (const auto& [rank, entry] : entries_) total += entry.session->segment_bytes();
+  for (const auto& [rank, entry] : entries_) total += entry.session->budget_bytes();
   return total;
 }
 
@@ -88,7 +88,7 @@ void RetainedSnapshots::FillStatus(v1::JobStatus* out, absl::Time now) const {
     v1::RetainedStatus* r = out->add_retained();
     r->set_rank(rank);
     for (const SlotSnapshot& s : entry.snapshots) r->add_steps(s.step);
-    r->set_bytes(entry.session->segment_bytes());
+    r->set_bytes(entry.session->budget_bytes());
     r->set_expires_in_seconds(absl::ToDoubleSeconds(entry.expires - now));
   }
 }

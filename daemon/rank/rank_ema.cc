@@ -38,6 +38,7 @@ RankEma::RankEma(std::unique_ptr<ema::EmaUpdater> ema, std::vector<RegisteredTen
       rank_(rank),
       interval_(std::max<uint32_t>(1, interval)),
       metrics_(metrics),
+      allocated_bytes_(ema != nullptr ? ema->allocated_bytes() : 0),
       ema_(std::move(ema)) {}
 
 std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_bytes, int64_t step,

@@ -50,6 +50,10 @@ class RankEma {
   RankEma& operator=(const RankEma&) = delete;
 
   bool enabled() const { return enabled_; }
+  // The EMA's memory (its fp32 buffers, allocated whole at registration;
+  // AdoptFrom swaps it for one of the same tensors), counted in the staging
+  // budget.
+  uint64_t allocated_bytes() const { return allocated_bytes_; }
   size_t num_tensors() const { return sources_.size(); }
   int64_t last_step() const { return last_step_.load(std::memory_order_relaxed); }
   uint64_t skipped_nonfinite() const { return skipped_nonfinite_.load(std::memory_order_relaxed); }
@@ -125,6 +129,7 @@ class RankEma {
   const uint32_t rank_;
   const uint32_t interval_;
   metrics::ZccMetrics* const metrics_;
+  const uint64_t allocated_bytes_;
   mutable zcc::Mutex mu_;
   // Swapped with a predecessor's by AdoptFrom, hence guarded itself.
   std::unique_ptr<ema::EmaUpdater> ema_ ABSL_GUARDED_BY(mu_) ABSL_PT_GUARDED_BY(mu_);

@@ -269,6 +269,10 @@ class RankSession {
 
   const RankSessionOptions& options() const { return options_; }
   uint64_t segment_bytes() const { return slots_.segment_bytes(); }
+  // The rank's EMA in zccd's memory (0 without one).
+  uint64_t ema_bytes() const { return ema_.allocated_bytes(); }
+  // What the rank holds in the staging budget: its segment and its EMA.
+  uint64_t budget_bytes() const { return segment_bytes() + ema_bytes(); }
   RankCounters counters() const;
 
  private:
