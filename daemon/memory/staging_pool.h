@@ -113,7 +113,6 @@ class StagingPool {
   mutable zcc::Mutex mu_;
   std::vector<shm::Segment> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t entry_bytes_ ABSL_GUARDED_BY(mu_);
-  uint64_t making_ ABSL_GUARDED_BY(mu_) = 0;  // the entry being made, bytes
   uint64_t next_name_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t made_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
