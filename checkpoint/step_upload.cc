@@ -1,12 +1,10 @@
 #include "checkpoint/step_upload.h"
 
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/step_dirs.h"
@@ -145,35 +143,15 @@ absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std:
   return result;
 }
 
-namespace {
-
-// The step an uncommitted step directory named `name` is being written for,
-// where steps are written in place (`in_place`: step-N/) or renamed into
-// place (step-N.partial/; not a peer recovery's step-N.recovered.partial/).
-std::optional<int64_t> UncommittedStepOf(const std::string& name, bool in_place) {
-  constexpr absl::string_view kPartial = ".partial";
-  absl::string_view base = name;
-  if (!in_place) {
-    if (!absl::ConsumeSuffix(&base, kPartial)) return std::nullopt;
-  }
-  auto step = format::ParseStepDirName(base);
-  if (!step.ok()) return std::nullopt;
-  return *step;
-}
-
-}  // namespace
-
 absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string& store_job_dir,
                                          const std::vector<uint32_t>& ranks,
-                                         const std::string& keep_run, uint32_t world_size) {
+                                         const std::string& keep_run) {
   auto listed = fs.List(store_job_dir);
   if (absl::IsNotFound(listed.status())) return 0;
   if (!listed.ok()) return listed.status();
-  const bool in_place = CommitsInPlace(fs, store_job_dir);
   uint32_t removed = 0;
   for (const std::string& name : *listed) {
-    const std::optional<int64_t> step = UncommittedStepOf(name, in_place);
-    if (!step.has_value()) continue;
+    if (!format::ParseStepDirName(name).ok()) continue;
     const std::string dir = JoinPath(store_job_dir, name);
     auto committed = fs.Stat(JoinPath(dir, format::kCommittedFileName));
     if (committed.ok()) continue;
@@ -183,11 +161,10 @@ absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string
       auto text = storage::ReadWholeFile(fs, path, format::kMaxManifestBytes);
       if (absl::IsNotFound(text.status())) continue;
       if (!text.ok()) return text.status();  // (kept: it may be whole)
-      if (!keep_run.empty() || world_size > 0) {
+      if (!keep_run.empty()) {
         auto manifest = DecodeManifestFile(path, rank, *text);
         // (One that cannot be decoded is no run's part: removed.)
-        if (manifest.ok() && !keep_run.empty() && manifest->run_id == keep_run) continue;
-        if (manifest.ok() && world_size > 0 && manifest->world_size != world_size) continue;
+        if (manifest.ok() && manifest->run_id == keep_run) continue;
       }
       const absl::Status st = fs.Remove(path);
       if (absl::IsNotFound(st)) continue;
@@ -197,20 +174,8 @@ absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string
       // then the manifest belongs to a committed step, whole without it no
       // more, and goes back as it was. (A reader in between finds the step
       // incomplete and passes over it, as it would a damaged one.)
-      // (A step that cannot be checked counts as committed.) On a file
-      // system, the commit may also have renamed step-N.partial/ to step-N/.
+      // (A step that cannot be checked counts as committed.)
       auto now_committed = fs.Stat(JoinPath(dir, format::kCommittedFileName));
-      if (!in_place && absl::IsNotFound(now_committed.status()) &&
-          absl::IsNotFound(fs.Stat(dir).status())) {
-        const std::string renamed = JoinPath(store_job_dir, format::StepDirName(*step));
-        now_committed = fs.Stat(JoinPath(renamed, format::kCommittedFileName));
-        const std::string moved = JoinPath(renamed, format::ManifestFileName(rank));
-        if (now_committed.ok() && !absl::IsNotFound(fs.Stat(moved).status())) continue;
-        if (now_committed.ok()) {
-          ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, moved, *text));
-          continue;
-        }
-      }
       if (!absl::IsNotFound(now_committed.status())) {
         ZCC_RETURN_IF_ERROR(storage::WriteFileAtomic(fs, path, *text));
         if (!now_committed.ok()) return now_committed.status();

@@ -79,17 +79,11 @@ absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std:
 // new parts. Removes them; returns how many. With `keep_run` (the
 // registering run's id), a manifest of that run stays: the same run
 // registered again (its trainer reconnected to a restarted zccd) goes on
-// with the parts it sent. With `world_size` > 0, only manifests of that
-// world size go (a manifest of another cannot complete a step of this
-// run, and may be part of a step its previous layout is writing). A step
-// another node commits meanwhile keeps every manifest: one removed just as
-// the step was committed is written back.
-// Where steps are renamed into place (a file system), the uncommitted steps
-// are the step-N.partial/ directories (step_dirs.h).
+// with the parts it sent. A step another node commits meanwhile keeps every
+// manifest: one removed just as the step was committed is written back.
 absl::StatusOr<uint32_t> ForgetRankParts(storage::Storage& fs, const std::string& store_job_dir,
                                          const std::vector<uint32_t>& ranks,
-                                         const std::string& keep_run = "",
-                                         uint32_t world_size = 0);
+                                         const std::string& keep_run = "");
 
 }  // namespace zcc::checkpoint
 

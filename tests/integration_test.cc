@@ -131,66 +131,6 @@ TEST_CASE("a step that not every rank wrote is never committed nor restored") {
   REQUIRE(daemon.Stop() == 0);
 }
 
-TEST_CASE("no run id: a part an earlier run left in step-N.partial never completes the step "
-          "written again before the commit timeout") {
-  const std::string dir = ShortTempDir("it-norun");
-  Daemon daemon(dir, {{"--retain_snapshots_s=0"}});
-  REQUIRE(daemon.Start());
-  const std::string job_dir = JobDir(daemon);
-  const std::string partial = job_dir + "/step-00000005.partial";
-  // An earlier run: rank 1 alone (rank 0 died first) wrote its part of step
-  // 5, with 5 tensors; the step waits for rank 0 and never commits.
-  auto earlier = StartTrainer(daemon, dir, "earlier1",
-                              {"--rank=1", "--world=2", "--steps=5", "--block", "--tensors=5",
-                               "--wait_commit=false"});
-  REQUIRE(earlier->Wait(absl::Seconds(60)) == 0);
-  REQUIRE(WaitForPath(partial + "/" + format::ManifestFileName(1), absl::Seconds(30)));
-  // A part of another world size (a previous layout's) is not this run's.
-  REQUIRE(mkdir((job_dir + "/step-00000007.partial").c_str(), 0755) == 0);
-  {
-    format::RankManifest other;
-    other.job_id = "itest";
-    other.step = 7;
-    other.rank = 1;
-    other.world_size = 4;
-    std::ofstream(job_dir + "/step-00000007.partial/" + format::ManifestFileName(1))
-        << format::EncodeRankManifest(other);
-  }
-  // This run, 6 tensors a rank, no run id: rank 1 registers first (its
-  // earlier part goes) and waits; rank 0 writes step 5.
-  auto rank1 = StartTrainer(daemon, dir, "run1",
-                            {"--rank=1", "--world=2", "--steps=5", "--block",
-                             "--pause_before_train"});
-  REQUIRE(rank1->WaitForOutput("ready", absl::Seconds(60)));
-  CHECK_FALSE(PathExists(partial + "/" + format::ManifestFileName(1)));
-  CHECK(PathExists(job_dir + "/step-00000007.partial/" + format::ManifestFileName(1)));
-  CHECK_THAT(daemon.Log(), Catch::Contains("removed 1 manifest(s) an earlier run left"));
-  auto rank0 = StartTrainer(daemon, dir, "run0", {"--rank=0", "--world=2", "--steps=5", "--block"});
-  REQUIRE(WaitForPath(partial + "/" + format::ManifestFileName(0), absl::Seconds(60)));
-  // Rank 0's part alone does not commit it (the earlier run's part would
-  // have, with 5 tensors that are not this run's).
-  absl::SleepFor(absl::Seconds(1));
-  CHECK_FALSE(PathExists(job_dir + "/step-00000005"));
-  // Rank 1 writes its part: step 5 commits, this run's alone.
-  rank1->Signal(SIGUSR1);
-  INFO(rank1->Output() << daemon.Log());
-  REQUIRE(rank1->Wait(absl::Seconds(60)) == 0);
-  REQUIRE(rank0->Wait(absl::Seconds(60)) == 0);
-  CHECK(rank0->Values()["committed"] == "5");
-  auto report = checkpoint::VerifyStep(job_dir + "/step-00000005");
-  REQUIRE_OK(report);
-  CHECK(report->ranks == 2);
-  auto q0 = StartTrainer(daemon, dir, "restore0", {"--mode=restore", "--rank=0", "--world=2",
-                                                    "--expect_step=5", "--expect_from=disk"});
-  auto q1 = StartTrainer(daemon, dir, "restore1", {"--mode=restore", "--rank=1", "--world=2",
-                                                    "--expect_step=5", "--expect_from=disk"});
-  REQUIRE(q0->Wait(absl::Seconds(60)) == 0);
-  REQUIRE(q1->Wait(absl::Seconds(60)) == 0);
-  CHECK(q0->Values()["mismatched_tensors"] == "0");
-  CHECK(q1->Values()["mismatched_tensors"] == "0");
-  REQUIRE(daemon.Stop() == 0);
-}
-
 TEST_CASE("a trainer that closes releases its staging memory at once; one that asks keeps its "
           "snapshots for the next") {
   const std::string dir = ShortTempDir("it-close");

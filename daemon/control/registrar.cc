@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/step_dirs.h"
 #include "checkpoint/step_upload.h"
-#include "common/fs_identity.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -516,26 +515,26 @@ absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> Registrar::EmaWorkers() {
 }
 
 void Registrar::ForgetEarlierRunParts(const v1::RegisterRequest& req, const Job& job) {
-  // A step commits once every rank's manifest is there (in step-N.partial/
-  // on a file system, in step-N/ itself on an object store). A trainer that
-  // names its run is safe: the commit refuses manifests of mixed runs. One
-  // that names none cannot be told from an earlier run, whose parts of a
-  // step left uncommitted (its other ranks died first) would complete that
-  // step when this run writes it again before the commit timeout removed
-  // them, with their old bytes. So this rank's parts there go now, before
-  // its trainer can write anything; every rank of a run registers before the
-  // run writes a step (a trainer reconnecting to a restarted zccd loses its
-  // part of a step in flight; the next due step is whole). Only parts of
-  // this world size: a previous layout's step written for this one
-  // (WritePreviousLayout) is not this rank's to touch. The tiered modes
-  // have their own (JobUploader).
+  // A step written straight to an object store commits in place once every
+  // rank's manifest is there. A trainer that names its run is safe: the
+  // commit refuses manifests of mixed runs. One that names none cannot be
+  // told from an earlier run, whose parts of a step left uncommitted (its
+  // other ranks died first) would complete that step when this run writes
+  // it again, with their old bytes. So this rank's parts there go now,
+  // before its trainer can write anything; every rank of a run registers
+  // before the run writes a step (a trainer reconnecting to a restarted
+  // zccd loses its part of a step in flight; the next due step is whole).
+  // The tiered modes have their own (JobUploader); a POSIX root writes into
+  // step-N.partial/, which retention removes once the commit timeout passed.
+  // (Not removed here: this rank's part there may be the checkpoint-on-
+  // failure its predecessor persisted a moment ago, or a previous layout's
+  // step written for this one; only a run id tells the runs apart before
+  // the timeout.)
   if (!req.run_id().empty() || !job.options().upload_dir.empty()) return;
   storage::Storage& fs = storage::StorageOrDefault(job.options().storage);
   const std::string& dir = job.options().job_dir;
-  // As the job's owner: nothing planted in its directory makes zccd remove
-  // what that user could not.
-  ScopedFsIdentity as_owner(job.options().owner);
-  auto forgot = checkpoint::ForgetRankParts(fs, dir, {req.rank()}, "", req.world_size());
+  if (!checkpoint::CommitsInPlace(fs, dir)) return;
+  auto forgot = checkpoint::ForgetRankParts(fs, dir, {req.rank()});
   if (!forgot.ok()) {
     ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank()
                      << ": the parts an earlier run left in " << dir

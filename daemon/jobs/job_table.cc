@@ -290,7 +290,10 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
   auto pool_bytes = [&r] { return r.pool != nullptr ? r.pool->bytes() : 0; };
   auto replica_bytes = [&r] { return r.replica_bytes ? r.replica_bytes() : 0; };
   auto besides_replicas = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return StagingBytesLocked() - replacing + pool_bytes();
+    // (The session replaced may leave the job meanwhile: its rank's
+    // unregistration does not take this table's lock.)
+    const uint64_t staging = StagingBytesLocked();
+    return (staging > replacing ? staging - replacing : 0) + pool_bytes();
   };
   auto in_use = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return besides_replicas() + replica_bytes();
@@ -340,7 +343,9 @@ absl::StatusOr<Admission> JobTable::Admit(AdmitRequest r) {
       previous.reset();
     }
     return absl::ResourceExhaustedError(absl::StrCat(
-        "registration needs ", r.segment_bytes, " bytes of staging memory; ", in_use(), " of the ",
+        "registration needs ", needed, " bytes of staging memory",
+        r.ema_bytes > 0 ? absl::StrCat(" (", r.ema_bytes, " of them its EMA)") : std::string(),
+        "; ", in_use(), " of the ",
         r.staging_budget_bytes, "-byte budget are in use",
         replica_bytes() > 0
             ? absl::StrCat(" (", replica_bytes(), " by the peer tier's replicas, which give way "

@@ -307,9 +307,15 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
     absl::StatusOr<format::CommitRecord> record =
         pinned ? checkpoint::ReadCommitRecord(step_dir, read_io_.storage)
                : absl::NotFoundError("retention is removing it");
-    if (!record.ok() && absl::IsNotFound(record.status())) {
+    // (One whose COMMITTED record became unreadable since the choice is
+    // passed over the same way, as the choice would now.)
+    if (!record.ok() &&
+        (absl::IsNotFound(record.status()) || absl::IsDataLoss(record.status()))) {
       const std::string why = absl::StrCat(
-          step_name, ": no longer committed (removed since this restore chose it: ",
+          step_name,
+          absl::IsNotFound(record.status())
+              ? ": no longer committed (removed since this restore chose it: "
+              : ": its commit record cannot be read (",
           record.status().message(), ")");
       if (req.step() >= 0 && !req.allow_older()) return absl::NotFoundError(why);
       ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << why
