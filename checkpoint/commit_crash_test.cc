@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/recovery.h"
@@ -354,6 +355,27 @@ TEST_CASE("a commit whose write of latest fails is finished by the retry, never 
   auto other_world = TryCommit(kJobDir, kJob, 20, kWorld + 1, &faulty);
   REQUIRE_OK(other_world);
   CHECK(other_world->outcome == CommitOutcome::kWaiting);
+}
+
+TEST_CASE("a committed step of the run left behind is not made latest again by a late "
+          "attempt of its commit") {
+  storage::MemoryStorage memory;
+  Prepare(memory, {"", std::make_pair(10, 10), 20, 20});
+  auto committed = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
+  REQUIRE_OK(committed);
+  REQUIRE(committed->outcome == CommitOutcome::kCommitted);
+  // Training went on from step 10 (COMMITTED's time has whole seconds: the
+  // going back comes more than a second after step 20's commit).
+  absl::SleepFor(absl::Milliseconds(2100));
+  auto back = PointLatestBack(memory, kJobDir, 10, std::nullopt, absl::InfiniteFuture());
+  REQUIRE_OK(back);
+  REQUIRE(*ReadLatest(kJobDir, &memory) == 10);
+  // A late attempt of step 20's commit (a report of the run left behind,
+  // its partial gone) finds step-20/ committed: it leaves `latest` on 10.
+  auto late = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
+  REQUIRE_OK(late);
+  CHECK(late->outcome == CommitOutcome::kWaiting);
+  CHECK(*ReadLatest(kJobDir, &memory) == 10);
 }
 
 TEST_CASE("recovery removes the debris a real file system may keep: temporaries, partials, "

@@ -58,9 +58,10 @@ absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
 // (EIO, ENOSPC) left step-N/ committed and `latest` older. When the commit of
 // step N is tried again, its partial is gone: this finishes that commit by
 // writing `latest`, if step-N/ holds this job's COMMITTED for `world_size`
-// ranks and `latest` names an older step (or none). Anything else (a step
-// that was never renamed, `latest` already at or past N) is left alone and
-// answers nullopt.
+// ranks and `latest` names an older step (or none), written before step N's
+// commit. Anything else (a step that was never renamed, `latest` already at
+// or past N, or pointed back to an older step since N's commit) is left
+// alone and answers nullopt.
 absl::StatusOr<std::optional<CommitResult>> FinishRenamedStep(storage::Storage& fs,
                                                               const std::string& job_dir,
                                                               const std::string& job_id,
@@ -76,6 +77,20 @@ absl::StatusOr<std::optional<CommitResult>> FinishRenamedStep(storage::Storage& 
   if (latest.ok() && *latest >= step) return std::nullopt;
   if (!latest.ok() && !absl::IsNotFound(latest.status()) && !absl::IsDataLoss(latest.status())) {
     return latest.status();
+  }
+  // Only a write of `latest` lost after this step's rename is made up for.
+  // A `latest` written since the step's commit (training went on from an
+  // older step and pointed it back there) is left alone: this step is of
+  // the run left behind. COMMITTED's time has whole seconds.
+  if (latest.ok()) {
+    absl::Time committed_at;
+    std::string error;
+    if (!absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", record->committed_at, &committed_at, &error)) {
+      return std::nullopt;
+    }
+    auto named = fs.Stat(JoinPath(job_dir, format::kLatestFileName));
+    if (!named.ok()) return named.status();
+    if (named->modified > committed_at + absl::Seconds(1)) return std::nullopt;
   }
   ZCC_LOG(WARNING) << final_dir << " is committed but latest names "
                    << (latest.ok() ? format::StepDirName(*latest) : std::string("no step"))
