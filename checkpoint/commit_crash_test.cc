@@ -378,6 +378,37 @@ TEST_CASE("a committed step of the run left behind is not made latest again by a
   CHECK(*ReadLatest(kJobDir, &memory) == 10);
 }
 
+TEST_CASE("a step committed again whose replaced contents could not be moved away is "
+          "committed; recovery removes those contents at any age") {
+  storage::MemoryStorage memory;
+  Prepare(memory, {"", std::make_pair(20, 20), 20, 21});
+  // (COMMITTED's time has whole seconds: the new commit comes in a later one.)
+  absl::SleepFor(absl::Milliseconds(1100));
+  storage::FaultPlan plan;
+  // Renames of a commit: the step index, the weight map, COMMITTED, the
+  // exchange with step-20/ (#4), then the replaced contents' move (#5).
+  plan.eio_on_rename = 5;
+  storage::FaultInjectingStorage faulty(&memory, plan);
+  auto committed = TryCommit(kJobDir, kJob, 20, kWorld, &faulty);
+  REQUIRE_OK(committed);
+  CHECK(committed->outcome == CommitOutcome::kCommitted);
+  CHECK(*ReadLatest(kJobDir, &memory) == 20);
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 21));
+  // The replaced contents, with their manifests and COMMITTED, are still
+  // where the next write of step 20 goes.
+  const std::string partial = JoinPath(kJobDir, "step-00000020.partial");
+  REQUIRE(memory.Stat(JoinPath(partial, "COMMITTED")).ok());
+  // Recovery removes them, young as they are; a partial being written stays.
+  WritePartial(memory, 30, 30);
+  auto recovered = RecoverJobDir(kJobDir, absl::Minutes(10), &memory);
+  REQUIRE_OK(recovered);
+  CHECK(recovered->removed == std::vector<std::string>{"step-00000020.partial"});
+  CHECK(absl::IsNotFound(memory.Stat(partial).status()));
+  CHECK(memory.Stat(JoinPath(kJobDir, "step-00000030.partial")).ok());
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 21));
+  CHECK(*ReadLatest(kJobDir, &memory) == 20);
+}
+
 TEST_CASE("recovery removes the debris a real file system may keep: temporaries, partials, "
           "removals cut short") {
   storage::MemoryStorage fs;

@@ -34,19 +34,33 @@ absl::Status CheckFileSize(storage::Storage& fs, const std::string& path, uint64
 // Replaces committed step directory `final_dir` with `partial` (a step
 // committed again: training resumed from an older step). The exchange keeps
 // step-N committed, old or new, at every moment; the old contents end up
-// under the partial name and are removed.
+// under the partial name, are moved at once to step-N.superseded (a later
+// write of the step must never find the old manifests and COMMITTED in its
+// step-N.partial/; recovery removes them there too, RecoverJobDir) and
+// removed. The step is committed once exchanged: what fails after that is
+// left to retention as debris, with a warning.
 absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
                          const std::string& partial, const std::string& final_dir) {
+  const std::string superseded = absl::StrCat(final_dir, ".superseded");
   const absl::Status exchanged = fs.Exchange(partial, final_dir);
   if (exchanged.ok()) {
     ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
-    return fs.RemoveTree(partial);
+    const absl::Status moved = [&]() -> absl::Status {
+      ZCC_RETURN_IF_ERROR(fs.RemoveTree(superseded));
+      ZCC_RETURN_IF_ERROR(fs.Rename(partial, superseded));
+      ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
+      return fs.RemoveTree(superseded);
+    }();
+    if (!moved.ok()) {
+      ZCC_LOG(WARNING) << final_dir << " is committed anew, but the contents it replaced could "
+                       << "not be removed (" << moved << "); retention removes them";
+    }
+    return absl::OkStatus();
   }
   if (!absl::IsUnimplemented(exchanged)) return exchanged;
   // File systems without the exchange (NFS): two renames, with a short window
   // in which step-N is absent and restore falls back to older steps.
   ZCC_LOG(WARNING) << exchanged.message() << "; replacing " << final_dir << " with two renames";
-  const std::string superseded = absl::StrCat(final_dir, ".superseded");
   ZCC_RETURN_IF_ERROR(fs.RemoveTree(superseded));
   ZCC_RETURN_IF_ERROR(fs.Rename(final_dir, superseded));
   ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));

@@ -3,6 +3,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "common/file_util.h"
@@ -32,15 +34,57 @@ absl::StatusOr<std::optional<int64_t>> RepairLatest(const std::string& job_dir,
   return std::nullopt;
 }
 
+namespace {
+
+// A commit time (COMMITTED's, whole seconds); nullopt when unreadable.
+std::optional<absl::Time> CommittedAt(storage::Storage& fs, const std::string& step_dir) {
+  auto record = ReadCommitRecord(step_dir, &fs);
+  if (!record.ok()) return std::nullopt;
+  absl::Time at;
+  std::string error;
+  if (!absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", record->committed_at, &at, &error)) {
+    return std::nullopt;
+  }
+  return at;
+}
+
+// The step-N.partial/ directories holding the contents a commit of step N
+// replaced (the exchange done, their move away cut short): an older
+// COMMITTED than step-N/'s. A write of step N must never find their
+// manifests, at any age. (A commit in progress holds a newer one.)
+absl::StatusOr<std::vector<std::string>> RemoveSuperseded(storage::Storage& fs,
+                                                          const std::string& job_dir) {
+  std::vector<std::string> removed;
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.List(job_dir));
+  for (const std::string& name : names) {
+    absl::string_view base = name;
+    if (!absl::ConsumeSuffix(&base, ".partial")) continue;
+    auto step = format::ParseStepDirName(base);
+    if (!step.ok()) continue;
+    const std::string partial = JoinPath(job_dir, name);
+    const std::optional<absl::Time> old_at = CommittedAt(fs, partial);
+    const std::optional<absl::Time> new_at =
+        CommittedAt(fs, JoinPath(job_dir, format::StepDirName(*step)));
+    if (!old_at.has_value() || !new_at.has_value() || *old_at >= *new_at) continue;
+    ZCC_RETURN_IF_ERROR(fs.RemoveTree(partial));
+    removed.push_back(name);
+  }
+  return removed;
+}
+
+}  // namespace
+
 absl::StatusOr<Recovery> RecoverJobDir(const std::string& job_dir, absl::Duration partial_max_age,
-                                       storage::Storage* fs) {
+                                       storage::Storage* storage) {
+  storage::Storage& fs = storage::StorageOrDefault(storage);
+  Recovery recovery;
+  ZCC_ASSIGN_OR_RETURN(recovery.removed, RemoveSuperseded(fs, job_dir));
   RetentionPolicy keep_all;
   keep_all.keep_last = std::numeric_limits<uint32_t>::max();
   ZCC_ASSIGN_OR_RETURN(RetentionResult cleaned,
-                       ApplyRetention(job_dir, keep_all, RetentionGuard(), partial_max_age, fs));
-  Recovery recovery;
-  recovery.removed = std::move(cleaned.removed_partials);
-  ZCC_ASSIGN_OR_RETURN(recovery.latest_repaired, RepairLatest(job_dir, fs));
+                       ApplyRetention(job_dir, keep_all, RetentionGuard(), partial_max_age, &fs));
+  for (std::string& name : cleaned.removed_partials) recovery.removed.push_back(std::move(name));
+  ZCC_ASSIGN_OR_RETURN(recovery.latest_repaired, RepairLatest(job_dir, &fs));
   return recovery;
 }
 
