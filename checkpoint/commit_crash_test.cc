@@ -409,6 +409,39 @@ TEST_CASE("a step committed again whose replaced contents could not be moved awa
   CHECK(*ReadLatest(kJobDir, &memory) == 20);
 }
 
+TEST_CASE("after training went on from an older step, the parts of later steps the run left "
+          "behind wrote go; those written since stay") {
+  storage::MemoryStorage memory;
+  // Step 10 committed; both ranks of the run left behind wrote step 20.
+  Prepare(memory, {"", std::make_pair(10, 10), 20, 20});
+  WritePartial(memory, 5, 5);  // (a step at or before the one gone back to: not touched)
+  absl::SleepFor(absl::Milliseconds(20));
+  const absl::Time went_on = absl::Now();
+  absl::SleepFor(absl::Milliseconds(20));
+  // The run that went on from step 10 writes rank 0's part of step 20 again.
+  auto write_rank = [&memory](uint32_t r, int64_t seed) {
+    SyntheticRank rank(r, kWorld, Specs(), 0, kJob);
+    rank.Fill(seed);
+    REQUIRE_OK(WriteRankShards(kJobDir, 20, rank.shards(), rank.slot(), On(memory)).status());
+  };
+  write_rank(0, 21);
+  auto forgot = ForgetLeftBehindParts(memory, kJobDir, 10, went_on);
+  REQUIRE_OK(forgot);
+  CHECK(*forgot == kWorld - 1);
+  CHECK(memory.Stat(JoinPath(kJobDir, "step-00000005.partial/" +
+                                          format::ManifestFileName(1))).ok());
+  // Rank 0's new part alone does not commit step 20 (rank 1's old one would
+  // have, with the bytes of the run left behind).
+  auto waiting = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
+  REQUIRE_OK(waiting);
+  CHECK(waiting->outcome == CommitOutcome::kWaiting);
+  for (uint32_t r = 1; r < kWorld; ++r) write_rank(r, 21);
+  auto committed = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
+  REQUIRE_OK(committed);
+  CHECK(committed->outcome == CommitOutcome::kCommitted);
+  CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 21));
+}
+
 TEST_CASE("recovery removes the debris a real file system may keep: temporaries, partials, "
           "removals cut short") {
   storage::MemoryStorage fs;

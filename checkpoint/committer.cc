@@ -5,7 +5,9 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/global_index.h"
@@ -224,6 +226,39 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
                                              attempt + 1, " tries"));
     }
   }
+}
+
+absl::StatusOr<uint32_t> ForgetLeftBehindParts(storage::Storage& fs, const std::string& job_dir,
+                                               int64_t restored, absl::Time at) {
+  if (CommitsInPlace(fs, job_dir)) return 0;
+  auto names = fs.List(job_dir);
+  if (absl::IsNotFound(names.status())) return 0;
+  if (!names.ok()) return names.status();
+  uint32_t removed = 0;
+  for (const std::string& name : *names) {
+    absl::string_view base = name;
+    if (!absl::ConsumeSuffix(&base, ".partial")) continue;
+    auto step = format::ParseStepDirName(base);
+    if (!step.ok() || *step <= restored) continue;
+    const std::string dir = JoinPath(job_dir, name);
+    if (storage::Exists(fs, JoinPath(dir, format::kCommittedFileName))) continue;
+    auto files = fs.List(dir);
+    if (absl::IsNotFound(files.status())) continue;
+    if (!files.ok()) return files.status();
+    for (const std::string& file : *files) {
+      if (!absl::EndsWith(file, ".manifest.json")) continue;
+      const std::string path = JoinPath(dir, file);
+      auto info = fs.Stat(path);
+      if (absl::IsNotFound(info.status())) continue;
+      if (!info.ok()) return info.status();
+      if (info->modified >= at) continue;
+      const absl::Status st = fs.Remove(path);
+      if (absl::IsNotFound(st)) continue;
+      if (!st.ok()) return st;
+      ++removed;
+    }
+  }
+  return removed;
 }
 
 absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::string& job_id,

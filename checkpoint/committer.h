@@ -95,6 +95,17 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
                                            std::optional<int64_t> only_from = std::nullopt,
                                            absl::Time not_after = absl::InfiniteFuture());
 
+// A run went on from step `restored` at `at`: the manifests written before
+// `at` into the step-N.partial/ directories of steps after `restored` are
+// the run left behind's (on any node), and would complete a step the run
+// that went on writes again with that run's bytes (a going back within one
+// registration keeps the run id). Removes them where steps are renamed into
+// place (in place, each rank's write of the step replaces its own first);
+// returns how many. Manifests written since, a step-N.partial/ holding
+// COMMITTED and a peer tier's step-N.recovered.partial/ stay.
+absl::StatusOr<uint32_t> ForgetLeftBehindParts(storage::Storage& fs, const std::string& job_dir,
+                                               int64_t restored, absl::Time at);
+
 }  // namespace zcc::checkpoint
 
 #endif  // ZCC_CHECKPOINT_COMMITTER_H_

@@ -35,6 +35,22 @@ void Job::GoBack(const GoingBack& back) {
   // once per restore that training went on from).
   const std::string& commits_in = options_.node_local_root ? options_.upload_dir : options_.job_dir;
   const int64_t named = checkpoint::ReadLatest(commits_in, &fs).value_or(-1);
+  if (!options_.node_local_root && IsCommitter()) {
+    // The parts of steps after it that the run left behind wrote, on any
+    // node, never complete a step this run writes again: the run id is the
+    // same (a going back within one registration), and its pending steps
+    // below are not all there is (another node's rank, or a write of this
+    // node's given up, leaves no pending step here).
+    auto forgot = checkpoint::ForgetLeftBehindParts(fs, options_.job_dir, back.restored, back.at);
+    if (!forgot.ok()) {
+      ZCC_LOG(WARNING) << "job " << options_.job_id << ": the parts the run left behind wrote "
+                       << "after step " << back.restored << " could not be removed: "
+                       << forgot.status();
+    } else if (*forgot > 0) {
+      ZCC_LOG(INFO) << "job " << options_.job_id << ": removed " << *forgot
+                    << " manifest(s) the run left behind wrote of steps after " << back.restored;
+    }
+  }
   std::vector<int64_t> stale;
   {
     zcc::MutexLock lock(&mu_);
