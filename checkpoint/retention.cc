@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "format/manifest.h"
 #include "storage/posix_storage.h"
+#include "storage/whole_file.h"
 
 namespace zcc::checkpoint {
 
@@ -123,6 +124,28 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
     ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
   }
   return result;
+}
+
+absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
+                                                       const std::vector<int64_t>& passed,
+                                                       const RetentionGuard& guard,
+                                                       storage::Storage* storage) {
+  storage::Storage& fs = storage::StorageOrDefault(storage);
+  std::vector<int64_t> removed;
+  if (passed.empty()) return removed;
+  ZCC_ASSIGN_OR_RETURN(const int64_t latest, ReadLatest(job_dir, &fs));
+  for (int64_t step : passed) {
+    if (step >= latest) continue;
+    const std::string dir = JoinPath(job_dir, format::StepDirName(step));
+    if (!storage::Exists(fs, JoinPath(dir, format::kCommittedFileName))) continue;
+    if (guard.may_remove && !guard.may_remove(step)) continue;
+    const absl::Status st = RemoveStep(fs, dir);
+    if (guard.done) guard.done(step);
+    ZCC_RETURN_IF_ERROR(st);
+    removed.push_back(step);
+  }
+  if (!removed.empty()) ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
+  return removed;
 }
 
 }  // namespace zcc::checkpoint

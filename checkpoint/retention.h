@@ -65,6 +65,19 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                absl::Duration partial_max_age,
                                                storage::Storage* fs = nullptr);
 
+// A run that went back to an older step left its newer committed steps
+// above `latest`, neither restored nor counted. Once the run that went on
+// commits past one (`latest` now names a newer step), it would be on the
+// timeline again, with the other run's bytes: a restore falling back past a
+// damaged step took it, and retention counted it among the newest. Removes
+// those of `passed` (steps that were above `latest` before this run's
+// commit) that `latest` is past now, as ApplyRetention removes a step and
+// with its `guard`; returns them.
+absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
+                                                       const std::vector<int64_t>& passed,
+                                                       const RetentionGuard& guard,
+                                                       storage::Storage* fs = nullptr);
+
 }  // namespace zcc::checkpoint
 
 #endif  // ZCC_CHECKPOINT_RETENTION_H_

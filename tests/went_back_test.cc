@@ -147,6 +147,29 @@ TEST_CASE("a run that goes back within one zccd's life commits the step numbers 
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("the steps a run left behind go once the run that went on commits past them; they "
+          "never come back to its timeline") {
+  const std::string dir = ShortTempDir("it-back-pass");
+  Daemon daemon(dir);  // keep_last 3
+  REQUIRE(daemon.Start());
+  const std::string job_dir = JobDir(daemon);
+  RunRanks(daemon, dir, "first", {"--steps=20"});  // steps 5, 10, 15, 20
+  REQUIRE(LatestIs(job_dir, 20));
+  // Back to step 10, and on to 20 committing every 4th step: 12, 16, 20.
+  // The first run's 15 lies between this run's 12 and 16.
+  auto back = RunRanks(daemon, dir, "back",
+                       {"--mode=resume", "--restore_step=10", "--steps=10", "--save_every=4"});
+  CHECK(back[0]->Values()["committed"] == "20");
+  CHECK(LatestIs(job_dir, 20));
+  INFO(daemon.Log());
+  // Step 15 went when step 16 passed it: it is neither restored nor counted
+  // by keep_last (which keeps this run's 12, 16 and 20).
+  CHECK(absl::StrContains(daemon.Log(), "step(s) of a run left behind that this run's commits "
+                                        "passed (the first step-00000015)"));
+  CHECK(*checkpoint::ListCommittedSteps(job_dir) == std::vector<int64_t>{12, 16, 20});
+  REQUIRE(daemon.Stop() == 0);
+}
+
 // One process per rank trains steps 1..20 and, after step 20, goes back to
 // `go_back_to` and trains on to step 20 again, while zccd still writes the
 // first step 20 (its files are written slowly); each waits for its last due

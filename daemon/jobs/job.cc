@@ -304,6 +304,9 @@ bool Job::TryCommit(int64_t step) {
     }
     if (auto it = write_start_.find(step); it != write_start_.end()) write_began = it->second;
   }
+  // The steps a run left behind above `latest`: the ones this commit passes
+  // go after it.
+  const std::vector<int64_t> above = StepsAboveLatest();
   // The commit's disk work runs without mu_: status, restores and other
   // ranks' reports go on meanwhile (commit_mu_ keeps commits in order).
   const absl::Time commit_start = absl::Now();
@@ -343,6 +346,7 @@ bool Job::TryCommit(int64_t step) {
   // The tiered mode: to the store, in the background.
   if (uploader_ != nullptr) uploader_->OnCommitted(step, write_began);
 
+  RemovePassedSteps(above);
   auto retained = ApplyRetention();
   if (!retained.ok()) {
     zcc::MutexLock relock(&mu_);
@@ -351,7 +355,7 @@ bool Job::TryCommit(int64_t step) {
   return true;
 }
 
-absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
+checkpoint::RetentionGuard Job::MakeRetentionGuard() {
   // A step pinned by a restore stays; one taken for removal can no longer be
   // pinned (BeginRestore does not wait for it).
   checkpoint::RetentionGuard guard;
@@ -377,6 +381,39 @@ absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
     // under mu_, which a step's move from node_steps_ to the uploader holds.)
     return uploader_ == nullptr || !uploader_->Uploading(step);
   };
+  return guard;
+}
+
+std::vector<int64_t> Job::StepsAboveLatest() const {
+  storage::Storage& fs = storage::StorageOrDefault(options_.storage);
+  auto latest = checkpoint::ReadLatest(options_.job_dir, &fs);
+  if (!latest.ok()) return {};
+  auto steps = checkpoint::ListCommittedSteps(options_.job_dir, &fs);
+  if (!steps.ok()) return {};
+  std::vector<int64_t> above;
+  for (int64_t step : *steps) {
+    if (step > *latest) above.push_back(step);
+  }
+  return above;
+}
+
+void Job::RemovePassedSteps(const std::vector<int64_t>& above) {
+  if (above.empty()) return;
+  auto removed = checkpoint::RemovePassedSteps(options_.job_dir, above, MakeRetentionGuard(),
+                                               options_.storage);
+  if (!removed.ok()) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": the steps of a run left behind that this "
+                     << "run's commits passed could not be removed: " << removed.status();
+  } else if (!removed->empty()) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": removed " << removed->size()
+                  << " step(s) of a run left behind that this run's commits passed (the "
+                  << "first " << format::StepDirName(removed->front())
+                  << "): they would be on its timeline again";
+  }
+}
+
+absl::StatusOr<checkpoint::RetentionResult> Job::ApplyRetention() {
+  const checkpoint::RetentionGuard guard = MakeRetentionGuard();
   ZCC_ASSIGN_OR_RETURN(checkpoint::RetentionResult result,
                        checkpoint::ApplyRetention(options_.job_dir, options_.retention, guard,
                                                   options_.commit_timeout, options_.storage));

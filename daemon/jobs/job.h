@@ -191,6 +191,14 @@ class Job {
   void DropPending(int64_t step, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
   void SetError(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What retention may remove (steps pinned by restores, partials waiting
+  // for their commit, steps being uploaded stay).
+  checkpoint::RetentionGuard MakeRetentionGuard() ABSL_LOCKS_EXCLUDED(mu_);
+  // The committed steps above `latest` (a run left behind's), read before a
+  // commit; RemovePassedSteps removes those the commit passed.
+  std::vector<int64_t> StepsAboveLatest() const ABSL_LOCKS_EXCLUDED(mu_);
+  void RemovePassedSteps(const std::vector<int64_t>& above)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<checkpoint::RetentionResult> ApplyRetention()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // The committer thread: waits for work (commit_up_to_, tick_due_), does it.
