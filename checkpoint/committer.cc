@@ -46,8 +46,8 @@ absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
   const std::string superseded = absl::StrCat(final_dir, ".superseded");
   const absl::Status exchanged = fs.Exchange(partial, final_dir);
   if (exchanged.ok()) {
-    ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
     const absl::Status moved = [&]() -> absl::Status {
+      ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
       ZCC_RETURN_IF_ERROR(fs.RemoveTree(superseded));
       ZCC_RETURN_IF_ERROR(fs.Rename(partial, superseded));
       ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
@@ -55,7 +55,8 @@ absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
     }();
     if (!moved.ok()) {
       ZCC_LOG(WARNING) << final_dir << " is committed anew, but the contents it replaced could "
-                       << "not be removed (" << moved << "); retention removes them";
+                       << "not be removed (" << moved << "); they are removed before step-N is "
+                       << "written or committed again, and by recovery";
     }
     return absl::OkStatus();
   }
@@ -95,18 +96,15 @@ absl::StatusOr<std::optional<CommitResult>> FinishRenamedStep(storage::Storage& 
     return latest.status();
   }
   // Only a write of `latest` lost after this step's rename is made up for.
-  // A `latest` written since the step's commit (training went on from an
+  // A `latest` written since the step's COMMITTED (training went on from an
   // older step and pointed it back there) is left alone: this step is of
-  // the run left behind. COMMITTED's time has whole seconds.
+  // the run left behind. (Both times from the storage's clock.)
   if (latest.ok()) {
-    absl::Time committed_at;
-    std::string error;
-    if (!absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", record->committed_at, &committed_at, &error)) {
-      return std::nullopt;
-    }
+    auto committed = fs.Stat(JoinPath(final_dir, format::kCommittedFileName));
     auto named = fs.Stat(JoinPath(job_dir, format::kLatestFileName));
+    if (!committed.ok()) return committed.status();
     if (!named.ok()) return named.status();
-    if (named->modified > committed_at + absl::Seconds(1)) return std::nullopt;
+    if (named->modified > committed->modified) return std::nullopt;
   }
   ZCC_LOG(WARNING) << final_dir << " is committed but latest names "
                    << (latest.ok() ? format::StepDirName(*latest) : std::string("no step"))
@@ -241,6 +239,12 @@ absl::StatusOr<uint32_t> ForgetLeftBehindParts(storage::Storage& fs, const std::
     auto step = format::ParseStepDirName(base);
     if (!step.ok() || *step <= restored) continue;
     const std::string dir = JoinPath(job_dir, name);
+    if (HoldsReplacedStep(fs, job_dir, *step)) {
+      // (The contents an earlier commit of the step replaced: all of it goes.)
+      ZCC_RETURN_IF_ERROR(fs.RemoveTree(dir));
+      ++removed;
+      continue;
+    }
     if (storage::Exists(fs, JoinPath(dir, format::kCommittedFileName))) continue;
     auto files = fs.List(dir);
     if (absl::IsNotFound(files.status())) continue;
@@ -272,6 +276,13 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   // in place.
   const std::string partial =
       !in_place && !written_in.empty() ? written_in : WritingStepDir(fs, job_dir, step);
+  if (!in_place && written_in.empty() && HoldsReplacedStep(fs, job_dir, step)) {
+    // What an earlier commit of the step replaced, its move away cut short:
+    // all its manifests are there, and would put it back in place.
+    ZCC_LOG(WARNING) << partial << " holds the contents an earlier commit of step " << step
+                     << " replaced; removing it";
+    ZCC_RETURN_IF_ERROR(fs.RemoveTree(partial));
+  }
   CommitResult result;
   for (uint32_t r = 0; r < world_size; ++r) {
     if (storage::Exists(fs, JoinPath(partial, format::ManifestFileName(r)))) {

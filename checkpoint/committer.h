@@ -102,7 +102,9 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
 // registration keeps the run id). Removes them where steps are renamed into
 // place (in place, each rank's write of the step replaces its own first);
 // returns how many. Manifests written since, a step-N.partial/ holding
-// COMMITTED and a peer tier's step-N.recovered.partial/ stay.
+// COMMITTED (a commit's; but one holding the contents a commit replaced
+// goes whole, HoldsReplacedStep) and a peer tier's step-N.recovered.partial/
+// stay.
 absl::StatusOr<uint32_t> ForgetLeftBehindParts(storage::Storage& fs, const std::string& job_dir,
                                                int64_t restored, absl::Time at);
 

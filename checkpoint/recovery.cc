@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/time/time.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
+#include "checkpoint/step_dirs.h"
 #include "common/file_util.h"
 #include "common/status.h"
 #include "format/manifest.h"
@@ -36,22 +36,10 @@ absl::StatusOr<std::optional<int64_t>> RepairLatest(const std::string& job_dir,
 
 namespace {
 
-// A commit time (COMMITTED's, whole seconds); nullopt when unreadable.
-std::optional<absl::Time> CommittedAt(storage::Storage& fs, const std::string& step_dir) {
-  auto record = ReadCommitRecord(step_dir, &fs);
-  if (!record.ok()) return std::nullopt;
-  absl::Time at;
-  std::string error;
-  if (!absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", record->committed_at, &at, &error)) {
-    return std::nullopt;
-  }
-  return at;
-}
-
 // The step-N.partial/ directories holding the contents a commit of step N
-// replaced (the exchange done, their move away cut short): an older
-// COMMITTED than step-N/'s. A write of step N must never find their
-// manifests, at any age. (A commit in progress holds a newer one.)
+// replaced (HoldsReplacedStep: the exchange done, their move away cut
+// short). A write of step N must never find their manifests, at any age.
+// (A commit in progress holds a newer COMMITTED.)
 absl::StatusOr<std::vector<std::string>> RemoveSuperseded(storage::Storage& fs,
                                                           const std::string& job_dir) {
   std::vector<std::string> removed;
@@ -61,12 +49,8 @@ absl::StatusOr<std::vector<std::string>> RemoveSuperseded(storage::Storage& fs,
     if (!absl::ConsumeSuffix(&base, ".partial")) continue;
     auto step = format::ParseStepDirName(base);
     if (!step.ok()) continue;
-    const std::string partial = JoinPath(job_dir, name);
-    const std::optional<absl::Time> old_at = CommittedAt(fs, partial);
-    const std::optional<absl::Time> new_at =
-        CommittedAt(fs, JoinPath(job_dir, format::StepDirName(*step)));
-    if (!old_at.has_value() || !new_at.has_value() || *old_at >= *new_at) continue;
-    ZCC_RETURN_IF_ERROR(fs.RemoveTree(partial));
+    if (!HoldsReplacedStep(fs, job_dir, *step)) continue;
+    ZCC_RETURN_IF_ERROR(fs.RemoveTree(JoinPath(job_dir, name)));
     removed.push_back(name);
   }
   return removed;

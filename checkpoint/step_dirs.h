@@ -41,6 +41,19 @@ inline std::string RecoveringStepDir(const std::string& job_dir, int64_t step) {
   return JoinPath(job_dir, format::StepDirName(step) + ".recovered.partial");
 }
 
+// Whether step-N.partial/ of `job_dir` holds the contents a commit of step N
+// replaced (ReplaceStep's move of them cut short): its COMMITTED older than
+// step-N/'s, by the storage's own clock. Debris, never a step to commit or
+// to write into. False when either cannot be read.
+inline bool HoldsReplacedStep(storage::Storage& fs, const std::string& job_dir, int64_t step) {
+  auto replaced = fs.Stat(JoinPath(JoinPath(job_dir, format::PartialStepDirName(step)),
+                                   format::kCommittedFileName));
+  if (!replaced.ok()) return false;
+  auto current =
+      fs.Stat(JoinPath(JoinPath(job_dir, format::StepDirName(step)), format::kCommittedFileName));
+  return current.ok() && replaced->modified < current->modified;
+}
+
 // Removes the directory ranks write step `step` of `job_dir` into (an
 // abandoned or superseded step's; one already gone is no error).
 inline absl::Status RemoveWritingStepDir(storage::Storage& fs, const std::string& job_dir,

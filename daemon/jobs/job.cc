@@ -206,6 +206,15 @@ void Job::OnPersisted(const PersistEvent& event) {
   // A rank whose persist report arrives after another rank's report already
   // committed the step has nothing left to do.
   if (recently_committed_.count(event.step) > 0) return;
+  // A write of the run left behind (begun before the going back, of a step
+  // after the one gone back to) that finished anyway: never a step to
+  // commit (GoBack forgets what the run left behind committed).
+  if (event.step > went_back_to_ && went_back_to_ >= 0 && started < going_back_at_) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": rank " << event.rank << "'s write of step "
+                  << event.step << " began before training went on from step " << went_back_to_
+                  << "; not committed";
+    return;
+  }
   auto [it, inserted] = write_start_.emplace(event.step, started);
   if (!inserted && started < it->second) it->second = started;
   auto [waiting, first] = pending_.emplace(event.step, absl::Now());

@@ -24,6 +24,7 @@ void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) {
   goings_back_ = trained_on_[rank];
   go_back_ = GoingBack{restored, step, absl::Now()};
   going_back_at_ = go_back_.at;
+  went_back_to_ = restored;
   ++asked_;
 }
 
