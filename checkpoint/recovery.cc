@@ -8,6 +8,7 @@
 #include "checkpoint/retention.h"
 #include "checkpoint/step_dirs.h"
 #include "common/file_util.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "format/manifest.h"
 #include "storage/posix_storage.h"
@@ -50,7 +51,13 @@ absl::StatusOr<std::vector<std::string>> RemoveSuperseded(storage::Storage& fs,
     auto step = format::ParseStepDirName(base);
     if (!step.ok()) continue;
     if (!HoldsReplacedStep(fs, job_dir, *step)) continue;
-    ZCC_RETURN_IF_ERROR(fs.RemoveTree(JoinPath(job_dir, name)));
+    // (One that cannot be removed now is removed before step N is committed
+    // again, TryCommit: the rest of the recovery goes on.)
+    if (absl::Status st = fs.RemoveTree(JoinPath(job_dir, name)); !st.ok()) {
+      ZCC_LOG(WARNING) << JoinPath(job_dir, name) << " holds the contents a commit of step "
+                       << *step << " replaced and could not be removed: " << st;
+      continue;
+    }
     removed.push_back(name);
   }
   return removed;
