@@ -333,6 +333,9 @@ TEST_CASE("a commit whose write of latest fails is finished by the retry, never 
   CHECK_FALSE(TryCommit(kJobDir, kJob, 20, kWorld, &faulty).ok());
   CHECK(*ReadLatest(kJobDir, &memory) == 10);
   CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 20));
+  // Above `latest`, but committed after it was written: not a run left
+  // behind's, never removed as one.
+  CHECK(LeftBehindSteps(kJobDir, &memory)->empty());
 
   // Tried again, the commit finds step-20/ committed and no partial: it
   // writes `latest` and reports the step committed with its bytes.
@@ -369,6 +372,7 @@ TEST_CASE("a committed step of the run left behind is not made latest again by a
   auto back = PointLatestBack(memory, kJobDir, 10, std::nullopt, absl::InfiniteFuture());
   REQUIRE_OK(back);
   REQUIRE(*ReadLatest(kJobDir, &memory) == 10);
+  CHECK(*LeftBehindSteps(kJobDir, &memory) == std::vector<int64_t>{20});
   // A late attempt of step 20's commit (a report of the run left behind,
   // its partial gone) finds step-20/ committed: it leaves `latest` on 10.
   auto late = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
@@ -396,19 +400,31 @@ TEST_CASE("a step committed again whose replaced contents could not be moved awa
   // where the next write of step 20 goes.
   const std::string partial = JoinPath(kJobDir, "step-00000020.partial");
   REQUIRE(memory.Stat(JoinPath(partial, "COMMITTED")).ok());
-  SECTION("recovery removes them, young as they are; a partial being written stays") {
+  SECTION("recovery removes their COMMITTED and manifests, young as they are") {
     WritePartial(memory, 30, 30);
-    auto recovered = RecoverJobDir(kJobDir, absl::Minutes(10), &memory);
-    REQUIRE_OK(recovered);
-    CHECK(recovered->removed == std::vector<std::string>{"step-00000020.partial"});
-    CHECK(memory.Stat(JoinPath(kJobDir, "step-00000030.partial")).ok());
+    REQUIRE_OK(RecoverJobDir(kJobDir, absl::Minutes(10), &memory).status());
+    CHECK(memory.Stat(JoinPath(kJobDir, "step-00000030.partial/" +
+                                            format::ManifestFileName(0))).ok());
   }
   SECTION("a late attempt of the commit removes them rather than put them back") {
     auto again = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
     REQUIRE_OK(again);
     CHECK(again->outcome == CommitOutcome::kWaiting);
   }
-  CHECK(absl::IsNotFound(memory.Stat(partial).status()));
+  SECTION("a write of step 20 since keeps its part; the replaced step's go") {
+    absl::SleepFor(absl::Milliseconds(20));
+    SyntheticRank rank(0, kWorld, Specs(), 0, kJob);
+    rank.Fill(22);
+    REQUIRE_OK(WriteRankShards(kJobDir, 20, rank.shards(), rank.slot(), On(memory)).status());
+    auto again = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
+    REQUIRE_OK(again);
+    CHECK(again->outcome == CommitOutcome::kWaiting);
+    CHECK(again->manifests_present == 1);
+    CHECK(memory.Stat(JoinPath(partial, format::ManifestFileName(0))).ok());
+  }
+  CHECK(absl::IsNotFound(memory.Stat(JoinPath(partial, "COMMITTED")).status()));
+  CHECK(absl::IsNotFound(
+      memory.Stat(JoinPath(partial, format::ManifestFileName(kWorld - 1))).status()));
   CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 21));
   CHECK(*ReadLatest(kJobDir, &memory) == 20);
 }

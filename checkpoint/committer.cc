@@ -39,15 +39,18 @@ absl::Status CheckFileSize(storage::Storage& fs, const std::string& path, uint64
 // under the partial name, are moved at once to step-N.superseded (a later
 // write of the step must never find the old manifests and COMMITTED in its
 // step-N.partial/; recovery removes them there too, RecoverJobDir) and
-// removed. The step is committed once exchanged: what fails after that is
-// left to retention as debris, with a warning.
+// removed. The step is committed once the exchange is durable: what fails
+// after that is left to retention as debris, with a warning.
 absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
                          const std::string& partial, const std::string& final_dir) {
   const std::string superseded = absl::StrCat(final_dir, ".superseded");
   const absl::Status exchanged = fs.Exchange(partial, final_dir);
   if (exchanged.ok()) {
+    // The exchange durable before `latest` can name the step (a failure
+    // here fails the commit; the replaced contents left under the partial's
+    // name are never committed again: TryCommit, ForgetReplacedStep).
+    ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
     const absl::Status moved = [&]() -> absl::Status {
-      ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
       ZCC_RETURN_IF_ERROR(fs.RemoveTree(superseded));
       ZCC_RETURN_IF_ERROR(fs.Rename(partial, superseded));
       ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
@@ -104,7 +107,9 @@ absl::StatusOr<std::optional<CommitResult>> FinishRenamedStep(storage::Storage& 
     auto named = fs.Stat(JoinPath(job_dir, format::kLatestFileName));
     if (!committed.ok()) return committed.status();
     if (!named.ok()) return named.status();
-    if (named->modified > committed->modified) return std::nullopt;
+    // (Equal times, on storage with whole-second ones: not told apart, so
+    // not finished; the step stays above `latest`, kept, until passed.)
+    if (named->modified >= committed->modified) return std::nullopt;
   }
   ZCC_LOG(WARNING) << final_dir << " is committed but latest names "
                    << (latest.ok() ? format::StepDirName(*latest) : std::string("no step"))
@@ -226,6 +231,31 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
   }
 }
 
+absl::StatusOr<uint32_t> ForgetReplacedStep(storage::Storage& fs, const std::string& job_dir,
+                                            int64_t step) {
+  const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
+  const std::string committed = JoinPath(dir, format::kCommittedFileName);
+  ZCC_ASSIGN_OR_RETURN(const storage::FileInfo replaced, fs.Stat(committed));
+  // COMMITTED first: without it the rest is an ordinary partial, whose old
+  // manifests the next lines remove.
+  ZCC_RETURN_IF_ERROR(fs.Remove(committed));
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> files, fs.List(dir));
+  uint32_t removed = 0;
+  for (const std::string& file : files) {
+    if (!absl::EndsWith(file, ".manifest.json")) continue;
+    const std::string path = JoinPath(dir, file);
+    auto info = fs.Stat(path);
+    if (absl::IsNotFound(info.status())) continue;
+    if (!info.ok()) return info.status();
+    if (info->modified > replaced.modified) continue;  // written since: this run's
+    const absl::Status st = fs.Remove(path);
+    if (!st.ok() && !absl::IsNotFound(st)) return st;
+    if (st.ok()) ++removed;
+  }
+  ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
+  return removed;
+}
+
 absl::StatusOr<uint32_t> ForgetLeftBehindParts(storage::Storage& fs, const std::string& job_dir,
                                                int64_t restored, absl::Time at) {
   if (CommitsInPlace(fs, job_dir)) return 0;
@@ -240,9 +270,9 @@ absl::StatusOr<uint32_t> ForgetLeftBehindParts(storage::Storage& fs, const std::
     if (!step.ok() || *step <= restored) continue;
     const std::string dir = JoinPath(job_dir, name);
     if (HoldsReplacedStep(fs, job_dir, *step)) {
-      // (The contents an earlier commit of the step replaced: all of it goes.)
-      ZCC_RETURN_IF_ERROR(fs.RemoveTree(dir));
-      ++removed;
+      // (The contents an earlier commit of the step replaced.)
+      ZCC_ASSIGN_OR_RETURN(const uint32_t forgot, ForgetReplacedStep(fs, job_dir, *step));
+      removed += forgot;
       continue;
     }
     if (storage::Exists(fs, JoinPath(dir, format::kCommittedFileName))) continue;
@@ -280,8 +310,8 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
     // What an earlier commit of the step replaced, its move away cut short:
     // all its manifests are there, and would put it back in place.
     ZCC_LOG(WARNING) << partial << " holds the contents an earlier commit of step " << step
-                     << " replaced; removing it";
-    ZCC_RETURN_IF_ERROR(fs.RemoveTree(partial));
+                     << " replaced; removing their COMMITTED and manifests";
+    ZCC_RETURN_IF_ERROR(ForgetReplacedStep(fs, job_dir, step).status());
   }
   CommitResult result;
   for (uint32_t r = 0; r < world_size; ++r) {

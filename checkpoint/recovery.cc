@@ -39,28 +39,27 @@ namespace {
 
 // The step-N.partial/ directories holding the contents a commit of step N
 // replaced (HoldsReplacedStep: the exchange done, their move away cut
-// short). A write of step N must never find their manifests, at any age.
-// (A commit in progress holds a newer COMMITTED.)
-absl::StatusOr<std::vector<std::string>> RemoveSuperseded(storage::Storage& fs,
-                                                          const std::string& job_dir) {
-  std::vector<std::string> removed;
-  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.List(job_dir));
-  for (const std::string& name : names) {
+// short): a write of step N must never find their manifests, at any age, so
+// they go (ForgetReplacedStep; the directory is then an ordinary partial).
+// A commit in progress holds a newer COMMITTED. Logged, never fatal: a
+// commit attempt of step N does the same first (TryCommit).
+void ForgetReplacedSteps(storage::Storage& fs, const std::string& job_dir) {
+  auto names = fs.List(job_dir);
+  if (!names.ok()) return;  // (ApplyRetention reports it)
+  for (const std::string& name : *names) {
     absl::string_view base = name;
     if (!absl::ConsumeSuffix(&base, ".partial")) continue;
     auto step = format::ParseStepDirName(base);
-    if (!step.ok()) continue;
-    if (!HoldsReplacedStep(fs, job_dir, *step)) continue;
-    // (One that cannot be removed now is removed before step N is committed
-    // again, TryCommit: the rest of the recovery goes on.)
-    if (absl::Status st = fs.RemoveTree(JoinPath(job_dir, name)); !st.ok()) {
-      ZCC_LOG(WARNING) << JoinPath(job_dir, name) << " holds the contents a commit of step "
-                       << *step << " replaced and could not be removed: " << st;
-      continue;
+    if (!step.ok() || !HoldsReplacedStep(fs, job_dir, *step)) continue;
+    auto forgot = ForgetReplacedStep(fs, job_dir, *step);
+    if (forgot.ok()) {
+      ZCC_LOG(WARNING) << JoinPath(job_dir, name) << " held the step a commit of step " << *step
+                       << " replaced: its COMMITTED and " << *forgot << " manifest(s) removed";
+    } else {
+      ZCC_LOG(WARNING) << JoinPath(job_dir, name) << " holds the step a commit of step " << *step
+                       << " replaced, which could not be removed: " << forgot.status();
     }
-    removed.push_back(name);
   }
-  return removed;
 }
 
 }  // namespace
@@ -69,7 +68,7 @@ absl::StatusOr<Recovery> RecoverJobDir(const std::string& job_dir, absl::Duratio
                                        storage::Storage* storage) {
   storage::Storage& fs = storage::StorageOrDefault(storage);
   Recovery recovery;
-  ZCC_ASSIGN_OR_RETURN(recovery.removed, RemoveSuperseded(fs, job_dir));
+  ForgetReplacedSteps(fs, job_dir);
   RetentionPolicy keep_all;
   keep_all.keep_last = std::numeric_limits<uint32_t>::max();
   ZCC_ASSIGN_OR_RETURN(RetentionResult cleaned,

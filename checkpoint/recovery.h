@@ -36,9 +36,9 @@ struct Recovery {
 
 // Removes what a commit or a retention run cut short left behind (partials
 // older than `partial_max_age`: younger ones may be another daemon's commit
-// in progress in a shared root; at any age, the contents a commit of a step
-// replaced, left under step-N.partial/ with their older COMMITTED), then
-// RepairLatest. Committed steps are kept,
+// in progress in a shared root; at any age, the COMMITTED and manifests of
+// the contents a commit of a step replaced, left under step-N.partial/:
+// ForgetReplacedStep), then RepairLatest. Committed steps are kept,
 // whatever the retention policy.
 absl::StatusOr<Recovery> RecoverJobDir(const std::string& job_dir, absl::Duration partial_max_age,
                                        storage::Storage* fs = nullptr);

@@ -126,6 +126,25 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
   return result;
 }
 
+absl::StatusOr<std::vector<int64_t>> LeftBehindSteps(const std::string& job_dir,
+                                                     storage::Storage* storage) {
+  storage::Storage& fs = storage::StorageOrDefault(storage);
+  std::vector<int64_t> above;
+  auto latest = ReadLatest(job_dir, &fs);
+  if (absl::IsNotFound(latest.status()) || absl::IsDataLoss(latest.status())) return above;
+  if (!latest.ok()) return latest.status();
+  ZCC_ASSIGN_OR_RETURN(const storage::FileInfo named,
+                       fs.Stat(JoinPath(job_dir, format::kLatestFileName)));
+  ZCC_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, ListCommittedSteps(job_dir, &fs));
+  for (int64_t step : steps) {
+    if (step <= *latest) continue;
+    auto committed = fs.Stat(
+        JoinPath(JoinPath(job_dir, format::StepDirName(step)), format::kCommittedFileName));
+    if (committed.ok() && committed->modified < named.modified) above.push_back(step);
+  }
+  return above;
+}
+
 absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
                                                        const std::vector<int64_t>& passed,
                                                        const RetentionGuard& guard,

@@ -65,6 +65,15 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                absl::Duration partial_max_age,
                                                storage::Storage* fs = nullptr);
 
+// The committed steps above the one `latest` names that a run left behind:
+// committed before `latest` was last written (pointed back below them), by
+// the storage's clock. One committed since (a commit whose write of
+// `latest` failed, a previous layout's step written for this one) is the
+// current run's and is not listed; nor is one not told apart (equal times,
+// on storage with whole-second ones). Empty without a `latest`.
+absl::StatusOr<std::vector<int64_t>> LeftBehindSteps(const std::string& job_dir,
+                                                     storage::Storage* fs = nullptr);
+
 // A run that went back to an older step left its newer committed steps
 // above `latest`, neither restored nor counted. Once the run that went on
 // commits past one (`latest` now names a newer step), it would be on the

@@ -394,16 +394,8 @@ checkpoint::RetentionGuard Job::MakeRetentionGuard() {
 }
 
 std::vector<int64_t> Job::StepsAboveLatest() const {
-  storage::Storage& fs = storage::StorageOrDefault(options_.storage);
-  auto latest = checkpoint::ReadLatest(options_.job_dir, &fs);
-  if (!latest.ok()) return {};
-  auto steps = checkpoint::ListCommittedSteps(options_.job_dir, &fs);
-  if (!steps.ok()) return {};
-  std::vector<int64_t> above;
-  for (int64_t step : *steps) {
-    if (step > *latest) above.push_back(step);
-  }
-  return above;
+  return checkpoint::LeftBehindSteps(options_.job_dir, options_.storage)
+      .value_or(std::vector<int64_t>());
 }
 
 void Job::RemovePassedSteps(const std::vector<int64_t>& above) {

@@ -194,8 +194,9 @@ class Job {
   // What retention may remove (steps pinned by restores, partials waiting
   // for their commit, steps being uploaded stay).
   checkpoint::RetentionGuard MakeRetentionGuard() ABSL_LOCKS_EXCLUDED(mu_);
-  // The committed steps above `latest` (a run left behind's), read before a
-  // commit; RemovePassedSteps removes those the commit passed.
+  // The committed steps above `latest` that a run left behind (committed
+  // before `latest` was last written), read before a commit;
+  // RemovePassedSteps removes those the commit passed.
   std::vector<int64_t> StepsAboveLatest() const ABSL_LOCKS_EXCLUDED(mu_);
   void RemovePassedSteps(const std::vector<int64_t>& above)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
