@@ -170,6 +170,33 @@ TEST_CASE("the steps a run left behind go once the run that went on commits past
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a going back told by a rank that trained on before rank 0 registered is done when "
+          "rank 0 registers") {
+  const std::string dir = ShortTempDir("it-back-late0");
+  // (Nothing retained: the first run's job is forgotten, and the second's
+  // has no committer until its rank 0 registers.)
+  Daemon daemon(dir, {{"--retain_snapshots_s=0"}});
+  REQUIRE(daemon.Start());
+  const std::string job_dir = JobDir(daemon);
+  RunRanks(daemon, dir, "first", {"--steps=20"});
+  REQUIRE(LatestIs(job_dir, 20));
+  // Rank 1 goes back to step 10 and trains on alone (staying registered);
+  // rank 0, which makes this zccd the job's committer, registers after it.
+  auto rank1 = StartTrainer(daemon, dir, "back1",
+                            Flags(1, {"--mode=resume", "--restore_step=10", "--steps=3",
+                                      "--linger_ms=4000"}));
+  REQUIRE(rank1->WaitForOutput("step=13 ", absl::Seconds(60)));
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 13, 1));
+  auto rank0 = StartTrainer(daemon, dir, "back0",
+                            Flags(0, {"--mode=resume", "--restore_step=10", "--steps=3"}));
+  INFO(rank0->Output() << rank1->Output() << daemon.Log());
+  REQUIRE(rank0->Wait(absl::Seconds(60)) == 0);
+  REQUIRE(rank1->Wait(absl::Seconds(60)) == 0);
+  CHECK(LatestIs(job_dir, 10));
+  CHECK(absl::StrContains(daemon.Log(), "training went on from step 10, older than step 20"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
 // One process per rank trains steps 1..20 and, after step 20, goes back to
 // `go_back_to` and trains on to step 20 again, while zccd still writes the
 // first step 20 (its files are written slowly); each waits for its last due

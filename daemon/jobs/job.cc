@@ -127,7 +127,15 @@ bool Job::AwaitRankGone(uint32_t rank, const RankSession* session, absl::Time de
 
 std::shared_ptr<RankSession> Job::PutRank(std::shared_ptr<RankSession> session) {
   zcc::MutexLock lock(&mu_);
-  if (session->shards().rank == 0) committer_ = true;
+  if (session->shards().rank == 0) {
+    committer_ = true;
+    // A going back told before rank 0 registered here: done now, before any
+    // commit of the run that went on.
+    if (unapplied_back_.restored >= 0 && go_back_.restored < 0) {
+      go_back_ = std::exchange(unapplied_back_, GoingBack());
+      ++asked_;
+    }
+  }
   if (options_.node_local_root &&
       uploader_->OnRankRegistered(session->shards().rank, session->shards().run_id)) {
     // A new run (or the job's first): what an earlier run's ranks wrote here

@@ -270,6 +270,8 @@ class Job {
   uint64_t goings_back_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time going_back_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the last one's
   int64_t went_back_to_ ABSL_GUARDED_BY(mu_) = -1;  // the step it went on from
+  // A going back GoBack could not do yet: rank 0 was not registered here.
+  GoingBack unapplied_back_ ABSL_GUARDED_BY(mu_);
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;
   // Requests made of the committer, and how many of them it has done (it
   // takes all those waiting at once): AwaitCommitter waits for the ones made

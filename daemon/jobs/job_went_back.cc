@@ -90,7 +90,17 @@ void Job::GoBack(const GoingBack& back) {
   }
   // Nor go to the store (the one being sent: its commit there is undone).
   if (uploader_ != nullptr) uploader_->WentBack(back.restored, back.at);
-  if (!IsCommitter()) return;
+  {
+    zcc::MutexLock lock(&mu_);
+    if (!committer_) {
+      // Rank 0 is not registered here yet (it may be on another node, whose
+      // zccd is told by its own ranks): should it register here, the going
+      // back is done then (PutRank). A rank that trained on before rank 0
+      // registered told it first, and rank 0's telling does not count again.
+      unapplied_back_ = back;
+      return;
+    }
+  }
   // The job's directory, and the store (tiered mode: a restore takes the
   // store first where its `latest` is newer; node-local roots commit there
   // only).
