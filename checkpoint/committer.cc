@@ -231,27 +231,43 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
   }
 }
 
+namespace {
+
+// Removes the manifests in `dir` last modified before `before` (by the
+// storage's clock; at it too with `inclusive`); returns how many.
+absl::StatusOr<uint32_t> RemoveManifestsBefore(storage::Storage& fs, const std::string& dir,
+                                               absl::Time before, bool inclusive) {
+  auto files = fs.List(dir);
+  if (absl::IsNotFound(files.status())) return 0;
+  if (!files.ok()) return files.status();
+  uint32_t removed = 0;
+  for (const std::string& file : *files) {
+    if (!absl::EndsWith(file, ".manifest.json")) continue;
+    const std::string path = JoinPath(dir, file);
+    auto info = fs.Stat(path);
+    if (absl::IsNotFound(info.status())) continue;
+    if (!info.ok()) return info.status();
+    if (inclusive ? info->modified > before : info->modified >= before) continue;
+    const absl::Status st = fs.Remove(path);
+    if (absl::IsNotFound(st)) continue;
+    if (!st.ok()) return st;
+    ++removed;
+  }
+  return removed;
+}
+
+}  // namespace
+
 absl::StatusOr<uint32_t> ForgetReplacedStep(storage::Storage& fs, const std::string& job_dir,
                                             int64_t step) {
   const std::string dir = JoinPath(job_dir, format::PartialStepDirName(step));
   const std::string committed = JoinPath(dir, format::kCommittedFileName);
   ZCC_ASSIGN_OR_RETURN(const storage::FileInfo replaced, fs.Stat(committed));
   // COMMITTED first: without it the rest is an ordinary partial, whose old
-  // manifests the next lines remove.
+  // manifests (no newer than it; one written since is this run's) go next.
   ZCC_RETURN_IF_ERROR(fs.Remove(committed));
-  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> files, fs.List(dir));
-  uint32_t removed = 0;
-  for (const std::string& file : files) {
-    if (!absl::EndsWith(file, ".manifest.json")) continue;
-    const std::string path = JoinPath(dir, file);
-    auto info = fs.Stat(path);
-    if (absl::IsNotFound(info.status())) continue;
-    if (!info.ok()) return info.status();
-    if (info->modified > replaced.modified) continue;  // written since: this run's
-    const absl::Status st = fs.Remove(path);
-    if (!st.ok() && !absl::IsNotFound(st)) return st;
-    if (st.ok()) ++removed;
-  }
+  ZCC_ASSIGN_OR_RETURN(const uint32_t removed,
+                       RemoveManifestsBefore(fs, dir, replaced.modified, /*inclusive=*/true));
   ZCC_RETURN_IF_ERROR(fs.SyncDir(dir));
   return removed;
 }
@@ -269,28 +285,14 @@ absl::StatusOr<uint32_t> ForgetLeftBehindParts(storage::Storage& fs, const std::
     auto step = format::ParseStepDirName(base);
     if (!step.ok() || *step <= restored) continue;
     const std::string dir = JoinPath(job_dir, name);
+    uint32_t forgot = 0;
     if (HoldsReplacedStep(fs, job_dir, *step)) {
       // (The contents an earlier commit of the step replaced.)
-      ZCC_ASSIGN_OR_RETURN(const uint32_t forgot, ForgetReplacedStep(fs, job_dir, *step));
-      removed += forgot;
-      continue;
+      ZCC_ASSIGN_OR_RETURN(forgot, ForgetReplacedStep(fs, job_dir, *step));
+    } else if (!storage::Exists(fs, JoinPath(dir, format::kCommittedFileName))) {
+      ZCC_ASSIGN_OR_RETURN(forgot, RemoveManifestsBefore(fs, dir, at, /*inclusive=*/false));
     }
-    if (storage::Exists(fs, JoinPath(dir, format::kCommittedFileName))) continue;
-    auto files = fs.List(dir);
-    if (absl::IsNotFound(files.status())) continue;
-    if (!files.ok()) return files.status();
-    for (const std::string& file : *files) {
-      if (!absl::EndsWith(file, ".manifest.json")) continue;
-      const std::string path = JoinPath(dir, file);
-      auto info = fs.Stat(path);
-      if (absl::IsNotFound(info.status())) continue;
-      if (!info.ok()) return info.status();
-      if (info->modified >= at) continue;
-      const absl::Status st = fs.Remove(path);
-      if (absl::IsNotFound(st)) continue;
-      if (!st.ok()) return st;
-      ++removed;
-    }
+    removed += forgot;
   }
   return removed;
 }

@@ -95,6 +95,13 @@ absl::StatusOr<LatestBack> PointLatestBack(storage::Storage& fs, const std::stri
                                            std::optional<int64_t> only_from = std::nullopt,
                                            absl::Time not_after = absl::InfiniteFuture());
 
+// Makes a step-N.partial/ that HoldsReplacedStep (step_dirs.h) harmless:
+// removes its COMMITTED and the manifests no newer than it (the replaced
+// step's), and keeps what a write of step N put there since. Returns the
+// manifests removed.
+absl::StatusOr<uint32_t> ForgetReplacedStep(storage::Storage& fs, const std::string& job_dir,
+                                            int64_t step);
+
 // A run went on from step `restored` at `at`: the manifests written before
 // `at` into the step-N.partial/ directories of steps after `restored` are
 // the run left behind's (on any node), and would complete a step the run

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/step_dirs.h"

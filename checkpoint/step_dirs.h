@@ -14,7 +14,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "common/file_util.h"
 #include "format/manifest.h"
 #include "storage/storage.h"
@@ -54,12 +53,6 @@ inline bool HoldsReplacedStep(storage::Storage& fs, const std::string& job_dir, 
       fs.Stat(JoinPath(JoinPath(job_dir, format::StepDirName(step)), format::kCommittedFileName));
   return current.ok() && replaced->modified < current->modified;
 }
-
-// Makes such a step-N.partial/ harmless: removes its COMMITTED and the
-// manifests no newer than it (the replaced step's), and keeps what a write
-// of step N put there since. Returns the manifests removed.
-absl::StatusOr<uint32_t> ForgetReplacedStep(storage::Storage& fs, const std::string& job_dir,
-                                            int64_t step);
 
 // Removes the directory ranks write step `step` of `job_dir` into (an
 // abandoned or superseded step's; one already gone is no error).
