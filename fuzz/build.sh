@@ -38,7 +38,7 @@ SOURCES=(
   shm/control_block.cc shm/slot_layout.cc
   checkpoint/reader.cc checkpoint/step_files.cc checkpoint/global_index.cc checkpoint/rank_shards.cc
   checkpoint/shard_file_reader.cc checkpoint/read_progress.cc
-  daemon/control/registration.cc config/daemon_config.cc proto/convert.cc
+  daemon/control/registration.cc config/daemon_config.cc proto/convert.cc proto/parse_cost.cc
 )
 # The reader's storage layer, whole (it changes often; unused members are not linked).
 for f in storage/*.cc; do

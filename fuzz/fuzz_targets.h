@@ -40,7 +40,8 @@ int FuzzCommitRecord(const uint8_t* data, size_t size);
 int FuzzWeightMapIndex(const uint8_t* data, size_t size);
 // v1::RegisterRequest parsed from the raw bytes (protobuf wire format), then
 // daemon::ParseTensors, AssignStaged and ShardsFor as Registry::Register runs
-// them; an accepted registration must have a sane slot layout.
+// them; an accepted registration must have a sane slot layout. Before the
+// parse, proto::ParseCost must bound what the parse allocates.
 int FuzzRegisterRequest(const uint8_t* data, size_t size);
 // The same functions over requests built field by field from the bytes:
 // mostly valid registrations of every rank of a small data-parallel world

@@ -6,12 +6,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/rank_shards.h"
 #include "config/daemon_config.h"
 #include "daemon/control/registration.h"
 #include "format/dtype.h"
 #include "fuzz/fuzz_util.h"
+#include "proto/parse_cost.h"
 #include "proto/zcc.pb.h"
 #include "shm/control_block.h"
 #include "shm/slot_layout.h"
@@ -112,8 +114,21 @@ daemon::DaemonConfig FuzzConfig() {
 }  // namespace
 
 int FuzzRegisterRequest(const uint8_t* data, size_t size) {
+  // zccd checks what the parse would allocate before it parses
+  // (daemon/control/raw_calls.h): the estimate must bound the parse, and
+  // refuse nothing the parse takes but a group.
+  const absl::StatusOr<uint64_t> cost =
+      proto::ParseCost(*v1::RegisterRequest::descriptor(),
+                       absl::string_view(reinterpret_cast<const char*>(data), size),
+                       proto::ParseCostLimits{uint64_t{1} << 40, 32});
   v1::RegisterRequest req;
   if (!req.ParseFromArray(data, static_cast<int>(size))) return 0;
+  if (cost.ok()) {
+    FUZZ_CHECK(req.SpaceUsedLong() <= *cost,
+               absl::StrCat("parsed ", req.SpaceUsedLong(), " bytes, estimated ", *cost));
+  } else {
+    FUZZ_CHECK(absl::StrContains(cost.status().message(), "group"), cost.status().ToString());
+  }
   const daemon::DaemonConfig config = FuzzConfig();
   const Registered r = RunRegistration(req, config);
   if (!r.status.ok()) {

@@ -1,5 +1,6 @@
 // Integration tests: a real zccd and real trainer processes (tests/test_trainer)
 // talking over the unix socket and shared memory, checkpoints on a real disk.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <future>
 #include <random>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -1008,6 +1010,103 @@ TEST_CASE("bad requests get clear errors and committed checkpoints stay intact")
   CHECK(*ReadLatest(JobDir(daemon)) == 5);
   REQUIRE(daemon.Stop() == 0);
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
+}
+
+// zccd's peak resident memory (VmHWM), in bytes.
+int64_t PeakRss(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "VmHWM:")) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// One call of `method` with `body` as the request's encoding, as any local
+// user can send it.
+grpc::Status RawCall(const Daemon& d, const std::string& method, const std::string& body) {
+  auto channel = grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status st) { done.set_value(st); });
+  return done.get_future().get();
+}
+
+std::string Repeated(absl::string_view piece, size_t times) {
+  std::string out;
+  out.reserve(piece.size() * times);
+  for (size_t i = 0; i < times; ++i) out.append(piece.data(), piece.size());
+  return out;
+}
+
+TEST_CASE("hostile encodings on the control socket are refused before they are parsed; zccd's "
+          "memory stays put and it serves on") {
+  const std::string dir = ShortTempDir("it-hostile");
+  Daemon daemon(dir, {{"--config=" + dir + "/limits.conf"}});
+  {
+    std::FILE* f = std::fopen((dir + "/limits.conf").c_str(), "w");
+    std::fputs("max_tensors_per_rank: 1000\n", f);
+    std::fclose(f);
+  }
+  REQUIRE(daemon.Start());
+  const pid_t pid = daemon.process()->pid();
+  Rpc rpc(daemon);
+  REQUIRE(rpc.Register(GoodRequest("before")).ok());
+  const int64_t peak_before = PeakRss(pid);
+  REQUIRE(peak_before > 0);
+
+  struct Case {
+    std::string what;
+    std::string method;
+    std::string body;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  // Field 4 of RegisterRequest (tensors), empty, over and over: 2 bytes each
+  // on the wire, a TensorSpec object each once parsed (about 65 times the
+  // size: 64 MiB of them would take zccd about 4 GiB).
+  const std::string empty_specs = std::string("\x22\x00", 2);
+  const Case cases[] = {
+      {"64 MiB of empty tensors, over Register's size for 1000 tensors", "/zcc.v1.Control/Register",
+       Repeated(empty_specs, 32 << 20), grpc::RESOURCE_EXHAUSTED, "Register takes at most"},
+      {"1 MiB of empty tensors, within its size but not its parse cost",
+       "/zcc.v1.Control/Register", Repeated(empty_specs, 512 << 10), grpc::RESOURCE_EXHAUSTED,
+       "parsing it would take more than"},
+      {"8 MiB of unknown fields in a status request", "/zcc.v1.Status/GetStatus",
+       Repeated(std::string("\xc0\x3e\x00", 3), (8 << 20) / 3), grpc::RESOURCE_EXHAUSTED,
+       "GetStatus takes at most 65536"},
+      {"a group in a restore request", "/zcc.v1.Control/Restore", std::string("\x0b\x0c", 2),
+       grpc::INVALID_ARGUMENT, "group"},
+      {"a truncated save request", "/zcc.v1.Control/SaveNow", std::string("\x0a\x05" "ab", 4),
+       grpc::INVALID_ARGUMENT, "past the end"},
+      {"a job file past 16 MiB", "/zcc.v1.Control/PutJobFile",
+       std::string("\x1a\x80\x80\x80\x09", 5) + std::string(18 << 20, 'x'),
+       grpc::RESOURCE_EXHAUSTED, "PutJobFile takes at most"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const grpc::Status st = RawCall(daemon, c.method, c.body);
+    CHECK(st.error_code() == c.code);
+    CHECK(absl::StrContains(st.error_message(), c.message));
+  }
+  const int64_t peak_after = PeakRss(pid);
+  INFO("zccd's peak RSS went from " << peak_before << " to " << peak_after << " bytes");
+  // The largest request (64 MiB) is held once by gRPC; nothing is parsed.
+  CHECK(peak_after - peak_before < int64_t{256} << 20);
+
+  // It serves on: a registration, a status and a well-formed raw call.
+  v1::RegisterResponse fine;
+  REQUIRE(rpc.Register(GoodRequest("after"), &fine).ok());
+  CHECK(fine.placements(0).name() == "model.layers.0/attn.q_proj.weight");
+  v1::StatusRequest sreq;
+  CHECK(RawCall(daemon, "/zcc.v1.Status/GetStatus", sreq.SerializeAsString()).ok());
+  REQUIRE(daemon.Stop() == 0);
 }
 
 }  // namespace

@@ -19,7 +19,9 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "config/config_file.h"
+#include "daemon/control/raw_calls.h"
 #include "daemon/control/registry.h"
+#include "daemon/control/request_limits.h"
 #include "daemon/control/unix_listener.h"
 #include "daemon/peer/peer_listener.h"
 #include "metrics/http_exporter.h"
@@ -34,7 +36,7 @@ namespace {
 // The caller of an RPC, from the credentials zccd recorded when it accepted
 // the connection. Unknown peers (which cannot happen on the unix socket) are
 // refused rather than trusted.
-absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* ctx, const PeerTable* peers) {
+absl::StatusOr<Caller> CallerOf(const grpc::ServerContextBase* ctx, const PeerTable* peers) {
   auto creds = peers->Lookup(ctx->peer());
   if (!creds.has_value()) {
     return absl::PermissionDeniedError(absl::StrCat("unknown peer ", ctx->peer()));
@@ -65,88 +67,142 @@ grpc::Status Counted(Registry* registry, grpc::Status status) {
   return status;
 }
 
-class ControlService final : public v1::Control::Service {
+// Every method of the Control service taken raw (raw_calls.h).
+using RawControl = v1::Control::WithRawCallbackMethod_Register<
+    v1::Control::WithRawCallbackMethod_Unregister<
+    v1::Control::WithRawCallbackMethod_Restore<
+    v1::Control::WithRawCallbackMethod_RestoreDone<
+    v1::Control::WithRawCallbackMethod_RestoreCandidates<
+    v1::Control::WithRawCallbackMethod_ReadEma<
+    v1::Control::WithRawCallbackMethod_SaveNow<
+    v1::Control::WithRawCallbackMethod_PutJobFile<
+    v1::Control::WithRawCallbackMethod_SetJobPeers<
+    v1::Control::WithRawCallbackMethod_CollectGarbage<v1::Control::Service>>>>>>>>>>;
+
+// One raw method: its request and response types, its limit, and the
+// handler that takes the caller's credentials.
+#define ZCC_RAW_METHOD(Name, Request, Response, limit)                                        \
+  grpc::ServerUnaryReactor* Name(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req, \
+                                 grpc::ByteBuffer* resp) override {                            \
+    return calls_->Serve<v1::Request, v1::Response>(                                           \
+        ctx, #Name, req, resp, limit,                                                          \
+        [this, ctx](const v1::Request& r, v1::Response* out) { return Name##Of(ctx, r, out); }); \
+  }
+
+class ControlService final : public RawControl {
  public:
-  ControlService(Registry* registry, const PeerTable* peers) : registry_(registry), peers_(peers) {}
+  ControlService(Registry* registry, const PeerTable* peers, RawCalls* calls)
+      : registry_(registry),
+        peers_(peers),
+        calls_(calls),
+        register_limit_(RegisterRequestLimit(registry->config().max_tensors_per_rank)) {}
 
-  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
-                        v1::RegisterResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->Register(*req, caller), resp));
-  }
-  grpc::Status Unregister(grpc::ServerContext* ctx, const v1::UnregisterRequest* req,
-                          v1::UnregisterResponse*) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, ToGrpcStatus(registry_->Unregister(*req, caller)));
-  }
-  grpc::Status Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
-                       v1::RestoreResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->Restore(*req, caller, [ctx] { return ctx->IsCancelled(); }), resp));
-  }
-  grpc::Status RestoreDone(grpc::ServerContext* ctx, const v1::RestoreDoneRequest* req,
-                           v1::RestoreDoneResponse*) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(*req, caller)));
-  }
-  grpc::Status RestoreCandidates(grpc::ServerContext* ctx, const v1::RestoreCandidatesRequest* req,
-                                 v1::RestoreCandidatesResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->RestoreCandidates(*req, caller), resp));
-  }
-  grpc::Status ReadEma(grpc::ServerContext* ctx, const v1::ReadEmaRequest* req,
-                       v1::ReadEmaResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->ReadEma(*req, caller), resp));
-  }
-  grpc::Status PutJobFile(grpc::ServerContext* ctx, const v1::PutJobFileRequest* req,
-                          v1::PutJobFileResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->PutJobFile(*req, caller), resp));
-  }
-
-  grpc::Status SaveNow(grpc::ServerContext* ctx, const v1::SaveNowRequest* req,
-                       v1::SaveNowResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->SaveNow(*req, caller), resp));
-  }
-  grpc::Status SetJobPeers(grpc::ServerContext* ctx, const v1::SetJobPeersRequest* req,
-                           v1::SetJobPeersResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->SetJobPeers(*req, caller), resp));
-  }
-  grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::CollectGarbageRequest* req,
-                              v1::CollectGarbageResponse* resp) override {
-    ZCC_CALLER_OR_DENY(ctx);
-    return Counted(registry_, Reply(registry_->CollectGarbage(*req, caller), resp));
-  }
+  ZCC_RAW_METHOD(Register, RegisterRequest, RegisterResponse, register_limit_)
+  ZCC_RAW_METHOD(Unregister, UnregisterRequest, UnregisterResponse, kSmallRequest)
+  ZCC_RAW_METHOD(Restore, RestoreRequest, RestoreResponse, kSmallRequest)
+  ZCC_RAW_METHOD(RestoreDone, RestoreDoneRequest, RestoreDoneResponse, kSmallRequest)
+  ZCC_RAW_METHOD(RestoreCandidates, RestoreCandidatesRequest, RestoreCandidatesResponse,
+                 kSmallRequest)
+  ZCC_RAW_METHOD(ReadEma, ReadEmaRequest, ReadEmaResponse, kSmallRequest)
+  ZCC_RAW_METHOD(SaveNow, SaveNowRequest, SaveNowResponse, kSmallRequest)
+  ZCC_RAW_METHOD(PutJobFile, PutJobFileRequest, PutJobFileResponse, kPutJobFileRequest)
+  ZCC_RAW_METHOD(SetJobPeers, SetJobPeersRequest, SetJobPeersResponse, kSetJobPeersRequest)
+  ZCC_RAW_METHOD(CollectGarbage, CollectGarbageRequest, CollectGarbageResponse, kSmallRequest)
 
  private:
+  grpc::Status RegisterOf(grpc::CallbackServerContext* ctx, const v1::RegisterRequest& req,
+                          v1::RegisterResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->Register(req, caller), resp));
+  }
+  grpc::Status UnregisterOf(grpc::CallbackServerContext* ctx, const v1::UnregisterRequest& req,
+                            v1::UnregisterResponse*) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, ToGrpcStatus(registry_->Unregister(req, caller)));
+  }
+  grpc::Status RestoreOf(grpc::CallbackServerContext* ctx, const v1::RestoreRequest& req,
+                         v1::RestoreResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->Restore(req, caller,
+                                                       [ctx] { return ctx->IsCancelled(); }),
+                                    resp));
+  }
+  grpc::Status RestoreDoneOf(grpc::CallbackServerContext* ctx, const v1::RestoreDoneRequest& req,
+                             v1::RestoreDoneResponse*) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(req, caller)));
+  }
+  grpc::Status RestoreCandidatesOf(grpc::CallbackServerContext* ctx,
+                                   const v1::RestoreCandidatesRequest& req,
+                                   v1::RestoreCandidatesResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->RestoreCandidates(req, caller), resp));
+  }
+  grpc::Status ReadEmaOf(grpc::CallbackServerContext* ctx, const v1::ReadEmaRequest& req,
+                         v1::ReadEmaResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->ReadEma(req, caller), resp));
+  }
+  grpc::Status PutJobFileOf(grpc::CallbackServerContext* ctx, const v1::PutJobFileRequest& req,
+                            v1::PutJobFileResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->PutJobFile(req, caller), resp));
+  }
+  grpc::Status SaveNowOf(grpc::CallbackServerContext* ctx, const v1::SaveNowRequest& req,
+                         v1::SaveNowResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->SaveNow(req, caller), resp));
+  }
+  grpc::Status SetJobPeersOf(grpc::CallbackServerContext* ctx, const v1::SetJobPeersRequest& req,
+                             v1::SetJobPeersResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->SetJobPeers(req, caller), resp));
+  }
+  grpc::Status CollectGarbageOf(grpc::CallbackServerContext* ctx,
+                                const v1::CollectGarbageRequest& req,
+                                v1::CollectGarbageResponse* resp) {
+    ZCC_CALLER_OR_DENY(ctx);
+    return Counted(registry_, Reply(registry_->CollectGarbage(req, caller), resp));
+  }
+
   Registry* registry_;
   const PeerTable* peers_;
+  RawCalls* calls_;
+  const RequestLimit register_limit_;
 };
 
-class StatusService final : public v1::Status::Service {
+using RawStatus = v1::Status::WithRawCallbackMethod_GetStatus<
+    v1::Status::WithRawCallbackMethod_ListCheckpoints<v1::Status::Service>>;
+
+class StatusService final : public RawStatus {
  public:
   // peers == nullptr: the read-only TCP listener, whose callers act as root.
-  StatusService(Registry* registry, const PeerTable* peers) : registry_(registry), peers_(peers) {}
+  StatusService(Registry* registry, const PeerTable* peers, RawCalls* calls)
+      : registry_(registry), peers_(peers), calls_(calls) {}
 
-  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest* req,
-                         v1::StatusResponse* resp) override {
-    ZCC_STATUS_CALLER(ctx);
-    *resp = registry_->GetStatus(*req, caller);
-    return grpc::Status::OK;
-  }
-  grpc::Status ListCheckpoints(grpc::ServerContext* ctx, const v1::ListCheckpointsRequest* req,
-                               v1::ListCheckpointsResponse* resp) override {
-    ZCC_STATUS_CALLER(ctx);
-    return Reply(registry_->ListCheckpoints(*req, caller), resp);
-  }
+  ZCC_RAW_METHOD(GetStatus, StatusRequest, StatusResponse, kSmallRequest)
+  ZCC_RAW_METHOD(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, kSmallRequest)
 
  private:
+  grpc::Status GetStatusOf(grpc::CallbackServerContext* ctx, const v1::StatusRequest& req,
+                           v1::StatusResponse* resp) {
+    ZCC_STATUS_CALLER(ctx);
+    *resp = registry_->GetStatus(req, caller);
+    return grpc::Status::OK;
+  }
+  grpc::Status ListCheckpointsOf(grpc::CallbackServerContext* ctx,
+                                 const v1::ListCheckpointsRequest& req,
+                                 v1::ListCheckpointsResponse* resp) {
+    ZCC_STATUS_CALLER(ctx);
+    return Reply(registry_->ListCheckpoints(req, caller), resp);
+  }
+
   Registry* registry_;
   const PeerTable* peers_;
+  RawCalls* calls_;
 };
+
+#undef ZCC_RAW_METHOD
 
 // True when something accepts connections on the unix socket `path`.
 bool SocketIsLive(const std::string& path) {
@@ -173,6 +229,8 @@ struct Server::Impl {
   PeerTable peers;
   std::unique_ptr<UnixListener> listener;
   std::unique_ptr<Registry> registry;
+  // The control and status methods' calls, on both servers.
+  std::unique_ptr<RawCalls> calls;
   std::unique_ptr<ControlService> control;
   std::unique_ptr<StatusService> status;
   std::unique_ptr<StatusService> tcp_status;
@@ -224,6 +282,7 @@ struct Server::Impl {
       grpc_server->Wait();
       grpc_server.reset();
     }
+    if (calls != nullptr) calls->Drain();
     if (registry != nullptr) registry->Shutdown();
     // Exporters last: the final rendering includes the shutdown's writes.
     if (http_exporter.has_value()) http_exporter->Stop();
@@ -297,8 +356,11 @@ absl::Status Server::Impl::ClaimSocket() {
 }
 
 absl::Status Server::Impl::ServeControl() {
-  control = std::make_unique<ControlService>(registry.get(), &peers);
-  status = std::make_unique<StatusService>(registry.get(), &peers);
+  Registry* const r = registry.get();
+  calls = std::make_unique<RawCalls>(RawCallsOptions{
+      .on_refused = [r] { r->metrics().errors(metrics::ErrorKind::kRpc).Increment(); }});
+  control = std::make_unique<ControlService>(r, &peers, calls.get());
+  status = std::make_unique<StatusService>(r, &peers, calls.get());
   // The standard grpc.health.v1 service on every server built from here on.
   grpc::EnableDefaultHealthCheckService(true);
   // zccd accepts on the unix socket itself (UnixListener) to learn each
@@ -318,7 +380,7 @@ absl::Status Server::Impl::ServeControl() {
 }
 
 absl::Status Server::Impl::ServeStatusOverTcp(const std::string& listen) {
-  tcp_status = std::make_unique<StatusService>(registry.get(), nullptr);
+  tcp_status = std::make_unique<StatusService>(registry.get(), nullptr, calls.get());
   grpc::ServerBuilder tcp;
   tcp.AddListeningPort(listen, grpc::InsecureServerCredentials(), &tcp_port);
   tcp.RegisterService(tcp_status.get());
