@@ -22,26 +22,28 @@ using google::protobuf::internal::WireFormatLite;
 
 // Generous figures for what the generated classes allocate (protobuf 3.21 on
 // a 64-bit libstdc++), checked against SpaceUsedLong() of parsed messages in
-// parse_cost_test.
-constexpr uint64_t kAllocation = 16;        // malloc's header and rounding, per allocation
-constexpr uint64_t kRepeatedArray = 64;     // a repeated field's first array: header, 4 elements
-constexpr uint64_t kArraySlot = 2 * 8;      // a pointer of a repeated field, the array doubling
-constexpr uint64_t kString = 32 + kAllocation;  // a std::string and its buffer's allocation
-constexpr uint64_t kUnknownField = 64;      // an entry of the unknown-field set, its array doubling
+// parse_cost_test. A repeated field's array grows by doubling, copied into
+// the new one before the old one is freed: at its peak it holds up to three
+// times its elements.
+constexpr uint64_t kAllocation = 16;     // malloc's header and rounding, per allocation
+constexpr uint64_t kRepeatedArray = 64;  // a repeated field's first array: header, 4 elements
+constexpr uint64_t kArraySlot = 3 * 8;   // a pointer of a repeated field, at the array's peak
+// A std::string on the heap, its allocation and its buffer's.
+constexpr uint64_t kString = 32 + 2 * kAllocation;
+constexpr uint64_t kUnknownField = 3 * 16 + kAllocation;  // an unknown-field set's entry, at peak
 
-// Bytes one element of a repeated scalar field takes in its array, doubled
-// for the array's growth.
+// Bytes one element of a repeated scalar field takes at its array's peak.
 uint64_t ElementBytes(const FieldDescriptor& f) {
   switch (f.cpp_type()) {
     case FieldDescriptor::CPPTYPE_BOOL:
-      return 2;
+      return 3;
     case FieldDescriptor::CPPTYPE_INT32:
     case FieldDescriptor::CPPTYPE_UINT32:
     case FieldDescriptor::CPPTYPE_FLOAT:
     case FieldDescriptor::CPPTYPE_ENUM:
-      return 2 * 4;
+      return 3 * 4;
     default:
-      return 2 * 8;
+      return 3 * 8;
   }
 }
 
@@ -204,7 +206,7 @@ class Walk {
 absl::StatusOr<uint64_t> ParseCost(const Descriptor& type,
                                    google::protobuf::io::ZeroCopyInputStream* in, uint64_t size,
                                    const ParseCostLimits& limits) {
-  if (size > static_cast<uint64_t>(INT_MAX)) {
+  if (size >= static_cast<uint64_t>(INT_MAX)) {
     return absl::InvalidArgumentError(absl::StrCat("a message of ", size, " bytes"));
   }
   CodedInputStream coded(in);
@@ -218,7 +220,7 @@ absl::StatusOr<uint64_t> ParseCost(const Descriptor& type,
 
 absl::StatusOr<uint64_t> ParseCost(const Descriptor& type, absl::string_view encoded,
                                    const ParseCostLimits& limits) {
-  if (encoded.size() > static_cast<size_t>(INT_MAX)) {
+  if (encoded.size() >= static_cast<size_t>(INT_MAX)) {
     return absl::InvalidArgumentError(absl::StrCat("a message of ", encoded.size(), " bytes"));
   }
   google::protobuf::io::ArrayInputStream in(encoded.data(), static_cast<int>(encoded.size()));

@@ -29,7 +29,7 @@ struct ParseCostLimits {
 
 // An upper bound on the bytes that parsing `size` encoded bytes from `in` as
 // a `type` allocates with the generated C++ classes (objects, strings,
-// repeated fields' arrays at up to twice their length, unknown fields),
+// repeated fields' arrays at the peak of their growth, unknown fields),
 // without parsing. Reads `in` to the end of the message.
 //
 // InvalidArgument: an encoding the parse would refuse (truncated, a bad tag

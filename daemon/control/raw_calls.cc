@@ -1,5 +1,6 @@
 #include "daemon/control/raw_calls.h"
 
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,8 +13,8 @@ RawCalls::RawCalls(RawCallsOptions options) : options_(std::move(options)) {}
 RawCalls::~RawCalls() { Drain(); }
 
 absl::StatusOr<uint64_t> RawCalls::Admit(const google::protobuf::Descriptor& type,
-                                         absl::string_view method, const grpc::ByteBuffer& raw,
-                                         RequestLimit limit) {
+                                         absl::string_view method, uid_t uid,
+                                         const grpc::ByteBuffer& raw, RequestLimit limit) {
   const uint64_t size = raw.Length();
   if (size > limit.max_bytes) {
     return absl::ResourceExhaustedError(
@@ -26,21 +27,27 @@ absl::StatusOr<uint64_t> RawCalls::Admit(const google::protobuf::Descriptor& typ
       proto::ParseCost(type, &reader, size, proto::ParseCostLimits{limit.max_cost, 32});
   if (!cost.ok()) return cost.status();
   zcc::MutexLock lock(&mu_);
-  // A call alone is always admitted, whatever its cost (its method's limit
-  // holds it already), so that the largest registration is never refused
-  // for want of room it can never have.
+  PerUid& mine = per_uid_[uid];
+  if (mine.cost > 0 && mine.cost + *cost > options_.max_cost_per_uid) {
+    return absl::UnavailableError(absl::StrCat(
+        "this user's other requests being served hold ", mine.cost, " bytes; this one needs ",
+        *cost, " more (at most ", options_.max_cost_per_uid, " per user); try again"));
+  }
   if (cost_in_flight_ > 0 && cost_in_flight_ + *cost > options_.max_cost_in_flight) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return absl::UnavailableError(absl::StrCat(
         "zccd holds ", cost_in_flight_, " bytes of other requests being served; this one needs ",
         *cost, " more (at most ", options_.max_cost_in_flight, " together); try again"));
   }
+  mine.cost += *cost;
   cost_in_flight_ += *cost;
   return *cost;
 }
 
-void RawCalls::Release(uint64_t cost) {
+void RawCalls::Release(uid_t uid, uint64_t cost) {
   zcc::MutexLock lock(&mu_);
   cost_in_flight_ -= std::min(cost, cost_in_flight_);
+  auto it = per_uid_.find(uid);
+  if (it != per_uid_.end()) it->second.cost -= std::min(cost, it->second.cost);
 }
 
 uint64_t RawCalls::cost_in_flight() const {
@@ -54,26 +61,46 @@ grpc::Status RawCalls::Refused(const absl::Status& why, absl::string_view method
       absl::Status(why.code(), absl::StrCat("refused ", method, " request: ", why.message())));
 }
 
-bool RawCalls::Start(absl::AnyInvocable<void() &&> work) {
+absl::Status RawCalls::Start(uid_t uid, absl::AnyInvocable<void() &&> work) {
   std::vector<std::thread> ended;
-  bool started = false;
+  absl::Status started;
   {
     zcc::MutexLock lock(&mu_);
     for (uint64_t id : ended_) {
       auto it = threads_.find(id);
+      if (it == threads_.end()) continue;
       ended.push_back(std::move(it->second));
       threads_.erase(it);
     }
     ended_.clear();
-    if (!draining_ && static_cast<int>(threads_.size()) < options_.max_calls) {
+    PerUid& mine = per_uid_[uid];
+    if (draining_) {
+      started = absl::UnavailableError("zccd is shutting down");
+    } else if (static_cast<int>(threads_.size()) >= options_.max_calls) {
+      started = absl::UnavailableError(
+          absl::StrCat("zccd is serving ", threads_.size(), " requests; try again"));
+    } else if (mine.calls >= options_.max_calls_per_uid) {
+      started = absl::UnavailableError(absl::StrCat(
+          "zccd is serving ", mine.calls, " requests of this user; try again"));
+    } else {
       const uint64_t id = next_id_++;
-      threads_.emplace(id, std::thread([this, id, work = std::move(work)]() mutable {
-                         std::move(work)();
-                         zcc::MutexLock lock(&mu_);
-                         ended_.push_back(id);
-                       }));
-      started = true;
+      try {
+        threads_.emplace(id, std::thread([this, id, uid, work = std::move(work)]() mutable {
+                           std::move(work)();
+                           zcc::MutexLock lock(&mu_);
+                           ended_.push_back(id);
+                           auto it = per_uid_.find(uid);
+                           if (it != per_uid_.end() && --it->second.calls == 0 &&
+                               it->second.cost == 0) {
+                             per_uid_.erase(it);
+                           }
+                         }));
+        ++mine.calls;
+      } catch (const std::system_error& e) {
+        started = absl::UnavailableError(absl::StrCat("no thread for the request: ", e.what()));
+      }
     }
+    if (mine.calls == 0 && mine.cost == 0) per_uid_.erase(uid);
   }
   // Ended threads are joined outside the lock: the last thing each did was
   // to give it back.

@@ -17,6 +17,7 @@
 #include "daemon/control/job_placement.h"
 #include "daemon/control/registration.h"
 #include "daemon/control/relayout.h"
+#include "daemon/control/request_limits.h"
 #include "daemon/control/staging_setup.h"
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
@@ -37,7 +38,6 @@ constexpr int kRelayoutRetries = 2;
 }  // namespace
 namespace {
 
-constexpr uint32_t kMaxWorldSize = 1 << 20;
 // Reserving this much takes tens of milliseconds: more, and the slots after
 // the first are reserved in the background (RankSession::ReserveInBackground).
 constexpr uint64_t kReserveAtOnceBytes = uint64_t{256} << 20;

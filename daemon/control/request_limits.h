@@ -22,8 +22,16 @@ struct RequestLimit {
 inline constexpr RequestLimit kSmallRequest{64 << 10, 1 << 20};
 // A job file's content is at most 16 MiB (PutJobFileRequest).
 inline constexpr RequestLimit kPutJobFileRequest{(16 << 20) + (64 << 10), (16 << 20) + (1 << 20)};
-// One address per rank of the job: room for about 200,000 ranks.
-inline constexpr RequestLimit kSetJobPeersRequest{16 << 20, 256 << 20};
+// Ranks in a job (RegisterRequest.world_size), at most.
+inline constexpr uint32_t kMaxWorldSize = 1 << 20;
+// A peer address is at most 300 bytes (daemon/peer/job_peers.cc).
+inline constexpr uint64_t kMaxPeerAddressBytes = 300;
+// One address per rank of the largest job: each JobPeer is the address, the
+// rank and the tags and lengths encoded; parsed, a JobPeer object and the
+// address's string (request_limits_test checks both).
+inline constexpr RequestLimit kSetJobPeersRequest{
+    (64 << 10) + kMaxWorldSize * (kMaxPeerAddressBytes + 16),
+    (1 << 20) + kMaxWorldSize * (kMaxPeerAddressBytes + 256)};
 
 // Per registered tensor, at most: its encoding (a 512-byte name, three
 // 16-dimension shapes, the replica group: about 715 bytes for the largest

@@ -70,14 +70,19 @@ TEST_CASE("the small methods' requests fit their limit with the longest names th
                               proto::ParseCostLimits{kPutJobFileRequest.max_cost, 32}));
   v1::SetJobPeersRequest peers;
   peers.set_job_id(std::string(128, 'j'));
-  for (uint32_t r = 0; r < 100000; ++r) {
+  // The largest job's, every address as long as may be (at 1/16 of the
+  // ranks, scaled).
+  const uint32_t ranks = kMaxWorldSize / 16;
+  for (uint32_t r = 0; r < ranks; ++r) {
     v1::JobPeer* p = peers.add_peers();
-    p->set_rank(r);
-    p->set_address("[fd00:1234:5678:9abc:def0:1234:5678:9abc]:65535");
+    p->set_rank(kMaxWorldSize - 1 - r);
+    p->set_address(std::string(kMaxPeerAddressBytes - 6, 'h') + ":65535");
   }
-  CHECK(peers.ByteSizeLong() <= kSetJobPeersRequest.max_bytes);
+  const RequestLimit sixteenth{kSetJobPeersRequest.max_bytes / 16,
+                               kSetJobPeersRequest.max_cost / 16};
+  CHECK(peers.ByteSizeLong() <= sixteenth.max_bytes);
   REQUIRE_OK(proto::ParseCost(*v1::SetJobPeersRequest::descriptor(), peers.SerializeAsString(),
-                              proto::ParseCostLimits{kSetJobPeersRequest.max_cost, 32}));
+                              proto::ParseCostLimits{sixteenth.max_cost, 32}));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -35,24 +36,16 @@ namespace {
 
 // The caller of an RPC, from the credentials zccd recorded when it accepted
 // the connection. Unknown peers (which cannot happen on the unix socket) are
-// refused rather than trusted.
+// refused rather than trusted. peers == nullptr: the read-only TCP status
+// listener, whose callers act as root.
 absl::StatusOr<Caller> CallerOf(const grpc::ServerContextBase* ctx, const PeerTable* peers) {
+  if (peers == nullptr) return Caller{};
   auto creds = peers->Lookup(ctx->peer());
   if (!creds.has_value()) {
     return absl::PermissionDeniedError(absl::StrCat("unknown peer ", ctx->peer()));
   }
   return Caller{creds->uid, creds->gid, creds->pid};
 }
-
-#define ZCC_CALLER_OR_DENY(ctx)                                        \
-  auto caller_or = CallerOf(ctx, peers_);                              \
-  if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());        \
-  const Caller& caller = *caller_or
-
-#define ZCC_STATUS_CALLER(ctx)                                                         \
-  auto caller_or = peers_ == nullptr ? absl::StatusOr<Caller>(Caller{}) : CallerOf(ctx, peers_); \
-  if (!caller_or.ok()) return ToGrpcStatus(caller_or.status());                        \
-  const Caller& caller = *caller_or
 
 template <typename T>
 grpc::Status Reply(const absl::StatusOr<T>& result, T* out) {
@@ -79,14 +72,16 @@ using RawControl = v1::Control::WithRawCallbackMethod_Register<
     v1::Control::WithRawCallbackMethod_SetJobPeers<
     v1::Control::WithRawCallbackMethod_CollectGarbage<v1::Control::Service>>>>>>>>>>;
 
-// One raw method: its request and response types, its limit, and the
-// handler that takes the caller's credentials.
-#define ZCC_RAW_METHOD(Name, Request, Response, limit)                                        \
-  grpc::ServerUnaryReactor* Name(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req, \
-                                 grpc::ByteBuffer* resp) override {                            \
-    return calls_->Serve<v1::Request, v1::Response>(                                           \
-        ctx, #Name, req, resp, limit,                                                          \
-        [this, ctx](const v1::Request& r, v1::Response* out) { return Name##Of(ctx, r, out); }); \
+// One raw method: its request and response types, its limit, and its
+// handler, NameOf(ctx, caller, request, response).
+#define ZCC_RAW_METHOD(Name, Request, Response, limit)                                          \
+  grpc::ServerUnaryReactor* Name(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,   \
+                                 grpc::ByteBuffer* resp) override {                              \
+    return calls_->Serve<v1::Request, v1::Response>(                                             \
+        ctx, #Name, CallerOf(ctx, peers_), req, resp, limit,                                     \
+        [this, ctx](const Caller& caller, const v1::Request& r, v1::Response* out) {             \
+          return Name##Of(ctx, caller, r, out);                                                  \
+        });                                                                                      \
   }
 
 class ControlService final : public RawControl {
@@ -110,58 +105,56 @@ class ControlService final : public RawControl {
   ZCC_RAW_METHOD(CollectGarbage, CollectGarbageRequest, CollectGarbageResponse, kSmallRequest)
 
  private:
-  grpc::Status RegisterOf(grpc::CallbackServerContext* ctx, const v1::RegisterRequest& req,
+  grpc::Status RegisterOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                          const v1::RegisterRequest& req,
                           v1::RegisterResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->Register(req, caller), resp));
   }
-  grpc::Status UnregisterOf(grpc::CallbackServerContext* ctx, const v1::UnregisterRequest& req,
+  grpc::Status UnregisterOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                            const v1::UnregisterRequest& req,
                             v1::UnregisterResponse*) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, ToGrpcStatus(registry_->Unregister(req, caller)));
   }
-  grpc::Status RestoreOf(grpc::CallbackServerContext* ctx, const v1::RestoreRequest& req,
+  grpc::Status RestoreOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                         const v1::RestoreRequest& req,
                          v1::RestoreResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->Restore(req, caller,
                                                        [ctx] { return ctx->IsCancelled(); }),
                                     resp));
   }
-  grpc::Status RestoreDoneOf(grpc::CallbackServerContext* ctx, const v1::RestoreDoneRequest& req,
+  grpc::Status RestoreDoneOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                             const v1::RestoreDoneRequest& req,
                              v1::RestoreDoneResponse*) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(req, caller)));
   }
-  grpc::Status RestoreCandidatesOf(grpc::CallbackServerContext* ctx,
+  grpc::Status RestoreCandidatesOf(grpc::CallbackServerContext* ctx, const Caller& caller,
                                    const v1::RestoreCandidatesRequest& req,
                                    v1::RestoreCandidatesResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->RestoreCandidates(req, caller), resp));
   }
-  grpc::Status ReadEmaOf(grpc::CallbackServerContext* ctx, const v1::ReadEmaRequest& req,
+  grpc::Status ReadEmaOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                         const v1::ReadEmaRequest& req,
                          v1::ReadEmaResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->ReadEma(req, caller), resp));
   }
-  grpc::Status PutJobFileOf(grpc::CallbackServerContext* ctx, const v1::PutJobFileRequest& req,
+  grpc::Status PutJobFileOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                            const v1::PutJobFileRequest& req,
                             v1::PutJobFileResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->PutJobFile(req, caller), resp));
   }
-  grpc::Status SaveNowOf(grpc::CallbackServerContext* ctx, const v1::SaveNowRequest& req,
+  grpc::Status SaveNowOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                         const v1::SaveNowRequest& req,
                          v1::SaveNowResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->SaveNow(req, caller), resp));
   }
-  grpc::Status SetJobPeersOf(grpc::CallbackServerContext* ctx, const v1::SetJobPeersRequest& req,
+  grpc::Status SetJobPeersOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                             const v1::SetJobPeersRequest& req,
                              v1::SetJobPeersResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->SetJobPeers(req, caller), resp));
   }
-  grpc::Status CollectGarbageOf(grpc::CallbackServerContext* ctx,
+  grpc::Status CollectGarbageOf(grpc::CallbackServerContext* ctx, const Caller& caller,
                                 const v1::CollectGarbageRequest& req,
                                 v1::CollectGarbageResponse* resp) {
-    ZCC_CALLER_OR_DENY(ctx);
     return Counted(registry_, Reply(registry_->CollectGarbage(req, caller), resp));
   }
 
@@ -184,16 +177,15 @@ class StatusService final : public RawStatus {
   ZCC_RAW_METHOD(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, kSmallRequest)
 
  private:
-  grpc::Status GetStatusOf(grpc::CallbackServerContext* ctx, const v1::StatusRequest& req,
+  grpc::Status GetStatusOf(grpc::CallbackServerContext* ctx, const Caller& caller,
+                           const v1::StatusRequest& req,
                            v1::StatusResponse* resp) {
-    ZCC_STATUS_CALLER(ctx);
     *resp = registry_->GetStatus(req, caller);
     return grpc::Status::OK;
   }
-  grpc::Status ListCheckpointsOf(grpc::CallbackServerContext* ctx,
+  grpc::Status ListCheckpointsOf(grpc::CallbackServerContext* ctx, const Caller& caller,
                                  const v1::ListCheckpointsRequest& req,
                                  v1::ListCheckpointsResponse* resp) {
-    ZCC_STATUS_CALLER(ctx);
     return Reply(registry_->ListCheckpoints(req, caller), resp);
   }
 
@@ -203,6 +195,10 @@ class StatusService final : public RawStatus {
 };
 
 #undef ZCC_RAW_METHOD
+
+// Streams (calls) one connection may have open at once; more wait at the
+// client.
+constexpr int kMaxStreamsPerConnection = 64;
 
 // True when something accepts connections on the unix socket `path`.
 bool SocketIsLive(const std::string& path) {
@@ -229,8 +225,10 @@ struct Server::Impl {
   PeerTable peers;
   std::unique_ptr<UnixListener> listener;
   std::unique_ptr<Registry> registry;
-  // The control and status methods' calls, on both servers.
+  // The control and status methods' calls, on the unix socket and on the
+  // TCP status listener.
   std::unique_ptr<RawCalls> calls;
+  std::unique_ptr<RawCalls> tcp_calls;
   std::unique_ptr<ControlService> control;
   std::unique_ptr<StatusService> status;
   std::unique_ptr<StatusService> tcp_status;
@@ -283,6 +281,7 @@ struct Server::Impl {
       grpc_server.reset();
     }
     if (calls != nullptr) calls->Drain();
+    if (tcp_calls != nullptr) tcp_calls->Drain();
     if (registry != nullptr) registry->Shutdown();
     // Exporters last: the final rendering includes the shutdown's writes.
     if (http_exporter.has_value()) http_exporter->Stop();
@@ -368,8 +367,14 @@ absl::Status Server::Impl::ServeControl() {
   grpc::ServerBuilder builder;
   builder.RegisterService(control.get());
   builder.RegisterService(status.get());
-  builder.SetMaxReceiveMessageSize(v1::kMaxMessageBytes);
+  // gRPC reads a request whole before RawCalls checks it: nothing larger
+  // than the largest method's limit is read.
+  const uint64_t largest = std::max({RegisterRequestLimit(config.max_tensors_per_rank).max_bytes,
+                                     kSetJobPeersRequest.max_bytes, kPutJobFileRequest.max_bytes});
+  builder.SetMaxReceiveMessageSize(static_cast<int>(largest));
   builder.SetMaxSendMessageSize(v1::kMaxMessageBytes);
+  // Calls at once on one connection (a trainer makes a few).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve on unix:", config.socket_path));
@@ -380,8 +385,15 @@ absl::Status Server::Impl::ServeControl() {
 }
 
 absl::Status Server::Impl::ServeStatusOverTcp(const std::string& listen) {
-  tcp_status = std::make_unique<StatusService>(registry.get(), nullptr, calls.get());
+  Registry* const r = registry.get();
+  tcp_calls = std::make_unique<RawCalls>(RawCallsOptions{
+      .max_calls = 64,
+      .max_calls_per_uid = 64,
+      .on_refused = [r] { r->metrics().errors(metrics::ErrorKind::kRpc).Increment(); }});
+  tcp_status = std::make_unique<StatusService>(r, nullptr, tcp_calls.get());
   grpc::ServerBuilder tcp;
+  tcp.SetMaxReceiveMessageSize(static_cast<int>(kSmallRequest.max_bytes));
+  tcp.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   tcp.AddListeningPort(listen, grpc::InsecureServerCredentials(), &tcp_port);
   tcp.RegisterService(tcp_status.get());
   tcp_server = tcp.BuildAndStart();
