@@ -372,13 +372,56 @@ TEST_CASE("a committed step of the run left behind is not made latest again by a
   auto back = PointLatestBack(memory, kJobDir, 10, std::nullopt, absl::InfiniteFuture());
   REQUIRE_OK(back);
   REQUIRE(*ReadLatest(kJobDir, &memory) == 10);
-  CHECK(*LeftBehindSteps(kJobDir, &memory) == std::vector<int64_t>{20});
+  auto left = LeftBehindSteps(kJobDir, &memory);
+  REQUIRE_OK(left);
+  REQUIRE(left->size() == 1);
+  CHECK(left->front().step == 20);
   // A late attempt of step 20's commit (a report of the run left behind,
   // its partial gone) finds step-20/ committed: it leaves `latest` on 10.
   auto late = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
   REQUIRE_OK(late);
   CHECK(late->outcome == CommitOutcome::kWaiting);
   CHECK(*ReadLatest(kJobDir, &memory) == 10);
+}
+
+TEST_CASE("a step of the run left behind goes once latest passes it, unless this run committed "
+          "it again since it was listed") {
+  storage::MemoryStorage memory;
+  Prepare(memory, {"", std::make_pair(10, 10), 20, 20});
+  auto committed = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
+  REQUIRE_OK(committed);
+  REQUIRE(committed->outcome == CommitOutcome::kCommitted);
+  absl::SleepFor(absl::Milliseconds(20));
+  REQUIRE_OK(PointLatestBack(memory, kJobDir, 10, std::nullopt, absl::InfiniteFuture()));
+  // Listed before this run's commit of step 30 (as a commit lists them).
+  auto left = LeftBehindSteps(kJobDir, &memory);
+  REQUIRE_OK(left);
+  REQUIRE(left->size() == 1);
+  bool again = false;
+  SECTION("not committed again: it goes") {}
+  SECTION("committed again by this run meanwhile (another node's commit): it stays") {
+    again = true;
+    absl::SleepFor(absl::Milliseconds(20));
+    WritePartial(memory, 20, 21);
+    auto rewritten = TryCommit(kJobDir, kJob, 20, kWorld, &memory);
+    REQUIRE_OK(rewritten);
+    REQUIRE(rewritten->outcome == CommitOutcome::kCommitted);
+  }
+  WritePartial(memory, 30, 30);
+  auto passing = TryCommit(kJobDir, kJob, 30, kWorld, &memory);
+  REQUIRE_OK(passing);
+  REQUIRE(passing->outcome == CommitOutcome::kCommitted);
+  auto removed = RemovePassedSteps(kJobDir, *left, RetentionGuard(), &memory);
+  REQUIRE_OK(removed);
+  if (again) {
+    CHECK(removed->empty());
+    CHECK(Holds(memory, JoinPath(kJobDir, "step-00000020"), 21));
+  } else {
+    CHECK(*removed == std::vector<int64_t>{20});
+    CHECK_FALSE(memory.Stat(JoinPath(kJobDir, "step-00000020")).ok());
+  }
+  CHECK(*ListCommittedSteps(kJobDir, &memory) ==
+        (again ? std::vector<int64_t>{10, 20, 30} : std::vector<int64_t>{10, 30}));
 }
 
 TEST_CASE("a step committed again whose replaced contents could not be moved away is "

@@ -126,10 +126,10 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
   return result;
 }
 
-absl::StatusOr<std::vector<int64_t>> LeftBehindSteps(const std::string& job_dir,
-                                                     storage::Storage* storage) {
+absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& job_dir,
+                                                            storage::Storage* storage) {
   storage::Storage& fs = storage::StorageOrDefault(storage);
-  std::vector<int64_t> above;
+  std::vector<LeftBehindStep> above;
   auto latest = ReadLatest(job_dir, &fs);
   if (absl::IsNotFound(latest.status()) || absl::IsDataLoss(latest.status())) return above;
   if (!latest.ok()) return latest.status();
@@ -140,23 +140,27 @@ absl::StatusOr<std::vector<int64_t>> LeftBehindSteps(const std::string& job_dir,
     if (step <= *latest) continue;
     auto committed = fs.Stat(
         JoinPath(JoinPath(job_dir, format::StepDirName(step)), format::kCommittedFileName));
-    if (committed.ok() && committed->modified < named.modified) above.push_back(step);
+    if (committed.ok() && committed->modified < named.modified) {
+      above.push_back({step, committed->modified});
+    }
   }
   return above;
 }
 
 absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
-                                                       const std::vector<int64_t>& passed,
+                                                       const std::vector<LeftBehindStep>& passed,
                                                        const RetentionGuard& guard,
                                                        storage::Storage* storage) {
   storage::Storage& fs = storage::StorageOrDefault(storage);
   std::vector<int64_t> removed;
   if (passed.empty()) return removed;
   ZCC_ASSIGN_OR_RETURN(const int64_t latest, ReadLatest(job_dir, &fs));
-  for (int64_t step : passed) {
+  for (const LeftBehindStep& left : passed) {
+    const int64_t step = left.step;
     if (step >= latest) continue;
     const std::string dir = JoinPath(job_dir, format::StepDirName(step));
-    if (!storage::Exists(fs, JoinPath(dir, format::kCommittedFileName))) continue;
+    auto committed = fs.Stat(JoinPath(dir, format::kCommittedFileName));
+    if (!committed.ok() || committed->modified != left.committed) continue;
     if (guard.may_remove && !guard.may_remove(step)) continue;
     const absl::Status st = RemoveStep(fs, dir);
     if (guard.done) guard.done(step);

@@ -65,25 +65,34 @@ absl::StatusOr<RetentionResult> ApplyRetention(const std::string& job_dir,
                                                absl::Duration partial_max_age,
                                                storage::Storage* fs = nullptr);
 
+// A committed step above `latest` that a run left behind, with the time its
+// COMMITTED was written when it was found.
+struct LeftBehindStep {
+  int64_t step = 0;
+  absl::Time committed;
+};
+
 // The committed steps above the one `latest` names that a run left behind:
 // committed before `latest` was last written (pointed back below them), by
 // the storage's clock. One committed since (a commit whose write of
 // `latest` failed, a previous layout's step written for this one) is the
 // current run's and is not listed; nor is one not told apart (equal times,
 // on storage with whole-second ones). Empty without a `latest`.
-absl::StatusOr<std::vector<int64_t>> LeftBehindSteps(const std::string& job_dir,
-                                                     storage::Storage* fs = nullptr);
+absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& job_dir,
+                                                            storage::Storage* fs = nullptr);
 
 // A run that went back to an older step left its newer committed steps
 // above `latest`, neither restored nor counted. Once the run that went on
 // commits past one (`latest` now names a newer step), it would be on the
 // timeline again, with the other run's bytes: a restore falling back past a
 // damaged step took it, and retention counted it among the newest. Removes
-// those of `passed` (steps that were above `latest` before this run's
-// commit) that `latest` is past now, as ApplyRetention removes a step and
-// with its `guard`; returns them.
+// those of `passed` (LeftBehindSteps before this run's commit) that
+// `latest` is past now, as ApplyRetention removes a step and with its
+// `guard`; returns them. A step whose COMMITTED is not the one listed (this
+// run committed the step again since: another node's commit in a store) or
+// cannot be read stays.
 absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
-                                                       const std::vector<int64_t>& passed,
+                                                       const std::vector<LeftBehindStep>& passed,
                                                        const RetentionGuard& guard,
                                                        storage::Storage* fs = nullptr);
 

@@ -323,7 +323,7 @@ bool Job::TryCommit(int64_t step) {
   }
   // The steps a run left behind above `latest`: the ones this commit passes
   // go after it.
-  const std::vector<int64_t> above = StepsAboveLatest();
+  const std::vector<checkpoint::LeftBehindStep> above = StepsAboveLatest();
   // The commit's disk work runs without mu_: status, restores and other
   // ranks' reports go on meanwhile (commit_mu_ keeps commits in order).
   const absl::Time commit_start = absl::Now();
@@ -401,12 +401,12 @@ checkpoint::RetentionGuard Job::MakeRetentionGuard() {
   return guard;
 }
 
-std::vector<int64_t> Job::StepsAboveLatest() const {
+std::vector<checkpoint::LeftBehindStep> Job::StepsAboveLatest() const {
   return checkpoint::LeftBehindSteps(options_.job_dir, options_.storage)
-      .value_or(std::vector<int64_t>());
+      .value_or(std::vector<checkpoint::LeftBehindStep>());
 }
 
-void Job::RemovePassedSteps(const std::vector<int64_t>& above) {
+void Job::RemovePassedSteps(const std::vector<checkpoint::LeftBehindStep>& above) {
   if (above.empty()) return;
   auto removed = checkpoint::RemovePassedSteps(options_.job_dir, above, MakeRetentionGuard(),
                                                options_.storage);

@@ -197,8 +197,8 @@ class Job {
   // The committed steps above `latest` that a run left behind (committed
   // before `latest` was last written), read before a commit;
   // RemovePassedSteps removes those the commit passed.
-  std::vector<int64_t> StepsAboveLatest() const ABSL_LOCKS_EXCLUDED(mu_);
-  void RemovePassedSteps(const std::vector<int64_t>& above)
+  std::vector<checkpoint::LeftBehindStep> StepsAboveLatest() const ABSL_LOCKS_EXCLUDED(mu_);
+  void RemovePassedSteps(const std::vector<checkpoint::LeftBehindStep>& above)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<checkpoint::RetentionResult> ApplyRetention()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);

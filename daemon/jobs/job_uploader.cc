@@ -410,7 +410,35 @@ void JobUploader::KeepSent(int64_t step) {
   }
 }
 
+std::vector<checkpoint::LeftBehindStep> JobUploader::LeftBehindInStore() const {
+  auto above = checkpoint::LeftBehindSteps(options_.upload_dir, options_.storage);
+  if (!above.ok()) return {};  // none removed this time; the next commit lists them again
+  return *std::move(above);
+}
+
+void JobUploader::RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& above) {
+  if (above.empty()) return;
+  // No restore pins a step in the store (as its retention): one reading a
+  // step removed here fails and falls back, never reads wrong bytes.
+  auto removed = checkpoint::RemovePassedSteps(options_.upload_dir, above,
+                                               checkpoint::RetentionGuard(), options_.storage);
+  if (!removed.ok()) {
+    ZCC_LOG(WARNING) << "job " << options_.job_id << ": the steps of a run left behind in "
+                     << options_.upload_dir << " that this run's commits passed could not be "
+                     << "removed: " << removed.status();
+  } else if (!removed->empty()) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": removed " << removed->size()
+                  << " step(s) of a run left behind from " << options_.upload_dir
+                  << " that this run's commits passed (the first "
+                  << format::StepDirName(removed->front())
+                  << "): they would be on its timeline there again";
+  }
+}
+
 void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
+  // The steps a run left behind above the store's `latest`: the ones this
+  // commit passes go after it (as on a local root: Job::TryCommit).
+  const std::vector<checkpoint::LeftBehindStep> above = LeftBehindInStore();
   const std::function<bool()> cancelled = [this] { return Stopping(); };
   checkpoint::UploadOptions options;
   options.write_began = write_began;
@@ -442,6 +470,7 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
     if (sent->committed) {
       SawStoreLatest(step);
       AfterCommitInStore(step, write_began);
+      RemovePassedInStore(above);
       ApplyStoreRetention(step);
     }
     return;
@@ -463,6 +492,7 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
 }
 
 void JobUploader::Upload(int64_t step, absl::Time write_began) {
+  const std::vector<checkpoint::LeftBehindStep> above = LeftBehindInStore();
   const std::function<bool()> cancelled = [this] { return Stopping(); };
   checkpoint::UploadOptions options;
   options.write_began = write_began;
@@ -488,6 +518,7 @@ void JobUploader::Upload(int64_t step, absl::Time write_began) {
       if (options_.node_local) follow_due_ = true;
     }
     AfterCommitInStore(step, write_began);
+    RemovePassedInStore(above);
     ApplyStoreRetention(step);
     return;
   }

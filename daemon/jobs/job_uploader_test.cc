@@ -365,6 +365,17 @@ TEST_CASE("tiered: a step of a run left behind that commits in the store after t
   commit(15);
   uploader.OnCommitted(15, absl::Now());
   CHECK(Soon([&] { return n.StoreLatest() == 15; }));
+  // Step 20 of the run left behind stays above it, out of the timeline,
+  // until a commit of the run that went on passes it: then it goes, there as
+  // on the local root, and never comes back to the timeline.
+  CHECK(*checkpoint::ListCommittedSteps(kStore, &n.fs) == std::vector<int64_t>{10, 15, 20});
+  commit(25);
+  uploader.OnCommitted(25, absl::Now());
+  CHECK(Soon([&] { return n.StoreLatest() == 25; }));
+  CHECK(Soon([&] {
+    auto steps = checkpoint::ListCommittedSteps(kStore, &n.fs);
+    return steps.ok() && *steps == std::vector<int64_t>{10, 15, 25};
+  }));
 }
 
 }  // namespace
