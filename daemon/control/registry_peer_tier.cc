@@ -121,6 +121,13 @@ void Registry::WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::
   // Behind the restores, which read the same holders: after them, unless
   // they leave the step alone longer than kRecoveredStepQuiet.
   const peer::RecoveredStep::AfterQuiet after = step.AwaitQuiet(kRecoveredStepQuiet);
+  auto left_behind = [&] {
+    if (!step.left_behind()) return false;
+    ZCC_LOG(INFO) << "job " << job_id << ": step " << step.step() << " of the peer tier not "
+                  << "written into " << job_dir << ": training went on from an older step";
+    return true;
+  };
+  if (left_behind()) return;
   if (after == peer::RecoveredStep::AfterQuiet::kCancelled) return;  // zccd stops
   if (after == peer::RecoveredStep::AfterQuiet::kLetGo) {
     // Every node whose ranks restore reads the step in place; one writes
@@ -151,6 +158,7 @@ void Registry::WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::
     // Not at idle priority while holding the job's commits up.
     LeaveIdlePriority(pthread_self());
     return job.CommitInTurn([&]() -> absl::Status {
+      if (step.left_behind()) return absl::AbortedError("training went on from an older step");
       if (superseded()) return absl::AbortedError("the job committed this step or a newer one");
       return commit();
     });
@@ -164,6 +172,7 @@ void Registry::WriteRecoveredStepNow(Job& job, peer::RecoveredStep& step, absl::
     written = peer::MaterializeStep(job_id, static_cast<uint32_t>(job.options().owner.uid),
                                     job_dir, step.plan(), fs, sources, options);
   }
+  if (!written.ok() && left_behind()) return;
   if (written.ok()) {
     ZCC_LOG(INFO) << "job " << job_id << ": step " << step.step() << " of the peer tier written into "
                   << job_dir << " in " << absl::ToDoubleSeconds(absl::Now() - start) << " s";
@@ -428,6 +437,22 @@ void Registry::JobWentOn(const std::string& job_id, uint32_t uid, int64_t restor
     replicator->WentOn(job_id, uid, restored, at);
   }
   replicas_.DropLeftBehind(job_id, uid, restored, at);
+  // A step recovered from the tier, newer than the one the job went on
+  // from (a restore of an older step, or one that fell back past it), is
+  // the run left behind's: it is not written to disk, where its commit
+  // would put it on the new run's timeline, nor shown to restores any more.
+  if (std::shared_ptr<Job> job = jobs_.Find(job_id);
+      job != nullptr && static_cast<uint32_t>(job->options().owner.uid) == uid) {
+    std::shared_ptr<peer::RecoveredStep> shown = recovered_.Find(job->options().job_dir);
+    if (shown != nullptr && shown->step() > restored) {
+      if (shown->LeaveBehind()) {
+        ZCC_LOG(INFO) << "job " << job_id << ": went on from step " << restored << ": step "
+                      << shown->step() << " recovered from the peer tier is of the run it left, "
+                      << "and is not written to disk";
+      }
+      recovered_.Remove(shown.get());
+    }
+  }
   // A pin above the step is lifted here and at the other zccds: the pins
   // told are told again (the new run may pin a step of the same number).
   zcc::MutexLock lock(&peer_mu_);

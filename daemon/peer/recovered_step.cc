@@ -125,6 +125,22 @@ void RecoveredStep::Cancel() {
   cancelled_ = true;
 }
 
+bool RecoveredStep::LeaveBehind() {
+  {
+    zcc::MutexLock lock(&mu_);
+    if (left_behind_) return false;
+    left_behind_ = true;
+    write_here_ = false;
+  }
+  cancel_.CancelAll();
+  return true;
+}
+
+bool RecoveredStep::left_behind() const {
+  zcc::MutexLock lock(&mu_);
+  return left_behind_;
+}
+
 bool RecoveredStep::Touch(bool rank0) {
   zcc::MutexLock lock(&mu_);
   if (let_go_) return false;

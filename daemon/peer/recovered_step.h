@@ -82,6 +82,12 @@ class RecoveredStep final : public storage::Storage,
   // does, not every node). False when the step has been let go already:
   // the caller finds it anew.
   bool Touch(bool rank0) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job went on from an older step than this one: it is of the run
+  // left behind, and never written to disk (its write, waiting or under
+  // way, ends: its pulls are cancelled, its commit refused). True the first
+  // time.
+  bool LeaveBehind() ABSL_LOCKS_EXCLUDED(mu_);
+  bool left_behind() const ABSL_LOCKS_EXCLUDED(mu_);
   enum class AfterQuiet { kWrite, kLetGo, kCancelled };
   // Waits until no file of the step has been open, nor the step touched,
   // for `quiet` (the restores that read it are done: the write to disk,
@@ -152,6 +158,7 @@ class RecoveredStep final : public storage::Storage,
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool write_here_ ABSL_GUARDED_BY(mu_) = false;
   bool let_go_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_behind_ ABSL_GUARDED_BY(mu_) = false;
   int open_files_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_closed_ ABSL_GUARDED_BY(mu_);  // or touched (made: when made)
   // (file, holder) whose copy checked out at the holder, or did not.
