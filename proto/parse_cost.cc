@@ -6,6 +6,7 @@
 #include <google/protobuf/wire_format_lite.h>
 
 #include <climits>
+#include <utility>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
@@ -71,12 +72,20 @@ class Walk {
     return absl::OkStatus();
   }
 
-  // A message object of `type`, as the parse allocates it.
-  uint64_t ObjectBytes(const Descriptor& type) const {
+  // A message object of `type`, as the parse allocates it (its prototype's
+  // size, asked once per type: reflection is slower than the walk).
+  uint64_t ObjectBytes(const Descriptor& type) {
+    for (const auto& [known, bytes] : object_bytes_) {
+      if (known == &type) return bytes;
+    }
     const google::protobuf::Message* prototype =
         google::protobuf::MessageFactory::generated_factory()->GetPrototype(&type);
-    if (prototype != nullptr) return prototype->SpaceUsedLong() + kAllocation;
-    return 64 + 16 * static_cast<uint64_t>(type.field_count()) + kAllocation;
+    const uint64_t bytes =
+        (prototype != nullptr ? prototype->SpaceUsedLong()
+                              : 64 + 16 * static_cast<uint64_t>(type.field_count())) +
+        kAllocation;
+    object_bytes_.emplace_back(&type, bytes);
+    return bytes;
   }
 
   // The fields of one message, up to the limit pushed for it.
@@ -199,6 +208,8 @@ class Walk {
   CodedInputStream* const in_;
   const ParseCostLimits limits_;
   uint64_t cost_ = 0;
+  // The types met so far and their objects' bytes (a request has a few).
+  absl::InlinedVector<std::pair<const Descriptor*, uint64_t>, 4> object_bytes_;
 };
 
 }  // namespace
