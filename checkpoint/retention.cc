@@ -130,11 +130,19 @@ absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& j
                                                             storage::Storage* storage) {
   storage::Storage& fs = storage::StorageOrDefault(storage);
   std::vector<LeftBehindStep> above;
+  // `latest` as read, and the time of the write that made it so: stated
+  // before and after the read, and nothing listed where another node wrote
+  // it in between (its step read with the other write's time would list
+  // that node's newest commit).
+  const std::string latest_path = JoinPath(job_dir, format::kLatestFileName);
+  auto before = fs.Stat(latest_path);
   auto latest = ReadLatest(job_dir, &fs);
   if (absl::IsNotFound(latest.status()) || absl::IsDataLoss(latest.status())) return above;
   if (!latest.ok()) return latest.status();
-  ZCC_ASSIGN_OR_RETURN(const storage::FileInfo named,
-                       fs.Stat(JoinPath(job_dir, format::kLatestFileName)));
+  ZCC_ASSIGN_OR_RETURN(const storage::FileInfo named, fs.Stat(latest_path));
+  if (!before.ok() || before->modified != named.modified || before->size != named.size) {
+    return above;
+  }
   ZCC_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, ListCommittedSteps(job_dir, &fs));
   for (int64_t step : steps) {
     if (step <= *latest) continue;

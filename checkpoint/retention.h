@@ -77,7 +77,8 @@ struct LeftBehindStep {
 // the storage's clock. One committed since (a commit whose write of
 // `latest` failed, a previous layout's step written for this one) is the
 // current run's and is not listed; nor is one not told apart (equal times,
-// on storage with whole-second ones). Empty without a `latest`.
+// on storage with whole-second ones). Empty without a `latest`, and where
+// `latest` changed while it was read (another node's commit).
 absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& job_dir,
                                                             storage::Storage* fs = nullptr);
 

@@ -94,19 +94,6 @@ TEST_CASE("atomic file write, listing and root containment") {
   CHECK_FALSE(PathExists(dir));
 }
 
-TEST_CASE("directories made durably: nested ones created, existing ones taken, a file refused") {
-  const std::string dir = testing::TempDir();
-  REQUIRE_OK(MakeDirsDurably(JoinPath(dir, "d/e/f")));
-  CHECK(PathExists(JoinPath(dir, "d/e/f")));
-  REQUIRE_OK(MakeDirsDurably(JoinPath(dir, "d/e/f")));  // all there already
-  REQUIRE_OK(WriteFileAtomic(JoinPath(dir, "d/file"), "x"));
-  CHECK(MakeDirsDurably(JoinPath(dir, "d/file")).code() == absl::StatusCode::kFailedPrecondition);
-  const absl::Status under_file = MakeDirsDurably(JoinPath(dir, "d/file/g"));
-  CHECK_FALSE(under_file.ok());
-  CHECK(absl::StrContains(under_file.message(), "mkdir"));
-  REQUIRE_OK(RemoveTree(dir));
-}
-
 TEST_CASE("futex wakes a waiter in another thread") {
   std::atomic<uint32_t> word{0};
   std::atomic<bool> woke{false};

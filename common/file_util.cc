@@ -12,8 +12,6 @@
 
 #include <cerrno>
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/fd.h"
@@ -88,10 +86,7 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view content)
   return FsyncDir(DirName(path));
 }
 
-namespace {
-
-// MakeDirs; the directories it created, parents first, in `created`.
-absl::Status MakeDirsNoting(const std::string& path, int mode, std::vector<std::string>* created) {
+absl::Status MakeDirs(const std::string& path, int mode) {
   if (path.empty()) return absl::InvalidArgumentError("MakeDirs: empty path");
   std::string partial;
   size_t pos = 0;
@@ -99,38 +94,13 @@ absl::Status MakeDirsNoting(const std::string& path, int mode, std::vector<std::
     pos = path.find('/', pos + 1);
     partial = path.substr(0, pos);
     if (partial.empty()) continue;
-    if (::mkdir(partial.c_str(), mode) == 0) {
-      if (created != nullptr) created->push_back(partial);
-    } else if (errno != EEXIST) {
+    if (::mkdir(partial.c_str(), mode) != 0 && errno != EEXIST) {
       return ErrnoToStatus(errno, absl::StrCat("mkdir ", partial));
     }
   }
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(path + " is not a directory");
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status MakeDirs(const std::string& path, int mode) {
-  return MakeDirsNoting(path, mode, nullptr);
-}
-
-absl::Status MakeDirsDurably(const std::string& path, int mode) {
-  std::vector<std::string> created;
-  ZCC_RETURN_IF_ERROR(MakeDirsNoting(path, mode, &created));
-  for (const std::string& dir : created) {
-    const size_t slash = dir.rfind('/');
-    if (slash == std::string::npos) continue;  // relative, under the working directory
-    const std::string parent = slash == 0 ? "/" : dir.substr(0, slash);
-    // A parent the caller may write but not read (mode 0733) cannot be
-    // opened to be synced: the entry is as durable as the file system makes
-    // it on its own (journalled file systems commit it with the next fsync
-    // of a file below it).
-    const absl::Status synced = FsyncDir(parent);
-    if (!synced.ok() && !absl::IsPermissionDenied(synced)) return synced;
-  }
   return absl::OkStatus();
 }
 

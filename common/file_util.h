@@ -23,10 +23,6 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view content)
 
 // mkdir -p with `mode` for the directories it creates.
 absl::Status MakeDirs(const std::string& path, int mode = 0755);
-// MakeDirs, then each directory it created made durable in its parent (the
-// parent fsynced), so that a power cut after the call keeps them: for
-// checkpoint directories (PosixStorage), not for sockets or scratch.
-absl::Status MakeDirsDurably(const std::string& path, int mode = 0755);
 
 // fsync of a directory, so that entries created or renamed in it are durable.
 absl::Status FsyncDir(const std::string& path);

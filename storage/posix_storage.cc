@@ -292,9 +292,7 @@ absl::StatusOr<std::unique_ptr<File>> PosixStorage::OpenForRead(const std::strin
   return Open(path, O_RDONLY, options);
 }
 
-absl::Status PosixStorage::MakeDirs(const std::string& path) {
-  return zcc::MakeDirsDurably(path);
-}
+absl::Status PosixStorage::MakeDirs(const std::string& path) { return zcc::MakeDirs(path); }
 
 absl::Status PosixStorage::SyncDir(const std::string& path) { return zcc::FsyncDir(path); }
 

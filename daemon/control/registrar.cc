@@ -241,9 +241,9 @@ AdmitRequest MakeAdmitRequest(const v1::RegisterRequest& req, const Caller& call
     options.upload_retention.keep_every = config.keep_every;
     options.node_local_root = req.node_local_root();
     if (d.went_on) {
-      options.on_went_on = [went_on = d.went_on, job_id = req.job_id(), uid = caller.uid](
-                               int64_t restored, absl::Time at) {
-        went_on(job_id, uid, restored, at);
+      options.on_went_on = [went_on = d.went_on, job_id = req.job_id(), uid = caller.uid,
+                            job_dir = plan.job_dir](int64_t restored, absl::Time at) {
+        went_on(job_id, uid, job_dir, restored, at);
       };
     }
     return std::make_shared<Job>(std::move(options));

@@ -69,9 +69,11 @@ class Registrar {
     std::function<uint64_t(uint64_t target, const std::string& job_id, uint32_t uid,
                            std::vector<std::shared_ptr<const void>>* freed)>
         shrink_replicas;
-    // The peer tier: a job of `uid` went on from a restore of step
-    // `restored` at `at` (JobOptions::on_went_on); empty: none.
-    std::function<void(const std::string& job_id, uint32_t uid, int64_t restored, absl::Time at)>
+    // The peer tier: a job of `uid`, whose directory is `job_dir`, went on
+    // from a restore of step `restored` at `at` (JobOptions::on_went_on);
+    // empty: none.
+    std::function<void(const std::string& job_id, uint32_t uid, const std::string& job_dir,
+                       int64_t restored, absl::Time at)>
         went_on;
   };
 

@@ -122,9 +122,12 @@ Registry::Registry(DaemonConfig config, storage::Storage* shard_storage,
           },
           config_.peer.listen.empty()
               ? nullptr
-              : std::function<void(const std::string&, uint32_t, int64_t, absl::Time)>(
-                    [this](const std::string& job_id, uint32_t uid, int64_t restored,
-                           absl::Time at) { JobWentOn(job_id, uid, restored, at); })}) {}
+              : std::function<void(const std::string&, uint32_t, const std::string&, int64_t,
+                                   absl::Time)>(
+                    [this](const std::string& job_id, uint32_t uid, const std::string& job_dir,
+                           int64_t restored, absl::Time at) {
+                      JobWentOn(job_id, uid, job_dir, restored, at);
+                    })}) {}
 
 Registry::~Registry() { Shutdown(); }
 

@@ -225,8 +225,8 @@ class Registry {
   // The job's ranks here went on from a restore of step `restored` at `at`
   // (JobOptions::on_went_on): what the peer tier holds and sends of the run
   // left behind goes (ReplicaStore::DropLeftBehind, Replicator::WentOn).
-  void JobWentOn(const std::string& job_id, uint32_t uid, int64_t restored, absl::Time at)
-      ABSL_LOCKS_EXCLUDED(peer_mu_);
+  void JobWentOn(const std::string& job_id, uint32_t uid, const std::string& job_dir,
+                 int64_t restored, absl::Time at) ABSL_LOCKS_EXCLUDED(peer_mu_);
 
   mutable zcc::Mutex peer_mu_;
   std::optional<v1::PeerStatus> peer_endpoint_ ABSL_GUARDED_BY(peer_mu_);

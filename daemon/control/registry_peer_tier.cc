@@ -429,29 +429,27 @@ Registry::PeerParts Registry::CurrentPeerParts() const {
   return PeerParts{peer_directory_, peer_address_};
 }
 
-void Registry::JobWentOn(const std::string& job_id, uint32_t uid, int64_t restored,
-                         absl::Time at) {
+void Registry::JobWentOn(const std::string& job_id, uint32_t uid, const std::string& job_dir,
+                         int64_t restored, absl::Time at) {
   // The replicator first: a push of the run left then ends as such when
   // its own copy goes, not as a failure.
   if (std::shared_ptr<peer::Replicator> replicator = CurrentReplicator()) {
     replicator->WentOn(job_id, uid, restored, at);
   }
   replicas_.DropLeftBehind(job_id, uid, restored, at);
-  // A step recovered from the tier, newer than the one the job went on
-  // from (a restore of an older step, or one that fell back past it), is
-  // the run left behind's: it is not written to disk, where its commit
-  // would put it on the new run's timeline, nor shown to restores any more.
-  if (std::shared_ptr<Job> job = jobs_.Find(job_id);
-      job != nullptr && static_cast<uint32_t>(job->options().owner.uid) == uid) {
-    std::shared_ptr<peer::RecoveredStep> shown = recovered_.Find(job->options().job_dir);
-    if (shown != nullptr && shown->step() > restored) {
-      if (shown->LeaveBehind()) {
-        ZCC_LOG(INFO) << "job " << job_id << ": went on from step " << restored << ": step "
-                      << shown->step() << " recovered from the peer tier is of the run it left, "
-                      << "and is not written to disk";
-      }
-      recovered_.Remove(shown.get());
+  // A step recovered from the tier before the going on, newer than the step
+  // the job went on from (a restore of an older step, or one that fell back
+  // past it), is the run left behind's: it is not written to disk, where its
+  // commit would put it on the new run's timeline, nor shown to restores any
+  // more. (One recovered since is the run that went on's.)
+  std::shared_ptr<peer::RecoveredStep> shown = recovered_.Find(job_dir);
+  if (shown != nullptr && shown->step() > restored && shown->recovered_at() <= at) {
+    if (shown->LeaveBehind()) {
+      ZCC_LOG(INFO) << "job " << job_id << ": went on from step " << restored << ": step "
+                    << shown->step() << " recovered from the peer tier is of the run it left, "
+                    << "and is not written to disk";
     }
+    recovered_.Remove(shown.get());
   }
   // A pin above the step is lifted here and at the other zccds: the pins
   // told are told again (the new run may pin a step of the same number).

@@ -171,6 +171,15 @@ absl::StatusOr<std::string> ResolveStoreJobDir(const JobDirRequest& req) {
   if (created.ok()) {
     created = storage::WriteFileAtomic(fs, owner_path, absl::StrCat("uid ", req.owner.uid, "\n"));
   }
+  if (created.ok() && !IsObjectStoreUrl(job_dir)) {
+    // The new directory's entry, durable before anything is committed in it
+    // (the commits sync the job directory, not its parent; an object store
+    // has no entries to sync). A parent the user may write but not read
+    // (0733) cannot be opened to be synced: the entry is then as durable as
+    // the file system makes it on its own.
+    const absl::Status synced = fs.SyncDir(DirName(job_dir));
+    if (!synced.ok() && !absl::IsPermissionDenied(synced)) created = synced;
+  }
   ZCC_RETURN_IF_ERROR(Annotate(created, absl::StrCat("creating ", job_dir)));
   return job_dir;
 }

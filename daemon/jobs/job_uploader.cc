@@ -411,6 +411,12 @@ void JobUploader::KeepSent(int64_t step) {
 }
 
 std::vector<checkpoint::LeftBehindStep> JobUploader::LeftBehindInStore() const {
+  {
+    // Only after a going back this zccd saw (the store's requests for the
+    // listing are not spent on every upload of every node).
+    zcc::MutexLock lock(&mu_);
+    if (went_back_to_ < 0) return {};
+  }
   auto above = checkpoint::LeftBehindSteps(options_.upload_dir, options_.storage);
   if (!above.ok()) return {};  // none removed this time; the next commit lists them again
   return *std::move(above);

@@ -140,8 +140,9 @@ class JobUploader {
   // The store's retention, after `committed` committed there.
   void ApplyStoreRetention(int64_t committed);
   // The steps a run left behind above the store's `latest` (none where they
-  // cannot be listed), before a commit there; after it, those it passed go.
-  std::vector<checkpoint::LeftBehindStep> LeftBehindInStore() const;
+  // cannot be listed, or no going back was seen here), before a commit
+  // there; after it, those it passed go.
+  std::vector<checkpoint::LeftBehindStep> LeftBehindInStore() const ABSL_LOCKS_EXCLUDED(mu_);
   void RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& above);
   // Logs and counts a failed upload (unless cancelled: zccd is stopping).
   void Failed(const std::string& what, const absl::Status& status);

@@ -63,6 +63,8 @@ class RecoveredStep final : public storage::Storage,
   ~RecoveredStep() override;
 
   int64_t step() const { return step_; }
+  // When it was recovered (made).
+  absl::Time recovered_at() const { return recovered_at_; }
   // Who holds the step's files (for writing it to disk: MaterializeStep).
   const RecoveryPlan& plan() const { return plan_; }
   const std::string& job_dir() const { return job_dir_; }
@@ -159,6 +161,7 @@ class RecoveredStep final : public storage::Storage,
   bool write_here_ ABSL_GUARDED_BY(mu_) = false;
   bool let_go_ ABSL_GUARDED_BY(mu_) = false;
   bool left_behind_ ABSL_GUARDED_BY(mu_) = false;
+  const absl::Time recovered_at_ = absl::Now();
   int open_files_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_closed_ ABSL_GUARDED_BY(mu_);  // or touched (made: when made)
   // (file, holder) whose copy checked out at the holder, or did not.
