@@ -170,29 +170,6 @@ TEST_CASE("the steps a run left behind go once the run that went on commits past
   REQUIRE(daemon.Stop() == 0);
 }
 
-TEST_CASE("a run that goes on from a step a going back left behind, restored on purpose, makes "
-          "it latest again: its past stays, on the timeline") {
-  const std::string dir = ShortTempDir("it-back-fwd");
-  Daemon daemon(dir, {{"--keep_last=10"}});
-  REQUIRE(daemon.Start());
-  const std::string job_dir = JobDir(daemon);
-  RunRanks(daemon, dir, "first", {"--steps=20"});  // steps 5, 10, 15, 20
-  REQUIRE(LatestIs(job_dir, 20));
-  // Back to step 10, two steps on, nothing committed: latest names 10.
-  RunRanks(daemon, dir, "back", {"--mode=resume", "--restore_step=10", "--steps=2"});
-  REQUIRE(LatestIs(job_dir, 10));
-  // Then on from step 20 after all (the first run's, above latest), to 25.
-  auto again = RunRanks(daemon, dir, "again", {"--mode=resume", "--restore_step=20", "--steps=5"});
-  CHECK(again[0]->Values()["committed"] == "25");
-  CHECK(LatestIs(job_dir, 25));
-  CHECK(absl::StrContains(daemon.Log(), "training went on from step 20, committed above step 10"));
-  // Steps 15 and 20 are the past of the run that went on: none is removed
-  // as left behind when its commit of step 25 passes them.
-  CHECK_FALSE(absl::StrContains(daemon.Log(), "step(s) of a run left behind"));
-  CHECK(*checkpoint::ListCommittedSteps(job_dir) == std::vector<int64_t>{5, 10, 15, 20, 25});
-  REQUIRE(daemon.Stop() == 0);
-}
-
 TEST_CASE("a going back told by a rank that trained on before rank 0 registered is done when "
           "rank 0 registers") {
   const std::string dir = ShortTempDir("it-back-late0");

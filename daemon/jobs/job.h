@@ -217,12 +217,6 @@ class Job {
   // before it here).
   void GoBack(const GoingBack& back) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A run that went on from a committed step above `latest` (one a going
-  // back left behind, restored on purpose) makes it the end of the timeline
-  // again: `latest` names it where this daemon commits, so that the steps
-  // up to it, its own past, are not taken for steps left behind.
-  void PointLatestUpTo(const GoingBack& back) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
-      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether this daemon commits the job (it serves global rank 0).
   bool IsCommitter() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -95,15 +95,21 @@ absl::Status CreateJobDir(const std::string& job_dir, bool in_allowed_root, cons
       return ErrnoToStatus(errno, absl::StrCat("hand ", job_dir, " to uid ", owner.uid));
     }
     if (::fchmod(fd.get(), 0750) != 0) return ErrnoToStatus(errno, absl::StrCat("chmod ", job_dir));
-    return absl::OkStatus();
+    // The new entry, durable before anything is committed in the directory
+    // (commits sync the job directory, not its parent).
+    return FsyncDir(DirName(job_dir));
   }
   // Deeper than an allowed root: only where the user may write themselves.
   ScopedFsIdentity as_owner(owner);
-  if (::mkdir(job_dir.c_str(), 0750) != 0 && errno != EEXIST) {
+  if (::mkdir(job_dir.c_str(), 0750) != 0) {
+    if (errno == EEXIST) return absl::OkStatus();
     return Annotate(ErrnoToStatus(errno, absl::StrCat("create ", job_dir)),
                     absl::StrCat("as uid ", owner.uid));
   }
-  return absl::OkStatus();
+  // (A parent the user may write but not read, 0733, cannot be opened to be
+  // synced: the entry is then as durable as the file system makes it.)
+  const absl::Status synced = FsyncDir(DirName(job_dir));
+  return absl::IsPermissionDenied(synced) ? absl::OkStatus() : synced;
 }
 
 // The uid an OWNER object names; DataLoss for anything else.
@@ -170,15 +176,6 @@ absl::StatusOr<std::string> ResolveStoreJobDir(const JobDirRequest& req) {
   absl::Status created = fs.MakeDirs(job_dir);
   if (created.ok()) {
     created = storage::WriteFileAtomic(fs, owner_path, absl::StrCat("uid ", req.owner.uid, "\n"));
-  }
-  if (created.ok() && !IsObjectStoreUrl(job_dir)) {
-    // The new directory's entry, durable before anything is committed in it
-    // (the commits sync the job directory, not its parent; an object store
-    // has no entries to sync). A parent the user may write but not read
-    // (0733) cannot be opened to be synced: the entry is then as durable as
-    // the file system makes it on its own.
-    const absl::Status synced = fs.SyncDir(DirName(job_dir));
-    if (!synced.ok() && !absl::IsPermissionDenied(synced)) created = synced;
   }
   ZCC_RETURN_IF_ERROR(Annotate(created, absl::StrCat("creating ", job_dir)));
   return job_dir;

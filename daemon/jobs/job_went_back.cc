@@ -11,9 +11,7 @@
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/step_dirs.h"
-#include "common/file_util.h"
 #include "common/log.h"
-#include "format/manifest.h"
 #include "storage/posix_storage.h"
 
 namespace zcc::daemon {
@@ -30,45 +28,9 @@ void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) {
   ++asked_;
 }
 
-void Job::PointLatestUpTo(const GoingBack& back) {
-  {
-    zcc::MutexLock lock(&mu_);
-    if (!committer_) return;
-  }
-  storage::Storage& fs = storage::StorageOrDefault(options_.storage);
-  std::vector<std::string> dirs;
-  if (!options_.node_local_root) dirs.push_back(options_.job_dir);
-  if (!options_.upload_dir.empty()) dirs.push_back(options_.upload_dir);
-  for (const std::string& dir : dirs) {
-    auto named = checkpoint::ReadLatest(dir, &fs);
-    if (!named.ok() || *named >= back.restored) continue;
-    const std::string step_dir = JoinPath(dir, format::StepDirName(back.restored));
-    if (!fs.Stat(JoinPath(step_dir, format::kCommittedFileName)).ok()) continue;
-    const absl::Status pointed = checkpoint::PointLatest(fs, dir, back.restored, back.at);
-    if (!pointed.ok()) {
-      zcc::MutexLock lock(&mu_);
-      SetError(absl::StrCat("training went on from step ", back.restored, ", above step ",
-                            *named, " that ", dir, "/latest named, but it could not be pointed "
-                            "to it: ", pointed.message()));
-      continue;
-    }
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": training went on from step "
-                     << back.restored << ", committed above step " << *named << " that " << dir
-                     << "/latest named (a going back had left it behind); it names step "
-                     << back.restored << " again";
-    const std::string& commits_in =
-        options_.node_local_root ? options_.upload_dir : options_.job_dir;
-    if (dir == commits_in) {
-      zcc::MutexLock lock(&mu_);
-      last_committed_step_ = std::max(last_committed_step_, back.restored);
-    }
-  }
-}
-
 void Job::GoBack(const GoingBack& back) {
   // The peer tier first: it holds steps newer than everything written.
   if (options_.on_went_on) options_.on_went_on(back.restored, back.at);
-  PointLatestUpTo(back);
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
   // Where the job commits: the store, in the node-local mode (a read there
   // once per restore that training went on from).
