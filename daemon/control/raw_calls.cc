@@ -61,18 +61,34 @@ grpc::Status RawCalls::Refused(const absl::Status& why, absl::string_view method
       absl::Status(why.code(), absl::StrCat("refused ", method, " request: ", why.message())));
 }
 
+size_t RawCalls::threads() const {
+  zcc::MutexLock lock(&mu_);
+  return threads_.size();
+}
+
+void RawCalls::Ended(uint64_t id, uid_t uid) {
+  std::thread previous;
+  {
+    zcc::MutexLock lock(&mu_);
+    auto it = threads_.find(last_ended_);
+    if (last_ended_ != 0 && it != threads_.end()) {
+      previous = std::move(it->second);
+      threads_.erase(it);
+    }
+    last_ended_ = id;
+    auto mine = per_uid_.find(uid);
+    if (mine != per_uid_.end() && --mine->second.calls == 0 && mine->second.cost == 0) {
+      per_uid_.erase(mine);
+    }
+  }
+  // Outside the lock: the last thing that thread did was to give it back.
+  if (previous.joinable()) previous.join();
+}
+
 absl::Status RawCalls::Start(uid_t uid, absl::AnyInvocable<void() &&> work) {
-  std::vector<std::thread> ended;
   absl::Status started;
   {
     zcc::MutexLock lock(&mu_);
-    for (uint64_t id : ended_) {
-      auto it = threads_.find(id);
-      if (it == threads_.end()) continue;
-      ended.push_back(std::move(it->second));
-      threads_.erase(it);
-    }
-    ended_.clear();
     PerUid& mine = per_uid_[uid];
     if (draining_) {
       started = absl::UnavailableError("zccd is shutting down");
@@ -83,17 +99,11 @@ absl::Status RawCalls::Start(uid_t uid, absl::AnyInvocable<void() &&> work) {
       started = absl::UnavailableError(absl::StrCat(
           "zccd is serving ", mine.calls, " requests of this user; try again"));
     } else {
-      const uint64_t id = next_id_++;
+      const uint64_t id = ++next_id_;  // from 1: 0 is none in last_ended_
       try {
         threads_.emplace(id, std::thread([this, id, uid, work = std::move(work)]() mutable {
                            std::move(work)();
-                           zcc::MutexLock lock(&mu_);
-                           ended_.push_back(id);
-                           auto it = per_uid_.find(uid);
-                           if (it != per_uid_.end() && --it->second.calls == 0 &&
-                               it->second.cost == 0) {
-                             per_uid_.erase(it);
-                           }
+                           Ended(id, uid);
                          }));
         ++mine.calls;
       } catch (const std::system_error& e) {
@@ -102,9 +112,6 @@ absl::Status RawCalls::Start(uid_t uid, absl::AnyInvocable<void() &&> work) {
     }
     if (mine.calls == 0 && mine.cost == 0) per_uid_.erase(uid);
   }
-  // Ended threads are joined outside the lock: the last thing each did was
-  // to give it back.
-  for (std::thread& t : ended) t.join();
   return started;
 }
 
@@ -114,7 +121,7 @@ void RawCalls::Drain() {
     zcc::MutexLock lock(&mu_);
     draining_ = true;
     threads.swap(threads_);
-    ended_.clear();
+    last_ended_ = 0;
   }
   for (auto& [id, t] : threads) t.join();
 }

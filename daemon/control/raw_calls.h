@@ -15,8 +15,8 @@
 //
 // Thread-safety: Serve may be called from any of gRPC's threads. Drain
 // must be called once the servers that use it have shut down, before it is
-// destroyed. Ownership: owns the threads it starts; threads that ended are
-// joined by the next call's start, or by Drain.
+// destroyed. Ownership: owns the threads it starts; a thread that ended is
+// joined by the next one to end, or by Drain.
 #ifndef ZCC_DAEMON_CONTROL_RAW_CALLS_H_
 #define ZCC_DAEMON_CONTROL_RAW_CALLS_H_
 
@@ -87,6 +87,9 @@ class RawCalls {
 
   // The parse memory admitted to the calls being served (for tests).
   uint64_t cost_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The threads not joined yet: those serving calls, and at most one that
+  // ended (for tests).
+  size_t threads() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct PerUid {
@@ -100,6 +103,9 @@ class RawCalls {
                                  uid_t uid, const grpc::ByteBuffer& raw, RequestLimit limit)
       ABSL_LOCKS_EXCLUDED(mu_);
   void Release(uid_t uid, uint64_t cost) ABSL_LOCKS_EXCLUDED(mu_);
+  // A call's thread is done with `work` (its last step): joins the thread
+  // that ended before it.
+  void Ended(uint64_t id, uid_t uid) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `work` on a new thread for `uid`: OK, or why not (too many calls,
   // draining, no thread to be had).
   absl::Status Start(uid_t uid, absl::AnyInvocable<void() &&> work) ABSL_LOCKS_EXCLUDED(mu_);
@@ -114,7 +120,9 @@ class RawCalls {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> ended_ ABSL_GUARDED_BY(mu_);  // threads that ended, to join
+  // The thread that ended last, not joined yet: the next to end joins it
+  // (so at most one ended thread is left unjoined, until Drain).
+  uint64_t last_ended_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t cost_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uid_t, PerUid> per_uid_ ABSL_GUARDED_BY(mu_);  // uids with calls being served
 };

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
+#include "common/testing/eventually.h"
 #include "proto/zcc.grpc.pb.h"
 
 namespace zcc::daemon {
@@ -102,6 +103,11 @@ TEST_CASE("a call is parsed, handled on a thread of its own and answered; its co
   REQUIRE(resp.jobs_size() == 1);
   CHECK(resp.jobs(0).job_id() == "job-a");
   CHECK(f.calls.cost_in_flight() == 0);
+  // Calls one after another leave at most one ended thread unjoined (once
+  // the last has ended: it replies first).
+  for (int i = 0; i < 20; ++i) REQUIRE(f.Ask("job-b").get().first.ok());
+  CHECK(testing::Eventually([&] { return f.calls.threads() <= 1; }, absl::Seconds(5),
+                            absl::Milliseconds(1)));
 }
 
 TEST_CASE("calls beyond max_calls wait (UNAVAILABLE) while the others are served, and are "
