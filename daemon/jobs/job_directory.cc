@@ -100,14 +100,18 @@ absl::Status CreateJobDir(const std::string& job_dir, bool in_allowed_root, cons
     return FsyncDir(DirName(job_dir));
   }
   // Deeper than an allowed root: only where the user may write themselves.
-  ScopedFsIdentity as_owner(owner);
-  if (::mkdir(job_dir.c_str(), 0750) != 0) {
-    if (errno == EEXIST) return absl::OkStatus();
-    return Annotate(ErrnoToStatus(errno, absl::StrCat("create ", job_dir)),
-                    absl::StrCat("as uid ", owner.uid));
+  {
+    ScopedFsIdentity as_owner(owner);
+    if (::mkdir(job_dir.c_str(), 0750) != 0) {
+      if (errno == EEXIST) return absl::OkStatus();
+      return Annotate(ErrnoToStatus(errno, absl::StrCat("create ", job_dir)),
+                      absl::StrCat("as uid ", owner.uid));
+    }
   }
-  // (A parent the user may write but not read, 0733, cannot be opened to be
-  // synced: the entry is then as durable as the file system makes it.)
+  // The parent synced as zccd, which can open one the user may write but
+  // not read (0733); a zccd that cannot (not root) leaves the entry as
+  // durable as the file system makes it. (A sync reads nothing and changes
+  // nothing: wherever the path leads, it is harmless.)
   const absl::Status synced = FsyncDir(DirName(job_dir));
   return absl::IsPermissionDenied(synced) ? absl::OkStatus() : synced;
 }
