@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -120,11 +121,24 @@ std::map<std::string, std::string> Subprocess::Values() const {
   return values;
 }
 
+namespace {
+
+// A shared-memory prefix no other Daemon uses, in this process or another:
+// tests run side by side in sandboxes of their own, each with its own pid
+// namespace (so the same pids) and the same /dev/shm.
+std::string UniqueShmPrefix() {
+  std::random_device random;
+  const uint64_t bits = (uint64_t{random()} << 32) | random();
+  return absl::StrCat("zccit", getpid(), "x", absl::Hex(bits));
+}
+
+}  // namespace
+
 Daemon::Daemon(const std::string& dir, DaemonOptions options)
     : dir_(dir),
       socket_(dir + "/" + options.name + ".sock"),
       root_(options.root.empty() ? dir + "/ckpt" : options.root),
-      shm_prefix_(absl::StrCat("zccit", getpid(), "x", reinterpret_cast<uintptr_t>(this) % 100000)),
+      shm_prefix_(UniqueShmPrefix()),
       options_(std::move(options)) {}
 
 Daemon::~Daemon() {
