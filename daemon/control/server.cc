@@ -47,11 +47,16 @@ absl::StatusOr<Caller> CallerOf(const grpc::ServerContextBase* ctx, const PeerTa
   return Caller{creds->uid, creds->gid, creds->pid};
 }
 
+// A registry method's result as the call's reply.
 template <typename T>
 grpc::Status Reply(const absl::StatusOr<T>& result, T* out) {
   if (!result.ok()) return ToGrpcStatus(result.status());
   *out = *result;
   return grpc::Status::OK;
+}
+template <typename T>
+grpc::Status Reply(const absl::Status& result, T*) {
+  return ToGrpcStatus(result);
 }
 
 // Counts refused control requests in zcc_errors_total{kind="rpc"}.
@@ -72,17 +77,23 @@ using RawControl = v1::Control::WithRawCallbackMethod_Register<
     v1::Control::WithRawCallbackMethod_SetJobPeers<
     v1::Control::WithRawCallbackMethod_CollectGarbage<v1::Control::Service>>>>>>>>>>;
 
-// One raw method: its request and response types, its limit, and its
-// handler, NameOf(ctx, caller, request, response).
-#define ZCC_RAW_METHOD(Name, Request, Response, limit)                                          \
+// One raw method: its request and response types, its limit, and what it
+// does with (caller, r, out), where `ctx` is the call's context.
+#define ZCC_RAW_METHOD(Name, Request, Response, limit, ...)                                     \
   grpc::ServerUnaryReactor* Name(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,   \
                                  grpc::ByteBuffer* resp) override {                              \
     return calls_->Serve<v1::Request, v1::Response>(                                             \
         ctx, #Name, CallerOf(ctx, peers_), req, resp, limit,                                     \
         [this, ctx](const Caller& caller, const v1::Request& r, v1::Response* out) {             \
-          return Name##Of(ctx, caller, r, out);                                                  \
+          (void)ctx;                                                                             \
+          return __VA_ARGS__;                                                                    \
         });                                                                                      \
   }
+// A control method that is the registry's method of the same name, its
+// refusals counted.
+#define ZCC_REGISTRY_METHOD(Name, Request, Response, limit) \
+  ZCC_RAW_METHOD(Name, Request, Response, limit,            \
+                 Counted(registry_, Reply(registry_->Name(r, caller), out)))
 
 class ControlService final : public RawControl {
  public:
@@ -92,72 +103,23 @@ class ControlService final : public RawControl {
         calls_(calls),
         register_limit_(RegisterRequestLimit(registry->config().max_tensors_per_rank)) {}
 
-  ZCC_RAW_METHOD(Register, RegisterRequest, RegisterResponse, register_limit_)
-  ZCC_RAW_METHOD(Unregister, UnregisterRequest, UnregisterResponse, kSmallRequest)
-  ZCC_RAW_METHOD(Restore, RestoreRequest, RestoreResponse, kSmallRequest)
-  ZCC_RAW_METHOD(RestoreDone, RestoreDoneRequest, RestoreDoneResponse, kSmallRequest)
-  ZCC_RAW_METHOD(RestoreCandidates, RestoreCandidatesRequest, RestoreCandidatesResponse,
-                 kSmallRequest)
-  ZCC_RAW_METHOD(ReadEma, ReadEmaRequest, ReadEmaResponse, kSmallRequest)
-  ZCC_RAW_METHOD(SaveNow, SaveNowRequest, SaveNowResponse, kSmallRequest)
-  ZCC_RAW_METHOD(PutJobFile, PutJobFileRequest, PutJobFileResponse, kPutJobFileRequest)
-  ZCC_RAW_METHOD(SetJobPeers, SetJobPeersRequest, SetJobPeersResponse, kSetJobPeersRequest)
-  ZCC_RAW_METHOD(CollectGarbage, CollectGarbageRequest, CollectGarbageResponse, kSmallRequest)
+  ZCC_REGISTRY_METHOD(Register, RegisterRequest, RegisterResponse, register_limit_)
+  ZCC_REGISTRY_METHOD(Unregister, UnregisterRequest, UnregisterResponse, kSmallRequest)
+  ZCC_RAW_METHOD(Restore, RestoreRequest, RestoreResponse, kSmallRequest,
+                 Counted(registry_,
+                         Reply(registry_->Restore(r, caller, [ctx] { return ctx->IsCancelled(); }),
+                               out)))
+  ZCC_REGISTRY_METHOD(RestoreDone, RestoreDoneRequest, RestoreDoneResponse, kSmallRequest)
+  ZCC_REGISTRY_METHOD(RestoreCandidates, RestoreCandidatesRequest, RestoreCandidatesResponse,
+                      kSmallRequest)
+  ZCC_REGISTRY_METHOD(ReadEma, ReadEmaRequest, ReadEmaResponse, kSmallRequest)
+  ZCC_REGISTRY_METHOD(SaveNow, SaveNowRequest, SaveNowResponse, kSmallRequest)
+  ZCC_REGISTRY_METHOD(PutJobFile, PutJobFileRequest, PutJobFileResponse, kPutJobFileRequest)
+  ZCC_REGISTRY_METHOD(SetJobPeers, SetJobPeersRequest, SetJobPeersResponse, kSetJobPeersRequest)
+  ZCC_REGISTRY_METHOD(CollectGarbage, CollectGarbageRequest, CollectGarbageResponse,
+                      kSmallRequest)
 
  private:
-  grpc::Status RegisterOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                          const v1::RegisterRequest& req,
-                          v1::RegisterResponse* resp) {
-    return Counted(registry_, Reply(registry_->Register(req, caller), resp));
-  }
-  grpc::Status UnregisterOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                            const v1::UnregisterRequest& req,
-                            v1::UnregisterResponse*) {
-    return Counted(registry_, ToGrpcStatus(registry_->Unregister(req, caller)));
-  }
-  grpc::Status RestoreOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                         const v1::RestoreRequest& req,
-                         v1::RestoreResponse* resp) {
-    return Counted(registry_, Reply(registry_->Restore(req, caller,
-                                                       [ctx] { return ctx->IsCancelled(); }),
-                                    resp));
-  }
-  grpc::Status RestoreDoneOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                             const v1::RestoreDoneRequest& req,
-                             v1::RestoreDoneResponse*) {
-    return Counted(registry_, ToGrpcStatus(registry_->RestoreDone(req, caller)));
-  }
-  grpc::Status RestoreCandidatesOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                                   const v1::RestoreCandidatesRequest& req,
-                                   v1::RestoreCandidatesResponse* resp) {
-    return Counted(registry_, Reply(registry_->RestoreCandidates(req, caller), resp));
-  }
-  grpc::Status ReadEmaOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                         const v1::ReadEmaRequest& req,
-                         v1::ReadEmaResponse* resp) {
-    return Counted(registry_, Reply(registry_->ReadEma(req, caller), resp));
-  }
-  grpc::Status PutJobFileOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                            const v1::PutJobFileRequest& req,
-                            v1::PutJobFileResponse* resp) {
-    return Counted(registry_, Reply(registry_->PutJobFile(req, caller), resp));
-  }
-  grpc::Status SaveNowOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                         const v1::SaveNowRequest& req,
-                         v1::SaveNowResponse* resp) {
-    return Counted(registry_, Reply(registry_->SaveNow(req, caller), resp));
-  }
-  grpc::Status SetJobPeersOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                             const v1::SetJobPeersRequest& req,
-                             v1::SetJobPeersResponse* resp) {
-    return Counted(registry_, Reply(registry_->SetJobPeers(req, caller), resp));
-  }
-  grpc::Status CollectGarbageOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                                const v1::CollectGarbageRequest& req,
-                                v1::CollectGarbageResponse* resp) {
-    return Counted(registry_, Reply(registry_->CollectGarbage(req, caller), resp));
-  }
-
   Registry* registry_;
   const PeerTable* peers_;
   RawCalls* calls_;
@@ -173,27 +135,18 @@ class StatusService final : public RawStatus {
   StatusService(Registry* registry, const PeerTable* peers, RawCalls* calls)
       : registry_(registry), peers_(peers), calls_(calls) {}
 
-  ZCC_RAW_METHOD(GetStatus, StatusRequest, StatusResponse, kSmallRequest)
-  ZCC_RAW_METHOD(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, kSmallRequest)
+  ZCC_RAW_METHOD(GetStatus, StatusRequest, StatusResponse, kSmallRequest,
+                 (*out = registry_->GetStatus(r, caller), grpc::Status::OK))
+  ZCC_RAW_METHOD(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, kSmallRequest,
+                 Reply(registry_->ListCheckpoints(r, caller), out))
 
  private:
-  grpc::Status GetStatusOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                           const v1::StatusRequest& req,
-                           v1::StatusResponse* resp) {
-    *resp = registry_->GetStatus(req, caller);
-    return grpc::Status::OK;
-  }
-  grpc::Status ListCheckpointsOf(grpc::CallbackServerContext* ctx, const Caller& caller,
-                                 const v1::ListCheckpointsRequest& req,
-                                 v1::ListCheckpointsResponse* resp) {
-    return Reply(registry_->ListCheckpoints(req, caller), resp);
-  }
-
   Registry* registry_;
   const PeerTable* peers_;
   RawCalls* calls_;
 };
 
+#undef ZCC_REGISTRY_METHOD
 #undef ZCC_RAW_METHOD
 
 // Streams (calls) one connection may have open at once; more wait at the
