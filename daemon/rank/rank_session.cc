@@ -448,6 +448,17 @@ std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const {
 
 absl::Status RankSession::TakePredecessorEma(int64_t step) {
   ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> predecessor, held_.TakePredecessorForEma());
+  // A predecessor that ended before it snapshotted or restored (a trainer
+  // that died again at start-up, a registration whose client gave up on
+  // it) passed on the snapshots it still held of its own predecessor, and
+  // kept an EMA with nothing in it: the EMA of those snapshots is that
+  // earlier session's, however many such restarts lie between.
+  while (predecessor != nullptr && predecessor->held_.any()) {
+    absl::StatusOr<std::shared_ptr<RankSession>> earlier =
+        predecessor->held_.TakePredecessorForEma();
+    if (!earlier.ok() || *earlier == nullptr) break;
+    predecessor = *std::move(earlier);
+  }
   if (predecessor != nullptr) {
     ema_.AdoptFrom(predecessor->ema_, step,
                    slots_.control()->next_seq.load(std::memory_order_acquire));

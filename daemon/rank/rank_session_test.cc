@@ -332,6 +332,28 @@ TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, o
   CHECK(rank.session().MemorySteps().empty());
 }
 
+TEST_CASE("a successor that ends before it snapshots or restores passes on the first trainer's "
+          "EMA with its snapshots") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  for (int64_t step = 1; step <= 5; ++step) {
+    REQUIRE(rank.Snapshot(step));
+    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
+  }
+  // Twice a trainer registers and dies before its first step or restore.
+  CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
+  CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  RankSession& session = rank.session();
+  CHECK(session.counters().last_ema_step == -1);
+  // The third restores step 5 from memory, with the EMA that folded it in.
+  REQUIRE_OK(session.TakePredecessorEma(5));
+  CHECK(session.counters().last_ema_step == 5);
+  session.ReleaseHeld(/*restored=*/5);
+  REQUIRE(rank.Snapshot(6));
+  REQUIRE(rank.AwaitEmaStep(6, absl::Seconds(10)));
+}
+
 TEST_CASE("a step replayed after a restart is served from the new snapshot, never the old one") {
   const std::string root = testing::TempDir();
   TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());

@@ -120,13 +120,25 @@ def restored_fields(output):
     return dict(f.split("=", 1) for f in line.split())
 
 
-def same_state(ref, got, what):
+def same_state(ref, got, what, context=""):
+    """The number of arrays of `ref` and `got` (.npz), which must be equal;
+    `context` (the runs' output) goes with a difference found."""
     a, b = np.load(ref), np.load(got)
     assert sorted(a.files) == sorted(b.files), (what, sorted(a.files), sorted(b.files))
     for name in a.files:
         assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), \
-            "%s: %s differs after the resume" % (what, name)
+            "%s: %s differs after the resume (%s)\n%s" % (
+                what, name, "largest difference %g" % np.max(np.abs(a[name] - b[name]))
+                if a[name].shape == b[name].shape else "shapes differ", context)
     return len(a.files)
+
+
+def runs_told(d, job, **outputs):
+    """The workers' outputs and zccd's log lines of `job`, for a failure
+    message."""
+    told = ["== %s\n%s" % (name, out[-4000:]) for name, out in outputs.items()]
+    lines = [line for line in d.log().splitlines() if job in line or "WARNING" in line]
+    return "\n".join(told + ["== zccd (job %s, and warnings)" % job] + lines[-80:])
 
 
 def test_killed_trainers_resume_exactly_from_memory():
@@ -136,15 +148,18 @@ def test_killed_trainers_resume_exactly_from_memory():
             code, ref_out = worker(d, "ref-" + optimizer, optimizer, out=ref)
             assert code == 0, ref_out
             job = "kill-" + optimizer
-            code, out = worker(d, job, optimizer, kill_after=5)
-            assert code == -9, (code, out)
+            code, killed = worker(d, job, optimizer, kill_after=5)
+            assert code == -9, (code, killed)
             got = os.path.join(tmp, optimizer + "-resumed.npz")
             code, out = worker(d, job, optimizer, out=got)
             assert code == 0, out
-            assert restored_line(out) == "restored=5 from=memory", out
+            told = runs_told(d, job, uninterrupted=ref_out, killed=killed, resumed=out)
+            assert restored_line(out) == "restored=5 from=memory", told
+            # With the EMA of step 5, the dead trainer's own.
+            assert restored_fields(out)["ema_step"] == "5", told
             want = {s: v for s, v in losses(ref_out).items() if s > 5}
             assert losses(out) == want, (optimizer, losses(out), want)
-            n = same_state(ref, got, optimizer)
+            n = same_state(ref, got, optimizer, told)
             if optimizer != "sgd":
                 assert any(".velocity" in k or ".moment1" in k for k in np.load(got).files)
             print("  %s: resumed at 5 from memory, %d arrays bit-exact" % (optimizer, n))

@@ -96,9 +96,9 @@ def main():
                       user_state=user_state, backpressure="block", rank=args.rank,
                       world_size=args.world)
     restored = ck.restore()
-    print("restored=%s from=%s own_state=%s epoch=%s" % (restored, ck.restored_from,
-                                                        ck.restored_rank_state,
-                                                        user_state["epoch"]), flush=True)
+    print("restored=%s from=%s own_state=%s epoch=%s ema_step=%s"
+          % (restored, ck.restored_from, ck.restored_rank_state, user_state["epoch"],
+             ck.ema_step), flush=True)
     if restored is not None:
         # Whatever this process's generators were, the checkpoint's count (a
         # rank new to the job takes rank 0's user_state, and keeps its counter).
