@@ -438,6 +438,32 @@ TEST_CASE("after missed steps the next update decays by d^k, k the intervals tha
   }
 }
 
+TEST_CASE("an EMA given another interval counts the next gaps in it") {
+  std::mt19937_64 rng(9);
+  std::vector<EmaTensorSpec> specs = RandomSpecs(rng, 4, 1000, {DType::kF32, DType::kBF16});
+  auto ema = MustCreate(specs, EmaOptions{0.9, 2, NonFiniteGuard::kDoubleBuffer, Isa::kAuto, 1});
+  Reference ref;
+  // Kept every step up to 4, then every 2nd step: steps 6 and 8 are one
+  // interval on (d), step 14 three (d^3).
+  int64_t previous = -1;
+  for (int64_t step : {1, 2, 3, 4, 6, 8, 14}) {
+    if (step == 6) ema->set_interval(2);
+    const uint32_t interval = step >= 6 ? 2 : 1;
+    Sources src = RandomSources(specs, rng);
+    auto result = ema->Update(src.pointers, step);
+    REQUIRE_OK(result);
+    REQUIRE(result->applied);
+    const double k = previous < 0 ? 1 : static_cast<double>(step - previous) / interval;
+    ref.Step(specs, src.tensor,
+             k == 1 ? ema->decay() : static_cast<float>(std::pow(double{ema->decay()}, k)));
+    previous = step;
+    const std::string failure = CompareWithReference(*ema, ref);
+    INFO("step " << step << ": " << failure);
+    REQUIRE(failure.empty());
+  }
+  CHECK(ema->interval() == 2);
+}
+
 TEST_CASE("a gap-free run with an interval is bit-identical to consecutive steps") {
   std::mt19937_64 rng(11);
   std::vector<EmaTensorSpec> specs = RandomSpecs(rng, 6, 2000, {DType::kF32, DType::kBF16});

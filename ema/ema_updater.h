@@ -52,6 +52,7 @@
 #ifndef ZCC_EMA_EMA_UPDATER_H_
 #define ZCC_EMA_EMA_UPDATER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -152,6 +153,11 @@ class EmaUpdater {
 
   Isa isa() const { return isa_; }
   float decay() const { return decay_; }
+  uint32_t interval() const { return interval_; }
+  // Updates are expected every `interval` steps (>= 1) from now on: an EMA
+  // taken over by a trainer that asks for another interval, whose next gap
+  // decays by the new one.
+  void set_interval(uint32_t interval) { interval_ = std::max<uint32_t>(1, interval); }
   int threads() const;
   NonFiniteGuard guard() const { return guard_; }
   // Bytes of fp32 EMA state (what a checkpoint holds) and bytes allocated for

@@ -1,6 +1,6 @@
 #include "daemon/control/raw_calls.h"
 
-#include <system_error>
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -100,13 +100,18 @@ absl::Status RawCalls::Start(uid_t uid, absl::AnyInvocable<void() &&> work) {
           "zccd is serving ", mine.calls, " requests of this user; try again"));
     } else {
       const uint64_t id = ++next_id_;  // from 1: 0 is none in last_ended_
+      // The map's entry before the thread: once the thread runs, nothing
+      // here may throw (a joinable std::thread destroyed ends the process).
+      auto entry = threads_.end();
       try {
-        threads_.emplace(id, std::thread([this, id, uid, work = std::move(work)]() mutable {
-                           std::move(work)();
-                           Ended(id, uid);
-                         }));
+        entry = threads_.emplace(id, std::thread()).first;
+        entry->second = std::thread([this, id, uid, work = std::move(work)]() mutable {
+          std::move(work)();
+          Ended(id, uid);
+        });
         ++mine.calls;
-      } catch (const std::system_error& e) {
+      } catch (const std::exception& e) {  // no thread, or no memory for the entry
+        if (entry != threads_.end()) threads_.erase(entry);
         started = absl::UnavailableError(absl::StrCat("no thread for the request: ", e.what()));
       }
     }

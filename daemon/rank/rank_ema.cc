@@ -236,6 +236,14 @@ void RankEma::AdoptFrom(RankEma& from, int64_t step, uint64_t next_seq) {
                      << from.ema_->last_step() << "; the replay of those steps is not folded again";
   }
   std::swap(ema_, from.ema_);
+  if (ema_->interval() != interval_) {
+    // The values are the same EMA; the gaps from now on are counted in this
+    // trainer's interval (as for an EMA read back from a checkpoint).
+    ZCC_LOG(INFO) << "job " << job_id_ << " rank " << rank_ << ": the EMA taken over was kept "
+                  << "every " << ema_->interval() << " step(s); it is kept every " << interval_
+                  << " from now on";
+    ema_->set_interval(interval_);
+  }
   first_seq_ = std::max(first_seq_, next_seq);
   PublishCounters();
   from.PublishCounters();
