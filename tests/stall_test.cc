@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
@@ -227,6 +228,52 @@ TEST_CASE("a registration stalled in its staging reservation holds up no other j
   REQUIRE(slow->Wait(absl::Seconds(60)) == 0);
   CHECK(slow->Values()["published"] == "2");
   checkpointed.client.reset();
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("a registration whose client stopped waiting for it is undone: the trainer's next "
+          "attempt is not refused as a live registration") {
+  constexpr int kStallMs = 3000;
+  const std::string dir = ShortTempDir("stall-gaveup");
+  Daemon daemon(dir, {{"--client_timeout_s=30"}, "", "zccd",
+                      {absl::StrCat("ZCCD_INJECT_RESERVE_DELAY_MS=", kStallMs),
+                       "ZCCD_INJECT_RESERVE_DELAY_MATCH=.gaveupjob."}});
+  REQUIRE(daemon.Start());
+  auto channel =
+      grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::Control::Stub> control = v1::Control::NewStub(channel);
+  v1::RegisterRequest req;
+  req.set_job_id("gaveupjob");
+  req.set_rank(0);
+  req.set_world_size(1);
+  req.set_pid(::getpid());
+  v1::TensorSpec* t = req.add_tensors();
+  t->set_name("w");
+  t->set_dtype(v1::F32);
+  t->add_shape(4096);
+  t->set_kind(v1::PARAM);
+  {
+    // The client gives up while zccd reserves the staging memory.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::RegisterResponse resp;
+    REQUIRE(control->Register(&ctx, req, &resp).error_code() == grpc::DEADLINE_EXCEEDED);
+  }
+  REQUIRE(Eventually(
+      [&] {
+        return absl::StrContains(daemon.LatestLog(),
+                                 "stopped waiting for its registration before it was answered; "
+                                 "undone");
+      },
+      absl::Seconds(30), absl::Milliseconds(10)));
+  // The same process asks again (and waits): answered, not refused for
+  // client_timeout as a registration of a live process.
+  grpc::ClientContext ctx;
+  v1::RegisterResponse resp;
+  const grpc::Status again = control->Register(&ctx, req, &resp);
+  INFO(again.error_message());
+  REQUIRE(again.ok());
+  CHECK(resp.generation() > 0);
   REQUIRE(daemon.Stop() == 0);
 }
 

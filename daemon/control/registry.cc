@@ -228,9 +228,27 @@ absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested
 }
 
 absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req,
-                                                        const Caller& caller) {
+                                                        const Caller& caller,
+                                                        const std::function<bool()>& client_gone) {
   if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
   ZCC_ASSIGN_OR_RETURN(v1::RegisterResponse resp, registrar_.Register(req, caller));
+  if (client_gone && client_gone()) {
+    // Nobody would map or heartbeat it: undone as the trainer's own close
+    // keeping its snapshots would be (what it inherited goes on with them).
+    v1::UnregisterRequest undo;
+    undo.set_job_id(req.job_id());
+    undo.set_rank(req.rank());
+    undo.set_generation(resp.generation());
+    undo.set_keep_snapshots(true);
+    const absl::Status undone = Unregister(undo, caller);
+    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": pid "
+                     << caller.pid << " stopped waiting for its registration before it was "
+                     << "answered; "
+                     << (undone.ok() ? std::string("undone")
+                                     : absl::StrCat("undoing it failed: ", undone.message()));
+    return absl::CancelledError(
+        "the registration was undone: the client stopped waiting for it before it was answered");
+  }
   zcc::MutexLock lock(&peer_mu_);
   resp.set_peer_address(peer_address_);
   return resp;

@@ -83,7 +83,14 @@ class Registry {
   // attempts the commits that became possible, removes all segments.
   void Shutdown();
 
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request, const Caller& caller);
+  // `client_gone` (optional) says when the caller stopped waiting: a
+  // registration it gave up on (its deadline passed while zccd retired the
+  // rank's previous trainer or reserved memory) is undone, its snapshots
+  // kept for the trainer's next attempt, which would otherwise be refused
+  // for client_timeout as a registration of a live process.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                const Caller& caller,
+                                                const std::function<bool()>& client_gone = nullptr);
   absl::Status Unregister(const v1::UnregisterRequest& request, const Caller& caller);
   // `client_gone` (optional) says when the caller stopped waiting (deadline,
   // cancellation): the restore then stops at its next check, like at shutdown.

@@ -103,7 +103,10 @@ class ControlService final : public RawControl {
         calls_(calls),
         register_limit_(RegisterRequestLimit(registry->config().max_tensors_per_rank)) {}
 
-  ZCC_REGISTRY_METHOD(Register, RegisterRequest, RegisterResponse, register_limit_)
+  ZCC_RAW_METHOD(Register, RegisterRequest, RegisterResponse, register_limit_,
+                 Counted(registry_,
+                         Reply(registry_->Register(r, caller, [ctx] { return ctx->IsCancelled(); }),
+                               out)))
   ZCC_REGISTRY_METHOD(Unregister, UnregisterRequest, UnregisterResponse, kSmallRequest)
   ZCC_RAW_METHOD(Restore, RestoreRequest, RestoreResponse, kSmallRequest,
                  Counted(registry_,
