@@ -1256,7 +1256,8 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 }
 
 TEST_CASE("a trainer killed at a random step restores that step from zccd's memory, EMA "
-          "included; after zccd restarts, the last commit from disk") {
+          "included, after two more that died at start-up; after zccd restarts, the last "
+          "commit from disk") {
   const std::string dir = ShortTempDir("it-mem");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
@@ -1270,6 +1271,16 @@ TEST_CASE("a trainer killed at a random step restores that step from zccd's memo
   REQUIRE(WaitSnapshotted(dir, daemon, "itest", killed_at));
   t->Signal(SIGKILL);
   REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  // Twice a trainer registers and dies before it restores or snapshots (a
+  // crash loop at start-up): the snapshots go on to the next, and so does
+  // the EMA that folded them in.
+  for (int i = 0; i < 2; ++i) {
+    auto crashed = StartTrainer(daemon, dir, absl::StrCat("crashed", i),
+                                Concat({"--steps=30", "--pause_before_train"}, model));
+    REQUIRE(crashed->WaitForOutput("ready", absl::Seconds(60)));
+    crashed->Signal(SIGKILL);
+    REQUIRE(crashed->Wait(absl::Seconds(10)).has_value());
+  }
   // The restarted trainer gets the step it died after, bit-exact, with the
   // EMA as of that step, from zccd's memory.
   auto r = StartTrainer(daemon, dir, "restore",
