@@ -354,6 +354,27 @@ TEST_CASE("a successor that ends before it snapshots or restores passes on the f
   REQUIRE(rank.AwaitEmaStep(6, absl::Seconds(10)));
 }
 
+TEST_CASE("a successor that restored an older step from disk and died before copying it out "
+          "passes on the snapshots it held with their own EMA, not the one it read") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  for (int64_t step = 1; step <= 5; ++step) {
+    REQUIRE(rank.Snapshot(step));
+    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
+  }
+  CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
+  // Its restore of step 3 installed that step's EMA; its trainer died before
+  // RestoreDone, so step 5 is still held.
+  RankEma::Saved saved;
+  saved.present = true;
+  saved.data.assign(kTensors, std::vector<float>(kElements, 1.0f));
+  REQUIRE_OK(rank.session().InstallEma(std::move(saved), 3));
+  CHECK(rank.session().counters().last_ema_step == 3);
+  CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  REQUIRE_OK(rank.session().TakePredecessorEma(5));
+  CHECK(rank.session().counters().last_ema_step == 5);
+}
+
 TEST_CASE("a step replayed after a restart is served from the new snapshot, never the old one") {
   const std::string root = testing::TempDir();
   TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
