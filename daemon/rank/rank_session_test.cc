@@ -291,13 +291,18 @@ TEST_CASE("a slot whose memory is reserved in the background reaches the client 
                               absl::Seconds(10)));
 }
 
-TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, once") {
-  const std::string root = testing::TempDir();
-  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
-  for (int64_t step = 1; step <= 5; ++step) {
+// Snapshots steps 1 to `last`, each folded into the EMA before the next.
+void SnapshotThrough(TestRank& rank, int64_t last) {
+  for (int64_t step = 1; step <= last; ++step) {
     REQUIRE(rank.Snapshot(step));
     REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
   }
+}
+
+TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, once") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  SnapshotThrough(rank, 5);
   // Two slots, reused oldest first: steps 4 and 5 are intact; one is held
   // (the registry leaves the trainer a free slot).
   CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
@@ -336,10 +341,7 @@ TEST_CASE("a successor that ends before it snapshots or restores passes on the f
           "EMA with its snapshots") {
   const std::string root = testing::TempDir();
   TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
-  for (int64_t step = 1; step <= 5; ++step) {
-    REQUIRE(rank.Snapshot(step));
-    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
-  }
+  SnapshotThrough(rank, 5);
   // Twice a trainer registers and dies before its first step or restore.
   CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
   CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
@@ -358,10 +360,7 @@ TEST_CASE("a successor that restored an older step from disk and died before cop
           "passes on the snapshots it held with their own EMA, not the one it read") {
   const std::string root = testing::TempDir();
   TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
-  for (int64_t step = 1; step <= 5; ++step) {
-    REQUIRE(rank.Snapshot(step));
-    REQUIRE(rank.AwaitEmaStep(step, absl::Seconds(10)));
-  }
+  SnapshotThrough(rank, 5);
   CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
   // Its restore of step 3 installed that step's EMA; its trainer died before
   // RestoreDone, so step 5 is still held.
