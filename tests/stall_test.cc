@@ -277,6 +277,43 @@ TEST_CASE("a registration whose client stopped waiting for it is undone: the tra
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a trainer restarted while the reaper still retires its predecessor (a commit "
+          "stalled on a slow disk) waits for it, and restores the newest snapshot from memory") {
+  // Before each of the commit's four operations on step 2's COMMITTED: the
+  // commit takes 12 s.
+  constexpr int kDelayMs = 3000;
+  const std::string dir = ShortTempDir("stall-retire");
+  // zccd waited client_timeout (3 s here) for a retirement under way, then
+  // registered the trainer without its predecessor's snapshots.
+  Daemon daemon(dir, {{"--client_timeout_s=3"}, "", "zccd",
+                      {absl::StrCat("ZCCD_INJECT_STORAGE_FAULTS=path=retirejob/step-00000002."
+                                    "partial/COMMITTED,op_delay_ms=", kDelayMs)}});
+  REQUIRE(daemon.Start());
+  std::vector<std::string> first = {"--job=retirejob", "--save_every=2", "--tensors=1",
+                                    "--block", "--steps=3", "--pause_at=3",
+                                    "--daemon_timeout_s=30"};
+  auto t = StartTrainer(daemon, dir, "first", first);
+  REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+  REQUIRE(WaitSnapshotted(dir, daemon, "retirejob", 3));
+  t->Signal(SIGKILL);
+  REQUIRE(t->Wait(absl::Seconds(5)).has_value());
+  // The reaper takes it, and waits for step 2's commit (stalled) before
+  // the rank's snapshots are retained.
+  REQUIRE(Eventually(
+      [&] { return absl::StrContains(daemon.LatestLog(), "exited; dropping its registration"); },
+      absl::Seconds(10), absl::Milliseconds(5)));
+  CHECK_FALSE(absl::StrContains(daemon.LatestLog(), "keeping 1 snapshot"));
+  auto r = StartTrainer(daemon, dir, "restarted",
+                        {"--job=retirejob", "--save_every=2", "--tensors=1", "--mode=restore",
+                         "--expect_step=3", "--expect_from=memory"});
+  CHECK(r->Wait(absl::Seconds(60)) == 0);
+  INFO(r->Output() << daemon.Log());
+  CHECK(r->Values()["restored_step"] == "3");
+  CHECK(r->Values()["restored_from"] == "memory");
+  CHECK(r->Values()["mismatched_tensors"] == "0");
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("a restore stalled in its step's metadata check holds up no other job's restore, "
           "status, housekeeping or the watchdog") {
   constexpr int kDelayMs = 3000;  // each read request of the stalled step's files

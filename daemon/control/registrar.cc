@@ -365,13 +365,17 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
 
 }  // namespace
 
-absl::StatusOr<v1::RegisterResponse> Registrar::Register(const v1::RegisterRequest& req,
-                                                         const Caller& caller) {
+absl::StatusOr<v1::RegisterResponse> Registrar::Register(
+    const v1::RegisterRequest& req, const Caller& caller,
+    const std::function<bool()>& client_gone) {
   ZCC_ASSIGN_OR_RETURN(RankPlan plan,
                        PlanRank(req, caller, d_, [this] { return EmaWorkers(); }));
   ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> replacing,
                        FindReplaced(req, plan.registered, caller, *d_.jobs));
-  RetirePredecessors(req, plan.job_dir, caller);
+  RetirePredecessors(req, plan.job_dir, caller, client_gone);
+  if (client_gone && client_gone()) {
+    return absl::CancelledError("the client stopped waiting for its registration");
+  }
   ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
   if (replacing != nullptr) {
     // Its published snapshots drained (written when due) before its EMA
@@ -548,7 +552,8 @@ void Registrar::ForgetEarlierRunParts(const v1::RegisterRequest& req, const Job&
 }
 
 void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
-                                   const Caller& caller) {
+                                   const Caller& caller,
+                                   const std::function<bool()>& client_gone) {
   // A trainer restarted faster than the housekeeping round noticed its
   // predecessor's death: retire the old registration first (its
   // checkpoint-on-failure, so a restore right after sees that step; its
@@ -566,7 +571,7 @@ void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::st
   const absl::Duration timeout = d_.config->client_timeout;
   for (const std::shared_ptr<RankSession>& p : predecessors) {
     if (p->ClientProcessGone() || !p->ClientAlive(timeout)) {
-      d_.housekeeper->RetireNow(found, p, timeout);
+      d_.housekeeper->RetireNow(found, p, timeout, client_gone);
     }
   }
 }

@@ -81,17 +81,22 @@ class Registrar {
   Registrar(const Registrar&) = delete;
   Registrar& operator=(const Registrar&) = delete;
 
+  // `client_gone` (optional): whether the caller stopped waiting (see
+  // Registry::Register).
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
-                                                const Caller& caller);
+                                                const Caller& caller,
+                                                const std::function<bool()>& client_gone);
 
  private:
   // zccd's EMA threads (ema_threads, the updating rank's ingest thread one
   // of them), shared by every rank's EMA: started with the first EMA.
   absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> EmaWorkers() ABSL_LOCKS_EXCLUDED(ema_mu_);
   // Retires the rank's predecessor (and, for a job resumed in another
-  // layout, every rank of the old one) whose trainer is gone, at once.
+  // layout, every rank of the old one) whose trainer is gone, at once; one
+  // the reaper is retiring already is waited for while the caller waits
+  // (`client_gone`; without it, client_timeout).
   void RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
-                          const Caller& caller);
+                          const Caller& caller, const std::function<bool()>& client_gone);
   // For a job written straight to an object store by a trainer that names
   // no run: removes the parts this rank left in the store's uncommitted
   // steps, before the trainer can write anything (see the definition).

@@ -231,7 +231,7 @@ absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterReques
                                                         const Caller& caller,
                                                         const std::function<bool()>& client_gone) {
   if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
-  ZCC_ASSIGN_OR_RETURN(v1::RegisterResponse resp, registrar_.Register(req, caller));
+  ZCC_ASSIGN_OR_RETURN(v1::RegisterResponse resp, registrar_.Register(req, caller, client_gone));
   if (client_gone && client_gone()) {
     // Nobody would map or heartbeat it: undone as the trainer's own close
     // keeping its snapshots would be (what it inherited goes on with them).

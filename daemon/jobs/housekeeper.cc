@@ -149,13 +149,25 @@ void Housekeeper::Retain(Job& job, std::shared_ptr<RankSession> stopped) {
 }
 
 void Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
-                            const std::shared_ptr<RankSession>& session, absl::Duration wait) {
+                            const std::shared_ptr<RankSession>& session, absl::Duration wait,
+                            const std::function<bool()>& stop_waiting) {
   if (session->BeginRetirement()) {
     Retire({job, session});
     return;
   }
-  // The reaper has it: its checkpoint-on-failure may take a while.
-  job->AwaitRankGone(session->shards().rank, session.get(), absl::Now() + wait);
+  // The reaper has it: its checkpoint-on-failure, or the write of a due
+  // step and its commit, may take a while.
+  const uint32_t rank = session->shards().rank;
+  if (stop_waiting == nullptr) {
+    job->AwaitRankGone(rank, session.get(), absl::Now() + wait);
+    return;
+  }
+  // (No wake-up says when the caller stops waiting: asked between waits.)
+  const absl::Time deadline = absl::Now() + kMaxRetireWait;
+  while (!job->AwaitRankGone(rank, session.get(),
+                             std::min(deadline, absl::Now() + absl::Seconds(1)))) {
+    if (stop_waiting() || absl::Now() >= deadline) return;
+  }
 }
 
 void Housekeeper::HousekeepingLoop() {

@@ -70,10 +70,14 @@ class Housekeeper {
   // Retires `session` of `job`, whose trainer is gone, now: its
   // checkpoint-on-failure, then the session is stopped, removed from the job
   // and its intact snapshots retained (Retain). When the reaper is already
-  // retiring it, waits (at most `wait`) for that to finish. For a trainer
-  // that registers again before housekeeping noticed its predecessor died.
+  // retiring it, waits for that to finish: at most `wait`, or, given
+  // `stop_waiting`, until it says so (asked every second; at most
+  // kMaxRetireWait). For a trainer that registers again before its
+  // predecessor is retired: its registration takes the predecessor's
+  // snapshots only once they are retained.
   void RetireNow(const std::shared_ptr<Job>& job, const std::shared_ptr<RankSession>& session,
-                 absl::Duration wait);
+                 absl::Duration wait, const std::function<bool()>& stop_waiting = nullptr);
+  static constexpr absl::Duration kMaxRetireWait = absl::Minutes(10);
   // Keeps the snapshots of `stopped` (removed from `job`) in memory for
   // retain_snapshots, so its rank's next trainer restores them from memory.
   void Retain(Job& job, std::shared_ptr<RankSession> stopped);
