@@ -87,7 +87,9 @@ class Registry {
   // registration it gave up on (its deadline passed while zccd retired the
   // rank's previous trainer or reserved memory) is undone, its snapshots
   // kept for the trainer's next attempt, which would otherwise be refused
-  // for client_timeout as a registration of a live process.
+  // for client_timeout as a registration of a live process. (An undone
+  // replacement in place had stopped the registration it replaced: the
+  // trainer registers afresh, without that one's snapshots or EMA.)
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
                                                 const Caller& caller,
                                                 const std::function<bool()>& client_gone = nullptr);

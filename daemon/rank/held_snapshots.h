@@ -43,7 +43,8 @@ class HeldSnapshots {
   // The slot holding `step`, if it is held.
   std::optional<uint32_t> Slot(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
   // The previous session, for its EMA, the first time only (nullptr after:
-  // taking the EMA twice would give it back). FailedPrecondition when none
+  // taking the EMA twice would give it back; also once a successor that
+  // inherited these snapshots took it over). FailedPrecondition when none
   // is held any more.
   absl::StatusOr<std::shared_ptr<RankSession>> TakePredecessorForEma() ABSL_LOCKS_EXCLUDED(mu_);
   // Lets go of everything: returns the slots that were held, for the caller

@@ -44,7 +44,7 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
       pid_visible_(options_.pid > 0 && (::kill(options_.pid, 0) == 0 || errno == EPERM)),
       ema_(std::move(ema), EmaSources(registered_, ema_index), shards_.job_id, shards_.rank,
            options_.ema_interval, options_.metrics),
-      held_(std::move(inherited)),
+      held_(SkipEmptyPredecessors(std::move(inherited))),
       writer_(WriteTarget(std::move(on_persisted), nullptr), options_.write_pool),
       replicate_writer_(WriteTarget([](const PersistEvent&) {},
                                     [this] {
@@ -446,19 +446,24 @@ std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const {
   return held_.Slot(step);
 }
 
-absl::Status RankSession::TakePredecessorEma(int64_t step) {
-  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> predecessor, held_.TakePredecessorForEma());
+Inheritance RankSession::SkipEmptyPredecessors(Inheritance inherited) {
   // A predecessor that ended before it snapshotted or restored (a trainer
   // that died again at start-up, a registration whose client gave up on
-  // it) passed on the snapshots it still held of its own predecessor, and
-  // kept an EMA with nothing in it: the EMA of those snapshots is that
-  // earlier session's, however many such restarts lie between.
-  while (predecessor != nullptr && predecessor->held_.any()) {
+  // it) passes on the snapshots it still held of its own predecessor, and
+  // an EMA with nothing in it: the EMA of those snapshots is that earlier
+  // session's, inherited here directly, so that no chain of such sessions
+  // (each with its EMA's memory) builds up however many restarts lie between.
+  while (inherited.predecessor != nullptr && inherited.predecessor->held_.any()) {
     absl::StatusOr<std::shared_ptr<RankSession>> earlier =
-        predecessor->held_.TakePredecessorForEma();
-    if (!earlier.ok() || *earlier == nullptr) break;
-    predecessor = *std::move(earlier);
+        inherited.predecessor->held_.TakePredecessorForEma();
+    if (!earlier.ok() || *earlier == nullptr) break;  // its own EMA, or none
+    inherited.predecessor = *std::move(earlier);
   }
+  return inherited;
+}
+
+absl::Status RankSession::TakePredecessorEma(int64_t step) {
+  ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> predecessor, held_.TakePredecessorForEma());
   if (predecessor != nullptr) {
     ema_.AdoptFrom(predecessor->ema_, step,
                    slots_.control()->next_seq.load(std::memory_order_acquire));

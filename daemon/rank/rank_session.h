@@ -230,10 +230,12 @@ class RankSession {
   std::vector<int64_t> MemorySteps() const ABSL_LOCKS_EXCLUDED(mu_);
   // The slot holding `step` from the previous trainer, if it is held.
   std::optional<uint32_t> HeldSlot(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Gives this session the previous trainer's EMA, for a restore of `step`
-  // from memory. OK and a no-op without an EMA; an EMA the predecessor did
-  // not have, or kept of other tensors or with another decay, starts afresh
-  // (logged).
+  // Gives this session the EMA that goes with the held snapshots (the
+  // previous trainer's, or, where that one ended before it snapshotted or
+  // restored, the one before it: SkipEmptyPredecessors), for a restore of
+  // `step` from memory. OK and a no-op without an EMA; an EMA the
+  // predecessor did not have, or kept of other tensors or with another
+  // decay, starts afresh (logged).
   absl::Status TakePredecessorEma(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the EMA of `stopped` (a stopped session of this rank that this
   // one replaces in place, its EMA at `step`), as TakePredecessorEma does.
@@ -276,6 +278,9 @@ class RankSession {
   RankCounters counters() const;
 
  private:
+  // `inherited` with its predecessor replaced by the session whose EMA goes
+  // with the snapshots it passes on (see the definition).
+  static Inheritance SkipEmptyPredecessors(Inheritance inherited);
   void IngestLoop();
   // Returns true if it processed at least one slot.
   bool IngestReadySlots();

@@ -249,6 +249,7 @@ class TestRank {
     return persisted_;
   }
   RankSession& session() { return *session_; }
+  std::weak_ptr<RankSession> weak_session() const { return session_; }
 
  private:
   static inline int count_ = 0;
@@ -344,7 +345,11 @@ TEST_CASE("a successor that ends before it snapshots or restores passes on the f
   SnapshotThrough(rank, 5);
   // Twice a trainer registers and dies before its first step or restore.
   CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
+  const std::weak_ptr<RankSession> first_successor = rank.weak_session();
   CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
+  // Its successor inherits from the first trainer's session directly: no
+  // chain of empty sessions (each with its EMA's memory) is kept.
+  CHECK(first_successor.expired());
   CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
   RankSession& session = rank.session();
   CHECK(session.counters().last_ema_step == -1);
