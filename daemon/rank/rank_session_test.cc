@@ -31,6 +31,7 @@
 #include "ema/ema_updater.h"
 #include "format/manifest.h"
 #include "shm/control_block.h"
+#include "shm/segment.h"
 #include "shm/slot_ring.h"
 #include "storage/posix_storage.h"
 #include "storage/storage_wrapper.h"
@@ -177,7 +178,8 @@ class TestRank {
   // stops, and a new one adopts its segment holding its intact snapshots
   // (at most `hold` of them, newest first), as the registry does. Returns
   // the steps held.
-  std::vector<int64_t> RestartAdopting(size_t hold) {
+  // `ema_interval`: the new trainer's (RankSessionOptions::ema_interval).
+  std::vector<int64_t> RestartAdopting(size_t hold, uint32_t ema_interval = 1) {
     session_->Stop();
     std::shared_ptr<RankSession> old = session_;
     std::vector<SlotSnapshot> intact = old->IntactSnapshots();
@@ -196,6 +198,8 @@ class TestRank {
     for (const SlotSnapshot& s : inherited.held) steps.push_back(s.step);
     ema::EmaOptions ema_options;
     ema_options.decay = kDecay;
+    ema_options.interval = ema_interval;
+    options_.ema_interval = ema_interval;
     auto ema = ema::EmaUpdater::Create(specs_, ema_options);
     REQUIRE_OK(ema);
     session_ = std::make_shared<RankSession>(shards_, registered_, std::move(segment), options_,
@@ -377,6 +381,33 @@ TEST_CASE("a successor that restored an older step from disk and died before cop
   CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
   REQUIRE_OK(rank.session().TakePredecessorEma(5));
   CHECK(rank.session().counters().last_ema_step == 5);
+}
+
+TEST_CASE("an EMA taken over by a trainer with another interval decays its next gap in the "
+          "new interval") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  SnapshotThrough(rank, 4);  // every step
+  CHECK(rank.RestartAdopting(/*hold=*/1, /*ema_interval=*/2) == std::vector<int64_t>{4});
+  REQUIRE_OK(rank.session().TakePredecessorEma(4));
+  rank.session().ReleaseHeld(/*restored=*/4);
+  REQUIRE(rank.Snapshot(5));  // not an EMA step any more
+  REQUIRE(rank.Snapshot(6));
+  REQUIRE(rank.AwaitEmaStep(6, absl::Seconds(10)));
+  CHECK(rank.session().counters().last_ema_step == 6);
+  // Steps 4 to 6 are one interval of the new trainer's: decayed by d, not d^2.
+  double ema = Value(0, 1, 7);
+  for (int64_t step = 2; step <= 4; ++step) ema = kDecay * ema + (1 - kDecay) * Value(0, step, 7);
+  const double want = kDecay * ema + (1 - kDecay) * Value(0, 6, 7);
+  const std::string name = absl::StrCat("zcc_rs_test_ema.", ::getpid(), ".", absl::GetCurrentTimeNanos());
+  auto copied = rank.session().CopyEma(name);
+  REQUIRE_OK(copied);
+  auto segment = shm::Segment::Open(copied->shm_name(), copied->segment_bytes());
+  REQUIRE_OK(segment);
+  const float* got = reinterpret_cast<const float*>(segment->base() + copied->data_offset() +
+                                                    copied->placements(0).offset());
+  INFO("EMA " << got[7] << ", want " << want);
+  CHECK(std::abs(got[7] - want) < 1e-3 * std::abs(want));
 }
 
 TEST_CASE("a step replayed after a restart is served from the new snapshot, never the old one") {
