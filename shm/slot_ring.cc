@@ -98,7 +98,8 @@ uint32_t SlotRing::FreeCount() const {
   return n;
 }
 
-std::vector<ReadySlot> SlotRing::Ready(std::vector<absl::Status>* bad) const {
+std::vector<ReadySlot> SlotRing::Ready(std::vector<absl::Status>* bad,
+                                       const std::function<void(uint32_t)>& after_read) const {
   std::vector<ReadySlot> ready;
   for (uint32_t i = 0; i < num_slots_; ++i) {
     ReadySlot slot;
@@ -108,6 +109,7 @@ std::vector<ReadySlot> SlotRing::Ready(std::vector<absl::Status>* bad) const {
     } else if (st.code() == absl::StatusCode::kDataLoss && bad != nullptr) {
       bad->push_back(st);
     }
+    if (after_read) after_read(i);
   }
   std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.seq < b.seq; });
   return ready;

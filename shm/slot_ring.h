@@ -45,6 +45,7 @@
 #define ZCC_SHM_SLOT_RING_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -82,7 +83,9 @@ class SlotRing {
   // ---- daemon side ----
   // Slots published and not yet taken, oldest publication first. DataLoss
   // entries name slots whose words are out of range.
-  std::vector<ReadySlot> Ready(std::vector<absl::Status>* bad = nullptr) const;
+  // `after_read` (tests): called with each slot's index once it is read.
+  std::vector<ReadySlot> Ready(std::vector<absl::Status>* bad = nullptr,
+                               const std::function<void(uint32_t)>& after_read = nullptr) const;
   // Takes a published slot (-> kIngesting) and reads what it holds after the
   // take. NotFound when it was not kReady any more (the client took it over,
   // or another caller took it); DataLoss for out-of-range words (the slot is

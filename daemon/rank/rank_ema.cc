@@ -45,7 +45,22 @@ std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_byt
                                           uint64_t seq) {
   if (!enabled_) return std::nullopt;
   zcc::MutexLock lock(&mu_);
-  if (step % interval_ != 0 || step <= ema_->last_step() || seq < first_seq_) return std::nullopt;
+  if (step % interval_ != 0 || seq < first_seq_) return std::nullopt;
+  if (step <= ema_->last_step()) {
+    // A step replayed after a restore that kept a newer EMA is not folded
+    // in again; one published before the step folded in last was taken in
+    // out of order, and is lost to the EMA.
+    if (seq < last_seq_) {
+      const uint64_t n = out_of_order_.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (n == 1 || n % 100 == 0) {
+        ZCC_LOG(ERROR) << "job " << job_id_ << " rank " << rank_ << ": the snapshot of step "
+                       << step << " was taken in after step " << ema_->last_step()
+                       << ", published later; the EMA has not folded it in (" << n
+                       << " so far)";
+      }
+    }
+    return std::nullopt;
+  }
   const absl::Time start = absl::Now();
   auto result = ema_->Update(slot, slot_bytes, offsets_, step);
   PublishCounters();
@@ -69,6 +84,7 @@ std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_byt
     for (const RegisteredTensor& t : sources_) source_bytes += t.nbytes;
     metrics_->ema_bytes().Increment(source_bytes + 2 * ema_->state_bytes());
   }
+  last_seq_ = seq;
   return std::nullopt;
 }
 
@@ -193,6 +209,7 @@ absl::Status RankEma::Install(Saved saved, int64_t step, uint64_t next_seq) {
   zcc::MutexLock lock(&mu_);
   ZCC_RETURN_IF_ERROR(ema_->Load(spans, step));
   first_seq_ = std::max(first_seq_, next_seq);
+  last_seq_ = 0;
   PublishCounters();
   return absl::OkStatus();
 }
@@ -245,6 +262,7 @@ void RankEma::AdoptFrom(RankEma& from, int64_t step, uint64_t next_seq) {
     ema_->set_interval(interval_);
   }
   first_seq_ = std::max(first_seq_, next_seq);
+  last_seq_ = 0;
   PublishCounters();
   from.PublishCounters();
 }

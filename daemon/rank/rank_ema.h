@@ -57,6 +57,9 @@ class RankEma {
   size_t num_tensors() const { return sources_.size(); }
   int64_t last_step() const { return last_step_.load(std::memory_order_relaxed); }
   uint64_t skipped_nonfinite() const { return skipped_nonfinite_.load(std::memory_order_relaxed); }
+  // Snapshots taken in after a later-published one was folded in, and so
+  // lost to the EMA (ingest keeps the order of publication: a fault of it).
+  uint64_t out_of_order() const { return out_of_order_.load(std::memory_order_relaxed); }
 
   // Folds in the snapshot of `step` held in `slot` when the step is on the
   // interval and newer than the EMA's, and the snapshot (published as `seq`)
@@ -136,8 +139,12 @@ class RankEma {
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
   // Snapshots published (numbered) below it are not folded in (Update).
   uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // The publication number of the snapshot folded in last (0: none since
+  // the EMA was set).
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> last_step_{-1};
   std::atomic<uint64_t> skipped_nonfinite_{0};
+  std::atomic<uint64_t> out_of_order_{0};
 };
 
 }  // namespace zcc::daemon

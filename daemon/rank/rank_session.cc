@@ -143,10 +143,26 @@ void RankSession::IngestLoop() {
 }
 
 bool RankSession::IngestReadySlots() {
+  zcc::MutexLock ingesting(&ingest_mu_);
   std::vector<absl::Status> bad;
-  const std::vector<shm::ReadySlot> ready = slots_.Ready(&bad);
+  std::vector<shm::ReadySlot> ready = slots_.Ready(&bad, options_.after_slot_read);
   for (const absl::Status& st : bad) {
     SetError(absl::StrCat("bad control block from the trainer: ", st.message()));
+  }
+  if (!ready.empty()) {
+    // The scan reads the slots one after another: a snapshot published into
+    // a slot already read, and the next one into a slot read later, show the
+    // newer alone, and the EMA, which folds steps in order, would lose the
+    // older. The trainer publishes in order, so all it published up to the
+    // newest seen here is ready by a second scan; what is newer waits for
+    // the next round.
+    const uint64_t newest_seen = ready.back().seq;
+    ready = slots_.Ready(nullptr, options_.after_slot_read);
+    ready.erase(std::remove_if(ready.begin(), ready.end(),
+                               [newest_seen](const shm::ReadySlot& s) {
+                                 return s.seq > newest_seen;
+                               }),
+                ready.end());
   }
   bool worked = false;
   for (const shm::ReadySlot& seen : ready) {
@@ -542,6 +558,7 @@ RankCounters RankSession::counters() const {
   // update, copy or restore.
   c.last_ema_step = ema_.last_step();
   c.ema_skipped_nonfinite = ema_.skipped_nonfinite();
+  c.ema_out_of_order = ema_.out_of_order();
   c.ema_tensors = ema_.num_tensors();
   c.slots_in_use = slots_.InUse();
   c.replications_skipped = replications_skipped_.load(std::memory_order_relaxed);

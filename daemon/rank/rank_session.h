@@ -99,6 +99,9 @@ struct RankSessionOptions {
   // told once, from the ingest thread, at its first snapshot of a later
   // step, with the restored step and that snapshot's. Null: nobody is told.
   std::function<void(int64_t restored, int64_t step)> on_trained_on;
+  // Tests: called on the ingest thread with each slot's index as the scan
+  // for published slots reads it (shm::SlotRing::Ready's after_read).
+  std::function<void(uint32_t)> after_slot_read;
 };
 
 struct RankCounters {
@@ -106,6 +109,7 @@ struct RankCounters {
   int64_t last_persisted_step = -1;
   int64_t last_ema_step = -1;
   uint64_t ema_skipped_nonfinite = 0;
+  uint64_t ema_out_of_order = 0;  // taken in after a later one: lost to the EMA
   uint64_t ema_tensors = 0;
   uint64_t snapshots_ingested = 0;
   uint64_t snapshots_skipped = 0;   // as counted by the client
@@ -282,8 +286,9 @@ class RankSession {
   // with the snapshots it passes on (see the definition).
   static Inheritance SkipEmptyPredecessors(Inheritance inherited);
   void IngestLoop();
-  // Returns true if it processed at least one slot.
-  bool IngestReadySlots();
+  // Takes in the slots published, oldest first; returns true if it processed
+  // at least one. One caller at a time (ingest_mu_).
+  bool IngestReadySlots() ABSL_LOCKS_EXCLUDED(ingest_mu_);
   // A snapshot of `step` went to the peer tier: nothing up to it is owed
   // any more.
   void PaidReplication(int64_t step);
@@ -355,6 +360,12 @@ class RankSession {
   std::thread thread_;
 
   mutable zcc::Mutex mu_;
+  // Held while slots are taken in (IngestReadySlots: the ingest thread, and
+  // a retirement draining what is left before the session stops): the EMA
+  // folds snapshots in the order they were published, and two takers would
+  // interleave them. Held across the EMA's update; the only other taker
+  // waits for it, as it would for the ingest thread to finish.
+  zcc::Mutex ingest_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   RestoreBuffers restore_buffers_;

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -88,11 +89,13 @@ class TestRank {
   // `reserve_later`: slot 1's memory is reserved by the session in the
   // background, as the registry does for large segments.
   // `on_replicate`, `replicate_every`: the peer tier's (RankSessionOptions).
+  // `after_slot_read`: RankSessionOptions' (on the ingest thread).
   TestRank(const std::string& root, uint32_t save_every, storage::Storage* storage,
            bool reserve_later = false,
            std::function<void(checkpoint::RankStepBytes)> on_replicate = nullptr,
            uint32_t replicate_every = 0, uint32_t num_slots = 2,
-           std::function<void(int64_t, int64_t)> on_trained_on = nullptr)
+           std::function<void(int64_t, int64_t)> on_trained_on = nullptr,
+           std::function<void(uint32_t)> after_slot_read = nullptr)
       : num_slots_(num_slots) {
     v1::RegisterRequest req;
     req.set_job_id("job");
@@ -152,6 +155,7 @@ class TestRank {
     options.on_replicate = std::move(on_replicate);
     options.replicate_every = replicate_every;
     options.on_trained_on = std::move(on_trained_on);
+    options.after_slot_read = std::move(after_slot_read);
     REQUIRE_OK(MakeDirs(options.job_dir));
     shards_ = *shards;
     registered_ = *registered;
@@ -296,6 +300,18 @@ TEST_CASE("a slot whose memory is reserved in the background reaches the client 
                               absl::Seconds(10)));
 }
 
+// Element `i` of tensor `t`'s EMA as `session` keeps it now (CopyEma).
+float EmaAt(RankSession& session, int t, int i) {
+  const std::string name =
+      absl::StrCat("zcc_rs_test_ema.", ::getpid(), ".", absl::GetCurrentTimeNanos());
+  auto copied = session.CopyEma(name);
+  REQUIRE_OK(copied);
+  auto segment = shm::Segment::Open(copied->shm_name(), copied->segment_bytes());
+  REQUIRE_OK(segment);
+  return reinterpret_cast<const float*>(segment->base() + copied->data_offset() +
+                                        copied->placements(t).offset())[i];
+}
+
 // Snapshots steps 1 to `last`, each folded into the EMA before the next.
 void SnapshotThrough(TestRank& rank, int64_t last) {
   for (int64_t step = 1; step <= last; ++step) {
@@ -399,15 +415,39 @@ TEST_CASE("an EMA taken over by a trainer with another interval decays its next 
   double ema = Value(0, 1, 7);
   for (int64_t step = 2; step <= 4; ++step) ema = kDecay * ema + (1 - kDecay) * Value(0, step, 7);
   const double want = kDecay * ema + (1 - kDecay) * Value(0, 6, 7);
-  const std::string name = absl::StrCat("zcc_rs_test_ema.", ::getpid(), ".", absl::GetCurrentTimeNanos());
-  auto copied = rank.session().CopyEma(name);
-  REQUIRE_OK(copied);
-  auto segment = shm::Segment::Open(copied->shm_name(), copied->segment_bytes());
-  REQUIRE_OK(segment);
-  const float* got = reinterpret_cast<const float*>(segment->base() + copied->data_offset() +
-                                                    copied->placements(0).offset());
-  INFO("EMA " << got[7] << ", want " << want);
-  CHECK(std::abs(got[7] - want) < 1e-3 * std::abs(want));
+  const float got = EmaAt(rank.session(), 0, 7);
+  INFO("EMA " << got << ", want " << want);
+  CHECK(std::abs(got - want) < 1e-3 * std::abs(want));
+}
+
+TEST_CASE("two snapshots published while ingest scans the slots are taken in oldest first: the "
+          "EMA folds every step, in order") {
+  const std::string root = testing::TempDir();
+  // Set once steps 1-3 are in: the next scan, as it has read slot 0 (free
+  // then), finds steps 4 and 5 published into slots 0 and 1, and reads slot
+  // 1 next: the newer alone.
+  std::atomic<TestRank*> publisher{nullptr};
+  std::atomic<int> published{0};
+  auto after_read = [&](uint32_t slot) {
+    TestRank* r = publisher.load();
+    if (r == nullptr || slot != 0 || published.load() != 0) return;
+    published.store(r->Snapshot(4) && r->Snapshot(5) ? 2 : -1);
+  };
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage(), false, nullptr, 0,
+                /*num_slots=*/3, nullptr, after_read);
+  SnapshotThrough(rank, 3);
+  REQUIRE(testing::Eventually([&] { return rank.session().counters().slots_in_use == 0; },
+                              absl::Seconds(10), absl::Milliseconds(2)));
+  publisher.store(&rank);
+  REQUIRE(rank.AwaitEmaStep(5, absl::Seconds(10)));
+  REQUIRE(published.load() == 2);
+  CHECK(rank.session().counters().ema_out_of_order == 0);
+  // The EMA of steps 1 to 5, each folded in once, in order.
+  double want = Value(0, 1, 7);
+  for (int64_t step = 2; step <= 5; ++step) want = kDecay * want + (1 - kDecay) * Value(0, step, 7);
+  const float got = EmaAt(rank.session(), 0, 7);
+  INFO("EMA " << got << ", want " << want);
+  CHECK(std::abs(got - want) < 1e-5 * std::abs(want));
 }
 
 TEST_CASE("a step replayed after a restart is served from the new snapshot, never the old one") {

@@ -21,8 +21,9 @@ StagingSlots::StagingSlots(shm::Segment segment, uint32_t num_slots, uint64_t sl
 
 StagingSlots::~StagingSlots() { StopReserving(); }
 
-std::vector<shm::ReadySlot> StagingSlots::Ready(std::vector<absl::Status>* bad) const {
-  return ring_.Ready(bad);
+std::vector<shm::ReadySlot> StagingSlots::Ready(
+    std::vector<absl::Status>* bad, const std::function<void(uint32_t)>& after_read) const {
+  return ring_.Ready(bad, after_read);
 }
 
 absl::StatusOr<shm::ReadySlot> StagingSlots::Take(uint32_t index) {

@@ -57,7 +57,9 @@ class StagingSlots {
 
   // ---- ingest ----
   // The slots the trainer published, in publication order (shm::SlotRing).
-  std::vector<shm::ReadySlot> Ready(std::vector<absl::Status>* bad) const;
+  std::vector<shm::ReadySlot> Ready(
+      std::vector<absl::Status>* bad,
+      const std::function<void(uint32_t)>& after_read = nullptr) const;
   // Takes a published slot; its bytes are then the daemon's to read.
   absl::StatusOr<shm::ReadySlot> Take(uint32_t index);
   // Gives a slot back to the trainer.
