@@ -54,7 +54,7 @@ std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_byt
       const uint64_t n = out_of_order_.fetch_add(1, std::memory_order_relaxed) + 1;
       if (n == 1 || n % 100 == 0) {
         ZCC_LOG(ERROR) << "job " << job_id_ << " rank " << rank_ << ": the snapshot of step "
-                       << step << " was taken in after step " << ema_->last_step()
+                       << step << " was taken in after that of step " << ema_->last_step()
                        << ", published later; the EMA has not folded it in (" << n
                        << " so far)";
       }

@@ -105,6 +105,12 @@ void RankSession::Stop() {
   slots_.StopReserving();
   slots_.RingDoorbell();
   if (thread_.joinable()) thread_.join();
+  {
+    // Nor does a retirement's drain (IngestWhatIsLeft) take anything in once
+    // the writers stop, below.
+    zcc::MutexLock ingesting(&ingest_mu_);
+    ingest_closed_ = true;
+  }
   // Ingest has handed over its last write; the writers finish it and leave.
   writer_.Stop();
   replicate_writer_.Stop();
@@ -144,39 +150,60 @@ void RankSession::IngestLoop() {
 
 bool RankSession::IngestReadySlots() {
   zcc::MutexLock ingesting(&ingest_mu_);
+  if (ingest_closed_) return false;
   std::vector<absl::Status> bad;
   std::vector<shm::ReadySlot> ready = slots_.Ready(&bad, options_.after_slot_read);
   for (const absl::Status& st : bad) {
     SetError(absl::StrCat("bad control block from the trainer: ", st.message()));
   }
-  if (!ready.empty()) {
-    // The scan reads the slots one after another: a snapshot published into
-    // a slot already read, and the next one into a slot read later, show the
-    // newer alone, and the EMA, which folds steps in order, would lose the
-    // older. The trainer publishes in order, so all it published up to the
-    // newest seen here is ready by a second scan; what is newer waits for
-    // the next round.
-    const uint64_t newest_seen = ready.back().seq;
-    ready = slots_.Ready(nullptr, options_.after_slot_read);
-    ready.erase(std::remove_if(ready.begin(), ready.end(),
-                               [newest_seen](const shm::ReadySlot& s) {
-                                 return s.seq > newest_seen;
-                               }),
-                ready.end());
-  }
+  if (ready.empty() && deferred_.empty()) return false;
+  // The EMA folds steps in the order they were published, so ingest takes
+  // them in that order. The scan reads the slots one after another: a
+  // snapshot published into a slot already read, and the next one into a
+  // slot read later, show the newer alone. The trainer publishes in order,
+  // so all it published up to the newest seen (or taken, deferred_) is
+  // ready by a second scan; what is newer waits for the next round.
+  uint64_t newest = ready.empty() ? 0 : ready.back().seq;
+  for (const shm::ReadySlot& d : deferred_) newest = std::max(newest, d.seq);
+  ready = slots_.Ready(nullptr, options_.after_slot_read);
+  ready.erase(std::remove_if(ready.begin(), ready.end(),
+                             [newest](const shm::ReadySlot& s) { return s.seq > newest; }),
+              ready.end());
+  struct Next {
+    shm::ReadySlot slot;
+    bool taken;  // deferred from the last round
+  };
+  std::vector<Next> next;
+  for (const shm::ReadySlot& d : deferred_) next.push_back({d, true});
+  deferred_.clear();
+  for (const shm::ReadySlot& r : ready) next.push_back({r, false});
+  std::sort(next.begin(), next.end(),
+            [](const Next& a, const Next& b) { return a.slot.seq < b.slot.seq; });
   bool worked = false;
-  for (const shm::ReadySlot& seen : ready) {
-    // What the slot holds is read after the take: the trainer may have
-    // handed it to a due step and published it again since `seen`.
-    auto slot = slots_.Take(seen.index);
-    if (!slot.ok()) {
-      if (slot.status().code() == absl::StatusCode::kDataLoss) {
-        SetError(absl::StrCat("bad control block from the trainer: ", slot.status().message()));
-        slots_.Free(seen.index);
+  for (const Next& n : next) {
+    shm::ReadySlot slot = n.slot;
+    if (!n.taken) {
+      // What the slot holds is read after the take: the trainer may have
+      // handed it to a due step and published it again since the scan.
+      auto taken = slots_.Take(n.slot.index);
+      if (!taken.ok()) {
+        if (taken.status().code() == absl::StatusCode::kDataLoss) {
+          SetError(
+              absl::StrCat("bad control block from the trainer: ", taken.status().message()));
+          slots_.Free(n.slot.index);
+        }
+        continue;
       }
-      continue;
+      worked = true;
+      if (taken->seq > newest) {
+        // Published again since: after what this round takes (held, the
+        // trainer cannot touch it), first in the next.
+        deferred_.push_back(*taken);
+        continue;
+      }
+      slot = *taken;
     }
-    if (!Process(*slot)) slots_.Free(slot->index);  // else the writer frees it
+    if (!Process(slot)) slots_.Free(slot.index);  // else the writer frees it
     worked = true;
   }
   return worked;

@@ -99,8 +99,8 @@ struct RankSessionOptions {
   // told once, from the ingest thread, at its first snapshot of a later
   // step, with the restored step and that snapshot's. Null: nobody is told.
   std::function<void(int64_t restored, int64_t step)> on_trained_on;
-  // Tests: called on the ingest thread with each slot's index as the scan
-  // for published slots reads it (shm::SlotRing::Ready's after_read).
+  // Tests: called with each slot's index as a scan for published slots
+  // reads it (shm::SlotRing::Ready's after_read), on the thread ingesting.
   std::function<void(uint32_t)> after_slot_read;
 };
 
@@ -366,6 +366,10 @@ class RankSession {
   // interleave them. Held across the EMA's update; the only other taker
   // waits for it, as it would for the ingest thread to finish.
   zcc::Mutex ingest_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Slots taken whose snapshot was published after the rest of their round
+  // (a due step took a ready slot over): processed first in the next.
+  std::vector<shm::ReadySlot> deferred_ ABSL_GUARDED_BY(ingest_mu_);
+  bool ingest_closed_ ABSL_GUARDED_BY(ingest_mu_) = false;  // Stop: no more ingest
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   RestoreBuffers restore_buffers_;

@@ -243,6 +243,28 @@ class TestRank {
     }
   }
 
+  // As a trainer with kSkip whose due step finds no free slot: takes over
+  // ready slot `index` (published, not yet taken in) and publishes `step`
+  // in it. False when the slot was not ready.
+  bool TakeOver(uint32_t index, int64_t step) {
+    uint32_t expected = S(SlotState::kReady);
+    if (!cb_->slots[index].state.compare_exchange_strong(expected, S(SlotState::kFilling))) {
+      return false;
+    }
+    uint8_t* slot = session_->slots().data(index);
+    for (int t = 0; t < kTensors; ++t) {
+      float* f = reinterpret_cast<float*>(slot + offsets_[t]);
+      for (int k = 0; k < kElements; ++k) f[k] = Value(t, step, k);
+    }
+    cb_->slots[index].step.store(step, std::memory_order_relaxed);
+    cb_->slots[index].kind.store(static_cast<uint32_t>(shm::SnapshotKind::kFull));
+    cb_->slots[index].seq.store(cb_->next_seq.fetch_add(1));
+    cb_->slots[index].state.store(S(SlotState::kReady), std::memory_order_release);
+    cb_->doorbell.fetch_add(1, std::memory_order_release);
+    FutexWakeAll(&cb_->doorbell);
+    return true;
+  }
+
   bool AwaitEmaStep(int64_t step, absl::Duration timeout) {
     return testing::Eventually([&] { return session_->counters().last_ema_step >= step; },
                                timeout, absl::Milliseconds(2));
@@ -445,6 +467,42 @@ TEST_CASE("two snapshots published while ingest scans the slots are taken in old
   // The EMA of steps 1 to 5, each folded in once, in order.
   double want = Value(0, 1, 7);
   for (int64_t step = 2; step <= 5; ++step) want = kDecay * want + (1 - kDecay) * Value(0, step, 7);
+  const float got = EmaAt(rank.session(), 0, 7);
+  INFO("EMA " << got << ", want " << want);
+  CHECK(std::abs(got - want) < 1e-5 * std::abs(want));
+}
+
+TEST_CASE("a slot a due step took over between the scan and its take is taken in after the "
+          "older snapshots of its round") {
+  const std::string root = testing::TempDir();
+  // Once armed, in one round: as the first scan has read slot 0 (free),
+  // steps 5, 6 and 7 are published into slots 0, 1 and 2 (the scan sees 6
+  // and 7); as the second scan has read slot 2, a due step 8 takes slot 1
+  // (step 6, not yet taken in) over. Taken in: 5, then 7, then 8.
+  std::atomic<TestRank*> trainer{nullptr};
+  std::atomic<int> reads{0};
+  std::atomic<int> done{0};
+  auto after_read = [&](uint32_t) {
+    TestRank* r = trainer.load();
+    if (r == nullptr) return;
+    const int n = reads.fetch_add(1);
+    if (n == 0) done.fetch_add(r->Snapshot(5) && r->Snapshot(6) && r->Snapshot(7) ? 1 : 100);
+    if (n == 5) done.fetch_add(r->TakeOver(1, 8) ? 1 : 100);
+  };
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage(), false, nullptr, 0,
+                /*num_slots=*/3, nullptr, after_read);
+  SnapshotThrough(rank, 4);
+  REQUIRE(testing::Eventually([&] { return rank.session().counters().slots_in_use == 0; },
+                              absl::Seconds(10), absl::Milliseconds(2)));
+  trainer.store(&rank);
+  REQUIRE(rank.AwaitEmaStep(8, absl::Seconds(10)));
+  REQUIRE(done.load() == 2);
+  CHECK(rank.session().counters().ema_out_of_order == 0);
+  // Steps 1-5, then 7 (a gap: d^2), then 8; step 6 was the take-over's.
+  double want = Value(0, 1, 7);
+  for (int64_t step = 2; step <= 5; ++step) want = kDecay * want + (1 - kDecay) * Value(0, step, 7);
+  want = kDecay * kDecay * want + (1 - kDecay * kDecay) * Value(0, 7, 7);
+  want = kDecay * want + (1 - kDecay) * Value(0, 8, 7);
   const float got = EmaAt(rank.session(), 0, 7);
   INFO("EMA " << got << ", want " << want);
   CHECK(std::abs(got - want) < 1e-5 * std::abs(want));
