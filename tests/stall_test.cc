@@ -311,6 +311,9 @@ TEST_CASE("a trainer restarted while the reaper still retires its predecessor (a
   CHECK(r->Values()["restored_step"] == "3");
   CHECK(r->Values()["restored_from"] == "memory");
   CHECK(r->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(daemon.Log(), "a registration waits for the previous trainer's "
+                                        "retirement"));
+  CHECK(absl::StrContains(daemon.Log(), "the previous trainer retired after"));
   REQUIRE(daemon.Stop() == 0);
 }
 

@@ -163,10 +163,24 @@ void Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
     return;
   }
   // (No wake-up says when the caller stops waiting: asked between waits.)
-  const absl::Time deadline = absl::Now() + kMaxRetireWait;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + kMaxRetireWait;
+  bool told = false;
   while (!job->AwaitRankGone(rank, session.get(),
                              std::min(deadline, absl::Now() + absl::Seconds(1)))) {
     if (stop_waiting() || absl::Now() >= deadline) return;
+    if (!told) {
+      told = true;
+      ZCC_LOG(INFO) << "job " << job->options().job_id << " rank " << rank
+                    << ": a registration waits for the previous trainer's retirement (its "
+                       "last writes and their commit), to adopt its snapshots";
+    }
+  }
+  if (told) {
+    ZCC_LOG(INFO) << "job " << job->options().job_id << " rank " << rank
+                  << ": the previous trainer retired after "
+                  << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
+                  << "; the registration goes on";
   }
 }
 
