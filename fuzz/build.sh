@@ -39,6 +39,7 @@ SOURCES=(
   checkpoint/reader.cc checkpoint/step_files.cc checkpoint/global_index.cc checkpoint/rank_shards.cc
   checkpoint/shard_file_reader.cc checkpoint/read_progress.cc
   daemon/control/registration.cc config/daemon_config.cc proto/convert.cc proto/parse_cost.cc
+  daemon/peer/piece_assembly.cc daemon/peer/replica_store.cc daemon/peer/replica_store_went_back.cc
 )
 # The reader's storage layer, whole (it changes often; unused members are not linked).
 for f in storage/*.cc; do
@@ -59,6 +60,7 @@ TARGETS=(
   register_structured:FuzzRegisterStructured
   control_block:FuzzControlBlock
   step_dir_latest:FuzzStepDirLatest
+  piece_assembly:FuzzPieceAssembly
 )
 
 # Same system libraries as third_party/BUILD.

@@ -1,6 +1,7 @@
 // Fuzz entry points for every parser of bytes that come from outside zccd:
-// files read back from a checkpoint directory, RegisterRequest RPCs and the
-// shared-memory control block a trainer writes.
+// files read back from a checkpoint directory, RegisterRequest RPCs, the
+// shared-memory control block a trainer writes, and the parts of pieces a
+// peer zccd pushes.
 //
 // Each entry point takes arbitrary bytes, feeds them through the production
 // decoder(s) exactly as the daemon or reader would, and then checks the
@@ -53,6 +54,12 @@ int FuzzControlBlock(const uint8_t* data, size_t size);
 // format::ParseStepDirName on the bytes, and checkpoint::ReadLatest on a job
 // directory whose `latest` file holds them.
 int FuzzStepDirLatest(const uint8_t* data, size_t size);
+// daemon::peer::PieceAssembly fed a peer's parts as the bytes decide (pieces
+// of any size up to 2^64 - 1, true or wrong XXH3s, parts in or out of
+// bounds, overlapping, ended written or not, forgotten, kept, dropped idle):
+// a piece handed over holds exactly the bytes sent and matches its XXH3, and
+// the pieces being assembled never take more than the room given.
+int FuzzPieceAssembly(const uint8_t* data, size_t size);
 
 struct FuzzTarget {
   const char* name;  // directory name under fuzz/corpus and fuzz/regressions
@@ -69,6 +76,7 @@ inline constexpr FuzzTarget kFuzzTargets[] = {
     {"register_structured", FuzzRegisterStructured},
     {"control_block", FuzzControlBlock},
     {"step_dir_latest", FuzzStepDirLatest},
+    {"piece_assembly", FuzzPieceAssembly},
 };
 
 }  // namespace zcc::fuzz

@@ -338,6 +338,40 @@ void StepDirSeeds() {
   Write(t, "bad_nul", std::string("step-00001000\0", 14));
 }
 
+void PieceAssemblySeeds() {
+  const std::string t = "piece_assembly";
+  // The layout FuzzPieceAssembly reads: per piece a kind byte (< 200: a
+  // 2-byte size follows, odd: a wrong XXH3; else an 8-byte size, and an
+  // 8-byte XXH3 past 20000 bytes) and a peer byte; then operations, each a
+  // byte (mod 5): 0 begin (piece byte, shape byte < 230: 2-byte offset and
+  // length, else 8-byte ones), 1 end (part byte, written when < 200, then a
+  // kept byte once a piece is whole).
+  auto piece = [](uint8_t kind, uint16_t size) {
+    return std::string{static_cast<char>(kind), static_cast<char>(size >> 8),
+                       static_cast<char>(size & 0xff), '\0'};
+  };
+  auto begin = [](uint8_t w, uint16_t offset, uint16_t length) {
+    return std::string{'\0', static_cast<char>(w), '\0', static_cast<char>(offset >> 8),
+                       static_cast<char>(offset & 0xff), static_cast<char>(length >> 8),
+                       static_cast<char>(length & 0xff)};
+  };
+  auto end = [](uint8_t part, bool written) {
+    return std::string{'\1', static_cast<char>(part), static_cast<char>(written ? 0 : 255),
+                       '\1'};
+  };
+  const std::string four = piece(0, 256) + piece(0, 3000) + piece(1, 100) + piece(0, 1);
+  Write(t, "valid_whole", four + begin(0, 0, 256) + end(0, true));
+  Write(t, "valid_two_parts",
+        four + begin(1, 0, 1000) + begin(1, 1000, 2000) + end(1, true) + end(0, true));
+  Write(t, "bad_xxh3", four + begin(2, 0, 100) + end(0, true));
+  Write(t, "bad_overlap_and_retry", four + begin(1, 0, 1500) + begin(1, 1000, 2000) +
+                                        end(0, false) + begin(1, 0, 1000) + end(0, true));
+  Write(t, "bad_huge",
+        std::string{static_cast<char>(254)} + Be64(~uint64_t{0}) + Be64(42) + std::string("\0") +
+            piece(0, 10) + piece(0, 10) + piece(0, 10) + begin(0, 0, 100) + end(0, true) +
+            std::string("\2\0\3\4\1"));
+}
+
 }  // namespace
 }  // namespace zcc::fuzz
 
@@ -354,5 +388,6 @@ int main(int argc, char** argv) {
   zcc::fuzz::RegisterSeeds();
   zcc::fuzz::ControlBlockSeeds();
   zcc::fuzz::StepDirSeeds();
+  zcc::fuzz::PieceAssemblySeeds();
   return 0;
 }

@@ -47,6 +47,7 @@ TARGETS=(
   register_structured:256:
   control_block:1024:
   step_dir_latest:5000:step_dir.dict
+  piece_assembly:1024:
 )
 
 OUT=fuzz/out
