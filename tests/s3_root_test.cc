@@ -372,18 +372,19 @@ TEST_CASE("tiered: a run that went back to an older step moves the store's lates
         absl::Seconds(60), absl::Milliseconds(20));
   };
   REQUIRE(store_latest(20));
-  // Back to the newest step before 20 that the store holds (10, or 15: only
-  // the newest committed step is uploaded, one that commits meanwhile
-  // supersedes it, so a loaded machine may skip one), three steps on, no
-  // commit of its own yet.
+  // Back to the newest step before 20 that the store holds (15, 10 or 5:
+  // only the newest committed step is uploaded, one that commits meanwhile
+  // supersedes it, so a loaded machine may skip some; 20 steps take well
+  // under a second, and the store got only 5 and 20 once), three steps on,
+  // no commit of its own yet.
   auto in_store = checkpoint::ListCommittedSteps("/ckpt/itest", &store.storage);
   REQUIRE_OK(in_store.status());
   int64_t to = -1;
   for (int64_t step : *in_store) {
-    if (step >= 10 && step < 20) to = std::max(to, step);
+    if (step < 20) to = std::max(to, step);
   }
   INFO("steps in the store: " << absl::StrJoin(*in_store, ", "));
-  REQUIRE(to >= 10);
+  REQUIRE(to >= 5);
   const std::string local_job = JoinPath(daemon.root(), "itest");
   if (!local_held_it) {
     auto local = checkpoint::ListCommittedSteps(local_job);
