@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -334,6 +335,25 @@ float EmaAt(RankSession& session, int t, int i) {
                                         copied->placements(t).offset())[i];
 }
 
+// Element 7 of tensor 0's EMA over `steps` in order, each folded in after a
+// gap of k steps decaying by d^k (ema_interval 1).
+double ReferenceEma(std::initializer_list<int64_t> steps) {
+  double ema = 0;
+  int64_t previous = -1;
+  for (int64_t step : steps) {
+    const double d = std::pow(kDecay, step - previous);
+    ema = previous < 0 ? Value(0, step, 7) : d * ema + (1 - d) * Value(0, step, 7);
+    previous = step;
+  }
+  return ema;
+}
+
+// Waits until every slot is back with the trainer.
+void AwaitSlotsFree(TestRank& rank) {
+  REQUIRE(testing::Eventually([&] { return rank.session().counters().slots_in_use == 0; },
+                              absl::Seconds(10), absl::Milliseconds(2)));
+}
+
 // Snapshots steps 1 to `last`, each folded into the EMA before the next.
 void SnapshotThrough(TestRank& rank, int64_t last) {
   for (int64_t step = 1; step <= last; ++step) {
@@ -434,9 +454,7 @@ TEST_CASE("an EMA taken over by a trainer with another interval decays its next 
   REQUIRE(rank.AwaitEmaStep(6, absl::Seconds(10)));
   CHECK(rank.session().counters().last_ema_step == 6);
   // Steps 4 to 6 are one interval of the new trainer's: decayed by d, not d^2.
-  double ema = Value(0, 1, 7);
-  for (int64_t step = 2; step <= 4; ++step) ema = kDecay * ema + (1 - kDecay) * Value(0, step, 7);
-  const double want = kDecay * ema + (1 - kDecay) * Value(0, 6, 7);
+  const double want = kDecay * ReferenceEma({1, 2, 3, 4}) + (1 - kDecay) * Value(0, 6, 7);
   const float got = EmaAt(rank.session(), 0, 7);
   INFO("EMA " << got << ", want " << want);
   CHECK(std::abs(got - want) < 1e-3 * std::abs(want));
@@ -458,15 +476,13 @@ TEST_CASE("two snapshots published while ingest scans the slots are taken in old
   TestRank rank(root, /*save_every=*/0, storage::DefaultStorage(), false, nullptr, 0,
                 /*num_slots=*/3, nullptr, after_read);
   SnapshotThrough(rank, 3);
-  REQUIRE(testing::Eventually([&] { return rank.session().counters().slots_in_use == 0; },
-                              absl::Seconds(10), absl::Milliseconds(2)));
+  AwaitSlotsFree(rank);
   publisher.store(&rank);
   REQUIRE(rank.AwaitEmaStep(5, absl::Seconds(10)));
   REQUIRE(published.load() == 2);
   CHECK(rank.session().counters().ema_out_of_order == 0);
   // The EMA of steps 1 to 5, each folded in once, in order.
-  double want = Value(0, 1, 7);
-  for (int64_t step = 2; step <= 5; ++step) want = kDecay * want + (1 - kDecay) * Value(0, step, 7);
+  const double want = ReferenceEma({1, 2, 3, 4, 5});
   const float got = EmaAt(rank.session(), 0, 7);
   INFO("EMA " << got << ", want " << want);
   CHECK(std::abs(got - want) < 1e-5 * std::abs(want));
@@ -492,17 +508,13 @@ TEST_CASE("a slot a due step took over between the scan and its take is taken in
   TestRank rank(root, /*save_every=*/0, storage::DefaultStorage(), false, nullptr, 0,
                 /*num_slots=*/3, nullptr, after_read);
   SnapshotThrough(rank, 4);
-  REQUIRE(testing::Eventually([&] { return rank.session().counters().slots_in_use == 0; },
-                              absl::Seconds(10), absl::Milliseconds(2)));
+  AwaitSlotsFree(rank);
   trainer.store(&rank);
   REQUIRE(rank.AwaitEmaStep(8, absl::Seconds(10)));
   REQUIRE(done.load() == 2);
   CHECK(rank.session().counters().ema_out_of_order == 0);
   // Steps 1-5, then 7 (a gap: d^2), then 8; step 6 was the take-over's.
-  double want = Value(0, 1, 7);
-  for (int64_t step = 2; step <= 5; ++step) want = kDecay * want + (1 - kDecay) * Value(0, step, 7);
-  want = kDecay * kDecay * want + (1 - kDecay * kDecay) * Value(0, 7, 7);
-  want = kDecay * want + (1 - kDecay) * Value(0, 8, 7);
+  const double want = ReferenceEma({1, 2, 3, 4, 5, 7, 8});
   const float got = EmaAt(rank.session(), 0, 7);
   INFO("EMA " << got << ", want " << want);
   CHECK(std::abs(got - want) < 1e-5 * std::abs(want));
