@@ -14,6 +14,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client_impl.h"
 #include "client/proto_convert.h"
 #include "common/default_paths.h"
@@ -147,6 +149,26 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
   // Only the first registration reads ahead: a re-registration (zccd came
   // back) happens while the trainer trains.
   auto session = impl_->RegisterOnce(tensors, *impl_->GetStubs(), impl_->options.prefetch_restore);
+  // zccd is still writing the last checkpoint of the rank's previous trainer
+  // (it died with a step due): registered only after that, this trainer
+  // adopts its snapshots and restores the newest from memory, so the wait
+  // goes on here, told every 30 s. (zccd stops waiting itself after
+  // Housekeeper::kMaxRetireWait.)
+  const absl::Time waiting_since = absl::Now();
+  absl::Time told = absl::InfinitePast();
+  auto closing = [im = impl_.get()] {
+    zcc::MutexLock lock(&im->mu);
+    return im->stopping;
+  };
+  while (!session.ok() && client_internal::PredecessorRetiring(session.status()) && !closing()) {
+    if (absl::Now() - told >= absl::Seconds(30)) {
+      told = absl::Now();
+      ZCC_LOG(INFO) << "zcc client: waiting to register ("
+                    << absl::FormatDuration(absl::Trunc(told - waiting_since, absl::Seconds(1)))
+                    << " so far): " << session.status().message();
+    }
+    session = impl_->RegisterOnce(tensors, *impl_->GetStubs(), impl_->options.prefetch_restore);
+  }
   if (!session.ok() && !IsTransient(session.status())) return session.status();
   zcc::MutexLock lock(&impl_->mu);
   impl_->tensors = std::move(tensors);

@@ -305,7 +305,11 @@ class Client {
   // Registers the tensors with zccd (once per client). Invalid tensors, or a
   // registration zccd refuses, are errors. When zccd cannot be reached the
   // call still succeeds: the client keeps trying in the background, and
-  // Stats().connected says when it is registered.
+  // Stats().connected says when it is registered. While zccd is still
+  // writing and committing the last checkpoint of the rank's previous
+  // trainer (it died with a step due), the call waits for that, logging
+  // every 30 s, so that the registration adopts that trainer's snapshots
+  // and a Restore right after gets the newest from memory.
   absl::Status RegisterTensors(std::vector<TensorRef> tensors);
 
   // Registers `tensors` in place of the registered ones, keeping the rank's

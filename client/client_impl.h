@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
@@ -26,6 +27,7 @@
 #include "client/staging_pins.h"
 #include "copy/device_copier.h"
 #include "proto/message_limits.h"
+#include "proto/registration_waits.h"
 #include "proto/zcc.grpc.pb.h"
 #include "shm/control_block.h"
 #include "shm/restore_progress.h"
@@ -38,6 +40,14 @@ inline bool IsTransient(const absl::Status& st) {
   return st.code() == absl::StatusCode::kUnavailable ||
          st.code() == absl::StatusCode::kDeadlineExceeded ||
          st.code() == absl::StatusCode::kAlreadyExists;  // the daemon has not yet dropped our old registration
+}
+
+// zccd answered a registration that it is still retiring the rank's previous
+// trainer (writing and committing its last checkpoint): registering again at
+// once waits on, and the registration then adopts that trainer's snapshots.
+inline bool PredecessorRetiring(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(st.message(), v1::kPredecessorRetiring);
 }
 
 // One live registration with zccd: the mapped staging segment and the copy

@@ -162,6 +162,11 @@ void Client::Impl::MonitorLoop() {
         continue;
       }
       SetError(std::string(fresh.status().message()));
+      if (client_internal::PredecessorRetiring(fresh.status())) {
+        // zccd held the request as long as it could: again at once.
+        backoff = absl::Milliseconds(100);
+        continue;
+      }
       wait = backoff;
       backoff = std::min(backoff * 2, options.reconnect_max_backoff);
     } else if (s != nullptr) {

@@ -30,6 +30,7 @@
 #include "client/client.h"
 #include "common/testing/eventually.h"
 #include "common/testing/temp_dir.h"
+#include "proto/registration_waits.h"
 #include "proto/zcc.grpc.pb.h"
 #include "tests/process_harness.h"
 #include <grpcpp/grpcpp.h>
@@ -278,7 +279,8 @@ TEST_CASE("a registration whose client stopped waiting for it is undone: the tra
 }
 
 TEST_CASE("a trainer restarted while the reaper still retires its predecessor (a commit "
-          "stalled on a slow disk) waits for it, and restores the newest snapshot from memory") {
+          "stalled on a slow disk) waits for it, past its RPC deadline, and restores the newest "
+          "snapshot from memory") {
   // Before each of the commit's four operations on step 2's COMMITTED: the
   // commit takes 12 s.
   constexpr int kDelayMs = 3000;
@@ -303,14 +305,21 @@ TEST_CASE("a trainer restarted while the reaper still retires its predecessor (a
       [&] { return absl::StrContains(daemon.LatestLog(), "exited; dropping its registration"); },
       absl::Seconds(10), absl::Milliseconds(5)));
   CHECK_FALSE(absl::StrContains(daemon.LatestLog(), "keeping 1 snapshot"));
+  // Its registration's deadline (3 s) passes several times over while the
+  // commit stalls: zccd answers before each that the predecessor is still
+  // retiring, and the client registers again, until zccd registers it with
+  // the predecessor's snapshots.
   auto r = StartTrainer(daemon, dir, "restarted",
                         {"--job=retirejob", "--save_every=2", "--tensors=1", "--mode=restore",
-                         "--expect_step=3", "--expect_from=memory"});
+                         "--expect_step=3", "--expect_from=memory", "--rpc_timeout_s=3"});
   CHECK(r->Wait(absl::Seconds(60)) == 0);
   INFO(r->Output() << daemon.Log());
+  CHECK(r->Values()["registered"] == "1");
   CHECK(r->Values()["restored_step"] == "3");
   CHECK(r->Values()["restored_from"] == "memory");
   CHECK(r->Values()["mismatched_tensors"] == "0");
+  CHECK(absl::StrContains(r->Output(), "waiting to register"));
+  CHECK(absl::StrContains(r->Output(), v1::kPredecessorRetiring));
   CHECK(absl::StrContains(daemon.Log(), "a registration waits for the previous trainer's "
                                         "retirement"));
   CHECK(absl::StrContains(daemon.Log(), "the previous trainer retired after"));

@@ -51,6 +51,7 @@ ABSL_FLAG(int, step_ms, 20, "time per step");
 ABSL_FLAG(bool, block, false, "Backpressure::kBlock instead of kSkip");
 ABSL_FLAG(int, slots, 0, "staging slots (0 = daemon default)");
 ABSL_FLAG(double, daemon_timeout_s, 3, "client's daemon liveness timeout");
+ABSL_FLAG(double, rpc_timeout_s, 30, "deadline of the client's RPCs (a registration's included)");
 ABSL_FLAG(int, expect_step, -1, "restore: the step that must come back (-1: any)");
 ABSL_FLAG(int, restore_step, -1, "restore, resume: the step to ask for (-1: the newest)");
 ABSL_FLAG(std::string, expect_from, "", "restore: where the step must come from (memory or disk; "
@@ -208,6 +209,7 @@ int main(int argc, char** argv) {
   o.num_slots = absl::GetFlag(FLAGS_slots);
   o.backpressure = absl::GetFlag(FLAGS_block) ? zcc::Backpressure::kBlock : zcc::Backpressure::kSkip;
   o.daemon_timeout = absl::Seconds(absl::GetFlag(FLAGS_daemon_timeout_s));
+  o.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   o.ema_decay = static_cast<float>(absl::GetFlag(FLAGS_ema_decay));
   o.ema_interval = absl::GetFlag(FLAGS_ema_interval);
   o.persist_on_failure = absl::GetFlag(FLAGS_persist_on_failure);

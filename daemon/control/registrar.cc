@@ -22,6 +22,7 @@
 #include "ema/ema_updater.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
+#include "proto/registration_waits.h"
 #include "shm/control_block.h"
 #include "shm/pull_channel.h"
 #include "shm/segment.h"
@@ -367,13 +368,13 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
 
 absl::StatusOr<v1::RegisterResponse> Registrar::Register(
     const v1::RegisterRequest& req, const Caller& caller,
-    const std::function<bool()>& client_gone) {
+    const CallerWait& wait) {
   ZCC_ASSIGN_OR_RETURN(RankPlan plan,
                        PlanRank(req, caller, d_, [this] { return EmaWorkers(); }));
   ZCC_ASSIGN_OR_RETURN(std::shared_ptr<RankSession> replacing,
                        FindReplaced(req, plan.registered, caller, *d_.jobs));
-  RetirePredecessors(req, plan.job_dir, caller, client_gone);
-  if (client_gone && client_gone()) {
+  ZCC_RETURN_IF_ERROR(RetirePredecessors(req, plan.job_dir, caller, wait));
+  if (wait.Gone()) {
     return absl::CancelledError("the client stopped waiting for its registration");
   }
   ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
@@ -551,9 +552,9 @@ void Registrar::ForgetEarlierRunParts(const v1::RegisterRequest& req, const Job&
   }
 }
 
-void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
-                                   const Caller& caller,
-                                   const std::function<bool()>& client_gone) {
+absl::Status Registrar::RetirePredecessors(const v1::RegisterRequest& req,
+                                           const std::string& job_dir, const Caller& caller,
+                                           const CallerWait& wait) {
   // A trainer restarted faster than the housekeeping round noticed its
   // predecessor's death: retire the old registration first (its
   // checkpoint-on-failure, so a restore right after sees that step; its
@@ -561,7 +562,7 @@ void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::st
   // layout (world size) retires every dead rank of the old one, so that the
   // old job, then idle, is replaced by the admission instead of refusing it.
   std::shared_ptr<Job> found = d_.jobs->Find(req.job_id());
-  if (found == nullptr || !found->Authorize(caller.uid).ok()) return;
+  if (found == nullptr || !found->Authorize(caller.uid).ok()) return absl::OkStatus();
   std::vector<std::shared_ptr<RankSession>> predecessors;
   if (found->options().world_size != req.world_size() || found->options().job_dir != job_dir) {
     predecessors = found->Ranks();
@@ -569,11 +570,22 @@ void Registrar::RetirePredecessors(const v1::RegisterRequest& req, const std::st
     predecessors.push_back(p);
   }
   const absl::Duration timeout = d_.config->client_timeout;
+  // (A caller without a deadline: client_timeout.)
+  std::function<bool()> answer_due;
+  if (wait.gone != nullptr || wait.answer_by != absl::InfiniteFuture()) {
+    answer_due = [&wait] { return wait.AnswerDue(); };
+  }
   for (const std::shared_ptr<RankSession>& p : predecessors) {
-    if (p->ClientProcessGone() || !p->ClientAlive(timeout)) {
-      d_.housekeeper->RetireNow(found, p, timeout, client_gone);
+    if ((p->ClientProcessGone() || !p->ClientAlive(timeout)) &&
+        !d_.housekeeper->RetireNow(found, p, timeout, answer_due)) {
+      return absl::UnavailableError(absl::StrCat(
+          v1::kPredecessorRetiring, ": zccd has been writing and committing the last checkpoint "
+          "of job ", req.job_id(), " rank ", p->shards().rank, "'s previous trainer for ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - p->RetiringSince(), absl::Seconds(1))),
+          "; the registration adopts its snapshots once that is done (register again)"));
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace zcc::daemon

@@ -81,11 +81,9 @@ class Registrar {
   Registrar(const Registrar&) = delete;
   Registrar& operator=(const Registrar&) = delete;
 
-  // `client_gone` (optional): whether the caller stopped waiting (see
-  // Registry::Register).
+  // `wait`: how long the caller waits (see Registry::Register).
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
-                                                const Caller& caller,
-                                                const std::function<bool()>& client_gone);
+                                                const Caller& caller, const CallerWait& wait);
 
  private:
   // zccd's EMA threads (ema_threads, the updating rank's ingest thread one
@@ -93,10 +91,11 @@ class Registrar {
   absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> EmaWorkers() ABSL_LOCKS_EXCLUDED(ema_mu_);
   // Retires the rank's predecessor (and, for a job resumed in another
   // layout, every rank of the old one) whose trainer is gone, at once; one
-  // the reaper is retiring already is waited for while the caller waits
-  // (`client_gone`; without it, client_timeout).
-  void RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
-                          const Caller& caller, const std::function<bool()>& client_gone);
+  // the reaper is retiring already is waited for until the caller's answer
+  // is due (`wait`). Unavailable (v1::kPredecessorRetiring) when one is
+  // still retiring then: the client registers again and waits on.
+  absl::Status RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
+                                  const Caller& caller, const CallerWait& wait);
   // For a job written straight to an object store by a trainer that names
   // no run: removes the parts this rank left in the store's uncommitted
   // steps, before the trainer can write anything (see the definition).

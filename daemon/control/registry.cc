@@ -229,10 +229,10 @@ absl::StatusOr<std::string> Registry::ResolveJobDir(const std::string& requested
 
 absl::StatusOr<v1::RegisterResponse> Registry::Register(const v1::RegisterRequest& req,
                                                         const Caller& caller,
-                                                        const std::function<bool()>& client_gone) {
+                                                        const CallerWait& wait) {
   if (shutting_down_.load()) return absl::UnavailableError("zccd is shutting down");
-  ZCC_ASSIGN_OR_RETURN(v1::RegisterResponse resp, registrar_.Register(req, caller, client_gone));
-  if (client_gone && client_gone()) {
+  ZCC_ASSIGN_OR_RETURN(v1::RegisterResponse resp, registrar_.Register(req, caller, wait));
+  if (wait.Gone()) {
     // Nobody would map or heartbeat it: undone as the trainer's own close
     // keeping its snapshots would be (what it inherited goes on with them).
     v1::UnregisterRequest undo;

@@ -83,16 +83,19 @@ class Registry {
   // attempts the commits that became possible, removes all segments.
   void Shutdown();
 
-  // `client_gone` (optional) says when the caller stopped waiting: a
-  // registration it gave up on (its deadline passed while zccd retired the
-  // rank's previous trainer or reserved memory) is undone, its snapshots
-  // kept for the trainer's next attempt, which would otherwise be refused
-  // for client_timeout as a registration of a live process. (An undone
+  // `wait` says how long the caller waits. While the rank's previous trainer
+  // is still retiring (the reaper writes and commits its last checkpoint),
+  // the registration waits for it until the answer is due, then answers
+  // Unavailable (v1::kPredecessorRetiring): the client registers again. A
+  // registration the caller gave up on (wait.Gone(): its deadline passed
+  // while zccd reserved memory) is undone, its snapshots kept for the
+  // trainer's next attempt, which would otherwise be refused for
+  // client_timeout as a registration of a live process. (An undone
   // replacement in place had stopped the registration it replaced: the
   // trainer registers afresh, without that one's snapshots or EMA.)
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
                                                 const Caller& caller,
-                                                const std::function<bool()>& client_gone = nullptr);
+                                                const CallerWait& wait = {});
   absl::Status Unregister(const v1::UnregisterRequest& request, const Caller& caller);
   // `client_gone` (optional) says when the caller stopped waiting (deadline,
   // cancellation): the restore then stops at its next check, like at shutdown.

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,22 @@ absl::StatusOr<Caller> CallerOf(const grpc::ServerContextBase* ctx, const PeerTa
     return absl::PermissionDeniedError(absl::StrCat("unknown peer ", ctx->peer()));
   }
   return Caller{creds->uid, creds->gid, creds->pid};
+}
+
+// How long the caller of `ctx` waits: until it cancels or its deadline
+// passes, the answer due a little before that deadline (a quarter of the
+// time left when the call began, at most 2 s) so that it arrives.
+CallerWait WaitOf(grpc::CallbackServerContext* ctx) {
+  CallerWait wait;
+  wait.gone = [ctx] { return ctx->IsCancelled(); };
+  const auto deadline = ctx->deadline();
+  // (No deadline reads as the clock's end: the answer is never due early.)
+  if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 366)) {
+    const absl::Time end = absl::FromChrono(deadline);
+    const absl::Duration left = std::max(absl::ZeroDuration(), end - absl::Now());
+    wait.answer_by = end - std::min(absl::Seconds(2), left / 4);
+  }
+  return wait;
 }
 
 // A registry method's result as the call's reply.
@@ -105,7 +122,7 @@ class ControlService final : public RawControl {
 
   ZCC_RAW_METHOD(Register, RegisterRequest, RegisterResponse, register_limit_,
                  Counted(registry_,
-                         Reply(registry_->Register(r, caller, [ctx] { return ctx->IsCancelled(); }),
+                         Reply(registry_->Register(r, caller, WaitOf(ctx)),
                                out)))
   ZCC_REGISTRY_METHOD(Unregister, UnregisterRequest, UnregisterResponse, kSmallRequest)
   ZCC_RAW_METHOD(Restore, RestoreRequest, RestoreResponse, kSmallRequest,

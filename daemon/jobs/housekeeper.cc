@@ -148,27 +148,35 @@ void Housekeeper::Retain(Job& job, std::shared_ptr<RankSession> stopped) {
                 << " (a restarted trainer restores from memory)";
 }
 
-void Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
+bool Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
                             const std::shared_ptr<RankSession>& session, absl::Duration wait,
                             const std::function<bool()>& stop_waiting) {
   if (session->BeginRetirement()) {
     Retire({job, session});
-    return;
+    return true;
   }
   // The reaper has it: its checkpoint-on-failure, or the write of a due
   // step and its commit, may take a while.
   const uint32_t rank = session->shards().rank;
   if (stop_waiting == nullptr) {
     job->AwaitRankGone(rank, session.get(), absl::Now() + wait);
-    return;
+    return true;
   }
   // (No wake-up says when the caller stops waiting: asked between waits.)
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + kMaxRetireWait;
+  const absl::Time began = session->RetiringSince();
+  const absl::Time deadline = began + kMaxRetireWait;
   bool told = false;
   while (!job->AwaitRankGone(rank, session.get(),
-                             std::min(deadline, absl::Now() + absl::Seconds(1)))) {
-    if (stop_waiting() || absl::Now() >= deadline) return;
+                             std::min(deadline, absl::Now() + absl::Milliseconds(200)))) {
+    if (absl::Now() >= deadline) {
+      ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank " << rank
+                       << ": the previous trainer has been retiring for "
+                       << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Seconds(1)))
+                       << "; a registration goes on without waiting longer (the snapshots it "
+                          "keeps are not adopted)";
+      return true;
+    }
+    if (stop_waiting()) return false;
     if (!told) {
       told = true;
       ZCC_LOG(INFO) << "job " << job->options().job_id << " rank " << rank
@@ -179,9 +187,10 @@ void Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
   if (told) {
     ZCC_LOG(INFO) << "job " << job->options().job_id << " rank " << rank
                   << ": the previous trainer retired after "
-                  << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
+                  << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1)))
                   << "; the registration goes on";
   }
+  return true;
 }
 
 void Housekeeper::HousekeepingLoop() {

@@ -71,11 +71,13 @@ class Housekeeper {
   // checkpoint-on-failure, then the session is stopped, removed from the job
   // and its intact snapshots retained (Retain). When the reaper is already
   // retiring it, waits for that to finish: at most `wait`, or, given
-  // `stop_waiting`, until it says so (asked every second; at most
-  // kMaxRetireWait). For a trainer that registers again before its
-  // predecessor is retired: its registration takes the predecessor's
-  // snapshots only once they are retained.
-  void RetireNow(const std::shared_ptr<Job>& job, const std::shared_ptr<RankSession>& session,
+  // `stop_waiting`, until it says so (asked five times a second), and never past
+  // kMaxRetireWait from the retirement's start. For a trainer that registers
+  // again before its predecessor is retired: its registration takes the
+  // predecessor's snapshots only once they are retained. False when
+  // `stop_waiting` ended the wait with the retirement under way (it has
+  // lasted less than kMaxRetireWait).
+  bool RetireNow(const std::shared_ptr<Job>& job, const std::shared_ptr<RankSession>& session,
                  absl::Duration wait, const std::function<bool()>& stop_waiting = nullptr);
   static constexpr absl::Duration kMaxRetireWait = absl::Minutes(10);
   // Keeps the snapshots of `stopped` (removed from `job`) in memory for

@@ -42,6 +42,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/io_options.h"
 #include "checkpoint/rank_shards.h"
@@ -184,7 +185,16 @@ class RankSession {
 
   // True for the first caller only: that caller retires this session (the
   // trainer is gone), so a rank found dead twice is retired once.
-  bool BeginRetirement() { return !retiring_.exchange(true); }
+  bool BeginRetirement() {
+    int64_t none = 0;  // (the first caller's time, set before anyone sees retiring_)
+    retiring_since_ns_.compare_exchange_strong(none, absl::GetCurrentTimeNanos());
+    return !retiring_.exchange(true);
+  }
+  // When its retirement began (InfinitePast: it has not).
+  absl::Time RetiringSince() const {
+    const int64_t ns = retiring_since_ns_.load();
+    return ns == 0 ? absl::InfinitePast() : absl::FromUnixNanos(ns);
+  }
 
   // Daemon heartbeat into the control block; called periodically.
   void Heartbeat();
@@ -333,6 +343,7 @@ class RankSession {
 
   std::atomic<bool> save_requested_{false};
   std::atomic<bool> retiring_{false};
+  std::atomic<int64_t> retiring_since_ns_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> last_snapshot_step_{-1};
   // True while prefetch_ is set: lets the ingest loop skip TakePrefetch's lock.

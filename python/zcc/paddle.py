@@ -224,6 +224,9 @@ class Checkpointer(_checkpointer.CheckpointerBase):
         (as zcc.torch's).
       fence_optimizer_step: wrap ``optimizer.step`` with ``fence()``.
       connect_timeout: how long ``restore()`` waits for the registration.
+        (A registration that waits for zccd to finish the rank's previous
+        trainer's last checkpoint waits in the construction instead, as long
+        as that write takes, and says so in the log every 30 s.)
       prefetch_restore, backpressure, keep_last, num_slots, copier and any
         other ``zcc.connect`` keyword: as for zcc.torch.Checkpointer.
     """

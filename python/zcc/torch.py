@@ -189,6 +189,9 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
         construction to twice what it holds then, and grown when outgrown.
       fence_optimizer_step: make ``optimizer.step`` call ``fence()`` first.
       connect_timeout: how long ``restore()`` waits for the registration.
+        (A registration that waits for zccd to finish the rank's previous
+        trainer's last checkpoint waits in the construction instead, as long
+        as that write takes, and says so in the log every 30 s.)
       prefetch_restore: zccd begins reading the newest checkpoint as this
         Checkpointer registers, so that ``restore()`` finds it read or under
         way (default True: a trainer that starts with a checkpoint on disk
