@@ -12,6 +12,7 @@
 #include <chrono>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/fd.h"
 #include "common/file_util.h"
@@ -29,6 +30,7 @@
 #include "metrics/http_exporter.h"
 #include "metrics/textfile_writer.h"
 #include "proto/message_limits.h"
+#include "proto/registration_waits.h"
 #include "proto/zcc.grpc.pb.h"
 #include "systemd/notify.h"
 
@@ -76,9 +78,14 @@ grpc::Status Reply(const absl::Status& result, T*) {
   return ToGrpcStatus(result);
 }
 
-// Counts refused control requests in zcc_errors_total{kind="rpc"}.
+// Counts refused control requests in zcc_errors_total{kind="rpc"}; a
+// registration told to ask again while the rank's previous trainer retires
+// is not refused.
 grpc::Status Counted(Registry* registry, grpc::Status status) {
-  if (!status.ok()) registry->metrics().errors(metrics::ErrorKind::kRpc).Increment();
+  if (!status.ok() && !(status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                        absl::StrContains(status.error_message(), v1::kPredecessorRetiring))) {
+    registry->metrics().errors(metrics::ErrorKind::kRpc).Increment();
+  }
   return status;
 }
 
