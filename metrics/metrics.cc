@@ -335,6 +335,15 @@ ZccMetrics::ZccMetrics() {
       "zcc_restore_prefetches_total",
       "Reads of the newest step begun as a rank registered, by whether a restore used them.",
       {{"outcome", "discarded"}});
+  for (const auto& [reason, label] :
+       {std::pair{EmaLeftOut::kNonFinite, "nonfinite"},
+        std::pair{EmaLeftOut::kOutOfOrder, "out_of_order"}}) {
+    ema_left_out_[static_cast<int>(reason)] = &registry_.AddCounter(
+        "zcc_ema_snapshots_left_out_total",
+        "Snapshots an EMA did not fold in: a parameter held NaN or Inf, or the snapshot was "
+        "taken in after a later one.",
+        {{"reason", label}});
+  }
   staging_bytes_ = &registry_.AddGauge(
       "zcc_staging_bytes",
       "Staging memory in use, bytes: the ranks' shared-memory segments, retained ones and "

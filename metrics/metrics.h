@@ -165,6 +165,10 @@ enum class RestoreSource { kMemory, kDisk };
 // How a read begun at registration ended: zcc_restore_prefetches_total{outcome=...}.
 enum class PrefetchOutcome { kUsed, kDiscarded };
 
+// Why a snapshot was left out of a rank's EMA:
+// zcc_ema_snapshots_left_out_total{reason=...}.
+enum class EmaLeftOut { kNonFinite, kOutOfOrder };
+
 // The standard metrics of zccd, registered in an owned Registry. Thread-safe
 // like Registry; the accessors return references valid for this object's
 // lifetime. Durations are observed in seconds, sizes in bytes.
@@ -200,6 +204,12 @@ class ZccMetrics {
   // by whether a restore used them.
   Counter& restore_prefetches(PrefetchOutcome outcome) {
     return *restore_prefetches_[static_cast<int>(outcome)];
+  }
+  // zcc_ema_snapshots_left_out_total{reason="nonfinite"|"out_of_order"}:
+  // snapshots an EMA did not fold in, because a parameter held NaN or Inf,
+  // or because it was taken in after a later one.
+  Counter& ema_left_out(EmaLeftOut reason) {
+    return *ema_left_out_[static_cast<int>(reason)];
   }
   // zcc_staging_bytes: shared memory currently allocated for staging
   // (retained snapshots included).
@@ -256,6 +266,7 @@ class ZccMetrics {
   Counter* restores_[2];
   Counter* restore_bytes_read_;
   Counter* restore_prefetches_[2];
+  Counter* ema_left_out_[2];
   Gauge* staging_bytes_;
   Gauge* staging_pool_bytes_;
   Gauge* peer_replica_bytes_;

@@ -226,6 +226,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   m.restores(RestoreSource::kDisk).Increment();
   m.restore_bytes_read().Increment(5000);
   m.restore_prefetches(PrefetchOutcome::kUsed).Increment(2);
+  m.ema_left_out(EmaLeftOut::kOutOfOrder).Increment();
   m.retained_snapshot_bytes().Set(1 << 20);
   m.replication_bytes_sent().Increment(777);
   m.replication_pushed_again().Increment(2);
@@ -253,6 +254,7 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
       {"zcc_restores_total", "counter"},
       {"zcc_restore_bytes_read_total", "counter"},
       {"zcc_restore_prefetches_total", "counter"},
+      {"zcc_ema_snapshots_left_out_total", "counter"},
       {"zcc_retained_snapshot_bytes", "gauge"},
       {"zcc_upload_bytes_total", "counter"},
       {"zcc_upload_lag_seconds", "gauge"},
@@ -285,6 +287,8 @@ TEST_CASE("ZccMetrics exports exactly the standard zcc_ metrics") {
   CHECK(e.Value("zcc_restore_bytes_read_total") == 5000);
   CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "used"}}) == 2);
   CHECK(e.Value("zcc_restore_prefetches_total", {{"outcome", "discarded"}}) == 0);
+  CHECK(e.Value("zcc_ema_snapshots_left_out_total", {{"reason", "nonfinite"}}) == 0);
+  CHECK(e.Value("zcc_ema_snapshots_left_out_total", {{"reason", "out_of_order"}}) == 1);
   CHECK(e.Value("zcc_replication_bytes_sent_total") == 777);
   CHECK(e.Value("zcc_replication_pushed_again_total") == 2);
   CHECK(e.Value("zcc_replication_lag_seconds") == 2.5);

@@ -304,6 +304,13 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
                   "serialized (each made up for by the next snapshot)\n",
                   r.rank(), static_cast<unsigned long long>(r.replications_skipped()));
     }
+    for (const auto& r : job.ranks()) {
+      if (r.ema_skipped_nonfinite() == 0 && r.ema_out_of_order() == 0) continue;
+      std::printf("  rank %u EMA: snapshots left out: %llu holding NaN or Inf, %llu taken in "
+                  "after a later one\n",
+                  r.rank(), static_cast<unsigned long long>(r.ema_skipped_nonfinite()),
+                  static_cast<unsigned long long>(r.ema_out_of_order()));
+    }
     if (!job.last_error().empty()) std::printf("  last error: %s\n", job.last_error().c_str());
     std::printf("  %-5s %-8s %-6s %-10s %-10s %-10s %-9s %-8s %-7s %-6s %s\n", "rank", "pid",
                 "alive", "snapshot", "ema", "persisted", "ingested", "skipped", "failed", "slots",

@@ -45,6 +45,7 @@ void Job::FillStatus(v1::JobStatus* out) const {
     r->set_last_error(c.last_error);
     r->set_last_ema_step(c.last_ema_step);
     r->set_ema_skipped_nonfinite(c.ema_skipped_nonfinite);
+    r->set_ema_out_of_order(c.ema_out_of_order);
     r->set_ema_tensors(c.ema_tensors);
     r->set_daemon_pull(c.daemon_pull);
     r->set_pulls(c.pulls.pulls);

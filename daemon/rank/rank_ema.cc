@@ -52,6 +52,9 @@ std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_byt
     // out of order, and is lost to the EMA.
     if (seq < last_seq_) {
       const uint64_t n = out_of_order_.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (metrics_ != nullptr) {
+        metrics_->ema_left_out(metrics::EmaLeftOut::kOutOfOrder).Increment();
+      }
       if (n == 1 || n % 100 == 0) {
         ZCC_LOG(ERROR) << "job " << job_id_ << " rank " << rank_ << ": the snapshot of step "
                        << step << " was taken in after that of step " << ema_->last_step()
@@ -70,6 +73,7 @@ std::optional<EmaProblem> RankEma::Update(const uint8_t* slot, uint64_t slot_byt
         absl::StrCat("EMA update at step ", step, " failed: ", result.status().message()), true};
   }
   if (!result->applied) {
+    if (metrics_ != nullptr) metrics_->ema_left_out(metrics::EmaLeftOut::kNonFinite).Increment();
     // Reported in status every time, logged for the first and then every
     // 100th, so a diverged run does not flood the log.
     const uint64_t skipped = ema_->counters().skipped_nonfinite;

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/reader.h"
@@ -30,8 +31,10 @@
 #include "common/testing/temp_dir.h"
 #include "config/daemon_config.h"
 #include "daemon/control/registration.h"
+#include "daemon/rank/rank_ema.h"
 #include "ema/ema_updater.h"
 #include "format/manifest.h"
+#include "metrics/metrics.h"
 #include "shm/control_block.h"
 #include "shm/segment.h"
 #include "shm/slot_ring.h"
@@ -814,4 +817,44 @@ TEST_CASE("persist-on-failure waits for a write in progress, then writes the new
 }
 
 }  // namespace
+TEST_CASE("a snapshot taken in after a later one is counted as left out of the EMA, in the "
+          "rank's counter and in zcc_ema_snapshots_left_out_total; a step replayed after a "
+          "restore is not") {
+  metrics::ZccMetrics exported;
+  ema::EmaOptions options;
+  options.decay = 0.5;
+  auto updater = ema::EmaUpdater::Create({{"w", format::DType::kF32, 4}}, options);
+  REQUIRE(updater.ok());
+  RegisteredTensor w;
+  w.name = "w";
+  w.dtype = format::DType::kF32;
+  w.shape = {4};
+  w.nbytes = 16;
+  w.ema_eligible = true;
+  RankEma rank_ema(std::move(*updater), {w}, "job", 0, /*interval=*/1, &exported);
+  const std::vector<float> slot = {1, 2, 3, 4};
+  const auto* bytes = reinterpret_cast<const uint8_t*>(slot.data());
+  auto left_out = [&exported](metrics::EmaLeftOut reason) {
+    return exported.ema_left_out(reason).value();
+  };
+  CHECK_FALSE(rank_ema.Update(bytes, 16, /*step=*/2, /*seq=*/2).has_value());
+  CHECK(rank_ema.last_step() == 2);
+  // Step 1, published before step 2, taken in after it.
+  CHECK_FALSE(rank_ema.Update(bytes, 16, 1, 1).has_value());
+  CHECK(rank_ema.out_of_order() == 1);
+  CHECK(left_out(metrics::EmaLeftOut::kOutOfOrder) == 1);
+  // Step 2 again, published after (a trainer that went back to step 1 and
+  // trained on, behind an EMA kept newer): not folded in, not out of order.
+  CHECK_FALSE(rank_ema.Update(bytes, 16, 2, 3).has_value());
+  CHECK(rank_ema.out_of_order() == 1);
+  CHECK(left_out(metrics::EmaLeftOut::kOutOfOrder) == 1);
+  // A non-finite parameter: skipped and counted under its own reason.
+  const std::vector<float> bad = {1, NAN, 3, 4};
+  auto skipped = rank_ema.Update(reinterpret_cast<const uint8_t*>(bad.data()), 16, 4, 4);
+  REQUIRE(skipped.has_value());
+  CHECK(absl::StrContains(skipped->message, "NaN or Inf"));
+  CHECK(left_out(metrics::EmaLeftOut::kNonFinite) == 1);
+  CHECK(left_out(metrics::EmaLeftOut::kOutOfOrder) == 1);
+}
+
 }  // namespace zcc::daemon
