@@ -291,9 +291,10 @@ SnapshotResult Client::Snapshot(int64_t step, SnapshotKind kind, void* stream) {
   auto ticket = pinned.ok() ? s->copier->Enqueue(regions, stream) : absl::StatusOr<CopyTicket>(pinned);
   if (!ticket.ok()) {
     ring.Abandon(static_cast<uint32_t>(slot));
-    im.SetError(absl::StrCat("enqueue copy: ", ticket.status().message()));
-    im.skipped_disconnected.fetch_add(1, std::memory_order_relaxed);
-    return SnapshotResult::kSkippedDisconnected;
+    im.SetError(absl::StrCat("snapshot of step ", step, " skipped: its copy could not be enqueued: ",
+                             ticket.status().message()));
+    im.skipped_copy_failed.fetch_add(1, std::memory_order_relaxed);
+    return SnapshotResult::kSkippedCopyFailed;
   }
   {
     zcc::MutexLock lock(&im.mu);
@@ -415,6 +416,7 @@ ClientStats Client::Stats() const {
   stats.snapshots_published = im.published.load();
   stats.skipped_no_slot = im.skipped_no_slot.load();
   stats.skipped_disconnected = im.skipped_disconnected.load();
+  stats.skipped_copy_failed = im.skipped_copy_failed.load();
   stats.replaced_by_checkpoint = im.replaced.load();
   stats.registrations = im.registrations.load();
   stats.last_published_step = im.last_published_step.load();

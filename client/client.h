@@ -188,6 +188,10 @@ enum class SnapshotResult {
   kEnqueued,
   kSkippedNoSlot,        // every slot still busy (daemon slower than the step)
   kSkippedDisconnected,  // no live registration with zccd
+  // The copy could not be enqueued: pinning the slot or the copier failed
+  // (Stats().last_error says why). The registration stays; the next
+  // snapshot tries again.
+  kSkippedCopyFailed,
 };
 
 struct ClientStats {
@@ -196,6 +200,7 @@ struct ClientStats {
   uint64_t snapshots_published = 0;
   uint64_t skipped_no_slot = 0;
   uint64_t skipped_disconnected = 0;
+  uint64_t skipped_copy_failed = 0;
   // Published ordinary snapshots whose slot a step due for a checkpoint took
   // over before zccd ingested them (also in zccd's skip count: their EMA
   // update did not happen).

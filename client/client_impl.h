@@ -221,6 +221,7 @@ struct Client::Impl {
   std::atomic<uint64_t> published{0};
   std::atomic<uint64_t> skipped_no_slot{0};
   std::atomic<uint64_t> skipped_disconnected{0};
+  std::atomic<uint64_t> skipped_copy_failed{0};
   std::atomic<uint64_t> registrations{0};
   std::atomic<uint64_t> replaced{0};
   // Checkpoint writes zccd reported failed (summed over registrations) and

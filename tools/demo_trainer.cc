@@ -290,8 +290,9 @@ int main(int argc, char** argv) {
     std::string line = absl::StrCat("step ", step, "  snapshot ", absl::StrFormat("%7.1f", us),
                                     " us");
     if (result != zcc::SnapshotResult::kEnqueued) {
-      absl::StrAppend(&line, result == zcc::SnapshotResult::kSkippedNoSlot
-                                 ? "  (skipped: no free slot)"
+      absl::StrAppend(&line, result == zcc::SnapshotResult::kSkippedNoSlot ? "  (skipped: no free slot)"
+                             : result == zcc::SnapshotResult::kSkippedCopyFailed
+                                 ? "  (skipped: the copy could not be enqueued)"
                                  : "  (skipped: daemon unavailable)");
     }
     auto status = (*client)->QueryCheckpointStatus();

@@ -15,7 +15,7 @@
         ...forward/backward...
         client.fence()                       # the update must not race the copies
         optimizer_step()
-        client.snapshot(step)                # "enqueued" | "skipped_no_slot" | "skipped_disconnected"
+        client.snapshot(step)                # "enqueued" | "skipped_..." (see Client.snapshot)
     client.close()
 
 Tensors are any objects exposing ``__array_interface__`` (NumPy),
@@ -31,8 +31,9 @@ Client methods (each raises a :class:`zcc.Error` subclass; see :mod:`zcc.errors`
     ``ValueError``). When zccd is unreachable it still succeeds; the client
     registers in the background and ``stats()["connected"]`` says when.
 ``snapshot(step, kind="full", stream=0) -> str``
-    Enqueues the copies and returns ``"enqueued"``, ``"skipped_no_slot"`` or
-    ``"skipped_disconnected"``. Never raises for daemon trouble.
+    Enqueues the copies and returns ``"enqueued"``, ``"skipped_no_slot"``,
+    ``"skipped_disconnected"`` or ``"skipped_copy_failed"`` (pinning or the
+    copier failed; ``stats()["last_error"]`` says why). Never raises for daemon trouble.
 ``fence(stream=0)``
     Before updating registered tensors: waits (host copier) until enqueued
     copies have read them.

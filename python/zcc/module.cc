@@ -141,6 +141,7 @@ const char* ResultName(SnapshotResult r) {
     case SnapshotResult::kEnqueued: return "enqueued";
     case SnapshotResult::kSkippedNoSlot: return "skipped_no_slot";
     case SnapshotResult::kSkippedDisconnected: return "skipped_disconnected";
+    case SnapshotResult::kSkippedCopyFailed: return "skipped_copy_failed";
   }
   return "unknown";
 }
@@ -423,6 +424,7 @@ class PyClient {
     d["snapshots_published"] = s.snapshots_published;
     d["skipped_no_slot"] = s.skipped_no_slot;
     d["skipped_disconnected"] = s.skipped_disconnected;
+    d["skipped_copy_failed"] = s.skipped_copy_failed;
     d["registrations"] = s.registrations;
     d["last_published_step"] = s.last_published_step;
     d["replaced_by_checkpoint"] = s.replaced_by_checkpoint;

@@ -516,7 +516,7 @@ class Checkpointer(_checkpointer.CheckpointerBase):
     @paddle.no_grad()
     def step(self, step, kind="full"):
         """Snapshots `step` (after optimizer.step()): returns "enqueued",
-        "skipped_no_slot" or "skipped_disconnected"."""
+        "skipped_no_slot", "skipped_disconnected" or "skipped_copy_failed"."""
         if not self._fenced:
             self.fence()
         self._check_memory()

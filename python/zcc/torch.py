@@ -469,8 +469,9 @@ class Checkpointer(_torch_optim.OptimizerBinding, _torch_restore.Restoring,
 
     def step(self, step, kind="full"):
         """Snapshots `step` (after optimizer.step()): returns "enqueued",
-        "skipped_no_slot" or "skipped_disconnected". Costs a fence (usually
-        already passed), shadow copies of the buffers and a few small pickles."""
+        "skipped_no_slot", "skipped_disconnected" or "skipped_copy_failed".
+        Costs a fence (usually already passed), shadow copies of the buffers
+        and a few small pickles."""
         # Every Python call here is paid at every training step, with the
         # CPU's caches cold after the step's compute: BENCHMARKS.md's
         # Checkpointer.step rows measure it.
