@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,13 @@ inline bool IsTransient(const absl::Status& st) {
 // zccd answered a registration that it is still retiring the rank's previous
 // trainer (writing and committing its last checkpoint): registering again at
 // once waits on, and the registration then adopts that trainer's snapshots.
+inline uint64_t RandomInstance() {
+  std::random_device device;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{device()} << 32) ^ device();
+  return id;
+}
+
 inline bool PredecessorRetiring(const absl::Status& st) {
   return st.code() == absl::StatusCode::kUnavailable &&
          absl::StrContains(st.message(), v1::kPredecessorRetiring);
@@ -191,6 +199,8 @@ using client_internal::Stubs;
 
 struct Client::Impl {
   ClientOptions options;
+  // This client among all (RegisterRequest.client_instance): random, not 0.
+  const uint64_t instance = client_internal::RandomInstance();
   // The client's copier: ClientOptions::copier (then user_copier), or the
   // one copy_backend chose; null for kCudaIpc, where every registration
   // makes its daemon-pull copier (Session::copier).

@@ -30,9 +30,11 @@ using client_internal::ToProto;
 
 v1::RegisterRequest MakeRegisterRequest(const ClientOptions& options,
                                         const std::vector<TensorRef>& refs, bool user_copier,
-                                        bool prefetch_restore, uint64_t replaces_generation) {
+                                        bool prefetch_restore, uint64_t replaces_generation,
+                                        uint64_t instance) {
   v1::RegisterRequest req;
   req.set_replaces_generation(replaces_generation);
+  req.set_client_instance(instance);
   req.set_job_id(options.job_id);
   req.set_rank(options.rank);
   req.set_world_size(options.world_size);
@@ -172,7 +174,8 @@ absl::StatusOr<std::shared_ptr<client_internal::Session>> Client::Impl::Register
     const std::vector<TensorRef>& refs, const client_internal::Stubs& via, bool prefetch_restore,
     uint64_t replaces_generation) {
   const v1::RegisterRequest req =
-      MakeRegisterRequest(options, refs, user_copier, prefetch_restore, replaces_generation);
+      MakeRegisterRequest(options, refs, user_copier, prefetch_restore, replaces_generation,
+                          instance);
   v1::RegisterResponse resp;
   auto ctx = Context();
   ZCC_RETURN_IF_ERROR(FromGrpcStatus(via.control->Register(ctx.get(), req, &resp)));

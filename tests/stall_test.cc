@@ -278,6 +278,53 @@ TEST_CASE("a registration whose client stopped waiting for it is undone: the tra
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a registration answered after its client stopped waiting (the answer lost) does not "
+          "refuse that client's next attempt; another client's is refused while it lives") {
+  const std::string dir = ShortTempDir("stall-lost");
+  Daemon daemon(dir, {{"--client_timeout_s=30"}});
+  REQUIRE(daemon.Start());
+  auto channel =
+      grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::Control::Stub> control = v1::Control::NewStub(channel);
+  v1::RegisterRequest req;
+  req.set_job_id("lostjob");
+  req.set_rank(0);
+  req.set_world_size(1);
+  req.set_pid(::getpid());
+  req.set_client_instance(7);
+  v1::TensorSpec* t = req.add_tensors();
+  t->set_name("w");
+  t->set_dtype(v1::F32);
+  t->add_shape(4096);
+  t->set_kind(v1::PARAM);
+  auto register_once = [&](v1::RegisterResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    return control->Register(&ctx, req, resp);
+  };
+  // Registered; the client never maps it nor beats (as if the answer was
+  // lost when its deadline passed just before it arrived).
+  v1::RegisterResponse first;
+  REQUIRE(register_once(&first).ok());
+  // The same client asks again: answered at once, the lost one retired.
+  v1::RegisterResponse again;
+  const absl::Time asked = absl::Now();
+  const grpc::Status st = register_once(&again);
+  INFO(st.error_message() << "\n" << daemon.Log());
+  REQUIRE(st.ok());
+  CHECK(absl::Now() - asked < absl::Seconds(10));
+  CHECK(again.generation() > first.generation());
+  CHECK(absl::StrContains(daemon.Log(), "registers again from the same client"));
+  // Another client of the rank in the same process: refused while the
+  // registration it would replace is alive (client_timeout has not passed).
+  req.set_client_instance(8);
+  v1::RegisterResponse other;
+  const grpc::Status refused = register_once(&other);
+  CHECK(refused.error_code() == grpc::ALREADY_EXISTS);
+  CHECK(absl::StrContains(refused.error_message(), "still alive"));
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("a trainer restarted while the reaper still retires its predecessor (a commit "
           "stalled on a slow disk) waits for it, past its RPC deadline, and restores the newest "
           "snapshot from memory") {

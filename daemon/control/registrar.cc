@@ -345,6 +345,7 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
   // The kernel's word for the pid (in zccd's pid namespace), not the request's.
   options.pid = caller.pid;
   options.generation = generation;
+  options.client_instance = req.client_instance();
   options.metrics = d.metrics;
   options.ema_interval = req.ema_interval();
   options.segment_owner = plan.segment_owner;
@@ -570,13 +571,27 @@ absl::Status Registrar::RetirePredecessors(const v1::RegisterRequest& req,
     predecessors.push_back(p);
   }
   const absl::Duration timeout = d_.config->client_timeout;
+  // A registration of the rank by the client registering now, which holds
+  // none when it registers (not a replacement): the client gave that one up
+  // (its answer never arrived, or it took zccd for gone).
+  auto given_up = [&req](const RankSession& s) {
+    return req.client_instance() != 0 && req.replaces_generation() == 0 &&
+           s.options().client_instance == req.client_instance();
+  };
   // (A caller without a deadline: client_timeout.)
   std::function<bool()> answer_due;
   if (wait.gone != nullptr || wait.answer_by != absl::InfiniteFuture()) {
     answer_due = [&wait] { return wait.AnswerDue(); };
   }
   for (const std::shared_ptr<RankSession>& p : predecessors) {
-    if ((p->ClientProcessGone() || !p->ClientAlive(timeout)) &&
+    const bool abandoned = given_up(*p);
+    if (abandoned) {
+      ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << p->shards().rank << ": pid "
+                       << caller.pid << " registers again from the same client; its earlier "
+                       << "registration (generation " << p->options().generation
+                       << "), whose answer it did not take, is retired";
+    }
+    if ((abandoned || p->ClientProcessGone() || !p->ClientAlive(timeout)) &&
         !d_.housekeeper->RetireNow(found, p, timeout, answer_due)) {
       return absl::UnavailableError(absl::StrCat(
           v1::kPredecessorRetiring, ": zccd has been writing and committing the last checkpoint "

@@ -90,7 +90,9 @@ class Registry {
   // registration the caller gave up on (wait.Gone(): its deadline passed
   // while zccd reserved memory) is undone, its snapshots kept for the
   // trainer's next attempt, which would otherwise be refused for
-  // client_timeout as a registration of a live process. (An undone
+  // client_timeout as a registration of a live process. One whose answer
+  // was lost all the same (the deadline passed after that check) is retired
+  // when the same client registers again (client_instance). (An undone
   // replacement in place had stopped the registration it replaced: the
   // trainer registers afresh, without that one's snapshots or EMA.)
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,

@@ -78,6 +78,8 @@ struct RankSessionOptions {
   metrics::ZccMetrics* metrics = nullptr;  // borrowed; outlives the session
   uint32_t ema_interval = 1;  // EMA every N-th snapshotted step (0 = every step)
   uint64_t generation = 0;
+  // The registering client's RegisterRequest.client_instance (0: none).
+  uint64_t client_instance = 0;
   // Owner of every segment this rank's client maps (staging, restore and EMA
   // buffers): the trainer's uid when zccd runs as root, -1 (zccd's own)
   // otherwise.
