@@ -160,7 +160,7 @@ absl::Status Client::RegisterTensors(std::vector<TensorRef> tensors) {
     zcc::MutexLock lock(&im->mu);
     return im->stopping;
   };
-  while (!session.ok() && client_internal::PredecessorRetiring(session.status()) && !closing()) {
+  while (!session.ok() && client_internal::RegisterAgain(session.status()) && !closing()) {
     if (absl::Now() - told >= absl::Seconds(30)) {
       told = absl::Now();
       ZCC_LOG(INFO) << "zcc client: waiting to register ("

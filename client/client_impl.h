@@ -6,9 +6,11 @@
 #define ZCC_CLIENT_CLIENT_IMPL_H_
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -21,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -43,19 +46,27 @@ inline bool IsTransient(const absl::Status& st) {
          st.code() == absl::StatusCode::kAlreadyExists;  // the daemon has not yet dropped our old registration
 }
 
-// zccd answered a registration that it is still retiring the rank's previous
-// trainer (writing and committing its last checkpoint): registering again at
-// once waits on, and the registration then adopts that trainer's snapshots.
-inline uint64_t RandomInstance() {
-  std::random_device device;
-  uint64_t id = 0;
-  while (id == 0) id = (uint64_t{device()} << 32) ^ device();
-  return id;
+// zccd answered a registration v1::kRegisterAgain: the rank's previous
+// trainer is still retiring (zccd writes and commits its last checkpoint), or
+// retired too close to the deadline. Registering again at once waits on, and
+// the registration then adopts that trainer's snapshots.
+inline bool RegisterAgain(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kUnavailable &&
+         absl::StartsWith(st.message(), v1::kRegisterAgain);
 }
 
-inline bool PredecessorRetiring(const absl::Status& st) {
-  return st.code() == absl::StatusCode::kUnavailable &&
-         absl::StrContains(st.message(), v1::kPredecessorRetiring);
+// A client's RegisterRequest.client_instance: random, never 0.
+inline uint64_t RandomInstance() {
+  uint64_t id = 0;
+  try {
+    std::random_device device;
+    id = (uint64_t{device()} << 32) ^ device();
+  } catch (const std::exception&) {
+    // (No entropy source here: the clock and the pid tell clients apart.)
+    id = static_cast<uint64_t>(absl::GetCurrentTimeNanos()) * 0x9e3779b97f4a7c15ull ^
+         static_cast<uint64_t>(::getpid());
+  }
+  return id == 0 ? 1 : id;
 }
 
 // One live registration with zccd: the mapped staging segment and the copy

@@ -162,7 +162,7 @@ void Client::Impl::MonitorLoop() {
         continue;
       }
       SetError(std::string(fresh.status().message()));
-      if (client_internal::PredecessorRetiring(fresh.status())) {
+      if (client_internal::RegisterAgain(fresh.status())) {
         // zccd held the request as long as it could: again at once.
         backoff = absl::Milliseconds(100);
         continue;

@@ -6,12 +6,13 @@
 
 namespace zcc::v1 {
 
-// UNAVAILABLE with a message that begins so: the rank's previous trainer died
-// and zccd is still retiring its session (writing a checkpoint that was due or
-// its checkpoint-on-failure, then committing it) before the rank's snapshots
-// can go to the new registration. zccd answers so shortly before the
-// registration's deadline; the client registers again at once and waits on.
-inline constexpr char kPredecessorRetiring[] = "the rank's previous trainer is still retiring";
+// UNAVAILABLE with a message that begins so: the client registers again at
+// once, with a deadline of its own. zccd answers so shortly before a
+// registration's deadline while the rank's previous trainer is still retiring
+// (zccd writes and commits its last checkpoint before the rank's snapshots
+// can go to the new registration), or when that retirement ended too close to
+// the deadline to finish the registration in time.
+inline constexpr char kRegisterAgain[] = "register again at once";
 
 }  // namespace zcc::v1
 

@@ -368,10 +368,10 @@ int main(int argc, char** argv) {
               Percentile(costs_us, 0.5), Percentile(costs_us, 0.99), Percentile(costs_us, 1.0),
               costs_us.size());
   std::printf("snapshots: %" PRIu64 " published, %" PRIu64 " skipped (no free slot), %" PRIu64
-              " skipped (daemon unavailable), %" PRIu64
+              " skipped (daemon unavailable), %" PRIu64 " skipped (copy not enqueued), %" PRIu64
               " replaced before ingest by a checkpoint step\n",
               stats.snapshots_published, stats.skipped_no_slot, stats.skipped_disconnected,
-              stats.replaced_by_checkpoint);
+              stats.skipped_copy_failed, stats.replaced_by_checkpoint);
   if (stats.registrations > 1) {
     std::printf("zccd restarts survived: %" PRIu64 " (the client registered %" PRIu64
                 " times)\n",

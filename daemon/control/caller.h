@@ -28,9 +28,15 @@ struct CallerWait {
   // takes. Work that waits on something else answers by then that it still
   // waits, instead of being cut off without a reason.
   absl::Time answer_by = absl::InfiniteFuture();
+  // When the request arrived.
+  absl::Time began = absl::Now();
 
   bool Gone() const { return gone != nullptr && gone(); }
   bool AnswerDue() const { return Gone() || absl::Now() >= answer_by; }
+  // Whether half the time to answer has passed (never without a deadline).
+  bool PastHalfway() const {
+    return answer_by != absl::InfiniteFuture() && absl::Now() > began + (answer_by - began) / 2;
+  }
 };
 
 }  // namespace zcc::daemon

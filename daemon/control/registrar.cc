@@ -380,6 +380,12 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(
   }
   ZCC_ASSIGN_OR_RETURN(Admission admission, d_.jobs->Admit(MakeAdmitRequest(req, caller, plan, d_)));
   if (replacing != nullptr) {
+    // (Claimed first: no retirement stops it beside this.)
+    if (!replacing->BeginRetirement()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the registration of job ", req.job_id(), " rank ", req.rank(), " this one replaces is "
+          "being retired (zccd took its trainer for gone)"));
+    }
     // Its published snapshots drained (written when due) before its EMA
     // moves over; its trainer waits in this request meanwhile.
     replacing->Stop();
@@ -571,34 +577,46 @@ absl::Status Registrar::RetirePredecessors(const v1::RegisterRequest& req,
     predecessors.push_back(p);
   }
   const absl::Duration timeout = d_.config->client_timeout;
-  // A registration of the rank by the client registering now, which holds
-  // none when it registers (not a replacement): the client gave that one up
-  // (its answer never arrived, or it took zccd for gone).
-  auto given_up = [&req](const RankSession& s) {
+  // A registration of the rank by the client registering now (the same
+  // process and client instance), which holds none when it registers (not a
+  // replacement): the client gave that one up (its answer never arrived, or
+  // it took zccd for gone).
+  auto given_up = [&req, &caller](const RankSession& s) {
     return req.client_instance() != 0 && req.replaces_generation() == 0 &&
-           s.options().client_instance == req.client_instance();
+           s.options().client_instance == req.client_instance() &&
+           s.options().pid == caller.pid;
   };
   // (A caller without a deadline: client_timeout.)
   std::function<bool()> answer_due;
   if (wait.gone != nullptr || wait.answer_by != absl::InfiniteFuture()) {
     answer_due = [&wait] { return wait.AnswerDue(); };
   }
+  bool retired = false;
   for (const std::shared_ptr<RankSession>& p : predecessors) {
     const bool abandoned = given_up(*p);
+    if (!abandoned && !p->ClientProcessGone() && p->ClientAlive(timeout)) continue;
     if (abandoned) {
       ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << p->shards().rank << ": pid "
                        << caller.pid << " registers again from the same client; its earlier "
                        << "registration (generation " << p->options().generation
                        << "), whose answer it did not take, is retired";
     }
-    if ((abandoned || p->ClientProcessGone() || !p->ClientAlive(timeout)) &&
-        !d_.housekeeper->RetireNow(found, p, timeout, answer_due)) {
+    retired = true;
+    if (!d_.housekeeper->RetireNow(found, p, timeout, answer_due)) {
       return absl::UnavailableError(absl::StrCat(
-          v1::kPredecessorRetiring, ": zccd has been writing and committing the last checkpoint "
-          "of job ", req.job_id(), " rank ", p->shards().rank, "'s previous trainer for ",
+          v1::kRegisterAgain, ": the rank's previous trainer is still retiring (zccd has been "
+          "writing and committing the last checkpoint of job ", req.job_id(), " rank ",
+          p->shards().rank, "'s previous trainer for ",
           absl::FormatDuration(absl::Trunc(absl::Now() - p->RetiringSince(), absl::Seconds(1))),
-          "; the registration adopts its snapshots once that is done (register again)"));
+          "); the registration adopts its snapshots once that is done"));
     }
+  }
+  if (retired && wait.PastHalfway()) {
+    // What is left of the deadline may not hold the admission and the
+    // staging memory's reservation.
+    return absl::UnavailableError(absl::StrCat(
+        v1::kRegisterAgain, ": the previous trainer of job ", req.job_id(), " rank ", req.rank(),
+        " retired late in this registration's time"));
   }
   return absl::OkStatus();
 }

@@ -90,10 +90,12 @@ class Registrar {
   // of them), shared by every rank's EMA: started with the first EMA.
   absl::StatusOr<std::shared_ptr<ema::WorkerGroup>> EmaWorkers() ABSL_LOCKS_EXCLUDED(ema_mu_);
   // Retires the rank's predecessor (and, for a job resumed in another
-  // layout, every rank of the old one) whose trainer is gone, at once; one
-  // the reaper is retiring already is waited for until the caller's answer
-  // is due (`wait`). Unavailable (v1::kPredecessorRetiring) when one is
-  // still retiring then: the client registers again and waits on.
+  // layout, every rank of the old one) whose trainer is gone, or which the
+  // same client gave up (RegisterRequest.client_instance), waiting for the
+  // retirement until the caller's answer is due (`wait`). Unavailable
+  // (v1::kRegisterAgain) when one is still retiring then, or when a
+  // retirement took more than half the caller's time: the client registers
+  // again and waits on.
   absl::Status RetirePredecessors(const v1::RegisterRequest& req, const std::string& job_dir,
                                   const Caller& caller, const CallerWait& wait);
   // For a job written straight to an object store by a trainer that names

@@ -283,6 +283,12 @@ absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<RankSession>>> Re
 absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller& caller) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
+  // (Claimed first: no retirement stops it beside this.)
+  if (!session->BeginRetirement()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", req.rank(), " of job '", req.job_id(), "' is being retired (zccd took its trainer "
+        "for gone, or a registration replaces it)"));
+  }
   // Drain first: snapshots already published are persisted and reported to
   // the job while the rank still belongs to it, and what they made
   // committable is committed before the trainer's close returns.

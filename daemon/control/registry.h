@@ -86,7 +86,7 @@ class Registry {
   // `wait` says how long the caller waits. While the rank's previous trainer
   // is still retiring (the reaper writes and commits its last checkpoint),
   // the registration waits for it until the answer is due, then answers
-  // Unavailable (v1::kPredecessorRetiring): the client registers again. A
+  // Unavailable (v1::kRegisterAgain): the client registers again. A
   // registration the caller gave up on (wait.Gone(): its deadline passed
   // while zccd reserved memory) is undone, its snapshots kept for the
   // trainer's next attempt, which would otherwise be refused for

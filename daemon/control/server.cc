@@ -79,11 +79,11 @@ grpc::Status Reply(const absl::Status& result, T*) {
 }
 
 // Counts refused control requests in zcc_errors_total{kind="rpc"}; a
-// registration told to ask again while the rank's previous trainer retires
-// is not refused.
+// registration told to ask again (v1::kRegisterAgain: the rank's previous
+// trainer retires) is not refused.
 grpc::Status Counted(Registry* registry, grpc::Status status) {
   if (!status.ok() && !(status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                        absl::StrContains(status.error_message(), v1::kPredecessorRetiring))) {
+                        absl::StrContains(status.error_message(), v1::kRegisterAgain))) {
     registry->metrics().errors(metrics::ErrorKind::kRpc).Increment();
   }
   return status;

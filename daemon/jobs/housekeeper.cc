@@ -151,14 +151,20 @@ void Housekeeper::Retain(Job& job, std::shared_ptr<RankSession> stopped) {
 bool Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
                             const std::shared_ptr<RankSession>& session, absl::Duration wait,
                             const std::function<bool()>& stop_waiting) {
-  if (session->BeginRetirement()) {
-    Retire({job, session});
-    return true;
-  }
-  // The reaper has it: its checkpoint-on-failure, or the write of a due
-  // step and its commit, may take a while.
   const uint32_t rank = session->shards().rank;
-  if (stop_waiting == nullptr) {
+  if (session->BeginRetirement()) {
+    if (stop_waiting == nullptr) {
+      Retire({job, session});
+      return true;
+    }
+    // On the reaper, so that the caller can be answered in time while the
+    // checkpoint-on-failure is written.
+    zcc::MutexLock lock(&reap_mu_);
+    reap_queue_.push_back({job, session});
+  } else if (stop_waiting == nullptr) {
+    // Being retired or stopped already (the reaper, an unregistration, a
+    // replacement): its checkpoint-on-failure, or the write of a due step
+    // and its commit, may take a while.
     job->AwaitRankGone(rank, session.get(), absl::Now() + wait);
     return true;
   }
@@ -167,7 +173,7 @@ bool Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
   const absl::Time deadline = began + kMaxRetireWait;
   bool told = false;
   while (!job->AwaitRankGone(rank, session.get(),
-                             std::min(deadline, absl::Now() + absl::Milliseconds(200)))) {
+                             std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
     if (absl::Now() >= deadline) {
       ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank " << rank
                        << ": the previous trainer has been retiring for "
@@ -184,12 +190,10 @@ bool Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
                        "last writes and their commit), to adopt its snapshots";
     }
   }
-  if (told) {
-    ZCC_LOG(INFO) << "job " << job->options().job_id << " rank " << rank
-                  << ": the previous trainer retired after "
-                  << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1)))
-                  << "; the registration goes on";
-  }
+  ZCC_LOG(INFO) << "job " << job->options().job_id << " rank " << rank
+                << ": the previous trainer retired (within "
+                << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1)))
+                << " of its retirement's start); the registration goes on";
   return true;
 }
 

@@ -67,11 +67,13 @@ class Housekeeper {
   // Makes the heartbeat thread see the sessions of every registered job now.
   void PublishSessions();
 
-  // Retires `session` of `job`, whose trainer is gone, now: its
+  // Retires `session` of `job`, whose trainer is gone: its
   // checkpoint-on-failure, then the session is stopped, removed from the job
-  // and its intact snapshots retained (Retain). When the reaper is already
-  // retiring it, waits for that to finish: at most `wait`, or, given
-  // `stop_waiting`, until it says so (asked five times a second), and never past
+  // and its intact snapshots retained (Retain). Without `stop_waiting` the
+  // retirement runs here, or, when the session is already being retired or
+  // stopped elsewhere, waits for that to finish, at most `wait`. Given
+  // `stop_waiting`, the retirement runs on the reaper, and this waits for it
+  // until `stop_waiting` says so (asked ten times a second), never past
   // kMaxRetireWait from the retirement's start. For a trainer that registers
   // again before its predecessor is retired: its registration takes the
   // predecessor's snapshots only once they are retained. False when

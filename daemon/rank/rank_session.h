@@ -185,14 +185,15 @@ class RankSession {
   absl::StatusOr<checkpoint::WriteStats> WriteRetained(const SlotSnapshot& held,
                                                        const std::string& job_dir, bool with_ema);
 
-  // True for the first caller only: that caller retires this session (the
-  // trainer is gone), so a rank found dead twice is retired once.
+  // True for the first caller only: that caller stops this session and lets
+  // it go (retires it: its trainer is gone or gave it up; unregisters it;
+  // replaces it), so that two of these never run on one session.
   bool BeginRetirement() {
     int64_t none = 0;  // (the first caller's time, set before anyone sees retiring_)
     retiring_since_ns_.compare_exchange_strong(none, absl::GetCurrentTimeNanos());
     return !retiring_.exchange(true);
   }
-  // When its retirement began (InfinitePast: it has not).
+  // When the first BeginRetirement was called (InfinitePast: never).
   absl::Time RetiringSince() const {
     const int64_t ns = retiring_since_ns_.load();
     return ns == 0 ? absl::InfinitePast() : absl::FromUnixNanos(ns);

@@ -816,7 +816,6 @@ TEST_CASE("persist-on-failure waits for a write in progress, then writes the new
   CHECK(rank.session().counters().last_persisted_step == 5);
 }
 
-}  // namespace
 TEST_CASE("a snapshot taken in after a later one is counted as left out of the EMA, in the "
           "rank's counter and in zcc_ema_snapshots_left_out_total; a step replayed after a "
           "restore is not") {
@@ -857,4 +856,5 @@ TEST_CASE("a snapshot taken in after a later one is counted as left out of the E
   CHECK(left_out(metrics::EmaLeftOut::kOutOfOrder) == 1);
 }
 
+}  // namespace
 }  // namespace zcc::daemon
