@@ -334,10 +334,13 @@ TEST_CASE("a trainer restarted while the reaper still retires its predecessor (a
   const std::string dir = ShortTempDir("stall-retire");
   // zccd waited client_timeout (3 s here) for a retirement under way, then
   // registered the trainer without its predecessor's snapshots.
-  Daemon daemon(dir, {{"--client_timeout_s=3"}, "", "zccd",
+  Daemon daemon(dir, {{"--client_timeout_s=3", "--metrics_listen=127.0.0.1:0"}, "", "zccd",
                       {absl::StrCat("ZCCD_INJECT_STORAGE_FAULTS=path=retirejob/step-00000002."
                                     "partial/COMMITTED,op_delay_ms=", kDelayMs)}});
   REQUIRE(daemon.Start());
+  const int metrics_port =
+      PortFromLog(daemon, R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
+  REQUIRE(metrics_port > 0);
   std::vector<std::string> first = {"--job=retirejob", "--save_every=2", "--tensors=1",
                                     "--block", "--steps=3", "--pause_at=3",
                                     "--daemon_timeout_s=30"};
@@ -370,6 +373,8 @@ TEST_CASE("a trainer restarted while the reaper still retires its predecessor (a
   CHECK(absl::StrContains(daemon.Log(), "a registration waits for the previous trainer's "
                                         "retirement"));
   CHECK(absl::StrContains(daemon.Log(), "the previous trainer retired (within"));
+  // Being told to register again is not a refused request.
+  CHECK(MetricValue(metrics_port, "zcc_errors_total{kind=\"rpc\"}") == 0);
   REQUIRE(daemon.Stop() == 0);
 }
 
