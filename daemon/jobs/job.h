@@ -217,15 +217,6 @@ class Job {
   // before it here).
   void GoBack(const GoingBack& back) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // GoBack's part for a restored step of a run left behind (committed above
-  // `latest`, restored on purpose): this run takes up that step's timeline.
-  // The committer points `latest` of each directory holding the step (the
-  // job's, the store's) forward to it, so that it and its past are not
-  // steps left behind that this run's next commit passes and removes.
-  // Returns what `latest` of `commits_in` names now (`named` before).
-  int64_t TakeUpTimeline(storage::Storage& fs, const GoingBack& back,
-                         const std::string& commits_in, int64_t named)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether this daemon commits the job (it serves global rank 0).
   bool IsCommitter() const ABSL_LOCKS_EXCLUDED(mu_);

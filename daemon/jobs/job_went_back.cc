@@ -11,9 +11,7 @@
 #include "checkpoint/committer.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/step_dirs.h"
-#include "common/file_util.h"
 #include "common/log.h"
-#include "format/manifest.h"
 #include "storage/posix_storage.h"
 
 namespace zcc::daemon {
@@ -37,8 +35,7 @@ void Job::GoBack(const GoingBack& back) {
   // Where the job commits: the store, in the node-local mode (a read there
   // once per restore that training went on from).
   const std::string& commits_in = options_.node_local_root ? options_.upload_dir : options_.job_dir;
-  const int64_t named = TakeUpTimeline(fs, back, commits_in,
-                                       checkpoint::ReadLatest(commits_in, &fs).value_or(-1));
+  const int64_t named = checkpoint::ReadLatest(commits_in, &fs).value_or(-1);
   if (!options_.node_local_root && IsCommitter()) {
     // The parts of steps after it that the run left behind wrote, on any
     // node, never complete a step this run writes again: the run id is the
@@ -141,41 +138,6 @@ void Job::GoBack(const GoingBack& back) {
       last_committed_step_ = moved->committed ? moved->back_to : -1;
     }
   }
-}
-
-int64_t Job::TakeUpTimeline(storage::Storage& fs, const GoingBack& back,
-                            const std::string& commits_in, int64_t named) {
-  // (The node-local mode commits in the store from any node: not here.)
-  if (back.restored < 0 || options_.node_local_root || !IsCommitter()) return named;
-  std::vector<std::string> dirs = {options_.job_dir};
-  if (!options_.upload_dir.empty()) dirs.push_back(options_.upload_dir);
-  for (const std::string& dir : dirs) {
-    const int64_t was = checkpoint::ReadLatest(dir, &fs).value_or(-1);
-    if (was < 0 || was >= back.restored) continue;
-    const std::string committed = JoinPath(JoinPath(dir, format::StepDirName(back.restored)),
-                                           format::kCommittedFileName);
-    if (!fs.Stat(committed).ok()) continue;  // not a step of this directory's
-    const absl::Status moved =
-        checkpoint::PointLatest(fs, dir, back.restored, absl::InfiniteFuture());
-    if (!moved.ok()) {
-      zcc::MutexLock lock(&mu_);
-      SetError(absl::StrCat("training went on from step ", back.restored, ", a step of a run left "
-                            "behind, but ", dir, "/latest could not be pointed at it: ",
-                            moved.message()));
-      continue;
-    }
-    ZCC_LOG(WARNING) << "job " << options_.job_id << ": training went on from step "
-                     << back.restored << ", a step of a run left behind above step " << was
-                     << " that " << dir << "/latest named: this run takes up the timeline of step "
-                     << back.restored << " (`latest` names it now; it and the committed steps "
-                     << "below it stay, those above it are left behind)";
-    if (dir == commits_in) {
-      named = back.restored;
-      zcc::MutexLock lock(&mu_);
-      last_committed_step_ = std::max(last_committed_step_, back.restored);
-    }
-  }
-  return named;
 }
 
 }  // namespace zcc::daemon
