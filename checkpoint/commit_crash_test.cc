@@ -472,6 +472,25 @@ TEST_CASE("a step committed again whose replaced contents could not be moved awa
   CHECK(*ReadLatest(kJobDir, &memory) == 20);
 }
 
+TEST_CASE("the steps left behind a run took up (it went on from one, read from disk) and those "
+          "below it are not passed steps; the others are") {
+  const auto at = absl::FromUnixSeconds(1000);
+  const std::vector<LeftBehindStep> above = {{15, at}, {20, at}, {30, at}};
+  auto steps = [](const std::vector<LeftBehindStep>& left) {
+    std::vector<int64_t> out;
+    for (const LeftBehindStep& s : left) out.push_back(s.step);
+    return out;
+  };
+  // Went on from step 20, one of them: 15 and 20 are that run's past.
+  CHECK(steps(WithoutTakenUp(above, 20)) == std::vector<int64_t>{30});
+  // From a step that is not one of them (this run's own, or one read from
+  // memory: -1): every one stays listed.
+  CHECK(steps(WithoutTakenUp(above, 25)) == std::vector<int64_t>{15, 20, 30});
+  CHECK(steps(WithoutTakenUp(above, 10)) == std::vector<int64_t>{15, 20, 30});
+  CHECK(steps(WithoutTakenUp(above, -1)) == std::vector<int64_t>{15, 20, 30});
+  CHECK(WithoutTakenUp({}, 20).empty());
+}
+
 TEST_CASE("after training went on from an older step, the parts of later steps the run left "
           "behind wrote go; those written since stay") {
   storage::MemoryStorage memory;

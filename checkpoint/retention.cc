@@ -155,6 +155,19 @@ absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& j
   return above;
 }
 
+std::vector<LeftBehindStep> WithoutTakenUp(std::vector<LeftBehindStep> above,
+                                           int64_t went_on_from) {
+  const bool taken_up =
+      went_on_from >= 0 && std::any_of(above.begin(), above.end(), [&](const LeftBehindStep& s) {
+        return s.step == went_on_from;
+      });
+  if (!taken_up) return above;
+  above.erase(std::remove_if(above.begin(), above.end(),
+                             [&](const LeftBehindStep& s) { return s.step <= went_on_from; }),
+              above.end());
+  return above;
+}
+
 absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
                                                        const std::vector<LeftBehindStep>& passed,
                                                        const RetentionGuard& guard,

@@ -92,6 +92,13 @@ absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& j
 // `guard`; returns them. A step whose COMMITTED is not the one listed (this
 // run committed the step again since: another node's commit in a store) or
 // cannot be read stays.
+// `above` (LeftBehindSteps) less the steps up to `went_on_from` where that
+// step is one of them: a run that restored a step left behind from its
+// directory and trained on from it took it up, and it and the steps of its
+// run below it are that run's past, not steps its commits pass.
+std::vector<LeftBehindStep> WithoutTakenUp(std::vector<LeftBehindStep> above,
+                                           int64_t went_on_from);
+
 absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
                                                        const std::vector<LeftBehindStep>& passed,
                                                        const RetentionGuard& guard,

@@ -170,6 +170,32 @@ TEST_CASE("the steps a run left behind go once the run that went on commits past
   REQUIRE(daemon.Stop() == 0);
 }
 
+TEST_CASE("a step a going back left behind, restored from disk on purpose by a later run that "
+          "trains on, is taken up: it stays when that run commits past it") {
+  const std::string dir = ShortTempDir("it-back-up");
+  Daemon daemon(dir);  // keep_last 3
+  REQUIRE(daemon.Start());
+  const std::string job_dir = JobDir(daemon);
+  RunRanks(daemon, dir, "first", {"--steps=20"});  // steps 5, 10, 15, 20
+  REQUIRE(LatestIs(job_dir, 20));
+  // Back to step 10, on to 16: this run's own step 15; step 20 left behind.
+  RunRanks(daemon, dir, "back", {"--mode=resume", "--restore_step=10", "--steps=6"});
+  REQUIRE(LatestIs(job_dir, 15));
+  // A later run restores step 20 after all (the loss spike was not one) and
+  // trains on to 25.
+  auto up = RunRanks(daemon, dir, "up", {"--mode=resume", "--restore_step=20", "--steps=5"});
+  INFO(up[0]->Output() << daemon.Log());
+  CHECK(up[0]->Values()["restored_step"] == "20");
+  CHECK(LatestIs(job_dir, 25));
+  // Step 20 is that run's past, not a step left behind that it passed: it
+  // stays (keep_last counts 15, 20 and 25).
+  CHECK(absl::StrContains(daemon.Log(), "kept 1 step(s) of a run left behind up to step 20"));
+  CHECK_FALSE(absl::StrContains(daemon.Log(), "step(s) of a run left behind that this run's "
+                                              "commits passed"));
+  CHECK(*checkpoint::ListCommittedSteps(job_dir) == std::vector<int64_t>{15, 20, 25});
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("a going back told by a rank that trained on before rank 0 registered is done when "
           "rank 0 registers") {
   const std::string dir = ShortTempDir("it-back-late0");

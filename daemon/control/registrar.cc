@@ -434,8 +434,9 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(
   const std::shared_ptr<Job>& job = admission.job();
   Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
   RankSessionOptions options = SessionOptions(req, caller, plan, generation, *job, d_);
-  options.on_trained_on = [job_ptr, rank = req.rank()](int64_t restored, int64_t step) {
-    job_ptr->OnTrainedOn(rank, restored, step);
+  options.on_trained_on = [job_ptr, rank = req.rank()](int64_t restored, int64_t step,
+                                                        bool from_disk) {
+    job_ptr->OnTrainedOn(rank, restored, step, from_disk);
   };
   auto session = std::make_shared<RankSession>(
       plan.shards, plan.registered, std::move(staging.segment), std::move(options),

@@ -330,7 +330,9 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   RecoverFromPeers(job, req.rank());
   absl::StatusOr<v1::RestoreResponse> resp = restores_.Restore(*job, *session, req, stop);
   // Should the trainer go on from it, the job knows (Job::OnTrainedOn).
-  if (resp.ok()) session->NoteRestored(resp->step());
+  if (resp.ok()) {
+    session->NoteRestored(resp->step(), resp->source() == v1::RESTORE_SOURCE_DISK);
+  }
   return resp;
 }
 

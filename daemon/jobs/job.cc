@@ -408,7 +408,20 @@ std::vector<checkpoint::LeftBehindStep> Job::StepsAboveLatest() const {
 
 void Job::RemovePassedSteps(const std::vector<checkpoint::LeftBehindStep>& above) {
   if (above.empty()) return;
-  auto removed = checkpoint::RemovePassedSteps(options_.job_dir, above, MakeRetentionGuard(),
+  int64_t went_on = -1;
+  {
+    zcc::MutexLock lock(&mu_);
+    went_on = went_on_from_disk_;
+  }
+  const std::vector<checkpoint::LeftBehindStep> passed =
+      checkpoint::WithoutTakenUp(above, went_on);
+  if (passed.size() < above.size()) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": kept " << above.size() - passed.size()
+                  << " step(s) of a run left behind up to step " << went_on
+                  << ": training went on from that step, read from disk, so they are this "
+                  << "run's past (taken up)";
+  }
+  auto removed = checkpoint::RemovePassedSteps(options_.job_dir, passed, MakeRetentionGuard(),
                                                options_.storage);
   if (!removed.ok()) {
     ZCC_LOG(WARNING) << "job " << options_.job_id << ": the steps of a run left behind that this "

@@ -154,8 +154,12 @@ class Job {
   // committed step up to `restored`, so that a restart before this run's
   // first commit resumes this run. The steps left behind stay, no longer
   // restored nor counted by retention, until this run commits steps of the
-  // same numbers. Returns at once (job_went_back.cc).
-  void OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // same numbers. Where the step was read from a directory (`from_disk`)
+  // and is itself a step left behind (a later run restored it on purpose),
+  // this run took it up: it and the left-behind steps below it stay when
+  // this run's commits pass them. Returns at once (job_went_back.cc).
+  void OnTrainedOn(uint32_t rank, int64_t restored, int64_t step, bool from_disk)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `commit` (of a step written by something other than the committer:
   // a recovery from the peer tier) in turn with the committer's commits and
   // retention, which then neither commit nor move `latest` meanwhile.
@@ -270,6 +274,10 @@ class Job {
   uint64_t goings_back_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time going_back_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the last one's
   int64_t went_back_to_ ABSL_GUARDED_BY(mu_) = -1;  // the step it went on from
+  // The step the job's ranks last went on from after reading it from a
+  // directory (-1: none, or the last was served from memory): see
+  // checkpoint::WithoutTakenUp.
+  int64_t went_on_from_disk_ ABSL_GUARDED_BY(mu_) = -1;
   // A going back GoBack could not do yet: rank 0 was not registered here.
   GoingBack unapplied_back_ ABSL_GUARDED_BY(mu_);
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;

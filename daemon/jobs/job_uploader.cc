@@ -57,6 +57,11 @@ void JobUploader::OnCommitted(int64_t step, absl::Time write_began) {
   retry_at_ = absl::InfinitePast();  // try at once
 }
 
+void JobUploader::NoteWentOnFrom(int64_t restored_from_disk) {
+  zcc::MutexLock lock(&mu_);
+  went_on_from_disk_ = restored_from_disk;
+}
+
 void JobUploader::WentBack(int64_t restored, absl::Time at) {
   zcc::MutexLock lock(&mu_);
   went_back_to_ = restored;
@@ -422,8 +427,15 @@ std::vector<checkpoint::LeftBehindStep> JobUploader::LeftBehindInStore() const {
   return *std::move(above);
 }
 
-void JobUploader::RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& above) {
-  if (above.empty()) return;
+void JobUploader::RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& all_above) {
+  if (all_above.empty()) return;
+  int64_t went_on = -1;
+  {
+    zcc::MutexLock lock(&mu_);
+    went_on = went_on_from_disk_;
+  }
+  const std::vector<checkpoint::LeftBehindStep> above =
+      checkpoint::WithoutTakenUp(all_above, went_on);
   // No restore pins a step in the store (as its retention): one reading a
   // step removed here fails and falls back, never reads wrong bytes.
   auto removed = checkpoint::RemovePassedSteps(options_.upload_dir, above,

@@ -100,6 +100,11 @@ class JobUploader {
   // no longer sent, and where one being sent commits in the store after all,
   // the store's `latest` is pointed back again (checkpoint::PointLatestBack).
   void WentBack(int64_t restored, absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
+  // The step the job's ranks last went on from after reading it from a
+  // directory (-1: from memory): where it is a step left behind in the
+  // store, it and the store's left-behind steps below it stay
+  // (checkpoint::WithoutTakenUp).
+  void NoteWentOnFrom(int64_t restored_from_disk) ABSL_LOCKS_EXCLUDED(mu_);
   // Node-local mode: has the uploader's thread read the store's `latest`
   // when a step sent from here is not known to be committed (called each
   // housekeeping round; returns at once); its outcome goes to
@@ -143,7 +148,7 @@ class JobUploader {
   // cannot be listed, or no going back was seen here), before a commit
   // there; after it, those it passed go.
   std::vector<checkpoint::LeftBehindStep> LeftBehindInStore() const ABSL_LOCKS_EXCLUDED(mu_);
-  void RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& above);
+  void RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& all_above);
   // Logs and counts a failed upload (unless cancelled: zccd is stopping).
   void Failed(const std::string& what, const absl::Status& status);
   // OnRankRegistered's work in the store (on the thread).
@@ -191,6 +196,7 @@ class JobUploader {
   std::string error_ ABSL_GUARDED_BY(mu_);
   // The last WentBack: the step the job went on from (-1: none), and when.
   int64_t went_back_to_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t went_on_from_disk_ ABSL_GUARDED_BY(mu_) = -1;  // NoteWentOnFrom
   absl::Time went_back_at_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: it uses everything above

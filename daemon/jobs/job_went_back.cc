@@ -16,8 +16,11 @@
 
 namespace zcc::daemon {
 
-void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step) {
+void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step, bool from_disk) {
+  // (Every rank's telling: the last restore decides.)
+  if (uploader_ != nullptr) uploader_->NoteWentOnFrom(from_disk ? restored : -1);
   zcc::MutexLock lock(&mu_);
+  went_on_from_disk_ = from_disk ? restored : -1;
   // The job's ranks each tell the same going back: the first to tell it
   // counts.
   if (++trained_on_[rank] <= goings_back_) return;

@@ -251,7 +251,9 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   }
   if (!before_restore && restored >= 0 && slot.step > restored &&
       restored_step_.compare_exchange_strong(restored, -1, std::memory_order_relaxed)) {
-    if (options_.on_trained_on) options_.on_trained_on(restored, slot.step);
+    if (options_.on_trained_on) {
+      options_.on_trained_on(restored, slot.step, restored_from_disk_.load());
+    }
     // Replicated as soon as the writer is free: where the rank went back,
     // the buddies drop the steps it left behind when this one arrives
     // (peer::ReplicaStore::Put), not only at the next due step.
@@ -394,8 +396,9 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == slot->step ? slot->step : std::optional<int64_t>();
 }
 
-void RankSession::NoteRestored(int64_t step) {
+void RankSession::NoteRestored(int64_t step, bool from_disk) {
   last_restored_.store(step, std::memory_order_relaxed);
+  restored_from_disk_.store(from_disk);
   // What the trainer publishes from now on is of the restored state; what
   // it published before (numbered below this; the client publishes what it
   // took before it asks for a restore) is not.

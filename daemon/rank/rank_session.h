@@ -100,8 +100,10 @@ struct RankSessionOptions {
   std::function<void(checkpoint::RankStepBytes)> on_replicate;
   // The trainer went on from the step a restore served it (NoteRestored):
   // told once, from the ingest thread, at its first snapshot of a later
-  // step, with the restored step and that snapshot's. Null: nobody is told.
-  std::function<void(int64_t restored, int64_t step)> on_trained_on;
+  // step, with the restored step, that snapshot's, and whether the restore
+  // read the step from a directory (disk or store; not from memory). Null:
+  // nobody is told.
+  std::function<void(int64_t restored, int64_t step, bool from_disk)> on_trained_on;
   // Tests: called with each slot's index as a scan for published slots
   // reads it (shm::SlotRing::Ready's after_read), on the thread ingesting.
   std::function<void(uint32_t)> after_slot_read;
@@ -174,9 +176,10 @@ class RankSession {
   // with the node. Call before Stop(); returns the step handed over, if any.
   std::optional<int64_t> ReplicateOwed();
 
-  // A restore served `step` to this rank's trainer: its first snapshot of a
-  // later step tells options().on_trained_on.
-  void NoteRestored(int64_t step);
+  // A restore served `step` to this rank's trainer (read from a directory
+  // when `from_disk`): its first snapshot of a later step tells
+  // options().on_trained_on.
+  void NoteRestored(int64_t step, bool from_disk = false);
 
   // Writes `held` (an intact snapshot of this stopped session, as
   // RetainedSnapshots keeps it) into `job_dir` as a checkpoint write of its
@@ -370,6 +373,7 @@ class RankSession {
   // published before).
   std::atomic<uint64_t> restores_{0};
   std::atomic<int64_t> last_restored_{-1};
+  std::atomic<bool> restored_from_disk_{false};  // of the last NoteRestored
   std::atomic<uint64_t> restored_seq_{0};
   std::thread thread_;
 

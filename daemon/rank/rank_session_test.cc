@@ -98,7 +98,7 @@ class TestRank {
            bool reserve_later = false,
            std::function<void(checkpoint::RankStepBytes)> on_replicate = nullptr,
            uint32_t replicate_every = 0, uint32_t num_slots = 2,
-           std::function<void(int64_t, int64_t)> on_trained_on = nullptr,
+           std::function<void(int64_t, int64_t, bool)> on_trained_on = nullptr,
            std::function<void(uint32_t)> after_slot_read = nullptr)
       : num_slots_(num_slots) {
     v1::RegisterRequest req;
@@ -663,7 +663,7 @@ TEST_CASE("a trainer that goes on from a restored step tells it once; that first
     MutexLock lock(&mu);
     replicated.push_back({step.step, step.went_on_from});
   };
-  auto on_trained_on = [&](int64_t restored, int64_t step) {
+  auto on_trained_on = [&](int64_t restored, int64_t step, bool /*from_disk*/) {
     MutexLock lock(&mu);
     told.push_back(restored);
     told.push_back(step);
