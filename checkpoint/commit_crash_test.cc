@@ -483,6 +483,10 @@ TEST_CASE("the steps left behind a run took up (it went on from one, read from d
   };
   // Went on from step 20, one of them: 15 and 20 are that run's past.
   CHECK(steps(WithoutTakenUp(above, 20)) == std::vector<int64_t>{30});
+  // A step below it committed after it is a later run's: not its past.
+  const std::vector<LeftBehindStep> mixed = {
+      {15, at + absl::Seconds(5)}, {18, at - absl::Seconds(5)}, {20, at}, {30, at}};
+  CHECK(steps(WithoutTakenUp(mixed, 20)) == std::vector<int64_t>{15, 30});
   // From a step that is not one of them (this run's own, or one read from
   // memory: -1): every one stays listed.
   CHECK(steps(WithoutTakenUp(above, 25)) == std::vector<int64_t>{15, 20, 30});

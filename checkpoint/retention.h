@@ -82,23 +82,24 @@ struct LeftBehindStep {
 absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& job_dir,
                                                             storage::Storage* fs = nullptr);
 
+// `above` (LeftBehindSteps) less the steps a run took up: where
+// `went_on_from` is one of them (a run restored that step left behind from
+// its directory and trained on from it), it and the steps below it
+// committed no later than it (its own run's, not a later run's of a smaller
+// number) are that run's past, not steps its commits pass.
+std::vector<LeftBehindStep> WithoutTakenUp(std::vector<LeftBehindStep> above,
+                                           int64_t went_on_from);
+
 // A run that went back to an older step left its newer committed steps
 // above `latest`, neither restored nor counted. Once the run that went on
 // commits past one (`latest` now names a newer step), it would be on the
 // timeline again, with the other run's bytes: a restore falling back past a
 // damaged step took it, and retention counted it among the newest. Removes
-// those of `passed` (LeftBehindSteps before this run's commit) that
-// `latest` is past now, as ApplyRetention removes a step and with its
-// `guard`; returns them. A step whose COMMITTED is not the one listed (this
-// run committed the step again since: another node's commit in a store) or
-// cannot be read stays.
-// `above` (LeftBehindSteps) less the steps up to `went_on_from` where that
-// step is one of them: a run that restored a step left behind from its
-// directory and trained on from it took it up, and it and the steps of its
-// run below it are that run's past, not steps its commits pass.
-std::vector<LeftBehindStep> WithoutTakenUp(std::vector<LeftBehindStep> above,
-                                           int64_t went_on_from);
-
+// those of `passed` (LeftBehindSteps before this run's commit, less
+// WithoutTakenUp) that `latest` is past now, as ApplyRetention removes a
+// step and with its `guard`; returns them. A step whose COMMITTED is not the
+// one listed (this run committed the step again since: another node's commit
+// in a store) or cannot be read stays.
 absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_dir,
                                                        const std::vector<LeftBehindStep>& passed,
                                                        const RetentionGuard& guard,

@@ -171,7 +171,7 @@ TEST_CASE("the steps a run left behind go once the run that went on commits past
 }
 
 TEST_CASE("a step a going back left behind, restored from disk on purpose by a later run that "
-          "trains on, is taken up: it stays when that run commits past it") {
+          "trains on, is taken up: it stays when that run, resumed from memory, commits past it") {
   const std::string dir = ShortTempDir("it-back-up");
   Daemon daemon(dir);  // keep_last 3
   REQUIRE(daemon.Start());
@@ -181,15 +181,26 @@ TEST_CASE("a step a going back left behind, restored from disk on purpose by a l
   // Back to step 10, on to 16: this run's own step 15; step 20 left behind.
   RunRanks(daemon, dir, "back", {"--mode=resume", "--restore_step=10", "--steps=6"});
   REQUIRE(LatestIs(job_dir, 15));
-  // A later run restores step 20 after all (the loss spike was not one) and
-  // trains on to 25.
-  auto up = RunRanks(daemon, dir, "up", {"--mode=resume", "--restore_step=20", "--steps=5"});
-  INFO(up[0]->Output() << daemon.Log());
-  CHECK(up[0]->Values()["restored_step"] == "20");
+  // A later run restores step 20 after all (the loss spike was not one),
+  // trains on to 23 and is killed before its first commit.
+  std::vector<std::unique_ptr<Subprocess>> up = StartRanks(
+      daemon, dir, "up", {"--mode=resume", "--restore_step=20", "--steps=5", "--pause_at=23"});
+  for (auto& t : up) {
+    INFO(t->Output());
+    REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+    CHECK(t->Values()["restored_step"] == "20");
+  }
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 23, kWorld));
+  for (auto& t : up) t->Signal(SIGKILL);
+  for (auto& t : up) REQUIRE(t->Wait(absl::Seconds(10)).has_value());
+  // Its restart resumes step 23 from memory and commits step 25.
+  auto on = RunRanks(daemon, dir, "on", {"--mode=resume", "--steps=2"});
+  INFO(on[0]->Output() << daemon.Log());
+  CHECK(on[0]->Values()["restored_step"] == "23");
   CHECK(LatestIs(job_dir, 25));
   // Step 20 is that run's past, not a step left behind that it passed: it
   // stays (keep_last counts 15, 20 and 25).
-  CHECK(absl::StrContains(daemon.Log(), "kept 1 step(s) of a run left behind up to step 20"));
+  CHECK(absl::StrContains(daemon.Log(), "keeps 1 step(s) of a run left behind up to step 20"));
   CHECK_FALSE(absl::StrContains(daemon.Log(), "step(s) of a run left behind that this run's "
                                               "commits passed"));
   CHECK(*checkpoint::ListCommittedSteps(job_dir) == std::vector<int64_t>{15, 20, 25});

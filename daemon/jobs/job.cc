@@ -402,26 +402,28 @@ checkpoint::RetentionGuard Job::MakeRetentionGuard() {
 }
 
 std::vector<checkpoint::LeftBehindStep> Job::StepsAboveLatest() const {
-  return checkpoint::LeftBehindSteps(options_.job_dir, options_.storage)
-      .value_or(std::vector<checkpoint::LeftBehindStep>());
-}
-
-void Job::RemovePassedSteps(const std::vector<checkpoint::LeftBehindStep>& above) {
-  if (above.empty()) return;
+  const std::vector<checkpoint::LeftBehindStep> above =
+      checkpoint::LeftBehindSteps(options_.job_dir, options_.storage)
+          .value_or(std::vector<checkpoint::LeftBehindStep>());
+  if (above.empty()) return above;
   int64_t went_on = -1;
   {
     zcc::MutexLock lock(&mu_);
     went_on = went_on_from_disk_;
   }
-  const std::vector<checkpoint::LeftBehindStep> passed =
-      checkpoint::WithoutTakenUp(above, went_on);
-  if (passed.size() < above.size()) {
-    ZCC_LOG(INFO) << "job " << options_.job_id << ": kept " << above.size() - passed.size()
+  std::vector<checkpoint::LeftBehindStep> passable = checkpoint::WithoutTakenUp(above, went_on);
+  if (passable.size() < above.size()) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": keeps " << above.size() - passable.size()
                   << " step(s) of a run left behind up to step " << went_on
                   << ": training went on from that step, read from disk, so they are this "
                   << "run's past (taken up)";
   }
-  auto removed = checkpoint::RemovePassedSteps(options_.job_dir, passed, MakeRetentionGuard(),
+  return passable;
+}
+
+void Job::RemovePassedSteps(const std::vector<checkpoint::LeftBehindStep>& above) {
+  if (above.empty()) return;
+  auto removed = checkpoint::RemovePassedSteps(options_.job_dir, above, MakeRetentionGuard(),
                                                options_.storage);
   if (!removed.ok()) {
     ZCC_LOG(WARNING) << "job " << options_.job_id << ": the steps of a run left behind that this "

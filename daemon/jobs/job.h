@@ -275,8 +275,8 @@ class Job {
   absl::Time going_back_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the last one's
   int64_t went_back_to_ ABSL_GUARDED_BY(mu_) = -1;  // the step it went on from
   // The step the job's ranks last went on from after reading it from a
-  // directory (-1: none, or the last was served from memory): see
-  // checkpoint::WithoutTakenUp.
+  // directory (-1: none, or a later restore from memory of an older step):
+  // see checkpoint::WithoutTakenUp.
   int64_t went_on_from_disk_ ABSL_GUARDED_BY(mu_) = -1;
   // A going back GoBack could not do yet: rank 0 was not registered here.
   GoingBack unapplied_back_ ABSL_GUARDED_BY(mu_);

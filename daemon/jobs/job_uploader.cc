@@ -424,18 +424,15 @@ std::vector<checkpoint::LeftBehindStep> JobUploader::LeftBehindInStore() const {
   }
   auto above = checkpoint::LeftBehindSteps(options_.upload_dir, options_.storage);
   if (!above.ok()) return {};  // none removed this time; the next commit lists them again
-  return *std::move(above);
-}
-
-void JobUploader::RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& all_above) {
-  if (all_above.empty()) return;
   int64_t went_on = -1;
   {
     zcc::MutexLock lock(&mu_);
     went_on = went_on_from_disk_;
   }
-  const std::vector<checkpoint::LeftBehindStep> above =
-      checkpoint::WithoutTakenUp(all_above, went_on);
+  return checkpoint::WithoutTakenUp(*std::move(above), went_on);
+}
+
+void JobUploader::RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& above) {
   // No restore pins a step in the store (as its retention): one reading a
   // step removed here fails and falls back, never reads wrong bytes.
   auto removed = checkpoint::RemovePassedSteps(options_.upload_dir, above,

@@ -101,7 +101,7 @@ class JobUploader {
   // the store's `latest` is pointed back again (checkpoint::PointLatestBack).
   void WentBack(int64_t restored, absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
   // The step the job's ranks last went on from after reading it from a
-  // directory (-1: from memory): where it is a step left behind in the
+  // directory (-1: none): where it is a step left behind in the
   // store, it and the store's left-behind steps below it stay
   // (checkpoint::WithoutTakenUp).
   void NoteWentOnFrom(int64_t restored_from_disk) ABSL_LOCKS_EXCLUDED(mu_);
@@ -148,7 +148,7 @@ class JobUploader {
   // cannot be listed, or no going back was seen here), before a commit
   // there; after it, those it passed go.
   std::vector<checkpoint::LeftBehindStep> LeftBehindInStore() const ABSL_LOCKS_EXCLUDED(mu_);
-  void RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& all_above);
+  void RemovePassedInStore(const std::vector<checkpoint::LeftBehindStep>& above);
   // Logs and counts a failed upload (unless cancelled: zccd is stopping).
   void Failed(const std::string& what, const absl::Status& status);
   // OnRankRegistered's work in the store (on the thread).

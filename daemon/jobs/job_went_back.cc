@@ -17,10 +17,17 @@
 namespace zcc::daemon {
 
 void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step, bool from_disk) {
-  // (Every rank's telling: the last restore decides.)
-  if (uploader_ != nullptr) uploader_->NoteWentOnFrom(from_disk ? restored : -1);
   zcc::MutexLock lock(&mu_);
-  went_on_from_disk_ = from_disk ? restored : -1;
+  // A step read from disk is taken up; a restore from memory of a step after
+  // it (a snapshot of the run that took it up) keeps it taken up, one of an
+  // older step does not. (Every rank's telling, in turn.)
+  if (from_disk) {
+    went_on_from_disk_ = restored;
+  } else if (restored < went_on_from_disk_) {
+    went_on_from_disk_ = -1;
+  }
+  // (Job's lock, then the uploader's: as everywhere.)
+  if (uploader_ != nullptr) uploader_->NoteWentOnFrom(went_on_from_disk_);
   // The job's ranks each tell the same going back: the first to tell it
   // counts.
   if (++trained_on_[rank] <= goings_back_) return;

@@ -252,7 +252,7 @@ bool RankSession::Process(const shm::ReadySlot& slot) {
   if (!before_restore && restored >= 0 && slot.step > restored &&
       restored_step_.compare_exchange_strong(restored, -1, std::memory_order_relaxed)) {
     if (options_.on_trained_on) {
-      options_.on_trained_on(restored, slot.step, restored_from_disk_.load());
+      options_.on_trained_on(restored, slot.step, restored_from_disk_.load() == restored);
     }
     // Replicated as soon as the writer is free: where the rank went back,
     // the buddies drop the steps it left behind when this one arrives
@@ -398,7 +398,7 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
 
 void RankSession::NoteRestored(int64_t step, bool from_disk) {
   last_restored_.store(step, std::memory_order_relaxed);
-  restored_from_disk_.store(from_disk);
+  restored_from_disk_.store(from_disk ? step : -1);
   // What the trainer publishes from now on is of the restored state; what
   // it published before (numbered below this; the client publishes what it
   // took before it asks for a restore) is not.

@@ -373,7 +373,9 @@ class RankSession {
   // published before).
   std::atomic<uint64_t> restores_{0};
   std::atomic<int64_t> last_restored_{-1};
-  std::atomic<bool> restored_from_disk_{false};  // of the last NoteRestored
+  // The step of the last NoteRestored that read it from a directory (-1:
+  // that restore was from memory).
+  std::atomic<int64_t> restored_from_disk_{-1};
   std::atomic<uint64_t> restored_seq_{0};
   std::thread thread_;
 
