@@ -232,6 +232,22 @@ TEST_CASE("a registration stalled in its staging reservation holds up no other j
   REQUIRE(daemon.Stop() == 0);
 }
 
+// A registration of rank 0 of `job` (world size 1, one 16-KiB tensor) from
+// this process, as a client sends it.
+v1::RegisterRequest OneTensorRegistration(const std::string& job) {
+  v1::RegisterRequest req;
+  req.set_job_id(job);
+  req.set_rank(0);
+  req.set_world_size(1);
+  req.set_pid(::getpid());
+  v1::TensorSpec* t = req.add_tensors();
+  t->set_name("w");
+  t->set_dtype(v1::F32);
+  t->add_shape(4096);
+  t->set_kind(v1::PARAM);
+  return req;
+}
+
 TEST_CASE("a registration whose client stopped waiting for it is undone: the trainer's next "
           "attempt is not refused as a live registration") {
   constexpr int kStallMs = 3000;
@@ -243,16 +259,7 @@ TEST_CASE("a registration whose client stopped waiting for it is undone: the tra
   auto channel =
       grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
   std::unique_ptr<v1::Control::Stub> control = v1::Control::NewStub(channel);
-  v1::RegisterRequest req;
-  req.set_job_id("gaveupjob");
-  req.set_rank(0);
-  req.set_world_size(1);
-  req.set_pid(::getpid());
-  v1::TensorSpec* t = req.add_tensors();
-  t->set_name("w");
-  t->set_dtype(v1::F32);
-  t->add_shape(4096);
-  t->set_kind(v1::PARAM);
+  const v1::RegisterRequest req = OneTensorRegistration("gaveupjob");
   {
     // The client gives up while zccd reserves the staging memory.
     grpc::ClientContext ctx;
@@ -286,17 +293,8 @@ TEST_CASE("a registration answered after its client stopped waiting (the answer 
   auto channel =
       grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
   std::unique_ptr<v1::Control::Stub> control = v1::Control::NewStub(channel);
-  v1::RegisterRequest req;
-  req.set_job_id("lostjob");
-  req.set_rank(0);
-  req.set_world_size(1);
-  req.set_pid(::getpid());
+  v1::RegisterRequest req = OneTensorRegistration("lostjob");
   req.set_client_instance(7);
-  v1::TensorSpec* t = req.add_tensors();
-  t->set_name("w");
-  t->set_dtype(v1::F32);
-  t->add_shape(4096);
-  t->set_kind(v1::PARAM);
   auto register_once = [&](v1::RegisterResponse* resp) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));

@@ -55,6 +55,26 @@ std::vector<std::unique_ptr<Subprocess>> RunRanks(const Daemon& daemon, const st
   return ranks;
 }
 
+// Starts one process per rank that restores `restore_step` (each checks it
+// got it), trains on and pauses after step `pause_at`; returns them once
+// zccd has taken in that step from every rank.
+std::vector<std::unique_ptr<Subprocess>> PausedAfterRestore(const Daemon& daemon,
+                                                            const std::string& dir,
+                                                            const std::string& name,
+                                                            int restore_step, int pause_at) {
+  std::vector<std::unique_ptr<Subprocess>> ranks =
+      StartRanks(daemon, dir, name,
+                 {"--mode=resume", absl::StrCat("--restore_step=", restore_step), "--steps=10",
+                  absl::StrCat("--pause_at=", pause_at)});
+  for (auto& t : ranks) {
+    INFO(t->Output());
+    REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+    CHECK(t->Values()["restored_step"] == absl::StrCat(restore_step));
+  }
+  REQUIRE(WaitSnapshotted(dir, daemon, "itest", pause_at, kWorld));
+  return ranks;
+}
+
 // How many times zccd's log says step `step` of job itest was committed.
 size_t Commits(const std::string& log, int64_t step) {
   const std::string line = absl::StrCat("checkpoint job=itest step=", step, " ");
@@ -86,14 +106,8 @@ TEST_CASE("a run that went back to an older step is the one a restart resumes: f
 
   // The second run goes back to step 10 and is killed after step 13, before
   // its first commit (step 15).
-  std::vector<std::unique_ptr<Subprocess>> back = StartRanks(
-      daemon, dir, "back", {"--mode=resume", "--restore_step=10", "--steps=10", "--pause_at=13"});
-  for (auto& t : back) {
-    INFO(t->Output());
-    REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
-    CHECK(t->Values()["restored_step"] == "10");
-  }
-  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 13, kWorld));
+  std::vector<std::unique_ptr<Subprocess>> back =
+      PausedAfterRestore(daemon, dir, "back", /*restore_step=*/10, /*pause_at=*/13);
   // `latest` went back with the run, and zccd says why; step 20 stays.
   INFO(daemon.Log());
   CHECK(LatestIs(job_dir, 10));
@@ -183,14 +197,8 @@ TEST_CASE("a step a going back left behind, restored from disk on purpose by a l
   REQUIRE(LatestIs(job_dir, 15));
   // A later run restores step 20 after all (the loss spike was not one),
   // trains on to 23 and is killed before its first commit.
-  std::vector<std::unique_ptr<Subprocess>> up = StartRanks(
-      daemon, dir, "up", {"--mode=resume", "--restore_step=20", "--steps=5", "--pause_at=23"});
-  for (auto& t : up) {
-    INFO(t->Output());
-    REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
-    CHECK(t->Values()["restored_step"] == "20");
-  }
-  REQUIRE(WaitSnapshotted(dir, daemon, "itest", 23, kWorld));
+  std::vector<std::unique_ptr<Subprocess>> up =
+      PausedAfterRestore(daemon, dir, "up", /*restore_step=*/20, /*pause_at=*/23);
   for (auto& t : up) t->Signal(SIGKILL);
   for (auto& t : up) REQUIRE(t->Wait(absl::Seconds(10)).has_value());
   // Its restart resumes step 23 from memory and commits step 25.
