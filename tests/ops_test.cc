@@ -83,7 +83,10 @@ TEST_CASE("metrics, TCP status, health and systemd readiness of a live daemon") 
   REQUIRE(metrics_port > 0);
   REQUIRE(status_port > 0);
 
-  auto t = StartTrainer(daemon, dir, "train", {"--steps=10", "--block", "--linger_ms=3000"});
+  // With an EMA, whose update at step 4 a NaN parameter makes it skip.
+  auto t = StartTrainer(daemon, dir, "train",
+                        {"--steps=10", "--block", "--linger_ms=3000", "--ema_decay=0.9",
+                         "--nonfinite_at_step=4"});
   REQUIRE(t->WaitForOutput("published=", absl::Seconds(60)));
   absl::SleepFor(absl::Seconds(1));  // one housekeeping round for the gauges
 
@@ -100,6 +103,10 @@ TEST_CASE("metrics, TCP status, health and systemd readiness of a live daemon") 
   CHECK(exposition->Value("zcc_registered_ranks").value_or(0) == 1);
   CHECK(exposition->Value("zcc_staging_bytes").value_or(0) > 0);
   CHECK(exposition->Value("zcc_errors_total", {{"kind", "write"}}).value_or(-1) == 0);
+  CHECK(exposition->Value("zcc_ema_snapshots_left_out_total", {{"reason", "nonfinite"}})
+            .value_or(-1) == 1);
+  CHECK(exposition->Value("zcc_ema_snapshots_left_out_total", {{"reason", "out_of_order"}})
+            .value_or(-1) == 0);
   CHECK(absl::StartsWith(HttpGet(metrics_port, "/nope"), "HTTP/1.1 404"));
 
   // The TCP listener serves status (all jobs, read-only) and health.
@@ -112,6 +119,15 @@ TEST_CASE("metrics, TCP status, health and systemd readiness of a live daemon") 
   REQUIRE(stub->GetStatus(&sctx, sreq, &sresp).ok());
   REQUIRE(sresp.jobs_size() == 1);
   CHECK(sresp.jobs(0).last_committed_step() == 10);
+  REQUIRE(sresp.jobs(0).ranks_size() == 1);
+  CHECK(sresp.jobs(0).ranks(0).ema_skipped_nonfinite() == 1);
+  CHECK(sresp.jobs(0).ranks(0).ema_out_of_order() == 0);
+  // zccctl status says it per rank.
+  auto [zcode, zout] = Zccctl(dir, daemon, {"status"});
+  INFO(zout);
+  CHECK(zcode == 0);
+  CHECK(absl::StrContains(zout, "rank 0 EMA: snapshots left out: 1 holding NaN or Inf, 0 taken "
+                                "in after a later one"));
   // No control service there.
   auto control = v1::Control::NewStub(channel);
   v1::SaveNowRequest save;

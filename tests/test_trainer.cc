@@ -8,6 +8,7 @@
 // Prints "key=value" result lines on stdout for the test to parse.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <csignal>
@@ -92,6 +93,8 @@ ABSL_FLAG(bool, device_tensors, false,
 ABSL_FLAG(int, stall_at_step, -1, "train: occupy the stream for --stall_ms before this step's "
           "snapshot (a long kernel), print 'stalled' (device tensors only)");
 ABSL_FLAG(int, stall_ms, 0, "see --stall_at_step");
+ABSL_FLAG(int, nonfinite_at_step, -1,
+          "train: the first EMA-eligible tensor holds NaN at this step (every byte 0xff)");
 ABSL_FLAG(bool, pause_before_train, false,
           "train: print 'ready' after registering and wait for SIGUSR1 before the first step");
 
@@ -340,6 +343,13 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_step_ms)));
     if (absl::Status st = (*client)->FenceBeforeUpdate(); !st.ok()) return Fail("fence", st);
     SetStep(model, step);
+    if (step == absl::GetFlag(FLAGS_nonfinite_at_step)) {
+      for (Tensor& t : model) {
+        if (!t.spec.ema_eligible) continue;
+        std::fill(t.bytes.begin(), t.bytes.end(), uint8_t{0xff});  // NaN in f32, bf16, f16
+        break;
+      }
+    }
     if (device) ToDevice(model);
     if (step == absl::GetFlag(FLAGS_stall_at_step)) {
       StallStream(absl::GetFlag(FLAGS_stall_ms));
