@@ -157,9 +157,10 @@ absl::StatusOr<std::vector<LeftBehindStep>> LeftBehindSteps(const std::string& j
 
 std::vector<LeftBehindStep> WithoutTakenUp(std::vector<LeftBehindStep> above,
                                            int64_t went_on_from) {
+  if (went_on_from < 0) return above;
   auto taken = std::find_if(above.begin(), above.end(),
                             [&](const LeftBehindStep& s) { return s.step == went_on_from; });
-  if (went_on_from < 0 || taken == above.end()) return above;
+  if (taken == above.end()) return above;
   const absl::Time committed = taken->committed;
   above.erase(std::remove_if(above.begin(), above.end(),
                              [&](const LeftBehindStep& s) {

@@ -232,6 +232,12 @@ TEST_CASE("a registration stalled in its staging reservation holds up no other j
   REQUIRE(daemon.Stop() == 0);
 }
 
+// zccd's control service, over its unix socket.
+std::unique_ptr<v1::Control::Stub> ControlOf(const Daemon& daemon) {
+  return v1::Control::NewStub(
+      grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials()));
+}
+
 // A registration of rank 0 of `job` (world size 1, one 16-KiB tensor) from
 // this process, as a client sends it.
 v1::RegisterRequest OneTensorRegistration(const std::string& job) {
@@ -256,9 +262,7 @@ TEST_CASE("a registration whose client stopped waiting for it is undone: the tra
                       {absl::StrCat("ZCCD_INJECT_RESERVE_DELAY_MS=", kStallMs),
                        "ZCCD_INJECT_RESERVE_DELAY_MATCH=.gaveupjob."}});
   REQUIRE(daemon.Start());
-  auto channel =
-      grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
-  std::unique_ptr<v1::Control::Stub> control = v1::Control::NewStub(channel);
+  std::unique_ptr<v1::Control::Stub> control = ControlOf(daemon);
   const v1::RegisterRequest req = OneTensorRegistration("gaveupjob");
   {
     // The client gives up while zccd reserves the staging memory.
@@ -290,9 +294,7 @@ TEST_CASE("a registration answered after its client stopped waiting (the answer 
   const std::string dir = ShortTempDir("stall-lost");
   Daemon daemon(dir, {{"--client_timeout_s=30"}});
   REQUIRE(daemon.Start());
-  auto channel =
-      grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
-  std::unique_ptr<v1::Control::Stub> control = v1::Control::NewStub(channel);
+  std::unique_ptr<v1::Control::Stub> control = ControlOf(daemon);
   v1::RegisterRequest req = OneTensorRegistration("lostjob");
   req.set_client_instance(7);
   auto register_once = [&](v1::RegisterResponse* resp) {

@@ -316,13 +316,11 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
 
 absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
                                                       const Caller& caller,
-                                                      std::function<bool()> client_gone) {
+                                                      const CallerWait& wait) {
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
-  auto stop = [this, &client_gone] {
-    return shutting_down_.load() || (client_gone && client_gone());
-  };
+  auto stop = [this, &wait] { return shutting_down_.load() || wait.Gone(); };
   if (!job->AwaitRelayout(stop)) {
     return absl::CancelledError("the restore was given up while the job's previous layout was "
                                 "being written");

@@ -99,10 +99,10 @@ class Registry {
                                                 const Caller& caller,
                                                 const CallerWait& wait = {});
   absl::Status Unregister(const v1::UnregisterRequest& request, const Caller& caller);
-  // `client_gone` (optional) says when the caller stopped waiting (deadline,
-  // cancellation): the restore then stops at its next check, like at shutdown.
+  // `wait` says when the caller stopped waiting (deadline, cancellation):
+  // the restore then stops at its next check, like at shutdown.
   absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request, const Caller& caller,
-                                              std::function<bool()> client_gone = nullptr);
+                                              const CallerWait& wait = {});
   absl::Status RestoreDone(const v1::RestoreDoneRequest& request, const Caller& caller);
   absl::StatusOr<v1::RestoreCandidatesResponse> RestoreCandidates(
       const v1::RestoreCandidatesRequest& request, const Caller& caller);

@@ -134,7 +134,7 @@ class ControlService final : public RawControl {
   ZCC_REGISTRY_METHOD(Unregister, UnregisterRequest, UnregisterResponse, kSmallRequest)
   ZCC_RAW_METHOD(Restore, RestoreRequest, RestoreResponse, kSmallRequest,
                  Counted(registry_,
-                         Reply(registry_->Restore(r, caller, [ctx] { return ctx->IsCancelled(); }),
+                         Reply(registry_->Restore(r, caller, WaitOf(ctx)),
                                out)))
   ZCC_REGISTRY_METHOD(RestoreDone, RestoreDoneRequest, RestoreDoneResponse, kSmallRequest)
   ZCC_REGISTRY_METHOD(RestoreCandidates, RestoreCandidatesRequest, RestoreCandidatesResponse,
