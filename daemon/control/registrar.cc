@@ -588,9 +588,9 @@ absl::Status Registrar::RetirePredecessors(const v1::RegisterRequest& req,
            s.options().pid == caller.pid;
   };
   // (A caller without a deadline: client_timeout.)
-  std::function<bool()> answer_due;
+  std::optional<Housekeeper::RetireCaller> retire_caller;
   if (wait.gone != nullptr || wait.answer_by != absl::InfiniteFuture()) {
-    answer_due = [&wait] { return wait.AnswerDue(); };
+    retire_caller = Housekeeper::RetireCaller{wait.answer_by, wait.gone};
   }
   bool retired = false;
   for (const std::shared_ptr<RankSession>& p : predecessors) {
@@ -603,7 +603,8 @@ absl::Status Registrar::RetirePredecessors(const v1::RegisterRequest& req,
                        << "), whose answer it did not take, is retired";
     }
     retired = true;
-    if (!d_.housekeeper->RetireNow(found, p, timeout, answer_due)) {
+    if (!d_.housekeeper->RetireNow(found, p, timeout,
+                                     retire_caller ? &*retire_caller : nullptr)) {
       return absl::UnavailableError(absl::StrCat(
           v1::kRegisterAgain, ": the rank's previous trainer is still retiring (zccd has been "
           "writing and committing the last checkpoint of job ", req.job_id(), " rank ",

@@ -150,10 +150,10 @@ void Housekeeper::Retain(Job& job, std::shared_ptr<RankSession> stopped) {
 
 bool Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
                             const std::shared_ptr<RankSession>& session, absl::Duration wait,
-                            const std::function<bool()>& stop_waiting) {
+                            const RetireCaller* caller) {
   const uint32_t rank = session->shards().rank;
   if (session->BeginRetirement()) {
-    if (stop_waiting == nullptr) {
+    if (caller == nullptr) {
       Retire({job, session});
       return true;
     }
@@ -161,28 +161,32 @@ bool Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
     // checkpoint-on-failure is written.
     zcc::MutexLock lock(&reap_mu_);
     reap_queue_.push_back({job, session});
-  } else if (stop_waiting == nullptr) {
+  } else if (caller == nullptr) {
     // Being retired or stopped already (the reaper, an unregistration, a
     // replacement): its checkpoint-on-failure, or the write of a due step
     // and its commit, may take a while.
     job->AwaitRankGone(rank, session.get(), absl::Now() + wait);
     return true;
   }
-  // (No wake-up says when the caller stops waiting: asked between waits.)
   const absl::Time began = session->RetiringSince();
   const absl::Time deadline = began + kMaxRetireWait;
+  // The rank's removal, the answer's time and the cap each wake the wait;
+  // a cancellation only the once-a-second look at it.
+  const absl::Duration look_for_gone =
+      caller->gone != nullptr ? absl::Seconds(1) : absl::InfiniteDuration();
   bool told = false;
   while (!job->AwaitRankGone(rank, session.get(),
-                             std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
-    if (absl::Now() >= deadline) {
+                             std::min({deadline, caller->answer_by, absl::Now() + look_for_gone}))) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
       ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank " << rank
                        << ": the previous trainer has been retiring for "
-                       << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Seconds(1)))
+                       << absl::FormatDuration(absl::Trunc(now - began, absl::Seconds(1)))
                        << "; a registration goes on without waiting longer (the snapshots it "
                           "keeps are not adopted)";
       return true;
     }
-    if (stop_waiting()) return false;
+    if (now >= caller->answer_by || (caller->gone != nullptr && caller->gone())) return false;
     if (!told) {
       told = true;
       ZCC_LOG(INFO) << "job " << job->options().job_id << " rank " << rank

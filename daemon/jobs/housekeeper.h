@@ -69,18 +69,24 @@ class Housekeeper {
 
   // Retires `session` of `job`, whose trainer is gone: its
   // checkpoint-on-failure, then the session is stopped, removed from the job
-  // and its intact snapshots retained (Retain). Without `stop_waiting` the
+  // and its intact snapshots retained (Retain). Without a `caller` the
   // retirement runs here, or, when the session is already being retired or
-  // stopped elsewhere, waits for that to finish, at most `wait`. Given
-  // `stop_waiting`, the retirement runs on the reaper, and this waits for it
-  // until `stop_waiting` says so (asked ten times a second), never past
-  // kMaxRetireWait from the retirement's start. For a trainer that registers
-  // again before its predecessor is retired: its registration takes the
-  // predecessor's snapshots only once they are retained. False when
-  // `stop_waiting` ended the wait with the retirement under way (it has
-  // lasted less than kMaxRetireWait).
+  // stopped elsewhere, waits for that to finish, at most `wait`. Given one,
+  // the retirement runs on the reaper, and this waits for it until the
+  // caller's answer is due, never past kMaxRetireWait from the retirement's
+  // start. For a trainer that registers again before its predecessor is
+  // retired: its registration takes the predecessor's snapshots only once
+  // they are retained. False when the caller's time ended the wait with the
+  // retirement under way (it has lasted less than kMaxRetireWait).
+  struct RetireCaller {
+    // When the caller must be answered: the wait wakes then.
+    absl::Time answer_by = absl::InfiniteFuture();
+    // Whether the caller went away (cancelled): asked once a second, as a
+    // synchronous gRPC call's cancellation wakes nothing. May be null.
+    std::function<bool()> gone;
+  };
   bool RetireNow(const std::shared_ptr<Job>& job, const std::shared_ptr<RankSession>& session,
-                 absl::Duration wait, const std::function<bool()>& stop_waiting = nullptr);
+                 absl::Duration wait, const RetireCaller* caller = nullptr);
   static constexpr absl::Duration kMaxRetireWait = absl::Minutes(10);
   // Keeps the snapshots of `stopped` (removed from `job`) in memory for
   // retain_snapshots, so its rank's next trainer restores them from memory.
