@@ -329,6 +329,12 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   absl::StatusOr<v1::RestoreResponse> resp = restores_.Restore(*job, *session, req, stop);
   // Should the trainer go on from it, the job knows (Job::OnTrainedOn).
   if (resp.ok()) {
+    // (A step not yet taken up from disk counts as one from disk: refused
+    // here, so that an answer that forgot to say never does.)
+    if (!resp->has_source()) {
+      return absl::InternalError(absl::StrCat("the restore of step ", resp->step(),
+                                              " did not say which tier it came from"));
+    }
     session->NoteRestored(resp->step(), resp->source() == v1::RESTORE_SOURCE_DISK);
   }
   return resp;
