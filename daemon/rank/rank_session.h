@@ -293,8 +293,11 @@ class RankSession {
   uint64_t segment_bytes() const { return slots_.segment_bytes(); }
   // The rank's EMA in zccd's memory (0 without one).
   uint64_t ema_bytes() const { return ema_.allocated_bytes(); }
-  // What the rank holds in the staging budget: its segment and its EMA.
-  uint64_t budget_bytes() const { return segment_bytes() + ema_bytes(); }
+  // What the rank holds in the staging budget: its segment, its EMA and the
+  // restore buffers it holds or zccd is filling for it.
+  uint64_t budget_bytes() const {
+    return segment_bytes() + ema_bytes() + restore_buffers_.bytes();
+  }
   RankCounters counters() const;
 
  private:

@@ -444,6 +444,25 @@ TEST_CASE("a successor that restored an older step from disk and died before cop
   CHECK(rank.session().counters().last_ema_step == 5);
 }
 
+TEST_CASE("a restore buffer zccd fills and the rank holds counts in its staging budget until the "
+          "client releases it") {
+  const std::string root = testing::TempDir();
+  TestRank rank(root, /*save_every=*/0, storage::DefaultStorage());
+  const uint64_t own = rank.session().segment_bytes() + rank.session().ema_bytes();
+  CHECK(rank.session().budget_bytes() == own);
+  RestoreBuffers& buffers = rank.session().restore_buffers();
+  std::optional<RestoreBuffers::Filling> filling = buffers.BeingFilled(1 << 20);
+  CHECK(rank.session().budget_bytes() == own + (1 << 20));
+  auto segment =
+      shm::Segment::Create(absl::StrCat("/zcc-test-budget-restore-", getpid()), 1 << 20);
+  REQUIRE_OK(segment.status());
+  const uint64_t id = buffers.Add(*std::move(segment), 3);
+  filling.reset();
+  CHECK(rank.session().budget_bytes() == own + (1 << 20));
+  REQUIRE_OK(buffers.Remove(id).status());
+  CHECK(rank.session().budget_bytes() == own);
+}
+
 TEST_CASE("an EMA taken over by a trainer with another interval decays its next gap in the "
           "new interval") {
   const std::string root = testing::TempDir();

@@ -20,6 +20,7 @@ uint64_t RestoreBuffers::Add(std::optional<shm::Segment> buffer, int64_t step,
                              std::function<void()> on_done) {
   zcc::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
+  if (buffer.has_value()) held_bytes_ += buffer->size();
   buffers_.emplace(id, Buffer{std::move(buffer), step, std::move(on_done)});
   return id;
 }
@@ -34,6 +35,7 @@ absl::StatusOr<int64_t> RestoreBuffers::Remove(uint64_t id) {
     }
     buffer = std::move(it->second);
     buffers_.erase(it);
+    if (buffer.segment.has_value()) held_bytes_ -= buffer.segment->size();
   }
   if (buffer.on_done) buffer.on_done();
   return buffer.step;
@@ -44,7 +46,25 @@ void RestoreBuffers::Clear() {
   {
     zcc::MutexLock lock(&mu_);
     buffers.swap(buffers_);
+    held_bytes_ = 0;
   }
+}
+
+RestoreBuffers::Filling RestoreBuffers::BeingFilled(uint64_t bytes) {
+  zcc::MutexLock lock(&mu_);
+  filling_bytes_ += bytes;
+  return Filling(this, bytes);
+}
+
+RestoreBuffers::Filling::~Filling() {
+  if (owner_ == nullptr) return;
+  zcc::MutexLock lock(&owner_->mu_);
+  owner_->filling_bytes_ -= bytes_;
+}
+
+uint64_t RestoreBuffers::bytes() const {
+  zcc::MutexLock lock(&mu_);
+  return held_bytes_ + filling_bytes_;
 }
 
 }  // namespace zcc::daemon

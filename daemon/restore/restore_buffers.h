@@ -40,6 +40,27 @@ class RestoreBuffers {
   // Drops them all (the rank is going).
   void Clear();
 
+  // A buffer being filled, counted in bytes() from its creation until the
+  // object goes (by then it is held: Add). Move-only.
+  class Filling {
+   public:
+    Filling(Filling&& other) noexcept : owner_(other.owner_), bytes_(other.bytes_) {
+      other.owner_ = nullptr;
+    }
+    Filling& operator=(Filling&&) = delete;
+    ~Filling();
+
+   private:
+    friend class RestoreBuffers;
+    Filling(RestoreBuffers* owner, uint64_t bytes) : owner_(owner), bytes_(bytes) {}
+    RestoreBuffers* owner_;
+    uint64_t bytes_;
+  };
+  Filling BeingFilled(uint64_t bytes);
+  // The shared memory the buffers hold and those being filled hold (counted
+  // in the staging budget: RankSession::budget_bytes).
+  uint64_t bytes() const;
+
  private:
   struct Buffer {
     std::optional<shm::Segment> segment;
@@ -49,6 +70,8 @@ class RestoreBuffers {
   mutable zcc::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Buffer> buffers_ ABSL_GUARDED_BY(mu_);
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t filling_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zcc::daemon

@@ -434,18 +434,19 @@ absl::StatusOr<uint64_t> RestoreService::ReadIntoBuffer(
     RankSession& session, const v1::RestoreRequest& req, const std::string& step_dir,
     const checkpoint::GroupedIndex& index, const std::string& shm_name,
     const std::function<bool()>& cancelled, v1::RestoreResponse* resp,
-    std::optional<shm::Segment>* segment) {
+    std::optional<shm::Segment>* segment, std::optional<RestoreBuffers::Filling>* filling) {
   const std::vector<RegisteredTensor>& registered = session.registered();
+  const MakeSegment make_segment = [this, &session, filling](const std::string& name,
+                                                              uint64_t bytes, uid_t owner) {
+    filling->emplace(session.restore_buffers().BeingFilled(bytes));
+    return pool_ == nullptr ? shm::Segment::Create(name, bytes, owner)
+                            : pool_->MakeSegment(name, bytes, owner);
+  };
   ZCC_ASSIGN_OR_RETURN(
       RestoreBuffer buffer,
       ReadRestoreBuffer(step_dir, index, registered, shm_name, max_slot_bytes_,
                         session.options().segment_owner, read_io_, cancelled, req.owned_only(),
-                        &shared_reads_,
-                        pool_ == nullptr ? MakeSegment()
-                                         : [this](const std::string& name, uint64_t bytes,
-                                                  uid_t owner) {
-                                             return pool_->MakeSegment(name, bytes, owner);
-                                           }));
+                        &shared_reads_, make_segment));
   resp->set_shm_name(shm_name);
   resp->set_segment_bytes(buffer.segment.size());
   resp->set_data_offset(buffer.data_offset);
@@ -498,6 +499,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   };
   v1::RestoreResponse resp;
   std::optional<uint32_t> slot;
+  std::optional<RestoreBuffers::Filling> buffer_filling;  // (declared first: goes last)
   std::optional<shm::Segment> buffer_segment;
   absl::StatusOr<uint64_t> read =
       ReadIntoStaging(session, req, step_dir, **index, cancelled, ahead, &slot);
@@ -505,7 +507,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
     PlaceInSlot(session, *slot, &resp);
   } else if (read.ok()) {
     read = ReadIntoBuffer(session, req, step_dir, **index, shm_name, cancelled, &resp,
-                          &buffer_segment);
+                          &buffer_segment, &buffer_filling);
   }
   if (read.ok()) ema_reader.join();
   std::move(join_ema_reader).Invoke();

@@ -120,13 +120,16 @@ class RestoreService {
   // Reads what `req` asks for into a restore buffer of its own, named
   // `shm_name` (the staging slots cannot hold it); fills the placements of
   // `resp` and hands the buffer's segment to `segment`. Returns bytes read.
+  // The buffer is counted in the rank's staging bytes from its creation for
+  // as long as `filling` lives (until the caller has it held: Add).
   absl::StatusOr<uint64_t> ReadIntoBuffer(RankSession& session, const v1::RestoreRequest& req,
                                           const std::string& step_dir,
                                           const checkpoint::GroupedIndex& index,
                                           const std::string& shm_name,
                                           const std::function<bool()>& cancelled,
                                           v1::RestoreResponse* resp,
-                                          std::optional<shm::Segment>* segment);
+                                          std::optional<shm::Segment>* segment,
+                                          std::optional<RestoreBuffers::Filling>* filling);
   // The placements of a restore served from staging slot `slot`.
   void PlaceInSlot(RankSession& session, uint32_t slot, v1::RestoreResponse* resp) const;
 
