@@ -154,6 +154,44 @@ TEST_CASE("two ranks write a step; it becomes visible only when both manifests a
   }
 }
 
+TEST_CASE("a step commits only from manifests of one timeline: a rank's manifest left by the "
+          "steps its run went back from waits to be replaced") {
+  const std::string root = TempDir();
+  std::vector<FakeRank> ranks = {FakeRank(0, 2), FakeRank(1, 2)};
+  for (FakeRank& r : ranks) r.shards.run_id = "run-a";
+  // Rank 1 wrote step 20 before the run went back to step 10 (its write
+  // outlived the going back); rank 0 writes step 20 again after it.
+  ranks[1].Fill(20);
+  REQUIRE_OK(WriteRankShards(root, 20, ranks[1].shards, ranks[1].slot.data(), IoOptions(), {}));
+  ranks[0].Fill(21);
+  REQUIRE_OK(WriteRankShards(root, 20, ranks[0].shards, ranks[0].slot.data(), IoOptions(), {},
+                             "went-on-from-10"));
+  auto mixed = TryCommit(root, "job", 20, 2);
+  REQUIRE_OK(mixed);
+  CHECK(mixed->outcome == CommitOutcome::kWaiting);
+  CHECK(mixed->manifests_present == 2);
+  CHECK(mixed->mixed_runs);
+  CHECK(ListCommittedSteps(root)->empty());
+
+  // Rank 1 writes it again on the same timeline: the step commits, whole.
+  ranks[1].Fill(21);
+  REQUIRE_OK(WriteRankShards(root, 20, ranks[1].shards, ranks[1].slot.data(), IoOptions(), {},
+                             "went-on-from-10"));
+  auto done = TryCommit(root, "job", 20, 2);
+  REQUIRE_OK(done);
+  CHECK(done->outcome == CommitOutcome::kCommitted);
+  const std::string step_dir = JoinPath(root, "step-00000020");
+  for (FakeRank& r : ranks) {
+    std::vector<uint8_t> back;
+    REQUIRE_OK(ReadRankTensors(step_dir, r.shards.rank, r.Targets(&back)));
+    CHECK(r.SameTensors(back));
+    auto manifest = format::DecodeRankManifest(
+        *ReadFileToString(JoinPath(step_dir, format::ManifestFileName(r.shards.rank)), 1 << 20));
+    REQUIRE_OK(manifest);
+    CHECK(manifest->timeline == "went-on-from-10");
+  }
+}
+
 TEST_CASE("restore falls back past a corrupt, truncated or unlisted step") {
   const std::string root = TempDir();
   std::vector<FakeRank> ranks = {FakeRank(0, 2), FakeRank(1, 2)};

@@ -355,10 +355,11 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
     combined.Update(text.data(), text.size());
     manifests.push_back(*std::move(decoded));
   }
-  // One run's manifests only: another run's is left from before this step
-  // was written again, and is replaced when its rank writes the step.
+  // One run's manifests only, of one timeline of it: another's is left from
+  // before this step was written again (by a new run, or by the run going on
+  // from an older step), and is replaced when its rank writes the step.
   for (const format::RankManifest& m : manifests) {
-    if (m.run_id != manifests.front().run_id) {
+    if (m.run_id != manifests.front().run_id || m.timeline != manifests.front().timeline) {
       result.mixed_runs = true;
       result.total_bytes = 0;
       return result;

@@ -39,8 +39,9 @@ struct CommitResult {
   CommitOutcome outcome = CommitOutcome::kWaiting;
   uint32_t manifests_present = 0;
   uint64_t total_bytes = 0;  // all shard files of the step
-  // Waiting because the manifests name different runs of the job (one is
-  // left from before the step was written again).
+  // Waiting because the manifests name different runs of the job, or
+  // different timelines of one run (one is left from before the step was
+  // written again).
   bool mixed_runs = false;
 };
 

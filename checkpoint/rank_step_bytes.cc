@@ -15,14 +15,15 @@ namespace zcc::checkpoint {
 
 absl::StatusOr<RankStepBytes> SerializeRankStep(int64_t step, const RankShards& shards,
                                                 const uint8_t* slot,
-                                                const std::vector<ExtraShard>& extra) {
+                                                const std::vector<ExtraShard>& extra,
+                                                const std::string& timeline) {
   // The writer itself, into memory: the files are what a disk write makes.
   storage::MemoryStorage memory(/*keep_synced=*/false);
   IoOptions io;
   io.storage = &memory;
   io.direct_io = false;
   const std::string job_dir = "/job";
-  ZCC_RETURN_IF_ERROR(WriteRankShards(job_dir, step, shards, slot, io, extra).status());
+  ZCC_RETURN_IF_ERROR(WriteRankShards(job_dir, step, shards, slot, io, extra, timeline).status());
   const std::string dir = WritingStepDir(memory, job_dir, step);
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> names, memory.List(dir));
   const std::string manifest = format::ManifestFileName(shards.rank);

@@ -43,7 +43,8 @@ struct RankStepBytes {
 // `slot` and the `extra` shards, byte for byte.
 absl::StatusOr<RankStepBytes> SerializeRankStep(int64_t step, const RankShards& shards,
                                                 const uint8_t* slot,
-                                                const std::vector<ExtraShard>& extra);
+                                                const std::vector<ExtraShard>& extra,
+                                                const std::string& timeline = "");
 
 }  // namespace zcc::checkpoint
 

@@ -182,7 +182,8 @@ absl::Status WriteManifest(storage::Storage& storage, const std::string& dir,
 absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::string& dir,
                                           int64_t step, const RankShards& shards,
                                           const uint8_t* slot, const IoOptions& options,
-                                          const std::vector<ExtraShard>& extra) {
+                                          const std::vector<ExtraShard>& extra,
+                                          const std::string& timeline) {
   const absl::Time start = absl::Now();
   ZCC_RETURN_IF_ERROR(storage.MakeDirs(dir));
   // A manifest left by an earlier attempt at this step would vouch for the
@@ -202,6 +203,7 @@ absl::StatusOr<WriteStats> WriteRankFiles(storage::Storage& storage, const std::
   manifest.world_size = shards.world_size;
   manifest.manifest_hash = shards.manifest_hash;
   manifest.run_id = shards.run_id;
+  manifest.timeline = timeline;
   manifest.replica_groups = shards.replica_groups;
 
   WriteStats stats;
@@ -256,7 +258,8 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
 absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
                                            const RankShards& shards, const uint8_t* slot,
                                            const IoOptions& options,
-                                           const std::vector<ExtraShard>& extra) {
+                                           const std::vector<ExtraShard>& extra,
+                                           const std::string& timeline) {
   storage::Storage& storage =
       options.storage != nullptr ? *options.storage : *storage::DefaultStorage();
   const std::string dir = WritingStepDir(storage, job_dir, step);
@@ -270,7 +273,7 @@ absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t s
     }
   }
   absl::StatusOr<WriteStats> stats =
-      WriteRankFiles(storage, dir, step, shards, slot, options, extra);
+      WriteRankFiles(storage, dir, step, shards, slot, options, extra, timeline);
   if (!stats.ok()) {
     // No manifest may stay behind (a failed directory fsync comes after the
     // rename). Then give the space back (a full disk is the likeliest cause):

@@ -69,11 +69,13 @@ struct ExtraShard {
 // As above, also writing `extra` shard files (before the manifest, which lists
 // their tensors under their kinds). A shard's tensors laid out back to back in
 // memory, in order, are written from there; otherwise they are packed into an
-// aligned buffer first.
+// aligned buffer first. `timeline`: the manifest's (format::RankManifest;
+// empty: none).
 absl::StatusOr<WriteStats> WriteRankShards(const std::string& job_dir, int64_t step,
                                            const RankShards& shards, const uint8_t* slot,
                                            const IoOptions& options,
-                                           const std::vector<ExtraShard>& extra);
+                                           const std::vector<ExtraShard>& extra,
+                                           const std::string& timeline = "");
 
 }  // namespace zcc::checkpoint
 

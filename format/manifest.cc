@@ -330,6 +330,12 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
         return top.Error("run_id", "must be 1 to 128 bytes");
       }
     }
+    if (top.Has("timeline")) {
+      ZCC_ASSIGN_OR_RETURN(m.timeline, top.String("timeline"));
+      if (m.timeline.empty() || m.timeline.size() > kMaxRunIdBytes) {
+        return top.Error("timeline", "must be 1 to 128 bytes");
+      }
+    }
     if (top.Has("replica_groups")) {
       ZCC_ASSIGN_OR_RETURN(const json* groups, top.Array("replica_groups"));
       // At most one group per tensor (a group per global expert id).
@@ -558,6 +564,7 @@ std::string EncodeManifestDocument(const RankManifest& manifest,
   root["world_size"] = manifest.world_size;
   if (!index) root["manifest_hash"] = Hex64(manifest.manifest_hash);
   if (!index && !manifest.run_id.empty()) root["run_id"] = manifest.run_id;
+  if (!index && !manifest.timeline.empty()) root["timeline"] = manifest.timeline;
   if (manifest.ema_step >= 0) root["ema_step"] = manifest.ema_step;
   if (!index && !manifest.replica_groups.empty()) {
     ordered_json groups = ordered_json::array();

@@ -91,6 +91,13 @@ struct RankManifest {
   // none): a step commits only when every rank's manifest names the same run,
   // so a manifest an earlier run left never completes a step written again.
   std::string run_id;
+  // The line of steps of that run it belongs to ("timeline"; absent: the
+  // run's first, or none given): a run that goes on from an older step it
+  // restored together (every rank at once) starts a new one, so a step it
+  // writes again never commits from a manifest of the steps it left, though
+  // the run is the same. A step commits only from manifests of one run and
+  // one timeline. At most kMaxRunIdBytes, printable.
+  std::string timeline;
   // The step the rank's EMA tensors ("ema_step") were last updated at: the
   // EMA is updated every ema_interval-th step, so a step between holds the
   // EMA of an earlier one; -1 (absent) where the manifest has no EMA, or

@@ -128,6 +128,20 @@ TEST_CASE("a manifest names its run when the trainer gave one, and not otherwise
   auto decoded = DecodeRankManifest(text);
   REQUIRE_OK(decoded);
   CHECK(decoded->run_id == "3f2a9c1e");
+  CHECK(decoded->timeline.empty());
+  CHECK_FALSE(json::parse(text).contains("timeline"));
+}
+
+TEST_CASE("a manifest names its timeline once its run went on from an older step") {
+  RankManifest m = SampleManifest();
+  m.run_id = "3f2a9c1e";
+  m.timeline = "b71c0d9e42a35f10";
+  const std::string text = EncodeRankManifest(m);
+  CHECK(json::parse(text)["timeline"] == "b71c0d9e42a35f10");
+  auto decoded = DecodeRankManifest(text);
+  REQUIRE_OK(decoded);
+  CHECK(decoded->timeline == "b71c0d9e42a35f10");
+  CHECK(decoded->run_id == "3f2a9c1e");
 }
 
 TEST_CASE("a manifest and a step index say the EMA's step where it is not the step's") {
@@ -196,6 +210,10 @@ TEST_CASE("invalid manifests are refused with a message naming the field") {
       {"empty run id", [](json& j) { j["run_id"] = ""; }, "\"run_id\" must be 1 to 128 bytes"},
       {"run id too long", [](json& j) { j["run_id"] = std::string(129, 'r'); }, "run_id"},
       {"run id not a string", [](json& j) { j["run_id"] = 7; }, "run_id"},
+      {"empty timeline", [](json& j) { j["timeline"] = ""; },
+       "\"timeline\" must be 1 to 128 bytes"},
+      {"timeline too long", [](json& j) { j["timeline"] = std::string(129, 't'); }, "timeline"},
+      {"timeline not a string", [](json& j) { j["timeline"] = 7; }, "timeline"},
       {"files not an array", [](json& j) { j["files"] = json::object(); }, "\"files\""},
       {"file entry not an object", [](json& j) { j["files"][0] = "x"; }, "files[0]"},
       {"file with slash", [](json& j) { j["files"][0]["name"] = "../x.safetensors"; }, "files[0]"},
