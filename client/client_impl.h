@@ -231,6 +231,9 @@ struct Client::Impl {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool closed ABSL_GUARDED_BY(mu) = false;  // Close() ran (or is running)
   std::string last_error ABSL_GUARDED_BY(mu);
+  // The timeline this rank's snapshots belong to (RestoreResponse.timeline
+  // of its last restore): named again when it registers again.
+  std::string timeline ABSL_GUARDED_BY(mu);
   // ReplaceTensors is registering the new tensors: the monitor registers
   // nothing meanwhile (it would register the old ones beside them).
   bool replacing ABSL_GUARDED_BY(mu) = false;
@@ -290,7 +293,10 @@ struct Client::Impl {
   // Tells zccd the client is done with a restore or EMA buffer.
   // Asks zccd for the step `options` name (collective aside) and checks its
   // reply against the registration; nothing is copied yet.
-  absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options);
+  // `timeline`: RestoreRequest.timeline (a restore together with the
+  // other ranks names a new one; empty: none).
+  absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options,
+                                                               const std::string& timeline = "");
   // Waits until the snapshots taken so far are published (their copies out
   // of the trainer's tensors done); DeadlineExceeded after restore_timeout.
   absl::Status AwaitSnapshotsPublishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -302,7 +308,7 @@ struct Client::Impl {
   // zccd checks them (early_copy.h); those that need no copy from the reply
   // are named in the result's copied_early.
   absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestoreCopyingEarly(
-      const RestoreOptions& options, void* stream);
+      const RestoreOptions& options, void* stream, const std::string& timeline = "");
 
   absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
     auto done = AddressedTo<v1::RestoreDoneRequest>(s);

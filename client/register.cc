@@ -31,8 +31,9 @@ using client_internal::ToProto;
 v1::RegisterRequest MakeRegisterRequest(const ClientOptions& options,
                                         const std::vector<TensorRef>& refs, bool user_copier,
                                         bool prefetch_restore, uint64_t replaces_generation,
-                                        uint64_t instance) {
+                                        uint64_t instance, const std::string& timeline) {
   v1::RegisterRequest req;
+  req.set_timeline(timeline);
   req.set_replaces_generation(replaces_generation);
   req.set_client_instance(instance);
   req.set_job_id(options.job_id);
@@ -173,9 +174,14 @@ absl::StatusOr<std::shared_ptr<DeviceCopier>> DaemonPullCopierFor(const ClientOp
 absl::StatusOr<std::shared_ptr<client_internal::Session>> Client::Impl::RegisterOnce(
     const std::vector<TensorRef>& refs, const client_internal::Stubs& via, bool prefetch_restore,
     uint64_t replaces_generation) {
+  std::string on_timeline;
+  {
+    zcc::MutexLock lock(&mu);
+    on_timeline = timeline;
+  }
   const v1::RegisterRequest req =
       MakeRegisterRequest(options, refs, user_copier, prefetch_restore, replaces_generation,
-                          instance);
+                          instance, on_timeline);
   v1::RegisterResponse resp;
   auto ctx = Context();
   ZCC_RETURN_IF_ERROR(FromGrpcStatus(via.control->Register(ctx.get(), req, &resp)));

@@ -220,6 +220,18 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   alone.collective = nullptr;
   alone.owned_only = true;
 
+  // 0. The timeline the run goes on in from this restore
+  // (RestoreRequest.timeline): rank 0's draw, the same on every rank.
+  ZCC_ASSIGN_OR_RETURN(
+      std::vector<std::string> drawn,
+      c.AllGather(c.rank() == 0 ? absl::StrCat(absl::Hex(client_internal::RandomInstance(),
+                                                         absl::kZeroPad16))
+                                : std::string()));
+  if (drawn.empty() || drawn[0].empty()) {
+    return absl::DataLossError("collective: rank 0 named no timeline");
+  }
+  const std::string timeline = drawn[0];
+
   // 1. The step: the newest every rank can restore.
   int64_t target = options.step;
   if (options.step == kLatestStep) {
@@ -237,7 +249,7 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   for (int round = 0;; ++round) {
     alone.step = target;
     absl::StatusOr<std::unique_ptr<PendingRestore>> fetched =
-        impl_->FetchRestoreCopyingEarly(alone, stream);
+        impl_->FetchRestoreCopyingEarly(alone, stream, timeline);
     const bool none = absl::IsNotFound(fetched.status());
     std::string message = none ? "N" : ErrorMessage(fetched.status());
     if (fetched.ok()) message = absl::StrCat("S", (*fetched)->result.step);

@@ -1,5 +1,7 @@
 #include "common/validate.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -122,6 +124,17 @@ absl::Status ValidateTensorName(absl::string_view name) {
           "tensor name '%s' is not valid UTF-8 at byte %d", absl::CHexEscape(name.substr(0, 64)), i));
     }
     i += len;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRunTag(absl::string_view tag, absl::string_view what) {
+  if (tag.size() > kMaxRunTagBytes ||
+      !std::all_of(tag.begin(), tag.end(),
+                   [](char c) { return c > ' ' && c < 127 && c != '"' && c != '\\'; })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " must be at most ", kMaxRunTagBytes,
+        " printable characters without spaces, quotes or backslashes"));
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,13 @@ absl::Status ValidateJobFileName(absl::string_view name);
 // round-trip unchanged.
 absl::Status ValidateTensorName(absl::string_view name);
 
+// A run id or a timeline (RegisterRequest.run_id, RestoreRequest.timeline),
+// written into manifests: at most 128 printable ASCII characters without
+// spaces, quotes or backslashes; `what` names it in the error. Empty is
+// allowed (none given).
+inline constexpr size_t kMaxRunTagBytes = 128;
+absl::Status ValidateRunTag(absl::string_view tag, absl::string_view what);
+
 }  // namespace zcc
 
 #endif  // ZCC_COMMON_VALIDATE_H_

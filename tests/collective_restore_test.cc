@@ -9,6 +9,7 @@
 // counted by its zcc_restore_bytes_read_total.
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <string>
@@ -20,6 +21,7 @@
 #include "checkpoint/reader.h"
 #include "common/testing/free_port.h"
 #include "common/testing/temp_dir.h"
+#include "format/manifest.h"
 #include "tests/process_harness.h"
 #include "tests/test_model.h"
 
@@ -104,6 +106,54 @@ TEST_CASE("ranks restore together through a collective: each replicated piece re
     CHECK(restorers[rank]->Wait(absl::Seconds(90)) != 0);
     if (rank != 3) CHECK(absl::StrContains(restorers[rank]->Output(), "rank 3 failed"));
   }
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("ranks that go back together write the steps after it on one new timeline, which every "
+          "rank's manifest names") {
+  const std::string dir = ShortTempDir("it-coll-tl");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  TrainTenSteps(daemon, dir);
+  // The timeline each rank's manifest of a committed step names.
+  auto timelines = [&](int64_t step) {
+    std::set<std::string> seen;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      const std::string path = absl::StrCat(JobDir(daemon), "/step-",
+                                            absl::Dec(step, absl::kZeroPad8), "/r0000", rank,
+                                            ".manifest.json");
+      std::ifstream in(path);
+      REQUIRE(in.good());
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      auto manifest = format::DecodeRankManifest(text);
+      REQUIRE(manifest.ok());
+      seen.insert(manifest->timeline);
+    }
+    return seen;
+  };
+  REQUIRE(timelines(5) == std::set<std::string>{""});
+  REQUIRE(timelines(10) == std::set<std::string>{""});
+
+  // Back to step 5 together, and on to step 10 again: it commits anew, every
+  // rank's manifest on the timeline the restore drew; step 5 keeps its own.
+  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    trainers.push_back(StartTrainer(
+        daemon, dir, absl::StrCat("back", rank),
+        Flags(rank, {"--mode=resume", "--restore_step=5", "--steps=5", "--block",
+                     "--collective=" + address})));
+  }
+  for (auto& t : trainers) {
+    INFO(t->Output() << daemon.Log());
+    REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+    CHECK(t->Values()["restored_step"] == "5");
+  }
+  CHECK(timelines(5) == std::set<std::string>{""});
+  const std::set<std::string> after = timelines(10);
+  REQUIRE(after.size() == 1);
+  CHECK_FALSE(after.begin()->empty());
   REQUIRE(daemon.Stop() == 0);
 }
 

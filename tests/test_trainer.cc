@@ -327,8 +327,13 @@ int main(int argc, char** argv) {
 
   int start = absl::GetFlag(FLAGS_start);
   if (absl::GetFlag(FLAGS_mode) == "resume") {
-    auto step = (*client)->Restore(absl::GetFlag(FLAGS_restore_step));
-    if (!step.ok()) return Fail("restore", step.status());
+    // Together with the other ranks where there is a --collective.
+    zcc::RestoreOptions restore;
+    restore.step = absl::GetFlag(FLAGS_restore_step);
+    restore.collective = collective.get();
+    auto restored = (*client)->Restore(restore);
+    if (!restored.ok()) return Fail("restore", restored.status());
+    const int64_t* step = &restored->step;
     if (device) FromDevice(model);
     std::printf("restored_step=%" PRId64 "\n", *step);
     start = static_cast<int>(*step) + 1;

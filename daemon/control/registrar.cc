@@ -61,12 +61,8 @@ absl::Status CheckRequest(const v1::RegisterRequest& req, const Caller& caller,
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", req.rank(), " is not below world_size ", req.world_size()));
   }
-  if (req.run_id().size() > format::kMaxRunIdBytes ||
-      !std::all_of(req.run_id().begin(), req.run_id().end(),
-                   [](char c) { return c > ' ' && c < 127 && c != '"' && c != '\\'; })) {
-    return absl::InvalidArgumentError(
-        "run_id must be at most 128 printable characters without spaces, quotes or backslashes");
-  }
+  ZCC_RETURN_IF_ERROR(ValidateRunTag(req.run_id(), "run_id"));
+  ZCC_RETURN_IF_ERROR(ValidateRunTag(req.timeline(), "timeline"));
   *num_slots = req.num_slots() == 0 ? config.default_num_slots : req.num_slots();
   return shm::ValidateNumSlots(*num_slots);
 }
@@ -352,6 +348,9 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
   options.fs_owner = job.options().owner;
   options.io.storage = d.shard_storage;
   options.write_pool = d.write_pool;
+  // The client's (it registers again), else that of the run's ranks here
+  // (a trainer of the run restarted alone).
+  options.timeline = !req.timeline().empty() ? req.timeline() : job.TimelineOf(req.run_id());
   if (d.replicate) {
     // Every replicate_every-th step, or each step the job checkpoints.
     const uint32_t every = d.config->peer.replicate_every;

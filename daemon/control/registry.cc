@@ -317,6 +317,7 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
 absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
                                                       const Caller& caller,
                                                       const CallerWait& wait) {
+  ZCC_RETURN_IF_ERROR(ValidateRunTag(req.timeline(), "timeline"));
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
@@ -335,7 +336,10 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
       return absl::InternalError(absl::StrCat("the restore of step ", resp->step(),
                                               " did not say which tier it came from"));
     }
-    session->NoteRestored(resp->step(), resp->source() == v1::RESTORE_SOURCE_DISK);
+    session->NoteRestored(resp->step(), resp->source() == v1::RESTORE_SOURCE_DISK,
+                          req.timeline());
+    if (!req.timeline().empty()) job->NoteTimeline(session->shards().run_id, req.timeline());
+    resp->set_timeline(session->Timeline(resp->step() + 1));
   }
   return resp;
 }

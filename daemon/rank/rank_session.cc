@@ -50,7 +50,10 @@ RankSession::RankSession(checkpoint::RankShards shards, std::vector<RegisteredTe
                                     [this] {
                                       if (replication_owed_.load() >= 0) slots_.RingDoorbell();
                                     }),
-                        options_.write_pool) {}
+                        options_.write_pool) {
+  zcc::MutexLock lock(&timeline_mu_);
+  timeline_before_ = timeline_after_ = options_.timeline;
+}
 
 RankWriteTarget RankSession::WriteTarget(PersistCallback on_persisted,
                                          std::function<void()> on_idle) {
@@ -320,8 +323,24 @@ WriteJob RankSession::MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, 
   job.restores = restores_.load(std::memory_order_acquire);
   if (job.restores > 0 && slot.seq < restored_seq_.load(std::memory_order_acquire)) --job.restores;
   if (replicate) job.went_on_from = supersede_next_.exchange(-1);
+  job.timeline = TimelineOf(slot);
   ema_.CopyForWrite(&job);
   return job;
+}
+
+std::string RankSession::TimelineOf(const shm::ReadySlot& slot) const {
+  // (As for the restores above: published after the last restore, of a
+  // later step than it.)
+  const bool after = slot.seq >= restored_seq_.load(std::memory_order_acquire) &&
+                     slot.step > last_restored_.load(std::memory_order_relaxed);
+  zcc::MutexLock lock(&timeline_mu_);
+  return after ? timeline_after_ : timeline_before_;
+}
+
+std::string RankSession::Timeline(int64_t step) const {
+  zcc::MutexLock lock(&timeline_mu_);
+  return step > last_restored_.load(std::memory_order_relaxed) ? timeline_after_
+                                                               : timeline_before_;
 }
 
 void RankSession::SubmitWrite(const shm::ReadySlot& slot, bool on_failure, bool replicate) {
@@ -396,7 +415,15 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == slot->step ? slot->step : std::optional<int64_t>();
 }
 
-void RankSession::NoteRestored(int64_t step, bool from_disk) {
+void RankSession::NoteRestored(int64_t step, bool from_disk, const std::string& timeline) {
+  {
+    // The trainer went on from the last restore (or none came before): the
+    // snapshots published before this one are of the timeline it went on
+    // in; else of the one before it.
+    zcc::MutexLock lock(&timeline_mu_);
+    if (restored_step_.load(std::memory_order_acquire) < 0) timeline_before_ = timeline_after_;
+    timeline_after_ = timeline.empty() ? timeline_before_ : timeline;
+  }
   last_restored_.store(step, std::memory_order_relaxed);
   restored_from_disk_.store(from_disk ? step : -1);
   // What the trainer publishes from now on is of the restored state; what
@@ -476,7 +503,7 @@ absl::StatusOr<checkpoint::WriteStats> RankSession::WriteRetained(const SlotSnap
   // left out by CopyForWrite.)
   if (with_ema && ema_.enabled()) ema_.CopyForWrite(&ema);
   auto written = checkpoint::WriteRankShards(job_dir, held.step, shards_, slots_.data(held.slot),
-                                             options_.io, ema.ema_shards);
+                                             options_.io, ema.ema_shards, Timeline(held.step));
   // Found cut as it was read: what was written may be zeros.
   if (written.ok() && SegmentCut()) return cut();
   return written;

@@ -104,6 +104,9 @@ struct RankSessionOptions {
   // read the step from a directory (disk or store; not from memory). Null:
   // nobody is told.
   std::function<void(int64_t restored, int64_t step, bool from_disk)> on_trained_on;
+  // The timeline of the run the session's snapshots belong to until a
+  // restore names another (format::RankManifest::timeline; empty: none).
+  std::string timeline;
   // Tests: called with each slot's index as a scan for published slots
   // reads it (shm::SlotRing::Ready's after_read), on the thread ingesting.
   std::function<void(uint32_t)> after_slot_read;
@@ -178,8 +181,13 @@ class RankSession {
 
   // A restore served `step` to this rank's trainer (read from a directory
   // when `from_disk`): its first snapshot of a later step tells
-  // options().on_trained_on.
-  void NoteRestored(int64_t step, bool from_disk = false);
+  // options().on_trained_on. Its snapshots of later steps from now on
+  // belong to `timeline` (RestoreRequest.timeline; empty: the one they
+  // belonged to).
+  void NoteRestored(int64_t step, bool from_disk = false, const std::string& timeline = "");
+  // The timeline a snapshot of `step` published now belongs to (the one
+  // the trainer goes on in, once it restored together with the others).
+  std::string Timeline(int64_t step) const ABSL_LOCKS_EXCLUDED(timeline_mu_);
 
   // Writes `held` (an intact snapshot of this stopped session, as
   // RetainedSnapshots keeps it) into `job_dir` as a checkpoint write of its
@@ -380,6 +388,13 @@ class RankSession {
   // that restore was from memory).
   std::atomic<int64_t> restored_from_disk_{-1};
   std::atomic<uint64_t> restored_seq_{0};
+  // The timelines of the snapshots published before the last restore and of
+  // those of later steps published after it (the same when it named none).
+  mutable zcc::Mutex timeline_mu_;
+  std::string timeline_before_ ABSL_GUARDED_BY(timeline_mu_);
+  std::string timeline_after_ ABSL_GUARDED_BY(timeline_mu_);
+  // The timeline of the snapshot in `slot`.
+  std::string TimelineOf(const shm::ReadySlot& slot) const ABSL_LOCKS_EXCLUDED(timeline_mu_);
   std::thread thread_;
 
   mutable zcc::Mutex mu_;

@@ -738,6 +738,52 @@ TEST_CASE("a write of a step the trainer went back from is given up: no manifest
   CHECK(PathExists(JoinPath(JoinPath(job_dir, "step-00000010.partial"), "r00000.manifest.json")));
 }
 
+TEST_CASE("the steps a trainer writes after a restore together with the other ranks name its "
+          "timeline; a restore alone keeps the one it was on") {
+  const std::string root = testing::TempDir();
+  const std::string job_dir = JoinPath(root, "job");
+  TestRank rank(root, /*save_every=*/5, storage::DefaultStorage());
+  auto timeline_of = [&](int64_t step) {
+    const std::string path =
+        JoinPath(JoinPath(job_dir, absl::StrCat("step-", absl::Dec(step, absl::kZeroPad8),
+                                                ".partial")),
+                 "r00000.manifest.json");
+    auto text = ReadFileToString(path, 1 << 20);
+    REQUIRE_OK(text.status());
+    auto manifest = format::DecodeRankManifest(*text);
+    REQUIRE_OK(manifest.status());
+    return manifest->timeline;
+  };
+  for (int64_t step = 1; step <= 5; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitPersisted(1, absl::Seconds(10)));
+  CHECK(timeline_of(5).empty());
+  // Back to step 3 with the other ranks: from step 4 on, timeline "b"
+  // (step 5, written again, too).
+  rank.session().NoteRestored(3, /*from_disk=*/true, "b");
+  CHECK(rank.session().Timeline(3).empty());
+  CHECK(rank.session().Timeline(4) == "b");
+  for (int64_t step = 4; step <= 10; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitPersisted(3, absl::Seconds(10)));
+  CHECK(rank.persisted() == std::vector<int64_t>{5, 5, 10});
+  CHECK(timeline_of(5) == "b");
+  CHECK(timeline_of(10) == "b");
+  // Restored alone (no timeline named): still "b".
+  rank.session().NoteRestored(8);
+  for (int64_t step = 9; step <= 15; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitPersisted(5, absl::Seconds(10)));
+  CHECK(timeline_of(15) == "b");
+  // Two restores together, the first not trained on: the snapshots before
+  // them stay of "b", those after are of the last one's "d".
+  rank.session().NoteRestored(14, false, "c");
+  rank.session().NoteRestored(13, false, "d");
+  CHECK(rank.session().Timeline(13) == "b");
+  CHECK(rank.session().Timeline(14) == "d");
+  for (int64_t step = 14; step <= 20; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitPersisted(7, absl::Seconds(10)));
+  CHECK(timeline_of(15) == "d");
+  CHECK(timeline_of(20) == "d");
+}
+
 TEST_CASE("persist-on-failure after the trainer went back writes its newest step, older than "
           "the one persisted before the restore") {
   const std::string root = testing::TempDir();

@@ -112,7 +112,7 @@ void RankWriter::State::Write(WriteJob job) {
     io.cancelled = &give_up;
     auto stats = checkpoint::WriteRankShards(target.job_dir, step, *target.shards,
                                              target.slots->data(job.slot.index), io,
-                                             job.ema_shards);
+                                             job.ema_shards, job.timeline);
     if (stats.ok() && give_up()) {
       // Gone back, or the segment found cut, while the manifest was
       // written: it goes again.
@@ -158,7 +158,8 @@ void RankWriter::State::Write(WriteJob job) {
     std::optional<IdlePriority> idle;
     if (!job.persist) idle.emplace();
     auto bytes = checkpoint::SerializeRankStep(step, *target.shards,
-                                               target.slots->data(job.slot.index), job.ema_shards);
+                                               target.slots->data(job.slot.index), job.ema_shards,
+                                               job.timeline);
     // (Held through the hand-in, which keeps the owner's copy: seconds for
     // a large step, during which the rank's other writer may wait here.)
     zcc::MutexLock in_order(target.replicate_order != nullptr ? target.replicate_order

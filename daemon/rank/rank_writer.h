@@ -50,6 +50,7 @@ struct WriteJob {
   bool replicate = false;   // and/or serialize it for the peer tier (on_replicate)
   int64_t went_on_from = -1;  // see checkpoint::RankStepBytes
   uint64_t restores = 0;  // the rank's restores before its snapshot (RankWriteTarget)
+  std::string timeline;   // its manifest's (format::RankManifest::timeline)
   storage::AlignedBuffer ema_copy;            // the EMA tensors back to back
   std::vector<checkpoint::ExtraShard> ema_shards;  // describing ema_copy
 };
