@@ -171,6 +171,8 @@ TEST_CASE("a step commits only from manifests of one timeline: a rank's manifest
   CHECK(mixed->outcome == CommitOutcome::kWaiting);
   CHECK(mixed->manifests_present == 2);
   CHECK(mixed->mixed_runs);
+  CHECK(mixed->mixed ==
+        "rank 1: run 'run-a' timeline ''; rank 0: run 'run-a' timeline 'went-on-from-10'");
   CHECK(ListCommittedSteps(root)->empty());
 
   // Rank 1 writes it again on the same timeline: the step commits, whole.

@@ -2,11 +2,15 @@
 
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -358,12 +362,19 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   // One run's manifests only, of one timeline of it: another's is left from
   // before this step was written again (by a new run, or by the run going on
   // from an older step), and is replaced when its rank writes the step.
-  for (const format::RankManifest& m : manifests) {
-    if (m.run_id != manifests.front().run_id || m.timeline != manifests.front().timeline) {
-      result.mixed_runs = true;
-      result.total_bytes = 0;
-      return result;
+  std::map<std::pair<std::string, std::string>, std::vector<uint32_t>> lines;
+  for (const format::RankManifest& m : manifests) lines[{m.run_id, m.timeline}].push_back(m.rank);
+  if (lines.size() > 1) {
+    result.mixed_runs = true;
+    result.total_bytes = 0;
+    std::vector<std::string> parts;
+    for (const auto& [line, ranks] : lines) {
+      parts.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ",
+                                   absl::StrJoin(ranks, ","), ": run '", line.first,
+                                   "' timeline '", line.second, "'"));
     }
+    result.mixed = absl::StrJoin(parts, "; ");
+    return result;
   }
 
   // Layout-free: the pieces of every global tensor must tile it exactly once

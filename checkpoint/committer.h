@@ -41,8 +41,9 @@ struct CommitResult {
   uint64_t total_bytes = 0;  // all shard files of the step
   // Waiting because the manifests name different runs of the job, or
   // different timelines of one run (one is left from before the step was
-  // written again).
+  // written again); `mixed` says which ranks name which.
   bool mixed_runs = false;
+  std::string mixed;
 };
 
 // `write_began`: when the step's first rank began writing it, for where

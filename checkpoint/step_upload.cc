@@ -139,6 +139,7 @@ absl::StatusOr<NodeUploadResult> UploadNodeStep(storage::Storage& fs, const std:
   result.committed = commit.outcome == CommitOutcome::kCommitted;
   result.manifests_present = commit.manifests_present;
   result.mixed_runs = commit.mixed_runs;
+  result.mixed = commit.mixed;
   result.stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return result;
 }

@@ -55,7 +55,8 @@ struct NodeUploadResult {
   UploadStats stats;
   bool committed = false;          // this upload completed the step in the store
   uint32_t manifests_present = 0;  // in the store's step after this node's
-  bool mixed_runs = false;  // every rank's is there, but of different runs
+  bool mixed_runs = false;  // every rank's is there, but of different runs or timelines
+  std::string mixed;        // which ranks name which (CommitResult::mixed)
 };
 
 // Copies the files this node's ranks wrote of `step` (its step-N.partial/

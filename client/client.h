@@ -240,10 +240,11 @@ struct RestoreOptions {
   // arrives from the lowest rank that restored it, so a job reads each
   // replicated piece once. An error on any rank fails Restore on every rank.
   // owned_only is implied. The run goes on in a new timeline that rank 0
-  // draws (RestoreRequest.timeline): the manifests of its later steps name
-  // it, and a step commits only from manifests of one timeline, so a write
-  // of the steps it left that outlived the restore never completes one it
-  // writes again. Null: this rank restores alone (and stays on its timeline).
+  // draws and every rank adopts once all have the step (RestoreDone): the
+  // manifests of its later steps name it, and a step commits only from
+  // manifests of one timeline, so a write of the steps it left that
+  // outlived the restore never completes one it writes again. Null: this
+  // rank restores alone (and goes on in the timeline of the step restored).
   Collective* collective = nullptr;
   // Per registered tensor (empty: none): tensors that nothing reads until
   // Restore returns, and which may be written before the whole step is

@@ -176,6 +176,9 @@ struct PendingRestore {
   std::optional<shm::Segment> buffer;  // a restore buffer; empty: the session's segment
   RestoreResult result;
   std::function<absl::Status()> release;  // RestoreDone; run once
+  // The timeline the rank adopts with RestoreDone (RestoreDoneRequest's:
+  // the ranks restored this step together; empty: none).
+  std::string adopt_timeline;
   // Per registered tensor: copied from this very read while it went on
   // (RestoreOptions::early_copy); CopyOut leaves them out.
   std::vector<bool> copied_early;
@@ -231,8 +234,9 @@ struct Client::Impl {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool closed ABSL_GUARDED_BY(mu) = false;  // Close() ran (or is running)
   std::string last_error ABSL_GUARDED_BY(mu);
-  // The timeline this rank's snapshots belong to (RestoreResponse.timeline
-  // of its last restore): named again when it registers again.
+  // The timeline this rank's snapshots belong to (the last registration's
+  // or restore's answer, or what a restore together adopted): named again
+  // when it registers again.
   std::string timeline ABSL_GUARDED_BY(mu);
   // ReplaceTensors is registering the new tensors: the monitor registers
   // nothing meanwhile (it would register the old ones beside them).
@@ -293,10 +297,7 @@ struct Client::Impl {
   // Tells zccd the client is done with a restore or EMA buffer.
   // Asks zccd for the step `options` name (collective aside) and checks its
   // reply against the registration; nothing is copied yet.
-  // `timeline`: RestoreRequest.timeline (a restore together with the
-  // other ranks names a new one; empty: none).
-  absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options,
-                                                               const std::string& timeline = "");
+  absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestore(const RestoreOptions& options);
   // Waits until the snapshots taken so far are published (their copies out
   // of the trainer's tensors done); DeadlineExceeded after restore_timeout.
   absl::Status AwaitSnapshotsPublishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -308,11 +309,13 @@ struct Client::Impl {
   // zccd checks them (early_copy.h); those that need no copy from the reply
   // are named in the result's copied_early.
   absl::StatusOr<std::unique_ptr<PendingRestore>> FetchRestoreCopyingEarly(
-      const RestoreOptions& options, void* stream, const std::string& timeline = "");
+      const RestoreOptions& options, void* stream);
 
-  absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id) const {
+  absl::Status ReleaseBuffer(const Stubs& via, const Session& s, uint64_t id,
+                             const std::string& adopt_timeline = "") const {
     auto done = AddressedTo<v1::RestoreDoneRequest>(s);
     done.set_restore_id(id);
+    done.set_timeline(adopt_timeline);
     v1::RestoreDoneResponse done_resp;
     auto ctx = Context();
     return FromGrpcStatus(via.control->RestoreDone(ctx.get(), done, &done_resp));

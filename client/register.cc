@@ -200,6 +200,12 @@ absl::StatusOr<std::shared_ptr<client_internal::Session>> Client::Impl::Register
     ZCC_LOG(INFO) << "zcc client: copying on the trainer's side: "
                   << resp.daemon_pull_unavailable();
   }
+  {
+    // (The timeline zccd put the registration on: the client names it when
+    // it registers again.)
+    zcc::MutexLock lock(&mu);
+    timeline = resp.timeline();
+  }
   // Pinning starts here and goes on in the background (StagingPins).
   auto s = std::make_shared<client_internal::Session>(std::move(resp), std::move(segment),
                                                       session_copier);

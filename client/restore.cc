@@ -90,7 +90,7 @@ absl::StatusOr<RestoreResult> Client::Restore(const RestoreOptions& options, voi
 }
 
 absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyingEarly(
-    const RestoreOptions& options, void* stream, const std::string& timeline) {
+    const RestoreOptions& options, void* stream) {
   std::shared_ptr<Session> s = CurrentSession();
   // Whatever this restore had read, and however it ends, none of those reads
   // is a later restore's to copy from early.
@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyin
   };
   if (std::find(options.early_copy.begin(), options.early_copy.end(), true) ==
       options.early_copy.end()) {
-    return FetchRestore(options, timeline);
+    return FetchRestore(options);
   }
   std::vector<TensorRef> refs;  // the tensors the early copy writes (outlives it)
   {
@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyin
         "RestoreOptions::early_copy has ", options.early_copy.size(), " entries for ",
         refs.size(), " registered tensors"));
   }
-  if (s == nullptr) return FetchRestore(options, timeline);  // fails: not registered
+  if (s == nullptr) return FetchRestore(options);  // fails: not registered
   // The snapshots in flight read the tensors the early copy writes: they
   // finish first (FetchRestore waits for them too, for another reason).
   {
@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestoreCopyin
   }
   // Copies out what zccd has checked while it reads the rest.
   client_internal::EarlyCopy early(*s, refs, options.early_copy, stream);
-  absl::StatusOr<std::unique_ptr<PendingRestore>> pending = FetchRestore(options, timeline);
+  absl::StatusOr<std::unique_ptr<PendingRestore>> pending = FetchRestore(options);
   client_internal::EarlyCopy::Copied copied = early.Stop();
   if (!copied.status.ok()) {
     ZCC_LOG(WARNING) << "zcc client: copying as zccd checked failed (" << copied.status
@@ -149,7 +149,7 @@ absl::Status Client::Impl::AwaitSnapshotsPublishedLocked() {
 }
 
 absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
-    const RestoreOptions& restore, const std::string& timeline) {
+    const RestoreOptions& restore) {
   auto pending = std::make_unique<PendingRestore>();
   pending->session = CurrentSession();
   if (pending->session == nullptr) {
@@ -171,21 +171,22 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
   req.set_step(restore.step);
   req.set_owned_only(restore.owned_only);
   req.set_allow_older(restore.allow_older);
-  req.set_timeline(timeline);
   v1::RestoreResponse& resp = pending->resp;
   // Its own deadline: reading a large checkpoint takes longer than an RPC.
   auto ctx = Context(options.restore_timeout);
   pending->stubs = GetStubs();
   ZCC_RETURN_IF_ERROR(FromGrpcStatus(pending->stubs->control->Restore(ctx.get(), req, &resp)));
-  pending->release = [this, stubs = pending->stubs, session = pending->session,
-                      id = resp.restore_id()] { return ReleaseBuffer(*stubs, *session, id); };
+  // (The pending restore owns the call: its adopt_timeline is read then.)
+  pending->release = [this, p = pending.get(), id = resp.restore_id()] {
+    return ReleaseBuffer(*p->stubs, *p->session, id, p->adopt_timeline);
+  };
   for (const std::string& why : resp.skipped_steps()) {
     ZCC_LOG(WARNING) << "zcc client: restore skipped " << why;
   }
   {
     // (zccd noted the restore: the rank's next snapshots are of this one.)
     zcc::MutexLock lock(&mu);
-    this->timeline = resp.timeline();
+    timeline = resp.timeline();
   }
   RestoreResult& result = pending->result;
   result.step = resp.step();
@@ -234,9 +235,15 @@ absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, voi
       if (copied.ok()) copied = unpinned;
     }
   }
+  // (A rank whose copy failed adopts no timeline: the restore fails.)
+  if (!copied.ok()) pending.adopt_timeline.clear();
   const absl::Status released = pending.Release();
   ZCC_RETURN_IF_ERROR(copied);
   ZCC_RETURN_IF_ERROR(released);
+  if (!pending.adopt_timeline.empty()) {
+    zcc::MutexLock lock(&mu);
+    timeline = pending.adopt_timeline;
+  }
   return std::move(pending.result);
 }
 

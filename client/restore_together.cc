@@ -220,17 +220,23 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   alone.collective = nullptr;
   alone.owned_only = true;
 
-  // 0. The timeline the run goes on in from this restore
-  // (RestoreRequest.timeline): rank 0's draw, the same on every rank.
-  ZCC_ASSIGN_OR_RETURN(
-      std::vector<std::string> drawn,
-      c.AllGather(c.rank() == 0 ? absl::StrCat(absl::Hex(client_internal::RandomInstance(),
-                                                         absl::kZeroPad16))
-                                : std::string()));
-  if (drawn.empty() || drawn[0].empty()) {
-    return absl::DataLossError("collective: rank 0 named no timeline");
+  // 0. The timeline the run goes on in from this restore, adopted once
+  // every rank has the step (RestoreDoneRequest.timeline): rank 0's draw,
+  // the same on every rank; none where a rank's zccd writes no timelines
+  // (an older one).
+  std::shared_ptr<client_internal::Session> s = impl_->CurrentSession();
+  const bool mine = s == nullptr || s->resp.timelines();  // (unregistered: fails below)
+  std::string message = mine ? "T" : "-";
+  if (c.rank() == 0) {
+    absl::StrAppend(&message, absl::Hex(client_internal::RandomInstance(), absl::kZeroPad16));
   }
-  const std::string timeline = drawn[0];
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> drawn, c.AllGather(message));
+  std::string timeline;
+  if (!drawn.empty() && drawn[0].size() > 1 &&
+      std::all_of(drawn.begin(), drawn.end(),
+                  [](const std::string& m) { return !m.empty() && m[0] == 'T'; })) {
+    timeline = drawn[0].substr(1);
+  }
 
   // 1. The step: the newest every rank can restore.
   int64_t target = options.step;
@@ -249,7 +255,7 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   for (int round = 0;; ++round) {
     alone.step = target;
     absl::StatusOr<std::unique_ptr<PendingRestore>> fetched =
-        impl_->FetchRestoreCopyingEarly(alone, stream, timeline);
+        impl_->FetchRestoreCopyingEarly(alone, stream);
     const bool none = absl::IsNotFound(fetched.status());
     std::string message = none ? "N" : ErrorMessage(fetched.status());
     if (fetched.ok()) message = absl::StrCat("S", (*fetched)->result.step);
@@ -276,6 +282,7 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   // 3. Into the tensors, then every piece a rank did not restore, from the
   // lowest rank that did.
   const std::vector<TensorRef> refs = pending->refs;
+  pending->adopt_timeline = timeline;
   absl::StatusOr<RestoreResult> result = impl_->CopyOut(*pending, stream);
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> copied,
                        c.AllGather(ErrorMessage(result.status())));

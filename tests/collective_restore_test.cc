@@ -154,6 +154,29 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   const std::set<std::string> after = timelines(10);
   REQUIRE(after.size() == 1);
   CHECK_FALSE(after.begin()->empty());
+
+  // Restarted, each rank restoring alone: from its previous trainer's
+  // snapshot in memory (its timeline with it), then, after zccd restarted
+  // too, from disk (the step's timeline): the steps they write go on in it
+  // and commit.
+  auto alone = [&](const std::string& name, const std::string& expect_step) {
+    std::vector<std::unique_ptr<Subprocess>> ranks;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      ranks.push_back(StartTrainer(daemon, dir, absl::StrCat(name, rank),
+                                   Flags(rank, {"--mode=resume", "--steps=5", "--block"})));
+    }
+    for (auto& t : ranks) {
+      INFO(t->Output() << daemon.Log());
+      REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+      CHECK(t->Values()["restored_step"] == expect_step);
+    }
+  };
+  alone("mem", "10");
+  CHECK(timelines(15) == after);
+  REQUIRE(daemon.Stop() == 0);
+  REQUIRE(daemon.Start());
+  alone("disk", "15");
+  CHECK(timelines(20) == after);
   REQUIRE(daemon.Stop() == 0);
 }
 

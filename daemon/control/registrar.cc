@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -348,9 +349,7 @@ RankSessionOptions SessionOptions(const v1::RegisterRequest& req, const Caller& 
   options.fs_owner = job.options().owner;
   options.io.storage = d.shard_storage;
   options.write_pool = d.write_pool;
-  // The client's (it registers again), else that of the run's ranks here
-  // (a trainer of the run restarted alone).
-  options.timeline = !req.timeline().empty() ? req.timeline() : job.TimelineOf(req.run_id());
+  options.timeline = req.timeline();  // (the client's: it registers again)
   if (d.replicate) {
     // Every replicate_every-th step, or each step the job checkpoints.
     const uint32_t every = d.config->peer.replicate_every;
@@ -433,6 +432,15 @@ absl::StatusOr<v1::RegisterResponse> Registrar::Register(
   const std::shared_ptr<Job>& job = admission.job();
   Job* job_ptr = job.get();  // outlives the session's thread: see Job::~Job
   RankSessionOptions options = SessionOptions(req, caller, plan, generation, *job, d_);
+  // Else the timeline of the previous trainer of the rank and run whose
+  // snapshots this one adopts (it was restarted alone).
+  const std::shared_ptr<RankSession>& previous = staging.inheritance.predecessor;
+  if (options.timeline.empty() && previous != nullptr &&
+      previous->shards().run_id == plan.shards.run_id) {
+    options.timeline = previous->Timeline(std::numeric_limits<int64_t>::max());
+  }
+  resp.set_timeline(options.timeline);
+  resp.set_timelines(true);
   options.on_trained_on = [job_ptr, rank = req.rank()](int64_t restored, int64_t step,
                                                         bool from_disk) {
     job_ptr->OnTrainedOn(rank, restored, step, from_disk);
@@ -586,7 +594,10 @@ absl::Status Registrar::RetirePredecessors(const v1::RegisterRequest& req,
            s.options().client_instance == req.client_instance() &&
            s.options().pid == caller.pid;
   };
-  // (A caller without a deadline: client_timeout.)
+  // A caller that can go away waits on the reaper's retirement until its
+  // answer is due (or it went away), at most kMaxRetireWait from the
+  // retirement's start; one that cannot (a test's direct call) has the
+  // retirement run here, at most client_timeout for one already under way.
   std::optional<Housekeeper::RetireCaller> retire_caller;
   if (wait.gone != nullptr || wait.answer_by != absl::InfiniteFuture()) {
     retire_caller = Housekeeper::RetireCaller{wait.answer_by, wait.gone};

@@ -317,7 +317,6 @@ absl::Status Registry::Unregister(const v1::UnregisterRequest& req, const Caller
 absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& req,
                                                       const Caller& caller,
                                                       const CallerWait& wait) {
-  ZCC_RETURN_IF_ERROR(ValidateRunTag(req.timeline(), "timeline"));
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
   ZCC_RETURN_IF_ERROR(session->restore_buffers().CheckRoom());
@@ -336,9 +335,10 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
       return absl::InternalError(absl::StrCat("the restore of step ", resp->step(),
                                               " did not say which tier it came from"));
     }
+    // (The step's own timeline where it was read from a directory.)
     session->NoteRestored(resp->step(), resp->source() == v1::RESTORE_SOURCE_DISK,
-                          req.timeline());
-    if (!req.timeline().empty()) job->NoteTimeline(session->shards().run_id, req.timeline());
+                          resp->has_timeline() ? std::optional<std::string>(resp->timeline())
+                                               : std::nullopt);
     resp->set_timeline(session->Timeline(resp->step() + 1));
   }
   return resp;
@@ -369,8 +369,10 @@ absl::StatusOr<v1::ReadEmaResponse> Registry::ReadEma(const v1::ReadEmaRequest& 
 }
 
 absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Caller& caller) {
+  ZCC_RETURN_IF_ERROR(ValidateRunTag(req.timeline(), "timeline"));
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
+  if (!req.timeline().empty()) session->AdoptTimeline(req.timeline());
   // (The step's pin against retention ended with its read: what the
   // client copies from is in memory. Ending it here again took away the pin
   // of another restore of the same rank and step still reading.)

@@ -300,6 +300,7 @@ void Job::DropPending(int64_t step, const std::string& why) {
     zcc::MutexLock lock(&mu_);
     if (pending_.erase(step) == 0) return;
     write_start_.erase(step);
+    mixed_.erase(step);
   }
   ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " " << why;
   storage::Storage& fs = storage::StorageOrDefault(options_.storage);
@@ -317,6 +318,7 @@ bool Job::TryCommit(int64_t step) {
     zcc::MutexLock lock(&mu_);
     if (recently_committed_.count(step) > 0 || pending_.count(step) == 0) {
       pending_.erase(step);
+      mixed_.erase(step);
       return false;
     }
     if (auto it = write_start_.find(step); it != write_start_.end()) write_began = it->second;
@@ -335,9 +337,21 @@ bool Job::TryCommit(int64_t step) {
     SetError(absl::StrCat("commit of step ", step, " failed: ", result.status().message()));
     pending_.erase(step);
     write_start_.erase(step);
+    mixed_.erase(step);
     return false;
   }
-  if (result->outcome != checkpoint::CommitOutcome::kCommitted) return false;
+  if (result->outcome != checkpoint::CommitOutcome::kCommitted) {
+    // Every rank's manifest there, of different runs or timelines: said
+    // once per step (it waits for the stale ones to be written again).
+    if (result->mixed_runs && mixed_.find(step) == mixed_.end()) {
+      ZCC_LOG(WARNING) << "job " << options_.job_id << ": step " << step << " has every rank's "
+                       << "manifest, but not all of one run and timeline (" << result->mixed
+                       << "); it waits for the stale ones to be written again";
+    }
+    if (result->mixed_runs) mixed_[step] = result->mixed;
+    return false;
+  }
+  mixed_.erase(step);
 
   const absl::Time now = absl::Now();
   const absl::Duration commit_time = now - commit_start;
@@ -527,9 +541,14 @@ void Job::ExpirePending() {
       if (options_.metrics != nullptr) {
         options_.metrics->errors(metrics::ErrorKind::kCommitTimeout).Increment();
       }
-      SetError(absl::StrCat("commit of step ", step, " timed out after ",
-                            absl::FormatDuration(options_.commit_timeout),
-                            " waiting for other ranks' manifests; it will be removed"));
+      auto mixed = mixed_.find(step);
+      SetError(absl::StrCat(
+          "commit of step ", step, " timed out after ", absl::FormatDuration(options_.commit_timeout),
+          mixed == mixed_.end()
+              ? std::string(" waiting for other ranks' manifests")
+              : absl::StrCat(" with every rank's manifest there, but not all of one run and "
+                             "timeline (", mixed->second, ")"),
+          "; it will be removed"));
     }
   }
   for (int64_t step : expired) DropPending(step, "abandoned: commit timed out");

@@ -160,13 +160,6 @@ class Job {
   // this run's commits pass them. Returns at once (job_went_back.cc).
   void OnTrainedOn(uint32_t rank, int64_t restored, int64_t step, bool from_disk)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Run `run_id`'s ranks restored together on this node and go on in
-  // `timeline` (RestoreRequest.timeline): a trainer of that run that
-  // registers here later without naming one (restarted alone) starts in it
-  // (TimelineOf). Only the newest run's is kept.
-  void NoteTimeline(const std::string& run_id, const std::string& timeline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  std::string TimelineOf(const std::string& run_id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `commit` (of a step written by something other than the committer:
   // a recovery from the peer tier) in turn with the committer's commits and
   // retention, which then neither commit nor move `latest` meanwhile.
@@ -285,9 +278,9 @@ class Job {
   // directory (-1: none, or a later restore from memory of an older step):
   // see checkpoint::WithoutTakenUp.
   int64_t went_on_from_disk_ ABSL_GUARDED_BY(mu_) = -1;
-  // NoteTimeline's run and timeline.
-  std::string timeline_run_ ABSL_GUARDED_BY(mu_);
-  std::string timeline_ ABSL_GUARDED_BY(mu_);
+  // Pending steps whose manifests are all there but of different runs or
+  // timelines: which ranks name which (checkpoint::CommitResult::mixed).
+  std::map<int64_t, std::string> mixed_ ABSL_GUARDED_BY(mu_);
   // A going back GoBack could not do yet: rank 0 was not registered here.
   GoingBack unapplied_back_ ABSL_GUARDED_BY(mu_);
   bool stop_committer_ ABSL_GUARDED_BY(mu_) = false;

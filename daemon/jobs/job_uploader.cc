@@ -466,8 +466,9 @@ void JobUploader::UploadNode(int64_t step, absl::Time write_began) {
                   << " bytes=" << sent->stats.bytes << " seconds=" << sent->stats.seconds
                   << " to " << options_.upload_dir << " (this node's ranks; "
                   << (sent->committed    ? std::string("committed there")
-                      : sent->mixed_runs ? std::string("every rank's part there, but not all of "
-                                                       "this run: waiting for the rest of it")
+                      : sent->mixed_runs ? absl::StrCat("every rank's part there, but not all "
+                                                        "of one run and timeline (", sent->mixed,
+                                                        "): waiting for the rest of it")
                                          : absl::StrCat(sent->manifests_present, " of ",
                                                         options_.world_size,
                                                         " ranks there, the last node commits"))

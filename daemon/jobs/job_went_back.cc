@@ -38,17 +38,6 @@ void Job::OnTrainedOn(uint32_t rank, int64_t restored, int64_t step, bool from_d
   ++asked_;
 }
 
-void Job::NoteTimeline(const std::string& run_id, const std::string& timeline) {
-  zcc::MutexLock lock(&mu_);
-  timeline_run_ = run_id;
-  timeline_ = timeline;
-}
-
-std::string Job::TimelineOf(const std::string& run_id) const {
-  zcc::MutexLock lock(&mu_);
-  return run_id == timeline_run_ ? timeline_ : std::string();
-}
-
 void Job::GoBack(const GoingBack& back) {
   // The peer tier first: it holds steps newer than everything written.
   if (options_.on_went_on) options_.on_went_on(back.restored, back.at);

@@ -330,11 +330,17 @@ WriteJob RankSession::MakeWriteJob(const shm::ReadySlot& slot, bool on_failure, 
 
 std::string RankSession::TimelineOf(const shm::ReadySlot& slot) const {
   // (As for the restores above: published after the last restore, of a
-  // later step than it.)
+  // later step than it; read with the timelines, which NoteRestored sets
+  // with them.)
+  zcc::MutexLock lock(&timeline_mu_);
   const bool after = slot.seq >= restored_seq_.load(std::memory_order_acquire) &&
                      slot.step > last_restored_.load(std::memory_order_relaxed);
-  zcc::MutexLock lock(&timeline_mu_);
   return after ? timeline_after_ : timeline_before_;
+}
+
+void RankSession::AdoptTimeline(const std::string& timeline) {
+  zcc::MutexLock lock(&timeline_mu_);
+  timeline_after_ = timeline;
 }
 
 std::string RankSession::Timeline(int64_t step) const {
@@ -415,22 +421,23 @@ std::optional<int64_t> RankSession::PersistNewestOnFailure() {
   return writer_.last_persisted_step() == slot->step ? slot->step : std::optional<int64_t>();
 }
 
-void RankSession::NoteRestored(int64_t step, bool from_disk, const std::string& timeline) {
+void RankSession::NoteRestored(int64_t step, bool from_disk,
+                               const std::optional<std::string>& step_timeline) {
   {
+    zcc::MutexLock lock(&timeline_mu_);
     // The trainer went on from the last restore (or none came before): the
     // snapshots published before this one are of the timeline it went on
     // in; else of the one before it.
-    zcc::MutexLock lock(&timeline_mu_);
     if (restored_step_.load(std::memory_order_acquire) < 0) timeline_before_ = timeline_after_;
-    timeline_after_ = timeline.empty() ? timeline_before_ : timeline;
+    if (step_timeline.has_value()) timeline_after_ = *step_timeline;
+    last_restored_.store(step, std::memory_order_relaxed);
+    // What the trainer publishes from now on is of the restored state; what
+    // it published before (numbered below this; the client publishes what it
+    // took before it asks for a restore) is not.
+    restored_seq_.store(slots_.control()->next_seq.load(std::memory_order_acquire),
+                        std::memory_order_release);
   }
-  last_restored_.store(step, std::memory_order_relaxed);
   restored_from_disk_.store(from_disk ? step : -1);
-  // What the trainer publishes from now on is of the restored state; what
-  // it published before (numbered below this; the client publishes what it
-  // took before it asks for a restore) is not.
-  restored_seq_.store(slots_.control()->next_seq.load(std::memory_order_acquire),
-                      std::memory_order_release);
   restores_.fetch_add(1, std::memory_order_release);
   // A snapshot ingested before, of a later step, is no longer the trainer's
   // state (one of the restored step still is; one ingested from now on sees

@@ -182,11 +182,17 @@ class RankSession {
   // A restore served `step` to this rank's trainer (read from a directory
   // when `from_disk`): its first snapshot of a later step tells
   // options().on_trained_on. Its snapshots of later steps from now on
-  // belong to `timeline` (RestoreRequest.timeline; empty: the one they
-  // belonged to).
-  void NoteRestored(int64_t step, bool from_disk = false, const std::string& timeline = "");
-  // The timeline a snapshot of `step` published now belongs to (the one
-  // the trainer goes on in, once it restored together with the others).
+  // belong to `step_timeline` where given (the timeline of the step read
+  // from a directory: a rank restoring alone goes on in it), else to the
+  // one they belonged to.
+  void NoteRestored(int64_t step, bool from_disk = false,
+                    const std::optional<std::string>& step_timeline = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(timeline_mu_);
+  // The ranks restored together and every one has the step: its snapshots of
+  // later steps belong to `timeline` (RestoreDoneRequest.timeline).
+  void AdoptTimeline(const std::string& timeline) ABSL_LOCKS_EXCLUDED(timeline_mu_);
+  // The timeline a snapshot of `step` published now belongs to (INT64_MAX:
+  // the one the trainer goes on in).
   std::string Timeline(int64_t step) const ABSL_LOCKS_EXCLUDED(timeline_mu_);
 
   // Writes `held` (an intact snapshot of this stopped session, as

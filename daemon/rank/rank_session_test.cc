@@ -738,8 +738,8 @@ TEST_CASE("a write of a step the trainer went back from is given up: no manifest
   CHECK(PathExists(JoinPath(JoinPath(job_dir, "step-00000010.partial"), "r00000.manifest.json")));
 }
 
-TEST_CASE("the steps a trainer writes after a restore together with the other ranks name its "
-          "timeline; a restore alone keeps the one it was on") {
+TEST_CASE("the steps a trainer writes after a restore together with the other ranks name the "
+          "timeline they adopted; one restoring alone goes on in its step's") {
   const std::string root = testing::TempDir();
   const std::string job_dir = JoinPath(root, "job");
   TestRank rank(root, /*save_every=*/5, storage::DefaultStorage());
@@ -757,9 +757,12 @@ TEST_CASE("the steps a trainer writes after a restore together with the other ra
   for (int64_t step = 1; step <= 5; ++step) REQUIRE(rank.Snapshot(step));
   REQUIRE(rank.AwaitPersisted(1, absl::Seconds(10)));
   CHECK(timeline_of(5).empty());
-  // Back to step 3 with the other ranks: from step 4 on, timeline "b"
-  // (step 5, written again, too).
-  rank.session().NoteRestored(3, /*from_disk=*/true, "b");
+  // Back to step 3 (read from disk, of no timeline) together with the
+  // other ranks, who all have it: from step 4 on, timeline "b" (step 5,
+  // written again, too).
+  rank.session().NoteRestored(3, /*from_disk=*/true, std::string());
+  CHECK(rank.session().Timeline(4).empty());
+  rank.session().AdoptTimeline("b");
   CHECK(rank.session().Timeline(3).empty());
   CHECK(rank.session().Timeline(4) == "b");
   for (int64_t step = 4; step <= 10; ++step) REQUIRE(rank.Snapshot(step));
@@ -767,19 +770,29 @@ TEST_CASE("the steps a trainer writes after a restore together with the other ra
   CHECK(rank.persisted() == std::vector<int64_t>{5, 5, 10});
   CHECK(timeline_of(5) == "b");
   CHECK(timeline_of(10) == "b");
-  // Restored alone (no timeline named): still "b".
+  // Restored alone from memory: still "b".
   rank.session().NoteRestored(8);
   for (int64_t step = 9; step <= 15; ++step) REQUIRE(rank.Snapshot(step));
   REQUIRE(rank.AwaitPersisted(5, absl::Seconds(10)));
   CHECK(timeline_of(15) == "b");
+  // Restored alone from disk, a step of timeline "x": on in "x".
+  rank.session().NoteRestored(12, /*from_disk=*/true, std::string("x"));
+  CHECK(rank.session().Timeline(12) == "b");
+  CHECK(rank.session().Timeline(13) == "x");
+  for (int64_t step = 13; step <= 15; ++step) REQUIRE(rank.Snapshot(step));
+  REQUIRE(rank.AwaitPersisted(6, absl::Seconds(10)));
+  CHECK(timeline_of(15) == "x");
   // Two restores together, the first not trained on: the snapshots before
-  // them stay of "b", those after are of the last one's "d".
-  rank.session().NoteRestored(14, false, "c");
-  rank.session().NoteRestored(13, false, "d");
-  CHECK(rank.session().Timeline(13) == "b");
+  // them stay of "x", those after are of the last one's "d".
+  rank.session().NoteRestored(14);
+  rank.session().AdoptTimeline("c");
+  rank.session().NoteRestored(13);
+  CHECK(rank.session().Timeline(14) == "c");
+  rank.session().AdoptTimeline("d");
+  CHECK(rank.session().Timeline(13) == "x");
   CHECK(rank.session().Timeline(14) == "d");
   for (int64_t step = 14; step <= 20; ++step) REQUIRE(rank.Snapshot(step));
-  REQUIRE(rank.AwaitPersisted(7, absl::Seconds(10)));
+  REQUIRE(rank.AwaitPersisted(8, absl::Seconds(10)));
   CHECK(timeline_of(15) == "d");
   CHECK(timeline_of(20) == "d");
 }
