@@ -177,7 +177,8 @@ struct PendingRestore {
   RestoreResult result;
   std::function<absl::Status()> release;  // RestoreDone; run once
   // The timeline the rank adopts with RestoreDone (RestoreDoneRequest's:
-  // the ranks restored this step together; empty: none).
+  // the ranks restored this step together and every one has it; empty:
+  // none).
   std::string adopt_timeline;
   // Per registered tensor: copied from this very read while it went on
   // (RestoreOptions::early_copy); CopyOut leaves them out.
@@ -302,9 +303,11 @@ struct Client::Impl {
   // of the trainer's tensors done); DeadlineExceeded after restore_timeout.
   absl::Status AwaitSnapshotsPublishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Copies a fetched restore into the tensors (on `stream`) and releases its
-  // buffer; returns what was restored.
+  // buffer (unless `release` is false: the caller does, with
+  // pending.Release()); returns what was restored.
   // Leaves out the tensors pending.copied_early names.
-  absl::StatusOr<RestoreResult> CopyOut(PendingRestore& pending, void* stream);
+  absl::StatusOr<RestoreResult> CopyOut(PendingRestore& pending, void* stream,
+                                        bool release = true);
   // FetchRestore, with the tensors options.early_copy marks copied out as
   // zccd checks them (early_copy.h); those that need no copy from the reply
   // are named in the result's copied_early.

@@ -209,7 +209,8 @@ absl::StatusOr<std::unique_ptr<PendingRestore>> Client::Impl::FetchRestore(
   return pending;
 }
 
-absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, void* stream) {
+absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, void* stream,
+                                                    bool release) {
   const Session& s = *pending.session;
   const v1::RestoreResponse& resp = pending.resp;
   const bool own_segment = !pending.buffer.has_value();
@@ -235,15 +236,9 @@ absl::StatusOr<RestoreResult> Client::Impl::CopyOut(PendingRestore& pending, voi
       if (copied.ok()) copied = unpinned;
     }
   }
-  // (A rank whose copy failed adopts no timeline: the restore fails.)
-  if (!copied.ok()) pending.adopt_timeline.clear();
-  const absl::Status released = pending.Release();
+  const absl::Status released = release ? pending.Release() : absl::OkStatus();
   ZCC_RETURN_IF_ERROR(copied);
   ZCC_RETURN_IF_ERROR(released);
-  if (!pending.adopt_timeline.empty()) {
-    zcc::MutexLock lock(&mu);
-    timeline = pending.adopt_timeline;
-  }
   return std::move(pending.result);
 }
 

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/client_impl.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "format/dtype.h"
@@ -282,8 +283,8 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   // 3. Into the tensors, then every piece a rank did not restore, from the
   // lowest rank that did.
   const std::vector<TensorRef> refs = pending->refs;
-  pending->adopt_timeline = timeline;
-  absl::StatusOr<RestoreResult> result = impl_->CopyOut(*pending, stream);
+  // (The buffer is released below, once every rank holds the whole step.)
+  absl::StatusOr<RestoreResult> result = impl_->CopyOut(*pending, stream, /*release=*/false);
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> copied,
                        c.AllGather(ErrorMessage(result.status())));
   ZCC_RETURN_IF_ERROR(FirstError(copied, result.status(),
@@ -292,6 +293,20 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
     return absl::InternalError("restore result does not match the registration");
   }
   ZCC_RETURN_IF_ERROR(ShareMissingPieces(c, refs, &*result, stream));
+  // 4. Every rank holds the step: the run goes on in the timeline drawn
+  // (RestoreDoneRequest.timeline). A rank whose zccd could not be told (it
+  // went away) still names it when it registers again, as its client
+  // records it here, so the ranks stay on one timeline.
+  pending->adopt_timeline = timeline;
+  if (absl::Status released = pending->Release(); !released.ok()) {
+    ZCC_LOG(WARNING) << "zcc client: the restore of step " << target << " is done on every rank, "
+                     << "but zccd could not be told (" << released << "); its buffer is freed "
+                     << "when this client goes";
+  }
+  if (!timeline.empty()) {
+    zcc::MutexLock lock(&impl_->mu);
+    impl_->timeline = timeline;
+  }
   return result;
 }
 

@@ -114,7 +114,22 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   const std::string dir = ShortTempDir("it-coll-tl");
   Daemon daemon(dir);
   REQUIRE(daemon.Start());
-  TrainTenSteps(daemon, dir);
+  // Tensor-parallel only: every rank writes all it holds, so a rank that
+  // restores alone can restore from memory too.
+  auto flags = [](int rank, std::vector<std::string> more) {
+    std::vector<std::string> f = {absl::StrCat("--rank=", rank), absl::StrCat("--world=", kWorld),
+                                  "--topology=dp1.tp4.ep1", "--kib=64"};
+    f.insert(f.end(), more.begin(), more.end());
+    return f;
+  };
+  {
+    std::vector<std::unique_ptr<Subprocess>> trainers;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      trainers.push_back(StartTrainer(daemon, dir, absl::StrCat("train", rank),
+                                      flags(rank, {"--steps=10", "--block"})));
+    }
+    for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+  }
   // The timeline each rank's manifest of a committed step names.
   auto timelines = [&](int64_t step) {
     std::set<std::string> seen;
@@ -142,7 +157,7 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   for (int rank = 0; rank < kWorld; ++rank) {
     trainers.push_back(StartTrainer(
         daemon, dir, absl::StrCat("back", rank),
-        Flags(rank, {"--mode=resume", "--restore_step=5", "--steps=5", "--block",
+        flags(rank, {"--mode=resume", "--restore_step=5", "--steps=5", "--block",
                      "--collective=" + address})));
   }
   for (auto& t : trainers) {
@@ -155,27 +170,30 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   REQUIRE(after.size() == 1);
   CHECK_FALSE(after.begin()->empty());
 
-  // Restarted, each rank restoring alone: from its previous trainer's
-  // snapshot in memory (its timeline with it), then, after zccd restarted
-  // too, from disk (the step's timeline): the steps they write go on in it
-  // and commit.
-  auto alone = [&](const std::string& name, const std::string& expect_step) {
+  // Restarted as a new run (another run id), each rank restoring alone:
+  // from its previous trainer's snapshot in memory (the snapshot's
+  // timeline with it), then, after zccd restarted too, from disk (the
+  // step's): the steps they write go on in it and commit.
+  auto alone = [&](const std::string& name, const std::string& expect_step,
+                   const std::string& expect_from) {
     std::vector<std::unique_ptr<Subprocess>> ranks;
     for (int rank = 0; rank < kWorld; ++rank) {
-      ranks.push_back(StartTrainer(daemon, dir, absl::StrCat(name, rank),
-                                   Flags(rank, {"--mode=resume", "--steps=5", "--block"})));
+      ranks.push_back(StartTrainer(
+          daemon, dir, absl::StrCat(name, rank),
+          flags(rank, {"--mode=resume", "--steps=5", "--block", "--run_id=run-" + name})));
     }
     for (auto& t : ranks) {
       INFO(t->Output() << daemon.Log());
       REQUIRE(t->Wait(absl::Seconds(90)) == 0);
       CHECK(t->Values()["restored_step"] == expect_step);
+      CHECK(t->Values()["restored_from"] == expect_from);
     }
   };
-  alone("mem", "10");
+  alone("mem", "10", "memory");
   CHECK(timelines(15) == after);
   REQUIRE(daemon.Stop() == 0);
   REQUIRE(daemon.Start());
-  alone("disk", "15");
+  alone("disk", "15", "disk");
   CHECK(timelines(20) == after);
   REQUIRE(daemon.Stop() == 0);
 }

@@ -335,7 +335,8 @@ int main(int argc, char** argv) {
     if (!restored.ok()) return Fail("restore", restored.status());
     const int64_t* step = &restored->step;
     if (device) FromDevice(model);
-    std::printf("restored_step=%" PRId64 "\n", *step);
+    std::printf("restored_step=%" PRId64 " restored_from=%s\n", *step,
+                restored->from_memory ? "memory" : "disk");
     start = static_cast<int>(*step) + 1;
   }
   if (absl::GetFlag(FLAGS_pause_before_train)) {

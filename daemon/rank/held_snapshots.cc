@@ -28,9 +28,15 @@ std::vector<int64_t> HeldSnapshots::Steps() const {
 }
 
 std::optional<uint32_t> HeldSnapshots::Slot(int64_t step) const {
+  std::optional<SlotSnapshot> found = Find(step);
+  if (!found.has_value()) return std::nullopt;
+  return found->slot;
+}
+
+std::optional<SlotSnapshot> HeldSnapshots::Find(int64_t step) const {
   zcc::MutexLock lock(&mu_);
   for (const SlotSnapshot& s : held_) {
-    if (s.step == step) return s.slot;
+    if (s.step == step) return s;
   }
   return std::nullopt;
 }

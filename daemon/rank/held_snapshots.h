@@ -42,6 +42,8 @@ class HeldSnapshots {
   std::vector<int64_t> Steps() const ABSL_LOCKS_EXCLUDED(mu_);
   // The slot holding `step`, if it is held.
   std::optional<uint32_t> Slot(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The held snapshot of `step`, if any.
+  std::optional<SlotSnapshot> Find(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
   // The previous session, for its EMA, the first time only (nullptr after:
   // taking the EMA twice would give it back; also once a successor that
   // inherited these snapshots took it over). FailedPrecondition when none

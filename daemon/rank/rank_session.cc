@@ -521,9 +521,9 @@ std::vector<int64_t> RankSession::MemorySteps() const {
   return held_.Steps();
 }
 
-std::optional<uint32_t> RankSession::HeldSlot(int64_t step) const {
+std::optional<SlotSnapshot> RankSession::Held(int64_t step) const {
   if (SegmentCut()) return std::nullopt;
-  return held_.Slot(step);
+  return held_.Find(step);
 }
 
 Inheritance RankSession::SkipEmptyPredecessors(Inheritance inherited) {
@@ -569,8 +569,11 @@ std::vector<SlotSnapshot> RankSession::IntactSnapshots() const {
   // A segment cut short holds zeros (its control block too: read as free
   // slots of step 0): nothing in it is a snapshot.
   if (SegmentCut()) return {};
-  std::vector<SlotSnapshot> intact = held_.List();
-  for (const SlotSnapshot& s : slots_.IntactFree()) intact.push_back(s);
+  std::vector<SlotSnapshot> intact = held_.List();  // (their timelines with them)
+  for (SlotSnapshot s : slots_.IntactFree()) {
+    s.timeline = Timeline(s.step);
+    intact.push_back(std::move(s));
+  }
   std::sort(intact.begin(), intact.end(),
             [](const SlotSnapshot& a, const SlotSnapshot& b) { return a.step > b.step; });
   // One snapshot per step, or none: two of one step would be two timelines,

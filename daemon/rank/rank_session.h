@@ -262,8 +262,9 @@ class RankSession {
   // ---- restore from memory ----
   // Steps of the snapshots held from the previous trainer, newest first.
   std::vector<int64_t> MemorySteps() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The slot holding `step` from the previous trainer, if it is held.
-  std::optional<uint32_t> HeldSlot(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The snapshot of `step` held from the previous trainer (its slot and
+  // timeline), if it is held.
+  std::optional<SlotSnapshot> Held(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
   // Gives this session the EMA that goes with the held snapshots (the
   // previous trainer's, or, where that one ended before it snapshotted or
   // restored, the one before it: SkipEmptyPredecessors), for a restore of

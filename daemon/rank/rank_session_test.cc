@@ -374,9 +374,9 @@ TEST_CASE("a successor adopts the dead trainer's intact snapshots and its EMA, o
   CHECK(rank.RestartAdopting(/*hold=*/1) == std::vector<int64_t>{5});
   RankSession& session = rank.session();
   CHECK(session.MemorySteps() == std::vector<int64_t>{5});
-  REQUIRE(session.HeldSlot(5).has_value());
-  CHECK_FALSE(session.HeldSlot(4).has_value());
-  const uint8_t* slot = session.slots().data(*session.HeldSlot(5));
+  REQUIRE(session.Held(5).has_value());
+  CHECK_FALSE(session.Held(4).has_value());
+  const uint8_t* slot = session.slots().data(session.Held(5)->slot);
   for (int t = 0; t < kTensors; ++t) {
     INFO("tensor " << t);
     const float* f = reinterpret_cast<const float*>(slot + session.registered()[t].slot_offset);
@@ -561,7 +561,7 @@ TEST_CASE("a step replayed after a restart is served from the new snapshot, neve
   // It dies: the successor holds step 5 once, with the replayed values.
   CHECK(rank.RestartAdopting(1) == std::vector<int64_t>{5});
   const RankSession& next = rank.session();
-  const uint8_t* slot = next.slots().data(*next.HeldSlot(5));
+  const uint8_t* slot = next.slots().data(next.Held(5)->slot);
   const float* f = reinterpret_cast<const float*>(slot + next.registered()[0].slot_offset);
   CHECK(f[3] == Value(0, 5, 3) + 1000);
 }

@@ -34,6 +34,10 @@ namespace zcc::daemon {
 struct SlotSnapshot {
   uint32_t slot = 0;
   int64_t step = -1;
+  // The timeline it belongs to (format::RankManifest::timeline), recorded
+  // when it is passed on (RankSession::IntactSnapshots): a rank that
+  // restores it alone goes on in it.
+  std::string timeline;
 };
 
 class StagingSlots {

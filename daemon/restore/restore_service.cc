@@ -152,7 +152,9 @@ absl::StatusOr<v1::RestoreCandidatesResponse> RestoreService::Candidates(Job& jo
 
 v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
                                                       const v1::RestoreRequest& req,
-                                                      uint32_t slot, int64_t step) {
+                                                      const SlotSnapshot& held) {
+  const uint32_t slot = held.slot;
+  const int64_t step = held.step;
   // The EMA goes with the snapshot: the previous trainer's, as of its death.
   if (absl::Status st = session.TakePredecessorEma(step); !st.ok()) {
     ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": " << st.message();
@@ -161,6 +163,8 @@ v1::RestoreResponse RestoreService::RestoreFromMemory(RankSession& session,
   v1::RestoreResponse resp;
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_MEMORY);
+  // (A rank restoring it alone goes on in the timeline it belongs to.)
+  resp.set_timeline(held.timeline);
   if (const std::optional<int64_t> ema = session.ema_step(); ema.has_value()) {
     resp.set_ema_step(*ema);
   }
@@ -198,9 +202,7 @@ std::optional<SlotSnapshot> RestoreService::ServedFromMemory(Job& job, RankSessi
     if (in_memory.front() >= newest_disk) want = in_memory.front();
   }
   if (want < 0) return std::nullopt;
-  std::optional<uint32_t> slot = session.HeldSlot(want);
-  if (!slot.has_value()) return std::nullopt;
-  return SlotSnapshot{*slot, want};
+  return session.Held(want);
 }
 
 absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
@@ -215,7 +217,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::Restore(
   // its slot freed, before anything else is read.
   std::unique_ptr<RestorePrefetch> prefetch = session.TakePrefetch();
   if (std::optional<SlotSnapshot> held = ServedFromMemory(job, session, req)) {
-    return RestoreFromMemory(session, req, held->slot, held->step);
+    return RestoreFromMemory(session, req, *held);
   }
   // Each rejected step once, in the order found (a step rejected in one
   // round is rejected again, from the cache, in the next).

@@ -96,9 +96,9 @@ class RestoreService {
   // owner's identity).
   std::optional<SlotSnapshot> ServedFromMemory(Job& job, RankSession& session,
                                                const v1::RestoreRequest& req);
-  // Serves `step` from the snapshot in the session's staging slot `slot`.
+  // Serves the snapshot `held` in the session's staging slot.
   v1::RestoreResponse RestoreFromMemory(RankSession& session, const v1::RestoreRequest& req,
-                                        uint32_t slot, int64_t step);
+                                        const SlotSnapshot& held);
   // Reads committed step `step` (already chosen) for the session's rank into
   // a staging slot or a new restore buffer, or takes over `ahead`'s read of
   // it (may be null), and restores the rank's EMA from it. The caller keeps
