@@ -372,12 +372,12 @@ absl::Status Registry::RestoreDone(const v1::RestoreDoneRequest& req, const Call
   ZCC_RETURN_IF_ERROR(ValidateRunTag(req.timeline(), "timeline"));
   ZCC_ASSIGN_OR_RETURN(auto found, FindSession(req.job_id(), req.rank(), req.generation(), caller));
   auto& [job, session] = found;
-  // (The step's pin against retention ended with its read: what the
-  // client copies from is in memory. Ending it here again took away the pin
-  // of another restore of the same rank and step still reading.)
   // Every rank holds the step (the client records the timeline whatever
   // the answer, so the session adopts it whatever becomes of the buffer).
   if (!req.timeline().empty()) session->AdoptTimeline(req.timeline());
+  // (The step's pin against retention ended with its read: what the
+  // client copies from is in memory. Ending it here again took away the pin
+  // of another restore of the same rank and step still reading.)
   return session->restore_buffers().Remove(req.restore_id()).status();
 }
 
