@@ -175,8 +175,10 @@ bool Housekeeper::RetireNow(const std::shared_ptr<Job>& job,
   const absl::Duration look_for_gone =
       caller->gone != nullptr ? absl::Seconds(1) : absl::InfiniteDuration();
   bool told = false;
-  while (!job->AwaitRankGone(rank, session.get(),
-                             std::min({deadline, caller->answer_by, absl::Now() + look_for_gone}))) {
+  auto next_wake = [&] {
+    return std::min({deadline, caller->answer_by, absl::Now() + look_for_gone});
+  };
+  while (!job->AwaitRankGone(rank, session.get(), next_wake())) {
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       ZCC_LOG(WARNING) << "job " << job->options().job_id << " rank " << rank

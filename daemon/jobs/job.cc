@@ -543,7 +543,8 @@ void Job::ExpirePending() {
       }
       auto mixed = mixed_.find(step);
       SetError(absl::StrCat(
-          "commit of step ", step, " timed out after ", absl::FormatDuration(options_.commit_timeout),
+          "commit of step ", step, " timed out after ",
+          absl::FormatDuration(options_.commit_timeout),
           mixed == mixed_.end()
               ? std::string(" waiting for other ranks' manifests")
               : absl::StrCat(" with every rank's manifest there, but not all of one run and "
