@@ -183,6 +183,10 @@ TEST_CASE("a step commits only from manifests of one timeline: a rank's manifest
   REQUIRE_OK(done);
   CHECK(done->outcome == CommitOutcome::kCommitted);
   const std::string step_dir = JoinPath(root, "step-00000020");
+  // The step's index says it too (what a restore reads the step by).
+  auto index = LoadStepIndex(step_dir);
+  REQUIRE_OK(index);
+  CHECK(index->timeline == "went-on-from-10");
   for (FakeRank& r : ranks) {
     std::vector<uint8_t> back;
     REQUIRE_OK(ReadRankTensors(step_dir, r.shards.rank, r.Targets(&back)));

@@ -118,6 +118,7 @@ format::StepIndex BuildStepIndex(std::vector<format::RankManifest> manifests) {
     index.job_id = manifests.front().job_id;
     index.step = manifests.front().step;
     index.world_size = manifests.front().world_size;
+    index.timeline = manifests.front().timeline;  // (every rank's: the commit checked)
   }
   // The EMA's step: every rank's that has EMA pieces (a rank whose trainer
   // skipped the snapshot of an EMA step holds an older one: the oldest is

@@ -156,17 +156,6 @@ absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_di
   return record;
 }
 
-absl::StatusOr<std::string> ReadStepTimeline(const std::string& step_dir, storage::Storage* fs) {
-  const std::string path = JoinPath(step_dir, format::ManifestFileName(0));
-  ZCC_ASSIGN_OR_RETURN(std::string text, storage::ReadWholeFile(storage::StorageOrDefault(fs),
-                                                                path, format::kMaxManifestBytes));
-  auto manifest = format::DecodeRankManifest(text);
-  if (!manifest.ok()) {
-    return absl::DataLossError(absl::StrCat(path, ": ", manifest.status().message()));
-  }
-  return manifest->timeline;
-}
-
 absl::Status ReadRankTensors(const std::string& step_dir, uint32_t rank,
                              const std::vector<ReadTarget>& targets) {
   return ReadRankTensors(step_dir, rank, targets, IoOptions());

@@ -85,11 +85,6 @@ absl::StatusOr<ResolvedStep> ResolveStepDir(const std::string& path,
 absl::StatusOr<format::CommitRecord> ReadCommitRecord(const std::string& step_dir,
                                                       storage::Storage* fs = nullptr);
 
-// The timeline a committed step belongs to (format::RankManifest::timeline:
-// one for all its ranks, as the commit requires), from rank 0's manifest.
-absl::StatusOr<std::string> ReadStepTimeline(const std::string& step_dir,
-                                             storage::Storage* fs = nullptr);
-
 // One tensor a restoring rank wants back.
 struct ReadTarget {
   std::string name;

@@ -318,6 +318,13 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
     }
     m.ema_step = static_cast<int64_t>(ema_step);
   }
+  // (Every rank's of a step the same: the step index has it too.)
+  if (top.Has("timeline")) {
+    ZCC_ASSIGN_OR_RETURN(m.timeline, top.String("timeline"));
+    if (m.timeline.empty() || m.timeline.size() > kMaxRunIdBytes) {
+      return top.Error("timeline", "must be 1 to 128 bytes");
+    }
+  }
   if (!index) {
     ZCC_ASSIGN_OR_RETURN(m.rank, top.Unsigned("rank", UINT32_MAX));
     if (m.rank >= m.world_size) {
@@ -328,12 +335,6 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
       ZCC_ASSIGN_OR_RETURN(m.run_id, top.String("run_id"));
       if (m.run_id.empty() || m.run_id.size() > kMaxRunIdBytes) {
         return top.Error("run_id", "must be 1 to 128 bytes");
-      }
-    }
-    if (top.Has("timeline")) {
-      ZCC_ASSIGN_OR_RETURN(m.timeline, top.String("timeline"));
-      if (m.timeline.empty() || m.timeline.size() > kMaxRunIdBytes) {
-        return top.Error("timeline", "must be 1 to 128 bytes");
       }
     }
     if (top.Has("replica_groups")) {
@@ -564,7 +565,7 @@ std::string EncodeManifestDocument(const RankManifest& manifest,
   root["world_size"] = manifest.world_size;
   if (!index) root["manifest_hash"] = Hex64(manifest.manifest_hash);
   if (!index && !manifest.run_id.empty()) root["run_id"] = manifest.run_id;
-  if (!index && !manifest.timeline.empty()) root["timeline"] = manifest.timeline;
+  if (!manifest.timeline.empty()) root["timeline"] = manifest.timeline;
   if (manifest.ema_step >= 0) root["ema_step"] = manifest.ema_step;
   if (!index && !manifest.replica_groups.empty()) {
     ordered_json groups = ordered_json::array();
@@ -635,6 +636,7 @@ std::string EncodeStepIndex(const StepIndex& index) {
   doc.step = index.step;
   doc.world_size = index.world_size;
   doc.ema_step = index.ema_step;
+  doc.timeline = index.timeline;
   doc.files = index.files;
   return EncodeManifestDocument(doc, index.pieces, /*index=*/true);
 }
@@ -653,6 +655,7 @@ absl::StatusOr<StepIndex> DecodeStepIndex(absl::string_view json, uint64_t max_b
   index.step = doc.step;
   index.world_size = doc.world_size;
   index.ema_step = doc.ema_step;
+  index.timeline = std::move(doc.timeline);
   index.files = std::move(doc.files);
   index.pieces = std::move(doc.tensors);
   return index;

@@ -131,6 +131,7 @@ struct StepIndex {
   int64_t step = 0;
   uint32_t world_size = 1;
   int64_t ema_step = -1;                // as RankManifest's: every rank's agreed
+  std::string timeline;                 // every rank's (a step commits from one only)
   std::vector<ManifestFile> files;      // file names are unique across ranks
   std::vector<ManifestTensor> pieces;
 };

@@ -142,6 +142,19 @@ TEST_CASE("a manifest names its timeline once its run went on from an older step
   REQUIRE_OK(decoded);
   CHECK(decoded->timeline == "b71c0d9e42a35f10");
   CHECK(decoded->run_id == "3f2a9c1e");
+  // A step index carries it (every rank's), not the run id.
+  StepIndex index;
+  index.job_id = m.job_id;
+  index.step = m.step;
+  index.world_size = m.world_size;
+  index.timeline = m.timeline;
+  const std::string index_text = EncodeStepIndex(index);
+  CHECK_FALSE(json::parse(index_text).contains("run_id"));
+  auto index_back = DecodeStepIndex(index_text);
+  REQUIRE_OK(index_back);
+  CHECK(index_back->timeline == "b71c0d9e42a35f10");
+  index.timeline.clear();
+  CHECK_FALSE(json::parse(EncodeStepIndex(index)).contains("timeline"));
 }
 
 TEST_CASE("a manifest and a step index say the EMA's step where it is not the step's") {

@@ -536,15 +536,9 @@ absl::StatusOr<v1::RestoreResponse> RestoreService::RestoreStep(
   }
   resp.set_step(step);
   resp.set_source(v1::RESTORE_SOURCE_DISK);
-  // The timeline the step belongs to: a rank restoring it alone goes on in
-  // it (Registry::Restore). Unknown: it stays on its own, said.
-  if (auto timeline = checkpoint::ReadStepTimeline(step_dir, read_io_.storage); timeline.ok()) {
-    resp.set_timeline(*timeline);
-  } else {
-    ZCC_LOG(WARNING) << "job " << req.job_id() << " rank " << req.rank() << ": the timeline of "
-                     << step_dir << " could not be read (" << timeline.status()
-                     << "); the rank stays on the one it was on";
-  }
+  // The timeline the step belongs to, from the index it was read by: a
+  // rank restoring it alone goes on in it (Registry::Restore).
+  resp.set_timeline((*index)->index.timeline);
   const std::vector<std::string> missing = MissingOptional(**index, session.registered());
   for (const std::string& name : missing) resp.add_missing(name);
   if (const std::optional<int64_t> ema = session.ema_step(); ema.has_value()) {
