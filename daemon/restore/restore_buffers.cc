@@ -20,7 +20,6 @@ uint64_t RestoreBuffers::Add(std::optional<shm::Segment> buffer, int64_t step,
                              std::function<void()> on_done) {
   zcc::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
-  if (buffer.has_value()) held_bytes_ += buffer->size();
   buffers_.emplace(id, Buffer{std::move(buffer), step, std::move(on_done)});
   return id;
 }
@@ -35,7 +34,6 @@ absl::StatusOr<int64_t> RestoreBuffers::Remove(uint64_t id) {
     }
     buffer = std::move(it->second);
     buffers_.erase(it);
-    if (buffer.segment.has_value()) held_bytes_ -= buffer.segment->size();
   }
   if (buffer.on_done) buffer.on_done();
   return buffer.step;
@@ -46,7 +44,6 @@ void RestoreBuffers::Clear() {
   {
     zcc::MutexLock lock(&mu_);
     buffers.swap(buffers_);
-    held_bytes_ = 0;
   }
 }
 
@@ -64,7 +61,11 @@ RestoreBuffers::Filling::~Filling() {
 
 uint64_t RestoreBuffers::bytes() const {
   zcc::MutexLock lock(&mu_);
-  return held_bytes_ + filling_bytes_;
+  uint64_t total = filling_bytes_;
+  for (const auto& [id, buffer] : buffers_) {
+    if (buffer.segment.has_value()) total += buffer.segment->size();
+  }
+  return total;
 }
 
 }  // namespace zcc::daemon

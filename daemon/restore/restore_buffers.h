@@ -70,7 +70,6 @@ class RestoreBuffers {
   mutable zcc::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Buffer> buffers_ ABSL_GUARDED_BY(mu_);
-  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t filling_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
