@@ -415,7 +415,7 @@ checkpoint::RetentionGuard Job::MakeRetentionGuard() {
   return guard;
 }
 
-std::vector<checkpoint::LeftBehindStep> Job::StepsAboveLatest() const {
+std::vector<checkpoint::LeftBehindStep> Job::StepsAboveLatest() {
   const std::vector<checkpoint::LeftBehindStep> above =
       checkpoint::LeftBehindSteps(options_.job_dir, options_.storage)
           .value_or(std::vector<checkpoint::LeftBehindStep>());
@@ -426,7 +426,14 @@ std::vector<checkpoint::LeftBehindStep> Job::StepsAboveLatest() const {
     went_on = went_on_from_disk_;
   }
   std::vector<checkpoint::LeftBehindStep> passable = checkpoint::WithoutTakenUp(above, went_on);
+  bool say = false;
   if (passable.size() < above.size()) {
+    zcc::MutexLock lock(&mu_);
+    const std::pair<int64_t, size_t> kept(went_on, above.size() - passable.size());
+    say = kept != taken_up_said_;
+    taken_up_said_ = kept;
+  }
+  if (say) {
     ZCC_LOG(INFO) << "job " << options_.job_id << ": keeps " << above.size() - passable.size()
                   << " step(s) of a run left behind up to step " << went_on
                   << ": training went on from that step, read from disk, so they are this "

@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -201,7 +202,7 @@ class Job {
   // The committed steps above `latest` that a run left behind (committed
   // before `latest` was last written), read before a commit;
   // RemovePassedSteps removes those the commit passed.
-  std::vector<checkpoint::LeftBehindStep> StepsAboveLatest() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<checkpoint::LeftBehindStep> StepsAboveLatest() ABSL_LOCKS_EXCLUDED(mu_);
   void RemovePassedSteps(const std::vector<checkpoint::LeftBehindStep>& above)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<checkpoint::RetentionResult> ApplyRetention()
@@ -278,6 +279,9 @@ class Job {
   // directory (-1: none, or a later restore from memory of an older step):
   // see checkpoint::WithoutTakenUp.
   int64_t went_on_from_disk_ ABSL_GUARDED_BY(mu_) = -1;
+  // What StepsAboveLatest last said it keeps as taken up (the step, how
+  // many): said again only when it changes, not at every commit.
+  std::pair<int64_t, size_t> taken_up_said_ ABSL_GUARDED_BY(mu_) = {-1, 0};
   // Pending steps whose manifests are all there but of different runs or
   // timelines: which ranks name which (checkpoint::CommitResult::mixed).
   std::map<int64_t, std::string> mixed_ ABSL_GUARDED_BY(mu_);
