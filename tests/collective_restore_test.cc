@@ -8,6 +8,7 @@
 // are served by zccd from one read of each piece (daemon/restore/shared_reads.h),
 // counted by its zcc_restore_bytes_read_total.
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -158,8 +159,18 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
     trainers.push_back(StartTrainer(
         daemon, dir, absl::StrCat("back", rank),
         flags(rank, {"--mode=resume", "--restore_step=5", "--steps=5", "--block",
-                     "--collective=" + address})));
+                     "--collective=" + address, "--pause_at=7"})));
   }
+  for (auto& t : trainers) {
+    INFO(t->Output());
+    REQUIRE(t->WaitForOutput("paused", absl::Seconds(90)));
+  }
+  // zccctl status names the ranks' one timeline while they train.
+  const auto [status_code, status] = Zccctl(dir, daemon, {"status"});
+  INFO(status);
+  CHECK(status_code == 0);
+  CHECK_FALSE(absl::StrContains(status, "DIFFERENT RUNS OR TIMELINES"));
+  for (auto& t : trainers) t->Signal(SIGUSR1);
   for (auto& t : trainers) {
     INFO(t->Output() << daemon.Log());
     REQUIRE(t->Wait(absl::Seconds(90)) == 0);
@@ -169,6 +180,7 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   const std::set<std::string> after = timelines(10);
   REQUIRE(after.size() == 1);
   CHECK_FALSE(after.begin()->empty());
+  CHECK(absl::StrContains(status, absl::StrCat("  run none  timeline '", *after.begin(), "'\n")));
 
   // Restarted as a new run (another run id), each rank restoring alone:
   // from its previous trainer's snapshot in memory (the snapshot's
@@ -195,6 +207,34 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   REQUIRE(daemon.Start());
   alone("disk", "15", "disk");
   CHECK(timelines(20) == after);
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("zccctl status names the ranks of a job that write on different runs, whose steps do "
+          "not commit together") {
+  const std::string dir = ShortTempDir("it-coll-runs");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  std::vector<std::unique_ptr<Subprocess>> trainers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    trainers.push_back(StartTrainer(
+        daemon, dir, absl::StrCat("train", rank),
+        {absl::StrCat("--rank=", rank), absl::StrCat("--world=", kWorld), "--kib=64",
+         "--steps=3", "--pause_at=2", rank < 2 ? "--run_id=first" : "--run_id=second"}));
+  }
+  for (auto& t : trainers) {
+    INFO(t->Output());
+    REQUIRE(t->WaitForOutput("paused", absl::Seconds(60)));
+  }
+  const auto [code, status] = Zccctl(dir, daemon, {"status"});
+  INFO(status);
+  CHECK(code == 0);
+  CHECK(absl::StrContains(status, "RANKS ON DIFFERENT RUNS OR TIMELINES (their steps do not "
+                                  "commit together):\n"
+                                  "    run 'first'  timeline none  ranks 0,1\n"
+                                  "    run 'second'  timeline none  ranks 2,3\n"));
+  for (auto& t : trainers) t->Signal(SIGKILL);
+  for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(10)).has_value());
   REQUIRE(daemon.Stop() == 0);
 }
 

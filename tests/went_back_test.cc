@@ -75,7 +75,6 @@ std::vector<std::unique_ptr<Subprocess>> PausedAfterRestore(const Daemon& daemon
   return ranks;
 }
 
-// How many times zccd's log says step `step` of job itest was committed.
 // How many times `text` is in `log`.
 size_t Count(const std::string& log, const std::string& text) {
   size_t found = 0;
@@ -85,6 +84,7 @@ size_t Count(const std::string& log, const std::string& text) {
   return found;
 }
 
+// How many times zccd's log says step `step` of job itest was committed.
 size_t Commits(const std::string& log, int64_t step) {
   return Count(log, absl::StrCat("checkpoint job=itest step=", step, " "));
 }

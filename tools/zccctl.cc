@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,6 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/default_paths.h"
 #include "proto/zcc.grpc.pb.h"
@@ -206,6 +208,29 @@ void PrintJobPeers(const zcc::v1::JobStatus& job) {
   }
 }
 
+// The run and timeline the job's ranks here write their steps in: one line
+// where they agree, a line per rank where they do not (a step commits only
+// from manifests of one run and timeline; the others' wait).
+void PrintRunsAndTimelines(const zcc::v1::JobStatus& job) {
+  std::map<std::pair<std::string, std::string>, std::vector<uint32_t>> by_pair;
+  for (const auto& r : job.ranks()) by_pair[{r.run_id(), r.timeline()}].push_back(r.rank());
+  if (by_pair.empty() || (by_pair.size() == 1 && by_pair.begin()->first.first.empty() &&
+                          by_pair.begin()->first.second.empty())) {
+    return;
+  }
+  auto name = [](const std::string& v) { return v.empty() ? std::string("none") : "'" + v + "'"; };
+  if (by_pair.size() == 1) {
+    std::printf("  run %s  timeline %s\n", name(by_pair.begin()->first.first).c_str(),
+                name(by_pair.begin()->first.second).c_str());
+    return;
+  }
+  std::printf("  RANKS ON DIFFERENT RUNS OR TIMELINES (their steps do not commit together):\n");
+  for (const auto& [pair, ranks] : by_pair) {
+    std::printf("    run %s  timeline %s  ranks %s\n", name(pair.first).c_str(),
+                name(pair.second).c_str(), absl::StrJoin(ranks, ",").c_str());
+  }
+}
+
 void PrintStatus(const zcc::v1::StatusResponse& s) {
   std::printf("%s  pid %d  up %.0fs  %d job(s)\n", s.version().c_str(), s.pid(),
               s.uptime_seconds(), s.jobs_size());
@@ -311,6 +336,7 @@ void PrintStatus(const zcc::v1::StatusResponse& s) {
                   r.rank(), static_cast<unsigned long long>(r.ema_skipped_nonfinite()),
                   static_cast<unsigned long long>(r.ema_out_of_order()));
     }
+    PrintRunsAndTimelines(job);
     if (!job.last_error().empty()) std::printf("  last error: %s\n", job.last_error().c_str());
     std::printf("  %-5s %-8s %-6s %-10s %-10s %-10s %-9s %-8s %-7s %-6s %s\n", "rank", "pid",
                 "alive", "snapshot", "ema", "persisted", "ingested", "skipped", "failed", "slots",

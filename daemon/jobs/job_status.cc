@@ -1,5 +1,6 @@
 // Job's report of itself (zccctl status, the Status RPC, metrics): the
 // job's checkpoint state, each rank's session, its memory and its uploads.
+#include <limits>
 #include <map>
 #include <memory>
 
@@ -47,6 +48,8 @@ void Job::FillStatus(v1::JobStatus* out) const {
     r->set_ema_skipped_nonfinite(c.ema_skipped_nonfinite);
     r->set_ema_out_of_order(c.ema_out_of_order);
     r->set_ema_tensors(c.ema_tensors);
+    r->set_run_id(session->shards().run_id);
+    r->set_timeline(session->Timeline(std::numeric_limits<int64_t>::max()));
     r->set_daemon_pull(c.daemon_pull);
     r->set_pulls(c.pulls.pulls);
     r->set_pull_failures(c.pulls.failed);
