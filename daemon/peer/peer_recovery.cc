@@ -6,8 +6,11 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -168,6 +171,78 @@ absl::Status PlaceRank(const std::string& job_id, uint32_t uid, const std::strin
   return absl::OkStatus();
 }
 
+// A rank's manifest of a step as some holders serve it (the same bytes).
+struct HeldManifest {
+  std::string bytes;
+  format::RankManifest decoded;
+  RankHolders holders;
+};
+
+// The plan of `step` from `manifests` (each rank's, as held): the one run and
+// timeline every rank of the world holds a manifest of, each rank's files
+// read only from the holders of that manifest. Nullopt, saying why in the
+// log, where no run and timeline is held whole, or several are (a step of a
+// run left behind held whole beside the one that went on: which is newer
+// cannot be told, and a restore must not take the step it left).
+std::optional<RecoveryPlan> PlanOfOneRun(
+    const std::string& job_id, int64_t step,
+    const std::map<uint32_t, std::vector<HeldManifest>>& manifests, const std::string& why) {
+  using RunAndTimeline = std::pair<std::string, std::string>;
+  std::map<RunAndTimeline, RecoveryPlan> plans;
+  for (const auto& [rank, held] : manifests) {
+    for (const HeldManifest& m : held) {
+      RecoveryPlan& plan = plans[{m.decoded.run_id, m.decoded.timeline}];
+      if (plan.manifests.count(rank) > 0) {
+        // (Holders' copies of one step agree byte for byte.)
+        const std::string& where = m.holders.front().first;
+        ZCC_LOG(WARNING) << "job " << job_id << ": rank " << rank << "'s manifest of step " << step
+                         << " differs between holders of the same run and timeline; the files "
+                         << (where.empty() ? std::string("held here") : "of " + where)
+                         << " are not read";
+        continue;
+      }
+      plan.step = step;
+      if (plan.manifests.empty()) plan.world = m.decoded.world_size;  // (the commit checks all)
+      plan.ranks[rank] = m.holders;
+      plan.manifests.emplace(rank, m.bytes);
+      plan.decoded.emplace(rank, m.decoded);
+    }
+  }
+  auto described = [](const RunAndTimeline& run) {
+    auto named = [](const std::string& v) { return v.empty() ? "none" : "'" + v + "'"; };
+    return absl::StrCat("run ", named(run.first), " timeline ", named(run.second));
+  };
+  std::vector<const RunAndTimeline*> whole;
+  std::string partial;
+  for (const auto& [run, plan] : plans) {
+    if (plan.world > 0 && plan.ranks.size() == plan.world) {
+      whole.push_back(&run);
+    } else {
+      absl::StrAppend(&partial, partial.empty() ? "" : "; ", described(run), ": ",
+                      plan.ranks.size(), " of ", plan.world, " ranks");
+    }
+  }
+  if (whole.size() == 1) return plans.at(*whole.front());
+  if (whole.empty()) {
+    const std::string held =
+        plans.size() > 1
+            ? absl::StrCat("no run and timeline held for every rank: ", partial)
+            : absl::StrCat(plans.empty() ? 0 : plans.begin()->second.ranks.size(), " of ",
+                           plans.empty() ? 0 : plans.begin()->second.world, " ranks held");
+    ZCC_LOG(INFO) << "job " << job_id << ": step " << step << " of the peer tier is incomplete ("
+                  << held << ")" << (why.empty() ? "" : ": ") << why;
+    return std::nullopt;
+  }
+  std::string runs;
+  for (const RunAndTimeline* run : whole) {
+    absl::StrAppend(&runs, runs.empty() ? "" : "; ", described(*run));
+  }
+  ZCC_LOG(WARNING) << "job " << job_id << ": step " << step << " of the peer tier is held whole "
+                   << "in " << whole.size() << " runs or timelines (" << runs << "): which one "
+                   << "the job went on in cannot be told here; passed over";
+  return std::nullopt;
+}
+
 }  // namespace
 
 absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std::string& job_dir,
@@ -224,6 +299,10 @@ absl::Status MaterializeStep(const std::string& job_id, uint32_t uid, const std:
           checkpoint::TryCommit(job_dir, job_id, step, world, &fs, options.write_began,
                                 own_dir ? dir : ""));
       if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
+        if (result.mixed_runs) {
+          return absl::DataLossError(absl::StrCat("its ranks' manifests are of different runs "
+                                                  "or timelines (", result.mixed, ")"));
+        }
         return absl::DataLossError(absl::StrCat("only ", result.manifests_present, " of ", world,
                                                 " ranks' manifests arrived"));
       }
@@ -253,11 +332,10 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
   for (auto it = held.rbegin(); it != held.rend(); ++it) {
     const int64_t step = it->first;
     if (step <= newer_than) break;
-    // The holders of each rank's manifest (written last: the rank's files
-    // are all there) that decodes, and the world size it names.
-    RecoveryPlan plan;
-    plan.step = step;
-    std::optional<uint32_t> world;
+    // Each rank's manifests (written last: the rank's files are all there)
+    // that decode, each with the holders that serve it: holders may hold
+    // different steps of this number (of a run or timeline left behind).
+    std::map<uint32_t, std::vector<HeldManifest>> manifests;
     std::string why;
     for (const auto& [rank, holders] : it->second) {
       const std::string manifest = format::ManifestFileName(rank);
@@ -275,40 +353,26 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
           why = std::string(bytes.status().message());
           continue;
         }
-        const std::string where = holder.empty() ? "here" : holder;
-        if (auto first = plan.manifests.find(rank); first != plan.manifests.end()) {
-          // Another holder's copy of the rank's files: used only when it
-          // holds the same manifest (not another run's step of that number).
-          if (first->second == **bytes) {
-            plan.ranks[rank].push_back({holder, files});
-          } else {
-            ZCC_LOG(WARNING) << "job " << job_id << ": rank " << rank << "'s manifest of step "
-                             << step << " from " << where
-                             << " differs from another holder's; its files are not read";
-          }
+        std::vector<HeldManifest>& held_here = manifests[rank];
+        auto same = std::find_if(held_here.begin(), held_here.end(),
+                                 [&](const HeldManifest& m) { return m.bytes == **bytes; });
+        if (same != held_here.end()) {
+          same->holders.push_back({holder, files});
           continue;
         }
         auto decoded = format::DecodeRankManifest(**bytes);
         if (!decoded.ok()) {
-          why = absl::StrCat("rank ", rank, "'s manifest from ", where, ": ",
-                             decoded.status().message());
+          why = absl::StrCat("rank ", rank, "'s manifest from ", holder.empty() ? "here" : holder,
+                             ": ", decoded.status().message());
           continue;
         }
-        world = decoded->world_size;
-        plan.ranks[rank].push_back({holder, files});
-        plan.manifests.emplace(rank, **bytes);
-        plan.decoded.emplace(rank, *std::move(decoded));
+        held_here.push_back(HeldManifest{**bytes, *std::move(decoded), {{holder, files}}});
       }
     }
-    if (!world.has_value() || plan.ranks.size() != *world) {
-      ZCC_LOG(INFO) << "job " << job_id << ": step " << step << " of the peer tier is incomplete ("
-                    << plan.ranks.size() << " of " << (world.has_value() ? *world : 0)
-                    << " ranks held)" << (why.empty() ? "" : ": ") << why;
-      continue;
-    }
-    plan.world = *world;
+    std::optional<RecoveryPlan> plan = PlanOfOneRun(job_id, step, manifests, why);
+    if (!plan.has_value()) continue;
     ++offered;
-    if (next(plan)) return;
+    if (next(*plan)) return;
   }
   const std::string than =
       newer_than < 0 ? std::string("none") : absl::StrCat("step ", newer_than);

@@ -55,10 +55,13 @@ struct RecoveryPlan {
 };
 
 // The plans of the steps newer than `newer_than` that the tier holds whole
-// (every rank's manifest served and decoded by some holder), newest first,
-// made one at a time: `next` is called with each until it returns true.
-// Steps passed over are logged with the reason; a line says so when none
-// is found.
+// (every rank's manifest served and decoded by some holder, all of one run
+// and timeline), newest first, made one at a time: `next` is called with
+// each until it returns true. Each rank's files are read from the holders of
+// its manifest of that run and timeline only. A step held whole in two runs
+// or timelines (one a going back left, held on) is passed over: which one
+// the job went on in cannot be told from the manifests. Steps passed over
+// are logged with the reason; a line says so when none is found.
 void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
                     const RecoverySources& sources,
                     absl::FunctionRef<bool(const RecoveryPlan&)> next);

@@ -633,6 +633,65 @@ TEST_CASE("peer recovery: the newest complete step, each file from a holder that
   }
 }
 
+TEST_CASE("peer recovery: a step of one run and timeline, each rank's files from the holders of "
+          "its manifest on it; a step held whole on two is passed over") {
+  PeerConfig insecure;
+  insecure.insecure = true;
+  PeerServer peer(insecure);
+  ReplicaStore own(64 << 20);
+  // Step 2 of the job, whole on its first timeline (none).
+  Hold(own, StepFiles(0, 2), false);
+  Hold(peer.store, StepFiles(1, 2), false);
+  // Step 4 written twice: on the timeline the ranks left (this zccd's rank
+  // 0) and on the one they went on in ("t2", other bytes).
+  const auto left = StepFiles(0, 4, 40), r0 = StepFiles(0, 4, -1, "t2"),
+             r1 = StepFiles(1, 4, -1, "t2");
+  Hold(own, left, false);
+  auto creds = LoadPeerCredentials(insecure);
+  REQUIRE_OK(creds.status());
+  PeerDirectory::Options options;
+  PeerDirectory directory(options, creds->channel);
+  RecoverySources sources;
+  sources.own = &own;
+  sources.directory = &directory;
+  sources.timeout = kTimeout;
+  sources.peers = {peer.target()};
+
+  SECTION("rank 0 held on both, rank 1 on the new one: step 4 on the new one") {
+    Hold(peer.store, r0, false);
+    Hold(peer.store, r1, false);
+    storage::MemoryStorage fs;
+    RecoversStep4With(fs, sources, r0);
+    for (const auto& f : r1.files) {
+      auto bytes = storage::ReadWholeFile(fs, "/ckpt/job/step-00000004/" + f.name, 1 << 30);
+      REQUIRE_OK(bytes.status());
+      CHECK(*bytes == f.bytes);
+    }
+  }
+  SECTION("no run and timeline held whole: step 2") {
+    Hold(peer.store, r1, false);
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    REQUIRE(got->has_value());
+    CHECK(**got == 2);
+  }
+  SECTION("both held whole: which the job went on in cannot be told, step 2") {
+    Hold(peer.store, r0, false);
+    Hold(peer.store, r1, false);
+    // Rank 1's step 4 on the timeline left, at another holder (a holder
+    // keeps one piece of a name).
+    PeerServer other(insecure);
+    Hold(other.store, StepFiles(1, 4, 40), false);
+    sources.peers.push_back(other.target());
+    storage::MemoryStorage fs;
+    auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
+    REQUIRE_OK(got.status());
+    REQUIRE(got->has_value());
+    CHECK(**got == 2);
+  }
+}
+
 TEST_CASE("peer credentials: missing or malformed files are named") {
   PeerConfig c = Tls("node-a");
   c.cert_file = "/nonexistent/node.pem";

@@ -225,6 +225,10 @@ absl::StatusOr<std::shared_ptr<RecoveredStep>> RecoveredStep::Make(const std::st
   ZCC_ASSIGN_OR_RETURN(checkpoint::CommitResult result,
                        checkpoint::TryCommit(job_dir, job_id, plan.step, plan.world, made.get()));
   if (result.outcome != checkpoint::CommitOutcome::kCommitted) {
+    if (result.mixed_runs) {
+      return absl::DataLossError(absl::StrCat("its ranks' manifests are of different runs or "
+                                              "timelines (", result.mixed, ")"));
+    }
     return absl::DataLossError(absl::StrCat("only ", result.manifests_present, " of ", plan.world,
                                             " ranks' manifests make the step"));
   }

@@ -35,14 +35,15 @@ PeerServer::~PeerServer() {
 
 std::string PeerServer::target() const { return absl::StrCat("127.0.0.1:", port); }
 
-checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step, int64_t fill) {
+checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step, int64_t fill,
+                                    const std::string& timeline) {
   checkpoint::testing::SyntheticRank r(
       rank, 2,
       {{"w", format::DType::kF32, {32, 17}},
        {"m", format::DType::kF32, {32, 17}, format::TensorKind::kOptim}},
       0, "job");
   r.Fill(fill < 0 ? step : fill);
-  auto bytes = checkpoint::SerializeRankStep(step, r.shards(), r.slot(), {});
+  auto bytes = checkpoint::SerializeRankStep(step, r.shards(), r.slot(), {}, timeline);
   REQUIRE_OK(bytes.status());
   return *bytes;
 }

@@ -36,8 +36,9 @@ struct PeerServer {
 
 // Rank `rank` of 2 of job "job" at `step`, as the files a write makes;
 // the tensors filled as at step `fill` (default: `step`), so that another
-// run's step of the same number can be made.
-checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step, int64_t fill = -1);
+// run's step of the same number can be made, its manifest naming `timeline`.
+checkpoint::RankStepBytes StepFiles(uint32_t rank, int64_t step, int64_t fill = -1,
+                                    const std::string& timeline = "");
 
 // Puts `step`'s files into `store` for uid 1000; with `damage_shards` the
 // shard files' bytes differ from the checksum they are held with (memory
