@@ -187,6 +187,10 @@ TEST_CASE("a step commits only from manifests of one timeline: a rank's manifest
   auto index = LoadStepIndex(step_dir);
   REQUIRE_OK(index);
   CHECK(index->timeline == "went-on-from-10");
+  // So does its commit record (what zccctl list shows).
+  auto record = ReadCommitRecord(step_dir);
+  REQUIRE_OK(record);
+  CHECK(record->timeline == "went-on-from-10");
   for (FakeRank& r : ranks) {
     std::vector<uint8_t> back;
     REQUIRE_OK(ReadRankTensors(step_dir, r.shards.rank, r.Targets(&back)));

@@ -383,6 +383,11 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
   // Replicas agree: the members of each replica group registered the same
   // replicated tensors (one of them wrote each).
   ZCC_RETURN_IF_ERROR(CheckReplicaGroups(manifests));
+  format::CommitRecord record;
+  if (!manifests.empty()) {  // (every rank's the same, as checked above)
+    record.run_id = manifests.front().run_id;
+    record.timeline = manifests.front().timeline;
+  }
   const format::StepIndex index = BuildStepIndex(std::move(manifests));
   std::vector<std::string> incomplete_ema;
   ZCC_ASSIGN_OR_RETURN(const std::vector<GlobalTensor> tensors,
@@ -420,7 +425,6 @@ absl::StatusOr<CommitResult> TryCommit(const std::string& job_dir, const std::st
         storage::WriteFileAtomic(fs, JoinPath(partial, format::kEmaIndexFileName),
                                  format::EncodeWeightMapIndex(ema_map, result.total_bytes)));
   }
-  format::CommitRecord record;
   record.job_id = job_id;
   record.step = step;
   record.world_size = world_size;

@@ -321,8 +321,9 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
   // (Every rank's of a step the same: the step index has it too.)
   if (top.Has("timeline")) {
     ZCC_ASSIGN_OR_RETURN(m.timeline, top.String("timeline"));
-    if (m.timeline.empty() || m.timeline.size() > kMaxRunIdBytes) {
-      return top.Error("timeline", "must be 1 to 128 bytes");
+    if (m.timeline.empty() || !ValidateRunTag(m.timeline, "timeline").ok()) {
+      return top.Error("timeline", "must be 1 to 128 printable bytes without spaces, quotes or "
+                                   "backslashes");
     }
   }
   if (!index) {
@@ -333,8 +334,9 @@ absl::StatusOr<RankManifest> DecodeManifestDocument(absl::string_view text, bool
     ZCC_ASSIGN_OR_RETURN(m.manifest_hash, top.Hex("manifest_hash"));
     if (top.Has("run_id")) {
       ZCC_ASSIGN_OR_RETURN(m.run_id, top.String("run_id"));
-      if (m.run_id.empty() || m.run_id.size() > kMaxRunIdBytes) {
-        return top.Error("run_id", "must be 1 to 128 bytes");
+      if (m.run_id.empty() || !ValidateRunTag(m.run_id, "run_id").ok()) {
+        return top.Error("run_id", "must be 1 to 128 printable bytes without spaces, quotes or "
+                                   "backslashes");
       }
     }
     if (top.Has("replica_groups")) {
@@ -435,6 +437,16 @@ absl::StatusOr<CommitRecord> DecodeCommitRecordJson(absl::string_view text) {
   if (f.Has("index_xxh3")) {
     ZCC_ASSIGN_OR_RETURN(r.index_xxh3, f.Hex("index_xxh3"));
     if (r.index_xxh3 == 0) return f.Error("index_xxh3", "is 0");
+  }
+  // (Shown by zccctl list: printable, as zccd takes them.)
+  for (auto [name, value] : {std::pair<const char*, std::string*>{"run_id", &r.run_id},
+                             std::pair<const char*, std::string*>{"timeline", &r.timeline}}) {
+    if (!f.Has(name)) continue;
+    ZCC_ASSIGN_OR_RETURN(*value, f.String(name));
+    if (value->empty() || !ValidateRunTag(*value, name).ok()) {
+      return f.Error(name, "must be 1 to 128 printable bytes without spaces, quotes or "
+                           "backslashes");
+    }
   }
   return r;
 }
@@ -671,6 +683,8 @@ std::string EncodeCommitRecord(const CommitRecord& record) {
   root["total_bytes"] = record.total_bytes;
   root["committed_at"] = record.committed_at;
   if (record.index_xxh3 != 0) root["index_xxh3"] = Hex64(record.index_xxh3);
+  if (!record.run_id.empty()) root["run_id"] = record.run_id;
+  if (!record.timeline.empty()) root["timeline"] = record.timeline;
   return root.dump(1, ' ', /*ensure_ascii=*/false, kDumpErrors) + "\n";
 }
 

@@ -155,6 +155,11 @@ struct CommitRecord {
   // XXH3-64 of the step's index file (kStepIndexFileName) as committed; 0:
   // the step has no index (committed before zcc wrote one).
   uint64_t index_xxh3 = 0;
+  // The run and timeline every rank's manifest of the step names (empty:
+  // none, or a record written before they were recorded): which steps of a
+  // job directory one line of training wrote, without reading manifests.
+  std::string run_id;
+  std::string timeline;
 };
 
 std::string EncodeCommitRecord(const CommitRecord& record);

@@ -220,12 +220,15 @@ TEST_CASE("invalid manifests are refused with a message naming the field") {
       {"hash too short", [](json& j) { j["manifest_hash"] = "abc"; }, "manifest_hash"},
       {"hash uppercase", [](json& j) { j["manifest_hash"] = "FEDCBA9876543210"; }, "manifest_hash"},
       {"hash not hex", [](json& j) { j["manifest_hash"] = "fedcba987654321g"; }, "manifest_hash"},
-      {"empty run id", [](json& j) { j["run_id"] = ""; }, "\"run_id\" must be 1 to 128 bytes"},
+      {"empty run id", [](json& j) { j["run_id"] = ""; }, "\"run_id\" must be 1 to 128 printable"},
       {"run id too long", [](json& j) { j["run_id"] = std::string(129, 'r'); }, "run_id"},
+      {"run id with a control character", [](json& j) { j["run_id"] = "a\x1b[2Jb"; }, "run_id"},
+      {"run id with a space", [](json& j) { j["run_id"] = "a b"; }, "run_id"},
       {"run id not a string", [](json& j) { j["run_id"] = 7; }, "run_id"},
       {"empty timeline", [](json& j) { j["timeline"] = ""; },
-       "\"timeline\" must be 1 to 128 bytes"},
+       "\"timeline\" must be 1 to 128 printable"},
       {"timeline too long", [](json& j) { j["timeline"] = std::string(129, 't'); }, "timeline"},
+      {"timeline with a quote", [](json& j) { j["timeline"] = "a\"b"; }, "timeline"},
       {"timeline not a string", [](json& j) { j["timeline"] = 7; }, "timeline"},
       {"files not an array", [](json& j) { j["files"] = json::object(); }, "\"files\""},
       {"file entry not an object", [](json& j) { j["files"][0] = "x"; }, "files[0]"},
@@ -318,6 +321,21 @@ TEST_CASE("commit records round-trip and are validated") {
   CHECK(decoded->manifest_hash == r.manifest_hash);
   CHECK(decoded->total_bytes == r.total_bytes);
   CHECK(decoded->committed_at == r.committed_at);
+  // No run or timeline: neither field is written (older readers see the
+  // record they know); with them, both round-trip.
+  CHECK_FALSE(j.contains("run_id"));
+  CHECK_FALSE(j.contains("timeline"));
+  CHECK(decoded->run_id.empty());
+  CHECK(decoded->timeline.empty());
+  {
+    CommitRecord named = r;
+    named.run_id = "run-7";
+    named.timeline = "0123456789abcdef";
+    auto back = DecodeCommitRecord(EncodeCommitRecord(named));
+    REQUIRE_OK(back);
+    CHECK(back->run_id == "run-7");
+    CHECK(back->timeline == "0123456789abcdef");
+  }
 
   const auto edited = [&](auto edit) {
     json e = j;
@@ -335,6 +353,14 @@ TEST_CASE("commit records round-trip and are validated") {
   REQUIRE_STATUS_CODE(edited([](json& e) { e["committed_at"] = "yesterday"; }),
                absl::StatusCode::kDataLoss);
   REQUIRE_STATUS_CODE(DecodeCommitRecord("[]"), absl::StatusCode::kDataLoss);
+  for (const char* field : {"run_id", "timeline"}) {
+    INFO(field);
+    REQUIRE_STATUS_CODE(edited([&](json& e) { e[field] = ""; }), absl::StatusCode::kDataLoss);
+    REQUIRE_STATUS_CODE(edited([&](json& e) { e[field] = std::string(129, 'x'); }),
+                        absl::StatusCode::kDataLoss);
+    REQUIRE_STATUS_CODE(edited([&](json& e) { e[field] = "a\nb"; }), absl::StatusCode::kDataLoss);
+    REQUIRE_STATUS_CODE(edited([&](json& e) { e[field] = 3; }), absl::StatusCode::kDataLoss);
+  }
 }
 
 TEST_CASE("the weight map index has the transformers layout") {

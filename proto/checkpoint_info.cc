@@ -11,6 +11,8 @@ void FillCheckpointInfo(const checkpoint::CommittedStep& step, const std::string
     out->set_world_size(step.record->world_size);
     out->set_total_bytes(step.record->total_bytes);
     out->set_committed_at(step.record->committed_at);
+    out->set_run_id(step.record->run_id);
+    out->set_timeline(step.record->timeline);
   }
 }
 

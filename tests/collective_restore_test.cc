@@ -203,6 +203,16 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   };
   alone("mem", "10", "memory");
   CHECK(timelines(15) == after);
+  // zccctl list names each step's run and timeline (its commit record's):
+  // none for the steps before the going back.
+  const auto [list_code, listed] = Zccctl(dir, daemon, {"list", "itest"});
+  INFO(listed);
+  CHECK(list_code == 0);
+  CHECK(absl::StrContains(listed, "/step-00000005\n"));
+  CHECK(absl::StrContains(listed,
+                          absl::StrCat("/step-00000010  timeline '", *after.begin(), "'\n")));
+  CHECK(absl::StrContains(listed, absl::StrCat("/step-00000015  (latest)  run 'run-mem'  timeline '",
+                                               *after.begin(), "'\n")));
   REQUIRE(daemon.Stop() == 0);
   REQUIRE(daemon.Start());
   alone("disk", "15", "disk");

@@ -457,9 +457,14 @@ void PrintCheckpoints(const zcc::v1::ListCheckpointsResponse& r) {
     const char* mark = c.is_latest()                               ? "  (latest)"
                        : latest >= 0 && local && c.step() > latest ? "  (left behind: above latest)"
                                                                    : "";
-    std::printf("%-10lld %-7u %-12.3f %-22s %s%s%s\n", static_cast<long long>(c.step()),
+    // The run and timeline of its ranks (a going back together starts a
+    // new timeline: the steps it left keep theirs).
+    std::string line;
+    if (!c.run_id().empty()) absl::StrAppend(&line, "  run '", c.run_id(), "'");
+    if (!c.timeline().empty()) absl::StrAppend(&line, "  timeline '", c.timeline(), "'");
+    std::printf("%-10lld %-7u %-12.3f %-22s %s%s%s%s\n", static_cast<long long>(c.step()),
                 c.world_size(), c.total_bytes() / 1e9, c.committed_at().c_str(),
-                c.path().c_str(), mark, tier.c_str());
+                c.path().c_str(), mark, tier.c_str(), line.c_str());
   }
 }
 
