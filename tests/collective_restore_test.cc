@@ -211,8 +211,8 @@ TEST_CASE("ranks that go back together write the steps after it on one new timel
   CHECK(absl::StrContains(listed, "/step-00000005\n"));
   CHECK(absl::StrContains(listed,
                           absl::StrCat("/step-00000010  timeline '", *after.begin(), "'\n")));
-  CHECK(absl::StrContains(listed, absl::StrCat("/step-00000015  (latest)  run 'run-mem'  timeline '",
-                                               *after.begin(), "'\n")));
+  CHECK(absl::StrContains(listed, absl::StrCat("/step-00000015  (latest)  run 'run-mem'  "
+                                               "timeline '", *after.begin(), "'\n")));
   REQUIRE(daemon.Stop() == 0);
   REQUIRE(daemon.Start());
   alone("disk", "15", "disk");

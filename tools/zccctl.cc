@@ -208,12 +208,15 @@ void PrintJobPeers(const zcc::v1::JobStatus& job) {
   }
 }
 
-// The run and timeline the job's ranks here write their steps in: one line
-// where they agree, a line per rank where they do not (a step commits only
-// from manifests of one run and timeline; the others' wait).
+// The run and timeline the job's live ranks here write their steps in (a
+// rank whose trainer is gone writes none): one line where they agree, a line
+// per run and timeline where they do not (a step commits only from
+// manifests of one run and timeline; the others' wait).
 void PrintRunsAndTimelines(const zcc::v1::JobStatus& job) {
   std::map<std::pair<std::string, std::string>, std::vector<uint32_t>> by_pair;
-  for (const auto& r : job.ranks()) by_pair[{r.run_id(), r.timeline()}].push_back(r.rank());
+  for (const auto& r : job.ranks()) {
+    if (r.client_alive()) by_pair[{r.run_id(), r.timeline()}].push_back(r.rank());
+  }
   if (by_pair.empty() || (by_pair.size() == 1 && by_pair.begin()->first.first.empty() &&
                           by_pair.begin()->first.second.empty())) {
     return;

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -178,69 +179,95 @@ struct HeldManifest {
   RankHolders holders;
 };
 
-// The plan of `step` from `manifests` (each rank's, as held): the one run and
-// timeline every rank of the world holds a manifest of, each rank's files
-// read only from the holders of that manifest. Nullopt, saying why in the
-// log, where no run and timeline is held whole, or several are (a step of a
-// run left behind held whole beside the one that went on: which is newer
-// cannot be told, and a restore must not take the step it left).
-std::optional<RecoveryPlan> PlanOfOneRun(
-    const std::string& job_id, int64_t step,
-    const std::map<uint32_t, std::vector<HeldManifest>>& manifests, const std::string& why) {
-  using RunAndTimeline = std::pair<std::string, std::string>;
-  std::map<RunAndTimeline, RecoveryPlan> plans;
+// Holders, as a log names them.
+std::string HolderNames(const RankHolders& holders) {
+  std::string names;
+  for (const auto& [holder, files] : holders) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", holder.empty() ? "this zccd" : holder);
+  }
+  return names;
+}
+
+// The plan of `step` from `manifests` (each rank's, as held, moved from):
+// the one run, timeline and world size whose manifests every rank of that
+// world holds, each rank's files read only from the holders of its
+// manifest. Nullopt, saying why in the log, where none is held whole, or
+// several are (a step of a run left behind held whole beside the one that
+// went on: which is newer cannot be told, and a restore must not take the
+// step the job left). One held whole beside others held in part is taken,
+// with a warning: a holder keeps what a run left only where it missed the
+// going back (ReplicaStore::DropLeftBehind), and the step the job went on
+// to write again may be the part.
+std::optional<RecoveryPlan> PlanOfOneRun(const std::string& job_id, int64_t step,
+                                         std::map<uint32_t, std::vector<HeldManifest>> manifests,
+                                         const std::string& why) {
+  using Line = std::tuple<std::string, std::string, uint32_t>;  // run, timeline, world
+  // For each line, the rank's manifest on it (an index into manifests[rank]).
+  std::map<Line, std::map<uint32_t, size_t>> lines;
   for (const auto& [rank, held] : manifests) {
-    for (const HeldManifest& m : held) {
-      RecoveryPlan& plan = plans[{m.decoded.run_id, m.decoded.timeline}];
-      if (plan.manifests.count(rank) > 0) {
+    for (size_t i = 0; i < held.size(); ++i) {
+      const format::RankManifest& m = held[i].decoded;
+      if (m.rank != rank || m.world_size == 0) continue;  // (not the file it is held as)
+      auto [at, fresh] = lines[{m.run_id, m.timeline, m.world_size}].emplace(rank, i);
+      if (!fresh) {
         // (Holders' copies of one step agree byte for byte.)
-        const std::string& where = m.holders.front().first;
         ZCC_LOG(WARNING) << "job " << job_id << ": rank " << rank << "'s manifest of step " << step
                          << " differs between holders of the same run and timeline; the files "
-                         << (where.empty() ? std::string("held here") : "of " + where)
-                         << " are not read";
-        continue;
+                         << "held by " << HolderNames(held[i].holders) << " are not read";
       }
-      plan.step = step;
-      if (plan.manifests.empty()) plan.world = m.decoded.world_size;  // (the commit checks all)
-      plan.ranks[rank] = m.holders;
-      plan.manifests.emplace(rank, m.bytes);
-      plan.decoded.emplace(rank, m.decoded);
     }
   }
-  auto described = [](const RunAndTimeline& run) {
+  auto described = [](const Line& line) {
     auto named = [](const std::string& v) { return v.empty() ? "none" : "'" + v + "'"; };
-    return absl::StrCat("run ", named(run.first), " timeline ", named(run.second));
+    return absl::StrCat("run ", named(std::get<0>(line)), " timeline ", named(std::get<1>(line)),
+                        " of ", std::get<2>(line), " ranks");
   };
-  std::vector<const RunAndTimeline*> whole;
+  std::vector<const Line*> whole;
   std::string partial;
-  for (const auto& [run, plan] : plans) {
-    if (plan.world > 0 && plan.ranks.size() == plan.world) {
-      whole.push_back(&run);
+  for (const auto& [line, ranks] : lines) {
+    const uint32_t world = std::get<2>(line);
+    if (ranks.size() == world && ranks.rbegin()->first < world) {
+      whole.push_back(&line);
     } else {
-      absl::StrAppend(&partial, partial.empty() ? "" : "; ", described(run), ": ",
-                      plan.ranks.size(), " of ", plan.world, " ranks");
+      absl::StrAppend(&partial, partial.empty() ? "" : "; ", described(line), ": ", ranks.size(),
+                      " held");
     }
   }
-  if (whole.size() == 1) return plans.at(*whole.front());
   if (whole.empty()) {
     const std::string held =
-        plans.size() > 1
+        lines.size() > 1
             ? absl::StrCat("no run and timeline held for every rank: ", partial)
-            : absl::StrCat(plans.empty() ? 0 : plans.begin()->second.ranks.size(), " of ",
-                           plans.empty() ? 0 : plans.begin()->second.world, " ranks held");
+            : absl::StrCat(lines.empty() ? 0 : lines.begin()->second.size(), " of ",
+                           lines.empty() ? 0 : std::get<2>(lines.begin()->first), " ranks held");
     ZCC_LOG(INFO) << "job " << job_id << ": step " << step << " of the peer tier is incomplete ("
                   << held << ")" << (why.empty() ? "" : ": ") << why;
     return std::nullopt;
   }
-  std::string runs;
-  for (const RunAndTimeline* run : whole) {
-    absl::StrAppend(&runs, runs.empty() ? "" : "; ", described(*run));
+  if (whole.size() > 1) {
+    std::string runs;
+    for (const Line* line : whole) {
+      absl::StrAppend(&runs, runs.empty() ? "" : "; ", described(*line));
+    }
+    ZCC_LOG(WARNING) << "job " << job_id << ": step " << step << " of the peer tier is held whole "
+                     << "in " << whole.size() << " runs or timelines (" << runs << "): which one "
+                     << "the job went on in cannot be told here; passed over";
+    return std::nullopt;
   }
-  ZCC_LOG(WARNING) << "job " << job_id << ": step " << step << " of the peer tier is held whole "
-                   << "in " << whole.size() << " runs or timelines (" << runs << "): which one "
-                   << "the job went on in cannot be told here; passed over";
-  return std::nullopt;
+  if (!partial.empty()) {
+    ZCC_LOG(WARNING) << "job " << job_id << ": step " << step << " of the peer tier is held whole "
+                     << "in one run and timeline (" << described(*whole.front())
+                     << "), in part in others (" << partial << "); the whole one is taken";
+  }
+  RecoveryPlan plan;
+  plan.step = step;
+  plan.world = std::get<2>(*whole.front());
+  for (const auto& [rank, i] : lines.at(*whole.front())) {
+    HeldManifest& m = manifests[rank][i];
+    plan.ranks[rank] = std::move(m.holders);
+    plan.manifests.emplace(rank, std::move(m.bytes));
+    plan.decoded.emplace(rank, std::move(m.decoded));
+  }
+  return plan;
 }
 
 }  // namespace
@@ -369,7 +396,7 @@ void ForNewestSteps(const std::string& job_id, uint32_t uid, int64_t newer_than,
         held_here.push_back(HeldManifest{**bytes, *std::move(decoded), {{holder, files}}});
       }
     }
-    std::optional<RecoveryPlan> plan = PlanOfOneRun(job_id, step, manifests, why);
+    std::optional<RecoveryPlan> plan = PlanOfOneRun(job_id, step, std::move(manifests), why);
     if (!plan.has_value()) continue;
     ++offered;
     if (next(*plan)) return;

@@ -677,12 +677,15 @@ TEST_CASE("peer recovery: a step of one run and timeline, each rank's files from
     CHECK(**got == 2);
   }
   SECTION("both held whole: which the job went on in cannot be told, step 2") {
-    Hold(peer.store, r0, false);
-    Hold(peer.store, r1, false);
-    // Rank 1's step 4 on the timeline left, at another holder (a holder
-    // keeps one piece of a name).
+    // Rank 1's step 4 on the timeline left at another holder (a holder
+    // keeps one piece of a name), the one asked first (holders are asked
+    // in address order): the step is whole there on both timelines.
     PeerServer other(insecure);
-    Hold(other.store, StepFiles(1, 4, 40), false);
+    PeerServer& first = other.target() < peer.target() ? other : peer;
+    PeerServer& second = &first == &other ? peer : other;
+    Hold(first.store, StepFiles(1, 4, 40), false);
+    Hold(second.store, r0, false);
+    Hold(second.store, r1, false);
     sources.peers.push_back(other.target());
     storage::MemoryStorage fs;
     auto got = RecoverNewestStep("job", 1000, "/ckpt/job", -1, fs, sources);
