@@ -332,8 +332,11 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
     // (A step not yet taken up from disk counts as one from disk: refused
     // here, so that an answer that forgot to say never does.)
     if (!resp->has_source()) {
+      // (Its buffer goes now: the client, refused, never releases it.)
+      const absl::Status removed = session->restore_buffers().Remove(resp->restore_id()).status();
       return absl::InternalError(absl::StrCat("the restore of step ", resp->step(),
-                                              " did not say which tier it came from"));
+                                              " did not say which tier it came from",
+                                              removed.ok() ? "" : "; ", removed.message()));
     }
     // (The step's own timeline where it was read from a directory.)
     session->NoteRestored(resp->step(), resp->source() == v1::RESTORE_SOURCE_DISK,
