@@ -84,10 +84,7 @@ absl::StatusOr<std::shared_ptr<ReplicaStore::Incoming>> ReplicaStore::Reserve(
   WithCapLocked([&](uint64_t most) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // The run the rank left goes now, as at its Put: the room is made
     // beside what stays.
-    if (went_on_from >= 0) {
-      left_behind = DropLeftBehindLocked(key, &freed);
-      NoteWentOnLocked(key, went_on_from, absl::Now());
-    }
+    if (went_on_from >= 0) left_behind = WentOnLocked(key, went_on_from, absl::Now(), &freed);
     held = HeldLocked();
     if (!counted) return;
     // A piece held under the key is room (its Put replaces it), once: not
@@ -136,10 +133,7 @@ absl::Status ReplicaStore::Put(Replica replica, int64_t went_on_from, Incoming* 
   absl::Status put;
   bool uncounted = false;  // its room no longer counted: held moved
   WithCapLocked([&](uint64_t most) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (went_on_from >= 0) {
-      left_behind = DropLeftBehindLocked(key, &freed);
-      NoteWentOnLocked(key, went_on_from, arrived);
-    }
+    if (went_on_from >= 0) left_behind = WentOnLocked(key, went_on_from, arrived, &freed);
     // The piece takes its own room (one revoked is room no more).
     if (room != nullptr) uncounted = UncountLocked(room);
     put = MissingPieceLocked(*piece);
@@ -232,7 +226,11 @@ absl::Status ReplicaStore::PutLocked(std::shared_ptr<const Replica> piece, uint6
   const uint64_t n = piece->bytes.size();
   uint64_t replaced = 0;
   if (auto it = held_.find(key); it != held_.end()) replaced = it->second->bytes.size();
-  ZCC_RETURN_IF_ERROR(MakeRoomLocked(key, n, replaced, cap, /*verified=*/true, freed));
+  if (absl::Status made = MakeRoomLocked(key, n, replaced, cap, /*verified=*/true, freed);
+      !made.ok()) {
+    freed->push_back(std::move(piece));  // (its bytes, freed after the lock)
+    return made;
+  }
   DropLocked(key, freed);
   by_age_.emplace(AgeOf(*piece), key);
   bytes_held_ += n;

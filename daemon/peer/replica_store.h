@@ -131,9 +131,13 @@ class ReplicaStore {
   // >= 0 (the piece is of the rank's first step replicated after it went on
   // from a restore of that step), the steps its rank has whole here that
   // are newer than the piece's are of a run it left, having gone back to an
-  // older step: they go at once, pinned or not, so that no restore ever
-  // takes them (a late piece of an older step, without the flag, drops
-  // nothing); and the rank's going on is noted for DropLeftBehind.
+  // older step, and so is what came of the piece's own step before the
+  // rank's run went on (the first such piece's arrival; its owner sends
+  // the run left before it): they go at once, pinned or not, so that no
+  // restore ever takes them (a late piece of an older step, without the
+  // flag, drops nothing); and the rank's going on is noted for
+  // DropLeftBehind (anew where steps went: a second going back to the same
+  // step).
   // ResourceExhausted, keeping everything held, when the piece alone is
   // larger than the budget or nothing may give way. FailedPrecondition,
   // keeping nothing of it, for a manifest one of whose `with_pieces` is not
@@ -208,7 +212,7 @@ class ReplicaStore {
 
   // The most bytes the store may hold now: its budget, or less where the
   // room beside the trainers' staging is less.
-  uint64_t cap() const;
+  uint64_t cap() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Keeps the pieces of `step` of `job_id` (for `uid`) here when newer ones
   // need room: the job's newest step whole in the tier, cluster-wide
@@ -285,6 +289,17 @@ class ReplicaStore {
   absl::Status PutLocked(std::shared_ptr<const Replica> piece, uint64_t cap,
                          std::vector<std::shared_ptr<const void>>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A piece of `key`'s rank's first step after it went on from a restore
+  // of step `from` (Put's and Reserve's went_on_from), arriving at
+  // `arrived`: drops the steps the rank has whole here that are newer than
+  // `key`'s and, of `key`'s step, what came before the rank's run went on
+  // (the run left's step of that number: its manifest would keep it whole
+  // beside the new run's pieces), notes the going on, and lifts the job's
+  // pin of a step dropped. Returns the steps that lost their manifest;
+  // their pieces go to `freed`.
+  std::vector<int64_t> WentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived,
+                                    std::vector<std::shared_ptr<const void>>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the steps `key`'s rank has whole here that are newer than `key`'s
   // (see Put), returning them; their pieces go to `freed`.
   std::vector<int64_t> DropLeftBehindLocked(const ReplicaKey& key,
@@ -292,14 +307,17 @@ class ReplicaStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes in went_on_ that `key`'s rank went on from step `from`, `key`'s
   // step the first after it, whose first piece arrived at `arrived`.
-  void NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived)
+  // `again`: steps of a run it left were just dropped, so this is a new
+  // going back even where one from the same step was noted before (its
+  // record starts again).
+  void NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived, bool again)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Held HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return Held{bytes_held_ + incoming_bytes_, held_.size(), own_bytes_held_, own_pieces_held_,
                 incoming_bytes_};
   }
-  void Changed(const Held& held) const {
+  void Changed(const Held& held) const ABSL_LOCKS_EXCLUDED(mu_) {
     if (on_change_) on_change_(held);
   }
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -193,6 +194,76 @@ TEST_CASE("replica store: a rank's first step after it went on from a restore dr
   REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 1, 30, "r00001.manifest.json"}).status());
   CHECK(store.bytes_held() == 10 + 1 + 10 + 10);
   CHECK(seen.back().bytes == store.bytes_held());
+}
+
+TEST_CASE("replica store: a rank's first step after a going back, of the number of a step of the "
+          "run left, drops what came of that step before it; the step gone back to stays") {
+  constexpr char kManifest[] = "r00000.manifest.json";
+  auto held = [](ReplicaStore& store, int64_t step, const std::string& piece) {
+    return store.Get(ReplicaKey{"job", 1000, 0, step, piece});
+  };
+  for (const bool reserved : {false, true}) {
+    INFO((reserved ? "its room reserved first" : "put at once"));
+    ReplicaStore store(1000);
+    PutWhole(store, 10, 10);
+    // The run left: step 20 whole (two pieces), the job's pinned step.
+    REQUIRE_OK(store.Put(Piece(20, "v", 10)));
+    PutWhole(store, 20, 10);
+    store.Pin("job", 1000, 20);
+    const uint64_t count = store.went_back_count("job", 1000);
+    // Back to step 10, a checkpoint every 10 steps: the first step after it
+    // is step 20 again, its first piece on the way.
+    std::shared_ptr<ReplicaStore::Incoming> room;
+    if (reserved) {
+      auto r = store.Reserve(ReplicaKey{"job", 1000, 0, 20, "w"}, 12, /*went_on_from=*/10);
+      REQUIRE_OK(r.status());
+      room = *r;
+    }
+    if (reserved) {
+      CHECK(held(store, 20, kManifest).status().code() == absl::StatusCode::kNotFound);
+      CHECK(held(store, 20, "v").status().code() == absl::StatusCode::kNotFound);
+      CHECK(held(store, 20, "w").status().code() == absl::StatusCode::kNotFound);
+    }
+    REQUIRE_OK(store.Put(Piece(20, "w", 12), /*went_on_from=*/10, room.get()));
+    // The run left's step 20 is gone (its manifest would have kept it
+    // whole with the new run's pieces), pin and all; step 10 stays.
+    CHECK(held(store, 20, kManifest).status().code() == absl::StatusCode::kNotFound);
+    CHECK(held(store, 20, "v").status().code() == absl::StatusCode::kNotFound);
+    REQUIRE_OK(held(store, 20, "w").status());
+    CHECK((*held(store, 20, "w"))->bytes.size() == 12);
+    CHECK_FALSE(store.pinned("job", 1000).has_value());
+    CHECK(store.went_back_count("job", 1000) > count);
+    REQUIRE_OK(held(store, 10, kManifest).status());
+    // The new run's later pieces of the step drop nothing: it is whole again.
+    REQUIRE_OK(store.Put(Piece(20, "v", 12), /*went_on_from=*/10));
+    REQUIRE_OK(store.Put(Piece(20, kManifest, 1), /*went_on_from=*/10));
+    REQUIRE_OK(held(store, 20, kManifest).status());
+    CHECK(store.bytes_held() == 10 + 1 + 12 + 12 + 1);
+  }
+}
+
+TEST_CASE("replica store: a second going back to the same step notes the rank's run anew, so a "
+          "tell drops what the run in between sent") {
+  ReplicaStore store(1000);
+  PutWhole(store, 10, 10);
+  // Back to step 10 a first time: that run's steps 11 and 12, and part of 13.
+  REQUIRE_OK(store.Put(Piece(11, "w", 10), /*went_on_from=*/10));
+  REQUIRE_OK(store.Put(Piece(11, "r00000.manifest.json", 1), /*went_on_from=*/10));
+  PutWhole(store, 12, 10);
+  REQUIRE_OK(store.Put(Piece(13, "w", 10)));
+  // Back to step 10 again: the rank's first step after it arrives (its
+  // step 12 of the run in between, whole, goes at once).
+  REQUIRE_OK(store.Put(Piece(11, "w", 10), /*went_on_from=*/10));
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 12, "w"}).status().code() ==
+        absl::StatusCode::kNotFound);
+  // Another zccd of the job tells it went on (its own rank 1): rank 0's
+  // part of step 13 came before rank 0's run went on this time.
+  const std::set<uint32_t> told = {1};
+  store.DropLeftBehind("job", 1000, 10, absl::Now(), &told);
+  CHECK(store.Get(ReplicaKey{"job", 1000, 0, 13, "w"}).status().code() ==
+        absl::StatusCode::kNotFound);
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 11, "w"}).status());
+  REQUIRE_OK(store.Get(ReplicaKey{"job", 1000, 0, 10, "r00000.manifest.json"}).status());
 }
 
 TEST_CASE("replica store: a job that went on from a restore drops the steps of the run it left "
@@ -432,15 +503,17 @@ TEST_CASE("replica store: a going back another zccd tells drops what came before
   PutWhole(store, 14, 10);
   absl::SleepFor(absl::Milliseconds(5));
   // Rank 0 went on from step 10: the first piece of its first step after
-  // it, 14, arrives (in place of the run left's).
+  // it, 14, arrives (in place of the run left's, whose manifest goes with
+  // it).
   const absl::Time rank0_went_on = absl::Now();
   REQUIRE_OK(store.Put(Piece(14, "w", 10), /*went_on_from=*/10));
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 14, "r00000.manifest.json"}).ok());
   absl::SleepFor(absl::Milliseconds(5));
   // Rank 1's zccd tells its own going on, later than rank 0's step: rank
   // 0's pieces go where they came before that step.
   const std::set<uint32_t> rank1 = {1};
   CHECK(store.DropLeftBehind("job", 1000, 10, absl::Now(), &rank1) ==
-        std::map<uint32_t, std::set<int64_t>>{{0, {12, 14}}});
+        std::map<uint32_t, std::set<int64_t>>{{0, {12}}});
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 8, "w"}).ok());
   CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 12, "w"}).ok());
   CHECK(store.Get(ReplicaKey{"job", 1000, 0, 14, "w"}).ok());  // the new run's
@@ -480,12 +553,13 @@ TEST_CASE("replica store: the room of a rank's first step after it went back is 
   // Refused without it: nothing older than step 3 gives way.
   CHECK(store.Reserve(ReplicaKey{"job", 1000, 0, 3, "x"}, 40).status().code() ==
         absl::StatusCode::kResourceExhausted);
-  // The rank restored step 2: its step 3 is the first after it, its step
-  // 4 held here is of the run it left.
+  // The rank restored step 2: its step 3 is the first after it, its steps
+  // 3 and 4 held here are of the run it left.
   auto room = store.Reserve(ReplicaKey{"job", 1000, 0, 3, "x"}, 40, /*went_on_from=*/2);
   REQUIRE_OK(room.status());
   CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 4, "w"}).ok());
-  CHECK(store.bytes_held() == 81);
+  CHECK_FALSE(store.Get(ReplicaKey{"job", 1000, 0, 3, "w"}).ok());
+  CHECK(store.bytes_held() == 40);
 }
 
 TEST_CASE("replica store: a manifest takes no room before it is kept, so one whose push fails "

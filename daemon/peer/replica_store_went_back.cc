@@ -14,6 +14,43 @@
 
 namespace zcc::daemon::peer {
 
+std::vector<int64_t> ReplicaStore::WentOnLocked(const ReplicaKey& key, int64_t from,
+                                                absl::Time arrived,
+                                                std::vector<std::shared_ptr<const void>>* freed) {
+  std::vector<int64_t> steps = DropLeftBehindLocked(key, freed);
+  NoteWentOnLocked(key, from, arrived, /*again=*/!steps.empty());
+  // The run left's step of the same number: its pieces came before the
+  // rank's run went on (an owner sends its run left before its first step
+  // after the restore), the new run's from then on.
+  auto w = went_on_.find(std::make_tuple(key.job_id, key.uid, key.rank));
+  if (w != went_on_.end() && w->second.from == from) {
+    std::vector<ReplicaKey> before;
+    for (auto it = held_.lower_bound(ReplicaKey{key.job_id, key.uid, key.rank, key.step, ""});
+         it != held_.end() && it->first.job_id == key.job_id && it->first.uid == key.uid &&
+         it->first.rank == key.rank && it->first.step == key.step;
+         ++it) {
+      if (it->second->info.received < w->second.arrived) before.push_back(it->first);
+    }
+    bool manifest = false;
+    for (const ReplicaKey& k : before) {
+      manifest = manifest || k.piece == format::ManifestFileName(k.rank);
+      DropLocked(k, freed);
+    }
+    pieces_dropped_ += before.size();
+    if (manifest) steps.insert(steps.begin(), key.step);
+  }
+  if (!steps.empty()) {
+    // (A pin round that listed the holdings before must not pin them.)
+    ++went_back_count_[{key.job_id, key.uid}];
+    auto pin = pinned_.find({key.job_id, key.uid});
+    if (pin != pinned_.end() && pin->second >= key.step &&
+        std::find(steps.begin(), steps.end(), pin->second) != steps.end()) {
+      pinned_.erase(pin);
+    }
+  }
+  return steps;
+}
+
 std::vector<int64_t> ReplicaStore::DropLeftBehindLocked(
     const ReplicaKey& key, std::vector<std::shared_ptr<const void>>* freed) {
   std::vector<int64_t> steps;
@@ -36,7 +73,8 @@ std::vector<int64_t> ReplicaStore::DropLeftBehindLocked(
   return steps;
 }
 
-void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived) {
+void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::Time arrived,
+                                    bool again) {
   // The job's pinned step, past the rank's first step after the restore,
   // is of the run it left.
   auto pin = pinned_.find({key.job_id, key.uid});
@@ -59,7 +97,7 @@ void ReplicaStore::NoteWentOnLocked(const ReplicaKey& key, int64_t from, absl::T
   // Every piece of its first step after the restore tells it (and the
   // next step's, where that one did not reach every buddy): the first to
   // arrive counts.
-  if (w.from == from) {
+  if (w.from == from && !again) {
     w.arrived = std::min(w.arrived, arrived);
     return;
   }
