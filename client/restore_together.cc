@@ -60,8 +60,11 @@ absl::Status FirstError(const std::vector<std::string>& all, const absl::Status&
   return absl::Status(status_code, text);
 }
 
+// A piece: its tensor's name, where it lies in it, its dtype and shape (two
+// ranks' pieces of one key hold the same bytes).
 std::string PieceKey(const TensorRef& t) {
-  return absl::StrCat(t.name, "@", absl::StrJoin(t.box_offset, ","));
+  return absl::StrCat(t.name, "@", absl::StrJoin(t.box_offset, ","), ":",
+                      format::DTypeName(t.dtype), "[", absl::StrJoin(t.shape, ","), "]");
 }
 
 uint64_t PieceBytes(const TensorRef& t) {
@@ -85,6 +88,9 @@ absl::StatusOr<int64_t> NewestCommonStep(Collective& c,
   std::set<int64_t> common;
   bool any = false;
   for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty() || all[r][0] != 'S') {
+      return absl::DataLossError(absl::StrCat("collective: rank ", r, " sent no step list"));
+    }
     std::set<int64_t> steps;
     for (absl::string_view v : absl::StrSplit(absl::string_view(all[r]).substr(1), ',',
                                               absl::SkipEmpty())) {
@@ -114,15 +120,18 @@ absl::StatusOr<int64_t> NewestCommonStep(Collective& c,
 struct RoundOutcome {
   int64_t low = INT64_MAX;
   int64_t high = -1;
-  int64_t missing = 0;  // ranks that found nothing
+  std::vector<uint32_t> missing;  // ranks that found nothing
+  std::string why;                // the first of them's reason
 };
 
 absl::StatusOr<RoundOutcome> ParseRoundOutcome(const std::vector<std::string>& all) {
   RoundOutcome o;
-  for (const std::string& m : all) {
+  for (uint32_t r = 0; r < all.size(); ++r) {
+    const std::string& m = all[r];
     int64_t step = -1;
-    if (m == "N") {
-      ++o.missing;
+    if (!m.empty() && m[0] == 'N') {  // "N<why>"
+      if (o.missing.empty()) o.why = m.substr(1);
+      o.missing.push_back(r);
       continue;
     }
     if (m.empty() || m[0] != 'S' || !absl::SimpleAtoi(m.substr(1), &step)) {
@@ -134,20 +143,29 @@ absl::StatusOr<RoundOutcome> ParseRoundOutcome(const std::vector<std::string>& a
   return o;
 }
 
-// Step 3 of RestoreTogether: every piece a rank did not restore, broadcast
-// from the lowest rank that did.
-absl::Status ShareMissingPieces(Collective& c, const std::vector<TensorRef>& refs,
-                                RestoreResult* result, void* stream) {
-  const uint32_t me = c.rank();
+// Which rank sends each piece a rank did not restore (step 3 of
+// RestoreTogether), decided from every rank's gathered list, so every rank
+// decides alike.
+struct SharingPlan {
   std::map<std::string, size_t> index;  // piece -> registered tensor
+  // ((sending rank, piece), bytes), in order.
+  std::vector<std::pair<std::pair<uint32_t, std::string>, uint64_t>> sends;
+};
+
+// The plan, from `restored` (per registered tensor: this rank restored it).
+// Made before any rank copies into its tensors: a piece no rank restored,
+// or one of different sizes, fails every rank alike with nothing copied.
+absl::StatusOr<SharingPlan> PlanSharing(Collective& c, const std::vector<TensorRef>& refs,
+                                        const std::vector<bool>& restored) {
+  SharingPlan plan;
   std::string message;
   for (size_t i = 0; i < refs.size(); ++i) {
     // Per-rank state is restored by its rank alone.
     if (refs[i].kind == TensorKind::kExtra && refs[i].replica.group_size <= 1) continue;
     const std::string key = PieceKey(refs[i]);
-    index[key] = i;
-    absl::StrAppend(&message, result->restored[i] ? "H " : "W ", PieceBytes(refs[i]), " ", key,
-                    "\n");
+    plan.index[key] = i;
+    absl::StrAppend(&message, i < restored.size() && restored[i] ? "H " : "W ",
+                    PieceBytes(refs[i]), " ", key, "\n");
   }
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
   std::map<std::string, std::pair<uint32_t, uint64_t>> owner;  // piece -> (rank, bytes)
@@ -171,7 +189,7 @@ absl::Status ShareMissingPieces(Collective& c, const std::vector<TensorRef>& ref
     }
   }
   // Decided from the gathered lists alone, so every rank decides alike.
-  std::vector<std::pair<std::pair<uint32_t, std::string>, uint64_t>> sends;
+  std::vector<std::pair<std::pair<uint32_t, std::string>, uint64_t>>& sends = plan.sends;
   for (const auto& [key, bytes] : wanted) {
     auto it = owner.find(key);
     if (it == owner.end()) {
@@ -186,6 +204,17 @@ absl::Status ShareMissingPieces(Collective& c, const std::vector<TensorRef>& ref
     sends.push_back({{it->second.first, key}, bytes});
   }
   std::sort(sends.begin(), sends.end());
+  return plan;
+}
+
+// Step 3 of RestoreTogether: every piece a rank did not restore, broadcast
+// from the lowest rank that did (`plan`).
+absl::Status ShareMissingPieces(Collective& c, const SharingPlan& plan,
+                                const std::vector<TensorRef>& refs, RestoreResult* result,
+                                void* stream) {
+  const uint32_t me = c.rank();
+  const auto& sends = plan.sends;
+  const auto& index = plan.index;
   result->received.assign(refs.size(), false);
   // One BroadcastMany per root, its pieces in key order.
   for (size_t first = 0; first < sends.size();) {
@@ -227,16 +256,34 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
   // (an older one).
   std::shared_ptr<client_internal::Session> s = impl_->CurrentSession();
   const bool mine = s == nullptr || s->resp.timelines();  // (unregistered: fails below)
-  std::string message = mine ? "T" : "-";
+  // With it, the step each rank asks for: the ranks make the same
+  // collective calls only when they ask for the same one.
+  std::string message = absl::StrCat(mine ? "T" : "-", options.step, ":");
   if (c.rank() == 0) {
     absl::StrAppend(&message, absl::Hex(client_internal::RandomInstance(), absl::kZeroPad16));
   }
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> drawn, c.AllGather(message));
+  std::vector<std::string> asked;  // by rank: "<step>", or "?" where unreadable
+  bool all_write = !drawn.empty();
+  for (const std::string& m : drawn) {
+    const size_t colon = m.find(':');
+    asked.push_back(m.size() > 1 && colon != std::string::npos ? m.substr(1, colon - 1) : "?");
+    all_write = all_write && !m.empty() && m[0] == 'T';
+  }
+  if (std::any_of(asked.begin(), asked.end(),
+                  [&asked](const std::string& a) { return a != asked[0]; })) {
+    std::vector<std::string> each;
+    for (size_t r = 0; r < asked.size(); ++r) {
+      each.push_back(absl::StrCat("rank ", r, ": ",
+                                  asked[r] == absl::StrCat(kLatestStep) ? "the newest" : asked[r]));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ranks restoring together asked for different steps (", absl::StrJoin(each, "; "),
+        ")"));
+  }
   std::string timeline;
-  if (!drawn.empty() && drawn[0].size() > 1 &&
-      std::all_of(drawn.begin(), drawn.end(),
-                  [](const std::string& m) { return !m.empty() && m[0] == 'T'; })) {
-    timeline = drawn[0].substr(1);
+  if (all_write && drawn[0].find(':') != std::string::npos) {
+    timeline = drawn[0].substr(drawn[0].find(':') + 1);
   }
 
   // 1. The step: the newest every rank can restore.
@@ -258,16 +305,18 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
     absl::StatusOr<std::unique_ptr<PendingRestore>> fetched =
         impl_->FetchRestoreCopyingEarly(alone, stream);
     const bool none = absl::IsNotFound(fetched.status());
-    std::string message = none ? "N" : ErrorMessage(fetched.status());
+    std::string message =
+        none ? absl::StrCat("N", fetched.status().message()) : ErrorMessage(fetched.status());
     if (fetched.ok()) message = absl::StrCat("S", (*fetched)->result.step);
     ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all, c.AllGather(message));
     ZCC_RETURN_IF_ERROR(FirstError(all, none ? absl::OkStatus() : fetched.status(),
                                    absl::StrCat("to restore step ", target)));
     ZCC_ASSIGN_OR_RETURN(const RoundOutcome o, ParseRoundOutcome(all));
-    if (o.missing == static_cast<int64_t>(all.size())) return fetched.status();
-    if (o.missing > 0) {
+    if (o.missing.size() == all.size()) return fetched.status();
+    if (!o.missing.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          o.missing, " rank(s) found nothing to restore where the others restored step ", o.high));
+          o.missing.size() == 1 ? "rank " : "ranks ", absl::StrJoin(o.missing, ", "),
+          " found nothing to restore (", o.why, ") where the others restored step ", o.high));
     }
     if (o.low == o.high) {
       pending = *std::move(fetched);
@@ -276,23 +325,33 @@ absl::StatusOr<RestoreResult> Client::RestoreTogether(const RestoreOptions& opti
     if (round >= 16) {
       return absl::AbortedError("the ranks did not agree on a step to restore");
     }
+    // The oldest step a rank got (the newer ones were damaged there); a
+    // rank that finds it damaged too falls back further, as in the first
+    // round, unless a step was asked for.
     target = o.low;
-    alone.allow_older = false;
   }
 
-  // 3. Into the tensors, then every piece a rank did not restore, from the
-  // lowest rank that did.
+  // 3. Which rank sends each piece another did not restore, agreed before
+  // any rank copies into its tensors; then into the tensors, and every such
+  // piece from the lowest rank that restored it.
   const std::vector<TensorRef> refs = pending->refs;
+  const bool matches = pending->result.restored.size() == refs.size();
+  ZCC_ASSIGN_OR_RETURN(const SharingPlan plan,
+                       PlanSharing(c, refs, matches ? pending->result.restored
+                                                    : std::vector<bool>(refs.size(), false)));
   // (The buffer is released below, once every rank holds the whole step.)
-  absl::StatusOr<RestoreResult> result = impl_->CopyOut(*pending, stream, /*release=*/false);
+  absl::StatusOr<RestoreResult> result =
+      matches ? impl_->CopyOut(*pending, stream, /*release=*/false)
+              : absl::InternalError("restore result does not match the registration");
   ZCC_ASSIGN_OR_RETURN(std::vector<std::string> copied,
                        c.AllGather(ErrorMessage(result.status())));
   ZCC_RETURN_IF_ERROR(FirstError(copied, result.status(),
                                  absl::StrCat("to copy step ", target, " into its tensors")));
-  if (result->restored.size() != refs.size()) {
-    return absl::InternalError("restore result does not match the registration");
-  }
-  ZCC_RETURN_IF_ERROR(ShareMissingPieces(c, refs, &*result, stream));
+  const absl::Status shared = ShareMissingPieces(c, plan, refs, &*result, stream);
+  // (A broadcast fails only where a rank can tell: every rank learns it.)
+  ZCC_ASSIGN_OR_RETURN(std::vector<std::string> all_shared, c.AllGather(ErrorMessage(shared)));
+  ZCC_RETURN_IF_ERROR(FirstError(all_shared, shared,
+                                 absl::StrCat("to share the pieces of step ", target)));
   // 4. Every rank holds the step: the run goes on in the timeline drawn
   // (RestoreDoneRequest.timeline). A rank whose zccd could not be told (it
   // went away) still names it when it registers again, as its client

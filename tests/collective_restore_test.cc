@@ -40,14 +40,24 @@ std::vector<std::string> Flags(int rank, std::vector<std::string> more) {
   return flags;
 }
 
-// All four ranks train 10 steps (checkpoints at 5 and 10) and exit.
-void TrainTenSteps(const Daemon& daemon, const std::string& dir) {
+// All four ranks train `steps` steps (a checkpoint every 5) and exit.
+void TrainTenSteps(const Daemon& daemon, const std::string& dir, int steps = 10) {
   std::vector<std::unique_ptr<Subprocess>> trainers;
   for (int rank = 0; rank < kWorld; ++rank) {
     trainers.push_back(StartTrainer(daemon, dir, absl::StrCat("train", rank),
-                                    Flags(rank, {"--steps=10", "--block"})));
+                                    Flags(rank, {absl::StrCat("--steps=", steps), "--block"})));
   }
   for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(90)) == 0);
+}
+
+// Flips the last byte of `path` (its size stays).
+void DamageLastByte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(-1, std::ios::end);
+  const char c = static_cast<char>(f.get() ^ 0x5a);
+  f.seekp(-1, std::ios::end);
+  f.put(c);
 }
 
 TEST_CASE("ranks restore together through a collective: each replicated piece read once") {
@@ -256,15 +266,7 @@ TEST_CASE("ranks restoring together copy as zccd checks; one rank's damaged step
   TrainTenSteps(daemon, dir);
   // The last byte of rank 0's optimizer file of step 10: the other ranks
   // read and copy their step 10 pieces, rank 0 finds the damage at the end.
-  {
-    std::fstream f(JobDir(daemon) + "/step-00000010/optim-r00000.safetensors",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f.good());
-    f.seekg(-1, std::ios::end);
-    const char c = static_cast<char>(f.get() ^ 0x5a);
-    f.seekp(-1, std::ios::end);
-    f.put(c);
-  }
+  DamageLastByte(JobDir(daemon) + "/step-00000010/optim-r00000.safetensors");
   const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
   std::vector<std::unique_ptr<Subprocess>> restorers;
   for (int rank = 0; rank < kWorld; ++rank) {
@@ -278,6 +280,55 @@ TEST_CASE("ranks restoring together copy as zccd checks; one rank's damaged step
     REQUIRE(r->Wait(absl::Seconds(90)) == 0);
     CHECK(r->Values()["restored_step"] == "5");
     CHECK(r->Values()["mismatched_tensors"] == "0");
+  }
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("ranks restoring together fall back past a step damaged on one rank to one damaged on "
+          "another, to a step every rank reads whole") {
+  const std::string dir = ShortTempDir("it-coll-twice");
+  Daemon daemon(dir, {{"--retain_snapshots_s=0"}});
+  REQUIRE(daemon.Start());
+  TrainTenSteps(daemon, dir, 15);  // steps 5, 10 and 15
+  // Rank 0's step 15 and rank 1's step 10 are damaged: the first round
+  // agrees on nothing (rank 0 got 10), the second finds 10 damaged on rank 1.
+  DamageLastByte(JobDir(daemon) + "/step-00000015/optim-r00000.safetensors");
+  DamageLastByte(JobDir(daemon) + "/step-00000010/optim-r00001.safetensors");
+  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> restorers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    restorers.push_back(StartTrainer(daemon, dir, absl::StrCat("twice", rank),
+                                     Flags(rank, {"--mode=restore", "--collective=" + address,
+                                                  "--expect_step=5"})));
+  }
+  for (auto& r : restorers) {
+    INFO(r->Output() << daemon.Log());
+    REQUIRE(r->Wait(absl::Seconds(90)) == 0);
+    CHECK(r->Values()["restored_step"] == "5");
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+  }
+  REQUIRE(daemon.Stop() == 0);
+}
+
+TEST_CASE("ranks restoring together that ask for different steps fail together, naming what each "
+          "asked for") {
+  const std::string dir = ShortTempDir("it-coll-asked");
+  Daemon daemon(dir);
+  REQUIRE(daemon.Start());
+  TrainTenSteps(daemon, dir);
+  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::unique_ptr<Subprocess>> restorers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::vector<std::string> flags = {"--mode=restore", "--collective=" + address};
+    if (rank == 2) flags.push_back("--restore_step=5");
+    restorers.push_back(StartTrainer(daemon, dir, absl::StrCat("asked", rank), Flags(rank, flags)));
+  }
+  for (auto& r : restorers) {
+    INFO(r->Output());
+    CHECK(r->Wait(absl::Seconds(90)) == 1);
+    CHECK(absl::StrContains(r->Output(), "FAILED_PRECONDITION: the ranks restoring together asked "
+                                         "for different steps (rank 0: the newest; rank 1: the "
+                                         "newest; rank 2: 5; rank 3: the newest)"));
   }
   REQUIRE(daemon.Stop() == 0);
 }

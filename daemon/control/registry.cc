@@ -327,6 +327,13 @@ absl::StatusOr<v1::RestoreResponse> Registry::Restore(const v1::RestoreRequest& 
   }
   RecoverFromPeers(job, req.rank());
   absl::StatusOr<v1::RestoreResponse> resp = restores_.Restore(*job, *session, req, stop);
+  if (resp.ok() && wait.Gone()) {
+    // The caller gave up as the read ended: its buffer goes now, not when
+    // the rank goes (a retry would find the buffers it may hold taken).
+    const absl::Status removed = session->restore_buffers().Remove(resp->restore_id()).status();
+    if (!removed.ok()) ZCC_LOG(WARNING) << "restore buffer of a caller gone: " << removed;
+    return absl::CancelledError("the caller of the restore went away");
+  }
   // Should the trainer go on from it, the job knows (Job::OnTrainedOn).
   if (resp.ok()) {
     // (A step not yet taken up from disk counts as one from disk: refused
