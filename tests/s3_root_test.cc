@@ -295,7 +295,15 @@ TEST_CASE("tiered: checkpoints on the local root, uploaded in the background, ea
   INFO(daemon.Log());
   REQUIRE(uploaded);
   REQUIRE_OK(checkpoint::VerifyStep(JoinPath(job, "step-00000030"), store.Io()).status());
-  auto in_store = checkpoint::ListCommittedSteps(job, &store.storage);
+  // (The store's retention runs once the upload is done: `latest` names
+  // step 30 just before.)
+  absl::StatusOr<std::vector<int64_t>> in_store;
+  Eventually(
+      [&] {
+        in_store = checkpoint::ListCommittedSteps(job, &store.storage);
+        return in_store.ok() && in_store->size() <= 4;
+      },
+      absl::Seconds(30), absl::Milliseconds(20));
   REQUIRE_OK(in_store);
   CHECK(in_store->back() == 30);
   CHECK(in_store->size() <= 4);
