@@ -8,6 +8,7 @@
 #include <mutex>
 #include <pugixml.hpp>
 #include <random>
+#include <set>
 #include <utility>
 #include <zlib.h>
 
@@ -30,6 +31,10 @@ namespace {
 constexpr size_t kMaxReplyBytes = 16 << 20;
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
+// The longest one attempt may take, whatever it moves (a store or proxy that
+// trickles a byte now and then, above the stall limit, never ends one
+// otherwise): a part of 128 MiB at 1 MB/s takes about 2 minutes.
+constexpr absl::Duration kMaxAttempt = absl::Minutes(15);
 
 
 void InitCurlOnce() {
@@ -70,6 +75,11 @@ bool RetryableCurl(CURLcode code) {
     case CURLE_LOGIN_DENIED:
     case CURLE_WRITE_ERROR:  // our callback refused the reply
     case CURLE_OUT_OF_MEMORY:
+    case CURLE_NOT_BUILT_IN:
+    case CURLE_UNKNOWN_OPTION:
+    case CURLE_BAD_FUNCTION_ARGUMENT:
+    case CURLE_TOO_MANY_REDIRECTS:
+    case CURLE_FILESIZE_EXCEEDED:
       return false;
     default:
       return true;
@@ -294,6 +304,11 @@ absl::StatusOr<S3Client::Response> S3Client::SendOnce(const Request& req, bool* 
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
                    std::max<long>(1, absl::ToInt64Seconds(endpoint_.stall_timeout)));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(kMaxAttempt)));
+  // The key as given: no "." or ".." segment is taken out of it (S3Storage
+  // refuses paths with them).
+  curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
   if (!endpoint_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, endpoint_.ca_file.c_str());
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnData);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
@@ -380,11 +395,12 @@ std::string StoreErrorCode(const absl::Status& status) {
   return code.has_value() ? std::string(*code) : std::string();
 }
 
-absl::StatusOr<S3Client::Response> S3Client::Send(const Request& req) {
+absl::StatusOr<S3Client::Response> S3Client::Send(const Request& req, int* attempts) {
   const absl::Time deadline = absl::Now() + endpoint_.retry_deadline;
   absl::Duration backoff = kFirstBackoff;
   thread_local std::mt19937_64 rng(std::random_device{}());
   for (int attempt = 1;; ++attempt) {
+    if (attempts != nullptr) *attempts = attempt;
     bool retry = false;
     absl::StatusOr<Response> r = SendOnce(req, &retry);
     absl::Status error;
@@ -421,8 +437,23 @@ absl::StatusOr<std::string> S3Client::Put(const std::string& bucket, const std::
   req.headers.push_back("x-amz-checksum-crc32: " + Crc32Checksum(body));
   if (condition.if_match.has_value()) req.headers.push_back("If-Match: " + *condition.if_match);
   if (condition.if_none_match) req.headers.push_back("If-None-Match: *");
-  ZCC_ASSIGN_OR_RETURN(Response resp, Send(req));
-  return resp.Header("etag");
+  int attempts = 0;
+  absl::StatusOr<Response> resp = Send(req, &attempts);
+  if (absl::IsFailedPrecondition(resp.status()) && attempts > 1 &&
+      (condition.if_match.has_value() || condition.if_none_match)) {
+    // An attempt whose answer was lost may have written it: the retry then
+    // finds its own write in the way. What the key holds says.
+    std::string held(body.size(), '\0');
+    Request get{"GET", bucket, key};
+    get.dst = held.data();
+    get.dst_size = held.size();
+    absl::StatusOr<Response> read = Send(get);
+    if (read.ok() && read->dst_bytes == body.size() && held == body) {
+      return read->Header("etag");  // (the version read: the one written)
+    }
+  }
+  ZCC_RETURN_IF_ERROR(resp.status());
+  return resp->Header("etag");
 }
 
 absl::StatusOr<size_t> S3Client::GetRange(const std::string& bucket, const std::string& key,
@@ -461,6 +492,7 @@ absl::StatusOr<Listing> S3Client::List(const std::string& bucket, const std::str
                                        const std::string& delimiter, size_t max_keys) {
   Listing out;
   std::string token;
+  std::set<std::string> tokens;  // seen: a store whose tokens cycle ends no loop
   while (true) {
     std::vector<std::string> q;
     if (!token.empty()) q.push_back("continuation-token=" + UriEncode(token, false));
@@ -500,10 +532,13 @@ absl::StatusOr<Listing> S3Client::List(const std::string& bucket, const std::str
       out.prefixes.emplace_back(p.child_value("Prefix"));
     }
     const std::string next = root.child_value("NextContinuationToken");
-    const bool truncated = std::string(root.child_value("IsTruncated")) == "true";
-    if (!truncated || (max_keys > 0 && out.objects.size() >= max_keys)) break;
+    const std::string truncated = root.child_value("IsTruncated");
+    if (truncated != "true" && truncated != "false") {
+      return bad("a page does not say whether more follow (IsTruncated)");
+    }
+    if (truncated == "false" || (max_keys > 0 && out.objects.size() >= max_keys)) break;
     if (next.empty()) return bad("a page said more follows but gave no continuation token");
-    if (next == token) return bad("the continuation token did not move");
+    if (!tokens.insert(next).second) return bad("a continuation token came again");
     token = next;
   }
   return out;
@@ -599,6 +634,7 @@ absl::StatusOr<std::vector<MultipartUpload>> S3Client::ListMultipart(const std::
                                                                      const std::string& prefix) {
   std::vector<MultipartUpload> out;
   std::string key_marker, id_marker;
+  std::set<std::pair<std::string, std::string>> markers;  // seen
   while (true) {
     std::vector<std::string> q;
     if (!key_marker.empty()) q.push_back("key-marker=" + UriEncode(key_marker, false));
@@ -625,13 +661,17 @@ absl::StatusOr<std::vector<MultipartUpload>> S3Client::ListMultipart(const std::
       }
       out.push_back({u.child_value("Key"), u.child_value("UploadId"), initiated});
     }
-    if (std::string(root.child_value("IsTruncated")) != "true") break;
+    const std::string truncated = root.child_value("IsTruncated");
+    if (truncated != "true" && truncated != "false") {
+      return bad("a page does not say whether more follow (IsTruncated)");
+    }
+    if (truncated == "false") break;
     const std::string next_key = root.child_value("NextKeyMarker");
     const std::string next_id = root.child_value("NextUploadIdMarker");
     if (next_key.empty() && next_id.empty()) {
       return bad("a page said more follows but gave no markers");
     }
-    if (next_key == key_marker && next_id == id_marker) return bad("the markers did not move");
+    if (!markers.insert({next_key, next_id}).second) return bad("the markers came again");
     key_marker = next_key;
     id_marker = next_id;
   }

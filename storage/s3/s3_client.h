@@ -137,8 +137,9 @@ class S3Client {
   struct Response;
   class Connection;
 
-  // Sends `request`, retrying what may be retried, until the deadline.
-  absl::StatusOr<Response> Send(const Request& request);
+  // Sends `request`, retrying what may be retried, until the deadline;
+  // `attempts` (may be null): how many it took.
+  absl::StatusOr<Response> Send(const Request& request, int* attempts = nullptr);
   // One attempt; on a transport error, *retryable says whether to try again.
   absl::StatusOr<Response> SendOnce(const Request& request, bool* retryable);
   std::string Url(const std::string& bucket, const std::string& key,

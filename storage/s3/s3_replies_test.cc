@@ -13,10 +13,12 @@
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -27,7 +29,10 @@ namespace zcc::storage::s3 {
 namespace {
 
 // Answers the i-th request with bodies[min(i, last)], 200 OK, one request
-// a connection; counts the requests.
+// a connection; counts the requests. A canned reply that begins "HTTP/" is
+// sent as it is, and kHangUp closes the connection without one (an answer
+// lost on the way).
+constexpr char kHangUp[] = "<hang up>";
 class CannedServer {
  public:
   explicit CannedServer(std::vector<std::string> bodies) : bodies_(std::move(bodies)) {
@@ -64,12 +69,28 @@ class CannedServer {
         if (n <= 0) break;
         request.append(buf, static_cast<size_t>(n));
       }
+      // The request's body too (a reply before it is read resets the
+      // connection under the client's feet).
+      const size_t head = request.find("\r\n\r\n");
+      const size_t length_at = absl::AsciiStrToLower(request).find("content-length: ");
+      size_t length = 0;
+      if (head != std::string::npos && length_at != std::string::npos && length_at < head) {
+        length = std::strtoul(request.c_str() + length_at + 16, nullptr, 10);
+        while (request.size() < head + 4 + length) {
+          const ssize_t n = ::read(c, buf, sizeof(buf));
+          if (n <= 0) break;
+          request.append(buf, static_cast<size_t>(n));
+        }
+      }
       const int i = requests_++;
       const std::string& body = bodies_[std::min<size_t>(i, bodies_.size() - 1)];
       const std::string reply =
-          absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: ",
-                       body.size(), "\r\nConnection: close\r\n\r\n", body);
-      (void)!::write(c, reply.data(), reply.size());
+          absl::StartsWith(body, "HTTP/")
+              ? body
+              : absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\n"
+                             "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n",
+                             body);
+      if (body != kHangUp) (void)!::write(c, reply.data(), reply.size());
       ::close(c);
     }
   }
@@ -127,6 +148,56 @@ TEST_CASE("s3 listing: a continuation token that does not move ends the listing 
   auto listed = client.List("bucket", "", "");
   CHECK(listed.status().code() == absl::StatusCode::kDataLoss);
   CHECK(server.requests() == 2);
+}
+
+TEST_CASE("s3 listing: continuation tokens that cycle, or a page that does not say whether more "
+          "follow, end the listing in an error") {
+  {
+    CannedServer server({Page("a", true, "t1"), Page("b", true, "t2"), Page("c", true, "t1")});
+    S3Client client = ClientOf(server);
+    auto listed = client.List("bucket", "", "");
+    CHECK(listed.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(listed.status().message()), Catch::Contains("came again"));
+    CHECK(server.requests() == 3);
+  }
+  CannedServer server({absl::StrReplaceAll(Page("a", false, ""),
+                                           {{"<IsTruncated>false</IsTruncated>", ""}})});
+  S3Client client = ClientOf(server);
+  auto listed = client.List("bucket", "", "");
+  CHECK(listed.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(listed.status().message()), Catch::Contains("IsTruncated"));
+}
+
+TEST_CASE("s3 conditional write: an attempt whose answer was lost, found written by the retry's "
+          "refusal, is a success; another writer's bytes are not") {
+  const std::string refused =
+      "HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  auto holding = [](const std::string& bytes) {
+    return absl::StrCat("HTTP/1.1 200 OK\r\nETag: \"v2\"\r\nContent-Length: ", bytes.size(),
+                        "\r\nConnection: close\r\n\r\n", bytes);
+  };
+  PutCondition condition;
+  condition.if_match = "\"v1\"";
+  {
+    CannedServer server({kHangUp, refused, holding("step 20")});
+    S3Client client = ClientOf(server);
+    auto put = client.Put("bucket", "job/latest", "step 20", condition);
+    REQUIRE(put.ok());
+    CHECK(*put == "\"v2\"");
+    CHECK(server.requests() == 3);
+  }
+  {
+    CannedServer server({kHangUp, refused, holding("step 30")});
+    S3Client client = ClientOf(server);
+    CHECK(client.Put("bucket", "job/latest", "step 20", condition).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+  }
+  // Refused at the first attempt: another writer's, nothing read back.
+  CannedServer server({refused, holding("step 20")});
+  S3Client client = ClientOf(server);
+  CHECK(client.Put("bucket", "job/latest", "step 20", condition).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(server.requests() == 1);
 }
 
 TEST_CASE("s3 listing: a reply that is not a listing, or whose fields do not parse, is an error") {

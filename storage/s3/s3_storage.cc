@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -283,6 +284,14 @@ class S3ReadFile final : public File {
       c.tag = tag;
       c.status = got.status();
       c.bytes = got.ok() ? *got : 0;
+      // The object was `size_` bytes when opened: fewer here is not its end
+      // (a reply cut short, or the object replaced meanwhile).
+      if (got.ok() && *got < want) {
+        c.status = absl::DataLossError(absl::StrCat(
+            path_, ": ", *got, " bytes came of the ", want, " asked for at offset ", offset,
+            " of an object of ", size_, " bytes"));
+        c.bytes = 0;
+      }
       done_.Push(std::move(c));
     });
     return absl::OkStatus();
@@ -325,6 +334,15 @@ std::string S3Storage::Key(const std::string& path) const {
 absl::Status S3Storage::CheckPath(const std::string& path) const {
   if (path.empty() || path.front() != '/') {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not an absolute path"));
+  }
+  // An object key is taken as it is: "." and ".." would name other keys on
+  // a file system than in the store.
+  for (absl::string_view segment : absl::StrSplit(path, '/')) {
+    if (segment == "." || segment == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", path, "' holds a '.' or '..' segment, which an object store does "
+                                  "not resolve"));
+    }
   }
   return absl::OkStatus();
 }
@@ -400,6 +418,13 @@ absl::Status S3Storage::RemoveTree(const std::string& path) {
     return absl::InvalidArgumentError("refusing to remove the whole bucket prefix");
   }
   ZCC_ASSIGN_OR_RETURN(Listing under, client_->List(options_.bucket, key + "/", ""));
+  // (A store that lists keys outside the prefix asked for removes nothing.)
+  for (const ObjectInfo& o : under.objects) {
+    if (!absl::StartsWith(o.key, key + "/")) {
+      return absl::DataLossError(absl::StrCat("removing ", path, ": the store listed '", o.key,
+                                              "', which is not under it; nothing more removed"));
+    }
+  }
   for (const ObjectInfo& o : under.objects) {
     ZCC_RETURN_IF_ERROR(client_->Delete(options_.bucket, o.key));
   }

@@ -264,6 +264,23 @@ TEST_CASE("S3Storage: a compare-and-swap of a small file on its ETag") {
   CHECK(absl::IsFailedPrecondition(storage.ReadVersioned("/job/latest", 3).status()));
 }
 
+TEST_CASE("S3Storage: a path with a '.' or '..' segment is refused, not sent as another key") {
+  S3TestServer& server = Server();
+  S3Client client(EndpointOf(server), CredentialsOf(server));
+  S3StorageOptions options;
+  options.bucket = server.bucket;
+  options.prefix = Unique("dots");
+  S3Storage storage(&client, options);
+  REQUIRE_OK(storage.MakeDirs("/job"));
+  REQUIRE_OK(storage::WriteFileAtomic(storage, "/job/kept", "mine"));
+  for (const std::string path : {"/job/../job/kept", "/job/./kept", "/job/step/.."}) {
+    INFO(path);
+    CHECK(storage.Stat(path).status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(storage.RemoveTree(path).code() == absl::StatusCode::kInvalidArgument);
+  }
+  REQUIRE_OK(storage.Stat("/job/kept").status());
+}
+
 TEST_CASE("S3: SlowDown (503) is retried with backoff until the store recovers, or the deadline") {
   S3TestServer& server = Server();
   const std::string dir = ::zcc::testing::TempDir();
