@@ -31,6 +31,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/fault_storage.h"
 #include "storage/memory_storage.h"
+#include "storage/storage_wrapper.h"
 #include "storage/testing/object_store_model.h"
 #include "storage/whole_file.h"
 
@@ -85,20 +86,42 @@ struct Scenario {
   int64_t seed = 0;
   // On an object store's model: written and committed in place.
   bool in_place = false;
+  // On a file system without the exchange (NFS): a step replaced with two
+  // renames, step-N/ absent between them.
+  bool no_exchange = false;
+  // The process dies at the cut, not the power: what it did stays, synced
+  // or not.
+  bool process_dies = false;
 };
 
-// The storage the commit goes through: `fs` itself, or an object store's
-// model over it.
+// A file system without renameat2's exchange.
+class WithoutExchange : public storage::StorageWrapper {
+ public:
+  using StorageWrapper::StorageWrapper;
+  absl::Status Exchange(const std::string&, const std::string&) override {
+    return absl::UnimplementedError("no exchange here");
+  }
+};
+
+// The storage the commit goes through: `fs` itself, an object store's
+// model over it, or `fs` without the exchange.
 class Through {
  public:
-  Through(storage::MemoryStorage& fs, bool in_place) : fs_(fs), model_(&fs), in_place_(in_place) {}
-  storage::Storage& operator*() { return in_place_ ? static_cast<storage::Storage&>(model_) : fs_; }
+  Through(storage::MemoryStorage& fs, bool in_place, bool no_exchange = false)
+      : fs_(fs), model_(&fs), plain_(&fs), in_place_(in_place), no_exchange_(no_exchange) {}
+  storage::Storage& operator*() {
+    if (in_place_) return model_;
+    if (no_exchange_) return plain_;
+    return fs_;
+  }
   storage::Storage* get() { return &**this; }
 
  private:
   storage::MemoryStorage& fs_;
   storage::testing::ObjectStoreModel model_;
+  WithoutExchange plain_;
   const bool in_place_;
+  const bool no_exchange_;
 };
 
 // The state before the commit: the older step committed, the new one's
@@ -107,7 +130,7 @@ void Prepare(storage::MemoryStorage& fs, const Scenario& s) {
   REQUIRE_OK(fs.MakeDirs(kJobDir));
   REQUIRE_OK(fs.SyncDir("/"));
   REQUIRE_OK(fs.SyncDir("/ckpt"));
-  Through via(fs, s.in_place);
+  Through via(fs, s.in_place, s.no_exchange);
   if (s.committed.has_value()) {
     WritePartial(*via, s.committed->first, s.committed->second);
     auto done = TryCommit(kJobDir, kJob, s.committed->first, kWorld, via.get());
@@ -146,7 +169,9 @@ void CheckAfterCrash(storage::MemoryStorage& fs, const Scenario& s, bool commit_
   // again is uncommitted from its first rank's write until COMMITTED is
   // back: restores fall back to an older step meanwhile.
   const bool recommit = s.committed.has_value() && s.committed->first == s.step;
-  if (latest.ok() && !(s.in_place && recommit)) {
+  // (Without the exchange, step-N is absent between its two renames until
+  // recovery puts it back: checked after recovery below.)
+  if (latest.ok() && !(s.in_place && recommit) && !(s.no_exchange && recommit)) {
     CHECK(std::find(steps->begin(), steps->end(), *latest) != steps->end());
   }
   if (s.in_place) {
@@ -171,6 +196,10 @@ void CheckAfterCrash(storage::MemoryStorage& fs, const Scenario& s, bool commit_
     REQUIRE_OK(latest_after);
     CHECK(std::find(after->begin(), after->end(), *latest_after) != after->end());
   }
+  // A `latest` that named a step names one that is there.
+  if (latest_after.ok()) {
+    CHECK(std::find(after->begin(), after->end(), *latest_after) != after->end());
+  }
   if (latest.ok()) CHECK(*latest_after == *latest);
 }
 
@@ -180,7 +209,7 @@ void CutAtEveryChange(const Scenario& s) {
   {
     storage::MemoryStorage fs;
     Prepare(fs, s);
-    Through via(fs, s.in_place);
+    Through via(fs, s.in_place, s.no_exchange);
     const uint64_t before = fs.changes();
     auto done = TryCommit(kJobDir, kJob, s.step, kWorld, via.get());
     REQUIRE_OK(done);
@@ -193,11 +222,15 @@ void CutAtEveryChange(const Scenario& s) {
     INFO(s.name << ": the storage died after " << k << " of the commit's " << total << " changes");
     storage::MemoryStorage fs;
     Prepare(fs, s);
-    Through via(fs, s.in_place);
+    Through via(fs, s.in_place, s.no_exchange);
     fs.CrashAfter(k);
     const auto result = TryCommit(kJobDir, kJob, s.step, kWorld, via.get());
     CHECK(result.ok() == (k == total));
-    fs.Crash();
+    if (s.process_dies) {
+      fs.ProcessDied();
+    } else {
+      fs.Crash();
+    }
     CheckAfterCrash(fs, s, result.ok());
     if (s.in_place && !result.ok()) {
       // The rank files survived the cut: the commit tried again completes.
@@ -216,6 +249,16 @@ TEST_CASE("a commit cut at any change leaves the older step latest or the new on
 
 TEST_CASE("the same step committed again (a resumed run) is old or new at every cut, never gone") {
   CutAtEveryChange({"step 10 replaced", std::make_pair(10, 10), 10, 11});
+}
+
+TEST_CASE("without the exchange (NFS): the same step committed again is back, old or new, after "
+          "recovery at every cut") {
+  Scenario s{"step 10 replaced, two renames", std::make_pair(10, 10), 10, 11};
+  s.no_exchange = true;
+  CutAtEveryChange(s);
+  s.name = "step 10 replaced, two renames, the process killed";
+  s.process_dies = true;
+  CutAtEveryChange(s);
 }
 
 TEST_CASE("a job's first commit cut at any change: no latest, or the step whole") {

@@ -69,11 +69,20 @@ absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
   }
   if (!absl::IsUnimplemented(exchanged)) return exchanged;
   // File systems without the exchange (NFS): two renames, with a short window
-  // in which step-N is absent and restore falls back to older steps.
+  // in which step-N is absent and restore falls back to older steps (a cut
+  // there is mended by recovery, PlaceStepsCutBetweenRenames).
   ZCC_LOG(WARNING) << exchanged.message() << "; replacing " << final_dir << " with two renames";
   ZCC_RETURN_IF_ERROR(fs.RemoveTree(superseded));
   ZCC_RETURN_IF_ERROR(fs.Rename(final_dir, superseded));
-  ZCC_RETURN_IF_ERROR(fs.Rename(partial, final_dir));
+  if (absl::Status placed = fs.Rename(partial, final_dir); !placed.ok()) {
+    // The step as it was goes back: committed at every moment but this one.
+    const absl::Status back = fs.Rename(superseded, final_dir);
+    if (!back.ok()) {
+      ZCC_LOG(ERROR) << final_dir << " could not be replaced (" << placed << ") nor put back ("
+                     << back << "); recovery at zccd's start puts " << superseded << " back";
+    }
+    return placed;
+  }
   ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
   return fs.RemoveTree(superseded);
 }
