@@ -184,6 +184,36 @@ TEST_CASE("zccd writes, commits and restores a job straight in an object store")
   CHECK(ShmSegments(daemon.shm_prefix()).empty());
 }
 
+TEST_CASE("straight to the store: a step saved again after a restore of it is committed again, "
+          "never left without its COMMITTED") {
+  const std::string dir = ShortTempDir("s3-resave");
+  S3TestServer server = StartedServer(dir);
+  Daemon daemon(dir, StoreDaemon(dir, server, server.secret_key));
+  REQUIRE(daemon.Start());
+  const std::string root = RootUrl(server);
+  // Steps 5 and 10 commit; at step 14 (a second on) the ranks restore
+  // step 10 in place and snapshot it again (due: written again in place,
+  // its COMMITTED taken away by the first rank's write), then train on.
+  auto train = Trainers(daemon, dir, root, {0, 1}, 2, "train",
+                        {"--steps=14", "--block", "--step_ms=250", "--go_back_at=14",
+                         "--go_back_to=10", "--snapshot_restored"});
+  WaitAll(train, daemon.Log());
+  INFO(daemon.Log());
+  CHECK(absl::StrContains(daemon.Log(), "wrote step 10 again after its commit; it is committed "
+                                        "again"));
+  Store store(server);
+  const std::string job = "/ckpt/itest";
+  REQUIRE(Eventually(
+      [&] {
+        auto steps = checkpoint::ListCommittedSteps(job, &store.storage);
+        return steps.ok() && *steps == std::vector<int64_t>{5, 10};
+      },
+      absl::Seconds(30), absl::Milliseconds(50)));
+  CHECK(*checkpoint::ReadLatest(job, &store.storage) == 10);
+  REQUIRE_OK(checkpoint::VerifyStep(JoinPath(job, "step-00000010"), store.Io()).status());
+  REQUIRE(daemon.Stop() == 0);
+}
+
 TEST_CASE("straight to the store, no run id: a part an earlier run left never completes a step "
           "written again") {
   const std::string dir = ShortTempDir("s3-norun");

@@ -63,6 +63,9 @@ ABSL_FLAG(int, go_back_at, -1,
           "train: after this step, restore --go_back_to in the same process and train on from "
           "the step after it (once)");
 ABSL_FLAG(int, go_back_to, -1, "train: the step --go_back_at restores");
+ABSL_FLAG(bool, snapshot_restored, false,
+          "train: after --go_back_at's restore, snapshot the restored step again (a trainer "
+          "that saves what it went on from)");
 ABSL_FLAG(std::string, topology, "plain", "plain or moe (see tests/test_model.h)");
 ABSL_FLAG(double, ema_decay, 0, "EMA decay (0 = no EMA)");
 ABSL_FLAG(uint32_t, ema_interval, 1, "update the EMA every N-th step");
@@ -373,6 +376,10 @@ int main(int argc, char** argv) {
       if (!back.ok()) return Fail("go_back", back.status());
       if (device) FromDevice(model);
       std::printf("went_back_to=%" PRId64 "\n", *back);
+      if (absl::GetFlag(FLAGS_snapshot_restored)) {
+        const zcc::SnapshotResult again = (*client)->Snapshot(*back);
+        std::printf("step=%" PRId64 " result=%d\n", *back, static_cast<int>(again));
+      }
       step = *back;  // on from the step after it
     }
   }

@@ -212,8 +212,14 @@ void Job::OnPersisted(const PersistEvent& event) {
     return;
   }
   // A rank whose persist report arrives after another rank's report already
-  // committed the step has nothing left to do.
-  if (recently_committed_.count(event.step) > 0) return;
+  // committed the step has nothing left to do; a write begun after that
+  // commit is the step written again, to be committed again.
+  if (auto done = recently_committed_.find(event.step); done != recently_committed_.end()) {
+    if (started < done->second) return;
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": rank " << event.rank << " wrote step "
+                  << event.step << " again after its commit; it is committed again";
+    recently_committed_.erase(done);
+  }
   // A write of the run left behind (begun before the going back, of a step
   // after the one gone back to) that finished anyway: never a step to
   // commit (GoBack forgets what the run left behind committed).
@@ -365,7 +371,7 @@ bool Job::TryCommit(int64_t step) {
   }
   pending_.erase(step);
   write_start_.erase(step);
-  recently_committed_.insert(step);
+  recently_committed_[step] = commit_start;  // (a write begun since is a new one)
   while (recently_committed_.size() > 64) recently_committed_.erase(recently_committed_.begin());
   last_committed_step_ = step;
   last_checkpoint_ = written;

@@ -251,7 +251,11 @@ class Job {
   std::map<int64_t, absl::Time> pending_ ABSL_GUARDED_BY(mu_);
   // When this daemon's first rank began writing each pending step.
   std::map<int64_t, absl::Time> write_start_ ABSL_GUARDED_BY(mu_);
-  std::set<int64_t> recently_committed_ ABSL_GUARDED_BY(mu_);
+  // The steps this daemon committed lately, and when: a report of a write
+  // that began before is late (another rank's report committed the step), one
+  // begun after is the step written again (re-saved after a restore of it:
+  // where steps commit in place, its write took COMMITTED away).
+  std::map<int64_t, absl::Time> recently_committed_ ABSL_GUARDED_BY(mu_);
   // Node-local root: per step not yet handed to the uploader, the ranks here
   // that wrote it, when the first finished and when its write began.
   struct NodeStep {
