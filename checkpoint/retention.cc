@@ -178,6 +178,9 @@ absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_di
   std::vector<int64_t> removed;
   if (passed.empty()) return removed;
   ZCC_ASSIGN_OR_RETURN(const int64_t latest, ReadLatest(job_dir, &fs));
+  // (One that cannot be removed does not keep the others: each is listed
+  // for removal only until latest passes it.)
+  absl::Status first_error;
   for (const LeftBehindStep& left : passed) {
     const int64_t step = left.step;
     if (step >= latest) continue;
@@ -187,10 +190,17 @@ absl::StatusOr<std::vector<int64_t>> RemovePassedSteps(const std::string& job_di
     if (guard.may_remove && !guard.may_remove(step)) continue;
     const absl::Status st = RemoveStep(fs, dir);
     if (guard.done) guard.done(step);
-    ZCC_RETURN_IF_ERROR(st);
+    if (!st.ok()) {
+      if (first_error.ok()) first_error = Annotate(st, dir);
+      continue;
+    }
     removed.push_back(step);
   }
-  if (!removed.empty()) ZCC_RETURN_IF_ERROR(fs.SyncDir(job_dir));
+  if (!removed.empty()) {
+    const absl::Status synced = fs.SyncDir(job_dir);
+    if (first_error.ok()) first_error = synced;
+  }
+  ZCC_RETURN_IF_ERROR(first_error);
   return removed;
 }
 
