@@ -233,9 +233,11 @@ struct RestoreOptions {
   // back to the next older committed step (always so for kLatestStep).
   bool allow_older = false;
   // The job's ranks restore together through this collective (collective.h;
-  // every rank passes its own member, and every rank calls Restore): they
-  // agree on one step (the newest all of them can restore, when `step` is
-  // kLatestStep; a rank that finds it damaged makes all fall back), each
+  // every rank passes its own member, and every rank calls Restore with the
+  // same `step`: ranks that ask for different ones all fail, naming what
+  // each asked for): they agree on one step (the newest all of them can
+  // restore, when `step` is kLatestStep; a rank that finds it damaged makes
+  // all fall back, as often as another rank's is damaged too), each
   // restores from its zccd only the pieces it writes, and every other piece
   // arrives from the lowest rank that restored it, so a job reads each
   // replicated piece once. An error on any rank fails Restore on every rank.
@@ -243,7 +245,8 @@ struct RestoreOptions {
   // draws and every rank adopts once all have the step (RestoreDone): the
   // manifests of its later steps name it, and a step commits only from
   // manifests of one timeline, so a write of the steps it left that
-  // outlived the restore never completes one it writes again. Null: this
+  // outlived the restore never completes one it writes again (adopted only
+  // once every rank says its pieces arrived). Null: this
   // rank restores alone (and goes on in the timeline of the step restored).
   Collective* collective = nullptr;
   // Per registered tensor (empty: none): tensors that nothing reads until
