@@ -89,9 +89,6 @@ struct Scenario {
   // On a file system without the exchange (NFS): a step replaced with two
   // renames, step-N/ absent between them.
   bool no_exchange = false;
-  // The process dies at the cut, not the power: what it did stays, synced
-  // or not.
-  bool process_dies = false;
 };
 
 // A file system without renameat2's exchange.
@@ -226,11 +223,7 @@ void CutAtEveryChange(const Scenario& s) {
     fs.CrashAfter(k);
     const auto result = TryCommit(kJobDir, kJob, s.step, kWorld, via.get());
     CHECK(result.ok() == (k == total));
-    if (s.process_dies) {
-      fs.ProcessDied();
-    } else {
-      fs.Crash();
-    }
+    fs.Crash();
     CheckAfterCrash(fs, s, result.ok());
     if (s.in_place && !result.ok()) {
       // The rank files survived the cut: the commit tried again completes.
@@ -251,13 +244,10 @@ TEST_CASE("the same step committed again (a resumed run) is old or new at every 
   CutAtEveryChange({"step 10 replaced", std::make_pair(10, 10), 10, 11});
 }
 
-TEST_CASE("without the exchange (NFS): the same step committed again is back, old or new, after "
-          "recovery at every cut") {
+TEST_CASE("without the exchange (NFS): the same step committed again is old or new at every "
+          "power cut, never gone") {
   Scenario s{"step 10 replaced, two renames", std::make_pair(10, 10), 10, 11};
   s.no_exchange = true;
-  CutAtEveryChange(s);
-  s.name = "step 10 replaced, two renames, the process killed";
-  s.process_dies = true;
   CutAtEveryChange(s);
 }
 

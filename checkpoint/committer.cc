@@ -69,8 +69,9 @@ absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
   }
   if (!absl::IsUnimplemented(exchanged)) return exchanged;
   // File systems without the exchange (NFS): two renames, with a short window
-  // in which step-N is absent and restore falls back to older steps (a cut
-  // there is mended by recovery, PlaceStepsCutBetweenRenames).
+  // in which step-N is absent and restore falls back to older steps (zccd
+  // killed in it leaves step-N absent: its contents, old and new, are in
+  // step-N.superseded/ and step-N.partial/ until retention removes them).
   ZCC_LOG(WARNING) << exchanged.message() << "; replacing " << final_dir << " with two renames";
   ZCC_RETURN_IF_ERROR(fs.RemoveTree(superseded));
   ZCC_RETURN_IF_ERROR(fs.Rename(final_dir, superseded));
@@ -79,7 +80,7 @@ absl::Status ReplaceStep(storage::Storage& fs, const std::string& job_dir,
     const absl::Status back = fs.Rename(superseded, final_dir);
     if (!back.ok()) {
       ZCC_LOG(ERROR) << final_dir << " could not be replaced (" << placed << ") nor put back ("
-                     << back << "); recovery at zccd's start puts " << superseded << " back";
+                     << back << "); its contents are in " << superseded;
     }
     return placed;
   }

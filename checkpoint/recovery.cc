@@ -1,8 +1,6 @@
 #include "checkpoint/recovery.h"
 
 #include <limits>
-#include <set>
-#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -40,52 +38,6 @@ absl::StatusOr<std::optional<int64_t>> RepairLatest(const std::string& job_dir,
 
 namespace {
 
-// A step replaced where the file system has no exchange (two renames:
-// step-N/ to step-N.superseded/, step-N.partial/ to step-N/) cut between
-// the two leaves no step-N/: the new contents, committed in the partial,
-// go into place, else the old ones back (each only where it is whole as
-// committed). So does a commit cut between writing COMMITTED into its
-// partial and renaming it: its step was whole.
-void PlaceStepsCutBetweenRenames(storage::Storage& fs, const std::string& job_dir) {
-  if (CommitsInPlace(fs, job_dir)) return;
-  auto names = fs.List(job_dir);
-  if (!names.ok()) return;  // (ApplyRetention reports it)
-  std::set<int64_t> steps;
-  for (const std::string& name : *names) {
-    absl::string_view base = name;
-    if (!absl::ConsumeSuffix(&base, ".partial") && !absl::ConsumeSuffix(&base, ".superseded")) {
-      continue;
-    }
-    if (auto step = format::ParseStepDirName(base); step.ok()) steps.insert(*step);
-  }
-  for (int64_t step : steps) {
-    const std::string final_dir = JoinPath(job_dir, format::StepDirName(step));
-    if (!absl::IsNotFound(fs.Stat(final_dir).status())) continue;
-    for (const std::string& from :
-         {JoinPath(job_dir, format::PartialStepDirName(step)), final_dir + ".superseded"}) {
-      // (Whole as committed: its record, its index, every rank's manifest.)
-      auto record = ReadCommitRecord(from, &fs);
-      if (!record.ok() || record->step != step || !LoadStepIndex(from, &fs).ok()) continue;
-      bool whole = true;
-      for (uint32_t r = 0; whole && r < record->world_size; ++r) {
-        whole = fs.Stat(JoinPath(from, format::ManifestFileName(r))).ok();
-      }
-      if (!whole) continue;
-      const absl::Status placed = fs.Rename(from, final_dir);
-      if (placed.ok()) {
-        (void)fs.SyncDir(job_dir);
-        ZCC_LOG(WARNING) << from << " held step " << step << " committed, and " << final_dir
-                         << " was missing (a replacement or commit cut between its renames): "
-                         << "put in place";
-      } else {
-        ZCC_LOG(WARNING) << from << " holds step " << step << " committed, and " << final_dir
-                         << " is missing; it could not be put in place: " << placed;
-      }
-      break;
-    }
-  }
-}
-
 // The step-N.partial/ directories holding the contents a commit of step N
 // replaced (HoldsReplacedStep: the exchange done, their move away cut
 // short): a write of step N must never find their manifests, at any age, so
@@ -117,7 +69,6 @@ absl::StatusOr<Recovery> RecoverJobDir(const std::string& job_dir, absl::Duratio
                                        storage::Storage* storage) {
   storage::Storage& fs = storage::StorageOrDefault(storage);
   Recovery recovery;
-  PlaceStepsCutBetweenRenames(fs, job_dir);
   ForgetReplacedSteps(fs, job_dir);
   RetentionPolicy keep_all;
   keep_all.keep_last = std::numeric_limits<uint32_t>::max();

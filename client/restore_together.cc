@@ -216,6 +216,7 @@ absl::Status ShareMissingPieces(Collective& c, const SharingPlan& plan,
   const auto& sends = plan.sends;
   const auto& index = plan.index;
   result->received.assign(refs.size(), false);
+  absl::Status failed;  // the first broadcast that failed here
   // One BroadcastMany per root, its pieces in key order.
   for (size_t first = 0; first < sends.size();) {
     const uint32_t root = sends[first].first.first;
@@ -232,14 +233,21 @@ absl::Status ShareMissingPieces(Collective& c, const SharingPlan& plan,
       }
       regions.push_back({data, bytes});
     }
-    ZCC_RETURN_IF_ERROR(c.BroadcastMany(regions, root, stream));
-    for (size_t i : filled) {
-      result->restored[i] = true;
-      result->received[i] = true;
+    // A broadcast that fails here may not fail on the others (a member that
+    // raises alone): this rank takes part in the rest all the same, so that
+    // the ranks' calls stay matched, and says it in the gather after.
+    const absl::Status sent = c.BroadcastMany(regions, root, stream);
+    if (sent.ok()) {
+      for (size_t i : filled) {
+        result->restored[i] = true;
+        result->received[i] = true;
+      }
+    } else if (failed.ok()) {
+      failed = sent;
     }
     first = next;
   }
-  return absl::OkStatus();
+  return failed;
 }
 
 }  // namespace

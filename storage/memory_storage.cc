@@ -384,13 +384,6 @@ void MemoryStorage::CrashAfter(uint64_t n) {
   crash_at_ = changes_ + n;
 }
 
-void MemoryStorage::ProcessDied() {
-  zcc::MutexLock lock(&mu_);
-  crash_at_.reset();
-  crashed_ = false;
-  ++epoch_;
-}
-
 void MemoryStorage::Crash() {
   zcc::MutexLock lock(&mu_);
   // Each node reachable through synced entries gets its synced state back;

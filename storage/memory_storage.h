@@ -62,10 +62,6 @@ class MemoryStorage final : public Storage {
   // its synced data, every directory to its synced entries; the rest is
   // gone. Files opened before fail from now on; a CrashAfter is cleared.
   void Crash();
-  // The process died, not the power: everything stays as it is, synced or
-  // not, and operations work again. Files opened before fail from now on; a
-  // CrashAfter is cleared.
-  void ProcessDied();
   // Moves the data of the file at `path` out and removes the file (no copy).
   absl::StatusOr<std::string> Take(const std::string& path);
 

@@ -159,7 +159,10 @@ class Storage {
   // store's conditional write): ReadVersioned reads the file (at most
   // `max_bytes`; NotFound when absent) with its version, and WriteIfVersion
   // replaces it whole only if its version is still `version` (empty: only
-  // if nothing is there), FailedPrecondition when it changed meanwhile. By
+  // if nothing is there), FailedPrecondition when it changed meanwhile (an
+  // object store's write retried after an answer lost on the way counts as
+  // done where the file holds `content` then, whoever wrote it: callers
+  // write contents whose repetition is harmless, such as `latest`). By
   // default Unimplemented: on a file system one writer per job (the
   // committer) writes such files with WriteFileAtomic.
   virtual absl::StatusOr<VersionedFile> ReadVersioned(const std::string& path,

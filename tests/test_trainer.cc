@@ -372,6 +372,15 @@ int main(int argc, char** argv) {
     }
     if (step == absl::GetFlag(FLAGS_go_back_at) && !went_back) {
       went_back = true;
+      // The step gone back to is a committed one: a rank ahead of the others
+      // waits for its commit (up to a minute), as a trainer that picks a
+      // checkpoint from the job's list would find it there.
+      const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      while (absl::Now() < deadline) {
+        auto st = (*client)->QueryCheckpointStatus();
+        if (st.ok() && st->last_committed_step >= absl::GetFlag(FLAGS_go_back_to)) break;
+        absl::SleepFor(absl::Milliseconds(20));
+      }
       auto back = (*client)->Restore(absl::GetFlag(FLAGS_go_back_to));
       if (!back.ok()) return Fail("go_back", back.status());
       if (device) FromDevice(model);

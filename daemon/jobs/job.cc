@@ -213,13 +213,10 @@ void Job::OnPersisted(const PersistEvent& event) {
   }
   // A rank whose persist report arrives after another rank's report already
   // committed the step has nothing left to do; a write begun after that
-  // commit is the step written again, to be committed again.
-  if (auto done = recently_committed_.find(event.step); done != recently_committed_.end()) {
-    if (started < done->second) return;
-    ZCC_LOG(INFO) << "job " << options_.job_id << ": rank " << event.rank << " wrote step "
-                  << event.step << " again after its commit; it is committed again";
-    recently_committed_.erase(done);
-  }
+  // commit began (zccd's monotonic clock: the writer's own start) is the
+  // step written again, to be committed again.
+  auto done = recently_committed_.find(event.step);
+  if (done != recently_committed_.end() && event.write_began < done->second) return;
   // A write of the run left behind (begun before the going back, of a step
   // after the one gone back to) that finished anyway: never a step to
   // commit (GoBack forgets what the run left behind committed).
@@ -228,6 +225,11 @@ void Job::OnPersisted(const PersistEvent& event) {
                   << event.step << " began before training went on from step " << went_back_to_
                   << "; not committed";
     return;
+  }
+  if (done != recently_committed_.end()) {
+    ZCC_LOG(INFO) << "job " << options_.job_id << ": rank " << event.rank << " wrote step "
+                  << event.step << " again after its commit; it is committed again";
+    recently_committed_.erase(done);
   }
   auto [it, inserted] = write_start_.emplace(event.step, started);
   if (!inserted && started < it->second) it->second = started;
@@ -335,6 +337,7 @@ bool Job::TryCommit(int64_t step) {
   // The commit's disk work runs without mu_: status, restores and other
   // ranks' reports go on meanwhile (commit_mu_ keeps commits in order).
   const absl::Time commit_start = absl::Now();
+  const auto commit_began = std::chrono::steady_clock::now();
   auto result = checkpoint::TryCommit(options_.job_dir, options_.job_id, step, options_.world_size,
                                       options_.storage, write_began);
   zcc::ReleasableMutexLock lock(&mu_);
@@ -371,7 +374,7 @@ bool Job::TryCommit(int64_t step) {
   }
   pending_.erase(step);
   write_start_.erase(step);
-  recently_committed_[step] = commit_start;  // (a write begun since is a new one)
+  recently_committed_[step] = commit_began;  // (a write begun since is a new one)
   while (recently_committed_.size() > 64) recently_committed_.erase(recently_committed_.begin());
   last_committed_step_ = step;
   last_checkpoint_ = written;

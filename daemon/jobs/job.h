@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -255,7 +256,8 @@ class Job {
   // that began before is late (another rank's report committed the step), one
   // begun after is the step written again (re-saved after a restore of it:
   // where steps commit in place, its write took COMMITTED away).
-  std::map<int64_t, absl::Time> recently_committed_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::chrono::steady_clock::time_point> recently_committed_
+      ABSL_GUARDED_BY(mu_);
   // Node-local root: per step not yet handed to the uploader, the ranks here
   // that wrote it, when the first finished and when its write began.
   struct NodeStep {

@@ -95,6 +95,7 @@ void RankWriter::State::Write(WriteJob job) {
   PersistEvent event;
   event.rank = target.shards->rank;
   event.step = step;
+  event.write_began = std::chrono::steady_clock::now();
   const std::function<bool()> left_behind = [this, &job, step] {
     return target.left_behind && target.left_behind(step, job.restores);
   };

@@ -18,6 +18,7 @@
 #define ZCC_DAEMON_RANK_RANK_WRITER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -64,6 +65,9 @@ struct PersistEvent {
   // Given up: the trainer went back to an older step while it was written
   // (RankWriteTarget::left_behind); no manifest of it stays.
   bool left_behind = false;
+  // When the write began, on zccd's monotonic clock (a report that comes
+  // late, after its step committed, is told from a write of the step again).
+  std::chrono::steady_clock::time_point write_began{};
 };
 using PersistCallback = std::function<void(const PersistEvent&)>;
 

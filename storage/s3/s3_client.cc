@@ -33,8 +33,10 @@ constexpr absl::Duration kFirstBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
 // The longest one attempt may take, whatever it moves (a store or proxy that
 // trickles a byte now and then, above the stall limit, never ends one
-// otherwise): a part of 128 MiB at 1 MB/s takes about 2 minutes.
+// otherwise): 15 minutes, and a second more for each 256 KiB it carries (a
+// part of 128 MiB at 1 MB/s takes about 2 minutes).
 constexpr absl::Duration kMaxAttempt = absl::Minutes(15);
+constexpr uint64_t kAttemptBytesPerSecond = 256 << 10;
 
 
 void InitCurlOnce() {
@@ -304,8 +306,10 @@ absl::StatusOr<S3Client::Response> S3Client::SendOnce(const Request& req, bool* 
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
                    std::max<long>(1, absl::ToInt64Seconds(endpoint_.stall_timeout)));
+  const uint64_t carried = std::max<uint64_t>(req.body.size(), req.dst_size);
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
-                   static_cast<long>(absl::ToInt64Milliseconds(kMaxAttempt)));
+                   static_cast<long>(absl::ToInt64Milliseconds(
+                       kMaxAttempt + absl::Seconds(carried / kAttemptBytesPerSecond))));
   // The key as given: no "." or ".." segment is taken out of it (S3Storage
   // refuses paths with them).
   curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
