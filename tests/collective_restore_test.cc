@@ -50,6 +50,25 @@ void TrainTenSteps(const Daemon& daemon, const std::string& dir, int steps = 10)
   for (auto& t : trainers) REQUIRE(t->Wait(absl::Seconds(90)) == 0);
 }
 
+// All four ranks restore together through a TcpCollective (with `more`
+// flags) and get step `expect`, every byte as written.
+void RestoreStepTogether(const Daemon& daemon, const std::string& dir, const std::string& tag,
+                         int64_t expect, std::vector<std::string> more = {}) {
+  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  more.insert(more.end(), {"--mode=restore", "--collective=" + address,
+                           absl::StrCat("--expect_step=", expect)});
+  std::vector<std::unique_ptr<Subprocess>> restorers;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    restorers.push_back(StartTrainer(daemon, dir, absl::StrCat(tag, rank), Flags(rank, more)));
+  }
+  for (auto& r : restorers) {
+    INFO(r->Output() << daemon.Log());
+    REQUIRE(r->Wait(absl::Seconds(90)) == 0);
+    CHECK(r->Values()["restored_step"] == absl::StrCat(expect));
+    CHECK(r->Values()["mismatched_tensors"] == "0");
+  }
+}
+
 // Flips the last byte of `path` (its size stays).
 void DamageLastByte(const std::string& path) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -267,20 +286,7 @@ TEST_CASE("ranks restoring together copy as zccd checks; one rank's damaged step
   // The last byte of rank 0's optimizer file of step 10: the other ranks
   // read and copy their step 10 pieces, rank 0 finds the damage at the end.
   DamageLastByte(JobDir(daemon) + "/step-00000010/optim-r00000.safetensors");
-  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
-  std::vector<std::unique_ptr<Subprocess>> restorers;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    restorers.push_back(StartTrainer(
-        daemon, dir, absl::StrCat("early", rank),
-        Flags(rank, {"--mode=restore", "--collective=" + address, "--early_copy",
-                     "--prefetch_restore", "--expect_step=5"})));
-  }
-  for (auto& r : restorers) {
-    INFO(r->Output() << daemon.Log());
-    REQUIRE(r->Wait(absl::Seconds(90)) == 0);
-    CHECK(r->Values()["restored_step"] == "5");
-    CHECK(r->Values()["mismatched_tensors"] == "0");
-  }
+  RestoreStepTogether(daemon, dir, "early", 5, {"--early_copy", "--prefetch_restore"});
   REQUIRE(daemon.Stop() == 0);
 }
 
@@ -294,19 +300,7 @@ TEST_CASE("ranks restoring together fall back past a step damaged on one rank to
   // agrees on nothing (rank 0 got 10), the second finds 10 damaged on rank 1.
   DamageLastByte(JobDir(daemon) + "/step-00000015/optim-r00000.safetensors");
   DamageLastByte(JobDir(daemon) + "/step-00000010/optim-r00001.safetensors");
-  const std::string address = absl::StrCat("127.0.0.1:", FreeTcpPort());
-  std::vector<std::unique_ptr<Subprocess>> restorers;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    restorers.push_back(StartTrainer(daemon, dir, absl::StrCat("twice", rank),
-                                     Flags(rank, {"--mode=restore", "--collective=" + address,
-                                                  "--expect_step=5"})));
-  }
-  for (auto& r : restorers) {
-    INFO(r->Output() << daemon.Log());
-    REQUIRE(r->Wait(absl::Seconds(90)) == 0);
-    CHECK(r->Values()["restored_step"] == "5");
-    CHECK(r->Values()["mismatched_tensors"] == "0");
-  }
+  RestoreStepTogether(daemon, dir, "twice", 5);
   REQUIRE(daemon.Stop() == 0);
 }
 
