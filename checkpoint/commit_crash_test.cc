@@ -166,9 +166,7 @@ void CheckAfterCrash(storage::MemoryStorage& fs, const Scenario& s, bool commit_
   // again is uncommitted from its first rank's write until COMMITTED is
   // back: restores fall back to an older step meanwhile.
   const bool recommit = s.committed.has_value() && s.committed->first == s.step;
-  // (Without the exchange, step-N is absent between its two renames until
-  // recovery puts it back: checked after recovery below.)
-  if (latest.ok() && !(s.in_place && recommit) && !(s.no_exchange && recommit)) {
+  if (latest.ok() && !(s.in_place && recommit)) {
     CHECK(std::find(steps->begin(), steps->end(), *latest) != steps->end());
   }
   if (s.in_place) {
